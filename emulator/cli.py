@@ -1,0 +1,275 @@
+"""The `cmemu` command line: one sub-command table, one small function per sub-command.
+
+Exit codes: 0 success; 1 an error the emulator reported (its message on stderr); 2 a usage error.
+`cmemu probe` follows grpc_health_probe: 0 SERVING, 3 unreachable or failed call, 4 not SERVING.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from emulator import health, state
+from emulator.errors import EmulatorError
+from emulator.hardware import figures
+from emulator.inprocess import InProcessSupernode
+from emulator.logs import LEVELS, configure_logging
+from emulator.presets import DEFAULT_PRESET, load_presets
+from emulator.topology import DEFAULT_BASE_PORT, DEFAULT_HOST, PortPlan, Topology, build
+
+PROBE_UNREACHABLE = 3
+PROBE_NOT_SERVING = 4
+
+
+def _topology_from_args(args: argparse.Namespace) -> Topology:
+    return build(
+        args.preset,
+        plan=PortPlan(host=args.host, base_port=args.base_port),
+        time_scale=args.time_scale,
+    )
+
+
+def _state_path(args: argparse.Namespace) -> Path:
+    return Path(args.state_file) if args.state_file else state.default_path()
+
+
+# --- up ----------------------------------------------------------------------------------------
+
+
+def _summary(topology: Topology, path: Path, seconds: float) -> str:
+    counts = Counter(d.kind.value for d in topology.devices)
+    first = topology.devices[0]
+    return "\n".join(
+        [
+            f"cmemu: supernode {topology.supernode} ({topology.preset}) is up: "
+            f"{counts['npu']} NPUs, {counts['cpu']} CPUs, {counts['mempool']} memory pools, "
+            f"all SERVING in {seconds:.2f} s (time_scale {topology.time_scale:g})",
+            f"  state file  {path}",
+            f"  devices     {first.address} ({first.id}) to {topology.devices[-1].address}",
+            f"  probe       cmemu probe {first.address}",
+            f"              grpcurl -plaintext {first.address} list",
+            f"              grpcurl -plaintext {first.address} cmemu.v1.Device/GetInfo",
+            "  list        cmemu ls"
+            + ("" if path == state.default_path() else f" --state-file {path}"),
+            "Ctrl-C (or SIGTERM) stops it.",
+        ]
+    )
+
+
+async def _up(args: argparse.Namespace) -> int:
+    topology = _topology_from_args(args)
+    path = _state_path(args)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    started = time.perf_counter()
+    async with InProcessSupernode(topology, drain_s=args.drain) as supernode:
+        await asyncio.to_thread(state.write, path, supernode.topology, mode="inprocess")
+        print(_summary(supernode.topology, path, time.perf_counter() - started), flush=True)
+        try:
+            await stop.wait()
+        finally:
+            print("cmemu: stopping (health NOT_SERVING, draining)", flush=True)
+            await asyncio.to_thread(state.remove_if_ours, path)
+    print("cmemu: stopped", flush=True)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    return asyncio.run(_up(args))
+
+
+# --- probe, ls ---------------------------------------------------------------------------------
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    try:
+        status = asyncio.run(health.check_address(args.address, args.service, args.timeout))
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() is grpc.StatusCode.NOT_FOUND:
+            print(f"{args.address}: no health status for service {args.service!r}", file=sys.stderr)
+            return PROBE_NOT_SERVING
+        print(f"{args.address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return PROBE_UNREACHABLE
+    print(status)
+    return 0 if status == "SERVING" else PROBE_NOT_SERVING
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    topology = state.read(_state_path(args))
+    devices = [
+        d
+        for d in topology.devices
+        if (args.kind is None or d.kind.value == args.kind)
+        and (args.node is None or d.node == args.node)
+    ]
+    statuses = asyncio.run(health.check_many([d.address for d in devices], timeout_s=args.timeout))
+    rows = [
+        {
+            "id": d.id,
+            "kind": d.kind.value,
+            "node": d.node,
+            "eid": d.eid,
+            "address": d.address,
+            "health": statuses[d.address],
+        }
+        for d in devices
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'ID':<14} {'KIND':<8} {'NODE':<6} {'EID':>6}  {'ADDRESS':<22} HEALTH")
+    for r in rows:
+        print(
+            f"{r['id']:<14} {r['kind']:<8} {r['node']:<6} {r['eid']:>6}  "
+            f"{r['address']:<22} {r['health']}"
+        )
+    serving = sum(r["health"] == "SERVING" for r in rows)
+    print(f"{serving}/{len(rows)} SERVING")
+    return 0
+
+
+# --- descriptive commands ----------------------------------------------------------------------
+
+
+def cmd_topology(args: argparse.Namespace) -> int:
+    topology = _topology_from_args(args)
+    if args.json:
+        print(topology.to_json(indent=2 if args.indent else None))
+        return 0
+    kinds = Counter(d.kind.value for d in topology.devices)
+    links = Counter(link.kind.value for link in topology.links)
+    tiers = Counter(s.tier for s in topology.switches)
+    print(f"{topology.preset} ({topology.source}): {len(topology.nodes)} nodes")
+    print("devices   " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
+    print("switches  " + ", ".join(f"{n} {t}" for t, n in sorted(tiers.items())))
+    print("links     " + ", ".join(f"{n} {k}" for k, n in sorted(links.items())))
+    print(f"addresses {topology.devices[0].address} .. {topology.devices[-1].address}")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    for p in load_presets().values():
+        print(f"{p.name:<10} {p.nodes:>5} nodes  {p.source:<13} {p.description}")
+    return 0
+
+
+def cmd_hardware(args: argparse.Namespace) -> int:
+    for name, value, src in figures():
+        print(f"{name:<42} {value!s:<40} {src}")
+    return 0
+
+
+# --- parser ------------------------------------------------------------------------------------
+
+
+def _add_topology_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--preset",
+        default=DEFAULT_PRESET,
+        help=f"supernode preset (default {DEFAULT_PRESET}; see `cmemu presets`)",
+    )
+    p.add_argument(
+        "--host", default=DEFAULT_HOST, help=f"address every device binds (default {DEFAULT_HOST})"
+    )
+    p.add_argument(
+        "--base-port",
+        type=int,
+        default=DEFAULT_BASE_PORT,
+        help=f"port of the first device; the others follow (default {DEFAULT_BASE_PORT})",
+    )
+    p.add_argument(
+        "--time-scale", type=float, default=1.0, help="emulated seconds per wall second (default 1)"
+    )
+
+
+def _add_state_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--state-file",
+        help=f"the running emulator's state file (default ${state.ENV_VAR} or "
+        f"{state.default_path()})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cmemu", description="CloudMatrix supernode emulator")
+    parser.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default="info",
+        help="JSON logs on stderr at this level (default info)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
+        "up": (cmd_up, "run a whole supernode in this process until Ctrl-C"),
+        "probe": (cmd_probe, "health-check one device (exit 0 only when SERVING)"),
+        "ls": (cmd_ls, "list the running emulator's devices with their health"),
+        "topology": (cmd_topology, "describe a preset's topology (--json: the full document)"),
+        "presets": (cmd_presets, "list the supernode presets"),
+        "hardware": (cmd_hardware, "list every hardware figure with its source"),
+    }
+    parsers = {}
+    for name, (func, help_text) in commands.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        parsers[name] = p
+
+    up = parsers["up"]
+    _add_topology_args(up)
+    _add_state_arg(up)
+    up.add_argument(
+        "--drain",
+        type=float,
+        default=0.2,
+        help="seconds between NOT_SERVING and stop (default 0.2)",
+    )
+
+    probe = parsers["probe"]
+    probe.add_argument("address", help="HOST:PORT of the device")
+    probe.add_argument(
+        "--service", default="", help="service name to check (default: the whole server)"
+    )
+    probe.add_argument("--timeout", type=float, default=2.0, help="seconds (default 2)")
+
+    ls = parsers["ls"]
+    _add_state_arg(ls)
+    ls.add_argument("--kind", choices=["npu", "cpu", "mempool"])
+    ls.add_argument("--node", help="only this node, e.g. n07")
+    ls.add_argument(
+        "--timeout", type=float, default=2.0, help="seconds per health check (default 2)"
+    )
+    ls.add_argument("--json", action="store_true", help="one JSON array")
+
+    topo = parsers["topology"]
+    _add_topology_args(topo)
+    topo.add_argument("--json", action="store_true", help="print the whole topology document")
+    topo.add_argument("--indent", action="store_true", help="with --json, pretty-print")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        code: int = args.func(args)
+    except EmulatorError as exc:
+        print(f"cmemu {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The in-process launcher: a whole supernode as one server per device in one event loop.
+
+This is the embedded default of `cmemu up`. It consumes the topology document as every launcher
+does; it only adds the emulated-time epoch, at the moment the devices start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from types import TracebackType
+
+import grpc
+import structlog
+
+from emulator import health
+from emulator.clock import Clock
+from emulator.errors import EmulatorError, UnavailableError
+from emulator.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.topology import Topology
+from services.kinds import DeviceHandle, create_device
+from services.peers import Peers
+
+log = structlog.get_logger("cmemu.inprocess")
+
+
+class InProcessSupernode:
+    """Async context manager: on entry every device is bound and verified SERVING over gRPC; on
+    exit every device turns NOT_SERVING, in-flight calls drain, and the servers stop."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        profile: HardwareProfile = DEFAULT_PROFILE,
+        drain_s: float = 0.2,
+        ready_timeout_s: float = 60.0,
+    ) -> None:
+        self.topology = topology
+        self.profile = profile
+        self.drain_s = drain_s
+        self.ready_timeout_s = ready_timeout_s
+        self.handles: dict[str, DeviceHandle] = {}
+        self._peers: Peers | None = None
+
+    async def __aenter__(self) -> InProcessSupernode:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        epoch = time.time()
+        self.topology = dataclasses.replace(self.topology, epoch_wall_s=epoch)
+        clock = Clock(time_scale=self.topology.time_scale, epoch_wall_s=epoch)
+        self._peers = Peers(self.topology)
+        self.handles = {
+            d.id: create_device(
+                d, topology=self.topology, profile=self.profile, clock=clock, peers=self._peers
+            )
+            for d in self.topology.devices
+        }
+        results = await asyncio.gather(
+            *(h.start() for h in self.handles.values()), return_exceptions=True
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await self.stop()
+            raise errors[0]
+        try:
+            async with asyncio.timeout(self.ready_timeout_s):
+                await self._verify_serving()
+        except (TimeoutError, EmulatorError):
+            await self.stop()
+            raise
+
+    async def _verify_serving(self) -> None:
+        """Ask every device over gRPC, as a client would: starting is not the same as serving."""
+        assert self._peers is not None
+        peers = self._peers
+        limit = asyncio.Semaphore(128)
+
+        async def one(address: str) -> str:
+            async with limit:
+                try:
+                    return await health.check(peers.channel(address))
+                except grpc.aio.AioRpcError as exc:
+                    return exc.code().name
+
+        addresses = [d.address for d in self.topology.devices]
+        statuses = await asyncio.gather(*(one(a) for a in addresses))
+        bad = {a: s for a, s in zip(addresses, statuses, strict=True) if s != "SERVING"}
+        if bad:
+            raise UnavailableError(f"{len(bad)} devices not SERVING after start: {bad}")
+
+    async def stop(self) -> None:
+        handles = list(self.handles.values())
+        self.handles = {}
+        if handles:
+            await asyncio.gather(*(h.host.set_serving(False) for h in handles))
+            await asyncio.sleep(self.drain_s)
+            await asyncio.gather(*(h.host.server.stop(self.drain_s) for h in handles))
+        if self._peers is not None:
+            await self._peers.close()
+            self._peers = None
