@@ -106,7 +106,7 @@ class InProcessSupernode:
         if handles:
             await asyncio.gather(*(h.host.set_serving(False) for h in handles))
             await asyncio.sleep(self.drain_s)
-            await asyncio.gather(*(h.host.server.stop(self.drain_s) for h in handles))
-        if self._peers is not None:
+        if self._peers is not None:  # device-to-device channels first: no GOAWAY storm
             await self._peers.close()
             self._peers = None
+        await asyncio.gather(*(h.host.server.stop(self.drain_s) for h in handles))

@@ -160,7 +160,10 @@ class PageStore:
         """Forget the bytes of a range: whole pages are dropped, partial ones zeroed."""
         if size == 0:
             return
-        for page in self._span(offset, size):
+        span = self._span(offset, size)
+        # A bulk range (a freed 128 GB region) may span millions of pages: walk the held ones.
+        pages = span if len(span) <= len(self._pages) else [p for p in self._pages if p in span]
+        for page in pages:
             base = page * self.page_bytes
             start, end = max(offset, base), min(offset + size, base + self.page_bytes)
             if start == base and end == base + self.page_bytes:
