@@ -24,18 +24,29 @@ from emulator.hardware import figures
 from emulator.inprocess import InProcessSupernode
 from emulator.logs import LEVELS, configure_logging
 from emulator.presets import DEFAULT_PRESET, load_presets
-from emulator.topology import DEFAULT_BASE_PORT, DEFAULT_HOST, PortPlan, Topology, build
+from emulator.topology import (
+    CONTAINER_PORT,
+    DEFAULT_BASE_PORT,
+    DEFAULT_HOST,
+    AddressPlan,
+    LoopbackPlan,
+    PortPlan,
+    Topology,
+    build,
+)
 
 PROBE_UNREACHABLE = 3
 PROBE_NOT_SERVING = 4
 
 
+ADDRESSING: dict[str, Callable[[argparse.Namespace], AddressPlan]] = {
+    "ports": lambda a: PortPlan(host=a.host, base_port=a.base_port),
+    "loopback": lambda a: LoopbackPlan(port=a.port),
+}
+
+
 def _topology_from_args(args: argparse.Namespace) -> Topology:
-    return build(
-        args.preset,
-        plan=PortPlan(host=args.host, base_port=args.base_port),
-        time_scale=args.time_scale,
-    )
+    return build(args.preset, plan=ADDRESSING[args.addressing](args), time_scale=args.time_scale)
 
 
 def _state_path(args: argparse.Namespace) -> Path:
@@ -178,6 +189,19 @@ def _add_topology_args(p: argparse.ArgumentParser) -> None:
         "--preset",
         default=DEFAULT_PRESET,
         help=f"supernode preset (default {DEFAULT_PRESET}; see `cmemu presets`)",
+    )
+    p.add_argument(
+        "--addressing",
+        choices=sorted(ADDRESSING),
+        default="ports",
+        help="ports: one host, a port per device (default); loopback: an address "
+        "127.x.y.z per device on one port, as containers have (needed past ~11,000 devices)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=CONTAINER_PORT,
+        help=f"with --addressing loopback, the port of every device (default {CONTAINER_PORT})",
     )
     p.add_argument(
         "--host", default=DEFAULT_HOST, help=f"address every device binds (default {DEFAULT_HOST})"

@@ -102,7 +102,9 @@ def test_page_store_matches_a_flat_bytearray(ops: list[tuple[str, int, bytes]]) 
 
 
 def _memory() -> DeviceMemory:
-    return DeviceMemory(capacity=64 * KIB, alignment=4 * KIB, page_bytes=4 * KIB, cap_bytes=64 * KIB)
+    return DeviceMemory(
+        capacity=64 * KIB, alignment=4 * KIB, page_bytes=4 * KIB, cap_bytes=64 * KIB
+    )
 
 
 def test_device_memory_bounds_and_atomics() -> None:

@@ -84,7 +84,11 @@ async def test_capacity_is_enforced_to_the_byte(clients: Clients) -> None:
     ("method", "request_", "code"),
     [
         ("AllocateRegion", device_pb2.AllocateRegionRequest(size=0), "INVALID_ARGUMENT"),
-        ("AllocateRegion", device_pb2.AllocateRegionRequest(size=8, label="x" * 300), "INVALID_ARGUMENT"),
+        (
+            "AllocateRegion",
+            device_pb2.AllocateRegionRequest(size=8, label="x" * 300),
+            "INVALID_ARGUMENT",
+        ),
         ("FreeRegion", device_pb2.FreeRegionRequest(region_id=0), "INVALID_ARGUMENT"),
         ("FreeRegion", device_pb2.FreeRegionRequest(region_id=987654), "NOT_FOUND"),
         ("SetFaultState", device_pb2.FaultState(reason="y" * 300), "INVALID_ARGUMENT"),
@@ -106,7 +110,9 @@ async def test_fault_turns_health_and_ub_off_until_cleared(clients: Clients) -> 
     for service in ("", DEVICE_SERVICE, UB_SERVICE, "cmemu.v1.MemoryPool"):
         assert await clients.health("n01-mem", service) == "NOT_SERVING"
     read = ub_pb2.UbTransaction(
-        op=ub_pb2.UB_OP_READ, dst=ub_pb2.UbAddress(eid=clients.topology.device("n01-mem").eid), size=8
+        op=ub_pb2.UB_OP_READ,
+        dst=ub_pb2.UbAddress(eid=clients.topology.device("n01-mem").eid),
+        size=8,
     )
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await clients.bus("n00-npu0").Submit(read)
@@ -120,7 +126,9 @@ async def test_fault_turns_health_and_ub_off_until_cleared(clients: Clients) -> 
 
 async def test_telemetry_counts_ub_traffic(clients: Clients) -> None:
     target = clients.topology.device("n01-cpu1")
-    region = await clients.device(target.id).AllocateRegion(device_pb2.AllocateRegionRequest(size=64))
+    region = await clients.device(target.id).AllocateRegion(
+        device_pb2.AllocateRegionRequest(size=64)
+    )
     before = await clients.device(target.id).GetTelemetry(device_pb2.GetTelemetryRequest())
     write = ub_pb2.UbTransaction(
         op=ub_pb2.UB_OP_WRITE,

@@ -44,7 +44,11 @@ async def test_kernel_duration_is_the_roofline_and_kernels_queue_per_die(clients
     [
         (npu_pb2.Kernel(flops=1.0, precision=npu_pb2.PRECISION_FP8), "INVALID_ARGUMENT", "FP8"),
         (npu_pb2.Kernel(flops=1.0), "INVALID_ARGUMENT", "precision"),
-        (npu_pb2.Kernel(die=2, flops=1.0, precision=npu_pb2.PRECISION_BF16), "OUT_OF_RANGE", "die 2"),
+        (
+            npu_pb2.Kernel(die=2, flops=1.0, precision=npu_pb2.PRECISION_BF16),
+            "OUT_OF_RANGE",
+            "die 2",
+        ),
         (npu_pb2.Kernel(flops=-5.0, precision=npu_pb2.PRECISION_BF16), "INVALID_ARGUMENT", ">= 0"),
         (
             npu_pb2.Kernel(flops=float("inf"), precision=npu_pb2.PRECISION_BF16),

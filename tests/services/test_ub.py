@@ -37,7 +37,9 @@ async def test_write_real_bytes_into_another_device_and_read_them_back(clients: 
     done = await clients.bus("n00-npu0").Submit(write)
     assert done.id == "w1" and done.size == len(payload)
     assert list(done.path) == ["n00-npu0", "n00-npu2"]
-    expected = ub_transfer_ns(len(payload), src=DeviceKind.NPU, dst=DeviceKind.NPU, cross_node=False)
+    expected = ub_transfer_ns(
+        len(payload), src=DeviceKind.NPU, dst=DeviceKind.NPU, cross_node=False
+    )
     assert done.complete_ns - done.issue_ns == expected
     # read from a device of the other node: exactly the bytes written
     read = ub_pb2.UbTransaction(op=ub_pb2.UB_OP_READ, dst=dst, size=len(payload))
@@ -57,7 +59,9 @@ async def test_any_device_reads_and_writes_a_memory_pool(clients: Clients) -> No
     dst = await _region(clients, "n01-mem", 1 << 20)
     for src in ("n00-npu4", "n01-cpu0", "n00-mem"):
         data = src.encode() * 10
-        await clients.bus(src).Submit(ub_pb2.UbTransaction(op=ub_pb2.UB_OP_WRITE, dst=dst, data=data))
+        await clients.bus(src).Submit(
+            ub_pb2.UbTransaction(op=ub_pb2.UB_OP_WRITE, dst=dst, data=data)
+        )
         back = await clients.bus("n01-npu1").Submit(
             ub_pb2.UbTransaction(op=ub_pb2.UB_OP_READ, dst=dst, size=len(data))
         )
@@ -126,7 +130,9 @@ async def test_a_full_receive_queue_refuses_and_keeps_what_it_acknowledged(
 
     for start in range(0, LIMITS.inbox_max_messages, 128):
         await asyncio.gather(*(bus.Submit(send(i)) for i in range(start, start + 128)))
-    assert await _status(clients, "n00-cpu1", send(LIMITS.inbox_max_messages)) == "RESOURCE_EXHAUSTED"
+    assert (
+        await _status(clients, "n00-cpu1", send(LIMITS.inbox_max_messages)) == "RESOURCE_EXHAUSTED"
+    )
     received: list[int] = []
     while len(received) < LIMITS.inbox_max_messages:
         batch = await clients.bus(target.id).Receive(
@@ -143,33 +149,48 @@ async def test_bad_transactions_get_precise_statuses(clients: Clients) -> None:
     write = ub_pb2.UB_OP_WRITE
     read = ub_pb2.UB_OP_READ
     cases = {
-        "unknown EID": (ub_pb2.UbTransaction(op=read, dst=ub_pb2.UbAddress(eid=99999), size=8), "NOT_FOUND"),
+        "unknown EID": (
+            ub_pb2.UbTransaction(op=read, dst=ub_pb2.UbAddress(eid=99999), size=8),
+            "NOT_FOUND",
+        ),
         "unset EID": (ub_pb2.UbTransaction(op=read, size=8), "INVALID_ARGUMENT"),
         "no op": (ub_pb2.UbTransaction(dst=dst, size=8), "INVALID_ARGUMENT"),
         "unknown op": (ub_pb2.UbTransaction(op=99, dst=dst, size=8), "INVALID_ARGUMENT"),  # type: ignore[arg-type]
         "zero size": (ub_pb2.UbTransaction(op=read, dst=dst), "INVALID_ARGUMENT"),
         "past the memory": (
-            ub_pb2.UbTransaction(op=read, dst=ub_pb2.UbAddress(eid=npu.eid, offset=capacity), size=8),
+            ub_pb2.UbTransaction(
+                op=read, dst=ub_pb2.UbAddress(eid=npu.eid, offset=capacity), size=8
+            ),
             "OUT_OF_RANGE",
         ),
         "straddles the end": (
-            ub_pb2.UbTransaction(op=read, dst=ub_pb2.UbAddress(eid=npu.eid, offset=capacity - 4), size=8),
+            ub_pb2.UbTransaction(
+                op=read, dst=ub_pb2.UbAddress(eid=npu.eid, offset=capacity - 4), size=8
+            ),
             "OUT_OF_RANGE",
         ),
         "not allocated": (
-            ub_pb2.UbTransaction(op=read, dst=ub_pb2.UbAddress(eid=npu.eid, offset=1 << 36), size=8),
+            ub_pb2.UbTransaction(
+                op=read, dst=ub_pb2.UbAddress(eid=npu.eid, offset=1 << 36), size=8
+            ),
             "FAILED_PRECONDITION",
         ),
         "size disagrees with data": (
             ub_pb2.UbTransaction(op=write, dst=dst, data=b"abc", size=4),
             "INVALID_ARGUMENT",
         ),
-        "write without payload": (ub_pb2.UbTransaction(op=write, dst=dst, size=4), "INVALID_ARGUMENT"),
+        "write without payload": (
+            ub_pb2.UbTransaction(op=write, dst=dst, size=4),
+            "INVALID_ARGUMENT",
+        ),
         "data and size_only": (
             ub_pb2.UbTransaction(op=write, dst=dst, data=b"abc", size_only=True),
             "INVALID_ARGUMENT",
         ),
-        "read carrying data": (ub_pb2.UbTransaction(op=read, dst=dst, data=b"abc"), "INVALID_ARGUMENT"),
+        "read carrying data": (
+            ub_pb2.UbTransaction(op=read, dst=dst, data=b"abc"),
+            "INVALID_ARGUMENT",
+        ),
         "inline read too large": (
             ub_pb2.UbTransaction(op=read, dst=dst, size=LIMITS.inline_payload_max_bytes + 1),
             "INVALID_ARGUMENT",

@@ -1,0 +1,185 @@
+"""`cmemu` as a user runs it: real subprocesses, real ports, real signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from emulator.testing import free_port_block
+
+CMEMU = str(Path(sys.executable).parent / "cmemu")
+MINI_DEVICES = 26
+
+
+def cmemu(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CMEMU, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@contextmanager
+def cmemu_up(
+    state_file: Path, *extra: str, preset: str = "cm-mini"
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    base = free_port_block(MINI_DEVICES)
+    proc = subprocess.Popen(
+        [
+            CMEMU,
+            "up",
+            "--preset",
+            preset,
+            "--base-port",
+            str(base),
+            "--state-file",
+            str(state_file),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not state_file.exists():
+            if proc.poll() is not None:
+                raise AssertionError(f"cmemu up exited {proc.returncode}: {proc.communicate()}")
+            if time.monotonic() > deadline:
+                raise AssertionError("cmemu up wrote no state file within 60 s")
+            time.sleep(0.05)
+        yield proc, base
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_up_ls_probe_and_graceful_stop(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    with cmemu_up(state_file) as (proc, base):
+        doc = json.loads(state_file.read_text())
+        assert doc["preset"] == "cm-mini" and doc["launcher"]["pid"] == proc.pid
+        assert doc["devices"][0]["address"] == f"127.0.0.1:{base}"
+        assert doc["epoch_wall_s"] > 0
+
+        ls = cmemu("ls", "--state-file", str(state_file))
+        assert ls.returncode == 0, ls.stderr
+        assert f"{MINI_DEVICES}/{MINI_DEVICES} SERVING" in ls.stdout
+        assert "n01-mem" in ls.stdout
+
+        rows = json.loads(
+            cmemu("ls", "--state-file", str(state_file), "--kind", "cpu", "--json").stdout
+        )
+        assert [r["id"] for r in rows] == [f"n0{n}-cpu{i}" for n in range(2) for i in range(4)]
+        assert {r["health"] for r in rows} == {"SERVING"}
+
+        probe = cmemu("probe", f"127.0.0.1:{base}")
+        assert (probe.returncode, probe.stdout.strip()) == (0, "SERVING")
+        probe = cmemu("probe", f"127.0.0.1:{base}", "--service", "cmemu.v1.Npu")
+        assert probe.returncode == 0
+        probe = cmemu("probe", f"127.0.0.1:{base}", "--service", "no.such.Service")
+        assert probe.returncode == 4
+
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "grpcurl -plaintext" in out and "cmemu: stopped" in out
+        assert not state_file.exists()
+    closed = cmemu("probe", f"127.0.0.1:{base}", "--timeout", "0.5")
+    assert closed.returncode == 3 and "UNAVAILABLE" in closed.stderr
+
+
+def test_health_turns_not_serving_before_the_servers_stop(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    with cmemu_up(state_file, "--drain", "3") as (proc, base):
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 2.5
+        seen = ""
+        while time.monotonic() < deadline:
+            probe = cmemu("probe", f"127.0.0.1:{base + 5}", "--timeout", "0.5")
+            seen = probe.stdout.strip()
+            if probe.returncode == 4:
+                break
+        assert seen == "NOT_SERVING"
+        proc.communicate(timeout=30)
+        assert proc.returncode == 0
+
+
+def test_a_port_already_taken_is_named(tmp_path: Path) -> None:
+    base = free_port_block(MINI_DEVICES)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", base + 7))
+        squatter.listen()
+        result = cmemu(
+            "up",
+            "--preset",
+            "cm-mini",
+            "--base-port",
+            str(base),
+            "--state-file",
+            str(tmp_path / "s.json"),
+        )
+    assert result.returncode == 1
+    assert f"127.0.0.1:{base + 7}" in result.stderr and "n00-npu7" in result.stderr
+    assert "already in use" in result.stderr
+    assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "words"),
+    [
+        (["up", "--preset", "cm999"], 1, "unknown preset 'cm999'; known: cm-mini, cm192"),
+        (["topology", "--preset", "nope"], 1, "known: cm-mini"),
+        (["up", "--preset", "cm-mini", "--time-scale", "0"], 1, "time_scale must be > 0"),
+        (["up", "--base-port", "65000"], 1, "out of range"),
+        (["ls", "--state-file", "/nonexistent/cmemu.json"], 1, "no running emulator"),
+        (["probe"], 2, "address"),
+        (["frobnicate"], 2, "invalid choice"),
+    ],
+)
+def test_bad_input_exits_non_zero_with_a_message(args: list[str], code: int, words: str) -> None:
+    result = cmemu(*args)
+    assert result.returncode == code
+    assert words in result.stderr
+
+
+def test_ls_with_a_corrupt_state_file(tmp_path: Path) -> None:
+    bad = tmp_path / "state.json"
+    bad.write_text("{not json")
+    result = cmemu("ls", "--state-file", str(bad))
+    assert result.returncode == 1 and "not JSON" in result.stderr
+
+
+def test_topology_json_lists_every_device(tmp_path: Path) -> None:
+    result = cmemu("topology", "--preset", "cm384", "--json")
+    assert result.returncode == 0
+    doc = json.loads(result.stdout)
+    assert len(doc["devices"]) == 384 + 192 + 48
+    assert set(doc["devices"][0]) == {"id", "kind", "node", "eid", "address"}
+    summary = cmemu("topology", "--preset", "cm-mini")
+    assert "16 npu" in summary.stdout and "14 l1" in summary.stdout
+
+
+def test_presets_and_hardware_listings() -> None:
+    presets = cmemu("presets")
+    assert "cm384" in presets.stdout and "extrapolated" in presets.stdout
+    hardware = cmemu("hardware")
+    assert "npu.hbm_bytes_per_die" in hardware.stdout and "pub" in hardware.stdout
+
+
+def test_loopback_addressing_gives_each_device_its_own_ip() -> None:
+    doc = json.loads(
+        cmemu("topology", "--preset", "cm-mini", "--addressing", "loopback", "--json").stdout
+    )
+    addresses = [d["address"] for d in doc["devices"]]
+    assert addresses[0] == "127.10.1.1:50051"
+    assert len(set(addresses)) == len(addresses)
+    assert {a.rsplit(":", 1)[1] for a in addresses} == {"50051"}
