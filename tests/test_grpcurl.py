@@ -17,7 +17,6 @@ pytestmark = pytest.mark.skipif(
 
 
 async def grpcurl(*args: str) -> tuple[int, str, str]:
-    assert GRPCURL is not None
     proc = await asyncio.create_subprocess_exec(
         GRPCURL,
         "-plaintext",
