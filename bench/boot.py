@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from emulator.testing import free_port_block
-from emulator.topology import build
+from emulator.topology import build, server_count
 
 CMEMU = str(Path(sys.executable).parent / "cmemu")
 
@@ -31,10 +31,10 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def one_run(preset: str, addressing: str, timeout_s: float) -> tuple[float, float]:
-    devices = len(build(preset).devices)
+    servers = server_count(build(preset))
     where = ["--addressing", addressing]
     if addressing == "ports":
-        where += ["--base-port", str(free_port_block(devices))]
+        where += ["--base-port", str(free_port_block(servers))]
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state.json"
         started = time.perf_counter()

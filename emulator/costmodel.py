@@ -23,6 +23,17 @@ def ub_base_latency_s(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
     return ub.small_read_s - ub.small_read_bytes / ub.achieved_bytes_per_s_per_die
 
 
+def hop_latency_s(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
+    """Latency of one switch hop: crossing nodes adds two (an L2 chip and a second L1 chip)."""
+    return profile.ub.cross_node_extra_latency_s / 2
+
+
+def endpoint_latency_s(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
+    """Fixed cost at the two ends of any UB transfer (issue, DMA setup, completion), so that an
+    intra-node transfer (one L1 hop) has exactly the calibrated base latency."""
+    return ub_base_latency_s(profile) - hop_latency_s(profile)
+
+
 def ub_efficiency(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
     """Share of raw port bandwidth a transfer achieves (167 of 196 GB/s per die)."""
     npu = profile.npu
@@ -89,3 +100,28 @@ def kernel_cost(
     memory_s = bytes_moved / profile.npu.hbm_bytes_per_s_per_die
     bound = "compute" if compute_s >= memory_s else "memory"
     return KernelCost(duration_ns=round(max(compute_s, memory_s) * NS), bound=bound)
+
+
+MOE_OPS = ("dispatch", "combine")
+
+
+def moe_bytes_per_token(op: str, profile: HardwareProfile = DEFAULT_PROFILE) -> int:
+    moe = profile.moe
+    return {"dispatch": moe.dispatch_bytes_per_token, "combine": moe.combine_bytes_per_token}[op]
+
+
+def moe_overhead_s(op: str, profile: HardwareProfile = DEFAULT_PROFILE) -> float:
+    """Fixed software cost of a MoE dispatch or combine, fitted to the EP8 calibration point.
+
+    The calibration group is 8 dies on 4 NPUs of one node: each die sends an even share of its
+    token copies to every rank; its own share stays local, its sibling die's share crosses the
+    die-to-die link in parallel, and the 6 others leave through its UB ports, the bottleneck.
+    What the measured time has beyond that transfer is software: quantisation, routing metadata,
+    synchronisation.
+    """
+    moe = profile.moe
+    measured = {"dispatch": moe.dispatch_s, "combine": moe.combine_s}[op]
+    per_rank = moe.tokens_per_rank * moe.top_k * moe_bytes_per_token(op, profile)
+    over_ports = per_rank * (moe.ep_ranks - 2) / moe.ep_ranks
+    transfer = ub_base_latency_s(profile) + over_ports / profile.ub.achieved_bytes_per_s_per_die
+    return measured - transfer

@@ -102,6 +102,23 @@ class UbCalibration:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MoeCalibration:
+    """The measured MoE dispatch and combine at expert-parallel degree 8 (whole operation, software
+    included). The cost model derives each op's fixed software overhead from these, so that the
+    fabric's flow-level timing plus that overhead reproduces them exactly."""
+
+    ep_ranks: int = fig(8, "pub")
+    tokens_per_rank: int = fig(128, "pub")
+    top_k: int = fig(8, "pub")
+    dispatch_bytes_per_token: int = fig(7680, "pub")  # 7.5 KB: INT8 hidden state plus scales
+    combine_bytes_per_token: int = fig(14336, "pub")  # 14 KB: BF16 hidden state
+    dispatch_s: float = fig(116e-6, "pub")
+    combine_s: float = fig(118e-6, "pub")
+    # Other collectives: one launch cost each (not published; HCCL-class kernels launch in ~us).
+    collective_launch_s: float = fig(5e-6, "assumed")
+
+
+@dataclass(frozen=True, kw_only=True)
 class EmulatorLimits:
     """Knobs of the emulator itself, not of the hardware."""
 
@@ -110,6 +127,8 @@ class EmulatorLimits:
     inbox_max_messages: int = fig(1024, "assumed")
     region_alignment: int = fig(4096, "assumed")
     store_page_bytes: int = fig(4096, "assumed")
+    collective_detail_max_flows: int = fig(20_000, "assumed")
+    collective_max_flows: int = fig(2_000_000, "assumed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,6 +138,7 @@ class HardwareProfile:
     node: NodeProfile = field(default_factory=NodeProfile)
     switch: SwitchProfile = field(default_factory=SwitchProfile)
     ub: UbCalibration = field(default_factory=UbCalibration)
+    moe: MoeCalibration = field(default_factory=MoeCalibration)
     limits: EmulatorLimits = field(default_factory=EmulatorLimits)
 
 

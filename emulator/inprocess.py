@@ -17,7 +17,9 @@ from emulator import health
 from emulator.clock import Clock
 from emulator.errors import EmulatorError, UnavailableError
 from emulator.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.topology import Topology
+from emulator.topology import ServiceKind, Topology
+from services.fabric import FabricState, create_fabric
+from services.host import ServiceHost
 from services.kinds import DeviceHandle, create_device
 from services.peers import Peers
 
@@ -41,6 +43,8 @@ class InProcessSupernode:
         self.drain_s = drain_s
         self.ready_timeout_s = ready_timeout_s
         self.handles: dict[str, DeviceHandle] = {}
+        self.fabric: FabricState | None = None
+        self._hosts: list[ServiceHost] = []
         self._peers: Peers | None = None
 
     async def __aenter__(self) -> InProcessSupernode:
@@ -66,13 +70,24 @@ class InProcessSupernode:
             )
             for d in self.topology.devices
         }
+        self.fabric, fabric_host = create_fabric(
+            address=self.topology.service(ServiceKind.FABRIC).address,
+            topology=self.topology,
+            profile=self.profile,
+            clock=clock,
+            peers=self._peers,
+        )
+        self._hosts = [fabric_host, *(h.host for h in self.handles.values())]
         results = await asyncio.gather(
-            *(h.start() for h in self.handles.values()), return_exceptions=True
+            fabric_host.start(),
+            *(h.start() for h in self.handles.values()),
+            return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             await self.stop()
             raise errors[0]
+        await fabric_host.set_serving(True)
         try:
             async with asyncio.timeout(self.ready_timeout_s):
                 await self._verify_serving()
@@ -87,6 +102,7 @@ class InProcessSupernode:
         13,000 extra sockets open; checks that time out on a loaded machine are asked again
         until `ready_timeout_s` has passed."""
         pending = [d.address for d in self.topology.devices]
+        pending += [x.address for x in self.topology.services]
         statuses: dict[str, str] = {}
         deadline = time.monotonic() + self.ready_timeout_s
         while pending and time.monotonic() < deadline:
@@ -95,15 +111,17 @@ class InProcessSupernode:
         if pending:
             shown = ", ".join(f"{a} {statuses[a]}" for a in pending[:5])
             more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
-            raise UnavailableError(f"{len(pending)} devices not SERVING after start: {shown}{more}")
+            raise UnavailableError(f"{len(pending)} servers not SERVING after start: {shown}{more}")
 
     async def stop(self) -> None:
-        handles = list(self.handles.values())
-        self.handles = {}
-        if handles:
-            await asyncio.gather(*(h.host.set_serving(False) for h in handles))
+        hosts, self._hosts, self.handles = self._hosts, [], {}
+        if hosts:
+            await asyncio.gather(*(h.set_serving(False) for h in hosts))
             await asyncio.sleep(self.drain_s)
+        if self.fabric is not None:
+            self.fabric.close()
+            self.fabric = None
         if self._peers is not None:  # device-to-device channels first: no GOAWAY storm
             await self._peers.close()
             self._peers = None
-        await asyncio.gather(*(h.host.server.stop(self.drain_s) for h in handles))
+        await asyncio.gather(*(h.server.stop(self.drain_s) for h in hosts))

@@ -11,11 +11,18 @@ from contextlib import asynccontextmanager
 
 import grpc
 
-from cmemu.v1 import cpu_pb2_grpc, device_pb2_grpc, mempool_pb2_grpc, npu_pb2_grpc, ub_pb2_grpc
+from cmemu.v1 import (
+    cpu_pb2_grpc,
+    device_pb2_grpc,
+    fabric_pb2_grpc,
+    mempool_pb2_grpc,
+    npu_pb2_grpc,
+    ub_pb2_grpc,
+)
 from emulator import health
 from emulator.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.inprocess import InProcessSupernode
-from emulator.topology import PortPlan, Topology, build
+from emulator.topology import PortPlan, Topology, build, server_count
 from services.peers import Peers
 
 # Below Linux's ephemeral range (32768+), so that client sockets do not take these ports.
@@ -50,8 +57,7 @@ async def running_supernode(
     profile: HardwareProfile = DEFAULT_PROFILE,
 ) -> AsyncIterator[InProcessSupernode]:
     """A whole supernode on a free block of ports, verified SERVING, stopped on exit."""
-    probe = build(preset, profile=profile)
-    base = free_port_block(len(probe.devices))
+    base = free_port_block(server_count(build(preset, profile=profile)))
     topology = build(preset, plan=PortPlan(base_port=base), time_scale=time_scale, profile=profile)
     async with InProcessSupernode(topology, profile=profile, drain_s=0.0) as supernode:
         yield supernode
@@ -78,6 +84,9 @@ class Clients:
 
     def cpu(self, device_id: str) -> cpu_pb2_grpc.CpuAsyncStub:
         return cpu_pb2_grpc.CpuStub(self._channel(device_id))
+
+    def fabric(self) -> fabric_pb2_grpc.FabricAsyncStub:
+        return self._peers.fabric()
 
     def mempool(self, device_id: str) -> mempool_pb2_grpc.MemoryPoolAsyncStub:
         return mempool_pb2_grpc.MemoryPoolStub(self._channel(device_id))

@@ -48,6 +48,19 @@ class Device:
     address: str
 
 
+class ServiceKind(StrEnum):
+    FABRIC = "fabric"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Service:
+    """A supernode-wide service (fabric now; EMS, scheduler, gateway later): one server each."""
+
+    id: str
+    kind: ServiceKind
+    address: str
+
+
 @dataclass(frozen=True, kw_only=True)
 class Switch:
     id: str
@@ -78,6 +91,7 @@ class Topology:
     devices: tuple[Device, ...]
     switches: tuple[Switch, ...]
     links: tuple[Link, ...]
+    services: tuple[Service, ...] = ()
     epoch_wall_s: float | None = None  # set by the launcher when emulated time starts
     _by_id: dict[str, Device] = field(init=False, repr=False, compare=False)
     _by_eid: dict[int, Device] = field(init=False, repr=False, compare=False)
@@ -98,6 +112,12 @@ class Topology:
         except KeyError:
             raise NotFoundError(f"no device with EID {eid} in {self.preset}") from None
 
+    def service(self, kind: ServiceKind) -> Service:
+        for service in self.services:
+            if service.kind is kind:
+                return service
+        raise NotFoundError(f"no {kind.value} service in {self.preset}")
+
     def of_kind(self, kind: DeviceKind) -> list[Device]:
         return [d for d in self.devices if d.kind is kind]
 
@@ -116,6 +136,7 @@ class Topology:
             "devices": [asdict(d) for d in self.devices],
             "switches": [asdict(s) for s in self.switches],
             "links": [asdict(link) for link in self.links],
+            "services": [asdict(x) for x in self.services],
         }
 
     def to_json(self, *, indent: int | None = None) -> str:
@@ -141,6 +162,10 @@ class Topology:
                 ),
                 switches=tuple(Switch(**s) for s in doc["switches"]),
                 links=tuple(Link(**{**x, "kind": LinkKind(x["kind"])}) for x in doc["links"]),
+                services=tuple(
+                    Service(**{**x, "kind": ServiceKind(x["kind"])})
+                    for x in doc.get("services", [])
+                ),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgumentError(f"malformed topology document: {exc}") from exc
@@ -320,6 +345,10 @@ def build(
         for plane in range(sw.l2_planes)
         for chip in range(sw.l2_chips_per_plane)
     ]
+    services = [
+        Service(id=kind.value, kind=kind, address=plan.address(len(devices) + i))
+        for i, kind in enumerate(ServiceKind)
+    ]
     for device in devices:
         if not DNS_LABEL.match(device.id):
             raise InvalidArgumentError(f"device id {device.id!r} is not a DNS label")
@@ -332,4 +361,10 @@ def build(
         devices=tuple(devices),
         switches=tuple(switches),
         links=tuple(links),
+        services=tuple(services),
     )
+
+
+def server_count(topology: Topology) -> int:
+    """Servers a launcher starts: one per device and one per supernode-wide service."""
+    return len(topology.devices) + len(topology.services)

@@ -31,7 +31,6 @@ from services.status import Context, RemoteError, rpc
 
 MAX_LABEL = 256
 MAX_WAIT_MS = 60_000
-DEFAULT_DELIVER_TIMEOUT_S = 10.0
 
 KIND_PROTO = {
     DeviceKind.NPU: device_pb2.DEVICE_KIND_NPU,
@@ -293,7 +292,7 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
 
     @rpc
     async def Submit(self, request: ub_pb2.UbTransaction, context: Context) -> ub_pb2.UbCompletion:
-        """Issue a transaction from this device to the device owning dst.eid."""
+        """Issue a transaction from this device; the fabric times it and delivers it."""
         s = self.state
         s.require_healthy()
         tx = normalize(request, self._inline_max)
@@ -301,12 +300,12 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
         tx.src_eid = s.device.eid
         tx.issue_ns = s.clock.now_ns()
         tx.id = tx.id or uuid.uuid4().hex
-        remaining = context.time_remaining()
-        timeout = DEFAULT_DELIVER_TIMEOUT_S if remaining is None else remaining
         try:
-            completion: ub_pb2.UbCompletion = await s.peers.bus(target).Deliver(tx, timeout=timeout)
+            completion: ub_pb2.UbCompletion = await s.peers.fabric().Transfer(
+                tx, timeout=context.time_remaining()
+            )
         except grpc.aio.AioRpcError as exc:
-            raise RemoteError(exc.code(), f"{target.id}: {exc.details()}") from exc
+            raise RemoteError(exc.code(), exc.details() or exc.code().name) from exc
         s.counters.tx_count += 1
         s.counters.tx_bytes += tx.size
         s.log.debug("ub submit", trace_id=tx.id, op=ub_pb2.UbOp.Name(tx.op), dst=target.id)

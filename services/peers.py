@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import grpc
 
-from cmemu.v1 import ub_pb2_grpc
-from emulator.topology import Device, Topology
+from cmemu.v1 import fabric_pb2_grpc, ub_pb2_grpc
+from emulator.topology import Device, ServiceKind, Topology
 
 CLIENT_OPTIONS = (
     ("grpc.max_receive_message_length", 8 * 2**20),
@@ -31,6 +31,11 @@ class Peers:
 
     def bus(self, device: Device) -> ub_pb2_grpc.UnifiedBusAsyncStub:
         return ub_pb2_grpc.UnifiedBusStub(self.channel(device.address))
+
+    def fabric(self) -> fabric_pb2_grpc.FabricAsyncStub:
+        return fabric_pb2_grpc.FabricStub(
+            self.channel(self.topology.service(ServiceKind.FABRIC).address)
+        )
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}

@@ -24,27 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11\x63memu/v1/ub.proto\x12\x08\x63memu.v1\"(\n\tUbAddress\x12\x0b\n\x03\x65id\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"\xcd\x01\n\rUbTransaction\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1a\n\x02op\x18\x02 \x01(\x0e\x32\x0e.cmemu.v1.UbOp\x12\x0f\n\x07src_eid\x18\x03 \x01(\r\x12 \n\x03\x64st\x18\x04 \x01(\x0b\x32\x13.cmemu.v1.UbAddress\x12\x0c\n\x04size\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x11\n\tsize_only\x18\x07 \x01(\x08\x12\x0f\n\x07\x63ompare\x18\x08 \x01(\x04\x12\x0f\n\x07operand\x18\t \x01(\x04\x12\x10\n\x08issue_ns\x18\n \x01(\x04\"\xcd\x01\n\x0cUbCompletion\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1a\n\x02op\x18\x02 \x01(\x0e\x32\x0e.cmemu.v1.UbOp\x12\x0f\n\x07src_eid\x18\x03 \x01(\r\x12\x0f\n\x07\x64st_eid\x18\x04 \x01(\r\x12\x0c\n\x04size\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x11\n\told_value\x18\x07 \x01(\x04\x12\x0f\n\x07swapped\x18\x08 \x01(\x08\x12\x10\n\x08issue_ns\x18\t \x01(\x04\x12\x13\n\x0b\x63omplete_ns\x18\n \x01(\x04\x12\x0c\n\x04path\x18\x0b \x03(\t\"|\n\tUbMessage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07src_eid\x18\x02 \x01(\r\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x11\n\tsize_only\x18\x05 \x01(\x08\x12\x10\n\x08issue_ns\x18\x06 \x01(\x04\x12\x11\n\tarrive_ns\x18\x07 \x01(\x04\"7\n\x0eReceiveRequest\x12\x14\n\x0cmax_messages\x18\x01 \x01(\r\x12\x0f\n\x07wait_ms\x18\x02 \x01(\r\"8\n\x0fReceiveResponse\x12%\n\x08messages\x18\x01 \x03(\x0b\x32\x13.cmemu.v1.UbMessage*r\n\x04UbOp\x12\x15\n\x11UB_OP_UNSPECIFIED\x10\x00\x12\x0e\n\nUB_OP_READ\x10\x01\x12\x0f\n\x0bUB_OP_WRITE\x10\x02\x12\r\n\tUB_OP_CAS\x10\x03\x12\x13\n\x0fUB_OP_FETCH_ADD\x10\x04\x12\x0e\n\nUB_OP_SEND\x10\x05\x32\xc3\x01\n\nUnifiedBus\x12\x39\n\x06Submit\x12\x17.cmemu.v1.UbTransaction\x1a\x16.cmemu.v1.UbCompletion\x12:\n\x07\x44\x65liver\x12\x17.cmemu.v1.UbTransaction\x1a\x16.cmemu.v1.UbCompletion\x12>\n\x07Receive\x12\x18.cmemu.v1.ReceiveRequest\x1a\x19.cmemu.v1.ReceiveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11\x63memu/v1/ub.proto\x12\x08\x63memu.v1\"(\n\tUbAddress\x12\x0b\n\x03\x65id\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"\xde\x01\n\rUbTransaction\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1a\n\x02op\x18\x02 \x01(\x0e\x32\x0e.cmemu.v1.UbOp\x12\x0f\n\x07src_eid\x18\x03 \x01(\r\x12 \n\x03\x64st\x18\x04 \x01(\x0b\x32\x13.cmemu.v1.UbAddress\x12\x0c\n\x04size\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x11\n\tsize_only\x18\x07 \x01(\x08\x12\x0f\n\x07\x63ompare\x18\x08 \x01(\x04\x12\x0f\n\x07operand\x18\t \x01(\x04\x12\x10\n\x08issue_ns\x18\n \x01(\x04\x12\x0f\n\x07src_die\x18\x0b \x01(\r\"\xdd\x01\n\x0cUbCompletion\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1a\n\x02op\x18\x02 \x01(\x0e\x32\x0e.cmemu.v1.UbOp\x12\x0f\n\x07src_eid\x18\x03 \x01(\r\x12\x0f\n\x07\x64st_eid\x18\x04 \x01(\r\x12\x0c\n\x04size\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x11\n\told_value\x18\x07 \x01(\x04\x12\x0f\n\x07swapped\x18\x08 \x01(\x08\x12\x10\n\x08issue_ns\x18\t \x01(\x04\x12\x13\n\x0b\x63omplete_ns\x18\n \x01(\x04\x12\x0c\n\x04path\x18\x0b \x03(\t\x12\x0e\n\x06planes\x18\x0c \x01(\r\"|\n\tUbMessage\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07src_eid\x18\x02 \x01(\r\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x11\n\tsize_only\x18\x05 \x01(\x08\x12\x10\n\x08issue_ns\x18\x06 \x01(\x04\x12\x11\n\tarrive_ns\x18\x07 \x01(\x04\"7\n\x0eReceiveRequest\x12\x14\n\x0cmax_messages\x18\x01 \x01(\r\x12\x0f\n\x07wait_ms\x18\x02 \x01(\r\"8\n\x0fReceiveResponse\x12%\n\x08messages\x18\x01 \x03(\x0b\x32\x13.cmemu.v1.UbMessage*r\n\x04UbOp\x12\x15\n\x11UB_OP_UNSPECIFIED\x10\x00\x12\x0e\n\nUB_OP_READ\x10\x01\x12\x0f\n\x0bUB_OP_WRITE\x10\x02\x12\r\n\tUB_OP_CAS\x10\x03\x12\x13\n\x0fUB_OP_FETCH_ADD\x10\x04\x12\x0e\n\nUB_OP_SEND\x10\x05\x32\xc3\x01\n\nUnifiedBus\x12\x39\n\x06Submit\x12\x17.cmemu.v1.UbTransaction\x1a\x16.cmemu.v1.UbCompletion\x12:\n\x07\x44\x65liver\x12\x17.cmemu.v1.UbTransaction\x1a\x16.cmemu.v1.UbCompletion\x12>\n\x07Receive\x12\x18.cmemu.v1.ReceiveRequest\x1a\x19.cmemu.v1.ReceiveResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cmemu.v1.ub_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_UBOP']._serialized_start=730
-  _globals['_UBOP']._serialized_end=844
+  _globals['_UBOP']._serialized_start=763
+  _globals['_UBOP']._serialized_end=877
   _globals['_UBADDRESS']._serialized_start=31
   _globals['_UBADDRESS']._serialized_end=71
   _globals['_UBTRANSACTION']._serialized_start=74
-  _globals['_UBTRANSACTION']._serialized_end=279
-  _globals['_UBCOMPLETION']._serialized_start=282
-  _globals['_UBCOMPLETION']._serialized_end=487
-  _globals['_UBMESSAGE']._serialized_start=489
-  _globals['_UBMESSAGE']._serialized_end=613
-  _globals['_RECEIVEREQUEST']._serialized_start=615
-  _globals['_RECEIVEREQUEST']._serialized_end=670
-  _globals['_RECEIVERESPONSE']._serialized_start=672
-  _globals['_RECEIVERESPONSE']._serialized_end=728
-  _globals['_UNIFIEDBUS']._serialized_start=847
-  _globals['_UNIFIEDBUS']._serialized_end=1042
+  _globals['_UBTRANSACTION']._serialized_end=296
+  _globals['_UBCOMPLETION']._serialized_start=299
+  _globals['_UBCOMPLETION']._serialized_end=520
+  _globals['_UBMESSAGE']._serialized_start=522
+  _globals['_UBMESSAGE']._serialized_end=646
+  _globals['_RECEIVEREQUEST']._serialized_start=648
+  _globals['_RECEIVEREQUEST']._serialized_end=703
+  _globals['_RECEIVERESPONSE']._serialized_start=705
+  _globals['_RECEIVERESPONSE']._serialized_end=761
+  _globals['_UNIFIEDBUS']._serialized_start=880
+  _globals['_UNIFIEDBUS']._serialized_end=1075
 # @@protoc_insertion_point(module_scope)

@@ -97,6 +97,7 @@ class UbTransaction(_message.Message):
     COMPARE_FIELD_NUMBER: _builtins.int
     OPERAND_FIELD_NUMBER: _builtins.int
     ISSUE_NS_FIELD_NUMBER: _builtins.int
+    SRC_DIE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """chosen by the caller and echoed; the issuer assigns one when empty"""
     op: Global___UbOp.ValueType
@@ -114,6 +115,8 @@ class UbTransaction(_message.Message):
     """CAS: the new value; FETCH_ADD: the addend"""
     issue_ns: _builtins.int
     """emulated time at which the issuer issued it; set by the issuer"""
+    src_die: _builtins.int
+    """an NPU issuer's die (0 or 1); the target die follows from dst.offset"""
     @_builtins.property
     def dst(self) -> Global___UbAddress: ...
     def __init__(
@@ -129,10 +132,11 @@ class UbTransaction(_message.Message):
         compare: _builtins.int = ...,
         operand: _builtins.int = ...,
         issue_ns: _builtins.int = ...,
+        src_die: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["dst", b"dst"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compare", b"compare", "data", b"data", "dst", b"dst", "id", b"id", "issue_ns", b"issue_ns", "op", b"op", "operand", b"operand", "size", b"size", "size_only", b"size_only", "src_eid", b"src_eid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compare", b"compare", "data", b"data", "dst", b"dst", "id", b"id", "issue_ns", b"issue_ns", "op", b"op", "operand", b"operand", "size", b"size", "size_only", b"size_only", "src_die", b"src_die", "src_eid", b"src_eid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -153,6 +157,7 @@ class UbCompletion(_message.Message):
     ISSUE_NS_FIELD_NUMBER: _builtins.int
     COMPLETE_NS_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
+    PLANES_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     op: Global___UbOp.ValueType
     src_eid: _builtins.int
@@ -168,9 +173,11 @@ class UbCompletion(_message.Message):
     """emulated issue time"""
     complete_ns: _builtins.int
     """emulated completion time"""
+    planes: _builtins.int
+    """how many UB planes the transfer was spread over"""
     @_builtins.property
     def path(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """the devices (and, with the fabric, the links) it crossed"""
+        """the hops it crossed: endpoint, switches (one plane shown), endpoint"""
 
     def __init__(
         self,
@@ -186,10 +193,11 @@ class UbCompletion(_message.Message):
         issue_ns: _builtins.int = ...,
         complete_ns: _builtins.int = ...,
         path: _abc.Iterable[_builtins.str] | None = ...,
+        planes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete_ns", b"complete_ns", "data", b"data", "dst_eid", b"dst_eid", "id", b"id", "issue_ns", b"issue_ns", "old_value", b"old_value", "op", b"op", "path", b"path", "size", b"size", "src_eid", b"src_eid", "swapped", b"swapped"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete_ns", b"complete_ns", "data", b"data", "dst_eid", b"dst_eid", "id", b"id", "issue_ns", b"issue_ns", "old_value", b"old_value", "op", b"op", "path", b"path", "planes", b"planes", "size", b"size", "src_eid", b"src_eid", "swapped", b"swapped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

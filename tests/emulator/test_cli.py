@@ -18,6 +18,7 @@ from emulator.testing import free_port_block
 
 CMEMU = str(Path(sys.executable).parent / "cmemu")
 MINI_DEVICES = 26
+MINI_SERVERS = MINI_DEVICES + 1  # and the fabric
 
 
 def cmemu(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -30,7 +31,7 @@ def cmemu(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 def cmemu_up(
     state_file: Path, *extra: str, preset: str = "cm-mini"
 ) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    base = free_port_block(MINI_DEVICES)
+    base = free_port_block(MINI_SERVERS)
     proc = subprocess.Popen(
         [
             CMEMU,
@@ -114,7 +115,7 @@ def test_health_turns_not_serving_before_the_servers_stop(tmp_path: Path) -> Non
 
 
 def test_a_port_already_taken_is_named(tmp_path: Path) -> None:
-    base = free_port_block(MINI_DEVICES)
+    base = free_port_block(MINI_SERVERS)
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", base + 7))
         squatter.listen()

@@ -36,7 +36,8 @@ async def test_write_real_bytes_into_another_device_and_read_them_back(clients: 
     write = ub_pb2.UbTransaction(op=ub_pb2.UB_OP_WRITE, dst=dst, data=payload, id="w1")
     done = await clients.bus("n00-npu0").Submit(write)
     assert done.id == "w1" and done.size == len(payload)
-    assert list(done.path) == ["n00-npu0", "n00-npu2"]
+    assert list(done.path) == ["n00-npu0.d0", "n00-l1s0", "n00-npu2.d0"]
+    assert done.planes == 7
     expected = ub_transfer_ns(
         len(payload), src=DeviceKind.NPU, dst=DeviceKind.NPU, cross_node=False
     )
@@ -46,6 +47,7 @@ async def test_write_real_bytes_into_another_device_and_read_them_back(clients: 
     got = await clients.bus("n01-npu6").Submit(read)
     assert got.data == payload
     assert got.src_eid == clients.topology.device("n01-npu6").eid
+    assert len(got.path) == 5 and got.path[2].startswith("l2-p0-")  # L1, L2, L1: one plane shown
     cross = ub_transfer_ns(len(payload), src=DeviceKind.NPU, dst=DeviceKind.NPU, cross_node=True)
     assert got.complete_ns - got.issue_ns == cross > expected
     # a part of it, at an offset

@@ -1,0 +1,379 @@
+"""The fabric service: the timing authority every UB transaction and collective crosses.
+
+A device's Submit hands its transaction here. The fabric routes it over the link graph, has the
+target device apply it (so a bad address fails at once and nothing is timed for it), runs it as a
+flow that shares every trunk it crosses max-min fairly with the flows in flight, and answers when
+emulated time reaches the flow's completion, paced on the wall clock by `time_scale`. The reply
+carries the exact emulated timestamps even where the wall clock cannot keep up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import numpy as np
+import structlog
+
+from cmemu.v1 import fabric_pb2, fabric_pb2_grpc, ub_pb2
+from emulator.clock import Clock
+from emulator.collectives import ALGORITHMS, CollectiveSpec, CollectiveTiming, run_collective
+from emulator.errors import InvalidArgumentError, UnavailableError
+from emulator.flowsim import LiveFlows
+from emulator.hardware import HardwareProfile
+from emulator.linkfaults import FaultSet, FaultSpec
+from emulator.linkgraph import Endpoint, LinkGraph, Route, validate_ranks
+from emulator.topology import Device, DeviceKind, Topology
+from services.device import normalize
+from services.host import ServiceHost
+from services.peers import Peers
+from services.status import Context, RemoteError, rpc
+
+SERVICE = "cmemu.v1.Fabric"
+DEFAULT_TOP = 20
+DEFAULT_WATCH_MS = 1000
+
+OPS = {
+    fabric_pb2.COLLECTIVE_OP_ALL_TO_ALL: "all-to-all",
+    fabric_pb2.COLLECTIVE_OP_ALL_GATHER: "all-gather",
+    fabric_pb2.COLLECTIVE_OP_REDUCE_SCATTER: "reduce-scatter",
+    fabric_pb2.COLLECTIVE_OP_ALL_REDUCE: "all-reduce",
+    fabric_pb2.COLLECTIVE_OP_BROADCAST: "broadcast",
+    fabric_pb2.COLLECTIVE_OP_MOE_DISPATCH: "moe-dispatch",
+    fabric_pb2.COLLECTIVE_OP_MOE_COMBINE: "moe-combine",
+}
+assert set(OPS.values()) == set(ALGORITHMS)
+
+
+class FabricState:
+    """The link graph, its faults and the flows in flight, driven by the emulated clock."""
+
+    def __init__(
+        self, *, topology: Topology, profile: HardwareProfile, clock: Clock, peers: Peers
+    ) -> None:
+        self.topology = topology
+        self.profile = profile
+        self.clock = clock
+        self.peers = peers
+        self.graph = LinkGraph(topology, profile)
+        self.faults = FaultSet(self.graph)
+        self.live = LiveFlows(res_cap=self.graph.trunk_cap(), now_s=self.now_s())
+        self.collective_bytes = np.zeros(len(self.graph.trunk_names))
+        self._waiters: dict[int, tuple[asyncio.Future[float], float]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self.log = structlog.get_logger("cmemu.fabric").bind(device="fabric")
+
+    def now_s(self) -> float:
+        return self.clock.now_ns() / 1e9
+
+    # --- endpoints -----------------------------------------------------------------------------
+
+    def source(self, device: Device, die: int) -> Endpoint:
+        if device.kind is DeviceKind.NPU:
+            return self.graph.npu_die(device, die)
+        if die:
+            raise InvalidArgumentError(
+                f"src_die applies to NPUs; {device.id} is a {device.kind.value}"
+            )
+        return self.graph.endpoint(device.id)
+
+    def target(self, device: Device, offset: int) -> Endpoint:
+        """An NPU's UB address space is its dies' HBM one after the other."""
+        if device.kind is DeviceKind.NPU:
+            die = min(offset // self.profile.npu.hbm_bytes_per_die, self.profile.npu.dies - 1)
+            return self.graph.npu_die(device, die)
+        return self.graph.endpoint(device.id)
+
+    # --- live flows ----------------------------------------------------------------------------
+
+    async def run_flow(self, route: Route, nbytes: int, start_s: float) -> float:
+        """Emulated completion time (seconds) of a flow, returned once the flow has finished."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[float] = loop.create_future()
+        flow_id, finished = self.live.add(start_s, route.resources, route.cap, float(nbytes))
+        self._waiters[flow_id] = (future, route.latency_s)
+        self._finish(finished)
+        self._reschedule()
+        return await future
+
+    async def pace(self, emulated_s: float) -> None:
+        delay = self.clock.wall_at(round(emulated_s * 1e9)) - self.clock.wall()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def _finish(self, finished: list[tuple[int, float]]) -> None:
+        for flow_id, fluid_end_s in finished:
+            future, latency_s = self._waiters.pop(flow_id)
+            if not future.done():
+                future.set_result(fluid_end_s + latency_s)
+
+    def _reschedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        next_s = self.live.next_event_s()
+        if next_s is None:
+            return
+        delay = max(0.0, self.clock.wall_at(round(next_s * 1e9)) - self.clock.wall())
+        self._timer = asyncio.get_running_loop().call_later(delay, self.sync)
+
+    def sync(self) -> None:
+        """Bring the flows up to the emulated present."""
+        self._timer = None
+        self._finish(self.live.advance(max(self.now_s(), self.live.now_s)))
+        self._reschedule()
+
+    def faults_changed(self) -> None:
+        finished, stalled = self.live.set_capacities(
+            self.graph.trunk_cap(), max(self.now_s(), self.live.now_s)
+        )
+        self._finish(finished)
+        for flow_id in stalled:
+            future, _ = self._waiters.pop(flow_id)
+            if not future.done():
+                future.set_exception(UnavailableError("a fault cut the route of this transfer"))
+        self._reschedule()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for future, _ in self._waiters.values():
+            future.cancel()
+        self._waiters.clear()
+
+    # --- statistics ----------------------------------------------------------------------------
+
+    def link_stats(self, top: int) -> fabric_pb2.LinkStats:
+        self.sync()
+        g = self.graph
+        trunk_cap = g.trunk_cap()
+        link_cap = g.link_cap()
+        trunk_bytes = self.live.res_bytes + self.collective_bytes
+        share = np.divide(
+            link_cap[g.member_link],
+            trunk_cap[g.member_trunk],
+            out=np.zeros(len(g.member_link)),
+            where=trunk_cap[g.member_trunk] > 0,
+        )
+        member_bytes = trunk_bytes[g.member_trunk] * share
+        utilization = np.divide(
+            self.live.res_rate, trunk_cap, out=np.zeros(len(trunk_cap)), where=trunk_cap > 0
+        )
+        active = self.live.active_per_resource()
+        order = np.argsort(-member_bytes, kind="stable")[:top]
+        links = []
+        for m in order:
+            link, trunk = int(g.member_link[m]), int(g.member_trunk[m])
+            links.append(
+                fabric_pb2.LinkStat(
+                    link=g.names[link],
+                    kind=g.kinds[link].value,
+                    capacity_gb_s=float(link_cap[link]) / 1e9,
+                    bytes=int(member_bytes[m]),
+                    utilization=float(utilization[trunk]),
+                    active_flows=int(active[trunk]),
+                    up=bool(g.up[link]),
+                )
+            )
+        return fabric_pb2.LinkStats(
+            emulated_ns=self.clock.now_ns(),
+            links=links,
+            active_flows=len(self.live.flows),
+            completed_flows=self.live.completed,
+        )
+
+
+def _fault_proto(spec: FaultSpec) -> fabric_pb2.FabricFault:
+    return fabric_pb2.FabricFault(
+        id=spec.id,
+        kind=spec.kind,
+        target=spec.target,
+        factor=spec.factor,
+        added_latency_us=spec.added_latency_s * 1e6,
+        side_a=spec.side_a,
+        side_b=spec.side_b,
+    )
+
+
+def _collective_spec(request: fabric_pb2.CollectiveRequest) -> CollectiveSpec:
+    if request.op not in OPS:
+        raise InvalidArgumentError(
+            f"op must be one of {', '.join(fabric_pb2.CollectiveOp.keys()[1:])}"
+        )
+    return CollectiveSpec(
+        op=OPS[request.op],
+        bytes=request.bytes,
+        bytes_per_pair=request.bytes_per_pair,
+        pair_bytes=tuple(request.pair_bytes),
+        root=request.root,
+        tokens_per_rank=request.tokens_per_rank,
+        top_k=request.top_k or 8,
+        bytes_per_token=request.bytes_per_token,
+    )
+
+
+class FabricServicer(fabric_pb2_grpc.FabricServicer):
+    def __init__(self, state: FabricState) -> None:
+        self.state = state
+
+    @rpc
+    async def Transfer(
+        self, request: ub_pb2.UbTransaction, context: Context
+    ) -> ub_pb2.UbCompletion:
+        s = self.state
+        tx = normalize(request, s.profile.limits.inline_payload_max_bytes)
+        if not tx.src_eid:
+            raise InvalidArgumentError("src_eid is required: a transfer is issued by a device")
+        src, dst = s.topology.by_eid(tx.src_eid), s.topology.by_eid(tx.dst.eid)
+        route = s.graph.route(s.source(src, tx.src_die), s.target(dst, tx.dst.offset))
+        s.graph.check_reachable(route)
+        issue_ns = tx.issue_ns or s.clock.now_ns()
+        tx.issue_ns = issue_ns
+        remaining = context.time_remaining()
+        try:
+            completion: ub_pb2.UbCompletion = await s.peers.bus(dst).Deliver(tx, timeout=remaining)
+        except grpc.aio.AioRpcError as exc:
+            raise RemoteError(exc.code(), f"{dst.id}: {exc.details()}") from exc
+        complete_s = await s.run_flow(route, tx.size, issue_ns / 1e9)
+        await s.pace(complete_s)
+        completion.issue_ns = issue_ns
+        completion.complete_ns = round(complete_s * 1e9)
+        completion.path[:] = route.hops
+        completion.planes = route.planes
+        return completion
+
+    @rpc
+    async def Collective(
+        self, request: fabric_pb2.CollectiveRequest, context: Context
+    ) -> fabric_pb2.CollectiveResult:
+        s = self.state
+        spec = _collective_spec(request)
+        ranks = validate_ranks(s.graph, request.ranks)
+        issue_ns = s.clock.now_ns()
+        started = time.perf_counter()
+        # CPU-bound for large groups (100,000 flows): off the event loop
+        timing: CollectiveTiming = await asyncio.to_thread(run_collective, s.graph, ranks, spec)
+        compute_ms = (time.perf_counter() - started) * 1e3
+        limit = s.profile.limits.collective_detail_max_flows
+        if request.flow_detail and timing.flows > limit:
+            raise InvalidArgumentError(
+                f"flow_detail is limited to {limit} flows; this has {timing.flows}"
+            )
+        s.collective_bytes += timing.res_bytes
+        duration_ns = round(timing.duration_s * 1e9)
+        await s.pace((issue_ns + duration_ns) / 1e9)
+        result = fabric_pb2.CollectiveResult(
+            op=request.op,
+            ranks=len(ranks),
+            phases=timing.phases,
+            flows=timing.flows,
+            total_bytes=int(timing.total_bytes),
+            issue_ns=issue_ns,
+            complete_ns=issue_ns + duration_ns,
+            duration_ns=duration_ns,
+            overhead_ns=round(timing.overhead_s * 1e9),
+            wall_compute_ms=compute_ms,
+        )
+        if request.flow_detail:
+            result.flow_timings.extend(
+                fabric_pb2.FlowTiming(
+                    src=ranks[int(a)].name,
+                    dst=ranks[int(b)].name,
+                    bytes=int(n),
+                    complete_ns=round(t * 1e9),
+                    gb_s=float(g),
+                )
+                for a, b, n, t, g in zip(
+                    timing.flow_src,
+                    timing.flow_dst,
+                    timing.flow_bytes,
+                    timing.flow_complete_s,
+                    timing.flow_gb_s,
+                    strict=True,
+                )
+            )
+        return result
+
+    @rpc
+    async def Route(
+        self, request: fabric_pb2.RouteRequest, context: Context
+    ) -> fabric_pb2.RouteInfo:
+        g = self.state.graph
+        route = g.route(g.endpoint(request.src), g.endpoint(request.dst))
+        return fabric_pb2.RouteInfo(
+            path=route.hops,
+            planes=route.planes,
+            latency_us=route.latency_s * 1e6,
+            max_gb_s=route.cap / 1e9,
+        )
+
+    @rpc
+    async def InjectFault(
+        self, request: fabric_pb2.FabricFault, context: Context
+    ) -> fabric_pb2.FabricFault:
+        stored = self.state.faults.add(
+            FaultSpec(
+                kind=request.kind,
+                target=request.target,
+                factor=request.factor,
+                added_latency_s=request.added_latency_us / 1e6,
+                side_a=tuple(request.side_a),
+                side_b=tuple(request.side_b),
+            )
+        )
+        self.state.faults_changed()
+        self.state.log.warning(
+            "fault injected", fault=stored.id, kind=stored.kind, target=stored.target
+        )
+        return _fault_proto(stored)
+
+    @rpc
+    async def ClearFault(
+        self, request: fabric_pb2.ClearFaultRequest, context: Context
+    ) -> fabric_pb2.FaultList:
+        self.state.faults.clear(request.id)
+        self.state.faults_changed()
+        self.state.log.warning("fault cleared", fault=request.id or "all")
+        return self._faults()
+
+    @rpc
+    async def ListFaults(
+        self, request: fabric_pb2.ListFaultsRequest, context: Context
+    ) -> fabric_pb2.FaultList:
+        return self._faults()
+
+    def _faults(self) -> fabric_pb2.FaultList:
+        return fabric_pb2.FaultList(
+            faults=[_fault_proto(f) for f in self.state.faults.faults.values()]
+        )
+
+    @rpc
+    async def GetLinkStats(
+        self, request: fabric_pb2.LinkStatsRequest, context: Context
+    ) -> fabric_pb2.LinkStats:
+        return self.state.link_stats(request.top or DEFAULT_TOP)
+
+    async def WatchLinkStats(
+        self, request: fabric_pb2.WatchLinkStatsRequest, context: Context
+    ) -> AsyncIterator[fabric_pb2.LinkStats]:
+        if request.interval_ms and request.interval_ms < 10:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "interval_ms must be >= 10")
+        interval = (request.interval_ms or DEFAULT_WATCH_MS) / 1000
+        while True:
+            yield self.state.link_stats(request.top or DEFAULT_TOP)
+            await asyncio.sleep(interval)
+
+
+def create_fabric(
+    *, address: str, topology: Topology, profile: HardwareProfile, clock: Clock, peers: Peers
+) -> tuple[FabricState, ServiceHost]:
+    state = FabricState(topology=topology, profile=profile, clock=clock, peers=peers)
+    servicer = FabricServicer(state)
+    host = ServiceHost(
+        name="fabric",
+        address=address,
+        services=[(SERVICE, lambda s: fabric_pb2_grpc.add_FabricServicer_to_server(servicer, s))],
+    )
+    return state, host
