@@ -20,6 +20,7 @@ import grpc
 
 from emulator import health, state
 from emulator.errors import EmulatorError
+from emulator.fabric_cli import cmd_links, cmd_xfer, links_args, xfer_args
 from emulator.hardware import figures
 from emulator.inprocess import InProcessSupernode
 from emulator.logs import LEVELS, configure_logging
@@ -50,7 +51,7 @@ def _topology_from_args(args: argparse.Namespace) -> Topology:
 
 
 def _state_path(args: argparse.Namespace) -> Path:
-    return Path(args.state_file) if args.state_file else state.default_path()
+    return state.path_from(args.state_file)
 
 
 # --- up ----------------------------------------------------------------------------------------
@@ -241,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
         "topology": (cmd_topology, "describe a preset's topology (--json: the full document)"),
         "presets": (cmd_presets, "list the supernode presets"),
         "hardware": (cmd_hardware, "list every hardware figure with its source"),
+        "xfer": (
+            cmd_xfer,
+            "one UB transaction through the live fabric: emulated latency, bandwidth",
+        ),
+        "links": (cmd_links, "the fabric's busiest links"),
     }
     parsers = {}
     for name, (func, help_text) in commands.items():
@@ -274,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ls.add_argument("--json", action="store_true", help="one JSON array")
 
+    xfer_args(parsers["xfer"])
+    _add_state_arg(parsers["xfer"])
+    links_args(parsers["links"])
+    _add_state_arg(parsers["links"])
+
     topo = parsers["topology"]
     _add_topology_args(topo)
     topo.add_argument("--json", action="store_true", help="print the whole topology document")
@@ -289,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         code: int = args.func(args)
     except EmulatorError as exc:
         print(f"cmemu {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except grpc.aio.AioRpcError as exc:
+        print(f"cmemu {args.command}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

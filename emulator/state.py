@@ -25,6 +25,11 @@ def default_path() -> Path:
     return Path(base) / "cmemu" / "state.json"
 
 
+def path_from(option: str | None) -> Path:
+    """The --state-file option, or the default."""
+    return Path(option) if option else default_path()
+
+
 def write(path: Path, topology: Topology, *, mode: str) -> None:
     """Atomically: a reader never sees half a file."""
     doc: dict[str, Any] = topology.to_dict()

@@ -9,21 +9,12 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import grpc
-
-from cmemu.v1 import (
-    cpu_pb2_grpc,
-    device_pb2_grpc,
-    fabric_pb2_grpc,
-    mempool_pb2_grpc,
-    npu_pb2_grpc,
-    ub_pb2_grpc,
-)
-from emulator import health
+from emulator.client import Clients
 from emulator.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.inprocess import InProcessSupernode
-from emulator.topology import PortPlan, Topology, build, server_count
-from services.peers import Peers
+from emulator.topology import PortPlan, build, server_count
+
+__all__ = ["Clients", "free_port_block", "running_supernode"]
 
 # Below Linux's ephemeral range (32768+), so that client sockets do not take these ports.
 SEARCH_FROM, SEARCH_TO = 22000, 32000
@@ -61,38 +52,3 @@ async def running_supernode(
     topology = build(preset, plan=PortPlan(base_port=base), time_scale=time_scale, profile=profile)
     async with InProcessSupernode(topology, profile=profile, drain_s=0.0) as supernode:
         yield supernode
-
-
-class Clients:
-    """Typed async stubs for any device of a topology, over one shared channel per device."""
-
-    def __init__(self, topology: Topology) -> None:
-        self.topology = topology
-        self._peers = Peers(topology)
-
-    def _channel(self, device_id: str) -> grpc.aio.Channel:
-        return self._peers.channel(self.topology.device(device_id).address)
-
-    def device(self, device_id: str) -> device_pb2_grpc.DeviceAsyncStub:
-        return device_pb2_grpc.DeviceStub(self._channel(device_id))
-
-    def bus(self, device_id: str) -> ub_pb2_grpc.UnifiedBusAsyncStub:
-        return ub_pb2_grpc.UnifiedBusStub(self._channel(device_id))
-
-    def npu(self, device_id: str) -> npu_pb2_grpc.NpuAsyncStub:
-        return npu_pb2_grpc.NpuStub(self._channel(device_id))
-
-    def cpu(self, device_id: str) -> cpu_pb2_grpc.CpuAsyncStub:
-        return cpu_pb2_grpc.CpuStub(self._channel(device_id))
-
-    def fabric(self) -> fabric_pb2_grpc.FabricAsyncStub:
-        return self._peers.fabric()
-
-    def mempool(self, device_id: str) -> mempool_pb2_grpc.MemoryPoolAsyncStub:
-        return mempool_pb2_grpc.MemoryPoolStub(self._channel(device_id))
-
-    async def health(self, device_id: str, service: str = "") -> str:
-        return await health.check(self._channel(device_id), service)
-
-    async def close(self) -> None:
-        await self._peers.close()

@@ -50,6 +50,8 @@ assert set(OPS.values()) == set(ALGORITHMS)
 class FabricState:
     """The link graph, its faults and the flows in flight, driven by the emulated clock."""
 
+    name = "fabric"
+
     def __init__(
         self, *, topology: Topology, profile: HardwareProfile, clock: Clock, peers: Peers
     ) -> None:
@@ -227,7 +229,10 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         if not tx.src_eid:
             raise InvalidArgumentError("src_eid is required: a transfer is issued by a device")
         src, dst = s.topology.by_eid(tx.src_eid), s.topology.by_eid(tx.dst.eid)
-        route = s.graph.route(s.source(src, tx.src_die), s.target(dst, tx.dst.offset))
+        issuer, target = s.source(src, tx.src_die), s.target(dst, tx.dst.offset)
+        # the flow is the data: a READ's bytes travel from the target back to the issuer
+        data_from, data_to = (target, issuer) if tx.op == ub_pb2.UB_OP_READ else (issuer, target)
+        route = s.graph.route(data_from, data_to)
         s.graph.check_reachable(route)
         issue_ns = tx.issue_ns or s.clock.now_ns()
         tx.issue_ns = issue_ns

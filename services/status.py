@@ -68,8 +68,8 @@ def rpc(handler: F) -> F:
             await context.abort(exc.code, str(exc))
         except EmulatorError as exc:
             code = status_of(exc)
-            state = getattr(self, "state", None)
-            device = state.device.id if state is not None else None
+            state = getattr(self, "state", None)  # a device's state, or a service's (name)
+            device = getattr(getattr(state, "device", None), "id", getattr(state, "name", None))
             log.info(
                 "rejected", device=device, rpc=handler.__qualname__, code=code.name, error=str(exc)
             )

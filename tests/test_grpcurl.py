@@ -113,3 +113,24 @@ async def test_errors_reach_grpcurl_as_status_codes(mini: InProcessSupernode) ->
     assert code != 0 and "InvalidArgument" in err
     code, out, err = await grpcurl(address, "grpc.health.v1.Health/Check")
     assert code == 0 and json.loads(out)["status"] == "SERVING"
+
+
+async def test_the_fabric_answers_grpcurl(mini: InProcessSupernode) -> None:
+    address = mini.topology.services[0].address
+    code, out, err = await grpcurl(address, "list")
+    assert code == 0, err
+    assert "cmemu.v1.Fabric" in out.split()
+    route = json.dumps({"src": "n00-npu0.d0", "dst": "n01-npu0.d0"})
+    code, out, err = await grpcurl("-d", route, address, "cmemu.v1.Fabric/Route")
+    assert code == 0, err
+    assert len(json.loads(out)["path"]) == 5
+    dispatch = json.dumps(
+        {
+            "op": "COLLECTIVE_OP_MOE_DISPATCH",
+            "ranks": ["n00-npu0", "n00-npu1", "n00-npu2", "n00-npu3"],
+            "tokens_per_rank": 128,
+        }
+    )
+    code, out, err = await grpcurl("-d", dispatch, address, "cmemu.v1.Fabric/Collective")
+    assert code == 0, err
+    assert 115_000 < int(json.loads(out)["duration_ns"]) < 117_000

@@ -177,7 +177,7 @@ class UbCompletion(_message.Message):
     """how many UB planes the transfer was spread over"""
     @_builtins.property
     def path(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """the hops it crossed: endpoint, switches (one plane shown), endpoint"""
+        """the hops the data crossed: endpoint, switches (one plane shown), endpoint"""
 
     def __init__(
         self,

@@ -184,3 +184,49 @@ def test_loopback_addressing_gives_each_device_its_own_ip() -> None:
     assert addresses[0] == "127.10.1.1:50051"
     assert len(set(addresses)) == len(addresses)
     assert {a.rsplit(":", 1)[1] for a in addresses} == {"50051"}
+
+
+def test_xfer_and_links_against_a_running_emulator(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    with cmemu_up(state_file) as (proc, _):
+        small = cmemu(
+            "xfer",
+            "n00-npu0",
+            "n00-npu1",
+            "--bytes",
+            "512",
+            "--op",
+            "read",
+            "--state-file",
+            str(state_file),
+            "--json",
+        )
+        assert small.returncode == 0, small.stderr
+        result = json.loads(small.stdout)
+        assert result["emulated_us"] == pytest.approx(1.2, rel=0.001)  # the calibration point
+        assert result["path"] == ["n00-npu1.d0", "n00-l1s0", "n00-npu0.d0"]  # a READ's data
+        big = cmemu(
+            "xfer", "n00-npu0", "n01-mem", "--bytes", str(10**9), "--state-file", str(state_file)
+        )
+        assert big.returncode == 0, big.stderr
+        assert "GB/s" in big.stdout and "l2-p0-" in big.stdout
+        links = cmemu("links", "--top", "3", "--state-file", str(state_file), "--json")
+        assert links.returncode == 0, links.stderr
+        rows = json.loads(links.stdout)
+        assert len(rows) == 3 and rows[0]["bytes"] >= 10**9 // 7 * 0.99
+        for args, words in [
+            (["xfer", "n00-npu0", "n99-npu0", "--bytes", "8"], "no device 'n99-npu0'"),
+            (["xfer", "n00-npu0", "n00-npu1", "--bytes", "0"], "--bytes must be > 0"),
+            (["xfer", "n00-npu0", "n00-npu1", "--bytes", str(1 << 40)], "RESOURCE_EXHAUSTED"),
+            (
+                ["xfer", "n00-cpu0", "n00-npu1", "--bytes", "8", "--src-die", "1"],
+                "INVALID_ARGUMENT",
+            ),
+            (["links", "--top", "0"], "--top must be > 0"),
+        ]:
+            bad = cmemu(*args, "--state-file", str(state_file))
+            assert bad.returncode == 1 and words in bad.stderr, (args, bad.stderr)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    gone = cmemu("links", "--state-file", str(state_file))
+    assert gone.returncode == 1 and "no running emulator" in gone.stderr
