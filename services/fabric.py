@@ -29,7 +29,7 @@ from emulator.topology import Device, DeviceKind, Topology
 from services.device import normalize
 from services.host import ServiceHost
 from services.peers import Peers
-from services.status import Context, RemoteError, rpc
+from services.status import Context, rpc
 
 SERVICE = "cmemu.v1.Fabric"
 DEFAULT_TOP = 20
@@ -224,6 +224,13 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     async def Transfer(
         self, request: ub_pb2.UbTransaction, context: Context
     ) -> ub_pb2.UbCompletion:
+        return await self.transfer(request, context.time_remaining())
+
+    async def transfer(
+        self, request: ub_pb2.UbTransaction, deadline_s: float | None
+    ) -> ub_pb2.UbCompletion:
+        """Route, deliver, time and pace one transaction; devices in this process call it
+        directly, the others through Transfer."""
         s = self.state
         tx = normalize(request, s.profile.limits.inline_payload_max_bytes)
         if not tx.src_eid:
@@ -236,11 +243,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         s.graph.check_reachable(route)
         issue_ns = tx.issue_ns or s.clock.now_ns()
         tx.issue_ns = issue_ns
-        remaining = context.time_remaining()
-        try:
-            completion: ub_pb2.UbCompletion = await s.peers.bus(dst).Deliver(tx, timeout=remaining)
-        except grpc.aio.AioRpcError as exc:
-            raise RemoteError(exc.code(), f"{dst.id}: {exc.details()}") from exc
+        completion = await s.peers.deliver(dst, tx, deadline_s)
         complete_s = await s.run_flow(route, tx.size, issue_ns / 1e9)
         await s.pace(complete_s)
         completion.issue_ns = issue_ns
@@ -376,6 +379,7 @@ def create_fabric(
 ) -> tuple[FabricState, ServiceHost]:
     state = FabricState(topology=topology, profile=profile, clock=clock, peers=peers)
     servicer = FabricServicer(state)
+    peers.register_fabric(servicer)
     host = ServiceHost(
         name="fabric",
         address=address,

@@ -68,4 +68,5 @@ def create_device(
         ],
     )
     state.on_health = host.set_serving
+    peers.register_bus(device.address, bus_servicer)
     return DeviceHandle(state, host)

@@ -1,15 +1,22 @@
-"""Channels from one process to the devices of its topology, created once and shared.
+"""How one process reaches the devices and services of its topology.
 
-A device issuing a UB transaction needs a stub for the target; in one process hundreds of devices
-share this cache, so each target address has exactly one channel whatever the number of issuers.
+Calls go over gRPC, one shared channel per address whatever the number of callers, except to
+servers that live in this same process: those are called directly, which takes the loopback
+gRPC hops out of the in-process supernode's UB path (a device's Submit reaches the fabric and the
+fabric reaches the target without serialising anything) while every client outside the process
+still speaks gRPC. Both paths raise the same errors.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import grpc
 
-from cmemu.v1 import fabric_pb2_grpc, ub_pb2_grpc
+from cmemu.v1 import fabric_pb2_grpc, ub_pb2, ub_pb2_grpc
+from emulator.errors import EmulatorError
 from emulator.topology import Device, ServiceKind, Topology
+from services.status import RemoteError, status_of
 
 CLIENT_OPTIONS = (
     ("grpc.max_receive_message_length", 8 * 2**20),
@@ -17,10 +24,28 @@ CLIENT_OPTIONS = (
 )
 
 
+class LocalBus(Protocol):
+    async def deliver(self, request: ub_pb2.UbTransaction) -> ub_pb2.UbCompletion: ...
+
+
+class LocalFabric(Protocol):
+    async def transfer(
+        self, request: ub_pb2.UbTransaction, deadline_s: float | None
+    ) -> ub_pb2.UbCompletion: ...
+
+
 class Peers:
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._local_bus: dict[str, LocalBus] = {}
+        self._local_fabric: LocalFabric | None = None
+
+    def register_bus(self, address: str, bus: LocalBus) -> None:
+        self._local_bus[address] = bus
+
+    def register_fabric(self, fabric: LocalFabric) -> None:
+        self._local_fabric = fabric
 
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -36,6 +61,33 @@ class Peers:
         return fabric_pb2_grpc.FabricStub(
             self.channel(self.topology.service(ServiceKind.FABRIC).address)
         )
+
+    async def deliver(
+        self, device: Device, tx: ub_pb2.UbTransaction, deadline_s: float | None
+    ) -> ub_pb2.UbCompletion:
+        """Have `device` apply a transaction; its refusal comes back as its status."""
+        local = self._local_bus.get(device.address)
+        try:
+            if local is not None:
+                return await local.deliver(tx)
+            completion: ub_pb2.UbCompletion = await self.bus(device).Deliver(tx, timeout=deadline_s)
+            return completion
+        except EmulatorError as exc:
+            raise RemoteError(status_of(exc), f"{device.id}: {exc}") from exc
+        except grpc.aio.AioRpcError as exc:
+            raise RemoteError(exc.code(), f"{device.id}: {exc.details()}") from exc
+
+    async def transfer(
+        self, tx: ub_pb2.UbTransaction, deadline_s: float | None
+    ) -> ub_pb2.UbCompletion:
+        """Hand a transaction to the fabric."""
+        if self._local_fabric is not None:
+            return await self._local_fabric.transfer(tx, deadline_s)
+        try:
+            completion: ub_pb2.UbCompletion = await self.fabric().Transfer(tx, timeout=deadline_s)
+            return completion
+        except grpc.aio.AioRpcError as exc:
+            raise RemoteError(exc.code(), exc.details() or exc.code().name) from exc
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}

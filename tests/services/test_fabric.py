@@ -27,7 +27,7 @@ async def _status(call: object) -> str:
     [(fabric_pb2.COLLECTIVE_OP_MOE_DISPATCH, 116.0), (fabric_pb2.COLLECTIVE_OP_MOE_COMBINE, 118.0)],
 )
 async def test_ep8_moe_dispatch_and_combine_match_the_calibration(
-    clients: Clients, op: int, measured_us: float
+    clients: Clients, op: fabric_pb2.CollectiveOp.ValueType, measured_us: float
 ) -> None:
     request = fabric_pb2.CollectiveRequest(
         op=op, ranks=[f"n00-npu{i}" for i in range(4)], tokens_per_rank=128, top_k=8
