@@ -38,6 +38,17 @@ def maxmin_rates(
     flow_cap: FloatArray,
 ) -> FloatArray:
     """Weighted max-min fair rates of len(flow_cap) flows over resources of capacity res_cap."""
+    return maxmin(inc_flow, inc_res, inc_w, res_cap, flow_cap)[0]
+
+
+def maxmin(
+    inc_flow: IntArray,
+    inc_res: IntArray,
+    inc_w: FloatArray,
+    res_cap: FloatArray,
+    flow_cap: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """Rates, and what each resource has left over (about 0 where it is a bottleneck)."""
     n_flows, n_res = len(flow_cap), len(res_cap)
     rate = np.zeros(n_flows)
     frozen = np.zeros(n_flows, dtype=bool)
@@ -58,7 +69,7 @@ def maxmin_rates(
         newly[inc_flow[live_inc & saturated[inc_res]]] = True
         newly |= ~frozen & (rate >= flow_cap * (1 - REL_TOL))
         frozen |= newly
-    return rate
+    return rate, residual
 
 
 @dataclass
@@ -105,20 +116,24 @@ def simulate(batch: FlowBatch, res_cap: FloatArray, *, merge_tol: float = 1e-6) 
     while not done.all():
         active = ~done
         if stale:
-            keep = active[batch.inc_flow]
-            index = np.cumsum(active) - 1  # renumber the active flows 0..k-1
-            rate = np.zeros(n)
-            rate[active] = maxmin_rates(
-                index[batch.inc_flow[keep]],
-                batch.inc_res[keep],
-                batch.inc_w[keep],
-                res_cap,
-                batch.flow_cap[active],
-            )
+            if active.all():
+                rate, residual = maxmin(
+                    batch.inc_flow, batch.inc_res, batch.inc_w, res_cap, batch.flow_cap
+                )
+            else:
+                keep = active[batch.inc_flow]
+                index = np.cumsum(active) - 1  # renumber the active flows 0..k-1
+                rate = np.zeros(n)
+                rate[active], residual = maxmin(
+                    index[batch.inc_flow[keep]],
+                    batch.inc_res[keep],
+                    batch.inc_w[keep],
+                    res_cap,
+                    batch.flow_cap[active],
+                )
             if (rate[active] <= 0).any():
                 raise UnavailableError("some flows have no bandwidth left on their route")
-            load = weighted_sum(batch.inc_res, batch.inc_w * rate[batch.inc_flow], len(res_cap))
-            saturated = load >= res_cap * (1 - 1e-6)
+            saturated = residual <= 1e-6 * res_cap
         finish_in = np.full(n, np.inf)
         finish_in[active] = remaining[active] / rate[active]
         step = float(finish_in.min())

@@ -119,7 +119,7 @@ class InProcessSupernode:
             await asyncio.gather(*(h.set_serving(False) for h in hosts))
             await asyncio.sleep(self.drain_s)
         if self.fabric is not None:
-            self.fabric.close()
+            await self.fabric.close()
             self.fabric = None
         if self._peers is not None:  # device-to-device channels first: no GOAWAY storm
             await self._peers.close()

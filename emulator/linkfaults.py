@@ -135,3 +135,4 @@ class FaultSet:
         self.graph.reset()
         for spec in self.faults.values():
             FAULT_KINDS[spec.kind].apply(self.graph, spec)
+        self.graph.invalidate()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +32,7 @@ from emulator.topology import Device, DeviceKind, LinkKind, Topology, die_port, 
 
 FloatArray = npt.NDArray[np.float64]
 Incidence = tuple[tuple[int, float], ...]  # (trunk index, share of the flow that crosses it)
+ROUTE_CACHE_MAX = 200_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,9 +96,20 @@ class LinkGraph:
         self.factor = np.ones(n)
         self.extra_latency_s = np.zeros(n)
         self.partitions: list[tuple[frozenset[str], frozenset[str]]] = []
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        """Forget everything derived from the live state; whoever mutates it calls this."""
+        self._cache: dict[str, FloatArray] = {}
+        self._routes: dict[tuple[str, str], Route] = {}
+
+    def _derived(self, name: str, compute: Callable[[], FloatArray]) -> FloatArray:
+        if name not in self._cache:
+            self._cache[name] = compute()
+        return self._cache[name]
 
     def link_cap(self) -> FloatArray:
-        return self.base_cap * self.factor * self.up
+        return self._derived("link_cap", lambda: self.base_cap * self.factor * self.up)
 
     def physical(self, link_id: str) -> tuple[int, int]:
         """Both directions of a physical link "a~b" (either order)."""
@@ -173,15 +185,24 @@ class LinkGraph:
         return self._trunk_index[name]
 
     def trunk_cap(self) -> FloatArray:
-        cap = self.link_cap()[self.member_link]
-        return weighted_sum(self.member_trunk, cap, len(self.trunk_names))
+        return self._derived(
+            "trunk_cap",
+            lambda: weighted_sum(
+                self.member_trunk, self.link_cap()[self.member_link], len(self.trunk_names)
+            ),
+        )
 
     def trunk_extra_latency(self) -> FloatArray:
         """The largest added latency among a trunk's live members (data is sprayed over all)."""
-        out = np.zeros(len(self.trunk_names))
-        live = self.up[self.member_link]
-        np.maximum.at(out, self.member_trunk[live], self.extra_latency_s[self.member_link[live]])
-        return out
+
+        def compute() -> FloatArray:
+            out = np.zeros(len(self.trunk_names))
+            live = self.up[self.member_link]
+            lat = self.extra_latency_s[self.member_link[live]]
+            np.maximum.at(out, self.member_trunk[live], lat)
+            return out
+
+        return self._derived("trunk_extra_latency", compute)
 
     # --- endpoints and routes ----------------------------------------------------------------
 
@@ -279,7 +300,17 @@ class LinkGraph:
         return (max(cap[i] for i in live) if live else 0.0), live
 
     def route(self, src: Endpoint, dst: Endpoint) -> Route:
-        """The route and its uncontended ceiling; UnavailableError when nothing connects them."""
+        """The route and its uncontended ceiling; UnavailableError when nothing connects them.
+        Routes are cached until the live state changes (a fault), as a switch's tables are."""
+        key = (src.name, dst.name)
+        route = self._routes.get(key)
+        if route is None:
+            if len(self._routes) >= ROUTE_CACHE_MAX:
+                self._routes.clear()
+            route = self._routes[key] = self._route(src, dst)
+        return route
+
+    def _route(self, src: Endpoint, dst: Endpoint) -> Route:
         if self.partitioned(src.device.id, dst.device.id):
             raise UnavailableError(f"{src.device.id} and {dst.device.id} are partitioned")
         endpoint_s = endpoint_latency_s(self.profile)

@@ -10,6 +10,7 @@ carries the exact emulated timestamps even where the wall clock cannot keep up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -34,6 +35,7 @@ from services.status import Context, rpc
 SERVICE = "cmemu.v1.Fabric"
 DEFAULT_TOP = 20
 DEFAULT_WATCH_MS = 1000
+SPIN_S = 0.002
 
 OPS = {
     fabric_pb2.COLLECTIVE_OP_ALL_TO_ALL: "all-to-all",
@@ -64,7 +66,8 @@ class FabricState:
         self.live = LiveFlows(res_cap=self.graph.trunk_cap(), now_s=self.now_s())
         self.collective_bytes = np.zeros(len(self.graph.trunk_names))
         self._waiters: dict[int, tuple[asyncio.Future[float], float]] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._clock_task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
         self.log = structlog.get_logger("cmemu.fabric").bind(device="fabric")
 
     def now_s(self) -> float:
@@ -97,13 +100,20 @@ class FabricState:
         flow_id, finished = self.live.add(start_s, route.resources, route.cap, float(nbytes))
         self._waiters[flow_id] = (future, route.latency_s)
         self._finish(finished)
-        self._reschedule()
+        self._wake()
         return await future
 
     async def pace(self, emulated_s: float) -> None:
-        delay = self.clock.wall_at(round(emulated_s * 1e9)) - self.clock.wall()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        """Return when the wall clock reaches emulated_s. The event loop's timers are late by up
+        to a millisecond (epoll rounds up), so the last SPIN_S are spent yielding instead."""
+        await self._until(self.clock.wall_at(round(emulated_s * 1e9)))
+
+    async def _until(self, due_wall: float) -> None:
+        delay = due_wall - self.clock.wall()
+        if delay > SPIN_S:
+            await asyncio.sleep(delay - SPIN_S)
+        while self.clock.wall() < due_wall:  # noqa: ASYNC110 - a deliberate sub-ms spin
+            await asyncio.sleep(0)
 
     def _finish(self, finished: list[tuple[int, float]]) -> None:
         for flow_id, fluid_end_s in finished:
@@ -111,21 +121,32 @@ class FabricState:
             if not future.done():
                 future.set_result(fluid_end_s + latency_s)
 
-    def _reschedule(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        next_s = self.live.next_event_s()
-        if next_s is None:
-            return
-        delay = max(0.0, self.clock.wall_at(round(next_s * 1e9)) - self.clock.wall())
-        self._timer = asyncio.get_running_loop().call_later(delay, self.sync)
+    def _wake(self) -> None:
+        """Tell the clock task that the next event may have moved."""
+        if self._clock_task is None:
+            self._clock_task = asyncio.get_running_loop().create_task(
+                self._clock_loop(), name="fabric-clock"
+            )
+        self._changed.set()
+
+    async def _clock_loop(self) -> None:
+        """Owned task: sleep until the next flow completion, process it, repeat."""
+        while True:
+            self._changed.clear()
+            next_s = self.live.next_event_s()
+            if next_s is None:
+                await self._changed.wait()
+                continue
+            sleeper = asyncio.ensure_future(self._until(self.clock.wall_at(round(next_s * 1e9))))
+            changed = asyncio.ensure_future(self._changed.wait())
+            await asyncio.wait((sleeper, changed), return_when=asyncio.FIRST_COMPLETED)
+            sleeper.cancel()
+            changed.cancel()
+            self.sync()
 
     def sync(self) -> None:
         """Bring the flows up to the emulated present."""
-        self._timer = None
         self._finish(self.live.advance(max(self.now_s(), self.live.now_s)))
-        self._reschedule()
 
     def faults_changed(self) -> None:
         finished, stalled = self.live.set_capacities(
@@ -136,11 +157,14 @@ class FabricState:
             future, _ = self._waiters.pop(flow_id)
             if not future.done():
                 future.set_exception(UnavailableError("a fault cut the route of this transfer"))
-        self._reschedule()
+        self._wake()
 
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+    async def close(self) -> None:
+        if self._clock_task is not None:
+            self._clock_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._clock_task
+            self._clock_task = None
         for future, _ in self._waiters.values():
             future.cancel()
         self._waiters.clear()
