@@ -30,8 +30,10 @@ from emulator.topology import (
     DEFAULT_BASE_PORT,
     DEFAULT_HOST,
     AddressPlan,
+    DeviceKind,
     LoopbackPlan,
     PortPlan,
+    ServiceKind,
     Topology,
     build,
 )
@@ -67,6 +69,7 @@ def _summary(topology: Topology, path: Path, seconds: float) -> str:
             f"all SERVING in {seconds:.2f} s (time_scale {topology.time_scale:g})",
             f"  state file  {path}",
             f"  devices     {first.address} ({first.id}) to {topology.devices[-1].address}",
+            f"  fabric      {topology.service(ServiceKind.FABRIC).address}",
             f"  probe       cmemu probe {first.address}",
             f"              grpcurl -plaintext {first.address} list",
             f"              grpcurl -plaintext {first.address} cmemu.v1.Device/GetInfo",
@@ -125,7 +128,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         if (args.kind is None or d.kind.value == args.kind)
         and (args.node is None or d.node == args.node)
     ]
-    statuses = asyncio.run(health.check_many([d.address for d in devices], timeout_s=args.timeout))
+    services = [x for x in topology.services if args.kind in (None, x.kind.value) and not args.node]
+    addresses = [d.address for d in devices] + [x.address for x in services]
+    statuses = asyncio.run(health.check_many(addresses, timeout_s=args.timeout))
     rows = [
         {
             "id": d.id,
@@ -136,6 +141,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
             "health": statuses[d.address],
         }
         for d in devices
+    ] + [
+        {
+            "id": x.id,
+            "kind": x.kind.value,
+            "node": "-",
+            "eid": "-",
+            "address": x.address,
+            "health": statuses[x.address],
+        }
+        for x in services
     ]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -273,7 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = parsers["ls"]
     _add_state_arg(ls)
-    ls.add_argument("--kind", choices=["npu", "cpu", "mempool"])
+    ls.add_argument(
+        "--kind", choices=[*(k.value for k in DeviceKind), *(k.value for k in ServiceKind)]
+    )
     ls.add_argument("--node", help="only this node, e.g. n07")
     ls.add_argument(
         "--timeout", type=float, default=2.0, help="seconds per health check (default 2)"

@@ -73,8 +73,8 @@ def test_up_ls_probe_and_graceful_stop(tmp_path: Path) -> None:
 
         ls = cmemu("ls", "--state-file", str(state_file))
         assert ls.returncode == 0, ls.stderr
-        assert f"{MINI_DEVICES}/{MINI_DEVICES} SERVING" in ls.stdout
-        assert "n01-mem" in ls.stdout
+        assert f"{MINI_SERVERS}/{MINI_SERVERS} SERVING" in ls.stdout
+        assert "n01-mem" in ls.stdout and "fabric" in ls.stdout
 
         rows = json.loads(
             cmemu("ls", "--state-file", str(state_file), "--kind", "cpu", "--json").stdout
