@@ -9,20 +9,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
-from emulator import health, state
+from emulator import compose, health, launch, state
 from emulator.errors import EmulatorError
 from emulator.fabric_cli import cmd_links, cmd_xfer, links_args, xfer_args
 from emulator.hardware import figures
-from emulator.inprocess import InProcessSupernode
 from emulator.logs import LEVELS, configure_logging
 from emulator.presets import DEFAULT_PRESET, load_presets
 from emulator.topology import (
@@ -59,49 +56,8 @@ def _state_path(args: argparse.Namespace) -> Path:
 # --- up ----------------------------------------------------------------------------------------
 
 
-def _summary(topology: Topology, path: Path, seconds: float) -> str:
-    counts = Counter(d.kind.value for d in topology.devices)
-    first = topology.devices[0]
-    return "\n".join(
-        [
-            f"cmemu: supernode {topology.supernode} ({topology.preset}) is up: "
-            f"{counts['npu']} NPUs, {counts['cpu']} CPUs, {counts['mempool']} memory pools, "
-            f"all SERVING in {seconds:.2f} s (time_scale {topology.time_scale:g})",
-            f"  state file  {path}",
-            f"  devices     {first.address} ({first.id}) to {topology.devices[-1].address}",
-            f"  fabric      {topology.service(ServiceKind.FABRIC).address}",
-            f"  probe       cmemu probe {first.address}",
-            f"              grpcurl -plaintext {first.address} list",
-            f"              grpcurl -plaintext {first.address} cmemu.v1.Device/GetInfo",
-            "  list        cmemu ls"
-            + ("" if path == state.default_path() else f" --state-file {path}"),
-            "Ctrl-C (or SIGTERM) stops it.",
-        ]
-    )
-
-
-async def _up(args: argparse.Namespace) -> int:
-    topology = _topology_from_args(args)
-    path = _state_path(args)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    started = time.perf_counter()
-    async with InProcessSupernode(topology, drain_s=args.drain) as supernode:
-        await asyncio.to_thread(state.write, path, supernode.topology, mode="inprocess")
-        print(_summary(supernode.topology, path, time.perf_counter() - started), flush=True)
-        try:
-            await stop.wait()
-        finally:
-            print("cmemu: stopping (health NOT_SERVING, draining)", flush=True)
-            await asyncio.to_thread(state.remove_if_ours, path)
-    print("cmemu: stopped", flush=True)
-    return 0
-
-
 def cmd_up(args: argparse.Namespace) -> int:
-    return asyncio.run(_up(args))
+    return launch.cmd_up(args, _topology_from_args)
 
 
 # --- probe, ls ---------------------------------------------------------------------------------
@@ -251,7 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
-        "up": (cmd_up, "run a whole supernode in this process until Ctrl-C"),
+        "up": (cmd_up, "run a whole supernode (in this process, as processes, or from compose)"),
+        "serve": (
+            launch.cmd_serve,
+            "serve one device, node or service of a topology (a container's entry point)",
+        ),
+        "compose": (launch.cmd_compose, "generate a docker compose file for a preset"),
         "probe": (cmd_probe, "health-check one device (exit 0 only when SERVING)"),
         "ls": (cmd_ls, "list the running emulator's devices with their health"),
         "topology": (cmd_topology, "describe a preset's topology (--json: the full document)"),
@@ -273,10 +234,55 @@ def build_parser() -> argparse.ArgumentParser:
     _add_topology_args(up)
     _add_state_arg(up)
     up.add_argument(
+        "--mode",
+        choices=sorted(launch.MODES),
+        default="inprocess",
+        help="inprocess: every server in this process (default); procs: one OS process per "
+        "device or node, each on its own loopback address",
+    )
+    up.add_argument("--per", choices=compose.PER, default="device", help="with --mode procs")
+    up.add_argument(
+        "--from-compose",
+        metavar="FILE",
+        help="run the services of a compose file as local processes, each hostname becoming "
+        "a loopback address",
+    )
+    up.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=180.0,
+        help="seconds to wait for all SERVING (default 180)",
+    )
+    up.add_argument(
         "--drain",
         type=float,
         default=0.2,
         help="seconds between NOT_SERVING and stop (default 0.2)",
+    )
+
+    serve = parsers["serve"]
+    serve.add_argument("--topology", required=True, help="the topology document (JSON)")
+    what = serve.add_mutually_exclusive_group(required=True)
+    what.add_argument("--device", help="one device id")
+    what.add_argument("--node", help="every device of one node, e.g. n07")
+    what.add_argument("--service", help="a supernode-wide service, e.g. fabric")
+    serve.add_argument(
+        "--drain", type=float, default=0.5, help="seconds between NOT_SERVING and stop"
+    )
+
+    comp = parsers["compose"]
+    comp.add_argument("--preset", default=DEFAULT_PRESET, help=f"default {DEFAULT_PRESET}")
+    comp.add_argument(
+        "--per",
+        choices=compose.PER,
+        default="device",
+        help="one container per device (default) or node",
+    )
+    comp.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="the compose file to write; the topology and broker config go beside it",
     )
 
     probe = parsers["probe"]

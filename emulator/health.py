@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from emulator.errors import UnavailableError
 
 UNREACHABLE = "UNREACHABLE"
 
@@ -42,3 +45,26 @@ async def check_many(
                 return address, UNREACHABLE if code is grpc.StatusCode.UNAVAILABLE else code.name
 
     return dict(await asyncio.gather(*(one(a) for a in addresses)))
+
+
+async def wait_serving(
+    addresses: Iterable[str],
+    *,
+    timeout_s: float,
+    still_starting: Callable[[], None] = lambda: None,
+) -> None:
+    """Return once every address answers SERVING; raise UnavailableError naming the laggards
+    after timeout_s. `still_starting` may raise to give up early (a process died)."""
+    pending = list(addresses)
+    statuses: dict[str, str] = {}
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        still_starting()
+        if time.monotonic() >= deadline:
+            shown = ", ".join(f"{a} {statuses.get(a, UNREACHABLE)}" for a in pending[:5])
+            more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
+            raise UnavailableError(f"{len(pending)} servers not SERVING: {shown}{more}")
+        statuses = await check_many(pending, timeout_s=5.0)
+        pending = [a for a, s in statuses.items() if s != "SERVING"]
+        if pending:
+            await asyncio.sleep(0.1)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Collection
 from types import TracebackType
 
 import structlog
 
 from emulator import health
 from emulator.clock import Clock
-from emulator.errors import EmulatorError, UnavailableError
+from emulator.errors import EmulatorError, NotFoundError
 from emulator.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.topology import ServiceKind, Topology
 from services.fabric import FabricState, create_fabric
@@ -27,17 +28,27 @@ log = structlog.get_logger("cmemu.inprocess")
 
 
 class InProcessSupernode:
-    """Async context manager: on entry every device is bound and verified SERVING over gRPC; on
-    exit every device turns NOT_SERVING, in-flight calls drain, and the servers stop."""
+    """Async context manager: on entry every hosted server is bound and verified SERVING over
+    gRPC; on exit each turns NOT_SERVING, in-flight calls drain, and the servers stop.
+
+    It hosts the whole topology (the embedded default of `cmemu up`) or, for `cmemu serve`, the
+    part named by `hosted` (device and service ids): one device, one node, or the fabric. The
+    others are reached over gRPC at their topology addresses."""
 
     def __init__(
         self,
         topology: Topology,
         *,
+        hosted: Collection[str] | None = None,
         profile: HardwareProfile = DEFAULT_PROFILE,
         drain_s: float = 0.2,
         ready_timeout_s: float = 60.0,
     ) -> None:
+        everything = [d.id for d in topology.devices] + [x.id for x in topology.services]
+        self.hosted = set(everything if hosted is None else hosted)
+        unknown = self.hosted - set(everything)
+        if unknown:
+            raise NotFoundError(f"not in the topology: {', '.join(sorted(unknown))}")
         self.topology = topology
         self.profile = profile
         self.drain_s = drain_s
@@ -60,7 +71,9 @@ class InProcessSupernode:
         await self.stop()
 
     async def start(self) -> None:
-        epoch = time.time()
+        """Start the hosted servers. Emulated time starts now unless the topology document
+        already carries the epoch (a process of a multi-process supernode)."""
+        epoch = self.topology.epoch_wall_s or time.time()
         self.topology = dataclasses.replace(self.topology, epoch_wall_s=epoch)
         clock = Clock(time_scale=self.topology.time_scale, epoch_wall_s=epoch)
         self._peers = Peers(self.topology)
@@ -69,17 +82,23 @@ class InProcessSupernode:
                 d, topology=self.topology, profile=self.profile, clock=clock, peers=self._peers
             )
             for d in self.topology.devices
+            if d.id in self.hosted
         }
-        self.fabric, fabric_host = create_fabric(
-            address=self.topology.service(ServiceKind.FABRIC).address,
-            topology=self.topology,
-            profile=self.profile,
-            clock=clock,
-            peers=self._peers,
-        )
-        self._hosts = [fabric_host, *(h.host for h in self.handles.values())]
+        self._hosts = [h.host for h in self.handles.values()]
+        service_hosts = []
+        fabric = self.topology.service(ServiceKind.FABRIC)
+        if fabric.id in self.hosted:
+            self.fabric, fabric_host = create_fabric(
+                address=fabric.address,
+                topology=self.topology,
+                profile=self.profile,
+                clock=clock,
+                peers=self._peers,
+            )
+            service_hosts.append(fabric_host)
+        self._hosts += service_hosts
         results = await asyncio.gather(
-            fabric_host.start(),
+            *(h.start() for h in service_hosts),
             *(h.start() for h in self.handles.values()),
             return_exceptions=True,
         )
@@ -87,31 +106,17 @@ class InProcessSupernode:
         if errors:
             await self.stop()
             raise errors[0]
-        await fabric_host.set_serving(True)
+        for host in service_hosts:
+            await host.set_serving(True)
         try:
-            async with asyncio.timeout(self.ready_timeout_s):
-                await self._verify_serving()
-        except (TimeoutError, EmulatorError):
+            await self._verify_serving()
+        except EmulatorError:
             await self.stop()
             raise
 
     async def _verify_serving(self) -> None:
-        """Ask every device over gRPC, as a client would: starting is not the same as serving.
-
-        Each check has its own short-lived channel, so a 13,000-device preset does not hold
-        13,000 extra sockets open; checks that time out on a loaded machine are asked again
-        until `ready_timeout_s` has passed."""
-        pending = [d.address for d in self.topology.devices]
-        pending += [x.address for x in self.topology.services]
-        statuses: dict[str, str] = {}
-        deadline = time.monotonic() + self.ready_timeout_s
-        while pending and time.monotonic() < deadline:
-            statuses = await health.check_many(pending, timeout_s=5.0)
-            pending = [a for a, s in statuses.items() if s != "SERVING"]
-        if pending:
-            shown = ", ".join(f"{a} {statuses[a]}" for a in pending[:5])
-            more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
-            raise UnavailableError(f"{len(pending)} servers not SERVING after start: {shown}{more}")
+        """Ask every hosted server over gRPC, as a client would: starting is not serving."""
+        await health.wait_serving([h.address for h in self._hosts], timeout_s=self.ready_timeout_s)
 
     async def stop(self) -> None:
         hosts, self._hosts, self.handles = self._hosts, [], {}

@@ -191,7 +191,7 @@ class PortPlan:
     host: str = DEFAULT_HOST
     base_port: int = DEFAULT_BASE_PORT
 
-    def address(self, ordinal: int) -> str:
+    def address(self, ordinal: int, name: str, slot: int) -> str:
         port = self.base_port + ordinal
         if not 0 < port < 65536:
             raise InvalidArgumentError(f"port {port} out of range; lower --base-port")
@@ -203,16 +203,34 @@ class LoopbackPlan:
     """Process mode: each device its own loopback address, one port, as a container owns an IP."""
 
     port: int = CONTAINER_PORT
+    first_octet: int = 10  # 127.10.x.y upwards; another range keeps two emulators apart
 
-    def address(self, ordinal: int) -> str:
-        high, low = divmod(ordinal, 250)
-        mid, high = divmod(high, 250)
-        if mid > 200:
-            raise InvalidArgumentError(f"device ordinal {ordinal} exceeds the loopback plan")
-        return f"127.{mid + 10}.{high + 1}.{low + 1}:{self.port}"
+    def address(self, ordinal: int, name: str = "", slot: int = 0) -> str:
+        return f"{loopback_ip(ordinal, self.first_octet)}:{self.port}"
 
 
-AddressPlan = PortPlan | LoopbackPlan
+def loopback_ip(ordinal: int, first_octet: int = 10) -> str:
+    """The ordinal-th address of 127.<first_octet>.1.1 upwards, skipping .0 and .255 hosts."""
+    high, low = divmod(ordinal, 250)
+    mid, high = divmod(high, 250)
+    if first_octet + mid > 254:
+        raise InvalidArgumentError(f"ordinal {ordinal} exceeds the loopback plan")
+    return f"127.{first_octet + mid}.{high + 1}.{low + 1}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DnsPlan:
+    """Container mode: the device id is the hostname. One container per device: every device on
+    CONTAINER_PORT. One container per node: its devices are network aliases of the node's
+    container, each on CONTAINER_PORT plus its slot in the node."""
+
+    per_node: bool = False
+
+    def address(self, ordinal: int, name: str, slot: int) -> str:
+        return f"{name}:{CONTAINER_PORT + (slot if self.per_node else 0)}"
+
+
+AddressPlan = PortPlan | LoopbackPlan | DnsPlan
 
 
 # --- building --------------------------------------------------------------------------------
@@ -321,7 +339,7 @@ def build(
                     kind=kind,
                     node=node,
                     eid=_eid(index, slot, slots),
-                    address=plan.address(len(devices)),
+                    address=plan.address(len(devices), device_id, slot),
                 )
             )
     switches = [
@@ -346,7 +364,7 @@ def build(
         for chip in range(sw.l2_chips_per_plane)
     ]
     services = [
-        Service(id=kind.value, kind=kind, address=plan.address(len(devices) + i))
+        Service(id=kind.value, kind=kind, address=plan.address(len(devices) + i, kind.value, 0))
         for i, kind in enumerate(ServiceKind)
     ]
     for device in devices:

@@ -1,0 +1,175 @@
+"""Hundreds of containers, proven without a Docker engine: the compose file's own commands and
+process mode run as real OS processes on their own loopback addresses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+CMEMU = str(BIN / "cmemu")
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CMEMU, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def serve_processes() -> list[int]:
+    out = subprocess.run(
+        ["pgrep", "-f", f"{CMEMU} .*serve"], capture_output=True, text=True, check=False
+    )
+    return [int(p) for p in out.stdout.split()]
+
+
+@contextmanager
+def up(
+    state_file: Path, *args: str, output: list[str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [CMEMU, "up", "--state-file", str(state_file), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not state_file.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "not SERVING within 120 s"
+            time.sleep(0.1)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        if output is not None:
+            output.append(out)
+    assert not serve_processes(), "a serve process outlived its supervisor"
+
+
+def test_cm_mini_from_its_compose_file(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    output: list[str] = []
+    compose_file = str(ROOT / "compose" / "cm-mini.yaml")
+    with up(state_file, "--from-compose", compose_file, output=output) as proc:
+        topology = json.loads(state_file.read_text())
+        ls = run("ls", "--state-file", str(state_file), "--json")
+        rows = json.loads(ls.stdout)
+        assert len(rows) == 27 and {r["health"] for r in rows} == {"SERVING"}
+        assert all(r["address"].startswith("127.60.") for r in rows)
+        pids = serve_processes()
+        assert len(pids) == 27  # every device and the fabric its own process
+
+        npu = next(d for d in topology["devices"] if d["id"] == "n01-npu2")
+        listing = subprocess.run(
+            [str(BIN / "grpcurl"), "-plaintext", npu["address"], "cmemu.v1.Device/GetInfo"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert listing.returncode == 0, listing.stderr
+        assert json.loads(listing.stdout)["id"] == "n01-npu2"
+
+        xfer = run(
+            "xfer",
+            "n00-npu0",
+            "n01-mem",
+            "--bytes",
+            "4096",
+            "--state-file",
+            str(state_file),
+            "--json",
+        )
+        assert xfer.returncode == 0, xfer.stderr
+        assert json.loads(xfer.stdout)["planes"] == 7  # through the fabric's own process
+
+        victim = next(d for d in topology["devices"] if d["id"] == "n00-npu3")
+        victim_pid = next(
+            p
+            for p in pids
+            if "--device n00-npu3" in Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ")
+        )
+        os.kill(victim_pid, signal.SIGKILL)
+        time.sleep(0.5)
+        assert run("probe", victim["address"], "--timeout", "1").returncode == 3
+        rows = json.loads(run("ls", "--state-file", str(state_file), "--json").stdout)
+        down = [r["id"] for r in rows if r["health"] != "SERVING"]
+        assert down == ["n00-npu3"]
+        # the others keep serving, and a transfer to the dead device fails cleanly
+        dead = run("xfer", "n00-npu0", "n00-npu3", "--bytes", "8", "--state-file", str(state_file))
+        assert dead.returncode == 1 and "UNAVAILABLE" in dead.stderr
+        assert proc.poll() is None  # nothing restarted it, nothing else stopped
+    out = output[0]
+    assert "process n00-npu3" in out and "not restarted" in out
+    assert "cmemu: stopped" in out
+
+
+def test_process_mode_per_node(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    with up(state_file, "--preset", "cm-mini", "--mode", "procs", "--per", "node"):
+        assert len(serve_processes()) == 3  # two nodes and the fabric
+        rows = json.loads(run("ls", "--state-file", str(state_file), "--json").stdout)
+        assert len(rows) == 27 and {r["health"] for r in rows} == {"SERVING"}
+        assert len({r["address"] for r in rows}) == 27  # one loopback address each
+        xfer = run(
+            "xfer",
+            "n00-npu1",
+            "n01-npu1",
+            "--bytes",
+            "1000000",
+            "--state-file",
+            str(state_file),
+            "--json",
+        )
+        assert xfer.returncode == 0, xfer.stderr
+
+
+def test_serve_refuses_what_it_cannot_serve(tmp_path: Path) -> None:
+    topology = tmp_path / "t.json"
+    subprocess.run(
+        [CMEMU, "topology", "--preset", "cm-mini", "--json"], stdout=topology.open("w"), check=True
+    )
+    env_free = {k: v for k, v in os.environ.items() if k != "CMEMU_EPOCH"}
+    cases = [
+        (["--device", "n00-npu0"], "has no epoch"),
+        (["--device", "n99-npu0"], "no device 'n99-npu0'"),
+        (["--node", "n42"], "no node 'n42'"),
+        (["--service", "ems"], "no service 'ems'"),
+    ]
+    for args, words in cases:
+        env = env_free if words == "has no epoch" else {**env_free, "CMEMU_EPOCH": "1"}
+        result = subprocess.run(
+            [CMEMU, "serve", "--topology", str(topology), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 1 and words in result.stderr, (args, result.stderr)
+    missing = run("serve", "--topology", str(tmp_path / "nope.json"), "--device", "n00-npu0")
+    assert missing.returncode == 1 and "cannot read topology" in missing.stderr
+    bad_epoch = subprocess.run(
+        [CMEMU, "serve", "--topology", str(topology), "--device", "n00-npu0"],
+        capture_output=True,
+        text=True,
+        env={**env_free, "CMEMU_EPOCH": "soon"},
+        timeout=60,
+        check=False,
+    )
+    assert bad_epoch.returncode == 1 and "not a number" in bad_epoch.stderr
