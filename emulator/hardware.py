@@ -128,6 +128,8 @@ class EmulatorLimits:
     region_alignment: int = fig(4096, "assumed")
     store_page_bytes: int = fig(4096, "assumed")
     collective_detail_max_flows: int = fig(20_000, "assumed")
+    telemetry_interval_s: float = fig(10.0, "assumed")  # emulated seconds between samples
+    event_buffer_max: int = fig(10_000, "assumed")  # per process, while the broker is away
     collective_max_flows: int = fig(2_000_000, "assumed")
 
 

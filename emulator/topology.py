@@ -93,6 +93,7 @@ class Topology:
     links: tuple[Link, ...]
     services: tuple[Service, ...] = ()
     epoch_wall_s: float | None = None  # set by the launcher when emulated time starts
+    broker: str | None = None  # mqtt://HOST:PORT for telemetry and events; None: none
     _by_id: dict[str, Device] = field(init=False, repr=False, compare=False)
     _by_eid: dict[int, Device] = field(init=False, repr=False, compare=False)
 
@@ -132,6 +133,7 @@ class Topology:
             "source": self.source,
             "time_scale": self.time_scale,
             "epoch_wall_s": self.epoch_wall_s,
+            "broker": self.broker,
             "nodes": list(self.nodes),
             "devices": [asdict(d) for d in self.devices],
             "switches": [asdict(s) for s in self.switches],
@@ -156,6 +158,7 @@ class Topology:
                 source=doc["source"],
                 time_scale=float(doc["time_scale"]),
                 epoch_wall_s=doc.get("epoch_wall_s"),
+                broker=doc.get("broker"),
                 nodes=tuple(doc["nodes"]),
                 devices=tuple(
                     Device(**{**d, "kind": DeviceKind(d["kind"])}) for d in doc["devices"]

@@ -10,6 +10,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -21,6 +22,7 @@ from emulator.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
+from emulator.events import EventBus
 from emulator.hardware import HardwareProfile
 from emulator.memory import DeviceMemory, Region
 from emulator.topology import Device, DeviceKind, Topology
@@ -76,6 +78,7 @@ class DeviceState:
     fault: Fault = field(default_factory=Fault)
     inbox: asyncio.Queue[ub_pb2.UbMessage] = field(init=False)
     on_health: Callable[[bool], Awaitable[None]] | None = None
+    events: EventBus | None = None
 
     def __post_init__(self) -> None:
         self.inbox = asyncio.Queue(maxsize=self.profile.limits.inbox_max_messages)
@@ -94,8 +97,38 @@ class DeviceState:
         )
         if changed:
             self.log.warning("fault" if faulted else "recovered", reason=self.fault.reason)
+            self.publish("fault" if faulted else "recovered", reason=self.fault.reason)
+            self.publish("health", status="NOT_SERVING" if faulted else "SERVING")
             if self.on_health is not None:
                 await self.on_health(not faulted)
+
+    def telemetry(self) -> device_pb2.Telemetry:
+        c = self.counters
+        bus = self.events
+        return device_pb2.Telemetry(
+            device=self.device.id,
+            emulated_ns=self.clock.now_ns(),
+            memory_capacity_bytes=self.memory.capacity,
+            memory_used_bytes=self.memory.allocator.used,
+            stored_bytes=self.memory.store.stored_bytes,
+            regions=len(self.memory.allocator.regions()),
+            ub_tx_count=c.tx_count,
+            ub_tx_bytes=c.tx_bytes,
+            ub_rx_count=c.rx_count,
+            ub_rx_bytes=c.rx_bytes,
+            inbox_depth=self.inbox.qsize(),
+            utilization=self.utilization(),
+            faulted=self.fault.faulted,
+            broker_connected=bus is not None and bus.connected,
+            events_pending=bus.pending if bus is not None else 0,
+            events_dropped=bus.dropped if bus is not None else 0,
+        )
+
+    def publish(self, event: str, **detail: Any) -> None:
+        if self.events is not None:
+            self.events.event(
+                self.device.id, event, self.clock.now_ns(), kind=self.device.kind.value, **detail
+            )
 
     def utilization(self) -> float:
         elapsed = self.clock.now_ns()
@@ -159,23 +192,7 @@ class DeviceServicer(device_pb2_grpc.DeviceServicer):
     async def GetTelemetry(
         self, request: device_pb2.GetTelemetryRequest, context: Context
     ) -> device_pb2.Telemetry:
-        s = self.state
-        c = s.counters
-        return device_pb2.Telemetry(
-            device=s.device.id,
-            emulated_ns=s.clock.now_ns(),
-            memory_capacity_bytes=s.memory.capacity,
-            memory_used_bytes=s.memory.allocator.used,
-            stored_bytes=s.memory.store.stored_bytes,
-            regions=len(s.memory.allocator.regions()),
-            ub_tx_count=c.tx_count,
-            ub_tx_bytes=c.tx_bytes,
-            ub_rx_count=c.rx_count,
-            ub_rx_bytes=c.rx_bytes,
-            inbox_depth=s.inbox.qsize(),
-            utilization=s.utilization(),
-            faulted=s.fault.faulted,
-        )
+        return self.state.telemetry()
 
     @rpc
     async def AllocateRegion(

@@ -235,6 +235,9 @@ class Telemetry(_message.Message):
     INBOX_DEPTH_FIELD_NUMBER: _builtins.int
     UTILIZATION_FIELD_NUMBER: _builtins.int
     FAULTED_FIELD_NUMBER: _builtins.int
+    BROKER_CONNECTED_FIELD_NUMBER: _builtins.int
+    EVENTS_PENDING_FIELD_NUMBER: _builtins.int
+    EVENTS_DROPPED_FIELD_NUMBER: _builtins.int
     device: _builtins.str
     emulated_ns: _builtins.int
     memory_capacity_bytes: _builtins.int
@@ -251,6 +254,12 @@ class Telemetry(_message.Message):
     utilization: _builtins.float
     """NPU: busy share of emulated time since start, over both dies"""
     faulted: _builtins.bool
+    broker_connected: _builtins.bool
+    """The device's link to the MQTT broker: its health details for events and telemetry."""
+    events_pending: _builtins.int
+    """buffered while the broker is away, sent when it is back"""
+    events_dropped: _builtins.int
+    """lost to the buffer bound"""
     def __init__(
         self,
         *,
@@ -267,10 +276,13 @@ class Telemetry(_message.Message):
         inbox_depth: _builtins.int = ...,
         utilization: _builtins.float = ...,
         faulted: _builtins.bool = ...,
+        broker_connected: _builtins.bool = ...,
+        events_pending: _builtins.int = ...,
+        events_dropped: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "emulated_ns", b"emulated_ns", "faulted", b"faulted", "inbox_depth", b"inbox_depth", "memory_capacity_bytes", b"memory_capacity_bytes", "memory_used_bytes", b"memory_used_bytes", "regions", b"regions", "stored_bytes", b"stored_bytes", "ub_rx_bytes", b"ub_rx_bytes", "ub_rx_count", b"ub_rx_count", "ub_tx_bytes", b"ub_tx_bytes", "ub_tx_count", b"ub_tx_count", "utilization", b"utilization"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_connected", b"broker_connected", "device", b"device", "emulated_ns", b"emulated_ns", "events_dropped", b"events_dropped", "events_pending", b"events_pending", "faulted", b"faulted", "inbox_depth", b"inbox_depth", "memory_capacity_bytes", b"memory_capacity_bytes", "memory_used_bytes", b"memory_used_bytes", "regions", b"regions", "stored_bytes", b"stored_bytes", "ub_rx_bytes", b"ub_rx_bytes", "ub_rx_count", b"ub_rx_count", "ub_tx_bytes", b"ub_tx_bytes", "ub_tx_count", b"ub_tx_count", "utilization", b"utilization"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
