@@ -34,6 +34,7 @@ from emulator.topology import (
     Topology,
     build,
 )
+from emulator.watch import cmd_watch, watch_args
 
 PROBE_UNREACHABLE = 3
 PROBE_NOT_SERVING = 4
@@ -223,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
             "one UB transaction through the live fabric: emulated latency, bandwidth",
         ),
         "links": (cmd_links, "the fabric's busiest links"),
+        "watch": (cmd_watch, "print the running emulator's events as they happen"),
     }
     parsers = {}
     for name, (func, help_text) in commands.items():
@@ -252,6 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=180.0,
         help="seconds to wait for all SERVING (default 180)",
+    )
+    up.add_argument(
+        "--broker",
+        help="MQTT broker for telemetry and events, mqtt://HOST:PORT; 'none' for no MQTT "
+        "(default: an embedded broker on 127.0.0.1, its URL in the state file)",
     )
     up.add_argument(
         "--drain",
@@ -307,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_state_arg(parsers["xfer"])
     links_args(parsers["links"])
     _add_state_arg(parsers["links"])
+    watch_args(parsers["watch"])
+    _add_state_arg(parsers["watch"])
 
     topo = parsers["topology"]
     _add_topology_args(topo)

@@ -9,6 +9,7 @@ command with its environment, in depends_on order, waiting for healthchecks wher
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -301,6 +302,9 @@ def load(path: Path, env: dict[str, str], run_dir: Path) -> tuple[list[ComposeSe
     epoch = float(interpolate("${CMEMU_EPOCH:?the launcher sets it}", env))
     mounts, topology = _mounts(services, path.parent, run_dir, rehost, epoch)
     out = [_service(n, svc, (env, rehost, mounts, run_dir)) for n, svc in services.items()]
+    brokers = {s.spec.env["CMEMU_BROKER"] for s in out if "CMEMU_BROKER" in s.spec.env}
+    if brokers:  # where `cmemu watch` finds the events, through the state file
+        topology = dataclasses.replace(topology, broker=sorted(brokers)[0])
     for s in out:
         unknown = set(s.depends) - set(services)
         if unknown:

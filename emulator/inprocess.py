@@ -7,16 +7,19 @@ does; it only adds the emulated-time epoch, at the moment the devices start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Collection
 from types import TracebackType
 
 import structlog
+from google.protobuf.json_format import MessageToDict
 
 from emulator import health
 from emulator.clock import Clock
 from emulator.errors import EmulatorError, NotFoundError
+from emulator.events import EventBus
 from emulator.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.topology import ServiceKind, Topology
 from services.fabric import FabricState, create_fabric
@@ -43,6 +46,7 @@ class InProcessSupernode:
         profile: HardwareProfile = DEFAULT_PROFILE,
         drain_s: float = 0.2,
         ready_timeout_s: float = 60.0,
+        broker: str | None = None,
     ) -> None:
         everything = [d.id for d in topology.devices] + [x.id for x in topology.services]
         self.hosted = set(everything if hosted is None else hosted)
@@ -50,6 +54,9 @@ class InProcessSupernode:
         if unknown:
             raise NotFoundError(f"not in the topology: {', '.join(sorted(unknown))}")
         self.topology = topology
+        self.broker = broker or topology.broker
+        self.events: EventBus | None = None
+        self._telemetry_task: asyncio.Task[None] | None = None
         self.profile = profile
         self.drain_s = drain_s
         self.ready_timeout_s = ready_timeout_s
@@ -76,10 +83,23 @@ class InProcessSupernode:
         epoch = self.topology.epoch_wall_s or time.time()
         self.topology = dataclasses.replace(self.topology, epoch_wall_s=epoch)
         clock = Clock(time_scale=self.topology.time_scale, epoch_wall_s=epoch)
+        self._clock = clock
         self._peers = Peers(self.topology)
+        if self.broker:
+            self.events = EventBus(
+                self.broker,
+                self.topology.supernode,
+                buffer_max=self.profile.limits.event_buffer_max,
+            )
+            self.events.start()
         self.handles = {
             d.id: create_device(
-                d, topology=self.topology, profile=self.profile, clock=clock, peers=self._peers
+                d,
+                topology=self.topology,
+                profile=self.profile,
+                clock=clock,
+                peers=self._peers,
+                events=self.events,
             )
             for d in self.topology.devices
             if d.id in self.hosted
@@ -113,12 +133,41 @@ class InProcessSupernode:
         except EmulatorError:
             await self.stop()
             raise
+        self._announce("started", status="SERVING")
+        if self.events is not None and self.handles:
+            self._telemetry_task = asyncio.get_running_loop().create_task(
+                self._telemetry_loop(), name="telemetry"
+            )
+
+    def _announce(self, event: str, **detail: str) -> None:
+        if self.events is None:
+            return
+        now = self._clock.now_ns()
+        for host in self._hosts:
+            self.events.event(host.name, event, now, address=host.address, **detail)
+
+    async def _telemetry_loop(self) -> None:
+        """Owned task: every device's telemetry, every telemetry interval of emulated time."""
+        assert self.events is not None
+        interval = self.profile.limits.telemetry_interval_s / self.topology.time_scale
+        while True:
+            await asyncio.sleep(interval)
+            for handle in self.handles.values():
+                sample = MessageToDict(handle.state.telemetry(), preserving_proto_field_name=True)
+                self.events.telemetry(handle.state.device.id, sample)
 
     async def _verify_serving(self) -> None:
         """Ask every hosted server over gRPC, as a client would: starting is not serving."""
         await health.wait_serving([h.address for h in self._hosts], timeout_s=self.ready_timeout_s)
 
     async def stop(self) -> None:
+        if self._telemetry_task is not None:
+            self._telemetry_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._telemetry_task
+            self._telemetry_task = None
+        if self._hosts:
+            self._announce("health", status="NOT_SERVING")
         hosts, self._hosts, self.handles = self._hosts, [], {}
         if hosts:
             await asyncio.gather(*(h.set_serving(False) for h in hosts))
@@ -130,3 +179,9 @@ class InProcessSupernode:
             await self._peers.close()
             self._peers = None
         await asyncio.gather(*(h.server.stop(self.drain_s) for h in hosts))
+        if self.events is not None:
+            now = self._clock.now_ns()
+            for host in hosts:
+                self.events.event(host.name, "stopped", now)
+            await self.events.close()
+            self.events = None

@@ -11,23 +11,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 from emulator import compose, health, state
+from emulator.broker import Broker
 from emulator.errors import InvalidArgumentError, NotFoundError
+from emulator.events import parse_broker_url
 from emulator.inprocess import InProcessSupernode
 from emulator.procs import ProcSpec, Running, Supervisor
 from emulator.topology import ServiceKind, Topology
 
 EPOCH_ENV = "CMEMU_EPOCH"
+BROKER_ENV = "CMEMU_BROKER"
+EMBEDDED_BROKER_HOST = "127.0.0.1"
 CMEMU = str(Path(sys.executable).parent / "cmemu")
 
 
@@ -206,6 +211,24 @@ MODES: dict[str, Callable[[argparse.Namespace, Topology, Path], Coroutine[Any, A
 }
 
 
+@contextlib.asynccontextmanager
+async def _with_broker(args: argparse.Namespace, topology: Topology) -> AsyncIterator[Topology]:
+    """The topology with its broker: the one given, none, or an embedded one for the run."""
+    if args.broker == "none":
+        yield topology
+    elif args.broker:
+        parse_broker_url(args.broker)
+        yield dataclasses.replace(topology, broker=args.broker)
+    else:
+        async with Broker(host=EMBEDDED_BROKER_HOST) as broker:
+            yield dataclasses.replace(topology, broker=broker.url)
+
+
+async def _up(args: argparse.Namespace, topology: Topology, path: Path) -> None:
+    async with _with_broker(args, topology) as with_broker:
+        await MODES[args.mode](args, with_broker, path)
+
+
 def cmd_up(args: argparse.Namespace, topology_for: Callable[[argparse.Namespace], Topology]) -> int:
     path = state.path_from(args.state_file)
     if args.from_compose:
@@ -218,7 +241,7 @@ def cmd_up(args: argparse.Namespace, topology_for: Callable[[argparse.Namespace]
         topology = topology_for(args)
         if args.mode == "procs":
             topology = dataclasses.replace(topology, epoch_wall_s=time.time())
-        asyncio.run(MODES[args.mode](args, topology, path))
+        asyncio.run(_up(args, topology, path))
     print("cmemu: stopped", flush=True)
     return 0
 
@@ -262,7 +285,9 @@ async def _serve(args: argparse.Namespace) -> None:
                 f"${EPOCH_ENV}={epoch!r} is not a number of seconds"
             ) from None
     stop = _stop_event()
-    async with InProcessSupernode(topology, hosted=_hosted(topology, args), drain_s=args.drain):
+    broker = os.environ.get(BROKER_ENV) or topology.broker
+    hosted = _hosted(topology, args)
+    async with InProcessSupernode(topology, hosted=hosted, drain_s=args.drain, broker=broker):
         await stop.wait()
 
 

@@ -46,9 +46,12 @@ async def running_supernode(
     *,
     time_scale: float = 1.0,
     profile: HardwareProfile = DEFAULT_PROFILE,
+    broker: str | None = None,
 ) -> AsyncIterator[InProcessSupernode]:
     """A whole supernode on a free block of ports, verified SERVING, stopped on exit."""
     base = free_port_block(server_count(build(preset, profile=profile)))
     topology = build(preset, plan=PortPlan(base_port=base), time_scale=time_scale, profile=profile)
-    async with InProcessSupernode(topology, profile=profile, drain_s=0.0) as supernode:
+    async with InProcessSupernode(
+        topology, profile=profile, drain_s=0.0, broker=broker
+    ) as supernode:
         yield supernode

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from cmemu.v1 import device_pb2_grpc, ub_pb2_grpc
 from emulator.clock import Clock
+from emulator.events import EventBus
 from emulator.hardware import HardwareProfile
 from emulator.memory import DeviceMemory
 from emulator.topology import Device, DeviceKind, Topology
@@ -35,7 +36,13 @@ class DeviceHandle:
 
 
 def create_device(
-    device: Device, *, topology: Topology, profile: HardwareProfile, clock: Clock, peers: Peers
+    device: Device,
+    *,
+    topology: Topology,
+    profile: HardwareProfile,
+    clock: Clock,
+    peers: Peers,
+    events: EventBus | None = None,
 ) -> DeviceHandle:
     kind = KINDS[device.kind]
     limits = profile.limits
@@ -52,6 +59,7 @@ def create_device(
             cap_bytes=limits.stored_bytes_cap_per_device,
         ),
         engines=[Engine() for _ in range(kind.engines(profile))],
+        events=events,
     )
     device_servicer = DeviceServicer(state, kind.hardware)
     bus_servicer = UnifiedBusServicer(state)
