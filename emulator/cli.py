@@ -276,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--drain", type=float, default=0.5, help="seconds between NOT_SERVING and stop"
     )
+    serve.add_argument(
+        "--ssd-dir", help="with --service ems: where its SSD tier lives (default $CMEMU_EMS_SSD)"
+    )
 
     comp = parsers["compose"]
     comp.add_argument("--preset", default=DEFAULT_PRESET, help=f"default {DEFAULT_PRESET}")

@@ -23,13 +23,15 @@ import yaml
 
 from emulator.errors import InvalidArgumentError
 from emulator.procs import ProcSpec
-from emulator.topology import DnsPlan, Topology, build, loopback_ip
+from emulator.topology import DnsPlan, ServiceKind, Topology, build, loopback_ip
 
 TOPOLOGY_IN_CONTAINER = "/etc/cmemu/topology.json"
+EMS_SSD_IN_CONTAINER = "/var/lib/cmemu/ems-ssd"
 MAX_BRIDGE_ENDPOINTS = 1000  # a Linux bridge fails past about 1,023 ports
 MQTT_PORT = 1883
 PER = ("device", "node")
-MEM_LIMITS = {"device": "256m", "node": "1g", "fabric": "2g", "mosquitto": "64m"}
+MEM_LIMITS = {"device": "256m", "node": "1g", "fabric": "2g", "ems": "2g", "mosquitto": "64m"}
+SHARED = ("mosquitto", "fabric", "ems")  # on every bridge
 COMPOSE_FIRST_OCTET = 60  # 127.60.x.y: apart from process mode's 127.10.x.y
 
 
@@ -81,7 +83,7 @@ def _containers(topology: Topology, per: str) -> list[Container]:
 
 def _networks(containers: list[Container]) -> list[list[Container]]:
     """Groups of containers, one bridge each; fabric and broker join every bridge."""
-    room = MAX_BRIDGE_ENDPOINTS - 2
+    room = MAX_BRIDGE_ENDPOINTS - len(SHARED)
     return [containers[i : i + room] for i in range(0, len(containers), room)]
 
 
@@ -149,6 +151,21 @@ def generate(preset: str, per: str) -> tuple[str, Topology]:
                 lines.append(f"    networks: {{{net}: {{aliases: {_j(aliases)}}}}}")
             else:
                 lines.append(f"    networks: [{net}]")
+    ems = topology.service(ServiceKind.EMS)
+    pools = [c.name for c in containers if any(h.endswith("-mem") for h in c.hosts)]
+    lines += [
+        "",
+        f"  {ems.id}:",
+        "    <<: *cmemu",
+        f"    hostname: {ems.id}",
+        f"    command: {_j([*SERVE, '--service', ems.id, '--ssd-dir', EMS_SSD_IN_CONTAINER])}",
+        _healthcheck(ems.address),
+        f"    mem_limit: {MEM_LIMITS['ems']}",
+        "    depends_on:  # its index is rebuilt from the memory pools",
+        "      fabric: {condition: service_healthy}",
+        *(f"      {p}: {{condition: service_healthy}}" for p in pools),
+        f"    networks: {_j(nets)}",
+    ]
     lines += ["", "networks:"] + [f"  {net}: {{}}" for net in nets]
     return "\n".join(lines) + "\n", topology
 
@@ -257,6 +274,16 @@ def _mounts(
     return mounts, topology
 
 
+def _private(arg: str, service: str, run_dir: Path) -> str | None:
+    """A container path that nothing mounts is the container's own: a directory of its own in
+    the run directory, never the host's path of the same name."""
+    if not arg.startswith("/"):
+        return None
+    local = run_dir / "fs" / service / arg.lstrip("/")
+    local.parent.mkdir(parents=True, exist_ok=True)
+    return str(local)
+
+
 def _service(
     name: str, svc: dict[str, Any], ctx: tuple[dict[str, str], _Rehost, dict[str, str], Path]
 ) -> ComposeService:
@@ -267,7 +294,7 @@ def _service(
     command = svc.get("command")
     image = str(svc.get("image", "")).split(":")[0]
     if command:
-        argv = [mounts.get(a, rehost(a)) for a in map(str, command)]
+        argv = [mounts.get(a) or _private(a, name, run_dir) or rehost(a) for a in map(str, command)]
         if argv[0] == "cmemu":
             argv[0] = str(Path(sys.executable).parent / "cmemu")
     elif image in IMAGES:

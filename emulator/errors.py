@@ -73,3 +73,7 @@ class AddressInUseError(EmulatorError):
         self.device = device
         self.address = address
         super().__init__(f"cannot bind {device} to {address}: address already in use")
+
+
+class DataLossError(EmulatorError):
+    """Stored bytes no longer match their checksum, and no good copy is left."""

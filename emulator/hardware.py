@@ -119,6 +119,24 @@ class MoeCalibration:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EmsProfile:
+    """The elastic memory store over the pools. The paper gives its shape (pooled DRAM, SSD below,
+    consistent hashing, LRU, 128-512-token blocks); its sizes and speeds here are ours."""
+
+    block_tokens_min: int = fig(128, "pub")
+    block_tokens_max: int = fig(512, "pub")
+    replication_factor: int = fig(2, "assumed")
+    dram_share: float = fig(0.5, "assumed")  # of each memory pool
+    ssd_bytes_per_node: int = fig(8 * 10**12, "assumed")
+    ssd_bytes_per_s_per_node: float = fig(6e9, "assumed")
+    ssd_latency_s: float = fig(100e-6, "assumed")
+    real_object_max_bytes: int = fig(64 * 1024, "assumed")  # larger objects are size-only
+    object_max_bytes: int = fig(64 * GiB, "assumed")
+    vnodes_per_pool: int = fig(64, "assumed")  # consistent-hash ring points per pool
+    check_interval_s: float = fig(0.5, "assumed")  # wall seconds between pool health sweeps
+
+
+@dataclass(frozen=True, kw_only=True)
 class EmulatorLimits:
     """Knobs of the emulator itself, not of the hardware."""
 
@@ -141,6 +159,7 @@ class HardwareProfile:
     switch: SwitchProfile = field(default_factory=SwitchProfile)
     ub: UbCalibration = field(default_factory=UbCalibration)
     moe: MoeCalibration = field(default_factory=MoeCalibration)
+    ems: EmsProfile = field(default_factory=EmsProfile)
     limits: EmulatorLimits = field(default_factory=EmulatorLimits)
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import tempfile
 import time
 from collections.abc import Collection
+from pathlib import Path
 from types import TracebackType
 
 import structlog
@@ -22,6 +24,7 @@ from emulator.errors import EmulatorError, NotFoundError
 from emulator.events import EventBus
 from emulator.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.topology import ServiceKind, Topology
+from services.ems import EmsState, create_ems
 from services.fabric import FabricState, create_fabric
 from services.host import ServiceHost
 from services.kinds import DeviceHandle, create_device
@@ -47,6 +50,7 @@ class InProcessSupernode:
         drain_s: float = 0.2,
         ready_timeout_s: float = 60.0,
         broker: str | None = None,
+        ems_ssd_dir: Path | None = None,
     ) -> None:
         everything = [d.id for d in topology.devices] + [x.id for x in topology.services]
         self.hosted = set(everything if hosted is None else hosted)
@@ -55,6 +59,10 @@ class InProcessSupernode:
             raise NotFoundError(f"not in the topology: {', '.join(sorted(unknown))}")
         self.topology = topology
         self.broker = broker or topology.broker
+        self.ems_ssd_dir = ems_ssd_dir
+        self.ems: EmsState | None = None
+        self._ems_host: ServiceHost | None = None
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self.events: EventBus | None = None
         self._telemetry_task: asyncio.Task[None] | None = None
         self.profile = profile
@@ -116,6 +124,19 @@ class InProcessSupernode:
                 peers=self._peers,
             )
             service_hosts.append(fabric_host)
+        ems = self.topology.service(ServiceKind.EMS)
+        if ems.id in self.hosted:
+            if self.ems_ssd_dir is None:
+                self._scratch = tempfile.TemporaryDirectory(prefix="cmemu-ems-ssd-")
+                self.ems_ssd_dir = Path(self._scratch.name)
+            self.ems, self._ems_host = create_ems(
+                address=ems.address,
+                topology=self.topology,
+                profile=self.profile,
+                clock=clock,
+                peers=self._peers,
+                ssd_dir=self.ems_ssd_dir,
+            )
         self._hosts += service_hosts
         results = await asyncio.gather(
             *(h.start() for h in service_hosts),
@@ -128,6 +149,14 @@ class InProcessSupernode:
             raise errors[0]
         for host in service_hosts:
             await host.set_serving(True)
+        if self.ems is not None and self._ems_host is not None:
+            # EMS serves once its index is rebuilt from the pools, which serve by now when in
+            # this process (or are waited for, when they are other processes)
+            await self._ems_host.start()
+            self._hosts.append(self._ems_host)
+            await self.ems.rebuild()
+            self.ems.start()
+            await self._ems_host.set_serving(True)
         try:
             await self._verify_serving()
         except EmulatorError:
@@ -175,10 +204,16 @@ class InProcessSupernode:
         if self.fabric is not None:
             await self.fabric.close()
             self.fabric = None
+        if self.ems is not None:
+            await self.ems.close()
+            self.ems = None
         if self._peers is not None:  # device-to-device channels first: no GOAWAY storm
             await self._peers.close()
             self._peers = None
         await asyncio.gather(*(h.server.stop(self.drain_s) for h in hosts))
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
         if self.events is not None:
             now = self._clock.now_ns()
             for host in hosts:

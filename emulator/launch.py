@@ -32,6 +32,7 @@ from emulator.topology import ServiceKind, Topology
 
 EPOCH_ENV = "CMEMU_EPOCH"
 BROKER_ENV = "CMEMU_BROKER"
+SSD_ENV = "CMEMU_EMS_SSD"
 EMBEDDED_BROKER_HOST = "127.0.0.1"
 CMEMU = str(Path(sys.executable).parent / "cmemu")
 
@@ -84,7 +85,8 @@ async def _serve_until_signal(
 async def _up_inprocess(args: argparse.Namespace, topology: Topology, path: Path) -> None:
     stop = _stop_event()
     started = time.perf_counter()
-    async with InProcessSupernode(topology, drain_s=args.drain) as supernode:
+    ssd = path.parent / f"ems-ssd-{os.getpid()}"
+    async with InProcessSupernode(topology, drain_s=args.drain, ems_ssd_dir=ssd) as supernode:
         await _serve_until_signal(supernode.topology, path, "inprocess", started, stop)
 
 
@@ -96,7 +98,7 @@ def _serve_argv(topology_path: Path, *what: str) -> tuple[str, ...]:
 
 
 def proc_specs(topology: Topology, topology_path: Path, per: str) -> list[ProcSpec]:
-    """One process for the fabric, then one per device or one per node."""
+    """One process for the fabric, one per device or one per node, then one for EMS."""
     fabric = topology.service(ServiceKind.FABRIC)
     specs = [
         ProcSpec(
@@ -121,6 +123,20 @@ def proc_specs(topology: Topology, topology_path: Path, per: str) -> list[ProcSp
             )
             for node in topology.nodes
         ]
+    ems = topology.service(ServiceKind.EMS)
+    specs.append(
+        ProcSpec(
+            name=ems.id,
+            argv=_serve_argv(
+                topology_path,
+                "--service",
+                ems.id,
+                "--ssd-dir",
+                str(topology_path.parent / "ems-ssd"),
+            ),
+            addresses=(ems.address,),
+        )
+    )
     return specs
 
 
@@ -179,9 +195,10 @@ async def _up_procs(args: argparse.Namespace, topology: Topology, path: Path) ->
     topology_path = run_dir / "topology.json"
     topology_path.write_text(topology.to_json())
     specs = proc_specs(topology, topology_path, args.per)
-    # the fabric first: devices hand it their first transaction as soon as they serve
+    # the fabric first: devices hand it their first transaction as soon as they serve; EMS
+    # last: it rebuilds its index from the memory pools
     await _supervise(
-        [specs[:1], specs[1:]],
+        [specs[:1], specs[1:-1], specs[-1:]],
         topology=topology,
         path=path,
         run_dir=run_dir,
@@ -287,7 +304,14 @@ async def _serve(args: argparse.Namespace) -> None:
     stop = _stop_event()
     broker = os.environ.get(BROKER_ENV) or topology.broker
     hosted = _hosted(topology, args)
-    async with InProcessSupernode(topology, hosted=hosted, drain_s=args.drain, broker=broker):
+    ssd = args.ssd_dir or os.environ.get(SSD_ENV)
+    async with InProcessSupernode(
+        topology,
+        hosted=hosted,
+        drain_s=args.drain,
+        broker=broker,
+        ems_ssd_dir=Path(ssd) if ssd else None,
+    ):
         await stop.wait()
 
 

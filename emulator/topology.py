@@ -50,6 +50,7 @@ class Device:
 
 class ServiceKind(StrEnum):
     FABRIC = "fabric"
+    EMS = "ems"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ import structlog
 from emulator.errors import (
     AddressInUseError,
     CapacityError,
+    DataLossError,
     EmulatorError,
     InvalidArgumentError,
     NotFoundError,
@@ -32,6 +33,7 @@ STATUS_OF: dict[type[EmulatorError], grpc.StatusCode] = {
     PreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
     UnavailableError: grpc.StatusCode.UNAVAILABLE,
     AddressInUseError: grpc.StatusCode.UNAVAILABLE,
+    DataLossError: grpc.StatusCode.DATA_LOSS,
 }
 
 

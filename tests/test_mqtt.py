@@ -24,6 +24,7 @@ from emulator.testing import Clients, free_port_block, running_supernode
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 BROKER_PORTS = 31000
+SERVERS = 26 + 2  # cm-mini's devices, the fabric and EMS
 FAST = replace(DEFAULT_PROFILE, limits=replace(DEFAULT_PROFILE.limits, telemetry_interval_s=0.2))
 
 
@@ -117,11 +118,10 @@ def test_topic_filters() -> None:
 async def test_events_and_telemetry_reach_the_broker(kind: str, tmp_path: Path) -> None:
     async with broker(kind, tmp_path) as url, listening(url) as listener:
         async with running_supernode("cm-mini", profile=FAST, broker=url) as supernode:
-            await listener.wait_for(lambda: len(listener.events("started")) == 27)
+            await listener.wait_for(lambda: len(listener.events("started")) == SERVERS)
             started = listener.events("started")
-            assert {p["device"] for p in started} == {d.id for d in supernode.topology.devices} | {
-                "fabric"
-            }
+            servers = {d.id for d in supernode.topology.devices} | {"fabric", "ems"}
+            assert {p["device"] for p in started} == servers
             assert all(p["status"] == "SERVING" for p in started)
             await listener.wait_for(
                 lambda: any(t == "cmemu/sn0/n01-mem/telemetry" for t, _ in listener.messages)
@@ -143,7 +143,7 @@ async def test_events_and_telemetry_reach_the_broker(kind: str, tmp_path: Path) 
             )
             assert telemetry.broker_connected and telemetry.faulted
             await clients.close()
-        await listener.wait_for(lambda: len(listener.events("stopped")) == 27)
+        await listener.wait_for(lambda: len(listener.events("stopped")) == SERVERS)
 
 
 async def test_a_broker_that_is_down_costs_nothing_and_loses_nothing(tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ async def test_a_broker_that_is_down_costs_nothing_and_loses_nothing(tmp_path: P
         clients = Clients(supernode.topology)
         telemetry = await clients.device("n00-npu0").GetTelemetry(device_pb2.GetTelemetryRequest())
         assert not telemetry.broker_connected
-        assert telemetry.events_pending >= 27  # the started events, kept for later
+        assert telemetry.events_pending >= SERVERS  # the started events, kept for later
         await clients.device("n00-npu0").SetFaultState(device_pb2.FaultState(faulted=True))
         await clients.device("n00-npu0").SetFaultState(device_pb2.FaultState(faulted=False))
         assert await clients.health("n00-npu0") == "SERVING"
@@ -162,7 +162,9 @@ async def test_a_broker_that_is_down_costs_nothing_and_loses_nothing(tmp_path: P
         await asyncio.sleep(2.5)
         with mosquitto(port, tmp_path):
             async with listening(url) as listener:
-                await listener.wait_for(lambda: len(listener.events("started")) == 27, within_s=20)
+                await listener.wait_for(
+                    lambda: len(listener.events("started")) == SERVERS, within_s=20
+                )
                 await listener.wait_for(lambda: bool(listener.events("recovered")))
             after = await clients.device("n00-npu0").GetTelemetry(device_pb2.GetTelemetryRequest())
             assert (
@@ -182,7 +184,7 @@ def test_cmemu_watch_prints_live_events(tmp_path: Path) -> None:
 
     cmemu = str(Path(sys.executable).parent / "cmemu")
     state_file = tmp_path / "state.json"
-    base = free_port_block(27)
+    base = free_port_block(SERVERS)
     up = subprocess.Popen(
         [
             cmemu,

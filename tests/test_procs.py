@@ -69,10 +69,10 @@ def test_cm_mini_from_its_compose_file(tmp_path: Path) -> None:
         topology = json.loads(state_file.read_text())
         ls = run("ls", "--state-file", str(state_file), "--json")
         rows = json.loads(ls.stdout)
-        assert len(rows) == 27 and {r["health"] for r in rows} == {"SERVING"}
+        assert len(rows) == 28 and {r["health"] for r in rows} == {"SERVING"}
         assert all(r["address"].startswith("127.60.") for r in rows)
         pids = serve_processes()
-        assert len(pids) == 27  # every device and the fabric its own process
+        assert len(pids) == 28  # every device, the fabric and EMS, each its own process
 
         npu = next(d for d in topology["devices"] if d["id"] == "n01-npu2")
         listing = subprocess.run(
@@ -122,10 +122,10 @@ def test_cm_mini_from_its_compose_file(tmp_path: Path) -> None:
 def test_process_mode_per_node(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     with up(state_file, "--preset", "cm-mini", "--mode", "procs", "--per", "node"):
-        assert len(serve_processes()) == 3  # two nodes and the fabric
+        assert len(serve_processes()) == 4  # two nodes, the fabric and EMS
         rows = json.loads(run("ls", "--state-file", str(state_file), "--json").stdout)
-        assert len(rows) == 27 and {r["health"] for r in rows} == {"SERVING"}
-        assert len({r["address"] for r in rows}) == 27  # one loopback address each
+        assert len(rows) == 28 and {r["health"] for r in rows} == {"SERVING"}
+        assert len({r["address"] for r in rows}) == 28  # one loopback address each
         xfer = run(
             "xfer",
             "n00-npu1",
@@ -149,7 +149,7 @@ def test_serve_refuses_what_it_cannot_serve(tmp_path: Path) -> None:
         (["--device", "n00-npu0"], "has no epoch"),
         (["--device", "n99-npu0"], "no device 'n99-npu0'"),
         (["--node", "n42"], "no node 'n42'"),
-        (["--service", "ems"], "no service 'ems'"),
+        (["--service", "scheduler"], "no service 'scheduler'"),
     ]
     for args, words in cases:
         env = env_free if words == "has no epoch" else {**env_free, "CMEMU_EPOCH": "1"}

@@ -18,7 +18,7 @@ from emulator.testing import free_port_block
 
 CMEMU = str(Path(sys.executable).parent / "cmemu")
 MINI_DEVICES = 26
-MINI_SERVERS = MINI_DEVICES + 1  # and the fabric
+MINI_SERVERS = MINI_DEVICES + 2  # and the fabric and EMS
 
 
 def cmemu(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

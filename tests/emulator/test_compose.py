@@ -52,7 +52,7 @@ def test_docker_compose_accepts_every_committed_file(name: str) -> None:
 def test_cm384_per_device_is_one_container_per_device() -> None:
     doc = yaml.safe_load((COMPOSE_DIR / "cm384.yaml").read_text())
     services = doc["services"]
-    assert len(services) == 384 + 192 + 48 + 2  # devices, the fabric, the broker
+    assert len(services) == 384 + 192 + 48 + 3  # devices, the fabric, EMS, the broker
     npu = services["n07-npu3"]
     assert npu["hostname"] == "n07-npu3"
     assert npu["command"][-2:] == ["--device", "n07-npu3"]
@@ -83,7 +83,7 @@ def test_no_bridge_holds_more_than_a_thousand_endpoints() -> None:
             members[net] = members.get(net, 0) + 1
     assert len(members) == 2
     assert max(members.values()) <= compose.MAX_BRIDGE_ENDPOINTS
-    assert sum(members.values()) == 1024 + 2 * 2  # fabric and broker join every bridge
+    assert sum(members.values()) == 1024 + 2 * 3  # fabric, EMS and broker join every bridge
 
 
 def test_interpolation_follows_compose() -> None:
@@ -116,6 +116,7 @@ def test_depends_on_orders_the_start_and_cycles_are_refused(tmp_path: Path) -> N
     services, topology = compose.load(COMPOSE_DIR / "cm-mini.yaml", {"CMEMU_EPOCH": "5"}, tmp_path)
     waves = [[s.name for s in wave] for wave in compose.start_order(services)]
     assert waves[0] == ["mosquitto"] and waves[1] == ["fabric"] and len(waves[2]) == 26
+    assert waves[3] == ["ems"]  # after the memory pools it rebuilds its index from
     assert topology.epoch_wall_s == 5.0
     assert topology.device("n00-npu0").address.startswith("127.60.")
     a, b = services[0], services[1]
