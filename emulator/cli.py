@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 
 from emulator import compose, health, launch, state
+from emulator.ems_cli import cmd_ems, ems_args
 from emulator.errors import EmulatorError
 from emulator.fabric_cli import cmd_links, cmd_xfer, links_args, xfer_args
 from emulator.hardware import figures
@@ -198,41 +199,7 @@ def _add_state_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cmemu", description="CloudMatrix supernode emulator")
-    parser.add_argument(
-        "--log-level",
-        choices=LEVELS,
-        default="info",
-        help="JSON logs on stderr at this level (default info)",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
-        "up": (cmd_up, "run a whole supernode (in this process, as processes, or from compose)"),
-        "serve": (
-            launch.cmd_serve,
-            "serve one device, node or service of a topology (a container's entry point)",
-        ),
-        "compose": (launch.cmd_compose, "generate a docker compose file for a preset"),
-        "probe": (cmd_probe, "health-check one device (exit 0 only when SERVING)"),
-        "ls": (cmd_ls, "list the running emulator's devices with their health"),
-        "topology": (cmd_topology, "describe a preset's topology (--json: the full document)"),
-        "presets": (cmd_presets, "list the supernode presets"),
-        "hardware": (cmd_hardware, "list every hardware figure with its source"),
-        "xfer": (
-            cmd_xfer,
-            "one UB transaction through the live fabric: emulated latency, bandwidth",
-        ),
-        "links": (cmd_links, "the fabric's busiest links"),
-        "watch": (cmd_watch, "print the running emulator's events as they happen"),
-    }
-    parsers = {}
-    for name, (func, help_text) in commands.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(func=func)
-        parsers[name] = p
-
-    up = parsers["up"]
+def _up_args(up: argparse.ArgumentParser) -> None:
     _add_topology_args(up)
     _add_state_arg(up)
     up.add_argument(
@@ -267,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between NOT_SERVING and stop (default 0.2)",
     )
 
-    serve = parsers["serve"]
+
+def _serve_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--topology", required=True, help="the topology document (JSON)")
     what = serve.add_mutually_exclusive_group(required=True)
     what.add_argument("--device", help="one device id")
@@ -279,8 +247,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--ssd-dir", help="with --service ems: where its SSD tier lives (default $CMEMU_EMS_SSD)"
     )
+    serve.add_argument(
+        "--rebuild-wait",
+        type=float,
+        default=30.0,
+        help="with --service ems: seconds to wait for silent memory pools while rebuilding the "
+        "index before counting them down (default 30)",
+    )
 
-    comp = parsers["compose"]
+
+def _compose_args(comp: argparse.ArgumentParser) -> None:
     comp.add_argument("--preset", default=DEFAULT_PRESET, help=f"default {DEFAULT_PRESET}")
     comp.add_argument(
         "--per",
@@ -295,14 +271,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="the compose file to write; the topology and broker config go beside it",
     )
 
-    probe = parsers["probe"]
+
+def _probe_args(probe: argparse.ArgumentParser) -> None:
     probe.add_argument("address", help="HOST:PORT of the device")
     probe.add_argument(
         "--service", default="", help="service name to check (default: the whole server)"
     )
     probe.add_argument("--timeout", type=float, default=2.0, help="seconds (default 2)")
 
-    ls = parsers["ls"]
+
+def _ls_args(ls: argparse.ArgumentParser) -> None:
     _add_state_arg(ls)
     ls.add_argument(
         "--kind", choices=[*(k.value for k in DeviceKind), *(k.value for k in ServiceKind)]
@@ -313,10 +291,52 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ls.add_argument("--json", action="store_true", help="one JSON array")
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cmemu", description="CloudMatrix supernode emulator")
+    parser.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default="info",
+        help="JSON logs on stderr at this level (default info)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
+        "up": (cmd_up, "run a whole supernode (in this process, as processes, or from compose)"),
+        "serve": (
+            launch.cmd_serve,
+            "serve one device, node or service of a topology (a container's entry point)",
+        ),
+        "compose": (launch.cmd_compose, "generate a docker compose file for a preset"),
+        "probe": (cmd_probe, "health-check one device (exit 0 only when SERVING)"),
+        "ls": (cmd_ls, "list the running emulator's devices with their health"),
+        "topology": (cmd_topology, "describe a preset's topology (--json: the full document)"),
+        "presets": (cmd_presets, "list the supernode presets"),
+        "hardware": (cmd_hardware, "list every hardware figure with its source"),
+        "xfer": (
+            cmd_xfer,
+            "one UB transaction through the live fabric: emulated latency, bandwidth",
+        ),
+        "links": (cmd_links, "the fabric's busiest links"),
+        "watch": (cmd_watch, "print the running emulator's events as they happen"),
+        "ems": (cmd_ems, "the elastic memory store: put, get, stat"),
+    }
+    parsers = {}
+    for name, (func, help_text) in commands.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        parsers[name] = p
+
+    _up_args(parsers["up"])
+    _serve_args(parsers["serve"])
+    _compose_args(parsers["compose"])
+    _probe_args(parsers["probe"])
+    _ls_args(parsers["ls"])
     xfer_args(parsers["xfer"])
     _add_state_arg(parsers["xfer"])
     links_args(parsers["links"])
     _add_state_arg(parsers["links"])
+    ems_args(parsers["ems"], _add_state_arg)
     watch_args(parsers["watch"])
     _add_state_arg(parsers["watch"])
 

@@ -24,6 +24,9 @@ class Clients:
         self.topology = topology
         self._peers = Peers(topology)
 
+    def _channel_to(self, address: str) -> grpc.aio.Channel:
+        return self._peers.channel(address)
+
     def _channel(self, device_id: str) -> grpc.aio.Channel:
         return self._peers.channel(self.topology.device(device_id).address)
 

@@ -51,6 +51,7 @@ class InProcessSupernode:
         ready_timeout_s: float = 60.0,
         broker: str | None = None,
         ems_ssd_dir: Path | None = None,
+        ems_rebuild_wait_s: float = 30.0,
     ) -> None:
         everything = [d.id for d in topology.devices] + [x.id for x in topology.services]
         self.hosted = set(everything if hosted is None else hosted)
@@ -60,6 +61,7 @@ class InProcessSupernode:
         self.topology = topology
         self.broker = broker or topology.broker
         self.ems_ssd_dir = ems_ssd_dir
+        self.ems_rebuild_wait_s = ems_rebuild_wait_s
         self.ems: EmsState | None = None
         self._ems_host: ServiceHost | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
@@ -154,7 +156,7 @@ class InProcessSupernode:
             # this process (or are waited for, when they are other processes)
             await self._ems_host.start()
             self._hosts.append(self._ems_host)
-            await self.ems.rebuild()
+            await self.ems.rebuild(self.ems_rebuild_wait_s)
             self.ems.start()
             await self._ems_host.set_serving(True)
         try:

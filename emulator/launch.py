@@ -311,6 +311,7 @@ async def _serve(args: argparse.Namespace) -> None:
         drain_s=args.drain,
         broker=broker,
         ems_ssd_dir=Path(ssd) if ssd else None,
+        ems_rebuild_wait_s=args.rebuild_wait,
     ):
         await stop.wait()
 

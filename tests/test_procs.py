@@ -173,3 +173,51 @@ def test_serve_refuses_what_it_cannot_serve(tmp_path: Path) -> None:
         check=False,
     )
     assert bad_epoch.returncode == 1 and "not a number" in bad_epoch.stderr
+
+
+def test_ems_loses_nothing_when_a_pool_dies_or_ems_restarts(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    with up(state_file, "--preset", "cm-mini", "--mode", "procs", "--per", "device"):
+        state = ["--state-file", str(state_file)]
+        objects = {}
+        for i in range(8):
+            path = tmp_path / f"obj{i}"
+            path.write_bytes(bytes([i]) * (1000 + i))
+            objects[f"key-{i}"] = path
+            put = run("ems", "put", f"key-{i}", str(path), "--device", "n00-npu1", *state)
+            assert put.returncode == 0, put.stderr
+        pid_of = {
+            " ".join(Path(f"/proc/{p}/cmdline").read_text().split("\0")): p
+            for p in serve_processes()
+        }
+        pool = next(p for cmd, p in pid_of.items() if "--device n00-mem" in cmd)
+        os.kill(pool, signal.SIGKILL)  # a memory pool dies with every copy it held
+        for key, path in objects.items():
+            got = run("ems", "get", key, "-o", str(tmp_path / "out"), *state)
+            assert got.returncode == 0, got.stderr
+            assert (tmp_path / "out").read_bytes() == path.read_bytes()
+
+        ems_cmd, ems_pid = next((c, p) for c, p in pid_of.items() if "--service ems" in c)
+        os.kill(ems_pid, signal.SIGKILL)  # EMS dies with all its metadata
+        assert run("ems", "stat", *state).returncode == 1
+        restarted = subprocess.Popen(
+            [*ems_cmd.split(), "--rebuild-wait", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            topology = json.loads(state_file.read_text())
+            ems_address = next(s["address"] for s in topology["services"] if s["id"] == "ems")
+            deadline = time.monotonic() + 60
+            while run("probe", ems_address, "--timeout", "1").returncode != 0:
+                assert restarted.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            stat = json.loads(run("ems", "stat", "--json", *state).stdout)
+            assert int(stat["objects"]) == 8  # rebuilt from the surviving pool's region labels
+            for key, path in objects.items():
+                got = run("ems", "get", key, "-o", str(tmp_path / "out"), *state)
+                assert got.returncode == 0, got.stderr
+                assert (tmp_path / "out").read_bytes() == path.read_bytes()
+        finally:
+            restarted.send_signal(signal.SIGTERM)
+            restarted.wait(timeout=30)

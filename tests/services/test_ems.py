@@ -1,0 +1,239 @@
+"""EMS over real gRPC against in-process supernodes: integrity, prefixes, LRU and SSD, faults."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import grpc
+import pytest
+
+from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, ub_pb2
+from emulator.ems import prefix_keys
+from emulator.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.inprocess import InProcessSupernode
+from emulator.testing import Clients, running_supernode
+from emulator.topology import ServiceKind
+
+KIB = 1024
+
+
+def _ems(clients: Clients) -> ems_pb2_grpc.EmsAsyncStub:
+    address = clients.topology.service(ServiceKind.EMS).address
+    return ems_pb2_grpc.EmsStub(clients._peers.channel(address))
+
+
+async def _status(call: object) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call  # type: ignore[misc]
+    return err.value.code().name
+
+
+def _profile(**ems: object) -> HardwareProfile:
+    return replace(DEFAULT_PROFILE, ems=replace(DEFAULT_PROFILE.ems, **ems))  # type: ignore[arg-type]
+
+
+async def test_put_get_integrity_from_any_device(clients: Clients) -> None:
+    ems = _ems(clients)
+    for i, size in enumerate((1, 4096, 64 * KIB)):
+        data = bytes((i * 7 + j) % 251 for j in range(size))
+        put = await ems.Put(ems_pb2.PutRequest(key=f"obj-{i}", data=data, device="n00-npu1"))
+        assert put.size == size and len(put.replicas) == 2
+        assert put.complete_ns > put.issue_ns
+        got = await ems.Get(ems_pb2.GetRequest(key=f"obj-{i}", device="n01-npu5"))
+        assert got.data == data and got.tier == ems_pb2.TIER_DRAM
+        assert got.served_by == "n01-mem"  # the copy on the reader's node
+    exists = await ems.Exists(ems_pb2.ExistsRequest(key="obj-1"))
+    assert exists.exists and exists.size == 4096
+    await ems.Put(ems_pb2.PutRequest(key="obj-1", data=b"replaced"))
+    assert (await ems.Get(ems_pb2.GetRequest(key="obj-1"))).data == b"replaced"
+    assert (await ems.Delete(ems_pb2.DeleteRequest(key="obj-1"))).deleted
+    assert not (await ems.Delete(ems_pb2.DeleteRequest(key="obj-1"))).deleted
+    assert await _status(ems.Get(ems_pb2.GetRequest(key="obj-1"))) == "NOT_FOUND"
+
+
+async def test_batches(clients: Clients) -> None:
+    ems = _ems(clients)
+    items = [ems_pb2.PutRequest(key=f"b{i}", data=bytes([i]) * 10) for i in range(5)]
+    assert len((await ems.BatchPut(ems_pb2.BatchPutRequest(items=items))).items) == 5
+    got = await ems.BatchGet(
+        ems_pb2.BatchGetRequest(items=[ems_pb2.GetRequest(key=k) for k in ("b1", "nope", "b4")])
+    )
+    assert [g.data for g in got.items] == [b"\x01" * 10, b"\x04" * 10]
+    assert list(got.missing) == ["nope"]
+    exists = await ems.BatchExists(ems_pb2.BatchExistsRequest(keys=["b0", "zz", "b3"]))
+    assert list(exists.exists) == [True, False, True]
+    assert (await ems.BatchDelete(ems_pb2.BatchDeleteRequest(keys=["b0", "b1", "zz"]))).deleted == 2
+
+
+async def test_size_only_objects_are_timed_over_the_fabric(clients: Clients) -> None:
+    ems = _ems(clients)
+    size = 61 * 576 * 4096  # the INT8 KV cache of a 4,096-token prefix: 144 MB
+    await ems.Put(ems_pb2.PutRequest(key="kv-prefix", size=size, device="n00-npu0"))
+    got = await ems.Get(ems_pb2.GetRequest(key="kv-prefix", device="n00-npu4"))
+    assert got.size == size and got.data == b""
+    seconds = (got.complete_ns - got.issue_ns) / 1e9
+    assert size / seconds == pytest.approx(167e9, rel=0.01)  # one die's UB bandwidth
+
+
+async def test_prefix_matching(clients: Clients) -> None:
+    ems = _ems(clients)
+    tokens = list(range(1000, 1000 + 128 * 5))
+    keys = (await ems.PrefixKeys(ems_pb2.PrefixRequest(tokens=tokens, block_tokens=128))).keys
+    assert list(keys) == prefix_keys(tokens, 128) and len(keys) == 5
+    for key in keys[:3]:
+        await ems.Put(ems_pb2.PutRequest(key=key, size=128 * 35_136))
+    turn2 = tokens[: 128 * 3] + [7] * 300  # shares three blocks, then diverges
+    match = await ems.MatchPrefix(ems_pb2.PrefixRequest(tokens=turn2, block_tokens=128))
+    assert (match.matched_blocks, match.matched_tokens) == (3, 384)
+    other = await ems.MatchPrefix(
+        ems_pb2.PrefixRequest(tokens=turn2, block_tokens=128, namespace="another-model")
+    )
+    assert other.matched_blocks == 0
+    shifted = [0, *tokens]  # the same tokens one place later share no prefix
+    assert (
+        await ems.MatchPrefix(ems_pb2.PrefixRequest(tokens=shifted, block_tokens=128))
+    ).matched_blocks == 0
+    for bad in (64, 1024):
+        assert (
+            await _status(ems.MatchPrefix(ems_pb2.PrefixRequest(tokens=tokens, block_tokens=bad)))
+            == "OUT_OF_RANGE"
+        )
+
+
+@pytest.mark.parametrize(
+    ("request_", "code"),
+    [
+        (ems_pb2.PutRequest(key="", data=b"x"), "INVALID_ARGUMENT"),
+        (ems_pb2.PutRequest(key="a|b", data=b"x"), "INVALID_ARGUMENT"),
+        (ems_pb2.PutRequest(key="k" * 201, data=b"x"), "INVALID_ARGUMENT"),
+        (ems_pb2.PutRequest(key="big", data=bytes(64 * KIB + 1)), "INVALID_ARGUMENT"),
+        (ems_pb2.PutRequest(key="huge", size=65 * 2**30), "INVALID_ARGUMENT"),
+        (ems_pb2.PutRequest(key="nothing"), "INVALID_ARGUMENT"),
+        (ems_pb2.PutRequest(key="x", data=b"x", device="n09-npu0"), "NOT_FOUND"),
+    ],
+)
+async def test_bad_puts(clients: Clients, request_: ems_pb2.PutRequest, code: str) -> None:
+    ems = _ems(clients)
+    assert await _status(ems.Put(request_)) == code
+    assert (await ems.Stat(ems_pb2.StatRequest())).replication_factor == 2  # still serving
+
+
+async def test_bad_reads_and_stats(clients: Clients) -> None:
+    ems = _ems(clients)
+    assert await _status(ems.Get(ems_pb2.GetRequest(key=""))) == "INVALID_ARGUMENT"
+    assert await _status(ems.Get(ems_pb2.GetRequest(key="never-put"))) == "NOT_FOUND"
+    assert await _status(ems.Stat(ems_pb2.StatRequest(pool="n07-mem"))) == "NOT_FOUND"
+    one = await ems.Stat(ems_pb2.StatRequest(pool="n00-mem"))
+    assert [p.pool for p in one.pools] == ["n00-mem"] and one.misses >= 1
+
+
+async def test_corrupt_copy_is_data_loss_on_that_copy_and_served_from_the_other(
+    clients: Clients,
+) -> None:
+    ems = _ems(clients)
+    await ems.Put(ems_pb2.PutRequest(key="fragile", data=b"precious bytes"))
+    for pool in ("n00-mem", "n01-mem"):
+        regions = await clients.device(pool).ListRegions(device_pb2.ListRegionsRequest())
+        region = next(r for r in regions.regions if r.label.endswith("|fragile"))
+        await clients.bus(pool).Submit(
+            ub_pb2.UbTransaction(
+                op=ub_pb2.UB_OP_WRITE,
+                dst=ub_pb2.UbAddress(eid=region.eid, offset=region.offset),
+                data=b"XX",
+            )
+        )
+        if pool == "n00-mem":
+            got = await ems.Get(ems_pb2.GetRequest(key="fragile", device="n00-npu0"))
+            assert got.data == b"precious bytes" and got.corrupt_copies == 1
+            assert got.served_by == "n01-mem"
+    assert await _status(ems.Get(ems_pb2.GetRequest(key="fragile"))) == "DATA_LOSS"
+    assert (await ems.Stat(ems_pb2.StatRequest())).corrupt_copies >= 2
+
+
+@pytest.fixture
+async def small() -> AsyncIterator[InProcessSupernode]:
+    """cm-mini whose EMS may use 12 KiB of each pool and 4 KiB of SSD in all (2 KiB a node)."""
+    pool_bytes = DEFAULT_PROFILE.node.cpus * DEFAULT_PROFILE.cpu.pooled_bytes
+    profile = _profile(dram_share=12 * KIB / pool_bytes, ssd_bytes_per_node=2 * KIB)
+    async with running_supernode("cm-mini", profile=profile) as supernode:
+        yield supernode
+
+
+async def test_lru_eviction_demotes_to_ssd_then_drops(small: InProcessSupernode) -> None:
+    clients = Clients(small.topology)
+    ems = _ems(clients)
+    page = 4 * KIB
+    for key in ("a", "b", "c"):
+        await ems.Put(ems_pb2.PutRequest(key=key, data=key.encode() * page))
+    await ems.Get(ems_pb2.GetRequest(key="a"))  # a is now the most recently used
+    put = await ems.Put(ems_pb2.PutRequest(key="d", data=b"d" * page))
+    assert put.evicted == 1
+    assert (await ems.Exists(ems_pb2.ExistsRequest(key="b"))).tier == ems_pb2.TIER_SSD
+    got = await ems.Get(ems_pb2.GetRequest(key="b"))
+    assert got.served_by == "ssd" and got.data == b"b" * page
+    assert got.complete_ns - got.issue_ns >= 100_000  # the SSD's latency
+    await ems.Put(ems_pb2.PutRequest(key="e", data=b"e" * page))  # evicts c: the SSD is full
+    assert not (await ems.Exists(ems_pb2.ExistsRequest(key="c"))).exists
+    for key in ("a", "d", "e"):
+        assert (await ems.Get(ems_pb2.GetRequest(key=key))).data == key.encode() * page
+    stat = await ems.Stat(ems_pb2.StatRequest())
+    assert (stat.evictions, stat.ssd_objects) == (2, 1)
+    await clients.close()
+
+
+async def test_pinned_objects_are_never_evicted(small: InProcessSupernode) -> None:
+    clients = Clients(small.topology)
+    ems = _ems(clients)
+    for key in ("p1", "p2", "p3"):
+        await ems.Put(ems_pb2.PutRequest(key=key, data=bytes(4 * KIB), pinned=True))
+    assert await _status(ems.Put(ems_pb2.PutRequest(key="p4", data=b"x"))) == "RESOURCE_EXHAUSTED"
+    assert (
+        await _status(ems.Put(ems_pb2.PutRequest(key="p5", size=1 << 20))) == "RESOURCE_EXHAUSTED"
+    )
+    for key in ("p1", "p2", "p3"):
+        assert (await ems.Exists(ems_pb2.ExistsRequest(key=key))).tier == ems_pb2.TIER_DRAM
+    await clients.close()
+
+
+async def test_a_dead_pool_loses_nothing_and_the_factor_is_restored() -> None:
+    profile = _profile(check_interval_s=0.1)
+    async with running_supernode("cm192", profile=profile) as supernode:
+        clients = Clients(supernode.topology)
+        ems = _ems(clients)
+        keys = [f"kv-{i}" for i in range(40)]
+        for key in keys:
+            await ems.Put(ems_pb2.PutRequest(key=key, data=key.encode() * 50))
+        victim = (await ems.Put(ems_pb2.PutRequest(key="probe", data=b"p"))).replicas[0]
+        await clients.device(victim).SetFaultState(
+            device_pb2.FaultState(faulted=True, reason="dead")
+        )
+        for key in [*keys, "probe"]:
+            assert (await ems.Get(ems_pb2.GetRequest(key=key))).served_by != victim
+        async with asyncio.timeout(20):
+            # polling a server in another task: no event to wait on
+            while (stat := await ems.Stat(ems_pb2.StatRequest())).under_replicated:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+        dead = next(p for p in stat.pools if p.pool == victim)
+        assert not dead.healthy and dead.objects == 0
+        assert stat.objects == 41 and stat.dram_used_bytes == 2 * stat.dram_bytes
+        await clients.close()
+
+
+async def test_a_restarted_ems_rebuilds_its_index_from_the_pools(
+    mini: InProcessSupernode, clients: Clients
+) -> None:
+    ems = _ems(clients)
+    data = {f"r{i}": bytes([i]) * (i + 1) for i in range(10)}
+    for key, value in data.items():
+        await ems.Put(ems_pb2.PutRequest(key=key, data=value, kind=ems_pb2.OBJECT_KIND_WEIGHTS))
+    assert mini.ems is not None
+    before = len(mini.ems.index)
+    mini.ems.index = type(mini.ems.index)()  # the metadata is gone, as with a new process
+    assert await _status(ems.Get(ems_pb2.GetRequest(key="r3"))) == "NOT_FOUND"
+    await mini.ems.rebuild()
+    assert len(mini.ems.index) == before
+    for key, value in data.items():
+        got = await ems.Get(ems_pb2.GetRequest(key=key))
+        assert got.data == value and got.kind == ems_pb2.OBJECT_KIND_WEIGHTS
