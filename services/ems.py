@@ -13,14 +13,13 @@ import contextlib
 import hashlib
 import json
 import zlib
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any, cast
 
 import grpc
 import structlog
 
-from cmemu.v1 import device_pb2, device_pb2_grpc, ems_pb2, ems_pb2_grpc, ub_pb2, ub_pb2_grpc
+from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, ub_pb2
 from emulator import health
 from emulator.clock import Clock
 from emulator.ems import (
@@ -49,7 +48,6 @@ from services.peers import Peers
 from services.status import Context, RemoteError, rpc
 
 SERVICE = "cmemu.v1.Ems"
-T = TypeVar("T")
 TIERS: dict[Tier, ems_pb2.Tier.ValueType] = {
     Tier.DRAM: ems_pb2.TIER_DRAM,
     Tier.SSD: ems_pb2.TIER_SSD,
@@ -106,19 +104,16 @@ class EmsState:
 
     # --- device access -------------------------------------------------------------------------
 
-    def _device(self, device: Device) -> device_pb2_grpc.DeviceAsyncStub:
-        return device_pb2_grpc.DeviceStub(self.peers.channel(device.address))
-
-    def _bus(self, device: Device) -> ub_pb2_grpc.UnifiedBusAsyncStub:
-        return ub_pb2_grpc.UnifiedBusStub(self.peers.channel(device.address))
-
-    async def _call(self, device: Device, call: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, device: Device, service: str, method: str, request: Any) -> Any:
+        """A method of a device (in this process directly, else over gRPC); a pool that does not
+        answer is marked down at once, ahead of the next sweep."""
+        call = self.peers.device_call if service == "device" else self.peers.bus_call
         try:
-            return await call()
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() is grpc.StatusCode.UNAVAILABLE and device.id in self.pools:
+            return await call(device, method, request)
+        except RemoteError as exc:
+            if exc.code is grpc.StatusCode.UNAVAILABLE and device.id in self.pools:
                 self._mark(device.id, healthy=False)
-            raise RemoteError(exc.code(), f"{device.id}: {exc.details()}") from exc
+            raise
 
     def _mark(self, pool: str, *, healthy: bool) -> None:
         if self.healthy[pool] != healthy:
@@ -143,9 +138,7 @@ class EmsState:
             data=data if op == ub_pb2.UB_OP_WRITE and meta.real else b"",
             size_only=not meta.real,
         )
-        completion: ub_pb2.UbCompletion = await self._call(
-            issuer, lambda: self._bus(issuer).Submit(tx)
-        )
+        completion: ub_pb2.UbCompletion = await self._call(issuer, "bus", "Submit", tx)
         return completion
 
     # --- placement and room --------------------------------------------------------------------
@@ -203,15 +196,11 @@ class EmsState:
 
     async def _free_region(self, pool: Device, region_id: int) -> None:
         request = device_pb2.FreeRegionRequest(region_id=region_id)
-        await self._call(pool, lambda: self._device(pool).FreeRegion(request))
+        await self._call(pool, "device", "FreeRegion", request)
 
     async def _place(self, meta: ObjectMeta, pool: str) -> Replica:
-        region = await self._call(
-            self.pools[pool],
-            lambda: self._device(self.pools[pool]).AllocateRegion(
-                device_pb2.AllocateRegionRequest(size=meta.size, label=encode_label(meta))
-            ),
-        )
+        request = device_pb2.AllocateRegionRequest(size=meta.size, label=encode_label(meta))
+        region = await self._call(self.pools[pool], "device", "AllocateRegion", request)
         return Replica(region_id=region.region_id, offset=region.offset)
 
     # --- SSD tier ------------------------------------------------------------------------------
@@ -463,11 +452,11 @@ class EmsState:
 
         async def listing(pool: Device) -> tuple[str, device_pb2.ListRegionsResponse | None]:
             try:
-                found = await self._device(pool).ListRegions(
-                    device_pb2.ListRegionsRequest(), timeout=5
+                found = await self.peers.device_call(
+                    pool, "ListRegions", device_pb2.ListRegionsRequest()
                 )
                 return pool.id, found
-            except grpc.aio.AioRpcError:
+            except RemoteError:
                 return pool.id, None
 
         pending = list(self.pools.values())

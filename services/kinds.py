@@ -77,4 +77,5 @@ def create_device(
     )
     state.on_health = host.set_serving
     peers.register_bus(device.address, bus_servicer)
+    peers.register_device(device.address, device_servicer)
     return DeviceHandle(state, host)

@@ -9,14 +9,15 @@ still speaks gRPC. Both paths raise the same errors.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, Protocol, cast
 
 import grpc
 
-from cmemu.v1 import fabric_pb2_grpc, ub_pb2, ub_pb2_grpc
+from cmemu.v1 import device_pb2_grpc, fabric_pb2_grpc, ub_pb2, ub_pb2_grpc
 from emulator.errors import EmulatorError
 from emulator.topology import Device, ServiceKind, Topology
-from services.status import RemoteError, status_of
+from services.status import Context, RemoteError, status_of
 
 CLIENT_OPTIONS = (
     ("grpc.max_receive_message_length", 8 * 2**20),
@@ -34,15 +35,33 @@ class LocalFabric(Protocol):
     ) -> ub_pb2.UbCompletion: ...
 
 
+class LocalContext:
+    """What a servicer method needs of its context when called in-process: no deadline, and an
+    abort that raises the status for the caller instead of sending it."""
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+        raise RemoteError(code, details)
+
+
+LOCAL_CONTEXT = cast(Context, LocalContext())
+
+
 class Peers:
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._local_bus: dict[str, LocalBus] = {}
+        self._local_device: dict[str, Any] = {}
         self._local_fabric: LocalFabric | None = None
 
     def register_bus(self, address: str, bus: LocalBus) -> None:
         self._local_bus[address] = bus
+
+    def register_device(self, address: str, servicer: Any) -> None:
+        self._local_device[address] = servicer
 
     def register_fabric(self, fabric: LocalFabric) -> None:
         self._local_fabric = fabric
@@ -88,6 +107,54 @@ class Peers:
             return completion
         except grpc.aio.AioRpcError as exc:
             raise RemoteError(exc.code(), exc.details() or exc.code().name) from exc
+
+    async def device_call(
+        self, device: Device, method: str, request: Any, deadline_s: float | None = 5.0
+    ) -> Any:
+        """A cmemu.v1.Device method of `device`: in-process directly, else over gRPC."""
+        return await self._call(
+            device,
+            method,
+            request,
+            deadline_s,
+            local=self._local_device,
+            stub=device_pb2_grpc.DeviceStub,
+        )
+
+    async def bus_call(
+        self, device: Device, method: str, request: Any, deadline_s: float | None = None
+    ) -> Any:
+        """A cmemu.v1.UnifiedBus method of `device` (Submit, Receive)."""
+        return await self._call(
+            device,
+            method,
+            request,
+            deadline_s,
+            local=self._local_bus,
+            stub=ub_pb2_grpc.UnifiedBusStub,
+        )
+
+    async def _call(
+        self,
+        device: Device,
+        method: str,
+        request: Any,
+        deadline_s: float | None,
+        *,
+        local: Mapping[str, Any],
+        stub: Callable[[grpc.aio.Channel], Any],
+    ) -> Any:
+        servicer = local.get(device.address)
+        try:
+            if servicer is not None:
+                return await getattr(servicer, method)(request, LOCAL_CONTEXT)
+            return await getattr(stub(self.channel(device.address)), method)(
+                request, timeout=deadline_s
+            )
+        except RemoteError as exc:
+            raise RemoteError(exc.code, f"{device.id}: {exc}") from exc
+        except grpc.aio.AioRpcError as exc:
+            raise RemoteError(exc.code(), f"{device.id}: {exc.details()}") from exc
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
