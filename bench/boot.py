@@ -9,18 +9,14 @@ Targets on a 2-core machine: cm384 within 3 s and 400 MB; stretch cm8192 within 
 from __future__ import annotations
 
 import argparse
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from emulator.testing import free_port_block
+from emulator.testing import cmemu_up, free_port_block
 from emulator.topology import build, server_count
-
-CMEMU = str(Path(sys.executable).parent / "cmemu")
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -38,34 +34,9 @@ def one_run(preset: str, addressing: str, timeout_s: float) -> tuple[float, floa
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state.json"
         started = time.perf_counter()
-        proc = subprocess.Popen(
-            [
-                CMEMU,
-                "--log-level",
-                "warning",
-                "up",
-                "--preset",
-                preset,
-                *where,
-                "--state-file",
-                str(state),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        try:
-            while not state.exists():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"cmemu up exited with {proc.returncode}")
-                if time.perf_counter() - started > timeout_s:
-                    raise RuntimeError(f"not SERVING within {timeout_s} s")
-                time.sleep(0.01)
+        with cmemu_up(state, "--preset", preset, *where, timeout_s=timeout_s, quiet=True) as proc:
             boot_s = time.perf_counter() - started
             rss = peak_rss_mb(proc.pid)
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
     return boot_s, rss
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,9 +27,7 @@ import aiomqtt
 from emulator.broker import Broker
 from emulator.events import EventBus
 from emulator.logs import configure_logging
-from emulator.testing import free_port_block
-
-CMEMU = str(Path(sys.executable).parent / "cmemu")
+from emulator.testing import cmemu_up, free_port_block
 
 
 def pss_mb(root: int) -> float:
@@ -50,35 +47,12 @@ def boot(args: list[str], timeout_s: float = 300) -> tuple[float, float, int]:
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state.json"
         started = time.perf_counter()
-        proc = subprocess.Popen(
-            [
-                CMEMU,
-                "--log-level",
-                "warning",
-                "up",
-                *args,
-                "--broker",
-                "none",
-                "--state-file",
-                str(state),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        try:
-            while not state.exists():
-                if proc.poll() is not None or time.perf_counter() - started > timeout_s:
-                    raise RuntimeError(f"cmemu up {' '.join(args)} did not come up")
-                time.sleep(0.05)
+        with cmemu_up(state, *args, "--broker", "none", timeout_s=timeout_s, quiet=True) as proc:
             seconds = time.perf_counter() - started
-            processes = 1 + len(
-                subprocess.run(
-                    ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
-                ).stdout.split()
-            )
-            return seconds, pss_mb(proc.pid), processes
-        finally:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=120)
+            children = subprocess.run(
+                ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
+            ).stdout.split()
+            return seconds, pss_mb(proc.pid), 1 + len(children)
 
 
 async def events_per_second(url: str, count: int) -> float:

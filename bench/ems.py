@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,10 +30,9 @@ from cmemu.v1 import ems_pb2, ems_pb2_grpc
 from emulator import state
 from emulator.client import Clients
 from emulator.hardware import DEFAULT_PROFILE
-from emulator.testing import free_port_block
+from emulator.testing import cmemu_up, free_port_block
 from emulator.topology import ServiceKind, Topology, build, server_count
 
-CMEMU = str(Path(sys.executable).parent / "cmemu")
 KV_BYTES_PER_TOKEN = 61 * 576  # INT8 latent KV of every layer
 PROMPT = 4096
 BLOCK = 128
@@ -178,34 +175,10 @@ def main() -> int:
     base = free_port_block(server_count(build("cm384")))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "state.json"
-        proc = subprocess.Popen(
-            [
-                CMEMU,
-                "--log-level",
-                "warning",
-                "up",
-                "--preset",
-                "cm384",
-                "--base-port",
-                str(base),
-                "--broker",
-                "none",
-                "--state-file",
-                str(path),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 120
-            while not path.exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("cmemu up did not come up")
-                time.sleep(0.05)
+        args_up = ("--preset", "cm384", "--base-port", str(base), "--broker", "none")
+        with cmemu_up(path, *args_up, quiet=True):
             print("cm384 in one process (cmemu up); client in this process")
             asyncio.run(main_async(path, args))
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
     return 0
 
 

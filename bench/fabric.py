@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,10 +28,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
 from emulator import state
 from emulator.client import Clients
-from emulator.testing import free_port_block
+from emulator.testing import cmemu_up, free_port_block
 from emulator.topology import Topology, build, server_count
-
-CMEMU = str(Path(sys.executable).parent / "cmemu")
 
 
 async def rate(call: Callable[[], Awaitable[object]], seconds: float, concurrency: int) -> float:
@@ -142,32 +138,9 @@ def main() -> int:
     base = free_port_block(server_count(build("cm384")))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "state.json"
-        proc = subprocess.Popen(
-            [
-                CMEMU,
-                "--log-level",
-                "warning",
-                "up",
-                "--preset",
-                "cm384",
-                "--base-port",
-                str(base),
-                "--state-file",
-                str(path),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 120
-            while not path.exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("cmemu up did not come up")
-                time.sleep(0.05)
+        with cmemu_up(path, "--preset", "cm384", "--base-port", str(base), quiet=True):
             print("cm384 in one process (cmemu up); client in this process")
             asyncio.run(main_async(args, path))
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
     return 0
 
 

@@ -5,16 +5,21 @@ They start real servers on real ports; nothing here fakes a device.
 
 from __future__ import annotations
 
+import signal
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 
 from emulator.client import Clients
 from emulator.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.inprocess import InProcessSupernode
+from emulator.launch import CMEMU
 from emulator.topology import PortPlan, build, server_count
 
-__all__ = ["Clients", "free_port_block", "running_supernode"]
+__all__ = ["CMEMU", "Clients", "cmemu_up", "free_port_block", "running_supernode"]
 
 # Below Linux's ephemeral range (32768+), so that client sockets do not take these ports.
 SEARCH_FROM, SEARCH_TO = 22000, 32000
@@ -55,3 +60,47 @@ async def running_supernode(
         topology, profile=profile, drain_s=0.0, broker=broker
     ) as supernode:
         yield supernode
+
+
+@contextmanager
+def cmemu_up(
+    state_file: Path,
+    *args: str,
+    timeout_s: float = 120.0,
+    output: list[str] | None = None,
+    quiet: bool = False,
+) -> Iterator[subprocess.Popen[str]]:
+    """`cmemu up ARGS --state-file STATE_FILE` as a real process, yielded once it has written
+    the state file (every server SERVING); on exit SIGINT, and its stdout appended to `output`."""
+    sink = subprocess.DEVNULL if quiet else subprocess.PIPE
+    proc = subprocess.Popen(
+        [
+            CMEMU,
+            *(["--log-level", "warning"] if quiet else []),
+            "up",
+            *args,
+            "--state-file",
+            str(state_file),
+        ],
+        stdout=sink,
+        stderr=sink,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not state_file.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(f"cmemu up exited {proc.returncode}: {proc.communicate()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cmemu up wrote no state file within {timeout_s} s")
+            time.sleep(0.01)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except ValueError:  # the caller already read it to the end
+            out = ""
+        if output is not None:
+            output.append(out or "")

@@ -7,6 +7,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -20,7 +21,7 @@ import pytest
 from cmemu.v1 import device_pb2
 from emulator.broker import Broker, topic_matches
 from emulator.hardware import DEFAULT_PROFILE
-from emulator.testing import Clients, free_port_block, running_supernode
+from emulator.testing import CMEMU, Clients, cmemu_up, free_port_block, running_supernode
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 BROKER_PORTS = 31000
@@ -180,30 +181,10 @@ async def test_a_bad_broker_url_is_refused() -> None:
 
 
 def test_cmemu_watch_prints_live_events(tmp_path: Path) -> None:
-    import sys
-
-    cmemu = str(Path(sys.executable).parent / "cmemu")
+    cmemu = CMEMU
     state_file = tmp_path / "state.json"
     base = free_port_block(SERVERS)
-    up = subprocess.Popen(
-        [
-            cmemu,
-            "up",
-            "--preset",
-            "cm-mini",
-            "--base-port",
-            str(base),
-            "--state-file",
-            str(state_file),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not state_file.exists():
-            assert up.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+    with cmemu_up(state_file, "--preset", "cm-mini", "--base-port", str(base), quiet=True):
         watch = subprocess.Popen(
             [
                 cmemu,
@@ -241,9 +222,6 @@ def test_cmemu_watch_prints_live_events(tmp_path: Path) -> None:
         lines = out.strip().splitlines()
         assert len(lines) == 2 and all("n01-npu1" in line for line in lines)
         assert "fault" in lines[0] and "reason=watch me" in lines[0]
-    finally:
-        up.terminate()
-        up.wait(timeout=30)
     gone = subprocess.run(
         [cmemu, "watch", "--state-file", str(state_file)],
         capture_output=True,

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from emulator.testing import CMEMU, cmemu_up
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-CMEMU = str(BIN / "cmemu")
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -39,25 +40,8 @@ def serve_processes() -> list[int]:
 def up(
     state_file: Path, *args: str, output: list[str] | None = None
 ) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        [CMEMU, "up", "--state-file", str(state_file), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not state_file.exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "not SERVING within 120 s"
-            time.sleep(0.1)
+    with cmemu_up(state_file, *args, output=output) as proc:
         yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-        if output is not None:
-            output.append(out)
     assert not serve_processes(), "a serve process outlived its supervisor"
 
 

@@ -6,7 +6,6 @@ import json
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from emulator.testing import free_port_block
+from emulator import testing
+from emulator.testing import CMEMU, free_port_block
 
-CMEMU = str(Path(sys.executable).parent / "cmemu")
 MINI_DEVICES = 26
 MINI_SERVERS = MINI_DEVICES + 2  # and the fabric and EMS
 
@@ -28,44 +27,16 @@ def cmemu(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 
 @contextmanager
-def cmemu_up(
-    state_file: Path, *extra: str, preset: str = "cm-mini"
-) -> Iterator[tuple[subprocess.Popen[str], int]]:
+def mini_up(state_file: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
     base = free_port_block(MINI_SERVERS)
-    proc = subprocess.Popen(
-        [
-            CMEMU,
-            "up",
-            "--preset",
-            preset,
-            "--base-port",
-            str(base),
-            "--state-file",
-            str(state_file),
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not state_file.exists():
-            if proc.poll() is not None:
-                raise AssertionError(f"cmemu up exited {proc.returncode}: {proc.communicate()}")
-            if time.monotonic() > deadline:
-                raise AssertionError("cmemu up wrote no state file within 60 s")
-            time.sleep(0.05)
+    args = ("--preset", "cm-mini", "--base-port", str(base), *extra)
+    with testing.cmemu_up(state_file, *args, timeout_s=60) as proc:
         yield proc, base
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 def test_up_ls_probe_and_graceful_stop(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
-    with cmemu_up(state_file) as (proc, base):
+    with mini_up(state_file) as (proc, base):
         doc = json.loads(state_file.read_text())
         assert doc["preset"] == "cm-mini" and doc["launcher"]["pid"] == proc.pid
         assert doc["devices"][0]["address"] == f"127.0.0.1:{base}"
@@ -100,7 +71,7 @@ def test_up_ls_probe_and_graceful_stop(tmp_path: Path) -> None:
 
 def test_health_turns_not_serving_before_the_servers_stop(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
-    with cmemu_up(state_file, "--drain", "3") as (proc, base):
+    with mini_up(state_file, "--drain", "3") as (proc, base):
         proc.send_signal(signal.SIGINT)
         deadline = time.monotonic() + 2.5
         seen = ""
@@ -188,7 +159,7 @@ def test_loopback_addressing_gives_each_device_its_own_ip() -> None:
 
 def test_xfer_and_links_against_a_running_emulator(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
-    with cmemu_up(state_file) as (proc, _):
+    with mini_up(state_file) as (proc, _):
         small = cmemu(
             "xfer",
             "n00-npu0",
