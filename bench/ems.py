@@ -20,8 +20,7 @@ import asyncio
 import random
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -30,7 +29,7 @@ from cmemu.v1 import ems_pb2, ems_pb2_grpc
 from emulator import state
 from emulator.client import Clients
 from emulator.hardware import DEFAULT_PROFILE
-from emulator.testing import cmemu_up, free_port_block
+from emulator.testing import calls_per_second, cmemu_up, free_port_block
 from emulator.topology import ServiceKind, Topology, build, server_count
 
 KV_BYTES_PER_TOKEN = 61 * 576  # INT8 latent KV of every layer
@@ -38,25 +37,10 @@ PROMPT = 4096
 BLOCK = 128
 
 
-async def rate(call: Callable[[], Awaitable[object]], seconds: float, concurrency: int) -> float:
-    done = 0
-    stop_at = time.perf_counter() + seconds
-
-    async def loop() -> None:
-        nonlocal done
-        while time.perf_counter() < stop_at:
-            await call()
-            done += 1
-
-    started = time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(concurrency)))
-    return done / (time.perf_counter() - started)
-
-
 async def throughput(
     clients: Clients, ems: ems_pb2_grpc.EmsAsyncStub, address: str, args: argparse.Namespace
 ) -> None:
-    health = health_pb2_grpc.HealthStub(clients._channel_to(address))
+    health = health_pb2_grpc.HealthStub(clients.channel_to(address))
     ping = health_pb2.HealthCheckRequest()
     counter = iter(range(10**9))
     value = bytes(range(256)) * 4
@@ -69,10 +53,10 @@ async def throughput(
 
     for i in range(512):
         await ems.Put(ems_pb2.PutRequest(key=f"tp-{i}", data=value))
-    await rate(lambda: health.Check(ping), 0.5, args.concurrency)
-    pings = await rate(lambda: health.Check(ping), args.seconds, args.concurrency)
-    puts = await rate(put, args.seconds, args.concurrency)
-    gets = await rate(get, args.seconds, args.concurrency)
+    await calls_per_second(lambda: health.Check(ping), 0.5, args.concurrency)
+    pings = await calls_per_second(lambda: health.Check(ping), args.seconds, args.concurrency)
+    puts = await calls_per_second(put, args.seconds, args.concurrency)
+    gets = await calls_per_second(get, args.seconds, args.concurrency)
     print(
         f"ping_per_s             {pings:,.0f}  (health Check on EMS, {args.concurrency} in flight)"
     )
@@ -148,7 +132,7 @@ async def main_async(path: Path, args: argparse.Namespace) -> None:
     topology = state.read(path)
     clients = Clients(topology)
     address = topology.service(ServiceKind.EMS).address
-    ems = ems_pb2_grpc.EmsStub(clients._channel_to(address))
+    ems = ems_pb2_grpc.EmsStub(clients.channel_to(address))
     try:
         await throughput(clients, ems, address, args)
         await kv_fetch(topology, ems)

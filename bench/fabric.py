@@ -20,7 +20,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -28,24 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
 from emulator import state
 from emulator.client import Clients
-from emulator.testing import cmemu_up, free_port_block
+from emulator.testing import calls_per_second, cmemu_up, free_port_block
 from emulator.topology import Topology, build, server_count
-
-
-async def rate(call: Callable[[], Awaitable[object]], seconds: float, concurrency: int) -> float:
-    """Calls per second completed by `concurrency` loops over `seconds` of wall time."""
-    done = 0
-    stop_at = time.perf_counter() + seconds
-
-    async def loop() -> None:
-        nonlocal done
-        while time.perf_counter() < stop_at:
-            await call()
-            done += 1
-
-    started = time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(concurrency)))
-    return done / (time.perf_counter() - started)
 
 
 async def throughput(
@@ -61,12 +44,12 @@ async def throughput(
         data=bytes(64),
     )
     bus = clients.bus("n00-npu0")
-    health = health_pb2_grpc.HealthStub(clients._channel("n00-npu0"))
+    health = health_pb2_grpc.HealthStub(clients.channel("n00-npu0"))
     ping = health_pb2.HealthCheckRequest()
-    await rate(lambda: health.Check(ping), 0.5, concurrency)  # warm up both paths
-    await rate(lambda: bus.Submit(write), 0.5, concurrency)
-    pings = await rate(lambda: health.Check(ping), seconds, concurrency)
-    ub = await rate(lambda: bus.Submit(write), seconds, concurrency)
+    await calls_per_second(lambda: health.Check(ping), 0.5, concurrency)  # warm up both paths
+    await calls_per_second(lambda: bus.Submit(write), 0.5, concurrency)
+    pings = await calls_per_second(lambda: health.Check(ping), seconds, concurrency)
+    ub = await calls_per_second(lambda: bus.Submit(write), seconds, concurrency)
     print(f"ping_per_s             {pings:,.0f}  (grpc.health.v1 Check, {concurrency} in flight)")
     print(f"ub_tx_per_s            {ub:,.0f}  (64-byte UB writes through the fabric)")
     print(f"ub_to_ping_ratio       {ub / pings:.2f}  (target >= 0.4)")

@@ -24,32 +24,32 @@ class Clients:
         self.topology = topology
         self._peers = Peers(topology)
 
-    def _channel_to(self, address: str) -> grpc.aio.Channel:
+    def channel_to(self, address: str) -> grpc.aio.Channel:
         return self._peers.channel(address)
 
-    def _channel(self, device_id: str) -> grpc.aio.Channel:
+    def channel(self, device_id: str) -> grpc.aio.Channel:
         return self._peers.channel(self.topology.device(device_id).address)
 
     def device(self, device_id: str) -> device_pb2_grpc.DeviceAsyncStub:
-        return device_pb2_grpc.DeviceStub(self._channel(device_id))
+        return device_pb2_grpc.DeviceStub(self.channel(device_id))
 
     def bus(self, device_id: str) -> ub_pb2_grpc.UnifiedBusAsyncStub:
-        return ub_pb2_grpc.UnifiedBusStub(self._channel(device_id))
+        return ub_pb2_grpc.UnifiedBusStub(self.channel(device_id))
 
     def npu(self, device_id: str) -> npu_pb2_grpc.NpuAsyncStub:
-        return npu_pb2_grpc.NpuStub(self._channel(device_id))
+        return npu_pb2_grpc.NpuStub(self.channel(device_id))
 
     def cpu(self, device_id: str) -> cpu_pb2_grpc.CpuAsyncStub:
-        return cpu_pb2_grpc.CpuStub(self._channel(device_id))
+        return cpu_pb2_grpc.CpuStub(self.channel(device_id))
 
     def fabric(self) -> fabric_pb2_grpc.FabricAsyncStub:
         return self._peers.fabric()
 
     def mempool(self, device_id: str) -> mempool_pb2_grpc.MemoryPoolAsyncStub:
-        return mempool_pb2_grpc.MemoryPoolStub(self._channel(device_id))
+        return mempool_pb2_grpc.MemoryPoolStub(self.channel(device_id))
 
     async def health(self, device_id: str, service: str = "") -> str:
-        return await health.check(self._channel(device_id), service)
+        return await health.check(self.channel(device_id), service)
 
     async def close(self) -> None:
         await self._peers.close()

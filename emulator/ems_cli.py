@@ -29,7 +29,7 @@ async def _with_ems(args: argparse.Namespace, call: Any) -> Any:
     topology = state.read(state.path_from(args.state_file))
     clients = Clients(topology)
     try:
-        stub = ems_pb2_grpc.EmsStub(clients._channel_to(topology.service(ServiceKind.EMS).address))
+        stub = ems_pb2_grpc.EmsStub(clients.channel_to(topology.service(ServiceKind.EMS).address))
         return await call(stub)
     finally:
         await clients.close()

@@ -5,11 +5,12 @@ They start real servers on real ports; nothing here fakes a device.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -19,7 +20,14 @@ from emulator.inprocess import InProcessSupernode
 from emulator.launch import CMEMU
 from emulator.topology import PortPlan, build, server_count
 
-__all__ = ["CMEMU", "Clients", "cmemu_up", "free_port_block", "running_supernode"]
+__all__ = [
+    "CMEMU",
+    "Clients",
+    "calls_per_second",
+    "cmemu_up",
+    "free_port_block",
+    "running_supernode",
+]
 
 # Below Linux's ephemeral range (32768+), so that client sockets do not take these ports.
 SEARCH_FROM, SEARCH_TO = 22000, 32000
@@ -104,3 +112,22 @@ def cmemu_up(
             out = ""
         if output is not None:
             output.append(out or "")
+
+
+async def calls_per_second(
+    call: Callable[[], Awaitable[object]], seconds: float, concurrency: int
+) -> float:
+    """Calls per second completed by `concurrency` loops over `seconds` of wall time: the load
+    loop of the benchmarks."""
+    done = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def loop() -> None:
+        nonlocal done
+        while time.perf_counter() < stop_at:
+            await call()
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+    return done / (time.perf_counter() - started)

@@ -21,7 +21,7 @@ KIB = 1024
 
 def _ems(clients: Clients) -> ems_pb2_grpc.EmsAsyncStub:
     address = clients.topology.service(ServiceKind.EMS).address
-    return ems_pb2_grpc.EmsStub(clients._peers.channel(address))
+    return ems_pb2_grpc.EmsStub(clients.channel_to(address))
 
 
 async def _status(call: object) -> str:

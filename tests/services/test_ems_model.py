@@ -36,7 +36,7 @@ class Remote:
         supernode = await self._context.__aenter__()
         self.clients = Clients(supernode.topology)
         address = supernode.topology.service(ServiceKind.EMS).address
-        self.ems = ems_pb2_grpc.EmsStub(self.clients._peers.channel(address))
+        self.ems = ems_pb2_grpc.EmsStub(self.clients.channel_to(address))
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
