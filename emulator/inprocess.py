@@ -124,6 +124,7 @@ class InProcessSupernode:
                 profile=self.profile,
                 clock=clock,
                 peers=self._peers,
+                events=self.events,
             )
             service_hosts.append(fabric_host)
         ems = self.topology.service(ServiceKind.EMS)

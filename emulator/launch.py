@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import sys
 import time
@@ -85,8 +86,8 @@ async def _serve_until_signal(
 async def _up_inprocess(args: argparse.Namespace, topology: Topology, path: Path) -> None:
     stop = _stop_event()
     started = time.perf_counter()
-    ssd = path.parent / f"ems-ssd-{os.getpid()}"
-    async with InProcessSupernode(topology, drain_s=args.drain, ems_ssd_dir=ssd) as supernode:
+    # EMS's SSD tier lives as long as this process: its DRAM copies die with it anyway
+    async with InProcessSupernode(topology, drain_s=args.drain) as supernode:
         await _serve_until_signal(supernode.topology, path, "inprocess", started, stop)
 
 
@@ -182,6 +183,11 @@ async def _supervise(
         await _serve_until_signal(topology, path, mode, started, stop)
     finally:
         await asyncio.gather(*(s.stop() for s in reversed(supervisors)))
+        deaths = [r for s in supervisors for r in s.died]
+        if deaths:  # their logs explain them: keep the run directory
+            print(f"cmemu: logs of the processes that died are in {run_dir / 'logs'}", flush=True)
+        else:
+            await asyncio.to_thread(shutil.rmtree, run_dir, True)
 
 
 def _run_dir(path: Path) -> Path:

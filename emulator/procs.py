@@ -52,6 +52,7 @@ class Supervisor:
         self.on_exit = on_exit
         self.running: dict[str, Running] = {}
         self.stopping = False
+        self.died: list[Running] = []  # on their own, before the supervisor stopped them
         self._watchers: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -78,6 +79,7 @@ class Supervisor:
     async def _watch(self, running: Running) -> None:
         running.returncode = await running.proc.wait()
         if not self.stopping:
+            self.died.append(running)
             log.warning(
                 "process exited",
                 process=running.spec.name,

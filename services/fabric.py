@@ -22,6 +22,7 @@ from cmemu.v1 import fabric_pb2, fabric_pb2_grpc, ub_pb2
 from emulator.clock import Clock
 from emulator.collectives import ALGORITHMS, CollectiveSpec, CollectiveTiming, run_collective
 from emulator.errors import InvalidArgumentError, UnavailableError
+from emulator.events import EventBus
 from emulator.flowsim import LiveFlows
 from emulator.hardware import HardwareProfile
 from emulator.linkfaults import FaultSet, FaultSpec
@@ -55,9 +56,16 @@ class FabricState:
     name = "fabric"
 
     def __init__(
-        self, *, topology: Topology, profile: HardwareProfile, clock: Clock, peers: Peers
+        self,
+        *,
+        topology: Topology,
+        profile: HardwareProfile,
+        clock: Clock,
+        peers: Peers,
+        events: EventBus | None = None,
     ) -> None:
         self.topology = topology
+        self.events = events
         self.profile = profile
         self.clock = clock
         self.peers = peers
@@ -69,6 +77,10 @@ class FabricState:
         self._clock_task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self.log = structlog.get_logger("cmemu.fabric").bind(device="fabric")
+
+    def publish(self, event: str, **detail: str) -> None:
+        if self.events is not None:
+            self.events.event(self.name, event, self.clock.now_ns(), **detail)
 
     def now_s(self) -> float:
         return self.clock.now_ns() / 1e9
@@ -359,6 +371,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         self.state.log.warning(
             "fault injected", fault=stored.id, kind=stored.kind, target=stored.target
         )
+        self.state.publish("fault", fault=stored.id, kind=stored.kind, target=stored.target)
         return _fault_proto(stored)
 
     @rpc
@@ -367,6 +380,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     ) -> fabric_pb2.FaultList:
         self.state.faults.clear(request.id)
         self.state.faults_changed()
+        self.state.publish("recovered", fault=request.id or "all")
         self.state.log.warning("fault cleared", fault=request.id or "all")
         return self._faults()
 
@@ -399,9 +413,15 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
 
 
 def create_fabric(
-    *, address: str, topology: Topology, profile: HardwareProfile, clock: Clock, peers: Peers
+    *,
+    address: str,
+    topology: Topology,
+    profile: HardwareProfile,
+    clock: Clock,
+    peers: Peers,
+    events: EventBus | None = None,
 ) -> tuple[FabricState, ServiceHost]:
-    state = FabricState(topology=topology, profile=profile, clock=clock, peers=peers)
+    state = FabricState(topology=topology, profile=profile, clock=clock, peers=peers, events=events)
     servicer = FabricServicer(state)
     peers.register_fabric(servicer)
     host = ServiceHost(

@@ -18,7 +18,7 @@ from typing import Any
 import aiomqtt
 import pytest
 
-from cmemu.v1 import device_pb2
+from cmemu.v1 import device_pb2, fabric_pb2
 from emulator.broker import Broker, topic_matches
 from emulator.hardware import DEFAULT_PROFILE
 from emulator.testing import CMEMU, Clients, cmemu_up, free_port_block, running_supernode
@@ -139,6 +139,14 @@ async def test_events_and_telemetry_reach_the_broker(kind: str, tmp_path: Path) 
             assert (fault["device"], fault["reason"]) == ("n00-cpu2", "thermal trip")
             await listener.wait_for(lambda: bool(listener.events("health")))
             assert listener.events("health")[0]["status"] == "NOT_SERVING"
+            await clients.fabric().InjectFault(
+                fabric_pb2.FabricFault(kind="switch-down", target="n01-l1s3")
+            )
+            await listener.wait_for(
+                lambda: any(p["device"] == "fabric" for p in listener.events("fault"))
+            )
+            switch = next(p for p in listener.events("fault") if p["device"] == "fabric")
+            assert (switch["kind"], switch["target"]) == ("switch-down", "n01-l1s3")
             telemetry = await clients.device("n00-cpu2").GetTelemetry(
                 device_pb2.GetTelemetryRequest()
             )
