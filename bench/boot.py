@@ -1,7 +1,7 @@
 """Boot benchmark: `cmemu up` from process start to all-SERVING (state file written), and peak RSS.
 
     python bench/boot.py                      # cm384, median of 3
-    python bench/boot.py --preset cm8192 --addressing loopback --runs 1
+    python bench/boot.py --preset cm8192 --addressing loopback --broker none --runs 1
 
 Targets on a 2-core machine: cm384 within 3 s and 400 MB; stretch cm8192 within 60 s and 4 GB.
 """
@@ -26,9 +26,9 @@ def peak_rss_mb(pid: int) -> float:
     raise RuntimeError("no VmHWM in /proc status")
 
 
-def one_run(preset: str, addressing: str, timeout_s: float) -> tuple[float, float]:
+def one_run(preset: str, addressing: str, timeout_s: float, broker: str) -> tuple[float, float]:
     servers = server_count(build(preset))
-    where = ["--addressing", addressing]
+    where = ["--addressing", addressing, *(["--broker", broker] if broker else [])]
     if addressing == "ports":
         where += ["--base-port", str(free_port_block(servers))]
     with tempfile.TemporaryDirectory() as tmp:
@@ -48,9 +48,14 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--addressing", choices=["ports", "loopback"], default="ports")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--broker", default="", help="passed to cmemu up ('none': no MQTT; default: embedded)"
+    )
     args = parser.parse_args()
     devices = len(build(args.preset).devices)
-    results = [one_run(args.preset, args.addressing, args.timeout) for _ in range(args.runs)]
+    results = [
+        one_run(args.preset, args.addressing, args.timeout, args.broker) for _ in range(args.runs)
+    ]
     boots = [b for b, _ in results]
     rss = [r for _, r in results]
     print(f"preset {args.preset}: {devices} devices, one gRPC server each, one process")

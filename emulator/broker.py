@@ -138,7 +138,11 @@ class Broker:
             for task in late:
                 task.cancel()
         if self._server is not None:
-            await self._server.wait_closed()
+            # Python 3.11's wait_closed also waits for every connection to detach: bounded, so
+            # that a client that never says goodbye cannot hold a shutdown forever
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

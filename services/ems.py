@@ -20,7 +20,6 @@ import grpc
 import structlog
 
 from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, ub_pb2
-from emulator import health
 from emulator.clock import Clock
 from emulator.ems import (
     HashRing,
@@ -509,12 +508,15 @@ class EmsState:
 
     async def sweep(self) -> None:
         async def probe(pool: Device) -> tuple[str, bool]:
+            """Up means reachable and not faulted: what its health says, without a health RPC
+            per pool per sweep when the pool shares this process."""
             try:
-                return pool.id, await health.check(
-                    self.peers.channel(pool.address), timeout_s=1.0
-                ) == "SERVING"
-            except grpc.aio.AioRpcError:
+                fault = await self.peers.device_call(
+                    pool, "GetFaultState", device_pb2.GetFaultStateRequest(), 1.0
+                )
+            except RemoteError:
                 return pool.id, False
+            return pool.id, not fault.faulted
 
         for pool_id, up in await asyncio.gather(*(probe(p) for p in self.pools.values())):
             self._mark(pool_id, healthy=up)
