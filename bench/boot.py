@@ -1,7 +1,7 @@
 """Boot benchmark: `cmemu up` from process start to all-SERVING (state file written), and peak RSS.
 
     python bench/boot.py                      # cm384, median of 3
-    python bench/boot.py --preset cm8192 --addressing loopback --broker none --runs 1
+    python bench/boot.py --preset cm8192 --addressing loopback --runs 1
 
 Targets on a 2-core machine: cm384 within 3 s and 400 MB; stretch cm8192 within 60 s and 4 GB.
 """

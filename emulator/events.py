@@ -64,6 +64,7 @@ class EventBus:
         self._nonempty = asyncio.Event()
         self._drained = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def pending(self) -> int:
@@ -108,7 +109,7 @@ class EventBus:
                 ) as client:
                     self.connected, backoff = True, 0.2
                     log.info("broker connected", broker=self.url, pending=len(self._pending))
-                    while True:
+                    while not self._closing:
                         if not self._pending:
                             self._nonempty.clear()
                             self._drained.set()
@@ -127,8 +128,12 @@ class EventBus:
                         pending=len(self._pending),
                     )
                 self.connected, self.last_error = False, str(exc)
+                if self._closing:
+                    return
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+            else:
+                return  # closing: the client disconnected cleanly on the way out
 
     async def close(self, flush_s: float = 1.0) -> None:
         """Give the last events (the `stopped` ones) a moment to leave, then disconnect."""
@@ -137,8 +142,12 @@ class EventBus:
                 async with asyncio.timeout(flush_s):
                     await self._drained.wait()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Let an in-flight QoS 1 publish finish and the client disconnect cleanly: cancelling
+            # aiomqtt mid-publish can leave its exit waiting on an acknowledgement forever.
+            self._closing = True
+            self._nonempty.set()
+            _, late = await asyncio.wait([self._task], timeout=5.0)
+            for task in late:
+                task.cancel()
             self._task = None
         self.connected = False

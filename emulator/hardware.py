@@ -147,6 +147,7 @@ class EmulatorLimits:
     store_page_bytes: int = fig(4096, "assumed")
     collective_detail_max_flows: int = fig(20_000, "assumed")
     telemetry_interval_s: float = fig(10.0, "assumed")  # emulated seconds between samples
+    telemetry_max_per_s: float = fig(200.0, "assumed")  # per process: the interval stretches
     event_buffer_max: int = fig(10_000, "assumed")  # per process, while the broker is away
     collective_max_flows: int = fig(2_000_000, "assumed")
 

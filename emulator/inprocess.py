@@ -99,7 +99,8 @@ class InProcessSupernode:
             self.events = EventBus(
                 self.broker,
                 self.topology.supernode,
-                buffer_max=self.profile.limits.event_buffer_max,
+                # room for every hosted server's started, health and stopped events at once
+                buffer_max=max(self.profile.limits.event_buffer_max, 4 * len(self.hosted)),
             )
             self.events.start()
         self.handles = {
@@ -179,14 +180,27 @@ class InProcessSupernode:
             self.events.event(host.name, event, now, address=host.address, **detail)
 
     async def _telemetry_loop(self) -> None:
-        """Owned task: every device's telemetry, every telemetry interval of emulated time."""
+        """Owned task: every device's telemetry, every telemetry interval of emulated time,
+        spread over the interval in small batches. One process publishes at most
+        telemetry_max_per_s samples a second: past that (thousands of devices in one process, or
+        a fast time_scale) the interval stretches rather than the process drowning in MQTT."""
         assert self.events is not None
-        interval = self.profile.limits.telemetry_interval_s / self.topology.time_scale
+        limits = self.profile.limits
+        handles = list(self.handles.values())
+        interval = max(
+            limits.telemetry_interval_s / self.topology.time_scale,
+            len(handles) / limits.telemetry_max_per_s,
+        )
+        batch = 64
+        pause = interval / max(1, -(-len(handles) // batch))
         while True:
-            await asyncio.sleep(interval)
-            for handle in self.handles.values():
-                sample = MessageToDict(handle.state.telemetry(), preserving_proto_field_name=True)
-                self.events.telemetry(handle.state.device.id, sample)
+            for start in range(0, len(handles), batch):
+                await asyncio.sleep(pause)
+                for handle in handles[start : start + batch]:
+                    sample = MessageToDict(
+                        handle.state.telemetry(), preserving_proto_field_name=True
+                    )
+                    self.events.telemetry(handle.state.device.id, sample)
 
     async def _verify_serving(self) -> None:
         """Ask every hosted server over gRPC, as a client would: starting is not serving."""
