@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import zlib
 from pathlib import Path
 from typing import Any, cast
@@ -41,6 +39,7 @@ from emulator.errors import (
     UnavailableError,
 )
 from emulator.hardware import HardwareProfile
+from emulator.ssd import SsdTier
 from emulator.topology import Device, DeviceKind, Topology
 from services.host import ServiceHost
 from services.peers import Peers
@@ -94,9 +93,7 @@ class EmsState:
         self.healthy = dict.fromkeys(self.pools, True)
         pool_bytes = profile.node.cpus * profile.cpu.pooled_bytes
         self.capacity_per_pool = int(pool_bytes * self.ems.dram_share)
-        self.ssd_dir = ssd_dir
-        self.ssd_capacity = len(topology.nodes) * self.ems.ssd_bytes_per_node
-        self.ssd_used = 0
+        self.ssd = SsdTier(ssd_dir, len(topology.nodes) * self.ems.ssd_bytes_per_node)
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "corrupt": 0}
         self.lock = asyncio.Lock()
         self._sweeper: asyncio.Task[None] | None = None
@@ -164,11 +161,10 @@ class EmsState:
         """To SSD when it has room, else out of the store."""
         self.stats["evictions"] += 1
         data = await self._read_bytes(meta) if meta.real else b""
-        if self.ssd_used + meta.size <= self.ssd_capacity:
-            await asyncio.to_thread(self._ssd_write, meta, data)
+        if self.ssd.fits(meta.size):
+            await asyncio.to_thread(self.ssd.write, meta, data)
             await self._free_copies(meta)
             meta.tier = Tier.SSD
-            self.ssd_used += meta.size
             log.info("evicted to ssd", key=meta.key, size=meta.size)
         else:
             await self._free_copies(meta)
@@ -201,25 +197,6 @@ class EmsState:
         request = device_pb2.AllocateRegionRequest(size=meta.size, label=encode_label(meta))
         region = await self._call(self.pools[pool], "device", "AllocateRegion", request)
         return Replica(region_id=region.region_id, offset=region.offset)
-
-    # --- SSD tier ------------------------------------------------------------------------------
-
-    def _ssd_path(self, key: str) -> Path:
-        return self.ssd_dir / hashlib.sha256(key.encode()).hexdigest()
-
-    def _ssd_write(self, meta: ObjectMeta, data: bytes) -> None:
-        self.ssd_dir.mkdir(parents=True, exist_ok=True)
-        path = self._ssd_path(meta.key)
-        path.with_suffix(".bin").write_bytes(data)
-        head = {"label": encode_label(meta)}
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(head))
-        tmp.replace(path.with_suffix(".json"))  # the object exists on SSD once this lands
-
-    def _ssd_remove(self, key: str) -> None:
-        path = self._ssd_path(key)
-        path.with_suffix(".json").unlink(missing_ok=True)
-        path.with_suffix(".bin").unlink(missing_ok=True)
 
     # --- operations ----------------------------------------------------------------------------
 
@@ -300,8 +277,7 @@ class EmsState:
     async def _drop(self, meta: ObjectMeta) -> None:
         await self._free_copies(meta)
         if meta.tier is Tier.SSD:
-            await asyncio.to_thread(self._ssd_remove, meta.key)
-            self.ssd_used -= meta.size
+            await asyncio.to_thread(self.ssd.remove, meta)
         self.index.remove(meta.key)
 
     async def get(self, request: ems_pb2.GetRequest) -> ems_pb2.GetResponse:
@@ -318,7 +294,7 @@ class EmsState:
             tier=TIERS[meta.tier],
         )
         if meta.tier is Tier.SSD:
-            data = await asyncio.to_thread(self._ssd_path(meta.key).with_suffix(".bin").read_bytes)
+            data = await asyncio.to_thread(self.ssd.read, meta.key)
             if meta.real and zlib.crc32(data) != meta.crc:
                 self.stats["corrupt"] += 1
                 raise DataLossError(f"the SSD copy of {meta.key!r} fails its checksum")
@@ -426,8 +402,8 @@ class EmsState:
             dram_capacity_bytes=self.capacity_per_pool * len(self.pools),
             dram_used_bytes=sum(self.index.pool_bytes.values()),
             ssd_objects=len(objects) - len(dram),
-            ssd_used_bytes=self.ssd_used,
-            ssd_capacity_bytes=self.ssd_capacity,
+            ssd_used_bytes=self.ssd.used,
+            ssd_capacity_bytes=self.ssd.capacity,
             replication_factor=self.ems.replication_factor,
             under_replicated=sum(1 for m in dram if len(self._live(m)) < self._wanted()),
             hits=self.stats["hits"],
@@ -472,13 +448,10 @@ class EmsState:
                 break
             if pending:
                 await asyncio.sleep(0.2)
-        for head in await asyncio.to_thread(lambda: sorted(self.ssd_dir.glob("*.json"))):
-            meta = decode_label(json.loads(head.read_text())["label"])
-            if meta is not None and meta.key not in self.index.objects:
-                meta.tier = Tier.SSD
+        for meta in await asyncio.to_thread(self.ssd.load):
+            if meta.key not in self.index.objects:
                 self.index.add(meta)
-                self.ssd_used += meta.size
-        log.info("index rebuilt", objects=len(self.index), ssd=self.ssd_used)
+        log.info("index rebuilt", objects=len(self.index), ssd=self.ssd.used)
 
     def _index_pool(self, pool_id: str, found: device_pb2.ListRegionsResponse) -> None:
         for region in found.regions:
