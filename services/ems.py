@@ -96,6 +96,7 @@ class EmsState:
         self.ssd = SsdTier(ssd_dir, len(topology.nodes) * self.ems.ssd_bytes_per_node)
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "corrupt": 0}
         self.lock = asyncio.Lock()
+        self.reserved: dict[str, int] = {}  # pool -> bytes of puts still writing their copies
         self._sweeper: asyncio.Task[None] | None = None
 
     # --- device access -------------------------------------------------------------------------
@@ -142,16 +143,34 @@ class EmsState:
     def _usable(self) -> list[str]:
         return [p for p, up in self.healthy.items() if up]
 
+    def _used(self, pool: str) -> int:
+        """Bytes of the pool's EMS share held by objects and by puts still writing."""
+        return self.index.pool_bytes.get(pool, 0) + self.reserved.get(pool, 0)
+
+    def _reserve(self, pools: list[str], size: int) -> None:
+        for pool in pools:
+            self.reserved[pool] = self.reserved.get(pool, 0) + size
+
+    async def _abandon(
+        self, meta: ObjectMeta, placed: dict[str, Replica], pools: list[str]
+    ) -> None:
+        """A put that failed half way: its reservations and regions go."""
+        self._reserve(pools, -meta.size)
+        for pool, replica in placed.items():  # never indexed: only the regions to give back
+            if self.healthy[pool]:
+                with contextlib.suppress(RemoteError):
+                    await self._free_region(self.pools[pool], replica.region_id)
+
     async def _make_room(self, pool: str, size: int) -> int:
         """Evict least-recently-used objects with a copy on `pool` until `size` fits."""
         if size > self.capacity_per_pool:
             raise CapacityError(f"EMS share of {pool}", size, self.capacity_per_pool)
         evicted = 0
         victims = self.index.lru_victims(pool)
-        while self.index.pool_bytes.get(pool, 0) + size > self.capacity_per_pool:
+        while self._used(pool) + size > self.capacity_per_pool:
             victim = next(victims, None)
             if victim is None:
-                free = self.capacity_per_pool - self.index.pool_bytes.get(pool, 0)
+                free = self.capacity_per_pool - self._used(pool)
                 raise CapacityError(f"EMS share of {pool} (the rest is pinned)", size, free)
             await self._evict(victim)
             evicted += 1
@@ -228,42 +247,48 @@ class EmsState:
             crc=zlib.crc32(request.data) if request.data else None,
             pinned=request.pinned,
         )
-        async with self.lock:
+        async with self.lock:  # placement and room; the copies are written outside the lock
             targets = self.ring.owners(meta.key, ems.replication_factor, usable=self._usable())
             if not targets:
                 raise UnavailableError("no memory pool is healthy")
-            old = self.index.get(meta.key)
             evicted = 0
             for pool in targets:
                 evicted += await self._make_room(pool, size)
+            self._reserve(targets, size)
             placed: dict[str, Replica] = {}
             try:
                 for pool in targets:
                     placed[pool] = await self._place(meta, pool)
-                timing = Timing()
-                done = await asyncio.gather(
-                    *(
-                        self._transfer(
-                            requester or self.pools[pool],
-                            ub_pb2.UB_OP_WRITE,
-                            pool=pool,
-                            replica=replica,
-                            meta=meta,
-                            data=request.data,
-                        )
-                        for pool, replica in placed.items()
-                    )
-                )
             except Exception:
-                staged = ObjectMeta(**{**meta.__dict__, "replicas": dict(placed)})
-                await self._free_copies(staged)
+                await self._abandon(meta, placed, targets)
                 raise
-            for completion in done:
-                timing.add(completion.issue_ns, completion.complete_ns)
+        try:
+            done = await asyncio.gather(
+                *(
+                    self._transfer(
+                        requester or self.pools[pool],
+                        ub_pb2.UB_OP_WRITE,
+                        pool=pool,
+                        replica=replica,
+                        meta=meta,
+                        data=request.data,
+                    )
+                    for pool, replica in placed.items()
+                )
+            )
+        except Exception:
+            async with self.lock:
+                await self._abandon(meta, placed, targets)
+            raise
+        timing = Timing()
+        for completion in done:
+            timing.add(completion.issue_ns, completion.complete_ns)
+        async with self.lock:
+            self._reserve(targets, -size)
+            old = self.index.get(meta.key)
             if old is not None:  # the new copies are in: only now let the old ones go
                 await self._drop(old)
-            for pool, replica in placed.items():
-                meta.replicas[pool] = replica
+            meta.replicas.update(placed)
             self.index.add(meta)
         return ems_pb2.PutResponse(
             key=meta.key,

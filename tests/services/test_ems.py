@@ -237,3 +237,19 @@ async def test_a_restarted_ems_rebuilds_its_index_from_the_pools(
     for key, value in data.items():
         got = await ems.Get(ems_pb2.GetRequest(key=key))
         assert got.data == value and got.kind == ems_pb2.OBJECT_KIND_WEIGHTS
+
+
+async def test_concurrent_puts_of_one_key_leave_one_object_and_no_stray_copies(
+    small: InProcessSupernode,
+) -> None:
+    clients = Clients(small.topology)
+    ems = _ems(clients)
+    values = [bytes([i]) * 1000 for i in range(10)]
+    await asyncio.gather(*(ems.Put(ems_pb2.PutRequest(key="race", data=v)) for v in values))
+    assert (await ems.Get(ems_pb2.GetRequest(key="race"))).data in values
+    stat = await ems.Stat(ems_pb2.StatRequest())
+    assert (stat.objects, stat.dram_used_bytes) == (1, 2000)
+    for pool in ("n00-mem", "n01-mem"):
+        regions = await clients.device(pool).ListRegions(device_pb2.ListRegionsRequest())
+        assert sum(r.label.endswith("|race") for r in regions.regions) == 1
+    await clients.close()
