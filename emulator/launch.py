@@ -199,7 +199,7 @@ def _run_dir(path: Path) -> Path:
 async def _up_procs(args: argparse.Namespace, topology: Topology, path: Path) -> None:
     run_dir = _run_dir(path)
     topology_path = run_dir / "topology.json"
-    topology_path.write_text(topology.to_json())
+    await asyncio.to_thread(topology_path.write_text, topology.to_json())
     specs = proc_specs(topology, topology_path, args.per)
     # the fabric first: devices hand it their first transaction as soon as they serve; EMS
     # last: it rebuilds its index from the memory pools
@@ -216,7 +216,9 @@ async def _up_procs(args: argparse.Namespace, topology: Topology, path: Path) ->
 async def _up_compose(args: argparse.Namespace, path: Path) -> None:
     run_dir = _run_dir(path)
     env = {**os.environ, EPOCH_ENV: os.environ.get(EPOCH_ENV) or repr(time.time())}
-    services, topology = compose.load(Path(args.from_compose), env, run_dir)
+    services, topology = await asyncio.to_thread(
+        compose.load, Path(args.from_compose), env, run_dir
+    )
     waves = [[s.spec for s in wave] for wave in compose.start_order(services)]
     await _supervise(
         waves,
