@@ -32,7 +32,3 @@ class Clock:
     def wall_at(self, emulated_ns: int) -> float:
         """The wall-clock instant (time.time() scale) at which emulated time reaches emulated_ns."""
         return self.epoch_wall_s + emulated_ns / 1e9 / self.time_scale
-
-    def wall_seconds(self, emulated_ns: int) -> float:
-        """How long `emulated_ns` of emulated time lasts on the wall clock."""
-        return emulated_ns / 1e9 / self.time_scale

@@ -206,7 +206,6 @@ class ComposeService:
     name: str
     spec: ProcSpec
     depends: dict[str, str]  # service -> condition
-    probe: str | None  # the gRPC address its healthcheck probes, if any
 
 
 def _mosquitto(ip: str, run_dir: Path) -> list[str]:
@@ -312,7 +311,6 @@ def _service(
             name=name, argv=tuple(argv), env=service_env, addresses=(probe,) if probe else ()
         ),
         depends={d: (c or {}).get("condition", "service_started") for d, c in depends.items()},
-        probe=probe,
     )
 
 

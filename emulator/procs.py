@@ -90,16 +90,12 @@ class Supervisor:
             if self.on_exit is not None:
                 self.on_exit(running)
 
-    def dead(self) -> list[Running]:
-        return [r for r in self.running.values() if r.returncode is not None]
-
     def check_alive(self) -> None:
-        dead = self.dead()
-        if dead:
-            first = dead[0]
+        if self.died:
+            first = self.died[0]
             tail = first.log_path.read_text(errors="replace").strip().splitlines()[-3:]
             raise UnavailableError(
-                f"{len(dead)} processes exited during start, first {first.spec.name} "
+                f"{len(self.died)} processes exited during start, first {first.spec.name} "
                 f"(code {first.returncode}): {' | '.join(tail)}"
             )
 

@@ -121,12 +121,8 @@ def test_depends_on_orders_the_start_and_cycles_are_refused(tmp_path: Path) -> N
     assert topology.device("n00-npu0").address.startswith("127.60.")
     a, b = services[0], services[1]
     looped = [
-        compose.ComposeService(
-            name=a.name, spec=a.spec, depends={b.name: "service_started"}, probe=None
-        ),
-        compose.ComposeService(
-            name=b.name, spec=b.spec, depends={a.name: "service_started"}, probe=None
-        ),
+        compose.ComposeService(name=a.name, spec=a.spec, depends={b.name: "service_started"}),
+        compose.ComposeService(name=b.name, spec=b.spec, depends={a.name: "service_started"}),
     ]
     with pytest.raises(InvalidArgumentError, match="cycle"):
         compose.start_order(looped)
