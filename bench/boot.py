@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from emulator.model.topology import build, server_count
 from emulator.testing import cmemu_up, free_port_block
-from emulator.topology import build, server_count
 
 
 def peak_rss_mb(pid: int) -> float:

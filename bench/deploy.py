@@ -24,9 +24,9 @@ from pathlib import Path
 
 import aiomqtt
 
-from emulator.broker import Broker
-from emulator.events import EventBus
-from emulator.logs import configure_logging
+from emulator.runtime.broker import Broker
+from emulator.runtime.events import EventBus
+from emulator.runtime.logs import configure_logging
 from emulator.testing import cmemu_up, free_port_block
 
 

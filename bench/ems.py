@@ -26,11 +26,11 @@ from pathlib import Path
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
-from emulator import state
-from emulator.client import Clients
-from emulator.hardware import DEFAULT_PROFILE
+from emulator.client.clients import Clients
+from emulator.model.hardware import DEFAULT_PROFILE
+from emulator.model.topology import ServiceKind, Topology, build, server_count
+from emulator.runtime import state
 from emulator.testing import calls_per_second, cmemu_up, free_port_block
-from emulator.topology import ServiceKind, Topology, build, server_count
 
 KV_BYTES_PER_TOKEN = 61 * 576  # INT8 latent KV of every layer
 PROMPT = 4096

@@ -25,10 +25,10 @@ from pathlib import Path
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
-from emulator import state
-from emulator.client import Clients
+from emulator.client.clients import Clients
+from emulator.model.topology import Topology, build, server_count
+from emulator.runtime import state
 from emulator.testing import calls_per_second, cmemu_up, free_port_block
-from emulator.topology import Topology, build, server_count
 
 
 async def throughput(

@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
-from emulator.client import Clients
-from emulator.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.inprocess import InProcessSupernode
-from emulator.launch import CMEMU
-from emulator.topology import PortPlan, build, server_count
+from emulator.client.clients import Clients
+from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.model.topology import PortPlan, build, server_count
+from emulator.runtime.inprocess import InProcessSupernode
+from emulator.runtime.launch import CMEMU
 
 __all__ = [
     "CMEMU",

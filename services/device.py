@@ -15,17 +15,17 @@ from typing import Any
 import structlog
 
 from cmemu.v1 import device_pb2, device_pb2_grpc, ub_pb2, ub_pb2_grpc
-from emulator.clock import Clock
-from emulator.costmodel import ub_transfer_ns
-from emulator.errors import (
+from emulator.model.clock import Clock
+from emulator.model.costmodel import ub_transfer_ns
+from emulator.model.errors import (
     CapacityError,
     InvalidArgumentError,
     UnavailableError,
 )
-from emulator.events import EventBus
-from emulator.hardware import HardwareProfile
-from emulator.memory import DeviceMemory, Region
-from emulator.topology import Device, DeviceKind, Topology
+from emulator.model.hardware import HardwareProfile
+from emulator.model.memory import DeviceMemory, Region
+from emulator.model.topology import Device, DeviceKind, Topology
+from emulator.runtime.events import EventBus
 from services.host import Register
 from services.peers import Peers
 from services.status import Context, rpc

@@ -18,8 +18,8 @@ import grpc
 import structlog
 
 from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, ub_pb2
-from emulator.clock import Clock
-from emulator.ems import (
+from emulator.model.clock import Clock
+from emulator.model.ems import (
     HashRing,
     Index,
     ObjectMeta,
@@ -31,16 +31,16 @@ from emulator.ems import (
     encode_label,
     prefix_keys,
 )
-from emulator.errors import (
+from emulator.model.errors import (
     CapacityError,
     DataLossError,
     InvalidArgumentError,
     NotFoundError,
     UnavailableError,
 )
-from emulator.hardware import HardwareProfile
-from emulator.ssd import SsdTier
-from emulator.topology import Device, DeviceKind, Topology
+from emulator.model.hardware import HardwareProfile
+from emulator.model.topology import Device, DeviceKind, Topology
+from services.ems_ssd import SsdTier
 from services.host import ServiceHost
 from services.peers import Peers
 from services.status import Context, RemoteError, rpc

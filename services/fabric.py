@@ -19,15 +19,15 @@ import numpy as np
 import structlog
 
 from cmemu.v1 import fabric_pb2, fabric_pb2_grpc, ub_pb2
-from emulator.clock import Clock
-from emulator.collectives import ALGORITHMS, CollectiveSpec, CollectiveTiming, run_collective
-from emulator.errors import InvalidArgumentError, UnavailableError
-from emulator.events import EventBus
-from emulator.flowsim import LiveFlows
-from emulator.hardware import HardwareProfile
-from emulator.linkfaults import FaultSet, FaultSpec
-from emulator.linkgraph import Endpoint, LinkGraph, Route, validate_ranks
-from emulator.topology import Device, DeviceKind, Topology
+from emulator.model.clock import Clock
+from emulator.model.collectives import ALGORITHMS, CollectiveSpec, CollectiveTiming, run_collective
+from emulator.model.errors import InvalidArgumentError, UnavailableError
+from emulator.model.flowsim import LiveFlows
+from emulator.model.hardware import HardwareProfile
+from emulator.model.linkfaults import FaultSet, FaultSpec
+from emulator.model.linkgraph import Endpoint, LinkGraph, Route, validate_ranks
+from emulator.model.topology import Device, DeviceKind, Topology
+from emulator.runtime.events import EventBus
 from services.device import normalize
 from services.host import ServiceHost
 from services.peers import Peers

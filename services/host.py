@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from emulator.errors import AddressInUseError
+from emulator.model.errors import AddressInUseError
 from services.reflection import enable_reflection
 
 HEALTH_SERVICE = "grpc.health.v1.Health"

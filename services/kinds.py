@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cmemu.v1 import device_pb2_grpc, ub_pb2_grpc
-from emulator.clock import Clock
-from emulator.events import EventBus
-from emulator.hardware import HardwareProfile
-from emulator.memory import DeviceMemory
-from emulator.topology import Device, DeviceKind, Topology
+from emulator.model.clock import Clock
+from emulator.model.hardware import HardwareProfile
+from emulator.model.memory import DeviceMemory
+from emulator.model.topology import Device, DeviceKind, Topology
+from emulator.runtime.events import EventBus
 from services import cpu, mempool, npu
 from services.device import DeviceServicer, DeviceState, Engine, KindSpec, UnifiedBusServicer
 from services.host import ServiceHost

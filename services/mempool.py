@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from cmemu.v1 import device_pb2, mempool_pb2, mempool_pb2_grpc
-from emulator.hardware import HardwareProfile
-from emulator.topology import DeviceKind
+from emulator.model.hardware import HardwareProfile
+from emulator.model.topology import DeviceKind
 from services.device import DeviceState, KindSpec, no_engines
 from services.host import Register
 from services.status import Context, rpc

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 
 from cmemu.v1 import device_pb2, npu_pb2, npu_pb2_grpc
-from emulator.costmodel import kernel_cost
-from emulator.errors import InvalidArgumentError, OutOfRangeError
-from emulator.hardware import HardwareProfile
+from emulator.model.costmodel import kernel_cost
+from emulator.model.errors import InvalidArgumentError, OutOfRangeError
+from emulator.model.hardware import HardwareProfile
 from services.device import DeviceState, KindSpec
 from services.host import Register
 from services.status import Context, rpc

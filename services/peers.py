@@ -15,8 +15,8 @@ from typing import Any, NoReturn, Protocol, cast
 import grpc
 
 from cmemu.v1 import device_pb2_grpc, fabric_pb2_grpc, ub_pb2, ub_pb2_grpc
-from emulator.errors import EmulatorError
-from emulator.topology import Device, ServiceKind, Topology
+from emulator.model.errors import EmulatorError
+from emulator.model.topology import Device, ServiceKind, Topology
 from services.status import Context, RemoteError, status_of
 
 CLIENT_OPTIONS = (

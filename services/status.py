@@ -13,7 +13,7 @@ from typing import Any, TypeVar, cast
 import grpc
 import structlog
 
-from emulator.errors import (
+from emulator.model.errors import (
     AddressInUseError,
     CapacityError,
     DataLossError,

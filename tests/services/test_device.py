@@ -6,9 +6,9 @@ import grpc
 import pytest
 
 from cmemu.v1 import device_pb2, ub_pb2
-from emulator import health
-from emulator.hardware import DEFAULT_PROFILE
-from emulator.inprocess import InProcessSupernode
+from emulator.client import health
+from emulator.model.hardware import DEFAULT_PROFILE
+from emulator.runtime.inprocess import InProcessSupernode
 from emulator.testing import Clients
 from services.kinds import DEVICE_SERVICE, UB_SERVICE
 

@@ -10,11 +10,11 @@ import grpc
 import pytest
 
 from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, ub_pb2
-from emulator.ems import prefix_keys
-from emulator.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.inprocess import InProcessSupernode
+from emulator.model.ems import prefix_keys
+from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.model.topology import ServiceKind
+from emulator.runtime.inprocess import InProcessSupernode
 from emulator.testing import Clients, running_supernode
-from emulator.topology import ServiceKind
 
 KIB = 1024
 

@@ -8,8 +8,8 @@ import grpc
 import pytest
 
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
-from emulator.hardware import DEFAULT_PROFILE
-from emulator.inprocess import InProcessSupernode
+from emulator.model.hardware import DEFAULT_PROFILE
+from emulator.runtime.inprocess import InProcessSupernode
 from emulator.testing import Clients
 
 GB = 1e9

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from cmemu.v1 import cpu_pb2, device_pb2, mempool_pb2, npu_pb2
-from emulator.hardware import DEFAULT_PROFILE
+from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.testing import Clients
 
 NPU = DEFAULT_PROFILE.npu

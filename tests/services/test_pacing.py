@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
-from emulator.inprocess import InProcessSupernode
+from emulator.runtime.inprocess import InProcessSupernode
 from emulator.testing import Clients, running_supernode
 
 SCALE = 0.01

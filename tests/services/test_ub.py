@@ -8,10 +8,10 @@ import grpc
 import pytest
 
 from cmemu.v1 import device_pb2, ub_pb2
-from emulator.costmodel import ub_transfer_ns
-from emulator.hardware import DEFAULT_PROFILE
+from emulator.model.costmodel import ub_transfer_ns
+from emulator.model.hardware import DEFAULT_PROFILE
+from emulator.model.topology import DeviceKind
 from emulator.testing import Clients
-from emulator.topology import DeviceKind
 
 LIMITS = DEFAULT_PROFILE.limits
 

@@ -1,0 +1,128 @@
+"""`cmemu ems put|get|stat`: the running emulator's elastic memory store, from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from cmemu.v1 import ems_pb2, ems_pb2_grpc
+from emulator.client.clients import Clients
+from emulator.model.errors import InvalidArgumentError
+from emulator.model.hardware import DEFAULT_PROFILE
+from emulator.model.topology import ServiceKind
+from emulator.runtime import state
+
+KINDS = {
+    "kv": ems_pb2.OBJECT_KIND_KV_BLOCK,
+    "weights": ems_pb2.OBJECT_KIND_WEIGHTS,
+    "checkpoint": ems_pb2.OBJECT_KIND_CHECKPOINT,
+}
+
+
+async def _with_ems(args: argparse.Namespace, call: Any) -> Any:
+    topology = state.read(state.path_from(args.state_file))
+    clients = Clients(topology)
+    try:
+        stub = ems_pb2_grpc.EmsStub(clients.channel_to(topology.service(ServiceKind.EMS).address))
+        return await call(stub)
+    finally:
+        await clients.close()
+
+
+def _put(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read {path}: {exc}") from exc
+    limit = DEFAULT_PROFILE.ems.real_object_max_bytes
+    if args.size_only:
+        request = ems_pb2.PutRequest(key=args.key, size=size)
+    elif size > limit:
+        raise InvalidArgumentError(
+            f"{path} has {size} bytes; objects over {limit} bytes are stored size-only: "
+            "pass --size-only"
+        )
+    else:
+        request = ems_pb2.PutRequest(key=args.key, data=path.read_bytes())
+    request.kind = KINDS[args.kind]
+    request.pinned = args.pinned
+    request.device = args.device or ""
+    reply = asyncio.run(_with_ems(args, lambda ems: ems.Put(request)))
+    print(
+        f"put {reply.key}: {reply.size} bytes on {', '.join(reply.replicas)} in "
+        f"{(reply.complete_ns - reply.issue_ns) / 1e3:.1f} us emulated"
+        + (f", {reply.evicted} evicted" if reply.evicted else "")
+    )
+    return 0
+
+
+def _get(args: argparse.Namespace) -> int:
+    request = ems_pb2.GetRequest(key=args.key, device=args.device or "")
+    reply = asyncio.run(_with_ems(args, lambda ems: ems.Get(request)))
+    summary = (
+        f"get {reply.key}: {reply.size} bytes from {reply.served_by} in "
+        f"{(reply.complete_ns - reply.issue_ns) / 1e3:.1f} us emulated"
+    )
+    if args.output:
+        Path(args.output).write_bytes(reply.data)
+        print(summary)
+    elif reply.data:
+        sys.stdout.buffer.write(reply.data)
+        print(summary, file=sys.stderr)
+    else:
+        print(summary + " (size-only)")
+    return 0
+
+
+def _stat(args: argparse.Namespace) -> int:
+    reply = asyncio.run(
+        _with_ems(args, lambda ems: ems.Stat(ems_pb2.StatRequest(pool=args.pool or "")))
+    )
+    if args.json:
+        print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
+        return 0
+    print(
+        f"{reply.objects} objects, {reply.dram_bytes} bytes in DRAM (x{reply.replication_factor}), "
+        f"{reply.ssd_objects} on SSD; hits {reply.hits}, misses {reply.misses}, "
+        f"evictions {reply.evictions}, under-replicated {reply.under_replicated}"
+    )
+    for p in reply.pools:
+        up = "up" if p.healthy else "DOWN"
+        print(f"  {p.pool:<10} {up:<5} {p.objects:>7} objects {p.bytes:>14} bytes")
+    return 0
+
+
+ACTIONS = {"put": _put, "get": _get, "stat": _stat}
+
+
+def cmd_ems(args: argparse.Namespace) -> int:
+    return ACTIONS[args.action](args)
+
+
+def ems_args(p: argparse.ArgumentParser, add_state: Any) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    put = sub.add_parser("put", help="store a file under a key")
+    put.add_argument("key")
+    put.add_argument("file")
+    put.add_argument("--kind", choices=sorted(KINDS), default="kv")
+    put.add_argument("--pinned", action="store_true", help="never evicted")
+    put.add_argument(
+        "--size-only", action="store_true", help="store the file's size, not its bytes"
+    )
+    put.add_argument("--device", help="the device the object comes from (its UB writes are timed)")
+    get = sub.add_parser("get", help="fetch an object (to stdout, or -o FILE)")
+    get.add_argument("key")
+    get.add_argument("-o", "--output", help="write the bytes here")
+    get.add_argument("--device", help="the device that reads it")
+    stat = sub.add_parser("stat", help="the store's use, per pool")
+    stat.add_argument("--pool", help="only this memory pool")
+    stat.add_argument("--json", action="store_true")
+    for action in (put, get, stat):
+        add_state(action)

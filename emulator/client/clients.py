@@ -1,0 +1,55 @@
+"""Typed async stubs for the devices and services of a running emulator, found by topology."""
+
+from __future__ import annotations
+
+import grpc
+
+from cmemu.v1 import (
+    cpu_pb2_grpc,
+    device_pb2_grpc,
+    fabric_pb2_grpc,
+    mempool_pb2_grpc,
+    npu_pb2_grpc,
+    ub_pb2_grpc,
+)
+from emulator.client import health
+from emulator.model.topology import Topology
+from services.peers import Peers
+
+
+class Clients:
+    """Typed async stubs for any device of a topology, over one shared channel per device."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self._peers = Peers(topology)
+
+    def channel_to(self, address: str) -> grpc.aio.Channel:
+        return self._peers.channel(address)
+
+    def channel(self, device_id: str) -> grpc.aio.Channel:
+        return self._peers.channel(self.topology.device(device_id).address)
+
+    def device(self, device_id: str) -> device_pb2_grpc.DeviceAsyncStub:
+        return device_pb2_grpc.DeviceStub(self.channel(device_id))
+
+    def bus(self, device_id: str) -> ub_pb2_grpc.UnifiedBusAsyncStub:
+        return ub_pb2_grpc.UnifiedBusStub(self.channel(device_id))
+
+    def npu(self, device_id: str) -> npu_pb2_grpc.NpuAsyncStub:
+        return npu_pb2_grpc.NpuStub(self.channel(device_id))
+
+    def cpu(self, device_id: str) -> cpu_pb2_grpc.CpuAsyncStub:
+        return cpu_pb2_grpc.CpuStub(self.channel(device_id))
+
+    def fabric(self) -> fabric_pb2_grpc.FabricAsyncStub:
+        return self._peers.fabric()
+
+    def mempool(self, device_id: str) -> mempool_pb2_grpc.MemoryPoolAsyncStub:
+        return mempool_pb2_grpc.MemoryPoolStub(self.channel(device_id))
+
+    async def health(self, device_id: str, service: str = "") -> str:
+        return await health.check(self.channel(device_id), service)
+
+    async def close(self) -> None:
+        await self._peers.close()

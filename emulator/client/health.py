@@ -1,0 +1,70 @@
+"""Health checks from the client side: one device (`cmemu probe`) or many at once (`cmemu ls`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from emulator.model.errors import UnavailableError
+
+UNREACHABLE = "UNREACHABLE"
+
+
+def status_name(status: int) -> str:
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(status))
+
+
+async def check(channel: grpc.aio.Channel, service: str = "", timeout_s: float = 2.0) -> str:
+    """The health status name of `service`; raises grpc.aio.AioRpcError when the call fails."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    response = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+    return status_name(response.status)
+
+
+async def check_address(address: str, service: str = "", timeout_s: float = 2.0) -> str:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await check(channel, service, timeout_s)
+
+
+async def check_many(
+    addresses: Iterable[str], *, timeout_s: float = 2.0, concurrency: int = 64
+) -> dict[str, str]:
+    """Status name per address; UNREACHABLE (or the gRPC code name) where the call failed."""
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(address: str) -> tuple[str, str]:
+        async with limit:
+            try:
+                return address, await check_address(address, timeout_s=timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                return address, UNREACHABLE if code is grpc.StatusCode.UNAVAILABLE else code.name
+
+    return dict(await asyncio.gather(*(one(a) for a in addresses)))
+
+
+async def wait_serving(
+    addresses: Iterable[str],
+    *,
+    timeout_s: float,
+    still_starting: Callable[[], None] = lambda: None,
+) -> None:
+    """Return once every address answers SERVING; raise UnavailableError naming the laggards
+    after timeout_s. `still_starting` may raise to give up early (a process died)."""
+    pending = list(addresses)
+    statuses: dict[str, str] = {}
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        still_starting()
+        if time.monotonic() >= deadline:
+            shown = ", ".join(f"{a} {statuses.get(a, UNREACHABLE)}" for a in pending[:5])
+            more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
+            raise UnavailableError(f"{len(pending)} servers not SERVING: {shown}{more}")
+        statuses = await check_many(pending, timeout_s=5.0)
+        pending = [a for a, s in statuses.items() if s != "SERVING"]
+        if pending:
+            await asyncio.sleep(0.1)

@@ -1,0 +1,230 @@
+"""A device's UB memory: capacity accounted to the byte, bytes kept only where written.
+
+An NPU has 128 GB of HBM and a memory pool terabytes of DRAM; the emulator accounts all of it but
+stores only the bytes that were actually written with real payloads, page by page, up to a cap.
+Reads return exactly what was written (zeros where nothing was). Nothing here knows of gRPC.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from emulator.model.errors import (
+    CapacityError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    PreconditionError,
+)
+
+WORD = 8  # atomics operate on aligned little-endian 64-bit words
+WORD_MASK = (1 << 64) - 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Region:
+    region_id: int
+    offset: int
+    size: int
+    label: str
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+class RegionAllocator:
+    """First-fit allocation of aligned extents inside [0, capacity), with coalescing frees."""
+
+    def __init__(self, *, capacity: int, alignment: int) -> None:
+        self.capacity = capacity
+        self.alignment = alignment
+        self._free: list[tuple[int, int]] = [(0, capacity)] if capacity else []  # (offset, size)
+        self._regions: dict[int, Region] = {}
+        self._starts: list[int] = []  # sorted offsets of live regions, for lookup by address
+        self._by_start: dict[int, Region] = {}
+        self._next_id = 1
+
+    @property
+    def used(self) -> int:
+        return sum(r.size for r in self._regions.values())
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.used
+
+    @property
+    def largest_free(self) -> int:
+        return max((size for _, size in self._free), default=0)
+
+    def regions(self) -> list[Region]:
+        return [self._by_start[s] for s in self._starts]
+
+    def allocate(self, size: int, label: str = "") -> Region:
+        if size <= 0:
+            raise InvalidArgumentError(f"region size must be > 0, got {size}")
+        rounded = -(-size // self.alignment) * self.alignment
+        for i, (offset, extent) in enumerate(self._free):
+            if extent >= rounded:
+                if extent == rounded:
+                    del self._free[i]
+                else:
+                    self._free[i] = (offset + rounded, extent - rounded)
+                region = Region(region_id=self._next_id, offset=offset, size=rounded, label=label)
+                self._next_id += 1
+                self._regions[region.region_id] = region
+                self._by_start[offset] = region
+                bisect.insort(self._starts, offset)
+                return region
+        raise CapacityError("allocation", rounded, self.free, self.largest_free)
+
+    def release(self, region_id: int) -> Region:
+        region = self._regions.pop(region_id, None)
+        if region is None:
+            raise NotFoundError(f"no region {region_id}")
+        del self._by_start[region.offset]
+        self._starts.pop(bisect.bisect_left(self._starts, region.offset))
+        self._insert_free(region.offset, region.size)
+        return region
+
+    def _insert_free(self, offset: int, size: int) -> None:
+        i = bisect.bisect_left(self._free, (offset, 0))
+        self._free.insert(i, (offset, size))
+        if i + 1 < len(self._free) and offset + size == self._free[i + 1][0]:  # merge right
+            self._free[i] = (offset, size + self._free.pop(i + 1)[1])
+        if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == offset:  # merge left
+            prev_offset, prev_size = self._free[i - 1]
+            self._free[i - 1] = (prev_offset, prev_size + self._free.pop(i)[1])
+
+    def containing(self, offset: int, size: int) -> Region:
+        """The one region that holds [offset, offset+size); an access may not straddle regions."""
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i >= 0:
+            region = self._by_start[self._starts[i]]
+            if offset + size <= region.end:
+                return region
+        raise PreconditionError(
+            f"[{offset}, {offset + size}) is not inside one allocated region; allocate it first"
+        )
+
+
+class PageStore:
+    """Sparse bytes: fixed-size pages created on first write, up to a cap on pages held."""
+
+    def __init__(self, *, page_bytes: int, cap_bytes: int) -> None:
+        self.page_bytes = page_bytes
+        self.cap_pages = cap_bytes // page_bytes
+        self._pages: dict[int, bytearray] = {}
+
+    @property
+    def stored_bytes(self) -> int:
+        return len(self._pages) * self.page_bytes
+
+    def _span(self, offset: int, size: int) -> range:
+        return range(offset // self.page_bytes, (offset + size - 1) // self.page_bytes + 1)
+
+    def write(self, offset: int, data: bytes) -> None:
+        if not data:
+            return
+        span = self._span(offset, len(data))
+        new_pages = sum(1 for p in span if p not in self._pages)
+        if len(self._pages) + new_pages > self.cap_pages:
+            free = (self.cap_pages - len(self._pages)) * self.page_bytes
+            raise CapacityError(
+                "real-byte store (raise the cap or send size-only)", len(data), free
+            )
+        view = memoryview(data)
+        for page in span:
+            buf = self._pages.setdefault(page, bytearray(self.page_bytes))
+            start = max(offset, page * self.page_bytes)
+            end = min(offset + len(data), (page + 1) * self.page_bytes)
+            base = page * self.page_bytes
+            buf[start - base : end - base] = view[start - offset : end - offset]
+
+    def read(self, offset: int, size: int) -> bytes:
+        out = bytearray(size)
+        if size == 0:
+            return bytes(out)
+        for page in self._span(offset, size):
+            buf = self._pages.get(page)
+            if buf is None:
+                continue
+            start = max(offset, page * self.page_bytes)
+            end = min(offset + size, (page + 1) * self.page_bytes)
+            base = page * self.page_bytes
+            out[start - offset : end - offset] = buf[start - base : end - base]
+        return bytes(out)
+
+    def discard(self, offset: int, size: int) -> None:
+        """Forget the bytes of a range: whole pages are dropped, partial ones zeroed."""
+        if size == 0:
+            return
+        span = self._span(offset, size)
+        # A bulk range (a freed 128 GB region) may span millions of pages: walk the held ones.
+        pages = span if len(span) <= len(self._pages) else [p for p in self._pages if p in span]
+        for page in pages:
+            base = page * self.page_bytes
+            start, end = max(offset, base), min(offset + size, base + self.page_bytes)
+            if start == base and end == base + self.page_bytes:
+                self._pages.pop(page, None)
+            elif page in self._pages:
+                self._pages[page][start - base : end - base] = bytes(end - start)
+
+
+class DeviceMemory:
+    """The UB memory of one device: regions, bounds checks, bytes and 64-bit atomics."""
+
+    def __init__(self, *, capacity: int, alignment: int, page_bytes: int, cap_bytes: int) -> None:
+        self.allocator = RegionAllocator(capacity=capacity, alignment=alignment)
+        self.store = PageStore(page_bytes=page_bytes, cap_bytes=cap_bytes)
+
+    @property
+    def capacity(self) -> int:
+        return self.allocator.capacity
+
+    def allocate(self, size: int, label: str = "") -> Region:
+        return self.allocator.allocate(size, label)
+
+    def free(self, region_id: int) -> Region:
+        region = self.allocator.release(region_id)
+        self.store.discard(region.offset, region.size)  # a later region must not see old bytes
+        return region
+
+    def check(self, offset: int, size: int) -> Region:
+        if offset >= self.capacity or offset + size > self.capacity:
+            raise OutOfRangeError(
+                f"[{offset}, {offset + size}) is outside this device's {self.capacity} bytes"
+            )
+        return self.allocator.containing(offset, size)
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.check(offset, len(data))
+        self.store.write(offset, data)
+
+    def write_virtual(self, offset: int, size: int) -> None:
+        """A size-only write: the range now holds unknown bytes, which read back as zeros."""
+        self.check(offset, size)
+        self.store.discard(offset, size)
+
+    def read(self, offset: int, size: int) -> bytes:
+        self.check(offset, size)
+        return self.store.read(offset, size)
+
+    def _word(self, offset: int) -> int:
+        if offset % WORD:
+            raise InvalidArgumentError(f"atomic offset {offset} is not {WORD}-byte aligned")
+        self.check(offset, WORD)
+        return int.from_bytes(self.store.read(offset, WORD), "little")
+
+    def compare_and_swap(self, offset: int, compare: int, swap: int) -> tuple[int, bool]:
+        old = self._word(offset)
+        if old == compare:
+            self.store.write(offset, (swap & WORD_MASK).to_bytes(WORD, "little"))
+            return old, True
+        return old, False
+
+    def fetch_add(self, offset: int, addend: int) -> int:
+        old = self._word(offset)
+        self.store.write(offset, ((old + addend) & WORD_MASK).to_bytes(WORD, "little"))
+        return old

@@ -1,0 +1,392 @@
+"""The topology: one document describing a supernode, read by every launcher.
+
+Describe, then build: this module only produces names, ids, addresses and links (pure data, as
+Mininet's Topo does). Launchers turn the document into running servers and never invent topology
+of their own, so the in-process, process and compose launchers all agree on who is where.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from emulator.model.errors import InvalidArgumentError, NotFoundError
+from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.model.presets import Preset, get_preset
+
+DOCUMENT_VERSION = 1
+DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_BASE_PORT = 21000  # below Linux's ephemeral range (32768+), so clients never squat on it
+CONTAINER_PORT = 50051
+
+
+class DeviceKind(StrEnum):
+    NPU = "npu"
+    CPU = "cpu"
+    MEMPOOL = "mempool"
+
+
+class LinkKind(StrEnum):
+    DIE_PORT = "die-l1"  # one of a die's 7 UB ports, to one L1 chip of its node
+    DIE_TO_DIE = "die-die"  # the two dies of one NPU package
+    CPU_PORT = "cpu-l1"  # a CPU socket's UB bandwidth, spread over the node's L1 chips
+    POOL = "pool-cpu"  # a memory pool to a CPU whose DRAM it holds
+    L1_L2 = "l1-l2"  # an L1 chip to an L2 chip of its sub-plane
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    id: str
+    kind: DeviceKind
+    node: str
+    eid: int
+    address: str
+
+
+class ServiceKind(StrEnum):
+    FABRIC = "fabric"
+    EMS = "ems"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Service:
+    """A supernode-wide service (fabric now; EMS, scheduler, gateway later): one server each."""
+
+    id: str
+    kind: ServiceKind
+    address: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Switch:
+    id: str
+    tier: str  # "l1" or "l2"
+    plane: int
+    node: str | None  # the node of an L1 chip; None for L2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    a: str
+    b: str
+    kind: LinkKind
+    bytes_per_s: float
+
+    @property
+    def id(self) -> str:
+        return f"{self.a}~{self.b}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    supernode: str
+    preset: str
+    source: str
+    time_scale: float
+    nodes: tuple[str, ...]
+    devices: tuple[Device, ...]
+    switches: tuple[Switch, ...]
+    links: tuple[Link, ...]
+    services: tuple[Service, ...] = ()
+    epoch_wall_s: float | None = None  # set by the launcher when emulated time starts
+    broker: str | None = None  # mqtt://HOST:PORT for telemetry and events; None: none
+    _by_id: dict[str, Device] = field(init=False, repr=False, compare=False)
+    _by_eid: dict[int, Device] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_id", {d.id: d for d in self.devices})
+        object.__setattr__(self, "_by_eid", {d.eid: d for d in self.devices})
+
+    def device(self, device_id: str) -> Device:
+        try:
+            return self._by_id[device_id]
+        except KeyError:
+            raise NotFoundError(f"no device {device_id!r} in {self.preset}") from None
+
+    def by_eid(self, eid: int) -> Device:
+        try:
+            return self._by_eid[eid]
+        except KeyError:
+            raise NotFoundError(f"no device with EID {eid} in {self.preset}") from None
+
+    def service(self, kind: ServiceKind) -> Service:
+        for service in self.services:
+            if service.kind is kind:
+                return service
+        raise NotFoundError(f"no {kind.value} service in {self.preset}")
+
+    def of_kind(self, kind: DeviceKind) -> list[Device]:
+        return [d for d in self.devices if d.kind is kind]
+
+    def in_node(self, node: str) -> list[Device]:
+        return [d for d in self.devices if d.node == node]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": DOCUMENT_VERSION,
+            "supernode": self.supernode,
+            "preset": self.preset,
+            "source": self.source,
+            "time_scale": self.time_scale,
+            "epoch_wall_s": self.epoch_wall_s,
+            "broker": self.broker,
+            "nodes": list(self.nodes),
+            "devices": [asdict(d) for d in self.devices],
+            "switches": [asdict(s) for s in self.switches],
+            "links": [asdict(link) for link in self.links],
+            "services": [asdict(x) for x in self.services],
+        }
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Topology:
+        if doc.get("version") != DOCUMENT_VERSION:
+            raise InvalidArgumentError(
+                f"topology document version {doc.get('version')!r} unsupported; "
+                f"expected {DOCUMENT_VERSION}"
+            )
+        try:
+            return cls(
+                supernode=doc["supernode"],
+                preset=doc["preset"],
+                source=doc["source"],
+                time_scale=float(doc["time_scale"]),
+                epoch_wall_s=doc.get("epoch_wall_s"),
+                broker=doc.get("broker"),
+                nodes=tuple(doc["nodes"]),
+                devices=tuple(
+                    Device(**{**d, "kind": DeviceKind(d["kind"])}) for d in doc["devices"]
+                ),
+                switches=tuple(Switch(**s) for s in doc["switches"]),
+                links=tuple(Link(**{**x, "kind": LinkKind(x["kind"])}) for x in doc["links"]),
+                services=tuple(
+                    Service(**{**x, "kind": ServiceKind(x["kind"])})
+                    for x in doc.get("services", [])
+                ),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"malformed topology document: {exc}") from exc
+
+    @classmethod
+    def from_json(cls, text: str) -> Topology:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgumentError(f"topology is not JSON: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise InvalidArgumentError("topology document must be a JSON object")
+        return cls.from_dict(doc)
+
+
+# --- addressing ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class PortPlan:
+    """In-process mode: one host, each device its own port (base_port + ordinal)."""
+
+    host: str = DEFAULT_HOST
+    base_port: int = DEFAULT_BASE_PORT
+
+    def address(self, ordinal: int, name: str, slot: int) -> str:
+        port = self.base_port + ordinal
+        if not 0 < port < 65536:
+            raise InvalidArgumentError(f"port {port} out of range; lower --base-port")
+        return f"{self.host}:{port}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopbackPlan:
+    """Process mode: each device its own loopback address, one port, as a container owns an IP."""
+
+    port: int = CONTAINER_PORT
+    first_octet: int = 10  # 127.10.x.y upwards; another range keeps two emulators apart
+
+    def address(self, ordinal: int, name: str = "", slot: int = 0) -> str:
+        return f"{loopback_ip(ordinal, self.first_octet)}:{self.port}"
+
+
+def loopback_ip(ordinal: int, first_octet: int = 10) -> str:
+    """The ordinal-th address of 127.<first_octet>.1.1 upwards, skipping .0 and .255 hosts."""
+    high, low = divmod(ordinal, 250)
+    mid, high = divmod(high, 250)
+    if first_octet + mid > 254:
+        raise InvalidArgumentError(f"ordinal {ordinal} exceeds the loopback plan")
+    return f"127.{first_octet + mid}.{high + 1}.{low + 1}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DnsPlan:
+    """Container mode: the device id is the hostname. One container per device: every device on
+    CONTAINER_PORT. One container per node: its devices are network aliases of the node's
+    container, each on CONTAINER_PORT plus its slot in the node."""
+
+    per_node: bool = False
+
+    def address(self, ordinal: int, name: str, slot: int) -> str:
+        return f"{name}:{CONTAINER_PORT + (slot if self.per_node else 0)}"
+
+
+AddressPlan = PortPlan | LoopbackPlan | DnsPlan
+
+
+# --- building --------------------------------------------------------------------------------
+
+
+def node_name(index: int) -> str:
+    return f"n{index:02d}"
+
+
+def _eid(node_index: int, slot: int, slots: int) -> int:
+    # EID 0 is never used: it is proto3's unset value, so a forgotten field cannot hit a device.
+    return (node_index + 1) * slots + slot
+
+
+def _slots_per_node(profile: HardwareProfile) -> int:
+    needed = profile.node.npus + profile.node.cpus + 1
+    return 1 << (needed - 1).bit_length()
+
+
+def _node_devices(
+    node_index: int, profile: HardwareProfile
+) -> Iterator[tuple[str, DeviceKind, int]]:
+    """(id, kind, slot) of one node's devices, in a fixed order."""
+    node = node_name(node_index)
+    for i in range(profile.node.npus):
+        yield f"{node}-npu{i}", DeviceKind.NPU, i
+    for i in range(profile.node.cpus):
+        yield f"{node}-cpu{i}", DeviceKind.CPU, profile.node.npus + i
+    yield f"{node}-mem", DeviceKind.MEMPOOL, profile.node.npus + profile.node.cpus
+
+
+def die_port(npu_id: str, die: int) -> str:
+    return f"{npu_id}.d{die}"
+
+
+def l1_switch(node: str, chip: int) -> str:
+    return f"{node}-l1s{chip}"
+
+
+def l2_switch(plane: int, chip: int) -> str:
+    return f"l2-p{plane}-s{chip}"
+
+
+def _node_links(node: str, profile: HardwareProfile) -> Iterator[Link]:
+    npu, cpu, chips = profile.npu, profile.cpu, profile.node.l1_chips
+    cpus = [f"{node}-cpu{i}" for i in range(profile.node.cpus)]
+    for n in range(profile.node.npus):
+        npu_id = f"{node}-npu{n}"
+        for die in range(npu.dies):
+            for port in range(npu.ub_ports_per_die):
+                yield Link(
+                    a=die_port(npu_id, die),
+                    b=l1_switch(node, port % chips),
+                    kind=LinkKind.DIE_PORT,
+                    bytes_per_s=npu.ub_port_bytes_per_s,
+                )
+        for die in range(1, npu.dies):
+            yield Link(
+                a=die_port(npu_id, die - 1),
+                b=die_port(npu_id, die),
+                kind=LinkKind.DIE_TO_DIE,
+                bytes_per_s=npu.die_to_die_bytes_per_s,
+            )
+    for cpu_id in cpus:
+        for chip in range(chips):
+            yield Link(
+                a=cpu_id,
+                b=l1_switch(node, chip),
+                kind=LinkKind.CPU_PORT,
+                bytes_per_s=cpu.ub_bytes_per_s / chips,
+            )
+        yield Link(a=f"{node}-mem", b=cpu_id, kind=LinkKind.POOL, bytes_per_s=cpu.ub_bytes_per_s)
+
+
+def build(
+    preset: Preset | str,
+    *,
+    plan: AddressPlan | None = None,
+    time_scale: float = 1.0,
+    supernode: str = "sn0",
+    profile: HardwareProfile = DEFAULT_PROFILE,
+) -> Topology:
+    """The topology document of a preset: devices, switches and links of HARDWARE.md."""
+    spec = get_preset(preset) if isinstance(preset, str) else preset
+    plan = plan or PortPlan()
+    sw = profile.switch
+    l2_ports = spec.l2_ports_per_chip or sw.l2_ports_per_chip
+    if spec.nodes > l2_ports:
+        raise InvalidArgumentError(
+            f"preset {spec.name}: {spec.nodes} nodes exceed the {l2_ports} ports of an L2 chip"
+        )
+    if profile.node.l1_chips != sw.l2_planes:
+        raise InvalidArgumentError(
+            "each L1 chip belongs to one sub-plane: l1_chips must equal l2_planes"
+        )
+    if not time_scale > 0:
+        raise InvalidArgumentError(f"time_scale must be > 0, got {time_scale}")
+    slots = _slots_per_node(profile)
+    nodes = tuple(node_name(i) for i in range(spec.nodes))
+    devices: list[Device] = []
+    for index, node in enumerate(nodes):
+        for device_id, kind, slot in _node_devices(index, profile):
+            devices.append(
+                Device(
+                    id=device_id,
+                    kind=kind,
+                    node=node,
+                    eid=_eid(index, slot, slots),
+                    address=plan.address(len(devices), device_id, slot),
+                )
+            )
+    switches = [
+        Switch(id=l1_switch(node, chip), tier="l1", plane=chip, node=node)
+        for node in nodes
+        for chip in range(profile.node.l1_chips)
+    ] + [
+        Switch(id=l2_switch(plane, chip), tier="l2", plane=plane, node=None)
+        for plane in range(sw.l2_planes)
+        for chip in range(sw.l2_chips_per_plane)
+    ]
+    links = [link for node in nodes for link in _node_links(node, profile)]
+    links += [
+        Link(
+            a=l1_switch(node, plane),
+            b=l2_switch(plane, chip),
+            kind=LinkKind.L1_L2,
+            bytes_per_s=sw.port_bytes_per_s,
+        )
+        for node in nodes
+        for plane in range(sw.l2_planes)
+        for chip in range(sw.l2_chips_per_plane)
+    ]
+    services = [
+        Service(id=kind.value, kind=kind, address=plan.address(len(devices) + i, kind.value, 0))
+        for i, kind in enumerate(ServiceKind)
+    ]
+    for device in devices:
+        if not DNS_LABEL.match(device.id):
+            raise InvalidArgumentError(f"device id {device.id!r} is not a DNS label")
+    return Topology(
+        supernode=supernode,
+        preset=spec.name,
+        source=spec.source,
+        time_scale=time_scale,
+        nodes=nodes,
+        devices=tuple(devices),
+        switches=tuple(switches),
+        links=tuple(links),
+        services=tuple(services),
+    )
+
+
+def server_count(topology: Topology) -> int:
+    """Servers a launcher starts: one per device and one per supernode-wide service."""
+    return len(topology.devices) + len(topology.services)

@@ -1,0 +1,153 @@
+"""Telemetry and events to MQTT: `cmemu/<supernode>/<device>/telemetry` and `.../events`.
+
+One EventBus per process serves all its devices over one broker connection (aiomqtt). Events
+(started, health, fault, stopped) go at QoS 1 and are buffered while the broker is away, up to a
+bound, and leave the buffer only once the broker has acknowledged them. Telemetry goes at QoS 0
+and is not buffered: a newer sample replaces it. A broker that is down or unreachable never stops
+a device: it says so in its logs and in its telemetry (broker_connected, events_pending,
+events_dropped), and reconnects with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiomqtt
+import structlog
+
+from emulator.model.errors import InvalidArgumentError
+
+log = structlog.get_logger("cmemu.events")
+EVENTS_QOS = 1
+TELEMETRY_QOS = 0
+
+
+def parse_broker_url(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    if parts.scheme != "mqtt" or not parts.hostname:
+        raise InvalidArgumentError(f"broker URL {url!r} must look like mqtt://HOST:PORT")
+    try:
+        return parts.hostname, parts.port or 1883
+    except ValueError as exc:
+        raise InvalidArgumentError(f"broker URL {url!r}: {exc}") from exc
+
+
+def topic(supernode: str, device: str, stream: str) -> str:
+    return f"cmemu/{supernode}/{device}/{stream}"
+
+
+@dataclass(frozen=True)
+class _Message:
+    topic: str
+    payload: bytes
+    qos: int
+
+
+class EventBus:
+    def __init__(self, url: str, supernode: str, *, buffer_max: int = 10_000) -> None:
+        self.url = url
+        self.host, self.port = parse_broker_url(url)
+        self.supernode = supernode
+        self.connected = False
+        self.dropped = 0
+        self.last_error = ""
+        self._pending: deque[_Message] = deque()
+        self._buffer_max = buffer_max
+        self._nonempty = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="mqtt-publisher")
+
+    def event(self, device: str, event: str, emulated_ns: int, **detail: Any) -> None:
+        payload = {
+            "device": device,
+            "event": event,
+            "emulated_ns": emulated_ns,
+            "wall": time.time(),
+            **detail,
+        }
+        where = topic(self.supernode, device, "events")
+        self._put(_Message(where, json.dumps(payload).encode(), EVENTS_QOS))
+
+    def telemetry(self, device: str, sample: dict[str, Any]) -> None:
+        if self.connected:  # a stale sample is worth nothing: never buffered for later
+            where = topic(self.supernode, device, "telemetry")
+            self._put(_Message(where, json.dumps(sample).encode(), TELEMETRY_QOS))
+
+    def _put(self, message: _Message) -> None:
+        if len(self._pending) >= self._buffer_max:
+            dropped = self._pending.popleft()  # the oldest goes; say so
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                log.warning("event buffer full", dropped=self.dropped, oldest=dropped.topic)
+        self._pending.append(message)
+        self._drained.clear()
+        self._nonempty.set()
+
+    async def _run(self) -> None:
+        backoff = 0.2
+        identifier = f"cmemu-{os.getpid()}-{id(self):x}"
+        while True:
+            try:
+                async with aiomqtt.Client(
+                    self.host, self.port, identifier=identifier, timeout=5
+                ) as client:
+                    self.connected, backoff = True, 0.2
+                    log.info("broker connected", broker=self.url, pending=len(self._pending))
+                    while not self._closing:
+                        if not self._pending:
+                            self._nonempty.clear()
+                            self._drained.set()
+                            await self._nonempty.wait()
+                            continue
+                        message = self._pending[0]
+                        await client.publish(message.topic, message.payload, qos=message.qos)
+                        if self._pending and self._pending[0] is message:
+                            self._pending.popleft()  # only once the broker has it
+            except aiomqtt.MqttError as exc:
+                if self.connected or not self.last_error:
+                    log.warning(
+                        "broker unreachable; buffering events",
+                        broker=self.url,
+                        error=str(exc),
+                        pending=len(self._pending),
+                    )
+                self.connected, self.last_error = False, str(exc)
+                if self._closing:
+                    return
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            else:
+                return  # closing: the client disconnected cleanly on the way out
+
+    async def close(self, flush_s: float = 1.0) -> None:
+        """Give the last events (the `stopped` ones) a moment to leave, then disconnect."""
+        if self._pending and self.connected:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(flush_s):
+                    await self._drained.wait()
+        if self._task is not None:
+            # Let an in-flight QoS 1 publish finish and the client disconnect cleanly: cancelling
+            # aiomqtt mid-publish can leave its exit waiting on an acknowledgement forever.
+            self._closing = True
+            self._nonempty.set()
+            _, late = await asyncio.wait([self._task], timeout=5.0)
+            for task in late:
+                task.cancel()
+            self._task = None
+        self.connected = False

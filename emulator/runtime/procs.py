@@ -1,0 +1,119 @@
+"""The process launcher: one OS process per device (or per node, or per service), supervised.
+
+What a container engine would run, run as plain processes: each gets its command, its
+environment and its own loopback address. The supervisor reports every death and restarts
+nothing (a chaos test needs a killed device to stay dead); stopping sends SIGTERM to all, waits
+for their graceful stop, and kills what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from emulator.model.errors import UnavailableError
+
+log = structlog.get_logger("cmemu.procs")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcSpec:
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    addresses: tuple[str, ...] = ()  # the gRPC servers it hosts, checked for SERVING
+
+
+@dataclass
+class Running:
+    spec: ProcSpec
+    proc: asyncio.subprocess.Process
+    log_path: Path
+    returncode: int | None = None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        specs: Sequence[ProcSpec],
+        *,
+        log_dir: Path,
+        on_exit: Callable[[Running], None] | None = None,
+    ) -> None:
+        self.specs = list(specs)
+        self.log_dir = log_dir
+        self.on_exit = on_exit
+        self.running: dict[str, Running] = {}
+        self.stopping = False
+        self.died: list[Running] = []  # on their own, before the supervisor stopped them
+        self._watchers: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for spec in self.specs:
+            log_path = self.log_dir / f"{spec.name}.log"
+            with log_path.open("ab") as out:
+                proc = await asyncio.create_subprocess_exec(
+                    *spec.argv,
+                    env={**os.environ, **spec.env},
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=out,
+                    start_new_session=True,  # a Ctrl-C reaches the supervisor, which stops them
+                )
+            running = Running(spec=spec, proc=proc, log_path=log_path)
+            self.running[spec.name] = running
+            self._watchers.append(
+                asyncio.get_running_loop().create_task(
+                    self._watch(running), name=f"watch-{spec.name}"
+                )
+            )
+
+    async def _watch(self, running: Running) -> None:
+        running.returncode = await running.proc.wait()
+        if not self.stopping:
+            self.died.append(running)
+            log.warning(
+                "process exited",
+                process=running.spec.name,
+                pid=running.proc.pid,
+                code=running.returncode,
+                log=str(running.log_path),
+            )
+            if self.on_exit is not None:
+                self.on_exit(running)
+
+    def check_alive(self) -> None:
+        if self.died:
+            first = self.died[0]
+            tail = first.log_path.read_text(errors="replace").strip().splitlines()[-3:]
+            raise UnavailableError(
+                f"{len(self.died)} processes exited during start, first {first.spec.name} "
+                f"(code {first.returncode}): {' | '.join(tail)}"
+            )
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        self.stopping = True
+        for r in self.running.values():
+            if r.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    r.proc.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(grace_s):
+                await asyncio.gather(*(r.proc.wait() for r in self.running.values()))
+        except TimeoutError:
+            for r in self.running.values():
+                if r.proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        r.proc.kill()
+            await asyncio.gather(*(r.proc.wait() for r in self.running.values()))
+        for task in self._watchers:
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)

@@ -1,0 +1,86 @@
+"""The flow simulator on small hand-checked cases: max-min fairness, completions, live arrivals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from emulator.model.errors import UnavailableError
+from emulator.model.flowsim import FlowBatch, LiveFlows, maxmin_rates, simulate
+
+
+def _inc(flows: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    f = np.array([i for i, rs in enumerate(flows) for _ in rs], dtype=np.int64)
+    r = np.array([x for rs in flows for x, _ in rs], dtype=np.int64)
+    w = np.array([y for rs in flows for _, y in rs], dtype=np.float64)
+    return f, r, w
+
+
+def test_maxmin_classic_three_flows_two_links() -> None:
+    # link 0 (cap 10) carries flows a and b; link 1 (cap 4) carries b and c.
+    f, r, w = _inc([[(0, 1.0)], [(0, 1.0), (1, 1.0)], [(1, 1.0)]])
+    rates = maxmin_rates(f, r, w, np.array([10.0, 4.0]), np.full(3, np.inf))
+    assert rates == pytest.approx([8.0, 2.0, 2.0])
+
+
+def test_maxmin_respects_flow_ceilings_and_shares() -> None:
+    # a is capped at 1; b takes the rest. c crosses link 1 at half weight (striped over two).
+    f, r, w = _inc([[(0, 1.0)], [(0, 1.0)], [(1, 0.5)]])
+    rates = maxmin_rates(f, r, w, np.array([10.0, 3.0]), np.array([1.0, np.inf, np.inf]))
+    assert rates == pytest.approx([1.0, 9.0, 6.0])
+
+
+def test_sixteen_flows_into_one_link_get_a_sixteenth_each() -> None:
+    n = 16
+    f, r, w = _inc([[(i, 1.0), (n, 1.0)] for i in range(n)])
+    caps = np.array([100.0] * n + [160.0])
+    rates = maxmin_rates(f, r, w, caps, np.full(n, np.inf))
+    assert rates == pytest.approx([10.0] * n)
+
+
+def test_batch_recomputes_rates_when_a_flow_finishes() -> None:
+    # two flows share one link of 10: the 10-byte one ends at t=2; the 30-byte one then runs
+    # alone at 10 and ends at 2 + 20/10 = 4.
+    f, r, w = _inc([[(0, 1.0)], [(0, 1.0)]])
+    batch = FlowBatch(f, r, w, np.full(2, np.inf), np.array([10.0, 30.0]), np.array([0.5, 0.0]))
+    result = simulate(batch, np.array([10.0]))
+    assert result.fluid_end_s == pytest.approx([2.0, 4.0])
+    assert result.complete_s == pytest.approx([2.5, 4.0])  # latency added at the end
+    assert result.res_bytes == pytest.approx([40.0])
+    assert result.events == 2
+
+
+def test_batch_with_a_dead_resource_is_unavailable() -> None:
+    f, r, w = _inc([[(0, 1.0)]])
+    batch = FlowBatch(f, r, w, np.full(1, np.inf), np.array([1.0]), np.zeros(1))
+    with pytest.raises(UnavailableError):
+        simulate(batch, np.array([0.0]))
+
+
+def test_live_flows_share_from_the_moment_the_second_arrives() -> None:
+    live = LiveFlows(res_cap=np.array([100.0, 100.0, 160.0]))
+    a, _ = live.add(0.0, ((0, 1.0), (2, 1.0)), np.inf, 100.0)
+    b, finished = live.add(0.5, ((1, 1.0), (2, 1.0)), np.inf, 100.0)
+    assert not finished
+    # a alone at 100 until 0.5 (50 left), then both at 80: a ends at 0.5 + 50/80 = 1.125;
+    # b then runs at 100: 50 sent by 1.125, 50 more ends at 1.625.
+    finished = live.advance(10.0)
+    assert [f for f, _ in finished] == [a, b]
+    assert [t for _, t in finished] == pytest.approx([1.125, 1.625])
+    assert live.res_bytes[2] == pytest.approx(200.0)
+
+
+def test_live_idle_fabric_starts_a_late_arrival_at_its_issue_time() -> None:
+    live = LiveFlows(res_cap=np.array([10.0]))
+    live.advance(5.0)
+    flow, _ = live.add(3.0, ((0, 1.0),), np.inf, 10.0)
+    assert [(f, round(t, 9)) for f, t in live.advance(100.0)] == [(flow, 4.0)]
+
+
+def test_live_capacity_loss_stalls_flows_that_have_nothing_left() -> None:
+    live = LiveFlows(res_cap=np.array([10.0, 10.0]))
+    a, _ = live.add(0.0, ((0, 1.0),), np.inf, 100.0)
+    b, _ = live.add(0.0, ((1, 1.0),), np.inf, 100.0)
+    finished, stalled = live.set_capacities(np.array([10.0, 0.0]), 1.0)
+    assert finished == [] and stalled == [b]
+    assert [(f, round(t, 9)) for f, t in live.advance(100.0)] == [(a, 10.0)]

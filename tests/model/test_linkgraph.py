@@ -1,0 +1,172 @@
+"""Routes, ceilings and faults on the cm-mini link graph (pure: no servers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from emulator.model.collectives import CollectiveSpec, CollectiveTiming, run_collective
+from emulator.model.costmodel import ub_transfer_ns
+from emulator.model.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    UnavailableError,
+)
+from emulator.model.linkfaults import FAULT_KINDS, FaultSet, FaultSpec
+from emulator.model.linkgraph import LinkGraph, Route, validate_ranks
+from emulator.model.topology import DeviceKind, build
+
+GB = 1e9
+
+
+@pytest.fixture
+def graph() -> LinkGraph:
+    return LinkGraph(build("cm-mini"))
+
+
+def _route(g: LinkGraph, a: str, b: str) -> Route:
+    return g.route(g.endpoint(a), g.endpoint(b))
+
+
+def test_routes_match_the_calibrated_cost_model(graph: LinkGraph) -> None:
+    intra = _route(graph, "n00-npu0.d0", "n00-npu5.d1")
+    cross = _route(graph, "n00-npu0.d0", "n01-npu5.d1")
+    assert intra.hops == ("n00-npu0.d0", "n00-l1s0", "n00-npu5.d1")
+    assert cross.hops[1:4] == ("n00-l1s0", cross.hops[2], "n01-l1s0") and cross.hops[2].startswith(
+        "l2-p0-"
+    )
+    assert (intra.planes, cross.planes) == (7, 7)
+    assert intra.cap == pytest.approx(167 * GB)
+    assert 0.97 < cross.cap / intra.cap < 1.0  # crossing nodes: under 3% of bandwidth
+    assert 0 < cross.latency_s - intra.latency_s < 1e-6  # and under 1 us
+    for route, cross_node in ((intra, False), (cross, True)):
+        for size in (512, 1 << 30):
+            model = ub_transfer_ns(
+                size, src=DeviceKind.NPU, dst=DeviceKind.NPU, cross_node=cross_node
+            )
+            assert (route.latency_s + size / route.cap) * 1e9 == pytest.approx(
+                model, abs=1
+            )  # ns rounding
+
+
+def test_the_two_dies_of_a_package_use_their_own_link(graph: LinkGraph) -> None:
+    route = _route(graph, "n00-npu3.d0", "n00-npu3.d1")
+    assert route.hops == ("n00-npu3.d0", "n00-npu3.d1") and route.planes == 0
+    assert route.cap > 167 * GB
+
+
+def test_memory_pool_traffic_is_spread_over_the_cpus(graph: LinkGraph) -> None:
+    route = _route(graph, "n00-npu0.d0", "n01-mem")
+    shares = sorted(w for _, w in route.resources)
+    assert shares.count(0.25) == 4  # a quarter through each CPU of the pool's node
+
+
+def test_port_down_degraded_and_latency_faults(graph: LinkGraph) -> None:
+    faults = FaultSet(graph)
+    before = _route(graph, "n00-npu0.d0", "n00-npu1.d0")
+    faults.add(FaultSpec(kind="link-down", target="n00-npu0.d0~n00-l1s3"))
+    down = _route(graph, "n00-npu0.d0", "n00-npu1.d0")
+    assert down.planes == 6 and down.cap == pytest.approx(before.cap * 6 / 7)
+    faults.add(FaultSpec(kind="link-degraded", target="n00-l1s5~n00-npu1.d0", factor=0.5))
+    degraded = _route(graph, "n00-npu0.d0", "n00-npu1.d0")
+    assert degraded.cap == pytest.approx(before.cap * 5.5 / 7)
+    faults.add(FaultSpec(kind="link-latency", target="n00-npu0.d0~n00-l1s0", added_latency_s=2e-6))
+    slow = _route(graph, "n00-npu0.d0", "n00-npu1.d0")
+    assert slow.latency_s == pytest.approx(before.latency_s + 2e-6)
+    faults.clear()
+    assert _route(graph, "n00-npu0.d0", "n00-npu1.d0") == before
+
+
+def test_an_l1_chip_failure_takes_its_plane_away(graph: LinkGraph) -> None:
+    FaultSet(graph).add(FaultSpec(kind="switch-down", target="n01-l1s2"))
+    route = _route(graph, "n00-npu0.d0", "n01-npu0.d0")
+    assert route.planes == 6 and "n01-l1s2" not in route.hops
+
+
+def test_an_l2_chip_failure_reroutes_and_costs_its_share_of_cross_node_bandwidth(
+    graph: LinkGraph,
+) -> None:
+    ranks0 = [f"n00-npu{i}" for i in range(8)]
+    ranks1 = [f"n01-npu{i}" for i in range(8)]
+    ranks = validate_ranks(graph, ranks0 + ranks1)
+    n = len(ranks)  # 32 dies; every die of node 0 sends 1 MB to every die of node 1
+    pairs = [(1 << 20) if i < 16 <= j else 0 for i in range(n) for j in range(n)]
+    spec = CollectiveSpec(op="all-to-all", pair_bytes=tuple(pairs))
+    healthy = run_collective(graph, ranks, spec)
+    victim = next(
+        h for h in _route(graph, "n00-npu0.d0", "n01-npu0.d0").hops if h.startswith("l2-")
+    )
+    FaultSet(graph).add(FaultSpec(kind="switch-down", target=victim))
+    rerouted = _route(graph, "n00-npu0.d0", "n01-npu0.d0")
+    assert victim not in rerouted.hops and rerouted.planes == 7
+    degraded = run_collective(graph, ranks, spec)
+    # the node's 112 uplinks were the bottleneck; 111 are left
+    assert _fluid(degraded) / _fluid(healthy) == pytest.approx(112 / 111, rel=1e-3)
+
+
+def _fluid(timing: CollectiveTiming) -> float:
+    """How long the bytes took to move, without the fixed latency."""
+    return float((timing.flow_bytes / (timing.flow_gb_s * 1e9)).max())
+
+
+def test_partition_and_dead_routes_are_unavailable(graph: LinkGraph) -> None:
+    faults = FaultSet(graph)
+    faults.add(FaultSpec(kind="partition", side_a=("n00-npu0",), side_b=("n01-mem", "n01-cpu0")))
+    with pytest.raises(UnavailableError, match="partitioned"):
+        _route(graph, "n00-npu0.d1", "n01-mem")
+    _route(graph, "n00-npu1.d0", "n01-mem")  # others are not cut off
+    for port in range(7):
+        faults.add(FaultSpec(kind="link-down", target=f"n00-npu2.d0~n00-l1s{port}"))
+    with pytest.raises(UnavailableError):
+        _route(graph, "n00-npu2.d0", "n00-npu4.d0")
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        (FaultSpec(kind="meltdown", target="x"), InvalidArgumentError),
+        (FaultSpec(kind="link-down", target="n00-npu0.d0~n01-l1s0"), NotFoundError),
+        (FaultSpec(kind="switch-down", target="l2-p9-s0"), NotFoundError),
+        (
+            FaultSpec(kind="link-degraded", target="n00-npu0.d0~n00-l1s0", factor=1.5),
+            InvalidArgumentError,
+        ),
+        (FaultSpec(kind="link-latency", target="n00-npu0.d0~n00-l1s0"), InvalidArgumentError),
+        (FaultSpec(kind="partition", side_a=("n00-npu0",)), InvalidArgumentError),
+        (
+            FaultSpec(kind="partition", side_a=("n00-npu0",), side_b=("n00-npu0",)),
+            InvalidArgumentError,
+        ),
+        (FaultSpec(kind="partition", side_a=("n00-npu0",), side_b=("nobody",)), NotFoundError),
+    ],
+)
+def test_bad_faults_are_refused_and_change_nothing(
+    graph: LinkGraph, spec: FaultSpec, error: type
+) -> None:
+    faults = FaultSet(graph)
+    with pytest.raises(error):
+        faults.add(spec)
+    assert faults.faults == {} and graph.up.all()
+
+
+def test_fault_kinds_are_one_table() -> None:
+    assert set(FAULT_KINDS) == {
+        "link-down",
+        "link-degraded",
+        "link-latency",
+        "switch-down",
+        "partition",
+    }
+
+
+def test_bad_endpoints_and_rank_groups(graph: LinkGraph) -> None:
+    with pytest.raises(NotFoundError):
+        graph.endpoint("n07-npu0")
+    with pytest.raises(OutOfRangeError):
+        graph.endpoint("n00-npu0.d2")
+    with pytest.raises(InvalidArgumentError, match="repeat"):
+        validate_ranks(graph, ["n00-npu0", "n00-npu0.d1"])
+    with pytest.raises(InvalidArgumentError, match="NPU dies"):
+        validate_ranks(graph, ["n00-npu0", "n00-cpu0"])
+    with pytest.raises(InvalidArgumentError, match="at least 2"):
+        validate_ranks(graph, ["n00-npu0.d0"])

@@ -1,0 +1,128 @@
+"""Compose generation: the committed files are what the generator writes, docker-compose accepts
+them, and bridges stay under the Linux limit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from emulator.model.errors import InvalidArgumentError
+from emulator.runtime import compose
+
+COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
+COMMITTED = {"cm-mini": "cm-mini.yaml", "cm384": "cm384.yaml"}
+DOCKER_COMPOSE = shutil.which("docker-compose") or "docker-compose"
+
+
+def _config(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [DOCKER_COMPOSE, "-f", str(path), "config", "-q"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "CMEMU_EPOCH"} | env,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(("preset", "name"), sorted(COMMITTED.items()))
+def test_committed_compose_files_are_what_the_generator_writes(
+    tmp_path: Path, preset: str, name: str
+) -> None:
+    written = compose.write(preset, "device", tmp_path / name)
+    for path in written:
+        assert path.read_text() == (COMPOSE_DIR / path.name).read_text(), (
+            f"{path.name} drifted: run cmemu compose --preset {preset} -o compose/{name}"
+        )
+
+
+@pytest.mark.parametrize("name", sorted(COMMITTED.values()))
+def test_docker_compose_accepts_every_committed_file(name: str) -> None:
+    result = _config(COMPOSE_DIR / name, CMEMU_EPOCH="1764460800")
+    assert result.returncode == 0, result.stderr
+    missing = _config(COMPOSE_DIR / name)  # one clock for all containers is mandatory
+    assert missing.returncode != 0 and "CMEMU_EPOCH" in missing.stderr
+
+
+def test_cm384_per_device_is_one_container_per_device() -> None:
+    doc = yaml.safe_load((COMPOSE_DIR / "cm384.yaml").read_text())
+    services = doc["services"]
+    assert len(services) == 384 + 192 + 48 + 3  # devices, the fabric, EMS, the broker
+    npu = services["n07-npu3"]
+    assert npu["hostname"] == "n07-npu3"
+    assert npu["command"][-2:] == ["--device", "n07-npu3"]
+    assert npu["healthcheck"]["test"] == ["CMD", "cmemu", "probe", "n07-npu3:50051"]
+    assert npu["depends_on"] == {"fabric": {"condition": "service_healthy"}}
+    assert npu["mem_limit"] == "256m"
+
+
+def test_per_node_containers_alias_their_devices_and_validate(tmp_path: Path) -> None:
+    path = tmp_path / "cm-mini-node.yaml"
+    compose.write("cm-mini", "node", path)
+    doc = yaml.safe_load(path.read_text())
+    node = doc["services"]["n01"]
+    aliases = node["networks"]["sn0-net0"]["aliases"]
+    assert "n01-mem" in aliases and len(aliases) == 13
+    topology = (tmp_path / "cm-mini.topology.json").read_text()
+    assert '"n01-npu1:50052"' in topology  # a node's devices share its IP, one port each
+    assert _config(path, CMEMU_EPOCH="1").returncode == 0
+
+
+def test_no_bridge_holds_more_than_a_thousand_endpoints() -> None:
+    text, _ = compose.generate("cm8192", "node")
+    doc = yaml.safe_load(text)
+    members: dict[str, int] = {}
+    for svc in doc["services"].values():
+        nets = svc["networks"]
+        for net in nets if isinstance(nets, list) else nets.keys():
+            members[net] = members.get(net, 0) + 1
+    assert len(members) == 2
+    assert max(members.values()) <= compose.MAX_BRIDGE_ENDPOINTS
+    assert sum(members.values()) == 1024 + 2 * 3  # fabric, EMS and broker join every bridge
+
+
+def test_interpolation_follows_compose() -> None:
+    env = {"A": "1", "EMPTY": ""}
+    assert compose.interpolate("x${A}y", env) == "x1y"
+    assert compose.interpolate("${B:-dflt}", env) == "dflt"
+    assert compose.interpolate("${EMPTY:-dflt}", env) == "dflt"
+    assert compose.interpolate("${B}", env) == ""
+    with pytest.raises(InvalidArgumentError, match="needs \\$B: say so"):
+        compose.interpolate("${B:?say so}", env)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("services: {}\n", "no services"),
+        ("[1, 2]\n", "no services"),
+        ("services:\n  a: {image: busybox}\n", "mounts no topology"),
+        (":\n- bad", "cannot read compose file"),
+    ],
+)
+def test_bad_compose_files_are_refused(tmp_path: Path, text: str, words: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(InvalidArgumentError, match=words):
+        compose.load(path, {"CMEMU_EPOCH": "1"}, tmp_path)
+
+
+def test_depends_on_orders_the_start_and_cycles_are_refused(tmp_path: Path) -> None:
+    services, topology = compose.load(COMPOSE_DIR / "cm-mini.yaml", {"CMEMU_EPOCH": "5"}, tmp_path)
+    waves = [[s.name for s in wave] for wave in compose.start_order(services)]
+    assert waves[0] == ["mosquitto"] and waves[1] == ["fabric"] and len(waves[2]) == 26
+    assert waves[3] == ["ems"]  # after the memory pools it rebuilds its index from
+    assert topology.epoch_wall_s == 5.0
+    assert topology.device("n00-npu0").address.startswith("127.60.")
+    a, b = services[0], services[1]
+    looped = [
+        compose.ComposeService(name=a.name, spec=a.spec, depends={b.name: "service_started"}),
+        compose.ComposeService(name=b.name, spec=b.spec, depends={a.name: "service_started"}),
+    ]
+    with pytest.raises(InvalidArgumentError, match="cycle"):
+        compose.start_order(looped)

@@ -1,0 +1,239 @@
+"""Telemetry and events over MQTT, against the real mosquitto and the embedded broker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import pytest
+
+from cmemu.v1 import device_pb2, fabric_pb2
+from emulator.model.hardware import DEFAULT_PROFILE
+from emulator.runtime.broker import Broker, topic_matches
+from emulator.testing import CMEMU, Clients, cmemu_up, free_port_block, running_supernode
+
+MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+BROKER_PORTS = 31000
+SERVERS = 26 + 2  # cm-mini's devices, the fabric and EMS
+FAST = replace(DEFAULT_PROFILE, limits=replace(DEFAULT_PROFILE.limits, telemetry_interval_s=0.2))
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
+
+
+@contextmanager
+def mosquitto(port: int, tmp_path: Path) -> Iterator[str]:
+    """The real broker from Debian, on a loopback port of our choosing."""
+    conf = tmp_path / f"mosquitto-{port}.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
+    proc = subprocess.Popen([MOSQUITTO, "-c", str(conf)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while not _listening(port):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
+            assert time.monotonic() < deadline, "mosquitto did not listen"
+            time.sleep(0.05)
+        yield f"mqtt://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@asynccontextmanager
+async def broker(kind: str, tmp_path: Path) -> AsyncIterator[str]:
+    if kind == "embedded":
+        async with Broker() as embedded:
+            yield embedded.url
+    else:
+        with mosquitto(free_port_block(1, start=BROKER_PORTS), tmp_path) as url:
+            yield url
+
+
+class Listener:
+    """A subscriber that collects every message of the supernode."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, dict[str, Any]]] = []
+        self._arrived = asyncio.Event()
+
+    async def run(self, url: str, ready: asyncio.Event) -> None:
+        host, port = url.removeprefix("mqtt://").split(":")
+        async with aiomqtt.Client(host, int(port)) as client:
+            await client.subscribe("cmemu/#", qos=1)
+            ready.set()
+            async for message in client.messages:
+                raw = message.payload
+                assert isinstance(raw, bytes)
+                self.messages.append((str(message.topic), json.loads(raw)))
+                self._arrived.set()
+
+    def events(self, event: str) -> list[dict[str, Any]]:
+        return [p for t, p in self.messages if t.endswith("/events") and p["event"] == event]
+
+    async def wait_for(self, check: Any, within_s: float = 15.0) -> None:
+        async with asyncio.timeout(within_s):
+            while not check():
+                self._arrived.clear()
+                await self._arrived.wait()
+
+
+@asynccontextmanager
+async def listening(url: str) -> AsyncIterator[Listener]:
+    listener = Listener()
+    ready = asyncio.Event()
+    task = asyncio.ensure_future(listener.run(url, ready))
+    async with asyncio.timeout(10):
+        await ready.wait()
+    try:
+        yield listener
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def test_topic_filters() -> None:
+    assert topic_matches("cmemu/+/+/events", "cmemu/sn0/n00-npu0/events")
+    assert not topic_matches("cmemu/+/+/events", "cmemu/sn0/n00-npu0/telemetry")
+    assert topic_matches("cmemu/#", "cmemu/sn0/x/events")
+    assert topic_matches("cmemu/sn0/#", "cmemu/sn0")
+    assert not topic_matches("cmemu/+", "cmemu/a/b")
+
+
+@pytest.mark.parametrize("kind", ["mosquitto", "embedded"])
+async def test_events_and_telemetry_reach_the_broker(kind: str, tmp_path: Path) -> None:
+    async with broker(kind, tmp_path) as url, listening(url) as listener:
+        async with running_supernode("cm-mini", profile=FAST, broker=url) as supernode:
+            await listener.wait_for(lambda: len(listener.events("started")) == SERVERS)
+            started = listener.events("started")
+            servers = {d.id for d in supernode.topology.devices} | {"fabric", "ems"}
+            assert {p["device"] for p in started} == servers
+            assert all(p["status"] == "SERVING" for p in started)
+            await listener.wait_for(
+                lambda: any(t == "cmemu/sn0/n01-mem/telemetry" for t, _ in listener.messages)
+            )
+            sample = next(p for t, p in listener.messages if t == "cmemu/sn0/n01-mem/telemetry")
+            assert sample["device"] == "n01-mem" and "memory_capacity_bytes" in sample
+
+            clients = Clients(supernode.topology)
+            await clients.device("n00-cpu2").SetFaultState(
+                device_pb2.FaultState(faulted=True, reason="thermal trip")
+            )
+            await listener.wait_for(lambda: bool(listener.events("fault")))
+            fault = listener.events("fault")[0]
+            assert (fault["device"], fault["reason"]) == ("n00-cpu2", "thermal trip")
+            await listener.wait_for(lambda: bool(listener.events("health")))
+            assert listener.events("health")[0]["status"] == "NOT_SERVING"
+            await clients.fabric().InjectFault(
+                fabric_pb2.FabricFault(kind="switch-down", target="n01-l1s3")
+            )
+            await listener.wait_for(
+                lambda: any(p["device"] == "fabric" for p in listener.events("fault"))
+            )
+            switch = next(p for p in listener.events("fault") if p["device"] == "fabric")
+            assert (switch["kind"], switch["target"]) == ("switch-down", "n01-l1s3")
+            telemetry = await clients.device("n00-cpu2").GetTelemetry(
+                device_pb2.GetTelemetryRequest()
+            )
+            assert telemetry.broker_connected and telemetry.faulted
+            await clients.close()
+        await listener.wait_for(lambda: len(listener.events("stopped")) == SERVERS)
+
+
+async def test_a_broker_that_is_down_costs_nothing_and_loses_nothing(tmp_path: Path) -> None:
+    port = free_port_block(1, start=BROKER_PORTS)  # apart from the supernode's own block
+    url = f"mqtt://127.0.0.1:{port}"
+    async with running_supernode("cm-mini", broker=url) as supernode:  # nothing listens there
+        clients = Clients(supernode.topology)
+        telemetry = await clients.device("n00-npu0").GetTelemetry(device_pb2.GetTelemetryRequest())
+        assert not telemetry.broker_connected
+        assert telemetry.events_pending >= SERVERS  # the started events, kept for later
+        await clients.device("n00-npu0").SetFaultState(device_pb2.FaultState(faulted=True))
+        await clients.device("n00-npu0").SetFaultState(device_pb2.FaultState(faulted=False))
+        assert await clients.health("n00-npu0") == "SERVING"
+        # The publisher retries at 0, 0.2, 0.6, 1.4 and 3.0 s: the broker comes back at 2.5 s and
+        # the listener subscribes before the publisher's next try.
+        await asyncio.sleep(2.5)
+        with mosquitto(port, tmp_path):
+            async with listening(url) as listener:
+                await listener.wait_for(
+                    lambda: len(listener.events("started")) == SERVERS, within_s=20
+                )
+                await listener.wait_for(lambda: bool(listener.events("recovered")))
+            after = await clients.device("n00-npu0").GetTelemetry(device_pb2.GetTelemetryRequest())
+            assert (
+                after.broker_connected and after.events_pending == 0 and after.events_dropped == 0
+            )
+        await clients.close()
+
+
+async def test_a_bad_broker_url_is_refused() -> None:
+    with pytest.raises(Exception, match="mqtt://HOST:PORT"):
+        async with running_supernode("cm-mini", broker="http://example"):
+            pass
+
+
+def test_cmemu_watch_prints_live_events(tmp_path: Path) -> None:
+    cmemu = CMEMU
+    state_file = tmp_path / "state.json"
+    base = free_port_block(SERVERS)
+    with cmemu_up(state_file, "--preset", "cm-mini", "--base-port", str(base), quiet=True):
+        watch = subprocess.Popen(
+            [
+                cmemu,
+                "watch",
+                "--state-file",
+                str(state_file),
+                "--device",
+                "n01-*",
+                "--count",
+                "2",
+                "--ready",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert watch.stdout is not None and watch.stdout.readline().strip() == "watching"
+        grpcurl = str(Path(sys.executable).parent / "grpcurl")
+        for device in ("n00-npu1", "n01-npu1"):  # only the second matches the glob
+            address = f"127.0.0.1:{base + (1 if device == 'n00-npu1' else 14)}"
+            subprocess.run(
+                [
+                    grpcurl,
+                    "-plaintext",
+                    "-d",
+                    '{"faulted": true, "reason": "watch me"}',
+                    address,
+                    "cmemu.v1.Device/SetFaultState",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
+        out, _ = watch.communicate(timeout=30)
+        assert watch.returncode == 0
+        lines = out.strip().splitlines()
+        assert len(lines) == 2 and all("n01-npu1" in line for line in lines)
+        assert "fault" in lines[0] and "reason=watch me" in lines[0]
+    gone = subprocess.run(
+        [cmemu, "watch", "--state-file", str(state_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert gone.returncode == 1 and "no running emulator" in gone.stderr

@@ -1,0 +1,207 @@
+"""Hundreds of containers, proven without a Docker engine: the compose file's own commands and
+process mode run as real OS processes on their own loopback addresses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from emulator.testing import CMEMU, cmemu_up
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CMEMU, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def serve_processes() -> list[int]:
+    out = subprocess.run(
+        ["pgrep", "-f", f"{CMEMU} .*serve"], capture_output=True, text=True, check=False
+    )
+    return [int(p) for p in out.stdout.split()]
+
+
+@contextmanager
+def up(
+    state_file: Path, *args: str, output: list[str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    with cmemu_up(state_file, *args, output=output) as proc:
+        yield proc
+    assert not serve_processes(), "a serve process outlived its supervisor"
+
+
+def test_cm_mini_from_its_compose_file(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    output: list[str] = []
+    compose_file = str(ROOT / "compose" / "cm-mini.yaml")
+    with up(state_file, "--from-compose", compose_file, output=output) as proc:
+        topology = json.loads(state_file.read_text())
+        ls = run("ls", "--state-file", str(state_file), "--json")
+        rows = json.loads(ls.stdout)
+        assert len(rows) == 28 and {r["health"] for r in rows} == {"SERVING"}
+        assert all(r["address"].startswith("127.60.") for r in rows)
+        pids = serve_processes()
+        assert len(pids) == 28  # every device, the fabric and EMS, each its own process
+
+        npu = next(d for d in topology["devices"] if d["id"] == "n01-npu2")
+        listing = subprocess.run(
+            [str(BIN / "grpcurl"), "-plaintext", npu["address"], "cmemu.v1.Device/GetInfo"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert listing.returncode == 0, listing.stderr
+        assert json.loads(listing.stdout)["id"] == "n01-npu2"
+
+        xfer = run(
+            "xfer",
+            "n00-npu0",
+            "n01-mem",
+            "--bytes",
+            "4096",
+            "--state-file",
+            str(state_file),
+            "--json",
+        )
+        assert xfer.returncode == 0, xfer.stderr
+        assert json.loads(xfer.stdout)["planes"] == 7  # through the fabric's own process
+
+        victim = next(d for d in topology["devices"] if d["id"] == "n00-npu3")
+        victim_pid = next(
+            p
+            for p in pids
+            if "--device n00-npu3" in Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ")
+        )
+        os.kill(victim_pid, signal.SIGKILL)
+        time.sleep(0.5)
+        assert run("probe", victim["address"], "--timeout", "1").returncode == 3
+        rows = json.loads(run("ls", "--state-file", str(state_file), "--json").stdout)
+        down = [r["id"] for r in rows if r["health"] != "SERVING"]
+        assert down == ["n00-npu3"]
+        # the others keep serving, and a transfer to the dead device fails cleanly
+        dead = run("xfer", "n00-npu0", "n00-npu3", "--bytes", "8", "--state-file", str(state_file))
+        assert dead.returncode == 1 and "UNAVAILABLE" in dead.stderr
+        assert proc.poll() is None  # nothing restarted it, nothing else stopped
+    out = output[0]
+    assert "process n00-npu3" in out and "not restarted" in out
+    assert "cmemu: stopped" in out
+
+
+def test_process_mode_per_node(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    with up(state_file, "--preset", "cm-mini", "--mode", "procs", "--per", "node"):
+        assert len(serve_processes()) == 4  # two nodes, the fabric and EMS
+        rows = json.loads(run("ls", "--state-file", str(state_file), "--json").stdout)
+        assert len(rows) == 28 and {r["health"] for r in rows} == {"SERVING"}
+        assert len({r["address"] for r in rows}) == 28  # one loopback address each
+        xfer = run(
+            "xfer",
+            "n00-npu1",
+            "n01-npu1",
+            "--bytes",
+            "1000000",
+            "--state-file",
+            str(state_file),
+            "--json",
+        )
+        assert xfer.returncode == 0, xfer.stderr
+
+
+def test_serve_refuses_what_it_cannot_serve(tmp_path: Path) -> None:
+    topology = tmp_path / "t.json"
+    subprocess.run(
+        [CMEMU, "topology", "--preset", "cm-mini", "--json"], stdout=topology.open("w"), check=True
+    )
+    env_free = {k: v for k, v in os.environ.items() if k != "CMEMU_EPOCH"}
+    cases = [
+        (["--device", "n00-npu0"], "has no epoch"),
+        (["--device", "n99-npu0"], "no device 'n99-npu0'"),
+        (["--node", "n42"], "no node 'n42'"),
+        (["--service", "scheduler"], "no service 'scheduler'"),
+    ]
+    for args, words in cases:
+        env = env_free if words == "has no epoch" else {**env_free, "CMEMU_EPOCH": "1"}
+        result = subprocess.run(
+            [CMEMU, "serve", "--topology", str(topology), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 1 and words in result.stderr, (args, result.stderr)
+    missing = run("serve", "--topology", str(tmp_path / "nope.json"), "--device", "n00-npu0")
+    assert missing.returncode == 1 and "cannot read topology" in missing.stderr
+    bad_epoch = subprocess.run(
+        [CMEMU, "serve", "--topology", str(topology), "--device", "n00-npu0"],
+        capture_output=True,
+        text=True,
+        env={**env_free, "CMEMU_EPOCH": "soon"},
+        timeout=60,
+        check=False,
+    )
+    assert bad_epoch.returncode == 1 and "not a number" in bad_epoch.stderr
+
+
+def test_ems_loses_nothing_when_a_pool_dies_or_ems_restarts(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    with up(state_file, "--preset", "cm-mini", "--mode", "procs", "--per", "device"):
+        state = ["--state-file", str(state_file)]
+        objects = {}
+        for i in range(8):
+            path = tmp_path / f"obj{i}"
+            path.write_bytes(bytes([i]) * (1000 + i))
+            objects[f"key-{i}"] = path
+            put = run("ems", "put", f"key-{i}", str(path), "--device", "n00-npu1", *state)
+            assert put.returncode == 0, put.stderr
+        pid_of = {
+            " ".join(Path(f"/proc/{p}/cmdline").read_text().split("\0")): p
+            for p in serve_processes()
+        }
+        pool = next(p for cmd, p in pid_of.items() if "--device n00-mem" in cmd)
+        os.kill(pool, signal.SIGKILL)  # a memory pool dies with every copy it held
+        for key, path in objects.items():
+            got = run("ems", "get", key, "-o", str(tmp_path / "out"), *state)
+            assert got.returncode == 0, got.stderr
+            assert (tmp_path / "out").read_bytes() == path.read_bytes()
+
+        ems_cmd, ems_pid = next((c, p) for c, p in pid_of.items() if "--service ems" in c)
+        os.kill(ems_pid, signal.SIGKILL)  # EMS dies with all its metadata
+        assert run("ems", "stat", *state).returncode == 1
+        restarted = subprocess.Popen(
+            [*ems_cmd.split(), "--rebuild-wait", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            topology = json.loads(state_file.read_text())
+            ems_address = next(s["address"] for s in topology["services"] if s["id"] == "ems")
+            deadline = time.monotonic() + 60
+            while run("probe", ems_address, "--timeout", "1").returncode != 0:
+                assert restarted.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            stat = json.loads(run("ems", "stat", "--json", *state).stdout)
+            assert int(stat["objects"]) == 8  # rebuilt from the surviving pool's region labels
+            for key, path in objects.items():
+                got = run("ems", "get", key, "-o", str(tmp_path / "out"), *state)
+                assert got.returncode == 0, got.stderr
+                assert (tmp_path / "out").read_bytes() == path.read_bytes()
+        finally:
+            restarted.send_signal(signal.SIGTERM)
+            restarted.wait(timeout=30)
