@@ -25,7 +25,7 @@ from emulator.model.errors import (
 from emulator.model.hardware import HardwareProfile
 from emulator.model.memory import DeviceMemory, Region
 from emulator.model.topology import Device, DeviceKind, Topology
-from emulator.runtime.events import EventBus
+from services.eventsink import EventSink
 from services.host import Register
 from services.peers import Peers
 from services.status import Context, rpc
@@ -78,7 +78,7 @@ class DeviceState:
     fault: Fault = field(default_factory=Fault)
     inbox: asyncio.Queue[ub_pb2.UbMessage] = field(init=False)
     on_health: Callable[[bool], Awaitable[None]] | None = None
-    events: EventBus | None = None
+    events: EventSink | None = None
 
     def __post_init__(self) -> None:
         self.inbox = asyncio.Queue(maxsize=self.profile.limits.inbox_max_messages)

@@ -27,8 +27,8 @@ from emulator.model.hardware import HardwareProfile
 from emulator.model.linkfaults import FaultSet, FaultSpec
 from emulator.model.linkgraph import Endpoint, LinkGraph, Route, validate_ranks
 from emulator.model.topology import Device, DeviceKind, Topology
-from emulator.runtime.events import EventBus
 from services.device import normalize
+from services.eventsink import EventSink
 from services.host import ServiceHost
 from services.peers import Peers
 from services.status import Context, rpc
@@ -62,7 +62,7 @@ class FabricState:
         profile: HardwareProfile,
         clock: Clock,
         peers: Peers,
-        events: EventBus | None = None,
+        events: EventSink | None = None,
     ) -> None:
         self.topology = topology
         self.events = events
@@ -419,7 +419,7 @@ def create_fabric(
     profile: HardwareProfile,
     clock: Clock,
     peers: Peers,
-    events: EventBus | None = None,
+    events: EventSink | None = None,
 ) -> tuple[FabricState, ServiceHost]:
     state = FabricState(topology=topology, profile=profile, clock=clock, peers=peers, events=events)
     servicer = FabricServicer(state)

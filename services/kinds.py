@@ -9,9 +9,9 @@ from emulator.model.clock import Clock
 from emulator.model.hardware import HardwareProfile
 from emulator.model.memory import DeviceMemory
 from emulator.model.topology import Device, DeviceKind, Topology
-from emulator.runtime.events import EventBus
 from services import cpu, mempool, npu
 from services.device import DeviceServicer, DeviceState, Engine, KindSpec, UnifiedBusServicer
+from services.eventsink import EventSink
 from services.host import ServiceHost
 from services.peers import Peers
 
@@ -42,7 +42,7 @@ def create_device(
     profile: HardwareProfile,
     clock: Clock,
     peers: Peers,
-    events: EventBus | None = None,
+    events: EventSink | None = None,
 ) -> DeviceHandle:
     kind = KINDS[device.kind]
     limits = profile.limits

@@ -15,14 +15,10 @@ from typing import Any, NoReturn, Protocol, cast
 import grpc
 
 from cmemu.v1 import device_pb2_grpc, fabric_pb2_grpc, ub_pb2, ub_pb2_grpc
+from emulator.client.channels import Channels
 from emulator.model.errors import EmulatorError
 from emulator.model.topology import Device, ServiceKind, Topology
 from services.status import Context, RemoteError, status_of
-
-CLIENT_OPTIONS = (
-    ("grpc.max_receive_message_length", 8 * 2**20),
-    ("grpc.max_send_message_length", 8 * 2**20),
-)
 
 
 class LocalBus(Protocol):
@@ -52,7 +48,7 @@ LOCAL_CONTEXT = cast(Context, LocalContext())
 class Peers:
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = Channels()
         self._local_bus: dict[str, LocalBus] = {}
         self._local_device: dict[str, Any] = {}
         self._local_fabric: LocalFabric | None = None
@@ -67,11 +63,7 @@ class Peers:
         self._local_fabric = fabric
 
     def channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
-            self._channels[address] = channel
-        return channel
+        return self._channels.get(address)
 
     def bus(self, device: Device) -> ub_pb2_grpc.UnifiedBusAsyncStub:
         return ub_pb2_grpc.UnifiedBusStub(self.channel(device.address))
@@ -157,6 +149,4 @@ class Peers:
             raise RemoteError(exc.code(), f"{device.id}: {exc.details()}") from exc
 
     async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            await channel.close(None)
+        await self._channels.close()

@@ -13,8 +13,8 @@ from cmemu.v1 import (
     ub_pb2_grpc,
 )
 from emulator.client import health
-from emulator.model.topology import Topology
-from services.peers import Peers
+from emulator.client.channels import Channels
+from emulator.model.topology import ServiceKind, Topology
 
 
 class Clients:
@@ -22,13 +22,13 @@ class Clients:
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
-        self._peers = Peers(topology)
+        self._channels = Channels()
 
     def channel_to(self, address: str) -> grpc.aio.Channel:
-        return self._peers.channel(address)
+        return self._channels.get(address)
 
     def channel(self, device_id: str) -> grpc.aio.Channel:
-        return self._peers.channel(self.topology.device(device_id).address)
+        return self._channels.get(self.topology.device(device_id).address)
 
     def device(self, device_id: str) -> device_pb2_grpc.DeviceAsyncStub:
         return device_pb2_grpc.DeviceStub(self.channel(device_id))
@@ -43,7 +43,9 @@ class Clients:
         return cpu_pb2_grpc.CpuStub(self.channel(device_id))
 
     def fabric(self) -> fabric_pb2_grpc.FabricAsyncStub:
-        return self._peers.fabric()
+        return fabric_pb2_grpc.FabricStub(
+            self.channel_to(self.topology.service(ServiceKind.FABRIC).address)
+        )
 
     def mempool(self, device_id: str) -> mempool_pb2_grpc.MemoryPoolAsyncStub:
         return mempool_pb2_grpc.MemoryPoolStub(self.channel(device_id))
@@ -52,4 +54,4 @@ class Clients:
         return await health.check(self.channel(device_id), service)
 
     async def close(self) -> None:
-        await self._peers.close()
+        await self._channels.close()
