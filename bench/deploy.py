@@ -1,7 +1,8 @@
 """Deployment benchmark, in one run:
 
 1. cm384 in process mode, one process per node (48 nodes and the fabric): wall time from
-   `cmemu up --mode procs --per node` to all-SERVING, and the total PSS of all its processes.
+   starting (`cmemu up --mode procs --per node`, through the launch API) to all-SERVING, and the
+   total PSS of all its processes.
    Targets: 30 s and 4 GB.
 2. cm-mini in process mode, one process per device (26 devices and the fabric): time to
    all-SERVING.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import subprocess
 import sys
@@ -27,7 +29,9 @@ import aiomqtt
 from emulator.runtime.broker import Broker
 from emulator.runtime.events import EventBus
 from emulator.runtime.logs import configure_logging
-from emulator.testing import cmemu_up, free_port_block
+from emulator.runtime.serve import Per
+from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
+from emulator.testing import free_port_block
 
 
 def pss_mb(root: int) -> float:
@@ -42,23 +46,20 @@ def pss_mb(root: int) -> float:
     return total + sum(pss_mb(int(c)) for c in children)
 
 
-def boot(args: list[str], timeout_s: float = 300) -> tuple[float, float, int]:
-    """(seconds to the state file, total PSS in MB, processes) of one `cmemu up`."""
-    with tempfile.TemporaryDirectory() as tmp:
-        state = Path(tmp) / "state.json"
-        started = time.perf_counter()
-        with cmemu_up(state, *args, "--broker", "none", timeout_s=timeout_s, quiet=True) as proc:
-            seconds = time.perf_counter() - started
-            children = subprocess.run(
-                ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
-            ).stdout.split()
-            return seconds, pss_mb(proc.pid), 1 + len(children)
+async def boot(preset: str, per: Per) -> tuple[float, float, int]:
+    """(seconds to all-SERVING, total PSS in MB, processes) of one process-mode supernode,
+    started through the typed launch API exactly as `cmemu up --mode procs` starts it."""
+    options = LaunchOptions(preset=preset, mode="procs", per=per, broker=NO_BROKER)
+    started = time.perf_counter()
+    async with Supernode.start(options) as sn:
+        seconds = time.perf_counter() - started
+        assert sn.supervisor is not None
+        return seconds, pss_mb(os.getpid()), 1 + len(sn.supervisor.running)
 
 
 async def events_per_second(url: str, count: int) -> float:
     host, port = url.removeprefix("mqtt://").split(":")
     received = 0
-    done = asyncio.Event()
     async with aiomqtt.Client(host, int(port)) as sub:
         await sub.subscribe("cmemu/bench/+/events", qos=1)
 
@@ -67,20 +68,16 @@ async def events_per_second(url: str, count: int) -> float:
             async for _ in sub.messages:
                 received += 1
                 if received == count:
-                    done.set()
                     return
 
-        consumer = asyncio.ensure_future(consume())
-        bus = EventBus(url, "bench", buffer_max=count)
-        bus.start()
-        started = time.perf_counter()
-        for i in range(count):
-            bus.event(f"n{i % 48:02d}-npu{i % 8}", "health", i, status="SERVING")
-        async with asyncio.timeout(120):
-            await done.wait()
-        elapsed = time.perf_counter() - started
-        await bus.close()
-        consumer.cancel()
+        async with asyncio.TaskGroup() as tasks, EventBus(url, "bench", buffer_max=count) as bus:
+            consumer = tasks.create_task(consume(), name="consumer")
+            started = time.perf_counter()
+            for i in range(count):
+                bus.event(f"n{i % 48:02d}-npu{i % 8}", "health", i, status="SERVING")
+            async with asyncio.timeout(120):
+                await consumer
+            elapsed = time.perf_counter() - started
     return count / elapsed
 
 
@@ -114,10 +111,10 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=20_000)
     args = parser.parse_args()
     configure_logging("warning")
-    seconds, pss, procs = boot(["--preset", "cm384", "--mode", "procs", "--per", "node"])
+    seconds, pss, procs = asyncio.run(boot("cm384", "node"))
     print(f"cm384_per_node_boot_s  {seconds:.1f}  ({procs} processes; target 30)")
     print(f"cm384_per_node_pss_mb  {pss:,.0f}  (target 4,096)")
-    seconds, pss, procs = boot(["--preset", "cm-mini", "--mode", "procs", "--per", "device"])
+    seconds, pss, procs = asyncio.run(boot("cm-mini", "device"))
     print(f"mini_per_device_boot_s {seconds:.1f}  ({procs} processes, {pss:,.0f} MB PSS)")
     asyncio.run(mqtt(args.events))
     return 0

@@ -16,13 +16,13 @@ from pathlib import Path
 
 from emulator.client.clients import Clients
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.topology import PortPlan, build, server_count
-from emulator.runtime.inprocess import InProcessSupernode
-from emulator.runtime.launch import CMEMU
+from emulator.model.topology import build, server_count
+from emulator.runtime.supernode import CMEMU, NO_BROKER, LaunchOptions, Supernode
 
 __all__ = [
     "CMEMU",
     "Clients",
+    "Supernode",
     "calls_per_second",
     "cmemu_up",
     "free_port_block",
@@ -59,14 +59,20 @@ async def running_supernode(
     *,
     time_scale: float = 1.0,
     profile: HardwareProfile = DEFAULT_PROFILE,
-    broker: str | None = None,
-) -> AsyncIterator[InProcessSupernode]:
-    """A whole supernode on a free block of ports, verified SERVING, stopped on exit."""
+    broker: str = NO_BROKER,
+) -> AsyncIterator[Supernode]:
+    """A whole supernode in this process on a free block of ports, verified SERVING, stopped on
+    exit. No MQTT unless `broker` names one (or is EMBEDDED)."""
     base = free_port_block(server_count(build(preset, profile=profile)))
-    topology = build(preset, plan=PortPlan(base_port=base), time_scale=time_scale, profile=profile)
-    async with InProcessSupernode(
-        topology, profile=profile, drain_s=0.0, broker=broker
-    ) as supernode:
+    options = LaunchOptions(
+        preset=preset,
+        base_port=base,
+        time_scale=time_scale,
+        profile=profile,
+        broker=broker,
+        drain_s=0.0,
+    )
+    async with Supernode.start(options) as supernode:
         yield supernode
 
 

@@ -1,4 +1,5 @@
-"""What every device serves: the Device and UnifiedBus services over one DeviceState.
+"""What every device serves: the Device service over one DeviceState (the UnifiedBus service
+over the same state is in services/ub.py).
 
 The kind-specific parts (an NPU's dies, a CPU's NUMA peers, a pool's members) live in their own
 modules and are joined to this common part through the table in services/kinds.py.
@@ -7,20 +8,20 @@ modules and are joined to this common part through the table in services/kinds.p
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from cmemu.v1 import device_pb2, device_pb2_grpc, ub_pb2, ub_pb2_grpc
+from cmemu.v1 import device_pb2, device_pb2_grpc, ub_pb2
 from emulator.model.clock import Clock
-from emulator.model.costmodel import ub_transfer_ns
 from emulator.model.errors import (
-    CapacityError,
+    RETRY_AFTER_S,
     InvalidArgumentError,
+    NotFoundError,
     UnavailableError,
+    blame,
 )
 from emulator.model.hardware import HardwareProfile
 from emulator.model.memory import DeviceMemory, Region
@@ -31,7 +32,6 @@ from services.peers import Peers
 from services.status import Context, rpc
 
 MAX_LABEL = 256
-MAX_WAIT_MS = 60_000
 
 KIND_PROTO = {
     DeviceKind.NPU: device_pb2.DEVICE_KIND_NPU,
@@ -86,7 +86,12 @@ class DeviceState:
 
     def require_healthy(self) -> None:
         if self.fault.faulted:
-            raise UnavailableError(f"{self.device.id} is faulted: {self.fault.reason}")
+            raise UnavailableError(
+                f"{self.device.id} is faulted: {self.fault.reason}",
+                subject=self.device.id,
+                reason="DEVICE_FAULTED",
+                retry_after_s=RETRY_AFTER_S,
+            )
 
     async def set_fault(self, faulted: bool, reason: str) -> None:
         changed = faulted != self.fault.faulted
@@ -200,8 +205,9 @@ class DeviceServicer(device_pb2_grpc.DeviceServicer):
     ) -> device_pb2.Region:
         self.state.require_healthy()
         if len(request.label) > MAX_LABEL:
-            raise InvalidArgumentError(f"label longer than {MAX_LABEL} characters")
-        region = self.state.memory.allocate(request.size, request.label)
+            raise InvalidArgumentError(f"label longer than {MAX_LABEL} characters", field="label")
+        with blame(field="size", subject=self.state.device.id):
+            region = self.state.memory.allocate(request.size, request.label)
         self.state.log.debug("allocated", region=region.region_id, size=region.size)
         return region_proto(self.state, region)
 
@@ -211,8 +217,14 @@ class DeviceServicer(device_pb2_grpc.DeviceServicer):
     ) -> device_pb2.FreeRegionResponse:
         self.state.require_healthy()
         if request.region_id == 0:
-            raise InvalidArgumentError("region_id is required")
-        region = self.state.memory.free(request.region_id)
+            raise InvalidArgumentError("region_id is required", field="region_id")
+        with blame(
+            field="region_id",
+            subject=str(request.region_id),
+            reason="REGION_NOT_FOUND",
+            on=NotFoundError,
+        ):
+            region = self.state.memory.free(request.region_id)
         return device_pb2.FreeRegionResponse(freed_bytes=region.size)
 
     @rpc
@@ -240,185 +252,7 @@ class DeviceServicer(device_pb2_grpc.DeviceServicer):
         self, request: device_pb2.FaultState, context: Context
     ) -> device_pb2.FaultState:
         if len(request.reason) > MAX_LABEL:
-            raise InvalidArgumentError(f"reason longer than {MAX_LABEL} characters")
+            raise InvalidArgumentError(f"reason longer than {MAX_LABEL} characters", field="reason")
         await self.state.set_fault(request.faulted, request.reason)
         f = self.state.fault
         return device_pb2.FaultState(faulted=f.faulted, reason=f.reason, since_ns=f.since_ns)
-
-
-# --- the unified bus -------------------------------------------------------------------------
-
-CARRIES_PAYLOAD = {ub_pb2.UB_OP_WRITE, ub_pb2.UB_OP_SEND}
-ATOMICS = {ub_pb2.UB_OP_CAS, ub_pb2.UB_OP_FETCH_ADD}
-ATOMIC_BYTES = 8
-
-
-def normalize(tx: ub_pb2.UbTransaction, inline_max: int) -> ub_pb2.UbTransaction:
-    """Check a transaction's shape and fill `size` where it is implied; never touches state."""
-    out = ub_pb2.UbTransaction()
-    out.CopyFrom(tx)
-    if out.op not in ub_pb2.UbOp.values() or out.op == ub_pb2.UB_OP_UNSPECIFIED:
-        raise InvalidArgumentError(
-            f"op must be one of READ, WRITE, CAS, FETCH_ADD, SEND; got {out.op}"
-        )
-    if out.dst.eid == 0:
-        raise InvalidArgumentError("dst.eid is required")
-    if out.op in ATOMICS:
-        if out.data or out.size_only or out.size not in (0, ATOMIC_BYTES):
-            raise InvalidArgumentError("atomics move exactly 8 bytes and carry no payload")
-        out.size = ATOMIC_BYTES
-        return out
-    if out.data and out.op not in CARRIES_PAYLOAD:
-        raise InvalidArgumentError("only WRITE and SEND carry data")
-    if out.data and out.size_only:
-        raise InvalidArgumentError("data and size_only are exclusive")
-    if out.data:
-        if out.size not in (0, len(out.data)):
-            raise InvalidArgumentError(f"size {out.size} differs from len(data) {len(out.data)}")
-        out.size = len(out.data)
-    if out.size == 0:
-        raise InvalidArgumentError("size must be > 0 (or data non-empty)")
-    if out.op in CARRIES_PAYLOAD and not out.data and not out.size_only:
-        raise InvalidArgumentError(
-            "WRITE and SEND carry data, or set size_only for a bulk transfer"
-        )
-    if not out.size_only and out.size > inline_max:
-        raise InvalidArgumentError(
-            f"{out.size} bytes exceed the {inline_max}-byte inline payload limit; use size_only"
-        )
-    return out
-
-
-class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
-    def __init__(self, state: DeviceState) -> None:
-        self.state = state
-        self._apply: dict[
-            int, Callable[[ub_pb2.UbTransaction, ub_pb2.UbCompletion], Awaitable[None]]
-        ] = {
-            ub_pb2.UB_OP_READ: self._read,
-            ub_pb2.UB_OP_WRITE: self._write,
-            ub_pb2.UB_OP_CAS: self._cas,
-            ub_pb2.UB_OP_FETCH_ADD: self._fetch_add,
-            ub_pb2.UB_OP_SEND: self._send,
-        }
-
-    @property
-    def _inline_max(self) -> int:
-        return self.state.profile.limits.inline_payload_max_bytes
-
-    @rpc
-    async def Submit(self, request: ub_pb2.UbTransaction, context: Context) -> ub_pb2.UbCompletion:
-        """Issue a transaction from this device; the fabric times it and delivers it."""
-        s = self.state
-        s.require_healthy()
-        tx = normalize(request, self._inline_max)
-        target = s.topology.by_eid(tx.dst.eid)
-        tx.src_eid = s.device.eid
-        tx.issue_ns = s.clock.now_ns()
-        tx.id = tx.id or uuid.uuid4().hex
-        completion = await s.peers.transfer(tx, context.time_remaining())
-        s.counters.tx_count += 1
-        s.counters.tx_bytes += tx.size
-        s.log.debug("ub submit", trace_id=tx.id, op=ub_pb2.UbOp.Name(tx.op), dst=target.id)
-        return completion
-
-    @rpc
-    async def Deliver(self, request: ub_pb2.UbTransaction, context: Context) -> ub_pb2.UbCompletion:
-        """Apply a transaction that arrives at this device."""
-        return await self.deliver(request)
-
-    async def deliver(self, request: ub_pb2.UbTransaction) -> ub_pb2.UbCompletion:
-        """Deliver without gRPC: the fabric calls this directly when the device shares its
-        process. The fabric then replaces the timing with its own; a direct caller of Deliver
-        gets the uncontended cost model's timing."""
-        s = self.state
-        s.require_healthy()
-        tx = normalize(request, self._inline_max)
-        if tx.dst.eid != s.device.eid:
-            raise InvalidArgumentError(
-                f"dst.eid {tx.dst.eid} is not {s.device.id} ({s.device.eid})"
-            )
-        src = s.topology.by_eid(tx.src_eid) if tx.src_eid else s.device
-        issue_ns = tx.issue_ns or s.clock.now_ns()
-        duration = ub_transfer_ns(
-            tx.size,
-            src=src.kind,
-            dst=s.device.kind,
-            cross_node=src.node != s.device.node,
-            profile=s.profile,
-        )
-        completion = ub_pb2.UbCompletion(
-            id=tx.id,
-            op=tx.op,
-            src_eid=src.eid,
-            dst_eid=s.device.eid,
-            size=tx.size,
-            issue_ns=issue_ns,
-            complete_ns=issue_ns + duration,
-            path=[src.id, s.device.id] if src is not s.device else [s.device.id],
-        )
-        await self._apply[tx.op](tx, completion)
-        s.counters.rx_count += 1
-        s.counters.rx_bytes += tx.size
-        return completion
-
-    async def _read(self, tx: ub_pb2.UbTransaction, out: ub_pb2.UbCompletion) -> None:
-        memory = self.state.memory
-        if tx.size_only:
-            memory.check(tx.dst.offset, tx.size)
-        else:
-            out.data = memory.read(tx.dst.offset, tx.size)
-
-    async def _write(self, tx: ub_pb2.UbTransaction, out: ub_pb2.UbCompletion) -> None:
-        memory = self.state.memory
-        if tx.size_only:
-            memory.write_virtual(tx.dst.offset, tx.size)
-        else:
-            memory.write(tx.dst.offset, tx.data)
-
-    async def _cas(self, tx: ub_pb2.UbTransaction, out: ub_pb2.UbCompletion) -> None:
-        out.old_value, out.swapped = self.state.memory.compare_and_swap(
-            tx.dst.offset, tx.compare, tx.operand
-        )
-
-    async def _fetch_add(self, tx: ub_pb2.UbTransaction, out: ub_pb2.UbCompletion) -> None:
-        out.old_value = self.state.memory.fetch_add(tx.dst.offset, tx.operand)
-
-    async def _send(self, tx: ub_pb2.UbTransaction, out: ub_pb2.UbCompletion) -> None:
-        message = ub_pb2.UbMessage(
-            id=tx.id,
-            src_eid=out.src_eid,
-            size=tx.size,
-            data=tx.data,
-            size_only=tx.size_only,
-            issue_ns=out.issue_ns,
-            arrive_ns=out.complete_ns,
-        )
-        try:
-            self.state.inbox.put_nowait(message)
-        except asyncio.QueueFull:
-            raise CapacityError(
-                f"receive queue of {self.state.device.id}", 1, 0, unit="messages"
-            ) from None
-
-    @rpc
-    async def Receive(
-        self, request: ub_pb2.ReceiveRequest, context: Context
-    ) -> ub_pb2.ReceiveResponse:
-        s = self.state
-        s.require_healthy()
-        limit = s.profile.limits.inbox_max_messages
-        if request.max_messages > limit:
-            raise InvalidArgumentError(f"max_messages must be <= {limit}")
-        if request.wait_ms > MAX_WAIT_MS:
-            raise InvalidArgumentError(f"wait_ms must be <= {MAX_WAIT_MS}")
-        response = ub_pb2.ReceiveResponse()
-        if s.inbox.empty() and request.wait_ms:
-            try:
-                async with asyncio.timeout(request.wait_ms / 1000):
-                    response.messages.append(await s.inbox.get())
-            except TimeoutError:
-                return response
-        while len(response.messages) < max(1, request.max_messages) and not s.inbox.empty():
-            response.messages.append(s.inbox.get_nowait())
-        return response

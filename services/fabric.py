@@ -13,25 +13,31 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager
 
-import grpc
 import numpy as np
 import structlog
 
 from cmemu.v1 import fabric_pb2, fabric_pb2_grpc, ub_pb2
 from emulator.model.clock import Clock
 from emulator.model.collectives import ALGORITHMS, CollectiveSpec, CollectiveTiming, run_collective
-from emulator.model.errors import InvalidArgumentError, UnavailableError
+from emulator.model.errors import (
+    RETRY_AFTER_S,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+    blame,
+)
 from emulator.model.flowsim import LiveFlows
 from emulator.model.hardware import HardwareProfile
 from emulator.model.linkfaults import FaultSet, FaultSpec
 from emulator.model.linkgraph import Endpoint, LinkGraph, Route, validate_ranks
 from emulator.model.topology import Device, DeviceKind, Topology
-from services.device import normalize
 from services.eventsink import EventSink
 from services.host import ServiceHost
 from services.peers import Peers
-from services.status import Context, rpc
+from services.status import Context, abort, rpc
+from services.ub import normalize
 
 SERVICE = "cmemu.v1.Fabric"
 DEFAULT_TOP = 20
@@ -74,7 +80,7 @@ class FabricState:
         self.live = LiveFlows(res_cap=self.graph.trunk_cap(), now_s=self.now_s())
         self.collective_bytes = np.zeros(len(self.graph.trunk_names))
         self._waiters: dict[int, tuple[asyncio.Future[float], float]] = {}
-        self._clock_task: asyncio.Task[None] | None = None
+        self._closing = False
         self._changed = asyncio.Event()
         self.log = structlog.get_logger("cmemu.fabric").bind(device="fabric")
 
@@ -92,7 +98,9 @@ class FabricState:
             return self.graph.npu_die(device, die)
         if die:
             raise InvalidArgumentError(
-                f"src_die applies to NPUs; {device.id} is a {device.kind.value}"
+                f"src_die applies to NPUs; {device.id} is a {device.kind.value}",
+                field="src_die",
+                subject=device.id,
             )
         return self.graph.endpoint(device.id)
 
@@ -134,26 +142,26 @@ class FabricState:
                 future.set_result(fluid_end_s + latency_s)
 
     def _wake(self) -> None:
-        """Tell the clock task that the next event may have moved."""
-        if self._clock_task is None:
-            self._clock_task = asyncio.get_running_loop().create_task(
-                self._clock_loop(), name="fabric-clock"
-            )
+        """Tell the clock loop that the next event may have moved."""
         self._changed.set()
 
-    async def _clock_loop(self) -> None:
-        """Owned task: sleep until the next flow completion, process it, repeat."""
-        while True:
+    async def run(self) -> None:
+        """The fabric's clock, a task of its host's TaskGroup until close(): sleep until the
+        next flow completes or the flows change, bring the flows up to the present, repeat.
+        Timers are late by up to a millisecond (epoll rounds up), so the last SPIN_S before a
+        completion are spent yielding instead."""
+        while not self._closing:
             self._changed.clear()
             next_s = self.live.next_event_s()
             if next_s is None:
                 await self._changed.wait()
                 continue
-            sleeper = asyncio.ensure_future(self._until(self.clock.wall_at(round(next_s * 1e9))))
-            changed = asyncio.ensure_future(self._changed.wait())
-            await asyncio.wait((sleeper, changed), return_when=asyncio.FIRST_COMPLETED)
-            sleeper.cancel()
-            changed.cancel()
+            due = self.clock.wall_at(round(next_s * 1e9))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, due - self.clock.wall() - SPIN_S)):
+                    await self._changed.wait()
+            while not self._changed.is_set() and self.clock.wall() < due:  # noqa: ASYNC110
+                await asyncio.sleep(0)
             self.sync()
 
     def sync(self) -> None:
@@ -172,13 +180,12 @@ class FabricState:
         self._wake()
 
     async def close(self) -> None:
-        if self._clock_task is not None:
-            self._clock_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._clock_task
-            self._clock_task = None
+        """End the clock loop; transfers still in flight end UNAVAILABLE."""
+        self._closing = True
+        self._changed.set()
         for future, _ in self._waiters.values():
-            future.cancel()
+            if not future.done():
+                future.set_exception(UnavailableError("the fabric is stopping"))
         self._waiters.clear()
 
     # --- statistics ----------------------------------------------------------------------------
@@ -235,10 +242,21 @@ def _fault_proto(spec: FaultSpec) -> fabric_pb2.FabricFault:
     )
 
 
+FAULT_FIELD = {"link-degraded": "factor", "link-latency": "added_latency_us", "partition": "side_a"}
+"""The request field a fault kind's own check is about (others: the target)."""
+
+
+def _route_cut(subject: str | None) -> AbstractContextManager[None]:
+    """A route that fabric faults cut: UNAVAILABLE, and worth retrying once the fault clears."""
+    return blame(
+        subject=subject, reason="ROUTE_CUT", retry_after_s=RETRY_AFTER_S, on=UnavailableError
+    )
+
+
 def _collective_spec(request: fabric_pb2.CollectiveRequest) -> CollectiveSpec:
     if request.op not in OPS:
         raise InvalidArgumentError(
-            f"op must be one of {', '.join(fabric_pb2.CollectiveOp.keys()[1:])}"
+            f"op must be one of {', '.join(fabric_pb2.CollectiveOp.keys()[1:])}", field="op"
         )
     return CollectiveSpec(
         op=OPS[request.op],
@@ -247,7 +265,7 @@ def _collective_spec(request: fabric_pb2.CollectiveRequest) -> CollectiveSpec:
         pair_bytes=tuple(request.pair_bytes),
         root=request.root,
         tokens_per_rank=request.tokens_per_rank,
-        top_k=request.top_k or 8,
+        top_k=request.top_k,  # 0: the profile's (run_collective)
         bytes_per_token=request.bytes_per_token,
     )
 
@@ -270,13 +288,25 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         s = self.state
         tx = normalize(request, s.profile.limits.inline_payload_max_bytes)
         if not tx.src_eid:
-            raise InvalidArgumentError("src_eid is required: a transfer is issued by a device")
-        src, dst = s.topology.by_eid(tx.src_eid), s.topology.by_eid(tx.dst.eid)
-        issuer, target = s.source(src, tx.src_die), s.target(dst, tx.dst.offset)
+            raise InvalidArgumentError(
+                "src_eid is required: a transfer is issued by a device", field="src_eid"
+            )
+        with blame(
+            field="src_eid", subject=str(tx.src_eid), reason="DEVICE_NOT_FOUND", on=NotFoundError
+        ):
+            src = s.topology.by_eid(tx.src_eid)
+        with blame(
+            field="dst.eid", subject=str(tx.dst.eid), reason="DEVICE_NOT_FOUND", on=NotFoundError
+        ):
+            dst = s.topology.by_eid(tx.dst.eid)
+        with blame(field="src_die", subject=src.id):
+            issuer = s.source(src, tx.src_die)
+        target = s.target(dst, tx.dst.offset)
         # the flow is the data: a READ's bytes travel from the target back to the issuer
         data_from, data_to = (target, issuer) if tx.op == ub_pb2.UB_OP_READ else (issuer, target)
-        route = s.graph.route(data_from, data_to)
-        s.graph.check_reachable(route)
+        with _route_cut(f"{src.id}>{dst.id}"):
+            route = s.graph.route(data_from, data_to)
+            s.graph.check_reachable(route)
         issue_ns = tx.issue_ns or s.clock.now_ns()
         tx.issue_ns = issue_ns
         completion = await s.peers.deliver(dst, tx, deadline_s)
@@ -294,16 +324,22 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     ) -> fabric_pb2.CollectiveResult:
         s = self.state
         spec = _collective_spec(request)
-        ranks = validate_ranks(s.graph, request.ranks)
+        with (
+            blame(field="ranks", reason="DEVICE_NOT_FOUND", on=NotFoundError),
+            blame(field="ranks"),
+        ):
+            ranks = validate_ranks(s.graph, request.ranks)
         issue_ns = s.clock.now_ns()
         started = time.perf_counter()
         # CPU-bound for large groups (100,000 flows): off the event loop
-        timing: CollectiveTiming = await asyncio.to_thread(run_collective, s.graph, ranks, spec)
+        with _route_cut(None):
+            timing: CollectiveTiming = await asyncio.to_thread(run_collective, s.graph, ranks, spec)
         compute_ms = (time.perf_counter() - started) * 1e3
         limit = s.profile.limits.collective_detail_max_flows
         if request.flow_detail and timing.flows > limit:
             raise InvalidArgumentError(
-                f"flow_detail is limited to {limit} flows; this has {timing.flows}"
+                f"flow_detail is limited to {limit} flows; this has {timing.flows}",
+                field="flow_detail",
             )
         s.collective_bytes += timing.res_bytes
         duration_ns = round(timing.duration_s * 1e9)
@@ -345,11 +381,22 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         self, request: fabric_pb2.RouteRequest, context: Context
     ) -> fabric_pb2.RouteInfo:
         g = self.state.graph
-        route = g.route(g.endpoint(request.src), g.endpoint(request.dst))
+        with (
+            blame(field="src", subject=request.src, reason="DEVICE_NOT_FOUND", on=NotFoundError),
+            blame(field="src", subject=request.src),
+        ):
+            src = g.endpoint(request.src)
+        with (
+            blame(field="dst", subject=request.dst, reason="DEVICE_NOT_FOUND", on=NotFoundError),
+            blame(field="dst", subject=request.dst),
+        ):
+            dst = g.endpoint(request.dst)
+        with _route_cut(f"{request.src}>{request.dst}"):
+            route = g.route(src, dst)
         return fabric_pb2.RouteInfo(
             path=route.hops,
             planes=route.planes,
-            latency_us=route.latency_s * 1e6,
+            latency_ns=round(route.latency_s * 1e9),
             max_gb_s=route.cap / 1e9,
         )
 
@@ -357,7 +404,26 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     async def InjectFault(
         self, request: fabric_pb2.FabricFault, context: Context
     ) -> fabric_pb2.FabricFault:
-        stored = self.state.faults.add(
+        on_target = request.kind != "partition"  # a partition names devices, not a target
+        with (
+            blame(
+                field="target" if on_target else "side_a",
+                subject=request.target if on_target else None,
+                reason="FAULT_TARGET_NOT_FOUND" if on_target else "DEVICE_NOT_FOUND",
+                on=NotFoundError,
+            ),
+            blame(field=FAULT_FIELD.get(request.kind, "target"), on=InvalidArgumentError),
+        ):
+            stored = self._add_fault(request)
+        self.state.faults_changed()
+        self.state.log.warning(
+            "fault injected", fault=stored.id, kind=stored.kind, target=stored.target
+        )
+        self.state.publish("fault", fault=stored.id, kind=stored.kind, target=stored.target)
+        return _fault_proto(stored)
+
+    def _add_fault(self, request: fabric_pb2.FabricFault) -> FaultSpec:
+        return self.state.faults.add(
             FaultSpec(
                 kind=request.kind,
                 target=request.target,
@@ -367,18 +433,12 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
                 side_b=tuple(request.side_b),
             )
         )
-        self.state.faults_changed()
-        self.state.log.warning(
-            "fault injected", fault=stored.id, kind=stored.kind, target=stored.target
-        )
-        self.state.publish("fault", fault=stored.id, kind=stored.kind, target=stored.target)
-        return _fault_proto(stored)
 
     @rpc
     async def ClearFault(
         self, request: fabric_pb2.ClearFaultRequest, context: Context
     ) -> fabric_pb2.FaultList:
-        self.state.faults.clear(request.id)
+        self.state.faults.clear(request.id, all=request.all)
         self.state.faults_changed()
         self.state.publish("recovered", fault=request.id or "all")
         self.state.log.warning("fault cleared", fault=request.id or "all")
@@ -405,7 +465,9 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         self, request: fabric_pb2.WatchLinkStatsRequest, context: Context
     ) -> AsyncIterator[fabric_pb2.LinkStats]:
         if request.interval_ms and request.interval_ms < 10:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "interval_ms must be >= 10")
+            await abort(
+                context, InvalidArgumentError("interval_ms must be >= 10", field="interval_ms")
+            )
         interval = (request.interval_ms or DEFAULT_WATCH_MS) / 1000
         while True:
             yield self.state.link_stats(request.top or DEFAULT_TOP)

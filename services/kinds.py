@@ -10,10 +10,11 @@ from emulator.model.hardware import HardwareProfile
 from emulator.model.memory import DeviceMemory
 from emulator.model.topology import Device, DeviceKind, Topology
 from services import cpu, mempool, npu
-from services.device import DeviceServicer, DeviceState, Engine, KindSpec, UnifiedBusServicer
+from services.device import DeviceServicer, DeviceState, Engine, KindSpec
 from services.eventsink import EventSink
 from services.host import ServiceHost
 from services.peers import Peers
+from services.ub import UnifiedBusServicer
 
 KINDS: dict[DeviceKind, KindSpec] = {
     DeviceKind.NPU: npu.KIND,

@@ -57,7 +57,7 @@ def _services(state: DeviceState) -> list[tuple[str, Register]]:
 
 
 def _memory(profile: HardwareProfile) -> int:
-    return profile.node.cpus * profile.cpu.pooled_bytes
+    return profile.pool_bytes
 
 
 KIND = KindSpec(memory_bytes=_memory, engines=no_engines, hardware=_hardware, services=_services)

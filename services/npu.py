@@ -10,7 +10,7 @@ import math
 
 from cmemu.v1 import device_pb2, npu_pb2, npu_pb2_grpc
 from emulator.model.costmodel import kernel_cost
-from emulator.model.errors import InvalidArgumentError, OutOfRangeError
+from emulator.model.errors import InvalidArgumentError, OutOfRangeError, blame
 from emulator.model.hardware import HardwareProfile
 from services.device import DeviceState, KindSpec
 from services.host import Register
@@ -28,15 +28,21 @@ class NpuServicer(npu_pb2_grpc.NpuServicer):
         s = self.state
         s.require_healthy()
         if request.precision == npu_pb2.PRECISION_UNSPECIFIED:
-            raise InvalidArgumentError("precision is required")
-        if not math.isfinite(request.flops):
-            raise InvalidArgumentError(f"flops must be finite, got {request.flops}")
+            raise InvalidArgumentError("precision is required", field="precision")
+        if not math.isfinite(request.flops) or request.flops < 0:
+            raise InvalidArgumentError(
+                f"flops must be finite and >= 0, got {request.flops}", field="flops"
+            )
         if request.die >= len(s.engines):
             raise OutOfRangeError(
-                f"die {request.die} does not exist; {s.device.id} has {len(s.engines)}"
+                f"die {request.die} does not exist; {s.device.id} has {len(s.engines)}",
+                field="die",
+                subject=s.device.id,
+                reason="DIE_NOT_FOUND",
             )
         precision = npu_pb2.Precision.Name(request.precision).removeprefix("PRECISION_")
-        cost = kernel_cost(request.flops, request.bytes_moved, precision, s.profile)
+        with blame(field="precision", subject=precision, reason="UNSUPPORTED_PRECISION"):
+            cost = kernel_cost(request.flops, request.bytes_moved, precision, s.profile)
         engine = s.engines[request.die]
         issue = s.clock.now_ns()
         start = max(issue, engine.busy_until_ns)

@@ -18,7 +18,7 @@ from cmemu.v1 import device_pb2_grpc, fabric_pb2_grpc, ub_pb2, ub_pb2_grpc
 from emulator.client.channels import Channels
 from emulator.model.errors import EmulatorError
 from emulator.model.topology import Device, ServiceKind, Topology
-from services.status import Context, RemoteError, status_of
+from services.status import Context, RemoteError, details_from_metadata
 
 
 class LocalBus(Protocol):
@@ -40,6 +40,11 @@ class LocalContext:
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
         raise RemoteError(code, details)
+
+    async def abort_with_status(self, status: grpc.Status) -> NoReturn:
+        raise RemoteError(
+            status.code, status.details, details_from_metadata(status.trailing_metadata)
+        )
 
 
 LOCAL_CONTEXT = cast(Context, LocalContext())
@@ -84,9 +89,9 @@ class Peers:
             completion: ub_pb2.UbCompletion = await self.bus(device).Deliver(tx, timeout=deadline_s)
             return completion
         except EmulatorError as exc:
-            raise RemoteError(status_of(exc), f"{device.id}: {exc}") from exc
+            raise RemoteError.from_error(exc, device.id) from exc
         except grpc.aio.AioRpcError as exc:
-            raise RemoteError(exc.code(), f"{device.id}: {exc.details()}") from exc
+            raise RemoteError.from_rpc_error(exc, device.id) from exc
 
     async def transfer(
         self, tx: ub_pb2.UbTransaction, deadline_s: float | None
@@ -98,7 +103,7 @@ class Peers:
             completion: ub_pb2.UbCompletion = await self.fabric().Transfer(tx, timeout=deadline_s)
             return completion
         except grpc.aio.AioRpcError as exc:
-            raise RemoteError(exc.code(), exc.details() or exc.code().name) from exc
+            raise RemoteError.from_rpc_error(exc, None) from exc
 
     async def device_call(
         self, device: Device, method: str, request: Any, deadline_s: float | None = 5.0
@@ -144,9 +149,9 @@ class Peers:
                 request, timeout=deadline_s
             )
         except RemoteError as exc:
-            raise RemoteError(exc.code, f"{device.id}: {exc}") from exc
+            raise exc.prefixed(device.id) from exc
         except grpc.aio.AioRpcError as exc:
-            raise RemoteError(exc.code(), f"{device.id}: {exc.details()}") from exc
+            raise RemoteError.from_rpc_error(exc, device.id) from exc
 
     async def close(self) -> None:
         await self._channels.close()

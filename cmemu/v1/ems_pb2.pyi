@@ -5,6 +5,15 @@ EMS, the elastic memory store: KV-cache blocks, model weight shards and checkpoi
 pooled CPU DRAM of the nodes (an SSD tier below), placed by consistent hashing, replicated,
 evicted least-recently-used. Data moves as UB transactions through the fabric, so every reply
 carries the emulated time the transfer took.
+
+Units, the same in every file of cmemu.v1:
+- Emulated time, instants and durations alike, is int64 nanoseconds in a field named `*_ns`.
+  An instant counts from the emulated epoch (the supernode's start); a duration is a difference
+  of instants.
+- A setting a person types keeps the unit it is thought in, and its name says it
+  (`added_latency_us`, `wait_ms`, `interval_ms`); its comment says which clock it runs on.
+- A wall-clock measurement is named `wall_*` with its unit (`wall_compute_ms`).
+- Sizes are bytes (`size`, `bytes`, `*_bytes`); bandwidths are decimal GB/s (`*_gb_s`).
 """
 
 from collections import abc as _abc
@@ -643,3 +652,94 @@ class StatResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatResponse: _TypeAlias = StatResponse  # noqa: Y015
+
+@_typing.final
+class ListRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFIX_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    prefix: _builtins.str
+    """only keys that start with this (empty: every key)"""
+    page_size: _builtins.int
+    """0 means 1000; more than 10000 means 10000"""
+    page_token: _builtins.str
+    """next_page_token of the previous page (empty: the first page)"""
+    def __init__(
+        self,
+        *,
+        prefix: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "prefix", b"prefix"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRequest: _TypeAlias = ListRequest  # noqa: Y015
+
+@_typing.final
+class ObjectInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    PINNED_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    size: _builtins.int
+    kind: Global___ObjectKind.ValueType
+    pinned: _builtins.bool
+    tier: Global___Tier.ValueType
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """memory pools holding a copy (none on the SSD tier)"""
+
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        size: _builtins.int = ...,
+        kind: Global___ObjectKind.ValueType = ...,
+        pinned: _builtins.bool = ...,
+        tier: Global___Tier.ValueType = ...,
+        replicas: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "kind", b"kind", "pinned", b"pinned", "replicas", b"replicas", "size", b"size", "tier", b"tier"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ObjectInfo: _TypeAlias = ObjectInfo  # noqa: Y015
+
+@_typing.final
+class ListResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OBJECTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """empty on the last page"""
+    @_builtins.property
+    def objects(self) -> _containers.RepeatedCompositeFieldContainer[Global___ObjectInfo]:
+        """in key order"""
+
+    def __init__(
+        self,
+        *,
+        objects: _abc.Iterable[Global___ObjectInfo] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "objects", b"objects"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListResponse: _TypeAlias = ListResponse  # noqa: Y015

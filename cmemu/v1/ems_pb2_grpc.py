@@ -89,6 +89,11 @@ class EmsStub:
                 request_serializer=cmemu_dot_v1_dot_ems__pb2.StatRequest.SerializeToString,
                 response_deserializer=cmemu_dot_v1_dot_ems__pb2.StatResponse.FromString,
                 _registered_method=True)
+        self.List = channel.unary_unary(
+                '/cmemu.v1.Ems/List',
+                request_serializer=cmemu_dot_v1_dot_ems__pb2.ListRequest.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_ems__pb2.ListResponse.FromString,
+                _registered_method=True)
 
 
 class EmsServicer:
@@ -160,6 +165,12 @@ class EmsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def List(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EmsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -217,6 +228,11 @@ def add_EmsServicer_to_server(servicer, server):
                     servicer.Stat,
                     request_deserializer=cmemu_dot_v1_dot_ems__pb2.StatRequest.FromString,
                     response_serializer=cmemu_dot_v1_dot_ems__pb2.StatResponse.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=cmemu_dot_v1_dot_ems__pb2.ListRequest.FromString,
+                    response_serializer=cmemu_dot_v1_dot_ems__pb2.ListResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -516,6 +532,33 @@ class Ems:
             '/cmemu.v1.Ems/Stat',
             cmemu_dot_v1_dot_ems__pb2.StatRequest.SerializeToString,
             cmemu_dot_v1_dot_ems__pb2.StatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cmemu.v1.Ems/List',
+            cmemu_dot_v1_dot_ems__pb2.ListRequest.SerializeToString,
+            cmemu_dot_v1_dot_ems__pb2.ListResponse.FromString,
             options,
             channel_credentials,
             insecure,

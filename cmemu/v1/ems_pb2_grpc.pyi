@@ -5,6 +5,15 @@ EMS, the elastic memory store: KV-cache blocks, model weight shards and checkpoi
 pooled CPU DRAM of the nodes (an SSD tier below), placed by consistent hashing, replicated,
 evicted least-recently-used. Data moves as UB transactions through the fabric, so every reply
 carries the emulated time the transfer took.
+
+Units, the same in every file of cmemu.v1:
+- Emulated time, instants and durations alike, is int64 nanoseconds in a field named `*_ns`.
+  An instant counts from the emulated epoch (the supernode's start); a duration is a difference
+  of instants.
+- A setting a person types keeps the unit it is thought in, and its name says it
+  (`added_latency_us`, `wait_ms`, `interval_ms`); its comment says which clock it runs on.
+- A wall-clock measurement is named `wall_*` with its unit (`wall_compute_ms`).
+- Sizes are bytes (`size`, `bytes`, `*_bytes`); bandwidths are decimal GB/s (`*_gb_s`).
 """
 
 from cmemu.v1 import ems_pb2 as _ems_pb2
@@ -46,6 +55,7 @@ class EmsStub:
     PrefixKeys: _grpc.UnaryUnaryMultiCallable[_ems_pb2.PrefixRequest, _ems_pb2.PrefixKeysResponse]
     MatchPrefix: _grpc.UnaryUnaryMultiCallable[_ems_pb2.PrefixRequest, _ems_pb2.MatchPrefixResponse]
     Stat: _grpc.UnaryUnaryMultiCallable[_ems_pb2.StatRequest, _ems_pb2.StatResponse]
+    List: _grpc.UnaryUnaryMultiCallable[_ems_pb2.ListRequest, _ems_pb2.ListResponse]
 
 @_typing.type_check_only
 class EmsAsyncStub(EmsStub):
@@ -61,6 +71,7 @@ class EmsAsyncStub(EmsStub):
     PrefixKeys: _aio.UnaryUnaryMultiCallable[_ems_pb2.PrefixRequest, _ems_pb2.PrefixKeysResponse]  # type: ignore[assignment]
     MatchPrefix: _aio.UnaryUnaryMultiCallable[_ems_pb2.PrefixRequest, _ems_pb2.MatchPrefixResponse]  # type: ignore[assignment]
     Stat: _aio.UnaryUnaryMultiCallable[_ems_pb2.StatRequest, _ems_pb2.StatResponse]  # type: ignore[assignment]
+    List: _aio.UnaryUnaryMultiCallable[_ems_pb2.ListRequest, _ems_pb2.ListResponse]  # type: ignore[assignment]
 
 class EmsServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -139,5 +150,12 @@ class EmsServicer(metaclass=_abc_1.ABCMeta):
         request: _ems_pb2.StatRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ems_pb2.StatResponse, _abc.Awaitable[_ems_pb2.StatResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def List(
+        self,
+        request: _ems_pb2.ListRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ems_pb2.ListResponse, _abc.Awaitable[_ems_pb2.ListResponse]]: ...
 
 def add_EmsServicer_to_server(servicer: EmsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

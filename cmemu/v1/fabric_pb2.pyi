@@ -4,6 +4,15 @@ isort:skip_file
 The MatrixLink fabric: the timing authority of the supernode. Every UB transaction and every
 collective crosses it; it owns the link graph, shares each link max-min fairly among the flows on
 it, adds per-hop latency, takes link and switch faults, and paces replies to emulated time.
+
+Units, the same in every file of cmemu.v1:
+- Emulated time, instants and durations alike, is int64 nanoseconds in a field named `*_ns`.
+  An instant counts from the emulated epoch (the supernode's start); a duration is a difference
+  of instants.
+- A setting a person types keeps the unit it is thought in, and its name says it
+  (`added_latency_us`, `wait_ms`, `interval_ms`); its comment says which clock it runs on.
+- A wall-clock measurement is named `wall_*` with its unit (`wall_compute_ms`).
+- Sizes are bytes (`size`, `bytes`, `*_bytes`); bandwidths are decimal GB/s (`*_gb_s`).
 """
 
 from collections import abc as _abc
@@ -173,7 +182,7 @@ class CollectiveResult(_message.Message):
     """transfer phases plus software overhead"""
     overhead_ns: _builtins.int
     wall_compute_ms: _builtins.float
-    """wall time the fabric spent computing it"""
+    """wall-clock milliseconds the fabric spent computing it"""
     @_builtins.property
     def flow_timings(self) -> _containers.RepeatedCompositeFieldContainer[Global___FlowTiming]: ...
     def __init__(
@@ -219,7 +228,7 @@ class FabricFault(_message.Message):
     factor: _builtins.float
     """link-degraded: remaining share of bandwidth, in (0, 1)"""
     added_latency_us: _builtins.float
-    """link-latency"""
+    """link-latency: emulated microseconds added per crossing"""
     @_builtins.property
     def side_a(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """partition: device ids on one side"""
@@ -252,16 +261,20 @@ class ClearFaultRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
+    ALL_FIELD_NUMBER: _builtins.int
     id: _builtins.str
-    """empty: clear every fault"""
+    """the fault to clear; required unless `all`"""
+    all: _builtins.bool
+    """clear every fault; exclusive with `id` (an empty id never means all)"""
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
+        all: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "id", b"id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -399,7 +412,7 @@ class WatchLinkStatsRequest(_message.Message):
     INTERVAL_MS_FIELD_NUMBER: _builtins.int
     top: _builtins.int
     interval_ms: _builtins.int
-    """wall-clock period; 0 means 1000"""
+    """wall-clock period in milliseconds; 0 means 1000, at least 10"""
     def __init__(
         self,
         *,
@@ -443,12 +456,13 @@ class RouteInfo(_message.Message):
 
     PATH_FIELD_NUMBER: _builtins.int
     PLANES_FIELD_NUMBER: _builtins.int
-    LATENCY_US_FIELD_NUMBER: _builtins.int
     MAX_GB_S_FIELD_NUMBER: _builtins.int
+    LATENCY_NS_FIELD_NUMBER: _builtins.int
     planes: _builtins.int
-    latency_us: _builtins.float
     max_gb_s: _builtins.float
     """uncontended bandwidth of this route"""
+    latency_ns: _builtins.int
+    """emulated one-way latency of the route, without contention"""
     @_builtins.property
     def path(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -456,12 +470,12 @@ class RouteInfo(_message.Message):
         *,
         path: _abc.Iterable[_builtins.str] | None = ...,
         planes: _builtins.int = ...,
-        latency_us: _builtins.float = ...,
         max_gb_s: _builtins.float = ...,
+        latency_ns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["latency_us", b"latency_us", "max_gb_s", b"max_gb_s", "path", b"path", "planes", b"planes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["latency_ns", b"latency_ns", "max_gb_s", b"max_gb_s", "path", b"path", "planes", b"planes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,6 +3,15 @@
 isort:skip_file
 The memory pool service: a node's pooled CPU DRAM, addressable by every device over UB at the
 pool's EID.
+
+Units, the same in every file of cmemu.v1:
+- Emulated time, instants and durations alike, is int64 nanoseconds in a field named `*_ns`.
+  An instant counts from the emulated epoch (the supernode's start); a duration is a difference
+  of instants.
+- A setting a person types keeps the unit it is thought in, and its name says it
+  (`added_latency_us`, `wait_ms`, `interval_ms`); its comment says which clock it runs on.
+- A wall-clock measurement is named `wall_*` with its unit (`wall_compute_ms`).
+- Sizes are bytes (`size`, `bytes`, `*_bytes`); bandwidths are decimal GB/s (`*_gb_s`).
 """
 
 from cmemu.v1 import mempool_pb2 as _mempool_pb2

@@ -6,6 +6,15 @@ The unified-bus (UB) protocol of MatrixLink: globally addressable memory and mes
 Every device owns a range of UB memory named by its EID (entity id). A transaction names its
 target as (EID, offset); the issuing device submits it, the target device delivers it. Payloads
 carry real bytes when small and only a size when bulk, so a 1 GB transfer costs one message.
+
+Units, the same in every file of cmemu.v1:
+- Emulated time, instants and durations alike, is int64 nanoseconds in a field named `*_ns`.
+  An instant counts from the emulated epoch (the supernode's start); a duration is a difference
+  of instants.
+- A setting a person types keeps the unit it is thought in, and its name says it
+  (`added_latency_us`, `wait_ms`, `interval_ms`); its comment says which clock it runs on.
+- A wall-clock measurement is named `wall_*` with its unit (`wall_compute_ms`).
+- Sizes are bytes (`size`, `bytes`, `*_bytes`); bandwidths are decimal GB/s (`*_gb_s`).
 """
 
 from collections import abc as _abc
@@ -249,7 +258,7 @@ class ReceiveRequest(_message.Message):
     max_messages: _builtins.int
     """0 means 1"""
     wait_ms: _builtins.int
-    """wall-clock milliseconds to wait for a first message; 0 returns at once"""
+    """emulated milliseconds to wait for a first message; 0 returns at once"""
     def __init__(
         self,
         *,

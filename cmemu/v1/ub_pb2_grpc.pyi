@@ -6,6 +6,15 @@ The unified-bus (UB) protocol of MatrixLink: globally addressable memory and mes
 Every device owns a range of UB memory named by its EID (entity id). A transaction names its
 target as (EID, offset); the issuing device submits it, the target device delivers it. Payloads
 carry real bytes when small and only a size when bulk, so a 1 GB transfer costs one message.
+
+Units, the same in every file of cmemu.v1:
+- Emulated time, instants and durations alike, is int64 nanoseconds in a field named `*_ns`.
+  An instant counts from the emulated epoch (the supernode's start); a duration is a difference
+  of instants.
+- A setting a person types keeps the unit it is thought in, and its name says it
+  (`added_latency_us`, `wait_ms`, `interval_ms`); its comment says which clock it runs on.
+- A wall-clock measurement is named `wall_*` with its unit (`wall_compute_ms`).
+- Sizes are bytes (`size`, `bytes`, `*_bytes`); bandwidths are decimal GB/s (`*_gb_s`).
 """
 
 from cmemu.v1 import ub_pb2 as _ub_pb2

@@ -1,4 +1,5 @@
-"""`cmemu ems put|get|stat`: the running emulator's elastic memory store, from the shell."""
+"""`cmemu ems put|get|stat|ls|rm|exists`: the running emulator's elastic memory store, from the
+shell."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from google.protobuf.json_format import MessageToDict
 
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
 from emulator.client.clients import Clients
-from emulator.model.errors import InvalidArgumentError
+from emulator.model.errors import InvalidArgumentError, NotFoundError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind
 from emulator.runtime import state
@@ -99,7 +100,71 @@ def _stat(args: argparse.Namespace) -> int:
     return 0
 
 
-ACTIONS = {"put": _put, "get": _get, "stat": _stat}
+KIND_NAMES = {value: name for name, value in KINDS.items()}
+TIER_NAMES = {ems_pb2.TIER_DRAM: "dram", ems_pb2.TIER_SSD: "ssd"}
+
+
+def _info(o: ems_pb2.ObjectInfo) -> dict[str, Any]:
+    return {
+        "key": o.key,
+        "size": o.size,
+        "kind": KIND_NAMES.get(o.kind, "kv"),
+        "pinned": o.pinned,
+        "tier": TIER_NAMES.get(o.tier, "?"),
+        "replicas": list(o.replicas),
+    }
+
+
+async def _list_all(ems: ems_pb2_grpc.EmsAsyncStub, prefix: str) -> list[ems_pb2.ObjectInfo]:
+    found: list[ems_pb2.ObjectInfo] = []
+    token = ""
+    while True:
+        page = await ems.List(ems_pb2.ListRequest(prefix=prefix, page_token=token))
+        found.extend(page.objects)
+        token = page.next_page_token
+        if not token:
+            return found
+
+
+def _ls(args: argparse.Namespace) -> int:
+    objects = asyncio.run(_with_ems(args, lambda ems: _list_all(ems, args.prefix or "")))
+    rows = [_info(o) for o in objects]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        pin = "pinned" if r["pinned"] else "-"
+        where = ",".join(r["replicas"]) or "-"
+        print(f"{r['key']:<44} {r['size']:>14} {r['kind']:<10} {r['tier']:<4} {pin:<6} {where}")
+    total = sum(r["size"] for r in rows)
+    print(f"{len(rows)} objects, {total} bytes")
+    return 0
+
+
+def _rm(args: argparse.Namespace) -> int:
+    request = ems_pb2.DeleteRequest(key=args.key)
+    reply = asyncio.run(_with_ems(args, lambda ems: ems.Delete(request)))
+    if not reply.deleted:
+        raise NotFoundError(f"no object {args.key!r} to remove")
+    print(f"removed {args.key}")
+    return 0
+
+
+def _exists(args: argparse.Namespace) -> int:
+    request = ems_pb2.ExistsRequest(key=args.key)
+    reply = asyncio.run(_with_ems(args, lambda ems: ems.Exists(request)))
+    print("yes" if reply.exists else "no")
+    return 0 if reply.exists else 1
+
+
+ACTIONS = {
+    "put": _put,
+    "get": _get,
+    "stat": _stat,
+    "ls": _ls,
+    "rm": _rm,
+    "exists": _exists,
+}
 
 
 def cmd_ems(args: argparse.Namespace) -> int:
@@ -124,5 +189,12 @@ def ems_args(p: argparse.ArgumentParser, add_state: Any) -> None:
     stat = sub.add_parser("stat", help="the store's use, per pool")
     stat.add_argument("--pool", help="only this memory pool")
     stat.add_argument("--json", action="store_true")
-    for action in (put, get, stat):
+    ls = sub.add_parser("ls", help="the stored objects, in key order")
+    ls.add_argument("--prefix", help="only keys that start with this")
+    ls.add_argument("--json", action="store_true")
+    rm = sub.add_parser("rm", help="remove an object (exit 1 when there is none)")
+    rm.add_argument("key")
+    exists = sub.add_parser("exists", help="print yes or no (exit 0 when it exists, else 1)")
+    exists.add_argument("key")
+    for action in (put, get, stat, ls, rm, exists):
         add_state(action)

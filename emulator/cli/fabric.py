@@ -1,15 +1,20 @@
-"""`cmemu xfer` and `cmemu links`: the live fabric of a running emulator, from the shell."""
+"""`cmemu xfer` and `cmemu links`: the live fabric of a running emulator, from the shell.
+
+`cmemu links` prints directed links as naming.py spells them (a>b, data from a to b); each pastes
+as is into a link fault (Fabric/InjectFault target), which takes its physical link down."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import sys
 from typing import Any
 
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
+from emulator.cli.argtypes import non_negative_int, positive_float, positive_int, positive_size
 from emulator.client.clients import Clients
-from emulator.model.errors import InvalidArgumentError
 from emulator.runtime import state
 
 OPS = {"read": ub_pb2.UB_OP_READ, "write": ub_pb2.UB_OP_WRITE}
@@ -55,8 +60,6 @@ async def _xfer(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_xfer(args: argparse.Namespace) -> int:
-    if args.bytes <= 0:
-        raise InvalidArgumentError(f"--bytes must be > 0, got {args.bytes}")
     args.state_path = state.path_from(args.state_file)
     result = asyncio.run(_xfer(args))
     if args.json:
@@ -74,7 +77,12 @@ def cmd_xfer(args: argparse.Namespace) -> int:
 def xfer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="issuing device id, e.g. n00-npu0")
     p.add_argument("dst", help="target device id, e.g. n01-mem")
-    p.add_argument("--bytes", type=int, required=True, help="bytes to move (size-only payload)")
+    p.add_argument(
+        "--bytes",
+        type=positive_size,
+        required=True,
+        help="bytes to move (size-only payload), e.g. 4096, 1e9, 64KiB, 2GB",
+    )
     p.add_argument("--op", choices=sorted(OPS), default="write")
     p.add_argument("--src-die", type=int, default=0, help="the issuing NPU's die (default 0)")
     p.add_argument("--json", action="store_true", help="one JSON object")
@@ -88,11 +96,8 @@ async def _links(topology_path: Any, top: int) -> fabric_pb2.LinkStats:
         await clients.close()
 
 
-def cmd_links(args: argparse.Namespace) -> int:
-    if args.top <= 0:
-        raise InvalidArgumentError(f"--top must be > 0, got {args.top}")
-    stats = asyncio.run(_links(state.path_from(args.state_file), args.top))
-    rows = [
+def _rows(stats: fabric_pb2.LinkStats) -> list[dict[str, Any]]:
+    return [
         {
             "link": s.link,
             "kind": s.kind,
@@ -104,19 +109,81 @@ def cmd_links(args: argparse.Namespace) -> int:
         }
         for s in stats.links
     ]
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(f"{'LINK':<34} {'KIND':<8} {'BYTES':>14} {'GB/s':>7} {'UTIL':>6} {'FLOWS':>5}  UP")
-    for r in rows:
-        print(
+
+
+def _table(stats: fabric_pb2.LinkStats) -> list[str]:
+    lines = [f"{'LINK':<34} {'KIND':<8} {'BYTES':>14} {'GB/s':>7} {'UTIL':>6} {'FLOWS':>5}  UP"]
+    for r in _rows(stats):
+        lines.append(
             f"{r['link']:<34} {r['kind']:<8} {r['bytes']:>14} {r['capacity_GB_s']:>7.2f} "
             f"{r['utilization']:>6.1%} {r['active_flows']:>5}  {'yes' if r['up'] else 'NO'}"
         )
-    print(f"{stats.active_flows} flows in flight, {stats.completed_flows} completed")
+    lines.append(f"{stats.active_flows} flows in flight, {stats.completed_flows} completed")
+    return lines
+
+
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+async def _watch_links(args: argparse.Namespace) -> None:
+    """Redraw the table on every frame of the fabric's WatchLinkStats stream (top-style on a
+    terminal; frames one after another, or JSON lines, otherwise)."""
+    topology = state.read(state.path_from(args.state_file))
+    clients = Clients(topology)
+    redraw = sys.stdout.isatty() and not args.json
+    request = fabric_pb2.WatchLinkStatsRequest(
+        top=args.top, interval_ms=max(10, round(args.interval * 1000))
+    )
+    frames = 0
+    try:
+        async for stats in clients.fabric().WatchLinkStats(request):
+            frames += 1
+            if args.json:
+                print(json.dumps({"emulated_ns": stats.emulated_ns, "links": _rows(stats)}))
+            else:
+                header = (
+                    f"cmemu links: {topology.supernode} at {stats.emulated_ns / 1e9:.3f} s "
+                    f"emulated, every {args.interval:g} s (Ctrl-C stops)"
+                )
+                text = "\n".join([header, "", *_table(stats)])
+                print((CLEAR_SCREEN if redraw else ("" if frames == 1 else "\n")) + text)
+            sys.stdout.flush()
+            if args.count and frames >= args.count:
+                return
+    finally:
+        await clients.close()
+
+
+def cmd_links(args: argparse.Namespace) -> int:
+    if args.watch:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_watch_links(args))
+        return 0
+    stats = asyncio.run(_links(state.path_from(args.state_file), args.top))
+    if args.json:
+        print(json.dumps(_rows(stats), indent=2))
+        return 0
+    print("\n".join(_table(stats)))
     return 0
 
 
 def links_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--top", type=int, default=20, help="how many links, busiest first (default 20)")
-    p.add_argument("--json", action="store_true", help="one JSON array")
+    p.add_argument(
+        "--top", type=positive_int, default=20, help="how many links, busiest first (default 20)"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON array (--watch: one per frame)")
+    p.add_argument(
+        "--watch", action="store_true", help="a live view, redrawn every --interval; Ctrl-C stops"
+    )
+    p.add_argument(
+        "--interval",
+        type=positive_float,
+        default=1.0,
+        help="with --watch, seconds between frames (default 1, at least 0.01)",
+    )
+    p.add_argument(
+        "--count",
+        type=non_negative_int,
+        default=0,
+        help="with --watch, stop after N frames (0: never)",
+    )

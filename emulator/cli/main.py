@@ -2,65 +2,67 @@
 
 Exit codes: 0 success; 1 an error the emulator reported (its message on stderr); 2 a usage error.
 `cmemu probe` follows grpc_health_probe: 0 SERVING, 3 unreachable or failed call, 4 not SERVING.
+Human output goes to stdout, JSON logs to stderr (client commands log only warnings by default);
+output piped into a reader that stops early (`| head`) ends quietly with 141.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
+import os
 import sys
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
+from emulator.cli import argtypes, up
 from emulator.cli.ems import cmd_ems, ems_args
 from emulator.cli.fabric import cmd_links, cmd_xfer, links_args, xfer_args
+from emulator.cli.fault import cmd_fault, fault_args
+from emulator.cli.instances import cmd_down, cmd_instances, down_args, instances_args
+from emulator.cli.status import cmd_status, status_args
 from emulator.cli.watch import cmd_watch, watch_args
 from emulator.client import health
+from emulator.client.errors import describe as describe_error
 from emulator.model.errors import EmulatorError
 from emulator.model.hardware import figures
-from emulator.model.presets import DEFAULT_PRESET, load_presets
+from emulator.model.presets import load_presets
 from emulator.model.topology import (
-    CONTAINER_PORT,
-    DEFAULT_BASE_PORT,
-    DEFAULT_HOST,
-    AddressPlan,
     DeviceKind,
-    LoopbackPlan,
-    PortPlan,
     ServiceKind,
     Topology,
-    build,
+    summary,
 )
-from emulator.runtime import compose, launch, state
+from emulator.runtime import state
 from emulator.runtime.logs import LEVELS, configure_logging
+from emulator.runtime.supernode import LaunchOptions
+from services.status import status_of
 
 PROBE_UNREACHABLE = 3
 PROBE_NOT_SERVING = 4
-
-
-ADDRESSING: dict[str, Callable[[argparse.Namespace], AddressPlan]] = {
-    "ports": lambda a: PortPlan(host=a.host, base_port=a.base_port),
-    "loopback": lambda a: LoopbackPlan(port=a.port),
-}
+USAGE_ERROR = 2
+BROKEN_PIPE = 128 + 13  # as a process killed by SIGPIPE
+SERVER_COMMANDS = frozenset({"up", "serve"})  # these log at info by default, the rest at warning
+DISTRIBUTION = "cloudmatrix-emulator"
 
 
 def _topology_from_args(args: argparse.Namespace) -> Topology:
-    return build(args.preset, plan=ADDRESSING[args.addressing](args), time_scale=args.time_scale)
+    return LaunchOptions(
+        preset=args.preset,
+        addressing=args.addressing,
+        host=args.host,
+        base_port=args.base_port,
+        port=args.port,
+        time_scale=args.time_scale,
+    ).topology()
 
 
 def _state_path(args: argparse.Namespace) -> Path:
     return state.path_from(args.state_file)
-
-
-# --- up ----------------------------------------------------------------------------------------
-
-
-def cmd_up(args: argparse.Namespace) -> int:
-    return launch.cmd_up(args, _topology_from_args)
 
 
 # --- probe, ls ---------------------------------------------------------------------------------
@@ -133,14 +135,7 @@ def cmd_topology(args: argparse.Namespace) -> int:
     if args.json:
         print(topology.to_json(indent=2 if args.indent else None))
         return 0
-    kinds = Counter(d.kind.value for d in topology.devices)
-    links = Counter(link.kind.value for link in topology.links)
-    tiers = Counter(s.tier for s in topology.switches)
-    print(f"{topology.preset} ({topology.source}): {len(topology.nodes)} nodes")
-    print("devices   " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
-    print("switches  " + ", ".join(f"{n} {t}" for t, n in sorted(tiers.items())))
-    print("links     " + ", ".join(f"{n} {k}" for k, n in sorted(links.items())))
-    print(f"addresses {topology.devices[0].address} .. {topology.devices[-1].address}")
+    print(summary(topology))
     return 0
 
 
@@ -159,118 +154,9 @@ def cmd_hardware(args: argparse.Namespace) -> int:
 # --- parser ------------------------------------------------------------------------------------
 
 
-def _add_topology_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--preset",
-        default=DEFAULT_PRESET,
-        help=f"supernode preset (default {DEFAULT_PRESET}; see `cmemu presets`)",
-    )
-    p.add_argument(
-        "--addressing",
-        choices=sorted(ADDRESSING),
-        default="ports",
-        help="ports: one host, a port per device (default); loopback: an address "
-        "127.x.y.z per device on one port, as containers have (needed past ~11,000 devices)",
-    )
-    p.add_argument(
-        "--port",
-        type=int,
-        default=CONTAINER_PORT,
-        help=f"with --addressing loopback, the port of every device (default {CONTAINER_PORT})",
-    )
-    p.add_argument(
-        "--host", default=DEFAULT_HOST, help=f"address every device binds (default {DEFAULT_HOST})"
-    )
-    p.add_argument(
-        "--base-port",
-        type=int,
-        default=DEFAULT_BASE_PORT,
-        help=f"port of the first device; the others follow (default {DEFAULT_BASE_PORT})",
-    )
-    p.add_argument(
-        "--time-scale", type=float, default=1.0, help="emulated seconds per wall second (default 1)"
-    )
-
-
 def _add_state_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--state-file",
-        help=f"the running emulator's state file (default ${state.ENV_VAR} or "
-        f"{state.default_path()})",
-    )
-
-
-def _up_args(up: argparse.ArgumentParser) -> None:
-    _add_topology_args(up)
-    _add_state_arg(up)
-    up.add_argument(
-        "--mode",
-        choices=sorted(launch.MODES),
-        default="inprocess",
-        help="inprocess: every server in this process (default); procs: one OS process per "
-        "device or node, each on its own loopback address",
-    )
-    up.add_argument("--per", choices=compose.PER, default="device", help="with --mode procs")
-    up.add_argument(
-        "--from-compose",
-        metavar="FILE",
-        help="run the services of a compose file as local processes, each hostname becoming "
-        "a loopback address",
-    )
-    up.add_argument(
-        "--ready-timeout",
-        type=float,
-        default=180.0,
-        help="seconds to wait for all SERVING (default 180)",
-    )
-    up.add_argument(
-        "--broker",
-        help="MQTT broker for telemetry and events, mqtt://HOST:PORT; 'none' for no MQTT "
-        "(default: an embedded broker on 127.0.0.1, its URL in the state file)",
-    )
-    up.add_argument(
-        "--drain",
-        type=float,
-        default=0.2,
-        help="seconds between NOT_SERVING and stop (default 0.2)",
-    )
-
-
-def _serve_args(serve: argparse.ArgumentParser) -> None:
-    serve.add_argument("--topology", required=True, help="the topology document (JSON)")
-    what = serve.add_mutually_exclusive_group(required=True)
-    what.add_argument("--device", help="one device id")
-    what.add_argument("--node", help="every device of one node, e.g. n07")
-    what.add_argument("--service", help="a supernode-wide service, e.g. fabric")
-    serve.add_argument(
-        "--drain", type=float, default=0.5, help="seconds between NOT_SERVING and stop"
-    )
-    serve.add_argument(
-        "--ssd-dir", help="with --service ems: where its SSD tier lives (default $CMEMU_EMS_SSD)"
-    )
-    serve.add_argument(
-        "--rebuild-wait",
-        type=float,
-        default=30.0,
-        help="with --service ems: seconds to wait for silent memory pools while rebuilding the "
-        "index before counting them down (default 30)",
-    )
-
-
-def _compose_args(comp: argparse.ArgumentParser) -> None:
-    comp.add_argument("--preset", default=DEFAULT_PRESET, help=f"default {DEFAULT_PRESET}")
-    comp.add_argument(
-        "--per",
-        choices=compose.PER,
-        default="device",
-        help="one container per device (default) or node",
-    )
-    comp.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        help="the compose file to write; the topology and broker config go beside it",
-    )
+    """`--name NAME | --state-file PATH`; main() resolves them into args.state_file."""
+    argtypes.add_state_arg(p)
 
 
 def _probe_args(probe: argparse.ArgumentParser) -> None:
@@ -293,22 +179,30 @@ def _ls_args(ls: argparse.ArgumentParser) -> None:
     ls.add_argument("--json", action="store_true", help="one JSON array")
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cmemu", description="CloudMatrix supernode emulator")
+    parser.add_argument("--version", action="version", version=f"cmemu {_version()}")
     parser.add_argument(
         "--log-level",
         choices=LEVELS,
-        default="info",
-        help="JSON logs on stderr at this level (default info)",
+        help="JSON logs on stderr at this level (default: info for up and serve, "
+        "warning for every other command)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
-        "up": (cmd_up, "run a whole supernode (in this process, as processes, or from compose)"),
+        "up": (up.cmd_up, "run a whole supernode (in this process, as processes, or from compose)"),
         "serve": (
-            launch.cmd_serve,
+            up.cmd_serve,
             "serve one device, node or service of a topology (a container's entry point)",
         ),
-        "compose": (launch.cmd_compose, "generate a docker compose file for a preset"),
+        "compose": (up.cmd_compose, "generate a docker compose file for a preset"),
         "probe": (cmd_probe, "health-check one device (exit 0 only when SERVING)"),
         "ls": (cmd_ls, "list the running emulator's devices with their health"),
         "topology": (cmd_topology, "describe a preset's topology (--json: the full document)"),
@@ -321,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
         "links": (cmd_links, "the fabric's busiest links"),
         "watch": (cmd_watch, "print the running emulator's events as they happen"),
         "ems": (cmd_ems, "the elastic memory store: put, get, stat"),
+        "status": (cmd_status, "one running instance at a glance: launcher, time, health, faults"),
+        "fault": (cmd_fault, "inject, list and clear device and fabric faults"),
+        "down": (cmd_down, "stop a running instance (SIGTERM to its launcher, then wait)"),
+        "instances": (cmd_instances, "list the instances that have a state file"),
     }
     parsers = {}
     for name, (func, help_text) in commands.items():
@@ -328,9 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         parsers[name] = p
 
-    _up_args(parsers["up"])
-    _serve_args(parsers["serve"])
-    _compose_args(parsers["compose"])
+    up.up_args(parsers["up"])
+    up.serve_args(parsers["serve"])
+    up.compose_args(parsers["compose"])
     _probe_args(parsers["probe"])
     _ls_args(parsers["ls"])
     xfer_args(parsers["xfer"])
@@ -340,9 +238,15 @@ def build_parser() -> argparse.ArgumentParser:
     ems_args(parsers["ems"], _add_state_arg)
     watch_args(parsers["watch"])
     _add_state_arg(parsers["watch"])
+    status_args(parsers["status"])
+    _add_state_arg(parsers["status"])
+    fault_args(parsers["fault"], _add_state_arg)
+    down_args(parsers["down"])
+    _add_state_arg(parsers["down"])
+    instances_args(parsers["instances"])
 
     topo = parsers["topology"]
-    _add_topology_args(topo)
+    up.add_topology_args(topo)
     topo.add_argument("--json", action="store_true", help="print the whole topology document")
     topo.add_argument("--indent", action="store_true", help="with --json, pretty-print")
     return parser
@@ -351,15 +255,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    configure_logging(args.log_level)
+    configure_logging(args.log_level or ("info" if args.command in SERVER_COMMANDS else "warning"))
     try:
+        argtypes.resolve_state(args)
         code: int = args.func(args)
-    except EmulatorError as exc:
+        sys.stdout.flush()
+    except argtypes.UsageError as exc:
         print(f"cmemu {args.command}: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except EmulatorError as exc:  # raised here, not by a server: the status it would have been
+        reason = f" ({exc.reason})" if exc.reason != status_of(exc).name else ""
+        print(f"cmemu {args.command}: {status_of(exc).name}{reason}: {exc}", file=sys.stderr)
         return 1
-    except grpc.aio.AioRpcError as exc:
-        print(f"cmemu {args.command}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+    except grpc.aio.AioRpcError as exc:  # e.g. "NOT_FOUND (DEVICE_NOT_FOUND): no device ..."
+        print(f"cmemu {args.command}: {describe_error(exc)}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # the reader went away (`cmemu ls | head -1`): no traceback, nothing more to flush
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return BROKEN_PIPE
     except KeyboardInterrupt:
         return 130
     return code

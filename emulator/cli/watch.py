@@ -11,6 +11,7 @@ from typing import Any
 
 import aiomqtt
 
+from emulator.cli.argtypes import non_negative_int
 from emulator.model.errors import InvalidArgumentError, UnavailableError
 from emulator.runtime import state
 from emulator.runtime.events import parse_broker_url, topic
@@ -60,8 +61,6 @@ async def _watch(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    if args.count < 0:
-        raise InvalidArgumentError("--count must be >= 0")
     try:
         return asyncio.run(_watch(args))
     except KeyboardInterrupt:
@@ -71,6 +70,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def watch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="*", help="only devices matching this glob, e.g. 'n07-*'")
     p.add_argument("--telemetry", action="store_true", help="telemetry samples too")
-    p.add_argument("--count", type=int, default=0, help="stop after N messages (0: never)")
+    p.add_argument(
+        "--count", type=non_negative_int, default=0, help="stop after N messages (0: never)"
+    )
     p.add_argument("--json", action="store_true", help="the raw JSON payloads, one per line")
     p.add_argument("--ready", action="store_true", help="print 'watching' once subscribed")

@@ -32,3 +32,12 @@ class Clock:
     def wall_at(self, emulated_ns: int) -> float:
         """The wall-clock instant (time.time() scale) at which emulated time reaches emulated_ns."""
         return self.epoch_wall_s + emulated_ns / 1e9 / self.time_scale
+
+    def emulated_delay_s(self, wall_s: float) -> float:
+        """The emulated seconds that pass in `wall_s` wall seconds (wall_delay_s's inverse)."""
+        return wall_s * self.time_scale
+
+    def wall_delay_s(self, emulated_s: float) -> float:
+        """Wall seconds that `emulated_s` of emulated time take: how long periodic work
+        (telemetry, health sweeps, polls) sleeps between rounds."""
+        return emulated_s / self.time_scale

@@ -9,20 +9,21 @@ rank at once), registered by name in ALGORITHMS.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.costmodel import (
-    endpoint_latency_s,
-    hop_latency_s,
-    moe_bytes_per_token,
-    moe_overhead_s,
-)
+from emulator.model.costmodel import moe_bytes_per_token, moe_overhead_s
 from emulator.model.errors import InvalidArgumentError, OutOfRangeError, UnavailableError
 from emulator.model.flowsim import FlowBatch, simulate, weighted_sum
-from emulator.model.linkgraph import Endpoint, LinkGraph
+from emulator.model.linkgraph import (
+    Endpoint,
+    LinkGraph,
+    RouteKind,
+    flow_plane_caps,
+    l2_plane_caps,
+)
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -36,7 +37,7 @@ class CollectiveSpec:
     pair_bytes: tuple[int, ...] = ()
     root: int = 0
     tokens_per_rank: int = 0
-    top_k: int = 8
+    top_k: int = 0  # 0: the profile's (profile.moe.top_k)
     bytes_per_token: int = 0
 
 
@@ -145,15 +146,18 @@ ALGORITHMS: dict[str, Algorithm] = {
 
 
 class DieFlows:
-    """Vectorised routes between NPU dies: the same rules as LinkGraph.route, for 100,000 pairs."""
+    """Routes between NPU dies for a whole collective at once. The rules are the link graph's
+    (LinkGraph.port_caps, l2_caps, die_link, base_latency_s, with l2_plane_caps and
+    flow_plane_caps), which LinkGraph.route applies to one pair: here they are applied to
+    100,000 pairs in array form. Ceilings depend only on a flow's (source row, destination row,
+    node pair), and ranks share few distinct rows (all equal without faults), so each distinct
+    combination is computed once."""
 
     def __init__(self, graph: LinkGraph, ranks: list[Endpoint]) -> None:
         self.graph = graph
-        cap = graph.link_cap()
-        planes = graph.planes
-        extra = graph.trunk_extra_latency()
         nodes = sorted({e.device.node for e in ranks})
         node_index = {n: i for i, n in enumerate(nodes)}
+        self.n_nodes = len(nodes)
         self.node = np.array([node_index[e.device.node] for e in ranks], dtype=np.int64)
         npu_index: dict[str, int] = {}
         self.npu = np.array(
@@ -161,33 +165,40 @@ class DieFlows:
         )
         self.out = np.array([e.out[0][0] for e in ranks], dtype=np.int64)
         self.inn = np.array([e.inn[0][0] for e in ranks], dtype=np.int64)
-        # an NPU die has exactly one port per plane
-        self.out_pc = cap[np.array([[p[0] for p in e.out_ports] for e in ranks], dtype=np.int64)]
-        self.in_pc = cap[np.array([[p[0] for p in e.in_ports] for e in ranks], dtype=np.int64)]
-        self.up = np.array([graph.trunk(f"{n}:up") for n in nodes], dtype=np.int64)
-        self.down = np.array([graph.trunk(f"{n}:down") for n in nodes], dtype=np.int64)
-        self.up_pc = np.array(
-            [[graph._uplink(n, p, cap, down=False)[0] for p in range(planes)] for n in nodes]
-        )
-        self.down_pc = np.array(
-            [[graph._uplink(n, p, cap, down=True)[0] for p in range(planes)] for n in nodes]
-        )
-        by_npu: dict[str, list[int]] = {}
-        for i, e in enumerate(ranks):
-            by_npu.setdefault(e.device.id, []).append(i)
+        self.up = np.array([graph.uplink_trunk(n) for n in nodes], dtype=np.int64)
+        self.down = np.array([graph.downlink_trunk(n) for n in nodes], dtype=np.int64)
+        rows = np.array([e.row for e in ranks], dtype=np.int64)
+        node_rows = np.array([graph.node_row[n] for n in nodes], dtype=np.int64)
+        out_pc = graph.port_caps()[rows]
+        in_pc = graph.port_caps(inbound=True)[rows]
+        up = graph.l2_caps()[node_rows]
+        down = graph.l2_caps(down=True)[node_rows]
+        l2 = l2_plane_caps(up[:, None], down[None, :]).reshape(len(nodes) ** 2, graph.planes)
+        self.out_rows, self.out_of = _distinct(out_pc)
+        self.in_rows, self.in_of = _distinct(in_pc)
+        self.l2_rows, self.l2_of = _distinct(l2)
+        self.same_table = flow_plane_caps(self.out_rows[:, None], self.in_rows[None, :]).sum(-1)
+        self.cross_table = flow_plane_caps(
+            self.out_rows[:, None, None], self.in_rows[None, :, None], self.l2_rows[None, None, :]
+        ).sum(-1)
         self.sibling: dict[tuple[int, int], tuple[int, float]] = {}
+        by_npu: dict[int, list[int]] = {}
+        for i, n in enumerate(self.npu.tolist()):
+            by_npu.setdefault(n, []).append(i)
         for members in by_npu.values():
             for i in members:
                 for j in members:
-                    if i != j:
-                        name = f"{ranks[i].name}>{ranks[j].name}"
-                        self.sibling[(i, j)] = (graph.trunk(name), float(cap[graph._index[name]]))
-        # a cross-node flow also meets one L1->L2 link per plane at each end
-        self.out_x = np.minimum(self.out_pc, self.up_pc[self.node])
-        self.in_x = np.minimum(self.in_pc, self.down_pc[self.node])
-        self.extra = extra
-        self.endpoint_s = endpoint_latency_s(graph.profile)
-        self.hop_s = hop_latency_s(graph.profile)
+                    link = graph.die_link(ranks[i], ranks[j])
+                    if link is not None:
+                        self.sibling[(i, j)] = link
+        self.extra = graph.trunk_extra_latency()
+        # by kind code: 0 sibling dies, 1 same node, 2 across nodes
+        self.base_latency = np.array(
+            [
+                graph.base_latency_s(kind)
+                for kind in (RouteKind.SIBLING, RouteKind.SAME_NODE, RouteKind.CROSS_NODE)
+            ]
+        )
         devices = [e.device.id for e in ranks]
         for x, y in graph.partitions:
             sides = {d for d in devices if d in x}, {d for d in devices if d in y}
@@ -201,17 +212,25 @@ class DieFlows:
         src, dst, nbytes = phase.src[keep], phase.dst[keep], phase.nbytes[keep]
         n = len(src)
         flows = np.arange(n, dtype=np.int64)
-        sib = self.npu[src] == self.npu[dst]
+        sib = np.zeros(n, dtype=bool)
+        sib_caps: list[tuple[int, int, float]] = []
+        for f in np.flatnonzero(self.npu[src] == self.npu[dst]).tolist():
+            link = self.sibling.get((int(src[f]), int(dst[f])))
+            if link is not None:
+                sib[f] = True
+                sib_caps.append((f, *link))
         cross = (self.node[src] != self.node[dst]) & ~sib
         same = ~sib & ~cross
+        kind = np.where(cross, 2, np.where(same, 1, 0))
+        latency = self.base_latency[kind]
+        out_of, in_of = self.out_of[src], self.in_of[dst]
         cap = np.where(
             cross,
-            _pair_caps(self.out_x, self.in_x, src, dst),
-            _pair_caps(self.out_pc, self.in_pc, src, dst),
+            self.cross_table[
+                out_of, in_of, self.l2_of[self.node[src] * self.n_nodes + self.node[dst]]
+            ],
+            self.same_table[out_of, in_of],
         )
-        latency = np.full(n, self.endpoint_s)
-        latency[same] += self.hop_s
-        latency[cross] += 3 * self.hop_s
         inc_flow = [flows[~sib], flows[~sib], flows[cross], flows[cross]]
         inc_res = [
             self.out[src[~sib]],
@@ -219,15 +238,15 @@ class DieFlows:
             self.up[self.node[src[cross]]],
             self.down[self.node[dst[cross]]],
         ]
-        for f in np.flatnonzero(sib):
-            trunk, d2d_cap = self.sibling[(int(src[f]), int(dst[f]))]
-            inc_flow.append(np.array([f], dtype=np.int64))
-            inc_res.append(np.array([trunk], dtype=np.int64))
-            cap[f] = d2d_cap
+        if sib_caps:
+            f_sib, trunk, d2d_cap = (np.array(c) for c in zip(*sib_caps, strict=True))
+            inc_flow.append(f_sib.astype(np.int64))
+            inc_res.append(trunk.astype(np.int64))
+            cap[f_sib] = d2d_cap
         all_flow = np.concatenate(inc_flow)
         all_res = np.concatenate(inc_res)
         if self.extra.any():
-            latency += weighted_sum(all_flow, self.extra[all_res], n)
+            latency = latency + weighted_sum(all_flow, self.extra[all_res], n)
         if (cap <= 0).any():
             dead = int(np.flatnonzero(cap <= 0)[0])
             raise UnavailableError(
@@ -243,15 +262,10 @@ class DieFlows:
         )
 
 
-def _pair_caps(out_pc: FloatArray, in_pc: FloatArray, src: IntArray, dst: IntArray) -> FloatArray:
-    """Sum over planes of min(source port, destination port), for every (src, dst) pair.
-    Ranks mostly share a few distinct rows (all equal without faults), so the plane-wise minimum is
-    taken once per distinct pair of rows, not once per flow."""
-    out_rows, out_of = np.unique(out_pc, axis=0, return_inverse=True)
-    in_rows, in_of = np.unique(in_pc, axis=0, return_inverse=True)
-    table: FloatArray = np.minimum(out_rows[:, None, :], in_rows[None, :, :]).sum(axis=2)
-    pair_caps: FloatArray = table[out_of.ravel()[src], in_of.ravel()[dst]]
-    return pair_caps
+def _distinct(rows: FloatArray) -> tuple[FloatArray, IntArray]:
+    """The distinct rows of a matrix, and for each row the index of its distinct row."""
+    distinct, of = np.unique(rows, axis=0, return_inverse=True)
+    return distinct, of.ravel().astype(np.int64)
 
 
 def run_collective(
@@ -263,9 +277,11 @@ def run_collective(
             f"unknown collective {spec.op!r}; known: {', '.join(ALGORITHMS)}"
         )
     profile = graph.profile
-    if algorithm.moe is not None and not spec.bytes_per_token:
-        spec = CollectiveSpec(
-            **{**spec.__dict__, "bytes_per_token": moe_bytes_per_token(algorithm.moe, profile)}
+    if algorithm.moe is not None:
+        spec = replace(
+            spec,
+            top_k=spec.top_k or profile.moe.top_k,
+            bytes_per_token=spec.bytes_per_token or moe_bytes_per_token(algorithm.moe, profile),
         )
     phases = algorithm.phases(len(ranks), spec)
     flows = sum(len(p.src) for p in phases)

@@ -125,3 +125,12 @@ def moe_overhead_s(op: str, profile: HardwareProfile = DEFAULT_PROFILE) -> float
     over_ports = per_rank * (moe.ep_ranks - 2) / moe.ep_ranks
     transfer = ub_base_latency_s(profile) + over_ports / profile.ub.achieved_bytes_per_s_per_die
     return measured - transfer
+
+
+def ems_ssd_ns(size: int, profile: HardwareProfile = DEFAULT_PROFILE) -> int:
+    """Emulated duration of reading or writing `size` bytes on EMS's SSD tier: its latency plus
+    the bytes at one node's SSD bandwidth."""
+    if size < 0:
+        raise InvalidArgumentError(f"size must be >= 0, got {size}")
+    ems = profile.ems
+    return round((ems.ssd_latency_s + size / ems.ssd_bytes_per_s_per_node) * NS)

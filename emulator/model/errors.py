@@ -2,42 +2,130 @@
 
 The core knows nothing of gRPC: it raises these, and the service layer maps each class to a status
 code in one table (services/status.py). Each error carries the attributes a caller needs to act on
-it, not only a message.
+it, not only a message:
+
+- `reason`: a stable UPPER_SNAKE name a program can branch on (stable across releases); each class
+  has a default, a raise site may name a sharper one (DEVICE_NOT_FOUND rather than NOT_FOUND);
+- `field`: the request field at fault, as a path ("dst.eid"), when there is one;
+- `subject`: the id of the offending thing ("n00-npu3", "f7"), when there is one;
+- `retry_after_s`: set only where retrying the same request later can succeed (a faulted device, a
+  route cut by a fault), in wall seconds.
+
+The service layer may know the field or the id better than the model that raised: `blame` fills in
+what a raise left unset as the error passes through.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+RETRY_AFTER_S = 1.0
+"""The retry hint of a retryable UNAVAILABLE (a faulted device, a cut route), in wall seconds: the
+emulator cannot know when a fault clears, so this is only how soon asking again is reasonable."""
 
 
 class EmulatorError(Exception):
     """Base of every error the emulator raises on purpose."""
 
+    default_reason = "EMULATOR_ERROR"
+    default_retry_after_s: float | None = None
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        field: str | None = None,
+        subject: str | None = None,
+        reason: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.field = field
+        self.subject = subject
+        self.reason = reason or self.default_reason
+        self.retry_after_s = self.default_retry_after_s if retry_after_s is None else retry_after_s
+        self._reason_set = reason is not None
+
+    def annotate(
+        self,
+        *,
+        field: str | None = None,
+        subject: str | None = None,
+        reason: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        """Fill in what the raise left unset; what it did set wins."""
+        self.field = self.field or field
+        self.subject = self.subject or subject
+        if reason is not None and not self._reason_set:
+            self.reason, self._reason_set = reason, True
+        if self.retry_after_s is None:
+            self.retry_after_s = retry_after_s
+
+
+@contextmanager
+def blame(
+    *,
+    field: str | None = None,
+    subject: str | None = None,
+    reason: str | None = None,
+    retry_after_s: float | None = None,
+    on: type[EmulatorError] | tuple[type[EmulatorError], ...] = EmulatorError,
+) -> Iterator[None]:
+    """Annotate (see EmulatorError.annotate) every error of class `on` raised inside the block."""
+    try:
+        yield
+    except on as exc:
+        exc.annotate(field=field, subject=subject, reason=reason, retry_after_s=retry_after_s)
+        raise
+
 
 class InvalidArgumentError(EmulatorError):
     """The request itself is malformed, whatever the state of the emulator."""
+
+    default_reason = "INVALID_ARGUMENT"
 
 
 class NotFoundError(EmulatorError):
     """A named thing (device, EID, region, preset) does not exist."""
 
+    default_reason = "NOT_FOUND"
+
 
 class UnknownNameError(NotFoundError):
     """A name looked up in a registry table; the message lists the names that do exist."""
 
-    def __init__(self, what: str, name: str, known: Iterable[str]) -> None:
+    def __init__(
+        self,
+        what: str,
+        name: str,
+        known: Iterable[str],
+        *,
+        field: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         self.what = what
         self.name = name
         self.known = sorted(known)
-        super().__init__(f"unknown {what} {name!r}; known: {', '.join(self.known)}")
+        super().__init__(
+            f"unknown {what} {name!r}; known: {', '.join(self.known)}",
+            field=field,
+            subject=name,
+            reason=reason or f"UNKNOWN_{what.upper().replace(' ', '_').replace('-', '_')}",
+        )
 
 
 class OutOfRangeError(EmulatorError):
     """An address or index outside what the device has."""
 
+    default_reason = "OUT_OF_RANGE"
+
 
 class CapacityError(EmulatorError):
     """Not enough room; says how much was asked for and what is free."""
+
+    default_reason = "OUT_OF_CAPACITY"
 
     def __init__(
         self,
@@ -47,6 +135,9 @@ class CapacityError(EmulatorError):
         largest_free: int | None = None,
         *,
         unit: str = "bytes",
+        field: str | None = None,
+        subject: str | None = None,
+        reason: str | None = None,
     ) -> None:
         self.what = what
         self.requested = requested
@@ -55,25 +146,43 @@ class CapacityError(EmulatorError):
         detail = f"{free} {unit} free"
         if self.largest_free != free:
             detail += f", largest contiguous {self.largest_free} {unit}"
-        super().__init__(f"{what}: requested {requested} {unit}, {detail}")
+        super().__init__(
+            f"{what}: requested {requested} {unit}, {detail}",
+            field=field,
+            subject=subject,
+            reason=reason,
+        )
 
 
 class PreconditionError(EmulatorError):
     """The request is well formed but the state does not allow it (e.g. memory not allocated)."""
 
+    default_reason = "FAILED_PRECONDITION"
+
 
 class UnavailableError(EmulatorError):
-    """The device is faulted or stopping; the caller may retry elsewhere or later."""
+    """The device is faulted or stopping; the caller may retry elsewhere or later.
+
+    Retryable only when `retry_after_s` is set (by the raise, or by `blame` where the cause is
+    known to pass: a faulted device, a route cut by a fault, an unreachable peer)."""
+
+    default_reason = "UNAVAILABLE"
 
 
 class AddressInUseError(EmulatorError):
     """A device's address could not be bound: another process (or device) holds it."""
 
+    default_reason = "ADDRESS_IN_USE"
+
     def __init__(self, device: str, address: str) -> None:
         self.device = device
         self.address = address
-        super().__init__(f"cannot bind {device} to {address}: address already in use")
+        super().__init__(
+            f"cannot bind {device} to {address}: address already in use", subject=device
+        )
 
 
 class DataLossError(EmulatorError):
     """Stored bytes no longer match their checksum, and no good copy is left."""
+
+    default_reason = "DATA_LOSS"

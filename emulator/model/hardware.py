@@ -133,7 +133,7 @@ class EmsProfile:
     real_object_max_bytes: int = fig(64 * 1024, "assumed")  # larger objects are size-only
     object_max_bytes: int = fig(64 * GiB, "assumed")
     vnodes_per_pool: int = fig(64, "assumed")  # consistent-hash ring points per pool
-    check_interval_s: float = fig(0.5, "assumed")  # wall seconds between pool health sweeps
+    check_interval_s: float = fig(0.5, "assumed")  # emulated seconds between pool health sweeps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,6 +162,11 @@ class HardwareProfile:
     moe: MoeCalibration = field(default_factory=MoeCalibration)
     ems: EmsProfile = field(default_factory=EmsProfile)
     limits: EmulatorLimits = field(default_factory=EmulatorLimits)
+
+    @property
+    def pool_bytes(self) -> int:
+        """The size of a node's memory pool: the pooled share of each of its CPUs' DRAM."""
+        return self.node.cpus * self.cpu.pooled_bytes
 
 
 DEFAULT_PROFILE = HardwareProfile()

@@ -112,7 +112,10 @@ class FaultSet:
         kind = FAULT_KINDS.get(spec.kind)
         if kind is None:
             raise InvalidArgumentError(
-                f"unknown fault kind {spec.kind!r}; known: {', '.join(FAULT_KINDS)}"
+                f"unknown fault kind {spec.kind!r}; known: {', '.join(FAULT_KINDS)}",
+                field="kind",
+                subject=spec.kind,
+                reason="UNKNOWN_FAULT_KIND",
             )
         kind.validate(self.graph, spec)
         stored = FaultSpec(**{**spec.__dict__, "id": f"f{next(self._ids)}"})
@@ -120,10 +123,22 @@ class FaultSet:
         self._reapply()
         return stored
 
-    def clear(self, fault_id: str = "") -> None:
+    def clear(self, fault_id: str = "", *, all: bool = False) -> None:
+        """Clear one fault by id, or every fault with all=True (never by an empty id)."""
+        if fault_id and all:
+            raise InvalidArgumentError(
+                "name one fault (id) or all, not both", field="all", subject=fault_id
+            )
+        if not fault_id and not all:
+            raise InvalidArgumentError(
+                "id is required (clearing every fault takes all=true)", field="id"
+            )
         if fault_id and fault_id not in self.faults:
             raise NotFoundError(
-                f"no fault {fault_id!r}; active: {', '.join(self.faults) or 'none'}"
+                f"no fault {fault_id!r}; active: {', '.join(self.faults) or 'none'}",
+                field="id",
+                subject=fault_id,
+                reason="FAULT_NOT_FOUND",
             )
         if fault_id:
             del self.faults[fault_id]

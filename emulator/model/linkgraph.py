@@ -20,6 +20,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 import numpy.typing as npt
@@ -33,19 +34,57 @@ from emulator.model.errors import (
 )
 from emulator.model.flowsim import weighted_sum
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.topology import (
-    Device,
-    DeviceKind,
-    LinkKind,
-    Topology,
-    die_port,
-    l1_switch,
-    l2_switch,
+from emulator.model.naming import (
+    DieName,
+    Tier,
+    die_id,
+    directed_link_id,
+    parse_endpoint,
+    parse_link,
+    parse_switch,
+    trunk_id,
 )
+from emulator.model.topology import Device, DeviceKind, LinkKind, Topology
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 Incidence = tuple[tuple[int, float], ...]  # (trunk index, share of the flow that crosses it)
 ROUTE_CACHE_MAX = 200_000
+
+
+class RouteKind(StrEnum):
+    """What a route crosses, which decides its fixed latency (LinkGraph.base_latency_s)."""
+
+    LOCAL = "local"  # an endpoint to itself: an HBM or DRAM copy
+    SIBLING = "sibling"  # the two dies of one NPU package, over their die-to-die link
+    SAME_NODE = "same-node"  # through one L1 chip on each plane
+    CROSS_NODE = "cross-node"  # L1, L2, L1 on each plane
+
+
+SWITCH_HOPS = {
+    RouteKind.LOCAL: 0,
+    RouteKind.SIBLING: 0,
+    RouteKind.SAME_NODE: 1,
+    RouteKind.CROSS_NODE: 3,
+}
+
+
+def l2_plane_caps(up: FloatArray, down: FloatArray) -> FloatArray:
+    """Per plane, the ceiling of a flow across the L2 tier: one L1->L2 link out of the source
+    node and one L2->L1 link into the destination node, through the best L2 chip live on both
+    (0 where no chip is). Chips on the last axis, planes before; other axes broadcast."""
+    best: FloatArray = np.minimum(up, down).max(axis=-1)
+    return best
+
+
+def flow_plane_caps(
+    src_ports: FloatArray, dst_ports: FloatArray, l2: FloatArray | None = None
+) -> FloatArray:
+    """Per plane, a flow's own ceiling: a plane carries it only where both ends have live ports
+    on it (and, across nodes, the L2 tier connects them: `l2`, from l2_plane_caps). Planes on the
+    last axis; a flow's ceiling is the sum over its planes."""
+    caps: FloatArray = np.minimum(src_ports, dst_ports)
+    return caps if l2 is None else np.minimum(caps, l2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +92,7 @@ class Endpoint:
     """Where a flow starts or ends: an NPU die, a CPU, or a memory pool."""
 
     name: str
+    row: int  # its row in LinkGraph.port_caps()
     device: Device
     out: Incidence
     inn: Incidence
@@ -63,6 +103,7 @@ class Endpoint:
 
 @dataclass(frozen=True, kw_only=True)
 class Route:
+    kind: RouteKind
     resources: Incidence
     cap: float  # the flow's own ceiling, bytes/s
     latency_s: float
@@ -71,14 +112,20 @@ class Route:
 
 
 class LinkGraph:
+    """The one router: LinkGraph.route for one transfer, and for collectives the same rules in
+    array form (port_caps, l2_caps, die_link, base_latency_s, with l2_plane_caps and
+    flow_plane_caps), which collectives.DieFlows applies to 100,000 pairs at once."""
+
     def __init__(self, topology: Topology, profile: HardwareProfile = DEFAULT_PROFILE) -> None:
         self.topology = topology
         self.profile = profile
         self.planes = profile.switch.l2_planes
-        self.names: list[str] = []
+        self.chips = profile.switch.l2_chips_per_plane
+        self.names: list[str] = []  # directed links, "a>b"
         self.kinds: list[LinkKind] = []
+        self.ends: list[tuple[str, str]] = []
         self._index: dict[str, int] = {}
-        self._physical: dict[str, tuple[int, int]] = {}
+        self._physical: dict[tuple[str, str], tuple[int, int]] = {}
         self._by_switch: dict[str, list[int]] = defaultdict(list)
         raw: list[float] = []
         eff = ub_efficiency(profile)
@@ -87,18 +134,23 @@ class LinkGraph:
             scale = eff * ((1 - loss) if link.kind is LinkKind.L1_L2 else 1.0)
             pair = []
             for a, b in ((link.a, link.b), (link.b, link.a)):
-                self._index[f"{a}>{b}"] = len(self.names)
+                name = directed_link_id(a, b)
+                self._index[name] = len(self.names)
                 pair.append(len(self.names))
-                self.names.append(f"{a}>{b}")
+                self.names.append(name)
                 self.kinds.append(link.kind)
+                self.ends.append((a, b))
                 raw.append(link.bytes_per_s * scale)
-            self._physical[link.id] = (pair[0], pair[1])
+            self._physical[(link.a, link.b)] = self._physical[(link.b, link.a)] = (pair[0], pair[1])
             for end in (link.a, link.b):
                 self._by_switch[end].extend(pair)
         self.base_cap = np.array(raw)
+        self.node_row = {node: i for i, node in enumerate(topology.nodes)}
+        self._switches = {s.id: parse_switch(s.id) for s in topology.switches}
         self.reset()
         self._build_trunks()
         self._build_endpoints()
+        self._build_l2_tables()
 
     # --- live state --------------------------------------------------------------------------
 
@@ -124,18 +176,25 @@ class LinkGraph:
     def link_cap(self) -> FloatArray:
         return self._derived("link_cap", lambda: self.base_cap * self.factor * self.up)
 
-    def physical(self, link_id: str) -> tuple[int, int]:
-        """Both directions of a physical link "a~b" (either order)."""
-        if link_id in self._physical:
-            return self._physical[link_id]
-        a, sep, b = link_id.partition("~")
-        if sep and f"{b}~{a}" in self._physical:
-            return self._physical[f"{b}~{a}"]
-        raise NotFoundError(f"no link {link_id!r}; links are named 'a~b' (cmemu topology --json)")
+    def physical(self, link: str) -> tuple[int, int]:
+        """Both directions of a physical link, named as naming.py spells links: "a~b" (either
+        order) or one of its directions "a>b", as the link statistics print them."""
+        name = parse_link(link)
+        pair = self._physical.get((name.a, name.b))
+        if pair is None:
+            raise NotFoundError(
+                f"no link {link!r}; a link is 'a~b' or 'a>b' (cmemu links, cmemu topology --json)",
+                subject=link,
+                reason="LINK_NOT_FOUND",
+            )
+        return pair
 
     def switch_links(self, switch_id: str) -> list[int]:
-        if switch_id not in self._switch_ids:
-            raise NotFoundError(f"no switch {switch_id!r}")
+        parse_switch(switch_id)
+        if switch_id not in self._switches:
+            raise NotFoundError(
+                f"no switch {switch_id!r}", subject=switch_id, reason="SWITCH_NOT_FOUND"
+            )
         return self._by_switch[switch_id]
 
     # --- trunks ------------------------------------------------------------------------------
@@ -154,21 +213,14 @@ class LinkGraph:
         self._trunk_index: dict[str, int] = {}
         self._member_link: list[int] = []
         self._member_trunk: list[int] = []
-        self._switch_ids = {s.id for s in self.topology.switches}
         outgoing: dict[str, list[int]] = defaultdict(list)
         incoming: dict[str, list[int]] = defaultdict(list)
-        for i, name in enumerate(self.names):
-            a, b = name.split(">")
+        for i, (a, b) in enumerate(self.ends):
             outgoing[a].append(i)
             incoming[b].append(i)
         for i, name in enumerate(self.names):
             if self.kinds[i] is LinkKind.DIE_TO_DIE:
                 self._trunk(name, [i])
-        endpoints = [
-            die_port(d.id, die)
-            for d in self.topology.of_kind(DeviceKind.NPU)
-            for die in range(self.profile.npu.dies)
-        ] + [d.id for d in self.topology.devices if d.kind is not DeviceKind.NPU]
         # An endpoint's trunk is its links into the switch layer (a pool's: to its CPUs); a
         # CPU's link to the pool belongs to the pool's trunk, not to the CPU's UB ports.
         own = {
@@ -176,18 +228,29 @@ class LinkGraph:
             DeviceKind.CPU: LinkKind.CPU_PORT,
             DeviceKind.MEMPOOL: LinkKind.POOL,
         }
-        for ep in endpoints:
-            kind = own[self.topology.device(ep.split(".", 1)[0]).kind]
-            self._trunk(f"{ep}:out", [i for i in outgoing[ep] if self.kinds[i] is kind])
-            self._trunk(f"{ep}:in", [i for i in incoming[ep] if self.kinds[i] is kind])
-        for node in self.topology.nodes:
-            l1s = [l1_switch(node, p) for p in range(self.planes)]
+        endpoints = [
+            (die_id(d.id, die), d.kind)
+            for d in self.topology.of_kind(DeviceKind.NPU)
+            for die in range(self.profile.npu.dies)
+        ] + [(d.id, d.kind) for d in self.topology.devices if d.kind is not DeviceKind.NPU]
+        for ep, kind in endpoints:
+            link_kind = own[kind]
             self._trunk(
-                f"{node}:up",
+                trunk_id(ep, "out"), [i for i in outgoing[ep] if self.kinds[i] is link_kind]
+            )
+            self._trunk(trunk_id(ep, "in"), [i for i in incoming[ep] if self.kinds[i] is link_kind])
+        l1_of_node: dict[str, list[str]] = defaultdict(list)
+        for switch in self.topology.switches:
+            if switch.node is not None:
+                l1_of_node[switch.node].append(switch.id)
+        for node in self.topology.nodes:
+            l1s = l1_of_node[node]
+            self._trunk(
+                trunk_id(node, "up"),
                 [i for s in l1s for i in outgoing[s] if self.kinds[i] is LinkKind.L1_L2],
             )
             self._trunk(
-                f"{node}:down",
+                trunk_id(node, "down"),
                 [i for s in l1s for i in incoming[s] if self.kinds[i] is LinkKind.L1_L2],
             )
         self.member_link = np.array(self._member_link, dtype=np.int64)
@@ -196,6 +259,14 @@ class LinkGraph:
 
     def trunk(self, name: str) -> int:
         return self._trunk_index[name]
+
+    def uplink_trunk(self, node: str) -> int:
+        """The trunk of a node's L1->L2 links, all planes."""
+        return self._trunk_index[trunk_id(node, "up")]
+
+    def downlink_trunk(self, node: str) -> int:
+        """The trunk of a node's L2->L1 links, all planes."""
+        return self._trunk_index[trunk_id(node, "down")]
 
     def trunk_cap(self) -> FloatArray:
         return self._derived(
@@ -217,12 +288,13 @@ class LinkGraph:
 
         return self._derived("trunk_extra_latency", compute)
 
-    # --- endpoints and routes ----------------------------------------------------------------
+    # --- endpoints -----------------------------------------------------------------------------
 
     def _plane_of(self, link: int) -> int:
-        a, b = self.names[link].split(">")
-        switch = b if "-l1s" in b else a
-        return int(switch.rsplit("l1s", 1)[1])
+        """The UB plane of a port: that of the L1 chip at its switch end."""
+        a, b = self.ends[link]
+        switch = self._switches.get(b) or self._switches[a]
+        return switch.plane
 
     def _ports(self, links: list[int]) -> tuple[tuple[int, ...], ...]:
         per_plane: list[list[int]] = [[] for _ in range(self.planes)]
@@ -238,29 +310,24 @@ class LinkGraph:
         def ports(name: str, table: dict[str, list[int]]) -> tuple[tuple[int, ...], ...]:
             return self._ports([i for i in table[name] if self.kinds[i] in port_kinds])
 
+        def add(name: str, device: Device, local_bytes_per_s: float) -> None:
+            self.endpoints[name] = Endpoint(
+                name=name,
+                row=len(self.endpoints),
+                device=device,
+                out=((self.trunk(trunk_id(name, "out")), 1.0),),
+                inn=((self.trunk(trunk_id(name, "in")), 1.0),),
+                out_ports=ports(name, self._outgoing),
+                in_ports=ports(name, self._incoming),
+                local_bytes_per_s=local_bytes_per_s,
+            )
+
         for d in self.topology.devices:
             if d.kind is DeviceKind.NPU:
                 for die in range(profile.npu.dies):
-                    name = die_port(d.id, die)
-                    self.endpoints[name] = Endpoint(
-                        name=name,
-                        device=d,
-                        out=((self.trunk(f"{name}:out"), 1.0),),
-                        inn=((self.trunk(f"{name}:in"), 1.0),),
-                        out_ports=ports(name, self._outgoing),
-                        in_ports=ports(name, self._incoming),
-                        local_bytes_per_s=profile.npu.hbm_bytes_per_s_per_die,
-                    )
+                    add(die_id(d.id, die), d, profile.npu.hbm_bytes_per_s_per_die)
             elif d.kind is DeviceKind.CPU:
-                self.endpoints[d.id] = Endpoint(
-                    name=d.id,
-                    device=d,
-                    out=((self.trunk(f"{d.id}:out"), 1.0),),
-                    inn=((self.trunk(f"{d.id}:in"), 1.0),),
-                    out_ports=ports(d.id, self._outgoing),
-                    in_ports=ports(d.id, self._incoming),
-                    local_bytes_per_s=profile.cpu.ub_bytes_per_s,
-                )
+                add(d.id, d, profile.cpu.ub_bytes_per_s)
         for d in self.topology.of_kind(DeviceKind.MEMPOOL):
             cpus = [
                 self.endpoints[c.id]
@@ -270,9 +337,16 @@ class LinkGraph:
             share = 1.0 / len(cpus)
             self.endpoints[d.id] = Endpoint(
                 name=d.id,
+                row=len(self.endpoints),
                 device=d,
-                out=((self.trunk(f"{d.id}:out"), 1.0), *((c.out[0][0], share) for c in cpus)),
-                inn=((self.trunk(f"{d.id}:in"), 1.0), *((c.inn[0][0], share) for c in cpus)),
+                out=(
+                    (self.trunk(trunk_id(d.id, "out")), 1.0),
+                    *((c.out[0][0], share) for c in cpus),
+                ),
+                inn=(
+                    (self.trunk(trunk_id(d.id, "in")), 1.0),
+                    *((c.inn[0][0], share) for c in cpus),
+                ),
                 out_ports=tuple(
                     tuple(i for c in cpus for i in c.out_ports[p]) for p in range(self.planes)
                 ),
@@ -281,36 +355,107 @@ class LinkGraph:
                 ),
                 local_bytes_per_s=profile.cpu.ub_bytes_per_s * len(cpus),
             )
+        # every port as (cell: endpoint row * planes + plane, directed link), out and in
+        cells: tuple[list[int], list[int]] = ([], [])
+        links: tuple[list[int], list[int]] = ([], [])
+        for e in self.endpoints.values():
+            for side, table in enumerate((e.out_ports, e.in_ports)):
+                for plane, members in enumerate(table):
+                    cells[side].extend([e.row * self.planes + plane] * len(members))
+                    links[side].extend(members)
+        self._port_cell = [np.array(c, dtype=np.int64) for c in cells]
+        self._port_link = [np.array(x, dtype=np.int64) for x in links]
+
+    def _build_l2_tables(self) -> None:
+        """Per node, plane and L2 chip: the directed L1->L2 link (up) and L2->L1 link (down)."""
+        shape = (len(self.topology.nodes), self.planes, self.chips)
+        up = np.full(shape, -1, dtype=np.int64)
+        down = np.full(shape, -1, dtype=np.int64)
+        for i, (a, b) in enumerate(self.ends):
+            if self.kinds[i] is not LinkKind.L1_L2:
+                continue
+            l1, l2, table = (a, b, up) if self._switches[a].tier is Tier.L1 else (b, a, down)
+            chip = self._switches[l2]
+            node = self._switches[l1].node_id
+            assert node is not None
+            table[self.node_row[node], chip.plane, chip.chip] = i
+        self._l2_links = (up, down)
+        self._l2_ids = {(s.plane, s.chip): i for i, s in self._switches.items() if s.node is None}
+        self._l1_ids = {
+            (s.node_id, s.plane): i for i, s in self._switches.items() if s.node is not None
+        }
 
     def endpoint(self, name: str) -> Endpoint:
         """A device id, or an NPU die "n00-npu3.d1"; a bare NPU id means its die 0."""
         if name in self.endpoints:
             return self.endpoints[name]
-        device = self.topology.device(name.split(".", 1)[0])
-        if device.kind is DeviceKind.NPU and "." not in name:
-            return self.endpoints[die_port(device.id, 0)]
-        raise OutOfRangeError(
-            f"{name!r} is not an endpoint; NPU dies are .d0 to .d{self.profile.npu.dies - 1}"
-        )
+        parsed = parse_endpoint(name)
+        if isinstance(parsed, DieName):
+            self.topology.device(parsed.device.id)
+            raise OutOfRangeError(
+                f"{name!r}: NPU dies are .d0 to .d{self.profile.npu.dies - 1}", subject=name
+            )
+        device = self.topology.device(parsed.id)
+        return self.endpoints[die_id(device.id, 0)]
 
     def npu_die(self, device: Device, die: int) -> Endpoint:
         if die >= self.profile.npu.dies:
             raise OutOfRangeError(f"die {die} does not exist; an NPU has {self.profile.npu.dies}")
-        return self.endpoints[die_port(device.id, die)]
+        return self.endpoints[die_id(device.id, die)]
 
     def partitioned(self, a: str, b: str) -> bool:
         return any((a in x and b in y) or (a in y and b in x) for x, y in self.partitions)
 
-    def _plane_caps(self, links: tuple[tuple[int, ...], ...], cap: FloatArray) -> FloatArray:
-        return np.array([cap[list(p)].sum() if p else 0.0 for p in links])
+    # --- the routing rules, as arrays over the live state ------------------------------------
 
-    def _uplink(
-        self, node: str, plane: int, cap: FloatArray, *, down: bool
-    ) -> tuple[float, list[int]]:
-        table = self._incoming if down else self._outgoing
-        links = [i for i in table[l1_switch(node, plane)] if self.kinds[i] is LinkKind.L1_L2]
-        live = [i for i in links if cap[i] > 0]
-        return (max(cap[i] for i in live) if live else 0.0), live
+    def port_caps(self, *, inbound: bool = False) -> FloatArray:
+        """Per endpoint (rows: Endpoint.row) and plane, the live capacity of its UB ports out of
+        it (inbound: into it)."""
+        side = int(inbound)
+
+        def compute() -> FloatArray:
+            n = len(self.endpoints) * self.planes
+            caps = weighted_sum(self._port_cell[side], self.link_cap()[self._port_link[side]], n)
+            return caps.reshape(len(self.endpoints), self.planes)
+
+        return self._derived(f"port_caps_{side}", compute)
+
+    def l2_caps(self, *, down: bool = False) -> FloatArray:
+        """Per node (rows: node_row), plane and L2 chip, the live capacity of the node's L1->L2
+        link (down: L2->L1); 0 where it is down."""
+        links = self._l2_links[int(down)]
+
+        def compute() -> FloatArray:
+            caps: FloatArray = np.where(links >= 0, self.link_cap()[links], 0.0)
+            return caps
+
+        return self._derived(f"l2_caps_{int(down)}", compute)
+
+    def die_link(self, src: Endpoint, dst: Endpoint) -> tuple[int, float] | None:
+        """The die-to-die trunk from one die of a package to its sibling, with its live
+        capacity; None unless the two are dies joined by a die-to-die link."""
+        if src.device.id != dst.device.id or src.name == dst.name:
+            return None
+        link = self._index.get(directed_link_id(src.name, dst.name))
+        if link is None or self.kinds[link] is not LinkKind.DIE_TO_DIE:
+            return None
+        return self.trunk(self.names[link]), float(self.link_cap()[link])
+
+    def route_kind(self, src: Endpoint, dst: Endpoint) -> RouteKind:
+        if src.name == dst.name:
+            return RouteKind.LOCAL
+        if self.die_link(src, dst) is not None:
+            return RouteKind.SIBLING
+        if src.device.node == dst.device.node:
+            return RouteKind.SAME_NODE
+        return RouteKind.CROSS_NODE
+
+    def base_latency_s(self, kind: RouteKind) -> float:
+        """The fixed latency of a route of this kind, before any added by a fault: the endpoint
+        cost and one hop per switch crossed."""
+        return endpoint_latency_s(self.profile) + SWITCH_HOPS[kind] * hop_latency_s(self.profile)
+
+    # --- routes ------------------------------------------------------------------------------
 
     def route(self, src: Endpoint, dst: Endpoint) -> Route:
         """The route and its uncontended ceiling; UnavailableError when nothing connects them.
@@ -326,69 +471,67 @@ class LinkGraph:
     def _route(self, src: Endpoint, dst: Endpoint) -> Route:
         if self.partitioned(src.device.id, dst.device.id):
             raise UnavailableError(f"{src.device.id} and {dst.device.id} are partitioned")
-        endpoint_s = endpoint_latency_s(self.profile)
-        if src.name == dst.name:
+        kind = self.route_kind(src, dst)
+        extra = self.trunk_extra_latency()
+        if kind is RouteKind.LOCAL:
             return Route(
+                kind=kind,
                 resources=(),
                 cap=src.local_bytes_per_s,
-                latency_s=endpoint_s,
+                latency_s=self.base_latency_s(kind),
                 hops=(src.name,),
                 planes=0,
             )
-        cap = self.link_cap()
-        extra = self.trunk_extra_latency()
-        sibling = f"{src.name}>{dst.name}"
-        if sibling in self._index and self.kinds[self._index[sibling]] is LinkKind.DIE_TO_DIE:
-            trunk = self.trunk(sibling)
-            if cap[self._index[sibling]] <= 0:
-                raise UnavailableError(f"die-to-die link {sibling} is down")
+        if kind is RouteKind.SIBLING:
+            link = self.die_link(src, dst)
+            assert link is not None
+            trunk, cap = link
+            if cap <= 0:
+                raise UnavailableError(
+                    f"die-to-die link {directed_link_id(src.name, dst.name)} is down"
+                )
             return Route(
+                kind=kind,
                 resources=((trunk, 1.0),),
-                cap=float(cap[self._index[sibling]]),
-                latency_s=endpoint_s + float(extra[trunk]),
+                cap=cap,
+                latency_s=self.base_latency_s(kind) + float(extra[trunk]),
                 hops=(src.name, dst.name),
                 planes=0,
             )
-        per_plane = np.minimum(
-            self._plane_caps(src.out_ports, cap), self._plane_caps(dst.in_ports, cap)
-        )
         src_node, dst_node = src.device.node, dst.device.node
-        resources = list(src.out)
-        chips: dict[int, int] = {}
-        if src_node != dst_node:
-            up_trunk, down_trunk = self.trunk(f"{src_node}:up"), self.trunk(f"{dst_node}:down")
-            resources += [(up_trunk, 1.0), (down_trunk, 1.0)]
-            for p in range(self.planes):
-                up_cap, up_live = self._uplink(src_node, p, cap, down=False)
-                down_cap, down_live = self._uplink(dst_node, p, cap, down=True)
-                up_chips = {self.names[i].split(">")[1] for i in up_live}
-                common = sorted(up_chips & {self.names[i].split(">")[0] for i in down_live})
-                if not common:
-                    per_plane[p] = 0.0
-                    continue
-                per_plane[p] = min(per_plane[p], up_cap, down_cap)
-                pick = zlib.crc32(f"{src.name}>{dst.name}".encode()) % len(common)  # ECMP hash
-                chips[p] = int(common[pick].rsplit("-s", 1)[1])
-        resources += list(dst.inn)
-        usable = [p for p in range(self.planes) if per_plane[p] > 0]
-        if not usable:
+        resources = [*src.out]
+        l2: FloatArray | None = None
+        if kind is RouteKind.CROSS_NODE:
+            resources += [(self.uplink_trunk(src_node), 1.0), (self.downlink_trunk(dst_node), 1.0)]
+            up = self.l2_caps()[self.node_row[src_node]]
+            down = self.l2_caps(down=True)[self.node_row[dst_node]]
+            l2 = l2_plane_caps(up, down)
+        resources += dst.inn
+        per_plane = flow_plane_caps(
+            self.port_caps()[src.row], self.port_caps(inbound=True)[dst.row], l2
+        )
+        usable = np.flatnonzero(per_plane > 0)
+        if not len(usable):
             raise UnavailableError(f"no live UB plane connects {src.name} and {dst.name}")
-        first = usable[0]
-        if src_node == dst_node:
-            hops: tuple[str, ...] = (src.name, l1_switch(src_node, first), dst.name)
-            switches = 1
+        first = int(usable[0])
+        hops: tuple[str, ...]
+        if kind is RouteKind.SAME_NODE:
+            hops = (src.name, self._l1_ids[(src_node, first)], dst.name)
         else:
+            # ECMP: a flow is hashed to one of the plane's L2 chips live on both sides
+            both = np.minimum(up[first], down[first])
+            common = np.flatnonzero(both > 0)
+            pick = zlib.crc32(directed_link_id(src.name, dst.name).encode()) % len(common)
             hops = (
                 src.name,
-                l1_switch(src_node, first),
-                l2_switch(first, chips[first]),
-                l1_switch(dst_node, first),
+                self._l1_ids[(src_node, first)],
+                self._l2_ids[(first, int(common[pick]))],
+                self._l1_ids[(dst_node, first)],
                 dst.name,
             )
-            switches = 3
-        latency = endpoint_s + switches * hop_latency_s(self.profile)
-        latency += float(sum(extra[t] for t, _ in resources))
+        latency = self.base_latency_s(kind) + float(sum(extra[t] for t, _ in resources))
         return Route(
+            kind=kind,
             resources=tuple(resources),
             cap=float(per_plane.sum()),
             latency_s=latency,
@@ -407,12 +550,16 @@ def validate_ranks(graph: LinkGraph, ranks: Iterable[str]) -> list[Endpoint]:
     """Collective ranks: NPU dies; a bare NPU id stands for all its dies. No duplicates."""
     out: list[Endpoint] = []
     for rank in ranks:
-        device = graph.topology.device(rank.split(".", 1)[0])
+        parsed = parse_endpoint(rank)
+        device = graph.topology.device(
+            parsed.device.id if isinstance(parsed, DieName) else parsed.id
+        )
         if device.kind is not DeviceKind.NPU:
             raise InvalidArgumentError(
-                f"rank {rank!r}: collectives run on NPU dies, not on a {device.kind.value}"
+                f"rank {rank!r}: collectives run on NPU dies, not on a {device.kind.value}",
+                subject=rank,
             )
-        if "." in rank:
+        if isinstance(parsed, DieName):
             out.append(graph.endpoint(rank))
         else:
             out += [graph.npu_die(device, die) for die in range(graph.profile.npu.dies)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -16,6 +17,19 @@ from typing import Any
 
 from emulator.model.errors import InvalidArgumentError, NotFoundError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+
+# re-exported: the device kinds belong to the ids, and so to naming.py
+from emulator.model.naming import DeviceKind as DeviceKind  # noqa: PLC0414
+from emulator.model.naming import (
+    device_id,
+    die_id,
+    l1_switch_id,
+    l2_switch_id,
+    link_id,
+    node_id,
+    parse_supernode,
+    service_id,
+)
 from emulator.model.presets import Preset, get_preset
 
 DOCUMENT_VERSION = 1
@@ -23,12 +37,6 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 21000  # below Linux's ephemeral range (32768+), so clients never squat on it
 CONTAINER_PORT = 50051
-
-
-class DeviceKind(StrEnum):
-    NPU = "npu"
-    CPU = "cpu"
-    MEMPOOL = "mempool"
 
 
 class LinkKind(StrEnum):
@@ -79,7 +87,8 @@ class Link:
 
     @property
     def id(self) -> str:
-        return f"{self.a}~{self.b}"
+        """The physical link's name, `a~b` (naming.py: a link has one spelling)."""
+        return link_id(self.a, self.b)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,10 +249,6 @@ AddressPlan = PortPlan | LoopbackPlan | DnsPlan
 # --- building --------------------------------------------------------------------------------
 
 
-def node_name(index: int) -> str:
-    return f"n{index:02d}"
-
-
 def _eid(node_index: int, slot: int, slots: int) -> int:
     # EID 0 is never used: it is proto3's unset value, so a forgotten field cannot hit a device.
     return (node_index + 1) * slots + slot
@@ -254,47 +259,34 @@ def _slots_per_node(profile: HardwareProfile) -> int:
     return 1 << (needed - 1).bit_length()
 
 
-def _node_devices(
-    node_index: int, profile: HardwareProfile
-) -> Iterator[tuple[str, DeviceKind, int]]:
+def _node_devices(node: str, profile: HardwareProfile) -> Iterator[tuple[str, DeviceKind, int]]:
     """(id, kind, slot) of one node's devices, in a fixed order."""
-    node = node_name(node_index)
     for i in range(profile.node.npus):
-        yield f"{node}-npu{i}", DeviceKind.NPU, i
+        yield device_id(node, DeviceKind.NPU, i), DeviceKind.NPU, i
     for i in range(profile.node.cpus):
-        yield f"{node}-cpu{i}", DeviceKind.CPU, profile.node.npus + i
-    yield f"{node}-mem", DeviceKind.MEMPOOL, profile.node.npus + profile.node.cpus
-
-
-def die_port(npu_id: str, die: int) -> str:
-    return f"{npu_id}.d{die}"
-
-
-def l1_switch(node: str, chip: int) -> str:
-    return f"{node}-l1s{chip}"
-
-
-def l2_switch(plane: int, chip: int) -> str:
-    return f"l2-p{plane}-s{chip}"
+        yield device_id(node, DeviceKind.CPU, i), DeviceKind.CPU, profile.node.npus + i
+    slot = profile.node.npus + profile.node.cpus
+    yield device_id(node, DeviceKind.MEMPOOL), DeviceKind.MEMPOOL, slot
 
 
 def _node_links(node: str, profile: HardwareProfile) -> Iterator[Link]:
     npu, cpu, chips = profile.npu, profile.cpu, profile.node.l1_chips
-    cpus = [f"{node}-cpu{i}" for i in range(profile.node.cpus)]
+    cpus = [device_id(node, DeviceKind.CPU, i) for i in range(profile.node.cpus)]
+    pool = device_id(node, DeviceKind.MEMPOOL)
     for n in range(profile.node.npus):
-        npu_id = f"{node}-npu{n}"
+        npu_id = device_id(node, DeviceKind.NPU, n)
         for die in range(npu.dies):
             for port in range(npu.ub_ports_per_die):
                 yield Link(
-                    a=die_port(npu_id, die),
-                    b=l1_switch(node, port % chips),
+                    a=die_id(npu_id, die),
+                    b=l1_switch_id(node, port % chips),
                     kind=LinkKind.DIE_PORT,
                     bytes_per_s=npu.ub_port_bytes_per_s,
                 )
         for die in range(1, npu.dies):
             yield Link(
-                a=die_port(npu_id, die - 1),
-                b=die_port(npu_id, die),
+                a=die_id(npu_id, die - 1),
+                b=die_id(npu_id, die),
                 kind=LinkKind.DIE_TO_DIE,
                 bytes_per_s=npu.die_to_die_bytes_per_s,
             )
@@ -302,11 +294,11 @@ def _node_links(node: str, profile: HardwareProfile) -> Iterator[Link]:
         for chip in range(chips):
             yield Link(
                 a=cpu_id,
-                b=l1_switch(node, chip),
+                b=l1_switch_id(node, chip),
                 kind=LinkKind.CPU_PORT,
                 bytes_per_s=cpu.ub_bytes_per_s / chips,
             )
-        yield Link(a=f"{node}-mem", b=cpu_id, kind=LinkKind.POOL, bytes_per_s=cpu.ub_bytes_per_s)
+        yield Link(a=pool, b=cpu_id, kind=LinkKind.POOL, bytes_per_s=cpu.ub_bytes_per_s)
 
 
 def build(
@@ -317,8 +309,10 @@ def build(
     supernode: str = "sn0",
     profile: HardwareProfile = DEFAULT_PROFILE,
 ) -> Topology:
-    """The topology document of a preset: devices, switches and links of HARDWARE.md."""
+    """The topology document of a preset: devices, switches and links of HARDWARE.md. Ids of a
+    supernode other than sn0 carry its prefix (sn1-n00-npu0)."""
     spec = get_preset(preset) if isinstance(preset, str) else preset
+    sn = parse_supernode(supernode)
     plan = plan or PortPlan()
     sw = profile.switch
     l2_ports = spec.l2_ports_per_chip or sw.l2_ports_per_chip
@@ -333,33 +327,33 @@ def build(
     if not time_scale > 0:
         raise InvalidArgumentError(f"time_scale must be > 0, got {time_scale}")
     slots = _slots_per_node(profile)
-    nodes = tuple(node_name(i) for i in range(spec.nodes))
+    nodes = tuple(node_id(i, supernode=sn) for i in range(spec.nodes))
     devices: list[Device] = []
     for index, node in enumerate(nodes):
-        for device_id, kind, slot in _node_devices(index, profile):
+        for ident, kind, slot in _node_devices(node, profile):
             devices.append(
                 Device(
-                    id=device_id,
+                    id=ident,
                     kind=kind,
                     node=node,
                     eid=_eid(index, slot, slots),
-                    address=plan.address(len(devices), device_id, slot),
+                    address=plan.address(len(devices), ident, slot),
                 )
             )
     switches = [
-        Switch(id=l1_switch(node, chip), tier="l1", plane=chip, node=node)
+        Switch(id=l1_switch_id(node, chip), tier="l1", plane=chip, node=node)
         for node in nodes
         for chip in range(profile.node.l1_chips)
     ] + [
-        Switch(id=l2_switch(plane, chip), tier="l2", plane=plane, node=None)
+        Switch(id=l2_switch_id(plane, chip, supernode=sn), tier="l2", plane=plane, node=None)
         for plane in range(sw.l2_planes)
         for chip in range(sw.l2_chips_per_plane)
     ]
     links = [link for node in nodes for link in _node_links(node, profile)]
     links += [
         Link(
-            a=l1_switch(node, plane),
-            b=l2_switch(plane, chip),
+            a=l1_switch_id(node, plane),
+            b=l2_switch_id(plane, chip, supernode=sn),
             kind=LinkKind.L1_L2,
             bytes_per_s=sw.port_bytes_per_s,
         )
@@ -367,10 +361,11 @@ def build(
         for plane in range(sw.l2_planes)
         for chip in range(sw.l2_chips_per_plane)
     ]
-    services = [
-        Service(id=kind.value, kind=kind, address=plan.address(len(devices) + i, kind.value, 0))
-        for i, kind in enumerate(ServiceKind)
-    ]
+    services = []
+    for i, service in enumerate(ServiceKind):
+        ident = service_id(service.value, supernode=sn)
+        address = plan.address(len(devices) + i, ident, 0)
+        services.append(Service(id=ident, kind=service, address=address))
     for device in devices:
         if not DNS_LABEL.match(device.id):
             raise InvalidArgumentError(f"device id {device.id!r} is not a DNS label")
@@ -390,3 +385,18 @@ def build(
 def server_count(topology: Topology) -> int:
     """Servers a launcher starts: one per device and one per supernode-wide service."""
     return len(topology.devices) + len(topology.services)
+
+
+def summary(topology: Topology) -> str:
+    """What `cmemu topology` prints: counts of devices, switches and links, and the addresses."""
+    kinds = Counter(d.kind.value for d in topology.devices)
+    links = Counter(link.kind.value for link in topology.links)
+    tiers = Counter(s.tier for s in topology.switches)
+    lines = [
+        f"{topology.preset} ({topology.source}): {len(topology.nodes)} nodes",
+        "devices   " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())),
+        "switches  " + ", ".join(f"{n} {t}" for t, n in sorted(tiers.items())),
+        "links     " + ", ".join(f"{n} {k}" for k, n in sorted(links.items())),
+        f"addresses {topology.devices[0].address} .. {topology.devices[-1].address}",
+    ]
+    return "\n".join(lines)

@@ -17,6 +17,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,6 +29,7 @@ from emulator.model.errors import InvalidArgumentError
 log = structlog.get_logger("cmemu.events")
 EVENTS_QOS = 1
 TELEMETRY_QOS = 0
+PUBLISH_TIMEOUT_S = 5.0
 
 
 def parse_broker_url(url: str) -> tuple[str, int]:
@@ -62,16 +64,31 @@ class EventBus:
         self._pending: deque[_Message] = deque()
         self._buffer_max = buffer_max
         self._nonempty = asyncio.Event()
+        self._wake = asyncio.Event()  # set on close: ends a reconnect backoff early
         self._drained = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: asyncio.TaskGroup | None = None
         self._closing = False
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="mqtt-publisher")
+    async def __aenter__(self) -> EventBus:
+        """Start publishing: the publisher is a task of the bus's own TaskGroup."""
+        self._tasks = asyncio.TaskGroup()
+        await self._tasks.__aenter__()
+        self._tasks.create_task(self._run(), name="mqtt-publisher")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+        assert self._tasks is not None
+        await self._tasks.__aexit__(None, None, None)  # the publisher ends on close
 
     def event(self, device: str, event: str, emulated_ns: int, **detail: Any) -> None:
         payload = {
@@ -105,7 +122,7 @@ class EventBus:
         while True:
             try:
                 async with aiomqtt.Client(
-                    self.host, self.port, identifier=identifier, timeout=5
+                    self.host, self.port, identifier=identifier, timeout=PUBLISH_TIMEOUT_S
                 ) as client:
                     self.connected, backoff = True, 0.2
                     log.info("broker connected", broker=self.url, pending=len(self._pending))
@@ -130,24 +147,22 @@ class EventBus:
                 self.connected, self.last_error = False, str(exc)
                 if self._closing:
                     return
-                await asyncio.sleep(backoff)
+                with contextlib.suppress(TimeoutError):  # a close ends the wait
+                    async with asyncio.timeout(backoff):
+                        await self._wake.wait()
                 backoff = min(backoff * 2, 5.0)
             else:
                 return  # closing: the client disconnected cleanly on the way out
 
     async def close(self, flush_s: float = 1.0) -> None:
-        """Give the last events (the `stopped` ones) a moment to leave, then disconnect."""
+        """Give the last events (the `stopped` ones) a moment to leave, then let the publisher
+        finish: an in-flight QoS 1 publish completes (or times out in aiomqtt after
+        PUBLISH_TIMEOUT_S) and the client disconnects cleanly. Cancelling aiomqtt mid-publish can
+        leave its exit waiting on an acknowledgement forever, so nothing here cancels."""
         if self._pending and self.connected:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(flush_s):
                     await self._drained.wait()
-        if self._task is not None:
-            # Let an in-flight QoS 1 publish finish and the client disconnect cleanly: cancelling
-            # aiomqtt mid-publish can leave its exit waiting on an acknowledgement forever.
-            self._closing = True
-            self._nonempty.set()
-            _, late = await asyncio.wait([self._task], timeout=5.0)
-            for task in late:
-                task.cancel()
-            self._task = None
-        self.connected = False
+        self._closing = True
+        self._nonempty.set()
+        self._wake.set()

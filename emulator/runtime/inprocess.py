@@ -66,7 +66,8 @@ class InProcessSupernode:
         self._ems_host: ServiceHost | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self.events: EventBus | None = None
-        self._telemetry_task: asyncio.Task[None] | None = None
+        self._tasks: asyncio.TaskGroup | None = None
+        self._stopping = asyncio.Event()
         self.profile = profile
         self.drain_s = drain_s
         self.ready_timeout_s = ready_timeout_s
@@ -95,14 +96,16 @@ class InProcessSupernode:
         clock = Clock(time_scale=self.topology.time_scale, epoch_wall_s=epoch)
         self._clock = clock
         self._peers = Peers(self.topology)
+        self._stopping.clear()
+        tasks = self._tasks = asyncio.TaskGroup()  # owns the fabric clock and telemetry loops
+        await tasks.__aenter__()
         if self.broker:
-            self.events = EventBus(
+            self.events = await EventBus(
                 self.broker,
                 self.topology.supernode,
                 # room for every hosted server's started, health and stopped events at once
                 buffer_max=max(self.profile.limits.event_buffer_max, 4 * len(self.hosted)),
-            )
-            self.events.start()
+            ).__aenter__()
         self.handles = {
             d.id: create_device(
                 d,
@@ -128,6 +131,7 @@ class InProcessSupernode:
                 events=self.events,
             )
             service_hosts.append(fabric_host)
+            tasks.create_task(self.fabric.run(), name="fabric-clock")
         ems = self.topology.service(ServiceKind.EMS)
         if ems.id in self.hosted:
             if self.ems_ssd_dir is None:
@@ -168,9 +172,7 @@ class InProcessSupernode:
             raise
         self._announce("started", status="SERVING")
         if self.events is not None and self.handles:
-            self._telemetry_task = asyncio.get_running_loop().create_task(
-                self._telemetry_loop(), name="telemetry"
-            )
+            tasks.create_task(self._telemetry_loop(), name="telemetry")
 
     def _announce(self, event: str, **detail: str) -> None:
         if self.events is None:
@@ -180,38 +182,42 @@ class InProcessSupernode:
             self.events.event(host.name, event, now, address=host.address, **detail)
 
     async def _telemetry_loop(self) -> None:
-        """Owned task: every device's telemetry, every telemetry interval of emulated time,
-        spread over the interval in small batches. One process publishes at most
+        """Every device's telemetry, every telemetry interval of emulated time, spread over the
+        interval in small batches; ends when the supernode stops. One process publishes at most
         telemetry_max_per_s samples a second: past that (thousands of devices in one process, or
         a fast time_scale) the interval stretches rather than the process drowning in MQTT."""
         assert self.events is not None
         limits = self.profile.limits
         handles = list(self.handles.values())
         interval = max(
-            limits.telemetry_interval_s / self.topology.time_scale,
+            self._clock.wall_delay_s(limits.telemetry_interval_s),
             len(handles) / limits.telemetry_max_per_s,
         )
         batch = 64
         pause = interval / max(1, -(-len(handles) // batch))
         while True:
             for start in range(0, len(handles), batch):
-                await asyncio.sleep(pause)
+                if await self._stopped_within(pause):
+                    return
                 for handle in handles[start : start + batch]:
                     sample = MessageToDict(
                         handle.state.telemetry(), preserving_proto_field_name=True
                     )
                     self.events.telemetry(handle.state.device.id, sample)
 
+    async def _stopped_within(self, wall_s: float) -> bool:
+        """Wait up to wall_s; True as soon as the supernode is stopping."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wall_s):
+                await self._stopping.wait()
+        return self._stopping.is_set()
+
     async def _verify_serving(self) -> None:
         """Ask every hosted server over gRPC, as a client would: starting is not serving."""
         await health.wait_serving([h.address for h in self._hosts], timeout_s=self.ready_timeout_s)
 
     async def stop(self) -> None:
-        if self._telemetry_task is not None:
-            self._telemetry_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._telemetry_task
-            self._telemetry_task = None
+        self._stopping.set()
         if self._hosts:
             self._announce("health", status="NOT_SERVING")
         hosts, self._hosts, self.handles = self._hosts, [], {}
@@ -235,5 +241,8 @@ class InProcessSupernode:
             now = self._clock.now_ns()
             for host in hosts:
                 self.events.event(host.name, "stopped", now)
-            await self.events.close()
+            await self.events.__aexit__(None, None, None)
             self.events = None
+        if self._tasks is not None:  # the telemetry loop has seen _stopping and ended
+            tasks, self._tasks = self._tasks, None
+            await tasks.__aexit__(None, None, None)

@@ -15,12 +15,14 @@ import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 
 import structlog
 
 from emulator.model.errors import UnavailableError
 
 log = structlog.get_logger("cmemu.procs")
+STOP_GRACE_S = 10.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,26 +42,41 @@ class Running:
 
 
 class Supervisor:
-    def __init__(
-        self,
-        specs: Sequence[ProcSpec],
-        *,
-        log_dir: Path,
-        on_exit: Callable[[Running], None] | None = None,
-    ) -> None:
-        self.specs = list(specs)
+    """`async with Supervisor(log_dir=...) as sup:` then `await sup.start(specs)`, any number of
+    times (waves). Each process has a watcher task in the supervisor's TaskGroup that ends when
+    the process does; leaving the block stops every process, so every watcher ends by itself."""
+
+    def __init__(self, *, log_dir: Path, on_exit: Callable[[Running], None] | None = None) -> None:
         self.log_dir = log_dir
         self.on_exit = on_exit
         self.running: dict[str, Running] = {}
         self.stopping = False
         self.died: list[Running] = []  # on their own, before the supervisor stopped them
-        self._watchers: list[asyncio.Task[None]] = []
+        self._tasks = asyncio.TaskGroup()
 
-    async def start(self) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        for spec in self.specs:
+    async def __aenter__(self) -> Supervisor:
+        await self._tasks.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.stop()
+        finally:
+            # every process has exited, so every watcher has ended; an exception of the body
+            # propagates as itself, not wrapped in the TaskGroup's ExceptionGroup
+            await self._tasks.__aexit__(None, None, None)
+
+    async def start(self, specs: Sequence[ProcSpec]) -> None:
+        await asyncio.to_thread(self.log_dir.mkdir, parents=True, exist_ok=True)
+        for spec in specs:
             log_path = self.log_dir / f"{spec.name}.log"
-            with log_path.open("ab") as out:
+            out = await asyncio.to_thread(log_path.open, "ab")
+            with out:
                 proc = await asyncio.create_subprocess_exec(
                     *spec.argv,
                     env={**os.environ, **spec.env},
@@ -70,11 +87,7 @@ class Supervisor:
                 )
             running = Running(spec=spec, proc=proc, log_path=log_path)
             self.running[spec.name] = running
-            self._watchers.append(
-                asyncio.get_running_loop().create_task(
-                    self._watch(running), name=f"watch-{spec.name}"
-                )
-            )
+            self._tasks.create_task(self._watch(running), name=f"watch-{spec.name}")
 
     async def _watch(self, running: Running) -> None:
         running.returncode = await running.proc.wait()
@@ -91,6 +104,7 @@ class Supervisor:
                 self.on_exit(running)
 
     def check_alive(self) -> None:
+        """Raise when a process died while the emulator was starting (with its log's tail)."""
         if self.died:
             first = self.died[0]
             tail = first.log_path.read_text(errors="replace").strip().splitlines()[-3:]
@@ -99,21 +113,19 @@ class Supervisor:
                 f"(code {first.returncode}): {' | '.join(tail)}"
             )
 
-    async def stop(self, grace_s: float = 10.0) -> None:
+    async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM to all (they turn NOT_SERVING and drain), then SIGKILL what is left."""
         self.stopping = True
-        for r in self.running.values():
-            if r.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    r.proc.send_signal(signal.SIGTERM)
+        alive = [r for r in self.running.values() if r.proc.returncode is None]
+        for r in alive:
+            with contextlib.suppress(ProcessLookupError):
+                r.proc.send_signal(signal.SIGTERM)
         try:
             async with asyncio.timeout(grace_s):
-                await asyncio.gather(*(r.proc.wait() for r in self.running.values()))
+                await asyncio.gather(*(r.proc.wait() for r in alive))
         except TimeoutError:
-            for r in self.running.values():
+            for r in alive:
                 if r.proc.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
                         r.proc.kill()
-            await asyncio.gather(*(r.proc.wait() for r in self.running.values()))
-        for task in self._watchers:
-            task.cancel()
-        await asyncio.gather(*self._watchers, return_exceptions=True)
+            await asyncio.gather(*(r.proc.wait() for r in alive))

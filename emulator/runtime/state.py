@@ -1,61 +1,230 @@
-"""The state file: how client commands find a running emulator.
+"""The state file: how client commands find a running emulator, one file per named instance.
 
-`cmemu up` writes the topology document with live addresses (plus who wrote it) once every device
-is SERVING, and removes it when it stops. `cmemu ls` and every later client command read it.
-Default: $CMEMU_STATE_FILE, else $XDG_STATE_HOME/cmemu/state.json (~/.local/state/cmemu/...).
+`cmemu up` writes the topology document with live addresses, plus a `launcher` record (who wrote
+it, when, how), once every device is SERVING, and removes it when it stops. Every client command
+reads it. Where it lives, in order:
+- `--state-file PATH`;
+- `<dir>/<name>.json` for an explicit `--name NAME`;
+- `$CMEMU_STATE_FILE` (kept for compatibility);
+- `<dir>/default.json`;
+with `<dir>` = `$CMEMU_STATE_DIR`, else `$XDG_STATE_HOME/cmemu`, else `~/.local/state/cmemu`.
+Instance names are DNS labels, like device ids.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emulator.model.errors import NotFoundError
-from emulator.model.topology import Topology
+from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
+from emulator.model.topology import DNS_LABEL, Topology
 
 ENV_VAR = "CMEMU_STATE_FILE"
+DIR_ENV_VAR = "CMEMU_STATE_DIR"
+DEFAULT_NAME = "default"
+SUFFIX = ".json"
+
+
+class AlreadyRunningError(PreconditionError):
+    """An instance of that name is running: its launcher's pid is alive."""
+
+    def __init__(self, name: str, pid: int, path: Path) -> None:
+        self.name = name
+        self.pid = pid
+        self.path = path
+        super().__init__(
+            f"instance {name!r} is already running (pid {pid}, state file {path}); "
+            f"stop it with `cmemu down{name_option(name)}` or pick another --name"
+        )
+
+
+def check_name(name: str) -> str:
+    """The name itself when it is a DNS label; InvalidArgumentError otherwise."""
+    if not DNS_LABEL.match(name):
+        raise InvalidArgumentError(
+            f"bad instance name {name!r}: a DNS label is wanted (lower-case letters, digits "
+            "and '-', at most 63, starting and ending with a letter or digit)"
+        )
+    return name
+
+
+def name_option(name: str) -> str:
+    """The `--name` option that selects `name` ("" for the default), for messages."""
+    return "" if name == DEFAULT_NAME else f" --name {name}"
+
+
+def state_dir() -> Path:
+    if os.environ.get(DIR_ENV_VAR):
+        return Path(os.environ[DIR_ENV_VAR])
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "cmemu"
+
+
+def path_for(name: str = DEFAULT_NAME) -> Path:
+    """The state file of the instance called `name`."""
+    return state_dir() / f"{check_name(name)}{SUFFIX}"
+
+
+def resolve(state_file: str | None = None, name: str | None = None) -> Path:
+    """--state-file, else --name, else $CMEMU_STATE_FILE, else the default instance."""
+    if state_file:
+        return Path(state_file)
+    if name is not None:
+        return path_for(name)
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR])
+    return path_for(DEFAULT_NAME)
 
 
 def default_path() -> Path:
-    if os.environ.get(ENV_VAR):
-        return Path(os.environ[ENV_VAR])
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "cmemu" / "state.json"
+    return resolve()
 
 
 def path_from(option: str | None) -> Path:
     """The --state-file option, or the default."""
-    return Path(option) if option else default_path()
+    return resolve(option)
 
 
-def write(path: Path, topology: Topology, *, mode: str) -> None:
-    """Atomically: a reader never sees half a file."""
+def instance_name(path: Path) -> str:
+    """The instance a state file belongs to: its file name without `.json`."""
+    return path.name.removesuffix(SUFFIX)
+
+
+# --- the launcher record -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launcher:
+    """Who wrote a state file: enough for `cmemu status` and `cmemu down`."""
+
+    pid: int
+    mode: str
+    started_wall_s: float | None = None  # time.time() when it wrote the state file
+    run_dir: str | None = None  # procs and compose modes: their run directory
+    argv: tuple[str, ...] = ()  # the `cmemu up` options, no secrets among them
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Launcher:
+        known = {"pid", "mode", "started_wall_s", "run_dir", "argv"}
+        return cls(
+            pid=int(doc["pid"]),
+            mode=str(doc.get("mode", "?")),
+            started_wall_s=doc.get("started_wall_s"),
+            run_dir=doc.get("run_dir"),
+            argv=tuple(doc.get("argv") or ()),
+            extra={k: v for k, v in doc.items() if k not in known},
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Instance:
+    """A state file read back: where it is, the topology, and who wrote it."""
+
+    path: Path
+    topology: Topology
+    launcher: Launcher
+
+    @property
+    def name(self) -> str:
+        return instance_name(self.path)
+
+    @property
+    def alive(self) -> bool:
+        return pid_alive(self.launcher.pid)
+
+
+def write(
+    path: Path,
+    topology: Topology,
+    *,
+    mode: str,
+    launcher: Mapping[str, Any] | None = None,
+) -> None:
+    """Atomically: a reader never sees half a file. `launcher` adds fields to the launcher
+    record (e.g. `run_dir`, `argv`: never a token); `started_wall_s` defaults to now."""
     doc: dict[str, Any] = topology.to_dict()
-    doc["launcher"] = {"pid": os.getpid(), "mode": mode}
+    doc["launcher"] = {
+        "pid": os.getpid(),
+        "mode": mode,
+        "started_wall_s": time.time(),
+        **(launcher or {}),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(doc))
     tmp.replace(path)
 
 
-def read(path: Path) -> Topology:
+def _text(path: Path) -> str:
     try:
-        text = path.read_text()
+        return path.read_text()
     except FileNotFoundError:
         raise NotFoundError(
             f"no running emulator: state file {path} not found (start one with `cmemu up`, "
-            "or pass --state-file)"
+            "or pass --name or --state-file)"
         ) from None
-    return Topology.from_json(text)
+
+
+def read(path: Path) -> Topology:
+    return Topology.from_json(_text(path))
+
+
+def read_instance(path: Path) -> Instance:
+    """The topology and the launcher record; NotFoundError when there is no such file."""
+    text = _text(path)
+    topology = Topology.from_json(text)
+    doc = json.loads(text)
+    try:
+        launcher = Launcher.from_dict(doc["launcher"])
+    except (KeyError, TypeError, ValueError):
+        raise InvalidArgumentError(f"state file {path} has no launcher record") from None
+    return Instance(path=path, topology=topology, launcher=launcher)
 
 
 def remove_if_ours(path: Path) -> None:
     """Remove the state file unless another emulator has since written its own there."""
+    remove_if_written_by(path, os.getpid())
+
+
+def remove_if_written_by(path: Path, pid: int) -> bool:
+    """Remove the state file if the launcher `pid` wrote it; whether it did."""
     try:
         doc = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
-        return
-    if doc.get("launcher", {}).get("pid") == os.getpid():
+        return False
+    if isinstance(doc, dict) and doc.get("launcher", {}).get("pid") == pid:
         path.unlink(missing_ok=True)
+        return True
+    return False
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists and has not exited (a zombie counts as exited)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: it exists
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc here: trust kill(0)
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def instances(directory: Path | None = None) -> list[Path]:
+    """Every state file in the state directory, by name."""
+    base = directory or state_dir()
+    try:
+        return sorted(p for p in base.glob(f"*{SUFFIX}") if DNS_LABEL.match(instance_name(p)))
+    except OSError:
+        return []

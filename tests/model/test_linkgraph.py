@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 
 from emulator.model.collectives import CollectiveSpec, CollectiveTiming, run_collective
@@ -73,7 +77,7 @@ def test_port_down_degraded_and_latency_faults(graph: LinkGraph) -> None:
     faults.add(FaultSpec(kind="link-latency", target="n00-npu0.d0~n00-l1s0", added_latency_s=2e-6))
     slow = _route(graph, "n00-npu0.d0", "n00-npu1.d0")
     assert slow.latency_s == pytest.approx(before.latency_s + 2e-6)
-    faults.clear()
+    faults.clear(all=True)
     assert _route(graph, "n00-npu0.d0", "n00-npu1.d0") == before
 
 
@@ -170,3 +174,49 @@ def test_bad_endpoints_and_rank_groups(graph: LinkGraph) -> None:
         validate_ranks(graph, ["n00-npu0", "n00-cpu0"])
     with pytest.raises(InvalidArgumentError, match="at least 2"):
         validate_ranks(graph, ["n00-npu0.d0"])
+
+
+ROUTES_GOLDEN = Path(__file__).parent.parent / "golden" / "cm384.routes.json"
+GOLDEN_ROUTES = [
+    ("n00-npu0.d0", "n00-npu0.d0"),  # to itself: an HBM copy
+    ("n00-npu0.d0", "n00-npu0.d1"),  # sibling dies: the die-to-die link
+    ("n05-npu3.d1", "n05-npu3.d0"),
+    ("n00-npu0.d0", "n00-npu5.d1"),  # same node: one L1 chip per plane
+    ("n00-npu0.d0", "n01-npu5.d1"),  # across nodes: L1, L2, L1
+    ("n03-npu7.d1", "n47-npu0.d0"),
+    ("n00-npu0.d0", "n00-cpu1"),  # die to CPU
+    ("n00-npu2.d1", "n12-cpu3"),
+    ("n00-npu0.d0", "n00-mem"),  # die to memory pool
+    ("n00-npu0.d0", "n01-mem"),
+    ("n47-mem", "n00-npu1.d0"),
+    ("n00-cpu0", "n00-mem"),  # CPU to memory pool
+    ("n02-cpu2", "n40-mem"),
+]
+
+
+def _golden_routes() -> list[dict[str, object]]:
+    graph = LinkGraph(build("cm384"))
+    out: list[dict[str, object]] = []
+    for src, dst in GOLDEN_ROUTES:
+        route = _route(graph, src, dst)
+        out.append(
+            {
+                "src": src,
+                "dst": dst,
+                "kind": route.kind.value,
+                "hops": list(route.hops),
+                "planes": route.planes,
+                "ceiling_gb_s": round(route.cap / GB, 6),
+                "latency_us": round(route.latency_s * 1e6, 6),
+            }
+        )
+    return out
+
+
+def test_cm384_routes_match_the_golden_file() -> None:
+    """A fixed set of cm384 routes (hops, planes, ceiling, latency): any change to routing shows
+    up here. Regenerate with CMEMU_UPDATE_GOLDEN=1 after checking the diff."""
+    current = _golden_routes()
+    if os.environ.get("CMEMU_UPDATE_GOLDEN"):
+        ROUTES_GOLDEN.write_text(json.dumps(current, indent=1) + "\n")
+    assert current == json.loads(ROUTES_GOLDEN.read_text())

@@ -17,9 +17,11 @@ from emulator.model.topology import (
     PortPlan,
     Topology,
     build,
+    summary,
 )
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "cm-mini.topology.json"
+SUMMARY_GOLDEN = Path(__file__).parent.parent / "golden" / "cm384.summary.txt"
 
 
 def test_cm384_has_every_device_switch_and_link_of_the_hardware() -> None:
@@ -112,3 +114,12 @@ def test_cm_mini_matches_the_golden_document() -> None:
     if os.environ.get("CMEMU_UPDATE_GOLDEN"):
         GOLDEN.write_text(current)
     assert json.loads(current) == json.loads(GOLDEN.read_text())
+
+
+def test_cm384_summary_matches_the_golden_file() -> None:
+    """What `cmemu topology --preset cm384` prints. Regenerate with CMEMU_UPDATE_GOLDEN=1 (or
+    `cmemu topology --preset cm384 > tests/golden/cm384.summary.txt`) after checking the diff."""
+    current = summary(build("cm384")) + "\n"
+    if os.environ.get("CMEMU_UPDATE_GOLDEN"):
+        SUMMARY_GOLDEN.write_text(current)
+    assert current == SUMMARY_GOLDEN.read_text()

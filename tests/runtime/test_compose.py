@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from emulator.model.errors import InvalidArgumentError
-from emulator.runtime import compose
+from emulator.runtime import composegen, composerun
 
 COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
 COMMITTED = {"cm-mini": "cm-mini.yaml", "cm384": "cm384.yaml"}
@@ -34,7 +34,7 @@ def _config(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
 def test_committed_compose_files_are_what_the_generator_writes(
     tmp_path: Path, preset: str, name: str
 ) -> None:
-    written = compose.write(preset, "device", tmp_path / name)
+    written = composegen.write(preset, "device", tmp_path / name)
     for path in written:
         assert path.read_text() == (COMPOSE_DIR / path.name).read_text(), (
             f"{path.name} drifted: run cmemu compose --preset {preset} -o compose/{name}"
@@ -63,7 +63,7 @@ def test_cm384_per_device_is_one_container_per_device() -> None:
 
 def test_per_node_containers_alias_their_devices_and_validate(tmp_path: Path) -> None:
     path = tmp_path / "cm-mini-node.yaml"
-    compose.write("cm-mini", "node", path)
+    composegen.write("cm-mini", "node", path)
     doc = yaml.safe_load(path.read_text())
     node = doc["services"]["n01"]
     aliases = node["networks"]["sn0-net0"]["aliases"]
@@ -74,7 +74,7 @@ def test_per_node_containers_alias_their_devices_and_validate(tmp_path: Path) ->
 
 
 def test_no_bridge_holds_more_than_a_thousand_endpoints() -> None:
-    text, _ = compose.generate("cm8192", "node")
+    text, _ = composegen.generate("cm8192", "node")
     doc = yaml.safe_load(text)
     members: dict[str, int] = {}
     for svc in doc["services"].values():
@@ -82,18 +82,18 @@ def test_no_bridge_holds_more_than_a_thousand_endpoints() -> None:
         for net in nets if isinstance(nets, list) else nets.keys():
             members[net] = members.get(net, 0) + 1
     assert len(members) == 2
-    assert max(members.values()) <= compose.MAX_BRIDGE_ENDPOINTS
+    assert max(members.values()) <= composegen.MAX_BRIDGE_ENDPOINTS
     assert sum(members.values()) == 1024 + 2 * 3  # fabric, EMS and broker join every bridge
 
 
 def test_interpolation_follows_compose() -> None:
     env = {"A": "1", "EMPTY": ""}
-    assert compose.interpolate("x${A}y", env) == "x1y"
-    assert compose.interpolate("${B:-dflt}", env) == "dflt"
-    assert compose.interpolate("${EMPTY:-dflt}", env) == "dflt"
-    assert compose.interpolate("${B}", env) == ""
+    assert composerun.interpolate("x${A}y", env) == "x1y"
+    assert composerun.interpolate("${B:-dflt}", env) == "dflt"
+    assert composerun.interpolate("${EMPTY:-dflt}", env) == "dflt"
+    assert composerun.interpolate("${B}", env) == ""
     with pytest.raises(InvalidArgumentError, match="needs \\$B: say so"):
-        compose.interpolate("${B:?say so}", env)
+        composerun.interpolate("${B:?say so}", env)
 
 
 @pytest.mark.parametrize(
@@ -109,20 +109,22 @@ def test_bad_compose_files_are_refused(tmp_path: Path, text: str, words: str) ->
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(InvalidArgumentError, match=words):
-        compose.load(path, {"CMEMU_EPOCH": "1"}, tmp_path)
+        composerun.load(path, {"CMEMU_EPOCH": "1"}, tmp_path)
 
 
 def test_depends_on_orders_the_start_and_cycles_are_refused(tmp_path: Path) -> None:
-    services, topology = compose.load(COMPOSE_DIR / "cm-mini.yaml", {"CMEMU_EPOCH": "5"}, tmp_path)
-    waves = [[s.name for s in wave] for wave in compose.start_order(services)]
+    services, topology = composerun.load(
+        COMPOSE_DIR / "cm-mini.yaml", {"CMEMU_EPOCH": "5"}, tmp_path
+    )
+    waves = [[s.name for s in wave] for wave in composerun.start_order(services)]
     assert waves[0] == ["mosquitto"] and waves[1] == ["fabric"] and len(waves[2]) == 26
     assert waves[3] == ["ems"]  # after the memory pools it rebuilds its index from
     assert topology.epoch_wall_s == 5.0
     assert topology.device("n00-npu0").address.startswith("127.60.")
     a, b = services[0], services[1]
     looped = [
-        compose.ComposeService(name=a.name, spec=a.spec, depends={b.name: "service_started"}),
-        compose.ComposeService(name=b.name, spec=b.spec, depends={a.name: "service_started"}),
+        composerun.ComposeService(name=a.name, spec=a.spec, depends={b.name: "service_started"}),
+        composerun.ComposeService(name=b.name, spec=b.spec, depends={a.name: "service_started"}),
     ]
     with pytest.raises(InvalidArgumentError, match="cycle"):
-        compose.start_order(looped)
+        composerun.start_order(looped)

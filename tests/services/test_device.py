@@ -8,7 +8,7 @@ import pytest
 from cmemu.v1 import device_pb2, ub_pb2
 from emulator.client import health
 from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.runtime.inprocess import InProcessSupernode
+from emulator.runtime.supernode import Supernode
 from emulator.testing import Clients
 from services.kinds import DEVICE_SERVICE, UB_SERVICE
 
@@ -22,9 +22,7 @@ async def _code_of(call: object) -> grpc.StatusCode:
     return err.value.code()
 
 
-async def test_every_device_and_every_service_is_serving(
-    mini: InProcessSupernode, clients: Clients
-) -> None:
+async def test_every_device_and_every_service_is_serving(mini: Supernode, clients: Clients) -> None:
     statuses = await health.check_many([d.address for d in mini.topology.devices])
     assert set(statuses.values()) == {"SERVING"}
     assert len(statuses) == 26

@@ -13,7 +13,7 @@ from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, ub_pb2
 from emulator.model.ems import prefix_keys
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.topology import ServiceKind
-from emulator.runtime.inprocess import InProcessSupernode
+from emulator.runtime.supernode import Supernode
 from emulator.testing import Clients, running_supernode
 
 KIB = 1024
@@ -153,7 +153,7 @@ async def test_corrupt_copy_is_data_loss_on_that_copy_and_served_from_the_other(
 
 
 @pytest.fixture
-async def small() -> AsyncIterator[InProcessSupernode]:
+async def small() -> AsyncIterator[Supernode]:
     """cm-mini whose EMS may use 12 KiB of each pool and 4 KiB of SSD in all (2 KiB a node)."""
     pool_bytes = DEFAULT_PROFILE.node.cpus * DEFAULT_PROFILE.cpu.pooled_bytes
     profile = _profile(dram_share=12 * KIB / pool_bytes, ssd_bytes_per_node=2 * KIB)
@@ -161,7 +161,7 @@ async def small() -> AsyncIterator[InProcessSupernode]:
         yield supernode
 
 
-async def test_lru_eviction_demotes_to_ssd_then_drops(small: InProcessSupernode) -> None:
+async def test_lru_eviction_demotes_to_ssd_then_drops(small: Supernode) -> None:
     clients = Clients(small.topology)
     ems = _ems(clients)
     page = 4 * KIB
@@ -183,7 +183,7 @@ async def test_lru_eviction_demotes_to_ssd_then_drops(small: InProcessSupernode)
     await clients.close()
 
 
-async def test_pinned_objects_are_never_evicted(small: InProcessSupernode) -> None:
+async def test_pinned_objects_are_never_evicted(small: Supernode) -> None:
     clients = Clients(small.topology)
     ems = _ems(clients)
     for key in ("p1", "p2", "p3"):
@@ -222,25 +222,27 @@ async def test_a_dead_pool_loses_nothing_and_the_factor_is_restored() -> None:
 
 
 async def test_a_restarted_ems_rebuilds_its_index_from_the_pools(
-    mini: InProcessSupernode, clients: Clients
+    mini: Supernode, clients: Clients
 ) -> None:
     ems = _ems(clients)
     data = {f"r{i}": bytes([i]) * (i + 1) for i in range(10)}
     for key, value in data.items():
         await ems.Put(ems_pb2.PutRequest(key=key, data=value, kind=ems_pb2.OBJECT_KIND_WEIGHTS))
-    assert mini.ems is not None
-    before = len(mini.ems.index)
-    mini.ems.index = type(mini.ems.index)()  # the metadata is gone, as with a new process
+    assert mini.local.ems is not None
+    before = len(mini.local.ems.index)
+    mini.local.ems.index = type(
+        mini.local.ems.index
+    )()  # the metadata is gone, as with a new process
     assert await _status(ems.Get(ems_pb2.GetRequest(key="r3"))) == "NOT_FOUND"
-    await mini.ems.rebuild()
-    assert len(mini.ems.index) == before
+    await mini.local.ems.rebuild()
+    assert len(mini.local.ems.index) == before
     for key, value in data.items():
         got = await ems.Get(ems_pb2.GetRequest(key=key))
         assert got.data == value and got.kind == ems_pb2.OBJECT_KIND_WEIGHTS
 
 
 async def test_concurrent_puts_of_one_key_leave_one_object_and_no_stray_copies(
-    small: InProcessSupernode,
+    small: Supernode,
 ) -> None:
     clients = Clients(small.topology)
     ems = _ems(clients)
@@ -253,3 +255,37 @@ async def test_concurrent_puts_of_one_key_leave_one_object_and_no_stray_copies(
         regions = await clients.device(pool).ListRegions(device_pb2.ListRegionsRequest())
         assert sum(r.label.endswith("|race") for r in regions.regions) == 1
     await clients.close()
+
+
+async def test_list_filters_by_prefix_and_pages(clients: Clients) -> None:
+    ems = _ems(clients)
+    for i in range(7):
+        await ems.Put(ems_pb2.PutRequest(key=f"ls/a{i}", data=b"x" * (i + 1)))
+    await ems.Put(ems_pb2.PutRequest(key="ls/b", size=4096, kind=ems_pb2.OBJECT_KIND_WEIGHTS))
+    await ems.Put(ems_pb2.PutRequest(key="other", data=b"y", pinned=True))
+    seen: list[ems_pb2.ObjectInfo] = []
+    token = ""
+    pages = 0
+    while True:
+        page = await ems.List(ems_pb2.ListRequest(prefix="ls/a", page_size=3, page_token=token))
+        seen += page.objects
+        pages += 1
+        token = page.next_page_token
+        if not token:
+            break
+    assert [o.key for o in seen] == [f"ls/a{i}" for i in range(7)] and pages == 3
+    assert [o.size for o in seen] == list(range(1, 8))
+    assert all(o.tier == ems_pb2.TIER_DRAM and len(o.replicas) == 2 for o in seen)
+    listed = await ems.List(ems_pb2.ListRequest(prefix="ls/b"))
+    (b,) = listed.objects
+    assert (b.size, b.kind, b.pinned, listed.next_page_token) == (
+        4096,
+        ems_pb2.OBJECT_KIND_WEIGHTS,
+        False,
+        "",
+    )
+    (other,) = (await ems.List(ems_pb2.ListRequest(prefix="oth"))).objects
+    assert other.pinned and other.kind == ems_pb2.OBJECT_KIND_KV_BLOCK
+    assert not (await ems.List(ems_pb2.ListRequest(prefix="nothing-here"))).objects
+    bad = ems.List(ems_pb2.ListRequest(page_token="not-a-token"))
+    assert await _status(bad) == "INVALID_ARGUMENT"

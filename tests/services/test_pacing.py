@@ -12,19 +12,19 @@ from collections.abc import AsyncIterator
 import pytest
 
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
-from emulator.runtime.inprocess import InProcessSupernode
+from emulator.runtime.supernode import Supernode
 from emulator.testing import Clients, running_supernode
 
 SCALE = 0.01
 
 
 @pytest.fixture(scope="module")
-async def slow() -> AsyncIterator[InProcessSupernode]:
+async def slow() -> AsyncIterator[Supernode]:
     async with running_supernode("cm-mini", time_scale=SCALE) as supernode:
         yield supernode
 
 
-async def test_transfer_reply_waits_for_emulated_completion(slow: InProcessSupernode) -> None:
+async def test_transfer_reply_waits_for_emulated_completion(slow: Supernode) -> None:
     clients = Clients(slow.topology)
     try:
         dst = slow.topology.device("n00-npu1")
@@ -54,5 +54,16 @@ async def test_transfer_reply_waits_for_emulated_completion(slow: InProcessSuper
             )
         )
         assert time.perf_counter() - started >= result.duration_ns / 1e9 / SCALE * 0.95
+    finally:
+        await clients.close()
+
+
+async def test_receive_waits_in_emulated_time(slow: Supernode) -> None:
+    clients = Clients(slow.topology)
+    try:
+        started = time.perf_counter()
+        empty = await clients.bus("n00-cpu0").Receive(ub_pb2.ReceiveRequest(wait_ms=2))
+        assert not empty.messages
+        assert time.perf_counter() - started >= 0.19  # 2 emulated ms at 0.01 are 0.2 s of wall
     finally:
         await clients.close()

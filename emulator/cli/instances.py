@@ -1,0 +1,130 @@
+"""Named instances: `cmemu down`, `cmemu instances`, and the check `cmemu up` makes first.
+
+An instance is a state file (emulator/runtime/state.py) whose launcher pid is alive; a state file
+whose launcher is gone is stale, and whoever meets one says so and removes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from emulator.model.errors import EmulatorError, NotFoundError, UnavailableError
+from emulator.runtime import state
+
+DOWN_TIMEOUT_S = 60.0
+
+
+def check_not_running(path: Path) -> None:
+    """Before `cmemu up` writes `path`: raise state.AlreadyRunningError when the instance that
+    wrote it is alive; remove the file (saying so on stderr) when its launcher is gone."""
+    try:
+        instance = state.read_instance(path)
+    except (EmulatorError, OSError, ValueError):  # none, or unreadable: `up` overwrites it
+        return
+    if instance.alive:
+        raise state.AlreadyRunningError(instance.name, instance.launcher.pid, path)
+    if state.remove_if_written_by(path, instance.launcher.pid):
+        print(
+            f"cmemu: removed the stale state file {path} (launcher pid {instance.launcher.pid} "
+            "is gone)",
+            file=sys.stderr,
+        )
+
+
+def wait_exit(pid: int, timeout_s: float) -> bool:
+    """Wait until process `pid` has exited; whether it did within timeout_s. Sleeps on a pidfd
+    (woken by the exit itself) where the kernel has them, else polls."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = -1
+    try:
+        while state.pid_alive(pid):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if fd >= 0:
+                select.select([fd], [], [], min(left, 0.5))  # readable once it exits
+            else:
+                time.sleep(min(left, 0.02))
+        return True
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    path = Path(args.state_file)
+    if not path.exists():
+        raise NotFoundError(f"no instance {state.instance_name(path)!r}: no state file {path}")
+    instance = state.read_instance(path)
+    pid = instance.launcher.pid
+    if not instance.alive:
+        state.remove_if_written_by(path, pid)
+        print(
+            f"cmemu: instance {instance.name!r} was not running (launcher pid {pid} is gone); "
+            f"removed its stale state file {path}"
+        )
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    if not wait_exit(pid, args.timeout):
+        raise UnavailableError(
+            f"instance {instance.name!r} (pid {pid}) still running {args.timeout:g} s after "
+            f"SIGTERM; `kill -KILL {pid}` stops it for good"
+        )
+    if state.remove_if_written_by(path, pid):  # it died without removing its own
+        print(f"cmemu: launcher pid {pid} left its state file behind; removed {path}")
+    print(f"cmemu: instance {instance.name!r} (pid {pid}) stopped")
+    return 0
+
+
+def down_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DOWN_TIMEOUT_S,
+        help=f"seconds to wait for it to stop after SIGTERM (default {DOWN_TIMEOUT_S:g})",
+    )
+
+
+def cmd_instances(args: argparse.Namespace) -> int:
+    rows: list[dict[str, Any]] = []
+    for path in state.instances():
+        try:
+            instance = state.read_instance(path)
+        except (EmulatorError, OSError, ValueError) as exc:  # listed broken, not fatal
+            rows.append({"name": state.instance_name(path), "state": f"unreadable: {exc}"})
+            continue
+        rows.append(
+            {
+                "name": instance.name,
+                "state": "running" if instance.alive else "stale",
+                "pid": instance.launcher.pid,
+                "mode": instance.launcher.mode,
+                "preset": instance.topology.preset,
+                "state_file": str(path),
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'NAME':<20} {'STATE':<8} {'PID':>8}  {'PRESET':<8} MODE")
+    for r in rows:
+        print(
+            f"{r['name']:<20} {r['state']!s:<8} {r.get('pid', '-')!s:>8}  "
+            f"{r.get('preset', '-')!s:<8} {r.get('mode', '-')}"
+        )
+    return 0
+
+
+def instances_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="one JSON array")

@@ -1,0 +1,177 @@
+"""`cmemu status`: one instance at a glance, from its state file and a few concurrent calls.
+
+The launcher (pid, mode, uptime), emulated time now, where its services are, how many servers
+answer SERVING, and every active fault. A state file whose launcher is gone is reported as stale,
+with a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from emulator.cli import fault
+from emulator.client import health
+from emulator.client.clients import Clients
+from emulator.runtime import state
+
+STALE_EXIT = 1
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h{minutes:02d}m"
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{seconds:.1f}s"
+
+
+async def _probe(instance: state.Instance, timeout_s: float) -> dict[str, Any]:
+    topology = instance.topology
+    servers = [d.address for d in topology.devices] + [x.address for x in topology.services]
+    clients = Clients(topology)
+    try:
+        statuses, faults = await asyncio.gather(
+            health.check_many(servers, timeout_s=timeout_s),
+            _faults(clients),
+        )
+    finally:
+        await clients.close()
+    return {"statuses": statuses, **faults}
+
+
+async def _faults(clients: Clients) -> dict[str, Any]:
+    """Active faults; the fabric's may be unknowable (it is down), which status says."""
+    try:
+        fabric: list[fault.ActiveFault] | None = await fault.fabric_faults(clients)
+        fabric_error = ""
+    except grpc.aio.AioRpcError as exc:
+        fabric, fabric_error = None, f"{exc.code().name}: {exc.details()}"
+    devices = await fault.device_faults(clients)
+    return {"fabric_faults": fabric, "fabric_error": fabric_error, "device_faults": devices}
+
+
+def report(instance: state.Instance, probed: dict[str, Any], now: float) -> dict[str, Any]:
+    """Everything `cmemu status --json` prints, from the instance and what the calls found."""
+    topology, launcher = instance.topology, instance.launcher
+    statuses: dict[str, str] = probed["statuses"]
+    started = launcher.started_wall_s or topology.epoch_wall_s
+    emulated = (
+        (now - topology.epoch_wall_s) * topology.time_scale
+        if topology.epoch_wall_s is not None
+        else None
+    )
+    faults = [*(probed["fabric_faults"] or []), *probed["device_faults"]]
+    names = {d.id: d.address for d in topology.devices} | {
+        x.id: x.address for x in topology.services
+    }
+    return {
+        "name": instance.name,
+        "state_file": str(instance.path),
+        "running": True,
+        "pid": launcher.pid,
+        "mode": launcher.mode,
+        "started_wall_s": started,
+        "uptime_s": now - started if started is not None else None,
+        "run_dir": launcher.run_dir,
+        "argv": list(launcher.argv),
+        "supernode": topology.supernode,
+        "preset": topology.preset,
+        "time_scale": topology.time_scale,
+        "emulated_s": emulated,
+        "broker": topology.broker,
+        "services": {x.id: x.address for x in topology.services},
+        "devices": len(topology.devices),
+        "devices_serving": sum(statuses[d.address] == "SERVING" for d in topology.devices),
+        "services_serving": sum(statuses[x.address] == "SERVING" for x in topology.services),
+        "not_serving": {who: statuses[a] for who, a in names.items() if statuses[a] != "SERVING"},
+        "faults": [vars(f) for f in faults],
+        "fabric_faults_error": probed["fabric_error"] or None,
+    }
+
+
+def _print(r: dict[str, Any]) -> None:
+    uptime = _duration(r["uptime_s"]) if r["uptime_s"] is not None else "?"
+    started = (
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started_wall_s"]))
+        if r["started_wall_s"]
+        else "?"
+    )
+    emulated = f"{r['emulated_s']:.3f} s" if r["emulated_s"] is not None else "not started"
+    rows = [
+        ("instance", f"{r['name']} (state file {r['state_file']})"),
+        ("launcher", f"pid {r['pid']}, {r['mode']}, up {uptime} (since {started})"),
+        ("supernode", f"{r['supernode']} ({r['preset']}), {r['devices']} devices"),
+        ("time", f"emulated {emulated}, time scale {r['time_scale']:g}"),
+        ("broker", r["broker"] or "none (no MQTT)"),
+        *((sid, address) for sid, address in r["services"].items()),
+    ]
+    if r["run_dir"]:
+        rows.append(("run dir", r["run_dir"]))
+    serving = f"{r['devices_serving']}/{r['devices']} SERVING"
+    not_serving = list(r["not_serving"].items())
+    if not_serving:
+        shown = ", ".join(f"{who} {s}" for who, s in not_serving[:5])
+        more = f" and {len(not_serving) - 5} more" if len(not_serving) > 5 else ""
+        serving += f" (not: {shown}{more})"
+    rows.append(("devices", serving))
+    faults = r["faults"]
+    rows.append(("faults", f"{len(faults)} active" if faults else "none"))
+    if r["fabric_faults_error"]:
+        rows.append(("", f"fabric faults unknown: {r['fabric_faults_error']}"))
+    for label, value in rows:
+        print(f"{label:<10} {value}")
+    for f in faults:
+        print(f"  {f['id']:<20} {f['kind']:<14} {f['target']:<34} {f['detail']}")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    path = Path(args.state_file)
+    instance = state.read_instance(path)
+    if not instance.alive:
+        message = (
+            f"instance {instance.name!r} is not running: its launcher (pid "
+            f"{instance.launcher.pid}) is gone, and its state file {path} is stale "
+            f"(`cmemu down{state.name_option(instance.name)}` removes it)"
+        )
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "name": instance.name,
+                        "state_file": str(path),
+                        "running": False,
+                        "pid": instance.launcher.pid,
+                        "stale": True,
+                    }
+                )
+            )
+        print(f"cmemu status: {message}", file=sys.stderr)
+        return STALE_EXIT
+    probed = asyncio.run(_probe(instance, args.timeout))
+    result = report(instance, probed, time.time())
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print(result)
+    return 0
+
+
+def status_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--timeout", type=float, default=2.0, help="seconds per health check (default 2)"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object")

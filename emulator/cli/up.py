@@ -1,0 +1,299 @@
+"""`cmemu up`, `cmemu serve` and `cmemu compose`: options in, the typed launch API called, the
+startup summary printed. Everything that runs lives in emulator/runtime."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from emulator.cli import argtypes
+from emulator.cli.instances import check_not_running
+from emulator.model.presets import DEFAULT_PRESET
+from emulator.model.topology import CONTAINER_PORT, DEFAULT_BASE_PORT, DEFAULT_HOST
+from emulator.runtime import composegen, state
+from emulator.runtime.procs import Running
+from emulator.runtime.serve import (
+    DEFAULT_REBUILD_WAIT_S,
+    DEFAULT_SERVE_DRAIN_S,
+    PER,
+    SERVE_KINDS,
+    ServeOptions,
+    serve,
+)
+from emulator.runtime.supernode import (
+    ADDRESSING,
+    EMBEDDED,
+    MODES,
+    LaunchOptions,
+    Mode,
+    StartInterrupted,
+    Supernode,
+)
+
+DEFAULT_READY_TIMEOUT_S = 180.0
+
+
+def _stop_event() -> asyncio.Event:
+    """Set by SIGINT or SIGTERM: the launcher turns every server NOT_SERVING, drains, stops."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+# --- up -------------------------------------------------------------------------------------
+
+
+def summary(sn: Supernode, path: Path, seconds: float) -> str:
+    """What `cmemu up` prints once all is SERVING: where everything is and how to reach it."""
+    topology = sn.topology
+    kinds = {k: sum(d.kind.value == k for d in topology.devices) for k in ("npu", "cpu")}
+    first = topology.devices[0]
+    pools = len(topology.devices) - kinds["npu"] - kinds["cpu"]
+    name = state.instance_name(path)
+    which = "" if name == state.DEFAULT_NAME else f" --name {name}"
+    lines = [
+        f"cmemu: supernode {topology.supernode} ({topology.preset}, {sn.mode}) is up as "
+        f"{name!r}: {kinds['npu']} NPUs, {kinds['cpu']} CPUs, {pools} memory pools, all "
+        f"SERVING in {seconds:.2f} s (time_scale {topology.time_scale:g})",
+        f"  state file  {path}",
+        f"  devices     {first.address} ({first.id}) to {topology.devices[-1].address}",
+        *(f"  {x.id:<11} {x.address}" for x in topology.services),
+        f"  broker      {topology.broker or 'none (no MQTT)'}",
+        f"  probe       cmemu probe {first.address}",
+        f"              grpcurl -plaintext {first.address} list",
+        f"  status      cmemu status{which}",
+        f"  stop        cmemu down{which}   (or Ctrl-C / SIGTERM here)",
+    ]
+    if sn.run_dir is not None:
+        lines.insert(2, f"  run dir     {sn.run_dir} (process logs in logs/)")
+    return "\n".join(lines)
+
+
+def _report_death(running: Running) -> None:
+    print(
+        f"cmemu: process {running.spec.name} (pid {running.proc.pid}) exited with code "
+        f"{running.returncode}; not restarted (log: {running.log_path})",
+        flush=True,
+    )
+
+
+def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
+    mode: Mode = "compose" if args.from_compose else args.mode
+    return LaunchOptions(
+        preset=args.preset,
+        mode=mode,
+        per=args.per,
+        time_scale=args.time_scale,
+        addressing=args.addressing,
+        host=args.host,
+        base_port=args.base_port,
+        port=args.port,
+        compose_file=Path(args.from_compose) if args.from_compose else None,
+        broker=args.broker or EMBEDDED,
+        # beside the state file, one per launcher: logs, the topology document, EMS's SSD
+        run_dir=path.parent / f"{path.stem}-run-{os.getpid()}" if mode != "inprocess" else None,
+        drain_s=args.drain,
+        ready_timeout_s=args.ready_timeout,
+    )
+
+
+async def _up(options: LaunchOptions, path: Path) -> None:
+    stop = _stop_event()
+    started = time.perf_counter()
+    try:
+        async with Supernode.start(options, stop=stop, on_death=_report_death) as sn:
+            launcher: dict[str, object] = {"argv": _argv_without_detach()}
+            if sn.run_dir is not None:
+                launcher["run_dir"] = str(sn.run_dir)
+            await asyncio.to_thread(state.write, path, sn.topology, mode=sn.mode, launcher=launcher)
+            print(summary(sn, path, time.perf_counter() - started), flush=True)
+            try:
+                await stop.wait()
+            finally:
+                print("cmemu: stopping (health NOT_SERVING, draining)", flush=True)
+                await asyncio.to_thread(state.remove_if_ours, path)
+                if sn.died and sn.run_dir is not None:
+                    print(f"cmemu: logs of the processes that died are in {sn.run_dir}/logs")
+    except StartInterrupted:
+        print("cmemu: stopped while starting", flush=True)
+
+
+def _argv_without_detach() -> list[str]:
+    return [a for a in sys.argv[1:] if a not in ("-d", "--detach")]
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    path = argtypes.resolve_state(args)
+    assert path is not None
+    check_not_running(path)
+    if args.detach:
+        from emulator.cli.detach import up_detached
+
+        code: int = up_detached(_argv_without_detach(), path, args.ready_timeout + 30.0)
+        return code
+    options = launch_options(args, path)
+    asyncio.run(_up(options, path))
+    print("cmemu: stopped", flush=True)
+    return 0
+
+
+def add_topology_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--preset",
+        type=argtypes.preset,
+        default=DEFAULT_PRESET,
+        help=f"supernode preset (default {DEFAULT_PRESET}; see `cmemu presets`)",
+    )
+    p.add_argument(
+        "--addressing",
+        choices=ADDRESSING,
+        default=None,
+        help="ports: one host, a port per server (default in process); loopback: an address "
+        "127.x.y.z per server on one port, as containers have (default for --mode procs; "
+        "needed past ~11,000 devices)",
+    )
+    p.add_argument(
+        "--port",
+        type=argtypes.positive_int,
+        default=CONTAINER_PORT,
+        help=f"with --addressing loopback, the port of every server (default {CONTAINER_PORT})",
+    )
+    p.add_argument(
+        "--host", default=DEFAULT_HOST, help=f"address every server binds (default {DEFAULT_HOST})"
+    )
+    p.add_argument(
+        "--base-port",
+        type=argtypes.positive_int,
+        default=DEFAULT_BASE_PORT,
+        help=f"port of the first server; the others follow (default {DEFAULT_BASE_PORT})",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=argtypes.positive_float,
+        default=1.0,
+        help="emulated seconds per wall second (default 1)",
+    )
+
+
+def up_args(up: argparse.ArgumentParser) -> None:
+    add_topology_args(up)
+    argtypes.add_state_arg(up)
+    up.add_argument(
+        "-d",
+        "--detach",
+        action="store_true",
+        help="return once all is SERVING and leave it running (stop it with `cmemu down`)",
+    )
+    up.add_argument(
+        "--mode",
+        choices=[m for m in MODES if m != "compose"],
+        default="inprocess",
+        help="inprocess: every server in this process (default); procs: one OS process per "
+        "node (or --per device), each on its own loopback address",
+    )
+    up.add_argument("--per", choices=PER, default="node", help="with --mode procs (default node)")
+    up.add_argument(
+        "--from-compose",
+        metavar="FILE",
+        help="run the services of a compose file as local processes, each hostname becoming "
+        "a loopback address",
+    )
+    up.add_argument(
+        "--ready-timeout",
+        type=argtypes.positive_float,
+        default=DEFAULT_READY_TIMEOUT_S,
+        help=f"seconds to wait for all SERVING (default {DEFAULT_READY_TIMEOUT_S:g})",
+    )
+    up.add_argument(
+        "--broker",
+        help="MQTT broker for telemetry and events, mqtt://HOST:PORT; 'none' for no MQTT "
+        "(default: an embedded broker on 127.0.0.1, its URL in the state file)",
+    )
+    up.add_argument(
+        "--drain",
+        type=float,
+        default=0.2,
+        help="seconds between NOT_SERVING and stop (default 0.2)",
+    )
+
+
+# --- serve ----------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    kind = next(k for k in SERVE_KINDS if getattr(args, k))
+    options = ServeOptions(
+        topology_path=Path(args.topology),
+        kind=kind,
+        name=getattr(args, kind),
+        drain_s=args.drain,
+        ssd_dir=Path(args.ssd_dir) if args.ssd_dir else None,
+        rebuild_wait_s=args.rebuild_wait,
+    )
+
+    async def run() -> None:
+        await serve(options, _stop_event())
+
+    asyncio.run(run())
+    return 0
+
+
+def serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", required=True, help="the topology document (JSON)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--device", help="one device id")
+    what.add_argument("--node", help="every device of one node, e.g. n07")
+    what.add_argument("--service", help="a supernode-wide service, e.g. fabric")
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=DEFAULT_SERVE_DRAIN_S,
+        help=f"seconds between NOT_SERVING and stop (default {DEFAULT_SERVE_DRAIN_S:g})",
+    )
+    p.add_argument(
+        "--ssd-dir", help="with --service ems: where its SSD tier lives (default $CMEMU_EMS_SSD)"
+    )
+    p.add_argument(
+        "--rebuild-wait",
+        type=float,
+        default=DEFAULT_REBUILD_WAIT_S,
+        help="with --service ems: seconds to wait for silent memory pools while rebuilding the "
+        f"index before counting them down (default {DEFAULT_REBUILD_WAIT_S:g})",
+    )
+
+
+# --- compose --------------------------------------------------------------------------------
+
+
+def cmd_compose(args: argparse.Namespace) -> int:
+    for written in composegen.write(args.preset, args.per, Path(args.output)):
+        print(f"wrote {written}")
+    return 0
+
+
+def compose_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--preset",
+        type=argtypes.preset,
+        default=DEFAULT_PRESET,
+        help=f"default {DEFAULT_PRESET}",
+    )
+    p.add_argument(
+        "--per",
+        choices=PER,
+        default="device",
+        help="one container per device (default) or node",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="the compose file to write; the topology and broker config go beside it",
+    )

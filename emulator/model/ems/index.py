@@ -1,0 +1,148 @@
+"""The object index: objects by key in least-recently-used order, their copies and tiers, what
+each pool holds, the region-label codec, and listing by pages.
+
+Every copy's region carries its object's metadata in its label (`encode_label`), so a restarted
+EMS rebuilds this index by listing the pools.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from emulator.model.errors import InvalidArgumentError
+
+LABEL_VERSION = "ems1"
+PAGE_SIZE_DEFAULT = 1000
+PAGE_SIZE_MAX = 10_000
+_TOKEN_MARK = "ems-list1|"
+
+
+class Tier(StrEnum):
+    DRAM = "dram"
+    SSD = "ssd"
+
+
+@dataclass
+class Replica:
+    region_id: int
+    offset: int
+
+
+@dataclass
+class ObjectMeta:
+    key: str
+    kind: int
+    size: int
+    crc: int | None  # None: a size-only object
+    pinned: bool
+    replicas: dict[str, Replica] = field(default_factory=dict)  # pool id -> its copy
+    tier: Tier = Tier.DRAM
+
+    @property
+    def real(self) -> bool:
+        return self.crc is not None
+
+
+def encode_label(meta: ObjectMeta) -> str:
+    crc = "-" if meta.crc is None else f"{meta.crc:08x}"
+    return f"{LABEL_VERSION}|{meta.kind}|{int(meta.pinned)}|{meta.size}|{crc}|{meta.key}"
+
+
+def decode_label(label: str) -> ObjectMeta | None:
+    """The object a region holds, or None for a region that is not an EMS copy."""
+    parts = label.split("|", 5)
+    if len(parts) != 6 or parts[0] != LABEL_VERSION:
+        return None
+    _, kind, pinned, size, crc, key = parts
+    return ObjectMeta(
+        key=key,
+        kind=int(kind),
+        size=int(size),
+        crc=None if crc == "-" else int(crc, 16),
+        pinned=pinned == "1",
+    )
+
+
+@dataclass(frozen=True)
+class Page:
+    objects: list[ObjectMeta]
+    next_token: str  # empty on the last page
+
+
+def _token(last_key: str) -> str:
+    return base64.urlsafe_b64encode((_TOKEN_MARK + last_key).encode()).decode()
+
+
+def _after(token: str, prefix: str) -> str:
+    """The last key of the page a token continues from."""
+    try:
+        text = base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
+    except (binascii.Error, UnicodeError, ValueError):
+        text = ""
+    if not text.startswith(_TOKEN_MARK) or not text[len(_TOKEN_MARK) :].startswith(prefix):
+        raise InvalidArgumentError("page_token is not one this listing returned")
+    return text[len(_TOKEN_MARK) :]
+
+
+class Index:
+    """Objects by key in least-recently-used order, and what each pool holds."""
+
+    def __init__(self) -> None:
+        self.objects: OrderedDict[str, ObjectMeta] = OrderedDict()
+        self.pool_bytes: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.objects)
+
+    def get(self, key: str) -> ObjectMeta | None:
+        return self.objects.get(key)
+
+    def touch(self, key: str) -> None:
+        self.objects.move_to_end(key)
+
+    def add(self, meta: ObjectMeta) -> None:
+        self.objects[meta.key] = meta
+        for pool in meta.replicas:
+            self.pool_bytes[pool] = self.pool_bytes.get(pool, 0) + meta.size
+
+    def drop_replica(self, meta: ObjectMeta, pool: str) -> None:
+        if meta.replicas.pop(pool, None) is not None:
+            self.pool_bytes[pool] -= meta.size
+
+    def add_replica(self, meta: ObjectMeta, pool: str, replica: Replica) -> None:
+        meta.replicas[pool] = replica
+        self.pool_bytes[pool] = self.pool_bytes.get(pool, 0) + meta.size
+
+    def remove(self, key: str) -> ObjectMeta | None:
+        meta = self.objects.pop(key, None)
+        if meta is not None:
+            for pool in list(meta.replicas):
+                self.pool_bytes[pool] -= meta.size
+        return meta
+
+    def lru_victims(self, pool: str) -> Iterator[ObjectMeta]:
+        """Unpinned DRAM objects with a copy on `pool`, least recently used first."""
+        for meta in list(self.objects.values()):
+            if not meta.pinned and meta.tier is Tier.DRAM and pool in meta.replicas:
+                yield meta
+
+    def page(self, *, prefix: str = "", page_size: int = 0, token: str = "") -> Page:
+        """Objects whose key starts with `prefix`, in key order, `page_size` at a time (0: the
+        default; more than the maximum: the maximum). `token` continues after the page that
+        returned it; objects put or deleted between pages show up or not, none repeats."""
+        size = min(page_size or PAGE_SIZE_DEFAULT, PAGE_SIZE_MAX)
+        after = _after(token, prefix) if token else None
+        keys = sorted(
+            k for k in self.objects if k.startswith(prefix) and (after is None or k > after)
+        )
+        chosen = keys[:size]
+        more = len(keys) > size
+        return Page(
+            objects=[self.objects[k] for k in chosen],
+            next_token=_token(chosen[-1]) if more else "",
+        )

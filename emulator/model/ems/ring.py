@@ -1,0 +1,36 @@
+"""The consistent-hash ring that names the pools owning a key."""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+
+
+def _point(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+class HashRing:
+    """Consistent hashing over pools: adding or losing a pool moves only its share of keys."""
+
+    def __init__(self, pools: Sequence[str], vnodes: int) -> None:
+        self.pools = list(pools)
+        self._points = sorted(
+            (_point(f"{pool}#{v}"), pool) for pool in pools for v in range(vnodes)
+        )
+        self._hashes = [h for h, _ in self._points]
+
+    def walk(self, key: str) -> Iterator[str]:
+        """Every pool once, in ring order from the key's point."""
+        start = bisect.bisect(self._hashes, _point(key))
+        seen: set[str] = set()
+        for i in range(len(self._points)):
+            pool = self._points[(start + i) % len(self._points)][1]
+            if pool not in seen:
+                seen.add(pool)
+                yield pool
+
+    def owners(self, key: str, count: int, *, usable: Iterable[str] | None = None) -> list[str]:
+        allowed = set(self.pools if usable is None else usable)
+        return [p for p in self.walk(key) if p in allowed][:count]

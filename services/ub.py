@@ -1,0 +1,227 @@
+"""The UnifiedBus service every device serves: transactions issued here go to the fabric, and
+transactions that arrive are applied to this device's memory or queued in its inbox.
+
+`normalize` is the one check of a transaction's shape, shared with the fabric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+
+from cmemu.v1 import ub_pb2, ub_pb2_grpc
+from emulator.model.costmodel import ub_transfer_ns
+from emulator.model.errors import (
+    CapacityError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    PreconditionError,
+    blame,
+)
+from services.device import DeviceState
+from services.status import Context, rpc
+
+MAX_WAIT_MS = 60_000  # emulated milliseconds a Receive may wait for a first message
+
+
+CARRIES_PAYLOAD = {ub_pb2.UB_OP_WRITE, ub_pb2.UB_OP_SEND}
+ATOMICS = {ub_pb2.UB_OP_CAS, ub_pb2.UB_OP_FETCH_ADD}
+ATOMIC_BYTES = 8
+
+
+def normalize(tx: ub_pb2.UbTransaction, inline_max: int) -> ub_pb2.UbTransaction:
+    """Check a transaction's shape and fill `size` where it is implied; never touches state."""
+    out = ub_pb2.UbTransaction()
+    out.CopyFrom(tx)
+    if out.op not in ub_pb2.UbOp.values() or out.op == ub_pb2.UB_OP_UNSPECIFIED:
+        raise InvalidArgumentError(
+            f"op must be one of READ, WRITE, CAS, FETCH_ADD, SEND; got {out.op}", field="op"
+        )
+    if out.dst.eid == 0:
+        raise InvalidArgumentError("dst.eid is required", field="dst.eid")
+    if out.op in ATOMICS:
+        if out.data or out.size_only or out.size not in (0, ATOMIC_BYTES):
+            raise InvalidArgumentError(
+                "atomics move exactly 8 bytes and carry no payload", field="size"
+            )
+        out.size = ATOMIC_BYTES
+        return out
+    if out.data and out.op not in CARRIES_PAYLOAD:
+        raise InvalidArgumentError("only WRITE and SEND carry data", field="data")
+    if out.data and out.size_only:
+        raise InvalidArgumentError("data and size_only are exclusive", field="size_only")
+    if out.data:
+        if out.size not in (0, len(out.data)):
+            raise InvalidArgumentError(
+                f"size {out.size} differs from len(data) {len(out.data)}", field="size"
+            )
+        out.size = len(out.data)
+    if out.size == 0:
+        raise InvalidArgumentError("size must be > 0 (or data non-empty)", field="size")
+    if out.op in CARRIES_PAYLOAD and not out.data and not out.size_only:
+        raise InvalidArgumentError(
+            "WRITE and SEND carry data, or set size_only for a bulk transfer", field="data"
+        )
+    if not out.size_only and out.size > inline_max:
+        raise InvalidArgumentError(
+            f"{out.size} bytes exceed the {inline_max}-byte inline payload limit; use size_only",
+            field="size",
+            reason="PAYLOAD_TOO_LARGE",
+        )
+    return out
+
+
+class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
+    def __init__(self, state: DeviceState) -> None:
+        self.state = state
+        self._apply: dict[
+            int, Callable[[ub_pb2.UbTransaction, ub_pb2.UbCompletion], Awaitable[None]]
+        ] = {
+            ub_pb2.UB_OP_READ: self._read,
+            ub_pb2.UB_OP_WRITE: self._write,
+            ub_pb2.UB_OP_CAS: self._cas,
+            ub_pb2.UB_OP_FETCH_ADD: self._fetch_add,
+            ub_pb2.UB_OP_SEND: self._send,
+        }
+
+    @property
+    def _inline_max(self) -> int:
+        return self.state.profile.limits.inline_payload_max_bytes
+
+    @rpc
+    async def Submit(self, request: ub_pb2.UbTransaction, context: Context) -> ub_pb2.UbCompletion:
+        """Issue a transaction from this device; the fabric times it and delivers it."""
+        s = self.state
+        s.require_healthy()
+        tx = normalize(request, self._inline_max)
+        with blame(
+            field="dst.eid", subject=str(tx.dst.eid), reason="DEVICE_NOT_FOUND", on=NotFoundError
+        ):
+            target = s.topology.by_eid(tx.dst.eid)
+        tx.src_eid = s.device.eid
+        tx.issue_ns = s.clock.now_ns()
+        tx.id = tx.id or uuid.uuid4().hex
+        completion = await s.peers.transfer(tx, context.time_remaining())
+        s.counters.tx_count += 1
+        s.counters.tx_bytes += tx.size
+        s.log.debug("ub submit", trace_id=tx.id, op=ub_pb2.UbOp.Name(tx.op), dst=target.id)
+        return completion
+
+    @rpc
+    async def Deliver(self, request: ub_pb2.UbTransaction, context: Context) -> ub_pb2.UbCompletion:
+        """Apply a transaction that arrives at this device."""
+        return await self.deliver(request)
+
+    async def deliver(self, request: ub_pb2.UbTransaction) -> ub_pb2.UbCompletion:
+        """Deliver without gRPC: the fabric calls this directly when the device shares its
+        process. The fabric then replaces the timing with its own; a direct caller of Deliver
+        gets the uncontended cost model's timing."""
+        s = self.state
+        s.require_healthy()
+        tx = normalize(request, self._inline_max)
+        if tx.dst.eid != s.device.eid:
+            raise InvalidArgumentError(
+                f"dst.eid {tx.dst.eid} is not {s.device.id} ({s.device.eid})",
+                field="dst.eid",
+                subject=s.device.id,
+                reason="WRONG_DEVICE",
+            )
+        with blame(
+            field="src_eid", subject=str(tx.src_eid), reason="DEVICE_NOT_FOUND", on=NotFoundError
+        ):
+            src = s.topology.by_eid(tx.src_eid) if tx.src_eid else s.device
+        issue_ns = tx.issue_ns or s.clock.now_ns()
+        duration = ub_transfer_ns(
+            tx.size,
+            src=src.kind,
+            dst=s.device.kind,
+            cross_node=src.node != s.device.node,
+            profile=s.profile,
+        )
+        completion = ub_pb2.UbCompletion(
+            id=tx.id,
+            op=tx.op,
+            src_eid=src.eid,
+            dst_eid=s.device.eid,
+            size=tx.size,
+            issue_ns=issue_ns,
+            complete_ns=issue_ns + duration,
+            path=[src.id, s.device.id] if src is not s.device else [s.device.id],
+        )
+        with (
+            blame(field="dst.offset", subject=s.device.id),
+            blame(reason="REGION_NOT_ALLOCATED", on=PreconditionError),
+            blame(reason="ADDRESS_OUT_OF_RANGE", on=OutOfRangeError),
+        ):
+            await self._apply[tx.op](tx, completion)
+        s.counters.rx_count += 1
+        s.counters.rx_bytes += tx.size
+        return completion
+
+    async def _read(self, tx: ub_pb2.UbTransaction, out: ub_pb2.UbCompletion) -> None:
+        memory = self.state.memory
+        if tx.size_only:
+            memory.check(tx.dst.offset, tx.size)
+        else:
+            out.data = memory.read(tx.dst.offset, tx.size)
+
+    async def _write(self, tx: ub_pb2.UbTransaction, out: ub_pb2.UbCompletion) -> None:
+        memory = self.state.memory
+        if tx.size_only:
+            memory.write_virtual(tx.dst.offset, tx.size)
+        else:
+            memory.write(tx.dst.offset, tx.data)
+
+    async def _cas(self, tx: ub_pb2.UbTransaction, out: ub_pb2.UbCompletion) -> None:
+        out.old_value, out.swapped = self.state.memory.compare_and_swap(
+            tx.dst.offset, tx.compare, tx.operand
+        )
+
+    async def _fetch_add(self, tx: ub_pb2.UbTransaction, out: ub_pb2.UbCompletion) -> None:
+        out.old_value = self.state.memory.fetch_add(tx.dst.offset, tx.operand)
+
+    async def _send(self, tx: ub_pb2.UbTransaction, out: ub_pb2.UbCompletion) -> None:
+        message = ub_pb2.UbMessage(
+            id=tx.id,
+            src_eid=out.src_eid,
+            size=tx.size,
+            data=tx.data,
+            size_only=tx.size_only,
+            issue_ns=out.issue_ns,
+            arrive_ns=out.complete_ns,
+        )
+        try:
+            self.state.inbox.put_nowait(message)
+        except asyncio.QueueFull:
+            raise CapacityError(
+                f"receive queue of {self.state.device.id}",
+                1,
+                0,
+                unit="messages",
+                subject=self.state.device.id,
+                reason="RECEIVE_QUEUE_FULL",
+            ) from None
+
+    @rpc
+    async def Receive(
+        self, request: ub_pb2.ReceiveRequest, context: Context
+    ) -> ub_pb2.ReceiveResponse:
+        s = self.state
+        s.require_healthy()
+        limit = s.profile.limits.inbox_max_messages
+        if request.max_messages > limit:
+            raise InvalidArgumentError(f"max_messages must be <= {limit}", field="max_messages")
+        if request.wait_ms > MAX_WAIT_MS:
+            raise InvalidArgumentError(f"wait_ms must be <= {MAX_WAIT_MS}", field="wait_ms")
+        response = ub_pb2.ReceiveResponse()
+        if s.inbox.empty() and request.wait_ms:
+            try:  # wait_ms is emulated time: the wall wait scales with time_scale
+                async with asyncio.timeout(s.clock.wall_delay_s(request.wait_ms / 1000)):
+                    response.messages.append(await s.inbox.get())
+            except TimeoutError:
+                return response
+        while len(response.messages) < max(1, request.max_messages) and not s.inbox.empty():
+            response.messages.append(s.inbox.get_nowait())
+        return response

@@ -1,0 +1,61 @@
+"""`cmemu ems ls|rm|exists` as a user runs them, against a real `cmemu up`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from emulator import testing
+from emulator.testing import CMEMU, free_port_block
+
+MINI_SERVERS = 26 + 2  # the devices of cm-mini, the fabric and EMS
+
+
+def cmemu(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CMEMU, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_ems_ls_rm_exists(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    base = free_port_block(MINI_SERVERS)
+    with testing.cmemu_up(
+        state_file, "--preset", "cm-mini", "--base-port", str(base), timeout_s=60, quiet=True
+    ):
+        state = ("--state-file", str(state_file))
+        blob = tmp_path / "blob"
+        blob.write_bytes(b"0123456789")
+        for key in ("kv-1", "kv-2", "weights-0"):
+            put = cmemu("ems", "put", key, str(blob), *state)
+            assert put.returncode == 0, put.stderr
+
+        ls = cmemu("ems", "ls", *state)
+        assert ls.returncode == 0, ls.stderr
+        assert [line.split()[0] for line in ls.stdout.splitlines()[:3]] == [
+            "kv-1",
+            "kv-2",
+            "weights-0",
+        ]
+        assert "3 objects, 30 bytes" in ls.stdout
+        rows = json.loads(cmemu("ems", "ls", "--prefix", "kv-", "--json", *state).stdout)
+        assert [r["key"] for r in rows] == ["kv-1", "kv-2"]
+        assert rows[0]["size"] == 10 and rows[0]["tier"] == "dram"
+        assert len(rows[0]["replicas"]) == 2 and rows[0]["kind"] == "kv"
+
+        yes = cmemu("ems", "exists", "kv-1", *state)
+        assert (yes.returncode, yes.stdout.strip()) == (0, "yes")
+        rm = cmemu("ems", "rm", "kv-1", *state)
+        assert rm.returncode == 0 and "removed kv-1" in rm.stdout
+        no = cmemu("ems", "exists", "kv-1", *state)
+        assert (no.returncode, no.stdout.strip()) == (1, "no")
+        again = cmemu("ems", "rm", "kv-1", *state)
+        assert again.returncode == 1 and "no object 'kv-1'" in again.stderr
+        bad = cmemu("ems", "exists", "a|b", *state)
+        assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr
+        assert cmemu("ems", "ls", "--json", "--prefix", "zzz", *state).stdout.strip() == "[]"
+
+    for usage in (["ems", "rm"], ["ems", "exists"], ["ems", "ls", "--bogus"]):
+        result = cmemu(*usage)
+        assert result.returncode == 2, usage

@@ -1,0 +1,132 @@
+"""The typed launch API: every mode started and stopped through one call, no CLI involved."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cmemu.v1 import device_pb2
+from emulator.client import health
+from emulator.model.errors import InvalidArgumentError, PreconditionError, UnknownNameError
+from emulator.runtime.procs import Running
+from emulator.runtime.supernode import (
+    NO_BROKER,
+    LaunchOptions,
+    StartInterrupted,
+    Supernode,
+    proc_waves,
+)
+from emulator.testing import free_port_block
+
+COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
+
+
+def test_options_refuse_what_cannot_run() -> None:
+    with pytest.raises(UnknownNameError, match="unknown mode 'vm'"):
+        LaunchOptions(mode="vm")  # type: ignore[arg-type]
+    with pytest.raises(UnknownNameError, match="unknown preset"):
+        LaunchOptions(preset="cm999")
+    with pytest.raises(InvalidArgumentError, match="time_scale"):
+        LaunchOptions(time_scale=0)
+    with pytest.raises(InvalidArgumentError, match="compose file"):
+        LaunchOptions(mode="compose")
+    with pytest.raises(InvalidArgumentError, match="mqtt://"):
+        LaunchOptions(broker="http://example")
+
+
+def test_procs_start_in_waves_fabric_devices_then_ems(tmp_path: Path) -> None:
+    topology = LaunchOptions(preset="cm-mini", mode="procs").topology()
+    waves = proc_waves(topology, tmp_path / "topology.json", "node")
+    assert [[s.name for s in w] for w in waves] == [["fabric"], ["n00", "n01"], ["ems"]]
+    assert all(a.endswith(":50051") for w in waves for s in w for a in s.addresses)
+    ems = waves[2][0].argv
+    assert ems[ems.index("--ssd-dir") + 1] == str(tmp_path / "ems-ssd")
+    per_device = proc_waves(topology, tmp_path / "topology.json", "device")
+    assert len(per_device[1]) == len(topology.devices)
+
+
+async def test_in_process_supernode_serves_and_stops() -> None:
+    options = LaunchOptions(
+        preset="cm-mini", base_port=free_port_block(30), broker=NO_BROKER, drain_s=0.0
+    )
+    async with Supernode.start(options) as sn:
+        info = await sn.clients.device("n01-cpu2").GetInfo(device_pb2.GetInfoRequest())
+        assert (info.id, info.node) == ("n01-cpu2", "n01")
+        assert sn.address("fabric") == sn.topology.services[0].address
+        assert sn.local.fabric is not None
+        assert sn.topology.epoch_wall_s is not None
+        address = sn.address("n00-npu0")
+    statuses = await health.check_many([address], timeout_s=1.0)
+    assert statuses[address] == health.UNREACHABLE
+
+
+@pytest.mark.slow
+async def test_process_mode_reports_a_killed_process_and_keeps_its_log(tmp_path: Path) -> None:
+    deaths: list[Running] = []
+    died = asyncio.Event()
+
+    def on_death(running: Running) -> None:
+        deaths.append(running)
+        died.set()
+
+    options = LaunchOptions(
+        preset="cm-mini",
+        mode="procs",
+        per="node",
+        first_octet=31,
+        broker=NO_BROKER,
+        run_dir=tmp_path / "run",
+    )
+    async with Supernode.start(options, on_death=on_death) as sn:
+        with pytest.raises(PreconditionError, match="other processes"):
+            _ = sn.local
+        info = await sn.clients.device("n01-mem").GetInfo(device_pb2.GetInfoRequest())
+        assert info.node == "n01"
+        node = sn.supervisor.running["n01"] if sn.supervisor else None
+        assert node is not None
+        node.proc.send_signal(signal.SIGKILL)
+        async with asyncio.timeout(10):
+            await died.wait()
+        assert [d.spec.name for d in sn.died] == ["n01"]
+        assert await health.check_address(sn.address("n00-npu0")) == "SERVING"
+        pids = [r.proc.pid for r in sn.supervisor.running.values()] if sn.supervisor else []
+    for pid in pids:  # every process is gone, and the run directory kept for the dead one's log
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert (tmp_path / "run" / "logs" / "n01.log").exists()
+
+
+@pytest.mark.slow
+async def test_a_stop_during_start_stops_everything(tmp_path: Path) -> None:
+    stop = asyncio.Event()
+    options = LaunchOptions(
+        preset="cm-mini",
+        mode="procs",
+        first_octet=32,
+        broker=NO_BROKER,
+        run_dir=tmp_path / "run",
+    )
+    asyncio.get_running_loop().call_later(0.3, stop.set)
+    with pytest.raises(StartInterrupted):
+        async with Supernode.start(options, stop=stop):
+            pytest.fail("it should not have finished starting")
+    address = options.topology().devices[0].address
+    with pytest.raises(grpc.aio.AioRpcError):
+        await health.check_address(address, timeout_s=0.5)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+async def test_compose_mode_runs_the_committed_file(tmp_path: Path) -> None:
+    options = LaunchOptions(
+        mode="compose", compose_file=COMPOSE_DIR / "cm-mini.yaml", run_dir=tmp_path / "run"
+    )
+    async with Supernode.start(options) as sn:
+        assert sn.broker is not None and sn.broker.startswith("mqtt://127.60.")
+        info = await sn.clients.device("n00-npu3").GetInfo(device_pb2.GetInfoRequest())
+        assert info.eid == sn.topology.device("n00-npu3").eid
