@@ -104,7 +104,7 @@ class EmsState:
         self.ssd = SsdTier(ssd_dir, len(topology.nodes) * self.ems.ssd_bytes_per_node)
         self.counters = Counters()
         self.lock = asyncio.Lock()
-        self._sweeper: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
 
     @property
     def index(self) -> Index:
@@ -415,25 +415,24 @@ class EmsState:
                 known = meta
             self.index.add_replica(known, pool_id, Replica(region.region_id, region.offset))
 
-    def start(self) -> None:
-        """Start the sweep: a task owned here, ended and awaited by close()."""
-        if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(
-                self._sweep_loop(), name="ems-sweep"
-            )
+    async def run(self) -> None:
+        """The sweep, a task of its host's TaskGroup until close(): pool health, then the
+        replication factor, every check interval of emulated time."""
+        while not await self._closed_within(self._pause_s(self.ems.check_interval_s)):
+            try:
+                await self.sweep()
+            except Exception:  # a bug in one sweep must not stop the next, nor the process
+                log.exception("sweep failed")
+
+    async def _closed_within(self, wall_s: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wall_s):
+                await self._closing.wait()
+        return self._closing.is_set()
 
     async def close(self) -> None:
-        sweeper, self._sweeper = self._sweeper, None
-        if sweeper is not None:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
-
-    async def _sweep_loop(self) -> None:
-        """Pool health, then the replication factor, every check interval of emulated time."""
-        while True:
-            await asyncio.sleep(self._pause_s(self.ems.check_interval_s))
-            await self.sweep()
+        """End the sweep loop (after the sweep in progress, if any)."""
+        self._closing.set()
 
     async def sweep(self) -> None:
         async def probe(pool: Device) -> tuple[str, bool]:

@@ -163,7 +163,7 @@ class InProcessSupernode:
             await self._ems_host.start()
             self._hosts.append(self._ems_host)
             await self.ems.rebuild(self.ems_rebuild_wait_s)
-            self.ems.start()
+            tasks.create_task(self.ems.run(), name="ems-sweep")
             await self._ems_host.set_serving(True)
         try:
             await self._verify_serving()
@@ -200,9 +200,13 @@ class InProcessSupernode:
                 if await self._stopped_within(pause):
                     return
                 for handle in handles[start : start + batch]:
-                    sample = MessageToDict(
-                        handle.state.telemetry(), preserving_proto_field_name=True
-                    )
+                    try:
+                        sample = MessageToDict(
+                            handle.state.telemetry(), preserving_proto_field_name=True
+                        )
+                    except Exception:  # one device's bad sample must not end everyone's
+                        log.exception("telemetry sample failed", device=handle.state.device.id)
+                        continue
                     self.events.telemetry(handle.state.device.id, sample)
 
     async def _stopped_within(self, wall_s: float) -> bool:
