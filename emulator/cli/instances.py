@@ -7,7 +7,6 @@ whose launcher is gone is stale, and whoever meets one says so and removes it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
 import signal
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from emulator.cli.output import print_rows
 from emulator.model.errors import EmulatorError, NotFoundError, UnavailableError
 from emulator.runtime import state
 
@@ -114,15 +114,17 @@ def cmd_instances(args: argparse.Namespace) -> int:
                 "state_file": str(path),
             }
         )
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(f"{'NAME':<20} {'STATE':<8} {'PID':>8}  {'PRESET':<8} MODE")
-    for r in rows:
-        print(
-            f"{r['name']:<20} {r['state']!s:<8} {r.get('pid', '-')!s:>8}  "
-            f"{r.get('preset', '-')!s:<8} {r.get('mode', '-')}"
-        )
+    print_rows(
+        rows,
+        [
+            ("name", "NAME", "<20"),
+            ("state", "STATE", "<8"),
+            ("pid", "PID", ">8"),
+            ("preset", "PRESET", "<8"),
+            ("mode", "MODE", ""),
+        ],
+        as_json=args.json,
+    )
     return 0
 
 

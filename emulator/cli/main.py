@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from emulator.cli.ems import cmd_ems, ems_args
 from emulator.cli.fabric import cmd_links, cmd_xfer, links_args, xfer_args
 from emulator.cli.fault import cmd_fault, fault_args
 from emulator.cli.instances import cmd_down, cmd_instances, down_args, instances_args
+from emulator.cli.output import Column, print_rows
 from emulator.cli.status import cmd_status, status_args
 from emulator.cli.watch import cmd_watch, watch_args
 from emulator.client import health
@@ -81,6 +81,16 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0 if status == "SERVING" else PROBE_NOT_SERVING
 
 
+LS_COLUMNS: list[Column] = [
+    ("id", "ID", "<14"),
+    ("kind", "KIND", "<8"),
+    ("node", "NODE", "<6"),
+    ("eid", "EID", ">6"),
+    ("address", "ADDRESS", "<22"),
+    ("health", "HEALTH", ""),
+]
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     topology = state.read(_state_path(args))
     devices = [
@@ -113,15 +123,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         }
         for x in services
     ]
+    print_rows(rows, LS_COLUMNS, as_json=args.json)
     if args.json:
-        print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'ID':<14} {'KIND':<8} {'NODE':<6} {'EID':>6}  {'ADDRESS':<22} HEALTH")
-    for r in rows:
-        print(
-            f"{r['id']:<14} {r['kind']:<8} {r['node']:<6} {r['eid']:>6}  "
-            f"{r['address']:<22} {r['health']}"
-        )
     serving = sum(r["health"] == "SERVING" for r in rows)
     print(f"{serving}/{len(rows)} SERVING")
     return 0

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from emulator.cli import fault
+from emulator.client import faults as fault
 from emulator.client import health
 from emulator.client.clients import Clients
 from emulator.runtime import state

@@ -144,13 +144,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_topology_args(p: argparse.ArgumentParser) -> None:
+def add_preset_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--preset",
         type=argtypes.preset,
         default=DEFAULT_PRESET,
         help=f"supernode preset (default {DEFAULT_PRESET}; see `cmemu presets`)",
     )
+
+
+def add_topology_args(p: argparse.ArgumentParser) -> None:
+    add_preset_arg(p)
     p.add_argument(
         "--addressing",
         choices=ADDRESSING,
@@ -279,12 +283,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
 
 
 def compose_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--preset",
-        type=argtypes.preset,
-        default=DEFAULT_PRESET,
-        help=f"default {DEFAULT_PRESET}",
-    )
+    add_preset_arg(p)
     p.add_argument(
         "--per",
         choices=PER,

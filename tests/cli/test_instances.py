@@ -133,7 +133,7 @@ def test_version() -> None:
         (["xfer", "a", "b", "--bytes", "1e3x"], "bad size '1e3x'"),
         (["xfer", "a", "b", "--bytes", str(2**64)], "over 2**64-1"),
         (["xfer", "a", "b", "--bytes", "0"], "must be > 0"),
-        (["links", "--top", "0"], "must be > 0"),
+        (["links", "--top", "0"], "must be >= 1"),
         (["up", "--preset", "cm999"], "unknown preset 'cm999'; known: cm-mini"),
         (["topology", "--preset", "nope"], "known: cm-mini"),
         (["up", "--preset", "cm-mini", "--time-scale", "0"], "> 0"),
