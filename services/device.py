@@ -22,9 +22,10 @@ from emulator.model.errors import (
     NotFoundError,
     UnavailableError,
     blame,
+    quote,
 )
 from emulator.model.hardware import HardwareProfile
-from emulator.model.memory import DeviceMemory, Region
+from emulator.model.memory import DeviceMemory, QueueBudget, Region
 from emulator.model.topology import Device, DeviceKind, Topology
 from services.eventsink import EventSink
 from services.host import Register
@@ -32,6 +33,7 @@ from services.peers import Peers
 from services.status import Context, rpc
 
 MAX_LABEL = 256
+U64_MAX = 2**64 - 1
 
 KIND_PROTO = {
     DeviceKind.NPU: device_pb2.DEVICE_KIND_NPU,
@@ -79,6 +81,7 @@ class DeviceState:
     inbox: asyncio.Queue[ub_pb2.UbMessage] = field(init=False)
     on_health: Callable[[bool], Awaitable[None]] | None = None
     events: EventSink | None = None
+    queue_budget: QueueBudget | None = None  # the process's cap on queued messages
 
     def __post_init__(self) -> None:
         self.inbox = asyncio.Queue(maxsize=self.profile.limits.inbox_max_messages)
@@ -116,11 +119,11 @@ class DeviceState:
             memory_capacity_bytes=self.memory.capacity,
             memory_used_bytes=self.memory.allocator.used,
             stored_bytes=self.memory.store.stored_bytes,
-            regions=len(self.memory.allocator.regions()),
-            ub_tx_count=c.tx_count,
-            ub_tx_bytes=c.tx_bytes,
-            ub_rx_count=c.rx_count,
-            ub_rx_bytes=c.rx_bytes,
+            regions=self.memory.allocator.count,
+            ub_tx_count=min(c.tx_count, U64_MAX),
+            ub_tx_bytes=min(c.tx_bytes, U64_MAX),
+            ub_rx_count=min(c.rx_count, U64_MAX),
+            ub_rx_bytes=min(c.rx_bytes, U64_MAX),
             inbox_depth=self.inbox.qsize(),
             utilization=self.utilization(),
             faulted=self.fault.faulted,
@@ -232,12 +235,26 @@ class DeviceServicer(device_pb2_grpc.DeviceServicer):
         self, request: device_pb2.ListRegionsRequest, context: Context
     ) -> device_pb2.ListRegionsResponse:
         alloc = self.state.memory.allocator
+        page_max = self.state.profile.limits.list_regions_page_max
+        size = min(request.page_size or page_max, page_max)
+        start = 0
+        if request.page_token:
+            if not request.page_token.isdigit() or len(request.page_token) > 20:
+                raise InvalidArgumentError(
+                    f"page_token {quote(request.page_token)} is not one this device gave",
+                    field="page_token",
+                    reason="INVALID_PAGE_TOKEN",
+                )
+            start = alloc.index_at(int(request.page_token))
+        page = alloc.regions(start, size + 1)
         return device_pb2.ListRegionsResponse(
-            regions=[region_proto(self.state, r) for r in alloc.regions()],
+            regions=[region_proto(self.state, r) for r in page[:size]],
             capacity_bytes=alloc.capacity,
             used_bytes=alloc.used,
             free_bytes=alloc.free,
             largest_free_bytes=alloc.largest_free,
+            next_page_token=str(page[size].offset) if len(page) > size else "",
+            region_count=alloc.count,
         )
 
     @rpc

@@ -6,20 +6,20 @@ protobuf out; domain errors become statuses through `rpc`.
 
 from __future__ import annotations
 
-import zlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import cast
 
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
 from emulator.model.clock import Clock
-from emulator.model.ems import ObjectMeta, Tier, check_key, object_size
-from emulator.model.errors import NotFoundError
+from emulator.model.ems import ObjectMeta, Tier, check_key, check_kind, object_size
+from emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.topology import Topology
-from services.ems_store import EmsState, Fetched
+from services.ems_store import EmsState, Fetched, Stored
 from services.host import ServiceHost
 from services.peers import Peers
-from services.status import Context, rpc
+from services.status import Context, abort, rpc
 
 __all__ = ["SERVICE", "EmsServicer", "EmsState", "create_ems"]
 
@@ -48,28 +48,41 @@ def _got(f: Fetched) -> ems_pb2.GetResponse:
     )
 
 
+def _stored(stored: Stored) -> ems_pb2.PutResponse:
+    return ems_pb2.PutResponse(
+        key=stored.meta.key,
+        size=stored.meta.size,
+        replicas=stored.replicas,
+        issue_ns=stored.timing.issue_ns,
+        complete_ns=stored.timing.complete_ns,
+        evicted=stored.evicted,
+    )
+
+
 class EmsServicer(ems_pb2_grpc.EmsServicer):
     def __init__(self, state: EmsState) -> None:
         self.state = state
 
-    async def _put(self, request: ems_pb2.PutRequest) -> ems_pb2.PutResponse:
+    def _item(
+        self, request: ems_pb2.PutRequest, data: bytes, *, streamed: bool = False
+    ) -> tuple[ObjectMeta, bytes, str]:
+        """A put checked whole, before anything is stored."""
         check_key(request.key)
+        check_kind(request.kind)
+        if request.device:
+            self.state.topology.device(request.device)
         meta = ObjectMeta(
             key=request.key,
             kind=request.kind or ems_pb2.OBJECT_KIND_KV_BLOCK,
-            size=object_size(len(request.data), request.size, self.state.ems),
-            crc=zlib.crc32(request.data) if request.data else None,
+            size=object_size(len(data), request.size, self.state.ems, streamed=streamed),
+            crc=None,
             pinned=request.pinned,
         )
-        stored = await self.state.put(meta, request.data, request.device)
-        return ems_pb2.PutResponse(
-            key=meta.key,
-            size=meta.size,
-            replicas=stored.replicas,
-            issue_ns=stored.timing.issue_ns,
-            complete_ns=stored.timing.complete_ns,
-            evicted=stored.evicted,
-        )
+        return meta, data, request.device
+
+    async def _put(self, request: ems_pb2.PutRequest) -> ems_pb2.PutResponse:
+        meta, data, device = self._item(request, request.data)
+        return _stored(await self.state.put(meta, data, device))
 
     def _exists(self, key: str) -> ems_pb2.ExistsResponse:
         meta = self.state.lookup(key)
@@ -83,7 +96,68 @@ class EmsServicer(ems_pb2_grpc.EmsServicer):
 
     @rpc
     async def Get(self, request: ems_pb2.GetRequest, context: Context) -> ems_pb2.GetResponse:
-        return _got(await self.state.get(request.key, request.device))
+        return _got(await self.state.get(request.key, request.device, self.state.ems.chunk_bytes))
+
+    @rpc
+    async def PutStream(
+        self, request_iterator: AsyncIterator[ems_pb2.PutChunk], context: Context
+    ) -> ems_pb2.PutResponse:
+        head: ems_pb2.PutRequest | None = None
+        parts: list[bytes] = []
+        total = 0
+        async for chunk in request_iterator:
+            if head is None:
+                if not chunk.HasField("head"):
+                    raise InvalidArgumentError(
+                        "the first message of a PutStream carries head", field="head"
+                    )
+                head = chunk.head
+                check_key(head.key)
+                object_size(head.size, 0, self.state.ems, streamed=True)
+                parts.append(head.data)
+                total = len(head.data)
+            elif chunk.HasField("head"):
+                raise InvalidArgumentError("only the first message carries head", field="head")
+            parts.append(chunk.data)
+            total += len(chunk.data)
+            if total > head.size:
+                raise InvalidArgumentError(
+                    f"more bytes than head.size ({head.size})", field="data", subject=head.key
+                )
+        if head is None:
+            raise InvalidArgumentError("an empty PutStream", field="head")
+        if total != head.size:
+            raise InvalidArgumentError(
+                f"the stream ended after {total} of head.size {head.size} bytes", field="data"
+            )
+        meta, data, device = self._item(head, b"".join(parts), streamed=True)
+        return _stored(await self.state.put(meta, data, device))
+
+    async def GetStream(
+        self, request: ems_pb2.GetRequest, context: Context
+    ) -> AsyncIterator[ems_pb2.GetChunk]:
+        try:
+            reading = await self.state.read(request.key, request.device)
+            offset = 0
+            async for piece in reading.chunks():
+                yield ems_pb2.GetChunk(data=piece, offset=offset)
+                offset += len(piece)
+        except EmulatorError as exc:
+            await abort(context, exc)
+        meta = reading.meta
+        yield ems_pb2.GetChunk(
+            offset=offset,
+            done=ems_pb2.GetResponse(
+                key=meta.key,
+                size=meta.size,
+                kind=_kind(meta),
+                tier=TIERS[meta.tier],
+                served_by=reading.served_by,
+                corrupt_copies=reading.corrupt_copies,
+                issue_ns=reading.timing.issue_ns,
+                complete_ns=reading.timing.complete_ns,
+            ),
+        )
 
     @rpc
     async def Delete(
@@ -101,7 +175,12 @@ class EmsServicer(ems_pb2_grpc.EmsServicer):
     async def BatchPut(
         self, request: ems_pb2.BatchPutRequest, context: Context
     ) -> ems_pb2.BatchPutResponse:
-        return ems_pb2.BatchPutResponse(items=[await self._put(item) for item in request.items])
+        items = [self._item(item, item.data) for item in request.items]
+        keys = [meta.key for meta, _, _ in items]
+        if len(set(keys)) != len(keys):
+            raise InvalidArgumentError("a key appears twice in one batch", field="items")
+        stored = await self.state.put_all(items)
+        return ems_pb2.BatchPutResponse(items=[_stored(s) for s in stored])
 
     @rpc
     async def BatchGet(
@@ -110,7 +189,8 @@ class EmsServicer(ems_pb2_grpc.EmsServicer):
         reply = ems_pb2.BatchGetResponse()
         for item in request.items:
             try:
-                reply.items.append(_got(await self.state.get(item.key, item.device)))
+                got = await self.state.get(item.key, item.device, self.state.ems.chunk_bytes)
+                reply.items.append(_got(got))
             except NotFoundError:
                 reply.missing.append(item.key)
         return reply
@@ -119,7 +199,7 @@ class EmsServicer(ems_pb2_grpc.EmsServicer):
     async def BatchDelete(
         self, request: ems_pb2.BatchDeleteRequest, context: Context
     ) -> ems_pb2.BatchDeleteResponse:
-        deleted = [await self.state.delete(key) for key in request.keys]
+        deleted = await self.state.delete_all(list(request.keys))
         return ems_pb2.BatchDeleteResponse(deleted=sum(deleted))
 
     @rpc

@@ -30,7 +30,10 @@ class SsdTier:
         path = self._path(meta.key)
         path.with_suffix(".bin").write_bytes(data)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"label": encode_label(meta)}))
+        head: dict[str, object] = {"label": encode_label(meta)}
+        if meta.chunked:
+            head |= {"chunk_bytes": meta.chunk_bytes, "crcs": list(meta.crcs or ())}
+        tmp.write_text(json.dumps(head))
         tmp.replace(path.with_suffix(".json"))  # the object is on SSD once this lands
         self.used += meta.size
 
@@ -48,8 +51,12 @@ class SsdTier:
         found = []
         self.used = 0
         for head in sorted(self.directory.glob("*.json")):
-            meta = decode_label(json.loads(head.read_text())["label"])
+            found = json.loads(head.read_text())
+            meta = decode_label(found["label"])
             if meta is not None:
+                if meta.chunked:
+                    meta.chunk_bytes = found.get("chunk_bytes", 0)
+                    meta.crcs = tuple(found.get("crcs", ()))
                 meta.tier = Tier.SSD
                 found.append(meta)
                 self.used += meta.size

@@ -1,10 +1,14 @@
 """EMS's orchestration: carrying out the model's decisions (emulator/model/ems) over the pools.
 
 Every copy of an object is a region of a memory pool, written and read with UB transactions
-issued by the device that owns or wants the data, so the fabric times them. The region's label
-carries the object's metadata: a restarted EMS rebuilds its index by listing the pools. A
-background sweep, every check interval of emulated time, watches the pools' health and restores
-the replication factor when one dies.
+issued by the device that owns or wants the data, so the fabric times them; an object larger than
+one chunk moves a chunk per transaction, each with its CRC-32 (the table follows the data in the
+region). The region's label carries the object's metadata and generation: a restarted EMS
+rebuilds its index by listing the pools, the newest generation of a key winning. A delete that
+cannot reach every copy leaves tombstone regions until every pool that may hold a copy has been
+reconciled. A background sweep, every check interval of emulated time, probes the pools: a pool
+that misses sweeps is suspect (avoided, its copies kept), one silent past the dead threshold is
+dead (its copies replaced), and one that answers again is reconciled.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import zlib
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +31,9 @@ from emulator.model.ems import (
     REBUILD_POLL_S,
     Counters,
     HashRing,
+    Health,
     Index,
+    Listed,
     ObjectMeta,
     Page,
     Placement,
@@ -34,18 +41,28 @@ from emulator.model.ems import (
     StoreStats,
     Tier,
     Timing,
+    Tombstone,
+    absorb_tombstones,
     check_block_tokens,
     check_key,
-    decode_label,
+    chunk_crcs,
+    decode_trailer,
     encode_label,
+    encode_tombstone,
+    encode_trailer,
     prefix_keys,
+    reconcile,
+    spans,
     summarize,
+    trailer_bytes,
 )
 from emulator.model.errors import (
-    CapacityError,
     DataLossError,
+    EmulatorError,
     NotFoundError,
+    PreconditionError,
     UnavailableError,
+    quote,
 )
 from emulator.model.hardware import HardwareProfile
 from emulator.model.topology import Device, DeviceKind, Topology
@@ -54,6 +71,9 @@ from services.peers import Peers
 from services.status import RemoteError
 
 MIN_PAUSE_S = 0.01  # wall floor of a periodic pause: a fast time_scale stretches the period
+IO_TIMEOUT_S = 5.0  # wall seconds one UB transaction of EMS may take: a stalled pool is passed by
+PROBE_TIMEOUT_S = 1.0  # wall seconds a sweep waits for a pool's answer
+UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # lazy: `.bind()` here would build the logger at import, before logging is configured (stdout)
 log = structlog.get_logger("cmemu.ems", device="ems")
 
@@ -66,7 +86,7 @@ class Stored:
     evicted: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class Fetched:
     meta: ObjectMeta
     data: bytes
@@ -74,6 +94,38 @@ class Fetched:
     corrupt_copies: int
     issue_ns: int
     complete_ns: int
+
+
+@dataclass(kw_only=True)
+class Reading:
+    """A read in progress: `chunks()` yields the object's bytes in order (nothing for a size-only
+    object); once it is exhausted the other fields say where they came from and when."""
+
+    meta: ObjectMeta
+    served_by: str = ""
+    corrupt_copies: int = 0
+    timing: Timing = field(default_factory=Timing)
+    source: AsyncIterator[bytes] | None = None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self.source is not None:
+            async for piece in self.source:
+                yield piece
+
+
+@dataclass(kw_only=True)
+class Staged:
+    """A put whose copies are written but not yet indexed (nor the old version dropped)."""
+
+    meta: ObjectMeta
+    placed: dict[str, Replica]
+    targets: list[str]
+    timing: Timing
+    evicted: int
+
+
+def _region_size(meta: ObjectMeta) -> int:
+    return meta.size + (trailer_bytes(meta.size, meta.chunk_bytes) if meta.chunked else 0)
 
 
 class EmsState:
@@ -100,10 +152,13 @@ class EmsState:
             ring=HashRing(list(self.pools), self.ems.vnodes_per_pool),
             capacity_per_pool=int(pool_bytes * self.ems.dram_share),
             replication_factor=self.ems.replication_factor,
+            suspect_after_sweeps=self.ems.suspect_after_sweeps,
+            dead_after_ns=int(self.ems.dead_after_s * 1e9),
         )
         self.ssd = SsdTier(ssd_dir, len(topology.nodes) * self.ems.ssd_bytes_per_node)
         self.counters = Counters()
         self.lock = asyncio.Lock()
+        self.unreconciled: set[str] = set()  # pools not listed since this EMS started
         self._closing = asyncio.Event()
 
     @property
@@ -119,16 +174,29 @@ class EmsState:
 
     # --- device access -------------------------------------------------------------------------
 
-    async def _call(self, device: Device, service: str, method: str, request: Any) -> Any:
+    async def _call(
+        self,
+        device: Device,
+        service: str,
+        method: str,
+        request: Any,
+        deadline_s: float | None = None,
+    ) -> Any:
         """A method of a device (in this process directly, else over gRPC); a pool that does not
-        answer is marked down at once, ahead of the next sweep."""
+        answer is suspect at once, ahead of the next sweep."""
         call = self.peers.device_call if service == "device" else self.peers.bus_call
         try:
-            return await call(device, method, request)
+            if deadline_s is None:
+                return await call(device, method, request)
+            return await call(device, method, request, deadline_s)
         except RemoteError as exc:
-            if exc.code is grpc.StatusCode.UNAVAILABLE and device.id in self.pools:
-                self._mark(device.id, healthy=False)
+            if exc.code in UNREACHABLE and device.id in self.pools:
+                self._suspect(device.id)
             raise
+
+    def _suspect(self, pool: str) -> None:
+        if self.placement.suspect(pool, self.clock.now_ns()):
+            log.warning("pool suspect", pool=pool)
 
     def _mark(self, pool: str, *, healthy: bool) -> None:
         if self.placement.mark(pool, healthy=healthy):
@@ -140,30 +208,68 @@ class EmsState:
         op: ub_pb2.UbOp.ValueType,
         *,
         pool: str,
-        meta: ObjectMeta,
         replica: Replica,
+        size: int,
+        offset: int = 0,
         data: bytes = b"",
+        size_only: bool = False,
     ) -> ub_pb2.UbCompletion:
         tx = ub_pb2.UbTransaction(
             op=op,
-            dst=ub_pb2.UbAddress(eid=self.pools[pool].eid, offset=replica.offset),
-            size=meta.size,
-            data=data if op == ub_pb2.UB_OP_WRITE and meta.real else b"",
-            size_only=not meta.real,
+            dst=ub_pb2.UbAddress(eid=self.pools[pool].eid, offset=replica.offset + offset),
+            size=size,
+            data=data if op == ub_pb2.UB_OP_WRITE and not size_only else b"",
+            size_only=size_only,
         )
-        completion: ub_pb2.UbCompletion = await self._call(issuer, "bus", "Submit", tx)
+        completion: ub_pb2.UbCompletion = await self._call(
+            issuer, "bus", "Submit", tx, IO_TIMEOUT_S
+        )
         return completion
 
+    async def _write_copy(
+        self, issuer: Device, pool: str, replica: Replica, meta: ObjectMeta, data: bytes
+    ) -> Timing:
+        """One copy, a chunk per transaction (then the chunk table), one after another."""
+        timing = Timing()
+        if not meta.real:
+            done = await self._transfer(
+                issuer, ub_pb2.UB_OP_WRITE, pool=pool, replica=replica, size=meta.size,
+                size_only=True,
+            )  # fmt: skip
+            timing.add(done.issue_ns, done.complete_ns)
+            return timing
+        pieces = [(s, data[s : s + n]) for s, n in spans(meta.size, meta.chunk_bytes or meta.size)]
+        if meta.chunked:
+            assert meta.crcs is not None
+            pieces.append((meta.size, encode_trailer(meta.chunk_bytes, meta.crcs)))
+        elapsed = 0
+        for offset, piece in pieces:
+            done = await self._transfer(
+                issuer, ub_pb2.UB_OP_WRITE, pool=pool, replica=replica, size=len(piece),
+                offset=offset, data=piece,
+            )  # fmt: skip
+            timing.issue_ns = timing.issue_ns or done.issue_ns
+            elapsed += done.complete_ns - done.issue_ns
+        timing.duration_ns = elapsed
+        return timing
+
     async def _place(self, meta: ObjectMeta, pool: str) -> Replica:
-        request = device_pb2.AllocateRegionRequest(size=meta.size, label=encode_label(meta))
+        request = device_pb2.AllocateRegionRequest(
+            size=_region_size(meta), label=encode_label(meta)
+        )
         region = await self._call(self.pools[pool], "device", "AllocateRegion", request)
         return Replica(region_id=region.region_id, offset=region.offset)
 
-    async def _free_region(self, pool: str, region_id: int) -> None:
-        if self.placement.healthy[pool]:  # a dead pool's regions went with its process
-            with contextlib.suppress(RemoteError):
-                request = device_pb2.FreeRegionRequest(region_id=region_id)
-                await self._call(self.pools[pool], "device", "FreeRegion", request)
+    async def _free_region(self, pool: str, region_id: int) -> bool:
+        """Give a region back; False when the pool cannot be told now (it is not up)."""
+        if self.placement.health[pool] is not Health.UP:
+            return False
+        try:
+            request = device_pb2.FreeRegionRequest(region_id=region_id)
+            await self._call(self.pools[pool], "device", "FreeRegion", request)
+        except RemoteError as exc:
+            return exc.code is grpc.StatusCode.NOT_FOUND  # gone already
+        return True
 
     # --- room ----------------------------------------------------------------------------------
 
@@ -176,7 +282,7 @@ class EmsState:
     async def _evict(self, meta: ObjectMeta) -> None:
         """To SSD when it has room, else out of the store."""
         self.counters.evictions += 1
-        data = await self._read_bytes(meta) if meta.real else b""
+        data = await self._read_all(meta) if meta.real else b""
         if self.ssd.fits(meta.size):
             await asyncio.to_thread(self.ssd.write, meta, data)
             await self._free_copies(meta)
@@ -187,159 +293,334 @@ class EmsState:
             self.index.remove(meta.key)
             log.info("evicted", key=meta.key, size=meta.size)
 
-    async def _read_bytes(self, meta: ObjectMeta) -> bytes:
-        for pool, replica in self.placement.read_order(meta, None).copies:
-            done = await self._transfer(
-                self.pools[pool], ub_pb2.UB_OP_READ, pool=pool, replica=replica, meta=meta
-            )
-            if zlib.crc32(done.data) == meta.crc:
-                return done.data
-        raise DataLossError(f"no good copy of {meta.key!r} left to move")
+    async def _read_all(self, meta: ObjectMeta) -> bytes:
+        reading = self._reading(meta, None)
+        return b"".join([piece async for piece in reading.chunks()])
 
-    async def _free_copies(self, meta: ObjectMeta) -> None:
+    async def _free_copies(self, meta: ObjectMeta) -> list[str]:
+        """Free every copy; the pools that could not be told (their copies may survive)."""
+        kept = []
         for pool, replica in list(meta.replicas.items()):
             self.index.drop_replica(meta, pool)
-            await self._free_region(pool, replica.region_id)
+            if not await self._free_region(pool, replica.region_id):
+                kept.append(pool)
+        return kept
 
-    async def _abandon(self, size: int, placed: dict[str, Replica], pools: list[str]) -> None:
-        """A put that failed half way: its reservations and regions go."""
-        self.placement.reserve(pools, -size)
-        for pool, replica in placed.items():  # never indexed: only the regions to give back
-            await self._free_region(pool, replica.region_id)
+    async def _abandon(self, staged: Sequence[Staged]) -> None:
+        """Puts that failed half way: their reservations and regions go (never indexed)."""
+        for s in staged:
+            self.placement.reserve(s.targets, -s.meta.size)
+            for pool, replica in s.placed.items():
+                await self._free_region(pool, replica.region_id)
 
-    async def _drop(self, meta: ObjectMeta) -> None:
-        await self._free_copies(meta)
+    async def _drop(self, meta: ObjectMeta) -> list[str]:
+        kept = await self._free_copies(meta)
         if meta.tier is Tier.SSD:
             await asyncio.to_thread(self.ssd.remove, meta)
         self.index.remove(meta.key)
+        return kept
 
     # --- operations ----------------------------------------------------------------------------
 
     def _requester(self, device_id: str) -> Device | None:
         return self.topology.device(device_id) if device_id else None
 
+    def prepare(self, meta: ObjectMeta, data: bytes) -> None:
+        """Fill in what the bytes imply: the CRC (one chunk) or the chunk table (more)."""
+        if not data:
+            meta.crc = None
+            return
+        if len(data) > self.ems.chunk_bytes:
+            meta.chunked = True
+            meta.chunk_bytes = self.ems.chunk_bytes
+            meta.crcs = chunk_crcs(data, meta.chunk_bytes)
+            meta.crc = zlib.crc32(encode_trailer(meta.chunk_bytes, meta.crcs))
+        else:
+            meta.crc = zlib.crc32(data)
+
     async def put(self, meta: ObjectMeta, data: bytes, device: str = "") -> Stored:
         """Store a new object (checked by the model: see object_size) from `device`'s memory."""
-        requester = self._requester(device)
-        size = meta.size
+        (stored,) = await self.put_all([(meta, data, device)])
+        return stored
+
+    async def put_all(self, items: Sequence[tuple[ObjectMeta, bytes, str]]) -> list[Stored]:
+        """Store objects all or nothing: every copy of every one is written before any is
+        indexed, and room for all of them is checked before anything is evicted."""
+        requesters = [self._requester(device) for _, _, device in items]
+        for meta, data, _ in items:
+            self.prepare(meta, data)
+        staged: list[Staged] = []
         async with self.lock:  # placement and room; the copies are written outside the lock
-            targets = self.placement.targets(meta.key)
-            evicted = 0
-            for pool in targets:
-                evicted += await self._make_room(pool, size)
-            self.placement.reserve(targets, size)
-            placed: dict[str, Replica] = {}
+            plans = [(meta, self.placement.targets(meta.key)) for meta, _, _ in items]
+            self.placement.check_room([(meta.size, targets) for meta, targets in plans])
             try:
-                for pool in targets:
-                    placed[pool] = await self._place(meta, pool)
+                for meta, targets in plans:
+                    evicted = 0
+                    for pool in targets:
+                        evicted += await self._make_room(pool, meta.size)
+                    self.placement.reserve(targets, meta.size)
+                    meta.gen = self.index.next_gen(int(self.clock.wall() * 1e9))
+                    s = Staged(
+                        meta=meta, placed={}, targets=targets, timing=Timing(), evicted=evicted
+                    )
+                    staged.append(s)
+                    for pool in targets:
+                        s.placed[pool] = await self._place(meta, pool)
             except Exception:
-                await self._abandon(size, placed, targets)
+                await self._abandon(staged)
                 raise
         try:
-            done = await asyncio.gather(
-                *(
-                    self._transfer(
-                        requester or self.pools[pool],
-                        ub_pb2.UB_OP_WRITE,
-                        pool=pool,
-                        replica=replica,
-                        meta=meta,
-                        data=data,
+            for s, (_, data, _), requester in zip(staged, items, requesters, strict=True):
+                done = await asyncio.gather(
+                    *(
+                        self._write_copy(requester or self.pools[pool], pool, replica, s.meta, data)
+                        for pool, replica in s.placed.items()
                     )
-                    for pool, replica in placed.items()
                 )
-            )
+                for t in done:
+                    s.timing.add(t.issue_ns, t.complete_ns)
         except Exception:
             async with self.lock:
-                await self._abandon(size, placed, targets)
+                await self._abandon(staged)
             raise
-        timing = Timing()
-        for completion in done:
-            timing.add(completion.issue_ns, completion.complete_ns)
         async with self.lock:
-            self.placement.reserve(targets, -size)
-            old = self.index.get(meta.key)
-            if old is not None:  # the new copies are in: only now let the old ones go
-                await self._drop(old)
-            meta.replicas.update(placed)
-            self.index.add(meta)
-        return Stored(meta=meta, replicas=list(placed), timing=timing, evicted=evicted)
+            for s in staged:
+                self.placement.reserve(s.targets, -s.meta.size)
+                old = self.index.get(s.meta.key)
+                if old is not None:  # the new copies are in: only now let the old ones go
+                    await self._drop(old)  # a copy it leaves is older: the newest wins
+                s.meta.replicas.update(s.placed)
+                self.index.add(s.meta)
+        return [
+            Stored(meta=s.meta, replicas=list(s.placed), timing=s.timing, evicted=s.evicted)
+            for s in staged
+        ]
 
-    async def get(self, key: str, device: str = "") -> Fetched:
+    async def _stage(self, meta: ObjectMeta, targets: list[str], staged: list[Staged]) -> None:
+        """Room, a reservation and a region on each target (appended to `staged` at once, so
+        that a failure part way gives back what it holds)."""
+        evicted = 0
+        for pool in targets:
+            evicted += await self._make_room(pool, meta.size)
+        self.placement.reserve(targets, meta.size)
+        meta.gen = self.index.next_gen(int(self.clock.wall() * 1e9))
+        s = Staged(meta=meta, placed={}, targets=targets, timing=Timing(), evicted=evicted)
+        staged.append(s)
+        for pool in targets:
+            s.placed[pool] = await self._place(meta, pool)
+
+    def _find(self, key: str) -> ObjectMeta:
         check_key(key)
-        requester = self._requester(device)
         meta = self.index.get(key)
         if meta is None:
             self.counters.misses += 1
-            raise NotFoundError(f"no object {key!r}")
-        if meta.tier is Tier.SSD:
-            fetched = await self._read_ssd(meta)
-        else:
-            fetched = await self._read_dram(meta, requester)
+            raise NotFoundError(f"no object {quote(key)}", subject=key, reason="OBJECT_NOT_FOUND")
+        return meta
+
+    async def read(self, key: str, device: str = "") -> Reading:
+        """Start reading an object as `device`; the bytes come from the Reading's chunks()."""
+        requester = self._requester(device)
+        meta = self._find(key)
         self.counters.hits += 1
         if meta.key in self.index.objects:
             self.index.touch(meta.key)
-        return fetched
+        if meta.tier is Tier.SSD:
+            return await self._read_ssd(meta)
+        return self._reading(meta, requester)
 
-    async def _read_ssd(self, meta: ObjectMeta) -> Fetched:
-        data = await asyncio.to_thread(self.ssd.read, meta.key)
-        if meta.real and zlib.crc32(data) != meta.crc:
-            self.counters.corrupt += 1
-            raise DataLossError(f"the SSD copy of {meta.key!r} fails its checksum")
-        now = self.clock.now_ns()
+    async def get(self, key: str, device: str = "", limit: int | None = None) -> Fetched:
+        """Read a whole object; one over `limit` bytes of real data goes by read() instead."""
+        reading = await self.read(key, device)
+        meta = reading.meta
+        if limit is not None and meta.real and meta.size > limit:
+            raise PreconditionError(
+                f"{quote(key)} has {meta.size} bytes: a Get returns at most {limit}; use GetStream",
+                field="key",
+                subject=key,
+                reason="OBJECT_TOO_LARGE_FOR_GET",
+            )
+        data = b"".join([piece async for piece in reading.chunks()])
         return Fetched(
             meta=meta,
-            data=data if meta.real else b"",
-            served_by="ssd",
-            corrupt_copies=0,
-            issue_ns=now,
-            complete_ns=now + ems_ssd_ns(meta.size, self.profile),
+            data=data,
+            served_by=reading.served_by,
+            corrupt_copies=reading.corrupt_copies,
+            issue_ns=reading.timing.issue_ns,
+            complete_ns=reading.timing.complete_ns,
         )
 
-    async def _read_dram(self, meta: ObjectMeta, requester: Device | None) -> Fetched:
+    async def _read_ssd(self, meta: ObjectMeta) -> Reading:
+        data = await asyncio.to_thread(self.ssd.read, meta.key)
+        if meta.real:
+            if meta.chunked:
+                good = meta.crcs is not None and chunk_crcs(data, meta.chunk_bytes) == meta.crcs
+            else:
+                good = zlib.crc32(data) == meta.crc
+            if not good:
+                self.counters.corrupt += 1
+                raise DataLossError(f"the SSD copy of {quote(meta.key)} fails its checksum")
+        now = self.clock.now_ns()
+        reading = Reading(meta=meta, served_by="ssd")
+        reading.timing.add(now, now + ems_ssd_ns(meta.size, self.profile))
+
+        async def one() -> AsyncIterator[bytes]:
+            if meta.real:
+                yield data
+
+        reading.source = one()
+        return reading
+
+    def _reading(self, meta: ObjectMeta, requester: Device | None) -> Reading:
+        reading = Reading(meta=meta)
+        reading.source = self._copies(meta, requester, reading)
+        return reading
+
+    async def _copies(
+        self, meta: ObjectMeta, requester: Device | None, reading: Reading
+    ) -> AsyncIterator[bytes]:
+        """The object's chunks in order, from the first copy that serves each: a copy that is
+        unreachable or fails a checksum is left for the next, from the chunk where it failed."""
         plan = self.placement.read_order(meta, requester.node if requester is not None else None)
-        unavailable = list(plan.down)
-        corrupt = 0
+        unavailable = [f"{p} ({self.placement.health[p]})" for p in plan.down]
+        chunk = meta.chunk_bytes if meta.chunked else meta.size
+        pieces = spans(meta.size, chunk) if meta.real else [(0, meta.size)]
+        position = 0  # the next piece to deliver
+        elapsed = 0
         for pool, replica in plan.copies:
+            issuer = requester or self.pools[pool]
             try:
-                done = await self._transfer(
-                    requester or self.pools[pool],
-                    ub_pb2.UB_OP_READ,
-                    pool=pool,
-                    replica=replica,
-                    meta=meta,
-                )
+                if meta.chunked and meta.crcs is None:
+                    meta.chunk_bytes, meta.crcs = await self._table(issuer, pool, replica, meta)
+                while position < len(pieces):
+                    start, length = pieces[position]
+                    done = await self._transfer(
+                        issuer, ub_pb2.UB_OP_READ, pool=pool, replica=replica, size=length,
+                        offset=start, size_only=not meta.real,
+                    )  # fmt: skip
+                    if meta.real and zlib.crc32(done.data) != (
+                        meta.crcs[position] if meta.crcs is not None else meta.crc
+                    ):
+                        raise DataLossError(f"chunk {position} of {quote(meta.key)} on {pool}")
+                    reading.timing.issue_ns = reading.timing.issue_ns or done.issue_ns
+                    elapsed += done.complete_ns - done.issue_ns
+                    reading.timing.duration_ns = elapsed
+                    reading.served_by = pool
+                    position += 1
+                    if meta.real:
+                        yield done.data
+                return
             except RemoteError as exc:
-                if exc.code is not grpc.StatusCode.UNAVAILABLE:
+                if exc.code not in UNREACHABLE:
                     raise
+                if requester is not None:
+                    await self._check_reader(requester, exc)
                 unavailable.append(pool)
-                continue
-            if meta.real and zlib.crc32(done.data) != meta.crc:
-                corrupt += 1
+            except DataLossError:
+                reading.corrupt_copies += 1
                 self.counters.corrupt += 1
                 log.warning("DATA_LOSS on a copy; reading another", key=meta.key, pool=pool)
-                self.index.drop_replica(meta, pool)  # the sweep restores the factor
-                continue
-            return Fetched(
-                meta=meta,
-                data=done.data,
-                served_by=pool,
-                corrupt_copies=corrupt,
-                issue_ns=done.issue_ns,
-                complete_ns=done.complete_ns,
+                if self.index.get(meta.key) is meta:
+                    self.index.drop_replica(meta, pool)  # the sweep restores the factor
+                    with contextlib.suppress(RemoteError):
+                        await self._free_region(pool, replica.region_id)
+        if reading.corrupt_copies and not unavailable:
+            raise DataLossError(f"every reachable copy of {quote(meta.key)} fails its checksum")
+        raise UnavailableError(
+            f"no copy of {quote(meta.key)} is reachable: {', '.join(unavailable) or 'none left'}",
+            subject=meta.key,
+            reason="NO_COPY_REACHABLE",
+            retry_after_s=1.0,
+        )
+
+    async def _table(
+        self, issuer: Device, pool: str, replica: Replica, meta: ObjectMeta
+    ) -> tuple[int, tuple[int, ...]]:
+        raw_size = trailer_bytes(meta.size, self.ems.chunk_bytes)
+        done = await self._transfer(
+            issuer, ub_pb2.UB_OP_READ, pool=pool, replica=replica, size=raw_size, offset=meta.size
+        )
+        return decode_trailer(done.data, meta.crc, meta.size)
+
+    async def _check_reader(self, reader: Device, cause: RemoteError) -> None:
+        """A read that failed for want of a reachable device: blame the reader when it is the
+        one that is down, not the copies."""
+        try:
+            fault = await self.peers.device_call(
+                reader, "GetFaultState", device_pb2.GetFaultStateRequest(), PROBE_TIMEOUT_S
             )
-        if corrupt:
-            raise DataLossError(f"every reachable copy of {meta.key!r} fails its checksum")
-        raise UnavailableError(f"no copy of {meta.key!r} is reachable: {', '.join(unavailable)}")
+        except RemoteError as exc:
+            raise UnavailableError(
+                f"the reading device {reader.id} is unreachable: {exc}",
+                field="device",
+                subject=reader.id,
+                reason="READER_UNAVAILABLE",
+                retry_after_s=1.0,
+            ) from cause
+        if fault.faulted:
+            raise UnavailableError(
+                f"the reading device {reader.id} is faulted: {fault.reason[:200]}",
+                field="device",
+                subject=reader.id,
+                reason="READER_UNAVAILABLE",
+                retry_after_s=1.0,
+            ) from cause
 
     async def delete(self, key: str) -> bool:
         check_key(key)
+        (deleted,) = await self.delete_all([key])
+        return deleted
+
+    async def delete_all(self, keys: Sequence[str]) -> list[bool]:
+        """Delete objects (their keys checked first, all of them). A copy that cannot be freed
+        now, or a pool that may hold one unknown to this index, leaves a tombstone."""
+        for key in keys:
+            check_key(key)
+        out = []
         async with self.lock:
-            meta = self.index.get(key)
-            if meta is None:
-                return False
-            await self._drop(meta)
-            return True
+            for key in keys:
+                meta = self.index.get(key)
+                if meta is None:
+                    out.append(False)
+                    continue
+                owed = set(await self._drop(meta)) | self.unreconciled
+                owed |= {p for p, held in self.index.detached.items() if key in held}
+                if owed:
+                    await self._tombstone(key, owed)
+                out.append(True)
+        return out
+
+    async def _tombstone(self, key: str, owed: set[str]) -> None:
+        """Record a delete in regions of the pools that are up, until `owed` are reconciled."""
+        gen = self.index.next_gen(int(self.clock.wall() * 1e9))
+        tombstone = self.index.tombstones.setdefault(key, Tombstone(key=key, gen=gen))
+        tombstone.gen = gen
+        tombstone.pending |= owed
+        targets = self.placement.ring.owners(
+            key, self.placement.replication_factor, usable=self.placement.usable()
+        )
+        label = encode_tombstone(key, gen)
+        for pool in targets:
+            old = tombstone.regions.get(pool)
+            try:
+                request = device_pb2.AllocateRegionRequest(size=1, label=label)
+                region = await self._call(self.pools[pool], "device", "AllocateRegion", request)
+            except RemoteError:
+                log.exception("tombstone not written", key=key, pool=pool)
+                continue
+            tombstone.regions[pool] = region.region_id
+            if old is not None:
+                await self._free_region(pool, old)
+        log.info("tombstone", key=key, owed=sorted(owed), pools=sorted(tombstone.regions))
+
+    async def _expire_tombstones(self) -> None:
+        for key, tombstone in list(self.index.tombstones.items()):
+            if tombstone.pending:
+                continue
+            for pool, region_id in list(tombstone.regions.items()):
+                if await self._free_region(pool, region_id):
+                    del tombstone.regions[pool]
+            if not tombstone.regions:
+                del self.index.tombstones[key]
 
     def lookup(self, key: str) -> ObjectMeta | None:
         check_key(key)
@@ -371,49 +652,89 @@ class EmsState:
             pool_filter=pool,
         )
 
-    # --- rebuild, health, re-replication --------------------------------------------------------
+    # --- rebuild, health, reconciling, re-replication -------------------------------------------
+
+    async def _list(self, pool: Device) -> list[Listed] | None:
+        """Every region of a pool, page by page; None when the pool does not answer."""
+        listed: list[Listed] = []
+        token = ""
+        while True:
+            try:
+                found = await self.peers.device_call(
+                    pool,
+                    "ListRegions",
+                    device_pb2.ListRegionsRequest(page_token=token),
+                    PROBE_TIMEOUT_S * 5,
+                )
+            except RemoteError:
+                return None
+            listed += [Listed(r.region_id, r.offset, r.label) for r in found.regions]
+            token = found.next_page_token
+            if not token:
+                return listed
 
     async def rebuild(self, wait_s: float = 60.0) -> None:
         """The index from the pools' region labels and the SSD tier's files. Pools that do not
         answer are asked again every REBUILD_POLL_S of emulated time for up to wait_s wall
-        seconds (they may still be starting: processes start in wall time), then counted down."""
+        seconds (they may still be starting: processes start in wall time), then counted down
+        and left to the sweep to reconcile when they answer."""
+        listings = await self._list_all(wait_s)
+        self.unreconciled = set(self.pools) - set(listings)
+        async with self.lock:
+            for meta in await asyncio.to_thread(self.ssd.load):  # SSD first: its copies win ties
+                self.index.seen(meta.gen)
+                if meta.key not in self.index.objects:
+                    self.index.add(meta)
+            for pool_id, listed in listings.items():
+                for region_id in absorb_tombstones(self.index, pool_id, listed, self.unreconciled):
+                    await self._free_region(pool_id, region_id)
+            for pool_id, listed in listings.items():
+                await self._apply(pool_id, listed)
+            for meta in [m for m in self.index.objects.values() if m.tier is Tier.SSD]:
+                tombstone = self.index.tombstones.get(meta.key)
+                if tombstone is not None and tombstone.gen >= meta.gen:
+                    await self._drop(meta)
+            await self._expire_tombstones()
+        log.info("index rebuilt", objects=len(self.index), ssd=self.ssd.used)
 
-        async def listing(pool: Device) -> tuple[str, device_pb2.ListRegionsResponse | None]:
-            try:
-                request = device_pb2.ListRegionsRequest()
-                return pool.id, await self.peers.device_call(pool, "ListRegions", request)
-            except RemoteError:
-                return pool.id, None
-
+    async def _list_all(self, wait_s: float) -> dict[str, list[Listed]]:
+        listings: dict[str, list[Listed]] = {}
         pending = list(self.pools.values())
         deadline = self.clock.wall() + wait_s
         while pending:
-            results = await asyncio.gather(*(listing(p) for p in pending))
-            for pool_id, found in results:
+            results = await asyncio.gather(*(self._list(p) for p in pending))
+            for pool, found in zip(pending, results, strict=True):
                 if found is not None:
-                    self._index_pool(pool_id, found)
-            pending = [self.pools[pool_id] for pool_id, found in results if found is None]
+                    listings[pool.id] = found
+            pending = [p for p, found in zip(pending, results, strict=True) if found is None]
             if pending and self.clock.wall() >= deadline:
                 for pool in pending:
-                    self._mark(pool.id, healthy=False)
+                    self._suspect(pool.id)
                 break
             if pending:
                 await asyncio.sleep(self._pause_s(REBUILD_POLL_S))
-        for meta in await asyncio.to_thread(self.ssd.load):
-            if meta.key not in self.index.objects:
-                self.index.add(meta)
-        log.info("index rebuilt", objects=len(self.index), ssd=self.ssd.used)
+        return listings
 
-    def _index_pool(self, pool_id: str, found: device_pb2.ListRegionsResponse) -> None:
-        for region in found.regions:
-            meta = decode_label(region.label)
-            if meta is None:
-                continue
-            known = self.index.get(meta.key)
-            if known is None:
-                self.index.add(meta)
-                known = meta
-            self.index.add_replica(known, pool_id, Replica(region.region_id, region.offset))
+    async def _apply(self, pool: str, listed: list[Listed]) -> None:
+        """Reconcile one pool's listing with the index and free what it says to."""
+        done = reconcile(self.index, pool, listed, self.placement.replication_factor)
+        self.unreconciled.discard(pool)
+        for region_id in done.free:
+            await self._free_region(pool, region_id)
+        for old in done.superseded:
+            for other, replica in old.replicas.items():
+                await self._free_region(other, replica.region_id)
+            if old.tier is Tier.SSD:
+                await asyncio.to_thread(self.ssd.remove, old)
+        if done.free or done.superseded or done.adopted or done.attached or done.gone:
+            log.info(
+                "pool reconciled",
+                pool=pool,
+                freed=len(done.free),
+                adopted=done.adopted,
+                attached=done.attached,
+                gone=done.gone,
+            )
 
     async def run(self) -> None:
         """The sweep, a task of its host's TaskGroup until close(): pool health, then the
@@ -440,37 +761,47 @@ class EmsState:
             per pool per sweep when the pool shares this process."""
             try:
                 fault = await self.peers.device_call(
-                    pool, "GetFaultState", device_pb2.GetFaultStateRequest(), 1.0
+                    pool, "GetFaultState", device_pb2.GetFaultStateRequest(), PROBE_TIMEOUT_S
                 )
             except RemoteError:
                 return pool.id, False
             return pool.id, not fault.faulted
 
+        now = self.clock.now_ns()
+        returned = []
         for pool_id, up in await asyncio.gather(*(probe(p) for p in self.pools.values())):
-            self._mark(pool_id, healthy=up)
+            changed = self.placement.observe(pool_id, answered=up, now_ns=now)
+            if changed is not None:
+                log.warning(f"pool {changed}", pool=pool_id)
+            if up and (changed is Health.UP or pool_id in self.unreconciled):
+                returned.append(pool_id)
         async with self.lock:
-            for meta in self.placement.under_replicated():
+            for pool_id in returned:  # back: what it holds against what the index says
+                listed = await self._list(self.pools[pool_id])
+                if listed is not None:
+                    await self._apply(pool_id, listed)
+            await self._expire_tombstones()
+            for meta in self.placement.to_repair():
                 if not self.placement.needs_repair(meta):
                     continue  # evicted to make room for an earlier repair
-                with contextlib.suppress(
-                    RemoteError, DataLossError, CapacityError, UnavailableError
-                ):
+                with contextlib.suppress(EmulatorError):
                     await self._repair(meta)
 
     async def _repair(self, meta: ObjectMeta) -> None:
         plan = self.placement.repair_plan(meta)
-        for dead in plan.dead:
-            self.index.drop_replica(meta, dead)  # its region is gone with its pool's process
         if plan.source is None:
-            log.error("object lost: no live copy", key=meta.key)
+            if not self.placement.kept(meta):
+                log.error("object lost: no live copy", key=meta.key)
             return
-        data = await self._read_bytes(meta) if meta.real else b""
+        data = await self._read_all(meta) if meta.real else b""
         source = self.pools[plan.source]
         for pool in plan.targets:
             await self._make_room(pool, meta.size)
             replica = await self._place(meta, pool)
-            await self._transfer(
-                source, ub_pb2.UB_OP_WRITE, pool=pool, replica=replica, meta=meta, data=data
-            )
+            await self._write_copy(source, pool, replica, meta, data)
             self.index.add_replica(meta, pool, replica)
             log.info("re-replicated", key=meta.key, source=source.id, copy=pool)
+        if len(self.placement.kept(meta)) >= self.placement.wanted():
+            for dead in plan.dead:  # replaced: forgotten, and owed a tombstone if deleted
+                self.index.drop_replica(meta, dead)
+                self.index.detached.setdefault(dead, set()).add(meta.key)

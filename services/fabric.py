@@ -21,6 +21,7 @@ import structlog
 from cmemu.v1 import fabric_pb2, fabric_pb2_grpc, ub_pb2
 from emulator.model.clock import Clock
 from emulator.model.collectives import ALGORITHMS, CollectiveSpec, CollectiveTiming, run_collective
+from emulator.model.costmodel import check_duration
 from emulator.model.errors import (
     RETRY_AFTER_S,
     InvalidArgumentError,
@@ -43,6 +44,7 @@ SERVICE = "cmemu.v1.Fabric"
 DEFAULT_TOP = 20
 DEFAULT_WATCH_MS = 1000
 SPIN_S = 0.002
+U64_MAX = 2**64 - 1
 
 OPS = {
     fabric_pb2.COLLECTIVE_OP_ALL_TO_ALL: "all-to-all",
@@ -216,7 +218,7 @@ class FabricState:
                     link=g.names[link],
                     kind=g.kinds[link].value,
                     capacity_gb_s=float(link_cap[link]) / 1e9,
-                    bytes=int(member_bytes[m]),
+                    bytes=min(int(member_bytes[m]), U64_MAX),
                     utilization=float(utilization[trunk]),
                     active_flows=int(active[trunk]),
                     up=bool(g.up[link]),
@@ -307,11 +309,21 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         with _route_cut(f"{src.id}>{dst.id}"):
             route = s.graph.route(data_from, data_to)
             s.graph.check_reachable(route)
-        issue_ns = tx.issue_ns or s.clock.now_ns()
+        with blame(field="size"):
+            seconds = route.latency_s + tx.size / route.cap if route.cap > 0 else float("inf")
+            check_duration(seconds, "the transfer", s.profile)
+        now = s.clock.now_ns()
+        issue_ns = tx.issue_ns if 0 < tx.issue_ns <= now else now  # never from the future
         tx.issue_ns = issue_ns
-        completion = await s.peers.deliver(dst, tx, deadline_s)
+        # The target checks first (a bad address fails at once, nothing is timed for it) and
+        # applies when the flow completes: a transfer that fails applies nothing, and a READ
+        # returns the bytes as of its completion.
+        tx.check_only = True
+        await s.peers.deliver(dst, tx, deadline_s)
         complete_s = await s.run_flow(route, tx.size, issue_ns / 1e9)
         await s.pace(complete_s)
+        tx.check_only = False
+        completion = await s.peers.deliver(dst, tx, deadline_s)
         completion.issue_ns = issue_ns
         completion.complete_ns = round(complete_s * 1e9)
         completion.path[:] = route.hops
@@ -460,6 +472,16 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         self, request: fabric_pb2.LinkStatsRequest, context: Context
     ) -> fabric_pb2.LinkStats:
         return self.state.link_stats(request.top or DEFAULT_TOP)
+
+    @rpc
+    async def GetClock(
+        self, request: fabric_pb2.GetClockRequest, context: Context
+    ) -> fabric_pb2.ClockInfo:
+        """The supernode's clock: the fabric's epoch is every process's epoch."""
+        clock = self.state.clock
+        return fabric_pb2.ClockInfo(
+            epoch_wall_s=clock.epoch_wall_s, time_scale=clock.time_scale, emulated_ns=clock.now_ns()
+        )
 
     async def WatchLinkStats(
         self, request: fabric_pb2.WatchLinkStatsRequest, context: Context

@@ -7,14 +7,17 @@ silently sharing the port.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from emulator.model.errors import AddressInUseError
+from emulator.model.errors import AddressError, AddressInUseError
+from services.auth import OPEN, ServerSecurity
 from services.reflection import enable_reflection
+from services.status import GUARD
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
 SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
@@ -24,17 +27,45 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+async def _resolve(name: str, address: str) -> None:
+    """grpc reports an unresolvable host like a port in use (RuntimeError): resolve it first,
+    without blocking the loop, so that each failure says what it is."""
+    if address.startswith("unix:"):
+        return
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not host or host in ("0.0.0.0", "::", "*"):
+        return
+    try:
+        await asyncio.get_running_loop().getaddrinfo(host, port or None)
+    except (OSError, UnicodeError) as exc:
+        raise AddressError(name, address, f"cannot resolve {host}") from exc
+
+
 class ServiceHost:
     """A grpc.aio server with its services registered, reflection and per-service health."""
 
     def __init__(
-        self, *, name: str, address: str, services: Iterable[tuple[str, Register]]
+        self,
+        *,
+        name: str,
+        address: str,
+        services: Iterable[tuple[str, Register]],
+        security: ServerSecurity = OPEN,
     ) -> None:
         self.name = name
         self.address = address
         self._services = dict(services)
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.health = HealthServicer()
+        self.secure(security)
+
+    def secure(self, security: ServerSecurity) -> None:
+        """(Re)build the server guarded by `security` (services/auth.py): its token interceptor
+        and how it binds (TLS or not). Before start."""
+        self.security = security
+        self.server = grpc.aio.server(
+            options=SERVER_OPTIONS, interceptors=[GUARD, *security.interceptors()]
+        )
         for register in self._services.values():
             register(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -47,9 +78,11 @@ class ServiceHost:
 
     async def start(self) -> None:
         """Bind and start, every service NOT_SERVING until the device says otherwise."""
+        self.security.check_bind(self.name, self.address)
         await self.set_serving(False)
+        await _resolve(self.name, self.address)
         try:
-            port = self.server.add_insecure_port(self.address)
+            port = self.security.bind(self.server, self.address)
         except RuntimeError as exc:
             raise AddressInUseError(self.name, self.address) from exc
         if port == 0:

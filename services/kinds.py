@@ -47,6 +47,7 @@ def create_device(
 ) -> DeviceHandle:
     kind = KINDS[device.kind]
     limits = profile.limits
+    store_budget, queue_budget = peers.budgets(limits)
     state = DeviceState(
         device=device,
         topology=topology,
@@ -58,7 +59,10 @@ def create_device(
             alignment=limits.region_alignment,
             page_bytes=limits.store_page_bytes,
             cap_bytes=limits.stored_bytes_cap_per_device,
+            budget=store_budget,
+            max_regions=limits.regions_max_per_device,
         ),
+        queue_budget=queue_budget,
         engines=[Engine() for _ in range(kind.engines(profile))],
         events=events,
     )

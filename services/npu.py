@@ -10,7 +10,7 @@ import math
 
 from cmemu.v1 import device_pb2, npu_pb2, npu_pb2_grpc
 from emulator.model.costmodel import kernel_cost
-from emulator.model.errors import InvalidArgumentError, OutOfRangeError, blame
+from emulator.model.errors import CapacityError, InvalidArgumentError, OutOfRangeError, blame
 from emulator.model.hardware import HardwareProfile
 from services.device import DeviceState, KindSpec
 from services.host import Register
@@ -29,6 +29,13 @@ class NpuServicer(npu_pb2_grpc.NpuServicer):
         s.require_healthy()
         if request.precision == npu_pb2.PRECISION_UNSPECIFIED:
             raise InvalidArgumentError("precision is required", field="precision")
+        if request.precision not in npu_pb2.Precision.values():
+            raise InvalidArgumentError(
+                f"precision {request.precision} is not one of"
+                f" {', '.join(npu_pb2.Precision.keys()[1:])}",
+                field="precision",
+                reason="UNSUPPORTED_PRECISION",
+            )
         if not math.isfinite(request.flops) or request.flops < 0:
             raise InvalidArgumentError(
                 f"flops must be finite and >= 0, got {request.flops}", field="flops"
@@ -41,11 +48,30 @@ class NpuServicer(npu_pb2_grpc.NpuServicer):
                 reason="DIE_NOT_FOUND",
             )
         precision = npu_pb2.Precision.Name(request.precision).removeprefix("PRECISION_")
-        with blame(field="precision", subject=precision, reason="UNSUPPORTED_PRECISION"):
+        with (
+            blame(
+                field="precision",
+                subject=precision,
+                reason="UNSUPPORTED_PRECISION",
+                on=InvalidArgumentError,
+            ),
+            blame(subject=s.device.id),
+        ):
             cost = kernel_cost(request.flops, request.bytes_moved, precision, s.profile)
         engine = s.engines[request.die]
         issue = s.clock.now_ns()
         start = max(issue, engine.busy_until_ns)
+        backlog_max_ns = round(s.profile.limits.engine_backlog_max_s * 1e9)
+        if start - issue + cost.duration_ns > backlog_max_ns:
+            raise CapacityError(
+                f"work queued on die {request.die} of {s.device.id}",
+                cost.duration_ns,
+                max(0, backlog_max_ns - (start - issue)),
+                unit="emulated ns",
+                field="die",
+                subject=s.device.id,
+                reason="ENGINE_QUEUE_FULL",
+            )
         engine.busy_until_ns = start + cost.duration_ns
         engine.busy_ns += cost.duration_ns
         return npu_pb2.KernelResult(

@@ -16,7 +16,10 @@ import grpc
 
 from cmemu.v1 import device_pb2_grpc, fabric_pb2_grpc, ub_pb2, ub_pb2_grpc
 from emulator.client.channels import Channels
+from emulator.client.credentials import ANONYMOUS, Credentials
 from emulator.model.errors import EmulatorError
+from emulator.model.hardware import EmulatorLimits
+from emulator.model.memory import QueueBudget, StoreBudget
 from emulator.model.topology import Device, ServiceKind, Topology
 from services.status import Context, RemoteError, details_from_metadata
 
@@ -51,12 +54,26 @@ LOCAL_CONTEXT = cast(Context, LocalContext())
 
 
 class Peers:
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, credentials: Credentials = ANONYMOUS) -> None:
         self.topology = topology
-        self._channels = Channels()
+        self._channels = Channels(credentials)  # every device's calls carry the token
         self._local_bus: dict[str, LocalBus] = {}
         self._local_device: dict[str, Any] = {}
         self._local_fabric: LocalFabric | None = None
+        self._budgets: tuple[StoreBudget, QueueBudget] | None = None
+
+    def budgets(self, limits: EmulatorLimits) -> tuple[StoreBudget, QueueBudget]:
+        """The caps every device of this process shares (one Peers per process): real bytes
+        stored, and messages queued. Made by the first device, with its limits."""
+        if self._budgets is None:
+            self._budgets = (
+                StoreBudget(cap_bytes=limits.process_stored_bytes_cap),
+                QueueBudget(
+                    max_messages=limits.process_inbox_max_messages,
+                    max_bytes=limits.process_inbox_max_bytes,
+                ),
+            )
+        return self._budgets
 
     def register_bus(self, address: str, bus: LocalBus) -> None:
         self._local_bus[address] = bus

@@ -10,13 +10,20 @@ in the `grpc-status-details-bin` trailer through grpcio-status):
 - on INVALID_ARGUMENT a BadRequest with one field violation;
 - on a retryable UNAVAILABLE (the error's `retry_after_s` is set) a RetryInfo.
 A status relayed from another device (RemoteError) keeps the details that device sent.
+
+Whatever a request held, a status stays small: its message is cut at MESSAGE_MAX characters and
+each metadata value at QUOTE_MAX (raise sites quote inputs with errors.quote; the cut here is
+the last line of defence, so no status can exceed grpc's metadata limit). Two failures happen
+outside any handler and are caught here too (`GuardInterceptor`, installed on every server): a
+body that does not decode is INVALID_ARGUMENT (reason MALFORMED_REQUEST), and an exception that
+is no EmulatorError (a bug of ours) is logged with its traceback and answered INTERNAL.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, NoReturn, TypeVar, cast
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import grpc
 import structlog
@@ -26,7 +33,9 @@ from grpc_status import rpc_status
 
 from emulator.client.errors import DOMAIN, status_in
 from emulator.model.errors import (
+    QUOTE_MAX,
     RETRY_AFTER_S,
+    AddressError,
     AddressInUseError,
     CapacityError,
     DataLossError,
@@ -36,7 +45,11 @@ from emulator.model.errors import (
     OutOfRangeError,
     PreconditionError,
     UnavailableError,
+    shorten,
 )
+
+MESSAGE_MAX = 1024
+"""The longest status message (and BadRequest description) a server sends, in characters."""
 
 STATUS_OF: dict[type[EmulatorError], grpc.StatusCode] = {
     InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -46,6 +59,7 @@ STATUS_OF: dict[type[EmulatorError], grpc.StatusCode] = {
     PreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
     UnavailableError: grpc.StatusCode.UNAVAILABLE,
     AddressInUseError: grpc.StatusCode.UNAVAILABLE,
+    AddressError: grpc.StatusCode.INVALID_ARGUMENT,
     DataLossError: grpc.StatusCode.DATA_LOSS,
 }
 
@@ -75,7 +89,7 @@ def error_metadata(error: EmulatorError) -> dict[str, str]:
         metadata["id"] = error.subject
     if isinstance(error, CapacityError):
         metadata.update(requested=str(error.requested), free=str(error.free))
-    return metadata
+    return {key: shorten(value, QUOTE_MAX) for key, value in metadata.items()}
 
 
 def details_of(error: EmulatorError) -> list[any_pb2.Any]:
@@ -92,7 +106,8 @@ def details_of(error: EmulatorError) -> list[any_pb2.Any]:
     ]
     if code is grpc.StatusCode.INVALID_ARGUMENT:
         violation = error_details_pb2.BadRequest.FieldViolation(
-            field=error.field or "", description=str(error)
+            field=shorten(error.field or "", QUOTE_MAX),
+            description=shorten(str(error), MESSAGE_MAX),
         )
         details.append(_pack(error_details_pb2.BadRequest(field_violations=[violation])))
     if code is grpc.StatusCode.UNAVAILABLE and error.retry_after_s is not None:
@@ -108,7 +123,7 @@ def to_status(error: EmulatorError, message: str | None = None) -> grpc.Status:
     return rpc_status.to_status(
         status_pb2.Status(
             code=code.value[0],
-            message=str(error) if message is None else message,
+            message=shorten(str(error) if message is None else message, MESSAGE_MAX),
             details=details_of(error),
         )
     )
@@ -128,7 +143,7 @@ class RemoteError(EmulatorError):
     ) -> None:
         self.code = code
         self.details = tuple(rich)
-        super().__init__(details, reason=_reason_in(self.details))
+        super().__init__(shorten(details, MESSAGE_MAX), reason=_reason_in(self.details))
 
     def prefixed(self, prefix: str) -> RemoteError:
         """The same status, its message prefixed with who relayed it ("n00-npu3: ...")."""
@@ -180,27 +195,146 @@ async def abort(context: Context, error: EmulatorError) -> NoReturn:
     raise AssertionError("abort_with_status returned")  # pragma: no cover
 
 
+class InternalError(EmulatorError):
+    """An exception that is no EmulatorError: a bug of the emulator, never of the request."""
+
+    default_reason = "INTERNAL"
+
+
+STATUS_OF[InternalError] = grpc.StatusCode.INTERNAL
+
+
+def internal(exc: BaseException, *, rpc: str, device: str | None = None) -> InternalError:
+    """Log an unexpected exception with its traceback; the short error its caller receives."""
+    log.error(
+        "internal error",
+        device=device,
+        rpc=rpc,
+        error=shorten(f"{type(exc).__name__}: {exc}", QUOTE_MAX),
+        exc_info=exc,
+    )
+    return InternalError(f"internal error in {rpc} ({type(exc).__name__}); see the server log")
+
+
 def rpc(handler: F) -> F:
-    """Turn EmulatorErrors raised by a handler into the status of STATUS_OF, with details."""
+    """Turn EmulatorErrors raised by a handler into the status of STATUS_OF, with details; any
+    other exception is logged with its traceback and answered INTERNAL."""
 
     @functools.wraps(handler)
     async def wrapper(self: Any, request: Any, context: Context) -> Any:
+        state = getattr(self, "state", None)  # a device's state, or a service's (name)
+        device = getattr(getattr(state, "device", None), "id", getattr(state, "name", None))
         try:
             return await handler(self, request, context)
         except RemoteError as exc:
             await abort(context, exc)
         except EmulatorError as exc:
             code = status_of(exc)
-            state = getattr(self, "state", None)  # a device's state, or a service's (name)
-            device = getattr(getattr(state, "device", None), "id", getattr(state, "name", None))
             log.info(
                 "rejected",
                 device=device,
                 rpc=handler.__qualname__,
                 code=code.name,
                 reason=exc.reason,
-                error=str(exc),
+                error=shorten(str(exc), QUOTE_MAX),
             )
             await abort(context, exc)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # a bug of ours: logged, and the caller gets INTERNAL
+            await abort(context, internal(exc, rpc=handler.__qualname__, device=device))
 
     return cast(F, wrapper)
+
+
+class MalformedRequest:
+    """What a request deserializer returns for a body that does not decode (never raised:
+    grpc answers an exception in a deserializer UNKNOWN before any handler runs)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = InvalidArgumentError(
+            f"the request body does not decode: {shorten(error, QUOTE_MAX)}",
+            reason="MALFORMED_REQUEST",
+        )
+
+
+def _safe(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def safe(body: bytes) -> Any:
+        try:
+            return deserialize(body)
+        except Exception as exc:  # DecodeError, or a str field with invalid UTF-8
+            return MalformedRequest(exc)
+
+    return safe
+
+
+if TYPE_CHECKING:
+    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
+    _Handler = grpc.RpcMethodHandler[Any, Any]
+else:  # generic in grpc-stubs only
+    _ServerInterceptor = grpc.aio.ServerInterceptor
+    _Handler = grpc.RpcMethodHandler
+
+
+class GuardInterceptor(_ServerInterceptor):
+    """On every server: corrupt bodies become INVALID_ARGUMENT, and any exception a handler
+    lets through (one not under `rpc`, a stream) is logged and answered INTERNAL."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[_Handler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> _Handler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming:
+            return handler
+        method = handler_call_details.method
+        deserializer = _safe(handler.request_deserializer)
+        if handler.unary_unary is not None:
+            unary = cast(Callable[[Any, Context], Awaitable[Any]], handler.unary_unary)
+
+            async def unary_unary(request: Any, context: Context) -> Any:
+                if isinstance(request, MalformedRequest):
+                    await abort(context, request.error)
+                try:
+                    return await unary(request, context)
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as exc:
+                    await abort(context, internal(exc, rpc=method))
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary_unary,
+                request_deserializer=deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            stream = cast(Callable[[Any, Context], Any], handler.unary_stream)
+
+            async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
+                if isinstance(request, MalformedRequest):
+                    await abort(context, request.error)
+                try:
+                    produced = stream(request, context)
+                    if hasattr(produced, "__aiter__"):
+                        async for item in produced:
+                            yield item
+                    else:  # a handler that writes with context.write (grpc health's Watch)
+                        await produced
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as exc:
+                    await abort(context, internal(exc, rpc=method))
+
+            return grpc.unary_stream_rpc_method_handler(
+                unary_stream,
+                request_deserializer=deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+
+GUARD = GuardInterceptor()

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from cmemu.v1 import ub_pb2, ub_pb2_grpc
-from emulator.model.costmodel import ub_transfer_ns
+from emulator.model.costmodel import check_duration, ub_transfer_ns
 from emulator.model.errors import (
     CapacityError,
     InvalidArgumentError,
@@ -117,7 +117,8 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
     async def deliver(self, request: ub_pb2.UbTransaction) -> ub_pb2.UbCompletion:
         """Deliver without gRPC: the fabric calls this directly when the device shares its
         process. The fabric then replaces the timing with its own; a direct caller of Deliver
-        gets the uncontended cost model's timing."""
+        gets the uncontended cost model's timing. With check_only the transaction is checked
+        as it would be applied, and nothing changes."""
         s = self.state
         s.require_healthy()
         tx = normalize(request, self._inline_max)
@@ -132,14 +133,22 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
             field="src_eid", subject=str(tx.src_eid), reason="DEVICE_NOT_FOUND", on=NotFoundError
         ):
             src = s.topology.by_eid(tx.src_eid) if tx.src_eid else s.device
-        issue_ns = tx.issue_ns or s.clock.now_ns()
-        duration = ub_transfer_ns(
-            tx.size,
-            src=src.kind,
-            dst=s.device.kind,
-            cross_node=src.node != s.device.node,
-            profile=s.profile,
-        )
+        now = s.clock.now_ns()
+        issue_ns = tx.issue_ns if 0 < tx.issue_ns <= now else now  # never from the future
+        with blame(field="size", subject=s.device.id):
+            if tx.size > s.memory.capacity:
+                raise OutOfRangeError(
+                    f"{tx.size} bytes are more than {s.device.id}'s {s.memory.capacity} bytes",
+                    reason="TRANSFER_TOO_LARGE",
+                )
+            duration = ub_transfer_ns(
+                tx.size,
+                src=src.kind,
+                dst=s.device.kind,
+                cross_node=src.node != s.device.node,
+                profile=s.profile,
+            )
+            check_duration(duration / 1e9, "the transfer", s.profile)
         completion = ub_pb2.UbCompletion(
             id=tx.id,
             op=tx.op,
@@ -155,10 +164,40 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
             blame(reason="REGION_NOT_ALLOCATED", on=PreconditionError),
             blame(reason="ADDRESS_OUT_OF_RANGE", on=OutOfRangeError),
         ):
+            if tx.check_only:
+                self._check(tx)
+                return completion
             await self._apply[tx.op](tx, completion)
         s.counters.rx_count += 1
         s.counters.rx_bytes += tx.size
         return completion
+
+    def _check(self, tx: ub_pb2.UbTransaction) -> None:
+        """Everything applying `tx` would refuse, refused now; nothing changes."""
+        memory = self.state.memory
+        if tx.op in ATOMICS:
+            memory.check_word(tx.dst.offset)
+        elif tx.op == ub_pb2.UB_OP_SEND:
+            self._check_queue(len(tx.data))
+        elif tx.op == ub_pb2.UB_OP_WRITE and not tx.size_only:
+            memory.check_write(tx.dst.offset, tx.size)
+        else:
+            memory.check(tx.dst.offset, tx.size)
+
+    def _check_queue(self, nbytes: int) -> None:
+        s = self.state
+        if s.inbox.full():
+            raise CapacityError(
+                f"receive queue of {s.device.id}",
+                1,
+                0,
+                unit="messages",
+                subject=s.device.id,
+                reason="RECEIVE_QUEUE_FULL",
+            )
+        if s.queue_budget is not None:
+            with blame(subject=s.device.id):
+                s.queue_budget.check(nbytes)
 
     async def _read(self, tx: ub_pb2.UbTransaction, out: ub_pb2.UbCompletion) -> None:
         memory = self.state.memory
@@ -192,17 +231,15 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
             issue_ns=out.issue_ns,
             arrive_ns=out.complete_ns,
         )
-        try:
-            self.state.inbox.put_nowait(message)
-        except asyncio.QueueFull:
-            raise CapacityError(
-                f"receive queue of {self.state.device.id}",
-                1,
-                0,
-                unit="messages",
-                subject=self.state.device.id,
-                reason="RECEIVE_QUEUE_FULL",
-            ) from None
+        self._check_queue(len(tx.data))
+        if self.state.queue_budget is not None:
+            self.state.queue_budget.take(len(tx.data))
+        self.state.inbox.put_nowait(message)
+
+    def _taken(self, message: ub_pb2.UbMessage) -> ub_pb2.UbMessage:
+        if self.state.queue_budget is not None:
+            self.state.queue_budget.give(len(message.data))
+        return message
 
     @rpc
     async def Receive(
@@ -219,9 +256,9 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
         if s.inbox.empty() and request.wait_ms:
             try:  # wait_ms is emulated time: the wall wait scales with time_scale
                 async with asyncio.timeout(s.clock.wall_delay_s(request.wait_ms / 1000)):
-                    response.messages.append(await s.inbox.get())
+                    response.messages.append(self._taken(await s.inbox.get()))
             except TimeoutError:
                 return response
         while len(response.messages) < max(1, request.max_messages) and not s.inbox.empty():
-            response.messages.append(s.inbox.get_nowait())
+            response.messages.append(self._taken(s.inbox.get_nowait()))
         return response

@@ -420,14 +420,27 @@ Global___FreeRegionResponse: _TypeAlias = FreeRegionResponse  # noqa: Y015
 
 @_typing.final
 class ListRegionsRequest(_message.Message):
+    """Regions by address, a page at a time: pass each response's next_page_token back until it is
+    empty. A page holds at most page_size regions, and never more than the emulator's limit
+    (EmulatorLimits.list_regions_page_max, which is also the size of a page when page_size is 0).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    page_token: _builtins.str
+    """opaque: from the previous response; empty for the first page"""
     def __init__(
         self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -442,10 +455,16 @@ class ListRegionsResponse(_message.Message):
     USED_BYTES_FIELD_NUMBER: _builtins.int
     FREE_BYTES_FIELD_NUMBER: _builtins.int
     LARGEST_FREE_BYTES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    REGION_COUNT_FIELD_NUMBER: _builtins.int
     capacity_bytes: _builtins.int
     used_bytes: _builtins.int
     free_bytes: _builtins.int
     largest_free_bytes: _builtins.int
+    next_page_token: _builtins.str
+    """empty on the last page"""
+    region_count: _builtins.int
+    """every live region, across all pages"""
     @_builtins.property
     def regions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Region]: ...
     def __init__(
@@ -456,10 +475,12 @@ class ListRegionsResponse(_message.Message):
         used_bytes: _builtins.int = ...,
         free_bytes: _builtins.int = ...,
         largest_free_bytes: _builtins.int = ...,
+        next_page_token: _builtins.str = ...,
+        region_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_bytes", b"capacity_bytes", "free_bytes", b"free_bytes", "largest_free_bytes", b"largest_free_bytes", "regions", b"regions", "used_bytes", b"used_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_bytes", b"capacity_bytes", "free_bytes", b"free_bytes", "largest_free_bytes", b"largest_free_bytes", "next_page_token", b"next_page_token", "region_count", b"region_count", "regions", b"regions", "used_bytes", b"used_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

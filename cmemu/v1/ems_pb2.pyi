@@ -82,7 +82,7 @@ class PutRequest(_message.Message):
     DEVICE_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     data: _builtins.bytes
-    """real bytes, up to the store's real-object limit"""
+    """real bytes: at most one chunk (1 MiB) in a Put; larger by PutStream"""
     size: _builtins.int
     """a size-only object of this many bytes when data is empty"""
     kind: Global___ObjectKind.ValueType
@@ -184,8 +184,9 @@ class GetResponse(_message.Message):
     COMPLETE_NS_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     data: _builtins.bytes
-    """exactly what was put (checksum verified), for real-byte objects"""
+    """exactly what was put (checksum verified), for real-byte objects of at"""
     size: _builtins.int
+    """most one chunk (a larger one: FAILED_PRECONDITION, read it by GetStream)"""
     kind: Global___ObjectKind.ValueType
     tier: Global___Tier.ValueType
     served_by: _builtins.str
@@ -214,6 +215,70 @@ class GetResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetResponse: _TypeAlias = GetResponse  # noqa: Y015
+
+@_typing.final
+class PutChunk(_message.Message):
+    """PutStream: the first message carries `head` (key, kind, pinned, device and `size`, the total
+    number of bytes; head.data may hold the first bytes); the others carry the following bytes in
+    pieces of any size under the message limit (1 MiB is a good one). The object is stored, all or
+    nothing, when the stream ends with exactly `size` bytes (up to 64 MiB).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEAD_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    @_builtins.property
+    def head(self) -> Global___PutRequest: ...
+    def __init__(
+        self,
+        *,
+        head: Global___PutRequest | None = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["head", b"head"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "head", b"head"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutChunk: _TypeAlias = PutChunk  # noqa: Y015
+
+@_typing.final
+class GetChunk(_message.Message):
+    """GetStream: the object's bytes in order, a chunk (1 MiB) a message, each verified against its
+    CRC-32 before it is sent; the last message carries `done` (size, kind, tier, the copy that
+    served the last chunk, corrupt copies passed by, timestamps) and no data. A size-only object
+    is one message with `done`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    offset: _builtins.int
+    """of `data` in the object"""
+    @_builtins.property
+    def done(self) -> Global___GetResponse:
+        """the last message only (its `data` empty)"""
+
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        offset: _builtins.int = ...,
+        done: Global___GetResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["done", b"done"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "done", b"done", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetChunk: _TypeAlias = GetChunk  # noqa: Y015
 
 @_typing.final
 class DeleteRequest(_message.Message):
@@ -299,6 +364,10 @@ Global___ExistsResponse: _TypeAlias = ExistsResponse  # noqa: Y015
 
 @_typing.final
 class BatchPutRequest(_message.Message):
+    """Batches are all or nothing: every item is checked before any takes effect, and a put that
+    fails for room or reachability takes the batch's earlier puts with it.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ITEMS_FIELD_NUMBER: _builtins.int

@@ -44,6 +44,16 @@ class EmsStub:
                 request_serializer=cmemu_dot_v1_dot_ems__pb2.GetRequest.SerializeToString,
                 response_deserializer=cmemu_dot_v1_dot_ems__pb2.GetResponse.FromString,
                 _registered_method=True)
+        self.PutStream = channel.stream_unary(
+                '/cmemu.v1.Ems/PutStream',
+                request_serializer=cmemu_dot_v1_dot_ems__pb2.PutChunk.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_ems__pb2.PutResponse.FromString,
+                _registered_method=True)
+        self.GetStream = channel.unary_stream(
+                '/cmemu.v1.Ems/GetStream',
+                request_serializer=cmemu_dot_v1_dot_ems__pb2.GetRequest.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_ems__pb2.GetChunk.FromString,
+                _registered_method=True)
         self.Delete = channel.unary_unary(
                 '/cmemu.v1.Ems/Delete',
                 request_serializer=cmemu_dot_v1_dot_ems__pb2.DeleteRequest.SerializeToString,
@@ -106,6 +116,18 @@ class EmsServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Get(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetStream(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -183,6 +205,16 @@ def add_EmsServicer_to_server(servicer, server):
                     servicer.Get,
                     request_deserializer=cmemu_dot_v1_dot_ems__pb2.GetRequest.FromString,
                     response_serializer=cmemu_dot_v1_dot_ems__pb2.GetResponse.SerializeToString,
+            ),
+            'PutStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.PutStream,
+                    request_deserializer=cmemu_dot_v1_dot_ems__pb2.PutChunk.FromString,
+                    response_serializer=cmemu_dot_v1_dot_ems__pb2.PutResponse.SerializeToString,
+            ),
+            'GetStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetStream,
+                    request_deserializer=cmemu_dot_v1_dot_ems__pb2.GetRequest.FromString,
+                    response_serializer=cmemu_dot_v1_dot_ems__pb2.GetChunk.SerializeToString,
             ),
             'Delete': grpc.unary_unary_rpc_method_handler(
                     servicer.Delete,
@@ -289,6 +321,60 @@ class Ems:
             '/cmemu.v1.Ems/Get',
             cmemu_dot_v1_dot_ems__pb2.GetRequest.SerializeToString,
             cmemu_dot_v1_dot_ems__pb2.GetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/cmemu.v1.Ems/PutStream',
+            cmemu_dot_v1_dot_ems__pb2.PutChunk.SerializeToString,
+            cmemu_dot_v1_dot_ems__pb2.PutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/cmemu.v1.Ems/GetStream',
+            cmemu_dot_v1_dot_ems__pb2.GetRequest.SerializeToString,
+            cmemu_dot_v1_dot_ems__pb2.GetChunk.FromString,
             options,
             channel_credentials,
             insecure,

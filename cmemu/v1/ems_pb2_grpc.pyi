@@ -46,6 +46,8 @@ class EmsStub:
     def __new__(cls, channel: _aio.Channel) -> EmsAsyncStub: ...
     Put: _grpc.UnaryUnaryMultiCallable[_ems_pb2.PutRequest, _ems_pb2.PutResponse]
     Get: _grpc.UnaryUnaryMultiCallable[_ems_pb2.GetRequest, _ems_pb2.GetResponse]
+    PutStream: _grpc.StreamUnaryMultiCallable[_ems_pb2.PutChunk, _ems_pb2.PutResponse]
+    GetStream: _grpc.UnaryStreamMultiCallable[_ems_pb2.GetRequest, _ems_pb2.GetChunk]
     Delete: _grpc.UnaryUnaryMultiCallable[_ems_pb2.DeleteRequest, _ems_pb2.DeleteResponse]
     Exists: _grpc.UnaryUnaryMultiCallable[_ems_pb2.ExistsRequest, _ems_pb2.ExistsResponse]
     BatchPut: _grpc.UnaryUnaryMultiCallable[_ems_pb2.BatchPutRequest, _ems_pb2.BatchPutResponse]
@@ -62,6 +64,8 @@ class EmsAsyncStub(EmsStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Put: _aio.UnaryUnaryMultiCallable[_ems_pb2.PutRequest, _ems_pb2.PutResponse]  # type: ignore[assignment]
     Get: _aio.UnaryUnaryMultiCallable[_ems_pb2.GetRequest, _ems_pb2.GetResponse]  # type: ignore[assignment]
+    PutStream: _aio.StreamUnaryMultiCallable[_ems_pb2.PutChunk, _ems_pb2.PutResponse]  # type: ignore[assignment]
+    GetStream: _aio.UnaryStreamMultiCallable[_ems_pb2.GetRequest, _ems_pb2.GetChunk]  # type: ignore[assignment]
     Delete: _aio.UnaryUnaryMultiCallable[_ems_pb2.DeleteRequest, _ems_pb2.DeleteResponse]  # type: ignore[assignment]
     Exists: _aio.UnaryUnaryMultiCallable[_ems_pb2.ExistsRequest, _ems_pb2.ExistsResponse]  # type: ignore[assignment]
     BatchPut: _aio.UnaryUnaryMultiCallable[_ems_pb2.BatchPutRequest, _ems_pb2.BatchPutResponse]  # type: ignore[assignment]
@@ -87,6 +91,20 @@ class EmsServicer(metaclass=_abc_1.ABCMeta):
         request: _ems_pb2.GetRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ems_pb2.GetResponse, _abc.Awaitable[_ems_pb2.GetResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PutStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_ems_pb2.PutChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[_ems_pb2.PutResponse, _abc.Awaitable[_ems_pb2.PutResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetStream(
+        self,
+        request: _ems_pb2.GetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_ems_pb2.GetChunk], _abc.AsyncIterator[_ems_pb2.GetChunk]]: ...
 
     @_abc_1.abstractmethod
     def Delete(

@@ -480,3 +480,51 @@ class RouteInfo(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RouteInfo: _TypeAlias = RouteInfo  # noqa: Y015
+
+@_typing.final
+class GetClockRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetClockRequest: _TypeAlias = GetClockRequest  # noqa: Y015
+
+@_typing.final
+class ClockInfo(_message.Message):
+    """The supernode's one emulated clock. The fabric owns it: it takes the epoch when it starts
+    (unless its topology document or $CMEMU_EPOCH gives one), and every other process started
+    without an epoch asks for it here, so containers need no shared variable.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_WALL_S_FIELD_NUMBER: _builtins.int
+    TIME_SCALE_FIELD_NUMBER: _builtins.int
+    EMULATED_NS_FIELD_NUMBER: _builtins.int
+    epoch_wall_s: _builtins.float
+    """the wall-clock instant (Unix seconds) at which emulated time is 0"""
+    time_scale: _builtins.float
+    """emulated seconds per wall second"""
+    emulated_ns: _builtins.int
+    """emulated time when the fabric answered"""
+    def __init__(
+        self,
+        *,
+        epoch_wall_s: _builtins.float = ...,
+        time_scale: _builtins.float = ...,
+        emulated_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["emulated_ns", b"emulated_ns", "epoch_wall_s", b"epoch_wall_s", "time_scale", b"time_scale"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClockInfo: _TypeAlias = ClockInfo  # noqa: Y015

@@ -75,6 +75,11 @@ class FabricStub:
                 request_serializer=cmemu_dot_v1_dot_fabric__pb2.WatchLinkStatsRequest.SerializeToString,
                 response_deserializer=cmemu_dot_v1_dot_fabric__pb2.LinkStats.FromString,
                 _registered_method=True)
+        self.GetClock = channel.unary_unary(
+                '/cmemu.v1.Fabric/GetClock',
+                request_serializer=cmemu_dot_v1_dot_fabric__pb2.GetClockRequest.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_fabric__pb2.ClockInfo.FromString,
+                _registered_method=True)
 
 
 class FabricServicer:
@@ -128,6 +133,12 @@ class FabricServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetClock(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FabricServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -170,6 +181,11 @@ def add_FabricServicer_to_server(servicer, server):
                     servicer.WatchLinkStats,
                     request_deserializer=cmemu_dot_v1_dot_fabric__pb2.WatchLinkStatsRequest.FromString,
                     response_serializer=cmemu_dot_v1_dot_fabric__pb2.LinkStats.SerializeToString,
+            ),
+            'GetClock': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClock,
+                    request_deserializer=cmemu_dot_v1_dot_fabric__pb2.GetClockRequest.FromString,
+                    response_serializer=cmemu_dot_v1_dot_fabric__pb2.ClockInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -388,6 +404,33 @@ class Fabric:
             '/cmemu.v1.Fabric/WatchLinkStats',
             cmemu_dot_v1_dot_fabric__pb2.WatchLinkStatsRequest.SerializeToString,
             cmemu_dot_v1_dot_fabric__pb2.LinkStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetClock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cmemu.v1.Fabric/GetClock',
+            cmemu_dot_v1_dot_fabric__pb2.GetClockRequest.SerializeToString,
+            cmemu_dot_v1_dot_fabric__pb2.ClockInfo.FromString,
             options,
             channel_credentials,
             insecure,

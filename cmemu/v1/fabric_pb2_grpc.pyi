@@ -52,6 +52,7 @@ class FabricStub:
     ListFaults: _grpc.UnaryUnaryMultiCallable[_fabric_pb2.ListFaultsRequest, _fabric_pb2.FaultList]
     GetLinkStats: _grpc.UnaryUnaryMultiCallable[_fabric_pb2.LinkStatsRequest, _fabric_pb2.LinkStats]
     WatchLinkStats: _grpc.UnaryStreamMultiCallable[_fabric_pb2.WatchLinkStatsRequest, _fabric_pb2.LinkStats]
+    GetClock: _grpc.UnaryUnaryMultiCallable[_fabric_pb2.GetClockRequest, _fabric_pb2.ClockInfo]
 
 @_typing.type_check_only
 class FabricAsyncStub(FabricStub):
@@ -64,6 +65,7 @@ class FabricAsyncStub(FabricStub):
     ListFaults: _aio.UnaryUnaryMultiCallable[_fabric_pb2.ListFaultsRequest, _fabric_pb2.FaultList]  # type: ignore[assignment]
     GetLinkStats: _aio.UnaryUnaryMultiCallable[_fabric_pb2.LinkStatsRequest, _fabric_pb2.LinkStats]  # type: ignore[assignment]
     WatchLinkStats: _aio.UnaryStreamMultiCallable[_fabric_pb2.WatchLinkStatsRequest, _fabric_pb2.LinkStats]  # type: ignore[assignment]
+    GetClock: _aio.UnaryUnaryMultiCallable[_fabric_pb2.GetClockRequest, _fabric_pb2.ClockInfo]  # type: ignore[assignment]
 
 class FabricServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -121,5 +123,12 @@ class FabricServicer(metaclass=_abc_1.ABCMeta):
         request: _fabric_pb2.WatchLinkStatsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_fabric_pb2.LinkStats], _abc.AsyncIterator[_fabric_pb2.LinkStats]]: ...
+
+    @_abc_1.abstractmethod
+    def GetClock(
+        self,
+        request: _fabric_pb2.GetClockRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fabric_pb2.ClockInfo, _abc.Awaitable[_fabric_pb2.ClockInfo]]: ...
 
 def add_FabricServicer_to_server(servicer: FabricServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

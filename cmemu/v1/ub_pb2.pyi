@@ -107,6 +107,7 @@ class UbTransaction(_message.Message):
     OPERAND_FIELD_NUMBER: _builtins.int
     ISSUE_NS_FIELD_NUMBER: _builtins.int
     SRC_DIE_FIELD_NUMBER: _builtins.int
+    CHECK_ONLY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """chosen by the caller and echoed; the issuer assigns one when empty"""
     op: Global___UbOp.ValueType
@@ -126,6 +127,11 @@ class UbTransaction(_message.Message):
     """emulated time at which the issuer issued it; set by the issuer"""
     src_die: _builtins.int
     """an NPU issuer's die (0 or 1); the target die follows from dst.offset"""
+    check_only: _builtins.bool
+    """Deliver only: check the transaction as the target would apply it (address, region, room),
+    change nothing. The fabric checks first, so a bad address fails at once, and applies the
+    transaction when its flow completes, so a transfer that fails applies nothing.
+    """
     @_builtins.property
     def dst(self) -> Global___UbAddress: ...
     def __init__(
@@ -142,10 +148,11 @@ class UbTransaction(_message.Message):
         operand: _builtins.int = ...,
         issue_ns: _builtins.int = ...,
         src_die: _builtins.int = ...,
+        check_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["dst", b"dst"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compare", b"compare", "data", b"data", "dst", b"dst", "id", b"id", "issue_ns", b"issue_ns", "op", b"op", "operand", b"operand", "size", b"size", "size_only", b"size_only", "src_die", b"src_die", "src_eid", b"src_eid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_only", b"check_only", "compare", b"compare", "data", b"data", "dst", b"dst", "id", b"id", "issue_ns", b"issue_ns", "op", b"op", "operand", b"operand", "size", b"size", "size_only", b"size_only", "src_die", b"src_die", "src_eid", b"src_eid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from google.protobuf.json_format import MessageToDict
 
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
 from emulator.client.clients import Clients
-from emulator.model.errors import InvalidArgumentError, NotFoundError
+from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind
 from emulator.runtime import state
@@ -24,16 +25,29 @@ KINDS = {
     "weights": ems_pb2.OBJECT_KIND_WEIGHTS,
     "checkpoint": ems_pb2.OBJECT_KIND_CHECKPOINT,
 }
+CHUNK = DEFAULT_PROFILE.ems.chunk_bytes  # a Put's most real bytes, and a PutStream piece
 
 
 async def _with_ems(args: argparse.Namespace, call: Any) -> Any:
     topology = state.read(state.path_from(args.state_file))
-    clients = Clients(topology)
+    clients = Clients(topology, state.credentials(state.path_from(args.state_file)))
     try:
         stub = ems_pb2_grpc.EmsStub(clients.channel_to(topology.service(ServiceKind.EMS).address))
         return await call(stub)
     finally:
         await clients.close()
+
+
+async def _put_stream(
+    ems: ems_pb2_grpc.EmsAsyncStub, head: ems_pb2.PutRequest, data: bytes
+) -> ems_pb2.PutResponse:
+    async def chunks() -> AsyncIterator[ems_pb2.PutChunk]:
+        yield ems_pb2.PutChunk(head=head)
+        for start in range(0, len(data), CHUNK):
+            yield ems_pb2.PutChunk(data=data[start : start + CHUNK])
+
+    reply: ems_pb2.PutResponse = await ems.PutStream(chunks())
+    return reply
 
 
 def _put(args: argparse.Namespace) -> int:
@@ -43,19 +57,26 @@ def _put(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise InvalidArgumentError(f"cannot read {path}: {exc}") from exc
     limit = DEFAULT_PROFILE.ems.real_object_max_bytes
+    request = ems_pb2.PutRequest(
+        key=args.key, kind=KINDS[args.kind], pinned=args.pinned, device=args.device or ""
+    )
+    data = b""
     if args.size_only:
-        request = ems_pb2.PutRequest(key=args.key, size=size)
+        request.size = size
     elif size > limit:
         raise InvalidArgumentError(
             f"{path} has {size} bytes; objects over {limit} bytes are stored size-only: "
             "pass --size-only"
         )
+    elif size > CHUNK:
+        request.size = size
+        data = path.read_bytes()
     else:
-        request = ems_pb2.PutRequest(key=args.key, data=path.read_bytes())
-    request.kind = KINDS[args.kind]
-    request.pinned = args.pinned
-    request.device = args.device or ""
-    reply = asyncio.run(_with_ems(args, lambda ems: ems.Put(request)))
+        request.data = path.read_bytes()
+    if data:
+        reply = asyncio.run(_with_ems(args, lambda ems: _put_stream(ems, request, data)))
+    else:
+        reply = asyncio.run(_with_ems(args, lambda ems: ems.Put(request)))
     print(
         f"put {reply.key}: {reply.size} bytes on {', '.join(reply.replicas)} in "
         f"{(reply.complete_ns - reply.issue_ns) / 1e3:.1f} us emulated"
@@ -64,21 +85,44 @@ def _put(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _get_stream(
+    ems: ems_pb2_grpc.EmsAsyncStub, request: ems_pb2.GetRequest, size_only: bool
+) -> tuple[bytes, ems_pb2.GetResponse]:
+    """The object's bytes and its closing summary (with `size_only`, the bytes are dropped)."""
+    parts: list[bytes] = []
+    done = ems_pb2.GetResponse()
+    async for chunk in ems.GetStream(request):
+        if not size_only:
+            parts.append(chunk.data)
+        if chunk.HasField("done"):
+            done = chunk.done
+    return b"".join(parts), done
+
+
 def _get(args: argparse.Namespace) -> int:
     request = ems_pb2.GetRequest(key=args.key, device=args.device or "")
-    reply = asyncio.run(_with_ems(args, lambda ems: ems.Get(request)))
+    data, reply = asyncio.run(
+        _with_ems(args, lambda ems: _get_stream(ems, request, args.size_only))
+    )
     summary = (
         f"get {reply.key}: {reply.size} bytes from {reply.served_by} in "
         f"{(reply.complete_ns - reply.issue_ns) / 1e3:.1f} us emulated"
     )
+    real = bool(data) or reply.size == 0
+    if args.size_only:
+        print(summary + ("" if real else " (size-only)"))
+        return 0
+    if not data and reply.size:
+        raise PreconditionError(
+            f"{args.key!r} is a size-only object ({reply.size} bytes, no bytes stored): "
+            "there is nothing to write; pass --size-only for its size and timing"
+        )
     if args.output:
-        Path(args.output).write_bytes(reply.data)
+        Path(args.output).write_bytes(data)
         print(summary)
-    elif reply.data:
-        sys.stdout.buffer.write(reply.data)
-        print(summary, file=sys.stderr)
     else:
-        print(summary + " (size-only)")
+        sys.stdout.buffer.write(data)
+        print(summary, file=sys.stderr)
     return 0
 
 
@@ -186,6 +230,11 @@ def ems_args(p: argparse.ArgumentParser, add_state: Any) -> None:
     get.add_argument("key")
     get.add_argument("-o", "--output", help="write the bytes here")
     get.add_argument("--device", help="the device that reads it")
+    get.add_argument(
+        "--size-only",
+        action="store_true",
+        help="print the size and the emulated timing only, write nothing (bulk objects)",
+    )
     stat = sub.add_parser("stat", help="the store's use, per pool")
     stat.add_argument("--pool", help="only this memory pool")
     stat.add_argument("--json", action="store_true")

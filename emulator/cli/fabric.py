@@ -23,7 +23,7 @@ OPS = {"read": ub_pb2.UB_OP_READ, "write": ub_pb2.UB_OP_WRITE}
 async def _xfer(args: argparse.Namespace) -> dict[str, Any]:
     topology = state.read(args.state_path)
     src, dst = topology.device(args.src), topology.device(args.dst)
-    clients = Clients(topology)
+    clients = Clients(topology, state.credentials(args.state_path))
     try:
         region = await clients.device(dst.id).AllocateRegion(
             device_pb2.AllocateRegionRequest(size=args.bytes, label="cmemu xfer")
@@ -89,7 +89,7 @@ def xfer_args(p: argparse.ArgumentParser) -> None:
 
 
 async def _links(topology_path: Any, top: int) -> fabric_pb2.LinkStats:
-    clients = Clients(state.read(topology_path))
+    clients = Clients(state.read(topology_path), state.credentials(topology_path))
     try:
         return await clients.fabric().GetLinkStats(fabric_pb2.LinkStatsRequest(top=top))
     finally:
@@ -129,7 +129,7 @@ async def _watch_links(args: argparse.Namespace) -> None:
     """Redraw the table on every frame of the fabric's WatchLinkStats stream (top-style on a
     terminal; frames one after another, or JSON lines, otherwise)."""
     topology = state.read(state.path_from(args.state_file))
-    clients = Clients(topology)
+    clients = Clients(topology, state.credentials(state.path_from(args.state_file)))
     redraw = sys.stdout.isatty() and not args.json
     request = fabric_pb2.WatchLinkStatsRequest(
         top=args.top, interval_ms=max(10, round(args.interval * 1000))

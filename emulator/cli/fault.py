@@ -8,6 +8,7 @@ import argparse
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from emulator.cli.argtypes import UsageError, choice_of, positive_float
@@ -24,7 +25,6 @@ from emulator.client.faults import (
     remove,
     remove_all,
 )
-from emulator.model.topology import Topology
 from emulator.runtime import state
 
 # --- the command -------------------------------------------------------------------------------
@@ -45,8 +45,9 @@ def print_faults(faults: list[ActiveFault], as_json: bool) -> None:
     print_rows([asdict(f) for f in faults], FAULT_COLUMNS, as_json=as_json)
 
 
-async def _with_clients(topology: Topology, call: Callable[[Clients], Awaitable[Any]]) -> Any:
-    clients = Clients(topology)
+async def _with_clients(path: Path, call: Callable[[Clients], Awaitable[Any]]) -> Any:
+    """`call` with clients of the instance of state file `path` (its token and CA too)."""
+    clients = Clients(state.read(path), state.credentials(path))
     try:
         return await call(clients)
     finally:
@@ -82,14 +83,14 @@ def _add(args: argparse.Namespace) -> int:
     missing = missing_options(args.kind, opts)
     if missing:
         raise UsageError(f"fault kind {args.kind} needs {' and '.join(missing)}")
-    topology = state.read(state.path_from(args.state_file))
-    asyncio.run(_with_clients(topology, lambda c: _add_for(c, args.kind, opts, args.for_seconds)))
+    path = state.path_from(args.state_file)
+    asyncio.run(_with_clients(path, lambda c: _add_for(c, args.kind, opts, args.for_seconds)))
     return 0
 
 
 def _ls(args: argparse.Namespace) -> int:
-    topology = state.read(state.path_from(args.state_file))
-    faults = asyncio.run(_with_clients(topology, list_all))
+    path = state.path_from(args.state_file)
+    faults = asyncio.run(_with_clients(path, list_all))
     print_faults(faults, args.json)
     return 0
 
@@ -97,14 +98,14 @@ def _ls(args: argparse.Namespace) -> int:
 def _rm(args: argparse.Namespace) -> int:
     if bool(args.id) == bool(args.all):
         raise UsageError("give one fault ID (see `cmemu fault ls`) or --all")
-    topology = state.read(state.path_from(args.state_file))
+    path = state.path_from(args.state_file)
     if args.all:
-        cleared = asyncio.run(_with_clients(topology, remove_all))
+        cleared = asyncio.run(_with_clients(path, remove_all))
         print(f"cleared {len(cleared)} fault{'s' if len(cleared) != 1 else ''}")
         for f in cleared:
             print(f"  {f.id} {f.kind} {f.target}")
         return 0
-    asyncio.run(_with_clients(topology, lambda c: remove(c, args.id)))
+    asyncio.run(_with_clients(path, lambda c: remove(c, args.id)))
     print(f"cleared {args.id}")
     return 0
 

@@ -27,6 +27,7 @@ from emulator.cli.output import Column, print_rows
 from emulator.cli.status import cmd_status, status_args
 from emulator.cli.watch import cmd_watch, watch_args
 from emulator.client import health
+from emulator.client.credentials import Credentials
 from emulator.client.errors import describe as describe_error
 from emulator.model.errors import EmulatorError
 from emulator.model.hardware import figures
@@ -70,7 +71,15 @@ def _state_path(args: argparse.Namespace) -> Path:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     try:
-        status = asyncio.run(health.check_address(args.address, args.service, args.timeout))
+        ca = Path(args.cacert).read_bytes() if args.cacert else None
+    except OSError as exc:
+        raise argtypes.UsageError(f"--cacert: {exc}") from exc
+    try:
+        status = asyncio.run(
+            health.check_address(
+                args.address, args.service, args.timeout, credentials=Credentials(ca_pem=ca)
+            )
+        )
     except grpc.aio.AioRpcError as exc:
         if exc.code() is grpc.StatusCode.NOT_FOUND:
             print(f"{args.address}: no health status for service {args.service!r}", file=sys.stderr)
@@ -93,6 +102,7 @@ LS_COLUMNS: list[Column] = [
 
 def cmd_ls(args: argparse.Namespace) -> int:
     topology = state.read(_state_path(args))
+    credentials = state.credentials(_state_path(args))
     devices = [
         d
         for d in topology.devices
@@ -101,7 +111,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     ]
     services = [x for x in topology.services if args.kind in (None, x.kind.value) and not args.node]
     addresses = [d.address for d in devices] + [x.address for x in services]
-    statuses = asyncio.run(health.check_many(addresses, timeout_s=args.timeout))
+    statuses = asyncio.run(
+        health.check_many(addresses, timeout_s=args.timeout, credentials=credentials)
+    )
     rows = [
         {
             "id": d.id,
@@ -169,6 +181,11 @@ def _probe_args(probe: argparse.ArgumentParser) -> None:
         "--service", default="", help="service name to check (default: the whole server)"
     )
     probe.add_argument("--timeout", type=float, default=2.0, help="seconds (default 2)")
+    probe.add_argument(
+        "--cacert",
+        metavar="PEM",
+        help="the CA of a supernode started with --tls (as grpcurl -cacert): probe over TLS",
+    )
 
 
 def _ls_args(ls: argparse.ArgumentParser) -> None:

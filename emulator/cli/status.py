@@ -42,10 +42,10 @@ def _duration(seconds: float) -> str:
 async def _probe(instance: state.Instance, timeout_s: float) -> dict[str, Any]:
     topology = instance.topology
     servers = [d.address for d in topology.devices] + [x.address for x in topology.services]
-    clients = Clients(topology)
+    clients = Clients(topology, state.credentials(instance.path))
     try:
         statuses, faults = await asyncio.gather(
-            health.check_many(servers, timeout_s=timeout_s),
+            health.check_many(servers, timeout_s=timeout_s, credentials=clients.credentials),
             _faults(clients),
         )
     finally:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 from emulator.cli import argtypes
 from emulator.cli.instances import check_not_running
@@ -17,7 +19,9 @@ from emulator.model.presets import DEFAULT_PRESET
 from emulator.model.topology import CONTAINER_PORT, DEFAULT_BASE_PORT, DEFAULT_HOST
 from emulator.runtime import composegen, state
 from emulator.runtime.procs import Running
+from emulator.runtime.security import Security, read_token
 from emulator.runtime.serve import (
+    DEFAULT_CLOCK_WAIT_S,
     DEFAULT_REBUILD_WAIT_S,
     DEFAULT_SERVE_DRAIN_S,
     PER,
@@ -34,6 +38,7 @@ from emulator.runtime.supernode import (
     StartInterrupted,
     Supernode,
 )
+from emulator.runtime.tls import TlsFiles
 
 DEFAULT_READY_TIMEOUT_S = 180.0
 
@@ -67,13 +72,26 @@ def summary(sn: Supernode, path: Path, seconds: float) -> str:
         *(f"  {x.id:<11} {x.address}" for x in topology.services),
         f"  broker      {topology.broker or 'none (no MQTT)'}",
         f"  probe       cmemu probe {first.address}",
-        f"              grpcurl -plaintext {first.address} list",
+        f"              grpcurl {_grpcurl_security(sn)}{first.address} list",
         f"  status      cmemu status{which}",
         f"  stop        cmemu down{which}   (or Ctrl-C / SIGTERM here)",
     ]
     if sn.run_dir is not None:
         lines.insert(2, f"  run dir     {sn.run_dir} (process logs in logs/)")
+    if sn.security.token:
+        lines.append(
+            f"  token       {state.token_path(path)}: state-changing calls need "
+            '-H "authorization: Bearer $(cat FILE)" (cmemu commands send it themselves)'
+        )
+    if sn.security.tls is not None:
+        lines.append(f"  TLS CA      {sn.security.tls.ca}")
     return "\n".join(lines)
+
+
+def _grpcurl_security(sn: Supernode) -> str:
+    if sn.security.tls is None:
+        return "-plaintext "
+    return f"-cacert {sn.security.tls.ca} "
 
 
 def _report_death(running: Running) -> None:
@@ -101,7 +119,42 @@ def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
         run_dir=path.parent / f"{path.stem}-run-{os.getpid()}" if mode != "inprocess" else None,
         drain_s=args.drain,
         ready_timeout_s=args.ready_timeout,
+        token=read_token(Path(args.token_file)) if args.token_file else None,
+        insecure=args.insecure,
+        tls=_tls(args),
+        tls_dir=tls_dir(path) if args.tls == "auto" else None,
     )
+
+
+def tls_dir(path: Path) -> Path:
+    """Where `--tls auto` puts the CA and the certificate of the instance of `path`."""
+    return path.with_name(f"{state.instance_name(path)}-tls")
+
+
+def _tls(args: argparse.Namespace) -> TlsFiles | Literal["auto"] | None:
+    if args.tls == "auto":
+        if args.tls_cert or args.tls_key:
+            raise argtypes.UsageError("--tls auto makes its own certificate: no --tls-cert/key")
+        return "auto"
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise argtypes.UsageError("--tls-cert and --tls-key go together")
+    if not args.tls_cert:
+        if args.tls_ca:
+            raise argtypes.UsageError("--tls-ca goes with --tls-cert and --tls-key")
+        return None
+    cert = Path(args.tls_cert).resolve()
+    ca = Path(args.tls_ca).resolve() if args.tls_ca else cert
+    return TlsFiles(cert=cert, key=Path(args.tls_key).resolve(), ca=ca)
+
+
+def _guard_record(sn: Supernode, path: Path) -> dict[str, object]:
+    """The launcher record's token file and CA: where clients find what they present."""
+    record: dict[str, object] = {}
+    if sn.security.token:
+        record[state.TOKEN_FILE_KEY] = str(state.write_token(path, sn.security.token))
+    if sn.security.tls is not None:
+        record[state.TLS_CA_KEY] = str(sn.security.tls.ca.resolve())
+    return record
 
 
 async def _up(options: LaunchOptions, path: Path) -> None:
@@ -112,6 +165,7 @@ async def _up(options: LaunchOptions, path: Path) -> None:
             launcher: dict[str, object] = {"argv": _argv_without_detach()}
             if sn.run_dir is not None:
                 launcher["run_dir"] = str(sn.run_dir)
+            launcher |= await asyncio.to_thread(_guard_record, sn, path)
             await asyncio.to_thread(state.write, path, sn.topology, mode=sn.mode, launcher=launcher)
             print(summary(sn, path, time.perf_counter() - started), flush=True)
             try:
@@ -119,6 +173,9 @@ async def _up(options: LaunchOptions, path: Path) -> None:
             finally:
                 print("cmemu: stopping (health NOT_SERVING, draining)", flush=True)
                 await asyncio.to_thread(state.remove_if_ours, path)
+                await asyncio.to_thread(state.remove_token, path)
+                if options.tls == "auto" and options.tls_dir is not None:
+                    await asyncio.to_thread(shutil.rmtree, options.tls_dir, True)
                 if sn.died and sn.run_dir is not None:
                     print(f"cmemu: logs of the processes that died are in {sn.run_dir}/logs")
     except StartInterrupted:
@@ -218,7 +275,31 @@ def up_args(up: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--broker",
         help="MQTT broker for telemetry and events, mqtt://HOST:PORT; 'none' for no MQTT "
-        "(default: an embedded broker on 127.0.0.1, its URL in the state file)",
+        "(default: an embedded broker on 127.0.0.1, its URL in the state file; with "
+        "--from-compose, the file's own broker service, which this replaces)",
+    )
+    up.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="a file holding the bearer token every state-changing RPC then needs "
+        "(`authorization: Bearer TOKEN`); reads, health and reflection stay open. Client "
+        "commands find it through the state file",
+    )
+    up.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow binding beyond loopback (--host 0.0.0.0) without --token-file",
+    )
+    up.add_argument(
+        "--tls",
+        choices=["auto"],
+        help="auto: a CA and a server certificate for this run (NAME-tls/ beside the state "
+        "file, named in it); servers speak TLS, clients verify with the CA",
+    )
+    up.add_argument("--tls-cert", metavar="PEM", help="TLS with this certificate (chain)")
+    up.add_argument("--tls-key", metavar="PEM", help="the key of --tls-cert")
+    up.add_argument(
+        "--tls-ca", metavar="PEM", help="the CA clients verify --tls-cert with (default: itself)"
     )
     up.add_argument(
         "--drain",
@@ -240,6 +321,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         drain_s=args.drain,
         ssd_dir=Path(args.ssd_dir) if args.ssd_dir else None,
         rebuild_wait_s=args.rebuild_wait,
+        clock_wait_s=args.clock_wait,
+        security=Security.from_env(os.environ, insecure=args.insecure),
     )
 
     async def run() -> None:
@@ -262,6 +345,19 @@ def serve_args(p: argparse.ArgumentParser) -> None:
         help=f"seconds between NOT_SERVING and stop (default {DEFAULT_SERVE_DRAIN_S:g})",
     )
     p.add_argument(
+        "--clock-wait",
+        type=argtypes.positive_float,
+        default=DEFAULT_CLOCK_WAIT_S,
+        help="without an epoch in the topology or $CMEMU_EPOCH: seconds to keep asking the "
+        f"fabric for its clock before giving up (default {DEFAULT_CLOCK_WAIT_S:g})",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow binding beyond loopback without a token ($CMEMU_INSECURE=1 too); the "
+        "token comes from $CMEMU_TOKEN_FILE, TLS from $CMEMU_TLS_CERT, _KEY and _CA",
+    )
+    p.add_argument(
         "--ssd-dir", help="with --service ems: where its SSD tier lives (default $CMEMU_EMS_SSD)"
     )
     p.add_argument(
@@ -277,8 +373,11 @@ def serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
-    for written in composegen.write(args.preset, args.per, Path(args.output)):
+    out = Path(args.output)
+    for written in composegen.write(args.preset, args.per, out):
         print(f"wrote {written}")
+    for written in composegen.write_secrets(out.parent):  # only when there is no token yet
+        print(f"wrote {written} (a new random token; keep it out of version control)")
     return 0
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import grpc
 
+from emulator.client.credentials import ANONYMOUS, Credentials
+
 MESSAGE_MAX_BYTES = 8 * 2**20  # room for a 1 MiB inline payload and batch replies
 CLIENT_OPTIONS = (
     ("grpc.max_receive_message_length", MESSAGE_MAX_BYTES),
@@ -16,13 +18,16 @@ CLIENT_OPTIONS = (
 
 
 class Channels:
-    def __init__(self) -> None:
+    """Every channel opened with one Credentials: the same token and CA for all."""
+
+    def __init__(self, credentials: Credentials = ANONYMOUS) -> None:
+        self.credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def get(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+            channel = self.credentials.channel(address, CLIENT_OPTIONS)
             self._channels[address] = channel
         return channel
 

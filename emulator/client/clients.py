@@ -14,15 +14,17 @@ from cmemu.v1 import (
 )
 from emulator.client import health
 from emulator.client.channels import Channels
+from emulator.client.credentials import ANONYMOUS, Credentials
 from emulator.model.topology import ServiceKind, Topology
 
 
 class Clients:
     """Typed async stubs for any device of a topology, over one shared channel per device."""
 
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, credentials: Credentials = ANONYMOUS) -> None:
         self.topology = topology
-        self._channels = Channels()
+        self.credentials = credentials
+        self._channels = Channels(credentials)
 
     def channel_to(self, address: str) -> grpc.aio.Channel:
         return self._channels.get(address)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from emulator.client.credentials import ANONYMOUS, Credentials
 from emulator.model.errors import UnavailableError
 
 UNREACHABLE = "UNREACHABLE"
@@ -25,13 +26,23 @@ async def check(channel: grpc.aio.Channel, service: str = "", timeout_s: float =
     return status_name(response.status)
 
 
-async def check_address(address: str, service: str = "", timeout_s: float = 2.0) -> str:
-    async with grpc.aio.insecure_channel(address) as channel:
+async def check_address(
+    address: str,
+    service: str = "",
+    timeout_s: float = 2.0,
+    credentials: Credentials = ANONYMOUS,
+) -> str:
+    """Over TLS when `credentials` has a CA (health itself needs no token)."""
+    async with Credentials(ca_pem=credentials.ca_pem).channel(address) as channel:
         return await check(channel, service, timeout_s)
 
 
 async def check_many(
-    addresses: Iterable[str], *, timeout_s: float = 2.0, concurrency: int = 64
+    addresses: Iterable[str],
+    *,
+    timeout_s: float = 2.0,
+    concurrency: int = 64,
+    credentials: Credentials = ANONYMOUS,
 ) -> dict[str, str]:
     """Status name per address; UNREACHABLE (or the gRPC code name) where the call failed."""
     limit = asyncio.Semaphore(concurrency)
@@ -39,7 +50,9 @@ async def check_many(
     async def one(address: str) -> tuple[str, str]:
         async with limit:
             try:
-                return address, await check_address(address, timeout_s=timeout_s)
+                return address, await check_address(
+                    address, timeout_s=timeout_s, credentials=credentials
+                )
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 return address, UNREACHABLE if code is grpc.StatusCode.UNAVAILABLE else code.name
@@ -52,6 +65,7 @@ async def wait_serving(
     *,
     timeout_s: float,
     still_starting: Callable[[], None] = lambda: None,
+    credentials: Credentials = ANONYMOUS,
 ) -> None:
     """Return once every address answers SERVING; raise UnavailableError naming the laggards
     after timeout_s. `still_starting` may raise to give up early (a process died)."""
@@ -64,7 +78,7 @@ async def wait_serving(
             shown = ", ".join(f"{a} {statuses.get(a, UNREACHABLE)}" for a in pending[:5])
             more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
             raise UnavailableError(f"{len(pending)} servers not SERVING: {shown}{more}")
-        statuses = await check_many(pending, timeout_s=5.0)
+        statuses = await check_many(pending, timeout_s=5.0, credentials=credentials)
         pending = [a for a, s in statuses.items() if s != "SERVING"]
         if pending:
             await asyncio.sleep(0.1)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.costmodel import moe_bytes_per_token, moe_overhead_s
+from emulator.model.costmodel import check_duration, moe_bytes_per_token, moe_overhead_s
 from emulator.model.errors import InvalidArgumentError, OutOfRangeError, UnavailableError
 from emulator.model.flowsim import FlowBatch, simulate, weighted_sum
 from emulator.model.linkgraph import (
@@ -268,6 +268,19 @@ def _distinct(rows: FloatArray) -> tuple[FloatArray, IntArray]:
     return distinct, of.ravel().astype(np.int64)
 
 
+def _check_memory(phase: Phase, n: int, die_bytes: int) -> None:
+    """What one rank sends or receives in a phase must fit in a die's HBM (its buffers live
+    there): a larger collective is OUT_OF_RANGE before anything is timed."""
+    for ends, role in ((phase.dst, "receive"), (phase.src, "send")):
+        per_rank = weighted_sum(ends, phase.nbytes, n)
+        if per_rank.size and not float(per_rank.max()) <= die_bytes:
+            raise OutOfRangeError(
+                f"a rank would {role} {float(per_rank.max()):.4g} bytes in one phase, more than"
+                f" a die's {die_bytes} bytes of HBM",
+                reason="TRANSFER_TOO_LARGE",
+            )
+
+
 def run_collective(
     graph: LinkGraph, ranks: list[Endpoint], spec: CollectiveSpec
 ) -> CollectiveTiming:
@@ -289,6 +302,8 @@ def run_collective(
         raise InvalidArgumentError(
             f"{flows} flows exceed the limit of {profile.limits.collective_max_flows}"
         )
+    for phase in phases:
+        _check_memory(phase, len(ranks), profile.npu.hbm_bytes_per_die)
     routes = DieFlows(graph, ranks)
     caps = graph.trunk_cap()
     start = 0.0
@@ -311,6 +326,7 @@ def run_collective(
     overhead = (
         moe_overhead_s(algorithm.moe, profile) if algorithm.moe else profile.moe.collective_launch_s
     )
+    check_duration(start + overhead, f"the {spec.op}", profile)
     cat = [np.concatenate([p[i] for p in parts]) for i in range(5)]
     return CollectiveTiming(
         phases=len(parts),

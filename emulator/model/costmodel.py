@@ -9,11 +9,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emulator.model.errors import InvalidArgumentError
+from emulator.model.errors import InvalidArgumentError, OutOfRangeError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.topology import DeviceKind
 
 NS = 1e9
+
+
+def check_duration(
+    seconds: float, what: str, profile: HardwareProfile = DEFAULT_PROFILE, *, field: str = ""
+) -> None:
+    """Refuse an operation whose emulated duration exceeds the ceiling (EmulatorLimits.
+    operation_max_s): it would pace a reply for years and overflow every int64 timestamp.
+    Called before the operation changes any counter or state."""
+    ceiling = profile.limits.operation_max_s
+    if not seconds <= ceiling:  # NaN too
+        raise OutOfRangeError(
+            f"{what} would take {seconds:.4g} emulated seconds; the limit is {ceiling:g}",
+            field=field or None,
+            reason="OPERATION_TOO_LONG",
+        )
 
 
 def ub_base_latency_s(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
@@ -98,6 +113,8 @@ def kernel_cost(
         raise InvalidArgumentError("flops and bytes_moved must be >= 0")
     compute_s = flops / peaks[precision]
     memory_s = bytes_moved / profile.npu.hbm_bytes_per_s_per_die
+    check_duration(compute_s, "the kernel's compute", profile, field="flops")
+    check_duration(memory_s, "the kernel's HBM traffic", profile, field="bytes_moved")
     bound = "compute" if compute_s >= memory_s else "memory"
     return KernelCost(duration_ns=round(max(compute_s, memory_s) * NS), bound=bound)
 

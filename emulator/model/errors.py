@@ -20,9 +20,33 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+QUOTE_MAX = 200
+"""At most this many characters of any input are echoed in a message, a log field or metadata."""
+
 RETRY_AFTER_S = 1.0
 """The retry hint of a retryable UNAVAILABLE (a faulted device, a cut route), in wall seconds: the
 emulator cannot know when a fault clears, so this is only how soon asking again is reasonable."""
+
+
+def shorten(text: object, limit: int = QUOTE_MAX) -> str:
+    """`text` itself when short, else its first `limit` characters and how long it was."""
+    value = str(text)
+    if len(value) <= limit:
+        return value
+    return f"{value[:limit]}... ({len(value)} characters)"
+
+
+def quote(text: object, limit: int = QUOTE_MAX) -> str:
+    """A request value as a message quotes it: repr-quoted, at most `limit` characters of it.
+    Use it wherever an error echoes what the caller sent."""
+    value = str(text)
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+def _short(value: str | None) -> str | None:
+    return None if value is None else shorten(value)
 
 
 class EmulatorError(Exception):
@@ -41,8 +65,8 @@ class EmulatorError(Exception):
         retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
-        self.field = field
-        self.subject = subject
+        self.field = _short(field)
+        self.subject = _short(subject)
         self.reason = reason or self.default_reason
         self.retry_after_s = self.default_retry_after_s if retry_after_s is None else retry_after_s
         self._reason_set = reason is not None
@@ -56,8 +80,8 @@ class EmulatorError(Exception):
         retry_after_s: float | None = None,
     ) -> None:
         """Fill in what the raise left unset; what it did set wins."""
-        self.field = self.field or field
-        self.subject = self.subject or subject
+        self.field = self.field or _short(field)
+        self.subject = self.subject or _short(subject)
         if reason is not None and not self._reason_set:
             self.reason, self._reason_set = reason, True
         if self.retry_after_s is None:
@@ -109,7 +133,7 @@ class UnknownNameError(NotFoundError):
         self.name = name
         self.known = sorted(known)
         super().__init__(
-            f"unknown {what} {name!r}; known: {', '.join(self.known)}",
+            f"unknown {what} {quote(name)}; known: {shorten(', '.join(self.known), 1000)}",
             field=field,
             subject=name,
             reason=reason or f"UNKNOWN_{what.upper().replace(' ', '_').replace('-', '_')}",
@@ -180,6 +204,17 @@ class AddressInUseError(EmulatorError):
         super().__init__(
             f"cannot bind {device} to {address}: address already in use", subject=device
         )
+
+
+class AddressError(EmulatorError):
+    """A device's address cannot be used at all: its host name does not resolve."""
+
+    default_reason = "ADDRESS_UNRESOLVABLE"
+
+    def __init__(self, device: str, address: str, detail: str) -> None:
+        self.device = device
+        self.address = address
+        super().__init__(f"cannot bind {device} to {address}: {detail}", subject=device)
 
 
 class DataLossError(EmulatorError):

@@ -130,7 +130,11 @@ class EmsProfile:
     ssd_bytes_per_node: int = fig(8 * 10**12, "assumed")
     ssd_bytes_per_s_per_node: float = fig(6e9, "assumed")
     ssd_latency_s: float = fig(100e-6, "assumed")
-    real_object_max_bytes: int = fig(64 * 1024, "assumed")  # larger objects are size-only
+    # larger objects are size-only; those over chunk_bytes go by PutStream/GetStream
+    real_object_max_bytes: int = fig(64 * 2**20, "assumed")
+    chunk_bytes: int = fig(2**20, "assumed")  # one UB write or read; a CRC-32 each
+    suspect_after_sweeps: int = fig(2, "assumed")  # missed in a row: reads avoid the pool
+    dead_after_s: float = fig(30.0, "assumed")  # emulated seconds silent: its copies replaced
     object_max_bytes: int = fig(64 * GiB, "assumed")
     vnodes_per_pool: int = fig(64, "assumed")  # consistent-hash ring points per pool
     check_interval_s: float = fig(0.5, "assumed")  # emulated seconds between pool health sweeps
@@ -140,7 +144,8 @@ class EmsProfile:
 class EmulatorLimits:
     """Knobs of the emulator itself, not of the hardware."""
 
-    stored_bytes_cap_per_device: int = fig(64 * 2**20, "assumed")
+    # a memory pool holds whole EMS objects of real bytes (up to 64 MiB each, one copy per pool)
+    stored_bytes_cap_per_device: int = fig(256 * 2**20, "assumed")
     inline_payload_max_bytes: int = fig(1 * 2**20, "assumed")
     inbox_max_messages: int = fig(1024, "assumed")
     region_alignment: int = fig(4096, "assumed")
@@ -150,6 +155,14 @@ class EmulatorLimits:
     telemetry_max_per_s: float = fig(200.0, "assumed")  # per process: the interval stretches
     event_buffer_max: int = fig(10_000, "assumed")  # per process, while the broker is away
     collective_max_flows: int = fig(2_000_000, "assumed")
+    # Issue 9: a chaos tool must survive chaos. Every request is bounded in time and memory.
+    operation_max_s: float = fig(3600.0, "assumed")  # emulated seconds one operation may take
+    engine_backlog_max_s: float = fig(86_400.0, "assumed")  # emulated work queued on one die
+    process_stored_bytes_cap: int = fig(2 * GiB, "assumed")  # real bytes of all devices held
+    process_inbox_max_messages: int = fig(65_536, "assumed")  # queued SENDs, all devices
+    process_inbox_max_bytes: int = fig(1 * GiB, "assumed")  # their inline payload bytes
+    regions_max_per_device: int = fig(16_384, "assumed")
+    list_regions_page_max: int = fig(1000, "assumed")  # ListRegions page size (and default)
 
 
 @dataclass(frozen=True, kw_only=True)

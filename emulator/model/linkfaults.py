@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError
+from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
 from emulator.model.linkgraph import LinkGraph
 
 
@@ -112,7 +112,7 @@ class FaultSet:
         kind = FAULT_KINDS.get(spec.kind)
         if kind is None:
             raise InvalidArgumentError(
-                f"unknown fault kind {spec.kind!r}; known: {', '.join(FAULT_KINDS)}",
+                f"unknown fault kind {quote(spec.kind)}; known: {', '.join(FAULT_KINDS)}",
                 field="kind",
                 subject=spec.kind,
                 reason="UNKNOWN_FAULT_KIND",
@@ -135,7 +135,7 @@ class FaultSet:
             )
         if fault_id and fault_id not in self.faults:
             raise NotFoundError(
-                f"no fault {fault_id!r}; active: {', '.join(self.faults) or 'none'}",
+                f"no fault {quote(fault_id)}; active: {', '.join(self.faults) or 'none'}",
                 field="id",
                 subject=fault_id,
                 reason="FAULT_NOT_FOUND",

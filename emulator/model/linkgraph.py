@@ -31,6 +31,7 @@ from emulator.model.errors import (
     NotFoundError,
     OutOfRangeError,
     UnavailableError,
+    quote,
 )
 from emulator.model.flowsim import weighted_sum
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
@@ -183,7 +184,8 @@ class LinkGraph:
         pair = self._physical.get((name.a, name.b))
         if pair is None:
             raise NotFoundError(
-                f"no link {link!r}; a link is 'a~b' or 'a>b' (cmemu links, cmemu topology --json)",
+                f"no link {quote(link)}; a link is 'a~b' or 'a>b'"
+                " (cmemu links, cmemu topology --json)",
                 subject=link,
                 reason="LINK_NOT_FOUND",
             )
@@ -193,7 +195,7 @@ class LinkGraph:
         parse_switch(switch_id)
         if switch_id not in self._switches:
             raise NotFoundError(
-                f"no switch {switch_id!r}", subject=switch_id, reason="SWITCH_NOT_FOUND"
+                f"no switch {quote(switch_id)}", subject=switch_id, reason="SWITCH_NOT_FOUND"
             )
         return self._by_switch[switch_id]
 
@@ -393,7 +395,7 @@ class LinkGraph:
         if isinstance(parsed, DieName):
             self.topology.device(parsed.device.id)
             raise OutOfRangeError(
-                f"{name!r}: NPU dies are .d0 to .d{self.profile.npu.dies - 1}", subject=name
+                f"{quote(name)}: NPU dies are .d0 to .d{self.profile.npu.dies - 1}", subject=name
             )
         device = self.topology.device(parsed.id)
         return self.endpoints[die_id(device.id, 0)]
@@ -547,8 +549,12 @@ class LinkGraph:
 
 
 def validate_ranks(graph: LinkGraph, ranks: Iterable[str]) -> list[Endpoint]:
-    """Collective ranks: NPU dies; a bare NPU id stands for all its dies. No duplicates."""
+    """Collective ranks: NPU dies; a bare NPU id stands for all its dies. No duplicates.
+    Linear in the number of ranks, and at most every die of the topology is looked at."""
+    dies = graph.profile.npu.dies
+    most = sum(1 for d in graph.topology.devices if d.kind is DeviceKind.NPU) * dies
     out: list[Endpoint] = []
+    seen: set[str] = set()
     for rank in ranks:
         parsed = parse_endpoint(rank)
         device = graph.topology.device(
@@ -556,17 +562,22 @@ def validate_ranks(graph: LinkGraph, ranks: Iterable[str]) -> list[Endpoint]:
         )
         if device.kind is not DeviceKind.NPU:
             raise InvalidArgumentError(
-                f"rank {rank!r}: collectives run on NPU dies, not on a {device.kind.value}",
+                f"rank {quote(rank)}: collectives run on NPU dies, not on a {device.kind.value}",
                 subject=rank,
             )
         if isinstance(parsed, DieName):
-            out.append(graph.endpoint(rank))
+            found = [graph.endpoint(rank)]
         else:
-            out += [graph.npu_die(device, die) for die in range(graph.profile.npu.dies)]
-    names = [e.name for e in out]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise InvalidArgumentError(f"ranks repeat: {', '.join(duplicates)}")
+            found = [graph.npu_die(device, die) for die in range(dies)]
+        for endpoint in found:
+            if endpoint.name in seen:
+                raise InvalidArgumentError(
+                    f"ranks repeat: {quote(endpoint.name)}", subject=endpoint.name
+                )
+            seen.add(endpoint.name)
+        out += found
+        if len(out) > most:  # pragma: no cover - a repeat is found first
+            raise InvalidArgumentError(f"more ranks than the {most} NPU dies of the topology")
     if len(out) < 2:
         raise InvalidArgumentError("a collective needs at least 2 ranks")
     return out

@@ -30,7 +30,7 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import TypeVar
 
-from emulator.model.errors import InvalidArgumentError
+from emulator.model.errors import InvalidArgumentError, quote
 
 __all__ = [
     "GATEWAY",
@@ -117,7 +117,7 @@ _EXPECTED = {
 def _malformed(what: str, text: str, why: str = "") -> InvalidArgumentError:
     detail = f" ({why})" if why else ""
     return InvalidArgumentError(
-        f"{text!r} is not a valid {what}{detail}; expected {_EXPECTED[what]}",
+        f"{quote(text)} is not a valid {what}{detail}; expected {_EXPECTED[what]}",
         subject=text or None,
         reason="MALFORMED_ID",
     )
@@ -272,7 +272,7 @@ def device_id(node: str, kind: DeviceKind, index: int = 0) -> str:
 def die_id(npu: str, die: int) -> str:
     device = parse_device(npu)
     if device.kind is not DeviceKind.NPU:
-        raise InvalidArgumentError(f"{npu!r} has no dies: only an NPU has", subject=npu)
+        raise InvalidArgumentError(f"{quote(npu)} has no dies: only an NPU has", subject=npu)
     return DieName(device=device, die=die).id
 
 
@@ -288,7 +288,7 @@ def l2_switch_id(plane: int, chip: int, *, supernode: int = 0) -> str:
 def service_id(kind: str, *, supernode: int = 0) -> str:
     if kind not in SERVICES:
         raise InvalidArgumentError(
-            f"unknown service {kind!r}; known: {', '.join(SERVICES)}", subject=kind
+            f"unknown service {quote(kind)}; known: {', '.join(SERVICES)}", subject=kind
         )
     return ServiceName(kind=kind, supernode=supernode).id
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError
+from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 
 # re-exported: the device kinds belong to the ids, and so to naming.py
@@ -115,7 +115,7 @@ class Topology:
         try:
             return self._by_id[device_id]
         except KeyError:
-            raise NotFoundError(f"no device {device_id!r} in {self.preset}") from None
+            raise NotFoundError(f"no device {quote(device_id)} in {self.preset}") from None
 
     def by_eid(self, eid: int) -> Device:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 import sys
@@ -20,11 +21,20 @@ from typing import Any
 
 import yaml
 
-from emulator.model.errors import InvalidArgumentError
+from emulator.model.errors import InvalidArgumentError, PreconditionError
 from emulator.model.topology import Topology, loopback_ip
-from emulator.runtime.composegen import MQTT_PORT
+from emulator.runtime.composegen import (
+    MOSQUITTO_QUEUES,
+    MQTT_PORT,
+    TOKEN_FILE,
+    TOKEN_SECRET,
+    write_secrets,
+)
 from emulator.runtime.procs import ProcSpec
+from emulator.runtime.security import TOKEN_ENV, read_token, write_secret
+from emulator.runtime.serve import BROKER_ENV
 
+SECRETS_DIR = "/run/secrets"
 COMPOSE_FIRST_OCTET = 60  # 127.60.x.y: apart from process mode's 127.10.x.y
 
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([-?])([^}]*))?\}")
@@ -53,13 +63,46 @@ class ComposeService:
 
 def _mosquitto(ip: str, run_dir: Path) -> list[str]:
     conf = run_dir / "mosquitto-local.conf"
-    conf.write_text(f"listener {MQTT_PORT} {ip}\nallow_anonymous true\n")
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    return [binary, "-c", str(conf)]
+    # on loopback only, so open like the servers there: the compose file's password file is
+    # for a broker other hosts reach (the launcher's own `died` events and `cmemu watch` log in
+    # as no one); the devices' login is accepted all the same
+    conf.write_text(f"listener {MQTT_PORT} {ip}\nallow_anonymous true\n{MOSQUITTO_QUEUES}")
+    return [mosquitto_binary(), "-c", str(conf)]
+
+
+def mosquitto_binary() -> str:
+    """$CMEMU_MOSQUITTO, else mosquitto on $PATH, else in /usr/sbin (Debian puts it there, off
+    a user's PATH); a PreconditionError saying what to do when there is none."""
+    named = os.environ.get(MOSQUITTO_ENV)
+    found = (
+        shutil.which(named)
+        if named
+        else shutil.which("mosquitto") or shutil.which("mosquitto", path=SBIN)
+    )
+    if found is None:
+        where = f"${MOSQUITTO_ENV}={named!r} is not an executable" if named else "not installed"
+        raise PreconditionError(
+            f"the compose file runs mosquitto, its MQTT broker, and mosquitto is {where}: "
+            "apt-get install mosquitto (or set $CMEMU_MOSQUITTO to its path), or pass "
+            "--broker none (no MQTT) or --broker mqtt://HOST:PORT (a broker of your own)"
+        )
+    return found
 
 
 # Images whose containers run something other than `cmemu`: what to run locally instead.
 IMAGES: dict[str, Callable[[str, Path], list[str]]] = {"eclipse-mosquitto": _mosquitto}
+BROKER_IMAGES = frozenset({"eclipse-mosquitto"})  # left out when the launcher names the broker
+MOSQUITTO_ENV = "CMEMU_MOSQUITTO"
+SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
+
+
+def _names(name: str, svc: dict[str, Any]) -> list[str]:
+    """A service's name, hostname and network aliases: the names its container answers to."""
+    names = [name, str(svc.get("hostname", name))]
+    nets = svc.get("networks") or {}
+    for net in nets.values() if isinstance(nets, dict) else []:
+        names += [str(alias) for alias in (net or {}).get("aliases", [])]
+    return list(dict.fromkeys(names))
 
 
 def _hostnames(services: dict[str, Any]) -> dict[str, str]:
@@ -67,11 +110,7 @@ def _hostnames(services: dict[str, Any]) -> dict[str, str]:
     hosts: dict[str, str] = {}
     for ordinal, (name, svc) in enumerate(services.items()):
         ip = loopback_ip(ordinal, COMPOSE_FIRST_OCTET)
-        hosts[svc.get("hostname", name)] = hosts[name] = ip
-        nets = svc.get("networks") or {}
-        for net in nets.values() if isinstance(nets, dict) else []:
-            for alias in (net or {}).get("aliases", []):
-                hosts[alias] = ip
+        hosts.update(dict.fromkeys(_names(name, svc), ip))
     return hosts
 
 
@@ -90,10 +129,10 @@ class _Rehost:
 
 
 def _mounts(
-    services: dict[str, Any], base: Path, run_dir: Path, rehost: _Rehost, epoch: float
+    services: dict[str, Any], base: Path, run_dir: Path, rehost: _Rehost, epoch: float | None
 ) -> tuple[dict[str, str], Topology]:
     """Local copies of the mounted files, by container path; the topology document rewritten to
-    the loopback addresses and given the epoch."""
+    the loopback addresses (and given the epoch, when there is one: else the fabric's serves)."""
     mounts: dict[str, str] = {}
     topology: Topology | None = None
     for svc in services.values():
@@ -107,13 +146,47 @@ def _mounts(
                 raise InvalidArgumentError(f"volume {volume}: {exc}") from exc
             if source.suffix == ".json":
                 doc = json.loads(rehost(Topology.from_json(text).to_json()))
-                topology = Topology.from_dict({**doc, "epoch_wall_s": epoch})
+                topology = Topology.from_dict(
+                    {**doc, "epoch_wall_s": epoch or doc.get("epoch_wall_s")}
+                )
                 text = topology.to_json()
             target.write_text(text)
             mounts[container_part] = str(target)
     if topology is None:
         raise InvalidArgumentError("the compose file mounts no topology document")
     return mounts, topology
+
+
+def _secrets(
+    doc: dict[str, Any], services: dict[str, Any], base: Path, run_dir: Path
+) -> dict[str, str]:
+    """Local copies (0600) of the secrets services use, by their container path
+    /run/secrets/NAME."""
+    declared = doc.get("secrets") or {}
+    mounts: dict[str, str] = {}
+    for svc in services.values():
+        for entry in svc.get("secrets") or []:
+            name = entry if isinstance(entry, str) else entry.get("source", "")
+            target = name if isinstance(entry, str) else entry.get("target", name)
+            source = (declared.get(name) or {}).get("file")
+            if not source:
+                raise InvalidArgumentError(f"secret {name!r} has no `file` at the top level")
+            try:
+                text = (base / source).read_text()
+            except OSError as exc:
+                raise InvalidArgumentError(
+                    f"secret {name}: {exc} (`cmemu compose` creates the compose file's token)"
+                ) from exc
+            local = run_dir / "secrets" / name
+            write_secret(local, text)
+            mounts[target if target.startswith("/") else f"{SECRETS_DIR}/{target}"] = str(local)
+    return mounts
+
+
+def token_of(services: list[ComposeService]) -> str | None:
+    """The token the compose file gives its services (its secret), if any."""
+    files = {s.spec.env[TOKEN_ENV] for s in services if s.spec.env.get(TOKEN_ENV)}
+    return read_token(Path(sorted(files)[0])) if files else None
 
 
 def _private(arg: str, service: str, run_dir: Path) -> str | None:
@@ -130,11 +203,12 @@ def _service(
     name: str, svc: dict[str, Any], ctx: tuple[dict[str, str], _Rehost, dict[str, str], Path]
 ) -> ComposeService:
     env, rehost, mounts, run_dir = ctx
-    service_env = {
-        k: rehost(interpolate(str(v), env)) for k, v in (svc.get("environment") or {}).items()
+    service_env = {  # a mounted path (a secret's) is its local copy
+        k: mounts.get(str(v)) or rehost(interpolate(str(v), env))
+        for k, v in (svc.get("environment") or {}).items()
     }
     command = svc.get("command")
-    image = str(svc.get("image", "")).split(":")[0]
+    image = _image(svc)
     if command:
         argv = [mounts.get(a) or _private(a, name, run_dir) or rehost(a) for a in map(str, command)]
         if argv[0] == "cmemu":
@@ -157,8 +231,26 @@ def _service(
     )
 
 
-def load(path: Path, env: dict[str, str], run_dir: Path) -> tuple[list[ComposeService], Topology]:
-    """The services of a compose file as process specs, and the topology they will serve."""
+def _image(svc: dict[str, Any]) -> str:
+    return str(svc.get("image", "")).split(":")[0]
+
+
+def _with_broker(out: list[ComposeService], broker: str) -> list[ComposeService]:
+    """Every service's $CMEMU_BROKER made `broker` (none: unset), its broker dependencies gone."""
+    changed = []
+    for s in out:
+        env = {k: v for k, v in s.spec.env.items() if k != BROKER_ENV}
+        if broker != "none":
+            env[BROKER_ENV] = broker
+        changed.append(dataclasses.replace(s, spec=dataclasses.replace(s.spec, env=env)))
+    return changed
+
+
+def load(
+    path: Path, env: dict[str, str], run_dir: Path, *, broker: str | None = None
+) -> tuple[list[ComposeService], Topology]:
+    """The services of a compose file as process specs, and the topology they will serve.
+    `broker` (a URL, or "none") takes the place of the file's own broker service."""
     try:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -166,11 +258,38 @@ def load(path: Path, env: dict[str, str], run_dir: Path) -> tuple[list[ComposeSe
     services: dict[str, Any] = (doc or {}).get("services") or {} if isinstance(doc, dict) else {}
     if not services:
         raise InvalidArgumentError(f"{path} has no services")
+    if broker is not None:
+        left_out = {n for n, svc in services.items() if _image(svc) in BROKER_IMAGES}
+        services = {n: svc for n, svc in services.items() if n not in left_out}
     rehost = _Rehost(_hostnames(services))
-    epoch = float(interpolate("${CMEMU_EPOCH:?the launcher sets it}", env))
+    epoch_text = interpolate("${CMEMU_EPOCH:-}", env)
+    try:
+        epoch = float(epoch_text) if epoch_text else None
+    except ValueError:
+        raise InvalidArgumentError(f"$CMEMU_EPOCH={epoch_text!r} is not a number") from None
+    if (doc.get("secrets") or {}).get(TOKEN_SECRET, {}).get("file") == f"./{TOKEN_FILE}":
+        write_secrets(path.parent)  # as `cmemu compose` does, when they are not there yet
     mounts, topology = _mounts(services, path.parent, run_dir, rehost, epoch)
+    mounts |= _secrets(doc, services, path.parent, run_dir)
     out = [_service(n, svc, (env, rehost, mounts, run_dir)) for n, svc in services.items()]
-    brokers = {s.spec.env["CMEMU_BROKER"] for s in out if "CMEMU_BROKER" in s.spec.env}
+    # the servers a container hosts are the topology's ids among the names it answers to
+    ids = {d.id for d in topology.devices} | {x.id for x in topology.services}
+    out = [
+        dataclasses.replace(
+            s,
+            spec=dataclasses.replace(
+                s.spec, servers=tuple(n for n in _names(s.name, services[s.name]) if n in ids)
+            ),
+        )
+        for s in out
+    ]
+    if broker is not None:
+        out = _with_broker(out, broker)
+        out = [
+            dataclasses.replace(s, depends={d: c for d, c in s.depends.items() if d in services})
+            for s in out
+        ]
+    brokers = {s.spec.env[BROKER_ENV] for s in out if BROKER_ENV in s.spec.env}
     if brokers:  # where `cmemu watch` finds the events, through the state file
         topology = dataclasses.replace(topology, broker=sorted(brokers)[0])
     for s in out:

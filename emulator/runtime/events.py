@@ -54,8 +54,17 @@ class _Message:
 
 
 class EventBus:
-    def __init__(self, url: str, supernode: str, *, buffer_max: int = 10_000) -> None:
+    def __init__(
+        self,
+        url: str,
+        supernode: str,
+        *,
+        buffer_max: int = 10_000,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> None:
         self.url = url
+        self._login = (username, password)  # the broker's user, when it wants one
         self.host, self.port = parse_broker_url(url)
         self.supernode = supernode
         self.connected = False
@@ -122,7 +131,12 @@ class EventBus:
         while True:
             try:
                 async with aiomqtt.Client(
-                    self.host, self.port, identifier=identifier, timeout=PUBLISH_TIMEOUT_S
+                    self.host,
+                    self.port,
+                    identifier=identifier,
+                    username=self._login[0],
+                    password=self._login[1],
+                    timeout=PUBLISH_TIMEOUT_S,
                 ) as client:
                     self.connected, backoff = True, 0.2
                     log.info("broker connected", broker=self.url, pending=len(self._pending))

@@ -24,6 +24,9 @@ from emulator.model.errors import EmulatorError, NotFoundError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.topology import ServiceKind, Topology
 from emulator.runtime.events import EventBus
+from emulator.runtime.security import NONE as NO_SECURITY
+from emulator.runtime.security import Security
+from services.auth import OPEN
 from services.ems import EmsState, create_ems
 from services.fabric import FabricState, create_fabric
 from services.host import ServiceHost
@@ -52,6 +55,7 @@ class InProcessSupernode:
         broker: str | None = None,
         ems_ssd_dir: Path | None = None,
         ems_rebuild_wait_s: float = 30.0,
+        security: Security = NO_SECURITY,
     ) -> None:
         everything = [d.id for d in topology.devices] + [x.id for x in topology.services]
         self.hosted = set(everything if hosted is None else hosted)
@@ -62,6 +66,9 @@ class InProcessSupernode:
         self.broker = broker or topology.broker
         self.ems_ssd_dir = ems_ssd_dir
         self.ems_rebuild_wait_s = ems_rebuild_wait_s
+        self.security = security  # the servers' token and TLS, and what peers present
+        self._server_security = security.server()
+        self.credentials = security.credentials()
         self.ems: EmsState | None = None
         self._ems_host: ServiceHost | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
@@ -95,7 +102,7 @@ class InProcessSupernode:
         self.topology = dataclasses.replace(self.topology, epoch_wall_s=epoch)
         clock = Clock(time_scale=self.topology.time_scale, epoch_wall_s=epoch)
         self._clock = clock
-        self._peers = Peers(self.topology)
+        self._peers = Peers(self.topology, self.credentials)
         self._stopping.clear()
         tasks = self._tasks = asyncio.TaskGroup()  # owns the fabric clock and telemetry loops
         await tasks.__aenter__()
@@ -105,6 +112,7 @@ class InProcessSupernode:
                 self.topology.supernode,
                 # room for every hosted server's started, health and stopped events at once
                 buffer_max=max(self.profile.limits.event_buffer_max, 4 * len(self.hosted)),
+                **self.security.mqtt_login(),
             ).__aenter__()
         self.handles = {
             d.id: create_device(
@@ -146,6 +154,9 @@ class InProcessSupernode:
                 ssd_dir=self.ems_ssd_dir,
             )
         self._hosts += service_hosts
+        if self._server_security != OPEN:
+            for host in [*self._hosts, *([self._ems_host] if self._ems_host else [])]:
+                host.secure(self._server_security)
         results = await asyncio.gather(
             *(h.start() for h in service_hosts),
             *(h.start() for h in self.handles.values()),
@@ -195,7 +206,8 @@ class InProcessSupernode:
         )
         batch = 64
         pause = interval / max(1, -(-len(handles) // batch))
-        while True:
+        # a stop before this task first ran has emptied the handles: nothing to wait for
+        while handles and not self._stopping.is_set():
             for start in range(0, len(handles), batch):
                 if await self._stopped_within(pause):
                     return
@@ -218,7 +230,11 @@ class InProcessSupernode:
 
     async def _verify_serving(self) -> None:
         """Ask every hosted server over gRPC, as a client would: starting is not serving."""
-        await health.wait_serving([h.address for h in self._hosts], timeout_s=self.ready_timeout_s)
+        await health.wait_serving(
+            [h.address for h in self._hosts],
+            timeout_s=self.ready_timeout_s,
+            credentials=self.credentials,
+        )
 
     async def stop(self) -> None:
         self._stopping.set()

@@ -31,6 +31,7 @@ class ProcSpec:
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     addresses: tuple[str, ...] = ()  # the gRPC servers it hosts, checked for SERVING
+    servers: tuple[str, ...] = ()  # the ids of the devices and services it hosts
 
 
 @dataclass

@@ -9,19 +9,28 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError
+import grpc
+
+from cmemu.v1 import fabric_pb2
+from emulator.client.clients import Clients
+from emulator.client.credentials import ANONYMOUS, Credentials
+from emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from emulator.model.topology import ServiceKind, Topology
 from emulator.runtime.inprocess import InProcessSupernode
+from emulator.runtime.security import Security
 
 EPOCH_ENV = "CMEMU_EPOCH"
 BROKER_ENV = "CMEMU_BROKER"
 SSD_ENV = "CMEMU_EMS_SSD"
 DEFAULT_REBUILD_WAIT_S = 30.0
 DEFAULT_SERVE_DRAIN_S = 0.5
+DEFAULT_CLOCK_WAIT_S = 60.0
+CLOCK_RETRY_S = 0.2
 
 ServeKind = Literal["device", "node", "service"]
 SERVE_KINDS: tuple[ServeKind, ...] = ("device", "node", "service")
@@ -55,6 +64,8 @@ class ServeOptions:
     drain_s: float = DEFAULT_SERVE_DRAIN_S
     ssd_dir: Path | None = None  # EMS only; default $CMEMU_EMS_SSD, else a scratch directory
     rebuild_wait_s: float = DEFAULT_REBUILD_WAIT_S  # EMS only: how long silent pools may be
+    clock_wait_s: float = DEFAULT_CLOCK_WAIT_S  # without an epoch: how long to ask the fabric
+    security: Security | None = None  # token, TLS, --insecure; default from $CMEMU_TOKEN_FILE...
 
 
 def hosted(topology: Topology, kind: ServeKind, name: str) -> list[str]:
@@ -74,19 +85,58 @@ def hosted(topology: Topology, kind: ServeKind, name: str) -> list[str]:
     return [name]
 
 
-def _with_epoch(topology: Topology) -> Topology:
-    if topology.epoch_wall_s is not None:
-        return topology
+def _env_epoch() -> float | None:
     epoch = os.environ.get(EPOCH_ENV)
     if not epoch:
-        raise InvalidArgumentError(
-            f"the topology has no epoch and ${EPOCH_ENV} is unset: every process of one "
-            "emulator must share the instant emulated time started"
-        )
+        return None
     try:
-        return dataclasses.replace(topology, epoch_wall_s=float(epoch))
+        return float(epoch)
     except ValueError:
         raise InvalidArgumentError(f"${EPOCH_ENV}={epoch!r} is not a number of seconds") from None
+
+
+async def clock_from_fabric(clients: Clients, wait_s: float) -> fabric_pb2.ClockInfo:
+    """The fabric's clock, asked until it answers (it may still be starting), for `wait_s`."""
+    address = clients.topology.service(ServiceKind.FABRIC).address
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return await clients.fabric().GetClock(
+                fabric_pb2.GetClockRequest(), timeout=max(0.1, min(2.0, left))
+            )
+        except grpc.aio.AioRpcError as exc:
+            if time.monotonic() >= deadline:
+                raise UnavailableError(
+                    f"no epoch: the topology has none, ${EPOCH_ENV} is unset, and the fabric "
+                    f"at {address} did not tell its clock within {wait_s:g} s "
+                    f"({exc.code().name}: {exc.details()})"
+                ) from None
+        await asyncio.sleep(CLOCK_RETRY_S)
+
+
+async def with_epoch(
+    topology: Topology,
+    kind: ServeKind,
+    name: str,
+    wait_s: float,
+    credentials: Credentials = ANONYMOUS,
+) -> Topology:
+    """Every process of one emulator shares the instant emulated time started: from the topology
+    document, else $CMEMU_EPOCH, else the fabric's. The fabric itself, given none, takes now."""
+    if topology.epoch_wall_s is not None:
+        return topology
+    epoch = _env_epoch()
+    if epoch is not None:
+        return dataclasses.replace(topology, epoch_wall_s=epoch)
+    if kind == "service" and name == topology.service(ServiceKind.FABRIC).id:
+        return dataclasses.replace(topology, epoch_wall_s=time.time())
+    clients = Clients(topology, credentials)
+    try:
+        clock = await clock_from_fabric(clients, wait_s)
+    finally:
+        await clients.close()
+    return dataclasses.replace(topology, epoch_wall_s=clock.epoch_wall_s)
 
 
 async def serve(options: ServeOptions, stop: asyncio.Event) -> None:
@@ -95,7 +145,14 @@ async def serve(options: ServeOptions, stop: asyncio.Event) -> None:
         text = await asyncio.to_thread(options.topology_path.read_text)
     except OSError as exc:
         raise InvalidArgumentError(f"cannot read topology {options.topology_path}: {exc}") from exc
-    topology = _with_epoch(Topology.from_json(text))
+    topology = Topology.from_json(text)
+    security = options.security or Security.from_env(os.environ)
+    guard = security.server()
+    for server_id in hosted(topology, options.kind, options.name):  # fail before any wait
+        guard.check_bind(server_id, _address(topology, server_id))
+    topology = await with_epoch(
+        topology, options.kind, options.name, options.clock_wait_s, security.credentials()
+    )
     ssd = options.ssd_dir or (Path(os.environ[SSD_ENV]) if os.environ.get(SSD_ENV) else None)
     async with InProcessSupernode(
         topology,
@@ -104,5 +161,13 @@ async def serve(options: ServeOptions, stop: asyncio.Event) -> None:
         broker=os.environ.get(BROKER_ENV) or topology.broker,
         ems_ssd_dir=ssd,
         ems_rebuild_wait_s=options.rebuild_wait_s,
+        security=security,
     ):
         await stop.wait()
+
+
+def _address(topology: Topology, server_id: str) -> str:
+    for service in topology.services:
+        if service.id == server_id:
+            return service.address
+    return topology.device(server_id).address

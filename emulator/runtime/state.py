@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from emulator.client.credentials import Credentials
 from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
 from emulator.model.topology import DNS_LABEL, Topology
+from emulator.runtime.security import read_token, write_secret
 
 ENV_VAR = "CMEMU_STATE_FILE"
 DIR_ENV_VAR = "CMEMU_STATE_DIR"
@@ -173,6 +175,45 @@ def _text(path: Path) -> str:
 
 def read(path: Path) -> Topology:
     return Topology.from_json(_text(path))
+
+
+# --- who may change state: the token and the CA, beside the state file ---------------------------
+
+TOKEN_SUFFIX = ".token"
+TOKEN_FILE_KEY = "token_file"  # launcher record: the file holding the token (never the token)
+TLS_CA_KEY = "tls_ca"  # launcher record: the CA that signed the servers' certificates
+
+
+def token_path(path: Path) -> Path:
+    """Where `cmemu up` keeps the instance's token: beside its state file, `<name>.token`."""
+    return path.with_name(f"{instance_name(path)}{TOKEN_SUFFIX}")
+
+
+def write_token(path: Path, token: str) -> Path:
+    """The instance's token in its own file (0600) beside the state file; that file's path."""
+    out = token_path(path)
+    write_secret(out, token + "\n")
+    return out
+
+
+def remove_token(path: Path) -> None:
+    token_path(path).unlink(missing_ok=True)
+
+
+def credentials(path: Path) -> Credentials:
+    """What a client of the instance presents: the token of the file its launcher record names
+    (`token_file`) and the CA it names (`tls_ca`); none when the record names none."""
+    try:
+        launcher = json.loads(_text(path)).get("launcher") or {}
+    except json.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"state file {path} is not JSON: {exc}") from exc
+    token_file, ca = launcher.get(TOKEN_FILE_KEY), launcher.get(TLS_CA_KEY)
+    token = read_token(Path(token_file)) if token_file else None
+    try:
+        ca_pem = Path(ca).read_bytes() if ca else None
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read the instance's CA {ca}: {exc}") from exc
+    return Credentials(token=token, ca_pem=ca_pem)
 
 
 def read_instance(path: Path) -> Instance:

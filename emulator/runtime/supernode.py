@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 import shutil
 import sys
@@ -29,6 +30,7 @@ from typing import Literal
 
 from emulator.client import health
 from emulator.client.clients import Clients
+from emulator.client.credentials import ANONYMOUS, Credentials
 from emulator.model.errors import (
     EmulatorError,
     InvalidArgumentError,
@@ -48,12 +50,16 @@ from emulator.model.topology import (
     Topology,
     build,
 )
-from emulator.runtime import composerun
+from emulator.runtime import composerun, tls
 from emulator.runtime.broker import Broker
+from emulator.runtime.deaths import death_reporter
 from emulator.runtime.events import parse_broker_url
 from emulator.runtime.inprocess import InProcessSupernode
 from emulator.runtime.procs import ProcSpec, Running, Supervisor
-from emulator.runtime.serve import EPOCH_ENV, PER, Per, ServeKind, serve_argv
+from emulator.runtime.security import NONE as NO_SECURITY
+from emulator.runtime.security import Security
+from emulator.runtime.serve import PER, Per, ServeKind, clock_from_fabric, serve_argv
+from emulator.runtime.tls import TlsFiles
 
 Mode = Literal["inprocess", "procs", "compose"]
 Addressing = Literal["ports", "loopback"]
@@ -64,6 +70,7 @@ NO_BROKER = "none"  # broker: no MQTT at all
 EMBEDDED_BROKER_HOST = "127.0.0.1"
 CMEMU = str(Path(sys.executable).parent / "cmemu")
 PROCS_LOG_LEVEL = "warning"  # a process's own log: its warnings and errors
+FABRIC_CLOCK_WAIT_S = 10.0  # it answers SERVING by then: its clock answers at once
 
 
 class StartInterrupted(EmulatorError):
@@ -89,6 +96,11 @@ class LaunchOptions:
     drain_s: float = 0.2  # between NOT_SERVING and stop
     ready_timeout_s: float = 180.0  # for every server to answer SERVING
     profile: HardwareProfile = field(default=DEFAULT_PROFILE, repr=False)
+    # who may change state (DESIGN principle 11): see emulator/runtime/security.py
+    token: str | None = field(default=None, repr=False)  # guards every state-changing RPC
+    insecure: bool = False  # accept binding beyond loopback without a token
+    tls: TlsFiles | Literal["auto"] | None = None  # "auto": a CA and certificate for this run
+    tls_dir: Path | None = None  # tls "auto": where they go (default a temporary directory)
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, object, tuple[str, ...]]] = [
@@ -134,6 +146,12 @@ class Supernode:
     inprocess: InProcessSupernode | None = None
     supervisor: Supervisor | None = None
     run_dir: Path | None = None
+    security: Security = NO_SECURITY  # the token and TLS files the servers run with
+
+    @property
+    def credentials(self) -> Credentials:
+        """What a client of this supernode presents: the token and the CA."""
+        return self.clients.credentials
 
     @property
     def mode(self) -> str:
@@ -190,6 +208,8 @@ async def _start(
 ) -> AsyncIterator[Supernode]:
     async with contextlib.AsyncExitStack() as stack:
         sn = await stack.enter_async_context(LAUNCHERS[options.mode](options, stop, on_death))
+        if stop.is_set():  # while starting (in process, a start runs to its end first)
+            raise StartInterrupted("stopped while starting")
         stack.push_async_callback(sn.clients.close)
         yield sn
 
@@ -218,16 +238,52 @@ async def _inprocess(
 ) -> AsyncIterator[Supernode]:
     topology = await asyncio.to_thread(options.topology)
     async with (
+        _security(options, topology) as security,
         _broker(options, topology) as with_broker,
         # EMS's SSD tier lives as long as this process: its DRAM copies die with it anyway
-        InProcessSupernode(with_broker, profile=options.profile, drain_s=options.drain_s) as local,
+        InProcessSupernode(
+            with_broker, profile=options.profile, drain_s=options.drain_s, security=security
+        ) as local,
     ):
         yield Supernode(
             options=options,
             topology=local.topology,
-            clients=Clients(local.topology),
+            clients=Clients(local.topology, security.credentials()),
             inprocess=local,
+            security=security,
         )
+
+
+def _servers(topology: Topology) -> list[tuple[str, str]]:
+    """(id, address) of every server of a topology."""
+    return [(d.id, d.address) for d in topology.devices] + [
+        (x.id, x.address) for x in topology.services
+    ]
+
+
+@contextlib.asynccontextmanager
+async def _security(
+    options: LaunchOptions, topology: Topology, *, token: str | None = None
+) -> AsyncIterator[Security]:
+    """The run's token and TLS files. Binding beyond loopback without a token fails here,
+    before anything starts; `tls="auto"` makes a CA and a certificate naming every address
+    (removed at the end when in a temporary directory)."""
+    servers = _servers(topology)
+    token = token or options.token
+    guard = Security(token=token, insecure=options.insecure).server()
+    for server_id, address in servers:
+        guard.check_bind(server_id, address)
+    if options.tls != "auto":
+        yield Security(token=token, tls=options.tls, insecure=options.insecure)
+        return
+    with contextlib.ExitStack() as stack:
+        directory = options.tls_dir or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="cmemu-tls-"))
+        )
+        files = await asyncio.to_thread(
+            tls.make_auto, directory, tls.hosts_of(a for _, a in servers)
+        )
+        yield Security(token=token, tls=files, insecure=options.insecure)
 
 
 # --- processes ------------------------------------------------------------------------------
@@ -241,7 +297,9 @@ SERVICE_WAVE: dict[ServiceKind, int] = {ServiceKind.FABRIC: 0, ServiceKind.EMS: 
 def proc_waves(topology: Topology, topology_path: Path, per: Per) -> list[list[ProcSpec]]:
     """The processes of `--mode procs`, in the waves they start in."""
 
-    def spec(kind: ServeKind, name: str, addresses: tuple[str, ...]) -> ProcSpec:
+    def spec(
+        kind: ServeKind, name: str, addresses: tuple[str, ...], servers: tuple[str, ...]
+    ) -> ProcSpec:
         argv = serve_argv(
             CMEMU,
             str(topology_path),
@@ -250,16 +308,23 @@ def proc_waves(topology: Topology, topology_path: Path, per: Per) -> list[list[P
             ems_ssd_dir=str(topology_path.parent / "ems-ssd"),
             log_level=PROCS_LOG_LEVEL,
         )
-        return ProcSpec(name=name, argv=tuple(argv), addresses=addresses)
+        return ProcSpec(name=name, argv=tuple(argv), addresses=addresses, servers=servers)
 
     waves: list[list[ProcSpec]] = [[], [], []]
     for service in topology.services:
-        waves[SERVICE_WAVE[service.kind]].append(spec("service", service.id, (service.address,)))
+        waves[SERVICE_WAVE[service.kind]].append(
+            spec("service", service.id, (service.address,), (service.id,))
+        )
     if per == "device":
-        waves[1] = [spec("device", d.id, (d.address,)) for d in topology.devices]
+        waves[1] = [spec("device", d.id, (d.address,), (d.id,)) for d in topology.devices]
     else:
         waves[1] = [
-            spec("node", node, tuple(d.address for d in topology.in_node(node)))
+            spec(
+                "node",
+                node,
+                tuple(d.address for d in topology.in_node(node)),
+                tuple(d.id for d in topology.in_node(node)),
+            )
             for node in topology.nodes
         ]
     return waves
@@ -272,6 +337,19 @@ async def _make_run_dir(options: LaunchOptions) -> Path:
     return options.run_dir
 
 
+def wave_addresses(wave: list[ProcSpec]) -> list[str]:
+    return [a for spec in wave for a in spec.addresses]
+
+
+async def _with_fabric_clock(topology: Topology, credentials: Credentials = ANONYMOUS) -> Topology:
+    clients = Clients(topology, credentials)
+    try:
+        clock = await clock_from_fabric(clients, FABRIC_CLOCK_WAIT_S)
+    finally:
+        await clients.close()
+    return dataclasses.replace(topology, epoch_wall_s=clock.epoch_wall_s)
+
+
 @contextlib.asynccontextmanager
 async def _supervised(
     options: LaunchOptions,
@@ -281,35 +359,47 @@ async def _supervised(
     run_dir: Path,
     stop: asyncio.Event,
     on_death: Callable[[Running], None] | None,
+    security: Security = NO_SECURITY,
 ) -> AsyncIterator[Supernode]:
-    """Start the waves one after another, each once the previous one answers SERVING. The run
-    directory is removed at the end unless a process died: its log explains the death."""
-    supervisor = Supervisor(log_dir=run_dir / "logs", on_exit=on_death)
-    try:
-        async with supervisor:
+    """Start the waves one after another, each once the previous one answers SERVING. A process
+    that dies is a `died` event for each of its servers. The run directory is removed at the end
+    unless a process died: its log explains the death."""
+    fabric = topology.service(ServiceKind.FABRIC).address
+    credentials = security.credentials()
+    async with death_reporter(topology, on_death) as reporter:
+        supervisor = Supervisor(log_dir=run_dir / "logs", on_exit=reporter)
+        try:
+            async with supervisor:
 
-            def still_starting() -> None:
-                supervisor.check_alive()
-                if stop.is_set():
-                    raise StartInterrupted("stopped while starting")
+                def still_starting() -> None:
+                    supervisor.check_alive()
+                    if stop.is_set():
+                        raise StartInterrupted("stopped while starting")
 
-            for wave in waves:
-                await supervisor.start(wave)
-                await health.wait_serving(
-                    [a for spec in wave for a in spec.addresses],
-                    timeout_s=options.ready_timeout_s,
-                    still_starting=still_starting,
+                for wave in waves:
+                    await supervisor.start(wave)
+                    await health.wait_serving(
+                        wave_addresses(wave),
+                        timeout_s=options.ready_timeout_s,
+                        still_starting=still_starting,
+                        credentials=credentials,
+                    )
+                    if topology.epoch_wall_s is None and fabric in wave_addresses(wave):
+                        # compose without $CMEMU_EPOCH: the fabric took the epoch when it started
+                        topology = reporter.topology = await _with_fabric_clock(
+                            topology, credentials
+                        )
+                yield Supernode(
+                    options=options,
+                    topology=topology,
+                    clients=Clients(topology, credentials),
+                    supervisor=supervisor,
+                    run_dir=run_dir,
+                    security=security,
                 )
-            yield Supernode(
-                options=options,
-                topology=topology,
-                clients=Clients(topology),
-                supervisor=supervisor,
-                run_dir=run_dir,
-            )
-    finally:
-        if not supervisor.died:
-            await asyncio.to_thread(shutil.rmtree, run_dir, True)
+        finally:
+            if not supervisor.died:
+                await asyncio.to_thread(shutil.rmtree, run_dir, True)
 
 
 @contextlib.asynccontextmanager
@@ -320,12 +410,25 @@ async def _procs(
     topology = await asyncio.to_thread(options.topology)
     # every process computes the same emulated time from the same epoch
     topology = dataclasses.replace(topology, epoch_wall_s=time.time())
-    async with _broker(options, topology) as with_broker:
+    async with (
+        _security(options, topology) as security,
+        _broker(options, topology) as with_broker,
+    ):
         topology_path = run_dir / "topology.json"
         await asyncio.to_thread(topology_path.write_text, with_broker.to_json())
-        waves = proc_waves(with_broker, topology_path, options.per)
+        env = await asyncio.to_thread(security.env, run_dir)
+        waves = [
+            [dataclasses.replace(spec, env={**spec.env, **env}) for spec in wave]
+            for wave in proc_waves(with_broker, topology_path, options.per)
+        ]
         async with _supervised(
-            options, waves, topology=with_broker, run_dir=run_dir, stop=stop, on_death=on_death
+            options,
+            waves,
+            topology=with_broker,
+            run_dir=run_dir,
+            stop=stop,
+            on_death=on_death,
+            security=security,
         ) as sn:
             yield sn
 
@@ -336,15 +439,38 @@ async def _compose(
 ) -> AsyncIterator[Supernode]:
     assert options.compose_file is not None
     run_dir = await _make_run_dir(options)
-    env = {**os.environ, EPOCH_ENV: os.environ.get(EPOCH_ENV) or repr(time.time())}
-    services, topology = await asyncio.to_thread(
-        composerun.load, options.compose_file, env, run_dir
+    # as `docker compose up` does: the fabric's epoch, unless $CMEMU_EPOCH gives one to all; the
+    # file's own broker, unless the options name one (or none)
+    load = functools.partial(
+        composerun.load,
+        options.compose_file,
+        dict(os.environ),
+        run_dir,
+        broker=None if options.broker == EMBEDDED else options.broker,
     )
-    waves = [[s.spec for s in wave] for wave in composerun.start_order(services)]
-    async with _supervised(
-        options, waves, topology=topology, run_dir=run_dir, stop=stop, on_death=on_death
-    ) as sn:
-        yield sn
+    try:
+        services, topology = await asyncio.to_thread(load)
+    except BaseException:  # nothing ran: nothing to keep
+        await asyncio.to_thread(shutil.rmtree, run_dir, True)
+        raise
+    # the compose file's own token (its secret) wins; else the options' is given to every service
+    token = await asyncio.to_thread(composerun.token_of, services)
+    async with _security(options, topology, token=token) as security:
+        env = await asyncio.to_thread(security.env, run_dir)
+        waves = [
+            [dataclasses.replace(s.spec, env={**env, **s.spec.env}) for s in wave]
+            for wave in composerun.start_order(services)
+        ]
+        async with _supervised(
+            options,
+            waves,
+            topology=topology,
+            run_dir=run_dir,
+            stop=stop,
+            on_death=on_death,
+            security=security,
+        ) as sn:
+            yield sn
 
 
 Launcher = Callable[

@@ -59,3 +59,31 @@ def test_ems_ls_rm_exists(tmp_path: Path) -> None:
     for usage in (["ems", "rm"], ["ems", "exists"], ["ems", "ls", "--bogus"]):
         result = cmemu(*usage)
         assert result.returncode == 2, usage
+
+
+def test_ems_get_of_size_only_objects_and_from_a_dead_device(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    base = free_port_block(MINI_SERVERS)
+    with testing.cmemu_up(
+        state_file, "--preset", "cm-mini", "--base-port", str(base), timeout_s=60, quiet=True
+    ):
+        state = ("--state-file", str(state_file))
+        blob = tmp_path / "blob"
+        blob.write_bytes(bytes(3 * 2**20 + 5))  # over one chunk: streamed
+        assert cmemu("ems", "put", "bulk", str(blob), "--size-only", *state).returncode == 0
+        assert cmemu("ems", "put", "real", str(blob), *state).returncode == 0
+        out = tmp_path / "out"
+        refused = cmemu("ems", "get", "bulk", "-o", str(out), *state)
+        assert refused.returncode == 1 and "size-only" in refused.stderr
+        assert not out.exists()
+        sized = cmemu("ems", "get", "bulk", "--size-only", *state)
+        assert sized.returncode == 0 and "3145733 bytes" in sized.stdout
+        assert "us emulated" in sized.stdout and not out.exists()
+        real = cmemu("ems", "get", "real", "-o", str(out), *state)
+        assert real.returncode == 0, real.stderr
+        assert out.read_bytes() == blob.read_bytes()
+        down = cmemu("fault", "add", "device-down", "n00-npu3", *state)
+        assert down.returncode == 0, down.stderr
+        dead = cmemu("ems", "get", "real", "-o", str(out), "--device", "n00-npu3", *state)
+        assert dead.returncode == 1
+        assert "reading device n00-npu3" in dead.stderr and "no copy" not in dead.stderr

@@ -101,3 +101,53 @@ def test_sibling_route_names_its_directed_link() -> None:
     link = graph.die_link(a, b)
     assert link is not None and graph.trunk_names[link[0]] == directed_link_id(a.name, b.name)
     assert graph.die_link(a, graph.endpoint("n00-npu4.d1")) is None
+
+
+def test_duplicate_ranks_are_found_in_linear_time() -> None:
+    import time
+
+    from emulator.model.errors import InvalidArgumentError
+
+    graph = LinkGraph(build("cm-mini"))
+    started = time.perf_counter()
+    with pytest.raises(InvalidArgumentError) as err:
+        validate_ranks(graph, ["n00-npu0.d0"] * 100_000)
+    assert time.perf_counter() - started < 0.5
+    assert "repeat" in str(err.value) and len(str(err.value)) < 400
+    with pytest.raises(InvalidArgumentError):
+        validate_ranks(graph, ["n00-npu0.d0", "n00-npu0"])
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        CollectiveSpec(op="all-gather", bytes=2**64 - 1),
+        CollectiveSpec(op="broadcast", bytes=2**64 - 1),
+        CollectiveSpec(op="all-to-all", bytes_per_pair=2**64 - 1),
+        CollectiveSpec(op="moe-dispatch", tokens_per_rank=2**32 - 1, top_k=2**32 - 1),
+        CollectiveSpec(op="moe-combine", tokens_per_rank=10**6, bytes_per_token=2**64 - 1),
+    ],
+)
+def test_a_collective_larger_than_the_memory_of_its_ranks_is_out_of_range(
+    spec: CollectiveSpec,
+) -> None:
+    from emulator.model.errors import OutOfRangeError
+
+    graph = LinkGraph(build("cm-mini"))
+    ranks = validate_ranks(graph, ["n00-npu0", "n01-npu0"])
+    with pytest.raises(OutOfRangeError):
+        run_collective(graph, ranks, spec)
+
+
+def test_a_collective_longer_than_the_ceiling_is_refused() -> None:
+    import dataclasses
+
+    from emulator.model.errors import OutOfRangeError
+    from emulator.model.hardware import EmulatorLimits
+
+    profile = dataclasses.replace(DEFAULT_PROFILE, limits=EmulatorLimits(operation_max_s=1e-3))
+    graph = LinkGraph(build("cm-mini", profile=profile), profile)
+    ranks = validate_ranks(graph, ["n00-npu0", "n01-npu0"])
+    with pytest.raises(OutOfRangeError) as err:
+        run_collective(graph, ranks, CollectiveSpec(op="all-gather", bytes=1 << 30))
+    assert err.value.reason == "OPERATION_TOO_LONG"

@@ -11,7 +11,7 @@ from emulator.model.errors import (
     OutOfRangeError,
     PreconditionError,
 )
-from emulator.model.memory import DeviceMemory, PageStore, RegionAllocator
+from emulator.model.memory import DeviceMemory, PageStore, RegionAllocator, StoreBudget
 
 KIB = 1024
 
@@ -139,3 +139,43 @@ def test_size_only_write_reads_back_zeros() -> None:
     mem.write(region.offset, b"x" * 100)
     mem.write_virtual(region.offset + 50, 8 * KIB - 50)
     assert mem.read(region.offset, 100) == b"x" * 50 + bytes(50)
+
+
+def test_size_messages_print_the_size_asked_for_not_the_aligned_one() -> None:
+    alloc = RegionAllocator(capacity=16 * KIB, alignment=4 * KIB)
+    with pytest.raises(CapacityError) as err:
+        alloc.allocate(16 * KIB + 1)
+    assert err.value.requested == 16 * KIB + 1
+    assert f"requested {16 * KIB + 1} bytes" in str(err.value)
+    assert str(20 * KIB) not in str(err.value)
+
+
+def test_regions_per_device_are_capped() -> None:
+    alloc = RegionAllocator(capacity=64 * KIB, alignment=4 * KIB, max_regions=2)
+    alloc.allocate(1)
+    second = alloc.allocate(1)
+    with pytest.raises(CapacityError) as err:
+        alloc.allocate(1)
+    assert err.value.reason == "TOO_MANY_REGIONS"
+    alloc.release(second.region_id)
+    alloc.allocate(1)
+
+
+def test_a_budget_shared_by_stores_caps_their_sum() -> None:
+    budget = StoreBudget(cap_bytes=3 * 4096)
+    a = PageStore(page_bytes=4096, cap_bytes=1 << 20, budget=budget)
+    b = PageStore(page_bytes=4096, cap_bytes=1 << 20, budget=budget)
+    a.write(0, b"a" * 8192)
+    with pytest.raises(CapacityError):
+        b.write(0, b"b" * 8192)
+    assert b.read(0, 4) == bytes(4) and budget.used_bytes == 8192
+    b.write(0, b"b")
+    a.discard(0, 8192)
+    assert budget.used_bytes == 4096
+    b.write(4096, b"b" * 8192)
+
+
+def test_a_transfer_larger_than_the_device_is_out_of_range() -> None:
+    memory = _memory()
+    with pytest.raises(OutOfRangeError):
+        memory.check(0, 2**64 - 1)

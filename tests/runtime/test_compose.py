@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emulator.model.errors import InvalidArgumentError
+from emulator.model.errors import InvalidArgumentError, PreconditionError
 from emulator.runtime import composegen, composerun
 
 COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
@@ -43,10 +43,11 @@ def test_committed_compose_files_are_what_the_generator_writes(
 
 @pytest.mark.parametrize("name", sorted(COMMITTED.values()))
 def test_docker_compose_accepts_every_committed_file(name: str) -> None:
-    result = _config(COMPOSE_DIR / name, CMEMU_EPOCH="1764460800")
-    assert result.returncode == 0, result.stderr
-    missing = _config(COMPOSE_DIR / name)  # one clock for all containers is mandatory
-    assert missing.returncode != 0 and "CMEMU_EPOCH" in missing.stderr
+    plain = _config(COMPOSE_DIR / name)  # no variable to set: the fabric owns the epoch
+    assert plain.returncode == 0, plain.stderr
+    assert "CMEMU_EPOCH" not in plain.stderr  # not even a warning
+    given = _config(COMPOSE_DIR / name, CMEMU_EPOCH="1764460800")  # still honoured when set
+    assert given.returncode == 0, given.stderr
 
 
 def test_cm384_per_device_is_one_container_per_device() -> None:
@@ -70,7 +71,7 @@ def test_per_node_containers_alias_their_devices_and_validate(tmp_path: Path) ->
     assert "n01-mem" in aliases and len(aliases) == 13
     topology = (tmp_path / "cm-mini.topology.json").read_text()
     assert '"n01-npu1:50052"' in topology  # a node's devices share its IP, one port each
-    assert _config(path, CMEMU_EPOCH="1").returncode == 0
+    assert _config(path).returncode == 0
 
 
 def test_no_bridge_holds_more_than_a_thousand_endpoints() -> None:
@@ -119,7 +120,9 @@ def test_depends_on_orders_the_start_and_cycles_are_refused(tmp_path: Path) -> N
     waves = [[s.name for s in wave] for wave in composerun.start_order(services)]
     assert waves[0] == ["mosquitto"] and waves[1] == ["fabric"] and len(waves[2]) == 26
     assert waves[3] == ["ems"]  # after the memory pools it rebuilds its index from
-    assert topology.epoch_wall_s == 5.0
+    assert topology.epoch_wall_s == 5.0  # $CMEMU_EPOCH, when set, is every process's epoch
+    _, unset = composerun.load(COMPOSE_DIR / "cm-mini.yaml", {}, tmp_path)
+    assert unset.epoch_wall_s is None  # else the fabric's, asked by each process
     assert topology.device("n00-npu0").address.startswith("127.60.")
     a, b = services[0], services[1]
     looped = [
@@ -128,3 +131,24 @@ def test_depends_on_orders_the_start_and_cycles_are_refused(tmp_path: Path) -> N
     ]
     with pytest.raises(InvalidArgumentError, match="cycle"):
         composerun.start_order(looped)
+
+
+@pytest.mark.parametrize("broker", ["none", "mqtt://127.0.0.1:1999"])
+def test_a_broker_of_the_launchers_replaces_the_files(tmp_path: Path, broker: str) -> None:
+    services, topology = composerun.load(COMPOSE_DIR / "cm-mini.yaml", {}, tmp_path, broker=broker)
+    names = {s.name for s in services}
+    assert "mosquitto" not in names and len(names) == 28
+    assert all("mosquitto" not in s.depends for s in services)
+    envs = {s.spec.env.get("CMEMU_BROKER") for s in services}
+    assert envs == ({None} if broker == "none" else {broker})
+    assert topology.broker == (None if broker == "none" else broker)
+
+
+def test_mosquitto_is_found_off_path_or_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CMEMU_MOSQUITTO", raising=False)
+    if Path("/usr/sbin/mosquitto").exists():  # Debian's place, off a user's PATH
+        assert composerun.mosquitto_binary() == "/usr/sbin/mosquitto"
+    monkeypatch.setenv("CMEMU_MOSQUITTO", "/nonexistent/mosquitto")
+    with pytest.raises(PreconditionError, match="apt-get install mosquitto"):
+        composerun.mosquitto_binary()

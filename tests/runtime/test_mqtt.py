@@ -21,6 +21,7 @@ import pytest
 from cmemu.v1 import device_pb2, fabric_pb2
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.runtime.broker import Broker, topic_matches
+from emulator.runtime.composegen import MOSQUITTO_QUEUES
 from emulator.testing import CMEMU, Clients, cmemu_up, free_port_block, running_supernode
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
@@ -38,10 +39,11 @@ def _listening(port: int) -> bool:
 
 
 @contextmanager
-def mosquitto(port: int, tmp_path: Path) -> Iterator[str]:
-    """The real broker from Debian, on a loopback port of our choosing."""
+def mosquitto(port: int, tmp_path: Path, *, queues: str = MOSQUITTO_QUEUES) -> Iterator[str]:
+    """The real broker from Debian, on a loopback port of our choosing, with the queue settings
+    of compose/mosquitto.conf (or `queues` in their place)."""
     conf = tmp_path / f"mosquitto-{port}.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n{queues}")
     proc = subprocess.Popen([MOSQUITTO, "-c", str(conf)], stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 10

@@ -3,6 +3,7 @@ process mode run as real OS processes on their own loopback addresses."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,9 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import grpc
 import pytest
 
-from emulator.testing import CMEMU, cmemu_up
+from cmemu.v1 import device_pb2, device_pb2_grpc, fabric_pb2, fabric_pb2_grpc
+from emulator.testing import CMEMU, cmemu_up, free_port_block
 
 pytestmark = pytest.mark.slow
 
@@ -130,13 +133,13 @@ def test_serve_refuses_what_it_cannot_serve(tmp_path: Path) -> None:
     )
     env_free = {k: v for k, v in os.environ.items() if k != "CMEMU_EPOCH"}
     cases = [
-        (["--device", "n00-npu0"], "has no epoch"),
+        (["--device", "n00-npu0", "--clock-wait", "0.5"], "did not tell its clock within 0.5 s"),
         (["--device", "n99-npu0"], "no device 'n99-npu0'"),
         (["--node", "n42"], "no node 'n42'"),
         (["--service", "scheduler"], "no service 'scheduler'"),
     ]
     for args, words in cases:
-        env = env_free if words == "has no epoch" else {**env_free, "CMEMU_EPOCH": "1"}
+        env = env_free if "clock" in words else {**env_free, "CMEMU_EPOCH": "1"}
         result = subprocess.run(
             [CMEMU, "serve", "--topology", str(topology), *args],
             capture_output=True,
@@ -157,6 +160,57 @@ def test_serve_refuses_what_it_cannot_serve(tmp_path: Path) -> None:
         check=False,
     )
     assert bad_epoch.returncode == 1 and "not a number" in bad_epoch.stderr
+
+
+def test_without_an_epoch_every_process_takes_the_fabrics(tmp_path: Path) -> None:
+    """What `docker compose up` does with no $CMEMU_EPOCH: the fabric takes the epoch when it
+    starts, and a device started later asks it for the clock rather than starting its own."""
+    doc = json.loads(run("topology", "--preset", "cm-mini", "--json").stdout)
+    assert doc["epoch_wall_s"] is None
+    base = free_port_block(28)
+    for i, server in enumerate(doc["devices"] + doc["services"]):
+        server["address"] = f"127.0.0.1:{base + i}"
+    topology = tmp_path / "t.json"
+    topology.write_text(json.dumps(doc))
+    env = {k: v for k, v in os.environ.items() if k != "CMEMU_EPOCH"}
+    fabric_address = next(s["address"] for s in doc["services"] if s["id"] == "fabric")
+    device_address = doc["devices"][0]["address"]
+
+    def serve(*args: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [CMEMU, "serve", "--topology", str(topology), *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    procs = [serve("--device", doc["devices"][0]["id"])]  # before the fabric: it keeps asking
+    try:
+        time.sleep(1.0)
+        procs.append(serve("--service", "fabric"))
+        for address in (fabric_address, device_address):
+            deadline = time.monotonic() + 60
+            while run("probe", address, "--timeout", "1").returncode != 0:
+                assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+                time.sleep(0.2)
+
+        async def clocks() -> tuple[float, float]:
+            async with grpc.aio.insecure_channel(fabric_address) as f:
+                clock = await fabric_pb2_grpc.FabricStub(f).GetClock(fabric_pb2.GetClockRequest())
+            async with grpc.aio.insecure_channel(device_address) as d:
+                sample = await device_pb2_grpc.DeviceStub(d).GetTelemetry(
+                    device_pb2.GetTelemetryRequest()
+                )
+            return clock.epoch_wall_s, time.time() - sample.emulated_ns / 1e9
+
+        epoch, device_epoch = asyncio.run(clocks())
+        assert abs(time.time() - epoch) < 30  # the fabric took it when it started
+        assert abs(device_epoch - epoch) < 0.3  # the device's clock is the fabric's
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(timeout=30)
 
 
 def test_ems_loses_nothing_when_a_pool_dies_or_ems_restarts(tmp_path: Path) -> None:
@@ -205,3 +259,28 @@ def test_ems_loses_nothing_when_a_pool_dies_or_ems_restarts(tmp_path: Path) -> N
         finally:
             restarted.send_signal(signal.SIGTERM)
             restarted.wait(timeout=30)
+
+
+def test_from_compose_without_mosquitto_says_so(tmp_path: Path) -> None:
+    """No mosquitto installed: a clear message and exit 1, no traceback, no run directory."""
+    state_file = tmp_path / "state.json"
+    result = subprocess.run(
+        [
+            CMEMU,
+            "up",
+            "--from-compose",
+            str(ROOT / "compose" / "cm-mini.yaml"),
+            "--state-file",
+            str(state_file),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CMEMU_MOSQUITTO": str(tmp_path / "no" / "mosquitto")},
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "runs mosquitto" in result.stderr and "apt-get install mosquitto" in result.stderr
+    assert "--broker none" in result.stderr
+    assert not list(tmp_path.iterdir())  # no run directory left behind

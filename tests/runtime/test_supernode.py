@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cmemu.v1 import device_pb2
+from cmemu.v1 import device_pb2, fabric_pb2
 from emulator.client import health
 from emulator.model.errors import InvalidArgumentError, PreconditionError, UnknownNameError
 from emulator.runtime.procs import Running
@@ -130,3 +130,6 @@ async def test_compose_mode_runs_the_committed_file(tmp_path: Path) -> None:
         assert sn.broker is not None and sn.broker.startswith("mqtt://127.60.")
         info = await sn.clients.device("n00-npu3").GetInfo(device_pb2.GetInfoRequest())
         assert info.eid == sn.topology.device("n00-npu3").eid
+        # no $CMEMU_EPOCH: the fabric took the epoch, every process asked it, and so did we
+        clock = await sn.clients.fabric().GetClock(fabric_pb2.GetClockRequest())
+        assert sn.topology.epoch_wall_s == clock.epoch_wall_s

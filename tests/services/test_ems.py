@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -13,8 +16,9 @@ from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, ub_pb2
 from emulator.model.ems import prefix_keys
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.topology import ServiceKind
-from emulator.runtime.supernode import Supernode
+from emulator.runtime.supernode import LaunchOptions, Supernode
 from emulator.testing import Clients, running_supernode
+from services.ems_store import EmsState
 
 KIB = 1024
 
@@ -108,7 +112,7 @@ async def test_prefix_matching(clients: Clients) -> None:
         (ems_pb2.PutRequest(key="", data=b"x"), "INVALID_ARGUMENT"),
         (ems_pb2.PutRequest(key="a|b", data=b"x"), "INVALID_ARGUMENT"),
         (ems_pb2.PutRequest(key="k" * 201, data=b"x"), "INVALID_ARGUMENT"),
-        (ems_pb2.PutRequest(key="big", data=bytes(64 * KIB + 1)), "INVALID_ARGUMENT"),
+        (ems_pb2.PutRequest(key="big", data=bytes(2**20 + 1)), "INVALID_ARGUMENT"),
         (ems_pb2.PutRequest(key="huge", size=65 * 2**30), "INVALID_ARGUMENT"),
         (ems_pb2.PutRequest(key="nothing"), "INVALID_ARGUMENT"),
         (ems_pb2.PutRequest(key="x", data=b"x", device="n09-npu0"), "NOT_FOUND"),
@@ -198,7 +202,7 @@ async def test_pinned_objects_are_never_evicted(small: Supernode) -> None:
 
 
 async def test_a_dead_pool_loses_nothing_and_the_factor_is_restored() -> None:
-    profile = _profile(check_interval_s=0.1)
+    profile = _profile(check_interval_s=0.1, dead_after_s=0.3)
     async with running_supernode("cm192", profile=profile) as supernode:
         clients = Clients(supernode.topology)
         ems = _ems(clients)
@@ -229,7 +233,8 @@ async def test_a_restarted_ems_rebuilds_its_index_from_the_pools(
     for key, value in data.items():
         await ems.Put(ems_pb2.PutRequest(key=key, data=value, kind=ems_pb2.OBJECT_KIND_WEIGHTS))
     assert mini.local.ems is not None
-    before = len(mini.local.ems.index)
+    # objects with a copy left (a copy that failed its checksum was freed: see "fragile")
+    before = sum(1 for m in mini.local.ems.index.objects.values() if m.replicas)
     mini.local.ems.index = type(
         mini.local.ems.index
     )()  # the metadata is gone, as with a new process
@@ -239,6 +244,25 @@ async def test_a_restarted_ems_rebuilds_its_index_from_the_pools(
     for key, value in data.items():
         got = await ems.Get(ems_pb2.GetRequest(key=key))
         assert got.data == value and got.kind == ems_pb2.OBJECT_KIND_WEIGHTS
+
+
+async def test_a_rebuild_reads_every_page_of_a_pools_regions() -> None:
+    """More regions than one ListRegions page: the rebuild follows next_page_token."""
+    profile = replace(
+        DEFAULT_PROFILE, limits=replace(DEFAULT_PROFILE.limits, list_regions_page_max=3)
+    )
+    async with running_supernode("cm-mini", profile=profile) as sn:
+        clients = Clients(sn.topology)
+        ems = _ems(clients)
+        for i in range(10):
+            await ems.Put(ems_pb2.PutRequest(key=f"p{i}", data=bytes([i]) * 8))
+        state = sn.local.ems
+        assert state is not None
+        state.index = type(state.index)()
+        await state.rebuild()
+        assert sorted(state.index.objects) == [f"p{i}" for i in range(10)]
+        assert all(len(m.replicas) == 2 for m in state.index.objects.values())
+        await clients.close()
 
 
 async def test_concurrent_puts_of_one_key_leave_one_object_and_no_stray_copies(
@@ -289,3 +313,336 @@ async def test_list_filters_by_prefix_and_pages(clients: Clients) -> None:
     assert not (await ems.List(ems_pb2.ListRequest(prefix="nothing-here"))).objects
     bad = ems.List(ems_pb2.ListRequest(page_token="not-a-token"))
     assert await _status(bad) == "INVALID_ARGUMENT"
+
+
+# --- issue 9: EMS never forgets ----------------------------------------------------------------
+
+MIB = 2**20
+
+
+async def _regions(clients: Clients, pool: str, key: str) -> list[device_pb2.Region]:
+    listed = await clients.device(pool).ListRegions(device_pb2.ListRegionsRequest())
+    return [r for r in listed.regions if r.label.endswith(f"|{key}")]
+
+
+async def _fault(clients: Clients, pool: str, faulted: bool) -> None:
+    await clients.device(pool).SetFaultState(device_pb2.FaultState(faulted=faulted, reason="test"))
+
+
+async def test_batch_put_and_delete_are_all_or_nothing(small: Supernode) -> None:
+    clients = Clients(small.topology)
+    ems = _ems(clients)
+    bad_batches = [
+        [ems_pb2.PutRequest(key="a", data=b"1"), ems_pb2.PutRequest(key="", data=b"2")],
+        [
+            ems_pb2.PutRequest(key="a", data=b"1"),
+            ems_pb2.PutRequest(key="b", data=b"2", kind=cast(Any, 99)),
+        ],
+        [ems_pb2.PutRequest(key="a", data=b"1"), ems_pb2.PutRequest(key="a", data=b"2")],
+    ]
+    for items in bad_batches:
+        put = ems.BatchPut(ems_pb2.BatchPutRequest(items=items))
+        assert await _status(put) == "INVALID_ARGUMENT"
+        assert not (await ems.Exists(ems_pb2.ExistsRequest(key="a"))).exists
+    single = ems.Put(ems_pb2.PutRequest(key="k", data=b"1", kind=cast(Any, 99)))
+    assert await _status(single) == "INVALID_ARGUMENT"
+    # a later item that cannot fit (12 KiB of each pool, all pinned): the earlier ones go too
+    await ems.Put(ems_pb2.PutRequest(key="old", data=b"o" * 4 * KIB))
+    items = [ems_pb2.PutRequest(key=f"p{i}", data=bytes(4 * KIB), pinned=True) for i in range(4)]
+    assert await _status(ems.BatchPut(ems_pb2.BatchPutRequest(items=items))) == (
+        "RESOURCE_EXHAUSTED"
+    )
+    for i in range(4):
+        assert not (await ems.Exists(ems_pb2.ExistsRequest(key=f"p{i}"))).exists
+    assert (await ems.Get(ems_pb2.GetRequest(key="old"))).data == b"o" * 4 * KIB
+    stat = await ems.Stat(ems_pb2.StatRequest())
+    assert (stat.objects, stat.dram_used_bytes) == (1, 8 * KIB)
+    for pool in ("n00-mem", "n01-mem"):
+        listed = await clients.device(pool).ListRegions(device_pb2.ListRegionsRequest())
+        assert len(listed.regions) == 1
+    bad_delete = ems.BatchDelete(ems_pb2.BatchDeleteRequest(keys=["old", ""]))
+    assert await _status(bad_delete) == "INVALID_ARGUMENT"
+    assert (await ems.Exists(ems_pb2.ExistsRequest(key="old"))).exists
+    await clients.close()
+
+
+def _restarted(old: EmsState) -> EmsState:
+    """A new EMS over the same pools, as a restarted process is (nothing kept in memory)."""
+    return EmsState(
+        topology=old.topology,
+        profile=old.profile,
+        clock=old.clock,
+        peers=old.peers,
+        ssd_dir=old.ssd.directory,
+    )
+
+
+async def test_deleted_keys_stay_deleted_when_a_faulted_pool_returns() -> None:
+    """Deletes and overwrites while a pool is faulted: its stale copies are freed when it returns
+    (by the sweep) or by a restarted EMS, and the deleted keys never come back."""
+    profile = _profile(check_interval_s=0.05)
+    async with running_supernode("cm-mini", profile=profile) as sn:
+        assert sn.local.ems is not None
+        clients = Clients(sn.topology)
+        ems = _ems(clients)
+        for key in ("gone", "kept", "over"):
+            await ems.Put(ems_pb2.PutRequest(key=key, data=key.encode() * 100))
+        await _fault(clients, "n01-mem", True)
+        assert (await ems.Delete(ems_pb2.DeleteRequest(key="gone"))).deleted
+        await ems.Put(ems_pb2.PutRequest(key="over", data=b"new"))
+        assert await _status(ems.Get(ems_pb2.GetRequest(key="gone"))) == "NOT_FOUND"
+        await _fault(clients, "n01-mem", False)
+        async with asyncio.timeout(10):
+            while await _regions(clients, "n01-mem", "gone"):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        assert len(await _regions(clients, "n01-mem", "over")) == 1
+        assert (await ems.Get(ems_pb2.GetRequest(key="over", device="n01-npu0"))).data == b"new"
+        restarted = _restarted(sn.local.ems)
+        await restarted.rebuild(5)
+        assert restarted.lookup("gone") is None
+        assert restarted.lookup("kept") is not None
+        assert (await restarted.get("over")).data == b"new"
+        await clients.close()
+
+
+async def test_a_restarted_ems_does_not_resurrect_keys_deleted_while_a_pool_was_away() -> None:
+    profile = _profile(check_interval_s=3600.0)  # no sweep: only the restarted EMS reconciles
+    async with running_supernode("cm-mini", profile=profile) as sn:
+        assert sn.local.ems is not None
+        clients = Clients(sn.topology)
+        ems = _ems(clients)
+        for key in ("gone", "over"):
+            await ems.Put(ems_pb2.PutRequest(key=key, data=key.encode() * 100))
+        await _fault(clients, "n01-mem", True)
+        await ems.BatchDelete(ems_pb2.BatchDeleteRequest(keys=["gone"]))
+        await ems.Put(ems_pb2.PutRequest(key="over", data=b"new"))
+        await _fault(clients, "n01-mem", False)
+        restarted = _restarted(sn.local.ems)
+        await restarted.rebuild(5)
+        assert restarted.lookup("gone") is None
+        assert (await restarted.get("over", "n01-npu0")).data == b"new"
+        for pool in ("n00-mem", "n01-mem"):
+            assert not await _regions(clients, pool, "gone")
+            assert len(await _regions(clients, pool, "over")) == (pool == "n00-mem")
+        await restarted.sweep()  # everything reconciled: the tombstones go too
+        for pool in ("n00-mem", "n01-mem"):
+            listed = await clients.device(pool).ListRegions(device_pb2.ListRegionsRequest())
+            assert all("|gone" not in r.label for r in listed.regions)
+        await clients.close()
+
+
+async def test_a_stalled_pool_is_suspect_and_its_copies_come_back() -> None:
+    """A pool that misses sweeps is suspect (reads avoid it) but keeps its copies; when it
+    answers again every copy is readable, with no restart."""
+    profile = _profile(check_interval_s=0.05, suspect_after_sweeps=2, dead_after_s=3600.0)
+    async with running_supernode("cm192", profile=profile) as sn:
+        clients = Clients(sn.topology)
+        ems = _ems(clients)
+        keys = [f"s{i}" for i in range(20)]
+        for key in keys:
+            await ems.Put(ems_pb2.PutRequest(key=key, data=key.encode() * 10))
+        victim = (await ems.Put(ems_pb2.PutRequest(key="probe", data=b"p"))).replicas[0]
+        held = [
+            o.key for o in (await ems.List(ems_pb2.ListRequest())).objects if victim in o.replicas
+        ]
+        await _fault(clients, victim, True)
+        async with asyncio.timeout(10):
+            while next(  # noqa: ASYNC110
+                p for p in (await ems.Stat(ems_pb2.StatRequest())).pools if p.pool == victim
+            ).healthy:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # several sweeps: suspect, not dead
+        for key in held:
+            got = await ems.Get(ems_pb2.GetRequest(key=key))
+            assert got.served_by != victim
+            (info,) = (await ems.List(ems_pb2.ListRequest(prefix=key, page_size=1))).objects
+            assert victim in info.replicas  # kept while suspect
+        await _fault(clients, victim, False)
+        async with asyncio.timeout(10):
+            while not next(  # noqa: ASYNC110
+                p for p in (await ems.Stat(ems_pb2.StatRequest())).pools if p.pool == victim
+            ).healthy:
+                await asyncio.sleep(0.05)
+        for key in held:  # the other copies fault: the victim's serve
+            (info,) = (await ems.List(ems_pb2.ListRequest(prefix=key, page_size=1))).objects
+            others = [p for p in info.replicas if p != victim]
+            for p in others:
+                await _fault(clients, p, True)
+            got = await ems.Get(ems_pb2.GetRequest(key=key))
+            assert got.served_by == victim
+            for p in others:
+                await _fault(clients, p, False)
+        await clients.close()
+
+
+async def test_a_dead_pool_that_returns_is_reconciled() -> None:
+    profile = _profile(check_interval_s=0.05, suspect_after_sweeps=1, dead_after_s=0.3)
+    async with running_supernode("cm192", profile=profile) as sn:
+        clients = Clients(sn.topology)
+        ems = _ems(clients)
+        for i in range(20):
+            await ems.Put(ems_pb2.PutRequest(key=f"d{i}", data=b"x" * 100))
+        victim = (await ems.Put(ems_pb2.PutRequest(key="probe", data=b"p"))).replicas[0]
+        await _fault(clients, victim, True)
+        async with asyncio.timeout(20):
+            while (await ems.Stat(ems_pb2.StatRequest())).under_replicated:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        await ems.Delete(ems_pb2.DeleteRequest(key="probe"))
+        await _fault(clients, victim, False)
+        async with asyncio.timeout(20):
+            while not next(  # noqa: ASYNC110
+                p for p in (await ems.Stat(ems_pb2.StatRequest())).pools if p.pool == victim
+            ).healthy:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        stat = await ems.Stat(ems_pb2.StatRequest())
+        assert stat.objects == 20 and stat.dram_used_bytes == 2 * stat.dram_bytes
+        pool = next(p for p in stat.pools if p.pool == victim)
+        listed = await clients.device(victim).ListRegions(device_pb2.ListRegionsRequest())
+        assert len([r for r in listed.regions if r.label.startswith("ems")]) == pool.objects
+        assert not await _regions(clients, victim, "probe")
+        await clients.close()
+
+
+def _pattern(size: int) -> bytes:
+    block = bytes(range(251)) * (MIB // 251 + 1)
+    return b"".join(block[i % 251 : i % 251 + MIB] for i in range(size // MIB + 1))[:size]
+
+
+async def _put_stream(ems: ems_pb2_grpc.EmsAsyncStub, key: str, data: bytes, **head: Any) -> Any:
+    async def chunks() -> AsyncIterator[ems_pb2.PutChunk]:
+        yield ems_pb2.PutChunk(head=ems_pb2.PutRequest(key=key, size=len(data), **head))
+        for start in range(0, len(data), 3 * MIB // 2):  # pieces need not be the store's chunks
+            yield ems_pb2.PutChunk(data=data[start : start + 3 * MIB // 2])
+
+    return await ems.PutStream(chunks())
+
+
+async def _get_stream(ems: ems_pb2_grpc.EmsAsyncStub, key: str, device: str = "") -> Any:
+    parts = []
+    done = None
+    async for chunk in ems.GetStream(ems_pb2.GetRequest(key=key, device=device)):
+        parts.append(chunk.data)
+        if chunk.HasField("done"):
+            done = chunk.done
+    assert done is not None
+    return b"".join(parts), done
+
+
+async def test_a_64_mib_object_streams_with_a_crc_per_chunk(clients: Clients) -> None:
+    ems = _ems(clients)
+    data = _pattern(64 * MIB)
+    put = await _put_stream(ems, "big", data, device="n00-npu0")
+    assert put.size == 64 * MIB and len(put.replicas) == 2
+    got, done = await _get_stream(ems, "big", "n00-npu1")
+    assert got == data and done.served_by == "n00-mem" and done.size == 64 * MIB
+    assert done.complete_ns - done.issue_ns > 64 * MIB / 200e9 * 1e9
+    assert await _status(ems.Get(ems_pb2.GetRequest(key="big"))) == "FAILED_PRECONDITION"
+    # one chunk of the local copy goes bad: DATA_LOSS there, the read moves to the other copy
+    (region,) = await _regions(clients, "n00-mem", "big")
+    await clients.bus("n00-mem").Submit(
+        ub_pb2.UbTransaction(
+            op=ub_pb2.UB_OP_WRITE,
+            dst=ub_pb2.UbAddress(eid=region.eid, offset=region.offset + 5 * MIB + 7),
+            data=b"XX",
+        )
+    )
+    got, done = await _get_stream(ems, "big", "n00-npu1")
+    assert got == data and done.corrupt_copies == 1 and done.served_by == "n01-mem"
+    small_stream = await _put_stream(ems, "small-streamed", b"tiny")
+    assert small_stream.size == 4
+    assert (await ems.Get(ems_pb2.GetRequest(key="small-streamed"))).data == b"tiny"
+    assert (await _get_stream(ems, "small-streamed"))[0] == b"tiny"
+    too_big = _put_stream(ems, "too-big", b"", device="")
+    assert await _status(too_big) == "INVALID_ARGUMENT"  # no data
+    assert await _status(ems.Put(ems_pb2.PutRequest(key="u", data=bytes(MIB + 1)))) == (
+        "INVALID_ARGUMENT"
+    )
+    await ems.Delete(ems_pb2.DeleteRequest(key="big"))
+    await ems.Delete(ems_pb2.DeleteRequest(key="small-streamed"))
+
+
+async def test_real_bytes_over_the_cap_are_resource_exhausted() -> None:
+    limits = replace(DEFAULT_PROFILE.limits, stored_bytes_cap_per_device=4 * MIB)
+    profile = replace(DEFAULT_PROFILE, limits=limits)
+    async with running_supernode("cm-mini", profile=profile) as sn:
+        clients = Clients(sn.topology)
+        ems = _ems(clients)
+        assert await _status(_put_stream(ems, "big", _pattern(8 * MIB))) == "RESOURCE_EXHAUSTED"
+        stat = await ems.Stat(ems_pb2.StatRequest())
+        assert (stat.objects, stat.dram_used_bytes) == (0, 0)
+        for pool in ("n00-mem", "n01-mem"):
+            assert not await _regions(clients, pool, "big")
+        await clients.close()
+
+
+@pytest.mark.slow
+async def test_procs_a_stalled_node_and_a_restarted_ems_forget_nothing_and_resurrect_nothing(
+    tmp_path: Path,
+) -> None:
+    """Processes, as `cmemu up --mode procs` runs them: a node process stopped past the suspect
+    threshold serves its copies again once continued, with no EMS restart; keys deleted while a
+    pool is faulted stay deleted after the pool returns and the EMS process is restarted."""
+    options = LaunchOptions(
+        preset="cm-mini",
+        mode="procs",
+        per="node",
+        broker="none",
+        run_dir=tmp_path / "run",
+        first_octet=41,
+    )
+    async with Supernode.start(options) as sn:
+        assert sn.supervisor is not None
+        clients = sn.clients
+        ems = _ems(clients)
+        keys = [f"p{i}" for i in range(10)]
+        for key in keys:
+            await ems.Put(ems_pb2.PutRequest(key=key, data=key.encode() * 64))
+        node = sn.supervisor.running["n01"].proc
+        node.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(4.0)  # the suspect threshold is 2 sweeps of 0.5 s
+            for key in keys:  # served by n00-mem meanwhile
+                assert (await ems.Get(ems_pb2.GetRequest(key=key), timeout=15)).served_by == (
+                    "n00-mem"
+                )
+        finally:
+            node.send_signal(signal.SIGCONT)
+        await _wait_healthy(ems, "n01-mem")
+        await _fault(clients, "n00-mem", True)
+        for key in keys:  # every object readable from the pool that stalled: no restart
+            assert (await ems.Get(ems_pb2.GetRequest(key=key))).served_by == "n01-mem"
+        await _fault(clients, "n00-mem", False)
+        await _wait_healthy(ems, "n00-mem")
+
+        await _fault(clients, "n01-mem", True)
+        deleted = keys[:5]
+        assert (await ems.BatchDelete(ems_pb2.BatchDeleteRequest(keys=deleted))).deleted == 5
+        await _fault(clients, "n01-mem", False)
+        process = sn.supervisor.running["ems"]
+        process.proc.kill()
+        await process.proc.wait()
+        await sn.supervisor.start([process.spec])
+        async with asyncio.timeout(60):
+            while True:
+                try:
+                    await ems.Stat(ems_pb2.StatRequest(), timeout=2)
+                    break
+                except grpc.aio.AioRpcError:
+                    await asyncio.sleep(0.2)
+        for key in deleted:
+            assert not (await ems.Exists(ems_pb2.ExistsRequest(key=key))).exists
+            assert await _status(ems.Get(ems_pb2.GetRequest(key=key))) == "NOT_FOUND"
+        for key in keys[5:]:
+            assert (await ems.Get(ems_pb2.GetRequest(key=key))).data == key.encode() * 64
+        for pool in ("n00-mem", "n01-mem"):
+            for key in deleted:
+                assert not await _regions(clients, pool, key)
+
+
+async def _wait_healthy(ems: ems_pb2_grpc.EmsAsyncStub, pool: str) -> None:
+    async with asyncio.timeout(30):
+        while not next(  # noqa: ASYNC110
+            p for p in (await ems.Stat(ems_pb2.StatRequest())).pools if p.pool == pool
+        ).healthy:
+            await asyncio.sleep(0.1)

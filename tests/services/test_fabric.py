@@ -238,6 +238,22 @@ async def test_bad_fabric_requests_and_the_fabric_keeps_serving(
 
 
 async def test_link_statistics_and_their_stream(clients: Clients) -> None:
+    """Its own traffic first: the test must not depend on what earlier tests moved."""
+    dst = clients.topology.device("n01-npu1")
+    region = await clients.device(dst.id).AllocateRegion(
+        device_pb2.AllocateRegionRequest(size=1 << 20)
+    )
+    await clients.bus("n00-npu1").Submit(
+        ub_pb2.UbTransaction(
+            op=ub_pb2.UB_OP_WRITE,
+            dst=ub_pb2.UbAddress(eid=dst.eid, offset=region.offset),
+            size=1 << 20,
+            size_only=True,
+        )
+    )
+    await clients.device(dst.id).FreeRegion(
+        device_pb2.FreeRegionRequest(region_id=region.region_id)
+    )
     fabric = clients.fabric()
     stats = await fabric.GetLinkStats(fabric_pb2.LinkStatsRequest(top=5))
     assert len(stats.links) == 5 and stats.completed_flows > 0

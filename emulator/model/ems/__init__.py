@@ -5,53 +5,89 @@ No I/O here. The service (services/ems_store.py) moves the bytes over UB and kee
 
 from __future__ import annotations
 
+from emulator.model.ems.chunks import (
+    chunk_crcs,
+    decode_trailer,
+    encode_trailer,
+    spans,
+    trailer_bytes,
+)
 from emulator.model.ems.index import (
     LABEL_VERSION,
     PAGE_SIZE_DEFAULT,
     PAGE_SIZE_MAX,
+    TOMBSTONE_VERSION,
     Index,
     ObjectMeta,
     Page,
     Replica,
     Tier,
+    Tombstone,
     decode_label,
+    decode_tombstone,
     encode_label,
+    encode_tombstone,
 )
 from emulator.model.ems.keys import (
     KEY_MAX_BYTES,
+    KINDS,
     check_block_tokens,
     check_key,
+    check_kind,
     object_size,
     prefix_keys,
 )
-from emulator.model.ems.placement import REBUILD_POLL_S, Placement, ReadPlan, RepairPlan
+from emulator.model.ems.placement import (
+    REBUILD_POLL_S,
+    Health,
+    Placement,
+    ReadPlan,
+    RepairPlan,
+)
+from emulator.model.ems.reconcile import Listed, Reconciled, absorb_tombstones, reconcile
 from emulator.model.ems.ring import HashRing
 from emulator.model.ems.stats import Counters, PoolStats, StoreStats, Timing, summarize
 
 __all__ = [
     "KEY_MAX_BYTES",
+    "KINDS",
     "LABEL_VERSION",
     "PAGE_SIZE_DEFAULT",
     "PAGE_SIZE_MAX",
     "REBUILD_POLL_S",
+    "TOMBSTONE_VERSION",
     "Counters",
     "HashRing",
+    "Health",
     "Index",
+    "Listed",
     "ObjectMeta",
     "Page",
     "Placement",
     "PoolStats",
     "ReadPlan",
+    "Reconciled",
     "RepairPlan",
     "Replica",
     "StoreStats",
     "Tier",
     "Timing",
+    "Tombstone",
+    "absorb_tombstones",
     "check_block_tokens",
     "check_key",
+    "check_kind",
+    "chunk_crcs",
     "decode_label",
+    "decode_tombstone",
+    "decode_trailer",
     "encode_label",
+    "encode_tombstone",
+    "encode_trailer",
     "object_size",
     "prefix_keys",
+    "reconcile",
+    "spans",
     "summarize",
+    "trailer_bytes",
 ]

@@ -16,7 +16,8 @@ from enum import StrEnum
 
 from emulator.model.errors import InvalidArgumentError
 
-LABEL_VERSION = "ems1"
+LABEL_VERSION = "ems2"  # ems2|gen|kind|pinned|size|crc|key; "ems1" labels (no gen) still read
+TOMBSTONE_VERSION = "ems2t"  # ems2t|gen|key: a key deleted at gen, while a copy may survive
 PAGE_SIZE_DEFAULT = 1000
 PAGE_SIZE_MAX = 10_000
 _TOKEN_MARK = "ems-list1|"
@@ -38,34 +39,68 @@ class ObjectMeta:
     key: str
     kind: int
     size: int
-    crc: int | None  # None: a size-only object
+    crc: int | None  # None: a size-only object; chunked: the CRC-32 of the chunk table
     pinned: bool
     replicas: dict[str, Replica] = field(default_factory=dict)  # pool id -> its copy
     tier: Tier = Tier.DRAM
+    gen: int = 0  # the version: a newer generation of a key supersedes an older one
+    chunked: bool = False  # each copy holds its chunk table after the data (see chunks.py)
+    crcs: tuple[int, ...] | None = None  # the chunk table once read (chunked objects)
+    chunk_bytes: int = 0  # the chunk size of the table (chunked objects)
 
     @property
     def real(self) -> bool:
         return self.crc is not None
 
 
+@dataclass
+class Tombstone:
+    """A key deleted at `gen` while a pool that may hold an older copy could not be told: kept
+    in regions of its own (`regions`: pool -> region id) until every pool in `pending` has been
+    reconciled, so that no restart or returning pool brings the key back."""
+
+    key: str
+    gen: int
+    regions: dict[str, int] = field(default_factory=dict)
+    pending: set[str] = field(default_factory=set)
+
+
 def encode_label(meta: ObjectMeta) -> str:
-    crc = "-" if meta.crc is None else f"{meta.crc:08x}"
-    return f"{LABEL_VERSION}|{meta.kind}|{int(meta.pinned)}|{meta.size}|{crc}|{meta.key}"
+    crc = "-" if meta.crc is None else f"{'t' if meta.chunked else ''}{meta.crc:08x}"
+    return (
+        f"{LABEL_VERSION}|{meta.gen:x}|{meta.kind}|{int(meta.pinned)}|{meta.size}|{crc}|{meta.key}"
+    )
+
+
+def encode_tombstone(key: str, gen: int) -> str:
+    return f"{TOMBSTONE_VERSION}|{gen:x}|{key}"
 
 
 def decode_label(label: str) -> ObjectMeta | None:
     """The object a region holds, or None for a region that is not an EMS copy."""
-    parts = label.split("|", 5)
-    if len(parts) != 6 or parts[0] != LABEL_VERSION:
+    if label.startswith("ems1|"):  # before generations: the oldest of all
+        label = f"{LABEL_VERSION}|0|" + label[len("ems1|") :]
+    parts = label.split("|", 6)
+    if len(parts) != 7 or parts[0] != LABEL_VERSION:
         return None
-    _, kind, pinned, size, crc, key = parts
+    _, gen, kind, pinned, size, crc, key = parts
+    chunked = crc.startswith("t")
     return ObjectMeta(
         key=key,
         kind=int(kind),
         size=int(size),
-        crc=None if crc == "-" else int(crc, 16),
+        crc=None if crc == "-" else int(crc.removeprefix("t"), 16),
         pinned=pinned == "1",
+        gen=int(gen, 16),
+        chunked=chunked,
     )
+
+
+def decode_tombstone(label: str) -> Tombstone | None:
+    parts = label.split("|", 2)
+    if len(parts) != 3 or parts[0] != TOMBSTONE_VERSION:
+        return None
+    return Tombstone(key=parts[2], gen=int(parts[1], 16))
 
 
 @dataclass(frozen=True)
@@ -95,6 +130,20 @@ class Index:
     def __init__(self) -> None:
         self.objects: OrderedDict[str, ObjectMeta] = OrderedDict()
         self.pool_bytes: dict[str, int] = {}
+        self.tombstones: dict[str, Tombstone] = {}
+        # pool -> keys whose copy there left the index while the pool was dead (replaced
+        # elsewhere): a delete of one owes that pool a tombstone
+        self.detached: dict[str, set[str]] = {}
+        self.last_gen = 0  # the newest generation seen: new ones are later
+
+    def next_gen(self, floor: int = 0) -> int:
+        """A generation later than every one seen (and than `floor`, e.g. the wall clock in ns,
+        which keeps generations rising across restarts even when the newest are out of sight)."""
+        self.last_gen = max(self.last_gen + 1, floor)
+        return self.last_gen
+
+    def seen(self, gen: int) -> None:
+        self.last_gen = max(self.last_gen, gen)
 
     def __len__(self) -> int:
         return len(self.objects)

@@ -10,6 +10,7 @@ from emulator.model.errors import InvalidArgumentError, OutOfRangeError
 from emulator.model.hardware import EmsProfile
 
 KEY_MAX_BYTES = 200  # the region label holds the key: 256 characters in all
+KINDS = (0, 1, 2, 3)  # cmemu.v1.ObjectKind: unspecified (a KV block), KV block, weights, checkpoint
 
 
 def check_key(key: str) -> None:
@@ -21,21 +22,39 @@ def check_key(key: str) -> None:
         raise InvalidArgumentError("key must not contain '|' or a newline")
 
 
-def object_size(data_bytes: int, size: int, ems: EmsProfile) -> int:
+def check_kind(kind: int) -> None:
+    if kind not in KINDS:
+        raise InvalidArgumentError(
+            f"kind must be one of {', '.join(map(str, KINDS))} (ObjectKind), got {kind}",
+            field="kind",
+        )
+
+
+def object_size(data_bytes: int, size: int, ems: EmsProfile, *, streamed: bool = False) -> int:
     """The size of an object put with `data_bytes` of real data or, when that is 0, a size-only
-    `size`; refuses what the store does not take."""
+    `size`; refuses what the store does not take. A unary Put carries at most one chunk of real
+    bytes; PutStream (`streamed`) up to real_object_max_bytes."""
     if data_bytes:
         if data_bytes > ems.real_object_max_bytes:
             raise InvalidArgumentError(
-                f"objects over {ems.real_object_max_bytes} bytes are size-only: send size"
+                f"objects over {ems.real_object_max_bytes} bytes are size-only: send size",
+                field="data",
+            )
+        if not streamed and data_bytes > ems.chunk_bytes:
+            raise InvalidArgumentError(
+                f"a Put carries at most {ems.chunk_bytes} bytes: send larger objects by "
+                "PutStream (or size-only)",
+                field="data",
             )
         if size not in (0, data_bytes):
-            raise InvalidArgumentError("size differs from len(data)")
+            raise InvalidArgumentError("size differs from len(data)", field="size")
     elif not size:
-        raise InvalidArgumentError("an object needs data or a size")
+        raise InvalidArgumentError("an object needs data or a size", field="size")
     size = data_bytes or size
     if size > ems.object_max_bytes:
-        raise InvalidArgumentError(f"oversize object: {size} bytes, at most {ems.object_max_bytes}")
+        raise InvalidArgumentError(
+            f"oversize object: {size} bytes, at most {ems.object_max_bytes}", field="size"
+        )
     return size
 
 

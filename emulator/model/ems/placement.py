@@ -7,12 +7,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from emulator.model.ems.index import Index, ObjectMeta, Replica, Tier
 from emulator.model.ems.ring import HashRing
 from emulator.model.errors import CapacityError, UnavailableError
 
 REBUILD_POLL_S = 0.2  # emulated seconds between asks of pools that did not answer a rebuild
+
+
+class Health(StrEnum):
+    """UP: read and written. SUSPECT: missed sweeps (or failed a call): avoided, its copies kept.
+    DEAD: silent past the dead threshold: its copies are replaced, then forgotten."""
+
+    UP = "up"
+    SUSPECT = "suspect"
+    DEAD = "dead"
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,9 @@ class RepairPlan:
     targets: list[str]
 
 
+_RANK = {Health.UP: 0, Health.SUSPECT: 1, Health.DEAD: 2}
+
+
 class Placement:
     """The pools as EMS sees them: up or down, bytes held and reserved, per pool."""
 
@@ -44,25 +57,70 @@ class Placement:
         capacity_per_pool: int,
         replication_factor: int,
         index: Index | None = None,
+        suspect_after_sweeps: int = 2,
+        dead_after_ns: int = 30 * 10**9,
     ) -> None:
         self.nodes = dict(pools)  # pool id -> its node
         self.ring = ring
         self.capacity_per_pool = capacity_per_pool
         self.replication_factor = replication_factor
         self.index = index if index is not None else Index()
-        self.healthy = dict.fromkeys(self.nodes, True)
+        self.suspect_after_sweeps = suspect_after_sweeps
+        self.dead_after_ns = dead_after_ns
+        self.health = dict.fromkeys(self.nodes, Health.UP)
+        self.missed = dict.fromkeys(self.nodes, 0)  # sweeps missed in a row
+        self.silent_since_ns: dict[str, int] = {}  # pool -> its first missed sweep
         self.reserved: dict[str, int] = {}  # pool -> bytes of puts still writing their copies
 
     # --- health and usage ----------------------------------------------------------------------
 
+    @property
+    def healthy(self) -> dict[str, bool]:
+        return {p: h is Health.UP for p, h in self.health.items()}
+
     def mark(self, pool: str, *, healthy: bool) -> bool:
-        """Record a pool's health; True when that changed it."""
-        changed = self.healthy[pool] != healthy
-        self.healthy[pool] = healthy
+        """Record a pool's health outright (UP, or DEAD); True when that changed it."""
+        new = Health.UP if healthy else Health.DEAD
+        changed = self.health[pool] is not new
+        self.health[pool] = new
+        if healthy:
+            self.missed[pool] = 0
+            self.silent_since_ns.pop(pool, None)
         return changed
 
+    def suspect(self, pool: str, now_ns: int) -> bool:
+        """A call to the pool failed: avoid it until a sweep hears from it. True when newly so."""
+        self.silent_since_ns.setdefault(pool, now_ns)
+        if self.health[pool] is Health.UP:
+            self.health[pool] = Health.SUSPECT
+            return True
+        return False
+
+    def observe(self, pool: str, *, answered: bool, now_ns: int) -> Health | None:
+        """One sweep's probe of a pool; the pool's new health when it changed."""
+        old = self.health[pool]
+        if answered:
+            self.missed[pool] = 0
+            self.silent_since_ns.pop(pool, None)
+            new = Health.UP
+        else:
+            self.missed[pool] += 1
+            since = self.silent_since_ns.setdefault(pool, now_ns)
+            if now_ns - since >= self.dead_after_ns:
+                new = Health.DEAD
+            elif self.missed[pool] >= self.suspect_after_sweeps:
+                new = max(old, Health.SUSPECT, key=_RANK.__getitem__)
+            else:
+                new = old
+        self.health[pool] = new
+        return new if new is not old else None
+
     def usable(self) -> list[str]:
-        return [p for p, up in self.healthy.items() if up]
+        return [p for p, h in self.health.items() if h is Health.UP]
+
+    def kept(self, meta: ObjectMeta) -> list[str]:
+        """The pools of an object's copies that are not dead (up or suspect)."""
+        return [p for p in meta.replicas if self.health[p] is not Health.DEAD]
 
     def used(self, pool: str) -> int:
         """Bytes of the pool's EMS share held by objects and by puts still writing."""
@@ -78,18 +136,28 @@ class Placement:
         return min(self.replication_factor, len(self.usable()) or 1)
 
     def live(self, meta: ObjectMeta) -> list[str]:
-        return [p for p in meta.replicas if self.healthy[p]]
+        return [p for p in meta.replicas if self.health[p] is Health.UP]
 
     def needs_repair(self, meta: ObjectMeta) -> bool:
-        """An indexed DRAM object with fewer live copies than wanted."""
+        """An indexed DRAM object with fewer copies than wanted outside dead pools (a suspect
+        pool's copies still count: it may only be stalled)."""
         return (
             meta.tier is Tier.DRAM
             and self.index.get(meta.key) is meta
-            and len(self.live(meta)) < self.wanted()
+            and len(self.kept(meta)) < self.wanted()
         )
 
-    def under_replicated(self) -> list[ObjectMeta]:
+    def to_repair(self) -> list[ObjectMeta]:
         return [m for m in self.index.objects.values() if self.needs_repair(m)]
+
+    def under_replicated(self) -> list[ObjectMeta]:
+        """Indexed DRAM objects with fewer readable copies than wanted (what Stat reports)."""
+        wanted = self.wanted()
+        return [
+            m
+            for m in self.index.objects.values()
+            if m.tier is Tier.DRAM and len(self.live(m)) < wanted
+        ]
 
     # --- decisions -----------------------------------------------------------------------------
 
@@ -119,21 +187,31 @@ class Placement:
             used -= victim.size
         return chosen
 
+    def check_room(self, puts: list[tuple[int, list[str]]]) -> None:
+        """Refuse, before anything is evicted, puts of (size, target pools) that could not all
+        fit at once, even with every unpinned object evicted."""
+        need: dict[str, int] = {}
+        for size, targets in puts:
+            for pool in targets:
+                need[pool] = need.get(pool, 0) + size
+        for pool, size in need.items():
+            self.victims(pool, size)
+
     def read_order(self, meta: ObjectMeta, node: str | None) -> ReadPlan:
         """The copies a reader on `node` (None: anywhere) should try, its own node's first."""
         copies = sorted(meta.replicas.items(), key=lambda kv: self.nodes[kv[0]] != node)
         return ReadPlan(
-            copies=[(p, r) for p, r in copies if self.healthy[p]],
-            down=[p for p, _ in copies if not self.healthy[p]],
+            copies=[(p, r) for p, r in copies if self.health[p] is Health.UP],
+            down=[p for p, _ in copies if self.health[p] is not Health.UP],
         )
 
     def repair_plan(self, meta: ObjectMeta) -> RepairPlan:
         """How to bring one object back to the wanted number of copies."""
-        dead = [p for p in meta.replicas if not self.healthy[p]]
+        dead = [p for p in meta.replicas if self.health[p] is Health.DEAD]
         live = self.live(meta)
         if not live:
             return RepairPlan(dead=dead, source=None, targets=[])
-        missing = max(0, self.wanted() - len(live))
+        missing = max(0, self.wanted() - len(self.kept(meta)))
         candidates = self.ring.owners(meta.key, len(self.nodes), usable=self.usable())
         targets = [p for p in candidates if p not in meta.replicas][:missing]
         return RepairPlan(dead=dead, source=live[0], targets=targets)

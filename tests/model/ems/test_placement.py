@@ -134,3 +134,22 @@ def test_fewer_pools_than_the_factor_want_fewer_copies() -> None:
     moved = _store(p, "ssd", 10, [])
     moved.tier = Tier.SSD
     assert not p.needs_repair(moved)  # the SSD tier keeps no DRAM copies
+
+
+def test_a_silent_pool_is_suspect_then_dead_and_up_when_it_answers() -> None:
+    from emulator.model.ems import Health
+
+    placement = Placement(
+        pools={"a": "n00", "b": "n01"},
+        ring=HashRing(["a", "b"], 8),
+        capacity_per_pool=100,
+        replication_factor=2,
+        suspect_after_sweeps=2,
+        dead_after_ns=10,
+    )
+    assert placement.observe("a", answered=False, now_ns=0) is None  # one miss: still up
+    assert placement.observe("a", answered=False, now_ns=5) is Health.SUSPECT
+    assert placement.usable() == ["b"]
+    assert placement.observe("a", answered=False, now_ns=10) is Health.DEAD
+    assert placement.observe("a", answered=True, now_ns=11) is Health.UP
+    assert placement.suspect("b", 12) and placement.health["b"] is Health.SUSPECT

@@ -1,0 +1,76 @@
+"""Deaths are events: a supervised process that exits on its own publishes nothing itself (it is
+gone), so its launcher publishes a `died` event for every server it hosted, on the same topics,
+at the same QoS and in the same shape as every other event:
+
+    cmemu/<supernode>/<device>/events  {"device", "event": "died", "emulated_ns", "wall",
+                                        "exit_code", "pid", "process", "log"}
+
+The launcher owns its own EventBus for it (the broker's URL comes from the topology document),
+so a death reaches subscribers even while the dead process's neighbours keep serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from emulator.model.clock import Clock
+from emulator.model.topology import Topology
+from emulator.runtime.events import EventBus
+from emulator.runtime.procs import Running
+
+log = structlog.get_logger("cmemu.deaths")
+DIED = "died"
+
+
+@dataclass(kw_only=True)
+class DeathReporter:
+    """The supervisor's `on_exit`: a `died` event per hosted server, then the caller's own
+    callback. `topology` may be replaced once its epoch is known (compose: from the fabric)."""
+
+    topology: Topology
+    bus: EventBus | None
+    then: Callable[[Running], None] | None = None
+
+    def clock(self) -> Clock | None:
+        if self.topology.epoch_wall_s is None:
+            return None
+        return Clock(time_scale=self.topology.time_scale, epoch_wall_s=self.topology.epoch_wall_s)
+
+    def __call__(self, running: Running) -> None:
+        if self.bus is not None:
+            clock = self.clock()
+            now = clock.now_ns() if clock is not None else 0  # 0: died before the clock began
+            for server in running.spec.servers:
+                self.bus.event(
+                    server,
+                    DIED,
+                    now,
+                    exit_code=running.returncode,
+                    pid=running.proc.pid,
+                    process=running.spec.name,
+                    log=str(running.log_path),
+                )
+        if self.then is not None:
+            self.then(running)
+
+
+@contextlib.asynccontextmanager
+async def death_reporter(
+    topology: Topology, then: Callable[[Running], None] | None
+) -> AsyncIterator[DeathReporter]:
+    """A reporter publishing through a bus of its own while the block runs (none without a
+    broker); on exit the bus gives the last events a moment to leave."""
+    if topology.broker is None:
+        yield DeathReporter(topology=topology, bus=None, then=then)
+        return
+    # one supernode's worth of deaths (a node's servers each, or all of them at once) fits
+    async with EventBus(
+        topology.broker,
+        topology.supernode,
+        buffer_max=max(10_000, 2 * (len(topology.devices) + len(topology.services))),
+    ) as bus:
+        yield DeathReporter(topology=topology, bus=bus, then=then)

@@ -1,0 +1,120 @@
+"""How one emulator run guards itself (DESIGN principle 11), for every launcher alike.
+
+A `Security` value holds the bearer token, the TLS files and whether binding beyond loopback
+without a token is accepted (`--insecure`). The servers get its `server()` side (services/auth.py),
+every client and every device calling another its `credentials()` side
+(emulator/client/credentials.py). A process of `--mode procs` or a container receives it through
+its environment: `CMEMU_TOKEN_FILE` (a file holding the token, never the token itself),
+`CMEMU_TLS_CERT`, `CMEMU_TLS_KEY`, `CMEMU_TLS_CA`, `CMEMU_INSECURE=1`, and `CMEMU_MQTT_USER`
+when the broker wants a login (compose: the token is that user's password).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from emulator.client.credentials import Credentials
+from emulator.model.errors import InvalidArgumentError
+from emulator.runtime.tls import TlsFiles
+from services.auth import ServerSecurity
+
+TOKEN_ENV = "CMEMU_TOKEN_FILE"
+TLS_CERT_ENV = "CMEMU_TLS_CERT"
+TLS_KEY_ENV = "CMEMU_TLS_KEY"
+TLS_CA_ENV = "CMEMU_TLS_CA"
+INSECURE_ENV = "CMEMU_INSECURE"
+MQTT_USER_ENV = "CMEMU_MQTT_USER"
+TOKEN_BYTES = 32
+
+
+def new_token() -> str:
+    """A random token: 256 bits, URL-safe text."""
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def read_token(path: Path) -> str:
+    """The token in a file (surrounding whitespace dropped); InvalidArgumentError when the file
+    is unreadable or empty."""
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read the token file {path}: {exc}") from exc
+    if not token or any(c.isspace() for c in token):
+        raise InvalidArgumentError(f"token file {path}: one token is wanted, without spaces")
+    return token
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Write `text` readable by its owner only (0600), whatever the umask."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(path, 0o600)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Security:
+    token: str | None = field(default=None, repr=False)
+    tls: TlsFiles | None = None
+    insecure: bool = False
+    mqtt_user: str | None = None  # the broker wants this user, the token as its password
+
+    def mqtt_login(self) -> dict[str, str]:
+        """The broker login (EventBus's username and password), when the broker wants one."""
+        if self.mqtt_user is None or self.token is None:
+            return {}
+        return {"username": self.mqtt_user, "password": self.token}
+
+    def server(self) -> ServerSecurity:
+        if self.tls is None:
+            return ServerSecurity(token=self.token, insecure=self.insecure)
+        cert, key, _ = self.tls.read()
+        return ServerSecurity(token=self.token, cert_pem=cert, key_pem=key, insecure=self.insecure)
+
+    def credentials(self) -> Credentials:
+        ca = self.tls.read()[2] if self.tls is not None else None
+        return Credentials(token=self.token, ca_pem=ca)
+
+    def env(self, directory: Path) -> dict[str, str]:
+        """The environment that hands this to a child process; the token goes in a file of
+        `directory` (0600)."""
+        env: dict[str, str] = {}
+        if self.token:
+            token_file = directory / "token"
+            write_secret(token_file, self.token + "\n")
+            env[TOKEN_ENV] = str(token_file)
+        if self.tls is not None:
+            env |= {
+                TLS_CERT_ENV: str(self.tls.cert),
+                TLS_KEY_ENV: str(self.tls.key),
+                TLS_CA_ENV: str(self.tls.ca),
+            }
+        if self.insecure:
+            env[INSECURE_ENV] = "1"
+        return env
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], *, insecure: bool = False) -> Security:
+        """What `cmemu serve` runs with: the variables above (`insecure` also from its flag)."""
+        token_file = environ.get(TOKEN_ENV)
+        token = read_token(Path(token_file)) if token_file else None
+        cert, key = environ.get(TLS_CERT_ENV), environ.get(TLS_KEY_ENV)
+        if bool(cert) != bool(key):
+            raise InvalidArgumentError(f"${TLS_CERT_ENV} and ${TLS_KEY_ENV} go together")
+        tls = None
+        if cert and key:
+            tls = TlsFiles(cert=Path(cert), key=Path(key), ca=Path(environ.get(TLS_CA_ENV) or cert))
+        return cls(
+            token=token,
+            tls=tls,
+            insecure=insecure or environ.get(INSECURE_ENV, "") not in ("", "0"),
+            mqtt_user=environ.get(MQTT_USER_ENV) or None,
+        )
+
+
+NONE = Security()
