@@ -181,7 +181,7 @@ def _ls(args: argparse.Namespace) -> int:
         where = ",".join(r["replicas"]) or "-"
         print(f"{r['key']:<44} {r['size']:>14} {r['kind']:<10} {r['tier']:<4} {pin:<6} {where}")
     total = sum(r["size"] for r in rows)
-    print(f"{len(rows)} objects, {total} bytes")
+    print(f"{len(rows)} object{'' if len(rows) == 1 else 's'}, {total} bytes")
     return 0
 
 

@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         "links": (cmd_links, "the fabric's busiest links"),
         "watch": (cmd_watch, "print the running emulator's events as they happen"),
-        "ems": (cmd_ems, "the elastic memory store: put, get, stat"),
+        "ems": (cmd_ems, "the elastic memory store: put, get, ls, rm, exists, stat"),
         "status": (cmd_status, "one running instance at a glance: launcher, time, health, faults"),
         "fault": (cmd_fault, "inject, list and clear device and fabric faults"),
         "down": (cmd_down, "stop a running instance (SIGTERM to its launcher, then wait)"),

@@ -268,8 +268,10 @@ async def test_a_write_cut_by_a_fault_applies_nothing(clients: Clients) -> None:
             ub_pb2.UbTransaction(op=ub_pb2.UB_OP_WRITE, dst=at, size=64 << 30, size_only=True)
         )
     )
-    await asyncio.sleep(0.1)
     fabric = clients.fabric()
+    async with asyncio.timeout(10):  # the bulk write is in flight
+        while not (await fabric.GetLinkStats(fabric_pb2.LinkStatsRequest())).active_flows:  # noqa: ASYNC110 - polling the server
+            await asyncio.sleep(0.01)
     faults = [
         await fabric.InjectFault(fabric_pb2.FabricFault(kind="switch-down", target=f"n00-l1s{i}"))
         for i in range(DEFAULT_PROFILE.node.l1_chips)

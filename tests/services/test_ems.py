@@ -494,9 +494,12 @@ async def test_a_dead_pool_that_returns_is_reconciled() -> None:
                 p for p in (await ems.Stat(ems_pb2.StatRequest())).pools if p.pool == victim
             ).healthy:
                 await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)
-        stat = await ems.Stat(ems_pb2.StatRequest())
-        assert stat.objects == 20 and stat.dram_used_bytes == 2 * stat.dram_bytes
+        async with asyncio.timeout(20):  # reconciled: the deleted key's copy freed
+            while True:
+                stat = await ems.Stat(ems_pb2.StatRequest())
+                if stat.objects == 20 and stat.dram_used_bytes == 2 * stat.dram_bytes:
+                    break
+                await asyncio.sleep(0.05)
         pool = next(p for p in stat.pools if p.pool == victim)
         listed = await clients.device(victim).ListRegions(device_pb2.ListRegionsRequest())
         assert len([r for r in listed.regions if r.label.startswith("ems")]) == pool.objects
