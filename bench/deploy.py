@@ -40,7 +40,11 @@ def pss_mb(root: int) -> float:
         ["ps", "-o", "pid=", "--ppid", str(root)], capture_output=True, text=True, check=False
     ).stdout.split()
     total = 0.0
-    for line in Path(f"/proc/{root}/smaps_rollup").read_text().splitlines():
+    try:
+        rollup = Path(f"/proc/{root}/smaps_rollup").read_text()
+    except FileNotFoundError:  # it exited meanwhile (the `ps` just run is a child too)
+        return 0.0
+    for line in rollup.splitlines():
         if line.startswith("Pss:"):
             total += int(line.split()[1]) / 1024
     return total + sum(pss_mb(int(c)) for c in children)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import sys
 import tempfile
@@ -70,6 +71,27 @@ async def ep320(clients: Clients, runs: int) -> None:
     print(f"ep320_compute_ms       median {compute:.1f} of {runs}  (target < 50)")
 
 
+async def pair_a2a_64(clients: Clients, runs: int) -> None:
+    ranks = [f"n{n:02d}-npu{i}" for n in range(4) for i in range(8)]
+    dies = 2 * len(ranks)
+    rng = random.Random(0)
+    results = []
+    for _ in range(runs):
+        sizes = [
+            0 if i // dies == i % dies else rng.randrange(1 << 16, 1 << 24)
+            for i in range(dies * dies)
+        ]
+        request = fabric_pb2.CollectiveRequest(
+            op=fabric_pb2.COLLECTIVE_OP_ALL_TO_ALL, ranks=ranks, pair_bytes=sizes
+        )
+        results.append(await clients.fabric().Collective(request))
+    compute = statistics.median(x.wall_compute_ms for x in results)
+    print(
+        f"pair_a2a_64_compute_ms median {compute:.1f} of {runs}  ({dies} dies, "
+        f"{results[-1].flows:,} flows, random pair_bytes 64 KiB-16 MiB)"
+    )
+
+
 async def pacing(topology: Topology, clients: Clients, clock_epoch: float) -> None:
     dst = topology.device("n01-npu0")
     size = 16 << 30
@@ -105,6 +127,7 @@ async def main_async(args: argparse.Namespace, path: Path) -> None:
     try:
         await throughput(topology, clients, args.seconds, args.concurrency)
         await ep320(clients, args.runs)
+        await pair_a2a_64(clients, 3)
         await pacing(topology, clients, topology.epoch_wall_s)
     finally:
         await clients.close()

@@ -4,11 +4,15 @@ Every copy of an object is a region of a memory pool, written and read with UB t
 issued by the device that owns or wants the data, so the fabric times them; an object larger than
 one chunk moves a chunk per transaction, each with its CRC-32 (the table follows the data in the
 region). The region's label carries the object's metadata and generation: a restarted EMS
-rebuilds its index by listing the pools, the newest generation of a key winning. A delete that
-cannot reach every copy leaves tombstone regions until every pool that may hold a copy has been
-reconciled. A background sweep, every check interval of emulated time, probes the pools: a pool
-that misses sweeps is suspect (avoided, its copies kept), one silent past the dead threshold is
-dead (its copies replaced), and one that answers again is reconciled.
+rebuilds its index by listing the pools, the newest generation of a key winning (a put that
+commits after a newer one of its key, or after a delete that left a tombstone as new, is taken to
+have come just before it: acknowledged, its copies freed). A delete (or an overwrite or eviction,
+at the replaced version's generation) that cannot reach every copy leaves tombstone regions until
+every pool that may hold a copy has been reconciled; a put that fails (or loses so) leaving a
+copy it cannot free leaves abort-marker regions, for that generation alone, as long. A background
+sweep, every check interval of emulated time, probes the pools: a pool that misses sweeps is
+suspect (avoided, its copies kept), one silent past the dead threshold is dead (its copies
+replaced), and one that answers again is reconciled (settled once it has freed what it must).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from emulator.model.clock import Clock
 from emulator.model.costmodel import ems_ssd_ns
 from emulator.model.ems import (
     REBUILD_POLL_S,
+    TRAILER_HEAD_BYTES,
+    Aborted,
     Counters,
     HashRing,
     Health,
@@ -42,11 +48,14 @@ from emulator.model.ems import (
     Tier,
     Timing,
     Tombstone,
+    absorb_aborts,
     absorb_tombstones,
     check_block_tokens,
     check_key,
     chunk_crcs,
     decode_trailer,
+    decode_trailer_head,
+    encode_abort,
     encode_label,
     encode_tombstone,
     encode_trailer,
@@ -289,8 +298,10 @@ class EmsState:
             meta.tier = Tier.SSD
             log.info("evicted to ssd", key=meta.key, size=meta.size)
         else:
-            await self._free_copies(meta)
+            kept = await self._free_copies(meta)
             self.index.remove(meta.key)
+            if kept:  # as an overwrite's: a copy left on a pool away must not come back
+                await self._tombstone(meta.key, set(kept), meta.gen)
             log.info("evicted", key=meta.key, size=meta.size)
 
     async def _read_all(self, meta: ObjectMeta) -> bytes:
@@ -310,8 +321,26 @@ class EmsState:
         """Puts that failed half way: their reservations and regions go (never indexed)."""
         for s in staged:
             self.placement.reserve(s.targets, -s.meta.size)
+        await self._discard(staged)
+
+    async def _discard(self, staged: Sequence[Staged]) -> None:
+        """Free the regions of puts that are not to be indexed. A pool that cannot be told now
+        (or that did not answer an allocation: it may hold a region nobody heard of) is owed an
+        abort marker for that generation, and is suspect until a sweep reconciles it."""
+        for s in staged:
+            owed = set()
             for pool, replica in s.placed.items():
-                await self._free_region(pool, replica.region_id)
+                if not await self._free_region(pool, replica.region_id):
+                    owed.add(pool)
+            owed |= {
+                p
+                for p in s.targets
+                if p not in s.placed and self.placement.health[p] is not Health.UP
+            }
+            if owed:
+                for pool in owed:
+                    self._suspect(pool)
+                await self._abort(s.meta.key, s.meta.gen, owed)
 
     async def _drop(self, meta: ObjectMeta) -> list[str]:
         kept = await self._free_copies(meta)
@@ -355,17 +384,7 @@ class EmsState:
             self.placement.check_room([(meta.size, targets) for meta, targets in plans])
             try:
                 for meta, targets in plans:
-                    evicted = 0
-                    for pool in targets:
-                        evicted += await self._make_room(pool, meta.size)
-                    self.placement.reserve(targets, meta.size)
-                    meta.gen = self.index.next_gen(int(self.clock.wall() * 1e9))
-                    s = Staged(
-                        meta=meta, placed={}, targets=targets, timing=Timing(), evicted=evicted
-                    )
-                    staged.append(s)
-                    for pool in targets:
-                        s.placed[pool] = await self._place(meta, pool)
+                    await self._stage(meta, targets, staged)
             except Exception:
                 await self._abandon(staged)
                 raise
@@ -384,13 +403,28 @@ class EmsState:
                 await self._abandon(staged)
             raise
         async with self.lock:
+            overtaken = []
             for s in staged:
                 self.placement.reserve(s.targets, -s.meta.size)
                 old = self.index.get(s.meta.key)
+                tombstone = self.index.tombstones.get(s.meta.key)
+                if (old is not None and old.gen > s.meta.gen) or (
+                    tombstone is not None and tombstone.gen >= s.meta.gen
+                ):
+                    # a newer put (or a delete) of the key committed while this one wrote: the
+                    # newest generation wins, here as in a rebuild, so this one came just before
+                    overtaken.append(s)
+                    continue
                 if old is not None:  # the new copies are in: only now let the old ones go
-                    await self._drop(old)  # a copy it leaves is older: the newest wins
+                    kept = await self._drop(old)
+                    if kept and old.gen < s.meta.gen:
+                        # a copy on a pool that cannot be told now is owed a tombstone at its
+                        # generation (not the new one's): a delete before that pool returns
+                        # must not find it unowed, and a restart must not take it for live
+                        await self._tombstone(s.meta.key, set(kept), old.gen)
                 s.meta.replicas.update(s.placed)
                 self.index.add(s.meta)
+            await self._discard(overtaken)
         return [
             Stored(meta=s.meta, replicas=list(s.placed), timing=s.timing, evicted=s.evicted)
             for s in staged
@@ -482,8 +516,7 @@ class EmsState:
         unreachable or fails a checksum is left for the next, from the chunk where it failed."""
         plan = self.placement.read_order(meta, requester.node if requester is not None else None)
         unavailable = [f"{p} ({self.placement.health[p]})" for p in plan.down]
-        chunk = meta.chunk_bytes if meta.chunked else meta.size
-        pieces = spans(meta.size, chunk) if meta.real else [(0, meta.size)]
+        pieces: list[tuple[int, int]] = []  # once the chunk size is known (the table read)
         position = 0  # the next piece to deliver
         elapsed = 0
         for pool, replica in plan.copies:
@@ -491,6 +524,9 @@ class EmsState:
             try:
                 if meta.chunked and meta.crcs is None:
                     meta.chunk_bytes, meta.crcs = await self._table(issuer, pool, replica, meta)
+                if not pieces:
+                    chunked = meta.real and meta.chunked
+                    pieces = spans(meta.size, meta.chunk_bytes) if chunked else [(0, meta.size)]
                 while position < len(pieces):
                     start, length = pieces[position]
                     done = await self._transfer(
@@ -535,10 +571,19 @@ class EmsState:
     async def _table(
         self, issuer: Device, pool: str, replica: Replica, meta: ObjectMeta
     ) -> tuple[int, tuple[int, ...]]:
-        raw_size = trailer_bytes(meta.size, self.ems.chunk_bytes)
+        """A copy's chunk table, checked. An object rebuilt or adopted from a label does not know
+        its chunk size (the label has no room for it): the trailer's head says, read first."""
+        chunk_bytes = meta.chunk_bytes
+        if not chunk_bytes:
+            head = await self._transfer(
+                issuer, ub_pb2.UB_OP_READ, pool=pool, replica=replica, size=TRAILER_HEAD_BYTES,
+                offset=meta.size,
+            )  # fmt: skip
+            chunk_bytes = decode_trailer_head(head.data, meta.size)
         done = await self._transfer(
-            issuer, ub_pb2.UB_OP_READ, pool=pool, replica=replica, size=raw_size, offset=meta.size
-        )
+            issuer, ub_pb2.UB_OP_READ, pool=pool, replica=replica,
+            size=trailer_bytes(meta.size, chunk_bytes), offset=meta.size,
+        )  # fmt: skip
         return decode_trailer(done.data, meta.crc, meta.size)
 
     async def _check_reader(self, reader: Device, cause: RemoteError) -> None:
@@ -589,38 +634,65 @@ class EmsState:
                 out.append(True)
         return out
 
-    async def _tombstone(self, key: str, owed: set[str]) -> None:
-        """Record a delete in regions of the pools that are up, until `owed` are reconciled."""
-        gen = self.index.next_gen(int(self.clock.wall() * 1e9))
+    async def _tombstone(self, key: str, owed: set[str], gen: int | None = None) -> None:
+        """Record in regions of the pools that are up, until `owed` are reconciled, that every
+        copy of `key` up to `gen` is gone: a delete (a new generation, the default), or the
+        version an overwrite replaced (its generation) while a copy of it could not be freed."""
+        if gen is None:
+            gen = self.index.next_gen(int(self.clock.wall() * 1e9))
         tombstone = self.index.tombstones.setdefault(key, Tombstone(key=key, gen=gen))
-        tombstone.gen = gen
+        if gen <= tombstone.gen and tombstone.regions and owed <= tombstone.pending:
+            return  # already recorded, as new or newer
+        gen = tombstone.gen = max(tombstone.gen, gen)
         tombstone.pending |= owed
+        await self._record(key, encode_tombstone(key, gen), tombstone.regions)
+        log.info("tombstone", key=key, owed=sorted(owed), pools=sorted(tombstone.regions))
+
+    async def _abort(self, key: str, gen: int, owed: set[str]) -> None:
+        """Record in regions of the pools that are up, until `owed` are reconciled, that the
+        copies of `key` at `gen` (a put that failed, or lost to a newer one) are not the key's:
+        the copies `owed` hold could not be freed."""
+        marker = self.index.aborted.setdefault((key, gen), Aborted(key=key, gen=gen))
+        marker.owed |= owed
+        marker.pending |= owed
+        await self._record(key, encode_abort(key, gen, marker.owed), marker.regions)
+        log.warning(
+            "put aborted", key=key, gen=gen, owed=sorted(owed), pools=sorted(marker.regions)
+        )
+
+    async def _record(self, key: str, label: str, regions: dict[str, int]) -> None:
+        """A one-byte region labelled `label` on each of the key's ring owners that are up
+        (`regions`: pool -> region id, each replacing the one it had there)."""
         targets = self.placement.ring.owners(
             key, self.placement.replication_factor, usable=self.placement.usable()
         )
-        label = encode_tombstone(key, gen)
         for pool in targets:
-            old = tombstone.regions.get(pool)
+            old = regions.get(pool)
             try:
                 request = device_pb2.AllocateRegionRequest(size=1, label=label)
                 region = await self._call(self.pools[pool], "device", "AllocateRegion", request)
             except RemoteError:
-                log.exception("tombstone not written", key=key, pool=pool)
+                log.exception("marker not written", key=key, label=label, pool=pool)
                 continue
-            tombstone.regions[pool] = region.region_id
+            regions[pool] = region.region_id
             if old is not None:
                 await self._free_region(pool, old)
-        log.info("tombstone", key=key, owed=sorted(owed), pools=sorted(tombstone.regions))
 
     async def _expire_tombstones(self) -> None:
+        """Tombstones and abort markers no pool owes any more: their regions go."""
         for key, tombstone in list(self.index.tombstones.items()):
-            if tombstone.pending:
-                continue
-            for pool, region_id in list(tombstone.regions.items()):
-                if await self._free_region(pool, region_id):
-                    del tombstone.regions[pool]
-            if not tombstone.regions:
+            if not tombstone.pending and await self._free_all(tombstone.regions):
                 del self.index.tombstones[key]
+        for name, marker in list(self.index.aborted.items()):
+            if not marker.pending and await self._free_all(marker.regions):
+                del self.index.aborted[name]
+
+    async def _free_all(self, regions: dict[str, int]) -> bool:
+        """Free the regions (pool -> region id) that can be; True when none is left."""
+        for pool, region_id in list(regions.items()):
+            if await self._free_region(pool, region_id):
+                del regions[pool]
+        return not regions
 
     def lookup(self, key: str) -> ObjectMeta | None:
         check_key(key)
@@ -686,7 +758,9 @@ class EmsState:
                 if meta.key not in self.index.objects:
                     self.index.add(meta)
             for pool_id, listed in listings.items():
-                for region_id in absorb_tombstones(self.index, pool_id, listed, self.unreconciled):
+                redundant = absorb_tombstones(self.index, pool_id, listed, self.unreconciled)
+                redundant += absorb_aborts(self.index, pool_id, listed, self.unreconciled)
+                for region_id in redundant:
                     await self._free_region(pool_id, region_id)
             for pool_id, listed in listings.items():
                 await self._apply(pool_id, listed)
@@ -716,11 +790,21 @@ class EmsState:
         return listings
 
     async def _apply(self, pool: str, listed: list[Listed]) -> None:
-        """Reconcile one pool's listing with the index and free what it says to."""
-        done = reconcile(self.index, pool, listed, self.placement.replication_factor)
-        self.unreconciled.discard(pool)
-        for region_id in done.free:
-            await self._free_region(pool, region_id)
+        """Reconcile one pool's listing with the index and free what it says to. The pool is
+        settled (owes tombstones and abort markers nothing) only once all of that is freed: a
+        pool that lists but does not free (faulted) stays owed, suspect and unreconciled."""
+        done = reconcile(
+            self.index, pool, listed, self.placement.replication_factor, self.unreconciled
+        )
+        kept = [r for r in done.free if not await self._free_region(pool, r)]
+        if kept:
+            self.index.owe(pool)
+            self.unreconciled.add(pool)
+            self._suspect(pool)
+            log.warning("pool not reconciled: regions not freed", pool=pool, kept=len(kept))
+        else:
+            self.index.settle(pool)
+            self.unreconciled.discard(pool)
         for old in done.superseded:
             for other, replica in old.replicas.items():
                 await self._free_region(other, replica.region_id)
@@ -779,13 +863,20 @@ class EmsState:
             for pool_id in returned:  # back: what it holds against what the index says
                 listed = await self._list(self.pools[pool_id])
                 if listed is not None:
-                    await self._apply(pool_id, listed)
+                    try:
+                        await self._apply(pool_id, listed)
+                    except Exception:  # a bug here must not stop the repairs below
+                        log.exception("reconcile failed", pool=pool_id)
             await self._expire_tombstones()
             for meta in self.placement.to_repair():
                 if not self.placement.needs_repair(meta):
                     continue  # evicted to make room for an earlier repair
-                with contextlib.suppress(EmulatorError):
+                try:
                     await self._repair(meta)
+                except EmulatorError:
+                    pass  # unreachable or out of room now: the next sweep tries again
+                except Exception:  # one object's bug must not stop the others' repairs
+                    log.exception("repair failed", key=meta.key)
 
     async def _repair(self, meta: ObjectMeta) -> None:
         plan = self.placement.repair_plan(meta)

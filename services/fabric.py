@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 
 import numpy as np
@@ -24,6 +25,7 @@ from emulator.model.collectives import ALGORITHMS, CollectiveSpec, CollectiveTim
 from emulator.model.costmodel import check_duration
 from emulator.model.errors import (
     RETRY_AFTER_S,
+    CapacityError,
     InvalidArgumentError,
     NotFoundError,
     UnavailableError,
@@ -74,6 +76,14 @@ class FabricState:
     ) -> None:
         self.topology = topology
         self.events = events
+        # Collectives are CPU-bound (up to millions of flows): they run on threads of their own,
+        # so that they never starve the default pool other work (UB transfers, health) uses, and
+        # at most collective_queue_max of them wait for one; beyond that, RESOURCE_EXHAUSTED.
+        limits = profile.limits
+        self._collective_pool = ThreadPoolExecutor(
+            max_workers=limits.collective_workers, thread_name_prefix="collective"
+        )
+        self._collectives_pending = 0
         self.profile = profile
         self.clock = clock
         self.peers = peers
@@ -181,10 +191,36 @@ class FabricState:
                 future.set_exception(UnavailableError("a fault cut the route of this transfer"))
         self._wake()
 
+    async def compute_collective(
+        self, ranks: list[Endpoint], spec: CollectiveSpec
+    ) -> CollectiveTiming:
+        """Time a collective on the fabric's own threads (RESOURCE_EXHAUSTED if too many wait)."""
+        limits = self.profile.limits
+        bound = limits.collective_workers + limits.collective_queue_max
+        if self._collectives_pending >= bound:
+            full = CapacityError(
+                "collectives in progress or waiting",
+                requested=self._collectives_pending + 1,
+                free=0,
+                unit="collectives",
+                reason="COLLECTIVE_QUEUE_FULL",
+            )
+            full.annotate(retry_after_s=RETRY_AFTER_S)
+            raise full
+        self._collectives_pending += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._collective_pool, run_collective, self.graph, ranks, spec
+            )
+        finally:
+            self._collectives_pending -= 1
+
     async def close(self) -> None:
         """End the clock loop; transfers still in flight end UNAVAILABLE."""
         self._closing = True
         self._changed.set()
+        self._collective_pool.shutdown(wait=False, cancel_futures=True)
         for future, _ in self._waiters.values():
             if not future.done():
                 future.set_exception(UnavailableError("the fabric is stopping"))
@@ -321,9 +357,9 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         tx.check_only = True
         await s.peers.deliver(dst, tx, deadline_s)
         complete_s = await s.run_flow(route, tx.size, issue_ns / 1e9)
-        await s.pace(complete_s)
         tx.check_only = False
-        completion = await s.peers.deliver(dst, tx, deadline_s)
+        completion = await s.peers.deliver(dst, tx, deadline_s)  # applied at the completion
+        await s.pace(complete_s)  # the reply waits for the wall clock, not the data
         completion.issue_ns = issue_ns
         completion.complete_ns = round(complete_s * 1e9)
         completion.path[:] = route.hops
@@ -345,7 +381,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         started = time.perf_counter()
         # CPU-bound for large groups (100,000 flows): off the event loop
         with _route_cut(None):
-            timing: CollectiveTiming = await asyncio.to_thread(run_collective, s.graph, ranks, spec)
+            timing = await s.compute_collective(ranks, spec)
         compute_ms = (time.perf_counter() - started) * 1e3
         limit = s.profile.limits.collective_detail_max_flows
         if request.flow_detail and timing.flows > limit:

@@ -8,6 +8,7 @@ silently sharing the port.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import Callable, Iterable
 
 import grpc
@@ -27,6 +28,14 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 async def _resolve(name: str, address: str) -> None:
     """grpc reports an unresolvable host like a port in use (RuntimeError): resolve it first,
     without blocking the loop, so that each failure says what it is."""
@@ -34,8 +43,8 @@ async def _resolve(name: str, address: str) -> None:
         return
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
-    if not host or host in ("0.0.0.0", "::", "*"):
-        return
+    if not host or host in ("0.0.0.0", "::", "*") or _is_ip(host):
+        return  # nothing to resolve (and no thread to spend on it per server)
     try:
         await asyncio.get_running_loop().getaddrinfo(host, port or None)
     except (OSError, UnicodeError) as exc:

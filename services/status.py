@@ -110,7 +110,10 @@ def details_of(error: EmulatorError) -> list[any_pb2.Any]:
             description=shorten(str(error), MESSAGE_MAX),
         )
         details.append(_pack(error_details_pb2.BadRequest(field_violations=[violation])))
-    if code is grpc.StatusCode.UNAVAILABLE and error.retry_after_s is not None:
+    if (
+        code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        and error.retry_after_s is not None
+    ):
         delay = duration_pb2.Duration()
         delay.FromNanoseconds(round(error.retry_after_s * 1e9))
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))

@@ -155,6 +155,9 @@ class EmulatorLimits:
     telemetry_max_per_s: float = fig(200.0, "assumed")  # per process: the interval stretches
     event_buffer_max: int = fig(10_000, "assumed")  # per process, while the broker is away
     collective_max_flows: int = fig(2_000_000, "assumed")
+    # collectives are timed on the fabric's own threads (never the default pool other work uses)
+    collective_workers: int = fig(2, "assumed")
+    collective_queue_max: int = fig(16, "assumed")  # waiting beyond these: RESOURCE_EXHAUSTED
     # Issue 9: a chaos tool must survive chaos. Every request is bounded in time and memory.
     operation_max_s: float = fig(3600.0, "assumed")  # emulated seconds one operation may take
     engine_backlog_max_s: float = fig(86_400.0, "assumed")  # emulated work queued on one die

@@ -15,13 +15,13 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from typing import TYPE_CHECKING
 
 from emulator.model.errors import InvalidArgumentError
+
+if TYPE_CHECKING:  # cryptography loads only when a certificate is made: not at every start
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 VALID_DAYS = 30
 CA_NAME = "ca.pem"
@@ -61,6 +61,8 @@ def hosts_of(addresses: Iterable[str]) -> list[str]:
 
 
 def _san(host: str) -> x509.GeneralName:
+    from cryptography import x509
+
     try:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:
@@ -68,6 +70,8 @@ def _san(host: str) -> x509.GeneralName:
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
@@ -87,6 +91,11 @@ def make_auto(
 ) -> TlsFiles:
     """A fresh CA and one server certificate for `hosts` (IPs and DNS names), written into
     `directory` (the key 0600)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
     names = [_san(h) for h in dict.fromkeys(hosts)]
     if not names:
         raise InvalidArgumentError("a TLS certificate needs at least one address")

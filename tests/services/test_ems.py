@@ -649,3 +649,281 @@ async def _wait_healthy(ems: ems_pb2_grpc.EmsAsyncStub, pool: str) -> None:
             p for p in (await ems.Stat(ems_pb2.StatRequest())).pools if p.pool == pool
         ).healthy:
             await asyncio.sleep(0.1)
+
+
+async def _pool_healthy(ems: ems_pb2_grpc.EmsAsyncStub, pool: str) -> bool:
+    stat = await ems.Stat(ems_pb2.StatRequest())
+    return next(p for p in stat.pools if p.pool == pool).healthy
+
+
+async def _wait_pool(ems: ems_pb2_grpc.EmsAsyncStub, pool: str, *, healthy: bool) -> None:
+    async with asyncio.timeout(10):
+        while await _pool_healthy(ems, pool) != healthy:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+
+
+def _objects(regions: list[device_pb2.Region]) -> list[device_pb2.Region]:
+    """Object copies only (not tombstones)."""
+    return [r for r in regions if r.label.startswith("ems2|")]
+
+
+FAST = {"check_interval_s": 0.05, "suspect_after_sweeps": 1, "dead_after_s": 3600.0}
+
+
+async def test_a_key_overwritten_then_deleted_while_a_pool_is_suspect_stays_deleted() -> None:
+    """The soak's resurrection: the old copy on a suspect pool cannot be freed by the overwrite,
+    so it is owed a tombstone (at its generation), and the delete that follows keeps it owed:
+    when the pool returns the stale copy is freed, not adopted."""
+    async with running_supernode("cm192", profile=_profile(**FAST)) as sn:
+        state = sn.local.ems
+        assert state is not None
+        clients = Clients(sn.topology)
+        ems = _ems(clients)
+        victim = (await ems.Put(ems_pb2.PutRequest(key="k", data=b"old value"))).replicas[0]
+        also = [f"d{i}" for i in range(20)]  # deleted outright: those with a copy on the victim
+        for key in also:
+            await ems.Put(ems_pb2.PutRequest(key=key, data=b"d"))
+        also = [k for k in also if victim in state.index.objects[k].replicas]
+        assert also
+        await _fault(clients, victim, True)
+        await _wait_pool(ems, victim, healthy=False)  # suspect: its copy cannot be freed
+        put = await ems.Put(ems_pb2.PutRequest(key="k", data=b"new value"))
+        assert victim not in put.replicas
+        assert (await ems.Delete(ems_pb2.DeleteRequest(key="k"))).deleted
+        await ems.BatchDelete(ems_pb2.BatchDeleteRequest(keys=also))
+        await _fault(clients, victim, False)
+        await _wait_pool(ems, victim, healthy=True)
+        await state.sweep()  # after the sweep that saw it return has reconciled it
+        for key in ["k", *also]:
+            assert await _status(ems.Get(ems_pb2.GetRequest(key=key))) == "NOT_FOUND"
+            assert not _objects(await _regions(clients, victim, key))
+        await state.sweep()  # nothing owed any more: the tombstones go too
+        assert not state.index.tombstones
+        for pool in state.pools:
+            for key in ["k", *also]:
+                assert not await _regions(clients, pool, key)
+        await clients.close()
+
+
+async def test_a_key_overwritten_while_a_pool_is_suspect_keeps_the_new_value() -> None:
+    """No delete: when the pool returns the new value wins, the stale copy is freed, and a
+    restarted EMS agrees."""
+    async with running_supernode("cm192", profile=_profile(**FAST)) as sn:
+        state = sn.local.ems
+        assert state is not None
+        clients = Clients(sn.topology)
+        ems = _ems(clients)
+        victim = (await ems.Put(ems_pb2.PutRequest(key="k", data=b"old value"))).replicas[0]
+        await _fault(clients, victim, True)
+        await _wait_pool(ems, victim, healthy=False)
+        put = await ems.Put(ems_pb2.PutRequest(key="k", data=b"new value"))
+        await _fault(clients, victim, False)
+        await _wait_pool(ems, victim, healthy=True)
+        await state.sweep()
+        await state.sweep()
+        assert (await ems.Get(ems_pb2.GetRequest(key="k"))).data == b"new value"
+        assert not _objects(await _regions(clients, victim, "k"))
+        for pool in put.replicas:
+            assert len(_objects(await _regions(clients, pool, "k"))) == 1
+        assert "k" not in state.index.tombstones
+        restarted = _restarted(state)
+        await restarted.rebuild(5)
+        assert (await restarted.get("k")).data == b"new value"
+        await clients.close()
+
+
+async def test_a_chunked_object_rebuilt_from_the_pools_streams_and_is_repaired() -> None:
+    """A rebuilt object knows no chunk size until its table is read: GetStream and the sweep's
+    repair read the table first (this was INTERNAL, and "sweep failed" on every pass)."""
+    async with running_supernode("cm192", profile=_profile(**FAST)) as sn:
+        state = sn.local.ems
+        assert state is not None
+        clients = Clients(sn.topology)
+        ems = _ems(clients)
+        data = _pattern(2 * MIB + 5)
+        put = await _put_stream(ems, "big", data)
+        state.index = type(state.index)()
+        await state.rebuild(5)
+        got, done = await _get_stream(ems, "big")
+        assert got == data and done.size == len(data)
+        state.index = type(state.index)()  # again, and this time the sweep reads it first
+        await state.rebuild(5)
+        await state.sweep()  # nothing to repair: a no-op that must not fail
+        victim = put.replicas[0]
+        await _fault(clients, victim, True)
+        await _wait_pool(ems, victim, healthy=False)
+        state.placement.dead_after_ns = 0  # dead at once: its copy is replaced from the other
+        async with asyncio.timeout(10):
+            while (await ems.Stat(ems_pb2.StatRequest())).under_replicated:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+        (info,) = (await ems.List(ems_pb2.ListRequest(prefix="big"))).objects
+        assert victim not in info.replicas and len(info.replicas) == 2
+        await _fault(clients, put.replicas[1], True)  # only the repaired copy is left to read
+        got, _ = await _get_stream(ems, "big")
+        assert got == data
+        await clients.close()
+
+
+async def test_one_object_failing_its_repair_does_not_stop_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with running_supernode("cm192", profile=_profile(**FAST)) as sn:
+        state = sn.local.ems
+        assert state is not None
+        clients = Clients(sn.topology)
+        ems = _ems(clients)
+        victim = (await ems.Put(ems_pb2.PutRequest(key="bad", data=b"b"))).replicas[0]
+        keys = [f"r{i}" for i in range(30)]
+        for key in keys:
+            await ems.Put(ems_pb2.PutRequest(key=key, data=key.encode()))
+        held = [k for k in keys if victim in state.index.objects[k].replicas]
+        assert held
+        repair = state._repair
+
+        async def failing(meta: Any) -> None:
+            if meta.key == "bad":
+                raise RuntimeError("a bug in one object's repair")
+            await repair(meta)
+
+        monkeypatch.setattr(state, "_repair", failing)
+        state.placement.dead_after_ns = 0
+        await _fault(clients, victim, True)
+        async with asyncio.timeout(10):
+            while (await ems.Stat(ems_pb2.StatRequest())).under_replicated != 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+        for key in held:
+            assert victim not in state.index.objects[key].replicas
+            assert len(state.index.objects[key].replicas) == 2
+        await clients.close()
+
+
+def _fault_when_written(
+    monkeypatch: pytest.MonkeyPatch, state: EmsState, clients: Clients, victim: str
+) -> None:
+    """The victim pool faults (for real) once a put has its region and starts writing to it:
+    the write then fails, and the region cannot be freed while the pool is away."""
+    write = state._write_copy
+
+    async def faulting(issuer: Any, pool: str, replica: Any, meta: Any, data: bytes) -> Any:
+        if pool == victim:
+            await _fault(clients, victim, True)
+        return await write(issuer, pool, replica, meta, data)
+
+    monkeypatch.setattr(state, "_write_copy", faulting)
+
+
+async def _fail_a_put_mid_way(
+    monkeypatch: pytest.MonkeyPatch, state: EmsState, clients: Clients
+) -> tuple[str, str]:
+    """ "k" holds "old value" on two pools; a batch overwriting it and adding a new key (both
+    with a copy on the victim) fails when the victim faults mid-put. (victim, the new key)."""
+    ems = _ems(clients)
+    victim = (await ems.Put(ems_pb2.PutRequest(key="k", data=b"old value"))).replicas[1]
+    fresh = next(f"new{i}" for i in range(1000) if victim in state.placement.targets(f"new{i}"))
+    _fault_when_written(monkeypatch, state, clients, victim)
+    items = [
+        ems_pb2.PutRequest(key="k", data=b"failed value"),
+        ems_pb2.PutRequest(key=fresh, data=b"never stored"),
+    ]
+    assert await _status(ems.BatchPut(ems_pb2.BatchPutRequest(items=items))) == "UNAVAILABLE"
+    monkeypatch.undo()
+    assert (await ems.Get(ems_pb2.GetRequest(key="k"))).data == b"old value"
+    assert await _status(ems.Get(ems_pb2.GetRequest(key=fresh))) == "NOT_FOUND"
+    return victim, fresh
+
+
+async def _no_abort_markers(clients: Clients, state: EmsState) -> None:
+    assert not state.index.aborted
+    for pool in state.pools:
+        listed = await clients.device(pool).ListRegions(device_pb2.ListRegionsRequest())
+        assert not [r.label for r in listed.regions if r.label.startswith("ems2a|")]
+
+
+async def test_a_put_that_failed_when_a_pool_died_mid_put_never_appears(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The failed put's copies on the dead pool could not be freed and are newer than the
+    stored object: when the pool returns they are freed (an abort marker says so), not adopted."""
+    async with running_supernode("cm192", profile=_profile(**FAST)) as sn:
+        state = sn.local.ems
+        assert state is not None
+        clients = Clients(sn.topology)
+        ems = _ems(clients)
+        victim, fresh = await _fail_a_put_mid_way(monkeypatch, state, clients)
+        assert {m.key for m in state.index.aborted.values()} == {"k", fresh}
+        assert all(m.pending == {victim} for m in state.index.aborted.values())
+        await _fault(clients, victim, False)
+        await _wait_pool(ems, victim, healthy=True)
+        await state.sweep()  # after the sweep that saw it return has reconciled it
+        assert (await ems.Get(ems_pb2.GetRequest(key="k"))).data == b"old value"
+        assert (await ems.Get(ems_pb2.GetRequest(key="k", device=f"{victim[:3]}-npu0"))).data == (
+            b"old value"
+        )
+        assert await _status(ems.Get(ems_pb2.GetRequest(key=fresh))) == "NOT_FOUND"
+        assert len(_objects(await _regions(clients, victim, "k"))) == 1  # the old copy only
+        assert not await _regions(clients, victim, fresh)
+        await state.sweep()
+        await _no_abort_markers(clients, state)
+        await clients.close()
+
+
+async def test_a_put_that_failed_stays_failed_across_an_ems_restart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The abort markers are in regions of the pools that are up: a restarted EMS learns them,
+    and frees the failed put's copies when the pool that holds them returns."""
+    async with running_supernode("cm192", profile=_profile(check_interval_s=3600.0)) as sn:
+        state = sn.local.ems
+        assert state is not None
+        clients = Clients(sn.topology)
+        victim, fresh = await _fail_a_put_mid_way(monkeypatch, state, clients)
+        restarted = _restarted(state)
+        await restarted.rebuild(0.2)  # the victim is still away: reconciled by a sweep later
+        assert victim in restarted.unreconciled
+        assert {m.key for m in restarted.index.aborted.values()} == {"k", fresh}
+        assert all(m.pending == {victim} for m in restarted.index.aborted.values())
+        await _fault(clients, victim, False)
+        await restarted.sweep()
+        assert (await restarted.get("k")).data == b"old value"
+        assert restarted.lookup(fresh) is None
+        assert len(_objects(await _regions(clients, victim, "k"))) == 1
+        assert not await _regions(clients, victim, fresh)
+        await restarted.sweep()
+        await _no_abort_markers(clients, restarted)
+        await clients.close()
+
+
+async def test_of_two_racing_puts_of_one_key_the_newer_generation_wins(
+    mini: Supernode, clients: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The older put (its generation drawn first) commits last: it is acknowledged, as if it
+    came just before the newer one (they overlapped), and its copies go: the index agrees with
+    what a restart or a returning pool would decide."""
+    state = mini.local.ems
+    assert state is not None
+    ems = _ems(clients)
+    entered, gate = asyncio.Event(), asyncio.Event()
+    write = state._write_copy
+
+    async def held(issuer: Any, pool: str, replica: Any, meta: Any, data: bytes) -> Any:
+        if data == b"older":
+            entered.set()
+            await gate.wait()
+        return await write(issuer, pool, replica, meta, data)
+
+    monkeypatch.setattr(state, "_write_copy", held)
+    older = asyncio.ensure_future(ems.Put(ems_pb2.PutRequest(key="race", data=b"older")))
+    async with asyncio.timeout(10):
+        await entered.wait()
+    await ems.Put(ems_pb2.PutRequest(key="race", data=b"newer"))
+    gate.set()
+    assert len((await older).replicas) == 2  # acknowledged
+    assert (await ems.Get(ems_pb2.GetRequest(key="race"))).data == b"newer"
+    meta = state.index.get("race")
+    assert meta is not None
+    for pool in ("n00-mem", "n01-mem"):
+        (copy,) = _objects(await _regions(clients, pool, "race"))
+        assert int(copy.label.split("|")[1], 16) == meta.gen
+    restarted = _restarted(state)
+    await restarted.rebuild(5)
+    assert (await restarted.get("race")).data == b"newer"

@@ -6,25 +6,31 @@ No I/O here. The service (services/ems_store.py) moves the bytes over UB and kee
 from __future__ import annotations
 
 from emulator.model.ems.chunks import (
+    TRAILER_HEAD_BYTES,
     chunk_crcs,
     decode_trailer,
+    decode_trailer_head,
     encode_trailer,
     spans,
     trailer_bytes,
 )
 from emulator.model.ems.index import (
+    ABORT_VERSION,
     LABEL_VERSION,
     PAGE_SIZE_DEFAULT,
     PAGE_SIZE_MAX,
     TOMBSTONE_VERSION,
+    Aborted,
     Index,
     ObjectMeta,
     Page,
     Replica,
     Tier,
     Tombstone,
+    decode_abort,
     decode_label,
     decode_tombstone,
+    encode_abort,
     encode_label,
     encode_tombstone,
 )
@@ -44,11 +50,18 @@ from emulator.model.ems.placement import (
     ReadPlan,
     RepairPlan,
 )
-from emulator.model.ems.reconcile import Listed, Reconciled, absorb_tombstones, reconcile
+from emulator.model.ems.reconcile import (
+    Listed,
+    Reconciled,
+    absorb_aborts,
+    absorb_tombstones,
+    reconcile,
+)
 from emulator.model.ems.ring import HashRing
 from emulator.model.ems.stats import Counters, PoolStats, StoreStats, Timing, summarize
 
 __all__ = [
+    "ABORT_VERSION",
     "KEY_MAX_BYTES",
     "KINDS",
     "LABEL_VERSION",
@@ -56,6 +69,8 @@ __all__ = [
     "PAGE_SIZE_MAX",
     "REBUILD_POLL_S",
     "TOMBSTONE_VERSION",
+    "TRAILER_HEAD_BYTES",
+    "Aborted",
     "Counters",
     "HashRing",
     "Health",
@@ -73,14 +88,18 @@ __all__ = [
     "Tier",
     "Timing",
     "Tombstone",
+    "absorb_aborts",
     "absorb_tombstones",
     "check_block_tokens",
     "check_key",
     "check_kind",
     "chunk_crcs",
+    "decode_abort",
     "decode_label",
     "decode_tombstone",
     "decode_trailer",
+    "decode_trailer_head",
+    "encode_abort",
     "encode_label",
     "encode_tombstone",
     "encode_trailer",

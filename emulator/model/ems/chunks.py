@@ -9,6 +9,7 @@ import zlib
 from emulator.model.errors import DataLossError
 
 _HEAD = struct.Struct("<II")  # chunk bytes, chunk count
+TRAILER_HEAD_BYTES = _HEAD.size
 
 
 def spans(size: int, chunk_bytes: int) -> list[tuple[int, int]]:
@@ -41,3 +42,14 @@ def decode_trailer(raw: bytes, crc: int | None, size: int) -> tuple[int, tuple[i
     ):
         raise DataLossError("the chunk table does not match the object")
     return chunk_bytes, struct.unpack_from(f"<{count}I", raw, _HEAD.size)
+
+
+def decode_trailer_head(raw: bytes, size: int) -> int:
+    """The chunk size a copy's trailer declares in its first TRAILER_HEAD_BYTES: how long the
+    table is, for an object whose chunk size is not known yet (one rebuilt from its labels)."""
+    if len(raw) != _HEAD.size:
+        raise DataLossError("the chunk table's head is cut short")
+    chunk_bytes, count = _HEAD.unpack(raw)
+    if not chunk_bytes or count != -(-size // chunk_bytes):
+        raise DataLossError("the chunk table does not match the object")
+    return int(chunk_bytes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -18,6 +18,7 @@ from emulator.model.errors import InvalidArgumentError
 
 LABEL_VERSION = "ems2"  # ems2|gen|kind|pinned|size|crc|key; "ems1" labels (no gen) still read
 TOMBSTONE_VERSION = "ems2t"  # ems2t|gen|key: a key deleted at gen, while a copy may survive
+ABORT_VERSION = "ems2a"  # ems2a|gen|pool,pool|key: a put of key at gen failed; those may hold it
 PAGE_SIZE_DEFAULT = 1000
 PAGE_SIZE_MAX = 10_000
 _TOKEN_MARK = "ems-list1|"
@@ -65,6 +66,20 @@ class Tombstone:
     pending: set[str] = field(default_factory=set)
 
 
+@dataclass
+class Aborted:
+    """A put that failed (generation `gen` of `key`, never indexed) leaving a copy that could
+    not be freed on each pool of `owed`: kept in regions of its own (`regions`: pool -> region
+    id) until every pool in `pending` has been reconciled, so that no restart or returning pool
+    adopts such a copy. It frees that generation only: older and newer copies are not its."""
+
+    key: str
+    gen: int
+    owed: set[str] = field(default_factory=set)  # as its label lists them
+    regions: dict[str, int] = field(default_factory=dict)
+    pending: set[str] = field(default_factory=set)
+
+
 def encode_label(meta: ObjectMeta) -> str:
     crc = "-" if meta.crc is None else f"{'t' if meta.chunked else ''}{meta.crc:08x}"
     return (
@@ -74,6 +89,10 @@ def encode_label(meta: ObjectMeta) -> str:
 
 def encode_tombstone(key: str, gen: int) -> str:
     return f"{TOMBSTONE_VERSION}|{gen:x}|{key}"
+
+
+def encode_abort(key: str, gen: int, owed: Iterable[str]) -> str:
+    return f"{ABORT_VERSION}|{gen:x}|{','.join(sorted(owed))}|{key}"
 
 
 def decode_label(label: str) -> ObjectMeta | None:
@@ -101,6 +120,14 @@ def decode_tombstone(label: str) -> Tombstone | None:
     if len(parts) != 3 or parts[0] != TOMBSTONE_VERSION:
         return None
     return Tombstone(key=parts[2], gen=int(parts[1], 16))
+
+
+def decode_abort(label: str) -> Aborted | None:
+    parts = label.split("|", 3)
+    if len(parts) != 4 or parts[0] != ABORT_VERSION:
+        return None
+    _, gen, owed, key = parts
+    return Aborted(key=key, gen=int(gen, 16), owed=set(filter(None, owed.split(","))))
 
 
 @dataclass(frozen=True)
@@ -131,6 +158,7 @@ class Index:
         self.objects: OrderedDict[str, ObjectMeta] = OrderedDict()
         self.pool_bytes: dict[str, int] = {}
         self.tombstones: dict[str, Tombstone] = {}
+        self.aborted: dict[tuple[str, int], Aborted] = {}  # (key, gen) -> its abort marker
         # pool -> keys whose copy there left the index while the pool was dead (replaced
         # elsewhere): a delete of one owes that pool a tombstone
         self.detached: dict[str, set[str]] = {}
@@ -144,6 +172,23 @@ class Index:
 
     def seen(self, gen: int) -> None:
         self.last_gen = max(self.last_gen, gen)
+
+    def settle(self, pool: str) -> None:
+        """The pool has been reconciled, every region it was told to free freed: it owes the
+        tombstones and abort markers nothing more."""
+        for tombstone in self.tombstones.values():
+            tombstone.pending.discard(pool)
+        for marker in self.aborted.values():
+            marker.pending.discard(pool)
+        self.detached.pop(pool, None)
+
+    def owe(self, pool: str) -> None:
+        """The pool was told to free regions it did not free: every tombstone and abort marker
+        stays until it is reconciled again."""
+        for tombstone in self.tombstones.values():
+            tombstone.pending.add(pool)
+        for marker in self.aborted.values():
+            marker.pending.add(pool)
 
     def __len__(self) -> int:
         return len(self.objects)

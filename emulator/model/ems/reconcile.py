@@ -1,11 +1,14 @@
 """What a pool's regions say against what the index believes: after a restart (every pool) and
 when a pool that was suspect or dead answers again (that pool). The newest generation of a key
-wins; a tombstone at least as new as a copy deletes it; a copy the index knows is re-attached
-while the object has fewer copies than the factor, else freed; an unknown or newer copy is
-adopted; an indexed copy that the pool's listing lacks is proven gone."""
+wins; a tombstone at least as new as a copy deletes it; a copy of a generation an abort marker
+names (a put that failed) is freed, and only that generation; a copy the index knows is
+re-attached while the object has fewer copies than the factor, else freed; an unknown or newer
+copy is adopted; an indexed copy that the pool's listing lacks is proven gone. The pool owes the
+tombstones and markers nothing once the regions it was told to free are freed (Index.settle)."""
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from emulator.model.ems.index import (
@@ -14,6 +17,7 @@ from emulator.model.ems.index import (
     Replica,
     Tier,
     Tombstone,
+    decode_abort,
     decode_label,
     decode_tombstone,
 )
@@ -58,9 +62,48 @@ def absorb_tombstones(
     return redundant
 
 
-def reconcile(index: Index, pool: str, listed: list[Listed], factor: int) -> Reconciled:
-    """Bring the index in line with one pool's regions (tombstones absorbed first)."""
-    out = Reconciled(free=absorb_tombstones(index, pool, listed, set()))
+def absorb_aborts(index: Index, pool: str, listed: list[Listed], pending: set[str]) -> list[int]:
+    """Learn the abort markers a pool holds (each still owed by the pools its label lists that
+    are in `pending`); returns marker regions made redundant by another of the same marker."""
+    redundant = []
+    for region in listed:
+        found = decode_abort(region.label)
+        if found is None:
+            continue
+        index.seen(found.gen)
+        known = index.aborted.setdefault((found.key, found.gen), found)
+        known.owed |= found.owed
+        if pool in known.regions and known.regions[pool] != region.region_id:
+            redundant.append(region.region_id)
+        else:
+            known.regions[pool] = region.region_id
+        known.pending |= found.owed & pending
+    return redundant
+
+
+def _unadopt(index: Index) -> list[ObjectMeta]:
+    """Indexed objects of an aborted generation (adopted before the marker was seen): out."""
+    out = []
+    for key, gen in index.aborted:
+        known = index.get(key)
+        if known is not None and known.gen == gen:
+            index.remove(key)
+            out.append(known)
+    return out
+
+
+def reconcile(
+    index: Index,
+    pool: str,
+    listed: list[Listed],
+    factor: int,
+    pending: AbstractSet[str] = frozenset(),
+) -> Reconciled:
+    """Bring the index in line with one pool's regions (tombstones and abort markers absorbed
+    first, those found here owed by the pools of `pending`: those not reconciled yet)."""
+    out = Reconciled(free=absorb_tombstones(index, pool, listed, set(pending)))
+    out.free += absorb_aborts(index, pool, listed, set(pending))
+    out.superseded += _unadopt(index)
     present: set[int] = set()
     for region in listed:
         meta = decode_label(region.label)
@@ -71,7 +114,9 @@ def reconcile(index: Index, pool: str, listed: list[Listed], factor: int) -> Rec
         replica = Replica(region.region_id, region.offset)
         tombstone = index.tombstones.get(meta.key)
         known = index.get(meta.key)
-        if (tombstone is not None and tombstone.gen >= meta.gen) or (
+        if (meta.key, meta.gen) in index.aborted:
+            out.free.append(region.region_id)  # a put that failed: never to be seen
+        elif (tombstone is not None and tombstone.gen >= meta.gen) or (
             known is not None and known.gen > meta.gen
         ):
             out.free.append(region.region_id)  # deleted or superseded while the pool was away
@@ -95,7 +140,4 @@ def reconcile(index: Index, pool: str, listed: list[Listed], factor: int) -> Rec
         if held is not None and held.region_id not in present:
             index.drop_replica(meta, pool)
             out.gone += 1
-    for tombstone in index.tombstones.values():
-        tombstone.pending.discard(pool)
-    index.detached.pop(pool, None)
     return out
