@@ -6,6 +6,7 @@ They start real servers on real ports; nothing here fakes a device.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ __all__ = [
     "calls_per_second",
     "cmemu_up",
     "free_port_block",
+    "run_cmemu",
     "running_supernode",
 ]
 
@@ -74,6 +76,20 @@ async def running_supernode(
     )
     async with Supernode.start(options) as supernode:
         yield supernode
+
+
+def run_cmemu(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`cmemu ARGS` as a real process, its output captured, its exit code left to the caller."""
+    return subprocess.run(
+        [CMEMU, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @contextmanager

@@ -66,6 +66,7 @@ from emulator.model.ems import (
     trailer_bytes,
 )
 from emulator.model.errors import (
+    RETRY_AFTER_S,
     DataLossError,
     EmulatorError,
     NotFoundError,
@@ -565,7 +566,7 @@ class EmsState:
             f"no copy of {quote(meta.key)} is reachable: {', '.join(unavailable) or 'none left'}",
             subject=meta.key,
             reason="NO_COPY_REACHABLE",
-            retry_after_s=1.0,
+            retry_after_s=RETRY_AFTER_S,
         )
 
     async def _table(
@@ -594,21 +595,18 @@ class EmsState:
                 reader, "GetFaultState", device_pb2.GetFaultStateRequest(), PROBE_TIMEOUT_S
             )
         except RemoteError as exc:
-            raise UnavailableError(
-                f"the reading device {reader.id} is unreachable: {exc}",
-                field="device",
-                subject=reader.id,
-                reason="READER_UNAVAILABLE",
-                retry_after_s=1.0,
-            ) from cause
-        if fault.faulted:
-            raise UnavailableError(
-                f"the reading device {reader.id} is faulted: {fault.reason[:200]}",
-                field="device",
-                subject=reader.id,
-                reason="READER_UNAVAILABLE",
-                retry_after_s=1.0,
-            ) from cause
+            why = f"unreachable: {exc}"
+        else:
+            if not fault.faulted:
+                return
+            why = f"faulted: {quote(fault.reason)}"
+        raise UnavailableError(
+            f"the reading device {reader.id} is {why}",
+            field="device",
+            subject=reader.id,
+            reason="READER_UNAVAILABLE",
+            retry_after_s=RETRY_AFTER_S,
+        ) from cause
 
     async def delete(self, key: str) -> bool:
         check_key(key)

@@ -5,28 +5,19 @@ themselves, a raw grpcurl that does not, and binding beyond loopback refused."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 from emulator.runtime import state
-from emulator.testing import CMEMU, cmemu_up, free_port_block
+from emulator.testing import cmemu_up, free_port_block, run_cmemu
 
 TOKEN = "cli-test-token-0123456789"
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 
 
-def cmemu(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [CMEMU, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
+cmemu = run_cmemu
 
 
 def test_procs_with_a_token_file(tmp_path: Path) -> None:

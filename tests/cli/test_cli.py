@@ -14,16 +14,13 @@ from pathlib import Path
 import pytest
 
 from emulator import testing
-from emulator.testing import CMEMU, free_port_block
+from emulator.testing import free_port_block, run_cmemu
 
 MINI_DEVICES = 26
 MINI_SERVERS = MINI_DEVICES + 2  # and the fabric and EMS
 
 
-def cmemu(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [CMEMU, *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
+cmemu = run_cmemu
 
 
 @contextmanager

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 from emulator import testing
-from emulator.testing import CMEMU, free_port_block
+from emulator.testing import free_port_block, run_cmemu
 
 MINI_SERVERS = 26 + 2  # the devices of cm-mini, the fabric and EMS
 
 
-def cmemu(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [CMEMU, *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
+cmemu = run_cmemu
 
 
 def test_ems_ls_rm_exists(tmp_path: Path) -> None:

@@ -18,21 +18,10 @@ from emulator.cli import argtypes, detach, instances
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.topology import build
 from emulator.runtime import state
-from emulator.testing import CMEMU, free_port_block
+from emulator.testing import CMEMU, free_port_block, run_cmemu
 from tests.cli.test_cli import MINI_DEVICES, MINI_SERVERS, mini_up
 
-
-def cmemu(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [CMEMU, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
+cmemu = run_cmemu
 
 
 def dead_pid() -> int:

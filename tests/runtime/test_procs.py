@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from cmemu.v1 import device_pb2, device_pb2_grpc, fabric_pb2, fabric_pb2_grpc
-from emulator.testing import CMEMU, cmemu_up, free_port_block
+from emulator.testing import CMEMU, cmemu_up, free_port_block, run_cmemu
 
 pytestmark = pytest.mark.slow
 
@@ -26,10 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [CMEMU, *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
+run = run_cmemu
 
 
 def serve_processes() -> list[int]:
