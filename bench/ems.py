@@ -35,6 +35,11 @@ from emulator.model.topology import ServiceKind, Topology, build, server_count
 from emulator.runtime import state
 from emulator.testing import calls_per_second, cmemu_up, free_port_block
 
+try:
+    from bench import progress
+except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
+    import progress  # type: ignore[import-not-found, no-redef]
+
 KV_BYTES_PER_TOKEN = 61 * 576  # INT8 latent KV of every layer
 PROMPT = 4096
 BLOCK = 128
@@ -139,7 +144,7 @@ async def hit_rates(ems: ems_pb2_grpc.EmsAsyncStub, requests: int) -> None:
         namespace = f"bench-{reuse}"
         conversations: list[list[int]] = []
         matched = total = 0
-        for _ in range(requests):
+        for _ in progress.track(range(requests), f"prefix reuse {reuse:.0%}"):
             shared = int(PROMPT * reuse)
             if conversations:
                 base = rng.choice(conversations)

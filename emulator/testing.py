@@ -22,6 +22,9 @@ from emulator.runtime.supernode import CMEMU, NO_BROKER, LaunchOptions, Supernod
 
 __all__ = [
     "CMEMU",
+    "MINI_DEVICES",
+    "MINI_PORTS",
+    "MINI_SERVERS",
     "Clients",
     "Supernode",
     "calls_per_second",
@@ -30,6 +33,13 @@ __all__ = [
     "run_cmemu",
     "running_supernode",
 ]
+
+# cm-mini, the tests' preset: its device servers; with the supernode-wide services; and the ports
+# a launcher binds for it (an HTTP endpoint too)
+_MINI = build("cm-mini")
+MINI_DEVICES = len(_MINI.devices)
+MINI_SERVERS = MINI_DEVICES + len(_MINI.services)
+MINI_PORTS = server_count(_MINI)
 
 # Below Linux's ephemeral range (32768+), so that client sockets do not take these ports.
 SEARCH_FROM, SEARCH_TO = 22000, 32000

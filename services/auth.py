@@ -84,6 +84,21 @@ ACCESS: dict[str, Access] = {
     "/cmemu.v1.Ems/List": R,
     "/cmemu.v1.Ems/PutStream": W,
     "/cmemu.v1.Ems/GetStream": R,
+    "/cmemu.v1.Scheduler/Allocate": W,
+    "/cmemu.v1.Scheduler/Release": W,
+    "/cmemu.v1.Scheduler/ListAllocations": R,
+    "/cmemu.v1.Scheduler/GetAllocation": R,
+    "/cmemu.v1.Scheduler/Replace": W,
+    "/cmemu.v1.Scheduler/MarkFailed": W,
+    "/cmemu.v1.Scheduler/MarkHealthy": W,
+    "/cmemu.v1.Scheduler/GetSpares": R,
+    "/cmemu.v1.Scheduler/SetSpares": W,
+    "/cmemu.v1.Scheduler/ListPolicies": R,
+    "/cmemu.v1.Router/Deploy": W,
+    "/cmemu.v1.Router/Undeploy": W,
+    "/cmemu.v1.Router/ListDeployments": R,
+    "/cmemu.v1.Router/GetDeployment": R,
+    "/cmemu.v1.Router/GetStats": R,
 }
 
 # Whole services open to all: health checks and reflection (grpcurl's list and describe).

@@ -25,6 +25,7 @@ from emulator.model.errors import (
     quote,
 )
 from emulator.model.hardware import HardwareProfile
+from emulator.model.instruments import Histogram
 from emulator.model.memory import DeviceMemory, QueueBudget, Region
 from emulator.model.topology import Device, DeviceKind, Topology
 from services.eventsink import EventSink
@@ -56,6 +57,23 @@ class Counters:
     tx_bytes: int = 0
     rx_count: int = 0
     rx_bytes: int = 0
+    faults: int = 0  # times the device went down
+
+
+@dataclass
+class Latencies:
+    """Emulated latency, issue to completion, of what this device issued: UB transactions by op
+    (lower-case, as the metrics label them) and kernels (queueing included). Counted here, on
+    the path, because no state holds them afterwards; read by the metrics collector."""
+
+    ub: dict[str, Histogram] = field(default_factory=dict)
+    kernel: Histogram = field(default_factory=Histogram)
+
+    def ub_op(self, op: str, seconds: float) -> None:
+        histogram = self.ub.get(op)
+        if histogram is None:
+            histogram = self.ub[op] = Histogram()
+        histogram.observe(seconds)
 
 
 @dataclass
@@ -77,6 +95,7 @@ class DeviceState:
     memory: DeviceMemory
     engines: list[Engine] = field(default_factory=list)
     counters: Counters = field(default_factory=Counters)
+    latency: Latencies = field(default_factory=Latencies)
     fault: Fault = field(default_factory=Fault)
     inbox: asyncio.Queue[ub_pb2.UbMessage] = field(init=False)
     on_health: Callable[[bool], Awaitable[None]] | None = None
@@ -104,6 +123,7 @@ class DeviceState:
             since_ns=self.clock.now_ns() if changed else self.fault.since_ns,
         )
         if changed:
+            self.counters.faults += int(faulted)
             self.log.warning("fault" if faulted else "recovered", reason=self.fault.reason)
             self.publish("fault" if faulted else "recovered", reason=self.fault.reason)
             self.publish("health", status="NOT_SERVING" if faulted else "SERVING")

@@ -1,10 +1,12 @@
 """The fabric service: the timing authority every UB transaction and collective crosses.
 
 A device's Submit hands its transaction here. The fabric routes it over the link graph, has the
-target device apply it (so a bad address fails at once and nothing is timed for it), runs it as a
-flow that shares every trunk it crosses max-min fairly with the flows in flight, and answers when
-emulated time reaches the flow's completion, paced on the wall clock by `time_scale`. The reply
-carries the exact emulated timestamps even where the wall clock cannot keep up.
+target device apply it (so a bad address fails at once and nothing is timed for it), prices it by
+its op and its target's memory (LinkGraph.priced: a write, or CPU memory, costs more per byte and
+has its own latency), runs it as a flow that shares every trunk it crosses max-min fairly with the
+flows in flight, and answers when emulated time reaches the flow's completion, paced on the wall
+clock by `time_scale`. The reply carries the exact emulated timestamps even where the wall clock
+cannot keep up.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -40,13 +43,17 @@ from services.eventsink import EventSink
 from services.host import ServiceHost
 from services.peers import Peers
 from services.status import Context, abort, rpc
-from services.ub import normalize
+from services.ub import PRICED_OP, normalize
 
 SERVICE = "cmemu.v1.Fabric"
 DEFAULT_TOP = 20
 DEFAULT_WATCH_MS = 1000
 SPIN_S = 0.002
 U64_MAX = 2**64 - 1
+# Collective timings kept for reuse (a decode loop repeats its dispatch and combine every step):
+# at most this many, holding at most this many flows together (about 40 bytes each).
+MEMO_ENTRIES = 16
+MEMO_FLOWS = 1_000_000
 
 OPS = {
     fabric_pb2.COLLECTIVE_OP_ALL_TO_ALL: "all-to-all",
@@ -58,6 +65,7 @@ OPS = {
     fabric_pb2.COLLECTIVE_OP_MOE_COMBINE: "moe-combine",
 }
 assert set(OPS.values()) == set(ALGORITHMS)
+MemoKey = tuple[int, tuple[str, ...], CollectiveSpec]  # graph version, rank names, request
 
 
 class FabricState:
@@ -84,6 +92,8 @@ class FabricState:
             max_workers=limits.collective_workers, thread_name_prefix="collective"
         )
         self._collectives_pending = 0
+        self._memo: OrderedDict[MemoKey, CollectiveTiming] = OrderedDict()
+        self.memo_hits = 0
         self.profile = profile
         self.clock = clock
         self.peers = peers
@@ -191,10 +201,43 @@ class FabricState:
                 future.set_exception(UnavailableError("a fault cut the route of this transfer"))
         self._wake()
 
+    @property
+    def collectives_pending(self) -> int:
+        """Collectives being timed or waiting for a worker (at most workers + queue_max)."""
+        return self._collectives_pending
+
     async def compute_collective(
         self, ranks: list[Endpoint], spec: CollectiveSpec
     ) -> CollectiveTiming:
-        """Time a collective on the fabric's own threads (RESOURCE_EXHAUSTED if too many wait)."""
+        """Time a collective on the fabric's own threads (RESOURCE_EXHAUSTED if too many wait).
+
+        A timing depends only on the ranks, the request and the link graph's live state (faults),
+        not on the transfers in flight: one computed at the graph's present version is reused."""
+        key = (self.graph.version, tuple(e.name for e in ranks), spec)
+        known = self._memo.get(key)
+        if known is not None:
+            self._memo.move_to_end(key)
+            self.memo_hits += 1
+            return known
+        timing = await self._compute_collective(ranks, spec)
+        if self.graph.version == key[0]:  # no fault landed meanwhile
+            self._remember(key, timing)
+        return timing
+
+    def _remember(self, key: MemoKey, timing: CollectiveTiming) -> None:
+        for stale in [k for k in self._memo if k[0] != key[0]]:
+            del self._memo[stale]
+        if timing.flows > MEMO_FLOWS:
+            return
+        self._memo[key] = timing
+        while len(self._memo) > MEMO_ENTRIES or (
+            sum(t.flows for t in self._memo.values()) > MEMO_FLOWS
+        ):
+            self._memo.popitem(last=False)  # the least recently used
+
+    async def _compute_collective(
+        self, ranks: list[Endpoint], spec: CollectiveSpec
+    ) -> CollectiveTiming:
         limits = self.profile.limits
         bound = limits.collective_workers + limits.collective_queue_max
         if self._collectives_pending >= bound:
@@ -345,6 +388,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         with _route_cut(f"{src.id}>{dst.id}"):
             route = s.graph.route(data_from, data_to)
             s.graph.check_reachable(route)
+        route = s.graph.priced(route, PRICED_OP[tx.op], dst.kind)  # the op, the target's memory
         with blame(field="size"):
             seconds = route.latency_s + tx.size / route.cap if route.cap > 0 else float("inf")
             check_duration(seconds, "the transfer", s.profile)

@@ -74,6 +74,7 @@ class NpuServicer(npu_pb2_grpc.NpuServicer):
             )
         engine.busy_until_ns = start + cost.duration_ns
         engine.busy_ns += cost.duration_ns
+        s.latency.kernel.observe((engine.busy_until_ns - issue) / 1e9)
         return npu_pb2.KernelResult(
             name=request.name,
             die=request.die,

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from cmemu.v1 import ub_pb2, ub_pb2_grpc
-from emulator.model.costmodel import check_duration, ub_transfer_ns
+from emulator.model.costmodel import UbOp, check_duration, ub_transfer_ns
 from emulator.model.errors import (
     CapacityError,
     InvalidArgumentError,
@@ -28,6 +28,13 @@ MAX_WAIT_MS = 60_000  # emulated milliseconds a Receive may wait for a first mes
 
 CARRIES_PAYLOAD = {ub_pb2.UB_OP_WRITE, ub_pb2.UB_OP_SEND}
 ATOMICS = {ub_pb2.UB_OP_CAS, ub_pb2.UB_OP_FETCH_ADD}
+PRICED_OP = {  # how the cost model prices each op of the wire
+    ub_pb2.UB_OP_READ: UbOp.READ,
+    ub_pb2.UB_OP_WRITE: UbOp.WRITE,
+    ub_pb2.UB_OP_CAS: UbOp.ATOMIC,
+    ub_pb2.UB_OP_FETCH_ADD: UbOp.ATOMIC,
+    ub_pb2.UB_OP_SEND: UbOp.SEND,
+}
 ATOMIC_BYTES = 8
 
 
@@ -106,6 +113,8 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
         completion = await s.peers.transfer(tx, context.time_remaining())
         s.counters.tx_count += 1
         s.counters.tx_bytes += tx.size
+        op = ub_pb2.UbOp.Name(tx.op).removeprefix("UB_OP_").lower()
+        s.latency.ub_op(op, (completion.complete_ns - completion.issue_ns) / 1e9)
         s.log.debug("ub submit", trace_id=tx.id, op=ub_pb2.UbOp.Name(tx.op), dst=target.id)
         return completion
 
@@ -147,6 +156,7 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
                 dst=s.device.kind,
                 cross_node=src.node != s.device.node,
                 profile=s.profile,
+                op=PRICED_OP[tx.op],
             )
             check_duration(duration / 1e9, "the transfer", s.profile)
         completion = ub_pb2.UbCompletion(

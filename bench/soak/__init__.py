@@ -24,8 +24,8 @@ crashes show up only under time, concurrency and faults together. Each part exis
   - EMS Put/Get/Delete of real-byte objects of 1 B .. 4 MiB (over 1 MiB by PutStream/GetStream),
     BatchPut/BatchGet/BatchDelete/BatchExists over a fixed key space of `--keys` keys (so the
     store's size levels off), and every `--big-every` seconds a 16..64 MiB object streamed in,
-    read back, and deleted (the first one during the warm-up, so its high-water mark is in the
-    warm figure).
+    read back, and deleted (the first one during the warm-up, so that whatever it leaves behind
+    is in the warm figure; it shows as a spike of RSS, given back once it is deleted).
 - Chaos (one fault at a time, every 1..4 s, held 1..5 s): link-down on a link named by
   GetLinkStats, switch-down on an L2 chip, device-down on a random NPU, and device-down on a
   memory pool; in runs of 70 s or more, a share of the pool outages (`--long-outages`, 0.3) last
@@ -48,7 +48,12 @@ crashes show up only under time, concurrency and faults together. Each part exis
   warm-up (10% of the run, at most 60 s) and at the end (the load's last seconds, before the
   verification reads). The store's contents swing by tens of MB as objects of up to 4 MiB come
   and go, so the warm and end figures are each the median of the samples over 10 s (the single
-  samples are in the JSON too). Growth after the warm-up is the leak figure (target < 10%).
+  samples are in the JSON too). Growth after the warm-up is the leak figure (target < 10%); the
+  median of each whole minute after the warm-up is in the JSON and printed, for the trend.
+  `--memdebug DIR` has the server write memory reports (emulator/runtime/memdebug.py: objects by
+  type, allocations by traceback, malloc's heaps) after the warm-up and every
+  `--memdebug-every` seconds: how the growth once found (glibc keeping freed pages, now trimmed
+  by emulator/runtime/heap.py) was told from a leak. They stall the server: not for figures.
 - Errors: every failed call by status code; UNKNOWN and INTERNAL must be zero (each is kept with
   the call, the status and the faults in force, for a reproduction). A NOT_FOUND that the ledger
   expects (a Get of a deleted key) is an answer, not an error.
@@ -58,7 +63,7 @@ call, examples, the fault log, the time series) and bench/results/soak.png plots
 operations per second over time. Exit code 1 when a target is missed.
 
     python -m bench.soak [--seconds 600] [--seed 1] [--concurrency 16] [--broker embedded|none]
-                         [--results DIR]
+                         [--memdebug DIR [--memdebug-every 120]] [--results DIR]
 
 (from the repository root). The plot needs matplotlib (imported only for it: without it the JSON
 is still written).

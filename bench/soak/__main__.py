@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -15,6 +16,7 @@ from bench.soak.config import PAIR_MAX_DIES, RESULTS, warm_up_s
 from bench.soak.report import publish
 from bench.soak.run import run
 from emulator.model.topology import build, server_count
+from emulator.runtime import memdebug
 from emulator.testing import cmemu_up, free_port_block
 
 
@@ -44,6 +46,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=PAIR_MAX_DIES,
         help="most dies in a per-pair all-to-all (its fabric time grows with flows squared)",
     )
+    parser.add_argument(
+        "--memdebug",
+        type=Path,
+        help="a directory: the server writes memory reports there (emulator/runtime/memdebug.py)"
+        " after the warm-up and every --memdebug-every seconds; slows the run, so not for figures",
+    )
+    parser.add_argument("--memdebug-every", type=float, default=120.0)
     parser.add_argument("--results", type=Path, default=RESULTS, help="where soak.json/png go")
     return parser.parse_args(argv)
 
@@ -54,6 +63,8 @@ def main() -> int:
     up_args = ["--preset", "cm384", "--base-port", str(base)]
     if args.broker != "embedded":
         up_args += ["--broker", args.broker]
+    if args.memdebug is not None:  # the server inherits it
+        os.environ[memdebug.ENV] = str(args.memdebug.resolve())
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "state.json"
         with cmemu_up(path, *up_args, quiet=True) as proc:

@@ -21,7 +21,7 @@ from bench.soak.faults import Chaos
 from bench.soak.load import Load
 from bench.soak.messages import MessageLoad
 from bench.soak.report import summary
-from bench.soak.sampling import Series, rss_figures, rss_mb, sample, warm_point
+from bench.soak.sampling import Series, memdebug, rss_figures, rss_mb, sample, warm_point
 from bench.soak.ub import UbLoad
 from bench.soak.verify import Verify
 from cmemu.v1 import ems_pb2
@@ -74,6 +74,8 @@ async def run(
             sample(soak, pid, series, proc_alive),
             stop_when_due(),
         ]
+        if args.memdebug is not None:
+            tasks.append(memdebug(soak, pid, warm_s, args.memdebug_every))
         await asyncio.gather(*tasks)
         wall = soak.figures.now()
         rss_warm = await warm_task

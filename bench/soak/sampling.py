@@ -4,6 +4,8 @@ warm and end figures are medians over RSS_WINDOW_S, not single samples (those ar
 
 from __future__ import annotations
 
+import os
+import signal
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,9 +66,21 @@ async def warm_point(soak: Soak, pid: int, warm_s: float) -> float:
     return rss_mb(pid)
 
 
+async def memdebug(soak: Soak, pid: int, warm_s: float, every_s: float) -> None:
+    """With --memdebug: SIGUSR2 to the server (emulator/runtime/memdebug.py) at the end of the
+    warm-up, which starts its allocation tracing, then every `every_s` until the load ends, each
+    writing a report of what it holds and what changed."""
+    if await soak.pause(warm_s):
+        return
+    while True:
+        os.kill(pid, signal.SIGUSR2)
+        if await soak.pause(every_s):
+            return
+
+
 def rss_figures(
     series: Series, warm_s: float, wall: float, *, start: float, warm: float, end: float
-) -> dict[str, float]:
+) -> dict[str, float | list[float]]:
     """The RSS figures of the report: `start`, `warm` and `end` are the single samples before the
     load, after the warm-up and after the load; the warm and end figures are window medians."""
     window = min(RSS_WINDOW_S, warm_s)
@@ -83,4 +97,18 @@ def rss_figures(
         "rss_warm_point_mb": round(warm, 1),
         "rss_end_point_mb": round(end, 1),
         "rss_max_mb": round(max(series.rss_mb, default=0.0), 1),
+        "rss_minute_medians_mb": minute_medians(samples, warm_s, wall),
     }
+
+
+def minute_medians(samples: list[tuple[float, float]], warm_s: float, wall: float) -> list[float]:
+    """The median RSS of each whole minute after the warm-up: the trend, without the swing of
+    EMS's contents that the 10 s windows of the warm and end figures still carry."""
+    out = []
+    start = warm_s
+    while start + 60.0 <= wall + 1e-9:
+        minute = [r for t, r in samples if start <= t < start + 60.0]
+        if minute:
+            out.append(round(statistics.median(minute), 1))
+        start += 60.0
+    return out

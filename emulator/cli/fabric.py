@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
+from emulator.cli import progress
 from emulator.cli.argtypes import non_negative_int, positive_float, positive_int, positive_size
 from emulator.client.clients import Clients
 from emulator.runtime import state
@@ -28,6 +29,7 @@ async def _xfer(args: argparse.Namespace) -> dict[str, Any]:
         region = await clients.device(dst.id).AllocateRegion(
             device_pb2.AllocateRegionRequest(size=args.bytes, label="cmemu xfer")
         )
+        bar = await _bar(clients, args) if progress.wanted() else None
         try:
             done = await clients.bus(src.id).Submit(
                 ub_pb2.UbTransaction(
@@ -39,6 +41,8 @@ async def _xfer(args: argparse.Namespace) -> dict[str, Any]:
                 )
             )
         finally:
+            if bar is not None:
+                bar.close()
             await clients.device(dst.id).FreeRegion(
                 device_pb2.FreeRegionRequest(region_id=region.region_id)
             )
@@ -57,6 +61,17 @@ async def _xfer(args: argparse.Namespace) -> dict[str, Any]:
         "issue_ns": done.issue_ns,
         "complete_ns": done.complete_ns,
     }
+
+
+async def _bar(clients: Clients, args: argparse.Namespace) -> progress.TimedBar:
+    """A terminal's bar for a transfer the fabric paces to emulated time: its expected wall
+    time from the route's uncontended bandwidth (shown only if it lasts, see progress.py)."""
+    route = await clients.fabric().Route(fabric_pb2.RouteRequest(src=args.src, dst=args.dst))
+    emulated_s = route.latency_ns / 1e9 + args.bytes / max(route.max_gb_s * 1e9, 1.0)
+    return progress.TimedBar(
+        f"{args.op} {args.bytes:,} bytes {args.src} -> {args.dst}",
+        emulated_s / clients.topology.time_scale,
+    )
 
 
 def cmd_xfer(args: argparse.Namespace) -> int:

@@ -24,6 +24,9 @@ from emulator.cli.fabric import cmd_links, cmd_xfer, links_args, xfer_args
 from emulator.cli.fault import cmd_fault, fault_args
 from emulator.cli.instances import cmd_down, cmd_instances, down_args, instances_args
 from emulator.cli.output import Column, print_rows
+from emulator.cli.sched import cmd_sched, sched_args
+from emulator.cli.serving import add_serving_commands
+from emulator.cli.simulate import cmd_simulate, simulate_args
 from emulator.cli.status import cmd_status, status_args
 from emulator.cli.watch import cmd_watch, watch_args
 from emulator.client import health
@@ -236,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
         "links": (cmd_links, "the fabric's busiest links"),
         "watch": (cmd_watch, "print the running emulator's events as they happen"),
         "ems": (cmd_ems, "the elastic memory store: put, get, ls, rm, exists, stat"),
+        "sched": (cmd_sched, "the scheduler: alloc, release, ls, spares, replace, policies"),
+        "simulate": (cmd_simulate, "model mode: serving simulation, calibration"),
         "status": (cmd_status, "one running instance at a glance: launcher, time, health, faults"),
         "fault": (cmd_fault, "inject, list and clear device and fabric faults"),
         "down": (cmd_down, "stop a running instance (SIGTERM to its launcher, then wait)"),
@@ -257,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     links_args(parsers["links"])
     _add_state_arg(parsers["links"])
     ems_args(parsers["ems"], _add_state_arg)
+    sched_args(parsers["sched"], _add_state_arg)
+    simulate_args(parsers["simulate"])
     watch_args(parsers["watch"])
     _add_state_arg(parsers["watch"])
     status_args(parsers["status"])
@@ -265,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     down_args(parsers["down"])
     _add_state_arg(parsers["down"])
     instances_args(parsers["instances"])
+    add_serving_commands(sub, _add_state_arg)
 
     topo = parsers["topology"]
     up.add_topology_args(topo)

@@ -94,6 +94,9 @@ def report(instance: state.Instance, probed: dict[str, Any], now: float) -> dict
         "emulated_s": emulated,
         "broker": topology.broker,
         "services": {x.id: x.address for x in topology.services},
+        "http": {x.id: f"http://{x.http_address}/v1" for x in topology.services if x.http_address},
+        "metrics": launcher.metrics,
+        "ui": launcher.ui,
         "devices": len(topology.devices),
         "devices_serving": sum(statuses[d.address] == "SERVING" for d in topology.devices),
         "services_serving": sum(statuses[x.address] == "SERVING" for x in topology.services),
@@ -118,6 +121,9 @@ def _print(r: dict[str, Any]) -> None:
         ("time", f"emulated {emulated}, time scale {r['time_scale']:g}"),
         ("broker", r["broker"] or "none (no MQTT)"),
         *((sid, address) for sid, address in r["services"].items()),
+        *((f"{sid} http", url) for sid, url in r["http"].items()),
+        *_metrics_rows(r["metrics"]),
+        ("web view", r["ui"] or "none"),
     ]
     if r["run_dir"]:
         rows.append(("run dir", r["run_dir"]))
@@ -136,6 +142,16 @@ def _print(r: dict[str, Any]) -> None:
         print(f"{label:<10} {value}")
     for f in faults:
         print(f"  {f['id']:<20} {f['kind']:<14} {f['target']:<34} {f['detail']}")
+
+
+def _metrics_rows(urls: dict[str, str], shown: int = 4) -> list[tuple[str, str]]:
+    """Each process's /metrics, or the first few and how many more (--json has them all)."""
+    if not urls:
+        return [("metrics", "none")]
+    rows = [("metrics", f"{url}  ({name})") for name, url in list(urls.items())[:shown]]
+    if len(urls) > shown:
+        rows.append(("", f"and {len(urls) - shown} more (--json lists every process's)"))
+    return rows
 
 
 def cmd_status(args: argparse.Namespace) -> int:

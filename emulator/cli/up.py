@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import os
 import shutil
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Literal
 
-from emulator.cli import argtypes
+from emulator.cli import argtypes, progress
 from emulator.cli.instances import check_not_running
+from emulator.model.errors import EmulatorError
 from emulator.model.presets import DEFAULT_PRESET
 from emulator.model.topology import CONTAINER_PORT, DEFAULT_BASE_PORT, DEFAULT_HOST
-from emulator.runtime import composegen, state
+from emulator.runtime import composegen, metricserver, state
 from emulator.runtime.procs import Running
 from emulator.runtime.security import Security, read_token
 from emulator.runtime.serve import (
@@ -39,6 +43,9 @@ from emulator.runtime.supernode import (
     Supernode,
 )
 from emulator.runtime.tls import TlsFiles
+from emulator.runtime.webview import AUTO as UI_AUTO
+from emulator.runtime.webview import NONE as UI_NONE
+from emulator.runtime.webview import WebView, parse_address
 
 DEFAULT_READY_TIMEOUT_S = 180.0
 
@@ -55,7 +62,7 @@ def _stop_event() -> asyncio.Event:
 # --- up -------------------------------------------------------------------------------------
 
 
-def summary(sn: Supernode, path: Path, seconds: float) -> str:
+def summary(sn: Supernode, path: Path, seconds: float, ui: str | None = None) -> str:
     """What `cmemu up` prints once all is SERVING: where everything is and how to reach it."""
     topology = sn.topology
     kinds = {k: sum(d.kind.value == k for d in topology.devices) for k in ("npu", "cpu")}
@@ -70,7 +77,14 @@ def summary(sn: Supernode, path: Path, seconds: float) -> str:
         f"  state file  {path}",
         f"  devices     {first.address} ({first.id}) to {topology.devices[-1].address}",
         *(f"  {x.id:<11} {x.address}" for x in topology.services),
+        *(
+            f"  {'openai':<11} http://{x.http_address}/v1  (the {x.id}'s OpenAI-compatible API)"
+            for x in topology.services
+            if x.http_address
+        ),
         f"  broker      {topology.broker or 'none (no MQTT)'}",
+        f"  metrics     {metricserver.summary(metricserver.supernode_endpoints(sn))}",
+        f"  web view    {ui or 'none (--ui none)'}",
         f"  probe       cmemu probe {first.address}",
         f"              grpcurl {_grpcurl_security(sn)}{first.address} list",
         f"  status      cmemu status{which}",
@@ -123,7 +137,18 @@ def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
         insecure=args.insecure,
         tls=_tls(args),
         tls_dir=tls_dir(path) if args.tls == "auto" else None,
+        metrics=args.metrics != "none",
     )
+
+
+def _ui_address(text: str) -> str:
+    if text == UI_NONE:
+        return text
+    try:
+        parse_address(text)
+    except EmulatorError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def tls_dir(path: Path) -> Path:
@@ -157,17 +182,40 @@ def _guard_record(sn: Supernode, path: Path) -> dict[str, object]:
     return record
 
 
-async def _up(options: LaunchOptions, path: Path) -> None:
+@contextlib.asynccontextmanager
+async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
+    """The live page of the machine (emulator/runtime/webview), unless `--ui none`."""
+    if ui == UI_NONE:
+        yield None
+        return
+    async with WebView(sn.clients, address=ui, profile=sn.options.profile) as view:
+        yield view
+
+
+async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
     stop = _stop_event()
     started = time.perf_counter()
+    boot = progress.BootBar() if progress.wanted() else None  # a terminal only: never in pipes
+    if boot is not None:
+        options = dataclasses.replace(options, progress=boot)
     try:
-        async with Supernode.start(options, stop=stop, on_death=_report_death) as sn:
+        async with (
+            Supernode.start(options, stop=stop, on_death=_report_death) as sn,
+            _webview(sn, ui) as view,
+        ):
+            if boot is not None:
+                boot.close()
             launcher: dict[str, object] = {"argv": _argv_without_detach()}
             if sn.run_dir is not None:
                 launcher["run_dir"] = str(sn.run_dir)
             launcher |= await asyncio.to_thread(_guard_record, sn, path)
+            launcher[state.METRICS_KEY] = metricserver.supernode_endpoints(sn)
+            launcher[state.UI_KEY] = view.url if view is not None else None
             await asyncio.to_thread(state.write, path, sn.topology, mode=sn.mode, launcher=launcher)
-            print(summary(sn, path, time.perf_counter() - started), flush=True)
+            print(
+                summary(sn, path, time.perf_counter() - started, view.url if view else None),
+                flush=True,
+            )
             try:
                 await stop.wait()
             finally:
@@ -180,6 +228,9 @@ async def _up(options: LaunchOptions, path: Path) -> None:
                     print(f"cmemu: logs of the processes that died are in {sn.run_dir}/logs")
     except StartInterrupted:
         print("cmemu: stopped while starting", flush=True)
+    finally:
+        if boot is not None:
+            boot.close()
 
 
 def _argv_without_detach() -> list[str]:
@@ -196,7 +247,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         code: int = up_detached(_argv_without_detach(), path, args.ready_timeout + 30.0)
         return code
     options = launch_options(args, path)
-    asyncio.run(_up(options, path))
+    asyncio.run(_up(options, path, args.ui))
     print("cmemu: stopped", flush=True)
     return 0
 
@@ -277,6 +328,23 @@ def up_args(up: argparse.ArgumentParser) -> None:
         help="MQTT broker for telemetry and events, mqtt://HOST:PORT; 'none' for no MQTT "
         "(default: an embedded broker on 127.0.0.1, its URL in the state file; with "
         "--from-compose, the file's own broker service, which this replaces)",
+    )
+    up.add_argument(
+        "--metrics",
+        choices=["on", "none"],
+        default="on",
+        help="on: every process serves Prometheus metrics at http://ADDRESS/metrics (the "
+        "addresses in the startup summary, the state file and `cmemu status`); none: no "
+        "process does (a compose file's services keep theirs)",
+    )
+    up.add_argument(
+        "--ui",
+        type=_ui_address,
+        default=UI_AUTO,
+        metavar="ADDR|none",
+        help="the live web view of the machine (heat map of every NPU die, links, faults, "
+        "events) at http://ADDR/ (HOST:PORT; port 0: a free one); none: no web view "
+        f"(default {UI_AUTO}: the URL is in the startup summary and `cmemu status`)",
     )
     up.add_argument(
         "--token-file",

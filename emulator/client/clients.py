@@ -10,6 +10,8 @@ from cmemu.v1 import (
     fabric_pb2_grpc,
     mempool_pb2_grpc,
     npu_pb2_grpc,
+    router_pb2_grpc,
+    scheduler_pb2_grpc,
     ub_pb2_grpc,
 )
 from emulator.client import health
@@ -47,6 +49,16 @@ class Clients:
     def fabric(self) -> fabric_pb2_grpc.FabricAsyncStub:
         return fabric_pb2_grpc.FabricStub(
             self.channel_to(self.topology.service(ServiceKind.FABRIC).address)
+        )
+
+    def router(self) -> router_pb2_grpc.RouterAsyncStub:
+        return router_pb2_grpc.RouterStub(
+            self.channel_to(self.topology.service(ServiceKind.ROUTER).address)
+        )
+
+    def scheduler(self) -> scheduler_pb2_grpc.SchedulerAsyncStub:
+        return scheduler_pb2_grpc.SchedulerStub(
+            self.channel_to(self.topology.service(ServiceKind.SCHEDULER).address)
         )
 
     def mempool(self, device_id: str) -> mempool_pb2_grpc.MemoryPoolAsyncStub:

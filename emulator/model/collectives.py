@@ -14,7 +14,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.costmodel import check_duration, moe_bytes_per_token, moe_overhead_s
+from emulator.model.costmodel import (
+    check_duration,
+    moe_bytes_per_token,
+    moe_overhead_s,
+    moe_points,
+)
 from emulator.model.errors import InvalidArgumentError, OutOfRangeError, UnavailableError
 from emulator.model.flowsim import FlowBatch, simulate, weighted_sum
 from emulator.model.linkgraph import (
@@ -24,6 +29,7 @@ from emulator.model.linkgraph import (
     flow_plane_caps,
     l2_plane_caps,
 )
+from emulator.model.topology import DeviceKind
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -324,7 +330,9 @@ def run_collective(
     if not parts:
         raise InvalidArgumentError("the collective moves no bytes")
     overhead = (
-        moe_overhead_s(algorithm.moe, profile) if algorithm.moe else profile.moe.collective_launch_s
+        moe_overhead_s(algorithm.moe, profile, ranks=len(ranks))
+        if algorithm.moe
+        else profile.moe.collective_launch_s
     )
     check_duration(start + overhead, f"the {spec.op}", profile)
     cat = [np.concatenate([p[i] for p in parts]) for i in range(5)]
@@ -341,3 +349,29 @@ def run_collective(
         flow_gb_s=cat[4],
         res_bytes=res_bytes,
     )
+
+
+def moe_ranks(graph: LinkGraph, ranks: int) -> list[Endpoint]:
+    """The first `ranks` NPU dies of the topology, node by node: an expert-parallel group as the
+    calibration points were measured on (EP8: 4 NPUs of one node; EP256: 16 whole nodes)."""
+    dies = [e for e in graph.endpoints.values() if e.device.kind is DeviceKind.NPU]
+    if ranks > len(dies):
+        raise OutOfRangeError(f"EP{ranks} needs {ranks} NPU dies; the topology has {len(dies)}")
+    return dies[:ranks]
+
+
+def fit_moe_overhead(graph: LinkGraph) -> dict[str, tuple[float, float]]:
+    """Refit the MoE software overhead to the published points on this link graph: per op,
+    (base, per peer) such that transfer + base + per_peer * (ranks - 1) is each measured time.
+    The profile holds the result (MoeCalibration.*_overhead_*_s); this shows where it came from."""
+    profile = graph.profile
+    left: dict[str, list[tuple[int, float]]] = {}
+    for op, ranks, measured in moe_points(profile):
+        spec = CollectiveSpec(op=f"moe-{op}", tokens_per_rank=profile.moe.tokens_per_rank)
+        timing = run_collective(graph, moe_ranks(graph, ranks), spec)
+        left.setdefault(op, []).append((ranks - 1, measured - timing.transfer_s))
+    fit = {}
+    for op, ((p1, o1), (p2, o2)) in left.items():
+        per_peer = (o2 - o1) / (p2 - p1)
+        fit[op] = (o1 - per_peer * p1, per_peer)
+    return fit

@@ -8,6 +8,7 @@ agree by construction.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from emulator.model.errors import InvalidArgumentError, OutOfRangeError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
@@ -31,11 +32,98 @@ def check_duration(
         )
 
 
-def ub_base_latency_s(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
-    """Fixed cost of a UB transaction inside a node, fitted so that the calibrated small read
-    (512 bytes in 1.2 us at the achieved per-die bandwidth) comes out exactly."""
+class UbOp(StrEnum):
+    """A UB transaction as the cost model prices it (the wire's CAS and FETCH_ADD are atomics)."""
+
+    READ = "read"
+    WRITE = "write"
+    ATOMIC = "atomic"
+    SEND = "send"
+
+
+class TargetMemory(StrEnum):
+    """The memory a transaction's target serves it from: its figures are measured apart."""
+
+    HBM = "hbm"  # an NPU die's
+    CPU = "cpu"  # CPU DRAM: a CPU's own, or a node's memory pool (the CPUs' pooled DRAM)
+
+
+TARGET_MEMORY = {
+    DeviceKind.NPU: TargetMemory.HBM,
+    DeviceKind.CPU: TargetMemory.CPU,
+    DeviceKind.MEMPOOL: TargetMemory.CPU,
+}
+
+PRICED_AS = {
+    UbOp.READ: UbOp.READ,
+    UbOp.WRITE: UbOp.WRITE,
+    # Not published. An atomic is applied at the target (read, modify, write its word) and
+    # completes on the target's acknowledgement, as a write does: it takes the write's latency,
+    # the costlier of the two. A SEND's bytes go from the issuer into the target's queue, the
+    # way a write's go into its memory: the write's figures too.
+    UbOp.ATOMIC: UbOp.WRITE,
+    UbOp.SEND: UbOp.WRITE,
+}
+
+
+@dataclass(frozen=True)
+class UbPoint:
+    """One calibration row: a transfer's achieved bandwidth and its small-transfer time."""
+
+    bytes_per_s: float
+    small_s: float
+
+
+def ub_point(
+    op: UbOp = UbOp.READ,
+    target: DeviceKind = DeviceKind.NPU,
+    profile: HardwareProfile = DEFAULT_PROFILE,
+) -> UbPoint:
+    """The published row (per die, inside one node) that prices `op` against a `target` device."""
     ub = profile.ub
-    return ub.small_read_s - ub.small_read_bytes / ub.achieved_bytes_per_s_per_die
+    rows = {
+        (UbOp.READ, TargetMemory.HBM): UbPoint(ub.achieved_bytes_per_s_per_die, ub.small_read_s),
+        (UbOp.WRITE, TargetMemory.HBM): UbPoint(ub.write_bytes_per_s_per_die, ub.small_write_s),
+        (UbOp.READ, TargetMemory.CPU): UbPoint(
+            ub.cpu_memory_read_bytes_per_s, ub.cpu_memory_small_read_s
+        ),
+        (UbOp.WRITE, TargetMemory.CPU): UbPoint(
+            ub.cpu_memory_write_bytes_per_s, ub.cpu_memory_small_write_s
+        ),
+    }
+    return rows[(PRICED_AS[op], TARGET_MEMORY[target])]
+
+
+def ub_latency_s(
+    op: UbOp = UbOp.READ,
+    target: DeviceKind = DeviceKind.NPU,
+    profile: HardwareProfile = DEFAULT_PROFILE,
+) -> float:
+    """Fixed cost of a UB transaction inside a node, fitted so that its calibrated small transfer
+    (512 bytes in 1.2 us for a read of NPU memory, and so on) comes out exactly."""
+    point = ub_point(op, target, profile)
+    return point.small_s - profile.ub.small_read_bytes / point.bytes_per_s
+
+
+def ub_base_latency_s(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
+    """The reference transaction's fixed cost: an NPU -> NPU read inside a node."""
+    return ub_latency_s(UbOp.READ, DeviceKind.NPU, profile)
+
+
+def ub_wire_cost(
+    op: UbOp = UbOp.READ,
+    target: DeviceKind = DeviceKind.NPU,
+    profile: HardwareProfile = DEFAULT_PROFILE,
+) -> float:
+    """Bytes of link capacity one payload byte occupies, relative to the reference read (1.0).
+
+    One die's transfer is striped over all of its ports and saturates them, so the rows measure
+    what the same links carry per op: a write moves 137 GB/s of payload where a read moves 167
+    (acknowledgements, ordering), CPU memory answers slower than HBM. The difference is a cost
+    per byte on every trunk the transaction crosses, not a ceiling of its own: several writes
+    into one die share 137 GB/s of payload, as one does."""
+    reference = profile.ub.achieved_bytes_per_s_per_die
+    return reference / ub_point(op, target, profile).bytes_per_s
 
 
 def hop_latency_s(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
@@ -43,14 +131,18 @@ def hop_latency_s(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
     return profile.ub.cross_node_extra_latency_s / 2
 
 
-def endpoint_latency_s(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
-    """Fixed cost at the two ends of any UB transfer (issue, DMA setup, completion), so that an
-    intra-node transfer (one L1 hop) has exactly the calibrated base latency."""
-    return ub_base_latency_s(profile) - hop_latency_s(profile)
+def endpoint_latency_s(
+    profile: HardwareProfile = DEFAULT_PROFILE,
+    op: UbOp = UbOp.READ,
+    target: DeviceKind = DeviceKind.NPU,
+) -> float:
+    """Fixed cost at the two ends of a UB transfer (issue, DMA setup, the target's memory,
+    completion), so that an intra-node transfer (one L1 hop) has exactly its calibrated latency."""
+    return ub_latency_s(op, target, profile) - hop_latency_s(profile)
 
 
 def ub_efficiency(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
-    """Share of raw port bandwidth a transfer achieves (167 of 196 GB/s per die)."""
+    """Share of raw port bandwidth the reference transfer achieves (167 of 196 GB/s per die)."""
     npu = profile.npu
     return profile.ub.achieved_bytes_per_s_per_die / (
         npu.ub_ports_per_die * npu.ub_port_bytes_per_s
@@ -58,8 +150,8 @@ def ub_efficiency(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
 
 
 def endpoint_bytes_per_s(kind: DeviceKind, profile: HardwareProfile = DEFAULT_PROFILE) -> float:
-    """Achieved UB bandwidth at one end of a transfer: an NPU die, a CPU socket, or a memory pool
-    (striped over the node's CPUs)."""
+    """Reference UB bandwidth at one end of a transfer: an NPU die, a CPU socket, or a memory
+    pool (striped over the node's CPUs)."""
     achieved = {
         DeviceKind.NPU: profile.ub.achieved_bytes_per_s_per_die,
         DeviceKind.CPU: profile.cpu.ub_bytes_per_s * ub_efficiency(profile),
@@ -75,16 +167,20 @@ def ub_transfer_ns(
     dst: DeviceKind,
     cross_node: bool,
     profile: HardwareProfile = DEFAULT_PROFILE,
+    op: UbOp = UbOp.READ,
 ) -> int:
-    """Emulated duration of one uncontended UB transaction of `size` bytes.
+    """Emulated duration of one uncontended UB transaction of `size` bytes issued by a `src`
+    device against a `dst` device.
 
-    Latency plus serialisation at the slower end; crossing nodes adds the L2 hop's latency and its
-    bandwidth loss. The fabric refines this with contention on the real link graph.
+    The op's latency against the target's memory, plus serialisation at the slower end at the
+    op's cost per byte; crossing nodes adds the L2 hop's latency and its bandwidth loss. The
+    fabric refines this with contention on the real link graph.
     """
     if size < 0:
         raise InvalidArgumentError(f"size must be >= 0, got {size}")
     bandwidth = min(endpoint_bytes_per_s(src, profile), endpoint_bytes_per_s(dst, profile))
-    latency = ub_base_latency_s(profile)
+    bandwidth /= ub_wire_cost(op, dst, profile)
+    latency = ub_latency_s(op, dst, profile)
     if cross_node:
         latency += profile.ub.cross_node_extra_latency_s
         bandwidth *= 1.0 - profile.ub.cross_node_bandwidth_loss
@@ -127,21 +223,36 @@ def moe_bytes_per_token(op: str, profile: HardwareProfile = DEFAULT_PROFILE) -> 
     return {"dispatch": moe.dispatch_bytes_per_token, "combine": moe.combine_bytes_per_token}[op]
 
 
-def moe_overhead_s(op: str, profile: HardwareProfile = DEFAULT_PROFILE) -> float:
-    """Fixed software cost of a MoE dispatch or combine, fitted to the EP8 calibration point.
+def moe_overhead_s(
+    op: str, profile: HardwareProfile = DEFAULT_PROFILE, *, ranks: int | None = None
+) -> float:
+    """Software cost of a MoE dispatch or combine over `ranks` ranks (default: the EP8
+    calibration's): a fixed part plus a part per peer, fitted to the EP8 and EP256 points.
 
-    The calibration group is 8 dies on 4 NPUs of one node: each die sends an even share of its
-    token copies to every rank; its own share stays local, its sibling die's share crosses the
-    die-to-die link in parallel, and the 6 others leave through its UB ports, the bottleneck.
-    What the measured time has beyond that transfer is software: quantisation, routing metadata,
-    synchronisation.
+    The fixed part is quantisation, routing metadata and the kernel launch; the part per peer is
+    what a rank does for each other rank: a message header with its token counts and a completion
+    flag to write, and one to wait for. Those are per peer and handled by a fixed set of cores,
+    so the cost grows linearly with the peers; a logarithmic term would describe a tree barrier,
+    which a fused all-to-all does not use (every rank signals every peer directly).
     """
     moe = profile.moe
-    measured = {"dispatch": moe.dispatch_s, "combine": moe.combine_s}[op]
-    per_rank = moe.tokens_per_rank * moe.top_k * moe_bytes_per_token(op, profile)
-    over_ports = per_rank * (moe.ep_ranks - 2) / moe.ep_ranks
-    transfer = ub_base_latency_s(profile) + over_ports / profile.ub.achieved_bytes_per_s_per_die
-    return measured - transfer
+    base, per_peer = {
+        "dispatch": (moe.dispatch_overhead_base_s, moe.dispatch_overhead_per_peer_s),
+        "combine": (moe.combine_overhead_base_s, moe.combine_overhead_per_peer_s),
+    }[op]
+    peers = (moe.ep_ranks if ranks is None else ranks) - 1
+    return base + per_peer * max(peers, 0)
+
+
+def moe_points(profile: HardwareProfile = DEFAULT_PROFILE) -> list[tuple[str, int, float]]:
+    """The published MoE points the overhead is fitted to: (op, ranks, whole-operation seconds)."""
+    moe = profile.moe
+    return [
+        ("dispatch", moe.ep_ranks, moe.dispatch_s),
+        ("combine", moe.ep_ranks, moe.combine_s),
+        ("dispatch", moe.large_ep_ranks, moe.dispatch_large_s),
+        ("combine", moe.large_ep_ranks, moe.combine_large_s),
+    ]
 
 
 def ems_ssd_ns(size: int, profile: HardwareProfile = DEFAULT_PROFILE) -> int:

@@ -12,6 +12,7 @@ resource or a flow's ceiling saturates, freeze the flows it holds, repeat.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -208,10 +209,13 @@ class _Flow:
     remaining: float
     rate: float = 0.0
 
-    @property
-    def done(self) -> bool:
+    def done(self, now_s: float) -> bool:
+        """Finished, up to float noise: what is left is a rounding of its size, or would take
+        less time than the clock can resolve at `now_s` (late in a run one step of a float
+        clock exceeds TIME_EPS_S: a remainder below it must finish, or time stands still)."""
+        resolution = max(TIME_EPS_S, 4 * math.ulp(now_s))
         return self.remaining <= REL_TOL * self.nbytes or (
-            self.rate > 0 and self.remaining / self.rate <= TIME_EPS_S
+            self.rate > 0 and self.remaining / self.rate <= resolution
         )
 
 
@@ -284,7 +288,7 @@ class LiveFlows:
                 break
             self._progress(next_s - self.now_s)
             self.now_s = next_s
-            for fid in [fid for fid, f in self.flows.items() if f.done]:
+            for fid in [fid for fid, f in self.flows.items() if f.done(next_s)]:
                 finished.append((fid, next_s))
                 del self.flows[fid]
                 self.completed += 1

@@ -77,6 +77,8 @@ class NodeProfile:
     npus: int = fig(8, "pub")
     cpus: int = fig(4, "pub")
     l1_chips: int = fig(7, "pub")
+    # cm384: 16 racks, 12 of compute with 4 nodes each (the other 4 hold the L2 switches)
+    nodes_per_rack: int = fig(4, "pub")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,11 +93,21 @@ class SwitchProfile:
 
 @dataclass(frozen=True, kw_only=True)
 class UbCalibration:
-    """Measured points of the real system that the UB cost model is fitted to."""
+    """Measured points of the real system that the UB cost model is fitted to: per die, inside one
+    node, one transfer at a time. NPU -> NPU read is the reference the link graph's capacities are
+    scaled to; the other rows price a transaction by its op and by its target's memory
+    (costmodel.ub_point)."""
 
-    small_read_bytes: int = fig(512, "pub")
+    small_read_bytes: int = fig(512, "pub")  # the size of every small-transfer point below
     small_read_s: float = fig(1.2e-6, "pub")
-    achieved_bytes_per_s_per_die: float = fig(167 * GB, "pub")
+    achieved_bytes_per_s_per_die: float = fig(167 * GB, "pub")  # NPU -> NPU read
+    small_write_s: float = fig(1.3e-6, "pub")
+    write_bytes_per_s_per_die: float = fig(137 * GB, "pub")  # NPU -> NPU write
+    # NPU -> CPU memory (a CPU's DRAM or a node's memory pool)
+    cpu_memory_small_read_s: float = fig(1.0e-6, "pub")
+    cpu_memory_read_bytes_per_s: float = fig(151 * GB, "pub")
+    cpu_memory_small_write_s: float = fig(1.1e-6, "pub")
+    cpu_memory_write_bytes_per_s: float = fig(110 * GB, "pub")
     # Published as bounds ("under 1 us", "under 3%"); the values inside the bounds are ours.
     cross_node_extra_latency_s: float = fig(0.6e-6, "assumed")
     cross_node_bandwidth_loss: float = fig(0.02, "assumed")
@@ -103,9 +115,10 @@ class UbCalibration:
 
 @dataclass(frozen=True, kw_only=True)
 class MoeCalibration:
-    """The measured MoE dispatch and combine at expert-parallel degree 8 (whole operation, software
-    included). The cost model derives each op's fixed software overhead from these, so that the
-    fabric's flow-level timing plus that overhead reproduces them exactly."""
+    """The measured MoE dispatch and combine at expert-parallel degree 8 and 256 (128 tokens per
+    rank, top-8; whole operation, software included). What the fabric's flow-level timing of each
+    point leaves of the measured time is software, fitted as overhead = base + per_peer * (ranks
+    - 1) (costmodel.moe_overhead_s): the fit reproduces both points."""
 
     ep_ranks: int = fig(8, "pub")
     tokens_per_rank: int = fig(128, "pub")
@@ -114,6 +127,14 @@ class MoeCalibration:
     combine_bytes_per_token: int = fig(14336, "pub")  # 14 KB: BF16 hidden state
     dispatch_s: float = fig(116e-6, "pub")
     combine_s: float = fig(118e-6, "pub")
+    large_ep_ranks: int = fig(256, "pub")  # the same, measured at EP256 (on 128 NPUs)
+    dispatch_large_s: float = fig(152e-6, "pub")
+    combine_large_s: float = fig(149e-6, "pub")
+    # Fitted on cm384 by collectives.fit_moe_overhead (tests/model/test_ub_calibration.py refits)
+    dispatch_overhead_base_s: float = fig(78.81e-6, "fitted to pub")
+    dispatch_overhead_per_peer_s: float = fig(96.75e-9, "fitted to pub")
+    combine_overhead_base_s: float = fig(50.62e-6, "fitted to pub")
+    combine_overhead_per_peer_s: float = fig(36.74e-9, "fitted to pub")
     # Other collectives: one launch cost each (not published; HCCL-class kernels launch in ~us).
     collective_launch_s: float = fig(5e-6, "assumed")
 
@@ -138,6 +159,14 @@ class EmsProfile:
     object_max_bytes: int = fig(64 * GiB, "assumed")
     vnodes_per_pool: int = fig(64, "assumed")  # consistent-hash ring points per pool
     check_interval_s: float = fig(0.5, "assumed")  # emulated seconds between pool health sweeps
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerProfile:
+    """The reference scheduler's defaults. The paper says spares are kept and faulty NPUs are
+    replaced from them, not how many: one per rack is ours (SetSpares changes it live)."""
+
+    spares_per_rack: int = fig(1, "assumed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,6 +195,65 @@ class EmulatorLimits:
     process_inbox_max_bytes: int = fig(1 * GiB, "assumed")  # their inline payload bytes
     regions_max_per_device: int = fig(16_384, "assumed")
     list_regions_page_max: int = fig(1000, "assumed")  # ListRegions page size (and default)
+    # wall seconds between malloc_trim(0)s of an in-process supernode: what glibc keeps freed
+    # inside its heaps goes back to the kernel (emulator/runtime/heap.py); 0: never
+    heap_trim_interval_s: float = fig(10.0, "assumed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingCalibration:
+    """Serving DeepSeek-R1 (issue 10): the measured points the serving cost model is fitted to,
+    the assumptions it needs, and the parameters fitted to the points (src "fit": see
+    emulator/model/serving/calibrate.py, which reports the model's error on every point).
+
+    "Per NPU" in the published serving figures is per 910C package (two dies): the paper's
+    efficiencies (1.29 decode and 4.45 prefill tokens/s per TFLOPS) divide by the package's INT8
+    peak, and 1,943 tokens/s at TPOT 49.4 ms is 96 requests per NPU, so 48 per die."""
+
+    # --- published points --------------------------------------------------------------------
+    decode_tpot_s: float = fig(49.4e-3, "pub")
+    decode_tokens_per_s_per_npu: float = fig(1943.0, "pub")
+    decode_batch_per_npu: int = fig(96, "pub")
+    decode_kv_tokens: int = fig(4096, "pub")
+    decode_ep: int = fig(320, "pub")
+    prefill_tokens_per_s_per_npu: float = fig(5655.0, "pub")
+    prefill_batch_tokens: int = fig(16384, "pub")
+    prefill_prompt_tokens: int = fig(4096, "pub")
+    prefill_ep: int = fig(32, "pub")
+    mla_compute_utilisation: float = fig(0.654, "pub")
+    mla_hbm_bytes_per_s: float = fig(1346 * GB, "pub")
+    int8_gemm_utilisation: float = fig(0.80, "pub")  # published 77-83%: the middle
+    mtp_tokens_per_step: float = fig(1.7, "pub")  # at 70% acceptance
+    layer_s: float = fig(874e-6, "pub")  # one decode layer without MTP
+    layer_s_mtp: float = fig(1260e-6, "pub")  # with MTP
+    graph_launch_s: float = fig(0.7e-3, "pub")  # published 0.6-0.8 ms: the middle
+    microbatch_decode_gain: tuple[float, float] = fig((0.058, 0.094), "pub")
+    microbatch_prefill_gain: tuple[float, float] = fig((0.23, 0.31), "pub")
+    block_tokens: int = fig(512, "pub")  # EMS prefix blocks (and the Mooncake trace's)
+    # --- assumptions --------------------------------------------------------------------------
+    weight_bytes_per_param: float = fig(1.0, "pub")  # INT8 weights
+    kv_bytes_per_element: float = fig(1.0, "assumed")  # INT8 KV cache (35 KB per token)
+    # Routed-expert load skew of real traffic (Zipf exponent over the 256 experts) for the default
+    # placement; a perfectly balanced placement has imbalance 1.
+    expert_load_zipf: float = fig(0.25, "assumed")
+    ems_lookup_s: float = fig(50e-6, "assumed")  # one MatchPrefix: metadata hops, no data
+    roce_hop_latency_s: float = fig(3e-6, "assumed")  # RDMA NIC + switch, one way
+    roce_efficiency: float = fig(0.9, "assumed")  # of the 200 Gbps per die achieved
+    # --- fitted (calibrate.py fits them; the test asserts the fit holds) -----------------------
+    layer_overhead_s: float = fig(286.7e-6, "fit")  # per layer: launches, syncs, norms
+    step_overhead_s: float = fig(2.338e-3, "fit")  # per decode step: sampling, MTP verify, schedule
+    microbatch_overlap: float = fig(0.9845, "fit")  # share of min(compute, comm) hidden
+    prefill_efficiency: float = fig(0.5654, "fit")  # achieved / roofline compute in prefill
+    # --- EMS model caching (the router's weight loading): 671 GB of INT8 weights for 8 instances
+    cache_weights_bytes: float = fig(671e9, "pub")
+    cache_instances: int = fig(8, "pub")
+    cache_cold_s: float = fig(2560.0, "pub")  # from object storage at 2.5 GB/s
+    cache_from_ems_s: float = fig(320.0, "pub")  # the same weights already in EMS
+    # the published 5 s warm switch is not modelled: every deployment loads its weights
+    # expert slots: a tenth of the slots hold shared-expert copies and a tenth redundant copies
+    # (decode EP320: 32 + 32 of 320 dies; prefill EP32: 1 + 1 of 10 slots per die)
+    shared_slot_fraction: float = fig(0.1, "pub")
+    redundant_slot_fraction: float = fig(0.1, "pub")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,6 +265,8 @@ class HardwareProfile:
     ub: UbCalibration = field(default_factory=UbCalibration)
     moe: MoeCalibration = field(default_factory=MoeCalibration)
     ems: EmsProfile = field(default_factory=EmsProfile)
+    scheduler: SchedulerProfile = field(default_factory=SchedulerProfile)
+    serving: ServingCalibration = field(default_factory=ServingCalibration)
     limits: EmulatorLimits = field(default_factory=EmulatorLimits)
 
     @property

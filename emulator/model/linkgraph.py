@@ -16,6 +16,7 @@ meets the L1->L2 link's bandwidth, which is where the calibrated cross-node loss
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -25,7 +26,14 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.costmodel import endpoint_latency_s, hop_latency_s, ub_efficiency
+from emulator.model.costmodel import (
+    UbOp,
+    endpoint_latency_s,
+    hop_latency_s,
+    ub_efficiency,
+    ub_latency_s,
+    ub_wire_cost,
+)
 from emulator.model.errors import (
     InvalidArgumentError,
     NotFoundError,
@@ -120,6 +128,7 @@ class LinkGraph:
     def __init__(self, topology: Topology, profile: HardwareProfile = DEFAULT_PROFILE) -> None:
         self.topology = topology
         self.profile = profile
+        self.version = 0  # of the live state: a timing computed at one version holds for it
         self.planes = profile.switch.l2_planes
         self.chips = profile.switch.l2_chips_per_plane
         self.names: list[str] = []  # directed links, "a>b"
@@ -166,6 +175,7 @@ class LinkGraph:
 
     def invalidate(self) -> None:
         """Forget everything derived from the live state; whoever mutates it calls this."""
+        self.version += 1
         self._cache: dict[str, FloatArray] = {}
         self._routes: dict[tuple[str, str], Route] = {}
 
@@ -539,6 +549,22 @@ class LinkGraph:
             latency_s=latency,
             hops=hops,
             planes=len(usable),
+        )
+
+    def priced(self, route: Route, op: UbOp, target: DeviceKind) -> Route:
+        """The route as one transaction sees it: routes (and collectives) are priced as the
+        reference NPU -> NPU read; a transaction of another op, or against CPU memory, takes
+        its own latency and occupies every trunk it crosses at its own cost per byte
+        (costmodel.ub_wire_cost), so that alone it achieves its calibrated bandwidth."""
+        cost = ub_wire_cost(op, target, self.profile)
+        extra = ub_latency_s(op, target, self.profile) - ub_latency_s(profile=self.profile)
+        if cost == 1.0 and extra == 0.0:
+            return route
+        return dataclasses.replace(
+            route,
+            resources=tuple((t, w * cost) for t, w in route.resources),
+            cap=route.cap / cost,
+            latency_s=route.latency_s + extra,
         )
 
     def check_reachable(self, route: Route) -> None:

@@ -37,6 +37,8 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 21000  # below Linux's ephemeral range (32768+), so clients never squat on it
 CONTAINER_PORT = 50051
+HTTP_PORT = 8000  # a service's HTTP endpoint (the router's OpenAI API) beside its gRPC port
+METRICS_PORT = 9464  # every process's Prometheus /metrics (the conventional OpenMetrics port)
 
 
 class LinkKind(StrEnum):
@@ -59,15 +61,23 @@ class Device:
 class ServiceKind(StrEnum):
     FABRIC = "fabric"
     EMS = "ems"
+    SCHEDULER = "scheduler"
+    ROUTER = "router"
+
+
+# Services that also serve HTTP (the router's OpenAI-compatible endpoint), on an address of their
+# own beside the gRPC one.
+HTTP_SERVICES = frozenset({ServiceKind.ROUTER})
 
 
 @dataclass(frozen=True, kw_only=True)
 class Service:
-    """A supernode-wide service (fabric now; EMS, scheduler, gateway later): one server each."""
+    """A supernode-wide service (fabric, EMS, scheduler, router): one server each."""
 
     id: str
     kind: ServiceKind
     address: str
+    http_address: str | None = None  # host:port of its HTTP endpoint, for HTTP_SERVICES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +114,9 @@ class Topology:
     services: tuple[Service, ...] = ()
     epoch_wall_s: float | None = None  # set by the launcher when emulated time starts
     broker: str | None = None  # mqtt://HOST:PORT for telemetry and events; None: none
+    # every process serves /metrics on this port of the host of the first server it hosts
+    # (metrics_address); None: no process does
+    metrics_port: int | None = None
     _by_id: dict[str, Device] = field(init=False, repr=False, compare=False)
     _by_eid: dict[int, Device] = field(init=False, repr=False, compare=False)
 
@@ -144,6 +157,7 @@ class Topology:
             "time_scale": self.time_scale,
             "epoch_wall_s": self.epoch_wall_s,
             "broker": self.broker,
+            "metrics_port": self.metrics_port,
             "nodes": list(self.nodes),
             "devices": [asdict(d) for d in self.devices],
             "switches": [asdict(s) for s in self.switches],
@@ -169,6 +183,7 @@ class Topology:
                 time_scale=float(doc["time_scale"]),
                 epoch_wall_s=doc.get("epoch_wall_s"),
                 broker=doc.get("broker"),
+                metrics_port=doc.get("metrics_port"),
                 nodes=tuple(doc["nodes"]),
                 devices=tuple(
                     Device(**{**d, "kind": DeviceKind(d["kind"])}) for d in doc["devices"]
@@ -210,6 +225,14 @@ class PortPlan:
             raise InvalidArgumentError(f"port {port} out of range; lower --base-port")
         return f"{self.host}:{port}"
 
+    def http_address(self, ordinal: int, name: str, free_ordinal: int) -> str:
+        """The next port after every server's: one host has no other room."""
+        return self.address(free_ordinal, name, 0)
+
+    def metrics_port(self, free_ordinal: int) -> int:
+        """The next free port: one host, one process (in-process mode) serves /metrics there."""
+        return int(self.address(free_ordinal, "", 0).rpartition(":")[2])
+
 
 @dataclass(frozen=True, kw_only=True)
 class LoopbackPlan:
@@ -220,6 +243,14 @@ class LoopbackPlan:
 
     def address(self, ordinal: int, name: str = "", slot: int = 0) -> str:
         return f"{loopback_ip(ordinal, self.first_octet)}:{self.port}"
+
+    def http_address(self, ordinal: int, name: str, free_ordinal: int) -> str:
+        """The service's own address, on the HTTP port (as a container would serve it)."""
+        return f"{loopback_ip(ordinal, self.first_octet)}:{HTTP_PORT}"
+
+    def metrics_port(self, free_ordinal: int) -> int:
+        """Each process on its own address, as a container is: one port for all."""
+        return METRICS_PORT
 
 
 def loopback_ip(ordinal: int, first_octet: int = 10) -> str:
@@ -241,6 +272,12 @@ class DnsPlan:
 
     def address(self, ordinal: int, name: str, slot: int) -> str:
         return f"{name}:{CONTAINER_PORT + (slot if self.per_node else 0)}"
+
+    def http_address(self, ordinal: int, name: str, free_ordinal: int) -> str:
+        return f"{name}:{HTTP_PORT}"
+
+    def metrics_port(self, free_ordinal: int) -> int:
+        return METRICS_PORT
 
 
 AddressPlan = PortPlan | LoopbackPlan | DnsPlan
@@ -362,10 +399,17 @@ def build(
         for chip in range(sw.l2_chips_per_plane)
     ]
     services = []
+    free = len(devices) + len(ServiceKind)  # the first ordinal no server has
     for i, service in enumerate(ServiceKind):
         ident = service_id(service.value, supernode=sn)
-        address = plan.address(len(devices) + i, ident, 0)
-        services.append(Service(id=ident, kind=service, address=address))
+        ordinal = len(devices) + i
+        http = None
+        if service in HTTP_SERVICES:
+            http = plan.http_address(ordinal, ident, free)
+            free += 1
+        address = plan.address(ordinal, ident, 0)
+        services.append(Service(id=ident, kind=service, address=address, http_address=http))
+    metrics_port = plan.metrics_port(free)
     for device in devices:
         if not DNS_LABEL.match(device.id):
             raise InvalidArgumentError(f"device id {device.id!r} is not a DNS label")
@@ -379,12 +423,24 @@ def build(
         switches=tuple(switches),
         links=tuple(links),
         services=tuple(services),
+        metrics_port=metrics_port,
     )
 
 
+def metrics_address(topology: Topology, server_address: str) -> str | None:
+    """Where the process whose first server is at `server_address` serves /metrics: that
+    server's host on the topology's metrics port (None when the topology has none)."""
+    if topology.metrics_port is None:
+        return None
+    return f"{server_address.rpartition(':')[0]}:{topology.metrics_port}"
+
+
 def server_count(topology: Topology) -> int:
-    """Servers a launcher starts: one per device and one per supernode-wide service."""
-    return len(topology.devices) + len(topology.services)
+    """Ports a launcher binds: one per device and per supernode-wide service, and each
+    service's HTTP endpoint, and the in-process supernode's /metrics."""
+    http = sum(1 for x in topology.services if x.http_address)
+    metrics = 1 if topology.metrics_port is not None else 0
+    return len(topology.devices) + len(topology.services) + http + metrics
 
 
 def summary(topology: Topology) -> str:

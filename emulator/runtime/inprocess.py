@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import tempfile
 import time
 from collections.abc import Collection
@@ -23,12 +24,21 @@ from emulator.model.clock import Clock
 from emulator.model.errors import EmulatorError, NotFoundError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.topology import ServiceKind, Topology
+from emulator.runtime import heap
 from emulator.runtime.events import EventBus
+from emulator.runtime.memdebug import MemDebug
+from emulator.runtime.metricserver import MetricsServer, open_metrics
+from emulator.runtime.registry import (
+    DEVICE_WAVE,
+    SERVICE_SPECS,
+    ServiceContext,
+    ServiceState,
+)
 from emulator.runtime.security import NONE as NO_SECURITY
 from emulator.runtime.security import Security
 from services.auth import OPEN
-from services.ems import EmsState, create_ems
-from services.fabric import FabricState, create_fabric
+from services.ems import EmsState
+from services.fabric import FabricState
 from services.host import ServiceHost
 from services.kinds import DeviceHandle, create_device
 from services.peers import Peers
@@ -69,8 +79,8 @@ class InProcessSupernode:
         self.security = security  # the servers' token and TLS, and what peers present
         self._server_security = security.server()
         self.credentials = security.credentials()
-        self.ems: EmsState | None = None
-        self._ems_host: ServiceHost | None = None
+        # the supernode-wide services hosted here, in start order, with their servers
+        self.services: dict[ServiceKind, tuple[ServiceState, ServiceHost]] = {}
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self.events: EventBus | None = None
         self._tasks: asyncio.TaskGroup | None = None
@@ -79,9 +89,25 @@ class InProcessSupernode:
         self.drain_s = drain_s
         self.ready_timeout_s = ready_timeout_s
         self.handles: dict[str, DeviceHandle] = {}
-        self.fabric: FabricState | None = None
         self._hosts: list[ServiceHost] = []
         self._peers: Peers | None = None
+        self.metrics: MetricsServer | None = None  # this process's GET /metrics
+
+    @property
+    def fabric(self) -> FabricState | None:
+        state = self.services.get(ServiceKind.FABRIC, (None, None))[0]
+        assert state is None or isinstance(state, FabricState)
+        return state
+
+    @property
+    def ems(self) -> EmsState | None:
+        state = self.services.get(ServiceKind.EMS, (None, None))[0]
+        assert state is None or isinstance(state, EmsState)
+        return state
+
+    def service_state(self, kind: ServiceKind) -> ServiceState | None:
+        """A hosted service's state (for tests and benchmarks that look inside)."""
+        return self.services.get(kind, (None, None))[0]
 
     async def __aenter__(self) -> InProcessSupernode:
         await self.start()
@@ -102,6 +128,7 @@ class InProcessSupernode:
         self.topology = dataclasses.replace(self.topology, epoch_wall_s=epoch)
         clock = Clock(time_scale=self.topology.time_scale, epoch_wall_s=epoch)
         self._clock = clock
+        self.metrics = await open_metrics(self)  # None when the topology has no metrics port
         self._peers = Peers(self.topology, self.credentials)
         self._stopping.clear()
         tasks = self._tasks = asyncio.TaskGroup()  # owns the fabric clock and telemetry loops
@@ -127,55 +154,49 @@ class InProcessSupernode:
             if d.id in self.hosted
         }
         self._hosts = [h.host for h in self.handles.values()]
-        service_hosts = []
-        fabric = self.topology.service(ServiceKind.FABRIC)
-        if fabric.id in self.hosted:
-            self.fabric, fabric_host = create_fabric(
-                address=fabric.address,
+        contexts = {}
+        hosted = [x for x in self.topology.services if x.id in self.hosted]
+        for service in sorted(hosted, key=lambda x: SERVICE_SPECS[x.kind].wave):
+            spec = SERVICE_SPECS[service.kind]
+            ctx = ServiceContext(
+                service=service,
                 topology=self.topology,
                 profile=self.profile,
                 clock=clock,
                 peers=self._peers,
                 events=self.events,
+                data_dir=self._data_dir() if spec.keeps_files else Path(),
+                rebuild_wait_s=self.ems_rebuild_wait_s,
             )
-            service_hosts.append(fabric_host)
-            tasks.create_task(self.fabric.run(), name="fabric-clock")
-        ems = self.topology.service(ServiceKind.EMS)
-        if ems.id in self.hosted:
-            if self.ems_ssd_dir is None:
-                self._scratch = tempfile.TemporaryDirectory(prefix="cmemu-ems-ssd-")
-                self.ems_ssd_dir = Path(self._scratch.name)
-            self.ems, self._ems_host = create_ems(
-                address=ems.address,
-                topology=self.topology,
-                profile=self.profile,
-                clock=clock,
-                peers=self._peers,
-                ssd_dir=self.ems_ssd_dir,
-            )
-        self._hosts += service_hosts
+            self.services[service.kind] = spec.create(ctx)
+            contexts[service.kind] = ctx
         if self._server_security != OPEN:
-            for host in [*self._hosts, *([self._ems_host] if self._ems_host else [])]:
+            for host in [*self._hosts, *(h for _, h in self.services.values())]:
                 host.secure(self._server_security)
+        early = [
+            (kind, host)
+            for kind, (_, host) in self.services.items()
+            if SERVICE_SPECS[kind].wave < DEVICE_WAVE
+        ]
         results = await asyncio.gather(
-            *(h.start() for h in service_hosts),
+            *(h.start() for _, h in early),
             *(h.start() for h in self.handles.values()),
             return_exceptions=True,
         )
+        self._hosts += [h for _, h in early]
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             await self.stop()
             raise errors[0]
-        for host in service_hosts:
+        for kind, (state, host) in self.services.items():
+            spec = SERVICE_SPECS[kind]
+            if spec.wave > DEVICE_WAVE:  # after the devices: they serve by now (or are waited
+                await host.start()  # for, when they are other processes)
+                self._hosts.append(host)
+            if spec.prepare is not None:
+                await spec.prepare(state, contexts[kind])
+            tasks.create_task(state.run(), name=f"{kind.value}-run")
             await host.set_serving(True)
-        if self.ems is not None and self._ems_host is not None:
-            # EMS serves once its index is rebuilt from the pools, which serve by now when in
-            # this process (or are waited for, when they are other processes)
-            await self._ems_host.start()
-            self._hosts.append(self._ems_host)
-            await self.ems.rebuild(self.ems_rebuild_wait_s)
-            tasks.create_task(self.ems.run(), name="ems-sweep")
-            await self._ems_host.set_serving(True)
         try:
             await self._verify_serving()
         except EmulatorError:
@@ -184,6 +205,20 @@ class InProcessSupernode:
         self._announce("started", status="SERVING")
         if self.events is not None and self.handles:
             tasks.create_task(self._telemetry_loop(), name="telemetry")
+        tasks.create_task(
+            heap.trim_every(self.profile.limits.heap_trim_interval_s, self._stopping),
+            name="heap-trim",
+        )
+        probe = MemDebug.from_env(os.environ)  # None unless $CMEMU_MEMDEBUG asks for it
+        if probe is not None:
+            probe.start(tasks, self._stopping)
+
+    def _data_dir(self) -> Path:
+        """EMS's SSD tier: the directory given, else a scratch one for this supernode's life."""
+        if self.ems_ssd_dir is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="cmemu-ems-ssd-")
+            self.ems_ssd_dir = Path(self._scratch.name)
+        return self.ems_ssd_dir
 
     def _announce(self, event: str, **detail: str) -> None:
         if self.events is None:
@@ -238,18 +273,18 @@ class InProcessSupernode:
 
     async def stop(self) -> None:
         self._stopping.set()
+        if self.metrics is not None:
+            await self.metrics.close()
+            self.metrics = None
         if self._hosts:
             self._announce("health", status="NOT_SERVING")
         hosts, self._hosts, self.handles = self._hosts, [], {}
         if hosts:
             await asyncio.gather(*(h.set_serving(False) for h in hosts))
             await asyncio.sleep(self.drain_s)
-        if self.fabric is not None:
-            await self.fabric.close()
-            self.fabric = None
-        if self.ems is not None:
-            await self.ems.close()
-            self.ems = None
+        services, self.services = self.services, {}
+        for state, _ in reversed(services.values()):  # the last started first
+            await state.close()
         if self._peers is not None:  # device-to-device channels first: no GOAWAY storm
             await self._peers.close()
             self._peers = None

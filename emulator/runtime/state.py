@@ -123,6 +123,17 @@ class Launcher:
             extra={k: v for k, v in doc.items() if k not in known},
         )
 
+    @property
+    def metrics(self) -> dict[str, str]:
+        """Each process's /metrics URL, by process (none when its launcher serves none)."""
+        return {str(k): str(v) for k, v in (self.extra.get(METRICS_KEY) or {}).items()}
+
+    @property
+    def ui(self) -> str | None:
+        """The web view's URL, when its launcher serves one."""
+        url = self.extra.get(UI_KEY)
+        return str(url) if url else None
+
 
 @dataclass(frozen=True, kw_only=True)
 class Instance:
@@ -182,6 +193,8 @@ def read(path: Path) -> Topology:
 TOKEN_SUFFIX = ".token"
 TOKEN_FILE_KEY = "token_file"  # launcher record: the file holding the token (never the token)
 TLS_CA_KEY = "tls_ca"  # launcher record: the CA that signed the servers' certificates
+METRICS_KEY = "metrics"  # launcher record: each process's /metrics URL, by process
+UI_KEY = "ui"  # launcher record: the web view's URL (None: `cmemu up --ui none`)
 
 
 def token_path(path: Path) -> Path:

@@ -56,12 +56,14 @@ from emulator.runtime.deaths import death_reporter
 from emulator.runtime.events import parse_broker_url
 from emulator.runtime.inprocess import InProcessSupernode
 from emulator.runtime.procs import ProcSpec, Running, Supervisor
+from emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS, WAVES
 from emulator.runtime.security import NONE as NO_SECURITY
 from emulator.runtime.security import Security
 from emulator.runtime.serve import PER, Per, ServeKind, clock_from_fabric, serve_argv
 from emulator.runtime.tls import TlsFiles
 
 Mode = Literal["inprocess", "procs", "compose"]
+Progress = Callable[[str, int, int], None]
 Addressing = Literal["ports", "loopback"]
 MODES: tuple[Mode, ...] = ("inprocess", "procs", "compose")
 ADDRESSING: tuple[Addressing, ...] = ("ports", "loopback")
@@ -101,6 +103,10 @@ class LaunchOptions:
     insecure: bool = False  # accept binding beyond loopback without a token
     tls: TlsFiles | Literal["auto"] | None = None  # "auto": a CA and certificate for this run
     tls_dir: Path | None = None  # tls "auto": where they go (default a temporary directory)
+    metrics: bool = True  # every process serves /metrics (emulator/runtime/metrics.py)
+    # hears how far the start is: (what it is doing, servers SERVING, servers in all); for a
+    # progress bar (`cmemu up` on a terminal). Called on the event loop, so it must not block.
+    progress: Progress | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, object, tuple[str, ...]]] = [
@@ -132,7 +138,14 @@ class LaunchOptions:
     def topology(self) -> Topology:
         """The topology document of the preset with these addresses (not for compose, whose
         file carries its own)."""
-        return build(self.preset, plan=self.plan, time_scale=self.time_scale, profile=self.profile)
+        topology = build(
+            self.preset, plan=self.plan, time_scale=self.time_scale, profile=self.profile
+        )
+        # ports: one host has room for one /metrics, the in-process supernode's
+        one_process = self.mode == "inprocess" or not isinstance(self.plan, PortPlan)
+        if self.metrics and one_process:
+            return topology
+        return dataclasses.replace(topology, metrics_port=None)
 
 
 @dataclass(kw_only=True)
@@ -237,6 +250,8 @@ async def _inprocess(
     options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
 ) -> AsyncIterator[Supernode]:
     topology = await asyncio.to_thread(options.topology)
+    total = len(_servers(topology))
+    _report(options, f"starting {total} servers in process", 0, total)
     async with (
         _security(options, topology) as security,
         _broker(options, topology) as with_broker,
@@ -252,6 +267,11 @@ async def _inprocess(
             inprocess=local,
             security=security,
         )
+
+
+def _report(options: LaunchOptions, what: str, done: int, total: int) -> None:
+    if options.progress is not None:
+        options.progress(what, done, total)
 
 
 def _servers(topology: Topology) -> list[tuple[str, str]]:
@@ -288,11 +308,6 @@ async def _security(
 
 # --- processes ------------------------------------------------------------------------------
 
-# When each supernode-wide service starts, relative to the devices: the fabric first (devices
-# hand it their first transaction as soon as they serve), EMS after them (it rebuilds its index
-# from the memory pools). Wave 1 is the devices.
-SERVICE_WAVE: dict[ServiceKind, int] = {ServiceKind.FABRIC: 0, ServiceKind.EMS: 2}
-
 
 def proc_waves(topology: Topology, topology_path: Path, per: Per) -> list[list[ProcSpec]]:
     """The processes of `--mode procs`, in the waves they start in."""
@@ -310,15 +325,15 @@ def proc_waves(topology: Topology, topology_path: Path, per: Per) -> list[list[P
         )
         return ProcSpec(name=name, argv=tuple(argv), addresses=addresses, servers=servers)
 
-    waves: list[list[ProcSpec]] = [[], [], []]
+    waves: list[list[ProcSpec]] = [[] for _ in range(WAVES)]
     for service in topology.services:
-        waves[SERVICE_WAVE[service.kind]].append(
+        waves[SERVICE_SPECS[service.kind].wave].append(
             spec("service", service.id, (service.address,), (service.id,))
         )
     if per == "device":
-        waves[1] = [spec("device", d.id, (d.address,), (d.id,)) for d in topology.devices]
+        waves[DEVICE_WAVE] = [spec("device", d.id, (d.address,), (d.id,)) for d in topology.devices]
     else:
-        waves[1] = [
+        waves[DEVICE_WAVE] = [
             spec(
                 "node",
                 node,
@@ -376,7 +391,11 @@ async def _supervised(
                     if stop.is_set():
                         raise StartInterrupted("stopped while starting")
 
-                for wave in waves:
+                total, done = sum(len(wave_addresses(w)) for w in waves), 0
+                for number, wave in enumerate(waves, 1):
+                    _report(
+                        options, f"starting processes, wave {number} of {len(waves)}", done, total
+                    )
                     await supervisor.start(wave)
                     await health.wait_serving(
                         wave_addresses(wave),
@@ -389,6 +408,7 @@ async def _supervised(
                         topology = reporter.topology = await _with_fabric_clock(
                             topology, credentials
                         )
+                    done += len(wave_addresses(wave))
                 yield Supernode(
                     options=options,
                     topology=topology,

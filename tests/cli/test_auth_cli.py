@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from emulator.runtime import state
-from emulator.testing import cmemu_up, free_port_block, run_cmemu
+from emulator.testing import MINI_SERVERS, cmemu_up, free_port_block, run_cmemu
 
 TOKEN = "cli-test-token-0123456789"
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
@@ -38,7 +38,8 @@ def test_procs_with_a_token_file(tmp_path: Path) -> None:
         s = ("--state-file", str(state_file))
 
         ls = cmemu("ls", *s)
-        assert ls.returncode == 0 and "28/28 SERVING" in ls.stdout, ls.stdout + ls.stderr
+        serving = f"{MINI_SERVERS}/{MINI_SERVERS} SERVING"
+        assert ls.returncode == 0 and serving in ls.stdout, ls.stdout + ls.stderr
         faults = cmemu("fault", "ls", *s)
         assert faults.returncode == 0, faults.stderr
         # a write from n00-npu0 into n01-mem: device -> fabric -> device, three processes

@@ -14,18 +14,14 @@ from pathlib import Path
 import pytest
 
 from emulator import testing
-from emulator.testing import free_port_block, run_cmemu
-
-MINI_DEVICES = 26
-MINI_SERVERS = MINI_DEVICES + 2  # and the fabric and EMS
-
+from emulator.testing import MINI_PORTS, MINI_SERVERS, free_port_block, run_cmemu
 
 cmemu = run_cmemu
 
 
 @contextmanager
 def mini_up(state_file: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    base = free_port_block(MINI_SERVERS)
+    base = free_port_block(MINI_PORTS)
     args = ("--preset", "cm-mini", "--base-port", str(base), *extra)
     with testing.cmemu_up(state_file, *args, timeout_s=60) as proc:
         yield proc, base
@@ -83,7 +79,7 @@ def test_health_turns_not_serving_before_the_servers_stop(tmp_path: Path) -> Non
 
 
 def test_a_port_already_taken_is_named(tmp_path: Path) -> None:
-    base = free_port_block(MINI_SERVERS)
+    base = free_port_block(MINI_PORTS)
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", base + 7))
         squatter.listen()

@@ -6,17 +6,14 @@ import json
 from pathlib import Path
 
 from emulator import testing
-from emulator.testing import free_port_block, run_cmemu
-
-MINI_SERVERS = 26 + 2  # the devices of cm-mini, the fabric and EMS
-
+from emulator.testing import MINI_PORTS, free_port_block, run_cmemu
 
 cmemu = run_cmemu
 
 
 def test_ems_ls_rm_exists(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
-    base = free_port_block(MINI_SERVERS)
+    base = free_port_block(MINI_PORTS)
     with testing.cmemu_up(
         state_file, "--preset", "cm-mini", "--base-port", str(base), timeout_s=60, quiet=True
     ):
@@ -59,7 +56,7 @@ def test_ems_ls_rm_exists(tmp_path: Path) -> None:
 
 def test_ems_get_of_size_only_objects_and_from_a_dead_device(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
-    base = free_port_block(MINI_SERVERS)
+    base = free_port_block(MINI_PORTS)
     with testing.cmemu_up(
         state_file, "--preset", "cm-mini", "--base-port", str(base), timeout_s=60, quiet=True
     ):

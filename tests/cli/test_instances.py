@@ -18,8 +18,8 @@ from emulator.cli import argtypes, detach, instances
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.topology import build
 from emulator.runtime import state
-from emulator.testing import CMEMU, free_port_block, run_cmemu
-from tests.cli.test_cli import MINI_DEVICES, MINI_SERVERS, mini_up
+from emulator.testing import CMEMU, MINI_DEVICES, MINI_PORTS, free_port_block, run_cmemu
+from tests.cli.test_cli import mini_up
 
 cmemu = run_cmemu
 
@@ -183,8 +183,8 @@ def test_status_of_a_running_instance(running: Path) -> None:
     report = json.loads(cmemu("status", "--state-file", str(running), "--json").stdout)
     doc = json.loads(running.read_text())
     assert report["running"] is True and report["pid"] == doc["launcher"]["pid"]
-    assert report["devices_serving"] == MINI_DEVICES and report["services_serving"] == 2
-    assert set(report["services"]) == {"fabric", "ems"}
+    assert report["devices_serving"] == MINI_DEVICES and report["services_serving"] == 4
+    assert set(report["services"]) == {"fabric", "ems", "scheduler", "router"}
     assert report["emulated_s"] > 0 and report["uptime_s"] >= 0 and report["time_scale"] == 1
     assert report["broker"].startswith("mqtt://")
 
@@ -290,7 +290,7 @@ def test_detached_up_second_up_and_down(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv(state.DIR_ENV_VAR, str(tmp_path))
     env = {state.DIR_ENV_VAR: str(tmp_path)}
     path = state.path_for("lab")
-    base = free_port_block(MINI_SERVERS)
+    base = free_port_block(MINI_PORTS)
     argv = [
         "--log-level",
         "warning",

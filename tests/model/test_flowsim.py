@@ -77,6 +77,17 @@ def test_live_idle_fabric_starts_a_late_arrival_at_its_issue_time() -> None:
     assert [(f, round(t, 9)) for f, t in live.advance(100.0)] == [(flow, 4.0)]
 
 
+def test_live_flows_finish_late_in_a_run_when_float_time_cannot_resolve_them() -> None:
+    """Past about 4,500 emulated seconds one step of a float clock exceeds 1e-12 s: a flow
+    ending less than a step after another once never finished, and the fabric's clock loop
+    spun forever (found by the serving driver at a high time scale)."""
+    flows = LiveFlows(res_cap=np.array([1e11]), now_s=20_000.0)
+    flows.add(20_000.0, ((0, 1.0),), 1e11, 1000.0)
+    flows.add(20_000.0, ((0, 1.0),), 1e11, 1000.2)
+    finished = flows.advance(20_001.0)
+    assert len(finished) == 2 and not flows.flows
+
+
 def test_live_capacity_loss_stalls_flows_that_have_nothing_left() -> None:
     live = LiveFlows(res_cap=np.array([10.0, 10.0]))
     a, _ = live.add(0.0, ((0, 1.0),), np.inf, 100.0)

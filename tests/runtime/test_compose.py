@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from emulator.model.errors import InvalidArgumentError, PreconditionError
+from emulator.model.topology import ServiceKind
 from emulator.runtime import composegen, composerun
+from emulator.testing import MINI_DEVICES, MINI_SERVERS
 
 COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
 COMMITTED = {"cm-mini": "cm-mini.yaml", "cm384": "cm384.yaml"}
@@ -53,7 +55,7 @@ def test_docker_compose_accepts_every_committed_file(name: str) -> None:
 def test_cm384_per_device_is_one_container_per_device() -> None:
     doc = yaml.safe_load((COMPOSE_DIR / "cm384.yaml").read_text())
     services = doc["services"]
-    assert len(services) == 384 + 192 + 48 + 3  # devices, the fabric, EMS, the broker
+    assert len(services) == 384 + 192 + 48 + len(ServiceKind) + 1  # and the broker
     npu = services["n07-npu3"]
     assert npu["hostname"] == "n07-npu3"
     assert npu["command"][-2:] == ["--device", "n07-npu3"]
@@ -84,7 +86,8 @@ def test_no_bridge_holds_more_than_a_thousand_endpoints() -> None:
             members[net] = members.get(net, 0) + 1
     assert len(members) == 2
     assert max(members.values()) <= composegen.MAX_BRIDGE_ENDPOINTS
-    assert sum(members.values()) == 1024 + 2 * 3  # fabric, EMS and broker join every bridge
+    shared = len(ServiceKind) + 1  # the supernode-wide services and the broker
+    assert sum(members.values()) == 1024 + 2 * shared  # they join every bridge
 
 
 def test_interpolation_follows_compose() -> None:
@@ -118,8 +121,10 @@ def test_depends_on_orders_the_start_and_cycles_are_refused(tmp_path: Path) -> N
         COMPOSE_DIR / "cm-mini.yaml", {"CMEMU_EPOCH": "5"}, tmp_path
     )
     waves = [[s.name for s in wave] for wave in composerun.start_order(services)]
-    assert waves[0] == ["mosquitto"] and waves[1] == ["fabric"] and len(waves[2]) == 26
+    assert waves[0] == ["mosquitto"] and waves[1] == ["fabric"]
+    assert len(waves[2]) == MINI_DEVICES + 1 and "scheduler" in waves[2]  # it needs the fabric
     assert waves[3] == ["ems"]  # after the memory pools it rebuilds its index from
+    assert waves[4] == ["router"]  # after the scheduler and EMS it asks
     assert topology.epoch_wall_s == 5.0  # $CMEMU_EPOCH, when set, is every process's epoch
     _, unset = composerun.load(COMPOSE_DIR / "cm-mini.yaml", {}, tmp_path)
     assert unset.epoch_wall_s is None  # else the fabric's, asked by each process
@@ -137,7 +142,7 @@ def test_depends_on_orders_the_start_and_cycles_are_refused(tmp_path: Path) -> N
 def test_a_broker_of_the_launchers_replaces_the_files(tmp_path: Path, broker: str) -> None:
     services, topology = composerun.load(COMPOSE_DIR / "cm-mini.yaml", {}, tmp_path, broker=broker)
     names = {s.name for s in services}
-    assert "mosquitto" not in names and len(names) == 28
+    assert "mosquitto" not in names and len(names) == MINI_SERVERS
     assert all("mosquitto" not in s.depends for s in services)
     envs = {s.spec.env.get("CMEMU_BROKER") for s in services}
     assert envs == ({None} if broker == "none" else {broker})

@@ -22,11 +22,19 @@ from cmemu.v1 import device_pb2, fabric_pb2
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.runtime.broker import Broker, topic_matches
 from emulator.runtime.composegen import MOSQUITTO_QUEUES
-from emulator.testing import CMEMU, Clients, cmemu_up, free_port_block, running_supernode
+from emulator.testing import (
+    CMEMU,
+    MINI_PORTS,
+    MINI_SERVERS,
+    Clients,
+    cmemu_up,
+    free_port_block,
+    running_supernode,
+)
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 BROKER_PORTS = 31000
-SERVERS = 26 + 2  # cm-mini's devices, the fabric and EMS
+SERVERS = MINI_SERVERS  # cm-mini's devices and supernode-wide services
 FAST = replace(DEFAULT_PROFILE, limits=replace(DEFAULT_PROFILE.limits, telemetry_interval_s=0.2))
 
 
@@ -123,7 +131,8 @@ async def test_events_and_telemetry_reach_the_broker(kind: str, tmp_path: Path) 
         async with running_supernode("cm-mini", profile=FAST, broker=url) as supernode:
             await listener.wait_for(lambda: len(listener.events("started")) == SERVERS)
             started = listener.events("started")
-            servers = {d.id for d in supernode.topology.devices} | {"fabric", "ems"}
+            topology = supernode.topology
+            servers = {d.id for d in topology.devices} | {x.id for x in topology.services}
             assert {p["device"] for p in started} == servers
             assert all(p["status"] == "SERVING" for p in started)
             await listener.wait_for(
@@ -193,7 +202,7 @@ async def test_a_bad_broker_url_is_refused() -> None:
 def test_cmemu_watch_prints_live_events(tmp_path: Path) -> None:
     cmemu = CMEMU
     state_file = tmp_path / "state.json"
-    base = free_port_block(SERVERS)
+    base = free_port_block(MINI_PORTS)
     with cmemu_up(state_file, "--preset", "cm-mini", "--base-port", str(base), quiet=True):
         watch = subprocess.Popen(
             [

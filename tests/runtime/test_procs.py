@@ -18,7 +18,8 @@ import grpc
 import pytest
 
 from cmemu.v1 import device_pb2, device_pb2_grpc, fabric_pb2, fabric_pb2_grpc
-from emulator.testing import CMEMU, cmemu_up, free_port_block, run_cmemu
+from emulator.runtime.registry import SERVICE_SPECS
+from emulator.testing import CMEMU, MINI_PORTS, MINI_SERVERS, cmemu_up, free_port_block, run_cmemu
 
 pytestmark = pytest.mark.slow
 
@@ -53,10 +54,10 @@ def test_cm_mini_from_its_compose_file(tmp_path: Path) -> None:
         topology = json.loads(state_file.read_text())
         ls = run("ls", "--state-file", str(state_file), "--json")
         rows = json.loads(ls.stdout)
-        assert len(rows) == 28 and {r["health"] for r in rows} == {"SERVING"}
+        assert len(rows) == MINI_SERVERS and {r["health"] for r in rows} == {"SERVING"}
         assert all(r["address"].startswith("127.60.") for r in rows)
         pids = serve_processes()
-        assert len(pids) == 28  # every device, the fabric and EMS, each its own process
+        assert len(pids) == MINI_SERVERS  # every device and service, each its own process
 
         npu = next(d for d in topology["devices"] if d["id"] == "n01-npu2")
         listing = subprocess.run(
@@ -107,10 +108,10 @@ def test_cm_mini_from_its_compose_file(tmp_path: Path) -> None:
 def test_process_mode_per_node(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     with up(state_file, "--preset", "cm-mini", "--mode", "procs", "--per", "node"):
-        assert len(serve_processes()) == 4  # two nodes, the fabric and EMS
+        assert len(serve_processes()) == 2 + len(SERVICE_SPECS)  # two nodes and the services
         rows = json.loads(run("ls", "--state-file", str(state_file), "--json").stdout)
-        assert len(rows) == 28 and {r["health"] for r in rows} == {"SERVING"}
-        assert len({r["address"] for r in rows}) == 28  # one loopback address each
+        assert len(rows) == MINI_SERVERS and {r["health"] for r in rows} == {"SERVING"}
+        assert len({r["address"] for r in rows}) == MINI_SERVERS  # one loopback address each
         xfer = run(
             "xfer",
             "n00-npu1",
@@ -165,7 +166,7 @@ def test_without_an_epoch_every_process_takes_the_fabrics(tmp_path: Path) -> Non
     starts, and a device started later asks it for the clock rather than starting its own."""
     doc = json.loads(run("topology", "--preset", "cm-mini", "--json").stdout)
     assert doc["epoch_wall_s"] is None
-    base = free_port_block(28)
+    base = free_port_block(MINI_PORTS)
     for i, server in enumerate(doc["devices"] + doc["services"]):
         server["address"] = f"127.0.0.1:{base + i}"
     topology = tmp_path / "t.json"

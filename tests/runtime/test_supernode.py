@@ -21,7 +21,7 @@ from emulator.runtime.supernode import (
     Supernode,
     proc_waves,
 )
-from emulator.testing import free_port_block
+from emulator.testing import MINI_PORTS, free_port_block
 
 COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
 
@@ -42,9 +42,10 @@ def test_options_refuse_what_cannot_run() -> None:
 def test_procs_start_in_waves_fabric_devices_then_ems(tmp_path: Path) -> None:
     topology = LaunchOptions(preset="cm-mini", mode="procs").topology()
     waves = proc_waves(topology, tmp_path / "topology.json", "node")
-    assert [[s.name for s in w] for w in waves] == [["fabric"], ["n00", "n01"], ["ems"]]
+    names = [sorted(s.name for s in w) for w in waves]
+    assert names == [["fabric"], ["n00", "n01"], ["ems", "scheduler"], ["router"]]
     assert all(a.endswith(":50051") for w in waves for s in w for a in s.addresses)
-    ems = waves[2][0].argv
+    ems = next(s for s in waves[2] if s.name == "ems").argv
     assert ems[ems.index("--ssd-dir") + 1] == str(tmp_path / "ems-ssd")
     per_device = proc_waves(topology, tmp_path / "topology.json", "device")
     assert len(per_device[1]) == len(topology.devices)
@@ -52,7 +53,7 @@ def test_procs_start_in_waves_fabric_devices_then_ems(tmp_path: Path) -> None:
 
 async def test_in_process_supernode_serves_and_stops() -> None:
     options = LaunchOptions(
-        preset="cm-mini", base_port=free_port_block(30), broker=NO_BROKER, drain_s=0.0
+        preset="cm-mini", base_port=free_port_block(MINI_PORTS), broker=NO_BROKER, drain_s=0.0
     )
     async with Supernode.start(options) as sn:
         info = await sn.clients.device("n01-cpu2").GetInfo(device_pb2.GetInfoRequest())

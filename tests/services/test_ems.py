@@ -13,9 +13,10 @@ import grpc
 import pytest
 
 from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, ub_pb2
+from emulator.model.costmodel import UbOp, ub_point
 from emulator.model.ems import prefix_keys
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.topology import ServiceKind
+from emulator.model.topology import DeviceKind, ServiceKind
 from emulator.runtime.supernode import LaunchOptions, Supernode
 from emulator.testing import Clients, running_supernode
 from services.ems_store import EmsState
@@ -78,7 +79,9 @@ async def test_size_only_objects_are_timed_over_the_fabric(clients: Clients) -> 
     got = await ems.Get(ems_pb2.GetRequest(key="kv-prefix", device="n00-npu4"))
     assert got.size == size and got.data == b""
     seconds = (got.complete_ns - got.issue_ns) / 1e9
-    assert size / seconds == pytest.approx(167e9, rel=0.01)  # one die's UB bandwidth
+    # a read of CPU memory (the pool's) at one die's UB bandwidth
+    read = ub_point(UbOp.READ, DeviceKind.MEMPOOL).bytes_per_s
+    assert size / seconds == pytest.approx(read, rel=0.01)
 
 
 async def test_prefix_matching(clients: Clients) -> None:

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import threading
 
 import grpc
 import pytest
 
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
+from emulator.client.errors import decode
+from emulator.model.costmodel import UbOp, ub_latency_s, ub_transfer_ns, ub_wire_cost
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.naming import directed_link_id, parse_link
+from emulator.model.topology import DeviceKind
 from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients
+from emulator.testing import Clients, running_supernode
 
 GB = 1e9
 DIE_GB_S = DEFAULT_PROFILE.ub.achieved_bytes_per_s_per_die / GB
@@ -75,8 +80,11 @@ async def test_one_flow_through_the_live_fabric_matches_the_model(clients: Clien
             src_die=1,
         )
     )
-    model_ns = route.latency_ns + (1 << 30) / (route.max_gb_s * GB) * 1e9
-    assert done.complete_ns - done.issue_ns == pytest.approx(model_ns, rel=0.01)
+    # Route gives the reference (read) route; a write takes its own latency and cost per byte
+    extra_ns = (ub_latency_s(UbOp.WRITE) - ub_latency_s(UbOp.READ)) * 1e9
+    cost = ub_wire_cost(UbOp.WRITE)
+    model_ns = route.latency_ns + extra_ns + (1 << 30) * cost / (route.max_gb_s * GB) * 1e9
+    assert done.complete_ns - done.issue_ns == pytest.approx(model_ns, rel=1e-6)
     assert done.path[0] == "n00-npu2.d1" and done.planes == 7
 
 
@@ -316,3 +324,193 @@ async def test_a_link_name_from_the_statistics_pastes_into_a_link_fault(clients:
         await fabric.ClearFault(fabric_pb2.ClearFaultRequest(id=fault.id))
     again = await fabric.GetLinkStats(fabric_pb2.LinkStatsRequest(top=100_000))
     assert all(s.up for s in again.links)
+
+
+# --- the published UB rows and MoE points through the live fabric ------------------------------
+
+BIG = 1 << 30
+UB_ROWS = [  # (op, target device, published GB/s, published ns for 512 bytes): one die, one node
+    (ub_pb2.UB_OP_READ, "n00-npu1", 167, 1200),
+    (ub_pb2.UB_OP_WRITE, "n00-npu1", 137, 1300),
+    (ub_pb2.UB_OP_READ, "n00-mem", 151, 1000),
+    (ub_pb2.UB_OP_WRITE, "n00-mem", 110, 1100),
+]
+
+
+def _tx(op: ub_pb2.UbOp.ValueType, dst: ub_pb2.UbAddress, size: int) -> ub_pb2.UbTransaction:
+    if size > 4096:
+        return ub_pb2.UbTransaction(op=op, dst=dst, size=size, size_only=True)
+    if op == ub_pb2.UB_OP_READ:
+        return ub_pb2.UbTransaction(op=op, dst=dst, size=size)
+    return ub_pb2.UbTransaction(op=op, dst=dst, data=bytes(range(256)) * (size // 256))
+
+
+@pytest.mark.parametrize(("op", "target", "gb_s", "small_ns"), UB_ROWS)
+async def test_each_published_ub_row_through_submit(
+    clients: Clients, op: ub_pb2.UbOp.ValueType, target: str, gb_s: float, small_ns: int
+) -> None:
+    """One transfer at a time from n00-npu0's die 0, over real gRPC: 512 bytes take the
+    published time and a bulk transfer moves at the published bandwidth."""
+    device = clients.topology.device(target)
+    region = await clients.device(target).AllocateRegion(device_pb2.AllocateRegionRequest(size=BIG))
+    dst = ub_pb2.UbAddress(eid=device.eid, offset=region.offset)
+    try:
+        bus = clients.bus("n00-npu0")
+        small = await bus.Submit(_tx(op, dst, 512))
+        big = await bus.Submit(_tx(op, dst, BIG))
+    finally:
+        await clients.device(target).FreeRegion(
+            device_pb2.FreeRegionRequest(region_id=region.region_id)
+        )
+    small_took = small.complete_ns - small.issue_ns
+    big_took = big.complete_ns - big.issue_ns
+    assert small_took == pytest.approx(small_ns, abs=1)
+    assert (BIG - 512) / ((big_took - small_took) / 1e9) == pytest.approx(gb_s * GB, rel=1e-5)
+    assert "n00-npu0.d0" in small.path and len(small.path) == 3  # through one L1 chip
+
+
+async def test_atomics_sends_and_a_cpus_memory_are_timed_by_their_own_figures(
+    clients: Clients,
+) -> None:
+    """Atomics and SENDs are priced as writes; a CPU's own DRAM is CPU memory (its UB ports
+    bound the bandwidth). The live fabric agrees with the closed-form cost model."""
+    pool, cpu = clients.topology.device("n00-mem"), clients.topology.device("n00-cpu1")
+    region = await clients.device(pool.id).AllocateRegion(
+        device_pb2.AllocateRegionRequest(size=4096)
+    )
+    cpu_region = await clients.device(cpu.id).AllocateRegion(
+        device_pb2.AllocateRegionRequest(size=1 << 20)
+    )
+    bus = clients.bus("n00-npu0")
+    word = ub_pb2.UbAddress(eid=pool.eid, offset=region.offset)
+    cpu_dst = ub_pb2.UbAddress(eid=cpu.eid, offset=cpu_region.offset)
+    cases = [
+        (ub_pb2.UbTransaction(op=ub_pb2.UB_OP_FETCH_ADD, dst=word, operand=1), UbOp.ATOMIC, pool),
+        (
+            ub_pb2.UbTransaction(op=ub_pb2.UB_OP_CAS, dst=word, compare=1, operand=2),
+            UbOp.ATOMIC,
+            pool,
+        ),
+        (ub_pb2.UbTransaction(op=ub_pb2.UB_OP_SEND, dst=cpu_dst, data=b"m" * 64), UbOp.SEND, cpu),
+        (ub_pb2.UbTransaction(op=ub_pb2.UB_OP_READ, dst=cpu_dst, size=1 << 20), UbOp.READ, cpu),
+    ]
+    for tx, op, target in cases:
+        done = await bus.Submit(tx)
+        model = ub_transfer_ns(
+            done.size, src=DeviceKind.NPU, dst=target.kind, cross_node=False, op=op
+        )
+        assert done.complete_ns - done.issue_ns == pytest.approx(model, abs=1), op
+    write_ns = ub_transfer_ns(8, src=DeviceKind.NPU, dst=DeviceKind.MEMPOOL, cross_node=False)
+    assert model > write_ns  # (the last: a MiB read from one CPU)
+    await clients.bus(cpu.id).Receive(ub_pb2.ReceiveRequest(max_messages=10))
+
+
+@pytest.mark.slow
+async def test_the_fabric_collective_reproduces_moe_at_ep8_and_ep256_on_cm384() -> None:
+    """Dispatch and combine of 128 tokens per rank, top-8, over real gRPC on cm384: EP8 on 4 NPUs
+    of one node and EP256 on 128 NPUs (16 nodes) take the published time within 2%."""
+    published = {
+        (fabric_pb2.COLLECTIVE_OP_MOE_DISPATCH, 8): 116.0,
+        (fabric_pb2.COLLECTIVE_OP_MOE_COMBINE, 8): 118.0,
+        (fabric_pb2.COLLECTIVE_OP_MOE_DISPATCH, 256): 152.0,
+        (fabric_pb2.COLLECTIVE_OP_MOE_COMBINE, 256): 149.0,
+    }
+    async with running_supernode("cm384") as supernode:
+        clients = Clients(supernode.topology)
+        try:
+            for (op, dies), us in published.items():
+                npus = [f"n{i // 8:02d}-npu{i % 8}" for i in range(dies // 2)]
+                result = await clients.fabric().Collective(
+                    fabric_pb2.CollectiveRequest(op=op, ranks=npus, tokens_per_rank=128, top_k=8)
+                )
+                assert result.ranks == dies and result.flows == dies * (dies - 1)
+                assert result.duration_ns / 1e3 == pytest.approx(us, rel=0.02)
+                assert result.overhead_ns < result.duration_ns
+        finally:
+            await clients.close()
+
+
+# --- the collective queue's limit -------------------------------------------------------------
+
+
+async def test_a_full_collective_queue_is_resource_exhausted_and_retryable() -> None:
+    """With every collective worker held (a gate on the fabric's own threads, so that nothing
+    finishes meanwhile), workers + queue_max collectives wait and the next is refused with
+    RESOURCE_EXHAUSTED, reason COLLECTIVE_QUEUE_FULL and a RetryInfo; once the workers are free,
+    every waiting collective completes and new ones are accepted."""
+    limits = dataclasses.replace(
+        DEFAULT_PROFILE.limits, collective_workers=1, collective_queue_max=2
+    )
+    profile = dataclasses.replace(DEFAULT_PROFILE, limits=limits)
+    bound = limits.collective_workers + limits.collective_queue_max
+    request = fabric_pb2.CollectiveRequest(
+        op=fabric_pb2.COLLECTIVE_OP_ALL_GATHER, ranks=["n00-npu0", "n01-npu0"], bytes=1 << 20
+    )
+    gate = threading.Event()
+    async with running_supernode("cm-mini", profile=profile) as supernode:
+        state = supernode.local.fabric
+        assert state is not None
+        clients = Clients(supernode.topology)
+        try:
+            held = [
+                state._collective_pool.submit(gate.wait, 60.0)
+                for _ in range(limits.collective_workers)
+            ]
+
+            async def collective() -> fabric_pb2.CollectiveResult:
+                return await clients.fabric().Collective(request)
+
+            waiting = [asyncio.create_task(collective()) for _ in range(bound)]
+            async with asyncio.timeout(30):  # a safety net, not a timing assertion
+                while state.collectives_pending < bound:  # noqa: ASYNC110 (no event for it)
+                    await asyncio.sleep(0.01)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await clients.fabric().Collective(request)
+            details = decode(err.value)
+            assert details.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert details.reason == "COLLECTIVE_QUEUE_FULL" and details.retryable
+            assert state.collectives_pending == bound  # the refused one took no place
+            gate.set()
+            done = await asyncio.gather(*waiting)
+            assert [d.ranks for d in done] == [4] * bound
+            assert all(h.result() for h in held)
+            assert state.collectives_pending == 0
+            assert (await clients.fabric().Collective(request)).ranks == 4
+        finally:
+            gate.set()
+            await clients.close()
+
+
+async def test_a_repeated_collective_is_timed_once_until_a_fault_changes_the_fabric(
+    mini: Supernode, clients: Clients
+) -> None:
+    """A decode loop sends the same dispatch every step: the fabric reuses its timing (it depends
+    on the ranks, the request and the faults only) and times it afresh after any fault change."""
+    state = mini.local.fabric
+    assert state is not None
+    request = fabric_pb2.CollectiveRequest(
+        op=fabric_pb2.COLLECTIVE_OP_MOE_DISPATCH,
+        ranks=[f"n0{n}-npu{i}" for n in range(2) for i in range(4)],
+        tokens_per_rank=128,
+    )
+    fabric = clients.fabric()
+    first = await fabric.Collective(request)
+    hits = state.memo_hits
+    again = await fabric.Collective(request)
+    assert state.memo_hits == hits + 1
+    assert (again.duration_ns, again.flows, again.total_bytes) == (
+        first.duration_ns,
+        first.flows,
+        first.total_bytes,
+    )
+    assert again.issue_ns > first.issue_ns  # timed from its own issue
+    fault = await fabric.InjectFault(
+        fabric_pb2.FabricFault(kind="link-degraded", target="n00-npu0.d0~n00-l1s0", factor=0.1)
+    )
+    try:
+        slower = await fabric.Collective(request)
+        assert slower.duration_ns > first.duration_ns and state.memo_hits == hits + 1
+    finally:
+        await fabric.ClearFault(fabric_pb2.ClearFaultRequest(id=fault.id))
+    back = await fabric.Collective(request)
+    assert back.duration_ns == first.duration_ns and state.memo_hits == hits + 1

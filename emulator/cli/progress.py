@@ -1,0 +1,120 @@
+"""Progress bars (rich) for what makes a person wait: a boot, a long transfer.
+
+Only on a terminal: when stderr is not a TTY (a pipe, a test parsing output) nothing is ever
+printed. A bar appears only once the wait has lasted `delay_s`, and is transient: it leaves no
+line behind. Everything runs on the event loop (loop.call_later); rich redraws from its own
+thread, so the bar keeps moving while a long start holds the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import TextIO
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+DELAY_S = 2.0
+TICK_S = 0.1
+
+
+def wanted(stream: TextIO | None = None) -> bool:
+    """Whether bars may be drawn on `stream` (stderr by default): only on a terminal."""
+    stream = stream or sys.stderr
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+class DelayedBar:
+    """One transient bar, shown from `delay_s` after creation until `close()`. Update it with
+    `update()` at any time; before it shows, updates are only remembered. Create it on the
+    event loop."""
+
+    def __init__(self, description: str, total: float | None, *, delay_s: float = DELAY_S) -> None:
+        self.description = description
+        self.total = total
+        self.completed = 0.0
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self._closed = False
+        self._timer = asyncio.get_running_loop().call_later(delay_s, self._show)
+
+    def update(
+        self, completed: float, total: float | None = None, description: str | None = None
+    ) -> None:
+        self.completed = completed
+        self.total = total if total is not None else self.total
+        self.description = description or self.description
+        if self._progress is not None and self._task is not None:
+            self._progress.update(
+                self._task,
+                completed=completed,
+                total=self.total,
+                description=self.description,
+            )
+
+    def _show(self) -> None:
+        if self._closed:
+            return
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+            console=Console(file=sys.stderr),
+            transient=True,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(
+            self.description, total=self.total, completed=int(self.completed)
+        )
+
+    def close(self) -> None:
+        self._closed = True
+        self._timer.cancel()
+        progress, self._progress = self._progress, None
+        if progress is not None:
+            progress.stop()
+
+
+class BootBar:
+    """`cmemu up` on a terminal: the launch API's progress callback (LaunchOptions.progress)
+    drawn as a bar of servers SERVING out of all."""
+
+    def __init__(self, *, delay_s: float = DELAY_S) -> None:
+        self.bar = DelayedBar("starting", None, delay_s=delay_s)
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        self.bar.update(done, total, what)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class TimedBar:
+    """A wait whose length is known in advance (a paced transfer): the bar advances with the
+    wall clock towards `expected_s`, stopping short of the end until `close()`."""
+
+    def __init__(self, description: str, expected_s: float, *, delay_s: float = DELAY_S) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.started = self.loop.time()
+        self.expected_s = max(expected_s, 1e-3)
+        self.bar = DelayedBar(description, 100.0, delay_s=delay_s)
+        self._tick: asyncio.TimerHandle = self.loop.call_later(TICK_S, self._advance)
+
+    def _advance(self) -> None:
+        share = (self.loop.time() - self.started) / self.expected_s
+        self.bar.update(min(99.0, 100.0 * share))
+        self._tick = self.loop.call_later(TICK_S, self._advance)
+
+    def close(self) -> None:
+        self._tick.cancel()
+        self.bar.close()

@@ -1,0 +1,230 @@
+"""`cmemu sched alloc|release|ls|spares|replace|policies`: the running emulator's scheduler, from
+the shell. Parsing and printing only: every decision (and every refusal) is the service's."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
+from emulator.cli.argtypes import non_negative_int, positive_int
+from emulator.cli.output import Column, print_rows
+from emulator.client.clients import Clients
+from emulator.runtime import state
+
+if TYPE_CHECKING:  # the async stub type exists in the generated .pyi only
+    Stub = scheduler_pb2_grpc.SchedulerAsyncStub
+
+
+async def _with_scheduler(args: argparse.Namespace, call: Callable[[Stub], Awaitable[Any]]) -> Any:
+    path = state.path_from(args.state_file)
+    clients = Clients(state.read(path), state.credentials(path))
+    try:
+        return await call(clients.scheduler())
+    finally:
+        await clients.close()
+
+
+def _run(args: argparse.Namespace, call: Callable[[Stub], Awaitable[Any]]) -> Any:
+    return asyncio.run(_with_scheduler(args, call))
+
+
+NPU_COLUMNS: list[Column] = [
+    ("id", "NPU", "<12"),
+    ("node", "NODE", "<6"),
+    ("rack", "RACK", ">4"),
+    ("dies", "DIES", "<28"),
+    ("state", "STATE", ""),
+]
+JOB_COLUMNS: list[Column] = [
+    ("job", "JOB", "<20"),
+    ("npus", "NPUS", ">5"),
+    ("nodes", "NODES", ">5"),
+    ("racks", "RACKS", "<12"),
+    ("policy", "POLICY", "<15"),
+    ("priority", "PRIO", ">5"),
+    ("failed", "FAILED", ""),
+]
+POLICY_COLUMNS: list[Column] = [("name", "POLICY", "<16"), ("description", "DESCRIPTION", "")]
+
+
+def _npu_rows(a: scheduler_pb2.Allocation) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": n.id,
+            "node": n.node,
+            "rack": n.rack,
+            "dies": ",".join(n.dies),
+            "state": "failed" if n.failed else "ok",
+        }
+        for n in a.npus
+    ]
+
+
+def _job_row(a: scheduler_pb2.Allocation) -> dict[str, Any]:
+    return {
+        "job": a.job,
+        "npus": len(a.npus),
+        "nodes": len(a.nodes),
+        "racks": ",".join(str(r) for r in a.racks),
+        "policy": a.policy,
+        "priority": a.priority,
+        "failed": ",".join(n.id for n in a.npus if n.failed) or "-",
+        "npu_ids": [n.id for n in a.npus],
+        "allocated_ns": a.allocated_ns,
+    }
+
+
+def _summary(a: scheduler_pb2.Allocation) -> str:
+    racks = ",".join(str(r) for r in a.racks)
+    return (
+        f"{a.job}: {len(a.npus)} NPUs on {len(a.nodes)} node{'s' * (len(a.nodes) != 1)} "
+        f"({', '.join(a.nodes)}), rack{'s' * (len(a.racks) != 1)} {racks}, by {a.policy}"
+    )
+
+
+def _alloc(args: argparse.Namespace) -> int:
+    request = scheduler_pb2.AllocateRequest(
+        job=args.job,
+        npus=args.npus,
+        whole_nodes=args.whole_nodes,
+        same_rack=args.same_rack,
+        priority=args.priority,
+        policy=args.policy or "",
+    )
+    reply: scheduler_pb2.Allocation = _run(args, lambda s: s.Allocate(request))
+    if args.json:
+        print(json.dumps({**_job_row(reply), "detail": _npu_rows(reply)}, indent=2))
+        return 0
+    print(f"allocated {_summary(reply)}")
+    print_rows(_npu_rows(reply), NPU_COLUMNS, as_json=False)
+    return 0
+
+
+def _release(args: argparse.Namespace) -> int:
+    request = scheduler_pb2.ReleaseRequest(job=args.job)
+    reply: scheduler_pb2.ReleaseResponse = _run(args, lambda s: s.Release(request))
+    print(f"released {reply.job}: {reply.npus} NPUs")
+    return 0
+
+
+def _ls(args: argparse.Namespace) -> int:
+    reply: scheduler_pb2.ListAllocationsResponse = _run(
+        args, lambda s: s.ListAllocations(scheduler_pb2.ListAllocationsRequest())
+    )
+    rows = [_job_row(a) for a in reply.allocations]
+    if args.json:
+        counts = {
+            "total_npus": reply.total_npus,
+            "free_npus": reply.free_npus,
+            "allocated_npus": reply.allocated_npus,
+            "spare_npus": reply.spare_npus,
+            "failed_npus": reply.failed_npus,
+        }
+        print(json.dumps({"allocations": rows, **counts}, indent=2))
+        return 0
+    if rows:
+        print_rows(rows, JOB_COLUMNS, as_json=False)
+    else:
+        print("no allocations")
+    print(
+        f"{reply.total_npus} NPUs: {reply.allocated_npus} allocated, {reply.free_npus} free, "
+        f"{reply.spare_npus} spare, {reply.failed_npus} failed"
+    )
+    return 0
+
+
+def _spares(args: argparse.Namespace) -> int:
+    if args.set is None:
+        reply = _run(args, lambda s: s.GetSpares(scheduler_pb2.GetSparesRequest()))
+    else:
+        request = scheduler_pb2.SetSparesRequest(count=args.set)
+        reply = _run(args, lambda s: s.SetSpares(request))
+    if args.json:
+        print(json.dumps({"target": reply.target, "npus": list(reply.npus)}, indent=2))
+        return 0
+    print(f"{len(reply.npus)} spare NPUs (target {reply.target}): {' '.join(reply.npus) or '-'}")
+    return 0
+
+
+def _replace(args: argparse.Namespace) -> int:
+    request = scheduler_pb2.ReplaceRequest(job=args.job)
+    if args.npu:
+        request.npu = args.npu
+    else:
+        request.node = args.node
+    reply: scheduler_pb2.ReplaceResponse = _run(args, lambda s: s.Replace(request))
+    if args.json:
+        swaps = [{"old": r.old_npu, "new": r.new_npu} for r in reply.replaced]
+        print(json.dumps({"replaced": swaps, **_job_row(reply.allocation)}, indent=2))
+        return 0
+    for r in reply.replaced:
+        print(f"replaced {r.old_npu} -> {r.new_npu}")
+    print(_summary(reply.allocation))
+    return 0
+
+
+def _policies(args: argparse.Namespace) -> int:
+    reply: scheduler_pb2.ListPoliciesResponse = _run(
+        args, lambda s: s.ListPolicies(scheduler_pb2.ListPoliciesRequest())
+    )
+    rows = [
+        {
+            "name": p.name,
+            "description": p.description + (" (default)" if p.name == reply.default_policy else ""),
+            "default": p.name == reply.default_policy,
+        }
+        for p in reply.policies
+    ]
+    print_rows(rows, POLICY_COLUMNS, as_json=args.json)
+    return 0
+
+
+ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "alloc": _alloc,
+    "release": _release,
+    "ls": _ls,
+    "spares": _spares,
+    "replace": _replace,
+    "policies": _policies,
+}
+
+
+def cmd_sched(args: argparse.Namespace) -> int:
+    return ACTIONS[args.action](args)
+
+
+def sched_args(
+    p: argparse.ArgumentParser, add_state: Callable[[argparse.ArgumentParser], None]
+) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    alloc = sub.add_parser("alloc", help="allocate NPUs to a job (refused when they do not fit)")
+    alloc.add_argument("job")
+    alloc.add_argument("--npus", type=positive_int, required=True, help="whole NPUs")
+    alloc.add_argument(
+        "--whole-nodes", action="store_true", help="only entirely free nodes (a multiple of 8)"
+    )
+    alloc.add_argument("--same-rack", action="store_true", help="every NPU in one rack")
+    alloc.add_argument("--priority", type=int, default=0, help="recorded with the allocation")
+    alloc.add_argument("--policy", help="see `cmemu sched policies` (default: topology-aware)")
+    alloc.add_argument("--json", action="store_true")
+    release = sub.add_parser("release", help="give a job's NPUs back")
+    release.add_argument("job")
+    ls = sub.add_parser("ls", help="the allocations, and the NPUs free, spare and failed")
+    ls.add_argument("--json", action="store_true")
+    spares = sub.add_parser("spares", help="the spare NPUs; --set N reserves N")
+    spares.add_argument("--set", type=non_negative_int, metavar="N")
+    spares.add_argument("--json", action="store_true")
+    replace = sub.add_parser("replace", help="swap a job's NPU, or its NPUs in a node, for spares")
+    replace.add_argument("job")
+    target = replace.add_mutually_exclusive_group(required=True)
+    target.add_argument("--npu", help="one NPU of the job, e.g. n03-npu5")
+    target.add_argument("--node", help="every NPU the job holds in this node, e.g. n03")
+    replace.add_argument("--json", action="store_true")
+    policies = sub.add_parser("policies", help="the allocation policies")
+    policies.add_argument("--json", action="store_true")
+    for action in (alloc, release, ls, spares, replace, policies):
+        add_state(action)

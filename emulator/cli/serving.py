@@ -1,0 +1,268 @@
+"""`cmemu serve-model`, `cmemu deployments`, `cmemu undeploy` and `cmemu replay`: serving models on
+the running emulator, from the shell (the router's gRPC API and its OpenAI endpoint)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from cmemu.v1 import router_pb2, router_pb2_grpc
+from emulator.cli.argtypes import UsageError, positive_float, positive_int
+from emulator.cli.output import Column, print_rows
+from emulator.client.clients import Clients
+from emulator.model.clock import Clock
+from emulator.model.hardware import DEFAULT_PROFILE
+from emulator.model.serving.deployment import parse_deployment
+from emulator.model.serving.workload import read_mooncake
+from emulator.model.topology import ServiceKind, Topology
+from emulator.runtime import state
+from services.serving.replay import ReplayReport, replay, report
+
+T = TypeVar("T")
+STATES = {
+    router_pb2.DEPLOYMENT_STATE_LOADING: "loading",
+    router_pb2.DEPLOYMENT_STATE_SERVING: "serving",
+    router_pb2.DEPLOYMENT_STATE_FAILED: "failed",
+    router_pb2.DEPLOYMENT_STATE_STOPPED: "stopped",
+}
+
+
+async def _with_router(
+    args: argparse.Namespace, call: Callable[[router_pb2_grpc.RouterAsyncStub], Awaitable[T]]
+) -> T:
+    path = state.path_from(args.state_file)
+    clients = Clients(state.read(path), state.credentials(path))
+    try:
+        return await call(clients.router())
+    finally:
+        await clients.close()
+
+
+def _prefill(text: str) -> tuple[int, int]:
+    """`KxM`: K prefill instances of M NPUs each."""
+    k, sep, m = text.lower().partition("x")
+    try:
+        instances, npus = int(k), int(m)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prefill wants KxM (e.g. 6x16), got {text!r}") from None
+    if not sep or instances < 1 or npus < 1:
+        raise argparse.ArgumentTypeError(f"--prefill wants KxM with K, M >= 1, got {text!r}")
+    return instances, npus
+
+
+def _option(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--option wants KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _endpoint(topology: Topology) -> str:
+    http = topology.service(ServiceKind.ROUTER).http_address
+    return f"http://{http}/v1" if http else "-"
+
+
+def _describe(d: router_pb2.Deployment, topology: Topology) -> None:
+    print(f"deployment {d.name}: {d.model}, {STATES.get(d.state, '?')}, {d.npus} NPUs")
+    if d.error:
+        print(f"  error: {d.error}")
+    for i in d.instances:
+        e = i.experts
+        npus = f"{i.npus[0]}..{i.npus[-1]}" if len(i.npus) > 1 else ",".join(i.npus)
+        print(
+            f"  {i.id:<10} {len(i.npus):>3} NPUs ({npus}), {i.dies} dies, EP{e.ep}: "
+            f"{e.slots_per_die} experts per die ({e.shared} shared, {e.routed} routed, "
+            f"{e.redundant} redundant; {e.policy}, imbalance {e.imbalance:.3f})"
+        )
+    w = d.weights
+    if w.bytes:
+        print(
+            f"  weights {w.bytes / 1e9:.0f} GB from {w.source}: cold {w.cold_ns / 1e9:.0f} s, "
+            f"from EMS {w.from_ems_ns / 1e9:.0f} s (emulated)"
+        )
+    print(f"  endpoint {_endpoint(topology)} (model {d.name!r})")
+
+
+def cmd_serve_model(args: argparse.Namespace) -> int:
+    request = router_pb2.DeployRequest(name=args.deployment_name or "", wait=args.wait)
+    if args.deployment:
+        try:
+            request.spec_yaml = Path(args.deployment).read_text()
+        except OSError as exc:
+            raise UsageError(f"--deployment: {exc}") from exc
+        if args.model or args.decode or args.prefill or args.option:
+            raise UsageError("--deployment FILE replaces MODEL, --decode, --prefill, --option")
+    else:
+        if not args.model:
+            raise UsageError("name a MODEL (e.g. deepseek-r1) or give --deployment FILE")
+        request.model = args.model
+        request.decode_npus = args.decode or 0
+        if args.prefill:
+            request.prefill_instances, request.prefill_npus = args.prefill
+        for key, value in args.option or []:
+            request.options[key] = value
+        if args.placement:
+            request.options["placement"] = args.placement
+    topology = state.read(state.path_from(args.state_file))
+    deployment = asyncio.run(_with_router(args, lambda r: r.Deploy(request)))
+    _describe(deployment, topology)
+    return 0
+
+
+DEPLOYMENT_COLUMNS: list[Column] = [
+    ("name", "NAME", "<16"),
+    ("model", "MODEL", "<14"),
+    ("state", "STATE", "<9"),
+    ("npus", "NPUS", ">5"),
+    ("instances", "INSTANCES", ""),
+]
+
+
+def cmd_deployments(args: argparse.Namespace) -> int:
+    listed = asyncio.run(
+        _with_router(args, lambda r: r.ListDeployments(router_pb2.ListDeploymentsRequest()))
+    )
+    rows = [
+        {
+            "name": d.name,
+            "model": d.model,
+            "state": STATES.get(d.state, "?"),
+            "npus": d.npus,
+            "instances": ", ".join(f"{i.id}:{len(i.npus)}" for i in d.instances),
+            "weights": d.weights.source,
+            "error": d.error,
+        }
+        for d in listed.deployments
+    ]
+    print_rows(rows, DEPLOYMENT_COLUMNS, as_json=args.json)
+    if not args.json:
+        print(f"{len(rows)} deployment{'' if len(rows) == 1 else 's'}")
+    return 0
+
+
+def cmd_undeploy(args: argparse.Namespace) -> int:
+    request = router_pb2.UndeployRequest(name=args.deployment_name)
+    gone = asyncio.run(_with_router(args, lambda r: r.Undeploy(request)))
+    print(f"undeployed {gone.name}: {gone.npus} NPUs released")
+    return 0
+
+
+async def _replay(args: argparse.Namespace, text: str) -> ReplayReport:
+    path = state.path_from(args.state_file)
+    topology = state.read(path)
+    block = DEFAULT_PROFILE.serving.block_tokens
+    requests = read_mooncake(text.splitlines(), block_tokens=block)[: args.limit]
+    model = args.model
+    clients = Clients(topology, state.credentials(path))
+    try:
+        router = clients.router()
+        if model is None:
+            listed = await router.ListDeployments(router_pb2.ListDeploymentsRequest())
+            names = [d.name for d in listed.deployments]
+            if len(names) != 1:
+                raise UsageError(f"name the deployment with --model (deployed: {names})")
+            model = names[0]
+        deployed = await router.GetDeployment(router_pb2.GetDeploymentRequest(name=model))
+    finally:
+        await clients.close()
+    spec = parse_deployment(yaml.safe_load(deployed.spec_yaml))
+    assert topology.epoch_wall_s is not None
+    clock = Clock(time_scale=topology.time_scale, epoch_wall_s=topology.epoch_wall_s)
+    http = topology.service(ServiceKind.ROUTER).http_address
+    started = time.monotonic()
+    outcomes = await replay(
+        f"http://{http}", model, requests, clock=clock, block=block, speed=args.speed
+    )
+    return report(
+        outcomes,
+        ttft_target_s=spec.prefill.ttft_target_s,
+        tpot_target_s=spec.decode.tpot_target_s,
+        wall_s=time.monotonic() - started,
+    )
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    try:
+        text = Path(args.trace).read_text()
+    except OSError as exc:
+        raise UsageError(f"{args.trace}: {exc}") from exc
+    result = asyncio.run(_replay(args, text))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0 if not result.failed else 1
+    ms = 1e3
+    print(
+        f"{result.completed}/{result.requests} requests in {result.emulated_s:.2f} s emulated "
+        f"({result.wall_s:.2f} s wall); {result.output_tokens} output tokens, "
+        f"{result.tokens_per_s:.1f} tokens/s"
+    )
+    for label, p in (("TTFT", result.ttft_s), ("TPOT", result.tpot_s)):
+        print(
+            f"  {label} ms: mean {p.mean * ms:.1f}  p50 {p.p50 * ms:.1f}  p90 {p.p90 * ms:.1f}  "
+            f"p99 {p.p99 * ms:.1f}"
+        )
+    print(
+        f"  goodput {result.goodput_per_s:.2f} requests/s ({result.slo_attainment:.1%} within "
+        f"the SLOs); prefix-cache hits {result.prefix_hit_rate:.1%} of prompt tokens"
+    )
+    for error in result.errors:
+        print(f"  error: {error}")
+    return 0 if not result.failed else 1
+
+
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
+    "serve-model": (cmd_serve_model, "deploy a model: NPUs, expert placement, weights via EMS"),
+    "deployments": (cmd_deployments, "list the running emulator's model deployments"),
+    "undeploy": (cmd_undeploy, "stop a deployment and release its NPUs"),
+    "replay": (cmd_replay, "replay a Mooncake trace at the OpenAI endpoint: TTFT, TPOT, goodput"),
+}  # fmt: skip
+
+
+def add_serving_commands(sub: Any, add_state: Callable[[argparse.ArgumentParser], None]) -> None:
+    """The serving sub-commands, on main's sub-parsers."""
+    parsers: dict[str, argparse.ArgumentParser] = {}
+    for name, (func, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        parsers[name] = p
+        add_state(p)
+    serve = parsers["serve-model"]
+    serve.add_argument("model", nargs="?", help="the model, e.g. deepseek-r1")
+    serve.add_argument(
+        "--decode", type=positive_int, metavar="N", help="NPUs of the decode instance"
+    )
+    serve.add_argument(
+        "--prefill", type=_prefill, metavar="KxM", help="K prefill instances of M NPUs"
+    )
+    serve.add_argument("--deployment", metavar="FILE", help="a deployment YAML instead")
+    serve.add_argument(
+        "--as",
+        dest="deployment_name",
+        metavar="NAME",
+        help="the deployment's name (default: the model's), the endpoint's `model`",
+    )
+    serve.add_argument("--placement", help="expert placement policy: static, eplb, ideal")
+    serve.add_argument(
+        "--option", type=_option, action="append", metavar="KEY=VALUE",
+        help="a deployment field, e.g. decode.max_batch_per_die=32 (repeatable)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--wait", action="store_true", help="return once the weights are loaded and it serves"
+    )
+    parsers["undeploy"].add_argument("deployment_name", metavar="NAME")
+    parsers["deployments"].add_argument("--json", action="store_true")
+    rp = parsers["replay"]
+    rp.add_argument("trace", help="a Mooncake-format trace (JSON lines)")
+    rp.add_argument("--model", help="the deployment to send to (default: the only one)")
+    rp.add_argument(
+        "--speed", type=positive_float, default=1.0, help="replay X times faster (default 1)"
+    )
+    rp.add_argument("--limit", type=positive_int, help="only the first N requests")
+    rp.add_argument("--json", action="store_true", help="the report as JSON")

@@ -1,0 +1,154 @@
+"""`cmemu simulate serving|calibrate`: model mode. The serving engine in the discrete-event
+simulator (emulator/model/serving/des.py), no services: hours of emulated traffic in seconds.
+This module only reads the files and prints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from emulator.cli.argtypes import UsageError
+from emulator.cli.output import Column, print_rows
+from emulator.model.errors import InvalidArgumentError
+from emulator.model.hardware import DEFAULT_PROFILE
+from emulator.model.serving import calibrate
+from emulator.model.serving.deployment import parse_deployment
+from emulator.model.serving.des import simulate
+from emulator.model.serving.engine import Request
+from emulator.model.serving.report import Report
+from emulator.model.serving.workload import generate, parse_workload, read_mooncake
+
+
+def simulate_args(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="simulate_command", required=True, metavar="WHAT")
+    serving = sub.add_parser(
+        "serving",
+        help="a serving deployment under a workload, in the discrete-event simulator",
+        description="Run a workload through the serving engine on the cost model (no gRPC): "
+        "TTFT and TPOT percentiles, tokens/s per NPU, batch sizes, KV hit rate, EMS traffic.",
+    )
+    serving.add_argument("--deployment", required=True, help="deployment YAML file")
+    serving.add_argument(
+        "--workload",
+        required=True,
+        help="workload YAML file (distributions), or a Mooncake trace (.jsonl)",
+    )
+    serving.add_argument(
+        "--duration",
+        type=float,
+        help="emulated seconds to run (default: the workload's duration; a trace: to the end)",
+    )
+    serving.add_argument("--seed", type=int, help="the workload's seed (default: its own)")
+    serving.add_argument("--json", action="store_true", help="the report as one JSON object")
+    cal = sub.add_parser(
+        "calibrate",
+        help="the serving cost model against the published serving points, with its error",
+    )
+    cal.add_argument("--json", action="store_true", help="one JSON array")
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _yaml(path: str) -> Any:
+    try:
+        return yaml.safe_load(_read(path))
+    except yaml.YAMLError as exc:
+        raise InvalidArgumentError(f"{path}: not valid YAML: {exc}") from None
+
+
+def _requests(args: argparse.Namespace) -> tuple[list[Request], float | None]:
+    block = DEFAULT_PROFILE.serving.block_tokens
+    if args.workload.endswith(".jsonl"):
+        try:
+            trace = read_mooncake(_read(args.workload).splitlines(), block_tokens=block)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"{args.workload}: {exc}") from None
+        return trace, args.duration
+    workload = parse_workload(_yaml(args.workload) or {})
+    duration = args.duration if args.duration is not None else workload.duration_s
+    requests = list(generate(workload, block_tokens=block, duration_s=duration, seed=args.seed))
+    return requests, duration
+
+
+def _print_report(report: Report) -> None:
+    r = report
+    rows = [
+        ("emulated seconds", f"{r.emulated_s:.1f}"),
+        ("requests submitted / finished", f"{r.submitted} / {r.finished}"),
+        ("output tokens/s", f"{r.tokens_per_s:,.0f}"),
+        ("tokens/s per NPU (all NPUs)", f"{r.tokens_per_s_per_npu:,.1f}"),
+        ("decode tokens/s per decode NPU", f"{r.decode_tokens_per_s_per_npu:,.1f}"),
+        ("prefill tokens/s per prefill NPU", f"{r.prefill_tokens_per_s_per_npu:,.1f}"),
+        (
+            "TTFT p50 / p90 / p99 (ms)",
+            f"{r.ttft_s.p50 * 1e3:.1f} / {r.ttft_s.p90 * 1e3:.1f} / {r.ttft_s.p99 * 1e3:.1f}",
+        ),
+        (
+            "TPOT p50 / p90 / p99 (ms)",
+            f"{r.tpot_s.p50 * 1e3:.2f} / {r.tpot_s.p90 * 1e3:.2f} / {r.tpot_s.p99 * 1e3:.2f}",
+        ),
+        ("decode batch per die mean / max", f"{r.batch_per_die_mean:.1f} / {r.batch_per_die_max}"),
+        ("KV prefix hit rate", f"{r.kv_hit_rate:.1%}"),
+        (
+            "EMS read / written (GB)",
+            f"{r.ems_loaded_bytes / 1e9:.1f} / {r.ems_stored_bytes / 1e9:.1f}",
+        ),
+        ("prefill -> decode KV (GB)", f"{r.kv_transfer_bytes / 1e9:.1f}"),
+        ("SLO attainment / goodput (req/s)", f"{r.slo_attainment:.1%} / {r.goodput_per_s:.2f}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+
+
+def _serving(args: argparse.Namespace) -> int:
+    if args.duration is not None and not args.duration > 0:
+        raise UsageError("--duration must be > 0")
+    deployment = parse_deployment(_yaml(args.deployment) or {})
+    requests, duration = _requests(args)
+    sim = simulate(deployment, requests, duration_s=duration)
+    if args.json:
+        print(json.dumps(sim.report.to_dict(), indent=2))
+    else:
+        _print_report(sim.report)
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    rows = [
+        {
+            "point": p.name,
+            "published": f"{p.published:.4g}",
+            "model": f"{p.model:.4g}",
+            "unit": p.unit or "-",
+            "error": f"{p.error:+.1%}",
+            "tolerance": f"{p.tolerance:.0%}",
+            "fitted": "fit" if p.fitted else "predicted",
+        }
+        for p in calibrate.points()
+    ]
+    columns: list[Column] = [
+        ("point", "POINT", "<26"),
+        ("published", "PUBLISHED", ">10"),
+        ("model", "MODEL", ">10"),
+        ("unit", "UNIT", "<8"),
+        ("error", "ERROR", ">7"),
+        ("tolerance", "TOL", ">4"),
+        ("fitted", "", ""),
+    ]
+    print_rows(rows, columns, as_json=args.json)
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    handlers = {"serving": _serving, "calibrate": _calibrate}
+    return handlers[args.simulate_command](args)

@@ -1,0 +1,361 @@
+"""The serving cost model against HARDWARE.md's serving points: `points` reports, for each, the
+published figure, the model's figure and the relative error; `fit` finds the four fitted
+parameters of HardwareProfile.serving (per-layer and per-step overheads, the microbatch overlap,
+the prefill efficiency) from the points they are fitted to. The profile holds fit's result; a
+test checks that refitting changes nothing and that every error is within its tolerance.
+
+The published deployment: decode EP320 on 160 NPUs, 96 requests per NPU (48 per die), KV 4096,
+MTP, two microbatches; prefill EP32 on 16 NPUs, 16,384-token batches of 4,096-token prompts.
+Communication comes from the fabric's own collective on the cm384 link graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile, ServingCalibration
+from emulator.model.serving import cost
+from emulator.model.serving.comm import CommModel
+from emulator.model.serving.deployment import instance_dies
+from emulator.model.serving.experts import imbalance
+from emulator.model.serving.models import ModelShape, get_model
+from emulator.model.topology import DeviceKind, build
+
+MODEL = "deepseek-r1"
+PLACEMENT = "static"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Point:
+    name: str
+    unit: str
+    published: float
+    model: float
+    tolerance: float  # relative
+    fitted: bool  # the point a parameter is fitted to (its error is ~0 by construction)
+
+    @property
+    def error(self) -> float:
+        return (self.model - self.published) / self.published
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.error) <= self.tolerance
+
+
+@cache
+def _comm() -> CommModel:
+    return CommModel(build("cm384"), "cm384")
+
+
+def _dies(npus: int, profile: HardwareProfile) -> tuple[str, ...]:
+    topology = _comm().topology
+    ids = [d.id for d in topology.devices if d.kind is DeviceKind.NPU][:npus]
+    return instance_dies(ids, profile)
+
+
+Moe = Callable[[int, int], tuple[float, float]]  # (ranks, tokens per rank) -> (dispatch, combine)
+
+
+def fabric_moe(profile: HardwareProfile = DEFAULT_PROFILE, platform: str = "cm384") -> Moe:
+    """MoE collectives on the first dies of cm384, as the simulator times them (on
+    `cluster-roce`: the same dies in 8-NPU servers over RDMA)."""
+    comm = _comm() if platform == "cm384" else CommModel(_comm().topology, platform, profile)
+
+    def moe(ranks: int, tokens: int) -> tuple[float, float]:
+        npus = -(-ranks // profile.npu.dies)
+        return comm.moe(_dies(npus, profile)[:ranks], tokens)
+
+    return moe
+
+
+@dataclass(frozen=True)
+class _Setup:
+    model: ModelShape
+    per_die: int
+    dies: int
+    ep: int
+    prefill_dies: int
+    prefill_ep: int
+
+
+def _setup(profile: HardwareProfile) -> _Setup:
+    s = profile.serving
+    dies = s.decode_ep
+    return _Setup(
+        model=get_model(MODEL),
+        per_die=s.decode_batch_per_npu // profile.npu.dies,
+        dies=dies,
+        ep=s.decode_ep,
+        prefill_dies=s.prefill_ep,
+        prefill_ep=s.prefill_ep,
+    )
+
+
+def decode_step(
+    profile: HardwareProfile,
+    moe: Moe,
+    *,
+    mtp: bool = True,
+    microbatches: int = 2,
+    per_die: int | None = None,
+    kv_tokens: float | None = None,
+) -> cost.StepTime:
+    """The published decode instance's step."""
+    c = _setup(profile)
+    batch = c.per_die if per_die is None else per_die
+    tokens = cost.decode_tokens_per_rank(
+        batch_per_die=batch, mtp=mtp, microbatches=microbatches, dies=c.dies, ep=c.ep, model=c.model
+    )
+    dispatch, combine = moe(c.ep, tokens)
+    return cost.decode_step(
+        c.model,
+        batch_per_die=batch,
+        kv_tokens=profile.serving.decode_kv_tokens if kv_tokens is None else kv_tokens,
+        mtp=mtp,
+        microbatches=microbatches,
+        imbalance=imbalance(c.model, c.ep, PLACEMENT, profile),
+        dies=c.dies,
+        ep=c.ep,
+        dispatch_s=dispatch,
+        combine_s=combine,
+        profile=profile,
+    )
+
+
+def decode_layer_s(profile: HardwareProfile, moe: Moe, *, mtp: bool) -> float:
+    c = _setup(profile)
+    per_request = 1 + (c.model.mtp_layers if mtp else 0)
+    tokens = cost.decode_tokens_per_rank(
+        batch_per_die=c.per_die, mtp=mtp, microbatches=2, dies=c.dies, ep=c.ep, model=c.model
+    )
+    dispatch, combine = moe(c.ep, tokens)
+    layer, _ = cost.decode_layer_s(
+        c.model,
+        batch_per_die=c.per_die,
+        kv_tokens=profile.serving.decode_kv_tokens,
+        tokens_per_request=per_request,
+        microbatches=2,
+        imbalance=imbalance(c.model, c.ep, PLACEMENT, profile),
+        ep_spread=c.dies / c.ep,
+        ep=c.ep,
+        dispatch_s=dispatch,
+        combine_s=combine,
+        profile=profile,
+    )
+    return layer
+
+
+def tpot_s(step: cost.StepTime, profile: HardwareProfile) -> float:
+    return step.total_s / profile.serving.mtp_tokens_per_step
+
+
+def prefill_tokens_per_s_per_npu(
+    profile: HardwareProfile, moe: Moe, *, microbatches: int = 2, placement: str = PLACEMENT
+) -> float:
+    c = _setup(profile)
+    s = profile.serving
+    tokens = s.prefill_batch_tokens
+    prompts = tokens // s.prefill_prompt_tokens
+    pairs = prompts * s.prefill_prompt_tokens * (s.prefill_prompt_tokens + 1) / 2
+    per_die = tokens / c.prefill_dies
+    dispatch, combine = moe(
+        c.prefill_ep,
+        cost.prefill_tokens_per_rank(
+            tokens_per_die=int(per_die),
+            microbatches=microbatches,
+            dies=c.prefill_dies,
+            ep=c.prefill_ep,
+        ),
+    )
+    step = cost.prefill_batch(
+        c.model,
+        tokens_per_die=per_die,
+        attention_pairs_per_die=pairs / c.prefill_dies,
+        requests_per_die=prompts / c.prefill_dies,
+        loaded_bytes_per_die=0.0,
+        microbatches=microbatches,
+        imbalance=imbalance(c.model, c.prefill_ep, placement, profile),
+        dies=c.prefill_dies,
+        ep=c.prefill_ep,
+        dispatch_s=dispatch,
+        combine_s=combine,
+        profile=profile,
+    )
+    return tokens / step.total_s / (c.prefill_dies / profile.npu.dies)
+
+
+def _with(profile: HardwareProfile, **values: float) -> HardwareProfile:
+    serving: ServingCalibration = dataclasses.replace(profile.serving, **values)  # type: ignore[arg-type]
+    return dataclasses.replace(profile, serving=serving)
+
+
+def _bisect(f: Callable[[float], float], lo: float, hi: float) -> float:
+    """x in [lo, hi] with f(x) = 0 for a monotonic f (the nearer end when there is none)."""
+    f_lo, f_hi = f(lo), f(hi)
+    if f_lo * f_hi > 0:
+        return lo if abs(f_lo) < abs(f_hi) else hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if (f(mid) > 0) == (f_hi > 0):
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
+
+
+def _mid(pair: tuple[float, float]) -> float:
+    return (pair[0] + pair[1]) / 2
+
+
+def decode_gain(profile: HardwareProfile, moe: Moe) -> float:
+    return decode_step(profile, moe, microbatches=1).total_s / decode_step(profile, moe).total_s - 1
+
+
+def prefill_gain(profile: HardwareProfile, moe: Moe) -> float:
+    two = prefill_tokens_per_s_per_npu(profile, moe)
+    return two / prefill_tokens_per_s_per_npu(profile, moe, microbatches=1) - 1
+
+
+def fit(profile: HardwareProfile = DEFAULT_PROFILE, moe: Moe | None = None) -> ServingCalibration:
+    """The four fitted parameters, by turns until they settle: the per-layer overhead to the
+    layer time with MTP, the overlap to the middle of the decode microbatch gain, the per-step
+    overhead to the TPOT, the prefill efficiency to the prefill throughput."""
+    moe = moe or fabric_moe(profile)
+    p = _with(
+        profile,
+        layer_overhead_s=0.0,
+        step_overhead_s=0.0,
+        microbatch_overlap=0.5,
+        prefill_efficiency=1.0,
+    )
+    for _ in range(20):
+        p = _fit_round(p, moe)
+    return p.serving
+
+
+def _fit_round(p: HardwareProfile, moe: Moe) -> HardwareProfile:
+    s = p.serving
+    base = decode_layer_s(_with(p, layer_overhead_s=0.0), moe, mtp=True)
+    p = _with(p, layer_overhead_s=max(0.0, s.layer_s_mtp - base))
+    target = _mid(s.microbatch_decode_gain)
+    at = p
+
+    def gain_error(x: float) -> float:
+        return decode_gain(_with(at, microbatch_overlap=x), moe) - target
+
+    p = _with(p, microbatch_overlap=_bisect(gain_error, 0.0, 1.0))
+    step = decode_step(_with(p, step_overhead_s=0.0), moe).total_s
+    p = _with(p, step_overhead_s=max(0.0, s.decode_tpot_s * s.mtp_tokens_per_step - step))
+    before = p
+
+    def throughput_error(e: float) -> float:
+        got = prefill_tokens_per_s_per_npu(_with(before, prefill_efficiency=e), moe)
+        return got - s.prefill_tokens_per_s_per_npu
+
+    return _with(p, prefill_efficiency=_bisect(throughput_error, 0.05, 1.0))
+
+
+def points(profile: HardwareProfile = DEFAULT_PROFILE, moe: Moe | None = None) -> list[Point]:
+    """Every serving point: published, model, error, tolerance."""
+    moe = moe or fabric_moe(profile)
+    s = profile.serving
+    m = profile.moe
+    step = decode_step(profile, moe)
+    tpot = tpot_s(step, profile)
+    ep8 = moe(m.ep_ranks, m.tokens_per_rank)
+    large = moe(m.large_ep_ranks, m.tokens_per_rank)
+    dg, pg = s.microbatch_decode_gain, s.microbatch_prefill_gain
+    return [
+        Point(
+            name="decode TPOT",
+            unit="s",
+            published=s.decode_tpot_s,
+            model=tpot,
+            tolerance=0.01,
+            fitted=True,
+        ),
+        Point(
+            name="decode tokens/s per NPU",
+            unit="tokens/s",
+            published=s.decode_tokens_per_s_per_npu,
+            model=s.decode_batch_per_npu / tpot,
+            tolerance=0.01,
+            fitted=True,
+        ),
+        Point(
+            name="decode layer with MTP",
+            unit="s",
+            published=s.layer_s_mtp,
+            model=decode_layer_s(profile, moe, mtp=True),
+            tolerance=0.01,
+            fitted=True,
+        ),
+        Point(
+            name="decode layer without MTP",
+            unit="s",
+            published=s.layer_s,
+            model=decode_layer_s(profile, moe, mtp=False),
+            tolerance=0.10,
+            fitted=False,
+        ),
+        Point(
+            name="decode microbatch gain",
+            unit="",
+            published=_mid(dg),
+            model=decode_gain(profile, moe),
+            tolerance=(dg[1] - dg[0]) / 2 / _mid(dg),
+            fitted=True,
+        ),
+        Point(
+            name="prefill tokens/s per NPU",
+            unit="tokens/s",
+            published=s.prefill_tokens_per_s_per_npu,
+            model=prefill_tokens_per_s_per_npu(profile, moe),
+            tolerance=0.01,
+            fitted=True,
+        ),
+        Point(
+            name="prefill microbatch gain",
+            unit="",
+            published=_mid(pg),
+            model=prefill_gain(profile, moe),
+            tolerance=0.3,
+            fitted=False,
+        ),
+        Point(
+            name="MoE dispatch EP8",
+            unit="s",
+            published=m.dispatch_s,
+            model=ep8[0],
+            tolerance=0.01,
+            fitted=True,
+        ),
+        Point(
+            name="MoE combine EP8",
+            unit="s",
+            published=m.combine_s,
+            model=ep8[1],
+            tolerance=0.01,
+            fitted=True,
+        ),
+        Point(
+            name="MoE dispatch EP256",
+            unit="s",
+            published=m.dispatch_large_s,
+            model=large[0],
+            tolerance=0.01,
+            fitted=True,
+        ),
+        Point(
+            name="MoE combine EP256",
+            unit="s",
+            published=m.combine_large_s,
+            model=large[1],
+            tolerance=0.01,
+            fitted=True,
+        ),
+    ]

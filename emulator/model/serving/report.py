@@ -1,0 +1,156 @@
+"""What a serving run comes to: latency percentiles (TTFT, TPOT), tokens/s per NPU, batch sizes,
+the prefix-cache hit rate, EMS traffic, goodput at the deployment's SLO. Built from the engine's
+events (one Recorder) and counters, the same for a simulation and a live run."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.model.serving.deployment import Deployment
+from emulator.model.serving.engine import (
+    EngineStats,
+    Event,
+    FinishEvent,
+    FinishReason,
+    Request,
+    TokenEvent,
+)
+
+
+class Recorder:
+    """Per-request times from the engine's events."""
+
+    def __init__(self) -> None:
+        self.arrival: dict[str, float] = {}
+        self.first: dict[str, float] = {}
+        self.finish: dict[str, tuple[float, int]] = {}
+        self.cancelled = 0
+        self.first_tokens = 0
+        self.last_s = 0.0
+
+    def submitted(self, request: Request) -> None:
+        self.arrival[request.id] = request.arrival_s
+
+    def record(self, event: Event) -> None:
+        self.last_s = max(self.last_s, event.time_s)
+        if isinstance(event, TokenEvent):
+            if event.index == 0:
+                self.first[event.request_id] = event.time_s
+                self.first_tokens += 1
+        elif isinstance(event, FinishEvent):
+            if event.reason is FinishReason.CANCELLED:
+                self.cancelled += 1
+            else:
+                self.finish[event.request_id] = (event.time_s, event.tokens)
+
+    def ttft(self) -> list[float]:
+        return [t - self.arrival[r] for r, t in self.first.items() if r in self.arrival]
+
+    def tpot(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for r, (t, tokens) in self.finish.items():
+            if tokens > 1 and r in self.first:
+                out[r] = (t - self.first[r]) / (tokens - 1)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Percentiles:
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Percentiles:
+        if not values:
+            return cls(p50=0.0, p90=0.0, p99=0.0, mean=0.0)
+        a = np.asarray(values)
+        p50, p90, p99 = (float(x) for x in np.percentile(a, [50, 90, 99]))
+        return cls(p50=p50, p90=p90, p99=p99, mean=float(a.mean()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    emulated_s: float
+    submitted: int
+    finished: int
+    cancelled: int
+    output_tokens: int
+    tokens_per_s: float
+    tokens_per_s_per_npu: float  # all NPUs of the deployment
+    decode_tokens_per_s_per_npu: float  # decode NPUs only
+    prefill_tokens_per_s_per_npu: float  # prompt tokens computed, prefill NPUs only
+    ttft_s: Percentiles
+    tpot_s: Percentiles
+    batch_per_die_mean: float
+    batch_per_die_max: int
+    decode_steps: int
+    prefill_batches: int
+    kv_hit_rate: float  # prompt blocks found in EMS / prompt blocks looked up
+    prompt_tokens: int
+    prefill_tokens: int
+    ems_loaded_bytes: float
+    ems_stored_bytes: float
+    kv_transfer_bytes: float
+    slo_attainment: float  # finished requests within both targets
+    goodput_per_s: float  # such requests per second
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def summarize(
+    recorder: Recorder,
+    stats: EngineStats,
+    deployment: Deployment,
+    elapsed_s: float,
+    *,
+    kv_bytes_per_block: float,
+    profile: HardwareProfile = DEFAULT_PROFILE,
+) -> Report:
+    d = deployment
+    elapsed = max(elapsed_s, 1e-12)
+    output = recorder.first_tokens + stats.decode_tokens
+    ttft = recorder.ttft()
+    tpot = recorder.tpot()
+    good = 0
+    for r in recorder.finish:
+        first = recorder.first.get(r)
+        if first is None:
+            continue
+        if first - recorder.arrival.get(r, first) > d.prefill.ttft_target_s:
+            continue
+        if tpot.get(r, 0.0) > d.decode.tpot_target_s:
+            continue
+        good += 1
+    decode_npus = d.decode.instances * d.decode.npus
+    prefill_npus = d.prefill.instances * d.prefill.npus
+    return Report(
+        emulated_s=elapsed_s,
+        submitted=stats.submitted,
+        finished=len(recorder.finish),
+        cancelled=recorder.cancelled,
+        output_tokens=output,
+        tokens_per_s=output / elapsed,
+        tokens_per_s_per_npu=output / elapsed / d.npus,
+        decode_tokens_per_s_per_npu=stats.decode_tokens / elapsed / decode_npus,
+        prefill_tokens_per_s_per_npu=stats.prefill_tokens / elapsed / prefill_npus,
+        ttft_s=Percentiles.of(ttft),
+        tpot_s=Percentiles.of(list(tpot.values())),
+        batch_per_die_mean=stats.batch_per_die_sum / max(stats.decode_steps, 1),
+        batch_per_die_max=stats.batch_per_die_max,
+        decode_steps=stats.decode_steps,
+        prefill_batches=stats.prefill_batches,
+        kv_hit_rate=stats.matched_blocks / max(stats.prompt_blocks, 1),
+        prompt_tokens=stats.prompt_tokens,
+        prefill_tokens=stats.prefill_tokens,
+        ems_loaded_bytes=stats.ems_loaded_bytes,
+        ems_stored_bytes=stats.ems_stored_blocks * kv_bytes_per_block,
+        kv_transfer_bytes=stats.kv_transfer_bytes,
+        slo_attainment=good / max(len(recorder.finish), 1),
+        goodput_per_s=good / elapsed,
+    )

@@ -1,0 +1,480 @@
+"""Prometheus metrics: what every process of the emulator shows at `GET /metrics`.
+
+Where and how they are served is emulator/runtime/metricserver.py; this module says what.
+
+They are read from the servers' state when a scrape asks, so that nothing is counted on a hot path
+except what no state keeps (the emulated-latency histograms of UB transactions and kernels,
+fixed buckets in each device's state, emulator/model/instruments.py). The state belongs to the
+event loop, so it is read there, in one pass; the text is formatted on a worker thread.
+
+- devices (labels supernode, device, node, kind): health, memory used and capacity (HBM for an
+  NPU, DRAM for a CPU and a pool), compute utilisation, UB transactions and bytes issued and
+  applied, UB latency by op and kernel latency (emulated), inbox depth, times faulted;
+- the fabric (labels supernode, device, kind): bytes, utilisation, capacity and links down per
+  UB plane and link kind, flows in flight and completed, collectives in progress, active faults
+  by kind;
+- EMS: objects and bytes per tier, hits, misses, evictions, corrupt copies, under-replicated
+  objects, each pool's health and use;
+- the process (label supernode): emulated time, time scale, servers hosted, the MQTT link
+  (connected, backlog, dropped), and prometheus-client's process_* (CPU, memory, fds);
+- any other service state with a `metrics()` method (instruments.Instrumented): what it returns,
+  with the service's labels added. This is how the serving router publishes TTFT and TPOT.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import structlog
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from emulator.model.clock import Clock
+from emulator.model.instruments import Family, Histogram, MetricType, Value
+from emulator.model.topology import DeviceKind, ServiceKind
+from services.device import DeviceState
+from services.ems import EmsState
+from services.fabric import FabricState
+from services.kinds import DeviceHandle
+
+if TYPE_CHECKING:
+    from emulator.runtime.inprocess import InProcessSupernode
+
+log = structlog.get_logger("cmemu.metrics")
+NO_PLANE = "none"  # links with no switch end (die to die, pool to CPU) belong to no UB plane
+
+# --- families, in plain data ------------------------------------------------------------------
+
+
+class Families:
+    """Families under construction, by name, in the order first added."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, tuple[str, MetricType, list[tuple[Mapping[str, str], Value]]]] = {}
+
+    def add(
+        self, name: str, kind: MetricType, help: str, labels: Mapping[str, str], v: Value
+    ) -> None:
+        entry = self._by_name.get(name)
+        if entry is None:
+            entry = self._by_name[name] = (help, kind, [])
+        entry[2].append((labels, v.snapshot() if isinstance(v, Histogram) else v))
+
+    def add_all(
+        self, name: str, kind: MetricType, help: str, samples: list[tuple[Mapping[str, str], float]]
+    ) -> None:
+        """Plain numbers only (histograms go through add, which copies them)."""
+        entry = self._by_name.get(name)
+        if entry is None:
+            entry = self._by_name[name] = (help, kind, [])
+        entry[2].extend(samples)
+
+    def extend(self, families: Iterable[Family], base: Mapping[str, str]) -> None:
+        for f in families:
+            for labels, value in f.samples:
+                self.add(f.name, f.type, f.help, {**base, **labels}, value)
+
+    def metrics(self) -> list[Metric]:
+        out = []
+        for name, (help, kind, samples) in self._by_name.items():
+            if not samples:  # e.g. device families in a process that hosts no device
+                continue
+            try:
+                out.append(_metric(name, kind, help, samples))
+            except (KeyError, ValueError, TypeError):  # a contributor's bad family: not the rest
+                log.exception("metric family skipped", family=name)
+        return out
+
+
+FAMILY_TYPES: dict[
+    MetricType, type[CounterMetricFamily] | type[GaugeMetricFamily] | type[HistogramMetricFamily]
+] = {
+    "counter": CounterMetricFamily,
+    "gauge": GaugeMetricFamily,
+    "histogram": HistogramMetricFamily,
+}
+
+
+def _metric(
+    name: str, kind: MetricType, help: str, samples: Sequence[tuple[Mapping[str, str], Value]]
+) -> Metric:
+    names = list(samples[0][0])
+    metric = FAMILY_TYPES[kind](name, help, labels=names)
+    for labels, value in samples:
+        if set(labels) != set(names):
+            raise ValueError(f"{name}: label names {sorted(labels)} differ from {sorted(names)}")
+        values = [labels[n] for n in names]
+        if isinstance(metric, HistogramMetricFamily):
+            if not isinstance(value, Histogram):
+                raise TypeError(f"{name}: a histogram family needs Histogram values")
+            buckets = [(_le(b), float(c)) for b, c in value.cumulative()]
+            metric.add_metric(values, buckets, value.sum)
+        elif isinstance(value, Histogram):
+            raise TypeError(f"{name}: a {kind} family takes numbers")
+        else:
+            metric.add_metric(values, float(value))
+    return metric
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+# --- devices ----------------------------------------------------------------------------------
+
+
+# name, type, help, and how to read it from a device's state
+DEVICE_METRICS: tuple[tuple[str, MetricType, str, Callable[[DeviceState], float]], ...] = (
+    (
+        "cmemu_device_healthy",
+        "gauge",
+        "1 when the device serves, 0 when faulted",
+        lambda s: float(not s.fault.faulted),
+    ),
+    (
+        "cmemu_device_faults_total",
+        "counter",
+        "Times the device went down",
+        lambda s: s.counters.faults,
+    ),
+    (
+        "cmemu_device_memory_capacity_bytes",
+        "gauge",
+        "UB-addressable memory: the HBM of an NPU, the DRAM of a CPU or a pool",
+        lambda s: s.memory.capacity,
+    ),
+    (
+        "cmemu_device_memory_used_bytes",
+        "gauge",
+        "Memory allocated in regions",
+        lambda s: s.memory.allocator.used,
+    ),
+    (
+        "cmemu_device_memory_stored_bytes",
+        "gauge",
+        "Real bytes kept for what was written",
+        lambda s: s.memory.store.stored_bytes,
+    ),
+    ("cmemu_device_regions", "gauge", "Regions allocated", lambda s: s.memory.allocator.count),
+    (
+        "cmemu_device_inbox_messages",
+        "gauge",
+        "UB SEND messages waiting for Receive",
+        lambda s: s.inbox.qsize(),
+    ),
+    (
+        "cmemu_ub_issued_total",
+        "counter",
+        "UB transactions this device issued that completed",
+        lambda s: s.counters.tx_count,
+    ),
+    (
+        "cmemu_ub_issued_bytes_total",
+        "counter",
+        "Bytes of the UB transactions this device issued that completed",
+        lambda s: s.counters.tx_bytes,
+    ),
+    (
+        "cmemu_ub_applied_total",
+        "counter",
+        "UB transactions applied to this device's memory or inbox",
+        lambda s: s.counters.rx_count,
+    ),
+    (
+        "cmemu_ub_applied_bytes_total",
+        "counter",
+        "Bytes of the UB transactions applied here",
+        lambda s: s.counters.rx_bytes,
+    ),
+)
+
+
+def add_devices(out: Families, handles: Iterable[DeviceHandle], supernode: str) -> None:
+    states = [h.state for h in handles]
+    every = [
+        {
+            "supernode": supernode,
+            "device": s.device.id,
+            "node": s.device.node,
+            "kind": s.device.kind.value,
+        }
+        for s in states
+    ]
+    for name, kind, help, read in DEVICE_METRICS:  # family by family: one pass each, no lookups
+        out.add_all(
+            name,
+            kind,
+            help,
+            [(labels, float(read(s))) for labels, s in zip(every, states, strict=True)],
+        )
+    for labels, s in zip(every, states, strict=True):
+        d = s.device
+        if s.engines:
+            out.add(
+                "cmemu_device_utilization_ratio",
+                "gauge",
+                "Busy share of the compute engines (NPU dies) since emulated time started",
+                labels,
+                s.utilization(),
+            )
+        for op, histogram in sorted(s.latency.ub.items()):
+            out.add(
+                "cmemu_ub_latency_seconds",
+                "histogram",
+                "Emulated latency, issue to completion, of UB transactions issued here, by op",
+                {**labels, "op": op},
+                histogram,
+            )
+        if d.kind is DeviceKind.NPU and s.latency.kernel.count:  # as UB ops: once there are some
+            out.add(
+                "cmemu_npu_kernel_latency_seconds",
+                "histogram",
+                "Emulated latency of kernels, issue to completion (queueing on the die included)",
+                labels,
+                s.latency.kernel,
+            )
+
+
+# --- the fabric -------------------------------------------------------------------------------
+
+
+class _LinkGroups:
+    """Each directed link's (UB plane, link kind) group, worked out once per fabric."""
+
+    def __init__(self, fabric: FabricState) -> None:
+        planes = {s.id: str(s.plane) for s in fabric.topology.switches}
+        g = fabric.graph
+        keys: dict[tuple[str, str], int] = {}
+        group = []
+        for (a, b), kind in zip(g.ends, g.kinds, strict=True):
+            key = (planes.get(b) or planes.get(a) or NO_PLANE, kind.value)
+            group.append(keys.setdefault(key, len(keys)))
+        self.keys = list(keys)
+        self.of_link = np.array(group, dtype=np.int64)
+
+
+def fabric_families(fabric: FabricState, groups: _LinkGroups) -> list[Family]:
+    fabric.sync()  # the flows up to the present, as GetLinkStats does
+    g, live = fabric.graph, fabric.live
+    n = len(groups.keys)
+    trunk_cap, link_cap = g.trunk_cap(), g.link_cap()
+    share = np.divide(
+        link_cap[g.member_link],
+        trunk_cap[g.member_trunk],
+        out=np.zeros(len(g.member_link)),
+        where=trunk_cap[g.member_trunk] > 0,
+    )
+    of_member = groups.of_link[g.member_link]
+    carried = np.bincount(
+        of_member,
+        weights=(live.res_bytes + fabric.collective_bytes)[g.member_trunk] * share,
+        minlength=n,
+    )
+    rate = np.bincount(of_member, weights=live.res_rate[g.member_trunk] * share, minlength=n)
+    capacity = np.bincount(groups.of_link, weights=link_cap, minlength=n)
+    down = np.bincount(groups.of_link, weights=~g.up, minlength=n)
+    utilization = np.divide(rate, capacity, out=np.zeros(n), where=capacity > 0)
+    per_group = [{"plane": p, "link_kind": k} for p, k in groups.keys]
+    faults: dict[str, int] = {}
+    for spec in fabric.faults.faults.values():
+        faults[spec.kind] = faults.get(spec.kind, 0) + 1
+
+    def grouped(values: Any) -> list[tuple[Mapping[str, str], Value]]:
+        return [(labels, float(v)) for labels, v in zip(per_group, values, strict=True)]
+
+    return [
+        Family(
+            name="cmemu_fabric_link_bytes_total",
+            help="Bytes the links of a UB plane and kind carried (transfers and collectives)",
+            type="counter",
+            samples=grouped(carried),
+        ),
+        Family(
+            name="cmemu_fabric_link_utilization_ratio",
+            help="Rate of the flows in flight over the live capacity, per UB plane and link kind",
+            type="gauge",
+            samples=grouped(utilization),
+        ),
+        Family(
+            name="cmemu_fabric_link_capacity_bytes_per_second",
+            help="Live capacity (faults lower it) per UB plane and link kind, both directions",
+            type="gauge",
+            samples=grouped(capacity),
+        ),
+        Family(
+            name="cmemu_fabric_links_down",
+            help="Directed links down per UB plane and link kind",
+            type="gauge",
+            samples=grouped(down),
+        ),
+        Family(
+            name="cmemu_fabric_flows_in_flight",
+            help="UB transfers on the wire now",
+            type="gauge",
+            samples=[({}, len(live.flows))],
+        ),
+        Family(
+            name="cmemu_fabric_flows_completed_total",
+            help="UB transfers completed",
+            type="counter",
+            samples=[({}, live.completed)],
+        ),
+        Family(
+            name="cmemu_fabric_collectives_in_progress",
+            help="Collectives being timed or waiting for a worker",
+            type="gauge",
+            samples=[({}, fabric.collectives_pending)],
+        ),
+        Family(
+            name="cmemu_fabric_faults",
+            help="Active fabric faults by kind",
+            type="gauge",
+            samples=[({"fault_kind": k}, v) for k, v in sorted(faults.items())]
+            or [({"fault_kind": "link-down"}, 0)],
+        ),
+    ]
+
+
+# --- EMS --------------------------------------------------------------------------------------
+
+
+def ems_families(ems: EmsState) -> list[Family]:
+    stats = ems.stats("")
+    c = stats.counters
+    dram = stats.objects - stats.ssd_objects
+    tiers: list[tuple[str, int, int, int]] = [
+        ("dram", dram, stats.dram_used_bytes, stats.dram_capacity_bytes),
+        ("ssd", stats.ssd_objects, stats.ssd_used_bytes, stats.ssd_capacity_bytes),
+    ]
+
+    def one(name: str, kind: MetricType, help: str, value: float) -> Family:
+        return Family(name=name, help=help, type=kind, samples=[({}, value)])
+
+    return [
+        Family(
+            name="cmemu_ems_objects",
+            help="Objects stored, by tier",
+            type="gauge",
+            samples=[({"tier": t}, n) for t, n, _, _ in tiers],
+        ),
+        Family(
+            name="cmemu_ems_used_bytes",
+            help="Bytes used, by tier (DRAM: every copy)",
+            type="gauge",
+            samples=[({"tier": t}, b) for t, _, b, _ in tiers],
+        ),
+        Family(
+            name="cmemu_ems_capacity_bytes",
+            help="EMS's capacity, by tier",
+            type="gauge",
+            samples=[({"tier": t}, b) for t, _, _, b in tiers],
+        ),
+        one("cmemu_ems_hits_total", "counter", "Reads of a key that was there", c.hits),
+        one("cmemu_ems_misses_total", "counter", "Reads of a key that was not", c.misses),
+        one("cmemu_ems_evictions_total", "counter", "Objects evicted to make room", c.evictions),
+        one("cmemu_ems_corrupt_total", "counter", "Copies found corrupt", c.corrupt),
+        one(
+            "cmemu_ems_under_replicated_objects",
+            "gauge",
+            "Objects with fewer copies than the replication factor",
+            stats.under_replicated,
+        ),
+        Family(
+            name="cmemu_ems_pool_healthy",
+            help="1 when EMS counts the memory pool up",
+            type="gauge",
+            samples=[({"pool": p.pool}, p.healthy) for p in stats.pools],
+        ),
+        Family(
+            name="cmemu_ems_pool_used_bytes",
+            help="Bytes of EMS copies in the memory pool",
+            type="gauge",
+            samples=[({"pool": p.pool}, p.bytes) for p in stats.pools],
+        ),
+    ]
+
+
+# --- the collector ----------------------------------------------------------------------------
+
+
+class SupernodeCollector(Collector):
+    """Everything one process hosts, read from its state at each collect(); on the event loop."""
+
+    def __init__(self, local: InProcessSupernode) -> None:
+        self.local = local
+        self._groups: tuple[FabricState, _LinkGroups] | None = None
+
+    def _link_groups(self, fabric: FabricState) -> _LinkGroups:
+        if self._groups is None or self._groups[0] is not fabric:
+            self._groups = (fabric, _LinkGroups(fabric))
+        return self._groups[1]
+
+    def families(self) -> Families:
+        local, out = self.local, Families()
+        topology = local.topology
+        sn = topology.supernode
+        process = {"supernode": sn}
+        clock = Clock(time_scale=topology.time_scale, epoch_wall_s=topology.epoch_wall_s or 0.0)
+        for name, kind, help, value in self._process(clock):
+            out.add(name, kind, help, process, value)
+        add_devices(out, list(local.handles.values()), sn)
+        for service, (state, _) in list(local.services.items()):
+            base = {"supernode": sn, "device": topology.service(service).id, "kind": service.value}
+            try:
+                out.extend(self._service(service, state), base)
+            except Exception:  # one service's metrics must not take the others' away
+                log.exception("service metrics failed", service=service.value)
+        return out
+
+    def _process(self, clock: Clock) -> list[tuple[str, MetricType, str, float]]:
+        local = self.local
+        rows: list[tuple[str, MetricType, str, float]] = [
+            (
+                "cmemu_emulated_seconds",
+                "gauge",
+                "Emulated time since the supernode started",
+                clock.now_ns() / 1e9,
+            ),
+            ("cmemu_time_scale", "gauge", "Emulated seconds per wall second", clock.time_scale),
+            (
+                "cmemu_process_servers",
+                "gauge",
+                "gRPC servers this process hosts",
+                len(local.hosted),
+            ),
+        ]
+        bus = local.events
+        if bus is not None:
+            rows += [
+                ("cmemu_mqtt_connected", "gauge", "1 while the broker link is up", bus.connected),
+                ("cmemu_mqtt_backlog_messages", "gauge", "Events kept for the broker", bus.pending),
+                (
+                    "cmemu_mqtt_dropped_total",
+                    "counter",
+                    "Events lost to the buffer bound",
+                    bus.dropped,
+                ),
+            ]
+        return rows
+
+    def _service(self, kind: ServiceKind, state: object) -> Iterable[Family]:
+        if isinstance(state, FabricState):
+            return fabric_families(state, self._link_groups(state))
+        if isinstance(state, EmsState):
+            return ems_families(state)
+        contribute = getattr(state, "metrics", None)  # instruments.Instrumented
+        return list(contribute()) if callable(contribute) else []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families().metrics()
+
+
+__all__ = ["Families", "SupernodeCollector", "add_devices", "ems_families", "fabric_families"]

@@ -1,0 +1,136 @@
+"""The supernode-wide services, registered by kind: how each is made, when it starts, what it needs.
+
+Every launcher reads this one table: the in-process supernode creates and starts the services it
+hosts in wave order, `--mode procs` starts their processes in the same waves, and the compose
+generator turns the waves into `depends_on`. A new service is one entry here (and its factory in
+services/), never a branch in each launcher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from emulator.model.clock import Clock
+from emulator.model.hardware import HardwareProfile
+from emulator.model.topology import Service, ServiceKind, Topology
+from services.ems import EmsState, create_ems
+from services.eventsink import EventSink
+from services.fabric import create_fabric
+from services.host import ServiceHost
+from services.peers import Peers
+from services.router import create_router
+from services.scheduler import create_scheduler
+
+# The start waves: the fabric before the devices (they hand it their first transaction as soon
+# as they serve); the devices; EMS (its index is rebuilt from the memory pools) and the
+# scheduler (it hands out devices) after them; the router last (it asks both).
+DEVICE_WAVE = 1
+
+
+class ServiceState(Protocol):
+    """What a launcher needs of a service's state: its background work and its end."""
+
+    async def run(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceContext:
+    """Everything a factory may need; each takes what it uses."""
+
+    service: Service
+    topology: Topology
+    profile: HardwareProfile
+    clock: Clock
+    peers: Peers
+    events: EventSink | None
+    data_dir: Path  # for services that keep files (EMS's SSD tier)
+    rebuild_wait_s: float  # how long a rebuilding service waits for silent devices
+
+
+Create = Callable[[ServiceContext], tuple[ServiceState, ServiceHost]]
+Prepare = Callable[[ServiceState, ServiceContext], Awaitable[None]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceSpec:
+    create: Create
+    wave: int
+    mem_limit: str  # a compose container's memory limit
+    keeps_files: bool = False  # gets a data directory (compose: a volume path)
+    after_pools: bool = False  # compose: waits for every memory pool to be healthy
+    # work between binding and SERVING, e.g. rebuilding an index: clients see NOT_SERVING
+    prepare: Prepare | None = None
+
+
+def _fabric(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
+    return create_fabric(
+        address=ctx.service.address,
+        topology=ctx.topology,
+        profile=ctx.profile,
+        clock=ctx.clock,
+        peers=ctx.peers,
+        events=ctx.events,
+    )
+
+
+def _ems(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
+    return create_ems(
+        address=ctx.service.address,
+        topology=ctx.topology,
+        profile=ctx.profile,
+        clock=ctx.clock,
+        peers=ctx.peers,
+        ssd_dir=ctx.data_dir,
+    )
+
+
+async def _ems_rebuild(state: ServiceState, ctx: ServiceContext) -> None:
+    assert isinstance(state, EmsState)
+    await state.rebuild(ctx.rebuild_wait_s)
+
+
+def _scheduler(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
+    return create_scheduler(
+        address=ctx.service.address,
+        topology=ctx.topology,
+        profile=ctx.profile,
+        clock=ctx.clock,
+        peers=ctx.peers,
+        events=ctx.events,
+    )
+
+
+def _router(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
+    return create_router(
+        address=ctx.service.address,
+        topology=ctx.topology,
+        profile=ctx.profile,
+        clock=ctx.clock,
+        peers=ctx.peers,
+        events=ctx.events,
+    )
+
+
+SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {
+    ServiceKind.FABRIC: ServiceSpec(create=_fabric, wave=0, mem_limit="2g"),
+    ServiceKind.EMS: ServiceSpec(
+        create=_ems,
+        wave=2,
+        mem_limit="2g",
+        keeps_files=True,
+        after_pools=True,
+        prepare=_ems_rebuild,
+    ),
+    ServiceKind.SCHEDULER: ServiceSpec(create=_scheduler, wave=2, mem_limit="512m"),
+    ServiceKind.ROUTER: ServiceSpec(create=_router, wave=3, mem_limit="2g"),
+}
+WAVES = 1 + max(spec.wave for spec in SERVICE_SPECS.values())
+
+
+def spec_of(kind: ServiceKind) -> ServiceSpec:
+    return SERVICE_SPECS[kind]

@@ -1,0 +1,344 @@
+"""Keeps the web view's `Machine` up to date from the supernode's public interfaces only, so the
+view works the same whether the servers run in this process, as processes or from compose.
+
+Feeds, each one named task (a failing feed says so in `sources` and retries; the others go on):
+- health: one grpc.health.v1 Watch stream per device; a change is pushed at once, which is how
+  a fault turns its die red within a fraction of a second;
+- telemetry: Device/GetTelemetry of every NPU in batches, one sweep every few seconds (at most
+  50 calls a second: cm384 sweeps every 7.7 s);
+- links: Fabric/WatchLinkStats for the busiest links, and every few seconds the whole list for
+  the L2 sub-planes (the period grows with the link count: one full list of cm384 costs the
+  fabric about 0.15 s);
+- faults: Fabric/ListFaults, plus Device/GetFaultState of each device that leaves SERVING;
+- serving: Router/GetStats when the topology has a router (tolerating its absence);
+- events: the MQTT event topics when a broker runs; otherwise the timeline is made of what the
+  feeds above see change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import aiomqtt
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cmemu.v1 import device_pb2, fabric_pb2, router_pb2
+from emulator.client.clients import Clients
+from emulator.client.health import UNREACHABLE, status_name
+from emulator.model.errors import NotFoundError
+from emulator.model.naming import DeviceKind
+from emulator.model.topology import ServiceKind, Topology
+from emulator.runtime.events import parse_broker_url, topic
+from emulator.runtime.webview.snapshot import SERVING, Json, LinkSample, Machine, plane_utilisation
+
+log = structlog.get_logger("cmemu.webview")
+Listener = Callable[[Json], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rates:
+    """How often each feed asks: bounded so that a cm384 view costs the emulator little."""
+
+    telemetry_sweep_s: float = 3.0  # every NPU once per sweep (at least) ...
+    telemetry_calls_per_s: float = 50.0  # ... and no faster than this (cm384: every 7.7 s) ...
+    telemetry_batch: int = 16  # ... this many at a time, the batches spread over the sweep
+    top_links: int = 10
+    links_interval_s: float = 2.0
+    planes_min_interval_s: float = 2.0
+    links_per_plane_second: float = 3000.0  # full-list period = links / this (at least min)
+    faults_interval_s: float = 2.0
+    serving_interval_s: float = 3.0
+    publish_interval_s: float = 0.5  # diffs to the pages, coalesced ...
+    urgent_s: float = 0.02  # ... but a health change goes out this soon (bursts still coalesce)
+    retry_s: float = 1.0
+    call_timeout_s: float = 5.0
+
+
+class Collector:
+    """Async context manager: the feeds run in a TaskGroup from entry to exit. Each diff goes to
+    every listener (the server's SSE streams) on the event loop."""
+
+    def __init__(self, machine: Machine, clients: Clients, *, rates: Rates | None = None) -> None:
+        self.machine = machine
+        self.clients = clients
+        self.rates = rates or Rates()
+        self.topology: Topology = clients.topology
+        self._listeners: set[Listener] = set()
+        self._tasks: asyncio.TaskGroup | None = None
+        self._running: list[asyncio.Task[None]] = []
+        self._urgent = asyncio.Event()  # a health change: publish now, not at the next tick
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """Hear every diff from now on; the returned call stops it."""
+        self._listeners.add(listener)
+        return lambda: self._listeners.discard(listener)
+
+    async def __aenter__(self) -> Collector:
+        tasks = self._tasks = asyncio.TaskGroup()
+        await tasks.__aenter__()
+        for device in self.topology.devices:
+            self._running.append(
+                tasks.create_task(self._feed("health", self._health, device.id), name=device.id)
+            )
+        feeds: dict[str, Callable[[], Awaitable[None]]] = {
+            "telemetry": self._telemetry,
+            "links": self._links,
+            "planes": self._planes,
+            "faults": self._faults,
+            "publish": self._publish,
+        }
+        if _has(self.topology, ServiceKind.ROUTER):
+            feeds["serving"] = self._serving
+        if self.topology.broker:
+            feeds["events"] = self._events
+        else:
+            self.machine.set_source("events", "none (no broker)")
+        for name, feed in feeds.items():
+            self._running.append(tasks.create_task(self._feed(name, feed), name=f"webview-{name}"))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        tasks, self._tasks = self._tasks, None
+        if tasks is None:
+            return
+        running, self._running = self._running, []
+        for task in running:
+            task.cancel()
+        await tasks.__aexit__(None, None, None)
+
+    # --- the loop around every feed ------------------------------------------------------------
+
+    async def _feed(self, name: str, feed: Callable[..., Awaitable[None]], *args: str) -> None:
+        """Run a feed for ever: a failure is reported in `sources` and retried after a pause."""
+        while True:
+            try:
+                await feed(*args)
+            except (grpc.aio.AioRpcError, aiomqtt.MqttError, OSError, NotFoundError) as exc:
+                if name != "health":  # a device's own failure shows as its die's colour
+                    self.machine.set_source(name, _why(exc))
+                    log.debug("webview feed failed", feed=name, error=_why(exc))
+            except Exception as exc:  # a bug in one feed must not blind the view to the rest
+                self.machine.set_source(name, _why(exc))
+                log.exception("webview feed crashed", feed=name)
+            await asyncio.sleep(self.rates.retry_s)
+
+    def _ok(self, name: str) -> None:
+        self.machine.set_source(name, "ok")
+
+    # --- feeds ---------------------------------------------------------------------------------
+
+    async def _health(self, device: str) -> None:
+        stub = health_pb2_grpc.HealthStub(self.clients.channel(device))
+        try:
+            async for reply in stub.Watch(health_pb2.HealthCheckRequest(service="")):
+                await self._health_is(device, status_name(reply.status))
+        except grpc.aio.AioRpcError:
+            await self._health_is(device, UNREACHABLE)
+            raise
+
+    async def _health_is(self, device: str, health: str) -> None:
+        before = self.machine.devices[device].get("health")
+        if before == health:
+            return
+        self.machine.update_device(device, health=health)
+        self._urgent.set()
+        if before != "UNKNOWN" and not self.topology.broker:
+            self.machine.event(device, "health", health)
+        if health != SERVING:
+            await self._fault_reason(device)
+        else:
+            self.machine.update_device(device, reason="")
+
+    async def _fault_reason(self, device: str) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            state = await self.clients.device(device).GetFaultState(
+                device_pb2.GetFaultStateRequest(), timeout=self.rates.call_timeout_s
+            )
+            self.machine.update_device(device, reason=state.reason if state.faulted else "")
+
+    async def _telemetry(self) -> None:
+        npus = [d.id for d in self.topology.devices if d.kind is DeviceKind.NPU]
+        r = self.rates
+        batches = [npus[i : i + r.telemetry_batch] for i in range(0, len(npus), r.telemetry_batch)]
+        sweep = max(r.telemetry_sweep_s, len(npus) / r.telemetry_calls_per_s)
+        pause = sweep / max(1, len(batches))
+        while True:
+            for batch in batches:
+                started = time.monotonic()
+                await asyncio.gather(*(self._one_telemetry(d) for d in batch))
+                await asyncio.sleep(max(0.0, pause - (time.monotonic() - started)))
+            self._ok("telemetry")
+
+    async def _one_telemetry(self, device: str) -> None:
+        try:
+            t = await self.clients.device(device).GetTelemetry(
+                device_pb2.GetTelemetryRequest(), timeout=self.rates.call_timeout_s
+            )
+        except grpc.aio.AioRpcError:
+            return  # its health says why
+        self.machine.update_device(
+            device,
+            hbm_used=t.memory_used_bytes,
+            hbm_capacity=t.memory_capacity_bytes,
+            utilization=round(t.utilization, 4),
+        )
+
+    async def _links(self) -> None:
+        r = self.rates
+        request = fabric_pb2.WatchLinkStatsRequest(
+            top=r.top_links, interval_ms=int(r.links_interval_s * 1000)
+        )
+        async for stats in self.clients.fabric().WatchLinkStats(request):
+            self.machine.set_section(
+                "links", [_link_json(s) for s in stats.links if s.bytes or s.utilization]
+            )
+            self._ok("links")
+
+    async def _planes(self) -> None:
+        r = self.rates
+        directed = 2 * len(self.topology.links)
+        period = max(r.planes_min_interval_s, directed / r.links_per_plane_second)
+        while True:
+            stats = await self.clients.fabric().GetLinkStats(
+                fabric_pb2.LinkStatsRequest(top=directed), timeout=r.call_timeout_s
+            )
+            samples = [_sample(s) for s in stats.links]
+            self.machine.set_section("planes", plane_utilisation(samples, self.machine.planes))
+            self._ok("planes")
+            await asyncio.sleep(period)
+
+    async def _faults(self) -> None:
+        while True:
+            listed = await self.clients.fabric().ListFaults(
+                fabric_pb2.ListFaultsRequest(), timeout=self.rates.call_timeout_s
+            )
+            fabric = [{"id": f.id, "kind": f.kind, "target": f.target} for f in listed.faults]
+            devices = [
+                {
+                    "id": f"dev:{d}",
+                    "kind": "device",
+                    "target": d,
+                    "detail": e.get("reason") or e["health"],
+                }
+                for d, e in self.machine.devices.items()
+                if e.get("health") not in (SERVING, "UNKNOWN")
+            ]
+            self.machine.set_section("faults", fabric + devices)
+            self._ok("faults")
+            await asyncio.sleep(self.rates.faults_interval_s)
+
+    async def _serving(self) -> None:
+        while True:
+            try:
+                stats = await self.clients.router().GetStats(
+                    router_pb2.GetStatsRequest(), timeout=self.rates.call_timeout_s
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.NOT_FOUND):
+                    raise
+                self.machine.set_section("serving", None)
+                self.machine.set_source("serving", "none")
+            else:
+                self.machine.set_section("serving", _serving_json(stats))
+                self._ok("serving")
+            await asyncio.sleep(self.rates.serving_interval_s)
+
+    async def _events(self) -> None:
+        assert self.topology.broker is not None
+        host, port = parse_broker_url(self.topology.broker)
+        async with aiomqtt.Client(host, port, timeout=5) as client:
+            await client.subscribe(topic(self.topology.supernode, "+", "events"), qos=1)
+            self._ok("events")
+            async for message in client.messages:
+                raw = message.payload
+                if not isinstance(raw, bytes | bytearray):
+                    continue
+                with contextlib.suppress(ValueError, AttributeError):
+                    payload: dict[str, Any] = json.loads(raw)
+                    skip = {"device", "event", "wall", "emulated_ns"}
+                    detail = " ".join(f"{k}={v}" for k, v in payload.items() if k not in skip)
+                    self.machine.event(
+                        str(payload.get("device", "?")),
+                        str(payload.get("event", "?")),
+                        detail,
+                        wall=float(payload.get("wall", time.time())),
+                    )
+
+    async def _publish(self) -> None:
+        r = self.rates
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._urgent.wait(), r.publish_interval_s)
+                await asyncio.sleep(r.urgent_s)  # the rest of a burst (a node going down)
+            self._urgent.clear()
+            diff = self.machine.diff()
+            if diff:
+                for listener in list(self._listeners):
+                    listener(diff)
+
+
+def _has(topology: Topology, kind: ServiceKind) -> bool:
+    return any(x.kind is kind for x in topology.services)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _sample(s: fabric_pb2.LinkStat) -> LinkSample:
+    return LinkSample(
+        link=s.link,
+        kind=s.kind,
+        capacity_gb_s=s.capacity_gb_s,
+        bytes=s.bytes,
+        utilization=s.utilization,
+        active_flows=s.active_flows,
+        up=s.up,
+    )
+
+
+def _link_json(s: fabric_pb2.LinkStat) -> Json:
+    return {
+        "link": s.link,
+        "kind": s.kind,
+        "bytes": s.bytes,
+        "utilization": round(s.utilization, 4),
+        "capacity_gb_s": round(s.capacity_gb_s, 3),
+        "active_flows": s.active_flows,
+        "up": s.up,
+    }
+
+
+def _serving_json(s: router_pb2.ServingStats) -> Json | None:
+    """The router's aggregates, or None while nothing is deployed or served."""
+    if not (s.kv_slots or s.requests_completed or s.requests_in_flight):
+        return None
+    return {
+        "requests_completed": s.requests_completed,
+        "requests_in_flight": s.requests_in_flight,
+        "output_tokens_per_s": round(s.output_tokens_per_s, 1),
+        "ttft_p50_ms": s.ttft.p50_ns / 1e6,
+        "ttft_p99_ms": s.ttft.p99_ns / 1e6,
+        "tpot_p50_ms": s.tpot.p50_ns / 1e6,
+        "prefix_hit_share": (
+            s.prefix_hit_tokens / s.prefix_lookup_tokens if s.prefix_lookup_tokens else 0.0
+        ),
+        "kv_slots_held": s.kv_slots_held,
+        "kv_slots": s.kv_slots,
+    }

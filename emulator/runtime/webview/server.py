@@ -1,0 +1,190 @@
+"""The web view's HTTP side (aiohttp): one static page, its script and style, the machine as JSON
+(`/api/snapshot`) and its changes as server-sent events (`/events`: a `snapshot` event with
+everything, then a `diff` event per change, coalesced by the collector).
+
+`WebView` is what a launcher opens: the collector and the server together, over the
+supernode's public interfaces (its topology and typed clients), in any launch mode. Plain HTTP
+on loopback by default: the page only reads (DESIGN principle 11).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from importlib import resources
+from types import TracebackType
+
+import structlog
+from aiohttp import web
+
+from emulator.client.clients import Clients
+from emulator.model.errors import AddressInUseError, InvalidArgumentError
+from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.runtime.webview.collector import Collector, Rates
+from emulator.runtime.webview.snapshot import Json, Machine
+
+log = structlog.get_logger("cmemu.webview")
+DEFAULT_HOST = "127.0.0.1"
+AUTO = f"{DEFAULT_HOST}:0"  # `cmemu up` default: a free port the system picks
+NONE = "none"
+STATIC = {  # served name: content type
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "style.css": "text/css; charset=utf-8",
+}
+QUEUE = 64  # diffs a slow page may lag behind before it is sent the whole snapshot instead
+KEEPALIVE_S = 15.0
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (`[v6]:PORT`; port 0: any free one) or `PORT` alone, on loopback."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = DEFAULT_HOST, text
+    host = host.strip("[]") or DEFAULT_HOST
+    if not port.isdigit() or int(port) > 65535:
+        raise InvalidArgumentError(
+            f"bad web view address {text!r}: HOST:PORT (port 0: any free one), PORT, or 'none'"
+        )
+    return host, int(port)
+
+
+async def _read_static() -> dict[str, bytes]:
+    def read() -> dict[str, bytes]:
+        base = resources.files("emulator.runtime.webview") / "static"
+        return {name: (base / name).read_bytes() for name in STATIC}
+
+    return await asyncio.to_thread(read)
+
+
+class _Stream:
+    """One page's SSE stream: diffs queue here; an overflow becomes one full snapshot."""
+
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self.queue: asyncio.Queue[tuple[str, Json] | None] = asyncio.Queue(maxsize=QUEUE)
+
+    def put(self, diff: Json) -> None:
+        try:
+            self.queue.put_nowait(("diff", diff))
+        except asyncio.QueueFull:
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.queue.put_nowait(("snapshot", self.machine.full()))
+
+    def close(self) -> None:
+        with contextlib.suppress(asyncio.QueueFull):
+            self.queue.put_nowait(None)
+
+
+class WebView:
+    """Async context manager: the collector running and the page served at `url`."""
+
+    def __init__(
+        self,
+        clients: Clients,
+        *,
+        address: str = AUTO,
+        profile: HardwareProfile = DEFAULT_PROFILE,
+        rates: Rates | None = None,
+    ) -> None:
+        self.host, self.port = parse_address(address)
+        self.machine = Machine(clients.topology, profile)
+        self.collector = Collector(self.machine, clients, rates=rates)
+        self._runner: web.AppRunner | None = None
+        self._streams: set[_Stream] = set()
+        self._static: dict[str, bytes] = {}
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    async def __aenter__(self) -> WebView:
+        self._static = await _read_static()
+        app = web.Application()
+        app.router.add_get("/", self._page)
+        app.router.add_get("/static/{name}", self._asset)
+        app.router.add_get("/api/snapshot", self._snapshot)
+        app.router.add_get("/events", self._events)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, reuse_port=False)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise AddressInUseError("the web view", f"{self.host}:{self.port}") from exc
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])  # the one the system picked for port 0
+        await self.collector.__aenter__()
+        log.debug("web view serving", url=self.url)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for stream in list(self._streams):
+            stream.close()
+        await self.collector.__aexit__(None, None, None)
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    # --- handlers ------------------------------------------------------------------------------
+
+    async def _page(self, request: web.Request) -> web.Response:
+        return self._file("index.html")
+
+    async def _asset(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in STATIC or name == "index.html":
+            raise web.HTTPNotFound(text=f"no {name}")
+        return self._file(name)
+
+    def _file(self, name: str) -> web.Response:
+        return web.Response(
+            body=self._static[name],
+            headers={"Content-Type": STATIC[name], "Cache-Control": "no-cache"},
+        )
+
+    async def _snapshot(self, request: web.Request) -> web.Response:
+        return web.json_response(self.machine.full())
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        await response.prepare(request)
+        stream = _Stream(self.machine)
+        self._streams.add(stream)
+        stop_listening = self.collector.listen(stream.put)
+        try:
+            await response.write(_sse("snapshot", self.machine.full()))
+            while True:
+                try:
+                    item = await asyncio.wait_for(stream.queue.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    await response.write(b": keepalive\n\n")
+                    continue
+                if item is None:
+                    break
+                await response.write(_sse(*item))
+        except ConnectionResetError:  # the page went away
+            pass
+        finally:
+            stop_listening()
+            self._streams.discard(stream)
+        return response
+
+
+def _sse(event: str, data: Json) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()

@@ -1,0 +1,241 @@
+"""The scheduler service: jobs take and give back whole NPUs, spares replace failed ones.
+
+Protobuf in, the allocation model (emulator/model/scheduler) in between, protobuf out. Every
+change is one synchronous model call, so no two RPCs interleave inside one (no lock needed on the
+event loop). Each change publishes an event on the scheduler's topic (allocated, released,
+replaced, failed, healthy, spares) for controllers and the chaos runner to follow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
+from emulator.model.clock import Clock
+from emulator.model.hardware import HardwareProfile
+from emulator.model.naming import parse_supernode, service_id
+from emulator.model.scheduler import (
+    POLICIES,
+    Allocation,
+    Inventory,
+    JobRequest,
+    Scheduler,
+    check_job,
+)
+from emulator.model.topology import ServiceKind, Topology
+from services.eventsink import EventSink
+from services.host import ServiceHost
+from services.peers import Peers
+from services.status import Context, rpc
+
+__all__ = ["SERVICE", "SchedulerServicer", "SchedulerState", "create_scheduler"]
+
+SERVICE = "cmemu.v1.Scheduler"
+
+
+class SchedulerState:
+    """The allocation state of one supernode, and where its changes are announced."""
+
+    def __init__(
+        self,
+        *,
+        topology: Topology,
+        profile: HardwareProfile,
+        clock: Clock,
+        events: EventSink | None = None,
+    ) -> None:
+        self.name = service_id(
+            ServiceKind.SCHEDULER.value, supernode=parse_supernode(topology.supernode)
+        )
+        self.clock = clock
+        self.events = events
+        self.inventory = Inventory.from_topology(topology, profile)
+        spares = min(
+            profile.scheduler.spares_per_rack * len(self.inventory.racks), self.inventory.size
+        )
+        self.model = Scheduler(self.inventory, spares=spares)
+
+    def publish(self, event: str, **detail: Any) -> None:
+        if self.events is not None:
+            self.events.event(self.name, event, self.clock.now_ns(), **detail)
+
+    async def run(self) -> None:
+        """Nothing runs in the background: every change comes from an RPC."""
+
+    async def close(self) -> None:
+        """Nothing to release (idempotent)."""
+
+    def message(self, allocation: Allocation) -> scheduler_pb2.Allocation:
+        inventory = self.inventory
+        nodes = list(dict.fromkeys(inventory.node_of(p) for p in allocation.npus))
+        racks = sorted({inventory.rack_of(p) for p in allocation.npus})
+        return scheduler_pb2.Allocation(
+            job=allocation.job,
+            npus=[
+                scheduler_pb2.AllocatedNpu(
+                    id=p,
+                    node=inventory.node_of(p),
+                    rack=inventory.rack_of(p),
+                    dies=inventory.dies(p),
+                    failed=p in allocation.failed,
+                )
+                for p in allocation.npus
+            ],
+            nodes=nodes,
+            racks=racks,
+            policy=allocation.policy,
+            priority=allocation.request.priority,
+            whole_nodes=allocation.request.whole_nodes,
+            same_rack=allocation.request.same_rack,
+            allocated_ns=allocation.allocated_ns,
+        )
+
+    def spares(self) -> scheduler_pb2.Spares:
+        return scheduler_pb2.Spares(target=self.model.spare_target, npus=self.model.spares)
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, state: SchedulerState) -> None:
+        self.state = state
+
+    @property
+    def model(self) -> Scheduler:
+        return self.state.model
+
+    @rpc
+    async def Allocate(
+        self, request: scheduler_pb2.AllocateRequest, context: Context
+    ) -> scheduler_pb2.Allocation:
+        job = JobRequest(
+            job=request.job,
+            npus=request.npus,
+            whole_nodes=request.whole_nodes,
+            same_rack=request.same_rack,
+            priority=request.priority,
+            policy=request.policy,
+        )
+        allocation = self.model.allocate(job, self.state.clock.now_ns())
+        reply = self.state.message(allocation)
+        self.state.publish(
+            "allocated",
+            job=allocation.job,
+            npus=len(allocation.npus),
+            nodes=list(reply.nodes),
+            policy=allocation.policy,
+        )
+        return reply
+
+    @rpc
+    async def Release(
+        self, request: scheduler_pb2.ReleaseRequest, context: Context
+    ) -> scheduler_pb2.ReleaseResponse:
+        allocation = self.model.release(request.job)
+        self.state.publish("released", job=allocation.job, npus=len(allocation.npus))
+        return scheduler_pb2.ReleaseResponse(job=allocation.job, npus=len(allocation.npus))
+
+    @rpc
+    async def ListAllocations(
+        self, request: scheduler_pb2.ListAllocationsRequest, context: Context
+    ) -> scheduler_pb2.ListAllocationsResponse:
+        model = self.model
+        return scheduler_pb2.ListAllocationsResponse(
+            allocations=[self.state.message(a) for a in model.allocations()],
+            total_npus=model.inventory.size,
+            free_npus=model.free_count,
+            allocated_npus=model.allocated_count,
+            spare_npus=len(model.spares),
+            failed_npus=len(model.failed),
+        )
+
+    @rpc
+    async def GetAllocation(
+        self, request: scheduler_pb2.GetAllocationRequest, context: Context
+    ) -> scheduler_pb2.Allocation:
+        return self.state.message(self.model.get(request.job))
+
+    @rpc
+    async def Replace(
+        self, request: scheduler_pb2.ReplaceRequest, context: Context
+    ) -> scheduler_pb2.ReplaceResponse:
+        check_job(request.job)
+        allocation, swaps = self.model.replace(request.job, npu=request.npu, node=request.node)
+        self.state.publish(
+            "replaced",
+            job=allocation.job,
+            replaced={s.old: s.new for s in swaps},
+            spares_left=len(self.model.spares),
+        )
+        return scheduler_pb2.ReplaceResponse(
+            allocation=self.state.message(allocation),
+            replaced=[scheduler_pb2.Replaced(old_npu=s.old, new_npu=s.new) for s in swaps],
+        )
+
+    @rpc
+    async def MarkFailed(
+        self, request: scheduler_pb2.MarkRequest, context: Context
+    ) -> scheduler_pb2.MarkResponse:
+        npus = self.model.targets(npu=request.npu, node=request.node)
+        already = set(self.model.failed)
+        fresh = [p for p in npus if p not in already]
+        affected = self.model.mark_failed(npus)
+        self.state.publish("failed", npus=fresh, jobs=affected)
+        return scheduler_pb2.MarkResponse(npus=fresh, affected_jobs=affected)
+
+    @rpc
+    async def MarkHealthy(
+        self, request: scheduler_pb2.MarkRequest, context: Context
+    ) -> scheduler_pb2.MarkResponse:
+        npus = self.model.targets(npu=request.npu, node=request.node)
+        back = self.model.mark_healthy(npus)
+        self.state.publish("healthy", npus=back)
+        return scheduler_pb2.MarkResponse(npus=back)
+
+    @rpc
+    async def GetSpares(
+        self, request: scheduler_pb2.GetSparesRequest, context: Context
+    ) -> scheduler_pb2.Spares:
+        return self.state.spares()
+
+    @rpc
+    async def SetSpares(
+        self, request: scheduler_pb2.SetSparesRequest, context: Context
+    ) -> scheduler_pb2.Spares:
+        self.model.set_spares(request.count)
+        reply = self.state.spares()
+        self.state.publish("spares", target=reply.target, npus=list(reply.npus))
+        return reply
+
+    @rpc
+    async def ListPolicies(
+        self, request: scheduler_pb2.ListPoliciesRequest, context: Context
+    ) -> scheduler_pb2.ListPoliciesResponse:
+        return scheduler_pb2.ListPoliciesResponse(
+            policies=[
+                scheduler_pb2.PolicyInfo(name=p.name, description=p.description)
+                for p in POLICIES.values()
+            ],
+            default_policy=self.model.default_policy,
+        )
+
+
+def create_scheduler(
+    *,
+    address: str,
+    topology: Topology,
+    profile: HardwareProfile,
+    clock: Clock,
+    peers: Peers,
+    events: EventSink | None,
+) -> tuple[SchedulerState, ServiceHost]:
+    """The scheduler's state and its server (not started). `peers` is unused: the scheduler
+    calls no device; it is part of every service factory's shape."""
+    state = SchedulerState(topology=topology, profile=profile, clock=clock, events=events)
+    servicer = SchedulerServicer(state)
+    host = ServiceHost(
+        name=state.name,
+        address=address,
+        services=[
+            (SERVICE, lambda s: scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, s))
+        ],
+    )
+    return state, host

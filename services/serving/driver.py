@@ -1,0 +1,406 @@
+"""The live driver: the serving engine run on the emulated clock against the real services.
+
+The engine (emulator/model/serving/engine.py) decides everything and hands out step plans; this
+driver performs each plan against the live supernode and reports what it measured:
+- LOOKUP: EMS MatchPrefix of the prompt's tokens (the hit count is EMS's; the lookup's cost is
+  the calibration's, as MatchPrefix moves no data);
+- PREFILL, DECODE: one MoE dispatch and one combine of the plan's shape through the fabric's
+  Collective over the instance's dies (the engine multiplies by layers and microbatches);
+- TRANSFER: the KV cache as one size-only UB write from a prefill NPU into the decode NPU's KV
+  region, timed by the fabric; the prompt's new blocks are stored in EMS off the critical path.
+
+Emulated time is virtual here as in the simulator: the engine advances to each due instant
+exactly (never to "whenever the loop woke up"), only once the wall clock has reached it and every
+outstanding plan is reported. So the token times are the engine's to the nanosecond whatever the
+loop's latency, and the live run agrees with the discrete-event simulation; the wall clock only
+decides when events are released (never before their emulated time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+
+from cmemu.v1 import ems_pb2, ems_pb2_grpc, fabric_pb2, ub_pb2
+from emulator.model.clock import Clock
+from emulator.model.ems import prefix_keys
+from emulator.model.errors import EmulatorError, InvalidArgumentError, UnavailableError
+from emulator.model.serving.engine import (
+    Engine,
+    Event,
+    FinishEvent,
+    FinishReason,
+    PlanKind,
+    Request,
+    StepPlan,
+    StepResult,
+    TokenEvent,
+)
+from emulator.model.topology import Device
+from services.eventsink import EventSink
+from services.peers import Peers
+from services.serving.stats import RequestMetrics, ServingStats
+
+log = structlog.get_logger("cmemu.router")
+
+RETRY_WALL_S = 0.5  # a plan whose measurement failed (a fault, say) is tried again after this
+KV_BLOCK_KIND = ems_pb2.OBJECT_KIND_KV_BLOCK
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveInstance:
+    """An engine instance on real hardware: its NPUs and their dies in layout order, and where
+    KV caches arriving on each NPU go (a region of its HBM)."""
+
+    id: str
+    npus: tuple[Device, ...]
+    dies: tuple[str, ...]
+    kv_offsets: tuple[int, ...] = ()  # per NPU: the KV region's offset (decode instances)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingModel:
+    """What the driver needs of the model: block size and KV bytes per token."""
+
+    block_tokens: int
+    kv_bytes_per_token: int
+    lookup_s: float
+
+
+@dataclass(eq=False)
+class Stream:
+    """One request as its caller sees it: the engine's events for it, in order."""
+
+    request: Request
+    tokens: tuple[int, ...]
+    metrics: RequestMetrics
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    finished: FinishEvent | None = None
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        while True:
+            event = await self.events.get()
+            yield event
+            if isinstance(event, FinishEvent):
+                return
+
+
+@dataclass(frozen=True)
+class _Input:
+    """Something from outside to hand the engine at its emulated instant."""
+
+    time_s: float
+    apply: Callable[[float], None]
+
+
+class Driver:
+    """Owns one deployment's engine; `run` is its loop (a task of the router's TaskGroup)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        engine: Engine,
+        instances: Sequence[LiveInstance],
+        model: ServingModel,
+        clock: Clock,
+        peers: Peers,
+        ems_address: str,
+        events: EventSink | None,
+    ) -> None:
+        self.name = name
+        self.engine = engine
+        self.instances = {i.id: i for i in instances}
+        self.model = model
+        self.clock = clock
+        self.peers = peers
+        self.events = events
+        self.ems = ems_pb2_grpc.EmsStub(peers.channel(ems_address))
+        self.stats = ServingStats()
+        self.streams: dict[str, Stream] = {}
+        self._inputs: deque[_Input] = deque()
+        self._outstanding: set[int] = set()
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._engine_s = 0.0  # the engine's time: the last instant it was advanced to
+        self._ids = itertools.count()
+        self._side_tasks: set[asyncio.Task[None]] = set()
+
+    # --- the outside: submit and cancel -------------------------------------------------------
+
+    def now_s(self) -> float:
+        return self.clock.now_ns() / 1e9
+
+    def submit(self, tokens: Sequence[int], max_tokens: int) -> Stream:
+        """Hand a request to the engine at the present emulated instant."""
+        if self._closing:
+            raise UnavailableError(f"deployment {self.name!r} is stopping", subject=self.name)
+        if not tokens:
+            raise InvalidArgumentError("the prompt is empty", field="prompt")
+        if max_tokens < 1:
+            raise InvalidArgumentError("max_tokens must be >= 1", field="max_tokens")
+        arrival = max(self.now_s(), self._engine_s)
+        request_id = f"{self.name}-{next(self._ids)}"
+        keys = prefix_keys(tokens, self.model.block_tokens, self.name)
+        request = Request(
+            id=request_id,
+            arrival_s=arrival,
+            input_tokens=len(tokens),
+            output_tokens=max_tokens,
+            block_keys=tuple(keys),
+        )
+        stream = Stream(
+            request=request,
+            tokens=tuple(tokens),
+            metrics=RequestMetrics(
+                request_id=request_id, arrival_ns=round(arrival * 1e9), prompt_tokens=len(tokens)
+            ),
+        )
+        self.streams[request_id] = stream
+        self.stats.in_flight += 1
+        self._push(_Input(arrival, lambda at: self.engine.submit(request, at)))
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        """Drop a request (a client that went away): the engine frees its KV."""
+        if request_id in self.streams and not self._closing:
+            at = max(self.now_s(), self._engine_s)
+            self._push(_Input(at, lambda t: self._cancel_now(request_id, t)))
+
+    def _cancel_now(self, request_id: str, at_s: float) -> None:
+        self.engine.cancel(request_id, at_s)  # False: it finished meanwhile, nothing to free
+
+    def _push(self, item: _Input) -> None:
+        self._inputs.append(item)
+        self._wake.set()
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Advance the engine at each due instant until close(); a failed round is logged and
+        the loop goes on."""
+        while not self._closing:
+            try:
+                await self._round()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("serving round failed", deployment=self.name)
+                await asyncio.sleep(RETRY_WALL_S)
+
+    async def _wait(self, wall_s: float | None) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wall_s):
+                await self._wake.wait()
+        self._wake.clear()
+
+    async def _round(self) -> None:
+        if self._outstanding:  # the engine cannot move until every plan is measured
+            await self._wait(None)
+            return
+        due = self.engine.next_due_time()
+        first_input = self._inputs[0].time_s if self._inputs else None
+        candidates = [t for t in (due, first_input) if t is not None]
+        if not candidates:
+            await self._wait(None)
+            return
+        at = max(min(candidates), self._engine_s)
+        wall_left = self.clock.wall_at(round(at * 1e9)) - self.clock.wall()
+        if wall_left > 0:
+            await self._wait(wall_left)
+            return
+        while self._inputs and self._inputs[0].time_s <= at:
+            self._apply(self._inputs.popleft(), at)
+        advance = self.engine.advance(at)
+        self._engine_s = at
+        load = self.engine.decode_load().values()
+        self.stats.kv_slots_held = sum(held for held, _ in load)
+        self.stats.kv_slots = sum(capacity for _, capacity in load)
+        for event in advance.events:
+            self._deliver(event)
+        for plan in advance.plans:
+            self._outstanding.add(plan.id)
+            self._spawn(self._measure(plan), f"plan-{plan.id}")
+
+    def _apply(self, item: _Input, at: float) -> None:
+        """Hand one input to the engine; one it refuses ends that request, not the loop."""
+        try:
+            item.apply(at)
+        except EmulatorError as exc:
+            log.warning("the engine refused an input", deployment=self.name, error=str(exc))
+            if exc.subject in self.streams:
+                stream = self.streams[exc.subject]
+                self._deliver(
+                    FinishEvent(
+                        request_id=stream.request.id,
+                        time_s=at,
+                        reason=FinishReason.CANCELLED,
+                        tokens=stream.metrics.completion_tokens,
+                    )
+                )
+
+    def _spawn(self, work: object, name: str) -> None:
+        assert asyncio.iscoroutine(work)
+        task = asyncio.get_running_loop().create_task(work, name=f"{self.name}-{name}")
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    # --- events out ----------------------------------------------------------------------------
+
+    def _deliver(self, event: Event) -> None:
+        stream = self.streams.get(event.request_id)
+        if stream is None:
+            return
+        m = stream.metrics
+        t_ns = round(event.time_s * 1e9)
+        if isinstance(event, TokenEvent):
+            if m.first_token_ns is None:
+                m.first_token_ns = t_ns
+            m.last_token_ns = t_ns
+            m.completion_tokens = event.index + event.count
+        else:
+            stream.finished = event
+            m.cancelled = event.reason is FinishReason.CANCELLED
+            m.completion_tokens = event.tokens
+            self.streams.pop(event.request_id, None)
+            self.stats.in_flight -= 1
+            self.stats.finished.append(m)
+            if self.events is not None:
+                self.events.event("router", "request", t_ns, deployment=self.name, **m.detail())
+        stream.events.put_nowait(event)
+
+    # --- measuring plans -----------------------------------------------------------------------
+
+    async def _measure(self, plan: StepPlan) -> None:
+        measure = MEASURES[plan.kind]
+        while not self._closing:
+            try:
+                result = await measure(self, plan)
+                break
+            except Exception as exc:  # a fault cut a route, EMS is restarting, ...
+                log.warning(
+                    "step measurement failed; retrying",
+                    deployment=self.name,
+                    plan=plan.kind.value,
+                    instance=plan.instance,
+                    error=str(exc),
+                )
+                await asyncio.sleep(RETRY_WALL_S)
+        else:
+            return
+        self.engine.report(plan.id, result)
+        self._outstanding.discard(plan.id)
+        self._wake.set()
+
+    async def _lookup(self, plan: StepPlan) -> StepResult:
+        (request_id,) = plan.requests
+        stream = self.streams.get(request_id)
+        if stream is None:
+            return StepResult(lookup_s=self.model.lookup_s)
+        reply: ems_pb2.MatchPrefixResponse = await self.ems.MatchPrefix(
+            ems_pb2.PrefixRequest(
+                tokens=stream.tokens, block_tokens=self.model.block_tokens, namespace=self.name
+            )
+        )
+        hit = min(reply.matched_tokens, len(stream.tokens))
+        stream.metrics.prefix_hit_tokens = hit
+        self.stats.lookup_tokens += len(stream.tokens)
+        return StepResult(matched_blocks=reply.matched_blocks, lookup_s=self.model.lookup_s)
+
+    async def _moe(self, plan: StepPlan) -> StepResult:
+        if plan.kind is PlanKind.PREFILL:
+            for request_id in plan.requests:
+                stream = self.streams.get(request_id)
+                if stream is not None and stream.metrics.prefill_start_ns is None:
+                    stream.metrics.prefill_start_ns = round(plan.start_s * 1e9)
+        shape = plan.moe
+        if shape is None or shape.tokens_per_rank == 0:
+            return StepResult()
+        ranks = self.instances[plan.instance].dies[: shape.ranks]
+        fabric = self.peers.fabric()
+
+        async def collective(op: fabric_pb2.CollectiveOp.ValueType) -> float:
+            request = fabric_pb2.CollectiveRequest(
+                op=op, ranks=ranks, tokens_per_rank=shape.tokens_per_rank
+            )
+            result: fabric_pb2.CollectiveResult = await fabric.Collective(request)
+            return result.duration_ns / 1e9
+
+        dispatch_s, combine_s = await asyncio.gather(
+            collective(fabric_pb2.COLLECTIVE_OP_MOE_DISPATCH),
+            collective(fabric_pb2.COLLECTIVE_OP_MOE_COMBINE),
+        )
+        return StepResult(dispatch_s=dispatch_s, combine_s=combine_s)
+
+    def _pair(self, plan: StepPlan) -> tuple[Device, Device, int]:
+        """The NPUs a request's KV cache moves between: each instance's first (where the
+        simulator moves it too), and the offset of the receiving NPU's KV region."""
+        assert plan.transfer is not None
+        src = self.instances[plan.transfer.src]
+        dst = self.instances[plan.transfer.dst]
+        return src.npus[0], dst.npus[0], dst.kv_offsets[0]
+
+    async def _transfer(self, plan: StepPlan) -> StepResult:
+        assert plan.transfer is not None
+        src, dst, offset = self._pair(plan)
+        if plan.block_keys:
+            self._spawn(self._store_blocks(plan.block_keys, src.id), f"store-{plan.id}")
+        if plan.transfer.bytes == 0:
+            return StepResult()
+        tx = ub_pb2.UbTransaction(
+            op=ub_pb2.UB_OP_WRITE,
+            dst=ub_pb2.UbAddress(eid=dst.eid, offset=offset),
+            size=plan.transfer.bytes,
+            size_only=True,
+        )
+        done: ub_pb2.UbCompletion = await self.peers.bus_call(src, "Submit", tx)
+        return StepResult(transfer_s=(done.complete_ns - done.issue_ns) / 1e9)
+
+    async def _store_blocks(self, keys: Sequence[str], device: str) -> None:
+        """The prompt's new KV blocks into EMS, from the prefill NPU (not on the critical path:
+        a failure costs only future hits)."""
+        size = self.model.block_tokens * self.model.kv_bytes_per_token
+        items = [
+            ems_pb2.PutRequest(key=k, size=size, kind=KV_BLOCK_KIND, device=device) for k in keys
+        ]
+        try:
+            await self.ems.BatchPut(ems_pb2.BatchPutRequest(items=items))
+        except grpc.aio.AioRpcError as exc:
+            log.warning("storing KV blocks failed", deployment=self.name, error=exc.details())
+
+    # --- the end -------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """End the loop; requests still in flight finish CANCELLED for their callers."""
+        if self._closing:
+            return
+        self._closing = True
+        self._wake.set()
+        for task in list(self._side_tasks):
+            task.cancel()
+        await asyncio.gather(*self._side_tasks, return_exceptions=True)
+        at_s = self._engine_s
+        for stream in list(self.streams.values()):
+            self._deliver(
+                FinishEvent(
+                    request_id=stream.request.id,
+                    time_s=at_s,
+                    reason=FinishReason.CANCELLED,
+                    tokens=stream.metrics.completion_tokens,
+                )
+            )
+
+
+MEASURES = {
+    PlanKind.LOOKUP: Driver._lookup,
+    PlanKind.PREFILL: Driver._moe,
+    PlanKind.DECODE: Driver._moe,
+    PlanKind.TRANSFER: Driver._transfer,
+}

@@ -1,0 +1,95 @@
+"""Progress bars: drawn on a terminal (a real pseudo-terminal here), never into a pipe.
+
+`cmemu up --mode procs` takes several seconds to boot, longer than the bar's delay, and a
+transfer at a slow time scale is paced for seconds: both draw a bar on a terminal, and the same
+commands with their output piped (as every other test runs them) print none of it.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from emulator.cli import progress
+from emulator.testing import CMEMU, MINI_PORTS, cmemu_up, free_port_block, run_cmemu
+
+BOOT_BAR = "starting processes, wave"
+
+
+def in_terminal(argv: list[str], *, stop_when: Callable[[bytes], bool], timeout_s: float) -> str:
+    """Run `argv` with a pseudo-terminal as stdin, stdout and stderr; SIGINT once `stop_when`
+    holds for what it printed so far; everything it printed."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    out, signalled = b"", False
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the other end closed: the process has exited
+                    break
+                if not data:
+                    break
+                out += data
+            if not signalled and stop_when(out):
+                proc.send_signal(signal.SIGINT)
+                signalled = True
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        os.close(master)
+    return out.decode(errors="replace")
+
+
+def test_bars_only_on_a_terminal(tmp_path: Path) -> None:
+    master, slave = pty.openpty()
+    with os.fdopen(slave, "w") as tty, (tmp_path / "file").open("w") as file:
+        assert progress.wanted(tty)
+        assert not progress.wanted(file)
+    os.close(master)
+
+
+def test_boot_bar_on_a_terminal_and_not_in_a_pipe(tmp_path: Path) -> None:
+    state = tmp_path / "tty.json"
+    # each device on its own loopback address, on a port no other run is using right now
+    procs = ["--mode", "procs", "--per", "device", "--port", str(free_port_block(1))]
+    procs += ["--metrics", "none", "--broker", "none", "--ui", "none"]
+    argv = [CMEMU, "--log-level", "warning", "up", "--preset", "cm-mini", *procs]
+    argv += ["--state-file", str(state)]
+    shown = in_terminal(argv, stop_when=lambda out: b"  stop " in out, timeout_s=120)
+    assert "is up as" in shown
+    assert BOOT_BAR in shown
+
+    output: list[str] = []
+    piped = tmp_path / "pipe.json"
+    procs[procs.index("--port") + 1] = str(free_port_block(1))
+    with cmemu_up(piped, "--preset", "cm-mini", *procs, output=output):
+        pass
+    assert "is up as" in output[0]
+    assert BOOT_BAR not in output[0]
+
+
+def test_transfer_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    state = tmp_path / "x.json"
+    port = free_port_block(MINI_PORTS)
+    up = ("--preset", "cm-mini", "--base-port", str(port), "--broker", "none", "--ui", "none")
+    # 100 GB at about 134 GB/s is 0.75 s emulated: 7.5 s of wall time at time scale 0.1
+    with cmemu_up(state, *up, "--time-scale", "0.1", quiet=True):
+        xfer = ["xfer", "n00-npu0", "n01-npu3", "--bytes", "100GB", "--state-file", str(state)]
+        shown = in_terminal([CMEMU, *xfer], stop_when=lambda out: False, timeout_s=120)
+        assert "write 100000000000 bytes n00-npu0 -> n01-npu3" in shown  # the result line
+        assert "write 100,000,000,000 bytes" in shown  # the bar's description
+        piped = run_cmemu(*xfer, timeout=120)
+        assert piped.returncode == 0, piped.stderr
+        assert "100,000,000,000" not in piped.stdout + piped.stderr

@@ -1,0 +1,116 @@
+"""`cmemu serve-model`, `deployments`, `replay` and `undeploy` as a user runs them, against a real
+`cmemu up` (its router and OpenAI endpoint)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from emulator import testing
+from emulator.model.topology import ServiceKind, build, server_count
+from emulator.runtime import state
+from emulator.testing import free_port_block, run_cmemu
+
+cmemu = run_cmemu
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _trace(path: Path) -> None:
+    """A Mooncake-format trace: six requests, the later ones sharing the first's two blocks."""
+    rows = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 8, "hash_ids": [1, 2, 3]},
+        {"timestamp": 400, "input_length": 900, "output_length": 6, "hash_ids": [4, 5]},
+        {"timestamp": 900, "input_length": 1200, "output_length": 10, "hash_ids": [1, 2, 6]},
+        {"timestamp": 1500, "input_length": 1500, "output_length": 5, "hash_ids": [1, 2, 7]},
+        {"timestamp": 2100, "input_length": 600, "output_length": 4, "hash_ids": [8, 9]},
+        {"timestamp": 2600, "input_length": 1024, "output_length": 7, "hash_ids": [1, 2]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _post_status(state_file: Path) -> int:
+    """The HTTP status of a completion request to the endpoint the state file names."""
+    http = state.read(state_file).service(ServiceKind.ROUTER).http_address
+    body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 1}).encode()
+    request = urllib.request.Request(f"http://{http}/v1/completions", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_serve_replay_undeploy(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    base = free_port_block(server_count(build("cm-mini")))
+    up = ("--preset", "cm-mini", "--base-port", str(base), "--time-scale", "60")
+    with testing.cmemu_up(state_file, *up, "--broker", "none", timeout_s=90, quiet=True):
+        flags = ("--state-file", str(state_file))
+        assert _post_status(state_file) == 503  # nothing deployed yet
+        served = cmemu(
+            "serve-model", "deepseek-r1", "--decode", "2", "--prefill", "1x2", "--as", "tiny",
+            "--option", "decode.max_batch_per_die=8", "--option", "decode.tpot_target_s=1",
+            "--wait", *flags,
+        )  # fmt: skip
+        assert served.returncode == 0, served.stderr
+        out = served.stdout
+        assert "deployment tiny: deepseek-r1, serving, 4 NPUs" in out
+        assert "decode-0" in out and "prefill-0" in out and "experts per die" in out
+        assert "weights 671 GB from cold" in out and "/v1" in out
+
+        listed = cmemu("deployments", *flags)
+        assert listed.returncode == 0 and "tiny" in listed.stdout and "serving" in listed.stdout
+        rows = json.loads(cmemu("deployments", "--json", *flags).stdout)
+        assert [(r["name"], r["state"], r["npus"]) for r in rows] == [("tiny", "serving", 4)]
+
+        trace = tmp_path / "trace.jsonl"
+        _trace(trace)
+        replayed = cmemu("replay", str(trace), "--model", "tiny", "--json", *flags)
+        assert replayed.returncode == 0, replayed.stderr + replayed.stdout
+        report = json.loads(replayed.stdout)
+        assert (report["requests"], report["completed"], report["failed"]) == (6, 6, 0)
+        assert report["output_tokens"] == 8 + 6 + 10 + 5 + 4 + 7
+        assert report["ttft_s"]["p50"] > 0 and report["tpot_s"]["p50"] > 0
+        assert report["prefix_hit_rate"] > 0  # requests 3, 4 and 6 share blocks 1 and 2
+        assert report["goodput_per_s"] > 0 and 0 <= report["slo_attainment"] <= 1
+
+        text = cmemu("replay", str(trace), "--limit", "2", *flags)  # the only deployment
+        assert text.returncode == 0, text.stderr
+        assert "2/2 requests" in text.stdout
+        for word in ("TTFT ms", "TPOT ms", "goodput", "prefix-cache hits"):
+            assert word in text.stdout
+
+        huge = cmemu("serve-model", "deepseek-r1", "--decode", "15", "--prefill", "1x4", *flags)
+        assert huge.returncode == 1 and "RESOURCE_EXHAUSTED" in huge.stderr
+        twice = cmemu("serve-model", "deepseek-r1", "--decode", "2", "--as", "tiny", *flags)
+        assert twice.returncode == 1 and "FAILED_PRECONDITION" in twice.stderr
+
+        gone = cmemu("undeploy", "tiny", *flags)
+        assert gone.returncode == 0 and "undeployed tiny: 4 NPUs released" in gone.stdout
+        again = cmemu("undeploy", "tiny", *flags)
+        assert again.returncode == 1 and "NOT_FOUND" in again.stderr
+
+        small = cmemu(
+            "serve-model", "--deployment", str(EXAMPLES / "deployments" / "small.yaml"),
+            "--as", "small", *flags,
+        )  # fmt: skip
+        assert small.returncode == 0, small.stderr
+        assert "deployment small: deepseek-r1" in small.stdout
+        nothing = cmemu("replay", str(trace), "--model", "nope", *flags)
+        assert nothing.returncode == 1 and "NOT_FOUND" in nothing.stderr
+
+
+def test_usage_errors(tmp_path: Path) -> None:
+    flags = ("--state-file", str(tmp_path / "none.json"))
+    for argv in (
+        ["serve-model", "deepseek-r1", "--prefill", "3"],
+        ["serve-model", "deepseek-r1", "--option", "novalue"],
+        ["serve-model", *flags],
+        ["serve-model", "--deployment", str(tmp_path / "missing.yaml"), *flags],
+        ["replay", str(tmp_path / "missing.jsonl"), *flags],
+        ["replay", "t.jsonl", "--speed", "0"],
+    ):
+        result = cmemu(*argv)
+        assert result.returncode == 2, (argv, result.stderr)

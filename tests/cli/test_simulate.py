@@ -1,0 +1,110 @@
+"""`cmemu simulate serving|calibrate` as a user runs them: a real process, files in, a report out;
+bad files and fields get a message and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from emulator.testing import run_cmemu
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = str(ROOT / "examples/deployments/small.yaml")
+SMALL_WORKLOAD = str(ROOT / "examples/workloads/small.yaml")
+
+
+def test_simulate_serving_prints_a_report() -> None:
+    done = run_cmemu("simulate", "serving", "--deployment", SMALL, "--workload", SMALL_WORKLOAD)
+    assert done.returncode == 0, done.stderr
+    assert "TPOT p50 / p90 / p99 (ms)" in done.stdout
+    assert "KV prefix hit rate" in done.stdout
+
+
+def test_simulate_serving_json_is_deterministic_and_seedable() -> None:
+    args = ("simulate", "serving", "--deployment", SMALL, "--workload", SMALL_WORKLOAD, "--json")
+    a, b = run_cmemu(*args), run_cmemu(*args)
+    assert a.returncode == 0, a.stderr
+    report = json.loads(a.stdout)
+    assert report == json.loads(b.stdout)
+    assert report["submitted"] == report["finished"] == 12
+    assert report["output_tokens"] == 12 * 32
+    other = json.loads(run_cmemu(*args, "--seed", "99").stdout)
+    assert other != report
+
+
+def test_simulate_serving_reads_a_mooncake_trace(tmp_path: Path) -> None:
+    lines = (ROOT / "workloads/mooncake-synthetic.jsonl").read_text().splitlines()[:30]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    deployment = str(ROOT / "examples/deployments/deepseek-r1.yaml")
+    done = run_cmemu(
+        "simulate", "serving", "--deployment", deployment, "--workload", str(trace), "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["finished"] == 30
+
+
+def test_simulate_calibrate_reports_every_point() -> None:
+    done = run_cmemu("simulate", "calibrate", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = {r["point"]: r for r in json.loads(done.stdout)}
+    assert rows["decode TPOT"]["published"] == "0.0494"
+    assert rows["prefill tokens/s per NPU"]["fitted"] == "fit"
+    table = run_cmemu("simulate", "calibrate")
+    assert "decode tokens/s per NPU" in table.stdout and "ERROR" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("deployment", "workload", "code", "message"),
+    [
+        ("missing.yaml", SMALL_WORKLOAD, 2, "cannot read missing.yaml"),
+        ("BAD_FIELD", SMALL_WORKLOAD, 1, "INVALID_ARGUMENT"),
+        ("BAD_YAML", SMALL_WORKLOAD, 1, "not valid YAML"),
+        ("UNKNOWN_ROUTER", SMALL_WORKLOAD, 1, "unknown router 'random'"),
+        (SMALL, "BAD_TRACE", 1, "line 2"),
+        (SMALL, "BAD_WORKLOAD", 1, "rate_per_s must be > 0"),
+    ],
+)
+def test_bad_files_and_fields(
+    tmp_path: Path, deployment: str, workload: str, code: int, message: str
+) -> None:
+    files = {
+        "BAD_FIELD": ("d.yaml", "decode: {npus: -1}\n"),
+        "BAD_YAML": ("d.yaml", "decode: [1, 2\n"),
+        "UNKNOWN_ROUTER": ("d.yaml", "router: random\n"),
+        "BAD_TRACE": (
+            "t.jsonl",
+            '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"oops": 1}\n',
+        ),
+        "BAD_WORKLOAD": ("w.yaml", "rate_per_s: 0\n"),
+    }
+
+    def path(name: str) -> str:
+        if name in files:
+            file, text = files[name]
+            (tmp_path / file).write_text(text)
+            return str(tmp_path / file)
+        return name
+
+    done = run_cmemu(
+        "simulate", "serving", "--deployment", path(deployment), "--workload", path(workload)
+    )
+    assert done.returncode == code
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_bad_duration_is_a_usage_error() -> None:
+    done = run_cmemu(
+        "simulate",
+        "serving",
+        "--deployment",
+        SMALL,
+        "--workload",
+        SMALL_WORKLOAD,
+        "--duration",
+        "0",
+    )
+    assert done.returncode == 2 and "--duration must be > 0" in done.stderr
