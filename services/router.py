@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import structlog
 
@@ -21,6 +22,7 @@ from emulator.model.errors import (
     UnavailableError,
 )
 from emulator.model.hardware import HardwareProfile
+from emulator.model.instruments import Family, Histogram, MetricType
 from emulator.model.serving.cost import kv_bytes_per_token
 from emulator.model.serving.engine import Engine
 from emulator.model.serving.models import get_model
@@ -32,7 +34,7 @@ from services.peers import Peers
 from services.serving.deploy import LiveDeployment, Provisioner, parse_request, spec_text
 from services.serving.driver import Driver, ServingModel
 from services.serving.openai_http import OpenAiServer
-from services.serving.stats import summarize
+from services.serving.stats import ServingStats, summarize
 from services.status import Context, rpc
 
 SERVICE = "cmemu.v1.Router"
@@ -219,6 +221,45 @@ class RouterState:
     def stats(self, name: str) -> router_pb2.ServingStats:
         lives = [self.get(name)] if name else list(self.deployments.values())
         return summarize([live.driver.stats for live in lives if live.driver is not None])
+
+    def metrics(self) -> list[Family]:
+        """Serving figures for /metrics, per deployment (emulated seconds, tokens)."""
+        drivers = [(n, live.driver) for n, live in self.deployments.items() if live.driver]
+        label = [({"deployment": name}, driver.stats) for name, driver in drivers]
+
+        def hist(name: str, what: str, pick: Callable[[ServingStats], Histogram]) -> Family:
+            samples = [(labels, pick(s).snapshot()) for labels, s in label]
+            return Family(name=name, help=f"{what} (emulated)", type="histogram", samples=samples)
+
+        def count(
+            name: str, what: str, kind: MetricType, pick: Callable[[ServingStats], int]
+        ) -> Family:
+            samples = [(labels, float(pick(s))) for labels, s in label]
+            return Family(name=name, help=what, type=kind, samples=samples)
+
+        return [
+            hist("cmemu_serving_ttft_seconds", "Time to first token", lambda s: s.ttft_s),
+            hist("cmemu_serving_tpot_seconds", "Time per output token", lambda s: s.tpot_s),
+            hist("cmemu_serving_queueing_seconds", "Arrival to prefill", lambda s: s.queueing_s),
+            count(
+                "cmemu_serving_completion_tokens_total",
+                "Output tokens generated",
+                "counter",
+                lambda s: s.completion_tokens,
+            ),
+            count(
+                "cmemu_serving_requests_finished_total",
+                "Requests finished (completed or cancelled)",
+                "counter",
+                lambda s: len(s.finished),
+            ),
+            count(
+                "cmemu_serving_requests_in_flight",
+                "Requests admitted and not finished",
+                "gauge",
+                lambda s: s.in_flight,
+            ),
+        ]
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):

@@ -139,7 +139,10 @@ class MemDebug:
         )
         traced, peak = tracemalloc.get_traced_memory()
         lines = ["", f"held of what was allocated since tracing started: {_mb(traced)}"]
-        lines += [f"(peak {_mb(peak)}), by traceback:"]
+        lines += [
+            f"(peak {_mb(peak)}; tracemalloc's own {_mb(tracemalloc.get_tracemalloc_memory())},"
+            " in the RSS too), by traceback:"
+        ]
         lines += _stats(snapshot.statistics("traceback")[:TOP])
         if self._snapshot is not None:
             lines += ["", "change since the last report, by traceback:"]

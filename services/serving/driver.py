@@ -271,7 +271,7 @@ class Driver:
             m.completion_tokens = event.tokens
             self.streams.pop(event.request_id, None)
             self.stats.in_flight -= 1
-            self.stats.finished.append(m)
+            self.stats.record(m)
             if self.events is not None:
                 self.events.event("router", "request", t_ns, deployment=self.name, **m.detail())
         stream.events.put_nowait(event)

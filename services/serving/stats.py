@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cmemu.v1 import router_pb2
+from emulator.model.instruments import SERVING_BUCKETS_S, Histogram
 
 
 @dataclass(kw_only=True)
@@ -84,6 +85,26 @@ class ServingStats:
     lookup_tokens: int = 0
     kv_slots_held: int = 0
     kv_slots: int = 0
+    # for /metrics: kept as requests finish, so a scrape never walks every request
+    ttft_s: Histogram = field(default_factory=lambda: Histogram(SERVING_BUCKETS_S))
+    tpot_s: Histogram = field(default_factory=lambda: Histogram(SERVING_BUCKETS_S))
+    queueing_s: Histogram = field(default_factory=lambda: Histogram(SERVING_BUCKETS_S))
+
+    completion_tokens: int = 0
+
+    def record(self, m: RequestMetrics) -> None:
+        """A request finished (completed or cancelled)."""
+        self.finished.append(m)
+        self.completion_tokens += m.completion_tokens
+        if m.cancelled:
+            return
+        for hist, value in (
+            (self.ttft_s, m.ttft_ns),
+            (self.tpot_s, m.tpot_ns),
+            (self.queueing_s, m.queueing_ns),
+        ):
+            if value is not None:
+                hist.observe(value / 1e9)
 
     def message(self) -> router_pb2.ServingStats:
         return summarize([self])

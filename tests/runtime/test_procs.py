@@ -135,7 +135,7 @@ def test_serve_refuses_what_it_cannot_serve(tmp_path: Path) -> None:
         (["--device", "n00-npu0", "--clock-wait", "0.5"], "did not tell its clock within 0.5 s"),
         (["--device", "n99-npu0"], "no device 'n99-npu0'"),
         (["--node", "n42"], "no node 'n42'"),
-        (["--service", "scheduler"], "no service 'scheduler'"),
+        (["--service", "nosuch"], "no service 'nosuch'"),
     ]
     for args, words in cases:
         env = env_free if "clock" in words else {**env_free, "CMEMU_EPOCH": "1"}
@@ -169,6 +169,7 @@ def test_without_an_epoch_every_process_takes_the_fabrics(tmp_path: Path) -> Non
     base = free_port_block(MINI_PORTS)
     for i, server in enumerate(doc["devices"] + doc["services"]):
         server["address"] = f"127.0.0.1:{base + i}"
+    doc["metrics_port"] = None  # two processes on one host: only one could serve it
     topology = tmp_path / "t.json"
     topology.write_text(json.dumps(doc))
     env = {k: v for k, v in os.environ.items() if k != "CMEMU_EPOCH"}

@@ -25,10 +25,12 @@ from emulator.model.serving.deployment import instance_dies, parse_deployment
 from emulator.model.serving.des import Oracle
 from emulator.model.serving.engine import Engine, Request, TokenEvent
 from emulator.model.topology import ServiceKind, build, server_count
+from emulator.runtime.metricserver import supernode_endpoints
 from emulator.runtime.supernode import EMBEDDED, NO_BROKER, LaunchOptions, Supernode
 from emulator.testing import free_port_block, running_supernode
 from services.router import RouterState
 from services.serving.tokens import text_tokens
+from tests.runtime.test_metrics import parse, scrape
 
 # Weights load in emulated seconds rather than minutes, so that the supernode can run at a time
 # scale where the router keeps up with emulated time (the timestamps are exact either way).
@@ -298,6 +300,16 @@ async def test_stats_aggregate_requests(router: Router, small: router_pb2.Deploy
     assert 0 < stats.ttft.p50_ns <= stats.ttft.p90_ns <= stats.ttft.p99_ns <= stats.ttft.max_ns
     assert stats.tpot.p50_ns > 0 and stats.output_tokens_per_s > 0
     assert stats.completion_tokens >= 40
+    # the same figures on /metrics, as Prometheus scrapes them
+    (url,) = supernode_endpoints(router.sn).values()
+    families = parse(await scrape(url))
+    ttft = families["cmemu_serving_ttft_seconds"]
+    count = next(s.value for s in ttft.samples if s.name.endswith("_count"))
+    after = await _stats(router)  # requests of other tests may finish meanwhile: bounds
+    assert stats.requests_completed <= count <= after.requests_completed
+    assert {s.labels["deployment"] for s in ttft.samples} >= {"small"}
+    tokens = families["cmemu_serving_completion_tokens"].samples[0].value
+    assert stats.completion_tokens <= tokens
 
 
 async def test_a_repeated_prompt_hits_the_prefix_cache(
