@@ -67,15 +67,33 @@ class ServiceSpec:
     prepare: Prepare | None = None
 
 
-def _fabric(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
-    return create_fabric(
-        address=ctx.service.address,
-        topology=ctx.topology,
-        profile=ctx.profile,
-        clock=ctx.clock,
-        peers=ctx.peers,
-        events=ctx.events,
-    )
+class StandardFactory(Protocol):
+    """The factory shape of most services (services/fabric.py `create_fabric`, ...)."""
+
+    def __call__(
+        self,
+        *,
+        address: str,
+        topology: Topology,
+        profile: HardwareProfile,
+        clock: Clock,
+        peers: Peers,
+        events: EventSink | None,
+    ) -> tuple[ServiceState, ServiceHost]: ...
+
+
+def _standard(create: StandardFactory) -> Create:
+    def make(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
+        return create(
+            address=ctx.service.address,
+            topology=ctx.topology,
+            profile=ctx.profile,
+            clock=ctx.clock,
+            peers=ctx.peers,
+            events=ctx.events,
+        )
+
+    return make
 
 
 def _ems(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
@@ -94,30 +112,8 @@ async def _ems_rebuild(state: ServiceState, ctx: ServiceContext) -> None:
     await state.rebuild(ctx.rebuild_wait_s)
 
 
-def _scheduler(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
-    return create_scheduler(
-        address=ctx.service.address,
-        topology=ctx.topology,
-        profile=ctx.profile,
-        clock=ctx.clock,
-        peers=ctx.peers,
-        events=ctx.events,
-    )
-
-
-def _router(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
-    return create_router(
-        address=ctx.service.address,
-        topology=ctx.topology,
-        profile=ctx.profile,
-        clock=ctx.clock,
-        peers=ctx.peers,
-        events=ctx.events,
-    )
-
-
 SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {
-    ServiceKind.FABRIC: ServiceSpec(create=_fabric, wave=0, mem_limit="2g"),
+    ServiceKind.FABRIC: ServiceSpec(create=_standard(create_fabric), wave=0, mem_limit="2g"),
     ServiceKind.EMS: ServiceSpec(
         create=_ems,
         wave=2,
@@ -126,8 +122,10 @@ SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {
         after_pools=True,
         prepare=_ems_rebuild,
     ),
-    ServiceKind.SCHEDULER: ServiceSpec(create=_scheduler, wave=2, mem_limit="512m"),
-    ServiceKind.ROUTER: ServiceSpec(create=_router, wave=3, mem_limit="2g"),
+    ServiceKind.SCHEDULER: ServiceSpec(
+        create=_standard(create_scheduler), wave=2, mem_limit="512m"
+    ),
+    ServiceKind.ROUTER: ServiceSpec(create=_standard(create_router), wave=3, mem_limit="2g"),
 }
 WAVES = 1 + max(spec.wave for spec in SERVICE_SPECS.values())
 

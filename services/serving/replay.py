@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 import zlib
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ import aiohttp
 from emulator.model.clock import Clock
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.serving.engine import Request
+from emulator.model.serving.report import Percentiles
 from services.serving.tokens import VOCAB, block_tokens
 
 MAX_CONNECTIONS = 1000
@@ -102,25 +102,6 @@ def _take(out: Outcome, chunk: dict[str, Any]) -> None:
     out.ttft_ns = timing.get("ttft_ns") or 0
     out.tpot_ns = timing.get("tpot_ns") or 0
     out.prefix_hit_tokens = timing.get("prefix_hit_tokens") or 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Percentiles:
-    p50: float
-    p90: float
-    p99: float
-    mean: float
-
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Percentiles:
-        if not values:
-            return cls(p50=0.0, p90=0.0, p99=0.0, mean=0.0)
-        ordered = sorted(values)
-
-        def rank(q: float) -> float:  # nearest rank
-            return ordered[max(0, math.ceil(len(ordered) * q / 100) - 1)]
-
-        return cls(p50=rank(50), p90=rank(90), p99=rank(99), mean=sum(ordered) / len(ordered))
 
 
 @dataclass(frozen=True, kw_only=True)
