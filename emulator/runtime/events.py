@@ -70,7 +70,10 @@ class EventBus:
         self.connected = False
         self.dropped = 0
         self.last_error = ""
-        self._pending: deque[_Message] = deque()
+        self._pending: deque[_Message] = deque()  # events, oldest first
+        # the newest telemetry sample per device: a newer one replaces it, and samples never
+        # take an event's place in the bounded buffer
+        self._samples: dict[str, _Message] = {}
         self._buffer_max = buffer_max
         self._nonempty = asyncio.Event()
         self._wake = asyncio.Event()  # set on close: ends a reconnect backoff early
@@ -113,7 +116,9 @@ class EventBus:
     def telemetry(self, device: str, sample: dict[str, Any]) -> None:
         if self.connected:  # a stale sample is worth nothing: never buffered for later
             where = topic(self.supernode, device, "telemetry")
-            self._put(_Message(where, json.dumps(sample).encode(), TELEMETRY_QOS))
+            self._samples.pop(device, None)  # to the back: devices take turns
+            self._samples[device] = _Message(where, json.dumps(sample).encode(), TELEMETRY_QOS)
+            self._nonempty.set()
 
     def _put(self, message: _Message) -> None:
         if len(self._pending) >= self._buffer_max:
@@ -141,15 +146,18 @@ class EventBus:
                     self.connected, backoff = True, 0.2
                     log.info("broker connected", broker=self.url, pending=len(self._pending))
                     while not self._closing:
-                        if not self._pending:
+                        if self._pending:  # events first
+                            message = self._pending[0]
+                            await client.publish(message.topic, message.payload, qos=message.qos)
+                            if self._pending and self._pending[0] is message:
+                                self._pending.popleft()  # only once the broker has it
+                        elif self._samples:
+                            sample = self._samples.pop(next(iter(self._samples)))
+                            await client.publish(sample.topic, sample.payload, qos=sample.qos)
+                        else:
                             self._nonempty.clear()
                             self._drained.set()
                             await self._nonempty.wait()
-                            continue
-                        message = self._pending[0]
-                        await client.publish(message.topic, message.payload, qos=message.qos)
-                        if self._pending and self._pending[0] is message:
-                            self._pending.popleft()  # only once the broker has it
             except aiomqtt.MqttError as exc:
                 if self.connected or not self.last_error:
                     log.warning(
@@ -159,6 +167,7 @@ class EventBus:
                         pending=len(self._pending),
                     )
                 self.connected, self.last_error = False, str(exc)
+                self._samples.clear()  # stale by the time the broker is back
                 if self._closing:
                     return
                 with contextlib.suppress(TimeoutError):  # a close ends the wait

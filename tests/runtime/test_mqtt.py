@@ -22,6 +22,7 @@ from cmemu.v1 import device_pb2, fabric_pb2
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.runtime.broker import Broker, topic_matches
 from emulator.runtime.composegen import MOSQUITTO_QUEUES
+from emulator.runtime.events import EventBus
 from emulator.testing import (
     CMEMU,
     MINI_PORTS,
@@ -248,3 +249,26 @@ def test_cmemu_watch_prints_live_events(tmp_path: Path) -> None:
         check=False,
     )
     assert gone.returncode == 1 and "no running emulator" in gone.stderr
+
+
+async def test_telemetry_never_takes_an_events_place_in_the_buffer() -> None:
+    """A lagging publisher holds the newest sample per device, apart from the bounded event
+    buffer: a burst of telemetry neither drops an event nor queues stale samples."""
+    async with Broker() as embedded, listening(embedded.url) as listener:
+
+        def samples() -> list[int]:
+            return [p["i"] for t, p in listener.messages if t.endswith("/telemetry")]
+
+        async with EventBus(embedded.url, "sn0", buffer_max=5) as bus:
+            bus.event("dev0", "hello", 0)  # once it arrives, the bus is connected
+            await listener.wait_for(lambda: len(listener.events("hello")) == 1)
+            assert bus.connected
+            for i in range(300):  # no await in between: the publisher cannot run
+                bus.telemetry(f"dev{i % 3}", {"i": i})
+            for i in range(5):
+                bus.event("dev0", "fault", i)
+            assert bus.dropped == 0
+            await listener.wait_for(lambda: len(listener.events("fault")) == 5)
+            await listener.wait_for(lambda: len(samples()) == 3)
+        assert sorted(samples()) == [297, 298, 299]  # the newest of each device only
+        assert [p["emulated_ns"] for p in listener.events("fault")] == [0, 1, 2, 3, 4]
