@@ -18,13 +18,13 @@ Both systems see the same mix and the same offered load per NPU; each (system, p
 `--seeds` streams and reports their mean. Writes bench/results/alloc.json and alloc.png.
 
     python bench/alloc.py [--jobs 20000] [--seeds 5]   (about a minute on one core)
+    python bench/alloc.py --jobs 500 --seeds 1 --results /tmp/r   # the quickest
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import random
 import statistics
 import time
@@ -36,11 +36,10 @@ from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.scheduler import POLICIES, Inventory, JobRequest, PendingQueue, Scheduler
 
 try:
-    from bench import progress
+    from bench import outputs, progress
 except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
+    import outputs  # type: ignore[import-not-found, no-redef]
     import progress  # type: ignore[import-not-found, no-redef]
-
-RESULTS = Path(__file__).parent / "results"
 
 # (NPUs, share of jobs, whole nodes): the job stream's block sizes, mean 10.05 NPUs
 JOB_MIX: tuple[tuple[int, float, bool], ...] = (
@@ -152,37 +151,30 @@ def replay(system: str, nodes: int, policy: str, stream: list[Job], seed: int) -
     )
 
 
-def plot(summary: dict[str, dict[str, float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(summary: dict[str, dict[str, float]], directory: Path) -> None:
     policies = list(POLICIES)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.38
-    for k, system in enumerate(SYSTEMS):
-        values = [100 * summary[system][p] for p in policies]
-        xs = [i + (k - 0.5) * width for i in range(len(policies))]
-        bars = ax.bar(xs, values, width, label=system)
-        ax.bar_label(bars, fmt="%.1f", fontsize=8)
-    for system, level in PUBLISHED.items():
-        ax.axhline(100 * level, linestyle="--", linewidth=1, color="grey")
-        ax.text(len(policies) - 0.5, 100 * level, f" published {system}", va="center", fontsize=7)
-    ax.set_xticks(range(len(policies)), policies)
-    ax.set_ylabel("NPUs allocated while jobs wait (%)")
-    ax.set_ylim(70, 100)
-    ax.set_title("Allocation rate, blocks of ~10 NPUs (seeded job stream)")
-    ax.legend(loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with outputs.figure(directory, "alloc", size=(7, 4)) as (ax,):
+        outputs.bars(
+            ax,
+            policies,
+            {system: [100 * summary[system][p] for p in policies] for system in SYSTEMS},
+            targets={f"published {s}": 100 * level for s, level in PUBLISHED.items()},
+            ylabel="NPUs allocated while jobs wait (%)",
+            title="Allocation rate, blocks of ~10 NPUs (seeded job stream)",
+            value_format="%.1f",
+        )
+        ax.set_ylim(70, 100)
+        ax.legend(loc="lower left", fontsize=8)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20000, help="jobs per stream on cm384")
     parser.add_argument("--seeds", type=int, default=5)
+    outputs.add_option(parser)
     args = parser.parse_args()
+    if args.jobs < 1 or args.seeds < 1:
+        parser.error("--jobs and --seeds must be at least 1")
     runs: list[Run] = []
     total = len(SYSTEMS) * args.seeds * len(POLICIES)
     with progress.steps("replaying job streams", total) as advance:
@@ -213,7 +205,6 @@ def main() -> None:
     for p in POLICIES:
         print(f"{p:<16}" + "".join(f"{100 * summary[s][p]:>9.1f}%" for s in SYSTEMS))
     print("published: cm384 above 94%, 224-NPU systems below 91%")
-    RESULTS.mkdir(exist_ok=True)
     doc = {
         "job_mix": [{"npus": s, "share": w, "whole_nodes": wn} for s, w, wn in JOB_MIX],
         "mean_block_npus": mean_size,
@@ -224,9 +215,9 @@ def main() -> None:
         "allocation_rate": summary,
         "runs": [asdict(r) for r in runs],
     }
-    (RESULTS / "alloc.json").write_text(json.dumps(doc, indent=2) + "\n")
-    plot(summary, RESULTS / "alloc.png")
-    print(f"wrote {RESULTS / 'alloc.json'} and {RESULTS / 'alloc.png'}")
+    outputs.write_json(args.results, "alloc", doc)
+    plot(summary, args.results)
+    outputs.announce(args.results, "alloc")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@
    broker, to a subscriber), through the embedded broker and through mosquitto.
 
     python bench/deploy.py [--events 20000]
+    python bench/deploy.py --preset cm-mini --events 200 --results /tmp/r   # the quickest
+
+`--preset` and `--device-preset` choose the presets of runs 1 and 2. Writes
+bench/results/deploy.json and deploy.png (start time and PSS per mode, MQTT events/s).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
 
@@ -32,6 +37,15 @@ from emulator.runtime.logs import configure_logging
 from emulator.runtime.serve import Per
 from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
 from emulator.testing import free_port_block
+
+try:
+    from bench import outputs, progress
+except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
+    import outputs  # type: ignore[import-not-found, no-redef]
+    import progress  # type: ignore[import-not-found, no-redef]
+
+# (seconds to all-SERVING, total PSS in bytes) the issue asks of one process per node
+TARGETS: dict[str, tuple[float, float]] = {"cm384": (30.0, 4 * 2**30)}
 
 
 def pss_mb(root: int) -> float:
@@ -50,15 +64,21 @@ def pss_mb(root: int) -> float:
     return total + sum(pss_mb(int(c)) for c in children)
 
 
-async def boot(preset: str, per: Per) -> tuple[float, float, int]:
-    """(seconds to all-SERVING, total PSS in MB, processes) of one process-mode supernode,
-    started through the typed launch API exactly as `cmemu up --mode procs` starts it."""
+async def boot(preset: str, per: Per) -> dict[str, Any]:
+    """Seconds to all-SERVING, total PSS and processes of one process-mode supernode, started
+    through the typed launch API exactly as `cmemu up --mode procs` starts it."""
     options = LaunchOptions(preset=preset, mode="procs", per=per, broker=NO_BROKER)
     started = time.perf_counter()
     async with Supernode.start(options) as sn:
         seconds = time.perf_counter() - started
         assert sn.supervisor is not None
-        return seconds, pss_mb(os.getpid()), 1 + len(sn.supervisor.running)
+        return {
+            "preset": preset,
+            "per": per,
+            "boot_s": seconds,
+            "pss_bytes": pss_mb(os.getpid()) * 2**20,
+            "processes": 1 + len(sn.supervisor.running),
+        }
 
 
 async def events_per_second(url: str, count: int) -> float:
@@ -85,13 +105,18 @@ async def events_per_second(url: str, count: int) -> float:
     return count / elapsed
 
 
-async def mqtt(count: int) -> None:
+async def mqtt(count: int) -> dict[str, float]:
+    rates: dict[str, float] = {}
     async with Broker() as broker:
-        rate = await events_per_second(broker.url, count)
+        rates["embedded"] = await events_per_second(broker.url, count)
     print(
-        f"mqtt_events_per_s      embedded broker {rate:,.0f}  ({count:,} QoS 1 events, end to end)"
+        f"mqtt_events_per_s      embedded broker {rates['embedded']:,.0f}  "
+        f"({count:,} QoS 1 events, end to end)"
     )
-    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    mosquitto = shutil.which("mosquitto") or shutil.which("/usr/sbin/mosquitto")
+    if mosquitto is None:
+        print("mqtt_events_per_s      mosquitto       skipped: not installed")
+        return rates
     port = free_port_block(1, start=31000)
     with tempfile.TemporaryDirectory() as tmp:
         conf = Path(tmp) / "m.conf"
@@ -101,11 +126,53 @@ async def mqtt(count: int) -> None:
         )
         try:
             await asyncio.sleep(0.5)
-            rate = await events_per_second(f"mqtt://127.0.0.1:{port}", count)
+            rates["mosquitto"] = await events_per_second(f"mqtt://127.0.0.1:{port}", count)
         finally:
             proc.terminate()
             await proc.wait()
-    print(f"mqtt_events_per_s      mosquitto       {rate:,.0f}")
+    print(f"mqtt_events_per_s      mosquitto       {rates['mosquitto']:,.0f}")
+    return rates
+
+
+def plot(doc: dict[str, Any], directory: Path) -> None:
+    modes = doc["modes"]
+    labels = [
+        f"{m['preset']}, a process per {m['per']}\n({m['processes']} processes)" for m in modes
+    ]
+    target = TARGETS.get(modes[0]["preset"])
+    with outputs.figure(
+        directory, "deploy", ncols=3, title="process mode (cmemu up --mode procs) and MQTT events"
+    ) as (start, pss, mqtt_ax):  # fmt: skip
+        outputs.bars(
+            start,
+            labels,
+            {"start to all-SERVING": [m["boot_s"] for m in modes]},
+            targets={f"target per node ({target[0]:g} s)": target[0]} if target else None,
+            ylabel="seconds",
+            title="start time",
+        )
+        outputs.bars(
+            pss,
+            labels,
+            {"PSS of every process": [m["pss_bytes"] / 2**20 for m in modes]},
+            targets={f"target per node ({target[1] / 2**20:,.0f} MiB)": target[1] / 2**20}
+            if target
+            else None,
+            ylabel="MiB (proportional set size)",
+            title="memory",
+            value_format="%.0f",
+        )
+        for ax in (start, pss):
+            ax.tick_params(axis="x", labelsize=8)
+        brokers = doc["mqtt_events_per_s"]
+        outputs.bars(
+            mqtt_ax,
+            list(brokers),
+            {"events/s": list(brokers.values())},
+            ylabel="QoS 1 events per second, end to end",
+            title=f"MQTT: {doc['events']:,} events through a broker",
+            value_format="%.0f",
+        )
 
 
 def main() -> int:
@@ -113,14 +180,41 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--preset", default="cm384", help="run 1: a process per node")
+    parser.add_argument("--device-preset", default="cm-mini", help="run 2: a process per device")
+    outputs.add_option(parser)
     args = parser.parse_args()
+    if args.events < 1:
+        parser.error("--events must be at least 1")
     configure_logging("warning")
-    seconds, pss, procs = asyncio.run(boot("cm384", "node"))
-    print(f"cm384_per_node_boot_s  {seconds:.1f}  ({procs} processes; target 30)")
-    print(f"cm384_per_node_pss_mb  {pss:,.0f}  (target 4,096)")
-    seconds, pss, procs = asyncio.run(boot("cm-mini", "device"))
-    print(f"mini_per_device_boot_s {seconds:.1f}  ({procs} processes, {pss:,.0f} MB PSS)")
-    asyncio.run(mqtt(args.events))
+    with progress.steps("deployment modes", total=3) as advance:
+        per_node = asyncio.run(boot(args.preset, "node"))
+        advance(1)
+        per_device = asyncio.run(boot(args.device_preset, "device"))
+        advance(1)
+        rates = asyncio.run(mqtt(args.events))
+        advance(1)
+    target = TARGETS.get(args.preset)
+    wanted = f"; target {target[0]:g}" if target else ""
+    print(
+        f"{args.preset}_per_node_boot_s  {per_node['boot_s']:.1f}  "
+        f"({per_node['processes']} processes{wanted})"
+    )
+    wanted = f"  (target {target[1] / 2**20:,.0f})" if target else ""
+    print(f"{args.preset}_per_node_pss_mb  {per_node['pss_bytes'] / 2**20:,.0f}{wanted}")
+    print(
+        f"{args.device_preset}_per_device_boot_s {per_device['boot_s']:.1f}  "
+        f"({per_device['processes']} processes, {per_device['pss_bytes'] / 2**20:,.0f} MB PSS)"
+    )
+    doc = {
+        "modes": [per_node, per_device],
+        "targets": {p: {"boot_s": t[0], "pss_bytes": t[1]} for p, t in TARGETS.items()},
+        "events": args.events,
+        "mqtt_events_per_s": rates,
+    }
+    outputs.write_json(args.results, "deploy", doc)
+    plot(doc, args.results)
+    outputs.announce(args.results, "deploy")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""EMS benchmark, in one run against one `cmemu up --preset cm384` process:
+"""EMS benchmark, in one run against one `cmemu up --preset cm384` process (or --preset):
 
 1. Put and Get per second through gRPC (1 KiB objects with real bytes, checksummed), against a
    raw gRPC ping (health Check) to the same EMS server, at the same client concurrency.
@@ -13,6 +13,9 @@
    asked for the longest cached prefix (MatchPrefix), then the prompt's blocks are stored.
 
     python bench/ems.py [--seconds 4] [--requests 200]
+    python bench/ems.py --preset cm-mini --seconds 0.5 --requests 5 --big-mib 4   # the quickest
+
+Writes bench/results/ems.json and ems.png (calls/s and MB/s against the ping, the hit rates).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import Any
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -36,8 +40,9 @@ from emulator.runtime import state
 from emulator.testing import calls_per_second, cmemu_up, free_port_block
 
 try:
-    from bench import progress
+    from bench import outputs, progress
 except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
+    import outputs  # type: ignore[import-not-found, no-redef]
     import progress  # type: ignore[import-not-found, no-redef]
 
 KV_BYTES_PER_TOKEN = 61 * 576  # INT8 latent KV of every layer
@@ -47,7 +52,7 @@ BLOCK = 128
 
 async def throughput(
     clients: Clients, ems: ems_pb2_grpc.EmsAsyncStub, address: str, args: argparse.Namespace
-) -> None:
+) -> dict[str, float]:
     health = health_pb2_grpc.HealthStub(clients.channel_to(address))
     ping = health_pb2.HealthCheckRequest()
     counter = iter(range(10**9))
@@ -61,10 +66,15 @@ async def throughput(
 
     for i in range(512):
         await ems.Put(ems_pb2.PutRequest(key=f"tp-{i}", data=value))
-    await calls_per_second(lambda: health.Check(ping), 0.5, args.concurrency)
-    pings = await calls_per_second(lambda: health.Check(ping), args.seconds, args.concurrency)
-    puts = await calls_per_second(put, args.seconds, args.concurrency)
-    gets = await calls_per_second(get, args.seconds, args.concurrency)
+    with progress.steps("ping, put, get per second", total=4) as advance:
+        await calls_per_second(lambda: health.Check(ping), 0.5, args.concurrency)
+        advance(1)
+        pings = await calls_per_second(lambda: health.Check(ping), args.seconds, args.concurrency)
+        advance(1)
+        puts = await calls_per_second(put, args.seconds, args.concurrency)
+        advance(1)
+        gets = await calls_per_second(get, args.seconds, args.concurrency)
+        advance(1)
     print(
         f"ping_per_s             {pings:,.0f}  (health Check on EMS, {args.concurrency} in flight)"
     )
@@ -74,21 +84,31 @@ async def throughput(
     print(
         f"get_per_s              {gets:,.0f}  ratio to ping {gets / pings:.2f}  (1 KiB, verified)"
     )
+    return {
+        "concurrency": args.concurrency,
+        "ping_per_s": pings,
+        "put_per_s": puts,
+        "get_per_s": gets,
+        "object_bytes": len(value),
+    }
 
 
-async def kv_fetch(topology: Topology, ems: ems_pb2_grpc.EmsAsyncStub) -> None:
+async def kv_fetch(topology: Topology, ems: ems_pb2_grpc.EmsAsyncStub) -> dict[str, Any]:
     size = PROMPT * KV_BYTES_PER_TOKEN
     put = await ems.Put(ems_pb2.PutRequest(key="kv-4096", size=size, device="n00-npu0"))
     homes = {topology.device(p).node for p in put.replicas}
     local_node = sorted(homes)[0]
-    remote_node = next(n for n in topology.nodes if n not in homes)
-    results = {}
+    remote_node = next((n for n in topology.nodes if n not in homes), None)
+    if remote_node is None:  # a small preset: both copies' nodes are all there is
+        print("kv_4096_fetch_us       skipped: every node holds a copy of the prefix")
+        return {"skipped": "every node holds a copy"}
+    us = {}
     for name, node in (("local", local_node), ("remote", remote_node)):
         got = await ems.Get(ems_pb2.GetRequest(key="kv-4096", device=f"{node}-npu3"))
-        results[name] = (got.complete_ns - got.issue_ns) / 1e3
-    ratio = results["remote"] / results["local"]
+        us[name] = (got.complete_ns - got.issue_ns) / 1e3
+    ratio = us["remote"] / us["local"]
     print(
-        f"kv_4096_fetch_us       local {results['local']:.0f}, remote {results['remote']:.0f}  "
+        f"kv_4096_fetch_us       local {us['local']:.0f}, remote {us['remote']:.0f}  "
         f"(one {size / 1e6:.0f} MB object into a decode NPU; remote/local {ratio:.3f})"
     )
     block_size = BLOCK * KV_BYTES_PER_TOKEN
@@ -103,15 +123,22 @@ async def kv_fetch(topology: Topology, ems: ems_pb2_grpc.EmsAsyncStub) -> None:
         f"kv_4096_blocks_us      {total_us:.0f}  (the same prefix as 32 blocks of 128 tokens, "
         "fetched one after another; each from its own pair of pools)"
     )
+    return {
+        "object_bytes": size,
+        "local_us": us["local"],
+        "remote_us": us["remote"],
+        "blocks_remote_us": total_us,
+        "blocks": len(keys),
+    }
 
 
-async def big_object(ems: ems_pb2_grpc.EmsAsyncStub) -> None:
-    size = 64 * 2**20
+async def big_object(ems: ems_pb2_grpc.EmsAsyncStub, mib: int) -> dict[str, float]:
+    size = mib * 2**20
     chunk = DEFAULT_PROFILE.ems.chunk_bytes
     data = random.Random(3).randbytes(size)
 
     async def pieces() -> AsyncIterator[ems_pb2.PutChunk]:
-        yield ems_pb2.PutChunk(head=ems_pb2.PutRequest(key="big-64", size=size, device="n00-npu0"))
+        yield ems_pb2.PutChunk(head=ems_pb2.PutRequest(key="big", size=size, device="n00-npu0"))
         for start in range(0, size, chunk):
             yield ems_pb2.PutChunk(data=data[start : start + chunk])
 
@@ -121,25 +148,34 @@ async def big_object(ems: ems_pb2_grpc.EmsAsyncStub) -> None:
     wall = time.perf_counter()
     parts = []
     done = ems_pb2.GetResponse()
-    async for piece in ems.GetStream(ems_pb2.GetRequest(key="big-64", device="n00-npu1")):
+    async for piece in ems.GetStream(ems_pb2.GetRequest(key="big", device="n00-npu1")):
         parts.append(piece.data)
         if piece.HasField("done"):
             done = piece.done
     get_wall = time.perf_counter() - wall
     assert b"".join(parts) == data
+    figures = {
+        "object_bytes": size,
+        "put_mb_per_s": size / put_wall / 1e6,
+        "put_emulated_us": (put.complete_ns - put.issue_ns) / 1e3,
+        "get_mb_per_s": size / get_wall / 1e6,
+        "get_emulated_us": (done.complete_ns - done.issue_ns) / 1e3,
+    }
     print(
-        f"put_64mib              {size / put_wall / 1e6:,.0f} MB/s wall, "
-        f"{(put.complete_ns - put.issue_ns) / 1e3:.0f} us emulated  (PutStream, 2 copies)"
+        f"put_{mib}mib{'':<{14 - len(str(mib))}} {figures['put_mb_per_s']:,.0f} MB/s wall, "
+        f"{figures['put_emulated_us']:.0f} us emulated  (PutStream, 2 copies)"
     )
     print(
-        f"get_64mib              {size / get_wall / 1e6:,.0f} MB/s wall, "
-        f"{(done.complete_ns - done.issue_ns) / 1e3:.0f} us emulated  (GetStream, verified)"
+        f"get_{mib}mib{'':<{14 - len(str(mib))}} {figures['get_mb_per_s']:,.0f} MB/s wall, "
+        f"{figures['get_emulated_us']:.0f} us emulated  (GetStream, verified)"
     )
-    await ems.Delete(ems_pb2.DeleteRequest(key="big-64"))
+    await ems.Delete(ems_pb2.DeleteRequest(key="big"))
+    return figures
 
 
-async def hit_rates(ems: ems_pb2_grpc.EmsAsyncStub, requests: int) -> None:
+async def hit_rates(ems: ems_pb2_grpc.EmsAsyncStub, requests: int) -> dict[str, float]:
     rng = random.Random(7)
+    rates: dict[str, float] = {}
     for reuse in (0.125, 0.5, 0.9):
         namespace = f"bench-{reuse}"
         conversations: list[list[int]] = []
@@ -163,30 +199,89 @@ async def hit_rates(ems: ems_pb2_grpc.EmsAsyncStub, requests: int) -> None:
                 )
             )
             conversations.append(prompt)
+        rates[str(reuse)] = matched / total
         print(
             f"hit_rate_reuse_{reuse:<6} {matched / total:.3f}  "
             f"({requests} prompts of {PROMPT} tokens, {BLOCK}-token blocks)"
         )
+    return rates
 
 
-async def main_async(path: Path, args: argparse.Namespace) -> None:
+async def main_async(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     topology = state.read(path)
     clients = Clients(topology)
     address = topology.service(ServiceKind.EMS).address
     ems = ems_pb2_grpc.EmsStub(clients.channel_to(address))
+    doc: dict[str, Any] = {"preset": args.preset}
     try:
-        await throughput(clients, ems, address, args)
-        await kv_fetch(topology, ems)
-        await big_object(ems)
-        await hit_rates(ems, args.requests)
+        doc["throughput"] = await throughput(clients, ems, address, args)
+        doc["kv_fetch"] = await kv_fetch(topology, ems)
+        doc["big_object"] = await big_object(ems, args.big_mib)
+        doc["hit_rate"] = await hit_rates(ems, args.requests)
         stat = await ems.Stat(ems_pb2.StatRequest())
         used, capacity = stat.dram_used_bytes / 1e9, stat.dram_capacity_bytes / 1e12
         print(
             f"store                  {stat.objects:,} objects, {used:.1f} GB of {capacity:.1f} TB "
             f"of DRAM used, {stat.evictions} evictions"
         )
+        doc["store"] = {
+            "objects": stat.objects,
+            "dram_used_bytes": stat.dram_used_bytes,
+            "dram_capacity_bytes": stat.dram_capacity_bytes,
+            "evictions": stat.evictions,
+        }
     finally:
         await clients.close()
+    return doc
+
+
+def plot(doc: dict[str, Any], directory: Path) -> None:
+    tp, big = doc["throughput"], doc["big_object"]
+    ping = tp["ping_per_s"]
+    kib = tp["object_bytes"] / 1e6
+    with outputs.figure(
+        directory, "ems", ncols=3, title=f"EMS on {doc['preset']} (cmemu up), client in one "
+        f"process, {tp['concurrency']} calls in flight"
+    ) as (calls, mbs, hits):  # fmt: skip
+        outputs.bars(
+            calls,
+            ["health ping", "Put 1 KiB", "Get 1 KiB"],
+            {"calls/s": [ping, tp["put_per_s"], tp["get_per_s"]]},
+            ylabel="calls per second (wall)",
+            title="calls/s against a raw gRPC ping",
+            value_format="%.0f",
+        )
+        mib = big["object_bytes"] / 2**20
+        outputs.bars(
+            mbs,
+            ["Put 1 KiB", "Get 1 KiB", f"PutStream {mib:g} MiB", f"GetStream {mib:g} MiB"],
+            {
+                "MB/s": [
+                    tp["put_per_s"] * kib,
+                    tp["get_per_s"] * kib,
+                    big["put_mb_per_s"],
+                    big["get_mb_per_s"],
+                ]
+            },
+            targets={"ping rate x 1 KiB": ping * kib},
+            ylabel="MB per second (wall, log)",
+            title="payload bandwidth",
+            log=True,
+        )
+        mbs.tick_params(axis="x", labelsize=7)
+        reuse = [float(r) for r in doc["hit_rate"]]
+        outputs.over_time(
+            hits,
+            [100 * r for r in reuse],
+            {
+                "measured (MatchPrefix)": [100 * v for v in doc["hit_rate"].values()],
+                "ideal (the reuse share)": [100 * r for r in reuse],
+            },
+            xlabel="prefix reuse (%)",
+            ylabel="prefix hit rate (%)",
+            title=f"multi-turn prefix hits, {PROMPT}-token prompts",
+            style="o-",
+        )
 
 
 def main() -> int:
@@ -195,16 +290,24 @@ def main() -> int:
     )
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--requests", type=int, default=200, help="prompts per reuse level")
+    parser.add_argument("--preset", default="cm384")
+    parser.add_argument("--big-mib", type=int, default=64, help="the streamed object's MiB")
+    outputs.add_option(parser)
     args = parser.parse_args()
+    if args.seconds <= 0 or args.requests < 1 or args.big_mib < 1 or args.concurrency < 1:
+        parser.error("--seconds, --requests, --big-mib and --concurrency must be positive")
     assert DEFAULT_PROFILE.ems.block_tokens_min <= BLOCK
-    base = free_port_block(server_count(build("cm384")))
+    base = free_port_block(server_count(build(args.preset)))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "state.json"
-        args_up = ("--preset", "cm384", "--base-port", str(base), "--broker", "none")
+        args_up = ("--preset", args.preset, "--base-port", str(base), "--broker", "none")
         with cmemu_up(path, *args_up, quiet=True):
-            print("cm384 in one process (cmemu up); client in this process")
-            asyncio.run(main_async(path, args))
+            print(f"{args.preset} in one process (cmemu up); client in this process")
+            doc = asyncio.run(main_async(path, args))
+    outputs.write_json(args.results, "ems", doc)
+    plot(doc, args.results)
+    outputs.announce(args.results, "ems")
     return 0
 
 

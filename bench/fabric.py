@@ -14,14 +14,14 @@
 
 Writes bench/results/fabric.json and bench/results/fabric.png (model / published per row).
 
-    python bench/fabric.py [--seconds 5] [--concurrency 32]
+    python bench/fabric.py [--seconds 5] [--concurrency 32] [--results DIR]
+    python bench/fabric.py --seconds 0.5 --runs 1 --concurrency 4   # the quickest (still cm384)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
@@ -39,7 +39,10 @@ from emulator.model.topology import DeviceKind, Topology, build, server_count
 from emulator.runtime import state
 from emulator.testing import calls_per_second, cmemu_up, free_port_block
 
-RESULTS = Path(__file__).parent / "results"
+try:
+    from bench import outputs
+except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
+    import outputs  # type: ignore[import-not-found, no-redef]
 
 
 async def throughput(
@@ -139,12 +142,7 @@ async def moe_rows(topology: Topology, clients: Clients, out: dict[str, object])
     out["moe_rows"] = rows
 
 
-def plot(out: dict[str, object], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(out: dict[str, object], directory: Path) -> None:
     names, ratios = [], []
     ub = out["ub_rows"]
     moe = out["moe_rows"]
@@ -158,14 +156,12 @@ def plot(out: dict[str, object], path: Path) -> None:
     for name, row in moe.items():
         names.append(name)
         ratios.append(row["us"] / row["published_us"])
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.barh(names, ratios)
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_xlim(0.9, 1.1)
-    ax.set_xlabel("model (live fabric) / published")
-    ax.set_title("cm384 fabric against the published calibration rows")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with outputs.figure(directory, "fabric", size=(8, 4.5), dpi=120) as (ax,):
+        ax.barh(names, ratios)  # many rows with long names: horizontal, unlike outputs.bars
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_xlim(0.9, 1.1)
+        ax.set_xlabel("model (live fabric) / published")
+        ax.set_title("cm384 fabric against the published calibration rows")
 
 
 async def ep320(clients: Clients, runs: int, out: dict[str, object]) -> None:
@@ -271,17 +267,19 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--runs", type=int, default=7)
+    outputs.add_option(parser)
     args = parser.parse_args()
+    if args.seconds <= 0 or args.concurrency < 1 or args.runs < 1:
+        parser.error("--seconds, --concurrency and --runs must be positive")
     base = free_port_block(server_count(build("cm384")))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "state.json"
         with cmemu_up(path, "--preset", "cm384", "--base-port", str(base), quiet=True):
             print("cm384 in one process (cmemu up); client in this process")
             out = asyncio.run(main_async(args, path))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "fabric.json").write_text(json.dumps(out, indent=1) + "\n")
-    plot(out, RESULTS / "fabric.png")
-    print(f"wrote {RESULTS / 'fabric.json'} and {RESULTS / 'fabric.png'}")
+    outputs.write_json(args.results, "fabric", out)
+    plot(out, args.results)
+    outputs.announce(args.results, "fabric")
     return 0
 
 

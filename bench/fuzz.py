@@ -4,15 +4,14 @@ Random and boundary messages to every method of Device, UnifiedBus, Npu, Cpu, Me
 Fabric, and corrupt bodies, round-robin, for --seconds of wall time. Prints the calls made, the
 statuses by code, calls per second, and every call that broke a property (UNKNOWN, INTERNAL,
 DEADLINE_EXCEEDED, a wrong well-formed answer, a server not SERVING, an acknowledged byte
-changed); writes the figures to bench/results/fuzz.json.
+changed); writes the figures to bench/results/fuzz.json and fuzz.png (calls by status).
 
-    python bench/fuzz.py [--seconds 60]
+    python bench/fuzz.py [--seconds 60] [--results DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,11 @@ from emulator.runtime.logs import configure_logging  # noqa: E402
 from tests.fuzz import test_fuzz as suite  # noqa: E402
 from tests.fuzz.harness import corrupt_bodies, fuzz_target, methods  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "fuzz.json"
+try:
+    from bench import outputs, progress
+except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
+    import outputs  # type: ignore[import-not-found, no-redef]
+    import progress  # type: ignore[import-not-found, no-redef]
 
 
 def run(seconds: float) -> dict[str, object]:
@@ -69,8 +72,13 @@ def run(seconds: float) -> dict[str, object]:
             except AssertionError as exc:
                 failures.append(str(exc)[:500])
 
-        while time.perf_counter() < stop_at:
-            one()  # a batch of examples; a new seed each time
+        with progress.steps("fuzzing cm-mini (seconds)", total=round(seconds)) as advance:
+            shown = 0
+            while time.perf_counter() < stop_at:
+                one()  # a batch of examples; a new seed each time
+                now = min(round(time.perf_counter() - started), round(seconds))
+                advance(now - shown)
+                shown = now
         wall = time.perf_counter() - started
         try:
             suite.test_everything_serving_and_every_acknowledged_byte_kept(world)
@@ -88,10 +96,30 @@ def run(seconds: float) -> dict[str, object]:
         }
 
 
+def plot(figures: dict[str, object], directory: Path) -> None:
+    statuses = figures["statuses"]
+    assert isinstance(statuses, dict)
+    with outputs.figure(directory, "fuzz", size=(8, 4.5)) as (ax,):
+        outputs.bars(
+            ax,
+            list(statuses),
+            {"calls": list(statuses.values())},
+            ylabel="calls (log)",
+            title=f"fuzzing cm-mini: {figures['calls']:,} calls in {figures['seconds']} s, "
+            f"{figures['failure_count']} property failures",
+            log=True,
+            value_format="%d",
+        )
+        ax.tick_params(axis="x", labelrotation=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
+    outputs.add_option(parser)
     args = parser.parse_args()
+    if args.seconds <= 0:
+        parser.error("--seconds must be positive")
     configure_logging("error")  # rejections are the point here: only errors are news
     figures = run(args.seconds)
     print(f"calls: {figures['calls']} in {figures['seconds']} s ({figures['calls_per_s']}/s)")
@@ -100,9 +128,9 @@ def main() -> None:
     for failure in figures["failures"]:  # type: ignore[attr-defined]
         print("  ", failure)
     print("afterwards:", figures["serving_and_bytes_kept"])
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    outputs.write_json(args.results, "fuzz", figures)
+    plot(figures, args.results)
+    outputs.announce(args.results, "fuzz")
 
 
 if __name__ == "__main__":

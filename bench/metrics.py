@@ -5,14 +5,13 @@ formatting the text runs on a worker thread), the whole scrape over HTTP as a cl
 and the size of the answer. Medians of `--scrapes`. Writes bench/results/metrics.json and
 metrics.png.
 
-    python bench/metrics.py [--presets cm-mini cm384] [--scrapes 20]
+    python bench/metrics.py [--presets cm-mini cm384] [--scrapes 20] [--results DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 from pathlib import Path
@@ -26,7 +25,11 @@ from emulator.runtime.metrics import SupernodeCollector
 from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
 from emulator.testing import free_port_block
 
-RESULTS = Path(__file__).parent / "results"
+try:
+    from bench import outputs
+except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
+    import outputs  # type: ignore[import-not-found, no-redef]
+
 LOAD_NPUS = 32  # issuers of the UB load, so that their latency histograms exist
 LOAD_PER_NPU = 20
 
@@ -72,25 +75,21 @@ async def one_preset(preset: str, scrapes: int) -> dict[str, float]:
     }
 
 
-def plot(results: dict[str, dict[str, float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    presets = list(results)
-    x = range(len(presets))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.bar([i - 0.2 for i in x], [results[p]["loop_hold_ms"] for p in presets], 0.4,
-           label="event loop held (reading the state)")  # fmt: skip
-    ax.bar([i + 0.2 for i in x], [results[p]["scrape_ms"] for p in presets], 0.4,
-           label="whole scrape over HTTP")  # fmt: skip
-    ax.set_xticks(list(x), [f"{p}\n{int(results[p]['devices'])} devices" for p in presets])
-    ax.set_ylabel("median ms")
-    ax.set_title("/metrics of one in-process supernode")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def plot(figures: dict[str, dict[str, float]], directory: Path) -> None:
+    presets = list(figures)
+    with outputs.figure(directory, "metrics", size=(6, 4)) as (ax,):
+        outputs.bars(
+            ax,
+            [f"{p}\n{int(figures[p]['devices'])} devices" for p in presets],
+            {
+                "event loop held (reading the state)": [
+                    figures[p]["loop_hold_ms"] for p in presets
+                ],
+                "whole scrape over HTTP": [figures[p]["scrape_ms"] for p in presets],
+            },
+            ylabel="median ms",
+            title="/metrics of one in-process supernode",
+        )
 
 
 def main() -> None:
@@ -99,18 +98,20 @@ def main() -> None:
     )
     parser.add_argument("--presets", nargs="+", default=["cm-mini", "cm384"])
     parser.add_argument("--scrapes", type=int, default=20)
+    outputs.add_option(parser)
     args = parser.parse_args()
-    results = {p: asyncio.run(one_preset(p, args.scrapes)) for p in args.presets}
-    for preset, r in results.items():
+    if args.scrapes < 1:
+        parser.error("--scrapes must be at least 1")
+    figures = {p: asyncio.run(one_preset(p, args.scrapes)) for p in args.presets}
+    for preset, r in figures.items():
         print(
             f"{preset:<8} {int(r['devices'])} devices: loop held {r['loop_hold_ms']:.1f} ms, "
             f"scrape {r['scrape_ms']:.1f} ms, {r['bytes'] / 1e3:.0f} kB, "
             f"{int(r['samples'])} samples (medians of {args.scrapes})"
         )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot(results, RESULTS / "metrics.png")
-    print(f"wrote {RESULTS / 'metrics.json'} and {RESULTS / 'metrics.png'}")
+    outputs.write_json(args.results, "metrics", figures)
+    plot(figures, args.results)
+    outputs.announce(args.results, "metrics")
 
 
 if __name__ == "__main__":

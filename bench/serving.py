@@ -14,7 +14,8 @@
 5. the same deployment on `cluster-roce` (8-NPU servers over RDMA): decode capacity at 50 ms and
    the 4,096/256 run.
 
-    python bench/serving.py [--seconds 300]
+    python bench/serving.py [--seconds 300] [--results DIR]
+    python bench/serving.py --seconds 5   # the quickest (the Mooncake trace runs whole)
 
 Writes bench/results/serving.json and serving.png.
 """
@@ -22,11 +23,10 @@ Writes bench/results/serving.json and serving.png.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -36,13 +36,16 @@ from emulator.model.serving.deployment import Deployment, parse_deployment
 from emulator.model.serving.des import simulate
 from emulator.model.serving.workload import generate, parse_workload, read_mooncake
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
 try:
-    from bench import progress
+    from bench import outputs, progress
 except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
+    import outputs  # type: ignore[import-not-found, no-redef]
     import progress  # type: ignore[import-not-found, no-redef]
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 BLOCK = DEFAULT_PROFILE.serving.block_tokens
 RATE = 160  # req/s of 4,096-token prompts: above the six prefill instances' capacity (~132/s)
 
@@ -189,15 +192,32 @@ def platforms(seconds: float) -> dict[str, Any]:
     return out
 
 
-def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
+def plot(figures: dict[str, Any], directory: Path) -> None:
+    title = (
+        "cmemu serving model: simulation "
+        f"{figures['speed']['decode_4096_256']['emulated_s_per_cpu_s']:.0f} emulated s per CPU s "
+        "(EP320 + 6x EP32, 4096/256)"
+    )
+    with outputs.figure(directory, "serving", ncols=3, size=(15, 4.5), title=title) as axes:
+        _decode(axes[0], figures["decode"])
+        _prefix(axes[1], figures["prefix"])
+        plats = figures["platforms"]
+        outputs.bars(
+            axes[2],
+            list(plats),
+            {
+                "decode at TPOT 50 ms": [
+                    plats[n]["decode_at_50ms"].get("tokens_per_s_per_npu", 0) for n in plats
+                ]
+            },
+            ylabel="decode tokens/s per NPU at TPOT 50 ms",
+            title="what the supernode buys",
+            value_format="%.0f",
+        )
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    ax = axes[0]
-    rows = results["decode"]
+def _decode(ax: Axes, rows: list[dict[str, Any]]) -> None:
+    """Decode capacity per TPOT target, against the published EP320 point."""
     labels = [f"{r['prompt']}/{r['output']}\n{r['target_s'] * 1e3:.0f} ms" for r in rows]
     ax.bar(labels, [r.get("tokens_per_s_per_npu", 0) for r in rows], color="tab:blue")
     ax.axhline(1943, color="grey", ls="--", lw=1, label="published 1,943 (4096/256, 49.4 ms)")
@@ -208,9 +228,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("decode tokens/s per NPU")
     ax.set_title("EP320 decode at a TPOT target")
     ax.legend(fontsize=8)
-    ax = axes[1]
+
+
+def _prefix(ax: Axes, prefix: list[dict[str, Any]]) -> None:
+    """TTFT against prefix reuse, with and without the EMS prefix cache."""
     for ems, style in ((True, "-o"), (False, "--s")):
-        pts = [r for r in results["prefix"] if r["ems"] is ems]
+        pts = [r for r in prefix if r["ems"] is ems]
         ax.plot(
             [r["prefix_reuse"] * 100 for r in pts],
             [r["ttft_p50_s"] * 1e3 for r in pts],
@@ -222,33 +245,19 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("TTFT p50 (ms)")
     ax.set_title(f"prefix reuse, 4096/256 at {RATE} req/s")
     ax.legend(fontsize=8)
-    ax = axes[2]
-    plats = results["platforms"]
-    names = list(plats)
-    ax.bar(
-        names,
-        [plats[n]["decode_at_50ms"].get("tokens_per_s_per_npu", 0) for n in names],
-        color=["tab:green", "tab:red"],
-    )
-    ax.set_ylabel("decode tokens/s per NPU at TPOT 50 ms")
-    ax.set_title("what the supernode buys")
-    fig.suptitle(
-        "cmemu serving model: simulation "
-        f"{results['speed']['decode_4096_256']['emulated_s_per_cpu_s']:.0f} emulated s per CPU s "
-        "(EP320 + 6x EP32, 4096/256)"
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=300.0, help="emulated seconds per run")
+    outputs.add_option(parser)
     args = parser.parse_args()
-    results: dict[str, Any] = {"speed": speed(args.seconds)}
-    print(json.dumps(results["speed"], indent=1))
-    results["decode"] = decode()
-    for r in results["decode"]:
+    if args.seconds <= 0:
+        parser.error("--seconds must be positive")
+    figures: dict[str, Any] = {"speed": speed(args.seconds)}
+    print(json.dumps(figures["speed"], indent=1))
+    figures["decode"] = decode()
+    for r in figures["decode"]:
         got = (
             f"{r['tokens_per_s_per_npu']:,.0f} tokens/s per NPU (batch {r['batch_per_die']}/die,"
             f" TPOT {r['tpot_s'] * 1e3:.1f} ms, MTP {r['mtp']}, {r['microbatches']} microbatches)"
@@ -256,32 +265,25 @@ def main() -> None:
             else f"not reachable (lowest TPOT {r['lowest_tpot_s'] * 1e3:.1f} ms)"
         )
         print(f"decode {r['prompt']}/{r['output']} at {r['target_s'] * 1e3:.0f} ms: {got}")
-    results["prefill"] = prefill()
-    print("prefill", json.dumps(results["prefill"]))
-    results["prefix"] = prefix(args.seconds / 2)
-    for r in results["prefix"]:
+    figures["prefill"] = prefill()
+    print("prefill", json.dumps(figures["prefill"]))
+    figures["prefix"] = prefix(args.seconds / 2)
+    for r in figures["prefix"]:
         print(
             f"reuse {r['prefix_reuse']:.1%} EMS {'on ' if r['ems'] else 'off'}: "
             f"{r['tokens_per_s_per_npu']:.1f} tokens/s per NPU, TTFT p50 "
             f"{r['ttft_p50_s'] * 1e3:.0f} ms p90 {r['ttft_p90_s'] * 1e3:.0f} ms, "
             f"hit {r['kv_hit_rate']:.1%}"
         )
-    results["platforms"] = platforms(args.seconds / 2)
-    print("platforms", json.dumps(results["platforms"], indent=1))
-    results["profile"] = {
+    figures["platforms"] = platforms(args.seconds / 2)
+    print("platforms", json.dumps(figures["platforms"], indent=1))
+    figures["profile"] = {
         k: getattr(DEFAULT_PROFILE.serving, k)
         for k in ("layer_overhead_s", "step_overhead_s", "microbatch_overlap", "prefill_efficiency")
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "serving.json").write_text(json.dumps(results, indent=2, default=_json) + "\n")
-    plot(results, RESULTS / "serving.png")
-    print(f"wrote {RESULTS / 'serving.json'} and serving.png")
-
-
-def _json(value: object) -> object:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    return str(value)
+    outputs.write_json(args.results, "serving", figures)
+    plot(figures, args.results)
+    outputs.announce(args.results, "serving")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ each round's client is a process of its own.
 Both deploy decode 8 NPUs + prefill 1x4 (768 decode slots). Streams are read with aiohttp (a
 lighter client than `openai`, so that the figures are the endpoint's).
 
-    python bench/serving_live.py [--streams 1,16,64,256] [--repeat 3]
+    python bench/serving_live.py [--streams 1,16,64,256] [--repeat 3] [--results DIR]
+    python bench/serving_live.py --streams 1 --repeat 1   # the quickest
 
 Writes bench/results/serving_live.json and bench/results/serving_live.png.
 """
@@ -26,12 +27,12 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import matplotlib
 
 from cmemu.v1 import router_pb2
 from emulator.model.clock import Clock
@@ -41,10 +42,12 @@ from emulator.runtime.logs import configure_logging
 from emulator.runtime.supernode import LaunchOptions, Supernode
 from emulator.testing import free_port_block
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+try:
+    from bench import outputs, progress
+except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
+    import outputs  # type: ignore[import-not-found, no-redef]
+    import progress  # type: ignore[import-not-found, no-redef]
 
-RESULTS = Path(__file__).parent / "results"
 TOKENS = 64
 # Weights load in a second, not minutes: the benchmark measures serving, not loading.
 PROFILE = replace(
@@ -124,21 +127,72 @@ async def _serve(time_scale: float, counts: list[int], repeat: int) -> list[dict
         )  # fmt: skip
         topology = sn.local.topology if sn.local is not None else sn.topology
         url = f"http://{topology.service(ServiceKind.ROUTER).http_address}/v1/completions"
+        rounds = sum(repeat if n != 2 else 1 for n in [2, *counts])
         rows = []
-        for n in [2, *counts]:  # the first round warms up connections and collectives
-            runs = []
-            for _ in range(repeat if n != 2 else 1):
-                child = await asyncio.create_subprocess_exec(
-                    sys.executable, __file__, "--client", url, "--streams", str(n),
-                    "--epoch", repr(topology.epoch_wall_s), "--scale", repr(time_scale),
-                    stdout=asyncio.subprocess.PIPE,
-                )  # fmt: skip
-                out, _ = await child.communicate()
-                assert child.returncode == 0
-                runs.append(json.loads(out))
-            runs.sort(key=lambda r: r["tokens_per_s"])
-            rows.append(runs[len(runs) // 2])  # the median run (the machine is shared)
+        with progress.steps(f"rounds at time_scale {time_scale:g}", rounds) as advance:
+            for n in [2, *counts]:  # the first round (once) warms up connections and collectives
+                rows.append(
+                    await _median_round(
+                        url,
+                        n,
+                        1 if n == 2 else repeat,
+                        epoch=topology.epoch_wall_s,
+                        time_scale=time_scale,
+                        advance=advance,
+                    )
+                )
         return rows[1:]
+
+
+async def _median_round(
+    url: str,
+    n: int,
+    repeat: int,
+    *,
+    epoch: float | None,
+    time_scale: float,
+    advance: Callable[[int], None],
+) -> dict[str, Any]:
+    """The median of `repeat` rounds of n streams (the machine is shared), each round's client a
+    process of its own."""
+    runs = []
+    for _ in range(repeat):
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--client", url, "--streams", str(n),
+            "--epoch", repr(epoch), "--scale", repr(time_scale),
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await child.communicate()
+        assert child.returncode == 0
+        runs.append(json.loads(out))
+        advance(1)
+    runs.sort(key=lambda r: r["tokens_per_s"])
+    return runs[len(runs) // 2]  # type: ignore[no-any-return]
+
+
+def plot(figures: dict[str, Any], directory: Path) -> None:
+    sat, real = figures["saturation"]["rows"], figures["realtime"]["rows"]
+    with outputs.figure(directory, "serving_live", ncols=2, size=(10, 4), dpi=100) as (left, right):
+        outputs.over_time(
+            left,
+            [r["streams"] for r in sat],
+            {"tokens/s": [r["tokens_per_s"] for r in sat]},
+            xlabel="concurrent streams",
+            ylabel="tokens/s (wall)",
+            title="saturation (time_scale 100)",
+            style="o-",
+            logx=True,
+        )
+        outputs.over_time(
+            right,
+            [r["streams"] for r in real],
+            {key[8:]: [r[key] for r in real] for key in ("late_ms_p50", "late_ms_p99")},
+            xlabel="concurrent streams",
+            ylabel="chunk lateness (wall ms)",
+            title="real time (time_scale 1)",
+            style="o-",
+            logx=True,
+        )
 
 
 def main() -> int:
@@ -150,16 +204,22 @@ def main() -> int:
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--epoch", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--scale", type=float, help=argparse.SUPPRESS)
+    outputs.add_option(parser)
     args = parser.parse_args()
     if args.client:
         asyncio.run(_client(args.client, int(args.streams), args.epoch, args.scale))
         return 0
     configure_logging("warning")
-    counts = [int(x) for x in args.streams.split(",")]
-    results: dict[str, Any] = {}
+    try:
+        counts = [int(x) for x in args.streams.split(",")]
+    except ValueError:
+        parser.error(f"--streams: comma-separated counts, not {args.streams!r}")
+    if args.repeat < 1 or min(counts) < 1:
+        parser.error("--repeat and every --streams count must be at least 1")
+    figures: dict[str, Any] = {}
     for label, scale in (("saturation", 100.0), ("realtime", 1.0)):
         rows = asyncio.run(_serve(scale, counts, args.repeat))
-        results[label] = {"time_scale": scale, "rows": rows}
+        figures[label] = {"time_scale": scale, "rows": rows}
         print(f"{label} (time_scale {scale:g}), {TOKENS} tokens a stream:")
         for r in rows:
             print(
@@ -167,21 +227,9 @@ def main() -> int:
                 f"{r['us_per_token']:>7.1f} us/token; chunks late p50 {r['late_ms_p50']:.1f} ms, "
                 f"p99 {r['late_ms_p99']:.1f} ms"
             )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "serving_live.json").write_text(json.dumps(results, indent=2) + "\n")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    sat = results["saturation"]["rows"]
-    left.plot([r["streams"] for r in sat], [r["tokens_per_s"] for r in sat], "o-")
-    left.set(xscale="log", xlabel="concurrent streams", ylabel="tokens/s (wall)",
-             title="saturation (time_scale 100)")  # fmt: skip
-    real = results["realtime"]["rows"]
-    for key in ("late_ms_p50", "late_ms_p99"):
-        right.plot([r["streams"] for r in real], [r[key] for r in real], "o-", label=key[8:])
-    right.set(xscale="log", xlabel="concurrent streams", ylabel="chunk lateness (wall ms)",
-              title="real time (time_scale 1)")  # fmt: skip
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "serving_live.png", dpi=100)
+    outputs.write_json(args.results, "serving_live", figures)
+    plot(figures, args.results)
+    outputs.announce(args.results, "serving_live")
     return 0
 
 

@@ -8,6 +8,7 @@ returning to the `diff` that carries it on the page's stream (`/events`) is meas
 bench/results/webview.json and webview.png.
 
     python bench/webview.py [--presets cm-mini cm384] [--seconds 20] [--faults 10]
+    python bench/webview.py --presets cm-mini --seconds 1 --faults 1 --settle 1   # the quickest
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -32,12 +33,15 @@ from emulator.model.topology import build, server_count
 from emulator.runtime import state
 from emulator.testing import cmemu_up, free_port_block
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
 try:
-    from bench import progress
+    from bench import outputs, progress
 except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
+    import outputs  # type: ignore[import-not-found, no-redef]
     import progress  # type: ignore[import-not-found, no-redef]
 
-RESULTS = Path(__file__).parent / "results"
 SETTLE_S = 8.0  # the view's first sweeps (telemetry, links, planes) before measuring
 
 
@@ -91,13 +95,13 @@ async def fault_latencies(path: Path, count: int) -> list[float]:
     return out
 
 
-def one(preset: str, ui: bool, seconds: float, count: int) -> dict[str, Any]:
+def one(preset: str, ui: bool, seconds: float, count: int, settle_s: float) -> dict[str, Any]:
     base = free_port_block(server_count(build(preset)))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "state.json"
         args = ("--preset", preset, "--base-port", str(base), *(() if ui else ("--ui", "none")))
         with cmemu_up(path, *args, quiet=True, timeout_s=300) as proc:
-            time.sleep(SETTLE_S)
+            time.sleep(settle_s)
             before, started = cpu_seconds(proc.pid), time.perf_counter()
             time.sleep(seconds)
             share = (cpu_seconds(proc.pid) - before) / (time.perf_counter() - started)
@@ -105,26 +109,31 @@ def one(preset: str, ui: bool, seconds: float, count: int) -> dict[str, Any]:
     return {"preset": preset, "ui": ui, "cpu_share": share, "fault_to_page_s": latencies}
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(rows: list[dict[str, Any]], directory: Path) -> None:
     presets = list(dict.fromkeys(r["preset"] for r in rows))
-    fig, (cpu, lat) = plt.subplots(1, 2, figsize=(10, 4))
-    width = 0.38
-    for k, ui in enumerate((False, True)):
-        values = [
-            100 * next(r["cpu_share"] for r in rows if r["preset"] == p and r["ui"] is ui)
-            for p in presets
-        ]
-        xs = [i + (k - 0.5) * width for i in range(len(presets))]
-        cpu.bar(xs, values, width, label="web view" if ui else "--ui none")
-    cpu.set_xticks(range(len(presets)), presets)
-    cpu.set_ylabel("launcher CPU, idle (% of one core)")
-    cpu.legend()
-    cpu.set_title("cost of the web view")
+
+    def share(preset: str, ui: bool) -> float:
+        return 100 * float(
+            next(r["cpu_share"] for r in rows if r["preset"] == preset and r["ui"] is ui)
+        )
+
+    with outputs.figure(directory, "webview", ncols=2, size=(10, 4)) as (cpu, lat):
+        outputs.bars(
+            cpu,
+            presets,
+            {
+                "--ui none": [share(p, False) for p in presets],
+                "web view": [share(p, True) for p in presets],
+            },
+            ylabel="launcher CPU, idle (% of one core)",
+            title="cost of the web view",
+            value_format="%.1f",
+        )
+        _latencies(lat, rows)
+
+
+def _latencies(lat: Axes, rows: list[dict[str, Any]]) -> None:
+    """Spread of the fault-to-page times per preset, against the issue's bound."""
     data = [[1e3 * x for x in r["fault_to_page_s"]] for r in rows if r["ui"]]
     lat.boxplot(data, tick_labels=[r["preset"] for r in rows if r["ui"]])
     lat.axhline(2000, color="tab:red", linestyle="--", label="issue's bound: 2 s")
@@ -132,8 +141,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     lat.set_yscale("log")
     lat.legend()
     lat.set_title("a device fault reaching the page")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def main() -> int:
@@ -143,11 +150,17 @@ def main() -> int:
     parser.add_argument("--presets", nargs="+", default=["cm-mini", "cm384"])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--faults", type=int, default=10)
+    parser.add_argument(
+        "--settle", type=float, default=SETTLE_S, help="seconds after boot before measuring"
+    )
+    outputs.add_option(parser)
     args = parser.parse_args()
+    if args.seconds <= 0 or args.faults < 1 or args.settle < 0:
+        parser.error("--seconds and --faults must be positive, --settle not negative")
+    runs = [(preset, ui) for preset in args.presets for ui in (False, True)]
     rows = [
-        one(preset, ui, args.seconds, args.faults)
-        for preset in args.presets
-        for ui in (False, True)
+        one(preset, ui, args.seconds, args.faults, args.settle)
+        for preset, ui in progress.track(runs, "cmemu up with and without the view")
     ]
     for r in rows:
         line = f"{r['preset']:<8} {'web view' if r['ui'] else '--ui none':<10} "
@@ -159,10 +172,9 @@ def main() -> int:
                 f"max {max(ms):.0f} ms ({len(ms)} faults)"
             )
         print(line, flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "webview.json").write_text(json.dumps({"seconds": args.seconds, "runs": rows}))
-    plot(rows, RESULTS / "webview.png")
-    print(f"wrote {RESULTS / 'webview.json'} and {RESULTS / 'webview.png'}")
+    outputs.write_json(args.results, "webview", {"seconds": args.seconds, "runs": rows})
+    plot(rows, args.results)
+    outputs.announce(args.results, "webview")
     return 0
 
 

@@ -12,7 +12,8 @@ import tempfile
 from pathlib import Path
 
 import bench.soak
-from bench.soak.config import PAIR_MAX_DIES, RESULTS, warm_up_s
+from bench.outputs import RESULTS
+from bench.soak.config import PAIR_MAX_DIES, warm_up_s
 from bench.soak.report import publish
 from bench.soak.run import run
 from emulator.model.topology import build, server_count

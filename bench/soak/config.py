@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import DeviceKind
@@ -19,7 +18,6 @@ CALL_TIMEOUT_S = 60.0  # any answer slower than this is a hang: DEADLINE_EXCEEDE
 STREAM_TIMEOUT_S = 180.0
 SAMPLE_EVERY_S = 2.0
 RSS_WINDOW_S = 10.0  # the warm and end figures are medians of the samples over this long
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 KEY_PREFIX = "soak/"
 CHURN_LABEL = "soak-churn"
 MAX_POSSIBLE = 6  # possible values kept per key or word before it counts as unknown

@@ -9,10 +9,14 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from bench import outputs
 from bench.soak.calls import BAD, Figures
 from bench.soak.sampling import Series
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 TARGETS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("rss_growth_after_warmup", lambda v: v < 10.0, "< 10"),
@@ -112,8 +116,8 @@ def summary(figures: Figures, series: Series, soak_seconds: float) -> dict[str, 
     }
 
 
-def publish(report: dict[str, Any], results: Path, warm_s: float) -> list[str]:
-    """Print the figures, write soak.json and soak.png under `results`, print the examples and
+def publish(report: dict[str, Any], directory: Path, warm_s: float) -> list[str]:
+    """Print the figures, write soak.json and soak.png under `directory`, print the examples and
     the targets missed; the targets missed (also in the JSON)."""
     for name in PRINTED:
         value = report.get(name)
@@ -126,12 +130,11 @@ def publish(report: dict[str, Any], results: Path, warm_s: float) -> list[str]:
         if not ok(report.get(name))
     ]
     report["targets_missed"] = missed
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "soak.json").write_text(json.dumps(report, indent=1) + "\n")
-    if plot(report, results / "soak.png", warm_s):
-        print(f"wrote {results / 'soak.json'} and {results / 'soak.png'}")
+    outputs.write_json(directory, "soak", report)
+    if plot(report, directory, warm_s):
+        outputs.announce(directory, "soak")
     else:
-        print(f"wrote {results / 'soak.json'} (no plot: matplotlib is not installed)")
+        print(f"wrote {directory / 'soak.json'} (no plot: matplotlib is not installed)")
     for line in report["examples"][:10] + report["wrong_read_examples"][:10]:
         print(f"  example: {line}")
     for line in missed:
@@ -139,17 +142,24 @@ def publish(report: dict[str, Any], results: Path, warm_s: float) -> list[str]:
     return missed
 
 
-def plot(report: dict[str, Any], path: Path, warm_s: float) -> bool:
+def plot(report: dict[str, Any], directory: Path, warm_s: float) -> bool:
     """RSS and operations per second over the run; False when matplotlib is missing."""
+    title = (
+        f"cm384 soak: {report['soak_ops']:,} calls in {report['soak_seconds']:.0f} s, "
+        f"RSS growth after warm-up {report['rss_growth_after_warmup']:.1f}%"
+    )
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        with outputs.figure(
+            directory, "soak", nrows=2, sharex=True, size=(10, 6), dpi=100, title=title
+        ) as (top, bottom):
+            _draw(report, top, bottom, warm_s)
     except ImportError:
         return False
+    return True
+
+
+def _draw(report: dict[str, Any], top: Axes, bottom: Axes, warm_s: float) -> None:
     series = report["series"]
-    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(10, 6))
     top.plot(series["t"], series["rss_mb"], color="tab:blue")
     top.set_ylabel("cmemu up RSS (MiB)")
     top.axvline(warm_s, color="grey", linestyle="--", label="end of warm-up")
@@ -165,11 +175,3 @@ def plot(report: dict[str, Any], path: Path, warm_s: float) -> bool:
     bottom.set_ylabel("calls answered / s (5 s mean)")
     bottom.set_xlabel("wall seconds (faults shaded)")
     bottom.set_ylim(bottom=0)
-    fig.suptitle(
-        f"cm384 soak: {report['soak_ops']:,} calls in {report['soak_seconds']:.0f} s, "
-        f"RSS growth after warm-up {report['rss_growth_after_warmup']:.1f}%"
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
