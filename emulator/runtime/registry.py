@@ -20,13 +20,15 @@ from services.ems import EmsState, create_ems
 from services.eventsink import EventSink
 from services.fabric import create_fabric
 from services.host import ServiceHost
+from services.manager import create_manager
 from services.peers import Peers
 from services.router import create_router
 from services.scheduler import create_scheduler
 
 # The start waves: the fabric before the devices (they hand it their first transaction as soon
 # as they serve); the devices; EMS (its index is rebuilt from the memory pools) and the
-# scheduler (it hands out devices) after them; the router last (it asks both).
+# scheduler (it hands out devices) after them; the router (it asks both); the cluster manager
+# last (it watches them all).
 DEVICE_WAVE = 1
 
 
@@ -116,6 +118,17 @@ def _router(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
     )
 
 
+def _manager(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
+    return create_manager(
+        address=ctx.service.address,
+        topology=ctx.topology,
+        profile=ctx.profile,
+        clock=ctx.clock,
+        peers=ctx.peers,
+        events=ctx.events,
+    )
+
+
 SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {
     ServiceKind.FABRIC: ServiceSpec(create=_fabric, wave=0, mem_limit="2g"),
     ServiceKind.EMS: ServiceSpec(
@@ -128,6 +141,8 @@ SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {
     ),
     ServiceKind.SCHEDULER: ServiceSpec(create=_scheduler, wave=2, mem_limit="512m"),
     ServiceKind.ROUTER: ServiceSpec(create=_router, wave=3, mem_limit="2g"),
+    # last: it heartbeats every device and calls the scheduler and the router
+    ServiceKind.MANAGER: ServiceSpec(create=_manager, wave=4, mem_limit="1g"),
 }
 WAVES = 1 + max(spec.wave for spec in SERVICE_SPECS.values())
 
