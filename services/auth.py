@@ -53,6 +53,9 @@ ACCESS: dict[str, Access] = {
     "/cmemu.v1.Device/ListRegions": R,
     "/cmemu.v1.Device/GetFaultState": R,
     "/cmemu.v1.Device/SetFaultState": W,
+    "/cmemu.v1.Device/InjectFault": W,
+    "/cmemu.v1.Device/ClearFault": W,
+    "/cmemu.v1.Device/ListFaults": R,
     # the whole of Submit and Deliver, whatever the op: a READ is as cheap to authorise as a
     # WRITE, and one rule per method is one the table can state
     "/cmemu.v1.UnifiedBus/Submit": W,
@@ -99,6 +102,14 @@ ACCESS: dict[str, Access] = {
     "/cmemu.v1.Router/ListDeployments": R,
     "/cmemu.v1.Router/GetDeployment": R,
     "/cmemu.v1.Router/GetStats": R,
+    "/cmemu.v1.Scheduler/WatchAllocations": R,
+    "/cmemu.v1.ClusterManager/GetStatus": R,
+    "/cmemu.v1.ClusterManager/ListIncidents": R,
+    "/cmemu.v1.ClusterManager/SetMode": W,
+    "/cmemu.v1.Training/Start": W,
+    "/cmemu.v1.Training/Get": R,
+    "/cmemu.v1.Training/List": R,
+    "/cmemu.v1.Training/Stop": W,
 }
 
 # Whole services open to all: health checks and reflection (grpcurl's list and describe).

@@ -18,18 +18,21 @@ from cmemu.v1 import device_pb2, device_pb2_grpc, ub_pb2
 from emulator.model.clock import Clock
 from emulator.model.errors import (
     RETRY_AFTER_S,
+    DataLossError,
     InvalidArgumentError,
     NotFoundError,
     UnavailableError,
     blame,
     quote,
 )
+from emulator.model.faults.memory import Poison
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import Histogram
 from emulator.model.memory import DeviceMemory, QueueBudget, Region
 from emulator.model.topology import Device, DeviceKind, Topology
+from services import devicefaults
 from services.eventsink import EventSink
-from services.host import Register
+from services.host import DEVICE_MANAGEMENT, Register
 from services.peers import Peers
 from services.status import Context, rpc
 
@@ -83,6 +86,27 @@ class Fault:
     since_ns: int = 0
 
 
+MANAGEMENT = DEVICE_MANAGEMENT
+"""Device methods that model the out-of-band management path (a BMC): they keep answering
+when the device hangs, so that a hang can be cleared, and answer for a crashed sibling."""
+
+
+@dataclass
+class Effects:
+    """What the catalogue's active faults do to the device (services/devicefaults.py sets
+    them): read on the hot paths, so plain fields, not a lookup per call."""
+
+    crashed: bool = False
+    answering: asyncio.Event = field(default_factory=asyncio.Event)  # cleared: hung
+    compute_share: float = 1.0
+    dies_down: set[int] = field(default_factory=set)
+    poison: Poison = field(default_factory=Poison)
+    errors: int = 0  # calls refused because of a fault
+
+    def __post_init__(self) -> None:
+        self.answering.set()
+
+
 @dataclass(kw_only=True)
 class DeviceState:
     """Everything one device knows; shared by its servicers, owned by one event loop."""
@@ -97,6 +121,9 @@ class DeviceState:
     counters: Counters = field(default_factory=Counters)
     latency: Latencies = field(default_factory=Latencies)
     fault: Fault = field(default_factory=Fault)
+    effects: Effects = field(default_factory=Effects)
+    catalogue: dict[str, Any] = field(default_factory=dict)  # kind -> devicefaults.Active
+    fault_host: Any = None  # devicefaults.FaultHost: its server and its process's siblings
     inbox: asyncio.Queue[ub_pb2.UbMessage] = field(init=False)
     on_health: Callable[[bool], Awaitable[None]] | None = None
     events: EventSink | None = None
@@ -107,7 +134,11 @@ class DeviceState:
         self.log = structlog.get_logger("cmemu.device").bind(device=self.device.id)
 
     def require_healthy(self) -> None:
+        if self.effects.crashed:
+            self.effects.errors += 1
+            raise self.unreachable()
         if self.fault.faulted:
+            self.effects.errors += 1
             raise UnavailableError(
                 f"{self.device.id} is faulted: {self.fault.reason}",
                 subject=self.device.id,
@@ -115,7 +146,72 @@ class DeviceState:
                 retry_after_s=RETRY_AFTER_S,
             )
 
-    async def set_fault(self, faulted: bool, reason: str) -> None:
+    @property
+    def silent(self) -> bool:
+        """Crashed or hung: the device sends no telemetry."""
+        return self.effects.crashed or not self.effects.answering.is_set()
+
+    def unreachable(self) -> UnavailableError:
+        """What a caller in this process gets from a crashed device: what a gRPC client gets
+        from its closed port (services/status.py RemoteError.from_rpc_error)."""
+        return UnavailableError(
+            f"{self.device.id} is unreachable (crashed)",
+            subject=self.device.id,
+            reason="PEER_UNREACHABLE",
+            retry_after_s=RETRY_AFTER_S,
+        )
+
+    async def admit(self, method: str) -> None:
+        """Every call's gate (services/status.py `rpc`, and the fabric's direct delivery): a
+        crashed device refuses everything, a hung one never answers, until its fault clears;
+        a hung device's fault-control methods still answer."""
+        if self.effects.crashed:  # its own servicer is gone; its siblings answer for it
+            self.effects.errors += 1
+            raise self.unreachable()
+        if method in MANAGEMENT:
+            return
+        if not self.effects.answering.is_set():
+            await self.effects.answering.wait()
+
+    def require_die(self, die: int) -> None:
+        if die in self.effects.dies_down:
+            self.effects.errors += 1
+            raise UnavailableError(
+                f"die {die} of {self.device.id} is down",
+                field="die",
+                subject=f"{self.device.id}.d{die}",
+                reason="DIE_DOWN",
+                retry_after_s=RETRY_AFTER_S,
+            )
+
+    def require_address(self, offset: int, size: int) -> None:
+        """Refuse an access to a down die's HBM half (NPU), or that reads poisoned bytes."""
+        if self.effects.dies_down and self.engines:
+            per_die = self.profile.npu.hbm_bytes_per_die
+            last = max(offset + max(size, 1) - 1, offset)
+            for die in range(offset // per_die, last // per_die + 1):
+                self.require_die(die)
+
+    def require_unpoisoned(self, offset: int, size: int) -> None:
+        poison = self.effects.poison
+        if not poison.ranges:
+            return
+        hit = poison.hit(offset, size)
+        if hit is not None:
+            poison.reads_refused += 1
+            self.effects.errors += 1
+            self.publish("ecc", offset=offset, size=size, poisoned_offset=hit[0])
+            raise DataLossError(
+                f"uncorrectable ECC error in [{hit[0]}, {hit[1]}) of {self.device.id}: "
+                "the bytes are lost; rewrite them to heal",
+                field="dst.offset",
+                subject=self.device.id,
+                reason="HBM_UNCORRECTABLE_ECC",
+            )
+
+    async def set_fault(self, faulted: bool, reason: str, *, announce: bool = True) -> None:
+        """Down or up (device-down). `announce=False`: the caller (the catalogue's
+        device-down, services/devicefaults.py) publishes the fault events itself."""
         changed = faulted != self.fault.faulted
         self.fault = Fault(
             faulted=faulted,
@@ -124,8 +220,11 @@ class DeviceState:
         )
         if changed:
             self.counters.faults += int(faulted)
-            self.log.warning("fault" if faulted else "recovered", reason=self.fault.reason)
-            self.publish("fault" if faulted else "recovered", reason=self.fault.reason)
+            if announce:
+                self.log.warning("fault" if faulted else "recovered", reason=self.fault.reason)
+                self.publish("fault" if faulted else "recovered", reason=self.fault.reason)
+                if not faulted:
+                    self.publish("fault-cleared", fault="device-down")
             self.publish("health", status="NOT_SERVING" if faulted else "SERVING")
             if self.on_health is not None:
                 await self.on_health(not faulted)
@@ -150,6 +249,12 @@ class DeviceState:
             broker_connected=bus is not None and bus.connected,
             events_pending=bus.pending if bus is not None else 0,
             events_dropped=bus.dropped if bus is not None else 0,
+            ecc_uncorrectable_errors=self.effects.poison.reads_refused,
+            ecc_poisoned_bytes=self.effects.poison.bytes,
+            dies_down=sorted(self.effects.dies_down),
+            compute_share=self.effects.compute_share,
+            fault_errors=self.effects.errors,
+            faults=[*(["device-down"] if self.fault.faulted else []), *self.catalogue],
         )
 
     def publish(self, event: str, **detail: Any) -> None:
@@ -291,5 +396,25 @@ class DeviceServicer(device_pb2_grpc.DeviceServicer):
         if len(request.reason) > MAX_LABEL:
             raise InvalidArgumentError(f"reason longer than {MAX_LABEL} characters", field="reason")
         await self.state.set_fault(request.faulted, request.reason)
+        if not request.faulted:
+            devicefaults.forget(self.state, devicefaults.DEVICE_DOWN)
         f = self.state.fault
         return device_pb2.FaultState(faulted=f.faulted, reason=f.reason, since_ns=f.since_ns)
+
+    @rpc
+    async def InjectFault(
+        self, request: device_pb2.FaultState, context: Context
+    ) -> device_pb2.FaultState:
+        return await devicefaults.inject(self.state, request)
+
+    @rpc
+    async def ClearFault(
+        self, request: device_pb2.ClearDeviceFaultRequest, context: Context
+    ) -> device_pb2.FaultState:
+        return await devicefaults.clear(self.state, request)
+
+    @rpc
+    async def ListFaults(
+        self, request: device_pb2.ListDeviceFaultsRequest, context: Context
+    ) -> device_pb2.DeviceFaultList:
+        return devicefaults.list_faults(self.state, request)

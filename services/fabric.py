@@ -104,6 +104,7 @@ class FabricState:
         self._waiters: dict[int, tuple[asyncio.Future[float], float]] = {}
         self._closing = False
         self._changed = asyncio.Event()
+        self._faults_moved = asyncio.Event()  # the fault clock re-plans
         self.log = structlog.get_logger("cmemu.fabric").bind(device="fabric")
 
     def publish(self, event: str, **detail: str) -> None:
@@ -168,10 +169,49 @@ class FabricState:
         self._changed.set()
 
     async def run(self) -> None:
-        """The fabric's clock, a task of its host's TaskGroup until close(): sleep until the
-        next flow completes or the flows change, bring the flows up to the present, repeat.
-        Timers are late by up to a millisecond (epoll rounds up), so the last SPIN_S before a
-        completion are spent yielding instead."""
+        """The fabric's clocks until close(): the flows' and the faults'."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._fault_clock(), name="fabric-faults")
+            await self._flow_clock()
+
+    def fault_added(self) -> None:
+        """A fault was added or cleared: apply it, and re-plan the fault clock."""
+        self.faults_changed()
+        self._faults_moved.set()
+
+    async def _fault_clock(self) -> None:
+        """Flip flapping links and clear expired faults at their emulated instants (the
+        fabric owns these timers): sleep until the next one or until the faults change."""
+        while not self._closing:
+            self._faults_moved.clear()
+            now = self.now_s()
+            for fault_id in self.faults.expired(now):
+                self.faults.clear(fault_id)
+                self.faults_changed()
+                self.log.warning("fault expired", fault=fault_id)
+                self.publish("fault-cleared", fault=fault_id, expired="true")
+            for spec in self.faults.flap(now):
+                self.faults_changed()
+                self.publish(
+                    "link-flap",
+                    fault=spec.id,
+                    target=spec.target,
+                    state="down" if spec.down else "up",
+                )
+            next_s = self.faults.next_change_s(now)
+            wait = (
+                None
+                if next_s is None
+                else max(0.0, self.clock.wall_at(round(next_s * 1e9)) - self.clock.wall())
+            )
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._faults_moved.wait()
+
+    async def _flow_clock(self) -> None:
+        """Sleep until the next flow completes or the flows change, bring the flows up to the
+        present, repeat. Timers are late by up to a millisecond (epoll rounds up), so the last
+        SPIN_S before a completion are spent yielding instead."""
         while not self._closing:
             self._changed.clear()
             next_s = self.live.next_event_s()
@@ -263,6 +303,7 @@ class FabricState:
         """End the clock loop; transfers still in flight end UNAVAILABLE."""
         self._closing = True
         self._changed.set()
+        self._faults_moved.set()
         self._collective_pool.shutdown(wait=False, cancel_futures=True)
         for future, _ in self._waiters.values():
             if not future.done():
@@ -320,10 +361,21 @@ def _fault_proto(spec: FaultSpec) -> fabric_pb2.FabricFault:
         added_latency_us=spec.added_latency_s * 1e6,
         side_a=spec.side_a,
         side_b=spec.side_b,
+        period_s=spec.period_s,
+        duty=spec.duty,
+        for_s=spec.for_s,
+        since_ns=round(spec.since_s * 1e9),
+        until_ns=round(spec.until_s * 1e9),
     )
 
 
-FAULT_FIELD = {"link-degraded": "factor", "link-latency": "added_latency_us", "partition": "side_a"}
+FAULT_FIELD = {
+    "link-degraded": "factor",
+    "ports-degraded": "factor",
+    "link-latency": "added_latency_us",
+    "partition": "side_a",
+    "link-flap": "period_s",
+}
 """The request field a fault kind's own check is about (others: the target)."""
 
 
@@ -507,11 +559,17 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
             blame(field=FAULT_FIELD.get(request.kind, "target"), on=InvalidArgumentError),
         ):
             stored = self._add_fault(request)
-        self.state.faults_changed()
+        self.state.fault_added()
         self.state.log.warning(
             "fault injected", fault=stored.id, kind=stored.kind, target=stored.target
         )
-        self.state.publish("fault", fault=stored.id, kind=stored.kind, target=stored.target)
+        self.state.publish(
+            "fault",
+            fault=stored.id,
+            kind=stored.kind,
+            target=stored.target,
+            until_ns=str(round(stored.until_s * 1e9)),
+        )
         return _fault_proto(stored)
 
     def _add_fault(self, request: fabric_pb2.FabricFault) -> FaultSpec:
@@ -523,6 +581,10 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
                 added_latency_s=request.added_latency_us / 1e6,
                 side_a=tuple(request.side_a),
                 side_b=tuple(request.side_b),
+                period_s=request.period_s,
+                duty=request.duty,
+                for_s=request.for_s,
+                since_s=self.state.now_s(),
             )
         )
 
@@ -531,8 +593,9 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         self, request: fabric_pb2.ClearFaultRequest, context: Context
     ) -> fabric_pb2.FaultList:
         self.state.faults.clear(request.id, all=request.all)
-        self.state.faults_changed()
+        self.state.fault_added()
         self.state.publish("recovered", fault=request.id or "all")
+        self.state.publish("fault-cleared", fault=request.id or "all")
         self.state.log.warning("fault cleared", fault=request.id or "all")
         return self._faults()
 

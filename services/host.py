@@ -18,7 +18,11 @@ from grpc_health.v1._async import HealthServicer
 from emulator.model.errors import AddressError, AddressInUseError
 from services.auth import OPEN, ServerSecurity
 from services.reflection import enable_reflection
-from services.status import GUARD
+from services.status import GUARD, HangGate
+
+DEVICE_MANAGEMENT = frozenset({"SetFaultState", "InjectFault", "ClearFault", "ListFaults"})
+"""Device methods a hung device still answers: the fault-control path (GetFaultState is a
+health probe like any other call: it hangs too)."""
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
 SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
@@ -66,6 +70,8 @@ class ServiceHost:
         self.address = address
         self._services = dict(services)
         self.health = HealthServicer()
+        self.gate = HangGate(DEVICE_MANAGEMENT)  # a `hang` fault closes it
+        self.extra_health: list[str] = []  # more health names (an NPU's dies, "n00-npu3.d1")
         self.secure(security)
 
     def secure(self, security: ServerSecurity) -> None:
@@ -73,7 +79,8 @@ class ServiceHost:
         and how it binds (TLS or not). Before start."""
         self.security = security
         self.server = grpc.aio.server(
-            options=SERVER_OPTIONS, interceptors=[GUARD, *security.interceptors()]
+            options=SERVER_OPTIONS,
+            interceptors=[GUARD, self.gate, *security.interceptors()],
         )
         for register in self._services.values():
             register(self.server)
@@ -83,7 +90,7 @@ class ServiceHost:
     @property
     def service_names(self) -> list[str]:
         """Every name whose health is set explicitly: "" (the whole server) and each service."""
-        return ["", *self._services]
+        return ["", *self._services, *self.extra_health]
 
     async def start(self) -> None:
         """Bind and start, every service NOT_SERVING until the device says otherwise."""

@@ -6,6 +6,7 @@ time, which is what the utilisation in telemetry measures.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from cmemu.v1 import device_pb2, npu_pb2, npu_pb2_grpc
@@ -47,6 +48,7 @@ class NpuServicer(npu_pb2_grpc.NpuServicer):
                 subject=s.device.id,
                 reason="DIE_NOT_FOUND",
             )
+        s.require_die(request.die)
         precision = npu_pb2.Precision.Name(request.precision).removeprefix("PRECISION_")
         with (
             blame(
@@ -58,6 +60,10 @@ class NpuServicer(npu_pb2_grpc.NpuServicer):
             blame(subject=s.device.id),
         ):
             cost = kernel_cost(request.flops, request.bytes_moved, precision, s.profile)
+        if s.effects.compute_share < 1:  # a slow fault: the same work takes longer
+            cost = dataclasses.replace(
+                cost, duration_ns=round(cost.duration_ns / s.effects.compute_share)
+            )
         engine = s.engines[request.die]
         issue = s.clock.now_ns()
         start = max(issue, engine.busy_until_ns)

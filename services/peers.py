@@ -9,7 +9,9 @@ still speaks gRPC. Both paths raise the same errors.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from typing import Any, NoReturn, Protocol, cast
 
 import grpc
@@ -51,6 +53,19 @@ class LocalContext:
 
 
 LOCAL_CONTEXT = cast(Context, LocalContext())
+
+
+@asynccontextmanager
+async def _deadline(device: Device, deadline_s: float | None) -> AsyncIterator[None]:
+    """An in-process call's deadline, ended as a gRPC call's would be (DEADLINE_EXCEEDED)."""
+    if deadline_s is None:
+        yield
+        return
+    try:
+        async with asyncio.timeout(deadline_s):
+            yield
+    except TimeoutError:
+        raise RemoteError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded") from None
 
 
 class Peers:
@@ -102,7 +117,8 @@ class Peers:
         local = self._local_bus.get(device.address)
         try:
             if local is not None:
-                return await local.deliver(tx)
+                async with _deadline(device, deadline_s):  # a hung device never answers
+                    return await local.deliver(tx)
             completion: ub_pb2.UbCompletion = await self.bus(device).Deliver(tx, timeout=deadline_s)
             return completion
         except EmulatorError as exc:
@@ -161,7 +177,8 @@ class Peers:
         servicer = local.get(device.address)
         try:
             if servicer is not None:
-                return await getattr(servicer, method)(request, LOCAL_CONTEXT)
+                async with _deadline(device, deadline_s):  # a hung device never answers
+                    return await getattr(servicer, method)(request, LOCAL_CONTEXT)
             return await getattr(stub(self.channel(device.address)), method)(
                 request, timeout=deadline_s
             )

@@ -2,7 +2,9 @@
 
 gRPC (cmemu.v1.Router) deploys, lists and undeploys; the OpenAI-compatible HTTP endpoint
 (services/serving/openai_http.py) at the service's `http_address` takes requests. Each deployment's
-engine runs in a live driver (services/serving/driver.py), a task of this state's TaskGroup.
+engine runs in a live driver (services/serving/driver.py), a task of this state's TaskGroup, and
+a recovery watcher (services/serving/recovery.py) follows its scheduler allocations: a failed NPU
+is isolated, its replacement restored.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from services.peers import Peers
 from services.serving.deploy import LiveDeployment, Provisioner, parse_request, spec_text
 from services.serving.driver import Driver, ServingModel
 from services.serving.openai_http import OpenAiServer
+from services.serving.recovery import Recovery
 from services.serving.stats import ServingStats, summarize
 from services.status import Context, rpc
 
@@ -74,6 +77,7 @@ class RouterState:
         self.http = OpenAiServer(self) if http_address else None
         self._tasks: asyncio.TaskGroup | None = None
         self._loading: dict[str, asyncio.Task[None]] = {}
+        self._recoveries: dict[str, asyncio.Task[None]] = {}
         self._closed = asyncio.Event()
         self.host: ServiceHost | None = None  # its token guards the HTTP endpoint too
 
@@ -95,7 +99,7 @@ class RouterState:
                 await self._closed.wait()
             finally:  # streams end (their requests cancelled) before the endpoint stops
                 self._tasks = None
-                for task in self._loading.values():
+                for task in [*self._loading.values(), *self._recoveries.values()]:
                     task.cancel()
                 for live in self.deployments.values():
                     if live.driver is not None:
@@ -174,6 +178,7 @@ class RouterState:
                 peers=self.peers,
                 ems_address=self.ems_address,
                 events=self.events,
+                profile=self.profile,
             )
         except asyncio.CancelledError:
             raise
@@ -191,6 +196,18 @@ class RouterState:
         tasks = self._tasks
         if tasks is not None:
             tasks.create_task(driver.run(), name=f"driver-{live.name}")
+            recovery = Recovery(
+                live=live,
+                driver=driver,
+                provisioner=self.provisioner,
+                topology=self.topology,
+                profile=self.profile,
+                clock=self.clock,
+                peers=self.peers,
+            )
+            watching = tasks.create_task(recovery.run(), name=f"recovery-{live.name}")
+            self._recoveries[live.name] = watching
+            watching.add_done_callback(lambda _: self._recoveries.pop(live.name, None))
 
     async def undeploy(self, name: str) -> LiveDeployment:
         live = self.get(name)
@@ -199,6 +216,11 @@ class RouterState:
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
+        watching = self._recoveries.get(name)
+        if watching is not None:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
         if live.driver is not None:
             await live.driver.close()
         await self.provisioner.release(live)

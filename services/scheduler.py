@@ -3,15 +3,20 @@
 Protobuf in, the allocation model (emulator/model/scheduler) in between, protobuf out. Every
 change is one synchronous model call, so no two RPCs interleave inside one (no lock needed on the
 event loop). Each change publishes an event on the scheduler's topic (allocated, released,
-replaced, failed, healthy, spares) for controllers and the chaos runner to follow.
+replaced, failed, healthy, spares) for controllers and the chaos runner to follow, and each
+change of an allocation goes to its WatchAllocations streams: the single source of truth a
+workload watches to stop on a failed NPU and restore onto its replacement.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
 from emulator.model.clock import Clock
+from emulator.model.errors import EmulatorError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.naming import parse_supernode, service_id
 from emulator.model.scheduler import (
@@ -26,7 +31,7 @@ from emulator.model.topology import ServiceKind, Topology
 from services.eventsink import EventSink
 from services.host import ServiceHost
 from services.peers import Peers
-from services.status import Context, rpc
+from services.status import Context, abort, rpc
 
 __all__ = ["SERVICE", "SchedulerServicer", "SchedulerState", "create_scheduler"]
 
@@ -54,10 +59,22 @@ class SchedulerState:
             profile.scheduler.spares_per_rack * len(self.inventory.racks), self.inventory.size
         )
         self.model = Scheduler(self.inventory, spares=spares)
+        # WatchAllocations streams: each a queue and the job it follows ("" = every job)
+        self.watchers: dict[asyncio.Queue[scheduler_pb2.AllocationEvent], str] = {}
 
     def publish(self, event: str, **detail: Any) -> None:
         if self.events is not None:
             self.events.event(self.name, event, self.clock.now_ns(), **detail)
+
+    def announce(self, allocation: scheduler_pb2.Allocation, change: str, npus: list[str]) -> None:
+        """Hand an allocation's change to the streams that follow its job (never blocks: the
+        queues are unbounded, and a change is rare next to the RPCs that make it)."""
+        event = scheduler_pb2.AllocationEvent(
+            allocation=allocation, change=change, npus=npus, at_ns=self.clock.now_ns()
+        )
+        for queue, job in self.watchers.items():
+            if not job or job == allocation.job:
+                queue.put_nowait(event)
 
     async def run(self) -> None:
         """Nothing runs in the background: every change comes from an RPC."""
@@ -116,6 +133,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         )
         allocation = self.model.allocate(job, self.state.clock.now_ns())
         reply = self.state.message(allocation)
+        self.state.announce(reply, "allocated", list(allocation.npus))
         self.state.publish(
             "allocated",
             job=allocation.job,
@@ -130,6 +148,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.ReleaseRequest, context: Context
     ) -> scheduler_pb2.ReleaseResponse:
         allocation = self.model.release(request.job)
+        self.state.announce(self.state.message(allocation), "released", list(allocation.npus))
         self.state.publish("released", job=allocation.job, npus=len(allocation.npus))
         return scheduler_pb2.ReleaseResponse(job=allocation.job, npus=len(allocation.npus))
 
@@ -159,6 +178,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     ) -> scheduler_pb2.ReplaceResponse:
         check_job(request.job)
         allocation, swaps = self.model.replace(request.job, npu=request.npu, node=request.node)
+        self.state.announce(self.state.message(allocation), "replaced", [s.new for s in swaps])
         self.state.publish(
             "replaced",
             job=allocation.job,
@@ -178,6 +198,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         already = set(self.model.failed)
         fresh = [p for p in npus if p not in already]
         affected = self.model.mark_failed(npus)
+        for job in affected:
+            allocation = self.model.get(job)
+            mine = [p for p in fresh if p in allocation.npus]
+            if mine:
+                self.state.announce(self.state.message(allocation), "failed", mine)
         self.state.publish("failed", npus=fresh, jobs=affected)
         return scheduler_pb2.MarkResponse(npus=fresh, affected_jobs=affected)
 
@@ -204,6 +229,24 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         reply = self.state.spares()
         self.state.publish("spares", target=reply.target, npus=list(reply.npus))
         return reply
+
+    async def WatchAllocations(
+        self, request: scheduler_pb2.WatchAllocationsRequest, context: Context
+    ) -> AsyncIterator[scheduler_pb2.AllocationEvent]:
+        """Changes from now on; the stream ends only when the caller cancels it (or the
+        scheduler stops). INVALID_ARGUMENT: a malformed job name."""
+        if request.job:
+            try:
+                check_job(request.job)
+            except EmulatorError as exc:
+                await abort(context, exc)
+        queue: asyncio.Queue[scheduler_pb2.AllocationEvent] = asyncio.Queue()
+        self.state.watchers[queue] = request.job
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self.state.watchers.pop(queue, None)
 
     @rpc
     async def ListPolicies(

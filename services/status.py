@@ -21,6 +21,7 @@ is no EmulatorError (a bug of ours) is logged with its traceback and answered IN
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
@@ -227,7 +228,10 @@ def rpc(handler: F) -> F:
     async def wrapper(self: Any, request: Any, context: Context) -> Any:
         state = getattr(self, "state", None)  # a device's state, or a service's (name)
         device = getattr(getattr(state, "device", None), "id", getattr(state, "name", None))
+        admit = getattr(state, "admit", None)  # a device's fault gate (crash, hang)
         try:
+            if admit is not None:
+                await admit(handler.__name__)
             return await handler(self, request, context)
         except RemoteError as exc:
             await abort(context, exc)
@@ -341,3 +345,63 @@ class GuardInterceptor(_ServerInterceptor):
 
 
 GUARD = GuardInterceptor()
+
+
+MANAGEMENT_PREFIX = "/cmemu.v1.Device/"
+
+
+class HangGate(_ServerInterceptor):
+    """One per device server: while `answering` is clear (a `hang` fault) every call is
+    accepted and never answered, the health Check and Watch included (a heartbeat's deadline
+    is how a hung device is found), until the fault clears and the calls proceed. The Device
+    service's fault methods (`exempt`) keep answering: the out-of-band management path."""
+
+    def __init__(self, exempt: frozenset[str] = frozenset()) -> None:
+        self.answering = asyncio.Event()
+        self.answering.set()
+        self.exempt = frozenset(f"{MANAGEMENT_PREFIX}{m}" for m in exempt)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[_Handler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> _Handler:
+        handler = await continuation(handler_call_details)
+        if (
+            self.answering.is_set()
+            or handler is None
+            or handler_call_details.method in self.exempt
+            or handler.request_streaming
+        ):
+            return handler
+        answering = self.answering
+        if handler.unary_unary is not None:
+            unary = cast(Callable[[Any, Context], Awaitable[Any]], handler.unary_unary)
+
+            async def unary_unary(request: Any, context: Context) -> Any:
+                await answering.wait()
+                return await unary(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary_unary,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            stream = cast(Callable[[Any, Context], Any], handler.unary_stream)
+
+            async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
+                await answering.wait()
+                produced = stream(request, context)
+                if hasattr(produced, "__aiter__"):
+                    async for item in produced:
+                        yield item
+                else:
+                    await produced
+
+            return grpc.unary_stream_rpc_method_handler(
+                unary_stream,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler

@@ -36,6 +36,7 @@ PRICED_OP = {  # how the cost model prices each op of the wire
     ub_pb2.UB_OP_SEND: UbOp.SEND,
 }
 ATOMIC_BYTES = 8
+READS_STORED = {ub_pb2.UB_OP_READ, ub_pb2.UB_OP_CAS, ub_pb2.UB_OP_FETCH_ADD}  # poison bites
 
 
 def normalize(tx: ub_pb2.UbTransaction, inline_max: int) -> ub_pb2.UbTransaction:
@@ -103,6 +104,7 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
         s = self.state
         s.require_healthy()
         tx = normalize(request, self._inline_max)
+        s.require_die(tx.src_die)
         with blame(
             field="dst.eid", subject=str(tx.dst.eid), reason="DEVICE_NOT_FOUND", on=NotFoundError
         ):
@@ -129,8 +131,10 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
         gets the uncontended cost model's timing. With check_only the transaction is checked
         as it would be applied, and nothing changes."""
         s = self.state
+        await s.admit("Deliver")  # the fabric's direct path: a crash refuses, a hang never answers
         s.require_healthy()
         tx = normalize(request, self._inline_max)
+        s.require_address(tx.dst.offset, tx.size)
         if tx.dst.eid != s.device.eid:
             raise InvalidArgumentError(
                 f"dst.eid {tx.dst.eid} is not {s.device.id} ({s.device.eid})",
@@ -174,10 +178,14 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
             blame(reason="REGION_NOT_ALLOCATED", on=PreconditionError),
             blame(reason="ADDRESS_OUT_OF_RANGE", on=OutOfRangeError),
         ):
+            if tx.op in READS_STORED:
+                s.require_unpoisoned(tx.dst.offset, tx.size)
             if tx.check_only:
                 self._check(tx)
                 return completion
             await self._apply[tx.op](tx, completion)
+            if tx.op == ub_pb2.UB_OP_WRITE and s.effects.poison.ranges:
+                s.effects.poison.heal(tx.dst.offset, tx.size)  # rewritten bytes are good again
         s.counters.rx_count += 1
         s.counters.rx_bytes += tx.size
         return completion

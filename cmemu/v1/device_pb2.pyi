@@ -247,6 +247,12 @@ class Telemetry(_message.Message):
     BROKER_CONNECTED_FIELD_NUMBER: _builtins.int
     EVENTS_PENDING_FIELD_NUMBER: _builtins.int
     EVENTS_DROPPED_FIELD_NUMBER: _builtins.int
+    ECC_UNCORRECTABLE_ERRORS_FIELD_NUMBER: _builtins.int
+    ECC_POISONED_BYTES_FIELD_NUMBER: _builtins.int
+    DIES_DOWN_FIELD_NUMBER: _builtins.int
+    COMPUTE_SHARE_FIELD_NUMBER: _builtins.int
+    FAULT_ERRORS_FIELD_NUMBER: _builtins.int
+    FAULTS_FIELD_NUMBER: _builtins.int
     device: _builtins.str
     emulated_ns: _builtins.int
     memory_capacity_bytes: _builtins.int
@@ -269,6 +275,24 @@ class Telemetry(_message.Message):
     """buffered while the broker is away, sent when it is back"""
     events_dropped: _builtins.int
     """lost to the buffer bound"""
+    ecc_uncorrectable_errors: _builtins.int
+    """What faults of the catalogue show (emulator/client/faults.py KINDS).
+    reads refused DATA_LOSS for poisoned memory
+    """
+    ecc_poisoned_bytes: _builtins.int
+    """bytes poisoned now (a write over them heals them)"""
+    compute_share: _builtins.float
+    """share of kernel throughput left (slow); 1 = full"""
+    fault_errors: _builtins.int
+    """calls refused because of a fault, since start"""
+    @_builtins.property
+    def dies_down(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """NPU dies that are down: the NPU is degraded"""
+
+    @_builtins.property
+    def faults(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the kinds of the faults active on this device"""
+
     def __init__(
         self,
         *,
@@ -288,10 +312,16 @@ class Telemetry(_message.Message):
         broker_connected: _builtins.bool = ...,
         events_pending: _builtins.int = ...,
         events_dropped: _builtins.int = ...,
+        ecc_uncorrectable_errors: _builtins.int = ...,
+        ecc_poisoned_bytes: _builtins.int = ...,
+        dies_down: _abc.Iterable[_builtins.int] | None = ...,
+        compute_share: _builtins.float = ...,
+        fault_errors: _builtins.int = ...,
+        faults: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_connected", b"broker_connected", "device", b"device", "emulated_ns", b"emulated_ns", "events_dropped", b"events_dropped", "events_pending", b"events_pending", "faulted", b"faulted", "inbox_depth", b"inbox_depth", "memory_capacity_bytes", b"memory_capacity_bytes", "memory_used_bytes", b"memory_used_bytes", "regions", b"regions", "stored_bytes", b"stored_bytes", "ub_rx_bytes", b"ub_rx_bytes", "ub_rx_count", b"ub_rx_count", "ub_tx_bytes", b"ub_tx_bytes", "ub_tx_count", b"ub_tx_count", "utilization", b"utilization"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_connected", b"broker_connected", "compute_share", b"compute_share", "device", b"device", "dies_down", b"dies_down", "ecc_poisoned_bytes", b"ecc_poisoned_bytes", "ecc_uncorrectable_errors", b"ecc_uncorrectable_errors", "emulated_ns", b"emulated_ns", "events_dropped", b"events_dropped", "events_pending", b"events_pending", "fault_errors", b"fault_errors", "faulted", b"faulted", "faults", b"faults", "inbox_depth", b"inbox_depth", "memory_capacity_bytes", b"memory_capacity_bytes", "memory_used_bytes", b"memory_used_bytes", "regions", b"regions", "stored_bytes", b"stored_bytes", "ub_rx_bytes", b"ub_rx_bytes", "ub_rx_count", b"ub_rx_count", "ub_tx_bytes", b"ub_tx_bytes", "ub_tx_count", b"ub_tx_count", "utilization", b"utilization"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -490,27 +520,146 @@ Global___ListRegionsResponse: _TypeAlias = ListRegionsResponse  # noqa: Y015
 class FaultState(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ParamsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     FAULTED_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     SINCE_NS_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    PARAMS_FIELD_NUMBER: _builtins.int
+    FOR_S_FIELD_NUMBER: _builtins.int
+    UNTIL_NS_FIELD_NUMBER: _builtins.int
+    DEVICE_FIELD_NUMBER: _builtins.int
     faulted: _builtins.bool
     reason: _builtins.str
     since_ns: _builtins.int
     """emulated time of the last change; set by the device"""
+    kind: _builtins.str
+    """The catalogue's device kinds (InjectFault, ListFaults): one fault of each kind per device.
+    crash, hang, slow, hbm-ecc, die-down, pool-loss...
+    """
+    for_s: _builtins.float
+    """emulated seconds until the device clears it; 0 = until cleared"""
+    until_ns: _builtins.int
+    """emulated instant it clears itself; 0 = until cleared"""
+    device: _builtins.str
+    """The device the fault is on. Empty: the device called. Another device hosted in the same
+    process may be named: a crashed device's server is gone, so its process's siblings answer
+    for it (its "BMC"), and bring it back when the fault clears.
+    """
+    @_builtins.property
+    def params(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """the kind's typed parameters, as text"""
+
     def __init__(
         self,
         *,
         faulted: _builtins.bool = ...,
         reason: _builtins.str = ...,
         since_ns: _builtins.int = ...,
+        kind: _builtins.str = ...,
+        params: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        for_s: _builtins.float = ...,
+        until_ns: _builtins.int = ...,
+        device: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["faulted", b"faulted", "reason", b"reason", "since_ns", b"since_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "faulted", b"faulted", "for_s", b"for_s", "kind", b"kind", "params", b"params", "reason", b"reason", "since_ns", b"since_ns", "until_ns", b"until_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FaultState: _TypeAlias = FaultState  # noqa: Y015
+
+@_typing.final
+class ClearDeviceFaultRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    DEVICE_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """the kind to clear"""
+    device: _builtins.str
+    """as in FaultState.device"""
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        device: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "kind", b"kind"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearDeviceFaultRequest: _TypeAlias = ClearDeviceFaultRequest  # noqa: Y015
+
+@_typing.final
+class ListDeviceFaultsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESS_FIELD_NUMBER: _builtins.int
+    process: _builtins.bool
+    """every device hosted in the called device's process, not only itself"""
+    def __init__(
+        self,
+        *,
+        process: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["process", b"process"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDeviceFaultsRequest: _TypeAlias = ListDeviceFaultsRequest  # noqa: Y015
+
+@_typing.final
+class DeviceFaultList(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FAULTS_FIELD_NUMBER: _builtins.int
+    HOSTED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def faults(self) -> _containers.RepeatedCompositeFieldContainer[Global___FaultState]:
+        """each with its device"""
+
+    @_builtins.property
+    def hosted(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the devices the listing covers (its process's, or one)"""
+
+    def __init__(
+        self,
+        *,
+        faults: _abc.Iterable[Global___FaultState] | None = ...,
+        hosted: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["faults", b"faults", "hosted", b"hosted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeviceFaultList: _TypeAlias = DeviceFaultList  # noqa: Y015
 
 @_typing.final
 class GetFaultStateRequest(_message.Message):

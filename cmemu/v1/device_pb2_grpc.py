@@ -69,6 +69,21 @@ class DeviceStub:
                 request_serializer=cmemu_dot_v1_dot_device__pb2.FaultState.SerializeToString,
                 response_deserializer=cmemu_dot_v1_dot_device__pb2.FaultState.FromString,
                 _registered_method=True)
+        self.InjectFault = channel.unary_unary(
+                '/cmemu.v1.Device/InjectFault',
+                request_serializer=cmemu_dot_v1_dot_device__pb2.FaultState.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_device__pb2.FaultState.FromString,
+                _registered_method=True)
+        self.ClearFault = channel.unary_unary(
+                '/cmemu.v1.Device/ClearFault',
+                request_serializer=cmemu_dot_v1_dot_device__pb2.ClearDeviceFaultRequest.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_device__pb2.FaultState.FromString,
+                _registered_method=True)
+        self.ListFaults = channel.unary_unary(
+                '/cmemu.v1.Device/ListFaults',
+                request_serializer=cmemu_dot_v1_dot_device__pb2.ListDeviceFaultsRequest.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_device__pb2.DeviceFaultList.FromString,
+                _registered_method=True)
 
 
 class DeviceServicer:
@@ -117,6 +132,26 @@ class DeviceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InjectFault(self, request, context):
+        """A fault of the catalogue, on this device or a sibling in its process (FaultState.device).
+        Every injection and clearance is an event `fault` / `fault-cleared` on the device's topic.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearFault(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListFaults(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DeviceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +189,21 @@ def add_DeviceServicer_to_server(servicer, server):
                     servicer.SetFaultState,
                     request_deserializer=cmemu_dot_v1_dot_device__pb2.FaultState.FromString,
                     response_serializer=cmemu_dot_v1_dot_device__pb2.FaultState.SerializeToString,
+            ),
+            'InjectFault': grpc.unary_unary_rpc_method_handler(
+                    servicer.InjectFault,
+                    request_deserializer=cmemu_dot_v1_dot_device__pb2.FaultState.FromString,
+                    response_serializer=cmemu_dot_v1_dot_device__pb2.FaultState.SerializeToString,
+            ),
+            'ClearFault': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearFault,
+                    request_deserializer=cmemu_dot_v1_dot_device__pb2.ClearDeviceFaultRequest.FromString,
+                    response_serializer=cmemu_dot_v1_dot_device__pb2.FaultState.SerializeToString,
+            ),
+            'ListFaults': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListFaults,
+                    request_deserializer=cmemu_dot_v1_dot_device__pb2.ListDeviceFaultsRequest.FromString,
+                    response_serializer=cmemu_dot_v1_dot_device__pb2.DeviceFaultList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -345,6 +395,87 @@ class Device:
             '/cmemu.v1.Device/SetFaultState',
             cmemu_dot_v1_dot_device__pb2.FaultState.SerializeToString,
             cmemu_dot_v1_dot_device__pb2.FaultState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InjectFault(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cmemu.v1.Device/InjectFault',
+            cmemu_dot_v1_dot_device__pb2.FaultState.SerializeToString,
+            cmemu_dot_v1_dot_device__pb2.FaultState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearFault(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cmemu.v1.Device/ClearFault',
+            cmemu_dot_v1_dot_device__pb2.ClearDeviceFaultRequest.SerializeToString,
+            cmemu_dot_v1_dot_device__pb2.FaultState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListFaults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cmemu.v1.Device/ListFaults',
+            cmemu_dot_v1_dot_device__pb2.ListDeviceFaultsRequest.SerializeToString,
+            cmemu_dot_v1_dot_device__pb2.DeviceFaultList.FromString,
             options,
             channel_credentials,
             insecure,

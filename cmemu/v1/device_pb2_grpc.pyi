@@ -50,6 +50,12 @@ class DeviceStub:
     GetFaultState: _grpc.UnaryUnaryMultiCallable[_device_pb2.GetFaultStateRequest, _device_pb2.FaultState]
     SetFaultState: _grpc.UnaryUnaryMultiCallable[_device_pb2.FaultState, _device_pb2.FaultState]
     """A faulted device reports NOT_SERVING and answers UB and compute calls with UNAVAILABLE."""
+    InjectFault: _grpc.UnaryUnaryMultiCallable[_device_pb2.FaultState, _device_pb2.FaultState]
+    """A fault of the catalogue, on this device or a sibling in its process (FaultState.device).
+    Every injection and clearance is an event `fault` / `fault-cleared` on the device's topic.
+    """
+    ClearFault: _grpc.UnaryUnaryMultiCallable[_device_pb2.ClearDeviceFaultRequest, _device_pb2.FaultState]
+    ListFaults: _grpc.UnaryUnaryMultiCallable[_device_pb2.ListDeviceFaultsRequest, _device_pb2.DeviceFaultList]
 
 @_typing.type_check_only
 class DeviceAsyncStub(DeviceStub):
@@ -62,6 +68,12 @@ class DeviceAsyncStub(DeviceStub):
     GetFaultState: _aio.UnaryUnaryMultiCallable[_device_pb2.GetFaultStateRequest, _device_pb2.FaultState]  # type: ignore[assignment]
     SetFaultState: _aio.UnaryUnaryMultiCallable[_device_pb2.FaultState, _device_pb2.FaultState]  # type: ignore[assignment]
     """A faulted device reports NOT_SERVING and answers UB and compute calls with UNAVAILABLE."""
+    InjectFault: _aio.UnaryUnaryMultiCallable[_device_pb2.FaultState, _device_pb2.FaultState]  # type: ignore[assignment]
+    """A fault of the catalogue, on this device or a sibling in its process (FaultState.device).
+    Every injection and clearance is an event `fault` / `fault-cleared` on the device's topic.
+    """
+    ClearFault: _aio.UnaryUnaryMultiCallable[_device_pb2.ClearDeviceFaultRequest, _device_pb2.FaultState]  # type: ignore[assignment]
+    ListFaults: _aio.UnaryUnaryMultiCallable[_device_pb2.ListDeviceFaultsRequest, _device_pb2.DeviceFaultList]  # type: ignore[assignment]
 
 class DeviceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -113,5 +125,29 @@ class DeviceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_device_pb2.FaultState, _abc.Awaitable[_device_pb2.FaultState]]:
         """A faulted device reports NOT_SERVING and answers UB and compute calls with UNAVAILABLE."""
+
+    @_abc_1.abstractmethod
+    def InjectFault(
+        self,
+        request: _device_pb2.FaultState,
+        context: _ServicerContext,
+    ) -> _typing.Union[_device_pb2.FaultState, _abc.Awaitable[_device_pb2.FaultState]]:
+        """A fault of the catalogue, on this device or a sibling in its process (FaultState.device).
+        Every injection and clearance is an event `fault` / `fault-cleared` on the device's topic.
+        """
+
+    @_abc_1.abstractmethod
+    def ClearFault(
+        self,
+        request: _device_pb2.ClearDeviceFaultRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_device_pb2.FaultState, _abc.Awaitable[_device_pb2.FaultState]]: ...
+
+    @_abc_1.abstractmethod
+    def ListFaults(
+        self,
+        request: _device_pb2.ListDeviceFaultsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_device_pb2.DeviceFaultList, _abc.Awaitable[_device_pb2.DeviceFaultList]]: ...
 
 def add_DeviceServicer_to_server(servicer: DeviceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from cmemu.v1 import ub_pb2 as cmemu_dot_v1_dot_ub__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63memu/v1/fabric.proto\x12\x08\x63memu.v1\x1a\x11\x63memu/v1/ub.proto\"\xe5\x01\n\x11\x43ollectiveRequest\x12\"\n\x02op\x18\x01 \x01(\x0e\x32\x16.cmemu.v1.CollectiveOp\x12\r\n\x05ranks\x18\x02 \x03(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x62ytes_per_pair\x18\x04 \x01(\x04\x12\x12\n\npair_bytes\x18\x05 \x03(\x04\x12\x0c\n\x04root\x18\x06 \x01(\r\x12\x17\n\x0ftokens_per_rank\x18\x07 \x01(\r\x12\r\n\x05top_k\x18\x08 \x01(\r\x12\x17\n\x0f\x62ytes_per_token\x18\t \x01(\x04\x12\x13\n\x0b\x66low_detail\x18\n \x01(\x08\"X\n\nFlowTiming\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x13\n\x0b\x63omplete_ns\x18\x04 \x01(\x03\x12\x0c\n\x04gb_s\x18\x05 \x01(\x01\"\x8f\x02\n\x10\x43ollectiveResult\x12\"\n\x02op\x18\x01 \x01(\x0e\x32\x16.cmemu.v1.CollectiveOp\x12\r\n\x05ranks\x18\x02 \x01(\r\x12\x0e\n\x06phases\x18\x03 \x01(\r\x12\r\n\x05\x66lows\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x10\n\x08issue_ns\x18\x06 \x01(\x03\x12\x13\n\x0b\x63omplete_ns\x18\x07 \x01(\x03\x12\x13\n\x0b\x64uration_ns\x18\x08 \x01(\x03\x12\x13\n\x0boverhead_ns\x18\t \x01(\x03\x12\x17\n\x0fwall_compute_ms\x18\n \x01(\x01\x12*\n\x0c\x66low_timings\x18\x0b \x03(\x0b\x32\x14.cmemu.v1.FlowTiming\"\x81\x01\n\x0b\x46\x61\x62ricFault\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61\x63tor\x18\x04 \x01(\x01\x12\x18\n\x10\x61\x64\x64\x65\x64_latency_us\x18\x05 \x01(\x01\x12\x0e\n\x06side_a\x18\x06 \x03(\t\x12\x0e\n\x06side_b\x18\x07 \x03(\t\",\n\x11\x43learFaultRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03\x61ll\x18\x02 \x01(\x08\"\x13\n\x11ListFaultsRequest\"2\n\tFaultList\x12%\n\x06\x66\x61ults\x18\x01 \x03(\x0b\x32\x15.cmemu.v1.FabricFault\"\x1f\n\x10LinkStatsRequest\x12\x0b\n\x03top\x18\x01 \x01(\r\"\x83\x01\n\x08LinkStat\x12\x0c\n\x04link\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x15\n\rcapacity_gb_s\x18\x03 \x01(\x01\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x13\n\x0butilization\x18\x05 \x01(\x01\x12\x14\n\x0c\x61\x63tive_flows\x18\x06 \x01(\r\x12\n\n\x02up\x18\x07 \x01(\x08\"r\n\tLinkStats\x12\x13\n\x0b\x65mulated_ns\x18\x01 \x01(\x03\x12!\n\x05links\x18\x02 \x03(\x0b\x32\x12.cmemu.v1.LinkStat\x12\x14\n\x0c\x61\x63tive_flows\x18\x03 \x01(\x04\x12\x17\n\x0f\x63ompleted_flows\x18\x04 \x01(\x04\"9\n\x15WatchLinkStatsRequest\x12\x0b\n\x03top\x18\x01 \x01(\r\x12\x13\n\x0binterval_ms\x18\x02 \x01(\r\"(\n\x0cRouteRequest\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\"a\n\tRouteInfo\x12\x0c\n\x04path\x18\x01 \x03(\t\x12\x0e\n\x06planes\x18\x02 \x01(\r\x12\x10\n\x08max_gb_s\x18\x04 \x01(\x01\x12\x12\n\nlatency_ns\x18\x05 \x01(\x03J\x04\x08\x03\x10\x04R\nlatency_us\"\x11\n\x0fGetClockRequest\"J\n\tClockInfo\x12\x14\n\x0c\x65poch_wall_s\x18\x01 \x01(\x01\x12\x12\n\ntime_scale\x18\x02 \x01(\x01\x12\x13\n\x0b\x65mulated_ns\x18\x03 \x01(\x03*\x85\x02\n\x0c\x43ollectiveOp\x12\x1d\n\x19\x43OLLECTIVE_OP_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_TO_ALL\x10\x01\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_GATHER\x10\x02\x12 \n\x1c\x43OLLECTIVE_OP_REDUCE_SCATTER\x10\x03\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_REDUCE\x10\x04\x12\x1b\n\x17\x43OLLECTIVE_OP_BROADCAST\x10\x05\x12\x1e\n\x1a\x43OLLECTIVE_OP_MOE_DISPATCH\x10\x06\x12\x1d\n\x19\x43OLLECTIVE_OP_MOE_COMBINE\x10\x07\x32\xc6\x04\n\x06\x46\x61\x62ric\x12;\n\x08Transfer\x12\x17.cmemu.v1.UbTransaction\x1a\x16.cmemu.v1.UbCompletion\x12\x45\n\nCollective\x12\x1b.cmemu.v1.CollectiveRequest\x1a\x1a.cmemu.v1.CollectiveResult\x12\x34\n\x05Route\x12\x16.cmemu.v1.RouteRequest\x1a\x13.cmemu.v1.RouteInfo\x12;\n\x0bInjectFault\x12\x15.cmemu.v1.FabricFault\x1a\x15.cmemu.v1.FabricFault\x12>\n\nClearFault\x12\x1b.cmemu.v1.ClearFaultRequest\x1a\x13.cmemu.v1.FaultList\x12>\n\nListFaults\x12\x1b.cmemu.v1.ListFaultsRequest\x1a\x13.cmemu.v1.FaultList\x12?\n\x0cGetLinkStats\x12\x1a.cmemu.v1.LinkStatsRequest\x1a\x13.cmemu.v1.LinkStats\x12H\n\x0eWatchLinkStats\x12\x1f.cmemu.v1.WatchLinkStatsRequest\x1a\x13.cmemu.v1.LinkStats0\x01\x12:\n\x08GetClock\x12\x19.cmemu.v1.GetClockRequest\x1a\x13.cmemu.v1.ClockInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63memu/v1/fabric.proto\x12\x08\x63memu.v1\x1a\x11\x63memu/v1/ub.proto\"\xe5\x01\n\x11\x43ollectiveRequest\x12\"\n\x02op\x18\x01 \x01(\x0e\x32\x16.cmemu.v1.CollectiveOp\x12\r\n\x05ranks\x18\x02 \x03(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x62ytes_per_pair\x18\x04 \x01(\x04\x12\x12\n\npair_bytes\x18\x05 \x03(\x04\x12\x0c\n\x04root\x18\x06 \x01(\r\x12\x17\n\x0ftokens_per_rank\x18\x07 \x01(\r\x12\r\n\x05top_k\x18\x08 \x01(\r\x12\x17\n\x0f\x62ytes_per_token\x18\t \x01(\x04\x12\x13\n\x0b\x66low_detail\x18\n \x01(\x08\"X\n\nFlowTiming\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x13\n\x0b\x63omplete_ns\x18\x04 \x01(\x03\x12\x0c\n\x04gb_s\x18\x05 \x01(\x01\"\x8f\x02\n\x10\x43ollectiveResult\x12\"\n\x02op\x18\x01 \x01(\x0e\x32\x16.cmemu.v1.CollectiveOp\x12\r\n\x05ranks\x18\x02 \x01(\r\x12\x0e\n\x06phases\x18\x03 \x01(\r\x12\r\n\x05\x66lows\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x10\n\x08issue_ns\x18\x06 \x01(\x03\x12\x13\n\x0b\x63omplete_ns\x18\x07 \x01(\x03\x12\x13\n\x0b\x64uration_ns\x18\x08 \x01(\x03\x12\x13\n\x0boverhead_ns\x18\t \x01(\x03\x12\x17\n\x0fwall_compute_ms\x18\n \x01(\x01\x12*\n\x0c\x66low_timings\x18\x0b \x03(\x0b\x32\x14.cmemu.v1.FlowTiming\"\xd4\x01\n\x0b\x46\x61\x62ricFault\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61\x63tor\x18\x04 \x01(\x01\x12\x18\n\x10\x61\x64\x64\x65\x64_latency_us\x18\x05 \x01(\x01\x12\x0e\n\x06side_a\x18\x06 \x03(\t\x12\x0e\n\x06side_b\x18\x07 \x03(\t\x12\x10\n\x08period_s\x18\x08 \x01(\x01\x12\x0c\n\x04\x64uty\x18\t \x01(\x01\x12\r\n\x05\x66or_s\x18\n \x01(\x01\x12\x10\n\x08since_ns\x18\x0b \x01(\x03\x12\x10\n\x08until_ns\x18\x0c \x01(\x03\",\n\x11\x43learFaultRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03\x61ll\x18\x02 \x01(\x08\"\x13\n\x11ListFaultsRequest\"2\n\tFaultList\x12%\n\x06\x66\x61ults\x18\x01 \x03(\x0b\x32\x15.cmemu.v1.FabricFault\"\x1f\n\x10LinkStatsRequest\x12\x0b\n\x03top\x18\x01 \x01(\r\"\x83\x01\n\x08LinkStat\x12\x0c\n\x04link\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x15\n\rcapacity_gb_s\x18\x03 \x01(\x01\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x13\n\x0butilization\x18\x05 \x01(\x01\x12\x14\n\x0c\x61\x63tive_flows\x18\x06 \x01(\r\x12\n\n\x02up\x18\x07 \x01(\x08\"r\n\tLinkStats\x12\x13\n\x0b\x65mulated_ns\x18\x01 \x01(\x03\x12!\n\x05links\x18\x02 \x03(\x0b\x32\x12.cmemu.v1.LinkStat\x12\x14\n\x0c\x61\x63tive_flows\x18\x03 \x01(\x04\x12\x17\n\x0f\x63ompleted_flows\x18\x04 \x01(\x04\"9\n\x15WatchLinkStatsRequest\x12\x0b\n\x03top\x18\x01 \x01(\r\x12\x13\n\x0binterval_ms\x18\x02 \x01(\r\"(\n\x0cRouteRequest\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\"a\n\tRouteInfo\x12\x0c\n\x04path\x18\x01 \x03(\t\x12\x0e\n\x06planes\x18\x02 \x01(\r\x12\x10\n\x08max_gb_s\x18\x04 \x01(\x01\x12\x12\n\nlatency_ns\x18\x05 \x01(\x03J\x04\x08\x03\x10\x04R\nlatency_us\"\x11\n\x0fGetClockRequest\"J\n\tClockInfo\x12\x14\n\x0c\x65poch_wall_s\x18\x01 \x01(\x01\x12\x12\n\ntime_scale\x18\x02 \x01(\x01\x12\x13\n\x0b\x65mulated_ns\x18\x03 \x01(\x03*\x85\x02\n\x0c\x43ollectiveOp\x12\x1d\n\x19\x43OLLECTIVE_OP_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_TO_ALL\x10\x01\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_GATHER\x10\x02\x12 \n\x1c\x43OLLECTIVE_OP_REDUCE_SCATTER\x10\x03\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_REDUCE\x10\x04\x12\x1b\n\x17\x43OLLECTIVE_OP_BROADCAST\x10\x05\x12\x1e\n\x1a\x43OLLECTIVE_OP_MOE_DISPATCH\x10\x06\x12\x1d\n\x19\x43OLLECTIVE_OP_MOE_COMBINE\x10\x07\x32\xc6\x04\n\x06\x46\x61\x62ric\x12;\n\x08Transfer\x12\x17.cmemu.v1.UbTransaction\x1a\x16.cmemu.v1.UbCompletion\x12\x45\n\nCollective\x12\x1b.cmemu.v1.CollectiveRequest\x1a\x1a.cmemu.v1.CollectiveResult\x12\x34\n\x05Route\x12\x16.cmemu.v1.RouteRequest\x1a\x13.cmemu.v1.RouteInfo\x12;\n\x0bInjectFault\x12\x15.cmemu.v1.FabricFault\x1a\x15.cmemu.v1.FabricFault\x12>\n\nClearFault\x12\x1b.cmemu.v1.ClearFaultRequest\x1a\x13.cmemu.v1.FaultList\x12>\n\nListFaults\x12\x1b.cmemu.v1.ListFaultsRequest\x1a\x13.cmemu.v1.FaultList\x12?\n\x0cGetLinkStats\x12\x1a.cmemu.v1.LinkStatsRequest\x1a\x13.cmemu.v1.LinkStats\x12H\n\x0eWatchLinkStats\x12\x1f.cmemu.v1.WatchLinkStatsRequest\x1a\x13.cmemu.v1.LinkStats0\x01\x12:\n\x08GetClock\x12\x19.cmemu.v1.GetClockRequest\x1a\x13.cmemu.v1.ClockInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cmemu.v1.fabric_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COLLECTIVEOP']._serialized_start=1480
-  _globals['_COLLECTIVEOP']._serialized_end=1741
+  _globals['_COLLECTIVEOP']._serialized_start=1563
+  _globals['_COLLECTIVEOP']._serialized_end=1824
   _globals['_COLLECTIVEREQUEST']._serialized_start=55
   _globals['_COLLECTIVEREQUEST']._serialized_end=284
   _globals['_FLOWTIMING']._serialized_start=286
@@ -41,29 +41,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COLLECTIVERESULT']._serialized_start=377
   _globals['_COLLECTIVERESULT']._serialized_end=648
   _globals['_FABRICFAULT']._serialized_start=651
-  _globals['_FABRICFAULT']._serialized_end=780
-  _globals['_CLEARFAULTREQUEST']._serialized_start=782
-  _globals['_CLEARFAULTREQUEST']._serialized_end=826
-  _globals['_LISTFAULTSREQUEST']._serialized_start=828
-  _globals['_LISTFAULTSREQUEST']._serialized_end=847
-  _globals['_FAULTLIST']._serialized_start=849
-  _globals['_FAULTLIST']._serialized_end=899
-  _globals['_LINKSTATSREQUEST']._serialized_start=901
-  _globals['_LINKSTATSREQUEST']._serialized_end=932
-  _globals['_LINKSTAT']._serialized_start=935
-  _globals['_LINKSTAT']._serialized_end=1066
-  _globals['_LINKSTATS']._serialized_start=1068
-  _globals['_LINKSTATS']._serialized_end=1182
-  _globals['_WATCHLINKSTATSREQUEST']._serialized_start=1184
-  _globals['_WATCHLINKSTATSREQUEST']._serialized_end=1241
-  _globals['_ROUTEREQUEST']._serialized_start=1243
-  _globals['_ROUTEREQUEST']._serialized_end=1283
-  _globals['_ROUTEINFO']._serialized_start=1285
-  _globals['_ROUTEINFO']._serialized_end=1382
-  _globals['_GETCLOCKREQUEST']._serialized_start=1384
-  _globals['_GETCLOCKREQUEST']._serialized_end=1401
-  _globals['_CLOCKINFO']._serialized_start=1403
-  _globals['_CLOCKINFO']._serialized_end=1477
-  _globals['_FABRIC']._serialized_start=1744
-  _globals['_FABRIC']._serialized_end=2326
+  _globals['_FABRICFAULT']._serialized_end=863
+  _globals['_CLEARFAULTREQUEST']._serialized_start=865
+  _globals['_CLEARFAULTREQUEST']._serialized_end=909
+  _globals['_LISTFAULTSREQUEST']._serialized_start=911
+  _globals['_LISTFAULTSREQUEST']._serialized_end=930
+  _globals['_FAULTLIST']._serialized_start=932
+  _globals['_FAULTLIST']._serialized_end=982
+  _globals['_LINKSTATSREQUEST']._serialized_start=984
+  _globals['_LINKSTATSREQUEST']._serialized_end=1015
+  _globals['_LINKSTAT']._serialized_start=1018
+  _globals['_LINKSTAT']._serialized_end=1149
+  _globals['_LINKSTATS']._serialized_start=1151
+  _globals['_LINKSTATS']._serialized_end=1265
+  _globals['_WATCHLINKSTATSREQUEST']._serialized_start=1267
+  _globals['_WATCHLINKSTATSREQUEST']._serialized_end=1324
+  _globals['_ROUTEREQUEST']._serialized_start=1326
+  _globals['_ROUTEREQUEST']._serialized_end=1366
+  _globals['_ROUTEINFO']._serialized_start=1368
+  _globals['_ROUTEINFO']._serialized_end=1465
+  _globals['_GETCLOCKREQUEST']._serialized_start=1467
+  _globals['_GETCLOCKREQUEST']._serialized_end=1484
+  _globals['_CLOCKINFO']._serialized_start=1486
+  _globals['_CLOCKINFO']._serialized_end=1560
+  _globals['_FABRIC']._serialized_start=1827
+  _globals['_FABRIC']._serialized_end=2409
 # @@protoc_insertion_point(module_scope)

@@ -219,16 +219,33 @@ class FabricFault(_message.Message):
     ADDED_LATENCY_US_FIELD_NUMBER: _builtins.int
     SIDE_A_FIELD_NUMBER: _builtins.int
     SIDE_B_FIELD_NUMBER: _builtins.int
+    PERIOD_S_FIELD_NUMBER: _builtins.int
+    DUTY_FIELD_NUMBER: _builtins.int
+    FOR_S_FIELD_NUMBER: _builtins.int
+    SINCE_NS_FIELD_NUMBER: _builtins.int
+    UNTIL_NS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """assigned by the fabric"""
     kind: _builtins.str
-    """link-down, link-degraded, link-latency, switch-down, partition"""
+    """link-down, link-degraded, link-latency, switch-down, partition,"""
     target: _builtins.str
-    """a link "a~b" (see cmemu topology --json) or a switch id"""
+    """link-flap, ports-degraded (a device's or die's UB ports: target)
+    a link "a~b" (see cmemu topology --json) or a switch id
+    """
     factor: _builtins.float
     """link-degraded: remaining share of bandwidth, in (0, 1)"""
     added_latency_us: _builtins.float
     """link-latency: emulated microseconds added per crossing"""
+    period_s: _builtins.float
+    """link-flap: emulated seconds of one down+up cycle"""
+    duty: _builtins.float
+    """link-flap: share of each period the link is down, in (0, 1)"""
+    for_s: _builtins.float
+    """emulated seconds until the fabric clears it; 0 = until cleared"""
+    since_ns: _builtins.int
+    """emulated instant it was injected; set by the fabric"""
+    until_ns: _builtins.int
+    """emulated instant it clears itself; 0 = until cleared"""
     @_builtins.property
     def side_a(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """partition: device ids on one side"""
@@ -247,10 +264,15 @@ class FabricFault(_message.Message):
         added_latency_us: _builtins.float = ...,
         side_a: _abc.Iterable[_builtins.str] | None = ...,
         side_b: _abc.Iterable[_builtins.str] | None = ...,
+        period_s: _builtins.float = ...,
+        duty: _builtins.float = ...,
+        for_s: _builtins.float = ...,
+        since_ns: _builtins.int = ...,
+        until_ns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_latency_us", b"added_latency_us", "factor", b"factor", "id", b"id", "kind", b"kind", "side_a", b"side_a", "side_b", b"side_b", "target", b"target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_latency_us", b"added_latency_us", "duty", b"duty", "factor", b"factor", "for_s", b"for_s", "id", b"id", "kind", b"kind", "period_s", b"period_s", "side_a", b"side_a", "side_b", b"side_b", "since_ns", b"since_ns", "target", b"target", "until_ns", b"until_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -315,6 +315,10 @@ class Deployment(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     SPEC_YAML_FIELD_NUMBER: _builtins.int
     NPUS_FIELD_NUMBER: _builtins.int
+    FAILED_DIES_FIELD_NUMBER: _builtins.int
+    LAST_ISOLATED_NS_FIELD_NUMBER: _builtins.int
+    LAST_RESTORED_NS_FIELD_NUMBER: _builtins.int
+    HEALTH_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     model: _builtins.str
     state: Global___DeploymentState.ValueType
@@ -325,10 +329,28 @@ class Deployment(_message.Message):
     """the deployment as a YAML document"""
     npus: _builtins.int
     """every instance's NPUs together"""
+    last_isolated_ns: _builtins.int
+    """emulated instant of the last isolation (0: never)"""
+    last_restored_ns: _builtins.int
+    """emulated instant of the last restore (0: never)"""
+    health: _builtins.str
+    """"serving" (every die in service), "degraded" (dies isolated, no replacement yet; or an
+    instance out of service), "recovering" (a replacement is loading its weights); empty until
+    the deployment serves
+    """
     @_builtins.property
     def instances(self) -> _containers.RepeatedCompositeFieldContainer[Global___Instance]: ...
     @_builtins.property
     def weights(self) -> Global___WeightLoading: ...
+    @_builtins.property
+    def failed_dies(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Riding out faults: the deployment watches its scheduler allocations. A die of an NPU marked
+        failed (or that stopped answering) is isolated at once (its experts move to redundant slots,
+        its requests are retried or fail visibly); a replacement NPU is restored into the instance
+        once its weights are loaded from EMS.
+        isolated now ("n00-npu3.d1"), restored ones not
+        """
+
     def __init__(
         self,
         *,
@@ -341,10 +363,14 @@ class Deployment(_message.Message):
         error: _builtins.str = ...,
         spec_yaml: _builtins.str = ...,
         npus: _builtins.int = ...,
+        failed_dies: _abc.Iterable[_builtins.str] | None = ...,
+        last_isolated_ns: _builtins.int = ...,
+        last_restored_ns: _builtins.int = ...,
+        health: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["weights", b"weights"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ns", b"created_ns", "error", b"error", "instances", b"instances", "model", b"model", "name", b"name", "npus", b"npus", "spec_yaml", b"spec_yaml", "state", b"state", "weights", b"weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ns", b"created_ns", "error", b"error", "failed_dies", b"failed_dies", "health", b"health", "instances", b"instances", "last_isolated_ns", b"last_isolated_ns", "last_restored_ns", b"last_restored_ns", "model", b"model", "name", b"name", "npus", b"npus", "spec_yaml", b"spec_yaml", "state", b"state", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -442,6 +468,9 @@ class ServingStats(_message.Message):
     WINDOW_NS_FIELD_NUMBER: _builtins.int
     KV_SLOTS_HELD_FIELD_NUMBER: _builtins.int
     KV_SLOTS_FIELD_NUMBER: _builtins.int
+    REQUESTS_FAILED_FIELD_NUMBER: _builtins.int
+    REQUESTS_RETRIED_FIELD_NUMBER: _builtins.int
+    REQUESTS_DROPPED_FIELD_NUMBER: _builtins.int
     requests_completed: _builtins.int
     requests_cancelled: _builtins.int
     requests_in_flight: _builtins.int
@@ -459,6 +488,12 @@ class ServingStats(_message.Message):
     """decode KV slots held by requests in flight (a cancel frees one)"""
     kv_slots: _builtins.int
     """decode KV slots in all (max_batch_per_die x dies)"""
+    requests_failed: _builtins.int
+    """finished with an error the client saw (finish_reason "error")"""
+    requests_retried: _builtins.int
+    """requests retried at least once (a failed step, a lost die)"""
+    requests_dropped: _builtins.int
+    """lost without a finish or an error: must stay 0"""
     @_builtins.property
     def ttft(self) -> Global___Percentiles:
         """first token's time after arrival"""
@@ -488,10 +523,13 @@ class ServingStats(_message.Message):
         window_ns: _builtins.int = ...,
         kv_slots_held: _builtins.int = ...,
         kv_slots: _builtins.int = ...,
+        requests_failed: _builtins.int = ...,
+        requests_retried: _builtins.int = ...,
+        requests_dropped: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["queueing", b"queueing", "tpot", b"tpot", "ttft", b"ttft"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_tokens", b"completion_tokens", "kv_slots", b"kv_slots", "kv_slots_held", b"kv_slots_held", "output_tokens_per_s", b"output_tokens_per_s", "prefix_hit_tokens", b"prefix_hit_tokens", "prefix_lookup_tokens", b"prefix_lookup_tokens", "prompt_tokens", b"prompt_tokens", "queueing", b"queueing", "requests_cancelled", b"requests_cancelled", "requests_completed", b"requests_completed", "requests_in_flight", b"requests_in_flight", "tpot", b"tpot", "ttft", b"ttft", "window_ns", b"window_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_tokens", b"completion_tokens", "kv_slots", b"kv_slots", "kv_slots_held", b"kv_slots_held", "output_tokens_per_s", b"output_tokens_per_s", "prefix_hit_tokens", b"prefix_hit_tokens", "prefix_lookup_tokens", b"prefix_lookup_tokens", "prompt_tokens", b"prompt_tokens", "queueing", b"queueing", "requests_cancelled", b"requests_cancelled", "requests_completed", b"requests_completed", "requests_dropped", b"requests_dropped", "requests_failed", b"requests_failed", "requests_in_flight", b"requests_in_flight", "requests_retried", b"requests_retried", "tpot", b"tpot", "ttft", b"ttft", "window_ns", b"window_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

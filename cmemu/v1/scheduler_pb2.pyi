@@ -527,3 +527,59 @@ class ListPoliciesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListPoliciesResponse: _TypeAlias = ListPoliciesResponse  # noqa: Y015
+
+@_typing.final
+class WatchAllocationsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    """empty: every job"""
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchAllocationsRequest: _TypeAlias = WatchAllocationsRequest  # noqa: Y015
+
+@_typing.final
+class AllocationEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOCATION_FIELD_NUMBER: _builtins.int
+    CHANGE_FIELD_NUMBER: _builtins.int
+    NPUS_FIELD_NUMBER: _builtins.int
+    AT_NS_FIELD_NUMBER: _builtins.int
+    change: _builtins.str
+    """"allocated" | "failed" | "replaced" | "released" """
+    at_ns: _builtins.int
+    """emulated instant of the change"""
+    @_builtins.property
+    def allocation(self) -> Global___Allocation:
+        """after the change (the last one held, for "released")"""
+
+    @_builtins.property
+    def npus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the NPUs concerned (failed ones; for "replaced" the new ones)"""
+
+    def __init__(
+        self,
+        *,
+        allocation: Global___Allocation | None = ...,
+        change: _builtins.str = ...,
+        npus: _abc.Iterable[_builtins.str] | None = ...,
+        at_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "at_ns", b"at_ns", "change", b"change", "npus", b"npus"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocationEvent: _TypeAlias = AllocationEvent  # noqa: Y015

@@ -84,6 +84,11 @@ class SchedulerStub:
                 request_serializer=cmemu_dot_v1_dot_scheduler__pb2.ListPoliciesRequest.SerializeToString,
                 response_deserializer=cmemu_dot_v1_dot_scheduler__pb2.ListPoliciesResponse.FromString,
                 _registered_method=True)
+        self.WatchAllocations = channel.unary_stream(
+                '/cmemu.v1.Scheduler/WatchAllocations',
+                request_serializer=cmemu_dot_v1_dot_scheduler__pb2.WatchAllocationsRequest.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_scheduler__pb2.AllocationEvent.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -161,6 +166,14 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchAllocations(self, request, context):
+        """Every change of one job's allocation (or of all, with `job` empty) from now on: the single
+        source of truth a workload watches to stop on a failed NPU and restore onto its replacement.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -213,6 +226,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.ListPolicies,
                     request_deserializer=cmemu_dot_v1_dot_scheduler__pb2.ListPoliciesRequest.FromString,
                     response_serializer=cmemu_dot_v1_dot_scheduler__pb2.ListPoliciesResponse.SerializeToString,
+            ),
+            'WatchAllocations': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchAllocations,
+                    request_deserializer=cmemu_dot_v1_dot_scheduler__pb2.WatchAllocationsRequest.FromString,
+                    response_serializer=cmemu_dot_v1_dot_scheduler__pb2.AllocationEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -485,6 +503,33 @@ class Scheduler:
             '/cmemu.v1.Scheduler/ListPolicies',
             cmemu_dot_v1_dot_scheduler__pb2.ListPoliciesRequest.SerializeToString,
             cmemu_dot_v1_dot_scheduler__pb2.ListPoliciesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchAllocations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/cmemu.v1.Scheduler/WatchAllocations',
+            cmemu_dot_v1_dot_scheduler__pb2.WatchAllocationsRequest.SerializeToString,
+            cmemu_dot_v1_dot_scheduler__pb2.AllocationEvent.FromString,
             options,
             channel_credentials,
             insecure,

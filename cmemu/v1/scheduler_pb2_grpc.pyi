@@ -74,6 +74,10 @@ class SchedulerStub:
     frees some). RESOURCE_EXHAUSTED: fewer NPUs are free or spare.
     """
     ListPolicies: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListPoliciesRequest, _scheduler_pb2.ListPoliciesResponse]
+    WatchAllocations: _grpc.UnaryStreamMultiCallable[_scheduler_pb2.WatchAllocationsRequest, _scheduler_pb2.AllocationEvent]
+    """Every change of one job's allocation (or of all, with `job` empty) from now on: the single
+    source of truth a workload watches to stop on a failed NPU and restore onto its replacement.
+    """
 
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
@@ -104,6 +108,10 @@ class SchedulerAsyncStub(SchedulerStub):
     frees some). RESOURCE_EXHAUSTED: fewer NPUs are free or spare.
     """
     ListPolicies: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListPoliciesRequest, _scheduler_pb2.ListPoliciesResponse]  # type: ignore[assignment]
+    WatchAllocations: _aio.UnaryStreamMultiCallable[_scheduler_pb2.WatchAllocationsRequest, _scheduler_pb2.AllocationEvent]  # type: ignore[assignment]
+    """Every change of one job's allocation (or of all, with `job` empty) from now on: the single
+    source of truth a workload watches to stop on a failed NPU and restore onto its replacement.
+    """
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -191,5 +199,15 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_pb2.ListPoliciesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.ListPoliciesResponse, _abc.Awaitable[_scheduler_pb2.ListPoliciesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def WatchAllocations(
+        self,
+        request: _scheduler_pb2.WatchAllocationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.AllocationEvent], _abc.AsyncIterator[_scheduler_pb2.AllocationEvent]]:
+        """Every change of one job's allocation (or of all, with `job` empty) from now on: the single
+        source of truth a workload watches to stop on a failed NPU and restore onto its replacement.
+        """
 
 def add_SchedulerServicer_to_server(servicer: SchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -19,15 +19,18 @@ from pathlib import Path
 import grpc
 
 from emulator.cli import argtypes, up
+from emulator.cli.chaos import chaos_args, cmd_chaos
 from emulator.cli.ems import cmd_ems, ems_args
 from emulator.cli.fabric import cmd_links, cmd_xfer, links_args, xfer_args
 from emulator.cli.fault import cmd_fault, fault_args
 from emulator.cli.instances import cmd_down, cmd_instances, down_args, instances_args
+from emulator.cli.manager import cmd_manager, manager_args
 from emulator.cli.output import Column, print_rows
 from emulator.cli.sched import cmd_sched, sched_args
 from emulator.cli.serving import add_serving_commands
 from emulator.cli.simulate import cmd_simulate, simulate_args
 from emulator.cli.status import cmd_status, status_args
+from emulator.cli.train import cmd_train, train_args
 from emulator.cli.watch import cmd_watch, watch_args
 from emulator.client import health
 from emulator.client.credentials import Credentials
@@ -240,9 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
         "watch": (cmd_watch, "print the running emulator's events as they happen"),
         "ems": (cmd_ems, "the elastic memory store: put, get, ls, rm, exists, stat"),
         "sched": (cmd_sched, "the scheduler: alloc, release, ls, spares, replace, policies"),
-        "simulate": (cmd_simulate, "model mode: serving simulation, calibration"),
+        "simulate": (cmd_simulate, "model mode: serving, calibration, a long training run"),
+        "manager": (cmd_manager, "the cluster manager: status, incidents, active or passive"),
+        "train": (cmd_train, "training jobs: start, ls, get, stop"),
         "status": (cmd_status, "one running instance at a glance: launcher, time, health, faults"),
         "fault": (cmd_fault, "inject, list and clear device and fabric faults"),
+        "chaos": (cmd_chaos, "run a chaos scenario and judge it; list fault kinds and scenarios"),
         "down": (cmd_down, "stop a running instance (SIGTERM to its launcher, then wait)"),
         "instances": (cmd_instances, "list the instances that have a state file"),
     }
@@ -264,11 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
     ems_args(parsers["ems"], _add_state_arg)
     sched_args(parsers["sched"], _add_state_arg)
     simulate_args(parsers["simulate"])
+    manager_args(parsers["manager"], _add_state_arg)
+    train_args(parsers["train"], _add_state_arg)
     watch_args(parsers["watch"])
     _add_state_arg(parsers["watch"])
     status_args(parsers["status"])
     _add_state_arg(parsers["status"])
     fault_args(parsers["fault"], _add_state_arg)
+    chaos_args(parsers["chaos"], _add_state_arg)
     down_args(parsers["down"])
     _add_state_arg(parsers["down"])
     instances_args(parsers["instances"])

@@ -13,6 +13,7 @@ import yaml
 
 from emulator.cli.argtypes import UsageError
 from emulator.cli.output import Column, print_rows
+from emulator.cli.train import simulate_training_cmd, training_args
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.serving import calibrate
@@ -49,6 +50,7 @@ def simulate_args(parser: argparse.ArgumentParser) -> None:
         help="the serving cost model against the published serving points, with its error",
     )
     cal.add_argument("--json", action="store_true", help="one JSON array")
+    training_args(sub)
 
 
 def _read(path: str) -> str:
@@ -150,5 +152,5 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    handlers = {"serving": _serving, "calibrate": _calibrate}
+    handlers = {"serving": _serving, "calibrate": _calibrate, "training": simulate_training_cmd}
     return handlers[args.simulate_command](args)

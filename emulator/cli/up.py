@@ -211,6 +211,8 @@ async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
             launcher |= await asyncio.to_thread(_guard_record, sn, path)
             launcher[state.METRICS_KEY] = metricserver.supernode_endpoints(sn)
             launcher[state.UI_KEY] = view.url if view is not None else None
+            if sn.supervisor is not None:  # procs mode: pids for process-kill/-pause faults
+                launcher[state.PROCESSES_KEY] = state.processes_record(sn.supervisor.running)
             await asyncio.to_thread(state.write, path, sn.topology, mode=sn.mode, launcher=launcher)
             print(
                 summary(sn, path, time.perf_counter() - started, view.url if view else None),

@@ -8,10 +8,12 @@ from cmemu.v1 import (
     cpu_pb2_grpc,
     device_pb2_grpc,
     fabric_pb2_grpc,
+    manager_pb2_grpc,
     mempool_pb2_grpc,
     npu_pb2_grpc,
     router_pb2_grpc,
     scheduler_pb2_grpc,
+    training_pb2_grpc,
     ub_pb2_grpc,
 )
 from emulator.client import health
@@ -59,6 +61,17 @@ class Clients:
     def scheduler(self) -> scheduler_pb2_grpc.SchedulerAsyncStub:
         return scheduler_pb2_grpc.SchedulerStub(
             self.channel_to(self.topology.service(ServiceKind.SCHEDULER).address)
+        )
+
+    def manager(self) -> manager_pb2_grpc.ClusterManagerAsyncStub:
+        return manager_pb2_grpc.ClusterManagerStub(
+            self.channel_to(self.topology.service(ServiceKind.MANAGER).address)
+        )
+
+    def training(self) -> training_pb2_grpc.TrainingAsyncStub:
+        """Training jobs are hosted on the manager's server."""
+        return training_pb2_grpc.TrainingStub(
+            self.channel_to(self.topology.service(ServiceKind.MANAGER).address)
         )
 
     def mempool(self, device_id: str) -> mempool_pb2_grpc.MemoryPoolAsyncStub:

@@ -1,43 +1,136 @@
 """Faults of a running emulator, device and fabric alike, through its public gRPC APIs.
 
-Fault kinds are registered by name in one table, KINDS (as Toxiproxy registers its toxics): the
-fabric's link and switch kinds go to cmemu.v1.Fabric/InjectFault; `device-down` goes to
-cmemu.v1.Device/SetFaultState on the device. What every kind shares (the required options,
-listing and removal) lives here, never in a kind. `cmemu fault` is a skin over this module.
+The fault catalogue is one table, KINDS, of kinds registered by name (as Toxiproxy registers its
+toxics), each a small module of emulator/client/faultkinds/ with TYPED parameters: a frozen
+dataclass per kind (emulator/model/faults/catalogue.py), built from a dict by
+`kind.params_from(raw)` (InvalidArgumentError on an unknown or bad parameter), and
+`kind.add(clients, target, params, duration_s) -> ActiveFault`. `clear(clients, fault_id)`
+clears any of them by the id `add` returned. Durations are emulated seconds, kept by whoever
+owns the fault (the device's process, the fabric), so nothing has to wait client-side.
 
-A device fault's id is `dev:<device id>` (one device holds at most one fault); fabric faults keep
-the ids the fabric gives them.
+What every kind shares (ids, reaching a device through a sibling) lives in faultkinds/base.py;
+`cmemu fault` is a skin over this module.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
+
+import grpc
 
 from cmemu.v1 import device_pb2, fabric_pb2
 from emulator.client.clients import Clients
-from emulator.model.errors import InvalidArgumentError, NotFoundError
+from emulator.client.faultkinds import (
+    broker_outage,
+    crash,
+    device_down,
+    die_down,
+    fabric,
+    hang,
+    hbm_ecc,
+    node_power_off,
+    pool_loss,
+    process,
+    slow,
+)
+from emulator.client.faultkinds.base import (
+    ActiveFault,
+    Kind,
+    clear_device,
+    device_fault,
+    device_fault_id,
+    not_found,
+    parse_device_fault,
+)
+from emulator.client.faultkinds.process import ProcessTable, attach_processes
+from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
 
-DEVICE_FAULT_PREFIX = "dev:"
+__all__ = [
+    "KINDS",
+    "ActiveFault",
+    "FaultOptions",
+    "Kind",
+    "ProcessTable",
+    "add",
+    "attach_processes",
+    "clear",
+    "device_fault_id",
+    "inject",
+    "kind_of",
+    "list_all",
+    "remove",
+    "remove_all",
+]
+
 DEFAULT_REASON = "cmemu fault add"
 CONCURRENCY = 64
 
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        crash.KIND,
+        hang.KIND,
+        slow.KIND,
+        hbm_ecc.KIND,
+        die_down.KIND,
+        fabric.LINK_FLAP,
+        node_power_off.KIND,
+        process.KILL,
+        process.PAUSE,
+        pool_loss.KIND,
+        broker_outage.KIND,
+        fabric.LINK_DOWN,
+        fabric.LINK_DEGRADED,
+        fabric.LINK_LATENCY,
+        fabric.SWITCH_DOWN,
+        fabric.PARTITION,
+        device_down.KIND,
+    )
+}
 
-def device_fault_id(device_id: str) -> str:
-    return f"{DEVICE_FAULT_PREFIX}{device_id}"
+
+def kind_of(name: str) -> Kind:
+    kind = KINDS.get(name)
+    if kind is None:
+        raise InvalidArgumentError(
+            f"unknown fault kind {quote(name)}; known: {', '.join(sorted(KINDS))}",
+            field="kind",
+            subject=name,
+            reason="UNKNOWN_FAULT_KIND",
+        )
+    return kind
 
 
-def device_of_fault(fault_id: str) -> str | None:
-    """The device a `dev:` fault id names, or None for a fabric fault id."""
-    prefix, sep, device = fault_id.partition(":")
-    return device if sep and f"{prefix}:" == DEVICE_FAULT_PREFIX else None
+async def inject(
+    clients: Clients,
+    kind_name: str,
+    target: str = "",
+    params: Mapping[str, object] | Any = None,
+    duration_s: float | None = None,
+) -> ActiveFault:
+    """Add a fault of `kind_name` on `target`; params as a dict (checked here) or typed."""
+    kind = kind_of(kind_name)
+    typed = (
+        kind.params_from(params or {}) if params is None or isinstance(params, Mapping) else params
+    )
+    if duration_s is not None and not duration_s > 0:
+        raise InvalidArgumentError(f"duration must be > 0 s, got {duration_s}", field="for_s")
+    if kind.target != "none" and not target and kind.name != "partition":
+        raise InvalidArgumentError(
+            f"fault kind {kind.name} needs a target: {kind.target}", field="target"
+        )
+    return await kind.add(clients, target, typed, duration_s)
+
+
+# --- the older, untyped entry point (FaultOptions), kept for its callers ------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
 class FaultOptions:
-    """What `cmemu fault add` was given, typed: no argparse below this line."""
+    """The options of the first fault kinds, before typed params."""
 
     target: str = ""
     factor: float | None = None
@@ -47,140 +140,24 @@ class FaultOptions:
     reason: str = DEFAULT_REASON
 
 
-@dataclass(frozen=True, kw_only=True)
-class ActiveFault:
-    id: str
-    kind: str
-    target: str
-    detail: str = ""
-
-
-class Kind(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def help(self) -> str: ...
-
-    @property
-    def requires(self) -> tuple[str, ...]: ...
-
-    async def add(self, clients: Clients, opts: FaultOptions) -> ActiveFault: ...
-
-
-# --- the kinds ---------------------------------------------------------------------------------
-
-
-def _fabric_detail(f: fabric_pb2.FabricFault) -> str:
-    parts = []
-    if f.factor:
-        parts.append(f"factor={f.factor:g}")
-    if f.added_latency_us:
-        parts.append(f"latency=+{f.added_latency_us:g}us")
-    if f.side_a or f.side_b:
-        parts.append(f"side_a={','.join(f.side_a)} side_b={','.join(f.side_b)}")
-    return " ".join(parts)
-
-
-def _fabric_fault(f: fabric_pb2.FabricFault) -> ActiveFault:
-    return ActiveFault(id=f.id, kind=f.kind, target=f.target, detail=_fabric_detail(f))
-
-
-@dataclass(frozen=True, kw_only=True)
-class FabricKind:
-    """A fault the fabric applies to its link graph (emulator/model/linkfaults.py)."""
-
-    name: str
-    help: str
-    requires: tuple[str, ...] = ("target",)
-
-    async def add(self, clients: Clients, opts: FaultOptions) -> ActiveFault:
-        stored = await clients.fabric().InjectFault(
-            fabric_pb2.FabricFault(
-                kind=self.name,
-                target=opts.target,
-                factor=opts.factor or 0.0,
-                added_latency_us=opts.latency_us or 0.0,
-                side_a=opts.side_a,
-                side_b=opts.side_b,
-            )
-        )
-        return _fabric_fault(stored)
-
-
-def _device_fault(device_id: str, f: device_pb2.FaultState) -> ActiveFault:
-    return ActiveFault(
-        id=device_fault_id(device_id),
-        kind=DeviceDown.name,
-        target=device_id,
-        detail=f"reason={f.reason!r} since={f.since_ns / 1e9:.3f}s",
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeviceDown:
-    """The device reports NOT_SERVING and answers UB and compute calls with UNAVAILABLE."""
-
-    name: str = "device-down"
-    help: str = "a device reports NOT_SERVING and refuses UB and compute calls"
-    requires: tuple[str, ...] = ("target",)
-
-    async def add(self, clients: Clients, opts: FaultOptions) -> ActiveFault:
-        device = clients.topology.device(opts.target).id
-        stored = await clients.device(device).SetFaultState(
-            device_pb2.FaultState(faulted=True, reason=opts.reason)
-        )
-        return _device_fault(device, stored)
-
-
-KINDS: dict[str, Kind] = {
-    k.name: k
-    for k in (
-        FabricKind(name="link-down", help="a link 'a~b' carries nothing"),
-        FabricKind(
-            name="link-degraded",
-            help="a link keeps --factor of its bandwidth",
-            requires=("target", "factor"),
-        ),
-        FabricKind(
-            name="link-latency",
-            help="a link adds --latency-us per crossing",
-            requires=("target", "latency_us"),
-        ),
-        FabricKind(name="switch-down", help="every link of a switch (e.g. l2-p0-s3) is down"),
-        FabricKind(
-            name="partition",
-            help="devices of --side-a cannot reach those of --side-b",
-            requires=("side_a", "side_b"),
-        ),
-        DeviceDown(),
-    )
-}
-OPTION_OF = {
-    "target": "TARGET",
-    "factor": "--factor",
-    "latency_us": "--latency-us",
-    "side_a": "--side-a",
-    "side_b": "--side-b",
-}
-
-
-# --- operations, typed -------------------------------------------------------------------------
+def _legacy_params(kind: str, opts: FaultOptions) -> dict[str, object]:
+    raw: dict[str, object] = {}
+    if opts.factor is not None:
+        raw["factor"] = opts.factor
+    if opts.latency_us is not None:
+        raw["latency_us"] = opts.latency_us
+    if opts.side_a or opts.side_b:
+        raw |= {"side_a": ",".join(opts.side_a), "side_b": ",".join(opts.side_b)}
+    if kind == "device-down":
+        raw["reason"] = opts.reason
+    return raw
 
 
 async def add(clients: Clients, kind_name: str, opts: FaultOptions) -> ActiveFault:
-    kind = KINDS[kind_name]
-    missing = missing_options(kind_name, opts)
-    if missing:
-        raise InvalidArgumentError(
-            f"fault kind {kind.name} needs {' and '.join(missing)}", field=missing[0]
-        )
-    return await kind.add(clients, opts)
+    return await inject(clients, kind_name, opts.target, _legacy_params(kind_name, opts))
 
 
-def missing_options(kind_name: str, opts: FaultOptions) -> list[str]:
-    """The options a kind requires that `opts` leaves empty, as the CLI spells them."""
-    return [OPTION_OF[o] for o in KINDS[kind_name].requires if not getattr(opts, o)]
+# --- listing -------------------------------------------------------------------------------------
 
 
 async def _gather_limited(calls: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
@@ -194,50 +171,111 @@ async def _gather_limited(calls: list[Callable[[], Awaitable[Any]]]) -> list[Any
 
 
 async def device_faults(clients: Clients) -> list[ActiveFault]:
-    """Every device that reports itself faulted; unreachable devices are left out (status and
-    ls show their health)."""
-    devices = clients.topology.devices
+    """Every device fault, asked of one device per process (its listing covers the process's
+    devices, crashed ones included); devices no one answers for are left out (status and ls
+    show their health)."""
+    request = device_pb2.ListDeviceFaultsRequest(process=True)
+    uncovered = [d.id for d in clients.topology.devices]
+    found: dict[str, ActiveFault] = {}
 
-    def ask(device_id: str) -> Callable[[], Awaitable[device_pb2.FaultState]]:
-        return lambda: clients.device(device_id).GetFaultState(
-            device_pb2.GetFaultStateRequest(), timeout=5.0
-        )
+    def ask(device: str) -> Callable[[], Awaitable[device_pb2.DeviceFaultList]]:
+        return lambda: clients.device(device).ListFaults(request, timeout=5.0)
 
-    replies = await _gather_limited([ask(d.id) for d in devices])
-    return [
-        _device_fault(d.id, r)
-        for d, r in zip(devices, replies, strict=True)
-        if isinstance(r, device_pb2.FaultState) and r.faulted
-    ]
+    first = True
+    while uncovered:
+        batch = uncovered[:1] if first else uncovered[:CONCURRENCY]
+        first = False
+        replies = await _gather_limited([ask(d) for d in batch])
+        covered = set(batch)
+        for reply in replies:
+            if isinstance(reply, device_pb2.DeviceFaultList):
+                covered |= set(reply.hosted)
+                for state in reply.faults:
+                    fault = device_fault(state)
+                    found[fault.id] = fault
+        uncovered = [d for d in uncovered if d not in covered]
+    return list(found.values())
 
 
 async def fabric_faults(clients: Clients) -> list[ActiveFault]:
     listed = await clients.fabric().ListFaults(fabric_pb2.ListFaultsRequest(), timeout=5.0)
-    return [_fabric_fault(f) for f in listed.faults]
+    return [fabric.fabric_fault(f) for f in listed.faults]
 
 
 async def list_all(clients: Clients) -> list[ActiveFault]:
-    fabric, devices = await asyncio.gather(fabric_faults(clients), device_faults(clients))
-    return [*fabric, *devices]
+    fabric_list, devices = await asyncio.gather(fabric_faults(clients), device_faults(clients))
+    return [*fabric_list, *devices, *process.listed(clients)]
 
 
-async def remove(clients: Clients, fault_id: str) -> None:
-    device = device_of_fault(fault_id)
-    if device is None:
-        await clients.fabric().ClearFault(fabric_pb2.ClearFaultRequest(id=fault_id))
+# --- clearing ------------------------------------------------------------------------------------
+
+
+async def _clear_node(clients: Clients, node: str) -> None:
+    devices = node_power_off.node_devices(clients, node)
+    results = await asyncio.gather(
+        *(clear_device(clients, d, "crash") for d in devices), return_exceptions=True
+    )
+    errors = [
+        r
+        for r in results
+        if isinstance(r, BaseException)
+        and not (isinstance(r, grpc.aio.AioRpcError) and r.code() is grpc.StatusCode.NOT_FOUND)
+    ]
+    if errors:
+        raise errors[0]
+    if all(isinstance(r, BaseException) for r in results):
+        raise not_found(f"{node_power_off.NODE_PREFIX}{node}")
+
+
+async def clear(clients: Clients, fault_id: str) -> None:
+    """Clear one fault by the id `add` (or a listing) gave it."""
+    device = parse_device_fault(fault_id)
+    if device is not None:
+        try:
+            await clear_device(clients, *device)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.NOT_FOUND:
+                raise NotFoundError(
+                    f"no fault {quote(fault_id)}: {device[0]} is not faulted that way"
+                    " (see `cmemu fault ls`)",
+                    field="id",
+                    subject=fault_id,
+                    reason="FAULT_NOT_FOUND",
+                ) from None
+            raise
         return
-    stub = clients.device(clients.topology.device(device).id)
-    if not (await stub.GetFaultState(device_pb2.GetFaultStateRequest())).faulted:
-        raise NotFoundError(f"no fault {fault_id!r}: device {device} is not faulted")
-    await stub.SetFaultState(device_pb2.FaultState(faulted=False))
+    if fault_id.startswith(node_power_off.NODE_PREFIX):
+        await _clear_node(clients, fault_id.removeprefix(node_power_off.NODE_PREFIX))
+        return
+    if fault_id.startswith(process.PROC_PREFIX):
+        await process.clear(clients, fault_id)
+        return
+    if fault_id == broker_outage.BROKER_ID:
+        await broker_outage.clear(clients)
+        return
+    await clients.fabric().ClearFault(fabric_pb2.ClearFaultRequest(id=fault_id))
+
+
+remove = clear  # the name `cmemu fault rm` and older callers use
 
 
 async def remove_all(clients: Clients) -> list[ActiveFault]:
-    """Clear every fabric fault and every faulted device; what was cleared."""
-    cleared = await list_all(clients)
-    if any(device_of_fault(f.id) is None for f in cleared):
+    """Clear every fabric, device and process fault; what was cleared."""
+    on_fabric, devices = await asyncio.gather(fabric_faults(clients), device_faults(clients))
+    others = [*devices, *process.listed(clients)]
+    if on_fabric:
         await clients.fabric().ClearFault(fabric_pb2.ClearFaultRequest(all=True))
-    await asyncio.gather(
-        *(remove(clients, f.id) for f in cleared if device_of_fault(f.id) is not None)
-    )
-    return cleared
+    results = await asyncio.gather(*(clear(clients, f.id) for f in others), return_exceptions=True)
+    for r in results:  # a fault whose duration ended meanwhile is not an error
+        if isinstance(r, BaseException) and not (
+            isinstance(r, NotFoundError)
+            or (isinstance(r, grpc.aio.AioRpcError) and r.code() is grpc.StatusCode.NOT_FOUND)
+        ):
+            raise r
+    return [*on_fabric, *others]
+
+
+def device_of_fault(fault_id: str) -> str | None:
+    """The device a `dev:` fault id names, or None for another id."""
+    parsed = parse_device_fault(fault_id)
+    return parsed[0] if parsed is not None else None

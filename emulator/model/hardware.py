@@ -170,6 +170,45 @@ class SchedulerProfile:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ManagerProfile:
+    """The cluster manager's detection and the recovery targets it is judged by. The published
+    figures are the goal (recovery within 10 minutes, 40-day training runs); how often a device
+    is heartbeated and after how many misses it is failed are not published: ours."""
+
+    recovery_target_s: float = fig(600.0, "pub")  # "recovery within 10 minutes"
+    training_run_s: float = fig(40 * 86_400.0, "pub")  # "40-day" uninterrupted training runs
+    heartbeat_interval_s: float = fig(5.0, "assumed")  # emulated seconds between two checks
+    heartbeat_deadline_s: float = fig(2.0, "assumed")  # emulated seconds a check may take
+    misses_to_fail: int = fig(3, "assumed")  # missed in a row: failed (a hang)
+    # Wall-clock cap on heartbeats per second in one manager: on cm384 (624 devices) at a fast
+    # time scale the interval stretches rather than the manager swamping a shared core.
+    heartbeats_max_per_s: float = fig(400.0, "assumed")
+    # Never shorter in wall time: a loaded host stalls an event loop for tens of milliseconds,
+    # and three stalls in a row must not fail a healthy device at a fast time scale.
+    heartbeat_deadline_min_wall_s: float = fig(0.5, "assumed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingProfile:
+    """A training job's defaults and its recovery costs (MTBF and restart costs are not
+    published for the 910C: ours, and parameters of `cmemu simulate training`)."""
+
+    default_model: str = fig("deepseek-v3", "assumed")
+    tokens_per_die: int = fig(4096, "assumed")  # one micro-batch's tokens on each die
+    backward_factor: float = fig(2.0, "assumed")  # backward pass = 2x the forward's compute
+    # Optimizer state per parameter: BF16 weights + FP32 master + two Adam moments.
+    checkpoint_bytes_per_param: float = fig(14.0, "assumed")
+    gradient_bytes_per_param: float = fig(2.0, "assumed")  # BF16 gradients all-reduced
+    gradient_bucket_bytes: int = fig(1 * GiB, "assumed")  # all-reduced one bucket at a time
+    repair_s: float = fig(24 * 3600.0, "assumed")  # a failed NPU back among the spares
+    checkpoint_every: int = fig(100, "assumed")  # steps between two checkpoints
+    checkpoint_object_max_bytes: int = fig(64 * GiB, "assumed")  # one EMS object per shard
+    restart_s: float = fig(60.0, "assumed")  # process restart and re-init on the new NPUs
+    replace_s: float = fig(120.0, "assumed")  # detection, isolation and spare hand-over
+    mtbf_hours_per_npu: float = fig(50_000.0, "assumed")  # a year's MTBF is ~8,760 h
+
+
+@dataclass(frozen=True, kw_only=True)
 class EmulatorLimits:
     """Knobs of the emulator itself, not of the hardware."""
 
@@ -254,6 +293,11 @@ class ServingCalibration:
     # (decode EP320: 32 + 32 of 320 dies; prefill EP32: 1 + 1 of 10 slots per die)
     shared_slot_fraction: float = fig(0.1, "pub")
     redundant_slot_fraction: float = fig(0.1, "pub")
+    # --- riding out a lost die (issue 11): not published, ours ------------------------------
+    max_request_retries: int = fig(3, "assumed")  # failed steps a request survives, then fails
+    step_retry_s: float = fig(1.0, "assumed")  # emulated seconds a failed step costs
+    step_deadline_s: float = fig(10.0, "assumed")  # emulated seconds a step's measure may take
+    step_deadline_min_wall_s: float = fig(5.0, "assumed")  # never below a loaded loop's stalls
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,6 +310,8 @@ class HardwareProfile:
     moe: MoeCalibration = field(default_factory=MoeCalibration)
     ems: EmsProfile = field(default_factory=EmsProfile)
     scheduler: SchedulerProfile = field(default_factory=SchedulerProfile)
+    manager: ManagerProfile = field(default_factory=ManagerProfile)
+    training: TrainingProfile = field(default_factory=TrainingProfile)
     serving: ServingCalibration = field(default_factory=ServingCalibration)
     limits: EmulatorLimits = field(default_factory=EmulatorLimits)
 

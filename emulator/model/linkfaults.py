@@ -8,11 +8,14 @@ graph whenever one is added or cleared) belongs to `FaultSet`, never to a kind.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
 from emulator.model.linkgraph import LinkGraph
+from emulator.model.naming import die_id
+from emulator.model.topology import DeviceKind
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,6 +27,15 @@ class FaultSpec:
     side_a: tuple[str, ...] = ()
     side_b: tuple[str, ...] = ()
     id: str = ""
+    period_s: float = 0.0  # link-flap: one down+up cycle, emulated
+    duty: float = 0.0  # link-flap: share of the period down
+    since_s: float = 0.0  # emulated instant it was added (a flap's phase counts from it)
+    for_s: float = 0.0  # emulated seconds until the fabric clears it; 0: until cleared
+    down: bool = False  # link-flap: in the down part of its cycle now (FaultSet.flap)
+
+    @property
+    def until_s(self) -> float:
+        return self.since_s + self.for_s if self.for_s else 0.0
 
 
 class FaultKind(Protocol):
@@ -95,8 +107,78 @@ class Partition:
         graph.partitions.append((frozenset(spec.side_a), frozenset(spec.side_b)))
 
 
+class LinkFlap:
+    """A link toggling: down for duty*period_s, up for the rest, from when it was added."""
+
+    name = "link-flap"
+
+    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        graph.physical(spec.target)
+        if not (math.isfinite(spec.period_s) and spec.period_s > 0):
+            raise InvalidArgumentError(f"period_s must be > 0, got {spec.period_s}")
+        if not 0 < spec.duty < 1:
+            raise InvalidArgumentError(f"duty must be in (0, 1), got {spec.duty}")
+
+    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        if spec.down:
+            graph.up[list(graph.physical(spec.target))] = False
+
+
+def flap_down(spec: FaultSpec, now_s: float) -> bool:
+    """Whether a flapping link is in the down part of its cycle at `now_s`."""
+    phase = (now_s - spec.since_s) % spec.period_s
+    return phase < spec.duty * spec.period_s
+
+
+def next_flip_s(spec: FaultSpec, now_s: float) -> float:
+    """The emulated instant after `now_s` at which a flapping link next changes state."""
+    cycle = math.floor((now_s - spec.since_s) / spec.period_s)
+    start = spec.since_s + cycle * spec.period_s
+    for edge in (start + spec.duty * spec.period_s, start + spec.period_s):
+        if edge > now_s:
+            return edge
+    return start + spec.period_s + spec.duty * spec.period_s
+
+
+def _device_ports(graph: LinkGraph, target: str) -> list[int]:
+    """Every directed port link of a device (both dies of an NPU) or of one die."""
+    names = [target]
+    device = graph.topology.device(target) if "." not in target else None
+    if device is not None and device.kind is DeviceKind.NPU:
+        names = [die_id(device.id, d) for d in range(graph.profile.npu.dies)]
+    links: list[int] = []
+    for name in names:
+        endpoint = graph.endpoint(name)
+        for table in (endpoint.out_ports, endpoint.in_ports):
+            links.extend(i for plane in table for i in plane)
+    return links
+
+
+class PortsDegraded:
+    """A slow device: its own UB ports keep `factor` of their bandwidth."""
+
+    name = "ports-degraded"
+
+    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        _device_ports(graph, spec.target)
+        if not 0 < spec.factor < 1:
+            raise InvalidArgumentError(f"factor must be in (0, 1), got {spec.factor}")
+
+    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        graph.factor[_device_ports(graph, spec.target)] *= spec.factor
+
+
 FAULT_KINDS: dict[str, FaultKind] = {
-    kind.name: kind() for kind in (LinkDown, LinkDegraded, LinkLatency, SwitchDown, Partition)
+    kind.name: kind()
+    for kind in (
+        LinkDown,
+        LinkDegraded,
+        LinkLatency,
+        SwitchDown,
+        Partition,
+        LinkFlap,
+        PortsDegraded,
+    )
 }
 
 
@@ -118,7 +200,13 @@ class FaultSet:
                 reason="UNKNOWN_FAULT_KIND",
             )
         kind.validate(self.graph, spec)
-        stored = FaultSpec(**{**spec.__dict__, "id": f"f{next(self._ids)}"})
+        if not (math.isfinite(spec.for_s) and spec.for_s >= 0):
+            raise InvalidArgumentError(
+                f"for_s must be >= 0 (0: until cleared), got {spec.for_s}", field="for_s"
+            )
+        stored = replace(spec, id=f"f{next(self._ids)}")
+        if stored.kind == LinkFlap.name:
+            stored = replace(stored, down=flap_down(stored, stored.since_s))
         self.faults[stored.id] = stored
         self._reapply()
         return stored
@@ -145,6 +233,27 @@ class FaultSet:
         else:
             self.faults.clear()
         self._reapply()
+
+    def flap(self, now_s: float) -> list[FaultSpec]:
+        """Bring every flapping link to its state at `now_s`; the faults that changed."""
+        changed = []
+        for fault_id, spec in self.faults.items():
+            if spec.kind == LinkFlap.name and flap_down(spec, now_s) != spec.down:
+                self.faults[fault_id] = replace(spec, down=not spec.down)
+                changed.append(self.faults[fault_id])
+        if changed:
+            self._reapply()
+        return changed
+
+    def expired(self, now_s: float) -> list[str]:
+        """The faults whose duration has run out at `now_s`."""
+        return [i for i, f in self.faults.items() if f.for_s and f.until_s <= now_s]
+
+    def next_change_s(self, now_s: float) -> float | None:
+        """The next emulated instant a fault flips or expires, if any."""
+        times = [f.until_s for f in self.faults.values() if f.for_s]
+        times += [next_flip_s(f, now_s) for f in self.faults.values() if f.kind == LinkFlap.name]
+        return min(times, default=None)
 
     def _reapply(self) -> None:
         self.graph.reset()

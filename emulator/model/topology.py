@@ -63,6 +63,7 @@ class ServiceKind(StrEnum):
     EMS = "ems"
     SCHEDULER = "scheduler"
     ROUTER = "router"
+    MANAGER = "manager"  # the cluster manager (and the training jobs it hosts)
 
 
 # Services that also serve HTTP (the router's OpenAI-compatible endpoint), on an address of their
@@ -72,7 +73,7 @@ HTTP_SERVICES = frozenset({ServiceKind.ROUTER})
 
 @dataclass(frozen=True, kw_only=True)
 class Service:
-    """A supernode-wide service (fabric, EMS, scheduler, router): one server each."""
+    """A supernode-wide service (fabric, EMS, scheduler, router, manager): one server each."""
 
     id: str
     kind: ServiceKind

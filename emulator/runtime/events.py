@@ -80,6 +80,8 @@ class EventBus:
         self._drained = asyncio.Event()
         self._tasks: asyncio.TaskGroup | None = None
         self._closing = False
+        self._held = False  # a broker-outage fault: stay away from the broker
+        self._released = asyncio.Event()
 
     @property
     def pending(self) -> int:
@@ -120,6 +122,16 @@ class EventBus:
             self._samples[device] = _Message(where, json.dumps(sample).encode(), TELEMETRY_QOS)
             self._nonempty.set()
 
+    def hold(self, held: bool) -> None:
+        """A broker outage as this process sees it (fault kind broker-outage): drop the
+        connection and stay away, buffering events, until released."""
+        self._held = held
+        if held:
+            self._released.clear()
+            self._nonempty.set()  # wake the publisher, which lets go of the broker
+        else:
+            self._released.set()
+
     def _put(self, message: _Message) -> None:
         if len(self._pending) >= self._buffer_max:
             dropped = self._pending.popleft()  # the oldest goes; say so
@@ -134,6 +146,11 @@ class EventBus:
         backoff = 0.2
         identifier = f"cmemu-{os.getpid()}-{id(self):x}"
         while True:
+            if self._held and not self._closing:
+                self.connected = False
+                log.warning("broker outage (fault): buffering events", broker=self.url)
+                await self._released.wait()
+                continue
             try:
                 async with aiomqtt.Client(
                     self.host,
@@ -145,7 +162,7 @@ class EventBus:
                 ) as client:
                     self.connected, backoff = True, 0.2
                     log.info("broker connected", broker=self.url, pending=len(self._pending))
-                    while not self._closing:
+                    while not self._closing and not self._held:
                         if self._pending:  # events first
                             message = self._pending[0]
                             await client.publish(message.topic, message.payload, qos=message.qos)
@@ -175,6 +192,8 @@ class EventBus:
                         await self._wake.wait()
                 backoff = min(backoff * 2, 5.0)
             else:
+                if self._held and not self._closing:
+                    continue  # an outage: the client disconnected; wait for its end
                 return  # closing: the client disconnected cleanly on the way out
 
     async def close(self, flush_s: float = 1.0) -> None:
@@ -187,5 +206,6 @@ class EventBus:
                 async with asyncio.timeout(flush_s):
                     await self._drained.wait()
         self._closing = True
+        self._released.set()
         self._nonempty.set()
         self._wake.set()

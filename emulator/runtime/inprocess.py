@@ -37,6 +37,7 @@ from emulator.runtime.registry import (
 from emulator.runtime.security import NONE as NO_SECURITY
 from emulator.runtime.security import Security
 from services.auth import OPEN
+from services.devicefaults import FaultHost
 from services.ems import EmsState
 from services.fabric import FabricState
 from services.host import ServiceHost
@@ -92,6 +93,7 @@ class InProcessSupernode:
         self._hosts: list[ServiceHost] = []
         self._peers: Peers | None = None
         self.metrics: MetricsServer | None = None  # this process's GET /metrics
+        self._faults: FaultHost | None = None
 
     @property
     def fabric(self) -> FabricState | None:
@@ -154,6 +156,8 @@ class InProcessSupernode:
             if d.id in self.hosted
         }
         self._hosts = [h.host for h in self.handles.values()]
+        # crash/restart of these servers, per-die health, fault timers (services/devicefaults.py)
+        self._faults = FaultHost({d: (h.state, h.host) for d, h in self.handles.items()})
         contexts = {}
         hosted = [x for x in self.topology.services if x.id in self.hosted]
         for service in sorted(hosted, key=lambda x: SERVICE_SPECS[x.kind].wave):
@@ -247,6 +251,8 @@ class InProcessSupernode:
                 if await self._stopped_within(pause):
                     return
                 for handle in handles[start : start + batch]:
+                    if handle.state.silent:  # crashed or hung: a dead agent reports nothing
+                        continue
                     try:
                         sample = MessageToDict(
                             handle.state.telemetry(), preserving_proto_field_name=True
@@ -273,6 +279,9 @@ class InProcessSupernode:
 
     async def stop(self) -> None:
         self._stopping.set()
+        if self._faults is not None:  # no fault timer restarts a server from here on
+            self._faults.close()
+            self._faults = None
         if self.metrics is not None:
             await self.metrics.close()
             self.metrics = None

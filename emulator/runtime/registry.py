@@ -20,13 +20,15 @@ from services.ems import EmsState, create_ems
 from services.eventsink import EventSink
 from services.fabric import create_fabric
 from services.host import ServiceHost
+from services.manager import create_manager
 from services.peers import Peers
 from services.router import create_router
 from services.scheduler import create_scheduler
 
 # The start waves: the fabric before the devices (they hand it their first transaction as soon
 # as they serve); the devices; EMS (its index is rebuilt from the memory pools) and the
-# scheduler (it hands out devices) after them; the router last (it asks both).
+# scheduler (it hands out devices) after them; the router (it asks both); the cluster manager
+# last (it watches them all).
 DEVICE_WAVE = 1
 
 
@@ -126,6 +128,8 @@ SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {
         create=_standard(create_scheduler), wave=2, mem_limit="512m"
     ),
     ServiceKind.ROUTER: ServiceSpec(create=_standard(create_router), wave=3, mem_limit="2g"),
+    # last: it heartbeats every device and calls the scheduler and the router
+    ServiceKind.MANAGER: ServiceSpec(create=_standard(create_manager), wave=4, mem_limit="1g"),
 }
 WAVES = 1 + max(spec.wave for spec in SERVICE_SPECS.values())
 

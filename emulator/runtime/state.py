@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from emulator.client.credentials import Credentials
+from emulator.client.faultkinds.process import Process, ProcessTable
 from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
 from emulator.model.topology import DNS_LABEL, Topology
 from emulator.runtime.security import read_token, write_secret
@@ -195,6 +196,30 @@ TOKEN_FILE_KEY = "token_file"  # launcher record: the file holding the token (ne
 TLS_CA_KEY = "tls_ca"  # launcher record: the CA that signed the servers' certificates
 METRICS_KEY = "metrics"  # launcher record: each process's /metrics URL, by process
 UI_KEY = "ui"  # launcher record: the web view's URL (None: `cmemu up --ui none`)
+PROCESSES_KEY = "processes"  # launcher record (procs mode): each process's pid and servers
+
+
+def processes_record(running: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The launcher record of a supervisor's processes (procs.Supervisor.running): what the
+    process-kill and process-pause faults signal."""
+    return {
+        name: {"pid": r.proc.pid, "servers": list(r.spec.servers)} for name, r in running.items()
+    }
+
+
+def process_table(instance: Instance) -> ProcessTable:
+    """The launcher's processes, for the process fault kinds (emulator/client/faultkinds)."""
+    mode = instance.launcher.mode.split()[0] if instance.launcher.mode else "?"
+    raw = instance.launcher.extra.get(PROCESSES_KEY) or {}
+    return ProcessTable(
+        mode=mode,
+        processes={
+            str(name): Process(
+                name=str(name), pid=int(doc["pid"]), servers=tuple(doc.get("servers") or ())
+            )
+            for name, doc in raw.items()
+        },
+    )
 
 
 def token_path(path: Path) -> Path:

@@ -32,7 +32,7 @@ from emulator.model.hardware import HardwareProfile
 from emulator.model.serving.deployment import Deployment, instance_dies, parse_deployment
 from emulator.model.serving.experts import imbalance
 from emulator.model.serving.models import get_model
-from emulator.model.serving.placement import ExpertPlacement, layout, place
+from emulator.model.serving.placement import ExpertPlacement, layout, place, remap
 from emulator.model.topology import Topology
 from services.peers import Peers
 from services.serving.driver import Driver, LiveInstance
@@ -188,8 +188,16 @@ class LiveDeployment:
             spec_yaml=self.spec_yaml,
             npus=sum(len(i.npus) for i in self.instances),
         )
-        for inst in self.instances:
+        driver = self.driver
+        instances = list(driver.instances.values()) if driver is not None else self.instances
+        for inst in instances:
             p = self.placements.get(inst.id)
+            charged = self.imbalance.get(inst.id, 1.0)
+            if driver is not None and p is not None and driver.engine.remapped(inst.id):
+                # the live placement without its lost dies, at what the engine charges now
+                lost = driver.engine.isolated().get(inst.id, ())
+                p = remap(p, [p.dies[i] for i in lost if i < len(p.dies)]).placement
+                charged = driver.engine.imbalance(inst.id)
             msg.instances.append(
                 router_pb2.Instance(
                     id=inst.id,
@@ -197,9 +205,15 @@ class LiveDeployment:
                     npus=[d.id for d in inst.npus],
                     dies=len(inst.dies),
                     allocation=self.allocations.get(inst.id, ""),
-                    experts=_experts(p, self.imbalance[inst.id]) if p is not None else None,
+                    experts=_experts(p, charged) if p is not None else None,
                 )
             )
+        if driver is not None:
+            h = driver.health()
+            msg.failed_dies.extend(h.failed_dies)
+            msg.last_isolated_ns = h.last_isolated_ns
+            msg.last_restored_ns = h.last_restored_ns
+            msg.health = h.health
         if self.weights is not None:
             msg.weights.CopyFrom(
                 router_pb2.WeightLoading(

@@ -14,6 +14,15 @@ exactly (never to "whenever the loop woke up"), only once the wall clock has rea
 outstanding plan is reported. So the token times are the engine's to the nanosecond whatever the
 loop's latency, and the live run agrees with the discrete-event simulation; the wall clock only
 decides when events are released (never before their emulated time).
+
+Faults (issue 11). A measurement that fails (UNAVAILABLE from the fabric or a device) or takes
+longer than the step deadline is reported to the engine as a failed step, costing `step_retry_s`
+of emulated time: its requests are retried or, past their retries, finish with an error the
+client sees; the instance's NPUs are then probed (services/serving/recovery.py) and one that does
+not answer is isolated. `isolate` and `restore` take NPUs out of an instance and bring them (or
+their replacements) back, at an emulated instant, as inputs to the engine like any submit; every
+request the driver accepted ends in a finish (length, cancelled or error): one the engine lost
+would be counted `dropped` and failed visibly, never left hanging.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import asyncio
 import contextlib
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -32,6 +41,8 @@ from cmemu.v1 import ems_pb2, ems_pb2_grpc, fabric_pb2, ub_pb2
 from emulator.model.clock import Clock
 from emulator.model.ems import prefix_keys
 from emulator.model.errors import EmulatorError, InvalidArgumentError, UnavailableError
+from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.model.serving.deployment import instance_dies
 from emulator.model.serving.engine import (
     Engine,
     Event,
@@ -39,9 +50,11 @@ from emulator.model.serving.engine import (
     FinishReason,
     PlanKind,
     Request,
+    RetryEvent,
     StepPlan,
     StepResult,
     TokenEvent,
+    rank_dies,
 )
 from emulator.model.topology import Device
 from services.eventsink import EventSink
@@ -50,7 +63,7 @@ from services.serving.stats import RequestMetrics, ServingStats
 
 log = structlog.get_logger("cmemu.router")
 
-RETRY_WALL_S = 0.5  # a plan whose measurement failed (a fault, say) is tried again after this
+RETRY_WALL_S = 0.5  # a round that raised (a bug, not a fault) is tried again after this
 KV_BLOCK_KIND = ems_pb2.OBJECT_KIND_KV_BLOCK
 
 
@@ -81,15 +94,29 @@ class Stream:
     request: Request
     tokens: tuple[int, ...]
     metrics: RequestMetrics
-    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[TokenEvent | FinishEvent] = field(default_factory=asyncio.Queue)
     finished: FinishEvent | None = None
+    accepted: bool = False  # the engine took it (its submit was applied)
 
-    async def __aiter__(self) -> AsyncIterator[Event]:
+    async def __aiter__(self) -> AsyncIterator[TokenEvent | FinishEvent]:
         while True:
             event = await self.events.get()
             yield event
             if isinstance(event, FinishEvent):
                 return
+
+
+@dataclass(frozen=True, kw_only=True)
+class Health:
+    """What GetDeployment reports of the deployment's faults."""
+
+    failed_dies: tuple[str, ...]
+    last_isolated_ns: int
+    last_restored_ns: int
+    health: str  # "serving" | "degraded" | "recovering"
+
+
+Prober = Callable[[str, StepPlan, str], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -114,8 +141,10 @@ class Driver:
         peers: Peers,
         ems_address: str,
         events: EventSink | None,
+        profile: HardwareProfile = DEFAULT_PROFILE,
     ) -> None:
         self.name = name
+        self.profile = profile
         self.engine = engine
         self.instances = {i.id: i for i in instances}
         self.model = model
@@ -132,11 +161,22 @@ class Driver:
         self._engine_s = 0.0  # the engine's time: the last instant it was advanced to
         self._ids = itertools.count()
         self._side_tasks: set[asyncio.Task[None]] = set()
+        self._measuring: dict[int, tuple[StepPlan, asyncio.Task[None]]] = {}
+        self._open = 0  # accepted requests not finished: the engine's in_flight, or one is lost
+        self.isolated: dict[str, tuple[str, tuple[int, ...]]] = {}  # npu: (instance, die indexes)
+        self.recovering: set[str] = set()  # npus whose replacement is loading
+        self.last_isolated_ns = 0
+        self.last_restored_ns = 0
+        self.prober: Prober | None = None  # set by the recovery watcher
 
     # --- the outside: submit and cancel -------------------------------------------------------
 
     def now_s(self) -> float:
         return self.clock.now_ns() / 1e9
+
+    def engine_now_s(self) -> float:
+        """The present emulated instant, never before the engine's own time."""
+        return max(self.now_s(), self._engine_s)
 
     def submit(self, tokens: Sequence[int], max_tokens: int) -> Stream:
         """Hand a request to the engine at the present emulated instant."""
@@ -163,10 +203,22 @@ class Driver:
                 request_id=request_id, arrival_ns=round(arrival * 1e9), prompt_tokens=len(tokens)
             ),
         )
+        if not self.engine.accepting():
+            raise UnavailableError(
+                f"deployment {self.name!r} has no prefill instance in service (a lost die is "
+                "being replaced)",
+                subject=self.name,
+                retry_after_s=self.profile.serving.step_retry_s,
+            )
         self.streams[request_id] = stream
         self.stats.in_flight += 1
-        self._push(_Input(arrival, lambda at: self.engine.submit(request, at)))
+        self._push(_Input(arrival, lambda at: self._submit_now(stream, at)))
         return stream
+
+    def _submit_now(self, stream: Stream, at_s: float) -> None:
+        self.engine.submit(stream.request, at_s)
+        stream.accepted = True
+        self._open += 1
 
     def cancel(self, request_id: str) -> None:
         """Drop a request (a client that went away): the engine frees its KV."""
@@ -180,6 +232,120 @@ class Driver:
     def _push(self, item: _Input) -> None:
         self._inputs.append(item)
         self._wake.set()
+
+    # --- faults: isolate and restore ------------------------------------------------------------
+
+    def locate(self, npu: str) -> tuple[str, int] | None:
+        """The instance holding `npu` and its index among the instance's NPUs."""
+        for inst in self.instances.values():
+            for k, device in enumerate(inst.npus):
+                if device.id == npu:
+                    return inst.id, k
+        return None
+
+    def isolate(self, npus: Sequence[str], cause: str, job: Callable[[str], str]) -> list[str]:
+        """Take `npus` (those of this deployment not isolated yet) out of their instances now:
+        the engine drops their dies at the present emulated instant. The NPUs taken."""
+        per = self.profile.npu.dies
+        taken: list[str] = []
+        for npu in npus:
+            where = self.locate(npu)
+            if where is None or npu in self.isolated:
+                continue
+            instance, k = where
+            dies = tuple(range(k * per, (k + 1) * per))
+            self.isolated[npu] = (instance, dies)
+            taken.append(npu)
+            self._preempt(instance, f"{npu} was isolated ({cause})")
+            at = self._input_at(self.now_s())
+
+            def apply(
+                t: float, npu: str = npu, instance: str = instance, d: tuple[int, ...] = dies
+            ) -> None:
+                self.engine.isolate(instance, d, t)
+                t_ns = round(t * 1e9)
+                self.last_isolated_ns = t_ns
+                self.publish(
+                    "isolated",
+                    t_ns,
+                    instance=instance,
+                    job=job(instance),
+                    npus=[npu],
+                    dies=[self.instances[instance].dies[i] for i in d],
+                    cause=cause,
+                )
+
+            self._push(_Input(at, apply))
+        return taken
+
+    def restore(
+        self, old: str, new: Device, kv_offset: int | None, at_s: float, job: Callable[[str], str]
+    ) -> None:
+        """Bring isolated NPU `old` back as `new` (itself or its replacement, its weights
+        loaded) at emulated `at_s` (no earlier than inputs already queued)."""
+        found = self.isolated.get(old)
+        if found is None:
+            return
+        instance, dies = found
+        at = self._input_at(at_s)
+
+        def apply(t: float) -> None:
+            inst = self.instances[instance]
+            ids = [d.id for d in inst.npus]
+            if old not in ids:  # restored already
+                return
+            k = ids.index(old)
+            npus = list(inst.npus)
+            npus[k] = new
+            offsets = list(inst.kv_offsets)
+            if offsets and kv_offset is not None:
+                offsets[k] = kv_offset
+            per = self.profile.npu.dies
+            names = list(inst.dies)
+            names[k * per : (k + 1) * per] = instance_dies([new.id], self.profile)
+            self.instances[instance] = LiveInstance(
+                id=instance, npus=tuple(npus), dies=tuple(names), kv_offsets=tuple(offsets)
+            )
+            self.engine.restore(instance, dies, t)
+            self.isolated.pop(old, None)
+            self.recovering.discard(old)
+            t_ns = round(t * 1e9)
+            self.last_restored_ns = t_ns
+            self.publish(
+                "restored",
+                t_ns,
+                instance=instance,
+                job=job(instance),
+                npus=[new.id],
+                replaced=old if old != new.id else "",
+            )
+
+        self._push(_Input(at, apply))
+
+    def _input_at(self, t_s: float) -> float:
+        """An input's instant: no earlier than the engine's time or the inputs queued (the
+        engine takes them in order)."""
+        at = max(t_s, self._engine_s)
+        return max(at, self._inputs[-1].time_s) if self._inputs else at
+
+    def health(self) -> Health:
+        out = self.engine.isolated()  # what is applied, not what is queued
+        failed = [self.instances[inst].dies[i] for inst, dies in out.items() for i in dies]
+        state = "serving"
+        if out and self.recovering:
+            state = "recovering"
+        elif out or not self.engine.accepting():
+            state = "degraded"
+        return Health(
+            failed_dies=tuple(sorted(failed)),
+            last_isolated_ns=self.last_isolated_ns,
+            last_restored_ns=self.last_restored_ns,
+            health=state,
+        )
+
+    def publish(self, event: str, t_ns: int, **detail: object) -> None:
+        if self.events is not None:
+            self.events.event("router", event, t_ns, deployment=self.name, **detail)
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -225,32 +391,49 @@ class Driver:
         self.stats.kv_slots = sum(capacity for _, capacity in load)
         for event in advance.events:
             self._deliver(event)
+        if self._open != self.engine.in_flight:
+            self._drop_lost(at)
         for plan in advance.plans:
             self._outstanding.add(plan.id)
-            self._spawn(self._measure(plan), f"plan-{plan.id}")
+            task = self._spawn(self._measure(plan), f"plan-{plan.id}")
+            self._measuring[plan.id] = (plan, task)
 
     def _apply(self, item: _Input, at: float) -> None:
-        """Hand one input to the engine; one it refuses ends that request, not the loop."""
+        """Hand one input to the engine; one it refuses ends that request (with an error its
+        client sees), not the loop."""
         try:
             item.apply(at)
         except EmulatorError as exc:
             log.warning("the engine refused an input", deployment=self.name, error=str(exc))
             if exc.subject in self.streams:
-                stream = self.streams[exc.subject]
-                self._deliver(
-                    FinishEvent(
-                        request_id=stream.request.id,
-                        time_s=at,
-                        reason=FinishReason.CANCELLED,
-                        tokens=stream.metrics.completion_tokens,
-                    )
-                )
+                self._fail_stream(self.streams[exc.subject], at, str(exc))
 
-    def _spawn(self, work: object, name: str) -> None:
+    def _fail_stream(self, stream: Stream, at: float, error: str) -> None:
+        self._deliver(
+            FinishEvent(
+                request_id=stream.request.id,
+                time_s=at,
+                reason=FinishReason.ERROR,
+                tokens=stream.metrics.completion_tokens,
+                error=error,
+            )
+        )
+
+    def _drop_lost(self, at: float) -> None:
+        """Requests the driver accepted that the engine no longer knows, without a finish: a
+        bug, never silent: each is counted dropped and fails with an error its client sees."""
+        for stream in list(self.streams.values()):
+            if stream.accepted and not self.engine.knows(stream.request.id):
+                log.error("a request was lost", deployment=self.name, request=stream.request.id)
+                self.stats.dropped += 1
+                self._fail_stream(stream, at, "the request was lost by the engine")
+
+    def _spawn(self, work: object, name: str) -> asyncio.Task[None]:
         assert asyncio.iscoroutine(work)
         task = asyncio.get_running_loop().create_task(work, name=f"{self.name}-{name}")
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
+        return task
 
     # --- events out ----------------------------------------------------------------------------
 
@@ -260,6 +443,11 @@ class Driver:
             return
         m = stream.metrics
         t_ns = round(event.time_s * 1e9)
+        if isinstance(event, RetryEvent):  # the client sees nothing: its tokens continue
+            if m.retries == 0:
+                self.stats.retried += 1
+            m.retries += 1
+            return
         if isinstance(event, TokenEvent):
             if m.first_token_ns is None:
                 m.first_token_ns = t_ns
@@ -268,9 +456,13 @@ class Driver:
         else:
             stream.finished = event
             m.cancelled = event.reason is FinishReason.CANCELLED
+            m.failed = event.reason is FinishReason.ERROR
+            m.error = event.error
             m.completion_tokens = event.tokens
             self.streams.pop(event.request_id, None)
             self.stats.in_flight -= 1
+            if stream.accepted:
+                self._open -= 1
             self.stats.record(m)
             if self.events is not None:
                 self.events.event("router", "request", t_ns, deployment=self.name, **m.detail())
@@ -278,26 +470,47 @@ class Driver:
 
     # --- measuring plans -----------------------------------------------------------------------
 
+    def deadline_wall_s(self) -> float:
+        s = self.profile.serving
+        return max(s.step_deadline_min_wall_s, self.clock.wall_delay_s(s.step_deadline_s))
+
     async def _measure(self, plan: StepPlan) -> None:
         measure = MEASURES[plan.kind]
-        while not self._closing:
-            try:
+        try:
+            async with asyncio.timeout(self.deadline_wall_s()):
                 result = await measure(self, plan)
-                break
-            except Exception as exc:  # a fault cut a route, EMS is restarting, ...
-                log.warning(
-                    "step measurement failed; retrying",
-                    deployment=self.name,
-                    plan=plan.kind.value,
-                    instance=plan.instance,
-                    error=str(exc),
-                )
-                await asyncio.sleep(RETRY_WALL_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a fault cut a route, a die stopped answering, ...
+            error = str(exc) or f"no answer within {self.profile.serving.step_deadline_s} s"
+            log.warning(
+                "step failed",
+                deployment=self.name,
+                plan=plan.kind.value,
+                instance=plan.instance,
+                error=error,
+            )
+            self.engine.fail(plan.id, plan.start_s + self.profile.serving.step_retry_s, error)
+            if self.prober is not None and plan.kind is not PlanKind.LOOKUP:
+                self._spawn(self.prober(self.name, plan, error), f"probe-{plan.id}")
         else:
-            return
-        self.engine.report(plan.id, result)
-        self._outstanding.discard(plan.id)
+            self.engine.report(plan.id, result)
+        self._measured(plan.id)
+
+    def _measured(self, plan_id: int) -> None:
+        self._measuring.pop(plan_id, None)
+        self._outstanding.discard(plan_id)
         self._wake.set()
+
+    def _preempt(self, instance: str, why: str) -> None:
+        """Stop waiting for measurements on `instance` (a hung die never answers): each is a
+        failed step now, so that the isolation behind it applies at once."""
+        for plan_id, (plan, task) in list(self._measuring.items()):
+            t = plan.transfer
+            if instance in (plan.instance, t.dst if t is not None else None):
+                task.cancel()
+                self.engine.fail(plan_id, plan.start_s + self.profile.serving.step_retry_s, why)
+                self._measured(plan_id)
 
     async def _lookup(self, plan: StepPlan) -> StepResult:
         (request_id,) = plan.requests
@@ -323,7 +536,7 @@ class Driver:
         shape = plan.moe
         if shape is None or shape.tokens_per_rank == 0:
             return StepResult()
-        ranks = self.instances[plan.instance].dies[: shape.ranks]
+        ranks = rank_dies(self.instances[plan.instance].dies, shape)
         fabric = self.peers.fabric()
 
         async def collective(op: fabric_pb2.CollectiveOp.ValueType) -> float:
@@ -340,12 +553,13 @@ class Driver:
         return StepResult(dispatch_s=dispatch_s, combine_s=combine_s)
 
     def _pair(self, plan: StepPlan) -> tuple[Device, Device, int]:
-        """The NPUs a request's KV cache moves between: each instance's first (where the
-        simulator moves it too), and the offset of the receiving NPU's KV region."""
-        assert plan.transfer is not None
-        src = self.instances[plan.transfer.src]
-        dst = self.instances[plan.transfer.dst]
-        return src.npus[0], dst.npus[0], dst.kv_offsets[0]
+        """The NPUs a request's KV cache moves between: each instance's first in service (where
+        the simulator moves it too), and the offset of the receiving NPU's KV region."""
+        t = plan.transfer
+        assert t is not None
+        src = self.instances[t.src]
+        dst = self.instances[t.dst]
+        return src.npus[t.src_npu], dst.npus[t.dst_npu], dst.kv_offsets[t.dst_npu]
 
     async def _transfer(self, plan: StepPlan) -> StepResult:
         assert plan.transfer is not None
@@ -396,6 +610,13 @@ class Driver:
                     tokens=stream.metrics.completion_tokens,
                 )
             )
+
+    def pairs(self, plan: StepPlan) -> list[Device]:
+        """The NPUs a failed plan ran on (what to probe)."""
+        if plan.transfer is not None:
+            src, dst, _ = self._pair(plan)
+            return [src, dst]
+        return list(self.instances[plan.instance].npus)
 
 
 MEASURES = {

@@ -9,12 +9,20 @@ A client that goes away cancels its request, which frees its KV cache.
 
 Bad input gets OpenAI-style JSON errors: 400 for a malformed request, 404 for a model that is
 not deployed, 503 while nothing (or not this model yet) serves.
+
+A request that fails (issue 11: its die was lost and its retries ran out, or no instance is left
+to run it) fails visibly, never silently. Not streamed: HTTP 503 with a `Retry-After` header and
+an OpenAI error body (`code` "request_failed"). Streamed (the 200 and earlier tokens are already
+out): a last chunk with `finish_reason` "error", then an event `{"error": {...}}` (the shape
+OpenAI's own streams use, which its client raises as an APIError), then `data: [DONE]`. A request
+the engine retried and finished is a normal completion: its tokens simply continue.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import math
 import time
 import uuid
 import zlib
@@ -41,6 +49,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 MAX_BODY_BYTES = 32 * 2**20
 SHUTDOWN_S = 2.0  # wall seconds the endpoint gives its last responses when it stops
+RETRY_AFTER_S = 1  # the hint a failed request's 503 carries when its error names none
 STATUS: tuple[tuple[type[EmulatorError], int, str], ...] = (
     (InvalidArgumentError, 400, "invalid_request_error"),
     (NotFoundError, 404, "not_found_error"),
@@ -60,23 +69,52 @@ class Deployments(Protocol):
 
 
 class HttpError(Exception):
-    def __init__(self, status: int, message: str, kind: str, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str,
+        param: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
         self.param = param
+        self.retry_after_s = retry_after_s
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-    return web.json_response(body, status=status)
+def _error(
+    status: int,
+    message: str,
+    kind: str,
+    param: str | None = None,
+    *,
+    code: str | None = None,
+    retry_after_s: float | None = None,
+) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    headers = {}
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+    return web.json_response(body, status=status, headers=headers)
 
 
 def _from_domain(exc: EmulatorError) -> HttpError:
     for cls, status, kind in STATUS:
         if isinstance(exc, cls):
-            return HttpError(status, str(exc), kind, exc.field)
+            return HttpError(status, str(exc), kind, exc.field, exc.retry_after_s)
     return HttpError(500, str(exc), "server_error")
+
+
+def failed_error(event: FinishEvent) -> dict[str, Any]:
+    """The OpenAI error object of a request that failed (ERROR)."""
+    return {
+        "message": f"the request failed: {event.error}",
+        "type": "service_unavailable",
+        "param": None,
+        "code": "request_failed",
+    }
 
 
 def _bad(message: str, param: str | None = None) -> HttpError:
@@ -223,8 +261,15 @@ CHAT = Shape(
 )
 
 
+FINISH_REASONS = {
+    FinishReason.LENGTH: "length",
+    FinishReason.CANCELLED: "abort",
+    FinishReason.ERROR: "error",
+}
+
+
 def _finish(event: FinishEvent) -> str:
-    return "length" if event.reason is FinishReason.LENGTH else "abort"
+    return FINISH_REASONS[event.reason]
 
 
 def _usage(stream: Stream, tokens: int) -> dict[str, int]:
@@ -331,7 +376,9 @@ class OpenAiServer:
             return _error(exc.status, str(exc), exc.kind, exc.param)
         except EmulatorError as exc:
             err = _from_domain(exc)
-            return _error(err.status, str(err), err.kind, err.param)
+            return _error(
+                err.status, str(err), err.kind, err.param, retry_after_s=err.retry_after_s
+            )
         try:
             if ask.stream:
                 return await self._stream(request, stream, ask, shape)
@@ -369,9 +416,14 @@ class OpenAiServer:
         async for event in stream:
             if isinstance(event, TokenEvent):
                 parts.append(output_text(seed, event.index, event.count))
-            else:
-                finish = _finish(event)
-                tokens = event.tokens
+                continue
+            if event.reason is FinishReason.ERROR:
+                err = failed_error(event)
+                return _error(
+                    503, err["message"], err["type"], code=err["code"], retry_after_s=RETRY_AFTER_S
+                )
+            finish = _finish(event)
+            tokens = event.tokens
         body = self._head(stream, ask, shape, shape.whole)
         body["choices"] = [{"index": 0, "finish_reason": finish, **shape.final("".join(parts))}]
         body["usage"] = _usage(stream, tokens)
@@ -422,6 +474,8 @@ class OpenAiServer:
             )
             if ask.include_usage:
                 await send({**head, "choices": [], "usage": _usage(stream, event.tokens)})
+            if event.reason is FinishReason.ERROR:
+                await send({"error": failed_error(event)})
         await send("[DONE]")
         await response.write_eof()
         return response

@@ -80,13 +80,17 @@ async def _one(
     except aiohttp.ClientError as exc:
         out.error = f"{type(exc).__name__}: {exc}"
         return out
-    out.ok = out.completion_tokens == request.output_tokens
+    out.ok = out.completion_tokens == request.output_tokens and not out.error
     if not out.ok and not out.error:
         out.error = f"{out.completion_tokens} of {request.output_tokens} tokens"
     return out
 
 
 def _take(out: Outcome, chunk: dict[str, Any]) -> None:
+    error = chunk.get("error")
+    if error:  # the request failed visibly (finish_reason "error" came before)
+        out.error = str(error.get("message", error)) if isinstance(error, dict) else str(error)
+        return
     usage = chunk.get("usage")
     if usage:
         out.completion_tokens = usage["completion_tokens"]

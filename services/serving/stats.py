@@ -23,6 +23,9 @@ class RequestMetrics:
     completion_tokens: int = 0
     prefix_hit_tokens: int = 0
     cancelled: bool = False
+    failed: bool = False  # finished with an error the client saw
+    retries: int = 0
+    error: str = ""
 
     @property
     def ttft_ns(self) -> int | None:
@@ -49,6 +52,11 @@ class RequestMetrics:
             "prefix_hit_tokens": self.prefix_hit_tokens,
             "cancelled": self.cancelled,
         }
+        if self.failed:
+            out["failed"] = True
+            out["error"] = self.error
+        if self.retries:
+            out["retries"] = self.retries
         for name in ("ttft_ns", "tpot_ns", "queueing_ns"):
             value = getattr(self, name)
             if value is not None:
@@ -85,6 +93,8 @@ class ServingStats:
     lookup_tokens: int = 0
     kv_slots_held: int = 0
     kv_slots: int = 0
+    retried: int = 0  # requests retried at least once (in flight or finished)
+    dropped: int = 0  # lost without a finish: the driver fails them visibly, and counts them
     # for /metrics: kept as requests finish, so a scrape never walks every request
     ttft_s: Histogram = field(default_factory=lambda: Histogram(SERVING_BUCKETS_S))
     tpot_s: Histogram = field(default_factory=lambda: Histogram(SERVING_BUCKETS_S))
@@ -93,10 +103,10 @@ class ServingStats:
     completion_tokens: int = 0
 
     def record(self, m: RequestMetrics) -> None:
-        """A request finished (completed or cancelled)."""
+        """A request finished (completed, cancelled or failed)."""
         self.finished.append(m)
         self.completion_tokens += m.completion_tokens
-        if m.cancelled:
+        if m.cancelled or m.failed:
             return
         for hist, value in (
             (self.ttft_s, m.ttft_ns),
@@ -112,7 +122,8 @@ class ServingStats:
 
 def summarize(parts: list[ServingStats]) -> router_pb2.ServingStats:
     done = [m for p in parts for m in p.finished]
-    completed = [m for m in done if not m.cancelled]
+    completed = [m for m in done if not (m.cancelled or m.failed)]
+    failed = sum(m.failed for m in done)
 
     def values(name: str) -> list[int]:
         return [v for m in completed if (v := getattr(m, name)) is not None]
@@ -123,7 +134,7 @@ def summarize(parts: list[ServingStats]) -> router_pb2.ServingStats:
     window = end - start
     return router_pb2.ServingStats(
         requests_completed=len(completed),
-        requests_cancelled=len(done) - len(completed),
+        requests_cancelled=len(done) - len(completed) - failed,
         requests_in_flight=sum(p.in_flight for p in parts),
         prompt_tokens=sum(m.prompt_tokens for m in done),
         completion_tokens=tokens,
@@ -136,4 +147,7 @@ def summarize(parts: list[ServingStats]) -> router_pb2.ServingStats:
         window_ns=window,
         kv_slots_held=sum(p.kv_slots_held for p in parts),
         kv_slots=sum(p.kv_slots for p in parts),
+        requests_failed=failed,
+        requests_retried=sum(p.retried for p in parts),
+        requests_dropped=sum(p.dropped for p in parts),
     )

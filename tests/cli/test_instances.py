@@ -130,7 +130,7 @@ def test_version() -> None:
         (["ls", "--name", "Bad_Name"], "DNS label"),
         (["status", "--name", "x" * 64], "DNS label"),
         (["ls", "--name", "a", "--state-file", "b.json"], "not allowed with"),
-        (["fault", "add", "meteor", "n00-npu0"], "known: device-down, link-degraded"),
+        (["fault", "add", "meteor", "n00-npu0"], "known: broker-outage, crash, device-down"),
         (["fault", "rm"], "one fault ID"),
         (["watch", "--count", "-1"], "must be >= 0"),
     ],
@@ -183,8 +183,8 @@ def test_status_of_a_running_instance(running: Path) -> None:
     report = json.loads(cmemu("status", "--state-file", str(running), "--json").stdout)
     doc = json.loads(running.read_text())
     assert report["running"] is True and report["pid"] == doc["launcher"]["pid"]
-    assert report["devices_serving"] == MINI_DEVICES and report["services_serving"] == 4
-    assert set(report["services"]) == {"fabric", "ems", "scheduler", "router"}
+    assert report["devices_serving"] == MINI_DEVICES and report["services_serving"] == 5
+    assert set(report["services"]) == {"fabric", "ems", "scheduler", "router", "manager"}
     assert report["emulated_s"] > 0 and report["uptime_s"] >= 0 and report["time_scale"] == 1
     assert report["broker"].startswith("mqtt://")
 

@@ -22,6 +22,7 @@ from cmemu.v1 import (
     ub_pb2,
 )
 from emulator.model.hardware import DEFAULT_PROFILE, EmulatorLimits
+from services.devicefaults import EFFECTS
 from tests.fuzz.harness import (
     FuzzTarget,
     Hints,
@@ -113,6 +114,10 @@ def _restore(world: World, service: str, method: str, request: object, reply: ob
     if service == "cmemu.v1.Device" and method == "SetFaultState":
         for device in DEVICES:
             t.call(device, service, method, device_pb2.FaultState(faulted=False))
+    if service == "cmemu.v1.Device" and method == "InjectFault":  # the catalogue's kinds
+        for device in DEVICES:
+            for kind in EFFECTS:
+                t.call(device, service, "ClearFault", device_pb2.ClearDeviceFaultRequest(kind=kind))
     if service == "cmemu.v1.Device" and method == "AllocateRegion":
         assert isinstance(reply, device_pb2.Region)
         for device in DEVICES:

@@ -125,6 +125,7 @@ def test_depends_on_orders_the_start_and_cycles_are_refused(tmp_path: Path) -> N
     assert len(waves[2]) == MINI_DEVICES + 1 and "scheduler" in waves[2]  # it needs the fabric
     assert waves[3] == ["ems"]  # after the memory pools it rebuilds its index from
     assert waves[4] == ["router"]  # after the scheduler and EMS it asks
+    assert waves[5] == ["manager"]  # last: it watches them all
     assert topology.epoch_wall_s == 5.0  # $CMEMU_EPOCH, when set, is every process's epoch
     _, unset = composerun.load(COMPOSE_DIR / "cm-mini.yaml", {}, tmp_path)
     assert unset.epoch_wall_s is None  # else the fabric's, asked by each process

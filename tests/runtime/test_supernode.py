@@ -43,7 +43,7 @@ def test_procs_start_in_waves_fabric_devices_then_ems(tmp_path: Path) -> None:
     topology = LaunchOptions(preset="cm-mini", mode="procs").topology()
     waves = proc_waves(topology, tmp_path / "topology.json", "node")
     names = [sorted(s.name for s in w) for w in waves]
-    assert names == [["fabric"], ["n00", "n01"], ["ems", "scheduler"], ["router"]]
+    assert names == [["fabric"], ["n00", "n01"], ["ems", "scheduler"], ["router"], ["manager"]]
     assert all(a.endswith(":50051") for w in waves for s in w for a in s.addresses)
     ems = next(s for s in waves[2] if s.name == "ems").argv
     assert ems[ems.index("--ssd-dir") + 1] == str(tmp_path / "ems-ssd")

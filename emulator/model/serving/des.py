@@ -1,14 +1,20 @@
 """The discrete-event simulator: a workload through the engine, every plan answered by pure
 models (comm.py for collectives and KV transfers, prefix.py for EMS hits), in emulated time, with
-no gRPC: hours of traffic in seconds. Deterministic: the same inputs give the same report."""
+no gRPC: hours of traffic in seconds. Deterministic: the same inputs give the same report.
+
+A failure schedule (`DieLoss`) takes an NPU of an instance out at an instant and brings it (or a
+replacement NPU) back at another, as the live driver does when the scheduler marks the NPU failed
+and replaces it: the engine isolates and restores the same dies at the same instants, so the two
+agree under a fault too."""
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
+from emulator.model.errors import InvalidArgumentError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.serving import cost
 from emulator.model.serving.comm import CommModel
@@ -19,11 +25,25 @@ from emulator.model.serving.engine import (
     Request,
     StepPlan,
     StepResult,
+    rank_dies,
 )
 from emulator.model.serving.models import get_model
 from emulator.model.serving.prefix import PrefixCache, default_capacity_bytes
 from emulator.model.serving.report import Recorder, Report, summarize
 from emulator.model.topology import DeviceKind, Topology, build
+
+
+@dataclass(frozen=True, kw_only=True)
+class DieLoss:
+    """NPU number `npu` of `instance` (its index in the instance's NPUs) fails at `at_s` (both
+    its dies isolated) and is back at `restored_s` (None: never), as `replacement` (an NPU id;
+    None: the same NPU)."""
+
+    at_s: float
+    instance: str
+    npu: int
+    restored_s: float | None = None
+    replacement: str | None = None
 
 
 @dataclass
@@ -72,7 +92,16 @@ class Oracle:
         self.kv_bytes_per_block = per_block
         capacity = deployment.ems.capacity_bytes or default_capacity_bytes(deployment.npus, profile)
         self.cache = PrefixCache(int(capacity // per_block))
-        self._moe: dict[tuple[str, int, int], StepResult] = {}
+        self._moe: dict[tuple[str, int, int, tuple[int, ...]], StepResult] = {}
+        self.npu_dies = profile.npu.dies
+
+    def replace(self, instance: str, npu: int, new: str) -> None:
+        """NPU number `npu` of `instance` is now `new` (a replacement)."""
+        npus = list(self.layout[instance])
+        npus[npu] = new
+        self.layout[instance] = tuple(npus)
+        self.dies[instance] = instance_dies(npus, self.profile)
+        self._moe = {k: v for k, v in self._moe.items() if k[0] != instance}
 
     def answer(self, plan: StepPlan) -> StepResult:
         if plan.kind is PlanKind.LOOKUP:
@@ -86,14 +115,14 @@ class Oracle:
             t = plan.transfer
             return StepResult(
                 transfer_s=self.comm.kv_transfer_s(
-                    t.bytes, self.layout[t.src][0], self.layout[t.dst][0]
+                    t.bytes, self.layout[t.src][t.src_npu], self.layout[t.dst][t.dst_npu]
                 )
             )
         assert plan.moe is not None
-        key = (plan.instance, plan.moe.ranks, plan.moe.tokens_per_rank)
+        key = (plan.instance, plan.moe.ranks, plan.moe.tokens_per_rank, plan.moe.lost)
         found = self._moe.get(key)
         if found is None:
-            ranks = self.dies[plan.instance][: plan.moe.ranks]
+            ranks = rank_dies(self.dies[plan.instance], plan.moe)
             dispatch, combine = self.comm.moe(ranks, plan.moe.tokens_per_rank)
             found = self._moe[key] = StepResult(dispatch_s=dispatch, combine_s=combine)
         return found
@@ -107,23 +136,28 @@ def simulate(
     profile: HardwareProfile = DEFAULT_PROFILE,
     topology: Topology | None = None,
     stream_tokens: bool = False,
+    failures: Sequence[DieLoss] = (),
 ) -> Simulation:
     """Run `requests` (in arrival order) through the engine. With `duration_s` the run stops
     there (requests arriving later are not submitted; the report covers [0, duration_s]);
-    without, it runs until every request has finished."""
+    without, it runs until every request has finished. `failures` isolate and restore NPUs."""
     oracle = Oracle(deployment, topology or _topology(deployment.preset), profile)
     engine = Engine(deployment, profile=profile, stream_tokens=stream_tokens)
     recorder = Recorder()
     arrivals = iter(requests)
     pending = next(arrivals, None)
     end = float("inf") if duration_s is None else duration_s
+    changes = _changes(failures, oracle, engine)
     now = 0.0
     while True:
         due = engine.next_due_time()
         t_arrival = pending.arrival_s if pending is not None else float("inf")
-        now = min(t_arrival, due if due is not None else float("inf"))
+        t_change = changes[0][0] if changes else float("inf")
+        now = min(t_arrival, t_change, due if due is not None else float("inf"))
         if now == float("inf") or now > end:
             break
+        while changes and changes[0][0] <= now:
+            heapq.heappop(changes)[2](now)
         while pending is not None and pending.arrival_s <= now:
             engine.submit(pending, now)
             recorder.submitted(pending)
@@ -143,6 +177,39 @@ def simulate(
         profile=profile,
     )
     return Simulation(report=report, engine=engine, recorder=recorder, cache=oracle.cache)
+
+
+Change = tuple[float, int, Callable[[float], object]]
+
+
+def _changes(failures: Sequence[DieLoss], oracle: Oracle, engine: Engine) -> list[Change]:
+    """Each failure's isolation and restore as (instant, order, apply), a heap."""
+    out: list[Change] = []
+    per = oracle.npu_dies
+    for k, f in enumerate(failures):
+        npus = oracle.layout.get(f.instance)
+        if npus is None or not 0 <= f.npu < len(npus):
+            raise InvalidArgumentError(
+                f"no NPU {f.npu} in instance {f.instance!r}", field="failures"
+            )
+        if f.restored_s is not None and f.restored_s < f.at_s:
+            raise InvalidArgumentError("a die is restored before it is lost", field="failures")
+        dies = range(f.npu * per, (f.npu + 1) * per)
+
+        def lose(t: float, f: DieLoss = f, d: range = dies) -> None:
+            engine.isolate(f.instance, d, t)
+
+        out.append((f.at_s, 2 * k, lose))
+        if f.restored_s is not None:
+
+            def back(t: float, f: DieLoss = f, d: range = dies) -> None:
+                if f.replacement is not None:
+                    oracle.replace(f.instance, f.npu, f.replacement)
+                engine.restore(f.instance, d, t)
+
+            out.append((f.restored_s, 2 * k + 1, back))
+    heapq.heapify(out)
+    return out
 
 
 def merge_sorted(*streams: Iterable[Request]) -> list[Request]:

@@ -8,7 +8,7 @@ from functools import cache
 
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.serving.models import ModelShape
-from emulator.model.serving.placement import layout, place
+from emulator.model.serving.placement import ExpertPlacement, layout, place
 
 
 def imbalance(
@@ -16,8 +16,16 @@ def imbalance(
 ) -> float:
     if policy == "ideal":
         return 1.0
+    return max(1.0, placement(model, dies, policy, profile).imbalance)
+
+
+def placement(
+    model: ModelShape, dies: int, policy: str, profile: HardwareProfile = DEFAULT_PROFILE
+) -> ExpertPlacement:
+    """The placement `imbalance` is computed from, on dies named d0, d1, ... (what the engine
+    remaps when an instance loses dies)."""
     s = profile.serving
-    return _imbalance(
+    return _placement(
         model,
         dies,
         policy,
@@ -28,9 +36,9 @@ def imbalance(
 
 
 @cache
-def _imbalance(
+def _placement(
     model: ModelShape, dies: int, policy: str, *, zipf: float, shared: float, redundant: float
-) -> float:
+) -> ExpertPlacement:
     shape = layout(
         dies=dies,
         routed_experts=model.routed_experts,
@@ -42,5 +50,4 @@ def _imbalance(
     histogram = [0.0] * model.routed_experts
     for rank, e in enumerate(order):
         histogram[e] = 1.0 / (rank + 1) ** zipf
-    placed = place(shape, [f"d{i}" for i in range(dies)], policy=policy, histogram=histogram)
-    return max(1.0, placed.imbalance)
+    return place(shape, [f"d{i}" for i in range(dies)], policy=policy, histogram=histogram)

@@ -292,3 +292,131 @@ def place(
         replicas=tuple(counts),
         imbalance=1.0 if chosen.ideal else _imbalance(dies),
     )
+
+
+# --- losing dies ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Remap:
+    """An instance's placement after it lost dies.
+
+    Tokens of an expert that kept a copy go to its remaining copies. An expert that lost every
+    copy takes over a redundant slot on a surviving die (the copy whose expert keeps the lightest
+    load per copy without it, as EPLB would give it up): its weights load there from EMS. When no
+    redundant slot is left the expert still gets a slot, as an extra one on the least loaded
+    surviving die (`overflow`): the instance keeps serving, degraded, at the imbalance that costs.
+    A lost shared-expert copy needs no slot while another survives; the last one goes the same
+    way as a routed expert."""
+
+    placement: ExpertPlacement  # over the surviving dies, in their order
+    lost: tuple[str, ...]
+    moved: tuple[tuple[int, str], ...]  # (expert, die) given a redundant slot; -1: the shared one
+    overflow: tuple[tuple[int, str], ...]  # (expert, die) given an extra slot: degraded
+
+    @property
+    def degraded(self) -> bool:
+        return bool(self.overflow)
+
+
+_SHARED = -1  # the shared expert, among routed ones in a remap's bookkeeping
+
+
+def remap(p: ExpertPlacement, lost: Sequence[str]) -> Remap:
+    """`p` without the dies `lost` (each one of `p.dies`): see Remap."""
+    unknown = sorted(set(lost) - set(p.dies))
+    if unknown:
+        raise UnknownNameError("die", unknown[0], p.dies, field="die")
+    gone = set(lost)
+    keep = [i for i, d in enumerate(p.dies) if d not in gone]
+    if not keep:
+        raise InvalidArgumentError("every die of the instance is lost: nothing to remap to")
+    total = [0.0] * len(p.replicas)  # each routed expert's share of the tokens
+    for slots in p.slots:
+        for s in slots:
+            if s.kind is not SlotKind.SHARED:
+                total[s.expert] += s.load
+
+    def key(s: Slot) -> int:
+        return _SHARED if s.kind is SlotKind.SHARED else s.expert
+
+    dies: list[list[Slot]] = [list(p.slots[i]) for i in keep]
+    names = [p.dies[i] for i in keep]
+    copies: dict[int, int] = {}
+    for row in dies:
+        for s in row:
+            copies[key(s)] = copies.get(key(s), 0) + 1
+    had_shared = any(s.kind is SlotKind.SHARED for slots in p.slots for s in slots)
+    orphans = [e for e in range(len(total)) if copies.get(e, 0) == 0]
+    orphans.sort(key=lambda e: (-total[e], e))
+    if had_shared and copies.get(_SHARED, 0) == 0:
+        orphans.append(_SHARED)
+    moved: list[tuple[int, str]] = []
+    overflow: list[tuple[int, str]] = []
+    for orphan in orphans:
+        donor = _donor(dies, copies, total)
+        fresh = Slot(kind=SlotKind.SHARED, expert=0, load=0.0)
+        if orphan != _SHARED:
+            fresh = Slot(kind=SlotKind.ROUTED, expert=orphan, load=0.0)
+        if donor is not None:
+            d, k = donor
+            copies[key(dies[d][k])] -= 1
+            dies[d][k] = fresh
+            moved.append((orphan, names[d]))
+        else:
+            load = [
+                sum(total[key(s)] / copies[key(s)] for s in slots if key(s) >= 0) for slots in dies
+            ]
+            d = min(range(len(dies)), key=lambda i: (load[i], len(dies[i]), i))
+            dies[d].append(fresh)
+            overflow.append((orphan, names[d]))
+        copies[orphan] = copies.get(orphan, 0) + 1
+    placed = _reload(dies, copies, total)
+    return Remap(
+        placement=ExpertPlacement(
+            policy=p.policy,
+            dies=tuple(names),
+            slots=tuple(tuple(slots) for slots in placed),
+            replicas=tuple(copies.get(e, 0) for e in range(len(total))),
+            imbalance=1.0 if POLICIES[p.policy].ideal else _imbalance(placed),
+        ),
+        lost=tuple(lost),
+        moved=tuple(moved),
+        overflow=tuple(overflow),
+    )
+
+
+def _donor(
+    dies: list[list[Slot]], copies: dict[int, int], total: Sequence[float]
+) -> tuple[int, int] | None:
+    """The redundant copy to give up: of an expert with another copy left, the one whose copies
+    carry the least each once it is gone (the lowest die and slot on a tie)."""
+    best: tuple[float, int, int] | None = None
+    for d, slots in enumerate(dies):
+        for k, s in enumerate(slots):
+            if s.kind is SlotKind.SHARED or copies.get(s.expert, 0) < 2:
+                continue
+            after = total[s.expert] / (copies[s.expert] - 1)
+            if best is None or after < best[0]:
+                best = (after, d, k)
+    return None if best is None else (best[1], best[2])
+
+
+def _reload(
+    dies: list[list[Slot]], copies: dict[int, int], total: Sequence[float]
+) -> list[list[Slot]]:
+    """Every routed copy's share again (an expert's tokens split evenly among its copies), the
+    first copy of each ROUTED and the others REDUNDANT."""
+    seen: set[int] = set()
+    out: list[list[Slot]] = []
+    for slots in dies:
+        row = []
+        for s in slots:
+            if s.kind is SlotKind.SHARED:
+                row.append(s)
+                continue
+            kind = SlotKind.REDUNDANT if s.expert in seen else SlotKind.ROUTED
+            seen.add(s.expert)
+            row.append(Slot(kind=kind, expert=s.expert, load=total[s.expert] / copies[s.expert]))
+        out.append(row)
+    return out

@@ -28,6 +28,8 @@ class Recorder:
         self.first: dict[str, float] = {}
         self.finish: dict[str, tuple[float, int]] = {}
         self.cancelled = 0
+        self.failed = 0  # finished ERROR
+        self.retries = 0
         self.first_tokens = 0
         self.last_s = 0.0
 
@@ -43,8 +45,12 @@ class Recorder:
         elif isinstance(event, FinishEvent):
             if event.reason is FinishReason.CANCELLED:
                 self.cancelled += 1
+            elif event.reason is FinishReason.ERROR:
+                self.failed += 1
             else:
                 self.finish[event.request_id] = (event.time_s, event.tokens)
+        else:
+            self.retries += 1
 
     def ttft(self) -> list[float]:
         return [t - self.arrival[r] for r, t in self.first.items() if r in self.arrival]

@@ -14,6 +14,7 @@ from emulator.model.serving.deployment import Deployment, parse_deployment
 from emulator.model.serving.des import Oracle
 from emulator.model.serving.engine import (
     Engine,
+    Event,
     FinishEvent,
     FinishReason,
     PlanKind,
@@ -56,7 +57,7 @@ class Driver:
         self.deployment = deployment
         self.engine = Engine(deployment, stream_tokens=stream)
         self.oracle = Oracle(deployment, build(deployment.preset))
-        self.events: list[TokenEvent | FinishEvent] = []
+        self.events: list[Event] = []
         self.plans: list[StepPlan] = []
         self.now = 0.0
 
@@ -102,7 +103,7 @@ def test_every_request_finishes_with_its_tokens_in_order(seed: int) -> None:
         if isinstance(e, TokenEvent):
             assert e.request_id not in finished
             tokens[e.request_id].append((e.index, e.count))
-        else:
+        elif isinstance(e, FinishEvent):
             assert e.request_id not in finished
             finished[e.request_id] = e
     assert set(finished) == {r.id for r in requests}

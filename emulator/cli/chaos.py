@@ -1,0 +1,199 @@
+"""`cmemu chaos run FILE` and `cmemu chaos ls`: parsing and printing over emulator/runtime/chaos/.
+
+`run` exits 0 only when every expectation holds, 1 when one fails (or the emulator reports an
+error), 2 on a bad scenario file (its YAML path in the message)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+from emulator.cli.argtypes import UsageError
+from emulator.client.clients import Clients
+from emulator.model.chaos.timeline import Entry
+from emulator.model.chaos.units import format_s
+from emulator.model.errors import InvalidArgumentError
+from emulator.runtime import state
+from emulator.runtime.chaos import files, kinds
+from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
+
+FAILED = 1
+
+
+def format_entry(e: Entry) -> str:
+    return f"  t+{format_s(e.since_start_s):>8}  {e.phase:<13} {e.subject:<20} {e.detail}".rstrip()
+
+
+def summary_lines(result: RunResult) -> list[str]:
+    out = ["recoveries (emulated, from injection):"]
+    for r in result.recoveries:
+        i = r.injection
+        ttr = "not recovered" if r.recovery_s is None else format_s(r.recovery_s)
+        slo = f", SLO back {format_s(r.slo_back_s)}" if r.slo_back_s is not None else ""
+        what = f"affected {','.join(r.workloads)}" if r.workloads else "no workload affected"
+        out.append(f"  {i.label:<16} {i.kind:<14} {i.target:<22} {ttr}{slo} ({what})")
+    out.append("expectations:")
+    for c in result.verdict.checks:
+        mark = "PASS" if c.ok else "FAIL"
+        line = f"  {mark} {c.name}: expected {c.expected}; measured {c.measured}"
+        out.append(line + (f" ({c.detail})" if c.detail else ""))
+    for note in result.notes:
+        out.append(f"note: {note}")
+    verdict = "PASS" if result.ok else "FAIL"
+    out.append(
+        f"{verdict}: scenario {result.scenario.name} (seed {result.seed}) in "
+        f"{result.wall_s:.1f} s wall at time scale {result.time_scale:g} (workloads' start "
+        f"{result.setup_wall_s:.1f} s, scenario {result.scenario_wall_s:.1f} s)"
+    )
+    return out
+
+
+def to_json(result: RunResult) -> dict[str, Any]:
+    return {
+        "scenario": result.scenario.name,
+        "seed": result.seed,
+        "ok": result.ok,
+        "wall_s": result.wall_s,
+        "setup_wall_s": result.setup_wall_s,
+        "scenario_wall_s": result.scenario_wall_s,
+        "time_scale": result.time_scale,
+        "checks": [asdict(c) for c in result.verdict.checks],
+        "recoveries": [
+            {
+                "step": r.injection.label,
+                "kind": r.injection.kind,
+                "target": r.injection.target,
+                "fault_ns": r.injection.at_ns,
+                "detected_ns": r.detected_ns,
+                "isolated_ns": r.isolated_ns,
+                "replaced_ns": r.replaced_ns,
+                "restored_ns": r.restored_ns,
+                "recovery_s": r.recovery_s,
+                "slo_back_s": r.slo_back_s,
+                "workloads": list(r.workloads),
+                "incidents": [i.id for i in r.incidents],
+            }
+            for r in result.recoveries
+        ],
+        "timeline": [asdict(e) for e in result.timeline],
+        "notes": result.notes,
+    }
+
+
+def junit_xml(result: RunResult) -> bytes:
+    """One test case per expectation, in a suite named after the scenario."""
+    checks = result.verdict.checks
+    suite = ET.Element(
+        "testsuite",
+        name=f"chaos.{result.scenario.name}",
+        tests=str(len(checks)),
+        failures=str(sum(not c.ok for c in checks)),
+        time=f"{result.wall_s:.3f}",
+    )
+    for c in checks:
+        case = ET.SubElement(suite, "testcase", classname=f"chaos.{result.scenario.name}",
+                             name=c.name)  # fmt: skip
+        if not c.ok:
+            failure = ET.SubElement(case, "failure", message=f"measured {c.measured}")
+            failure.text = f"expected {c.expected}; measured {c.measured}\n{c.detail}".rstrip()
+    suites = ET.Element("testsuites")
+    suites.append(suite)
+    xml: bytes = ET.tostring(suites, encoding="utf-8", xml_declaration=True)
+    return xml
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        scenario = files.load(files.find(args.file))
+    except InvalidArgumentError as exc:
+        raise UsageError(str(exc)) from exc
+    path = state.path_from(args.state_file)
+    topology = state.read(path)
+
+    def live(entry: Entry) -> None:
+        if not args.json:
+            print(format_entry(entry), flush=True)
+
+    async def go() -> RunResult:
+        clients = Clients(topology, state.credentials(path))
+        try:
+            options = RunOptions(seed=args.seed, keep=args.keep)
+            return await run_scenario(clients, scenario, options, on_entry=live)
+        finally:
+            await clients.close()
+
+    if not args.json:
+        print(f"scenario {scenario.name}: {len(scenario.steps)} steps; timeline (emulated, "
+              "from the workloads being up):", flush=True)  # fmt: skip
+    result = asyncio.run(go())
+    if args.junit:
+        Path(args.junit).write_bytes(junit_xml(result))
+    if args.json:
+        print(json.dumps(to_json(result), indent=2))
+    else:
+        print("\n".join(summary_lines(result)))
+    return 0 if result.ok else FAILED
+
+
+def _ls(args: argparse.Namespace) -> int:
+    rows_kinds = [{"kind": name, "help": kinds.help_of(name)} for name in sorted(kinds.checkers())]
+    rows_scenarios: list[dict[str, str]] = []
+    for p in files.library():
+        try:
+            sc = files.load(p)
+            rows_scenarios.append({"scenario": sc.name, "file": str(p), "about": sc.description})
+        except Exception as exc:  # a broken file is listed as such, never hides the others
+            rows_scenarios.append({"scenario": p.stem, "file": str(p), "about": f"BROKEN: {exc}"})
+    if args.json:
+        print(json.dumps({"kinds": rows_kinds, "scenarios": rows_scenarios}, indent=2))
+        return 0
+    print("fault kinds:")
+    for k in rows_kinds:
+        print(f"  {k['kind']:<16} {k['help']}")
+    print("scenarios (cmemu chaos run NAME|FILE):")
+    for s in rows_scenarios:
+        print(f"  {s['scenario']:<26} {s['about'].splitlines()[0] if s['about'] else ''}")
+    return 0
+
+
+ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {"run": _run, "ls": _ls}
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    return ACTIONS[args.action](args)
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a seed is an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a seed is an integer >= 0, got {text!r}")
+    return value
+
+
+def chaos_args(
+    p: argparse.ArgumentParser, add_state: Callable[[argparse.ArgumentParser], None]
+) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    run = sub.add_parser(
+        "run",
+        help="run a scenario against the running emulator and judge it",
+        description="Start the scenario's workloads, inject its faults on the emulated "
+        "schedule, print the timeline, and exit 0 only when every expectation holds.",
+    )
+    run.add_argument("file", metavar="FILE", help="a scenario file, or a name from `chaos ls`")
+    run.add_argument("--seed", type=_seed, help="override the scenario's seed")
+    run.add_argument("--junit", metavar="OUT.xml", help="write one test case per expectation")
+    run.add_argument("--json", action="store_true", help="print the result as one JSON document")
+    run.add_argument("--keep", action="store_true", help="leave the workloads running at the end")
+    add_state(run)
+    ls = sub.add_parser("ls", help="the fault kinds and the scenarios of the library")
+    ls.add_argument("--json", action="store_true", help="one JSON document")

@@ -1,0 +1,158 @@
+"""`cmemu train start|ls|get|stop` (cmemu.v1.Training on the manager's server) and
+`cmemu simulate training` (model mode: a long run with failures drawn from an MTBF)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf import json_format
+
+from cmemu.v1 import training_pb2
+from emulator.cli.argtypes import UsageError
+from emulator.cli.output import Column, print_rows
+from emulator.client.clients import Clients
+from emulator.model.hardware import DEFAULT_PROFILE
+from emulator.model.training.longrun import DAY_S, simulate_training
+from emulator.runtime import state
+
+# --- model mode ----------------------------------------------------------------------------------
+
+
+def training_args(sub: Any) -> None:
+    p = sub.add_parser(
+        "training",
+        help="a long training run with NPU failures drawn from an MTBF (model mode)",
+        description=(
+            "A training job's run (the published 40 days by default) on the cost model: "
+            "failures of its NPUs drawn from an MTBF per NPU, each losing the steps since the "
+            "last checkpoint and waiting for detection, a spare, the restart and the "
+            "checkpoint's reload. Prints the goodput and the recovery times."
+        ),
+    )
+    days = DEFAULT_PROFILE.manager.training_run_s / DAY_S  # the published 40-day runs
+    p.add_argument("--days", type=float, default=days, help=f"emulated days (default {days:g})")
+    p.add_argument("--mtbf-hours", type=float, default=None, help="MTBF per NPU, hours")
+    p.add_argument("--npus", type=int, default=384, help="the job's NPUs (default 384)")
+    p.add_argument("--preset", default="cm384", help="the supernode (default cm384)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps (0: the profile's)")
+    p.add_argument("--expert-parallel", type=int, default=0, help="EP group size (0: 1)")
+    p.add_argument("--spares", type=int, default=None, help="spare NPUs (default: per rack)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+
+def simulate_training_cmd(args: argparse.Namespace) -> int:
+    mtbf = args.mtbf_hours or DEFAULT_PROFILE.training.mtbf_hours_per_npu
+    result = simulate_training(
+        days=args.days,
+        mtbf_hours=mtbf,
+        npus=args.npus,
+        preset=args.preset,
+        checkpoint_every=args.checkpoint_every,
+        expert_parallel=args.expert_parallel,
+        spares=args.spares,
+        seed=args.seed,
+    )
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    width = max(len(k) for k in summary)
+    for key, value in summary.items():
+        shown = f"{value:.6g}" if isinstance(value, float) else str(value)
+        print(f"{key:<{width}}  {shown}")
+    return 0
+
+
+# --- live ----------------------------------------------------------------------------------------
+
+
+def train_args(parser: argparse.ArgumentParser, add_state: Callable[[Any], None]) -> None:
+    sub = parser.add_subparsers(dest="train_command", required=True, metavar="COMMAND")
+    start = sub.add_parser("start", help="start a training job")
+    start.add_argument("name")
+    start.add_argument("--npus", type=int, required=True)
+    start.add_argument("--model", default="")
+    start.add_argument("--steps", type=int, default=0, help="0: until stopped")
+    start.add_argument("--checkpoint-every", type=int, default=0)
+    start.add_argument("--data-parallel", type=int, default=0)
+    start.add_argument("--expert-parallel", type=int, default=0)
+    start.add_argument("--micro-batches", type=int, default=0)
+    ls = sub.add_parser("ls", help="list the training jobs")
+    get = sub.add_parser("get", help="one training job")
+    get.add_argument("name")
+    stop = sub.add_parser("stop", help="stop a training job and release its NPUs")
+    stop.add_argument("name")
+    for p in (start, ls, get, stop):
+        p.add_argument("--json", action="store_true")
+        add_state(p)
+
+
+COLUMNS: list[Column] = [
+    ("name", "NAME", "<20"),
+    ("state", "STATE", "<10"),
+    ("step", "STEP", ">8"),
+    ("checkpoint", "CKPT", ">8"),
+    ("npus", "NPUS", ">4"),
+    ("restarts", "RESTARTS", ">8"),
+    ("lost", "LOST", ">6"),
+    ("step_s", "STEP_S", ">8"),
+    ("goodput", "GOODPUT", ">7"),
+]
+
+
+def _row(job: training_pb2.TrainingJob) -> dict[str, Any]:
+    return {
+        "name": job.name,
+        "state": job.state,
+        "step": job.step,
+        "checkpoint": job.last_checkpoint_step,
+        "npus": len(job.npus),
+        "restarts": job.restarts,
+        "lost": job.steps_lost,
+        "step_s": f"{job.step_s:.3f}",
+        "goodput": f"{job.goodput:.3f}",
+    }
+
+
+async def _call(args: argparse.Namespace) -> list[training_pb2.TrainingJob]:
+    path = state.path_from(args.state_file)
+    clients = Clients(state.read(path), state.credentials(path))
+    try:
+        stub = clients.training()
+        command = args.train_command
+        if command == "start":
+            if args.npus < 1:
+                raise UsageError("--npus must be >= 1")
+            spec = training_pb2.TrainingSpec(
+                name=args.name,
+                npus=args.npus,
+                model=args.model,
+                steps=args.steps,
+                checkpoint_every=args.checkpoint_every,
+                data_parallel=args.data_parallel,
+                expert_parallel=args.expert_parallel,
+                micro_batches=args.micro_batches,
+            )
+            return [await stub.Start(training_pb2.StartTrainingRequest(spec=spec))]
+        if command == "ls":
+            return list((await stub.List(training_pb2.ListTrainingRequest())).jobs)
+        if command == "get":
+            return [await stub.Get(training_pb2.TrainingRequest(name=args.name))]
+        return [await stub.Stop(training_pb2.TrainingRequest(name=args.name))]
+    finally:
+        await clients.close()
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    jobs = asyncio.run(_call(args))
+    if args.json:
+        rows = [json_format.MessageToDict(j, preserving_proto_field_name=True) for j in jobs]
+        print(json.dumps(rows if args.train_command == "ls" else rows[0], indent=2))
+        return 0
+    print_rows([_row(j) for j in jobs], COLUMNS, as_json=False)
+    return 0

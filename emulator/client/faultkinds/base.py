@@ -1,0 +1,186 @@
+"""What the fault kinds share: the typed-params contract, the active-fault record, fault ids, and
+how a device fault reaches its device (itself, or a sibling in its process when its server is
+gone). A kind is a small module beside this one, registered by name in emulator/client/faults.py.
+
+Fault ids: the fabric's own (`f7`); `dev:<device>` (device-down) and `dev:<device>:<kind>` for a
+device's fault; `node:<node>` (node-power-off: every device's crash); `proc:<process>:<kind>`
+(process-kill / process-pause); `broker` (broker-outage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import grpc
+
+from cmemu.v1 import device_pb2
+from emulator.client.clients import Clients
+from emulator.client.errors import decode
+from emulator.model.errors import NotFoundError, quote
+from emulator.model.faults.params import params_from, params_text
+
+if TYPE_CHECKING:
+    from cmemu.v1.device_pb2_grpc import DeviceAsyncStub
+
+DEVICE_PREFIX = "dev:"
+FALLBACK_REASONS = {"NOT_IN_PROCESS", "PEER_UNREACHABLE"}
+CALL_TIMEOUT_S = 30.0  # wall: a fault call answers at once, even on a hung device
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActiveFault:
+    id: str
+    kind: str
+    target: str
+    detail: str = ""
+    since_ns: int = 0  # emulated; 0 when the fault's owner does not say
+    until_ns: int = 0  # emulated instant it clears itself; 0: until cleared
+
+
+class Kind(Protocol):
+    """A fault kind: typed parameters, and how it is added (cleared by its fault id)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def help(self) -> str: ...
+
+    @property
+    def params(self) -> type[Any]: ...
+
+    @property
+    def target(self) -> str: ...  # what TARGET names, for help; "" takes none
+
+    def params_from(self, raw: Mapping[str, object]) -> Any: ...
+
+    async def add(
+        self, clients: Clients, target: str, params: Any, duration_s: float | None
+    ) -> ActiveFault: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Typed:
+    """The params half of every kind."""
+
+    name: str
+    help: str
+    params: type[Any]
+    target: str = "a device id"
+
+    def params_from(self, raw: Mapping[str, object]) -> Any:
+        return params_from(self.params, raw, kind=self.name)
+
+    def typed(self, params: Any) -> Any:
+        """Params given as a dict (a scenario's) or already typed."""
+        return self.params_from(params or {}) if isinstance(params, Mapping) else params
+
+
+def device_fault_id(device: str, kind: str = "device-down") -> str:
+    return (
+        f"{DEVICE_PREFIX}{device}" if kind == "device-down" else f"{DEVICE_PREFIX}{device}:{kind}"
+    )
+
+
+def parse_device_fault(fault_id: str) -> tuple[str, str] | None:
+    """(device, kind) of a `dev:` id, or None for another id."""
+    if not fault_id.startswith(DEVICE_PREFIX):
+        return None
+    device, _, kind = fault_id.removeprefix(DEVICE_PREFIX).partition(":")
+    return device, kind or "device-down"
+
+
+def detail_of(state: device_pb2.FaultState) -> str:
+    parts = [f"{k}={v}" for k, v in sorted(state.params.items())]
+    if state.reason:
+        parts.append(f"reason={state.reason!r}")
+    if state.until_ns:
+        parts.append(f"until={state.until_ns / 1e9:.3f}s")
+    return " ".join(parts)
+
+
+def device_fault(state: device_pb2.FaultState) -> ActiveFault:
+    kind = state.kind or "device-down"
+    return ActiveFault(
+        id=device_fault_id(state.device, kind),
+        kind=kind,
+        target=state.device,
+        detail=detail_of(state),
+        since_ns=state.since_ns,
+        until_ns=state.until_ns,
+    )
+
+
+def proxies(clients: Clients, device: str, *, others_first: bool) -> list[str]:
+    """Who may answer for `device`: itself, and devices that may share its process (one of
+    another node — all share one process in-process — then its node's)."""
+    topology = clients.topology
+    node = topology.device(device).node
+    same = [d.id for d in topology.devices if d.node == node and d.id != device]
+    other = next((d.id for d in topology.devices if d.node != node), None)
+    others = [*([other] if other else []), *same]
+    return [*others, device] if others_first else [device, *others]
+
+
+async def via(
+    clients: Clients,
+    device: str,
+    call: Callable[[DeviceAsyncStub], Awaitable[T]],
+    *,
+    others_first: bool = False,
+) -> T:
+    """`call` on the first of `device`'s proxies that can answer for it."""
+    last: grpc.aio.AioRpcError | None = None
+    for proxy in proxies(clients, device, others_first=others_first):
+        try:
+            return await call(clients.device(proxy))
+        except grpc.aio.AioRpcError as exc:
+            unreachable = exc.code() is grpc.StatusCode.UNAVAILABLE and not decode(exc).reason
+            if not (unreachable or decode(exc).reason in FALLBACK_REASONS):
+                raise
+            last = exc
+    assert last is not None
+    raise last
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceKind(Typed):
+    """A fault the device applies itself (services/devicefaults.py), with its duration."""
+
+    crash: bool = False  # its server goes: injected and cleared through a sibling
+
+    async def add(
+        self, clients: Clients, target: str, params: Any, duration_s: float | None
+    ) -> ActiveFault:
+        device = clients.topology.device(target).id
+        request = device_pb2.FaultState(
+            kind=self.name,
+            params=params_text(self.typed(params)),
+            for_s=duration_s or 0.0,
+            device=device,
+        )
+        stored = await via(
+            clients,
+            device,
+            lambda stub: stub.InjectFault(request, timeout=CALL_TIMEOUT_S),
+            others_first=self.crash,
+        )
+        return device_fault(stored)
+
+
+async def clear_device(clients: Clients, device: str, kind: str) -> None:
+    clients.topology.device(device)
+    request = device_pb2.ClearDeviceFaultRequest(kind=kind, device=device)
+    await via(clients, device, lambda stub: stub.ClearFault(request, timeout=CALL_TIMEOUT_S))
+
+
+def not_found(fault_id: str) -> NotFoundError:
+    return NotFoundError(
+        f"no fault {quote(fault_id)} (see `cmemu fault ls`)",
+        field="id",
+        subject=fault_id,
+        reason="FAULT_NOT_FOUND",
+    )

@@ -1,0 +1,96 @@
+"""broker-outage: the MQTT broker is unreachable: every emulator process hosting devices drops
+its broker connection and stays away until the fault clears, buffering its events (telemetry
+shows broker_connected false and events_pending) and sending them when it is back. The fault
+goes through the devices' management path (a device kind, `broker-outage`, applied to the
+process's event publisher), so it works in every launcher; services in processes that host no
+device (procs mode) keep publishing. Its id is `broker`."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from cmemu.v1 import device_pb2
+from emulator.client.clients import Clients
+from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, via
+from emulator.model.errors import NotFoundError
+from emulator.model.faults.catalogue import NoParams
+from emulator.model.faults.params import params_text
+
+BROKER_ID = "broker"
+
+
+async def _hosts(clients: Clients) -> list[str]:
+    """One device per process (the first device of each process's listing)."""
+    uncovered = [d.id for d in clients.topology.devices]
+    picked: list[str] = []
+    while uncovered:
+        device = uncovered[0]
+        listing = await via(
+            clients,
+            device,
+            lambda stub: stub.ListFaults(
+                device_pb2.ListDeviceFaultsRequest(process=True), timeout=CALL_TIMEOUT_S
+            ),
+        )
+        hosted = set(listing.hosted) | {device}
+        picked.append(listing.hosted[0] if listing.hosted else device)
+        uncovered = [d for d in uncovered if d not in hosted]
+    return picked
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokerOutage(Typed):
+    target: str = "none"
+
+    async def add(
+        self, clients: Clients, target: str, params: Any, duration_s: float | None
+    ) -> ActiveFault:
+        typed = self.typed(params)
+        hosts = await _hosts(clients)
+        stored = await asyncio.gather(
+            *(
+                clients.device(h).InjectFault(
+                    device_pb2.FaultState(
+                        kind=self.name, params=params_text(typed), for_s=duration_s or 0.0
+                    ),
+                    timeout=CALL_TIMEOUT_S,
+                )
+                for h in hosts
+            )
+        )
+        return ActiveFault(
+            id=BROKER_ID,
+            kind=self.name,
+            target="broker",
+            detail=f"{len(hosts)} processes cut off",
+            since_ns=stored[0].since_ns,
+            until_ns=stored[0].until_ns,
+        )
+
+
+async def clear(clients: Clients) -> None:
+    cleared = 0
+    for host in await _hosts(clients):
+        try:
+            await clients.device(host).ClearFault(
+                device_pb2.ClearDeviceFaultRequest(kind="broker-outage"), timeout=CALL_TIMEOUT_S
+            )
+            cleared += 1
+        except grpc.aio.AioRpcError as exc:  # a process whose outage already ended
+            if exc.code() is not grpc.StatusCode.NOT_FOUND:
+                raise
+    if not cleared:
+        raise NotFoundError(
+            "no broker outage is active", subject=BROKER_ID, reason="FAULT_NOT_FOUND"
+        )
+
+
+KIND = BrokerOutage(
+    name="broker-outage",
+    help="the MQTT broker is unreachable: devices buffer their events until it is back",
+    params=NoParams,
+)

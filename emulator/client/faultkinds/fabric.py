@@ -1,0 +1,103 @@
+"""The fabric's kinds: link-down, link-degraded, link-latency, switch-down, partition, link-flap.
+The fabric applies them to its link graph (emulator/model/linkfaults.py) and owns their timers
+(a flap's period, a duration), in emulated time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cmemu.v1 import fabric_pb2
+from emulator.client.clients import Clients
+from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed
+from emulator.model.faults.catalogue import (
+    LinkDegradedParams,
+    LinkFlapParams,
+    LinkLatencyParams,
+    NoParams,
+    PartitionParams,
+)
+
+
+def fabric_detail(f: fabric_pb2.FabricFault) -> str:
+    parts = []
+    if f.factor:
+        parts.append(f"factor={f.factor:g}")
+    if f.added_latency_us:
+        parts.append(f"latency=+{f.added_latency_us:g}us")
+    if f.period_s:
+        parts.append(f"period={f.period_s:g}s duty={f.duty:g}")
+    if f.side_a or f.side_b:
+        parts.append(f"side_a={','.join(f.side_a)} side_b={','.join(f.side_b)}")
+    if f.until_ns:
+        parts.append(f"until={f.until_ns / 1e9:.3f}s")
+    return " ".join(parts)
+
+
+def fabric_fault(f: fabric_pb2.FabricFault) -> ActiveFault:
+    return ActiveFault(
+        id=f.id,
+        kind=f.kind,
+        target=f.target,
+        detail=fabric_detail(f),
+        since_ns=f.since_ns,
+        until_ns=f.until_ns,
+    )
+
+
+def _sides(text: str) -> list[str]:
+    return [s for s in (x.strip() for x in text.split(",")) if s]
+
+
+FIELDS: dict[type[Any], Callable[[Any], dict[str, Any]]] = {
+    NoParams: lambda p: {},
+    LinkDegradedParams: lambda p: {"factor": p.factor},
+    LinkLatencyParams: lambda p: {"added_latency_us": p.latency_us},
+    LinkFlapParams: lambda p: {"period_s": p.period_s, "duty": p.duty},
+    PartitionParams: lambda p: {"side_a": _sides(p.side_a), "side_b": _sides(p.side_b)},
+}
+"""Each params class as FabricFault fields."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FabricKind(Typed):
+    target: str = "a link 'a~b' (cmemu links)"
+
+    async def add(
+        self, clients: Clients, target: str, params: Any, duration_s: float | None
+    ) -> ActiveFault:
+        typed = self.typed(params)
+        stored = await clients.fabric().InjectFault(
+            fabric_pb2.FabricFault(
+                kind=self.name, target=target, for_s=duration_s or 0.0, **FIELDS[type(typed)](typed)
+            ),
+            timeout=CALL_TIMEOUT_S,
+        )
+        return fabric_fault(stored)
+
+
+LINK_DOWN = FabricKind(name="link-down", help="a link carries nothing", params=NoParams)
+LINK_DEGRADED = FabricKind(
+    name="link-degraded", help="a link keeps a share of its bandwidth", params=LinkDegradedParams
+)
+LINK_LATENCY = FabricKind(
+    name="link-latency", help="a link adds latency per crossing", params=LinkLatencyParams
+)
+SWITCH_DOWN = FabricKind(
+    name="switch-down",
+    help="every link of a switch is down",
+    params=NoParams,
+    target="a switch id (e.g. l2-p0-s3)",
+)
+PARTITION = FabricKind(
+    name="partition",
+    help="devices of side_a cannot reach those of side_b",
+    params=PartitionParams,
+    target="none (the sides are params)",
+)
+LINK_FLAP = FabricKind(
+    name="link-flap",
+    help="a link toggles down and up: down duty*period_s of every period_s (emulated)",
+    params=LinkFlapParams,
+)

@@ -1,0 +1,114 @@
+"""Every fault kind's typed parameters: one frozen dataclass per kind, registered by name.
+
+A field's metadata carries its help and its range (emulator/model/faults/params.py checks it);
+a `check()` method holds the rules that span fields. Shares (`compute`, `link`, `factor`) are
+what remains of a rate, in (0, 1], like the fabric's link-degraded factor: 0.5 is half speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from emulator.model.faults.params import AT_LEAST_ZERO, FRACTION, POSITIVE, SHARE, invalid
+
+
+def param(default: Any = None, help: str = "", check: dict[str, str] | None = None) -> Any:
+    """A parameter with its help and range; no default makes it required."""
+    metadata = {"help": help, **(check or {})}
+    if default is None:
+        return field(metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoParams:
+    """A kind that takes no parameters."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrashParams:
+    wipe: bool = param(
+        True,
+        "the restart loses memory contents and regions (a reset reinitialises HBM/DRAM); "
+        "false keeps them, as a process restart over persistent memory would",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlowParams:
+    compute: float = param(0.5, "share of kernel throughput left, in (0, 1]", SHARE)
+    link: float = param(1.0, "share of its ports' bandwidth left, in (0, 1]", SHARE)
+
+    def check(self) -> None:
+        if self.compute == 1.0 and self.link == 1.0:
+            raise invalid("slow", "compute", "or link must be below 1 (nothing would slow)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HbmEccParams:
+    region: int = param(
+        0, "poison this region id (see ListRegions); 0: use offset/size", AT_LEAST_ZERO
+    )
+    offset: int = param(0, "first poisoned byte (UB address at the device)", AT_LEAST_ZERO)
+    size: int = param(0, "poisoned bytes from offset", AT_LEAST_ZERO)
+
+    def check(self) -> None:
+        if (self.region == 0) == (self.size == 0):
+            raise invalid("hbm-ecc", "region", "or size (with offset) is required, not both")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DieDownParams:
+    die: int = param(0, "the NPU die that fails (0 or 1)", AT_LEAST_ZERO)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkFlapParams:
+    period_s: float = param(10.0, "emulated seconds of one down+up cycle", POSITIVE)
+    duty: float = param(0.5, "share of each period the link is down, in (0, 1)", FRACTION)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkDegradedParams:
+    factor: float = param(help="share of the link's bandwidth left, in (0, 1)", check=FRACTION)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkLatencyParams:
+    latency_us: float = param(
+        help="emulated microseconds added per crossing, (0, 1e6]", check=POSITIVE
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionParams:
+    side_a: str = param(help="comma-separated device ids on one side")
+    side_b: str = param(help="comma-separated device ids on the other side")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceDownParams:
+    reason: str = param("cmemu fault add", "the reason the device reports")
+
+
+PARAMS: dict[str, type[Any]] = {
+    "crash": CrashParams,
+    "hang": NoParams,
+    "slow": SlowParams,
+    "hbm-ecc": HbmEccParams,
+    "die-down": DieDownParams,
+    "link-flap": LinkFlapParams,
+    "node-power-off": CrashParams,
+    "process-kill": NoParams,
+    "process-pause": NoParams,
+    "pool-loss": NoParams,
+    "broker-outage": NoParams,
+    "link-down": NoParams,
+    "link-degraded": LinkDegradedParams,
+    "link-latency": LinkLatencyParams,
+    "switch-down": NoParams,
+    "partition": PartitionParams,
+    "device-down": DeviceDownParams,
+}
+"""The parameters of every kind of the catalogue, by kind name."""

@@ -1,0 +1,1 @@
+"""The cluster manager's pure parts: per-device detection and the incident book."""

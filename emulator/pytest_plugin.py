@@ -1,0 +1,272 @@
+"""The cmemu pytest plugin (a `pytest11` entry point, so installing the package enables it).
+
+Fixtures:
+- `supernode`: a running emulator, started once per distinct (preset, mode, time_scale) for the
+  session with `cmemu up` (any launcher mode) and stopped at the end. Choose it with a marker,
+  `@pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=20)`, or indirect
+  parametrisation (`@pytest.mark.parametrize("supernode", [{"time_scale": 50}], indirect=True)`).
+- `chaos`: runs a scenario (`chaos.run("scenarios/npu-crash-decode.yaml")` returns the verdict
+  and the timeline) or injects a fault (`chaos.inject("device-down", "n00-npu3")`); whatever it
+  injected is cleared after the test.
+- `wait_for(condition, within_emulated_s)`: polls `condition` (a callable returning a bool, or an
+  awaitable bool) until it holds, failing the test once the deadline passes in EMULATED time.
+
+Every call goes through the state file and gRPC, exactly as `cmemu chaos run` does; the fixtures'
+methods are plain functions that work from sync and async tests alike (each runs its own event
+loop on a worker thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from emulator.client.clients import Clients
+from emulator.client.faults import ActiveFault
+from emulator.model.chaos.scenario import Scenario
+from emulator.model.clock import Clock
+from emulator.model.topology import Topology, build, server_count
+from emulator.runtime import state
+from emulator.runtime.chaos import files, kinds
+from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
+from emulator.testing import free_port_block
+
+T = TypeVar("T")
+CMEMU = str(Path(sys.executable).parent / "cmemu")
+START_TIMEOUT_S = 300.0
+DEFAULTS: dict[str, Any] = {"preset": "cm-mini", "mode": "inprocess", "time_scale": 10.0}
+POLL_WALL_S = 0.02
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "supernode(preset='cm-mini', mode='inprocess', time_scale=10.0, per='node'): the "
+        "emulator the `supernode` fixture starts (cmemu pytest plugin)",
+    )
+
+
+def _on_thread(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion on a fresh event loop of a worker thread: callable from a
+    sync test and from inside a running loop alike."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
+@dataclass(kw_only=True)
+class RunningSupernode:
+    """A running emulator: where its state file is, its topology and emulated clock."""
+
+    preset: str
+    mode: str
+    time_scale: float
+    state_file: Path
+    process: subprocess.Popen[bytes]
+
+    @property
+    def topology(self) -> Topology:
+        return state.read(self.state_file)
+
+    @property
+    def clock(self) -> Clock:
+        topology = self.topology
+        assert topology.epoch_wall_s is not None
+        return Clock(time_scale=topology.time_scale, epoch_wall_s=topology.epoch_wall_s)
+
+    def now_s(self) -> float:
+        """Emulated seconds since the supernode started."""
+        return self.clock.now_ns() / 1e9
+
+    def clients(self) -> Clients:
+        """Fresh typed clients (bound to the event loop that uses them: close them there)."""
+        return Clients(self.topology, state.credentials(self.state_file))
+
+    def call(self, use: Callable[[Clients], Awaitable[T]]) -> T:
+        """`use(clients)` on a worker thread's own loop, the clients closed after."""
+
+        async def go() -> T:
+            clients = self.clients()
+            try:
+                return await use(clients)
+            finally:
+                await clients.close()
+
+        return _on_thread(go)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def start_supernode(
+    *, preset: str, mode: str, time_scale: float, per: str = "node", directory: Path
+) -> RunningSupernode:
+    """`cmemu up` in the background, returned once its state file says every server SERVES."""
+    state_file = directory / f"{preset}-{mode}-{time_scale:g}.json"
+    args = [CMEMU, "--log-level", "warning", "up", "--preset", preset, "--mode", mode,
+            "--time-scale", f"{time_scale:g}", "--state-file", str(state_file),
+            "--broker", "none"]  # fmt: skip
+    if mode == "procs":
+        args += ["--per", per]
+    else:  # ports: a free block, so that sessions and other emulators do not clash
+        base = free_port_block(server_count(build(preset)))
+        args += ["--base-port", str(base)]
+    env = {**os.environ, "CMEMU_STATE_DIR": str(directory)}
+    log = (directory / f"{state_file.stem}.log").open("wb")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not state_file.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"cmemu up exited {proc.returncode}; see {log.name}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"cmemu up did not start within {START_TIMEOUT_S} s")
+        time.sleep(0.05)
+    return RunningSupernode(preset=preset, mode=mode, time_scale=time_scale,
+                            state_file=state_file, process=proc)  # fmt: skip
+
+
+@dataclass(kw_only=True)
+class _Pool:
+    """One emulator per distinct option set, for the whole session."""
+
+    directory: Path
+    running: dict[tuple[Any, ...], RunningSupernode] = field(default_factory=dict)
+
+    def get(self, options: dict[str, Any]) -> RunningSupernode:
+        key = tuple(sorted(options.items()))
+        if key not in self.running:
+            self.running[key] = start_supernode(directory=self.directory, **options)
+        return self.running[key]
+
+    def close(self) -> None:
+        for sn in self.running.values():
+            sn.stop()
+
+
+@pytest.fixture(scope="session")
+def _cmemu_pool() -> Iterator[_Pool]:
+    with tempfile.TemporaryDirectory(prefix="cmemu-pytest-") as directory:
+        pool = _Pool(directory=Path(directory))
+        try:
+            yield pool
+        finally:
+            pool.close()
+
+
+@pytest.fixture
+def supernode(request: pytest.FixtureRequest, _cmemu_pool: _Pool) -> RunningSupernode:
+    options = dict(DEFAULTS)
+    marker = request.node.get_closest_marker("supernode")
+    if marker is not None:
+        options.update(marker.kwargs)
+    if hasattr(request, "param"):
+        options.update(request.param)
+    return _cmemu_pool.get(options)
+
+
+@dataclass(kw_only=True)
+class Chaos:
+    """Scenarios and faults against the test's supernode."""
+
+    supernode: RunningSupernode
+    injected: list[str] = field(default_factory=list)
+
+    def load(self, scenario: str | Path) -> Scenario:
+        return files.load(files.find(str(scenario)))
+
+    def run(
+        self, scenario: str | Path | Scenario, *, seed: int | None = None, keep: bool = False
+    ) -> RunResult:
+        """Run a scenario (a file, a library name, or a parsed Scenario) to its verdict."""
+        parsed = scenario if isinstance(scenario, Scenario) else self.load(scenario)
+        options = RunOptions(seed=seed, keep=keep)
+        return self.supernode.call(lambda c: run_scenario(c, parsed, options))
+
+    def inject(
+        self,
+        kind: str,
+        target: str = "",
+        params: dict[str, Any] | None = None,
+        *,
+        duration_s: float | None = None,
+    ) -> ActiveFault:
+        """One fault now (cleared after the test unless cleared before)."""
+        typed = kinds.checkers()[kind](params or {})
+        fault = self.supernode.call(lambda c: kinds.inject(c, kind, target, typed, duration_s))
+        self.injected.append(fault.id)
+        return fault
+
+    def clear(self, fault_id: str) -> None:
+        self.supernode.call(lambda c: kinds.clear(c, fault_id))
+        if fault_id in self.injected:
+            self.injected.remove(fault_id)
+
+    def clear_all(self) -> None:
+        for fault_id in list(self.injected):
+            self.clear(fault_id)
+
+
+@pytest.fixture
+def chaos(supernode: RunningSupernode) -> Iterator[Chaos]:
+    c = Chaos(supernode=supernode)
+    try:
+        yield c
+    finally:
+        c.clear_all()
+
+
+WaitFor = Callable[..., float]
+
+
+def _value(result: object) -> object:
+    """A condition's result, awaited (on a worker thread's loop) when it is awaitable."""
+    if not inspect.isawaitable(result):
+        return result
+    awaitable = result
+
+    async def resolve() -> object:
+        return await awaitable
+
+    return _on_thread(resolve)
+
+
+@pytest.fixture
+def wait_for(supernode: RunningSupernode) -> WaitFor:
+    """`wait_for(condition, within_emulated_s)`: the emulated seconds it took; fails the test
+    when `condition` has not held by the deadline (in the supernode's emulated time)."""
+
+    def wait(condition: Callable[[], object], within_emulated_s: float) -> float:
+        clock = supernode.clock
+        start = clock.now_ns()
+        deadline = start + int(within_emulated_s * 1e9)
+        while True:
+            value = _value(condition())
+            now = clock.now_ns()
+            if value:
+                return (now - start) / 1e9
+            if now > deadline:
+                pytest.fail(
+                    f"condition not met within {within_emulated_s:g} emulated s "
+                    f"({(now - start) / 1e9:.1f} s passed)"
+                )
+            time.sleep(POLL_WALL_S)
+
+    return wait

@@ -1,0 +1,350 @@
+"""Running a scenario against a running emulator: start its workloads, inject its faults on the
+emulated schedule, watch the manager's incidents and the workloads' status, stop at the horizon
+(or once everything has recovered), clean up, and judge.
+
+Everything goes through gRPC (and the router's OpenAI endpoint for the background load), so any
+launcher and any controller (the reference cluster manager or a user's own) can be judged.
+Times are emulated: the runner sleeps on the wall clock only as long as time_scale says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from cmemu.v1 import manager_pb2
+from emulator.client.clients import Clients
+from emulator.client.errors import decode
+from emulator.model.chaos.observed import IncidentRecord, Injection, Observations
+from emulator.model.chaos.recovery import Recovery, recoveries
+from emulator.model.chaos.scenario import Scenario
+from emulator.model.chaos.schedule import Planned, horizon_s, plan
+from emulator.model.chaos.selectors import Placement, resolve
+from emulator.model.chaos.timeline import Entry, build_timeline
+from emulator.model.chaos.verdict import Verdict, judge
+from emulator.model.clock import Clock
+from emulator.model.errors import EmulatorError, PreconditionError
+from emulator.model.topology import ServiceKind
+from emulator.runtime.chaos import kinds
+from emulator.runtime.chaos.traffic import Traffic
+from emulator.runtime.chaos.workloads import Workloads
+from services.status import status_of
+
+DEFAULT_RECOVERY_S = 600.0  # observe this long after the last fault without recovered_within
+SETTLE_S = 60.0  # emulated: after the last fault, wait at least this long before an early end
+POLL_WALL_S = (0.02, 0.25)  # the status poll's period bounds, wall seconds
+PLACEMENT_AHEAD_S = 1.0  # emulated: where the workloads run is asked this long before a fault
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    seed: int | None = None  # overrides the scenario's
+    keep: bool = False  # leave the workloads running at the end
+    early_end: bool = True  # end once every fault has recovered (and settled)
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    scenario: Scenario
+    seed: int
+    observations: Observations
+    recoveries: list[Recovery]
+    verdict: Verdict
+    timeline: list[Entry]
+    wall_s: float  # all of it: workloads started, the scenario, clean-up
+    setup_wall_s: float  # starting the workloads (a deployment's weights load in emulated time)
+    scenario_wall_s: float  # from the workloads being up to the end of observing
+    time_scale: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok
+
+
+def _devices(what: str, target: str) -> tuple[str, ...]:
+    """The devices a target takes down, for matching incidents and isolations to it."""
+    return (target,) if what in ("npu", "die", "node", "cpu", "mempool", "device") else ()
+
+
+def _status(exc: BaseException) -> str:
+    """An error as a status line, whether a server or this process raised it."""
+    if isinstance(exc, EmulatorError):
+        return f"{status_of(exc).name}: {exc}"
+    if isinstance(exc, grpc.aio.AioRpcError):
+        detail = decode(exc)
+        return f"{exc.code().name}: {getattr(detail, 'message', None) or exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Runner:
+    def __init__(
+        self,
+        clients: Clients,
+        scenario: Scenario,
+        options: RunOptions = RunOptions(),
+        *,
+        on_entry: Callable[[Entry], None] | None = None,
+    ) -> None:
+        topology = clients.topology
+        if topology.epoch_wall_s is None:
+            raise PreconditionError("the topology has no epoch: is the emulator running?")
+        self.clients = clients
+        self.scenario = scenario
+        self.options = options
+        self.seed = scenario.seed if options.seed is None else options.seed
+        self.clock = Clock(time_scale=topology.time_scale, epoch_wall_s=topology.epoch_wall_s)
+        self.workloads = Workloads(clients=clients, scenario=scenario)
+        self.on_entry = on_entry
+        self.has_manager = any(s.kind == ServiceKind.MANAGER for s in topology.services)
+        self.obs = Observations(start_ns=0)
+        self.traffic: list[Traffic] = []
+        self._printed: set[tuple[int, str, str]] = set()
+
+    # --- the run -------------------------------------------------------------------------------
+
+    async def run(self) -> RunResult:
+        wall0 = time.monotonic()
+        rng = random.Random(self.seed)
+        planned = plan(self.scenario, rng)
+        horizon = horizon_s(self.scenario, planned, DEFAULT_RECOVERY_S)
+        try:
+            await self.workloads.start()
+            placement = await self.workloads.placement()
+            self.obs.start_ns = self.clock.now_ns()
+            setup_wall_s = time.monotonic() - wall0
+            await self.workloads.poll()  # the baseline: what was already reported is not news
+            self._start_traffic()
+            async with asyncio.TaskGroup() as tg:
+                poller = tg.create_task(self._poll_loop(), name="chaos-poll")
+                traffic = [tg.create_task(t.run(), name=f"chaos-load-{t.model}")
+                           for t in self.traffic]  # fmt: skip
+                await self._drive(planned, horizon, placement, rng)
+                for t in self.traffic:
+                    t.stop()
+                await asyncio.gather(*traffic)
+                poller.cancel()
+            await self._poll_once()
+            scenario_wall_s = time.monotonic() - wall0 - setup_wall_s
+            await self._finish()
+        finally:
+            await self._clear_all()
+            if not self.options.keep:
+                await self.workloads.stop()
+        recs = recoveries(self.obs, self.scenario.expect.slo)
+        verdict = judge(self.scenario.expect, self.obs, recs)
+        return RunResult(
+            scenario=self.scenario,
+            seed=self.seed,
+            observations=self.obs,
+            recoveries=recs,
+            verdict=verdict,
+            timeline=build_timeline(self.obs, recs),
+            wall_s=time.monotonic() - wall0,
+            setup_wall_s=setup_wall_s,
+            scenario_wall_s=scenario_wall_s,
+            time_scale=self.clock.time_scale,
+            notes=list(self.obs.notes),
+        )
+
+    def _start_traffic(self) -> None:
+        loaded = [w for w in self.scenario.workloads.serving if w.load is not None]
+        if not loaded:
+            return
+        http = self.clients.topology.service(ServiceKind.ROUTER).http_address
+        for w in loaded:
+            assert w.load is not None
+            self.traffic.append(
+                Traffic(url=f"http://{http}", model=w.name, load=w.load, clock=self.clock)
+            )
+
+    async def _sleep_until(self, emulated_s: float) -> None:
+        target_ns = self.obs.start_ns + int(emulated_s * 1e9)
+        await asyncio.sleep(max(0.0, self.clock.wall_at(target_ns) - time.time()))
+
+    async def _drive(
+        self, planned: list[Planned], horizon: float, placement: Placement, rng: random.Random
+    ) -> None:
+        """Inject and clear on schedule, then watch until the horizon or an early end."""
+        actions: list[tuple[float, int, Planned]] = [(p.at_s, 1, p) for p in planned]
+        actions += [(p.clear_at_s, 0, p) for p in planned if p.clear_at_s is not None]
+        actions.sort(key=lambda a: (a[0], a[1]))
+        live: dict[str, list[Injection]] = {}
+        for at_s, inject, p in actions:
+            if inject and p.step.target.group in ("deployment", "job"):
+                # where the workloads run now (replacements moved them since the start), asked
+                # before the instant so that the injection itself is on time
+                await self._sleep_until(at_s - PLACEMENT_AHEAD_S)
+                placement = await self.workloads.placement()
+            await self._sleep_until(at_s)
+            if inject:
+                live[p.label] = await self._inject(p, placement, rng)
+            else:
+                await self._clear(live.pop(p.label, []))
+        last = max((a[0] for a in actions), default=0.0)
+        await self._watch(last, horizon)
+
+    async def _inject(
+        self, p: Planned, placement: Placement, rng: random.Random
+    ) -> list[Injection]:
+        step = p.step
+        try:
+            targets = resolve(step.target, self.clients.topology, placement, rng,
+                              path=f"{step.path}.target")  # fmt: skip
+        except EmulatorError as exc:
+            targets, error = [step.target.literal or step.target.text], str(exc)
+        else:
+            error = ""
+        at = self.clock.now_ns()
+
+        async def one(target: str) -> Injection:
+            fault_id, why = "", error
+            if not why:
+                try:
+                    fault = await kinds.inject(
+                        self.clients, step.fault, target, step.typed_params, step.duration_s
+                    )
+                    fault_id = fault.id
+                except (EmulatorError, grpc.aio.AioRpcError) as exc:
+                    why = _status(exc)
+            return Injection(
+                label=p.label,
+                kind=step.fault,
+                target=target,
+                devices=_devices(step.target.what, target),
+                at_ns=at,
+                planned_ns=self.obs.start_ns + int(p.at_s * 1e9),
+                fault_id=fault_id,
+                error=why,
+            )
+
+        # every target of one step at once (a plane's switches): one instant of the schedule
+        out = list(await asyncio.gather(*(one(t) for t in targets)))
+        self.obs.injections += out
+        self._emit()
+        return out
+
+    async def _clear(self, injections: list[Injection]) -> None:
+        for inj in injections:
+            if not inj.fault_id:
+                continue
+            try:
+                await kinds.clear(self.clients, inj.fault_id)
+            except (EmulatorError, grpc.aio.AioRpcError) as exc:
+                self.obs.notes.append(f"clearing {inj.fault_id}: {_status(exc)}")
+            cleared = Injection(**{**inj.__dict__, "cleared_ns": self.clock.now_ns()})
+            index = self.obs.injections.index(inj)
+            self.obs.injections[index] = cleared
+        self._emit()
+
+    async def _clear_all(self) -> None:
+        pending = [i for i in self.obs.injections if i.fault_id and i.cleared_ns is None]
+        await self._clear(pending)
+
+    async def _watch(self, last_s: float, horizon: float) -> None:
+        """Until the horizon; or, past the last action and SETTLE_S, until all recovered."""
+        step = self.clock.time_scale * POLL_WALL_S[1]
+        t = last_s
+        while t < horizon:
+            t = min(horizon, t + step)
+            await self._sleep_until(t)
+            if not self.options.early_end or t < last_s + SETTLE_S:
+                continue
+            if self._all_recovered():
+                return
+
+    def _all_recovered(self) -> bool:
+        self.obs.end_ns = self.clock.now_ns()
+        recs = recoveries(self.obs, self.scenario.expect.slo)
+        need_slo = self.scenario.expect.slo is not None
+        return all(
+            r.restored_ns is not None and (not need_slo or not r.affected or r.slo_back_ns)
+            for r in recs
+        )
+
+    # --- observing -----------------------------------------------------------------------------
+
+    async def _poll_loop(self) -> None:
+        period = min(max(self.clock.wall_delay_s(1.0), POLL_WALL_S[0]), POLL_WALL_S[1])
+        while True:
+            await self._poll_once()
+            await asyncio.sleep(period)
+
+    async def _poll_once(self) -> None:
+        try:
+            self.obs.events += await self.workloads.poll()
+        except grpc.aio.AioRpcError as exc:
+            self._note(f"workload status: {_status(exc)}")
+        if self.has_manager:
+            try:
+                listed = await self.clients.manager().ListIncidents(
+                    manager_pb2.ListIncidentsRequest(since_ns=self.obs.start_ns)
+                )
+                aliases = self.workloads.aliases
+                self.obs.incidents = [_incident(i, aliases) for i in listed.incidents]
+            except grpc.aio.AioRpcError as exc:
+                self._note(f"cluster manager: {_status(exc)}")
+        else:
+            self._note("no cluster manager in this emulator: no incidents observed")
+        self.obs.end_ns = self.clock.now_ns()
+        self.obs.requests = [s for t in self.traffic for s in t.samples]
+        self._emit()
+
+    def _note(self, note: str) -> None:
+        if note not in self.obs.notes:
+            self.obs.notes.append(note)
+
+    async def _finish(self) -> None:
+        self.obs.requests = [s for t in self.traffic for s in t.samples]
+        if self.scenario.workloads.serving:
+            self.obs.dropped_requests = await self.workloads.dropped_requests()
+        if self.scenario.workloads.training:
+            self.obs.training = await self.workloads.training_records()
+        ems = self.scenario.workloads.ems
+        if ems is not None:
+            self.obs.objects = ems.objects
+            self.obs.lost_objects = await self.workloads.lost_objects()
+        self.obs.end_ns = self.clock.now_ns()
+
+    def _emit(self) -> None:
+        """Hand the timeline's new entries to on_entry, as they happen."""
+        if self.on_entry is None:
+            return
+        for entry in build_timeline(self.obs, []):
+            key = (entry.at_ns, entry.phase, entry.subject)
+            if key not in self._printed:
+                self._printed.add(key)
+                self.on_entry(entry)
+
+
+def _incident(i: manager_pb2.Incident, aliases: dict[str, str]) -> IncidentRecord:
+    """An incident, its jobs named as the scenario names its workloads."""
+    return IncidentRecord(
+        id=i.id,
+        device=i.device,
+        detected_by=i.detected_by,
+        state=i.state,
+        fault_ns=i.fault_ns,
+        detected_ns=i.detected_ns,
+        isolated_ns=i.isolated_ns,
+        replaced_ns=i.replaced_ns,
+        restored_ns=i.restored_ns,
+        jobs=tuple(dict.fromkeys(aliases.get(j, j) for j in i.jobs)),
+        replacements=tuple(i.replacements),
+        detail=i.detail,
+    )
+
+
+async def run_scenario(
+    clients: Clients,
+    scenario: Scenario,
+    options: RunOptions = RunOptions(),
+    *,
+    on_entry: Callable[[Entry], None] | None = None,
+) -> RunResult:
+    return await Runner(clients, scenario, options, on_entry=on_entry).run()

@@ -1,0 +1,245 @@
+"""A scenario's workloads through the public APIs: serving deployments (Router/Deploy), training
+jobs (Training/Start), EMS objects (Ems/Put); where they run (for the selectors); their status
+as isolation and restore events (for the timeline); and their removal at the end.
+
+Status fields that a deployment or job may not have (an emulator older than the recovery loop)
+read as zero: the runner then notes what it could not observe instead of failing on it."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import yaml
+
+from cmemu.v1 import ems_pb2, ems_pb2_grpc, router_pb2, training_pb2
+from emulator.client.clients import Clients
+from emulator.model.chaos.observed import TrainingRecord, WorkloadEvent
+from emulator.model.chaos.scenario import EmsWorkload, Scenario
+from emulator.model.chaos.selectors import Placement
+from emulator.model.errors import PreconditionError
+from emulator.model.topology import ServiceKind
+
+EMS_KIND = {
+    "kv": ems_pb2.OBJECT_KIND_KV_BLOCK,
+    "weights": ems_pb2.OBJECT_KIND_WEIGHTS,
+    "checkpoint": ems_pb2.OBJECT_KIND_CHECKPOINT,
+}
+INLINE_BYTES_MAX = 4096  # objects up to this size carry real bytes (checked on the way back)
+STATE_NAMES = {
+    router_pb2.DEPLOYMENT_STATE_LOADING: "loading",
+    router_pb2.DEPLOYMENT_STATE_SERVING: "serving",
+    router_pb2.DEPLOYMENT_STATE_FAILED: "failed",
+    router_pb2.DEPLOYMENT_STATE_STOPPED: "stopped",
+}
+
+
+def _ns(message: object, name: str) -> int:
+    return int(getattr(message, name, 0) or 0)
+
+
+@dataclass(kw_only=True)
+class _Seen:
+    """The last status values seen of one workload, to turn changes into events."""
+
+    isolated_ns: int = 0
+    restored_ns: int = 0
+    npus: tuple[str, ...] = ()
+
+
+@dataclass(kw_only=True)
+class Workloads:
+    clients: Clients
+    scenario: Scenario
+    started: list[str] = field(default_factory=list)
+    training_start: dict[str, int] = field(default_factory=dict)
+    # scheduler allocation (job) names -> the workload that holds them ("chat.decode-0" -> "chat")
+    aliases: dict[str, str] = field(default_factory=dict)
+    _seen: dict[str, _Seen] = field(default_factory=dict)
+
+    # --- start ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Every workload of the scenario, running (deployments serving) when this returns."""
+        w = self.scenario.workloads
+        router = self.clients.router()
+        for s in w.serving:
+            # a scenario runs on whichever supernode is up: its deployment is for that preset
+            document = {**s.spec, "preset": self.clients.topology.preset}
+            request = router_pb2.DeployRequest(
+                name=s.name, spec_yaml=yaml.safe_dump(document), wait=True
+            )
+            deployed = await router.Deploy(request)
+            self.started.append(f"serving:{s.name}")
+            if deployed.state != router_pb2.DEPLOYMENT_STATE_SERVING:
+                raise PreconditionError(
+                    f"deployment {s.name} is {STATE_NAMES.get(deployed.state, '?')}: "
+                    f"{deployed.error}"
+                )
+        if w.training:
+            self._need(ServiceKind.MANAGER, "training workloads")
+        for t in w.training:
+            spec = training_pb2.TrainingSpec(
+                name=t.name,
+                npus=t.npus,
+                model=t.model,
+                steps=t.steps,
+                checkpoint_every=t.checkpoint_every,
+                data_parallel=t.data_parallel,
+                expert_parallel=t.expert_parallel,
+                micro_batches=t.micro_batches,
+            )
+            job = await self.clients.training().Start(training_pb2.StartTrainingRequest(spec=spec))
+            self.started.append(f"training:{t.name}")
+            self.training_start[t.name] = job.step
+        if w.ems is not None:
+            await self._put_objects(w.ems)
+
+    def _need(self, kind: ServiceKind, what: str) -> None:
+        if not any(s.kind == kind for s in self.clients.topology.services):
+            raise PreconditionError(
+                f"{what} need the {kind.value} service, which this emulator lacks"
+            )
+
+    def _ems(self) -> ems_pb2_grpc.EmsAsyncStub:
+        address = self.clients.topology.service(ServiceKind.EMS).address
+        return ems_pb2_grpc.EmsStub(self.clients.channel_to(address))
+
+    @staticmethod
+    def _payload(ems: EmsWorkload, i: int) -> bytes:
+        seed = zlib.crc32(f"{ems.prefix}{i}".encode())
+        return bytes((seed + j * 31) % 256 for j in range(ems.size))
+
+    async def _put_objects(self, ems: EmsWorkload) -> None:
+        stub = self._ems()
+        for i in range(ems.objects):
+            inline = ems.size <= INLINE_BYTES_MAX
+            await stub.Put(
+                ems_pb2.PutRequest(
+                    key=f"{ems.prefix}{i}",
+                    data=self._payload(ems, i) if inline else b"",
+                    size=0 if inline else ems.size,
+                    kind=EMS_KIND[ems.kind],
+                )
+            )
+
+    async def lost_objects(self) -> int:
+        """Objects put before the first fault that are gone or changed now."""
+        ems = self.scenario.workloads.ems
+        assert ems is not None
+        stub = self._ems()
+        lost = 0
+        for i in range(ems.objects):
+            try:
+                got = await stub.Get(ems_pb2.GetRequest(key=f"{ems.prefix}{i}"))
+            except grpc.aio.AioRpcError:
+                lost += 1
+                continue
+            inline = ems.size <= INLINE_BYTES_MAX
+            if got.size != ems.size or (inline and got.data != self._payload(ems, i)):
+                lost += 1
+        return lost
+
+    # --- where they run ------------------------------------------------------------------------
+
+    async def placement(self) -> Placement:
+        deployments: dict[str, dict[str, list[str]]] = {}
+        for s in self.scenario.workloads.serving:
+            d = await self.clients.router().GetDeployment(
+                router_pb2.GetDeploymentRequest(name=s.name)
+            )
+            roles: dict[str, list[str]] = {}
+            for inst in d.instances:
+                roles.setdefault(inst.role, []).extend(inst.npus)
+                if inst.allocation:
+                    self.aliases[inst.allocation] = s.name
+            deployments[s.name] = roles
+        jobs: dict[str, list[str]] = {}
+        for t in self.scenario.workloads.training:
+            job = await self.clients.training().Get(training_pb2.TrainingRequest(name=t.name))
+            jobs[t.name] = list(job.npus)
+        return Placement(deployments=deployments, jobs=jobs)
+
+    # --- status as events ----------------------------------------------------------------------
+
+    def _changes(
+        self, name: str, isolated_ns: int, restored_ns: int, npus: tuple[str, ...], detail: str
+    ) -> list[WorkloadEvent]:
+        seen = self._seen.setdefault(name, _Seen(isolated_ns=isolated_ns, restored_ns=restored_ns))
+        out = []
+        if isolated_ns > seen.isolated_ns:
+            out.append(WorkloadEvent(at_ns=isolated_ns, workload=name, what="isolated",
+                                     npus=npus or seen.npus, detail=detail))  # fmt: skip
+        if restored_ns > seen.restored_ns:
+            out.append(WorkloadEvent(at_ns=restored_ns, workload=name, what="restored",
+                                     detail=detail))  # fmt: skip
+        seen.isolated_ns, seen.restored_ns = isolated_ns, restored_ns
+        if npus:
+            seen.npus = npus
+        return out
+
+    async def poll(self) -> list[WorkloadEvent]:
+        """New isolation and restore events since the last poll."""
+        out: list[WorkloadEvent] = []
+        for s in self.scenario.workloads.serving:
+            d: Any = await self.clients.router().GetDeployment(
+                router_pb2.GetDeploymentRequest(name=s.name)
+            )
+            failed = tuple(sorted({die.split(".")[0] for die in getattr(d, "failed_dies", ())}))
+            health = str(getattr(d, "health", ""))
+            out += self._changes(s.name, _ns(d, "last_isolated_ns"), _ns(d, "last_restored_ns"),
+                                 failed, health)  # fmt: skip
+        for t in self.scenario.workloads.training:
+            job = await self.clients.training().Get(training_pb2.TrainingRequest(name=t.name))
+            before = self._seen.get(t.name)
+            npus = before.npus if before and before.npus else tuple(job.npus)
+            out += self._changes(t.name, job.last_failure_ns, job.last_restored_ns, npus,
+                                 f"{job.state} step {job.step}")  # fmt: skip
+            self._seen[t.name].npus = tuple(job.npus)
+        return out
+
+    async def dropped_requests(self) -> int:
+        stats: Any = await self.clients.router().GetStats(router_pb2.GetStatsRequest())
+        return int(getattr(stats, "requests_dropped", 0))
+
+    async def training_records(self) -> list[TrainingRecord]:
+        out = []
+        for t in self.scenario.workloads.training:
+            job = await self.clients.training().Get(training_pb2.TrainingRequest(name=t.name))
+            out.append(
+                TrainingRecord(
+                    name=t.name,
+                    state=job.state,
+                    step_at_start=self.training_start.get(t.name, 0),
+                    step=job.step,
+                    restarts=job.restarts,
+                    steps_lost=job.steps_lost,
+                    goodput=job.goodput,
+                    last_failure_ns=job.last_failure_ns,
+                    last_restored_ns=job.last_restored_ns,
+                )
+            )
+        return out
+
+    # --- stop ----------------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Undo what start did, best effort: a workload already gone is fine."""
+        calls: list[Awaitable[object]] = []
+        for started in reversed(self.started):
+            kind, _, name = started.partition(":")
+            if kind == "serving":
+                calls.append(self.clients.router().Undeploy(router_pb2.UndeployRequest(name=name)))
+            else:
+                calls.append(self.clients.training().Stop(training_pb2.TrainingRequest(name=name)))
+        ems = self.scenario.workloads.ems
+        if ems is not None:
+            stub = self._ems()
+            calls += [stub.Delete(ems_pb2.DeleteRequest(key=f"{ems.prefix}{i}"))
+                      for i in range(ems.objects)]  # fmt: skip
+        await asyncio.gather(*calls, return_exceptions=True)
+        self.started.clear()

@@ -1,0 +1,573 @@
+"""The cluster manager (cmemu.v1.ClusterManager): the reference control plane.
+
+Detection: a heartbeat (a health Check with a deadline) to every device each
+`heartbeat_interval_s` emulated seconds, `misses_to_fail` misses in a row failing it (a hang);
+a health Watch stream per NPU, NOT_SERVING or a broken stream failing it at once (a device down,
+a crash). Isolation: Scheduler/MarkFailed. Replacement: Scheduler/Replace for every job holding
+the NPU. Restore is the workloads' own (they watch their allocation); the manager only notes it
+in the incident once the workload reports it (Training/Get, Router/GetDeployment). In PASSIVE
+mode it detects and records, and acts on nothing.
+
+Cost on cm384 (624 devices in one process): the heartbeats of a round are spread over it in
+evenly spaced batches, at most `heartbeats_max_per_s` per wall second (the round stretches, and
+the status says so, rather than the manager swamping a shared core); the Watch streams are idle
+HTTP/2 streams, one per NPU. The training jobs are hosted on the same server (their state apart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Coroutine, Iterable
+from typing import Any
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cmemu.v1 import (
+    device_pb2,
+    manager_pb2,
+    manager_pb2_grpc,
+    router_pb2,
+    router_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    training_pb2_grpc,
+)
+from emulator.model.clock import Clock
+from emulator.model.errors import InvalidArgumentError
+from emulator.model.hardware import HardwareProfile
+from emulator.model.instruments import Family
+from emulator.model.manager.detector import (
+    CLOSED,
+    FAILED,
+    ISOLATED,
+    OK,
+    REPLACED,
+    RESTORED,
+    SUSPECT,
+    UNRECOVERABLE,
+    Detector,
+    Incident,
+    heartbeat_plan,
+)
+from emulator.model.naming import parse_supernode, service_id
+from emulator.model.topology import Device, DeviceKind, ServiceKind, Topology
+from services.eventsink import EventSink
+from services.host import ServiceHost
+from services.peers import Peers
+from services.status import Context, RemoteError, rpc
+from services.training.service import SERVICE as TRAINING_SERVICE
+from services.training.service import TrainingServicer, TrainingState
+
+SERVICE = "cmemu.v1.ClusterManager"
+TRAINING_TOPIC = "training"  # the training jobs' events: cmemu/<supernode>/training/events
+log = structlog.get_logger("cmemu.manager")
+ACTIVE, PASSIVE = manager_pb2.MANAGER_MODE_ACTIVE, manager_pb2.MANAGER_MODE_PASSIVE
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class ManagerState:
+    def __init__(
+        self,
+        *,
+        topology: Topology,
+        profile: HardwareProfile,
+        clock: Clock,
+        peers: Peers,
+        events: EventSink | None,
+        address: str,
+    ) -> None:
+        self.address = address
+        self.name = service_id(
+            ServiceKind.MANAGER.value, supernode=parse_supernode(topology.supernode)
+        )
+        self.topology = topology
+        self.profile = profile
+        self.clock = clock
+        self.peers = peers
+        self.events = events
+        self.mode: manager_pb2.ManagerMode.ValueType = ACTIVE
+        m = profile.manager
+        self.detector = Detector(misses_to_fail=m.misses_to_fail)
+        self.devices = {d.id: d for d in topology.devices}
+        self.detector.watch(list(self.devices))
+        self.plan = heartbeat_plan(
+            len(self.devices),
+            interval_wall_s=clock.wall_delay_s(m.heartbeat_interval_s),
+            max_per_s=m.heartbeats_max_per_s,
+        )
+        self.scheduler = scheduler_pb2_grpc.SchedulerStub(
+            peers.channel(topology.service(ServiceKind.SCHEDULER).address)
+        )
+        self.router = router_pb2_grpc.RouterStub(
+            peers.channel(topology.service(ServiceKind.ROUTER).address)
+        )
+        self.training = TrainingState(
+            topology=topology,
+            profile=profile,
+            clock=clock,
+            peers=peers,
+            events=events,
+            topic=TRAINING_TOPIC,
+        )
+        self._inflight: set[str] = set()
+        self._tasks: asyncio.TaskGroup | None = None
+        self._children: set[asyncio.Task[None]] = set()
+        self._die_watches: dict[str, asyncio.Task[None]] = {}
+        self._closed = asyncio.Event()
+        self._ended = asyncio.Event()
+        self._running = False
+        self.heartbeats_sent = 0
+
+    @property
+    def _deadline(self) -> float:
+        """A heartbeat's deadline in wall seconds."""
+        m = self.profile.manager
+        return max(self.clock.wall_delay_s(m.heartbeat_deadline_s), m.heartbeat_deadline_min_wall_s)
+
+    def publish(self, event: str, **detail: object) -> None:
+        if self.events is not None:
+            self.events.event(self.name, event, self.clock.now_ns(), **detail)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Heartbeats, health streams and restore checks until close(); the training jobs'
+        own run beside them. Everything ends before close() returns (before the launcher
+        closes the channels they use)."""
+        self._running = True
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                self._tasks = tasks
+                training = tasks.create_task(self.training.run())
+                self._spawn(self._heartbeats())
+                self._spawn(self._restores())
+                self._spawn(self._follow_allocations())
+                npus = [d for d in self.devices.values() if d.kind is DeviceKind.NPU]
+                for k, d in enumerate(npus):  # opened over one round, not all at once
+                    self._spawn(self._watch(d, delay_s=k * self.plan.round_wall_s / len(npus)))
+                try:
+                    await self._closed.wait()
+                finally:
+                    self._tasks = None
+                    for task in list(self._children):
+                        task.cancel()
+                    await self.training.close()
+                    await training
+        finally:
+            self._ended.set()
+
+    async def close(self) -> None:
+        self._closed.set()
+        if self._running:
+            await self._ended.wait()
+
+    # --- detection -----------------------------------------------------------------------------
+
+    async def _heartbeats(self) -> None:
+        devices = list(self.devices)
+        plan = self.plan
+        gap = plan.round_wall_s / plan.batches
+        timeout = self._deadline
+        while not self._closed.is_set():
+            for b in range(plan.batches):
+                started = time.monotonic()
+                tasks = self._tasks
+                if tasks is None:
+                    return
+                for device in devices[b * plan.batch : (b + 1) * plan.batch]:
+                    if device not in self._inflight:
+                        self._inflight.add(device)
+                        self._spawn(self._check(device, timeout))
+                await asyncio.sleep(max(0.0, gap - (time.monotonic() - started)))
+
+    async def _check(self, device: str, deadline_wall_s: float) -> None:
+        """One heartbeat: the server's overall health ("") within the deadline."""
+        self.heartbeats_sent += 1
+        stub = health_pb2_grpc.HealthStub(self.peers.channel(self.devices[device].address))
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=deadline_wall_s)
+        except grpc.aio.AioRpcError as exc:
+            self._incident(self.detector.missed(device, self.clock.now_ns(), exc.code().name))
+        else:
+            if reply.status == SERVING:
+                self._back(device)
+            else:
+                self._incident(
+                    self.detector.unhealthy(device, "health", self.clock.now_ns(), "NOT_SERVING")
+                )
+        finally:
+            self._inflight.discard(device)
+
+    async def _watch(self, device: Device, die: str = "", delay_s: float = 0.0) -> None:
+        """One health stream: the NPU's (its server's) or one die's (the health service named
+        after the die). NOT_SERVING fails it; a broken stream after an answer fails the NPU (its
+        server is gone). Reopened a heartbeat round later; a name the server does not know yet
+        (SERVICE_UNKNOWN: the die never went down) is no failure."""
+        await asyncio.sleep(delay_s)
+        stub = health_pb2_grpc.HealthStub(self.peers.channel(device.address))
+        target = die or device.id
+        while not self._closed.is_set():
+            answered = False
+            try:
+                async for reply in stub.Watch(health_pb2.HealthCheckRequest(service=die)):
+                    answered = True
+                    if reply.status == SERVING:
+                        self._back(target)
+                    elif reply.status == NOT_SERVING:
+                        await self._not_serving(device, target)
+            except grpc.aio.AioRpcError as exc:
+                if answered and not die:
+                    self._incident(
+                        self.detector.unhealthy(
+                            target,
+                            "health",
+                            self.clock.now_ns(),
+                            f"health stream broken: {exc.code().name}",
+                        )
+                    )
+            await asyncio.sleep(self.plan.round_wall_s)
+
+    async def _follow_allocations(self) -> None:
+        """Watch the dies of the NPUs that jobs hold (a die down matters to the job on it; a
+        stream per die of all 384 NPUs would cost cm384 ~70 MB and seconds of start): the
+        allocations from Scheduler/WatchAllocations, the die streams started and ended to
+        match."""
+        held: dict[str, set[str]] = {}
+        while not self._closed.is_set():
+            stream = self.scheduler.WatchAllocations(scheduler_pb2.WatchAllocationsRequest())
+            try:
+                current = await self.scheduler.ListAllocations(
+                    scheduler_pb2.ListAllocationsRequest()
+                )
+                held = {a.job: {n.id for n in a.npus} for a in current.allocations}
+                self._match_die_watches(held)
+                async for event in stream:
+                    if event.change == "released":
+                        held.pop(event.allocation.job, None)
+                    else:
+                        held[event.allocation.job] = {n.id for n in event.allocation.npus}
+                    self._match_die_watches(held)
+            except grpc.aio.AioRpcError as exc:
+                log.info("allocation stream ended", code=exc.code().name)
+            finally:
+                stream.cancel()
+            await asyncio.sleep(self.plan.round_wall_s)
+
+    def _match_die_watches(self, held: dict[str, set[str]]) -> None:
+        wanted = {die: npu for npus in held.values() for npu in npus for die in self._dies(npu)}
+        failed = self.detector.devices
+        for die in [d for d in self._die_watches if d not in wanted]:
+            if failed.get(die) != FAILED:  # a failed die stays watched until it is back
+                self._die_watches.pop(die).cancel()
+        tasks = self._tasks
+        if tasks is None:
+            return
+        for die, npu in wanted.items():
+            if die not in self._die_watches:
+                task = tasks.create_task(self._watch(self.devices[npu], die))
+                self._die_watches[die] = task
+                self._children.add(task)
+                task.add_done_callback(self._children.discard)
+
+    async def _not_serving(self, device: Device, target: str) -> None:
+        """A die's NOT_SERVING is its NPU's when the NPU itself does not serve either (a
+        device down takes its dies with it): one incident, on the NPU."""
+        if target != device.id:
+            stub = health_pb2_grpc.HealthStub(self.peers.channel(device.address))
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=self._deadline)
+                whole = reply.status != SERVING
+            except grpc.aio.AioRpcError:
+                whole = True
+            if whole:
+                target = device.id
+        self._incident(
+            self.detector.unhealthy(target, "health", self.clock.now_ns(), "health: NOT_SERVING")
+        )
+
+    def _back(self, target: str) -> None:
+        if not self.detector.answered(target):
+            return
+        self.publish("device-back", target=target)
+        now = self.clock.now_ns()
+        for incident in self.detector.open_for(target):
+            if not incident.jobs:  # nothing to restore: the device itself is the recovery
+                incident.state, incident.restored_ns = RESTORED, now
+        npu = self._npu_of(target)
+        if self.mode == ACTIVE and npu is not None and self._whole(npu):
+            self._spawn(self._mark_healthy(npu))
+
+    def _failed(self, target: str) -> bool:
+        return self.detector.devices.get(target) == FAILED
+
+    def _npu_of(self, target: str) -> str | None:
+        """The NPU a device or die id belongs to (None: not an NPU)."""
+        npu = target.rsplit(".d", 1)[0] if target not in self.devices else target
+        device = self.devices.get(npu)
+        return npu if device is not None and device.kind is DeviceKind.NPU else None
+
+    def _whole(self, npu: str) -> bool:
+        """The NPU and every die of it answer: it may go back into service."""
+        states = self.detector.devices
+        return all(states.get(t) != FAILED for t in (npu, *self._dies(npu)))
+
+    def _dies(self, npu: str) -> list[str]:
+        return [f"{npu}.d{k}" for k in range(self.profile.npu.dies)]
+
+    def _incident(self, incident: Incident | None) -> None:
+        if incident is None:
+            return
+        if incident.device in self.devices:
+            self.detector.fold(self._dies(incident.device) if self._npu_of(incident.device) else [])
+        self._spawn(self._act(incident))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """A child task of run(), cancelled when the manager closes."""
+        tasks = self._tasks
+        if tasks is None:
+            coro.close()
+            return
+        task = tasks.create_task(self._guarded(coro))
+        self._children.add(task)
+        task.add_done_callback(self._children.discard)
+        task.add_done_callback(lambda _: coro.close())  # cancelled before it ran: no warning
+
+    @staticmethod
+    async def _guarded(coro: Coroutine[Any, Any, None]) -> None:
+        """A bug in one action is logged; it does not stop the detection of every device."""
+        try:
+            await coro
+        except Exception:
+            log.exception("manager task failed")
+
+    # --- isolation and replacement -------------------------------------------------------------
+
+    async def _act(self, incident: Incident) -> None:
+        """Isolate and replace: a die down takes its whole NPU out (the scheduler hands out
+        NPUs; a serving deployment isolates the die itself when it sees the NPU failed)."""
+        if await self._stopping():
+            incident.detail += " (the supernode is stopping: not acted on)"
+            return
+        log.warning("device failed", device=incident.device, by=incident.detected_by)
+        self.publish(
+            "incident",
+            incident=incident.id,
+            target=incident.device,
+            detected_by=incident.detected_by,
+            detail=incident.detail,
+        )
+        npu = self._npu_of(incident.device)
+        device = self.devices[npu or incident.device]
+        self._spawn(self._fault_since(incident, device))  # a hung device makes it wait
+        if not self._failed(incident.device):
+            incident.detail += " (back before it was acted on)"
+            return
+        if self.mode != ACTIVE:
+            incident.detail += " (passive: recorded only)"
+            return
+        if npu is None:
+            incident.detail += f" ({device.kind.value}: no scheduler resource to replace)"
+            return
+        try:
+            marked = await self.scheduler.MarkFailed(scheduler_pb2.MarkRequest(npu=device.id))
+            if not self._failed(incident.device) and self._whole(device.id):
+                await self._mark_healthy(device.id)  # it came back meanwhile: undo
+            incident.state, incident.isolated_ns = ISOLATED, self.clock.now_ns()
+            incident.jobs = list(marked.affected_jobs)
+            self.publish(
+                "incident-isolated", incident=incident.id, target=device.id, jobs=incident.jobs
+            )
+            for job in incident.jobs:
+                reply = await self.scheduler.Replace(
+                    scheduler_pb2.ReplaceRequest(job=job, npu=device.id)
+                )
+                incident.replacements.extend(r.new_npu for r in reply.replaced)
+            if incident.jobs:
+                incident.state, incident.replaced_ns = REPLACED, self.clock.now_ns()
+                self.publish(
+                    "incident-replaced",
+                    incident=incident.id,
+                    target=device.id,
+                    replacements=incident.replacements,
+                )
+        except grpc.aio.AioRpcError as exc:
+            incident.state = UNRECOVERABLE
+            incident.detail += f"; {exc.code().name}: {exc.details()}"
+            self.publish("incident-unrecoverable", incident=incident.id, error=exc.details() or "")
+
+    async def _stopping(self) -> bool:
+        """The manager's own server no longer serves: the launcher is stopping every server,
+        and their NOT_SERVING is no fault to act on."""
+        stub = health_pb2_grpc.HealthStub(self.peers.channel(self.address))
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=self._deadline)
+        except grpc.aio.AioRpcError:
+            return True
+        return bool(reply.status != SERVING)
+
+    async def _fault_since(self, incident: Incident, device: Device) -> None:
+        """When the device says its fault began (left 0 when it cannot say: crashed, hung)."""
+        with contextlib.suppress(RemoteError):
+            state = await self.peers.device_call(
+                device, "GetFaultState", device_pb2.GetFaultStateRequest(), deadline_s=1.0
+            )
+            if state.faulted:
+                incident.fault_ns = int(state.since_ns)
+
+    async def _mark_healthy(self, npu: str) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.scheduler.MarkHealthy(scheduler_pb2.MarkRequest(npu=npu))
+
+    # --- restore -------------------------------------------------------------------------------
+
+    async def _restores(self) -> None:
+        """Replaced incidents become restored once every job concerned reports its restore."""
+        while not self._closed.is_set():
+            for incident in self.detector.incidents:
+                if incident.state == REPLACED:
+                    done = [await self._restored_ns(j, incident.replaced_ns) for j in incident.jobs]
+                    if all(done):
+                        incident.state, incident.restored_ns = RESTORED, max(done)
+                        self.publish("incident-restored", incident=incident.id, jobs=incident.jobs)
+            await asyncio.sleep(self.plan.round_wall_s / 4)
+
+    async def _restored_ns(self, job: str, after_ns: int) -> int:
+        live = self.training.jobs.get(job)
+        if live is not None:
+            at = live.progress.last_restored_ns
+            return at if at >= after_ns else 0
+        deployment = job.rsplit(".", 1)[0]
+        try:
+            d = await self.router.GetDeployment(router_pb2.GetDeploymentRequest(name=deployment))
+        except grpc.aio.AioRpcError:
+            return 0
+        at = d.last_restored_ns
+        return at if at >= after_ns else 0
+
+    # --- metrics -------------------------------------------------------------------------------
+
+    def metrics(self) -> Iterable[Family]:
+        """What the manager costs and finds, for Prometheus (read at each scrape)."""
+        states = self.detector.devices
+        by_state: dict[str, int] = {}
+        for incident in self.detector.incidents:
+            by_state[incident.state] = by_state.get(incident.state, 0) + 1
+        yield Family(
+            name="cmemu_manager_heartbeats_total",
+            help="Health checks the cluster manager has sent",
+            type="counter",
+            samples=[({}, float(self.heartbeats_sent))],
+        )
+        yield Family(
+            name="cmemu_manager_devices",
+            help="Devices the cluster manager watches, by detection state",
+            type="gauge",
+            samples=[
+                ({"state": st}, float(sum(states.get(d) == st for d in self.devices)))
+                for st in (OK, SUSPECT, FAILED)
+            ],
+        )
+        yield Family(
+            name="cmemu_manager_incidents",
+            help="Incidents the cluster manager has recorded, by state",
+            type="gauge",
+            samples=[({"state": st}, float(n)) for st, n in sorted(by_state.items())],
+        )
+
+    # --- status --------------------------------------------------------------------------------
+
+    def status(self) -> manager_pb2.ManagerStatus:
+        d = self.detector
+        m = self.profile.manager
+        return manager_pb2.ManagerStatus(
+            mode=self.mode,
+            devices_watched=len(self.devices),
+            devices_suspect=sum(d.devices.get(x) == SUSPECT for x in self.devices),
+            devices_failed=sum(d.devices.get(x) == FAILED for x in self.devices),
+            heartbeat_interval_s=self.clock.emulated_delay_s(self.plan.round_wall_s)
+            if self.plan.stretched
+            else m.heartbeat_interval_s,
+            misses_to_fail=m.misses_to_fail,
+            open_incidents=sum(1 for i in d.incidents if i.state not in CLOSED),
+        )
+
+
+def incident_message(i: Incident) -> manager_pb2.Incident:
+    return manager_pb2.Incident(
+        id=i.id,
+        device=i.device,
+        detected_by=i.detected_by,
+        state=i.state,
+        fault_ns=i.fault_ns,
+        detected_ns=i.detected_ns,
+        isolated_ns=i.isolated_ns,
+        replaced_ns=i.replaced_ns,
+        restored_ns=i.restored_ns,
+        jobs=i.jobs,
+        replacements=i.replacements,
+        detail=i.detail,
+    )
+
+
+class ManagerServicer(manager_pb2_grpc.ClusterManagerServicer):
+    def __init__(self, state: ManagerState) -> None:
+        self.state = state
+
+    @rpc
+    async def GetStatus(
+        self, request: manager_pb2.GetManagerStatusRequest, context: Context
+    ) -> manager_pb2.ManagerStatus:
+        return self.state.status()
+
+    @rpc
+    async def ListIncidents(
+        self, request: manager_pb2.ListIncidentsRequest, context: Context
+    ) -> manager_pb2.ListIncidentsResponse:
+        return manager_pb2.ListIncidentsResponse(
+            incidents=[incident_message(i) for i in self.state.detector.since(request.since_ns)]
+        )
+
+    @rpc
+    async def SetMode(
+        self, request: manager_pb2.SetModeRequest, context: Context
+    ) -> manager_pb2.ManagerStatus:
+        if request.mode not in (ACTIVE, PASSIVE):
+            raise InvalidArgumentError(
+                "mode must be MANAGER_MODE_ACTIVE or MANAGER_MODE_PASSIVE", field="mode"
+            )
+        self.state.mode = request.mode
+        self.state.publish("mode", mode=manager_pb2.ManagerMode.Name(request.mode))
+        return self.state.status()
+
+
+def create_manager(
+    *,
+    address: str,
+    topology: Topology,
+    profile: HardwareProfile,
+    clock: Clock,
+    peers: Peers,
+    events: EventSink | None,
+) -> tuple[ManagerState, ServiceHost]:
+    state = ManagerState(
+        topology=topology, profile=profile, clock=clock, peers=peers, events=events, address=address
+    )
+    servicer = ManagerServicer(state)
+    training = TrainingServicer(state.training)
+    host = ServiceHost(
+        name=state.name,
+        address=address,
+        services=[
+            (SERVICE, lambda s: manager_pb2_grpc.add_ClusterManagerServicer_to_server(servicer, s)),
+            (
+                TRAINING_SERVICE,
+                lambda s: training_pb2_grpc.add_TrainingServicer_to_server(training, s),
+            ),
+        ],
+    )
+    return state, host

@@ -1,0 +1,282 @@
+"""A serving deployment riding out faults: it watches its scheduler allocations and its own calls.
+
+The scheduler is the single source of truth (issue 11): a controller (the cluster manager, or a
+user's own) marks an NPU failed and replaces it there, and never tells the workload directly.
+This watcher follows the deployment's jobs through `Scheduler/WatchAllocations` (falling back to
+polling GetAllocation every heartbeat interval of emulated time where the scheduler has no such
+stream) and:
+- isolates at once an NPU of its allocation that is marked failed (the driver takes its dies out
+  of the instance: experts to redundant slots, its requests retried or failed visibly);
+- restores onto the replacement NPU when the allocation shows one: the instance's share of the
+  weights loads through EMS (the model-caching warm path, cold where EMS lost them), a KV region
+  is reserved on a decode NPU, and after that emulated loading time the dies come back;
+- probes the NPUs a failed step ran on (a device that stops answering, or reports a fault, is
+  isolated without waiting for the controller) and restores one of those in place once it
+  answers again and the scheduler has not failed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+import structlog
+
+from cmemu.v1 import device_pb2, ems_pb2, scheduler_pb2, scheduler_pb2_grpc
+from emulator.model.clock import Clock
+from emulator.model.errors import EmulatorError, NotFoundError
+from emulator.model.hardware import HardwareProfile
+from emulator.model.serving.engine import StepPlan
+from emulator.model.topology import Device, Topology
+from services.peers import Peers
+from services.serving.deploy import WEIGHTS_KIND, LiveDeployment, Provisioner, weight_plan
+from services.serving.driver import Driver, LiveInstance
+from services.status import RemoteError
+
+log = structlog.get_logger("cmemu.router")
+
+SCHEDULER = "scheduler"  # causes of an isolation, in the `isolated` event
+UNANSWERED = "unanswered"
+REPLACED = "replaced"
+MIN_TICK_WALL_S = 0.05  # never poll faster than this, whatever the time scale
+
+
+class Recovery:
+    """One deployment's watcher (a task of the router's TaskGroup, cancelled on undeploy)."""
+
+    def __init__(
+        self,
+        *,
+        live: LiveDeployment,
+        driver: Driver,
+        provisioner: Provisioner,
+        topology: Topology,
+        profile: HardwareProfile,
+        clock: Clock,
+        peers: Peers,
+    ) -> None:
+        self.live = live
+        self.driver = driver
+        self.provisioner = provisioner
+        self.topology = topology
+        self.profile = profile
+        self.clock = clock
+        self.peers = peers
+        self.scheduler: scheduler_pb2_grpc.SchedulerAsyncStub = provisioner.scheduler
+        self.instances = {job: inst for inst, job in live.allocations.items()}
+        self.causes: dict[str, str] = {}  # isolated npu: why
+        self.streaming = False
+        self._restoring: set[str] = set()  # new npus loading
+        self._probing: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        driver.prober = self.probe
+
+    def job(self, instance: str) -> str:
+        return self.live.allocations.get(instance, "")
+
+    # --- the loops ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._watch())
+                tasks.create_task(self._tick())
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _tick_wall_s(self) -> float:
+        return max(
+            MIN_TICK_WALL_S, self.clock.wall_delay_s(self.profile.manager.heartbeat_interval_s)
+        )
+
+    async def _watch(self) -> None:
+        """The allocation stream; on UNIMPLEMENTED polling takes over (in `_tick`) for good."""
+        while True:
+            try:
+                call = self.scheduler.WatchAllocations(scheduler_pb2.WatchAllocationsRequest())
+                self.streaming = True
+                await self._poll()  # what changed before the stream opened
+                async for event in call:
+                    instance = self.instances.get(event.allocation.job)
+                    if instance is not None:
+                        await self._reconcile(instance, event.allocation)
+            except grpc.aio.AioRpcError as exc:
+                self.streaming = False
+                if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                    log.info("no allocation stream; polling", deployment=self.live.name)
+                    return
+                log.warning(
+                    "allocation stream broke", deployment=self.live.name, error=exc.details()
+                )
+            except Exception:  # never take the router down: polling goes on
+                log.exception("allocation watch failed", deployment=self.live.name)
+            self.streaming = False
+            await asyncio.sleep(self._tick_wall_s())
+
+    async def _tick(self) -> None:
+        """Every heartbeat interval: poll when there is no stream, and probe again the NPUs this
+        deployment isolated itself."""
+        while True:
+            await asyncio.sleep(self._tick_wall_s())
+            try:
+                if not self.streaming:
+                    await self._poll()
+                await self._reprobe()
+            except (grpc.aio.AioRpcError, EmulatorError) as exc:
+                log.warning("recovery tick failed", deployment=self.live.name, error=str(exc))
+            except Exception:  # never take the router down
+                log.exception("recovery tick failed", deployment=self.live.name)
+
+    async def _poll(self) -> None:
+        for job, instance in list(self.instances.items()):
+            try:
+                allocation = await self.scheduler.GetAllocation(
+                    scheduler_pb2.GetAllocationRequest(job=job)
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.NOT_FOUND:
+                    continue
+                raise
+            await self._reconcile(instance, allocation)
+
+    # --- what the allocation says ---------------------------------------------------------------
+
+    async def _reconcile(self, instance: str, allocation: scheduler_pb2.Allocation) -> None:
+        driver = self.driver
+        held = [d.id for d in driver.instances[instance].npus]
+        now = {n.id: n for n in allocation.npus}
+        failed = [n for n in held if n in now and now[n].failed]
+        for npu in driver.isolate(failed, SCHEDULER, self.job):
+            self.causes[npu] = SCHEDULER
+        gone = sorted(n for n in held if n not in now)
+        fresh = sorted(n for n in now if n not in held and n not in self._restoring)
+        for old, new in zip(gone, fresh, strict=False):
+            for npu in driver.isolate([old], REPLACED, self.job):
+                self.causes[npu] = REPLACED
+            self._start_restore(instance, old, new)
+        for npu in held:  # back in service in place: the controller marked it healthy
+            back = npu in now and not now[npu].failed and self.causes.get(npu) == SCHEDULER
+            if back and npu not in driver.recovering:
+                self._start_restore(instance, npu, npu)
+
+    def _start_restore(self, instance: str, old: str, new: str) -> None:
+        self.driver.recovering.add(old)
+        self._restoring.add(new)
+        task = asyncio.get_running_loop().create_task(
+            self._restore(instance, old, new), name=f"{self.live.name}-restore-{new}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _restore(self, instance: str, old: str, new: str) -> None:
+        """Load the instance's weights onto `new` through EMS, reserve its KV region, and once
+        that emulated time has passed bring the dies back."""
+        started_s = self.driver.engine_now_s()
+        device = self.topology.device(new)
+        try:
+            load_s = await self._load_weights(new)
+            offset = await self._kv_region(instance, old, device)
+        except Exception as exc:  # an RPC, EMS, the device: the NPU stays out
+            log.warning(
+                "restore failed; the NPU stays isolated",
+                deployment=self.live.name,
+                npu=new,
+                error=str(exc),
+            )
+            self.driver.recovering.discard(old)
+            self._restoring.discard(new)
+            return
+        ready_s = started_s + load_s
+        await asyncio.sleep(max(0.0, self.clock.wall_at(round(ready_s * 1e9)) - self.clock.wall()))
+        self.driver.restore(old, device, offset, ready_s, self.job)
+        self.causes.pop(old, None)
+        self._restoring.discard(new)
+
+    async def _load_weights(self, npu: str) -> float:
+        """The instance's share of the weights from EMS (cold for shards EMS lost, which are
+        cached again): emulated seconds, the published model-caching point over its instances."""
+        plan = self.live.weights or weight_plan(self.live.spec, self.profile)
+        present = await self.provisioner.ems.BatchExists(
+            ems_pb2.BatchExistsRequest(keys=[k for k, _ in plan.shards])
+        )
+        for (key, size), there in zip(plan.shards, present.exists, strict=True):
+            if not there:
+                await self.provisioner.ems.Put(
+                    ems_pb2.PutRequest(key=key, size=size, kind=WEIGHTS_KIND, device=npu)
+                )
+        s = self.profile.serving
+        whole = s.cache_from_ems_s if all(present.exists) else s.cache_cold_s
+        return whole / s.cache_instances
+
+    async def _kv_region(self, instance: str, old: str, device: Device) -> int | None:
+        """A decode NPU's KV region on the new NPU (the old one's is given back, if it can be)."""
+        if self.live.roles.get(instance) != "decode":
+            return None
+        if device.id != old:
+            for npu, region_id in [r for r in self.live.regions if r[0] == old]:
+                self.live.regions.remove((npu, region_id))
+                with contextlib.suppress(RemoteError, NotFoundError, TimeoutError):
+                    async with asyncio.timeout(self._tick_wall_s()):
+                        await self.peers.device_call(
+                            self.topology.device(npu),
+                            "FreeRegion",
+                            device_pb2.FreeRegionRequest(region_id=region_id),
+                        )
+        else:
+            inst: LiveInstance = self.driver.instances[instance]
+            k = [d.id for d in inst.npus].index(old)
+            return inst.kv_offsets[k] if inst.kv_offsets else None
+        region = await self.peers.device_call(
+            device,
+            "AllocateRegion",
+            device_pb2.AllocateRegionRequest(
+                size=self.profile.npu.hbm_bytes_per_die, label=f"kv/{self.live.name}"
+            ),
+        )
+        self.live.regions.append((device.id, region.region_id))
+        return int(region.offset)
+
+    # --- probing --------------------------------------------------------------------------------
+
+    async def _answers(self, device: Device) -> bool:
+        """Whether `device` answers in time and reports no fault."""
+        try:
+            async with asyncio.timeout(self.driver.deadline_wall_s()):
+                state = await self.peers.device_call(
+                    device, "GetFaultState", device_pb2.GetFaultStateRequest()
+                )
+        except (TimeoutError, EmulatorError, grpc.aio.AioRpcError):
+            return False
+        return not state.faulted
+
+    async def probe(self, name: str, plan: StepPlan, error: str) -> None:
+        """A step failed: isolate the NPUs it ran on that do not answer."""
+        devices = [d for d in self.driver.pairs(plan) if d.id not in self._probing]
+        self._probing.update(d.id for d in devices)
+        try:
+            answers = await asyncio.gather(*(self._answers(d) for d in devices))
+        finally:
+            self._probing.difference_update(d.id for d in devices)
+        down = [d.id for d, ok in zip(devices, answers, strict=True) if not ok]
+        for npu in self.driver.isolate(down, UNANSWERED, self.job):
+            self.causes[npu] = UNANSWERED
+            log.warning("isolated an NPU that stopped answering", deployment=name, npu=npu)
+
+    async def _reprobe(self) -> None:
+        """NPUs isolated for not answering come back in place once they answer (unless the
+        scheduler failed them meanwhile: then its replacement brings them back)."""
+        for npu, cause in list(self.causes.items()):
+            if cause != UNANSWERED or npu in self.driver.recovering:
+                continue
+            found = self.driver.locate(npu)
+            if found is None:
+                continue
+            if await self._answers(self.topology.device(npu)):
+                self.causes[npu] = SCHEDULER  # restored like one the controller healed
+                allocation = await self.scheduler.GetAllocation(
+                    scheduler_pb2.GetAllocationRequest(job=self.job(found[0]))
+                )
+                await self._reconcile(found[0], allocation)

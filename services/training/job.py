@@ -1,0 +1,311 @@
+"""One live training job: allocate, step on the emulated clock, checkpoint into EMS, and recover
+by watching its scheduler allocation (never told by the manager).
+
+Steps are timed by the cost model (emulator/model/training/step.py) with the collectives asked
+of the live fabric (Fabric/Collective: the gradient all-reduce bucket, the MoE dispatch and
+combine), once per set of NPUs. When the allocation shows one of its NPUs failed the job stops
+("recovering", an `isolated` event), rewinds to its last checkpoint, waits until the scheduler
+has replaced every failed NPU, reloads the checkpoint from EMS (its Get timing) after the
+profile's restart time, and resumes (a `restored` event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+
+from cmemu.v1 import (
+    ems_pb2,
+    ems_pb2_grpc,
+    fabric_pb2,
+    fabric_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    training_pb2,
+)
+from emulator.model.clock import Clock
+from emulator.model.hardware import HardwareProfile
+from emulator.model.training import checkpoint
+from emulator.model.training.job import FAILED, FINISHED, RECOVERING, STOPPED, JobProgress
+from emulator.model.training.spec import TrainingShape
+from emulator.model.training.step import (
+    gradient_buckets,
+    groups,
+    moe_tokens_per_rank,
+    step_time,
+)
+from services.eventsink import EventSink
+from services.status import RemoteError
+
+log = structlog.get_logger("cmemu.training")
+NS = 1_000_000_000
+CHECKPOINT_KIND = ems_pb2.OBJECT_KIND_CHECKPOINT
+OPS = {
+    "all-reduce": fabric_pb2.COLLECTIVE_OP_ALL_REDUCE,
+    "moe-dispatch": fabric_pb2.COLLECTIVE_OP_MOE_DISPATCH,
+    "moe-combine": fabric_pb2.COLLECTIVE_OP_MOE_COMBINE,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoints:
+    scheduler: scheduler_pb2_grpc.SchedulerAsyncStub
+    ems: ems_pb2_grpc.EmsAsyncStub
+    fabric: fabric_pb2_grpc.FabricAsyncStub
+
+
+@dataclass(kw_only=True)
+class LiveJob:
+    shape: TrainingShape
+    progress: JobProgress
+    allocation: scheduler_pb2.Allocation = field(default_factory=scheduler_pb2.Allocation)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    checkpoint_keys: list[str] = field(default_factory=list)
+    # set by a "failed" or "replaced" change: the job lost an NPU, even when the replacement
+    # shows before the job looks (its state on that NPU is gone either way)
+    interrupted: bool = False
+
+    @property
+    def failed_npus(self) -> list[str]:
+        return [n.id for n in self.allocation.npus if n.failed]
+
+    @property
+    def needs_recovery(self) -> bool:
+        return self.interrupted or bool(self.failed_npus)
+
+    @property
+    def dies(self) -> list[str]:
+        return [d for n in self.allocation.npus for d in n.dies]
+
+    def message(self, now_ns: int) -> training_pb2.TrainingJob:
+        p = self.progress
+        return training_pb2.TrainingJob(
+            name=p.name,
+            state=p.state,
+            step=p.step,
+            last_checkpoint_step=p.last_checkpoint_step,
+            npus=[n.id for n in self.allocation.npus],
+            restarts=p.restarts,
+            steps_lost=p.steps_lost,
+            step_s=p.step_s,
+            started_ns=p.started_ns,
+            last_failure_ns=p.last_failure_ns,
+            last_restored_ns=p.last_restored_ns,
+            goodput=p.goodput(now_ns),
+        )
+
+
+class JobRunner:
+    """Drives one LiveJob until it finishes, fails or is stopped."""
+
+    def __init__(
+        self,
+        job: LiveJob,
+        *,
+        profile: HardwareProfile,
+        clock: Clock,
+        endpoints: Endpoints,
+        events: EventSink | None,
+        topic: str,
+    ) -> None:
+        self.job = job
+        self.profile = profile
+        self.clock = clock
+        self.ep = endpoints
+        self.events = events
+        self.topic = topic
+        self._timed: dict[tuple[str, ...], float] = {}
+
+    def publish(self, event: str, **detail: object) -> None:
+        if self.events is not None:
+            self.events.event(
+                self.topic, event, self.clock.now_ns(), job=self.job.progress.name, **detail
+            )
+
+    async def sleep(self, emulated_s: float) -> bool:
+        """Sleep emulated seconds; False when a change of the allocation (or a stop) cut it."""
+        job = self.job
+        if job.needs_recovery or job.stopping.is_set():
+            return False
+        job.changed.clear()
+        try:
+            await asyncio.wait_for(job.changed.wait(), self.clock.wall_delay_s(emulated_s))
+        except TimeoutError:
+            return True
+        return not (job.needs_recovery or job.stopping.is_set())
+
+    async def run(self) -> None:
+        """Until finished, failed or stopped; then the NPUs go back to the scheduler (not when
+        the service closes: the scheduler stops with it)."""
+        job, p = self.job, self.job.progress
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                watcher = tasks.create_task(self.watch())
+                await self.refresh()
+                p.running(await self.step_s())
+                self.publish("training-started", npus=[n.id for n in job.allocation.npus])
+                await self.loop()
+                watcher.cancel()
+        except* (RemoteError, grpc.aio.AioRpcError) as group:
+            error = str(group.exceptions[0])
+            log.warning("training job failed", job=p.name, error=error)
+            p.end(FAILED, self.clock.now_ns(), error)
+            self.publish("training-failed", error=error)
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.ep.scheduler.Release(scheduler_pb2.ReleaseRequest(job=p.name))
+
+    async def loop(self) -> None:
+        job, p = self.job, self.job.progress
+        while True:
+            if job.stopping.is_set():
+                p.end(STOPPED, self.clock.now_ns())
+                self.publish("training-stopped", step=p.step)
+                return
+            if p.done:
+                p.end(FINISHED, self.clock.now_ns())
+                self.publish("training-finished", step=p.step)
+                return
+            if job.needs_recovery:
+                await self.recover()
+                continue
+            if not await self.sleep(p.step_s):
+                continue
+            if p.step_done():
+                await self.checkpoint()
+
+    async def checkpoint(self) -> None:
+        """Each NPU's shard as size-only CHECKPOINT objects; the previous checkpoint's objects
+        go once this one is whole. The job waits for the slowest write (emulated)."""
+        job, p = self.job, self.job.progress
+        step = p.step
+        npus = [n.id for n in job.allocation.npus]
+        shards = checkpoint.shards(p.name, step, job.shape, self.profile)
+        longest = 0
+        try:
+            for shard in shards:
+                put = await self.ep.ems.Put(
+                    ems_pb2.PutRequest(
+                        key=shard.key,
+                        size=shard.size,
+                        kind=CHECKPOINT_KIND,
+                        device=npus[shard.npu_index],
+                    )
+                )
+                longest = max(longest, put.complete_ns - put.issue_ns)
+        except grpc.aio.AioRpcError as exc:
+            # A writer died before the controller noticed: this checkpoint does not count, and
+            # the job goes on until its allocation shows the failure (the shards written stay
+            # as garbage under a step that is never recorded).
+            self.publish(
+                "checkpoint-failed", step=step, error=f"{exc.code().name}: {exc.details()}"
+            )
+            return
+        if not await self.sleep(longest / NS):
+            return  # a failure during the write: this checkpoint does not count
+        old, job.checkpoint_keys = job.checkpoint_keys, [s.key for s in shards]
+        p.checkpointed(step)
+        if old:
+            await self.ep.ems.BatchDelete(ems_pb2.BatchDeleteRequest(keys=old))
+        self.publish("checkpoint", step=step, bytes=sum(s.size for s in shards))
+
+    async def recover(self) -> None:
+        job, p = self.job, self.job.progress
+        now = {n.id for n in job.allocation.npus}
+        lost_npus = sorted(set(job.failed_npus) | (set(p.npus) - now))
+        if p.state != RECOVERING:  # not already recovering from an earlier failure
+            steps = p.failed(self.clock.now_ns())
+            self.publish("isolated", npus=lost_npus, steps_lost=steps, step=p.step)
+        while job.failed_npus and not job.stopping.is_set():
+            job.changed.clear()
+            await job.changed.wait()
+        job.interrupted = False
+        if job.stopping.is_set():
+            return
+        await self.sleep(self.profile.training.restart_s)
+        await self.reload()
+        if job.needs_recovery:
+            return  # failed again while restarting: recover again
+        replacements = [n.id for n in job.allocation.npus if n.id not in set(p.npus)]
+        p.restored(self.clock.now_ns(), await self.step_s())
+        p.npus = [n.id for n in job.allocation.npus]
+        self.publish("restored", npus=replacements, step=p.step, restarts=p.restarts)
+
+    async def reload(self) -> None:
+        """Read the last checkpoint back from EMS onto the (new) NPUs: the slowest Get."""
+        job = self.job
+        npus = [n.id for n in job.allocation.npus]
+        longest = 0
+        for key in job.checkpoint_keys:
+            index = int(key.rsplit("/", 1)[1].split("-")[0])
+            try:
+                got = await self.ep.ems.Get(ems_pb2.GetRequest(key=key, device=npus[index]))
+            except grpc.aio.AioRpcError:
+                if job.needs_recovery:
+                    return  # a new NPU failed too: recover again
+                raise
+            longest = max(longest, got.complete_ns - got.issue_ns)
+        await self.sleep(longest / NS)
+
+    async def refresh(self) -> None:
+        job = self.job
+        job.allocation = await self.ep.scheduler.GetAllocation(
+            scheduler_pb2.GetAllocationRequest(job=job.progress.name)
+        )
+        job.progress.npus = [n.id for n in job.allocation.npus]
+        job.changed.set()
+
+    async def watch(self) -> None:
+        """Follow the allocation: the scheduler is the single source of truth."""
+        job = self.job
+        stream = self.ep.scheduler.WatchAllocations(
+            scheduler_pb2.WatchAllocationsRequest(job=job.progress.name)
+        )
+        try:
+            async for event in stream:
+                if event.change == "released":
+                    continue
+                job.allocation = event.allocation
+                if event.change in ("failed", "replaced"):
+                    job.interrupted = True
+                job.changed.set()
+        finally:
+            stream.cancel()
+
+    async def step_s(self) -> float:
+        """The step on the current NPUs, its collectives timed by the live fabric once."""
+        dies = self.job.dies
+        key = tuple(dies)
+        found = self._timed.get(key)
+        if found is None:
+            shape = self.job.shape
+            g = groups(dies, shape)
+            tokens = moe_tokens_per_rank(self.profile)
+            bucket = gradient_buckets(shape, self.profile).bytes
+            found = step_time(
+                shape,
+                dispatch_s=await self.collective("moe-dispatch", g.expert_parallel, tokens=tokens),
+                combine_s=await self.collective("moe-combine", g.expert_parallel, tokens=tokens),
+                allreduce_bucket_s=await self.collective(
+                    "all-reduce", g.data_parallel, size=bucket
+                ),
+                profile=self.profile,
+            ).total_s
+            self._timed[key] = found
+        return found
+
+    async def collective(
+        self, op: str, ranks: tuple[str, ...], *, size: int = 0, tokens: int = 0
+    ) -> float:
+        if len(ranks) < 2 or not (size or tokens):
+            return 0.0
+        result = await self.ep.fabric.Collective(
+            fabric_pb2.CollectiveRequest(
+                op=OPS[op], ranks=list(ranks), bytes=size, tokens_per_rank=tokens
+            )
+        )
+        return float(result.duration_ns) / NS

@@ -1,0 +1,174 @@
+"""cmemu.v1.Training: start, list, get and stop training jobs. Its state is its own (the
+cluster manager hosts it on its server but never tells a job anything)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from cmemu.v1 import (
+    ems_pb2_grpc,
+    fabric_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    training_pb2,
+    training_pb2_grpc,
+)
+from emulator.model.clock import Clock
+from emulator.model.errors import NotFoundError, PreconditionError, UnavailableError
+from emulator.model.hardware import HardwareProfile
+from emulator.model.topology import ServiceKind, Topology
+from emulator.model.training.job import ENDED, JobProgress
+from emulator.model.training.spec import shape_of
+from services.eventsink import EventSink
+from services.peers import Peers
+from services.status import Context, RemoteError, rpc
+from services.training.job import Endpoints, JobRunner, LiveJob
+
+SERVICE = "cmemu.v1.Training"
+
+
+class TrainingState:
+    def __init__(
+        self,
+        *,
+        topology: Topology,
+        profile: HardwareProfile,
+        clock: Clock,
+        peers: Peers,
+        events: EventSink | None,
+        topic: str,
+    ) -> None:
+        self.profile = profile
+        self.clock = clock
+        self.events = events
+        self.topic = topic
+        self.endpoints = Endpoints(
+            scheduler=scheduler_pb2_grpc.SchedulerStub(
+                peers.channel(topology.service(ServiceKind.SCHEDULER).address)
+            ),
+            ems=ems_pb2_grpc.EmsStub(peers.channel(topology.service(ServiceKind.EMS).address)),
+            fabric=fabric_pb2_grpc.FabricStub(
+                peers.channel(topology.service(ServiceKind.FABRIC).address)
+            ),
+        )
+        self.jobs: dict[str, LiveJob] = {}
+        self._tasks: asyncio.TaskGroup | None = None
+        self._runners: set[asyncio.Task[None]] = set()
+        self._closed = asyncio.Event()
+
+    async def run(self) -> None:
+        """Own the jobs' runners until close(): then they end where they are (their NPUs stay
+        allocated, the scheduler stopping with them)."""
+        async with asyncio.TaskGroup() as tasks:
+            self._tasks = tasks
+            try:
+                await self._closed.wait()
+            finally:
+                self._tasks = None
+                for task in list(self._runners):
+                    task.cancel()
+
+    async def close(self) -> None:
+        self._closed.set()
+
+    def get(self, name: str) -> LiveJob:
+        job = self.jobs.get(name)
+        if job is None:
+            raise NotFoundError(
+                f"no training job {name!r}", field="name", subject=name, reason="JOB_NOT_FOUND"
+            )
+        return job
+
+    async def start(self, spec: training_pb2.TrainingSpec) -> LiveJob:
+        tasks = self._tasks
+        if tasks is None:
+            raise UnavailableError("the training service is not running", retry_after_s=1.0)
+        shape = shape_of(
+            name=spec.name,
+            npus=spec.npus,
+            model=spec.model,
+            steps=spec.steps,
+            checkpoint_every=spec.checkpoint_every,
+            data_parallel=spec.data_parallel,
+            expert_parallel=spec.expert_parallel,
+            micro_batches=spec.micro_batches,
+            profile=self.profile,
+        )
+        old = self.jobs.get(shape.name)
+        if old is not None and old.progress.state not in ENDED:
+            raise PreconditionError(
+                f"training job {shape.name!r} is {old.progress.state} (stop it first)",
+                field="name",
+                subject=shape.name,
+                reason="JOB_EXISTS",
+            )
+        try:
+            allocation = await self.endpoints.scheduler.Allocate(
+                scheduler_pb2.AllocateRequest(job=shape.name, npus=shape.npus)
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise RemoteError.from_rpc_error(exc, "scheduler") from exc
+        job = LiveJob(
+            shape=shape,
+            progress=JobProgress(
+                name=shape.name,
+                steps=shape.steps,
+                checkpoint_every=shape.checkpoint_every,
+                started_ns=self.clock.now_ns(),
+            ),
+            allocation=allocation,
+        )
+        self.jobs[shape.name] = job
+        runner = JobRunner(
+            job,
+            profile=self.profile,
+            clock=self.clock,
+            endpoints=self.endpoints,
+            events=self.events,
+            topic=self.topic,
+        )
+        task = tasks.create_task(runner.run(), name=f"training-{shape.name}")
+        self._runners.add(task)
+        task.add_done_callback(self._runners.discard)
+        return job
+
+    async def stop(self, name: str) -> LiveJob:
+        job = self.get(name)
+        job.stopping.set()
+        job.changed.set()
+        return job
+
+
+class TrainingServicer(training_pb2_grpc.TrainingServicer):
+    def __init__(self, state: TrainingState) -> None:
+        self.state = state
+
+    def _now(self) -> int:
+        return self.state.clock.now_ns()
+
+    @rpc
+    async def Start(
+        self, request: training_pb2.StartTrainingRequest, context: Context
+    ) -> training_pb2.TrainingJob:
+        return (await self.state.start(request.spec)).message(self._now())
+
+    @rpc
+    async def Get(
+        self, request: training_pb2.TrainingRequest, context: Context
+    ) -> training_pb2.TrainingJob:
+        return self.state.get(request.name).message(self._now())
+
+    @rpc
+    async def List(
+        self, request: training_pb2.ListTrainingRequest, context: Context
+    ) -> training_pb2.TrainingList:
+        now = self._now()
+        return training_pb2.TrainingList(jobs=[j.message(now) for j in self.state.jobs.values()])
+
+    @rpc
+    async def Stop(
+        self, request: training_pb2.TrainingRequest, context: Context
+    ) -> training_pb2.TrainingJob:
+        return (await self.state.stop(request.name)).message(self._now())

@@ -1,0 +1,158 @@
+"""`cmemu fault kinds|add|ls|rm` over the whole catalogue, as a user types it: real `cmemu`
+subprocesses against a real cm-mini (in-process, and the procs launcher for process faults)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from emulator.client.faults import KINDS
+from emulator.testing import MINI_PORTS, cmemu_up, free_port_block, run_cmemu
+from tests.cli.test_cli import mini_up
+
+cmemu = run_cmemu
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    state_file = tmp_path_factory.mktemp("faults") / "state.json"
+    with mini_up(state_file, "--time-scale", "10", "--broker", "none"):
+        yield state_file
+
+
+def test_kinds_lists_every_kind_with_its_params() -> None:
+    text = cmemu("fault", "kinds")
+    assert text.returncode == 0, text.stderr
+    for name in KINDS:
+        assert name in text.stdout
+    assert "--param period_s=<float> (default 10.0)" in text.stdout
+    rows = json.loads(cmemu("fault", "kinds", "--json").stdout)
+    assert {r["kind"] for r in rows} == set(KINDS)
+    slow = next(r for r in rows if r["kind"] == "slow")
+    assert [p["name"] for p in slow["params"]] == ["compute", "link"]
+
+
+def _poll(check: object, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def _ls(at: tuple[str, ...]) -> dict[str, dict[str, object]]:
+    listed = cmemu("fault", "ls", "--json", *at)
+    assert listed.returncode == 0, listed.stderr
+    return {f["id"]: f for f in json.loads(listed.stdout)}
+
+
+def test_every_device_kind_adds_lists_and_clears(running: Path) -> None:
+    at = ("--state-file", str(running))
+    added = {
+        "dev:n00-npu1:crash": ("crash", "n00-npu1", "--param", "wipe=false"),
+        "dev:n00-npu2:hang": ("hang", "n00-npu2"),
+        "dev:n00-npu3:slow": ("slow", "n00-npu3", "--param", "compute=0.5"),
+        "dev:n00-npu4:die-down": ("die-down", "n00-npu4", "--param", "die=1"),
+        "dev:n00-cpu0:hbm-ecc": (
+            "hbm-ecc",
+            "n00-cpu0",
+            "--param",
+            "offset=0",
+            "--param",
+            "size=64",
+        ),
+        "dev:n01-mem:pool-loss": ("pool-loss", "n01-mem"),
+    }
+    for fault_id, args in added.items():
+        result = cmemu("fault", "add", *args, *at)
+        assert result.returncode == 0, result.stderr
+        assert fault_id in result.stdout
+    assert set(added) <= set(_ls(at))
+    down = cmemu("probe", *_address(running, "n00-npu1"), "--timeout", "1")
+    assert down.returncode != 0
+    for fault_id in added:
+        assert cmemu("fault", "rm", fault_id, *at).returncode == 0
+    assert _ls(at) == {}
+
+
+def test_durations_end_faults_by_themselves(running: Path) -> None:
+    at = ("--state-file", str(running))
+    started = cmemu("fault", "add", "node-power-off", "n01", "--for", "40", *at)
+    assert started.returncode == 0, started.stderr
+    assert "node:n01" in started.stdout and "clears itself at" in started.stdout
+    link = f"{_first_link(running)}"
+    flap = cmemu(
+        "fault", "add", "link-flap", link, "--param", "period_s=2", "--param", "duty=0.5",
+        "--for", "40", *at,
+    )  # fmt: skip
+    assert flap.returncode == 0, flap.stderr
+    assert any(f["kind"] == "link-flap" for f in _ls(at).values())
+    _poll(lambda: _ls(at) == {})  # the devices' process and the fabric cleared them
+    assert cmemu("probe", *_address(running, "n01-npu0")).returncode == 0
+
+
+def test_bad_input_gets_a_message_not_a_traceback(running: Path) -> None:
+    at = ("--state-file", str(running))
+    cases = [
+        (("slow", "n00-npu0", "--param", "compute=2"), 2, "must be in (0, 1]"),
+        (("slow", "n00-npu0", "--param", "speed=2"), 2, "unknown parameter 'speed'"),
+        (("crash", "n00-npu0", "--param", "wipe"), 2, "KEY=VALUE"),
+        (("link-degraded", "n00-npu0~x"), 2, "--factor"),
+        (("crash",), 2, "needs TARGET"),
+        (("crash", "n99-npu0"), 1, "n99-npu0"),
+        (("die-down", "n00-cpu0"), 1, "FAILED_PRECONDITION"),
+        (("process-kill", "n00-npu0"), 1, "procs"),
+    ]
+    for args, code, words in cases:
+        result = cmemu("fault", "add", *args, *at)
+        assert result.returncode == code, (args, result.stderr)
+        assert words in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    missing = cmemu("fault", "rm", "dev:n00-npu0:hang", *at)
+    assert missing.returncode == 1 and "not faulted" in missing.stderr
+
+
+@pytest.mark.slow
+def test_process_pause_and_kill_in_procs_mode(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    at = ("--state-file", str(state_file))
+    base = free_port_block(MINI_PORTS)
+    args = ("--preset", "cm-mini", "--base-port", str(base), "--mode", "procs", "--per", "node")
+    with cmemu_up(state_file, *args, timeout_s=120, quiet=True):
+        doc = json.loads(state_file.read_text())
+        processes = doc["launcher"]["processes"]
+        node = next(p for p in processes.values() if "n01-npu0" in p["servers"])
+        paused = cmemu("fault", "add", "process-pause", "n01-npu0", *at)
+        assert paused.returncode == 0, paused.stderr
+        fault_id = paused.stdout.split()[1].rstrip(":")
+        assert fault_id in _ls(at)
+        assert cmemu("probe", *_address(state_file, "n01-npu0"), "--timeout", "1").returncode
+        assert cmemu("fault", "rm", fault_id, *at).returncode == 0
+        assert cmemu("probe", *_address(state_file, "n01-npu0")).returncode == 0
+        killed = cmemu("fault", "add", "process-kill", "n01-npu0", *at)
+        assert killed.returncode == 0, killed.stderr
+        _poll(lambda: not _alive(node["pid"]))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _address(state_file: Path, device: str) -> list[str]:
+    doc = json.loads(state_file.read_text())
+    return [next(d["address"] for d in doc["devices"] if d["id"] == device)]
+
+
+def _first_link(state_file: Path) -> str:
+    doc = json.loads(state_file.read_text())
+    link = doc["links"][0]
+    return f"{link['a']}~{link['b']}"

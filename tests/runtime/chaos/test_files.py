@@ -1,0 +1,89 @@
+"""Scenario files: the JSON Schema, the library, and bad files named by their YAML path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from emulator.client.faults import KINDS
+from emulator.model.errors import InvalidArgumentError, NotFoundError
+from emulator.runtime.chaos import files
+
+LIBRARY = files.library()
+
+
+def test_the_schema_is_a_valid_json_schema() -> None:
+    jsonschema.Draft202012Validator.check_schema(files.schema())
+    assert json.loads(files.SCHEMA_FILE.read_text())["properties"]["version"] == {"const": 1}
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=[p.stem for p in LIBRARY])
+def test_every_library_scenario_meets_the_schema(path: Path) -> None:
+    files.validate(yaml.safe_load(path.read_text()))
+
+
+def test_every_kind_the_library_uses_is_registered() -> None:
+    used = {
+        step["fault"]
+        for path in LIBRARY
+        for step in yaml.safe_load(path.read_text()).get("steps", [])
+    }
+    assert used <= set(KINDS), sorted(used - set(KINDS))
+
+
+@pytest.mark.parametrize(
+    ("doc", "path"),
+    [
+        ({"version": 1, "name": "x", "steps": [{"at": "3 weeks", "fault": "f",
+                                                "target": {"none": ""}}]}, "steps[0].at"),
+        ({"version": 1, "name": "x", "expect": {"slo": {}}}, "expect.slo"),
+        ({"version": 1, "name": "x", "steps": [{"at": 1, "fault": "f",
+                                                "target": {"npu": "a", "die": "b"}}]},
+         "steps[0].target"),
+        ({"version": 1, "name": "x", "workloads": {"ems": {"objects": 0, "size": 1}}},
+         "workloads.ems.objects"),
+    ],
+)  # fmt: skip
+def test_the_schema_names_the_yaml_path_of_a_bad_field(doc: object, path: str) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        files.validate(doc)
+    assert caught.value.field == path, str(caught.value)
+
+
+def test_a_scenario_file_is_read_with_its_deployment_files(tmp_path: Path) -> None:
+    deployments = Path(__file__).resolve().parents[3] / "examples" / "deployments"
+    (tmp_path / "s.yaml").write_text(
+        "version: 1\nname: s\nworkloads:\n  serving:\n"
+        f"    - {{name: chat, deployment: {deployments / 'small.yaml'}}}\n"
+        "steps:\n  - {at: 1s, fault: link-degraded, target: {link: random}, "
+        "params: {factor: 0.5}}\n"
+    )
+    scenario = files.load(tmp_path / "s.yaml")
+    assert scenario.workloads.serving[0].spec["decode"]["npus"] == 8
+    assert scenario.steps[0].typed_params is not None
+
+
+def test_bad_files_are_refused_with_the_path(tmp_path: Path) -> None:
+    with pytest.raises(NotFoundError):
+        files.load(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("version: 1\nname: [unclosed\n")
+    with pytest.raises(InvalidArgumentError, match="not YAML"):
+        files.load(tmp_path / "bad.yaml")
+    (tmp_path / "kind.yaml").write_text(
+        "version: 1\nname: k\nsteps:\n  - {at: 1s, fault: meteor, target: {none: ''}}\n"
+    )
+    with pytest.raises(InvalidArgumentError) as caught:
+        files.load(tmp_path / "kind.yaml")
+    assert caught.value.field == "steps[0].fault"
+    (tmp_path / "ref.yaml").write_text(
+        "version: 1\nname: r\nworkloads:\n  serving: [{name: c, deployment: nowhere.yaml}]\n"
+    )
+    with pytest.raises(NotFoundError, match=r"nowhere\.yaml"):
+        files.load(tmp_path / "ref.yaml")
+    with pytest.raises(NotFoundError, match="library"):
+        files.find("no-such-scenario")
+    assert files.find("l2-plane-loss").name == "l2-plane-loss.yaml"

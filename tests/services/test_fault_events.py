@@ -1,0 +1,55 @@
+"""Every fault injection and clearance is an MQTT event with emulated timestamps, and a broker
+outage is one the devices live through: they buffer their events and send them when it ends.
+Real servers, the embedded broker and a real subscriber."""
+
+from __future__ import annotations
+
+import asyncio
+
+from cmemu.v1 import device_pb2
+from emulator.client import faults
+from emulator.runtime.broker import Broker
+from emulator.testing import Clients, running_supernode
+from tests.runtime.test_mqtt import listening
+
+
+async def test_faults_and_clearances_are_events_and_an_outage_buffers_them() -> None:
+    async with (
+        Broker() as broker,
+        listening(broker.url) as listener,
+        running_supernode("cm-mini", time_scale=10.0, broker=broker.url) as supernode,
+    ):
+        clients = Clients(supernode.topology)
+        crash = await faults.inject(clients, "crash", "n00-npu3", duration_s=2.0)
+
+        def of(event: str, device: str) -> list[dict[str, object]]:
+            return [p for p in listener.events(event) if p["device"] == device]
+
+        await listener.wait_for(lambda: bool(of("fault-cleared", "n00-npu3")))
+        fault, cleared = of("fault", "n00-npu3")[0], of("fault-cleared", "n00-npu3")[0]
+        assert fault["fault"] == "crash" and fault["until_ns"] == crash.until_ns
+        assert cleared["expired"] is True
+        assert isinstance(fault["emulated_ns"], int) and isinstance(cleared["emulated_ns"], int)
+        assert cleared["emulated_ns"] >= crash.until_ns  # cleared by the emulated clock
+
+        outage = await faults.inject(clients, "broker-outage")
+        assert outage.id == "broker"
+        stub = clients.device("n00-npu0")
+        telemetry = await stub.GetTelemetry(device_pb2.GetTelemetryRequest())
+        assert not telemetry.broker_connected
+        await faults.inject(clients, "hang", "n01-npu2")
+        await faults.clear(clients, "dev:n01-npu2:hang")
+        pending = (await stub.GetTelemetry(device_pb2.GetTelemetryRequest())).events_pending
+        assert pending >= 2  # the hang's fault and fault-cleared wait for the broker
+        assert not of("fault", "n01-npu2")
+        await faults.clear(clients, outage.id)
+        await listener.wait_for(lambda: bool(of("fault-cleared", "n01-npu2")))
+
+        async def drained() -> bool:
+            t = await stub.GetTelemetry(device_pb2.GetTelemetryRequest())
+            return t.broker_connected and t.events_pending == 0 and t.events_dropped == 0
+
+        async with asyncio.timeout(20):
+            while not await drained():  # noqa: ASYNC110 (polled over gRPC, as a client does)
+                await asyncio.sleep(0.05)
+        await clients.close()
