@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -111,8 +112,10 @@ def cmemu_up(
     quiet: bool = False,
 ) -> Iterator[subprocess.Popen[str]]:
     """`cmemu up ARGS --state-file STATE_FILE` as a real process, yielded once it has written
-    the state file (every server SERVING); on exit SIGINT, and its stdout appended to `output`."""
+    the state file (every server SERVING); on exit SIGINT, and its stdout appended to `output`.
+    Quiet, its stderr still goes to a file, so that a failed start says why."""
     sink = subprocess.DEVNULL if quiet else subprocess.PIPE
+    errors = tempfile.TemporaryFile(mode="w+") if quiet else None  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         [
             CMEMU,
@@ -123,14 +126,18 @@ def cmemu_up(
             str(state_file),
         ],
         stdout=sink,
-        stderr=sink,
+        stderr=errors or sink,
         text=True,
     )
     try:
         deadline = time.monotonic() + timeout_s
         while not state_file.exists():
             if proc.poll() is not None:
-                raise RuntimeError(f"cmemu up exited {proc.returncode}: {proc.communicate()}")
+                said = proc.communicate()[1] or ""
+                if errors is not None:
+                    errors.seek(0)
+                    said = errors.read()[-4000:]
+                raise RuntimeError(f"cmemu up exited {proc.returncode}: {said}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cmemu up wrote no state file within {timeout_s} s")
             time.sleep(0.01)
@@ -144,6 +151,8 @@ def cmemu_up(
             out = ""
         if output is not None:
             output.append(out or "")
+        if errors is not None:
+            errors.close()
 
 
 async def calls_per_second(

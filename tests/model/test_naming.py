@@ -38,7 +38,7 @@ from emulator.model.naming import (
     service_id,
     supernode_id,
 )
-from emulator.model.topology import build
+from emulator.model.topology import ServiceKind, build
 
 NPU3 = DeviceName(node=7, kind=DeviceKind.NPU, index=3)
 
@@ -198,12 +198,7 @@ def test_other_supernodes_prefix_every_id() -> None:
     ids += [s.id for s in topology.services]
     assert all(i.startswith("sn1-") for i in ids)
     assert all(parse_id(i).supernode == 1 for i in ids)
-    assert {s.id for s in topology.services} == {
-        "sn1-fabric",
-        "sn1-ems",
-        "sn1-scheduler",
-        "sn1-router",
-    }
+    assert {s.id for s in topology.services} == {f"sn1-{kind.value}" for kind in ServiceKind}
     graph = LinkGraph(topology)
     route = graph.route(graph.endpoint("sn1-n00-npu0.d0"), graph.endpoint("sn1-n01-npu0"))
     assert [parse_id(h).supernode for h in route.hops] == [1] * 5
