@@ -160,6 +160,8 @@ def test_fault_kinds_are_one_table() -> None:
         "link-latency",
         "switch-down",
         "partition",
+        "link-flap",  # a link-down that toggles in emulated time
+        "ports-degraded",  # a device's own die ports, behind the `slow` device fault
     }
 
 
