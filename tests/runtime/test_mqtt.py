@@ -97,7 +97,11 @@ class Listener:
     def events(self, event: str) -> list[dict[str, Any]]:
         return [p for t, p in self.messages if t.endswith("/events") and p["event"] == event]
 
-    async def wait_for(self, check: Any, within_s: float = 15.0) -> None:
+    def named(self, source: str, event: str) -> list[dict[str, Any]]:
+        """The `event` events of one source (a device or a service: its topic level)."""
+        return [p for p in self.events(event) if p["device"] == source]
+
+    async def wait_for(self, check: Any, within_s: float = 60.0) -> None:  # bounds a hung test
         async with asyncio.timeout(within_s):
             while not check():
                 self._arrived.clear()

@@ -6,18 +6,14 @@ spare; passive mode recording without acting; WatchAllocations; bad inputs."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
-import json
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
 import aiohttp
-import aiomqtt
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,6 +24,7 @@ from emulator.model.topology import ServiceKind
 from emulator.runtime.supernode import EMBEDDED
 from emulator.testing import Clients, Supernode, running_supernode
 from services.scheduler import SchedulerState
+from tests.runtime.test_mqtt import listening
 
 T = TypeVar("T")
 SCALE = 50.0  # emulated seconds per wall second: a 20 s training step takes 0.4 s
@@ -47,48 +44,6 @@ async def until(
         if loop.time() > deadline:
             raise AssertionError(f"condition never held; last value: {value}")
         await asyncio.sleep(0.05)
-
-
-class Listener:
-    """Every event of the supernode, from its MQTT broker."""
-
-    def __init__(self) -> None:
-        self.messages: list[tuple[str, dict[str, Any]]] = []
-        self._arrived = asyncio.Event()
-
-    async def run(self, url: str, ready: asyncio.Event) -> None:
-        host, port = url.removeprefix("mqtt://").split(":")
-        async with aiomqtt.Client(host, int(port)) as client:
-            await client.subscribe("cmemu/+/+/events", qos=1)
-            ready.set()
-            async for message in client.messages:
-                raw = message.payload
-                assert isinstance(raw, bytes)
-                self.messages.append((str(message.topic), json.loads(raw)))
-                self._arrived.set()
-
-    def named(self, topic: str, event: str) -> list[dict[str, Any]]:
-        return [p for t, p in self.messages if t.split("/")[2] == topic and p["event"] == event]
-
-    async def wait_for(self, check: Callable[[], object], within_s: float = 60.0) -> None:
-        async with asyncio.timeout(within_s):  # a bound on a hung test, not a timed assert
-            while not check():
-                self._arrived.clear()
-                await self._arrived.wait()
-
-
-@asynccontextmanager
-async def listening(url: str) -> AsyncIterator[Listener]:
-    listener = Listener()
-    ready = asyncio.Event()
-    task = asyncio.ensure_future(listener.run(url, ready))
-    await asyncio.wait_for(ready.wait(), 30)
-    try:
-        yield listener
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def incidents(clients: Clients) -> Callable[[], Awaitable[list[manager_pb2.Incident]]]:
