@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -31,7 +30,7 @@ from emulator.client.clients import Clients
 from emulator.model.naming import DeviceKind
 from emulator.model.topology import build, server_count
 from emulator.runtime import state
-from emulator.testing import cmemu_up, free_port_block
+from emulator.testing import cmemu_up, free_port_block, next_sse_event
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -51,21 +50,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _next_event(response: aiohttp.ClientResponse) -> tuple[str, dict[str, Any]]:
-    event, data = "message", ""
-    while True:
-        line = (await response.content.readline()).decode().rstrip("\n")
-        if line.startswith("event: "):
-            event = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            data += line.removeprefix("data: ")
-        elif not line and data:
-            return event, json.loads(data)
-
-
 async def _until(response: aiohttp.ClientResponse, device: str, health: str) -> float:
     while True:
-        _, data = await asyncio.wait_for(_next_event(response), 30)
+        _, data = await asyncio.wait_for(next_sse_event(response), 30)
         if data.get("devices", {}).get(device, {}).get("health") == health:
             return time.perf_counter()
 
@@ -82,7 +69,7 @@ async def fault_latencies(path: Path, count: int) -> list[float]:
             aiohttp.ClientSession() as session,
             session.get(instance.launcher.ui + "events") as response,
         ):
-            await _next_event(response)  # the snapshot
+            await next_sse_event(response)  # the snapshot
             for i in progress.track(range(count), "faults to the page"):
                 device = npus[(i * 37) % len(npus)]
                 await faults.add(clients, "device-down", faults.FaultOptions(target=device))

@@ -6,6 +6,7 @@ They start real servers on real ports; nothing here fakes a device.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
+
+import aiohttp
 
 from emulator.client.clients import Clients
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
@@ -31,6 +35,7 @@ __all__ = [
     "calls_per_second",
     "cmemu_up",
     "free_port_block",
+    "next_sse_event",
     "run_cmemu",
     "running_supernode",
 ]
@@ -153,6 +158,20 @@ def cmemu_up(
             output.append(out or "")
         if errors is not None:
             errors.close()
+
+
+async def next_sse_event(response: aiohttp.ClientResponse) -> tuple[str, dict[str, Any]]:
+    """The next event of a server-sent event stream (the web view's /events): its name and
+    its JSON data; comment lines are skipped."""
+    event, data = "message", ""
+    while True:
+        line = (await response.content.readline()).decode().rstrip("\n")
+        if line.startswith("event: "):
+            event = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            data += line.removeprefix("data: ")
+        elif not line and data:
+            return event, json.loads(data)
 
 
 async def calls_per_second(

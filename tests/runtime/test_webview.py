@@ -27,7 +27,7 @@ from emulator.model.topology import DeviceKind, Topology, build, server_count
 from emulator.runtime import state
 from emulator.runtime.webview import Machine, parse_address
 from emulator.runtime.webview.snapshot import LinkSample, layout, plane_of_links, plane_utilisation
-from emulator.testing import MINI_PORTS, cmemu_up, free_port_block, run_cmemu
+from emulator.testing import MINI_PORTS, cmemu_up, free_port_block, next_sse_event, run_cmemu
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -324,7 +324,7 @@ async def test_snapshot_and_server_sent_events(mini: state.Instance) -> None:
 
         async with session.get(url + "events") as response:
             assert response.headers["Content-Type"].startswith("text/event-stream")
-            first = await _sse(response)
+            first = await next_sse_event(response)
             assert first[0] == "snapshot"
             assert len(first[1]["devices"]) == len(mini.topology.devices)
             device = "n00-npu2"
@@ -334,7 +334,7 @@ async def test_snapshot_and_server_sent_events(mini: state.Instance) -> None:
             assert added.returncode == 0, added.stderr
             try:
                 while True:
-                    event, data = await asyncio.wait_for(_sse(response), 30)
+                    event, data = await asyncio.wait_for(next_sse_event(response), 30)
                     assert event == "diff"
                     if data.get("devices", {}).get(device, {}).get("health") == "NOT_SERVING":
                         break
@@ -342,19 +342,6 @@ async def test_snapshot_and_server_sent_events(mini: state.Instance) -> None:
                 await asyncio.to_thread(
                     run_cmemu, "fault", "rm", f"dev:{device}", "--state-file", str(mini.path)
                 )
-
-
-async def _sse(response: aiohttp.ClientResponse) -> tuple[str, dict[str, Any]]:
-    """The next event of a server-sent event stream (comments skipped)."""
-    event, data = "message", ""
-    while True:
-        line = (await response.content.readline()).decode().rstrip("\n")
-        if line.startswith("event: "):
-            event = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            data += line.removeprefix("data: ")
-        elif not line and data:
-            return event, json.loads(data)
 
 
 def test_ui_none_serves_nothing(tmp_path: Path) -> None:

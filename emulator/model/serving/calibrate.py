@@ -266,9 +266,26 @@ def points(profile: HardwareProfile = DEFAULT_PROFILE, moe: Moe | None = None) -
     m = profile.moe
     step = decode_step(profile, moe)
     tpot = tpot_s(step, profile)
-    ep8 = moe(m.ep_ranks, m.tokens_per_rank)
-    large = moe(m.large_ep_ranks, m.tokens_per_rank)
+    # the fabric's MoE points: (ranks, published dispatch, published combine)
+    moe_points = [
+        (m.ep_ranks, m.dispatch_s, m.combine_s),
+        (m.large_ep_ranks, m.dispatch_large_s, m.combine_large_s),
+    ]
     dg, pg = s.microbatch_decode_gain, s.microbatch_prefill_gain
+    moe_fits = [
+        Point(
+            name=f"MoE {op} EP{ranks}",
+            unit="s",
+            published=published,
+            model=model,
+            tolerance=0.01,
+            fitted=True,
+        )
+        for ranks, *published_ops in moe_points
+        for op, published, model in zip(
+            ("dispatch", "combine"), published_ops, moe(ranks, m.tokens_per_rank), strict=True
+        )
+    ]
     return [
         Point(
             name="decode TPOT",
@@ -326,36 +343,5 @@ def points(profile: HardwareProfile = DEFAULT_PROFILE, moe: Moe | None = None) -
             tolerance=0.3,
             fitted=False,
         ),
-        Point(
-            name="MoE dispatch EP8",
-            unit="s",
-            published=m.dispatch_s,
-            model=ep8[0],
-            tolerance=0.01,
-            fitted=True,
-        ),
-        Point(
-            name="MoE combine EP8",
-            unit="s",
-            published=m.combine_s,
-            model=ep8[1],
-            tolerance=0.01,
-            fitted=True,
-        ),
-        Point(
-            name="MoE dispatch EP256",
-            unit="s",
-            published=m.dispatch_large_s,
-            model=large[0],
-            tolerance=0.01,
-            fitted=True,
-        ),
-        Point(
-            name="MoE combine EP256",
-            unit="s",
-            published=m.combine_large_s,
-            model=large[1],
-            tolerance=0.01,
-            fitted=True,
-        ),
+        *moe_fits,
     ]
