@@ -3,6 +3,7 @@
     python bench/boot.py                      # cm384, median of 3
     python bench/boot.py --preset cm8192 --addressing loopback --runs 1
     python bench/boot.py --preset cm-mini --runs 1 --results /tmp/r   # the quickest
+    python bench/boot.py --preset cm384x2 --results /tmp/r2    # two supernodes in one process
 
 Targets on a 2-core machine: cm384 within 3 s and 400 MB; stretch cm8192 within 60 s and 4 GB.
 Writes bench/results/boot.json and boot.png (each run's boot time and peak RSS, the targets).
@@ -17,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from emulator.model.topology import build, server_count
-from emulator.testing import cmemu_up, free_port_block
+from emulator.model.scaleout import build_cluster
+from emulator.testing import cmemu_up, free_port_block, launch_ports
 
 try:
     from bench import outputs, progress
@@ -38,7 +39,7 @@ def peak_rss_bytes(pid: int) -> float:
 
 
 def one_run(preset: str, addressing: str, timeout_s: float, broker: str) -> dict[str, float]:
-    servers = server_count(build(preset))
+    servers = launch_ports(preset)
     where = ["--addressing", addressing, *(["--broker", broker] if broker else [])]
     if addressing == "ports":
         where += ["--base-port", str(free_port_block(servers))]
@@ -94,7 +95,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
-    devices = len(build(args.preset).devices)
+    devices = sum(len(t.devices) for t in build_cluster(args.preset))
     runs = [
         one_run(args.preset, args.addressing, args.timeout, args.broker)
         for _ in progress.track(range(args.runs), f"booting {args.preset}")

@@ -38,11 +38,11 @@ from emulator.client.clients import Clients
 from emulator.client.faults import ActiveFault
 from emulator.model.chaos.scenario import Scenario
 from emulator.model.clock import Clock
-from emulator.model.topology import Topology, build, server_count
+from emulator.model.topology import Topology
 from emulator.runtime import state
 from emulator.runtime.chaos import files, kinds
 from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
-from emulator.testing import free_port_block
+from emulator.testing import free_port_block, launch_ports
 
 T = TypeVar("T")
 CMEMU = str(Path(sys.executable).parent / "cmemu")
@@ -126,7 +126,7 @@ def start_supernode(
     if mode == "procs":
         args += ["--per", per]
     else:  # ports: a free block, so that sessions and other emulators do not clash
-        base = free_port_block(server_count(build(preset)))
+        base = free_port_block(launch_ports(preset))
         args += ["--base-port", str(base)]
     env = {**os.environ, "CMEMU_STATE_DIR": str(directory)}
     log = (directory / f"{state_file.stem}.log").open("wb")

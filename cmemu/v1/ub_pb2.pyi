@@ -108,6 +108,8 @@ class UbTransaction(_message.Message):
     ISSUE_NS_FIELD_NUMBER: _builtins.int
     SRC_DIE_FIELD_NUMBER: _builtins.int
     CHECK_ONLY_FIELD_NUMBER: _builtins.int
+    SRC_DEVICE_FIELD_NUMBER: _builtins.int
+    ARRIVE_NS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """chosen by the caller and echoed; the issuer assigns one when empty"""
     op: Global___UbOp.ValueType
@@ -132,6 +134,14 @@ class UbTransaction(_message.Message):
     change nothing. The fabric checks first, so a bad address fails at once, and applies the
     transaction when its flow completes, so a transfer that fails applies nothing.
     """
+    src_device: _builtins.str
+    """Deliver only: the sending device by id, when the src EID cannot name it (an RDMA SEND from
+    another supernode: EIDs are numbered per supernode). Empty: the device of src_eid.
+    """
+    arrive_ns: _builtins.int
+    """Deliver only: the emulated arrival when another timing authority timed the transfer (the
+    RDMA plane's gateway); 0: the uncontended cost model's.
+    """
     @_builtins.property
     def dst(self) -> Global___UbAddress: ...
     def __init__(
@@ -149,10 +159,12 @@ class UbTransaction(_message.Message):
         issue_ns: _builtins.int = ...,
         src_die: _builtins.int = ...,
         check_only: _builtins.bool = ...,
+        src_device: _builtins.str = ...,
+        arrive_ns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["dst", b"dst"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_only", b"check_only", "compare", b"compare", "data", b"data", "dst", b"dst", "id", b"id", "issue_ns", b"issue_ns", "op", b"op", "operand", b"operand", "size", b"size", "size_only", b"size_only", "src_die", b"src_die", "src_eid", b"src_eid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrive_ns", b"arrive_ns", "check_only", b"check_only", "compare", b"compare", "data", b"data", "dst", b"dst", "id", b"id", "issue_ns", b"issue_ns", "op", b"op", "operand", b"operand", "size", b"size", "size_only", b"size_only", "src_device", b"src_device", "src_die", b"src_die", "src_eid", b"src_eid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -230,6 +242,7 @@ class UbMessage(_message.Message):
     SIZE_ONLY_FIELD_NUMBER: _builtins.int
     ISSUE_NS_FIELD_NUMBER: _builtins.int
     ARRIVE_NS_FIELD_NUMBER: _builtins.int
+    SRC_DEVICE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     src_eid: _builtins.int
     size: _builtins.int
@@ -237,6 +250,8 @@ class UbMessage(_message.Message):
     size_only: _builtins.bool
     issue_ns: _builtins.int
     arrive_ns: _builtins.int
+    src_device: _builtins.str
+    """the sending device by id (across supernodes the src EID names none)"""
     def __init__(
         self,
         *,
@@ -247,10 +262,11 @@ class UbMessage(_message.Message):
         size_only: _builtins.bool = ...,
         issue_ns: _builtins.int = ...,
         arrive_ns: _builtins.int = ...,
+        src_device: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrive_ns", b"arrive_ns", "data", b"data", "id", b"id", "issue_ns", b"issue_ns", "size", b"size", "size_only", b"size_only", "src_eid", b"src_eid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrive_ns", b"arrive_ns", "data", b"data", "id", b"id", "issue_ns", b"issue_ns", "size", b"size", "size_only", b"size_only", "src_device", b"src_device", "src_eid", b"src_eid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

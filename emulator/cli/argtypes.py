@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from emulator.model.errors import EmulatorError, InvalidArgumentError
-from emulator.model.presets import load_presets
+from emulator.model.presets import get_preset
 from emulator.runtime import state
 
 U64_MAX = 2**64 - 1
@@ -103,11 +103,10 @@ def positive_float(text: str) -> float:
 
 
 def preset(text: str) -> str:
-    known = load_presets()
-    if text not in known:
-        raise argparse.ArgumentTypeError(
-            f"unknown preset {text!r}; known: {', '.join(sorted(known))}"
-        )
+    try:
+        get_preset(text)
+    except EmulatorError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

@@ -14,7 +14,6 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
-from emulator.client.clients import Clients
 from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind
@@ -29,10 +28,11 @@ CHUNK = DEFAULT_PROFILE.ems.chunk_bytes  # a Put's most real bytes, and a PutStr
 
 
 async def _with_ems(args: argparse.Namespace, call: Any) -> Any:
-    topology = state.read(state.path_from(args.state_file))
-    clients = Clients(topology, state.credentials(state.path_from(args.state_file)))
+    clients = state.clients(state.path_from(args.state_file))
     try:
-        stub = ems_pb2_grpc.EmsStub(clients.channel_to(topology.service(ServiceKind.EMS).address))
+        stub = ems_pb2_grpc.EmsStub(
+            clients.channel_to(clients.topology.service(ServiceKind.EMS).address)
+        )
         return await call(stub)
     finally:
         await clients.close()

@@ -16,15 +16,16 @@ from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
 from emulator.cli import progress
 from emulator.cli.argtypes import non_negative_int, positive_float, positive_int, positive_size
 from emulator.client.clients import Clients
+from emulator.model.scaleout import check_ub_within
 from emulator.runtime import state
 
 OPS = {"read": ub_pb2.UB_OP_READ, "write": ub_pb2.UB_OP_WRITE}
 
 
 async def _xfer(args: argparse.Namespace) -> dict[str, Any]:
-    topology = state.read(args.state_path)
-    src, dst = topology.device(args.src), topology.device(args.dst)
-    clients = Clients(topology, state.credentials(args.state_path))
+    every = state.clients(args.state_path)
+    src, dst = every.find(args.src), every.find(args.dst)
+    clients = every.supernode(check_ub_within(src.id, dst.id))  # its fabric times it
     try:
         region = await clients.device(dst.id).AllocateRegion(
             device_pb2.AllocateRegionRequest(size=args.bytes, label="cmemu xfer")
@@ -47,7 +48,7 @@ async def _xfer(args: argparse.Namespace) -> dict[str, Any]:
                 device_pb2.FreeRegionRequest(region_id=region.region_id)
             )
     finally:
-        await clients.close()
+        await every.close()
     seconds = (done.complete_ns - done.issue_ns) / 1e9
     return {
         "src": src.id,
@@ -104,7 +105,7 @@ def xfer_args(p: argparse.ArgumentParser) -> None:
 
 
 async def _links(topology_path: Any, top: int) -> fabric_pb2.LinkStats:
-    clients = Clients(state.read(topology_path), state.credentials(topology_path))
+    clients = state.clients(topology_path)
     try:
         return await clients.fabric().GetLinkStats(fabric_pb2.LinkStatsRequest(top=top))
     finally:
@@ -143,8 +144,7 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"
 async def _watch_links(args: argparse.Namespace) -> None:
     """Redraw the table on every frame of the fabric's WatchLinkStats stream (top-style on a
     terminal; frames one after another, or JSON lines, otherwise)."""
-    topology = state.read(state.path_from(args.state_file))
-    clients = Clients(topology, state.credentials(state.path_from(args.state_file)))
+    clients = state.clients(state.path_from(args.state_file))
     redraw = sys.stdout.isatty() and not args.json
     request = fabric_pb2.WatchLinkStatsRequest(
         top=args.top, interval_ms=max(10, round(args.interval * 1000))
@@ -157,7 +157,7 @@ async def _watch_links(args: argparse.Namespace) -> None:
                 print(json.dumps({"emulated_ns": stats.emulated_ns, "links": _rows(stats)}))
             else:
                 header = (
-                    f"cmemu links: {topology.supernode} at {stats.emulated_ns / 1e9:.3f} s "
+                    f"cmemu links: {clients.topology.supernode} at {stats.emulated_ns / 1e9:.3f} s "
                     f"emulated, every {args.interval:g} s (Ctrl-C stops)"
                 )
                 text = "\n".join([header, "", *_table(stats)])

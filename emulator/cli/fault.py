@@ -64,7 +64,7 @@ async def _with_clients(path: Path, call: Callable[[Clients], Awaitable[Any]]) -
     """`call` with clients of the instance of state file `path` (its token, CA and, in procs
     mode, its process table too)."""
     instance = await asyncio.to_thread(state.read_instance, path)
-    clients = Clients(instance.topology, state.credentials(path))
+    clients = Clients(instance.topology, state.credentials(path), supernodes=instance.supernodes)
     attach_processes(clients, state.process_table(instance))
     try:
         return await call(clients)

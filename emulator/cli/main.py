@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -24,8 +25,10 @@ from emulator.cli.ems import cmd_ems, ems_args
 from emulator.cli.fabric import cmd_links, cmd_xfer, links_args, xfer_args
 from emulator.cli.fault import cmd_fault, fault_args
 from emulator.cli.instances import cmd_down, cmd_instances, down_args, instances_args
+from emulator.cli.k8s import cmd_k8s, k8s_args
 from emulator.cli.manager import cmd_manager, manager_args
 from emulator.cli.output import Column, print_rows
+from emulator.cli.rdma import cmd_rdma, rdma_args
 from emulator.cli.sched import cmd_sched, sched_args
 from emulator.cli.serving import add_serving_commands
 from emulator.cli.simulate import cmd_simulate, simulate_args
@@ -57,7 +60,8 @@ SERVER_COMMANDS = frozenset({"up", "serve"})  # these log at info by default, th
 DISTRIBUTION = "cloudmatrix-emulator"
 
 
-def _topology_from_args(args: argparse.Namespace) -> Topology:
+def _topology_from_args(args: argparse.Namespace) -> tuple[Topology, ...]:
+    """The documents of every supernode of the preset (one, but for `<base>x<N>`)."""
     return LaunchOptions(
         preset=args.preset,
         addressing=args.addressing,
@@ -65,7 +69,7 @@ def _topology_from_args(args: argparse.Namespace) -> Topology:
         base_port=args.base_port,
         port=args.port,
         time_scale=args.time_scale,
-    ).topology()
+    ).supernodes()
 
 
 def _state_path(args: argparse.Namespace) -> Path:
@@ -107,15 +111,21 @@ LS_COLUMNS: list[Column] = [
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    topology = state.read(_state_path(args))
+    supernodes = state.read_supernodes(_state_path(args))  # every supernode's
     credentials = state.credentials(_state_path(args))
     devices = [
         d
-        for d in topology.devices
+        for t in supernodes
+        for d in t.devices
         if (args.kind is None or d.kind.value == args.kind)
         and (args.node is None or d.node == args.node)
     ]
-    services = [x for x in topology.services if args.kind in (None, x.kind.value) and not args.node]
+    services = [
+        x
+        for t in supernodes
+        for x in t.services
+        if args.kind in (None, x.kind.value) and not args.node
+    ]
     addresses = [d.address for d in devices] + [x.address for x in services]
     statuses = asyncio.run(
         health.check_many(addresses, timeout_s=args.timeout, credentials=credentials)
@@ -153,17 +163,19 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
-    topology = _topology_from_args(args)
-    if args.json:
-        print(topology.to_json(indent=2 if args.indent else None))
+    supernodes = _topology_from_args(args)
+    if args.json:  # one document, or with several supernodes a list of them
+        docs = [t.to_dict() for t in supernodes]
+        print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2 if args.indent else None))
         return 0
-    print(summary(topology))
+    print("\n\n".join(summary(t) for t in supernodes))
     return 0
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
     for p in load_presets().values():
-        print(f"{p.name:<10} {p.nodes:>5} nodes  {p.source:<13} {p.description}")
+        nodes = f"{p.supernodes} x {p.nodes}" if p.scaleout else str(p.nodes)
+        print(f"{p.name:<10} {nodes:>7} nodes  {p.source:<13} {p.description}")
     return 0
 
 
@@ -230,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
             "serve one device, node or service of a topology (a container's entry point)",
         ),
         "compose": (up.cmd_compose, "generate a docker compose file for a preset"),
+        "k8s": (cmd_k8s, "generate Kubernetes manifests for a preset (a directory to apply)"),
         "probe": (cmd_probe, "health-check one device (exit 0 only when SERVING)"),
         "ls": (cmd_ls, "list the running emulator's devices with their health"),
         "topology": (cmd_topology, "describe a preset's topology (--json: the full document)"),
@@ -243,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         "watch": (cmd_watch, "print the running emulator's events as they happen"),
         "ems": (cmd_ems, "the elastic memory store: put, get, ls, rm, exists, stat"),
         "sched": (cmd_sched, "the scheduler: alloc, release, ls, spares, replace, policies"),
+        "rdma": (cmd_rdma, "the RDMA gateways: qp, write, read, send, stats, links, route, fault"),
         "simulate": (cmd_simulate, "model mode: serving, calibration, a long training run"),
         "manager": (cmd_manager, "the cluster manager: status, incidents, active or passive"),
         "train": (cmd_train, "training jobs: start, ls, get, stop"),
@@ -261,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.up_args(parsers["up"])
     up.serve_args(parsers["serve"])
     up.compose_args(parsers["compose"])
+    k8s_args(parsers["k8s"])
     _probe_args(parsers["probe"])
     _ls_args(parsers["ls"])
     xfer_args(parsers["xfer"])
@@ -269,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_state_arg(parsers["links"])
     ems_args(parsers["ems"], _add_state_arg)
     sched_args(parsers["sched"], _add_state_arg)
+    rdma_args(parsers["rdma"], _add_state_arg)
     simulate_args(parsers["simulate"])
     manager_args(parsers["manager"], _add_state_arg)
     train_args(parsers["train"], _add_state_arg)

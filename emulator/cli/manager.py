@@ -12,7 +12,6 @@ from google.protobuf import json_format
 
 from cmemu.v1 import manager_pb2, manager_pb2_grpc
 from emulator.cli.output import Column, print_rows
-from emulator.client.clients import Clients
 from emulator.runtime import state
 
 if TYPE_CHECKING:  # the async stub type exists in the generated .pyi only
@@ -38,7 +37,7 @@ def manager_args(parser: argparse.ArgumentParser, add_state: Callable[[Any], Non
 
 async def _with(args: argparse.Namespace, call: Callable[[Stub], Awaitable[Any]]) -> Any:
     path = state.path_from(args.state_file)
-    clients = Clients(state.read(path), state.credentials(path))
+    clients = state.clients(path)
     try:
         return await call(clients.manager())
     finally:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
 from emulator.cli.argtypes import non_negative_int, positive_int
 from emulator.cli.output import Column, print_rows
-from emulator.client.clients import Clients
 from emulator.runtime import state
 
 if TYPE_CHECKING:  # the async stub type exists in the generated .pyi only
@@ -21,7 +20,7 @@ if TYPE_CHECKING:  # the async stub type exists in the generated .pyi only
 
 async def _with_scheduler(args: argparse.Namespace, call: Callable[[Stub], Awaitable[Any]]) -> Any:
     path = state.path_from(args.state_file)
-    clients = Clients(state.read(path), state.credentials(path))
+    clients = state.clients(path)
     try:
         return await call(clients.scheduler())
     finally:

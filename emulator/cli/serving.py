@@ -38,7 +38,7 @@ async def _with_router(
     args: argparse.Namespace, call: Callable[[router_pb2_grpc.RouterAsyncStub], Awaitable[T]]
 ) -> T:
     path = state.path_from(args.state_file)
-    clients = Clients(state.read(path), state.credentials(path))
+    clients = state.clients(path)
     try:
         return await call(clients.router())
     finally:

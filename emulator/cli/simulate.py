@@ -1,10 +1,12 @@
-"""`cmemu simulate serving|calibrate`: model mode. The serving engine in the discrete-event
-simulator (emulator/model/serving/des.py), no services: hours of emulated traffic in seconds.
-This module only reads the files and prints."""
+"""`cmemu simulate serving|calibrate|training|scaleout`: model mode. The serving engine in the
+discrete-event simulator (emulator/model/serving/des.py), no services: hours of emulated traffic
+in seconds; a training run's failures; the linearity of training over N supernodes. This module
+only reads the files and prints."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,13 @@ from emulator.model.serving.des import simulate
 from emulator.model.serving.engine import Request
 from emulator.model.serving.report import Report
 from emulator.model.serving.workload import generate, parse_workload, read_mooncake
+from emulator.model.training.scaleout import (
+    CROSS_ALGORITHMS,
+    preset_supernodes,
+    scaleout_step,
+    supernode_step,
+    with_oversubscription,
+)
 
 
 def simulate_args(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +60,72 @@ def simulate_args(parser: argparse.ArgumentParser) -> None:
     )
     cal.add_argument("--json", action="store_true", help="one JSON array")
     training_args(sub)
+    scaleout_args(sub)
+
+
+def scaleout_args(sub: Any) -> None:
+    p = sub.add_parser(
+        "scaleout",
+        help="data-parallel training over N supernodes: step time, its phases, linearity",
+        description="A job on every NPU of every supernode of a `<base>x<N>` preset: the "
+        "supernode's step on the cost model, the gradient all-reduce hierarchical (UB inside, "
+        "the RDMA plane across), and the linearity against one supernode (model mode).",
+    )
+    p.add_argument("--preset", default="cm384x26", help="<base>x<N> (default cm384x26)")
+    p.add_argument(
+        "--oversubscription",
+        type=float,
+        default=None,
+        help="of the plane's spine -> core tier (default: the profile's, 1 = non-blocking)",
+    )
+    p.add_argument("--expert-parallel", type=int, default=0, help="EP group size (0: 1)")
+    p.add_argument(
+        "--algorithm",
+        choices=sorted(CROSS_ALGORITHMS),
+        default=None,
+        help="across supernodes (default: the cheapest for the size, as libraries choose)",
+    )
+    p.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="all-reduce after the backward pass, not bucket by bucket during it",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object")
+
+
+def _scaleout(args: argparse.Namespace) -> int:
+    profile = DEFAULT_PROFILE
+    if args.oversubscription is not None:
+        profile = with_oversubscription(profile, spine=args.oversubscription)
+    spec = preset_supernodes(args.preset, profile)
+    base = supernode_step(spec.name, expert_parallel=args.expert_parallel, profile=profile)
+    step = scaleout_step(
+        base,
+        spec.supernodes,
+        overlap=not args.no_overlap,
+        algorithm=args.algorithm,
+        profile=profile,
+    )
+    doc = {"preset": spec.name, "supernode": base.preset, **dataclasses.asdict(step)}
+    doc |= {
+        "buckets": base.buckets,
+        "bucket_bytes": base.bucket_bytes,
+        "expert_parallel": base.expert_parallel,
+        "spine_oversubscription": profile.scaleout.spine_oversubscription,
+        "overlap": not args.no_overlap,
+    }
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    ms = {"bucket_s", "reduce_scatter_s", "cross_s", "all_gather_s"}
+    width = max(len(k) for k in doc)
+    for key, value in doc.items():
+        if key in ms:
+            shown = f"{float(value) * 1e3:.4g} ms"
+        else:
+            shown = f"{value:.6g}" if isinstance(value, float) else str(value)
+        print(f"{key:<{width}}  {shown}")
+    return 0
 
 
 def _read(path: str) -> str:
@@ -152,5 +227,10 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    handlers = {"serving": _serving, "calibrate": _calibrate, "training": simulate_training_cmd}
+    handlers = {
+        "serving": _serving,
+        "calibrate": _calibrate,
+        "training": simulate_training_cmd,
+        "scaleout": _scaleout,
+    }
     return handlers[args.simulate_command](args)

@@ -40,9 +40,14 @@ def _duration(seconds: float) -> str:
 
 
 async def _probe(instance: state.Instance, timeout_s: float) -> dict[str, Any]:
-    topology = instance.topology
-    servers = [d.address for d in topology.devices] + [x.address for x in topology.services]
-    clients = Clients(topology, state.credentials(instance.path))
+    servers = [
+        a
+        for t in instance.supernodes
+        for a in [d.address for d in t.devices] + [x.address for x in t.services]
+    ]
+    clients = Clients(
+        instance.topology, state.credentials(instance.path), supernodes=instance.supernodes
+    )
     try:
         statuses, faults = await asyncio.gather(
             health.check_many(servers, timeout_s=timeout_s, credentials=clients.credentials),
@@ -75,9 +80,10 @@ def report(instance: state.Instance, probed: dict[str, Any], now: float) -> dict
         else None
     )
     faults = [*(probed["fabric_faults"] or []), *probed["device_faults"]]
-    names = {d.id: d.address for d in topology.devices} | {
-        x.id: x.address for x in topology.services
-    }
+    supernodes = instance.supernodes or (topology,)
+    devices = [d for t in supernodes for d in t.devices]
+    services = [x for t in supernodes for x in t.services]
+    names = {d.id: d.address for d in devices} | {x.id: x.address for x in services}
     return {
         "name": instance.name,
         "state_file": str(instance.path),
@@ -89,17 +95,18 @@ def report(instance: state.Instance, probed: dict[str, Any], now: float) -> dict
         "run_dir": launcher.run_dir,
         "argv": list(launcher.argv),
         "supernode": topology.supernode,
+        "supernodes": [t.supernode for t in supernodes],
         "preset": topology.preset,
         "time_scale": topology.time_scale,
         "emulated_s": emulated,
         "broker": topology.broker,
-        "services": {x.id: x.address for x in topology.services},
-        "http": {x.id: f"http://{x.http_address}/v1" for x in topology.services if x.http_address},
+        "services": {x.id: x.address for x in services},
+        "http": {x.id: f"http://{x.http_address}/v1" for x in services if x.http_address},
         "metrics": launcher.metrics,
         "ui": launcher.ui,
-        "devices": len(topology.devices),
-        "devices_serving": sum(statuses[d.address] == "SERVING" for d in topology.devices),
-        "services_serving": sum(statuses[x.address] == "SERVING" for x in topology.services),
+        "devices": len(devices),
+        "devices_serving": sum(statuses[d.address] == "SERVING" for d in devices),
+        "services_serving": sum(statuses[x.address] == "SERVING" for x in services),
         "not_serving": {who: statuses[a] for who, a in names.items() if statuses[a] != "SERVING"},
         "faults": [vars(f) for f in faults],
         "fabric_faults_error": probed["fabric_error"] or None,
@@ -117,7 +124,7 @@ def _print(r: dict[str, Any]) -> None:
     rows = [
         ("instance", f"{r['name']} (state file {r['state_file']})"),
         ("launcher", f"pid {r['pid']}, {r['mode']}, up {uptime} (since {started})"),
-        ("supernode", f"{r['supernode']} ({r['preset']}), {r['devices']} devices"),
+        ("supernode", f"{', '.join(r['supernodes'])} ({r['preset']}), {r['devices']} devices"),
         ("time", f"emulated {emulated}, time scale {r['time_scale']:g}"),
         ("broker", r["broker"] or "none (no MQTT)"),
         *((sid, address) for sid, address in r["services"].items()),

@@ -14,7 +14,6 @@ from google.protobuf import json_format
 from cmemu.v1 import training_pb2
 from emulator.cli.argtypes import UsageError
 from emulator.cli.output import Column, print_rows
-from emulator.client.clients import Clients
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.training.longrun import DAY_S, simulate_training
 from emulator.runtime import state
@@ -121,7 +120,7 @@ def _row(job: training_pb2.TrainingJob) -> dict[str, Any]:
 
 async def _call(args: argparse.Namespace) -> list[training_pb2.TrainingJob]:
     path = state.path_from(args.state_file)
-    clients = Clients(state.read(path), state.credentials(path))
+    clients = state.clients(path)
     try:
         stub = clients.training()
         command = args.train_command

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 import shutil
 import signal
@@ -56,6 +57,8 @@ def _stop_event() -> asyncio.Event:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # `kill -USR1 PID`: what every task waits in, on stderr (a stuck call, a stuck stop)
+    loop.add_signal_handler(signal.SIGUSR1, _print_tasks, "on SIGUSR1")
     return stop
 
 
@@ -65,23 +68,34 @@ def _stop_event() -> asyncio.Event:
 def summary(sn: Supernode, path: Path, seconds: float, ui: str | None = None) -> str:
     """What `cmemu up` prints once all is SERVING: where everything is and how to reach it."""
     topology = sn.topology
-    kinds = {k: sum(d.kind.value == k for d in topology.devices) for k in ("npu", "cpu")}
+    every = [d for t in sn.supernodes for d in t.devices]
+    kinds = {k: sum(d.kind.value == k for d in every) for k in ("npu", "cpu")}
     first = topology.devices[0]
-    pools = len(topology.devices) - kinds["npu"] - kinds["cpu"]
+    pools = len(every) - kinds["npu"] - kinds["cpu"]
     name = state.instance_name(path)
     which = "" if name == state.DEFAULT_NAME else f" --name {name}"
+    what = (
+        f"supernode {topology.supernode}"
+        if len(sn.supernodes) == 1
+        else f"{len(sn.supernodes)} supernodes ({', '.join(t.supernode for t in sn.supernodes)})"
+    )
     lines = [
-        f"cmemu: supernode {topology.supernode} ({topology.preset}, {sn.mode}) is up as "
+        f"cmemu: {what} ({topology.preset}, {sn.mode}) is up as "
         f"{name!r}: {kinds['npu']} NPUs, {kinds['cpu']} CPUs, {pools} memory pools, all "
         f"SERVING in {seconds:.2f} s (time_scale {topology.time_scale:g})",
         f"  state file  {path}",
-        f"  devices     {first.address} ({first.id}) to {topology.devices[-1].address}",
-        *(f"  {x.id:<11} {x.address}" for x in topology.services),
-        *(
-            f"  {'openai':<11} http://{x.http_address}/v1  (the {x.id}'s OpenAI-compatible API)"
-            for x in topology.services
-            if x.http_address
-        ),
+    ]
+    for t in sn.supernodes:
+        lines += [
+            f"  devices     {t.devices[0].address} ({t.devices[0].id}) to {t.devices[-1].address}",
+            *(f"  {x.id:<11} {x.address}" for x in t.services),
+            *(
+                f"  {'openai':<11} http://{x.http_address}/v1  (the {x.id}'s OpenAI-compatible API)"
+                for x in t.services
+                if x.http_address
+            ),
+        ]
+    lines += [
         f"  broker      {topology.broker or 'none (no MQTT)'}",
         f"  metrics     {metricserver.summary(metricserver.supernode_endpoints(sn))}",
         f"  web view    {ui or 'none (--ui none)'}",
@@ -117,7 +131,9 @@ def _report_death(running: Running) -> None:
 
 
 def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
-    mode: Mode = "compose" if args.from_compose else args.mode
+    if args.from_compose and args.from_k8s:
+        raise argtypes.UsageError("--from-compose or --from-k8s: one of them")
+    mode: Mode = "compose" if args.from_compose else "k8s" if args.from_k8s else args.mode
     return LaunchOptions(
         preset=args.preset,
         mode=mode,
@@ -128,6 +144,7 @@ def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
         base_port=args.base_port,
         port=args.port,
         compose_file=Path(args.from_compose) if args.from_compose else None,
+        k8s_dir=Path(args.from_k8s) if args.from_k8s else None,
         broker=args.broker or EMBEDDED,
         # beside the state file, one per launcher: logs, the topology document, EMS's SSD
         run_dir=path.parent / f"{path.stem}-run-{os.getpid()}" if mode != "inprocess" else None,
@@ -198,6 +215,7 @@ async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
     boot = progress.BootBar() if progress.wanted() else None  # a terminal only: never in pipes
     if boot is not None:
         options = dataclasses.replace(options, progress=boot)
+    slow_stop: asyncio.TimerHandle | None = None
     try:
         async with (
             Supernode.start(options, stop=stop, on_death=_report_death) as sn,
@@ -213,7 +231,16 @@ async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
             launcher[state.UI_KEY] = view.url if view is not None else None
             if sn.supervisor is not None:  # procs mode: pids for process-kill/-pause faults
                 launcher[state.PROCESSES_KEY] = state.processes_record(sn.supervisor.running)
-            await asyncio.to_thread(state.write, path, sn.topology, mode=sn.mode, launcher=launcher)
+            await asyncio.to_thread(
+                functools.partial(
+                    state.write,
+                    path,
+                    sn.topology,
+                    mode=sn.mode,
+                    launcher=launcher,
+                    others=sn.supernodes[1:],
+                )
+            )
             print(
                 summary(sn, path, time.perf_counter() - started, view.url if view else None),
                 flush=True,
@@ -222,6 +249,9 @@ async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
                 await stop.wait()
             finally:
                 print("cmemu: stopping (health NOT_SERVING, draining)", flush=True)
+                slow_stop = asyncio.get_running_loop().call_later(
+                    options.drain_s + STOP_REPORT_S, _report_slow_stop
+                )
                 await asyncio.to_thread(state.remove_if_ours, path)
                 await asyncio.to_thread(state.remove_token, path)
                 if options.tls == "auto" and options.tls_dir is not None:
@@ -231,8 +261,27 @@ async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
     except StartInterrupted:
         print("cmemu: stopped while starting", flush=True)
     finally:
+        if slow_stop is not None:
+            slow_stop.cancel()
         if boot is not None:
             boot.close()
+
+
+STOP_REPORT_S = 20.0  # a stop still going after the drain and this long says what it waits for
+
+
+def _print_tasks(why: str) -> None:
+    """Every task of the loop and where it waits, on stderr."""
+    tasks = asyncio.all_tasks()
+    print(f"cmemu: {len(tasks)} tasks {why}:", file=sys.stderr, flush=True)
+    for task in tasks:
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
+
+
+def _report_slow_stop() -> None:
+    """A stop that does not end is a bug: say what every task is waiting in."""
+    _print_tasks(f"still stopping {STOP_REPORT_S:g} s after the drain")
 
 
 def _argv_without_detach() -> list[str]:
@@ -307,7 +356,7 @@ def up_args(up: argparse.ArgumentParser) -> None:
     )
     up.add_argument(
         "--mode",
-        choices=[m for m in MODES if m != "compose"],
+        choices=[m for m in MODES if m not in ("compose", "k8s")],
         default="inprocess",
         help="inprocess: every server in this process (default); procs: one OS process per "
         "node (or --per device), each on its own loopback address",
@@ -320,6 +369,12 @@ def up_args(up: argparse.ArgumentParser) -> None:
         "a loopback address",
     )
     up.add_argument(
+        "--from-k8s",
+        metavar="DIR",
+        help="run the containers of Kubernetes manifests (`cmemu k8s -o DIR`) as local "
+        "processes, each pod's names (its Services, hostname, aliases) a loopback address",
+    )
+    up.add_argument(
         "--ready-timeout",
         type=argtypes.positive_float,
         default=DEFAULT_READY_TIMEOUT_S,
@@ -329,7 +384,7 @@ def up_args(up: argparse.ArgumentParser) -> None:
         "--broker",
         help="MQTT broker for telemetry and events, mqtt://HOST:PORT; 'none' for no MQTT "
         "(default: an embedded broker on 127.0.0.1, its URL in the state file; with "
-        "--from-compose, the file's own broker service, which this replaces)",
+        "--from-compose or --from-k8s, their own broker service, which this replaces)",
     )
     up.add_argument(
         "--metrics",

@@ -14,7 +14,7 @@ import aiomqtt
 from emulator.cli.argtypes import non_negative_int
 from emulator.model.errors import InvalidArgumentError, UnavailableError
 from emulator.runtime import state
-from emulator.runtime.events import parse_broker_url, topic
+from emulator.runtime.events import parse_broker_url, subscriber, topic
 
 
 def _line(payload: dict[str, Any], stream: str) -> str:
@@ -30,7 +30,8 @@ def _line(payload: dict[str, Any], stream: str) -> str:
 
 
 async def _watch(args: argparse.Namespace) -> int:
-    topology = state.read(state.path_from(args.state_file))
+    docs = state.read_supernodes(state.path_from(args.state_file))
+    topology, supernodes = docs[0], [t.supernode for t in docs]
     if not topology.broker:
         raise InvalidArgumentError(
             "the running emulator publishes no events (started with --broker none)"
@@ -39,9 +40,10 @@ async def _watch(args: argparse.Namespace) -> int:
     streams = ["events", "telemetry"] if args.telemetry else ["events"]
     seen = 0
     try:
-        async with aiomqtt.Client(host, port, timeout=5) as client:
-            for stream in streams:
-                await client.subscribe(topic(topology.supernode, "+", stream), qos=1)
+        async with subscriber(host, port, timeout=5) as client:
+            for stream in streams:  # every supernode's of the launch: they share its broker
+                for supernode in supernodes:
+                    await client.subscribe(topic(supernode, "+", stream), qos=1)
             if args.ready:
                 print("watching", flush=True)
             async for message in client.messages:

@@ -8,6 +8,7 @@ from cmemu.v1 import (
     cpu_pb2_grpc,
     device_pb2_grpc,
     fabric_pb2_grpc,
+    gateway_pb2_grpc,
     manager_pb2_grpc,
     mempool_pb2_grpc,
     npu_pb2_grpc,
@@ -19,22 +20,54 @@ from cmemu.v1 import (
 from emulator.client import health
 from emulator.client.channels import Channels
 from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.model.topology import ServiceKind, Topology
+from emulator.model.errors import NotFoundError, quote
+from emulator.model.scaleout import supernode_of
+from emulator.model.topology import Device, ServiceKind, Topology
 
 
 class Clients:
-    """Typed async stubs for any device of a topology, over one shared channel per device."""
+    """Typed async stubs for any device of a topology, over one shared channel per device.
 
-    def __init__(self, topology: Topology, credentials: Credentials = ANONYMOUS) -> None:
+    With several supernodes (`supernodes`: every document of the launch), a device of any of
+    them is found by its id, and the supernode-wide services are those of `topology`;
+    `supernode(i)` gives the clients of supernode i over the same channels."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        credentials: Credentials = ANONYMOUS,
+        *,
+        supernodes: tuple[Topology, ...] = (),
+        channels: Channels | None = None,
+    ) -> None:
         self.topology = topology
+        self.supernodes = supernodes or (topology,)
         self.credentials = credentials
-        self._channels = Channels(credentials)
+        self._owner = channels is None  # closes the channels; a supernode(i) view does not
+        self._channels = channels or Channels(credentials)
+
+    def supernode(self, index: int) -> Clients:
+        """The clients of supernode `index` of the launch (its fabric, EMS, ... by default)."""
+        if not 0 <= index < len(self.supernodes):
+            raise NotFoundError(f"no supernode sn{index}: {len(self.supernodes)} in this launch")
+        return Clients(
+            self.supernodes[index],
+            self.credentials,
+            supernodes=self.supernodes,
+            channels=self._channels,
+        )
+
+    def find(self, device_id: str) -> Device:
+        """A device of any supernode of the launch."""
+        if len(self.supernodes) == 1:
+            return self.topology.device(device_id)
+        return supernode_of(device_id, self.supernodes).device(device_id)
 
     def channel_to(self, address: str) -> grpc.aio.Channel:
         return self._channels.get(address)
 
     def channel(self, device_id: str) -> grpc.aio.Channel:
-        return self._channels.get(self.topology.device(device_id).address)
+        return self._channels.get(self.find(device_id).address)
 
     def device(self, device_id: str) -> device_pb2_grpc.DeviceAsyncStub:
         return device_pb2_grpc.DeviceStub(self.channel(device_id))
@@ -51,6 +84,32 @@ class Clients:
     def fabric(self) -> fabric_pb2_grpc.FabricAsyncStub:
         return fabric_pb2_grpc.FabricStub(
             self.channel_to(self.topology.service(ServiceKind.FABRIC).address)
+        )
+
+    def gateway(self, which: int | str | None = None) -> gateway_pb2_grpc.GatewayAsyncStub:
+        """The RDMA gateway of a supernode, by index (1) or id ("sn1-gw"); None: this
+        document's own supernode's. NotFoundError without a scale-out plane."""
+        return gateway_pb2_grpc.GatewayStub(self.channel_to(self.gateway_address(which)))
+
+    def gateway_address(self, which: int | str | None = None) -> str:
+        plane = self.topology.scaleout
+        if plane is None:
+            raise NotFoundError(
+                f"preset {self.topology.preset} has no RDMA scale-out plane, so no gateway "
+                "(use a <base>xN preset, e.g. cm-minix1)",
+                reason="NO_SCALEOUT_PLANE",
+            )
+        if which is None:
+            return plane.gateway(self.topology.index).address
+        if isinstance(which, int):
+            return plane.gateway(which).address
+        for gateway in plane.gateways:
+            if gateway.id == which:
+                return gateway.address
+        raise NotFoundError(
+            f"no gateway {quote(which)}; gateways: {', '.join(g.id for g in plane.gateways)}",
+            subject=which,
+            reason="GATEWAY_NOT_FOUND",
         )
 
     def router(self) -> router_pb2_grpc.RouterAsyncStub:
@@ -81,4 +140,5 @@ class Clients:
         return await health.check(self.channel(device_id), service)
 
     async def close(self) -> None:
-        await self._channels.close()
+        if self._owner:
+            await self._channels.close()

@@ -29,6 +29,7 @@ from emulator.client.faultkinds import (
     device_down,
     die_down,
     fabric,
+    gateway,
     hang,
     hbm_ecc,
     node_power_off,
@@ -47,6 +48,7 @@ from emulator.client.faultkinds.base import (
 )
 from emulator.client.faultkinds.process import ProcessTable, attach_processes
 from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
+from emulator.model.naming import LINK, LINK_DIRECTED, parse_id
 
 __all__ = [
     "KINDS",
@@ -88,6 +90,7 @@ KINDS: dict[str, Kind] = {
         fabric.SWITCH_DOWN,
         fabric.PARTITION,
         device_down.KIND,
+        *gateway.KINDS,
     )
 }
 
@@ -122,7 +125,26 @@ async def inject(
         raise InvalidArgumentError(
             f"fault kind {kind.name} needs a target: {kind.target}", field="target"
         )
-    return await kind.add(clients, target, typed, duration_s)
+    return await kind.add(of_target(clients, target), target, typed, duration_s)
+
+
+def of_target(clients: Clients, target: str) -> Clients:
+    """The clients of the supernode a fault target belongs to (its fabric, its devices): a
+    device, node, switch or service id, or a link named by its ends."""
+    if len(clients.supernodes) == 1 or not target:
+        return clients
+    end = target
+    for sep in (LINK, LINK_DIRECTED):
+        end = end.split(sep)[0]
+    try:
+        index = parse_id(end).supernode
+    except InvalidArgumentError:
+        return clients  # the kind names what is wrong with it
+    return clients.supernode(index) if index < len(clients.supernodes) else clients
+
+
+def every_supernode(clients: Clients) -> list[Clients]:
+    return [clients.supernode(i) for i in range(len(clients.supernodes))]
 
 
 # --- the older, untyped entry point (FaultOptions), kept for its callers ------------------------
@@ -173,9 +195,9 @@ async def _gather_limited(calls: list[Callable[[], Awaitable[Any]]]) -> list[Any
 async def device_faults(clients: Clients) -> list[ActiveFault]:
     """Every device fault, asked of one device per process (its listing covers the process's
     devices, crashed ones included); devices no one answers for are left out (status and ls
-    show their health)."""
+    show their health). Every supernode's."""
     request = device_pb2.ListDeviceFaultsRequest(process=True)
-    uncovered = [d.id for d in clients.topology.devices]
+    uncovered = [d.id for t in clients.supernodes for d in t.devices]
     found: dict[str, ActiveFault] = {}
 
     def ask(device: str) -> Callable[[], Awaitable[device_pb2.DeviceFaultList]]:
@@ -198,13 +220,19 @@ async def device_faults(clients: Clients) -> list[ActiveFault]:
 
 
 async def fabric_faults(clients: Clients) -> list[ActiveFault]:
-    listed = await clients.fabric().ListFaults(fabric_pb2.ListFaultsRequest(), timeout=5.0)
-    return [fabric.fabric_fault(f) for f in listed.faults]
+    """Every supernode's fabric's faults."""
+    out = []
+    for one in every_supernode(clients):
+        listed = await one.fabric().ListFaults(fabric_pb2.ListFaultsRequest(), timeout=5.0)
+        out += [fabric.fabric_fault(f) for f in listed.faults]
+    return out
 
 
 async def list_all(clients: Clients) -> list[ActiveFault]:
-    fabric_list, devices = await asyncio.gather(fabric_faults(clients), device_faults(clients))
-    return [*fabric_list, *devices, *process.listed(clients)]
+    fabric_list, devices, rdma = await asyncio.gather(
+        fabric_faults(clients), device_faults(clients), gateway.listed(clients)
+    )
+    return [*fabric_list, *devices, *rdma, *process.listed(clients)]
 
 
 # --- clearing ------------------------------------------------------------------------------------
@@ -232,7 +260,7 @@ async def clear(clients: Clients, fault_id: str) -> None:
     device = parse_device_fault(fault_id)
     if device is not None:
         try:
-            await clear_device(clients, *device)
+            await clear_device(of_target(clients, device[0]), *device)
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.NOT_FOUND:
                 raise NotFoundError(
@@ -253,7 +281,23 @@ async def clear(clients: Clients, fault_id: str) -> None:
     if fault_id == broker_outage.BROKER_ID:
         await broker_outage.clear(clients)
         return
-    await clients.fabric().ClearFault(fabric_pb2.ClearFaultRequest(id=fault_id))
+    if fault_id.startswith(gateway.PREFIX):
+        await gateway.clear(clients, fault_id)
+        return
+    await _clear_fabric_fault(clients, fault_id)
+
+
+async def _clear_fabric_fault(clients: Clients, fault_id: str) -> None:
+    """A fabric fault's id names no supernode: the fabric that holds it clears it."""
+    fabrics = every_supernode(clients)
+    for one in fabrics[:-1]:
+        try:
+            await one.fabric().ClearFault(fabric_pb2.ClearFaultRequest(id=fault_id))
+            return
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is not grpc.StatusCode.NOT_FOUND:
+                raise
+    await fabrics[-1].fabric().ClearFault(fabric_pb2.ClearFaultRequest(id=fault_id))
 
 
 remove = clear  # the name `cmemu fault rm` and older callers use
@@ -261,10 +305,13 @@ remove = clear  # the name `cmemu fault rm` and older callers use
 
 async def remove_all(clients: Clients) -> list[ActiveFault]:
     """Clear every fabric, device and process fault; what was cleared."""
-    on_fabric, devices = await asyncio.gather(fabric_faults(clients), device_faults(clients))
-    others = [*devices, *process.listed(clients)]
+    on_fabric, devices, rdma = await asyncio.gather(
+        fabric_faults(clients), device_faults(clients), gateway.listed(clients)
+    )
+    others = [*devices, *rdma, *process.listed(clients)]
     if on_fabric:
-        await clients.fabric().ClearFault(fabric_pb2.ClearFaultRequest(all=True))
+        for one in every_supernode(clients):
+            await one.fabric().ClearFault(fabric_pb2.ClearFaultRequest(all=True))
     results = await asyncio.gather(*(clear(clients, f.id) for f in others), return_exceptions=True)
     for r in results:  # a fault whose duration ended meanwhile is not an error
         if isinstance(r, BaseException) and not (

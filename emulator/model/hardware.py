@@ -92,6 +92,30 @@ class SwitchProfile:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScaleOutProfile:
+    """The RDMA scale-out plane that joins supernodes (NPUs only). Published: 200 Gbps per die
+    (`npu.rdma_bytes_per_s_per_die`), 400 per NPU, 3.2 Tbps per node, up to about 165K NPUs in 432
+    supernodes. Its switches are not published: we assume a leaf per node, a spine tier per
+    supernode and a core tier joining the supernodes' spines, non-blocking unless the
+    oversubscription figures say otherwise; every such figure is labelled assumed."""
+
+    max_supernodes: int = fig(432, "pub")  # "up to about 165K NPUs"
+    spines_per_supernode: int = fig(8, "assumed")
+    core_switches: int = fig(16, "assumed")
+    # a leaf's uplinks carry its node's 3.2 Tbps divided by this; 1.0 is non-blocking
+    leaf_oversubscription: float = fig(1.0, "assumed")
+    # a spine's uplinks to the core carry what its leaves send it divided by this
+    spine_oversubscription: float = fig(1.0, "assumed")
+    nic_latency_s: float = fig(1.5e-6, "assumed")  # each end's RDMA NIC, one way
+    switch_latency_s: float = fig(1.0e-6, "assumed")  # each switch crossed, one way
+    efficiency: float = fig(0.9, "assumed")  # of a port's line rate achieved by RoCE traffic
+
+    def latency_s(self, switches: int) -> float:
+        """One way through both NICs and `switches` switches."""
+        return 2 * self.nic_latency_s + switches * self.switch_latency_s
+
+
+@dataclass(frozen=True, kw_only=True)
 class UbCalibration:
     """Measured points of the real system that the UB cost model is fitted to: per die, inside one
     node, one transfer at a time. NPU -> NPU read is the reference the link graph's capacities are
@@ -236,6 +260,8 @@ class EmulatorLimits:
     list_regions_page_max: int = fig(1000, "assumed")  # ListRegions page size (and default)
     # wall seconds between malloc_trim(0)s of an in-process supernode: what glibc keeps freed
     # inside its heaps goes back to the kernel (emulator/runtime/heap.py); 0: never
+    # supernodes the live launchers start (model mode takes up to scaleout.max_supernodes)
+    live_supernodes_max: int = fig(8, "assumed")
     heap_trim_interval_s: float = fig(10.0, "assumed")
 
 
@@ -276,8 +302,6 @@ class ServingCalibration:
     # placement; a perfectly balanced placement has imbalance 1.
     expert_load_zipf: float = fig(0.25, "assumed")
     ems_lookup_s: float = fig(50e-6, "assumed")  # one MatchPrefix: metadata hops, no data
-    roce_hop_latency_s: float = fig(3e-6, "assumed")  # RDMA NIC + switch, one way
-    roce_efficiency: float = fig(0.9, "assumed")  # of the 200 Gbps per die achieved
     # --- fitted (calibrate.py fits them; the test asserts the fit holds) -----------------------
     layer_overhead_s: float = fig(286.7e-6, "fit")  # per layer: launches, syncs, norms
     step_overhead_s: float = fig(2.338e-3, "fit")  # per decode step: sampling, MTP verify, schedule
@@ -306,6 +330,7 @@ class HardwareProfile:
     cpu: CpuProfile = field(default_factory=CpuProfile)
     node: NodeProfile = field(default_factory=NodeProfile)
     switch: SwitchProfile = field(default_factory=SwitchProfile)
+    scaleout: ScaleOutProfile = field(default_factory=ScaleOutProfile)
     ub: UbCalibration = field(default_factory=UbCalibration)
     moe: MoeCalibration = field(default_factory=MoeCalibration)
     ems: EmsProfile = field(default_factory=EmsProfile)

@@ -5,6 +5,9 @@
     NPU die         n07-npu3.d1
     L1 switch       n07-l1s4              (the L1 chip of sub-plane 4 in node 7)
     L2 switch       l2-p3-s11             (chip 11 of sub-plane 3; sn1-l2-p3-s11 in supernode 1)
+    RDMA leaf       n07-leaf              (the scale-out plane's leaf of node 7; sn1-n07-leaf)
+    RDMA spine      spine3                (a spine of the supernode's scale-out tier; sn1-spine3)
+    RDMA core       core5                 (the tier joining supernodes: no supernode, no prefix)
     service         fabric, ems, scheduler, router, manager (sn1-fabric ...); gateway sn0-gw
     supernode       sn0, sn1, ...
 
@@ -46,11 +49,13 @@ __all__ = [
     "ServiceName",
     "SwitchName",
     "Tier",
+    "core_switch_id",
     "device_id",
     "die_id",
     "directed_link_id",
     "l1_switch_id",
     "l2_switch_id",
+    "leaf_switch_id",
     "link_id",
     "node_id",
     "parse_device",
@@ -63,6 +68,7 @@ __all__ = [
     "parse_supernode",
     "parse_switch",
     "service_id",
+    "spine_switch_id",
     "supernode_id",
     "trunk_id",
 ]
@@ -81,8 +87,11 @@ class DeviceKind(StrEnum):
 
 
 class Tier(StrEnum):
-    L1 = "l1"
-    L2 = "l2"
+    L1 = "l1"  # UB: the chips inside a node
+    L2 = "l2"  # UB: the sub-planes across the nodes of a supernode
+    LEAF = "leaf"  # RDMA: one per node, its NPUs' RDMA ports
+    SPINE = "spine"  # RDMA: a supernode's spines, joining its leaves
+    CORE = "core"  # RDMA: the tier joining the supernodes' spines
 
 
 _TAG = {DeviceKind.NPU: "npu", DeviceKind.CPU: "cpu", DeviceKind.MEMPOOL: "mem"}
@@ -98,6 +107,9 @@ _RE_DEVICE = re.compile(_DEVICE)
 _RE_DIE = re.compile(rf"{_DEVICE}\.d(?P<die>{_NUM})")
 _RE_L1 = re.compile(rf"{_NODE}-l1s(?P<chip>{_NUM})")
 _RE_L2 = re.compile(rf"{_PREFIX}l2-p(?P<plane>{_NUM})-s(?P<chip>{_NUM})")
+_RE_LEAF = re.compile(rf"{_NODE}-leaf")
+_RE_SPINE = re.compile(rf"{_PREFIX}spine(?P<chip>{_NUM})")
+_RE_CORE = re.compile(rf"core(?P<chip>{_NUM})")
 _RE_SERVICE = re.compile(rf"{_PREFIX}(?P<name>[a-z]+)")
 _RE_END = re.compile(r"[a-z0-9][a-z0-9.-]*")  # the shape of any id, for the ends of a link
 
@@ -106,7 +118,7 @@ _EXPECTED = {
     "node id": "n07 (sn1-n07 in another supernode)",
     "device id": "n07-npu3, n07-cpu1 or n07-mem (sn1- prefix in another supernode)",
     "NPU die id": "n07-npu3.d1",
-    "switch id": "n07-l1s4 (L1) or l2-p3-s11 (L2)",
+    "switch id": "n07-l1s4 (L1), l2-p3-s11 (L2), or on the RDMA plane n07-leaf, spine3, core5",
     "service id": f"one of {', '.join(s for s in SERVICES if s != GATEWAY)} "
     "(sn1- prefix in another supernode), or a gateway sn0-gw",
     "link name": "a~b (a physical link) or a>b (one direction of it), a and b the ids of its ends",
@@ -203,10 +215,10 @@ class DieName(_Named):
 @dataclass(frozen=True, kw_only=True)
 class SwitchName(_Named):
     tier: Tier
-    plane: int  # the UB sub-plane; an L1 chip serves the plane of its own number
+    plane: int  # the UB sub-plane; an L1 chip serves the plane of its own number; 0 for RDMA
     chip: int
-    node: int | None  # the node of an L1 chip; None for L2
-    supernode: int = 0
+    node: int | None  # the node of an L1 chip or RDMA leaf; None for the others
+    supernode: int = 0  # 0 for a core switch, which belongs to no supernode
 
     @property
     def node_id(self) -> str | None:
@@ -217,6 +229,13 @@ class SwitchName(_Named):
         if self.tier is Tier.L1:
             assert self.node is not None, "an L1 switch belongs to a node"
             return f"{self.node_id}-l1s{_count(self.chip, 'chip')}"
+        if self.tier is Tier.LEAF:
+            assert self.node is not None, "an RDMA leaf belongs to a node"
+            return f"{self.node_id}-leaf"
+        if self.tier is Tier.SPINE:
+            return f"{_prefix(self.supernode)}spine{_count(self.chip, 'chip')}"
+        if self.tier is Tier.CORE:
+            return f"core{_count(self.chip, 'chip')}"
         plane, chip = _count(self.plane, "plane"), _count(self.chip, "chip")
         return f"{_prefix(self.supernode)}l2-p{plane}-s{chip}"
 
@@ -283,6 +302,20 @@ def l1_switch_id(node: str, chip: int) -> str:
 
 def l2_switch_id(plane: int, chip: int, *, supernode: int = 0) -> str:
     return SwitchName(tier=Tier.L2, plane=plane, chip=chip, node=None, supernode=supernode).id
+
+
+def leaf_switch_id(node: str) -> str:
+    """The scale-out plane's leaf of a node: its NPU dies' RDMA ports."""
+    n = parse_node(node)
+    return SwitchName(tier=Tier.LEAF, plane=0, chip=0, node=n.index, supernode=n.supernode).id
+
+
+def spine_switch_id(chip: int, *, supernode: int = 0) -> str:
+    return SwitchName(tier=Tier.SPINE, plane=0, chip=chip, node=None, supernode=supernode).id
+
+
+def core_switch_id(chip: int) -> str:
+    return SwitchName(tier=Tier.CORE, plane=0, chip=chip, node=None).id
 
 
 def service_id(kind: str, *, supernode: int = 0) -> str:
@@ -361,8 +394,23 @@ def parse_endpoint(text: str) -> DeviceName | DieName:
     return parse_die(text) if "." in text else parse_device(text)
 
 
+def _rdma_switch(text: str) -> SwitchName | None:
+    if (match := _RE_LEAF.fullmatch(text)) is not None:
+        node = int(match["node"])
+        return SwitchName(tier=Tier.LEAF, plane=0, chip=0, node=node, supernode=_sn(match))
+    if (match := _RE_SPINE.fullmatch(text)) is not None:
+        chip = int(match["chip"])
+        return SwitchName(tier=Tier.SPINE, plane=0, chip=chip, node=None, supernode=_sn(match))
+    if (match := _RE_CORE.fullmatch(text)) is not None:
+        return SwitchName(tier=Tier.CORE, plane=0, chip=int(match["chip"]), node=None)
+    return None
+
+
 @lru_cache(maxsize=4096)
 def parse_switch(text: str) -> SwitchName:
+    rdma = _rdma_switch(text)
+    if rdma is not None:
+        return _canonical("switch id", text, rdma)
     match = _RE_L1.fullmatch(text)
     if match is not None:
         chip = int(match["chip"])

@@ -47,6 +47,14 @@ class LinkKind(StrEnum):
     CPU_PORT = "cpu-l1"  # a CPU socket's UB bandwidth, spread over the node's L1 chips
     POOL = "pool-cpu"  # a memory pool to a CPU whose DRAM it holds
     L1_L2 = "l1-l2"  # an L1 chip to an L2 chip of its sub-plane
+    # the RDMA scale-out plane (emulator/model/scaleout.py): never UB, never in a fabric's graph
+    RDMA_PORT = "die-leaf"  # a die's RDMA port, to its node's leaf
+    LEAF_SPINE = "leaf-spine"  # a leaf to a spine of its supernode
+    SPINE_CORE = "spine-core"  # a spine to a switch of the core tier joining the supernodes
+
+
+# The link kinds of the scale-out plane: a fabric (the UB plane) never takes them.
+RDMA_LINKS = frozenset({LinkKind.RDMA_PORT, LinkKind.LEAF_SPINE, LinkKind.SPINE_CORE})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +72,7 @@ class ServiceKind(StrEnum):
     SCHEDULER = "scheduler"
     ROUTER = "router"
     MANAGER = "manager"  # the cluster manager (and the training jobs it hosts)
+    GATEWAY = "gateway"  # the scale-out RDMA gateway (sn0-gw): only with a scale-out plane
 
 
 # Services that also serve HTTP (the router's OpenAI-compatible endpoint), on an address of their
@@ -103,6 +112,47 @@ class Link:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScaleOut:
+    """The RDMA scale-out plane joining the supernodes of a launch, the same in every
+    supernode's document: its switches (leaves, spines, core), its links and every supernode's
+    gateway. Built by emulator/model/scaleout.py; its tier sizes are assumed (HARDWARE.md)."""
+
+    supernodes: int
+    switches: tuple[Switch, ...]
+    links: tuple[Link, ...]
+    gateways: tuple[Service, ...]  # gateway i serves supernode i
+    # sn0's fabric: emulated time starts at its epoch for every supernode (a process that is
+    # given no epoch asks it, as it asks its own fabric in one supernode)
+    clock: str
+
+    def gateway(self, supernode: int) -> Service:
+        if not 0 <= supernode < len(self.gateways):
+            raise NotFoundError(f"no supernode sn{supernode}: the plane joins {self.supernodes}")
+        return self.gateways[supernode]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "supernodes": self.supernodes,
+            "switches": [asdict(s) for s in self.switches],
+            "links": [asdict(link) for link in self.links],
+            "gateways": [asdict(g) for g in self.gateways],
+            "clock": self.clock,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> ScaleOut:
+        return cls(
+            supernodes=int(doc["supernodes"]),
+            switches=tuple(Switch(**s) for s in doc["switches"]),
+            links=tuple(Link(**{**x, "kind": LinkKind(x["kind"])}) for x in doc["links"]),
+            gateways=tuple(
+                Service(**{**x, "kind": ServiceKind(x["kind"])}) for x in doc["gateways"]
+            ),
+            clock=str(doc["clock"]),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Topology:
     supernode: str
     preset: str
@@ -118,6 +168,7 @@ class Topology:
     # every process serves /metrics on this port of the host of the first server it hosts
     # (metrics_address); None: no process does
     metrics_port: int | None = None
+    scaleout: ScaleOut | None = None  # the RDMA plane, in a `<base>x<N>` preset
     _by_id: dict[str, Device] = field(init=False, repr=False, compare=False)
     _by_eid: dict[int, Device] = field(init=False, repr=False, compare=False)
 
@@ -135,13 +186,27 @@ class Topology:
         try:
             return self._by_eid[eid]
         except KeyError:
-            raise NotFoundError(f"no device with EID {eid} in {self.preset}") from None
+            other = eid >> EID_SUPERNODE_SHIFT
+            where = (
+                f" (EID {eid} is of supernode sn{other}: UB never crosses supernodes, RDMA "
+                "does, through the gateways)"
+                if other != self.index
+                else ""
+            )
+            raise NotFoundError(
+                f"no device with EID {eid} in {self.supernode} ({self.preset}){where}"
+            ) from None
 
     def service(self, kind: ServiceKind) -> Service:
         for service in self.services:
             if service.kind is kind:
                 return service
         raise NotFoundError(f"no {kind.value} service in {self.preset}")
+
+    @property
+    def index(self) -> int:
+        """This supernode's index among those of its launch (sn1 -> 1)."""
+        return parse_supernode(self.supernode)
 
     def of_kind(self, kind: DeviceKind) -> list[Device]:
         return [d for d in self.devices if d.kind is kind]
@@ -164,6 +229,7 @@ class Topology:
             "switches": [asdict(s) for s in self.switches],
             "links": [asdict(link) for link in self.links],
             "services": [asdict(x) for x in self.services],
+            **({"scaleout": self.scaleout.to_dict()} if self.scaleout else {}),
         }
 
     def to_json(self, *, indent: int | None = None) -> str:
@@ -195,6 +261,7 @@ class Topology:
                     Service(**{**x, "kind": ServiceKind(x["kind"])})
                     for x in doc.get("services", [])
                 ),
+                scaleout=ScaleOut.from_dict(doc["scaleout"]) if "scaleout" in doc else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgumentError(f"malformed topology document: {exc}") from exc
@@ -287,9 +354,15 @@ AddressPlan = PortPlan | LoopbackPlan | DnsPlan
 # --- building --------------------------------------------------------------------------------
 
 
-def _eid(node_index: int, slot: int, slots: int) -> int:
+EID_SUPERNODE_SHIFT = 16  # supernode i's EIDs start at i << 16 (cm8192 uses 16,400 EIDs)
+
+
+def _eid(node_index: int, slot: int, slots: int, supernode: int = 0) -> int:
     # EID 0 is never used: it is proto3's unset value, so a forgotten field cannot hit a device.
-    return (node_index + 1) * slots + slot
+    # Every supernode has EIDs of its own: an EID of another supernode names no device of this
+    # one, so a UB transaction aimed across supernodes fails (NOT_FOUND) instead of landing on
+    # the device that happens to share its number.
+    return (supernode << EID_SUPERNODE_SHIFT) + (node_index + 1) * slots + slot
 
 
 def _slots_per_node(profile: HardwareProfile) -> int:
@@ -346,9 +419,12 @@ def build(
     time_scale: float = 1.0,
     supernode: str = "sn0",
     profile: HardwareProfile = DEFAULT_PROFILE,
+    first_ordinal: int = 0,
 ) -> Topology:
-    """The topology document of a preset: devices, switches and links of HARDWARE.md. Ids of a
-    supernode other than sn0 carry its prefix (sn1-n00-npu0)."""
+    """The topology document of one supernode of a preset: devices, switches and links of
+    HARDWARE.md. Ids of a supernode other than sn0 carry its prefix (sn1-n00-npu0); its
+    addresses start at the plan's `first_ordinal`-th (emulator/model/scaleout.py builds the
+    supernodes of a `<base>x<N>` preset one after another, and their plane)."""
     spec = get_preset(preset) if isinstance(preset, str) else preset
     sn = parse_supernode(supernode)
     plan = plan or PortPlan()
@@ -365,6 +441,11 @@ def build(
     if not time_scale > 0:
         raise InvalidArgumentError(f"time_scale must be > 0, got {time_scale}")
     slots = _slots_per_node(profile)
+    if spec.scaleout and (spec.nodes + 1) * slots >= 1 << EID_SUPERNODE_SHIFT:
+        raise InvalidArgumentError(
+            f"preset {spec.name}: {spec.nodes} nodes need more EIDs than a supernode of a "
+            "scale-out preset has"
+        )
     nodes = tuple(node_id(i, supernode=sn) for i in range(spec.nodes))
     devices: list[Device] = []
     for index, node in enumerate(nodes):
@@ -374,8 +455,8 @@ def build(
                     id=ident,
                     kind=kind,
                     node=node,
-                    eid=_eid(index, slot, slots),
-                    address=plan.address(len(devices), ident, slot),
+                    eid=_eid(index, slot, slots, sn),
+                    address=plan.address(first_ordinal + len(devices), ident, slot),
                 )
             )
     switches = [
@@ -400,10 +481,11 @@ def build(
         for chip in range(sw.l2_chips_per_plane)
     ]
     services = []
-    free = len(devices) + len(ServiceKind)  # the first ordinal no server has
-    for i, service in enumerate(ServiceKind):
+    kinds = [k for k in ServiceKind if spec.scaleout or k is not ServiceKind.GATEWAY]
+    free = first_ordinal + len(devices) + len(kinds)  # the first ordinal no server has
+    for i, service in enumerate(kinds):
         ident = service_id(service.value, supernode=sn)
-        ordinal = len(devices) + i
+        ordinal = first_ordinal + len(devices) + i
         http = None
         if service in HTTP_SERVICES:
             http = plan.http_address(ordinal, ident, free)
@@ -450,10 +532,21 @@ def summary(topology: Topology) -> str:
     links = Counter(link.kind.value for link in topology.links)
     tiers = Counter(s.tier for s in topology.switches)
     lines = [
-        f"{topology.preset} ({topology.source}): {len(topology.nodes)} nodes",
+        f"{topology.preset} ({topology.source}): {len(topology.nodes)} nodes"
+        + (f", supernode {topology.supernode}" if topology.scaleout else ""),
         "devices   " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())),
         "switches  " + ", ".join(f"{n} {t}" for t, n in sorted(tiers.items())),
         "links     " + ", ".join(f"{n} {k}" for k, n in sorted(links.items())),
         f"addresses {topology.devices[0].address} .. {topology.devices[-1].address}",
     ]
+    plane = topology.scaleout
+    if plane is not None:
+        rdma = Counter(link.kind.value for link in plane.links)
+        rdma_tiers = Counter(s.tier for s in plane.switches)
+        lines += [
+            f"scale-out {plane.supernodes} supernodes over RDMA, gateways "
+            + ", ".join(g.id for g in plane.gateways),
+            "  switches " + ", ".join(f"{n} {t}" for t, n in sorted(rdma_tiers.items())),
+            "  links    " + ", ".join(f"{n} {k}" for k, n in sorted(rdma.items())),
+        ]
     return "\n".join(lines)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from emulator.model.errors import InvalidArgumentError
-from emulator.model.topology import METRICS_PORT, DnsPlan, Service, ServiceKind, Topology, build
+from emulator.model.scaleout import build_cluster
+from emulator.model.topology import METRICS_PORT, DnsPlan, Service, ServiceKind, Topology
 from emulator.runtime.registry import DEVICE_WAVE, spec_of
 from emulator.runtime.security import new_token, write_secret
 from emulator.runtime.serve import PER, ServeKind, serve_argv
@@ -56,9 +57,24 @@ MOSQUITTO_CONF = (
 PBKDF2_ITERATIONS = 101  # mosquitto_passwd's own default
 
 
-def _serve(kind: ServeKind, name: str) -> list[str]:
+def topology_in_container(topology: Topology) -> str:
+    """Where a container finds its supernode's document (sn0's: TOPOLOGY_IN_CONTAINER)."""
+    if topology.index == 0:
+        return TOPOLOGY_IN_CONTAINER
+    return TOPOLOGY_IN_CONTAINER.replace(".json", f"-{topology.supernode}.json")
+
+
+def topology_file(preset: str, topology: Topology) -> str:
+    """The document's file beside the compose file."""
+    middle = "" if topology.index == 0 else f".{topology.supernode}"
+    return f"{preset}{middle}.topology.json"
+
+
+def _serve(kind: ServeKind, name: str, topology: Topology) -> list[str]:
     """A container's command: the same `cmemu serve` as a process of `--mode procs` runs."""
-    return serve_argv("cmemu", TOPOLOGY_IN_CONTAINER, kind, name, ems_ssd_dir=EMS_SSD_IN_CONTAINER)
+    return serve_argv(
+        "cmemu", topology_in_container(topology), kind, name, ems_ssd_dir=EMS_SSD_IN_CONTAINER
+    )
 
 
 def _j(value: Any) -> str:
@@ -70,14 +86,16 @@ def _healthcheck(address: str) -> str:
     return f"    healthcheck: {{<<: *healthcheck, test: {_j(['CMD', 'cmemu', 'probe', address])}}}"
 
 
-def _service_block(service: Service, nets: list[str], depends_on: list[str]) -> list[str]:
+def _service_block(
+    service: Service, topology: Topology, nets: list[str], depends_on: list[str]
+) -> list[str]:
     """A supernode-wide service's container: on every bridge, started after what it needs."""
     lines = [
         "",
         f"  {service.id}:",
         "    <<: *cmemu",
         f"    hostname: {service.id}",
-        f"    command: {_j(_serve('service', service.id))}",
+        f"    command: {_j(_serve('service', service.id, topology))}",
         _healthcheck(service.address),
         f"    mem_limit: {spec_of(service.kind).mem_limit}",
     ]
@@ -99,23 +117,26 @@ class Container:
     mem: str
 
 
-def compose_topology(preset: str, per: str) -> Topology:
+def compose_topologies(preset: str, per: str) -> tuple[Topology, ...]:
+    """The documents of the preset's supernodes, each device addressed by its DNS name."""
     if per not in PER:
         raise InvalidArgumentError(f"--per must be one of {', '.join(PER)}")
-    return build(preset, plan=DnsPlan(per_node=per == "node"))
+    return build_cluster(preset, plan=DnsPlan(per_node=per == "node"))
 
 
 def _containers(topology: Topology, per: str) -> list[Container]:
     if per == "device":
         return [
-            Container(d.id, [d.id], _serve("device", d.id), d.address, MEM_LIMITS["device"])
+            Container(
+                d.id, [d.id], _serve("device", d.id, topology), d.address, MEM_LIMITS["device"]
+            )
             for d in topology.devices
         ]
     return [
         Container(
             node,
             [d.id for d in topology.in_node(node)],
-            _serve("node", node),
+            _serve("node", node, topology),
             topology.in_node(node)[0].address,
             MEM_LIMITS["node"],
         )
@@ -130,18 +151,29 @@ def _networks(containers: list[Container], shared: int) -> list[list[Container]]
     return [containers[i : i + room] for i in range(0, len(containers), room)]
 
 
-def generate(preset: str, per: str) -> tuple[str, Topology]:
-    """The compose file's text for a preset, and the topology document it mounts."""
-    topology = compose_topology(preset, per)
-    containers = _containers(topology, per)
-    groups = _networks(containers, 1 + len(topology.services))
-    nets = [f"{topology.supernode}-net{i}" for i in range(len(groups))]
-    fabric = topology.service(ServiceKind.FABRIC)
-    name = f"{preset}.topology.json"
+def generate(preset: str, per: str) -> tuple[str, tuple[Topology, ...]]:
+    """The compose file's text for a preset, and the topology documents it mounts (one per
+    supernode). Each supernode's containers have bridges of their own; with several, their
+    supernode-wide services (the gateways among them) and the broker share a `scaleout` bridge
+    too, as supernodes share the RDMA plane and sn0's clock."""
+    supernodes = compose_topologies(preset, per)
+    multi = len(supernodes) > 1
+    shared = ["scaleout"] if multi else []
+    parts = []
+    for topology in supernodes:
+        containers = _containers(topology, per)
+        groups = _networks(containers, 1 + len(topology.services))
+        nets = [f"{topology.supernode}-net{i}" for i in range(len(groups))]
+        parts.append((topology, containers, groups, nets))
+    every_net = [net for *_, nets in parts for net in nets] + shared
+    services = [x.id for t in supernodes for x in t.services]
+    volumes = [f"./{topology_file(preset, t)}:{topology_in_container(t)}:ro" for t in supernodes]
+    devices = sum(len(t.devices) for t in supernodes)
+    containers_n = sum(len(c) for _, c, _, _ in parts)
     lines = [
-        f"# {preset}: {len(topology.devices)} devices in {len(containers)} containers "
+        f"# {preset}: {devices} devices in {containers_n} containers "
         f"(one per {per}), the supernode-wide services "
-        f"({', '.join(x.id for x in topology.services)}) and an MQTT broker.",
+        f"({', '.join(services)}) and an MQTT broker.",
         f"# Generated by `cmemu compose --preset {preset} --per {per}`; do not edit.",
         "# Run: docker compose -f <this file> up   (the fabric owns the emulated clock;",
         "# every other container asks it for the epoch, unless CMEMU_EPOCH is set for all)",
@@ -159,7 +191,7 @@ def generate(preset: str, per: str) -> tuple[str, Topology]:
         f"    CMEMU_MQTT_USER: {MQTT_USER}",
         f"    CMEMU_TOKEN_FILE: {SECRETS_IN_CONTAINER}/{TOKEN_SECRET}",
         f"  secrets: [{TOKEN_SECRET}]",
-        f"  volumes: [{_j(f'./{name}:{TOPOLOGY_IN_CONTAINER}:ro')}]",
+        f"  volumes: {_j(volumes)}",
         "  labels:  # every cmemu container serves Prometheus metrics (runtime/metrics.py)",
         '    prometheus.io/scrape: "true"',
         f'    prometheus.io/port: "{METRICS_PORT}"',
@@ -170,11 +202,16 @@ def generate(preset: str, per: str) -> tuple[str, Topology]:
         "  timeout: 2s",
         "  retries: 30",
         "  start_period: 5s",
-        "",
-        "x-device: &device",
-        "  <<: *cmemu",
-        "  depends_on:",
-        f"    {fabric.id}: {{condition: service_healthy}}",
+    ]
+    for topology in supernodes:
+        lines += [
+            "",
+            f"x-{_device_anchor(topology)}: &{_device_anchor(topology)}",
+            "  <<: *cmemu",
+            "  depends_on:",
+            f"    {topology.service(ServiceKind.FABRIC).id}: {{condition: service_healthy}}",
+        ]
+    lines += [
         "",
         "services:",
         "  mosquitto:",
@@ -184,15 +221,44 @@ def generate(preset: str, per: str) -> tuple[str, Topology]:
         '      - "./mosquitto.conf:/mosquitto/config/mosquitto.conf:ro"',
         f'      - "./{MOSQUITTO_PASSWD}:{MOSQUITTO_PASSWD_IN_CONTAINER}:ro"',
         f"    mem_limit: {MEM_LIMITS['mosquitto']}",
-        f"    networks: {_j(nets)}",
+        f"    networks: {_j(every_net)}",
     ]
+    first_fabric = supernodes[0].service(ServiceKind.FABRIC).id
+    for topology, containers, groups, nets in parts:
+        lines += _supernode_blocks(topology, containers, groups, nets + shared, first_fabric)
+    lines += ["", "networks:"] + [f"  {net}: {{}}" for net in every_net]
+    lines += [
+        "",
+        f"secrets:  # {TOKEN_FILE}: made by `cmemu compose` when absent, never committed",
+        f"  {TOKEN_SECRET}: {{file: ./{TOKEN_FILE}}}",
+    ]
+    return "\n".join(lines) + "\n", supernodes
+
+
+def _device_anchor(topology: Topology) -> str:
+    return "device" if topology.index == 0 else f"device-{topology.supernode}"
+
+
+def _supernode_blocks(
+    topology: Topology,
+    containers: list[Container],
+    groups: list[list[Container]],
+    nets: list[str],
+    first_fabric: str,
+) -> list[str]:
+    """One supernode's containers: its early services, its devices, its later services."""
+    lines: list[str] = []
     early = [x for x in topology.services if spec_of(x.kind).wave < DEVICE_WAVE]
     late = [x for x in topology.services if spec_of(x.kind).wave > DEVICE_WAVE]
     for service in early:
-        lines += _service_block(service, nets, ["mosquitto: {condition: service_started}"])
-    for net, group in zip(nets, groups, strict=True):
+        needs = ["mosquitto: {condition: service_started}"]
+        if service.kind is ServiceKind.FABRIC and service.id != first_fabric:
+            needs.append(f"{first_fabric}: {{condition: service_healthy}}")  # its epoch
+        lines += _service_block(service, topology, nets, needs)
+    anchor = _device_anchor(topology)
+    for net, group in zip(nets, groups, strict=False):
         for c in group:
-            lines += ["", f"  {c.name}:", "    <<: *device", f"    hostname: {c.name}"]
+            lines += ["", f"  {c.name}:", f"    <<: *{anchor}", f"    hostname: {c.name}"]
             lines.append(f"    command: {_j(c.argv)}")
             lines.append(_healthcheck(c.probe))
             lines.append(f"    mem_limit: {c.mem}")
@@ -208,26 +274,23 @@ def generate(preset: str, per: str) -> tuple[str, Topology]:
         needs = [f"{x}: {{condition: service_healthy}}" for x in before]
         if spec.after_pools:  # its state is rebuilt from the memory pools
             needs += [f"{p}: {{condition: service_healthy}}" for p in pools]
-        lines += _service_block(service, nets, needs)
-    lines += ["", "networks:"] + [f"  {net}: {{}}" for net in nets]
-    lines += [
-        "",
-        f"secrets:  # {TOKEN_FILE}: made by `cmemu compose` when absent, never committed",
-        f"  {TOKEN_SECRET}: {{file: ./{TOKEN_FILE}}}",
-    ]
-    return "\n".join(lines) + "\n", topology
+        lines += _service_block(service, topology, nets, needs)
+    return lines
 
 
 def write(preset: str, per: str, out: Path) -> list[Path]:
     """The compose file, the topology document beside it, and the broker's configuration."""
-    text, topology = generate(preset, per)
+    text, supernodes = generate(preset, per)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    topology_path = out.parent / f"{preset}.topology.json"
-    topology_path.write_text(topology.to_json(indent=1) + "\n")
+    written = [out]
+    for topology in supernodes:
+        path = out.parent / topology_file(preset, topology)
+        path.write_text(topology.to_json(indent=1) + "\n")
+        written.append(path)
     conf = out.parent / "mosquitto.conf"
     conf.write_text(MOSQUITTO_CONF)
-    return [out, topology_path, conf]
+    return [*written, conf]
 
 
 def mosquitto_passwd_line(user: str, password: str, salt: bytes | None = None) -> str:

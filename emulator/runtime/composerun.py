@@ -114,7 +114,7 @@ def _hostnames(services: dict[str, Any]) -> dict[str, str]:
     return hosts
 
 
-class _Rehost:
+class Rehost:
     """Rewrites "host:port" to "loopback-ip:port" for the hostnames of the compose file."""
 
     def __init__(self, hosts: dict[str, str]) -> None:
@@ -129,12 +129,13 @@ class _Rehost:
 
 
 def _mounts(
-    services: dict[str, Any], base: Path, run_dir: Path, rehost: _Rehost, epoch: float | None
-) -> tuple[dict[str, str], Topology]:
-    """Local copies of the mounted files, by container path; the topology document rewritten to
-    the loopback addresses (and given the epoch, when there is one: else the fabric's serves)."""
+    services: dict[str, Any], base: Path, run_dir: Path, rehost: Rehost, epoch: float | None
+) -> tuple[dict[str, str], tuple[Topology, ...]]:
+    """Local copies of the mounted files, by container path; the topology documents (one per
+    supernode) rewritten to the loopback addresses (and given the epoch, when there is one:
+    else the fabric's serves)."""
     mounts: dict[str, str] = {}
-    topology: Topology | None = None
+    topologies: dict[str, Topology] = {}
     for svc in services.values():
         for volume in svc.get("volumes", []):
             host_part, container_part = volume.split(":")[:2]
@@ -149,12 +150,13 @@ def _mounts(
                 topology = Topology.from_dict(
                     {**doc, "epoch_wall_s": epoch or doc.get("epoch_wall_s")}
                 )
+                topologies[topology.supernode] = topology
                 text = topology.to_json()
             target.write_text(text)
             mounts[container_part] = str(target)
-    if topology is None:
+    if not topologies:
         raise InvalidArgumentError("the compose file mounts no topology document")
-    return mounts, topology
+    return mounts, tuple(sorted(topologies.values(), key=lambda t: t.index))
 
 
 def _secrets(
@@ -189,7 +191,7 @@ def token_of(services: list[ComposeService]) -> str | None:
     return read_token(Path(sorted(files)[0])) if files else None
 
 
-def _private(arg: str, service: str, run_dir: Path) -> str | None:
+def private_path(arg: str, service: str, run_dir: Path) -> str | None:
     """A container path that nothing mounts is the container's own: a directory of its own in
     the run directory, never the host's path of the same name."""
     if not arg.startswith("/"):
@@ -200,7 +202,7 @@ def _private(arg: str, service: str, run_dir: Path) -> str | None:
 
 
 def _service(
-    name: str, svc: dict[str, Any], ctx: tuple[dict[str, str], _Rehost, dict[str, str], Path]
+    name: str, svc: dict[str, Any], ctx: tuple[dict[str, str], Rehost, dict[str, str], Path]
 ) -> ComposeService:
     env, rehost, mounts, run_dir = ctx
     service_env = {  # a mounted path (a secret's) is its local copy
@@ -210,7 +212,9 @@ def _service(
     command = svc.get("command")
     image = _image(svc)
     if command:
-        argv = [mounts.get(a) or _private(a, name, run_dir) or rehost(a) for a in map(str, command)]
+        argv = [
+            mounts.get(a) or private_path(a, name, run_dir) or rehost(a) for a in map(str, command)
+        ]
         if argv[0] == "cmemu":
             argv[0] = str(Path(sys.executable).parent / "cmemu")
     elif image in IMAGES:
@@ -248,9 +252,10 @@ def _with_broker(out: list[ComposeService], broker: str) -> list[ComposeService]
 
 def load(
     path: Path, env: dict[str, str], run_dir: Path, *, broker: str | None = None
-) -> tuple[list[ComposeService], Topology]:
-    """The services of a compose file as process specs, and the topology they will serve.
-    `broker` (a URL, or "none") takes the place of the file's own broker service."""
+) -> tuple[list[ComposeService], tuple[Topology, ...]]:
+    """The services of a compose file as process specs, and the topology documents they will
+    serve (one per supernode). `broker` (a URL, or "none") takes the place of the file's own
+    broker service."""
     try:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -261,7 +266,7 @@ def load(
     if broker is not None:
         left_out = {n for n, svc in services.items() if _image(svc) in BROKER_IMAGES}
         services = {n: svc for n, svc in services.items() if n not in left_out}
-    rehost = _Rehost(_hostnames(services))
+    rehost = Rehost(_hostnames(services))
     epoch_text = interpolate("${CMEMU_EPOCH:-}", env)
     try:
         epoch = float(epoch_text) if epoch_text else None
@@ -269,11 +274,13 @@ def load(
         raise InvalidArgumentError(f"$CMEMU_EPOCH={epoch_text!r} is not a number") from None
     if (doc.get("secrets") or {}).get(TOKEN_SECRET, {}).get("file") == f"./{TOKEN_FILE}":
         write_secrets(path.parent)  # as `cmemu compose` does, when they are not there yet
-    mounts, topology = _mounts(services, path.parent, run_dir, rehost, epoch)
+    mounts, supernodes = _mounts(services, path.parent, run_dir, rehost, epoch)
     mounts |= _secrets(doc, services, path.parent, run_dir)
     out = [_service(n, svc, (env, rehost, mounts, run_dir)) for n, svc in services.items()]
     # the servers a container hosts are the topology's ids among the names it answers to
-    ids = {d.id for d in topology.devices} | {x.id for x in topology.services}
+    ids = {d.id for t in supernodes for d in t.devices} | {
+        x.id for t in supernodes for x in t.services
+    }
     out = [
         dataclasses.replace(
             s,
@@ -291,12 +298,12 @@ def load(
         ]
     brokers = {s.spec.env[BROKER_ENV] for s in out if BROKER_ENV in s.spec.env}
     if brokers:  # where `cmemu watch` finds the events, through the state file
-        topology = dataclasses.replace(topology, broker=sorted(brokers)[0])
+        supernodes = tuple(dataclasses.replace(t, broker=sorted(brokers)[0]) for t in supernodes)
     for s in out:
         unknown = set(s.depends) - set(services)
         if unknown:
             raise InvalidArgumentError(f"service {s.name} depends on unknown {sorted(unknown)}")
-    return out, topology
+    return out, supernodes
 
 
 def start_order(services: list[ComposeService]) -> list[list[ComposeService]]:

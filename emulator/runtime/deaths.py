@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
 from emulator.model.clock import Clock
+from emulator.model.naming import parse_id
 from emulator.model.topology import Topology
 from emulator.runtime.events import EventBus
 from emulator.runtime.procs import Running
@@ -34,6 +35,8 @@ class DeathReporter:
     topology: Topology
     bus: EventBus | None
     then: Callable[[Running], None] | None = None
+    # with several supernodes, the bus of each other one (its servers' topics carry its name)
+    others: dict[int, EventBus] = field(default_factory=dict)
 
     def clock(self) -> Clock | None:
         if self.topology.epoch_wall_s is None:
@@ -45,7 +48,8 @@ class DeathReporter:
             clock = self.clock()
             now = clock.now_ns() if clock is not None else 0  # 0: died before the clock began
             for server in running.spec.servers:
-                self.bus.event(
+                bus = self.others.get(parse_id(server).supernode, self.bus)
+                bus.event(
                     server,
                     DIED,
                     now,
@@ -60,17 +64,24 @@ class DeathReporter:
 
 @contextlib.asynccontextmanager
 async def death_reporter(
-    topology: Topology, then: Callable[[Running], None] | None
+    supernodes: tuple[Topology, ...], then: Callable[[Running], None] | None
 ) -> AsyncIterator[DeathReporter]:
-    """A reporter publishing through a bus of its own while the block runs (none without a
-    broker); on exit the bus gives the last events a moment to leave."""
-    if topology.broker is None:
+    """A reporter publishing through a bus of its own per supernode while the block runs (none
+    without a broker); on exit the buses give the last events a moment to leave."""
+    topology = supernodes[0]
+    broker = topology.broker
+    if broker is None:
         yield DeathReporter(topology=topology, bus=None, then=then)
         return
-    # one supernode's worth of deaths (a node's servers each, or all of them at once) fits
-    async with EventBus(
-        topology.broker,
-        topology.supernode,
-        buffer_max=max(10_000, 2 * (len(topology.devices) + len(topology.services))),
-    ) as bus:
-        yield DeathReporter(topology=topology, bus=bus, then=then)
+    async with contextlib.AsyncExitStack() as stack:
+        buses = {}
+        for t in supernodes:
+            # one supernode's worth of deaths (a node's servers each, or all at once) fits
+            buses[t.index] = await stack.enter_async_context(
+                EventBus(
+                    broker,
+                    t.supernode,
+                    buffer_max=max(10_000, 2 * (len(t.devices) + len(t.services))),
+                )
+            )
+        yield DeathReporter(topology=topology, bus=buses[topology.index], then=then, others=buses)

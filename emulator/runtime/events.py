@@ -16,6 +16,7 @@ import json
 import os
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -44,6 +45,25 @@ def parse_broker_url(url: str) -> tuple[str, int]:
 
 def topic(supernode: str, device: str, stream: str) -> str:
     return f"cmemu/{supernode}/{device}/{stream}"
+
+
+SUBSCRIBER_EXIT_S = 2.0  # how long a subscriber's disconnect may take on the way out
+
+
+@contextlib.asynccontextmanager
+async def subscriber(host: str, port: int, **kwargs: Any) -> AsyncIterator[aiomqtt.Client]:
+    """An aiomqtt client for a reader that is cancelled to stop (the web view, `cmemu watch`).
+    aiomqtt's exit waits for the broker to acknowledge the disconnect with no timeout: after a
+    cancellation nothing ends that wait, and the reader's owner hangs in its shutdown. Here the
+    exit gets SUBSCRIBER_EXIT_S and is then abandoned (the socket closes with the process)."""
+    client = aiomqtt.Client(host, port, **kwargs)
+    await client.__aenter__()
+    try:
+        yield client
+    finally:
+        with contextlib.suppress(TimeoutError, aiomqtt.MqttError):
+            async with asyncio.timeout(SUBSCRIBER_EXIT_S):
+                await client.__aexit__(None, None, None)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING, cast
 
 import structlog
 from google.protobuf.json_format import MessageToDict
@@ -38,13 +39,27 @@ from emulator.runtime.security import NONE as NO_SECURITY
 from emulator.runtime.security import Security
 from services.auth import OPEN
 from services.devicefaults import FaultHost
-from services.ems import EmsState
-from services.fabric import FabricState
 from services.host import ServiceHost
 from services.kinds import DeviceHandle, create_device
 from services.peers import Peers
 
+if TYPE_CHECKING:  # imported by the processes that host them (runtime/registry.py)
+    from services.ems import EmsState
+    from services.fabric import FabricState
+
 log = structlog.get_logger("cmemu.inprocess")
+
+
+async def _stop_servers(hosts: list[ServiceHost], grace_s: float) -> None:
+    """Stop every server at once. grpc.aio's shutdown can end in a CancelledError of its own
+    (it cancels its RPC tasks, then waits on them): that server is stopped all the same. A
+    cancellation of this stop itself still raises, out of the gather."""
+    stopped = await asyncio.gather(*(h.server.stop(grace_s) for h in hosts), return_exceptions=True)
+    for outcome in stopped:
+        if isinstance(outcome, asyncio.CancelledError):
+            log.debug("server stop ended by its own cancelled tasks")
+        elif isinstance(outcome, BaseException):
+            raise outcome
 
 
 class InProcessSupernode:
@@ -97,15 +112,11 @@ class InProcessSupernode:
 
     @property
     def fabric(self) -> FabricState | None:
-        state = self.services.get(ServiceKind.FABRIC, (None, None))[0]
-        assert state is None or isinstance(state, FabricState)
-        return state
+        return cast("FabricState | None", self.service_state(ServiceKind.FABRIC))
 
     @property
     def ems(self) -> EmsState | None:
-        state = self.services.get(ServiceKind.EMS, (None, None))[0]
-        assert state is None or isinstance(state, EmsState)
-        return state
+        return cast("EmsState | None", self.service_state(ServiceKind.EMS))
 
     def service_state(self, kind: ServiceKind) -> ServiceState | None:
         """A hosted service's state (for tests and benchmarks that look inside)."""
@@ -297,7 +308,7 @@ class InProcessSupernode:
         if self._peers is not None:  # device-to-device channels first: no GOAWAY storm
             await self._peers.close()
             self._peers = None
-        await asyncio.gather(*(h.server.stop(self.drain_s) for h in hosts))
+        await _stop_servers(hosts, self.drain_s)
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None

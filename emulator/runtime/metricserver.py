@@ -143,17 +143,25 @@ def endpoints(topology: Topology, processes: Mapping[str, Collection[str]]) -> d
 def supernode_endpoints(sn: Supernode) -> dict[str, str]:
     """Every process's /metrics URL of a running supernode, by process: the one process in
     process mode, the supervisor's processes in procs mode, and in compose mode each server
-    (a node's servers share their container's address, so they appear once)."""
-    topology = sn.topology
-    servers = [d.id for d in topology.devices] + [x.id for x in topology.services]
-    processes: dict[str, Collection[str]]
-    if sn.supervisor is None:
-        processes = {topology.supernode: servers}
-    elif sn.options.mode == "compose":  # the compose file's processes name no servers
-        processes = {server: (server,) for server in servers}
-    else:
-        processes = {name: r.spec.servers for name, r in sn.supervisor.running.items()}
-    return endpoints(topology, processes)
+    (a node's servers share their container's address, so they appear once). Several
+    supernodes in one process serve one /metrics each."""
+    out: dict[str, str] = {}
+    for topology in sn.supernodes:
+        servers = [d.id for d in topology.devices] + [x.id for x in topology.services]
+        processes: dict[str, Collection[str]]
+        if sn.supervisor is None:
+            processes = {topology.supernode: servers}
+        elif sn.options.mode == "compose":  # the compose file's processes name no servers
+            processes = {server: (server,) for server in servers}
+        else:
+            mine = set(servers)
+            processes = {
+                name: r.spec.servers
+                for name, r in sn.supervisor.running.items()
+                if mine.intersection(r.spec.servers)
+            }
+        out |= endpoints(topology, processes)
+    return out
 
 
 def summary(urls: Mapping[str, str]) -> str:

@@ -8,22 +8,18 @@ services/), never a branch in each launcher.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 from emulator.model.clock import Clock
 from emulator.model.hardware import HardwareProfile
 from emulator.model.topology import Service, ServiceKind, Topology
-from services.ems import EmsState, create_ems
 from services.eventsink import EventSink
-from services.fabric import create_fabric
 from services.host import ServiceHost
-from services.manager import create_manager
 from services.peers import Peers
-from services.router import create_router
-from services.scheduler import create_scheduler
 
 # The start waves: the fabric before the devices (they hand it their first transaction as soon
 # as they serve); the devices; EMS (its index is rebuilt from the memory pools) and the
@@ -84,8 +80,14 @@ class StandardFactory(Protocol):
     ) -> tuple[ServiceState, ServiceHost]: ...
 
 
-def _standard(create: StandardFactory) -> Create:
+def _standard(where: str) -> Create:
+    """The factory `module:function`, imported when a service of its kind is first made: a
+    process imports only the services it hosts (a device's process none of them), which keeps
+    every `cmemu serve` and every CLI command from importing them all."""
+
     def make(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
+        module, _, name = where.partition(":")
+        create = cast(StandardFactory, getattr(importlib.import_module(module), name))
         return create(
             address=ctx.service.address,
             topology=ctx.topology,
@@ -99,6 +101,8 @@ def _standard(create: StandardFactory) -> Create:
 
 
 def _ems(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
+    from services.ems import create_ems  # imported by the process hosting it
+
     return create_ems(
         address=ctx.service.address,
         topology=ctx.topology,
@@ -110,12 +114,16 @@ def _ems(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
 
 
 async def _ems_rebuild(state: ServiceState, ctx: ServiceContext) -> None:
+    from services.ems import EmsState  # imported by the process hosting it
+
     assert isinstance(state, EmsState)
     await state.rebuild(ctx.rebuild_wait_s)
 
 
 SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {
-    ServiceKind.FABRIC: ServiceSpec(create=_standard(create_fabric), wave=0, mem_limit="2g"),
+    ServiceKind.FABRIC: ServiceSpec(
+        create=_standard("services.fabric:create_fabric"), wave=0, mem_limit="2g"
+    ),
     ServiceKind.EMS: ServiceSpec(
         create=_ems,
         wave=2,
@@ -125,11 +133,19 @@ SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {
         prepare=_ems_rebuild,
     ),
     ServiceKind.SCHEDULER: ServiceSpec(
-        create=_standard(create_scheduler), wave=2, mem_limit="512m"
+        create=_standard("services.scheduler:create_scheduler"), wave=2, mem_limit="512m"
     ),
-    ServiceKind.ROUTER: ServiceSpec(create=_standard(create_router), wave=3, mem_limit="2g"),
+    ServiceKind.ROUTER: ServiceSpec(
+        create=_standard("services.router:create_router"), wave=3, mem_limit="2g"
+    ),
+    # after the devices: it lands RDMA bytes through their UB Deliver
+    ServiceKind.GATEWAY: ServiceSpec(
+        create=_standard("services.gateway:create_gateway"), wave=2, mem_limit="1g"
+    ),
     # last: it heartbeats every device and calls the scheduler and the router
-    ServiceKind.MANAGER: ServiceSpec(create=_standard(create_manager), wave=4, mem_limit="1g"),
+    ServiceKind.MANAGER: ServiceSpec(
+        create=_standard("services.manager:create_manager"), wave=4, mem_limit="1g"
+    ),
 }
 WAVES = 1 + max(spec.wave for spec in SERVICE_SPECS.values())
 

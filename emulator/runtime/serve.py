@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gzip
 import os
 import time
 from dataclasses import dataclass
@@ -16,10 +17,11 @@ from typing import Literal
 
 import grpc
 
-from cmemu.v1 import fabric_pb2
+from cmemu.v1 import fabric_pb2, fabric_pb2_grpc
 from emulator.client.clients import Clients
 from emulator.client.credentials import ANONYMOUS, Credentials
 from emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from emulator.model.naming import parse_service
 from emulator.model.topology import ServiceKind, Topology
 from emulator.runtime.inprocess import InProcessSupernode
 from emulator.runtime.security import Security
@@ -31,6 +33,7 @@ DEFAULT_REBUILD_WAIT_S = 30.0
 DEFAULT_SERVE_DRAIN_S = 0.5
 DEFAULT_CLOCK_WAIT_S = 60.0
 CLOCK_RETRY_S = 0.2
+GZIP_MAGIC = b"\x1f\x8b"
 
 ServeKind = Literal["device", "node", "service"]
 SERVE_KINDS: tuple[ServeKind, ...] = ("device", "node", "service")
@@ -51,7 +54,7 @@ def serve_argv(
     EMS alone keeps files of its own (the SSD tier), in `ems_ssd_dir`."""
     argv = [program, *(["--log-level", log_level] if log_level else [])]
     argv += ["serve", "--topology", topology_path, f"--{kind}", name]
-    if kind == "service" and name == ServiceKind.EMS.value:
+    if kind == "service" and parse_service(name).kind == ServiceKind.EMS.value:
         argv += ["--ssd-dir", ems_ssd_dir]
     return argv
 
@@ -95,14 +98,18 @@ def _env_epoch() -> float | None:
         raise InvalidArgumentError(f"${EPOCH_ENV}={epoch!r} is not a number of seconds") from None
 
 
-async def clock_from_fabric(clients: Clients, wait_s: float) -> fabric_pb2.ClockInfo:
-    """The fabric's clock, asked until it answers (it may still be starting), for `wait_s`."""
-    address = clients.topology.service(ServiceKind.FABRIC).address
+async def clock_from_fabric(
+    clients: Clients, wait_s: float, address: str | None = None
+) -> fabric_pb2.ClockInfo:
+    """The clock of the fabric at `address` (default: the topology's own), asked until it
+    answers (it may still be starting), for `wait_s`."""
+    address = address or clients.topology.service(ServiceKind.FABRIC).address
+    fabric = fabric_pb2_grpc.FabricStub(clients.channel_to(address))
     deadline = time.monotonic() + wait_s
     while True:
         left = deadline - time.monotonic()
         try:
-            return await clients.fabric().GetClock(
+            return await fabric.GetClock(
                 fabric_pb2.GetClockRequest(), timeout=max(0.1, min(2.0, left))
             )
         except grpc.aio.AioRpcError as exc:
@@ -123,26 +130,45 @@ async def with_epoch(
     credentials: Credentials = ANONYMOUS,
 ) -> Topology:
     """Every process of one emulator shares the instant emulated time started: from the topology
-    document, else $CMEMU_EPOCH, else the fabric's. The fabric itself, given none, takes now."""
+    document, else $CMEMU_EPOCH, else the fabric's. The fabric itself, given none, takes now;
+    with several supernodes, the fabric of each other supernode asks sn0's."""
     if topology.epoch_wall_s is not None:
         return topology
     epoch = _env_epoch()
     if epoch is not None:
         return dataclasses.replace(topology, epoch_wall_s=epoch)
+    address = None
     if kind == "service" and name == topology.service(ServiceKind.FABRIC).id:
-        return dataclasses.replace(topology, epoch_wall_s=time.time())
+        if topology.scaleout is None or topology.index == 0:
+            return dataclasses.replace(topology, epoch_wall_s=time.time())
+        address = topology.scaleout.clock
     clients = Clients(topology, credentials)
     try:
-        clock = await clock_from_fabric(clients, wait_s)
+        clock = await clock_from_fabric(clients, wait_s, address)
     finally:
         await clients.close()
     return dataclasses.replace(topology, epoch_wall_s=clock.epoch_wall_s)
 
 
+def read_document(path: Path) -> str:
+    """A topology document's text, gzipped or not (a Kubernetes ConfigMap holds 1 MiB: the
+    manifests carry cm384's 1.2 MB document gzipped, emulator/runtime/k8sgen.py)."""
+    data = path.read_bytes()
+    if data[:2] == GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise InvalidArgumentError(f"topology {path}: a broken gzip file: {exc}") from exc
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise InvalidArgumentError(f"topology {path} is not text: {exc}") from exc
+
+
 async def serve(options: ServeOptions, stop: asyncio.Event) -> None:
     """Serve until `stop` is set, then turn NOT_SERVING, drain and stop."""
     try:
-        text = await asyncio.to_thread(options.topology_path.read_text)
+        text = await asyncio.to_thread(read_document, options.topology_path)
     except OSError as exc:
         raise InvalidArgumentError(f"cannot read topology {options.topology_path}: {exc}") from exc
     topology = Topology.from_json(text)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from emulator.client.clients import Clients
 from emulator.client.credentials import Credentials
 from emulator.client.faultkinds.process import Process, ProcessTable
 from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
@@ -141,8 +142,9 @@ class Instance:
     """A state file read back: where it is, the topology, and who wrote it."""
 
     path: Path
-    topology: Topology
+    topology: Topology  # the first supernode's
     launcher: Launcher
+    supernodes: tuple[Topology, ...] = ()  # every supernode's (several: a `<base>x<N>` preset)
 
     @property
     def name(self) -> str:
@@ -159,10 +161,14 @@ def write(
     *,
     mode: str,
     launcher: Mapping[str, Any] | None = None,
+    others: Sequence[Topology] = (),
 ) -> None:
     """Atomically: a reader never sees half a file. `launcher` adds fields to the launcher
-    record (e.g. `run_dir`, `argv`: never a token); `started_wall_s` defaults to now."""
+    record (e.g. `run_dir`, `argv`: never a token); `started_wall_s` defaults to now. The file
+    is the first supernode's document; `others` (the other supernodes') go in beside it."""
     doc: dict[str, Any] = topology.to_dict()
+    if others:
+        doc[OTHERS_KEY] = [t.to_dict() for t in others]
     doc["launcher"] = {
         "pid": os.getpid(),
         "mode": mode,
@@ -189,6 +195,24 @@ def read(path: Path) -> Topology:
     return Topology.from_json(_text(path))
 
 
+def _supernodes(doc: Mapping[str, Any], first: Topology) -> tuple[Topology, ...]:
+    return (first, *(Topology.from_dict(d) for d in doc.get(OTHERS_KEY) or ()))
+
+
+def read_supernodes(path: Path) -> tuple[Topology, ...]:
+    """Every supernode's document (one, but for a `<base>x<N>` preset)."""
+    text = _text(path)
+    first = Topology.from_json(text)  # a file that is not one says so (InvalidArgumentError)
+    return _supernodes(json.loads(text), first)
+
+
+def clients(path: Path) -> Clients:
+    """Clients of the running emulator: any device of any of its supernodes, with the token
+    and CA it was started with."""
+    supernodes = read_supernodes(path)
+    return Clients(supernodes[0], credentials(path), supernodes=supernodes)
+
+
 # --- who may change state: the token and the CA, beside the state file ---------------------------
 
 TOKEN_SUFFIX = ".token"
@@ -196,6 +220,7 @@ TOKEN_FILE_KEY = "token_file"  # launcher record: the file holding the token (ne
 TLS_CA_KEY = "tls_ca"  # launcher record: the CA that signed the servers' certificates
 METRICS_KEY = "metrics"  # launcher record: each process's /metrics URL, by process
 UI_KEY = "ui"  # launcher record: the web view's URL (None: `cmemu up --ui none`)
+OTHERS_KEY = "other_supernodes"  # the documents of supernodes sn1, sn2, ... beside sn0's
 PROCESSES_KEY = "processes"  # launcher record (procs mode): each process's pid and servers
 
 
@@ -263,7 +288,9 @@ def read_instance(path: Path) -> Instance:
         launcher = Launcher.from_dict(doc["launcher"])
     except (KeyError, TypeError, ValueError):
         raise InvalidArgumentError(f"state file {path} has no launcher record") from None
-    return Instance(path=path, topology=topology, launcher=launcher)
+    return Instance(
+        path=path, topology=topology, launcher=launcher, supernodes=_supernodes(doc, topology)
+    )
 
 
 def remove_if_ours(path: Path) -> None:

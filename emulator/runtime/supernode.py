@@ -7,7 +7,8 @@ Every mode consumes one topology document; they differ only in where the servers
 - inprocess: every server in this process (the embedded default of `cmemu up`);
 - procs: the fabric, then one OS process per device or per node, then EMS, each `cmemu serve`
   on its own loopback address, under a supervisor that restarts nothing;
-- compose: exactly the services of a compose file, as local processes.
+- compose: exactly the services of a compose file, as local processes;
+- k8s: exactly the containers of Kubernetes manifests (`cmemu k8s`), as local processes.
 The CLI, the benchmarks and the tests are thin users of it.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import os
 import shutil
 import sys
@@ -39,6 +39,7 @@ from emulator.model.errors import (
 )
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.presets import DEFAULT_PRESET, get_preset
+from emulator.model.scaleout import build_cluster
 from emulator.model.topology import (
     CONTAINER_PORT,
     DEFAULT_BASE_PORT,
@@ -48,9 +49,8 @@ from emulator.model.topology import (
     PortPlan,
     ServiceKind,
     Topology,
-    build,
 )
-from emulator.runtime import composerun, tls
+from emulator.runtime import composerun, k8srun, tls
 from emulator.runtime.broker import Broker
 from emulator.runtime.deaths import death_reporter
 from emulator.runtime.events import parse_broker_url
@@ -62,10 +62,10 @@ from emulator.runtime.security import Security
 from emulator.runtime.serve import PER, Per, ServeKind, clock_from_fabric, serve_argv
 from emulator.runtime.tls import TlsFiles
 
-Mode = Literal["inprocess", "procs", "compose"]
+Mode = Literal["inprocess", "procs", "compose", "k8s"]
 Progress = Callable[[str, int, int], None]
 Addressing = Literal["ports", "loopback"]
-MODES: tuple[Mode, ...] = ("inprocess", "procs", "compose")
+MODES: tuple[Mode, ...] = ("inprocess", "procs", "compose", "k8s")
 ADDRESSING: tuple[Addressing, ...] = ("ports", "loopback")
 EMBEDDED = "embedded"  # broker: an MQTT broker in this process, for this run
 NO_BROKER = "none"  # broker: no MQTT at all
@@ -93,6 +93,7 @@ class LaunchOptions:
     port: int = CONTAINER_PORT  # loopback: every server's port
     first_octet: int = 10  # loopback: 127.<first_octet>.x.y upwards
     compose_file: Path | None = None  # compose: the file whose services run
+    k8s_dir: Path | None = None  # k8s: the directory of manifests whose containers run
     broker: str = EMBEDDED  # EMBEDDED, NO_BROKER, or mqtt://HOST:PORT
     run_dir: Path | None = None  # procs, compose: logs and files; default a temporary directory
     drain_s: float = 0.2  # between NOT_SERVING and stop
@@ -124,7 +125,11 @@ class LaunchOptions:
             raise InvalidArgumentError("a compose file goes with mode 'compose', and only with it")
         if self.broker not in (EMBEDDED, NO_BROKER):
             parse_broker_url(self.broker)
-        if self.mode != "compose":
+        if (self.mode == "k8s") != (self.k8s_dir is not None):
+            raise InvalidArgumentError(
+                "a manifest directory goes with mode 'k8s', and only with it"
+            )
+        if self.mode not in ("compose", "k8s"):
             get_preset(self.preset)
 
     @property
@@ -135,17 +140,28 @@ class LaunchOptions:
             return LoopbackPlan(port=self.port, first_octet=self.first_octet)
         return PortPlan(host=self.host, base_port=self.base_port)
 
-    def topology(self) -> Topology:
-        """The topology document of the preset with these addresses (not for compose, whose
-        file carries its own)."""
-        topology = build(
+    def supernodes(self) -> tuple[Topology, ...]:
+        """The topology documents of the preset's supernodes (one unless it is `<base>x<N>`)
+        with these addresses (not for compose, whose file carries its own)."""
+        supernodes = build_cluster(
             self.preset, plan=self.plan, time_scale=self.time_scale, profile=self.profile
         )
+        limit = self.profile.limits.live_supernodes_max
+        if len(supernodes) > limit:
+            raise InvalidArgumentError(
+                f"preset {self.preset}: {len(supernodes)} supernodes; the live launchers start "
+                f"at most {limit} (model mode takes up to "
+                f"{self.profile.scaleout.max_supernodes}: `cmemu simulate scaleout`)"
+            )
         # ports: one host has room for one /metrics, the in-process supernode's
         one_process = self.mode == "inprocess" or not isinstance(self.plan, PortPlan)
         if self.metrics and one_process:
-            return topology
-        return dataclasses.replace(topology, metrics_port=None)
+            return supernodes
+        return tuple(dataclasses.replace(t, metrics_port=None) for t in supernodes)
+
+    def topology(self) -> Topology:
+        """The first supernode's document (the only one, but for a `<base>x<N>` preset)."""
+        return self.supernodes()[0]
 
 
 @dataclass(kw_only=True)
@@ -154,12 +170,25 @@ class Supernode:
     and for the in-process mode the servers themselves (`local`)."""
 
     options: LaunchOptions
-    topology: Topology
+    topology: Topology  # the first supernode's (the only one, but for `<base>x<N>`)
     clients: Clients
     inprocess: InProcessSupernode | None = None
     supervisor: Supervisor | None = None
+    supernodes: tuple[Topology, ...] = ()  # every supernode's document (default: topology)
+    inprocesses: tuple[InProcessSupernode, ...] = ()  # in process: every supernode's servers
     run_dir: Path | None = None
     security: Security = NO_SECURITY  # the token and TLS files the servers run with
+
+    def __post_init__(self) -> None:
+        self.supernodes = self.supernodes or (self.topology,)
+        if self.inprocess is not None:
+            self.inprocesses = self.inprocesses or (self.inprocess,)
+
+    def local_of(self, supernode: int) -> InProcessSupernode:
+        """Supernode `supernode`'s servers, when they run in this process."""
+        if not self.inprocesses:
+            raise PreconditionError(f"the servers run in other processes ({self.mode})")
+        return self.inprocesses[supernode]
 
     @property
     def credentials(self) -> Credentials:
@@ -174,6 +203,7 @@ class Supernode:
             "inprocess": "inprocess",
             "procs": f"procs per {o.per}",
             "compose": f"compose {o.compose_file}",
+            "k8s": f"k8s {o.k8s_dir}",
         }[o.mode]
 
     @property
@@ -193,11 +223,12 @@ class Supernode:
         return list(self.supervisor.died) if self.supervisor is not None else []
 
     def address(self, server_id: str) -> str:
-        """The address of a device or of a supernode-wide service."""
-        for service in self.topology.services:
-            if service.id == server_id:
-                return service.address
-        return self.topology.device(server_id).address
+        """The address of a device or of a supernode-wide service, of any supernode."""
+        for topology in self.supernodes:
+            for service in topology.services:
+                if service.id == server_id:
+                    return service.address
+        return self.clients.find(server_id).address
 
     @staticmethod
     def start(
@@ -249,22 +280,38 @@ async def _broker(options: LaunchOptions, topology: Topology) -> AsyncIterator[T
 async def _inprocess(
     options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
 ) -> AsyncIterator[Supernode]:
-    topology = await asyncio.to_thread(options.topology)
-    total = len(_servers(topology))
+    """Every supernode of the preset in this process, one InProcessSupernode each, sharing
+    the broker, the token and emulated time (one epoch: the scale-out plane times flows between
+    them)."""
+    supernodes = await asyncio.to_thread(options.supernodes)
+    epoch = time.time()
+    supernodes = tuple(dataclasses.replace(t, epoch_wall_s=epoch) for t in supernodes)
+    total = sum(len(_servers(t)) for t in supernodes)
     _report(options, f"starting {total} servers in process", 0, total)
-    async with (
-        _security(options, topology) as security,
-        _broker(options, topology) as with_broker,
-        # EMS's SSD tier lives as long as this process: its DRAM copies die with it anyway
-        InProcessSupernode(
-            with_broker, profile=options.profile, drain_s=options.drain_s, security=security
-        ) as local,
-    ):
+    async with contextlib.AsyncExitStack() as stack:
+        security = await stack.enter_async_context(_security(options, *supernodes))
+        first = await stack.enter_async_context(_broker(options, supernodes[0]))
+        started: list[InProcessSupernode] = []
+        for topology in supernodes:  # one broker for them all
+            with_broker = dataclasses.replace(topology, broker=first.broker)
+            # EMS's SSD tier lives as long as this process: its DRAM copies die with it anyway
+            local = await stack.enter_async_context(
+                InProcessSupernode(
+                    with_broker,
+                    profile=options.profile,
+                    drain_s=options.drain_s,
+                    security=security,
+                )
+            )
+            started.append(local)
+        docs = tuple(x.topology for x in started)
         yield Supernode(
             options=options,
-            topology=local.topology,
-            clients=Clients(local.topology, security.credentials()),
-            inprocess=local,
+            topology=docs[0],
+            clients=Clients(docs[0], security.credentials(), supernodes=docs),
+            inprocess=started[0],
+            inprocesses=tuple(started),
+            supernodes=docs,
             security=security,
         )
 
@@ -283,12 +330,12 @@ def _servers(topology: Topology) -> list[tuple[str, str]]:
 
 @contextlib.asynccontextmanager
 async def _security(
-    options: LaunchOptions, topology: Topology, *, token: str | None = None
+    options: LaunchOptions, *supernodes: Topology, token: str | None = None
 ) -> AsyncIterator[Security]:
     """The run's token and TLS files. Binding beyond loopback without a token fails here,
     before anything starts; `tls="auto"` makes a CA and a certificate naming every address
     (removed at the end when in a temporary directory)."""
-    servers = _servers(topology)
+    servers = [server for topology in supernodes for server in _servers(topology)]
     token = token or options.token
     guard = Security(token=token, insecure=options.insecure).server()
     for server_id, address in servers:
@@ -311,6 +358,7 @@ async def _security(
 
 def proc_waves(topology: Topology, topology_path: Path, per: Per) -> list[list[ProcSpec]]:
     """The processes of `--mode procs`, in the waves they start in."""
+    ssd = "ems-ssd" if topology.index == 0 else f"ems-ssd-{topology.supernode}"
 
     def spec(
         kind: ServeKind, name: str, addresses: tuple[str, ...], servers: tuple[str, ...]
@@ -320,7 +368,7 @@ def proc_waves(topology: Topology, topology_path: Path, per: Per) -> list[list[P
             str(topology_path),
             kind,
             name,
-            ems_ssd_dir=str(topology_path.parent / "ems-ssd"),
+            ems_ssd_dir=str(topology_path.parent / ssd),
             log_level=PROCS_LOG_LEVEL,
         )
         return ProcSpec(name=name, argv=tuple(argv), addresses=addresses, servers=servers)
@@ -370,7 +418,7 @@ async def _supervised(
     options: LaunchOptions,
     waves: list[list[ProcSpec]],
     *,
-    topology: Topology,
+    supernodes: tuple[Topology, ...],
     run_dir: Path,
     stop: asyncio.Event,
     on_death: Callable[[Running], None] | None,
@@ -379,9 +427,10 @@ async def _supervised(
     """Start the waves one after another, each once the previous one answers SERVING. A process
     that dies is a `died` event for each of its servers. The run directory is removed at the end
     unless a process died: its log explains the death."""
+    topology = supernodes[0]
     fabric = topology.service(ServiceKind.FABRIC).address
     credentials = security.credentials()
-    async with death_reporter(topology, on_death) as reporter:
+    async with death_reporter(supernodes, on_death) as reporter:
         supervisor = Supervisor(log_dir=run_dir / "logs", on_exit=reporter)
         try:
             async with supervisor:
@@ -404,15 +453,21 @@ async def _supervised(
                         credentials=credentials,
                     )
                     if topology.epoch_wall_s is None and fabric in wave_addresses(wave):
-                        # compose without $CMEMU_EPOCH: the fabric took the epoch when it started
+                        # compose without $CMEMU_EPOCH: sn0's fabric took the epoch when it
+                        # started (and gave it to the other supernodes' fabrics)
                         topology = reporter.topology = await _with_fabric_clock(
                             topology, credentials
+                        )
+                        supernodes = tuple(
+                            dataclasses.replace(t, epoch_wall_s=topology.epoch_wall_s)
+                            for t in supernodes
                         )
                     done += len(wave_addresses(wave))
                 yield Supernode(
                     options=options,
-                    topology=topology,
-                    clients=Clients(topology, credentials),
+                    topology=supernodes[0],
+                    clients=Clients(supernodes[0], credentials, supernodes=supernodes),
+                    supernodes=supernodes,
                     supervisor=supervisor,
                     run_dir=run_dir,
                     security=security,
@@ -422,29 +477,45 @@ async def _supervised(
                 await asyncio.to_thread(shutil.rmtree, run_dir, True)
 
 
+def topology_file(run_dir: Path, topology: Topology) -> Path:
+    """Where a supernode's document goes in a run directory (topology.json for sn0)."""
+    index = topology.index
+    return run_dir / ("topology.json" if index == 0 else f"topology-{topology.supernode}.json")
+
+
+def merge_waves(per_supernode: list[list[list[ProcSpec]]]) -> list[list[ProcSpec]]:
+    """Several supernodes start wave by wave together: every fabric, then every device..."""
+    return [[spec for waves in per_supernode for spec in waves[w]] for w in range(WAVES)]
+
+
 @contextlib.asynccontextmanager
 async def _procs(
     options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
 ) -> AsyncIterator[Supernode]:
     run_dir = await _make_run_dir(options)
-    topology = await asyncio.to_thread(options.topology)
+    supernodes = await asyncio.to_thread(options.supernodes)
     # every process computes the same emulated time from the same epoch
-    topology = dataclasses.replace(topology, epoch_wall_s=time.time())
+    epoch = time.time()
+    supernodes = tuple(dataclasses.replace(t, epoch_wall_s=epoch) for t in supernodes)
     async with (
-        _security(options, topology) as security,
-        _broker(options, topology) as with_broker,
+        _security(options, *supernodes) as security,
+        _broker(options, supernodes[0]) as first,
     ):
-        topology_path = run_dir / "topology.json"
-        await asyncio.to_thread(topology_path.write_text, with_broker.to_json())
+        docs = tuple(dataclasses.replace(t, broker=first.broker) for t in supernodes)
+        per_supernode = []
+        for doc in docs:
+            path = topology_file(run_dir, doc)
+            await asyncio.to_thread(path.write_text, doc.to_json())
+            per_supernode.append(proc_waves(doc, path, options.per))
         env = await asyncio.to_thread(security.env, run_dir)
         waves = [
             [dataclasses.replace(spec, env={**spec.env, **env}) for spec in wave]
-            for wave in proc_waves(with_broker, topology_path, options.per)
+            for wave in merge_waves(per_supernode)
         ]
         async with _supervised(
             options,
             waves,
-            topology=with_broker,
+            supernodes=docs,
             run_dir=run_dir,
             stop=stop,
             on_death=on_death,
@@ -453,48 +524,84 @@ async def _procs(
             yield sn
 
 
-@contextlib.asynccontextmanager
-async def _compose(
-    options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
-) -> AsyncIterator[Supernode]:
+@dataclass(frozen=True, kw_only=True)
+class _Loaded:
+    """What a compose file or a directory of manifests runs: its processes in start waves, the
+    supernodes they serve, and the token the files give them (None: the options')."""
+
+    waves: list[list[ProcSpec]]
+    supernodes: tuple[Topology, ...]
+    token: str | None
+
+
+def _broker_override(options: LaunchOptions) -> str | None:
+    """The files' own broker, unless the options name one (or none)."""
+    return None if options.broker == EMBEDDED else options.broker
+
+
+def _load_compose(options: LaunchOptions, run_dir: Path) -> _Loaded:
+    # as `docker compose up` does: the fabric's epoch, unless $CMEMU_EPOCH gives one to all
     assert options.compose_file is not None
-    run_dir = await _make_run_dir(options)
-    # as `docker compose up` does: the fabric's epoch, unless $CMEMU_EPOCH gives one to all; the
-    # file's own broker, unless the options name one (or none)
-    load = functools.partial(
-        composerun.load,
-        options.compose_file,
-        dict(os.environ),
-        run_dir,
-        broker=None if options.broker == EMBEDDED else options.broker,
+    services, supernodes = composerun.load(
+        options.compose_file, dict(os.environ), run_dir, broker=_broker_override(options)
     )
-    try:
-        services, topology = await asyncio.to_thread(load)
-    except BaseException:  # nothing ran: nothing to keep
-        await asyncio.to_thread(shutil.rmtree, run_dir, True)
-        raise
-    # the compose file's own token (its secret) wins; else the options' is given to every service
-    token = await asyncio.to_thread(composerun.token_of, services)
-    async with _security(options, topology, token=token) as security:
-        env = await asyncio.to_thread(security.env, run_dir)
-        waves = [
-            [dataclasses.replace(s.spec, env={**env, **s.spec.env}) for s in wave]
-            for wave in composerun.start_order(services)
-        ]
-        async with _supervised(
-            options,
-            waves,
-            topology=topology,
-            run_dir=run_dir,
-            stop=stop,
-            on_death=on_death,
-            security=security,
-        ) as sn:
-            yield sn
+    return _Loaded(
+        waves=[[s.spec for s in wave] for wave in composerun.start_order(services)],
+        supernodes=supernodes,
+        token=composerun.token_of(services),
+    )
+
+
+def _load_k8s(options: LaunchOptions, run_dir: Path) -> _Loaded:
+    assert options.k8s_dir is not None
+    run = k8srun.load(options.k8s_dir, run_dir, broker=_broker_override(options))
+    return _Loaded(waves=run.waves, supernodes=run.supernodes, token=run.token)
+
+
+def _from_files(
+    load: Callable[[LaunchOptions, Path], _Loaded],
+) -> Launcher:
+    """A launcher of the processes that files describe (a compose file, Kubernetes manifests),
+    wave by wave, under the supervisor."""
+
+    @contextlib.asynccontextmanager
+    async def launch(
+        options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
+    ) -> AsyncIterator[Supernode]:
+        run_dir = await _make_run_dir(options)
+        try:
+            loaded = await asyncio.to_thread(load, options, run_dir)
+        except BaseException:  # nothing ran: nothing to keep
+            await asyncio.to_thread(shutil.rmtree, run_dir, True)
+            raise
+        # the files' own token (a secret) wins; else the options' is given to every process
+        async with _security(options, *loaded.supernodes, token=loaded.token) as security:
+            env = await asyncio.to_thread(security.env, run_dir)
+            waves = [
+                [dataclasses.replace(spec, env={**env, **spec.env}) for spec in wave]
+                for wave in loaded.waves
+            ]
+            async with _supervised(
+                options,
+                waves,
+                supernodes=loaded.supernodes,
+                run_dir=run_dir,
+                stop=stop,
+                on_death=on_death,
+                security=security,
+            ) as sn:
+                yield sn
+
+    return launch
 
 
 Launcher = Callable[
     [LaunchOptions, asyncio.Event, Callable[[Running], None] | None],
     AbstractAsyncContextManager[Supernode],
 ]
-LAUNCHERS: dict[Mode, Launcher] = {"inprocess": _inprocess, "procs": _procs, "compose": _compose}
+LAUNCHERS: dict[Mode, Launcher] = {
+    "inprocess": _inprocess,
+    "procs": _procs,
+    "compose": _from_files(_load_compose),
+    "k8s": _from_files(_load_k8s),
+}

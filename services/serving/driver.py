@@ -58,6 +58,7 @@ from emulator.model.serving.engine import (
 )
 from emulator.model.topology import Device
 from services.eventsink import EventSink
+from services.gateway_kv import KvOverRdma
 from services.peers import Peers
 from services.serving.stats import RequestMetrics, ServingStats
 
@@ -152,6 +153,7 @@ class Driver:
         self.peers = peers
         self.events = events
         self.ems = ems_pb2_grpc.EmsStub(peers.channel(ems_address))
+        self.kv_rdma = KvOverRdma.of(peers)  # prefill -> decode over RDMA, when there is a plane
         self.stats = ServingStats()
         self.streams: dict[str, Stream] = {}
         self._inputs: deque[_Input] = deque()
@@ -568,6 +570,9 @@ class Driver:
             self._spawn(self._store_blocks(plan.block_keys, src.id), f"store-{plan.id}")
         if plan.transfer.bytes == 0:
             return StepResult()
+        if self.kv_rdma is not None:
+            took_s = await self.kv_rdma.write(src, dst, offset, plan.transfer.bytes)
+            return StepResult(transfer_s=took_s)
         tx = ub_pb2.UbTransaction(
             op=ub_pb2.UB_OP_WRITE,
             dst=ub_pb2.UbAddress(eid=dst.eid, offset=offset),

@@ -41,6 +41,11 @@ QUICK = [
 ]
 SLOW = [  # each over 5 s: together they would take this file past 20 s
     Quick(
+        "gateway",
+        ("--seconds", "0.3", "--concurrency", "2", "--bulk-mib", "8"),
+        frozenset({"one_flow", "shared_port", "ops_per_second"}),
+    ),
+    Quick(
         "ems",
         ("--preset", "cm-mini", "--seconds", "0.3", "--requests", "3", "--big-mib", "2"),
         frozenset({"throughput", "big_object", "hit_rate", "store"}),
@@ -64,6 +69,7 @@ SLOW = [  # each over 5 s: together they would take this file past 20 s
         ("--seconds", "0.3", "--runs", "1", "--concurrency", "4"),
         frozenset({"ep320", "ub_rows", "moe_rows"}),
     ),
+    Quick("scaleout", ("--quick",), frozenset({"series", "validation", "wall_s"})),
 ]
 
 
@@ -93,8 +99,14 @@ def test_a_quick_benchmark_writes_json_and_a_png(quick: Quick, tmp_path: Path) -
     check_written(quick, tmp_path / "out")  # a directory that does not exist yet
 
 
+# deploy starts cm-mini in process mode, on its fixed loopback addresses: see tests/conftest.py
+ONE_AT_A_TIME = {"deploy": pytest.mark.xdist_group("loopback-procs")}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("quick", SLOW, ids=lambda q: q.name)
+@pytest.mark.parametrize(
+    "quick", [pytest.param(q, id=q.name, marks=ONE_AT_A_TIME.get(q.name, ())) for q in SLOW]
+)
 def test_a_slower_benchmark_writes_json_and_a_png(quick: Quick, tmp_path: Path) -> None:
     check_written(quick, tmp_path)
 
@@ -112,6 +124,7 @@ def test_a_slower_benchmark_writes_json_and_a_png(quick: Quick, tmp_path: Path) 
         ("serving", ("--seconds", "-1")),
         ("serving_live", ("--streams", "1,x")),
         ("fabric", ("--runs", "0")),
+        ("scaleout", ("--expert-parallel", "0")),
     ],
 )
 def test_bad_options_are_a_usage_error_before_anything_runs(

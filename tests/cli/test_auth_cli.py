@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from emulator.runtime import state
 from emulator.testing import MINI_SERVERS, cmemu_up, free_port_block, run_cmemu
 
@@ -20,6 +22,7 @@ GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 cmemu = run_cmemu
 
 
+@pytest.mark.xdist_group("loopback-procs")  # 127.10.x.y, procs mode's: see tests/conftest.py
 def test_procs_with_a_token_file(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")

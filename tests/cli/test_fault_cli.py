@@ -117,6 +117,7 @@ def test_bad_input_gets_a_message_not_a_traceback(running: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("loopback-procs")  # 127.10.x.y, procs mode's: see tests/conftest.py
 def test_process_pause_and_kill_in_procs_mode(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     at = ("--state-file", str(state_file))

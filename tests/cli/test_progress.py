@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from emulator.cli import progress
 from emulator.testing import CMEMU, MINI_PORTS, cmemu_up, free_port_block, run_cmemu
 
@@ -60,6 +62,7 @@ def test_bars_only_on_a_terminal(tmp_path: Path) -> None:
     os.close(master)
 
 
+@pytest.mark.xdist_group("loopback-procs")  # 127.10.x.y, procs mode's: see tests/conftest.py
 def test_boot_bar_on_a_terminal_and_not_in_a_pipe(tmp_path: Path) -> None:
     state = tmp_path / "tty.json"
     # each device on its own loopback address, on a port no other run is using right now

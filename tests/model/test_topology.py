@@ -57,7 +57,8 @@ def test_every_preset_has_unique_dns_ids_eids_and_addresses(name: str) -> None:
 
 
 def test_smaller_supernodes_use_the_published_sizes() -> None:
-    sizes = {p.name: p.nodes * 8 for p in load_presets().values() if p.source == "pub"}
+    one = [p for p in load_presets().values() if p.source == "pub" and not p.scaleout]
+    sizes = {p.name: p.nodes * 8 for p in one}
     assert sizes == {"cm384": 384, "cm352": 352, "cm288": 288, "cm256": 256, "cm192": 192}
     assert load_presets()["cm8192"].source == "extrapolated"
 

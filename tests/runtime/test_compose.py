@@ -55,7 +55,8 @@ def test_docker_compose_accepts_every_committed_file(name: str) -> None:
 def test_cm384_per_device_is_one_container_per_device() -> None:
     doc = yaml.safe_load((COMPOSE_DIR / "cm384.yaml").read_text())
     services = doc["services"]
-    assert len(services) == 384 + 192 + 48 + len(ServiceKind) + 1  # and the broker
+    # every service kind but the gateway (one supernode, no scale-out plane), and the broker
+    assert len(services) == 384 + 192 + 48 + len(ServiceKind) - 1 + 1
     npu = services["n07-npu3"]
     assert npu["hostname"] == "n07-npu3"
     assert npu["command"][-2:] == ["--device", "n07-npu3"]
@@ -86,7 +87,7 @@ def test_no_bridge_holds_more_than_a_thousand_endpoints() -> None:
             members[net] = members.get(net, 0) + 1
     assert len(members) == 2
     assert max(members.values()) <= composegen.MAX_BRIDGE_ENDPOINTS
-    shared = len(ServiceKind) + 1  # the supernode-wide services and the broker
+    shared = len(ServiceKind) - 1 + 1  # the supernode-wide services but the gateway, the broker
     assert sum(members.values()) == 1024 + 2 * shared  # they join every bridge
 
 
@@ -117,7 +118,7 @@ def test_bad_compose_files_are_refused(tmp_path: Path, text: str, words: str) ->
 
 
 def test_depends_on_orders_the_start_and_cycles_are_refused(tmp_path: Path) -> None:
-    services, topology = composerun.load(
+    services, (topology,) = composerun.load(
         COMPOSE_DIR / "cm-mini.yaml", {"CMEMU_EPOCH": "5"}, tmp_path
     )
     waves = [[s.name for s in wave] for wave in composerun.start_order(services)]
@@ -127,7 +128,7 @@ def test_depends_on_orders_the_start_and_cycles_are_refused(tmp_path: Path) -> N
     assert waves[4] == ["router"]  # after the scheduler and EMS it asks
     assert waves[5] == ["manager"]  # last: it watches them all
     assert topology.epoch_wall_s == 5.0  # $CMEMU_EPOCH, when set, is every process's epoch
-    _, unset = composerun.load(COMPOSE_DIR / "cm-mini.yaml", {}, tmp_path)
+    _, (unset,) = composerun.load(COMPOSE_DIR / "cm-mini.yaml", {}, tmp_path)
     assert unset.epoch_wall_s is None  # else the fabric's, asked by each process
     assert topology.device("n00-npu0").address.startswith("127.60.")
     a, b = services[0], services[1]
@@ -141,7 +142,9 @@ def test_depends_on_orders_the_start_and_cycles_are_refused(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("broker", ["none", "mqtt://127.0.0.1:1999"])
 def test_a_broker_of_the_launchers_replaces_the_files(tmp_path: Path, broker: str) -> None:
-    services, topology = composerun.load(COMPOSE_DIR / "cm-mini.yaml", {}, tmp_path, broker=broker)
+    services, (topology,) = composerun.load(
+        COMPOSE_DIR / "cm-mini.yaml", {}, tmp_path, broker=broker
+    )
     names = {s.name for s in services}
     assert "mosquitto" not in names and len(names) == MINI_SERVERS
     assert all("mosquitto" not in s.depends for s in services)

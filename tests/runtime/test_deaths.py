@@ -47,6 +47,7 @@ async def test_a_killed_node_process_is_a_died_event_for_each_of_its_devices(
     assert (tmp_path / "run" / "logs" / "n01.log").exists()  # kept: a process died
 
 
+@pytest.mark.xdist_group("loopback-compose")  # 127.60.x.y, compose's: see tests/conftest.py
 async def test_a_killed_compose_service_is_a_died_event(tmp_path: Path) -> None:
     options = LaunchOptions(
         mode="compose", compose_file=COMPOSE_DIR / "cm-mini.yaml", run_dir=tmp_path / "run"

@@ -393,6 +393,7 @@ def test_cmemu_up_metrics_none(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("loopback-procs")  # 127.10.x.y, procs mode's: see tests/conftest.py
 async def test_procs_mode_has_one_endpoint_per_process(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     with up(state_file, "--preset", "cm-mini", "--mode", "procs") as urls:

@@ -4,6 +4,7 @@ process mode run as real OS processes on their own loopback addresses."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -18,8 +19,15 @@ import grpc
 import pytest
 
 from cmemu.v1 import device_pb2, device_pb2_grpc, fabric_pb2, fabric_pb2_grpc
-from emulator.runtime.registry import SERVICE_SPECS
-from emulator.testing import CMEMU, MINI_PORTS, MINI_SERVERS, cmemu_up, free_port_block, run_cmemu
+from emulator.testing import (
+    CMEMU,
+    MINI_DEVICES,
+    MINI_PORTS,
+    MINI_SERVERS,
+    cmemu_up,
+    free_port_block,
+    run_cmemu,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -30,22 +38,51 @@ BIN = Path(sys.executable).parent
 run = run_cmemu
 
 
-def serve_processes() -> list[int]:
-    out = subprocess.run(
-        ["pgrep", "-f", f"{CMEMU} .*serve"], capture_output=True, text=True, check=False
-    )
-    return [int(p) for p in out.stdout.split()]
+def processes_under(tmp: Path) -> dict[int, list[str]]:
+    """Every process with an argument in `tmp` (a file of its run directory), by pid: those
+    of the `cmemu up` run with $TMPDIR=`tmp`, not those of other tests running at the same
+    time (pytest-xdist workers) nor of other users of the machine."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_text().split("\0")
+        except OSError:  # not a process, or it exited meanwhile
+            continue
+        if proc.name.isdigit() and any(a.startswith(f"{tmp}/") for a in argv):
+            found[int(proc.name)] = argv
+    return found
+
+
+def serve_processes(tmp: Path) -> list[int]:
+    """The `cmemu serve` processes of the `cmemu up` run with $TMPDIR=`tmp`."""
+    return [
+        pid for pid, argv in processes_under(tmp).items() if CMEMU in argv[:2] and "serve" in argv
+    ]
+
+
+def kill_left_over(tmp: Path) -> None:
+    """After a failed test: whatever its `cmemu up` left running, so that it does not hold
+    the fixed addresses the next test binds."""
+    for pid in processes_under(tmp):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @contextmanager
 def up(
     state_file: Path, *args: str, output: list[str] | None = None
 ) -> Iterator[subprocess.Popen[str]]:
-    with cmemu_up(state_file, *args, output=output) as proc:
-        yield proc
-    assert not serve_processes(), "a serve process outlived its supervisor"
+    """`cmemu up` with its temporary files (the run directory) beside the state file."""
+    tmp = state_file.parent
+    try:
+        with cmemu_up(state_file, *args, output=output, env={"TMPDIR": str(tmp)}) as proc:
+            yield proc
+        assert not serve_processes(tmp), "a serve process outlived its supervisor"
+    finally:
+        kill_left_over(tmp)
 
 
+@pytest.mark.xdist_group("loopback-compose")  # 127.60.x.y, compose's: see tests/conftest.py
 def test_cm_mini_from_its_compose_file(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     output: list[str] = []
@@ -56,7 +93,7 @@ def test_cm_mini_from_its_compose_file(tmp_path: Path) -> None:
         rows = json.loads(ls.stdout)
         assert len(rows) == MINI_SERVERS and {r["health"] for r in rows} == {"SERVING"}
         assert all(r["address"].startswith("127.60.") for r in rows)
-        pids = serve_processes()
+        pids = serve_processes(tmp_path)
         assert len(pids) == MINI_SERVERS  # every device and service, each its own process
 
         npu = next(d for d in topology["devices"] if d["id"] == "n01-npu2")
@@ -105,10 +142,12 @@ def test_cm_mini_from_its_compose_file(tmp_path: Path) -> None:
     assert "cmemu: stopped" in out
 
 
+@pytest.mark.xdist_group("loopback-procs")  # 127.10.x.y, procs mode's: see tests/conftest.py
 def test_process_mode_per_node(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     with up(state_file, "--preset", "cm-mini", "--mode", "procs", "--per", "node"):
-        assert len(serve_processes()) == 2 + len(SERVICE_SPECS)  # two nodes and the services
+        # two nodes and the supernode-wide services (cm-mini has no gateway: no RDMA plane)
+        assert len(serve_processes(tmp_path)) == 2 + MINI_SERVERS - MINI_DEVICES
         rows = json.loads(run("ls", "--state-file", str(state_file), "--json").stdout)
         assert len(rows) == MINI_SERVERS and {r["health"] for r in rows} == {"SERVING"}
         assert len({r["address"] for r in rows}) == MINI_SERVERS  # one loopback address each
@@ -213,6 +252,7 @@ def test_without_an_epoch_every_process_takes_the_fabrics(tmp_path: Path) -> Non
             p.wait(timeout=30)
 
 
+@pytest.mark.xdist_group("loopback-procs")  # 127.10.x.y, procs mode's: see tests/conftest.py
 def test_ems_loses_nothing_when_a_pool_dies_or_ems_restarts(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     with up(state_file, "--preset", "cm-mini", "--mode", "procs", "--per", "device"):
@@ -226,7 +266,7 @@ def test_ems_loses_nothing_when_a_pool_dies_or_ems_restarts(tmp_path: Path) -> N
             assert put.returncode == 0, put.stderr
         pid_of = {
             " ".join(Path(f"/proc/{p}/cmdline").read_text().split("\0")): p
-            for p in serve_processes()
+            for p in serve_processes(tmp_path)
         }
         pool = next(p for cmd, p in pid_of.items() if "--device n00-mem" in cmd)
         os.kill(pool, signal.SIGKILL)  # a memory pool dies with every copy it held

@@ -28,7 +28,7 @@ def test_process_waves_follow_the_registry(tmp_path: Path) -> None:
 
 
 def test_compose_starts_each_service_after_what_it_needs() -> None:
-    text, topology = generate("cm-mini", "node")
+    text, (topology,) = generate("cm-mini", "node")
     blocks = text.split("\n\n")
     router = next(b for b in blocks if b.startswith("  router:"))
     for needed in ("fabric", "ems", "scheduler"):

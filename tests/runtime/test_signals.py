@@ -3,6 +3,7 @@ gone, and no run directory left behind (it is kept only when a process died)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -13,27 +14,33 @@ import pytest
 
 from emulator.model.topology import build, server_count
 from emulator.testing import CMEMU, free_port_block
-from tests.runtime.test_procs import ROOT, serve_processes
+from tests.runtime.test_procs import ROOT, kill_left_over, serve_processes
 
 pytestmark = pytest.mark.slow
-# cm384 in process: long enough a start to interrupt, on ports nothing else holds
-INPROCESS_PORT = free_port_block(server_count(build("cm384")), start=26100)
-
 MODES = {
-    "inprocess": ["--preset", "cm384", "--base-port", str(INPROCESS_PORT)],
+    # cm384 in process: long enough a start to interrupt, on a block of ports found free when
+    # the test starts (not at import, long before: by then another test may hold them)
+    "inprocess": ["--preset", "cm384"],
     "procs": ["--preset", "cm-mini", "--mode", "procs", "--per", "node"],
     "compose": ["--from-compose", str(ROOT / "compose" / "cm-mini.yaml")],
 }
 
 
-def _up(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], Path]:
+STDERR = "cmemu-up.stderr"
+
+
+def _up(tmp_path: Path, mode: str, port: int) -> tuple[subprocess.Popen[str], Path]:
     state_file = tmp_path / "state" / "state.json"
-    proc = subprocess.Popen(
-        [CMEMU, "up", *MODES[mode], "--state-file", str(state_file)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    ports = ["--base-port", str(port)] if mode == "inprocess" else []
+    # its logs to a file: an unread pipe fills at 64 KiB and blocks the launcher's event loop
+    with (tmp_path / STDERR).open("w") as errors:
+        proc = subprocess.Popen(
+            [CMEMU, "up", *MODES[mode], *ports, "--state-file", str(state_file)],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env={**os.environ, "TMPDIR": str(tmp_path)},  # its run directory: serve_processes
+        )
     return proc, state_file
 
 
@@ -53,35 +60,53 @@ def _wait_for(check: object, timeout_s: float = 120) -> None:
 
 
 @pytest.mark.parametrize("phase", ["starting", "serving"])
-@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "inprocess",
+        pytest.param("procs", marks=pytest.mark.xdist_group("loopback-procs")),
+        pytest.param("compose", marks=pytest.mark.xdist_group("loopback-compose")),
+    ],
+)  # procs' and compose's fixed loopback addresses: see tests/conftest.py
 def test_sigterm_ends_up_cleanly(tmp_path: Path, mode: str, phase: str) -> None:
-    proc, state_file = _up(tmp_path, mode)
+    try:
+        _ends_cleanly(tmp_path, mode, phase)
+    finally:
+        kill_left_over(tmp_path)
+
+
+def _ends_cleanly(tmp_path: Path, mode: str, phase: str) -> None:
+    port = free_port_block(server_count(build("cm384")), start=26100)
+    proc, state_file = _up(tmp_path, mode, port)
     try:
         if phase == "starting":
             # once its loop runs: its first server listens, or its first process is started
             if mode == "inprocess":
-                _wait_for(lambda: _listening(INPROCESS_PORT))
+                _wait_for(lambda: _listening(port))
             else:
-                _wait_for(lambda: bool(serve_processes()))
+                _wait_for(lambda: bool(serve_processes(tmp_path)))
             assert not state_file.exists(), "it finished starting too soon to test this"
         else:
-            _wait_for(state_file.exists)
+            # (or it exited: what it said is asserted on below)
+            _wait_for(lambda: state_file.exists() or proc.poll() is not None)
         proc.send_signal(signal.SIGTERM)
         try:
-            out, err = proc.communicate(timeout=120)
+            out, _ = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
-            out, err = proc.communicate()
+            out, _ = proc.communicate()
+            err = (tmp_path / STDERR).read_text()
             pytest.fail(f"no exit 120 s after SIGTERM:\n{out[-2000:]}\n{err[-4000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    err = (tmp_path / STDERR).read_text()
     assert "Traceback" not in err, err
     assert proc.returncode == 0, (out, err)
     assert "cmemu: stopped" in out
     if phase == "starting":
         assert "stopped while starting" in out
-    assert not serve_processes(), "a serve process outlived its supervisor"
+    assert not serve_processes(tmp_path), "a serve process outlived its supervisor"
     left = list(state_file.parent.iterdir()) if state_file.parent.exists() else []
     assert not left, f"left behind: {left}"

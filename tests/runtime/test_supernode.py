@@ -123,6 +123,7 @@ async def test_a_stop_during_start_stops_everything(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("loopback-compose")  # 127.60.x.y, compose's: see tests/conftest.py
 async def test_compose_mode_runs_the_committed_file(tmp_path: Path) -> None:
     options = LaunchOptions(
         mode="compose", compose_file=COMPOSE_DIR / "cm-mini.yaml", run_dir=tmp_path / "run"

@@ -399,7 +399,14 @@ def test_status_and_summary_show_the_url(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("preset", "args"),
-    [("cm384", ()), ("cm-mini", ("--mode", "procs", "--metrics", "none"))],
+    [
+        ("cm384", ()),
+        pytest.param(
+            "cm-mini",
+            ("--mode", "procs", "--metrics", "none"),
+            marks=pytest.mark.xdist_group("loopback-procs"),  # see tests/conftest.py
+        ),
+    ],
     ids=["cm384-inprocess", "cm-mini-procs"],
 )
 def test_every_die_and_a_fault_in_big_and_process_modes(

@@ -7,7 +7,6 @@ import asyncio
 import importlib
 import pkgutil
 import stat
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,10 @@ from emulator.client.errors import decode
 from emulator.model.topology import build, server_count
 from emulator.runtime import composegen
 from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import CMEMU, free_port_block
+from emulator.testing import CMEMU, free_port_block, grpcurl
 from services import auth
 
 TOKEN = "s3cret-token"
-GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 
 
 # --- the table -----------------------------------------------------------------------------------
@@ -188,12 +186,7 @@ async def test_clients_with_the_token_change_state(guarded: Supernode) -> None:
 
 
 async def _grpcurl(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        GRPCURL, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await grpcurl(*args, plaintext=False)  # the tests name -plaintext or -cacert
 
 
 async def test_tls_auto_with_grpcurl_and_typed_clients(tmp_path: Path) -> None:

@@ -60,6 +60,7 @@ def test_the_catalogue_has_every_kind_with_typed_params() -> None:
         "crash", "hang", "slow", "hbm-ecc", "die-down", "link-flap", "node-power-off",
         "process-kill", "process-pause", "pool-loss", "broker-outage", "link-down",
         "link-degraded", "link-latency", "switch-down", "partition", "device-down",
+        "rdma-link-down", "rdma-link-slow", "rdma-switch-down", "rdma-switch-slow", "gateway-down",
     }  # fmt: skip
     slow = faults.KINDS["slow"].params_from({"compute": "0.25"})
     assert (slow.compute, slow.link) == (0.25, 1.0)

@@ -3,12 +3,9 @@ failures reported by a controller, events, tokens, every bad input's status, and
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -22,12 +19,11 @@ from emulator.client.errors import decode
 from emulator.model.clock import Clock
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import build
-from emulator.testing import Clients, free_port_block
+from emulator.testing import Clients, free_port_block, grpcurl
 from services.auth import ServerSecurity
 from services.peers import Peers
 from services.scheduler import SchedulerState, create_scheduler
 
-GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 TOKEN = "s3cret-token"
 
 
@@ -258,35 +254,22 @@ async def test_changes_need_the_token_reads_do_not() -> None:
             await anonymous.close()
 
 
-async def _grpcurl(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        GRPCURL,
-        "-plaintext",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def test_grpcurl_reaches_the_scheduler(sched: Served) -> None:
-    code, out, err = await _grpcurl(sched.address, "list")
+    code, out, err = await grpcurl(sched.address, "list")
     assert code == 0, err
     assert "cmemu.v1.Scheduler" in out.split()
-    code, out, err = await _grpcurl(sched.address, "cmemu.v1.Scheduler/ListPolicies")
+    code, out, err = await grpcurl(sched.address, "cmemu.v1.Scheduler/ListPolicies")
     assert code == 0, err
     assert json.loads(out)["default_policy"] == "topology-aware"
     body = json.dumps({"job": "probe", "npus": 16, "whole_nodes": True})
-    code, out, err = await _grpcurl("-d", body, sched.address, "cmemu.v1.Scheduler/Allocate")
+    code, out, err = await grpcurl("-d", body, sched.address, "cmemu.v1.Scheduler/Allocate")
     assert code == 0, err
     nodes = json.loads(out)["nodes"]
     assert len(nodes) == 2
     elsewhere = json.dumps({"job": "probe", "node": "n47" if "n47" not in nodes else "n00"})
-    code, _, err = await _grpcurl("-d", elsewhere, sched.address, "cmemu.v1.Scheduler/Replace")
+    code, _, err = await grpcurl("-d", elsewhere, sched.address, "cmemu.v1.Scheduler/Replace")
     assert code != 0 and "FailedPrecondition" in err and "NOT_IN_JOB" in err
-    code, out, err = await _grpcurl(sched.address, "grpc.health.v1.Health/Check")
+    code, out, err = await grpcurl(sched.address, "grpc.health.v1.Health/Check")
     assert code == 0 and json.loads(out)["status"] == "SERVING"
 
 

@@ -76,13 +76,13 @@ class CommModel:
         local = max(server.count(s) for s in set(server))
         remote_share = (n - local) / n
         ub_share = (local - 1) / n
-        rdma = p.npu.rdma_bytes_per_s_per_die * p.serving.roce_efficiency
+        rdma = p.npu.rdma_bytes_per_s_per_die * p.scaleout.efficiency
         out: list[float] = []
         for op in ("dispatch", "combine"):
             sent = tokens * p.moe.top_k * moe_bytes_per_token(op, p)
             ub = sent * ub_share / p.ub.achieved_bytes_per_s_per_die
             net = sent * remote_share / rdma
-            latency = ub_base_latency_s(p) + (2 * p.serving.roce_hop_latency_s if net else 0.0)
+            latency = ub_base_latency_s(p) + (p.scaleout.latency_s(switches=3) if net else 0.0)
             out.append(latency + max(ub, net) + moe_overhead_s(op, p, ranks=n))
         return out[0], out[1]
 
@@ -111,8 +111,8 @@ class CommModel:
                 / NS
             )
         p = self.profile
-        rdma = p.npu.rdma_bytes_per_s_per_die * p.serving.roce_efficiency
-        return 2 * p.serving.roce_hop_latency_s + ub_base_latency_s(p) + nbytes / rdma
+        rdma = p.npu.rdma_bytes_per_s_per_die * p.scaleout.efficiency
+        return p.scaleout.latency_s(switches=3) + ub_base_latency_s(p) + nbytes / rdma
 
 
 def _node(name: str) -> int:

@@ -37,7 +37,7 @@ from emulator.client.health import UNREACHABLE, status_name
 from emulator.model.errors import NotFoundError
 from emulator.model.naming import DeviceKind
 from emulator.model.topology import ServiceKind, Topology
-from emulator.runtime.events import parse_broker_url, topic
+from emulator.runtime.events import parse_broker_url, subscriber, topic
 from emulator.runtime.webview.snapshot import SERVING, Json, LinkSample, Machine, plane_utilisation
 
 log = structlog.get_logger("cmemu.webview")
@@ -260,7 +260,7 @@ class Collector:
     async def _events(self) -> None:
         assert self.topology.broker is not None
         host, port = parse_broker_url(self.topology.broker)
-        async with aiomqtt.Client(host, port, timeout=5) as client:
+        async with subscriber(host, port, timeout=5) as client:
             await client.subscribe(topic(self.topology.supernode, "+", "events"), qos=1)
             self._ok("events")
             async for message in client.messages:

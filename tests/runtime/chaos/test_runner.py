@@ -91,6 +91,9 @@ def test_the_plugin_injects_and_waits_in_emulated_time(
 
 
 @pytest.mark.slow
+# at x10, not the module's x20: the live serving deployment keeps pace on a loaded 2-core
+# machine (the whole suite runs in parallel workers), so what is judged is the recovery
+@pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=10)
 def test_a_crashed_decode_npu_recovers_within_ten_minutes(chaos: Chaos) -> None:
     """The library's npu-crash-decode: detection, isolation, replacement and restore by the
     reference cluster manager and the serving deployment, judged from outside."""
