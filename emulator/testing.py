@@ -258,6 +258,13 @@ def cmemu_up(
             out, _ = proc.communicate(timeout=120)
         except ValueError:  # the caller already read it to the end
             out = ""
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            errors.seek(0)
+            said = errors.read()[-8000:]
+            errors.close()
+            raise RuntimeError(f"cmemu up did not stop within 120 s of SIGINT: {said}") from None
         if output is not None:
             output.append(out or "")
         errors.close()

@@ -252,6 +252,7 @@ async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
                 slow_stop = asyncio.get_running_loop().call_later(
                     options.drain_s + STOP_REPORT_S, _report_slow_stop
                 )
+                await sn.not_serving()  # before the web view and the rest are torn down
                 await asyncio.to_thread(state.remove_if_ours, path)
                 await asyncio.to_thread(state.remove_token, path)
                 if options.tls == "auto" and options.tls_dir is not None:
@@ -280,8 +281,16 @@ def _print_tasks(why: str) -> None:
 
 
 def _report_slow_stop() -> None:
-    """A stop that does not end is a bug: say what every task is waiting in."""
+    """A stop that does not end is a bug: say what every task is waiting in, and if it still
+    has not ended as long again, exit anyway (a launcher's stop must end)."""
     _print_tasks(f"still stopping {STOP_REPORT_S:g} s after the drain")
+    asyncio.get_running_loop().call_later(STOP_REPORT_S, _give_up_stopping)
+
+
+def _give_up_stopping() -> None:
+    print("cmemu: the stop did not end; exiting without it (exit 1)", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
 
 
 def _argv_without_detach() -> list[str]:

@@ -288,6 +288,11 @@ class InProcessSupernode:
             credentials=self.credentials,
         )
 
+    async def not_serving(self) -> None:
+        """Every hosted server's health NOT_SERVING at once: the first thing a stop does, so
+        that clients and load balancers see it before anything else is torn down."""
+        await asyncio.gather(*(h.set_serving(False) for h in self._hosts))
+
     async def stop(self) -> None:
         self._stopping.set()
         if self._faults is not None:  # no fault timer restarts a server from here on

@@ -184,6 +184,11 @@ class Supernode:
         if self.inprocess is not None:
             self.inprocesses = self.inprocesses or (self.inprocess,)
 
+    async def not_serving(self) -> None:
+        """Turn every server this process hosts NOT_SERVING now (a stop's first step; the
+        processes of procs and compose mode do it themselves on SIGTERM)."""
+        await asyncio.gather(*(local.not_serving() for local in self.inprocesses))
+
     def local_of(self, supernode: int) -> InProcessSupernode:
         """Supernode `supernode`'s servers, when they run in this process."""
         if not self.inprocesses:

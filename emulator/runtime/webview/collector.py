@@ -75,6 +75,7 @@ class Collector:
         self._listeners: set[Listener] = set()
         self._tasks: asyncio.TaskGroup | None = None
         self._running: list[asyncio.Task[None]] = []
+        self._closing = False
         self._urgent = asyncio.Event()  # a health change: publish now, not at the next tick
 
     def listen(self, listener: Listener) -> Callable[[], None]:
@@ -116,6 +117,7 @@ class Collector:
         if tasks is None:
             return
         running, self._running = self._running, []
+        self._closing = True
         for task in running:
             task.cancel()
         await tasks.__aexit__(None, None, None)
@@ -123,8 +125,11 @@ class Collector:
     # --- the loop around every feed ------------------------------------------------------------
 
     async def _feed(self, name: str, feed: Callable[..., Awaitable[None]], *args: str) -> None:
-        """Run a feed for ever: a failure is reported in `sources` and retried after a pause."""
-        while True:
+        """Run a feed until the view closes: a failure is reported in `sources` and retried
+        after a pause. The close's cancellation can reach a feed as an error of its call (grpc
+        reports a call cancelled under it as CANCELLED), which must not be retried: the view's
+        stop would wait for it for ever."""
+        while not self._closing:
             try:
                 await feed(*args)
             except (grpc.aio.AioRpcError, aiomqtt.MqttError, OSError, NotFoundError) as exc:
@@ -134,7 +139,8 @@ class Collector:
             except Exception as exc:  # a bug in one feed must not blind the view to the rest
                 self.machine.set_source(name, _why(exc))
                 log.exception("webview feed crashed", feed=name)
-            await asyncio.sleep(self.rates.retry_s)
+            if not self._closing:
+                await asyncio.sleep(self.rates.retry_s)
 
     def _ok(self, name: str) -> None:
         self.machine.set_source(name, "ok")
