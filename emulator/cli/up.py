@@ -205,8 +205,17 @@ async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
     if ui == UI_NONE:
         yield None
         return
-    async with WebView(sn.clients, address=ui, profile=sn.options.profile) as view:
+    view = await WebView(sn.clients, address=ui, profile=sn.options.profile).__aenter__()
+    try:
         yield view
+    finally:
+        # the page goes first on a stop; a teardown that does not end must not keep the
+        # servers from stopping (it is logged, the stop goes on)
+        try:
+            async with asyncio.timeout(WEBVIEW_STOP_S):
+                await view.__aexit__(None, None, None)
+        except TimeoutError:
+            print(f"cmemu: the web view did not stop within {WEBVIEW_STOP_S:g} s", file=sys.stderr)
 
 
 async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
@@ -268,6 +277,7 @@ async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
             boot.close()
 
 
+WEBVIEW_STOP_S = 5.0  # its feeds, streams and HTTP server
 STOP_REPORT_S = 20.0  # a stop still going after the drain and this long says what it waits for
 
 
@@ -276,15 +286,18 @@ def _print_tasks(why: str) -> None:
     tasks = asyncio.all_tasks()
     print(f"cmemu: {len(tasks)} tasks {why}:", file=sys.stderr, flush=True)
     for task in tasks:
-        task.print_stack(file=sys.stderr)
+        try:
+            task.print_stack(file=sys.stderr)
+        except Exception as exc:  # a frame mid-teardown can have no line number
+            print(f"  {task.get_name()}: stack unreadable ({exc!r})", file=sys.stderr)
     sys.stderr.flush()
 
 
 def _report_slow_stop() -> None:
     """A stop that does not end is a bug: say what every task is waiting in, and if it still
     has not ended as long again, exit anyway (a launcher's stop must end)."""
-    _print_tasks(f"still stopping {STOP_REPORT_S:g} s after the drain")
     asyncio.get_running_loop().call_later(STOP_REPORT_S, _give_up_stopping)
+    _print_tasks(f"still stopping {STOP_REPORT_S:g} s after the drain")
 
 
 def _give_up_stopping() -> None:
