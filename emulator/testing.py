@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = [
     "MINI_PORTS",
     "MINI_SERVERS",
     "Clients",
+    "EventRecorder",
     "Supernode",
     "calls_per_second",
     "cmemu_up",
@@ -193,6 +195,27 @@ async def grpcurl(
     out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+@dataclass
+class EventRecorder:
+    """An event sink that keeps what it is given, for a service made in a test (services see
+    only the EventSink protocol)."""
+
+    events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    connected: bool = True
+    pending: int = 0
+    dropped: int = 0
+
+    def event(self, device: str, event: str, emulated_ns: int, **detail: Any) -> None:
+        self.events.append((device, event, detail))
+
+    def telemetry(self, device: str, sample: dict[str, Any]) -> None:
+        pass
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        """The details of every event of that name, in order."""
+        return [detail for _, event, detail in self.events if event == name]
 
 
 def run_cmemu(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
@@ -21,7 +21,7 @@ from emulator.model.errors import PreconditionError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.scaleout import build_cluster
 from emulator.model.topology import build
-from emulator.testing import free_port_block
+from emulator.testing import EventRecorder, free_port_block
 from services.auth import ServerSecurity
 from services.gateway import GatewayState, create_gateway
 from services.peers import Peers
@@ -33,35 +33,18 @@ TOKEN = "gw-s3cret"
 
 
 @dataclass
-class Recorder:
-    events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
-    connected: bool = True
-    pending: int = 0
-    dropped: int = 0
-
-    def event(self, device: str, event: str, emulated_ns: int, **detail: Any) -> None:
-        self.events.append((device, event, detail))
-
-    def telemetry(self, device: str, sample: dict[str, Any]) -> None:
-        pass
-
-    def named(self, name: str) -> list[dict[str, Any]]:
-        return [detail for _, event, detail in self.events if event == name]
-
-
-@dataclass
 class Served:
     stub: GatewayAsyncStub
     anonymous: GatewayAsyncStub
     state: GatewayState
-    events: Recorder
+    events: EventRecorder
 
 
 @pytest.fixture(scope="module")
 async def served() -> AsyncIterator[Served]:
     topology = build_cluster("cm-minix1")[0]
     address = f"127.0.0.1:{free_port_block(1)}"
-    events = Recorder()
+    events = EventRecorder()
     peers = Peers(topology, Credentials(token=TOKEN))
     state, host = create_gateway(
         address=address,

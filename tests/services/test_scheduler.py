@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -19,7 +19,7 @@ from emulator.client.errors import decode
 from emulator.model.clock import Clock
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import build
-from emulator.testing import Clients, free_port_block, grpcurl
+from emulator.testing import Clients, EventRecorder, free_port_block, grpcurl
 from services.auth import ServerSecurity
 from services.peers import Peers
 from services.scheduler import SchedulerState, create_scheduler
@@ -28,36 +28,17 @@ TOKEN = "s3cret-token"
 
 
 @dataclass
-class Recorder:
-    """An event sink that keeps what it is given (the service sees only the EventSink protocol)."""
-
-    events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
-    connected: bool = True
-    pending: int = 0
-    dropped: int = 0
-
-    def event(self, device: str, event: str, emulated_ns: int, **detail: Any) -> None:
-        self.events.append((device, event, detail))
-
-    def telemetry(self, device: str, sample: dict[str, Any]) -> None:
-        pass
-
-    def named(self, name: str) -> list[dict[str, Any]]:
-        return [detail for _, event, detail in self.events if event == name]
-
-
-@dataclass
 class Served:
     stub: scheduler_pb2_grpc.SchedulerAsyncStub
     state: SchedulerState
-    events: Recorder
+    events: EventRecorder
     address: str
 
 
 async def _serve(security: ServerSecurity | None = None) -> AsyncIterator[Served]:
     topology = build("cm384")  # a description only: no device servers are started
     address = f"127.0.0.1:{free_port_block(1)}"
-    events = Recorder()
+    events = EventRecorder()
     peers = Peers(topology)
     state, host = create_scheduler(
         address=address,
