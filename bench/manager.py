@@ -1,13 +1,16 @@
-"""The cluster manager's cost on cm384 in one process, and how fast it detects a hang.
+"""The cluster manager's detection on cm384 in one process: what it costs, and how fast it finds
+a hang, at several time scales.
 
     .venv/bin/python bench/manager.py                  # time scales 10 and 50, 15 s each
-    .venv/bin/python bench/manager.py --measure-s 30
+    .venv/bin/python bench/manager.py --measure-s 30 --scales 10
 
-For each time scale, a cm384 supernode runs in this process twice: with the manager's heartbeats
-off (an interval of a year: only its idle health streams) and with the profile's heartbeats; the
-difference of the process's CPU time over the same wall time is what heartbeating 624 devices
-costs. Then an NPU held by a job hangs, and the time to its incident and its replacement is read
-in emulated seconds. Prints a table, writes bench/results/manager.json and manager.png.
+For each time scale, a cm384 supernode runs in this process twice: with detection off (a
+heartbeat interval of a year: the liveness stream stays idle) and with the profile's interval;
+the difference of the process's CPU time over the same wall time is what watching 624 devices
+costs (one liveness stream per process: one here). Then an NPU held by a job hangs, and the
+time to its incident and its replacement is read in emulated seconds: it should be
+`misses_to_fail` heartbeat intervals, whatever the scale. Prints a table, writes
+bench/results/manager.json and manager.png.
 """
 
 from __future__ import annotations
@@ -15,19 +18,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import time
-from pathlib import Path
 from typing import Any
 
+from bench import outputs
 from cmemu.v1 import manager_pb2, scheduler_pb2
 from emulator.client import faults
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.topology import ServiceKind
+from emulator.runtime.supernode import Supernode
 from emulator.testing import running_supernode
 from services.manager import ManagerState
 
-RESULTS = Path(__file__).parent / "results"
 YEAR_S = 365 * 86_400.0
 
 
@@ -38,32 +40,33 @@ def profile_with(interval_s: float) -> HardwareProfile:
     )
 
 
-async def one(scale: float, heartbeats: bool, measure_s: float) -> dict[str, Any]:
-    interval = DEFAULT_PROFILE.manager.heartbeat_interval_s if heartbeats else YEAR_S
+async def one(scale: float, detecting: bool, measure_s: float) -> dict[str, Any]:
+    interval = DEFAULT_PROFILE.manager.heartbeat_interval_s if detecting else YEAR_S
     async with running_supernode("cm384", time_scale=scale, profile=profile_with(interval)) as sn:
         state = sn.local.service_state(ServiceKind.MANAGER)
         assert isinstance(state, ManagerState)
-        await asyncio.sleep(2.0)  # past the first round
-        sent0, cpu0, wall0 = state.heartbeats_sent, time.process_time(), time.perf_counter()
+        await asyncio.sleep(2.0)  # the streams open
+        beats0, cpu0, wall0 = state.watch.beats, time.process_time(), time.perf_counter()
+        emulated0 = state.clock.now_s()
         await asyncio.sleep(measure_s)
         wall = time.perf_counter() - wall0
         row: dict[str, Any] = {
             "time_scale": scale,
-            "heartbeats": heartbeats,
+            "detecting": detecting,
             "devices": len(state.devices),
+            "streams": state.watch.streams,
             "wall_s": wall,
+            "achieved_scale": (state.clock.now_s() - emulated0) / wall,
             "cpu_percent": 100 * (time.process_time() - cpu0) / wall,
-            "heartbeats_per_wall_s": (state.heartbeats_sent - sent0) / wall,
-            "round_wall_s": state.plan.round_wall_s,
-            "round_emulated_s": state.plan.round_wall_s * scale,
-            "stretched": state.plan.stretched,
+            "beats_per_wall_s": (state.watch.beats - beats0) / wall,
+            "incidents": len(state.detector.incidents),
         }
-        if heartbeats:
+        if detecting:
             row.update(await detect_hang(sn, state))
         return row
 
 
-async def detect_hang(sn: Any, state: ManagerState) -> dict[str, float]:
+async def detect_hang(sn: Supernode, state: ManagerState) -> dict[str, float]:
     clients = sn.clients
     alloc = await clients.scheduler().Allocate(scheduler_pb2.AllocateRequest(job="b", npus=8))
     victim = alloc.npus[3].id
@@ -71,8 +74,7 @@ async def detect_hang(sn: Any, state: ManagerState) -> dict[str, float]:
     await faults.inject(clients, "hang", victim)
     while True:
         reply = await clients.manager().ListIncidents(manager_pb2.ListIncidentsRequest())
-        found = reply.incidents
-        mine = [i for i in found if i.device == victim and i.replaced_ns]
+        mine = [i for i in reply.incidents if i.device == victim and i.replaced_ns]
         if mine:
             break
         await asyncio.sleep(0.05)
@@ -84,48 +86,61 @@ async def detect_hang(sn: Any, state: ManagerState) -> dict[str, float]:
     }
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    labels = [f"x{r['time_scale']:g} {'on' if r['heartbeats'] else 'off'}" for r in rows]
-    ax.bar(labels, [r["cpu_percent"] for r in rows], color=["#999", "#c33"] * (len(rows) // 2))
-    ax.set_ylabel("process CPU % (cm384, one process)")
-    ax.set_title("cluster manager heartbeats: off vs on")
-    fig.tight_layout()
-    fig.savefig(path)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measure-s", type=float, default=15.0)
     parser.add_argument("--scales", type=float, nargs="+", default=[10.0, 50.0])
+    outputs.add_option(parser)
     args = parser.parse_args()
     rows = []
     for scale in args.scales:
-        for heartbeats in (False, True):
-            rows.append(asyncio.run(one(scale, heartbeats, args.measure_s)))
+        for detecting in (False, True):
+            rows.append(asyncio.run(one(scale, detecting, args.measure_s)))
             r = rows[-1]
             extra = (
                 f"  hang: detected +{r['hang_detected_after_s']:.1f} s, replaced "
                 f"+{r['hang_replaced_after_s']:.1f} s (emulated)"
-                if heartbeats
+                if detecting
                 else ""
             )
             print(
-                f"scale {scale:>4g}  heartbeats {'on ' if heartbeats else 'off'}  "
-                f"CPU {r['cpu_percent']:5.1f}%  {r['heartbeats_per_wall_s']:6.1f} checks/s  "
-                f"round {r['round_wall_s']:.2f} s wall = {r['round_emulated_s']:.1f} s emulated"
-                f"{' (stretched)' if r['stretched'] else ''}{extra}",
+                f"scale {scale:>4g} (achieved {r['achieved_scale']:5.1f})  detection "
+                f"{'on ' if detecting else 'off'}  CPU {r['cpu_percent']:5.1f}%  "
+                f"{r['beats_per_wall_s']:6.2f} beats/s over {r['streams']} stream(s), "
+                f"{r['incidents']} incidents{extra}",
                 flush=True,
             )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "manager.json").write_text(json.dumps(rows, indent=2) + "\n")
-    plot(rows, RESULTS / "manager.png")
-    print(f"wrote {RESULTS / 'manager.json'} and {RESULTS / 'manager.png'}")
+    cost = {
+        f"x{s:g}": next(r["cpu_percent"] for r in rows if r["time_scale"] == s and r["detecting"])
+        - next(r["cpu_percent"] for r in rows if r["time_scale"] == s and not r["detecting"])
+        for s in args.scales
+    }
+    for label, percent in cost.items():
+        print(f"detection cost at {label}: {percent:+.1f}% of a core (on minus off)")
+    doc = {"rows": rows, "detection_cost_percent": cost}
+    outputs.write_json(args.results, "manager", doc)
+    with outputs.figure(args.results, "manager", ncols=2) as (cpu_ax, hang_ax):
+        labels = [f"x{r['time_scale']:g} {'on' if r['detecting'] else 'off'}" for r in rows]
+        outputs.bars(
+            cpu_ax,
+            labels,
+            {"process CPU %": [r["cpu_percent"] for r in rows]},
+            ylabel="% of a core (cm384, one process)",
+            title="detection off vs on",
+        )
+        on = [r for r in rows if r["detecting"]]
+        outputs.bars(
+            hang_ax,
+            [f"x{r['time_scale']:g}" for r in on],
+            {"detected": [r["hang_detected_after_s"] for r in on]},
+            targets={
+                "3 heartbeat intervals": DEFAULT_PROFILE.manager.misses_to_fail
+                * DEFAULT_PROFILE.manager.heartbeat_interval_s
+            },
+            ylabel="emulated s from the hang",
+            title="a hang found",
+        )
+    outputs.announce(args.results, "manager")
 
 
 if __name__ == "__main__":

@@ -34,10 +34,10 @@ from typing import Any, TypeVar
 
 import pytest
 
+from cmemu.v1 import fabric_pb2
 from emulator.client.clients import Clients
 from emulator.client.faults import ActiveFault
 from emulator.model.chaos.scenario import Scenario
-from emulator.model.clock import Clock
 from emulator.model.topology import Topology
 from emulator.runtime import state
 from emulator.runtime.chaos import files, kinds
@@ -80,15 +80,15 @@ class RunningSupernode:
     def topology(self) -> Topology:
         return state.read(self.state_file)
 
-    @property
-    def clock(self) -> Clock:
-        topology = self.topology
-        assert topology.epoch_wall_s is not None
-        return Clock(time_scale=topology.time_scale, epoch_wall_s=topology.epoch_wall_s)
-
     def now_s(self) -> float:
-        """Emulated seconds since the supernode started."""
-        return self.clock.now_ns() / 1e9
+        """Emulated seconds since the supernode started, as its fabric (the owner of emulated
+        time, which runs slower when the emulator cannot keep up) says."""
+
+        async def ask(clients: Clients) -> float:
+            info = await clients.fabric().GetClock(fabric_pb2.GetClockRequest(), timeout=30.0)
+            return float(info.emulated_ns) / 1e9
+
+        return self.call(ask)
 
     def clients(self) -> Clients:
         """Fresh typed clients (bound to the event loop that uses them: close them there)."""
@@ -254,18 +254,17 @@ def wait_for(supernode: RunningSupernode) -> WaitFor:
     when `condition` has not held by the deadline (in the supernode's emulated time)."""
 
     def wait(condition: Callable[[], object], within_emulated_s: float) -> float:
-        clock = supernode.clock
-        start = clock.now_ns()
-        deadline = start + int(within_emulated_s * 1e9)
+        start = supernode.now_s()
+        deadline = start + within_emulated_s
         while True:
             value = _value(condition())
-            now = clock.now_ns()
+            now = supernode.now_s()
             if value:
-                return (now - start) / 1e9
+                return now - start
             if now > deadline:
                 pytest.fail(
                     f"condition not met within {within_emulated_s:g} emulated s "
-                    f"({(now - start) / 1e9:.1f} s passed)"
+                    f"({now - start:.1f} s passed)"
                 )
             time.sleep(POLL_WALL_S)
 

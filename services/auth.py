@@ -56,6 +56,7 @@ ACCESS: dict[str, Access] = {
     "/cmemu.v1.Device/InjectFault": W,
     "/cmemu.v1.Device/ClearFault": W,
     "/cmemu.v1.Device/ListFaults": R,
+    "/cmemu.v1.Device/WatchLiveness": R,
     # the whole of Submit and Deliver, whatever the op: a READ is as cheap to authorise as a
     # WRITE, and one rule per method is one the table can state
     "/cmemu.v1.UnifiedBus/Submit": W,
@@ -73,6 +74,7 @@ ACCESS: dict[str, Access] = {
     "/cmemu.v1.Fabric/GetLinkStats": R,
     "/cmemu.v1.Fabric/WatchLinkStats": R,
     "/cmemu.v1.Fabric/GetClock": R,
+    "/cmemu.v1.Fabric/SyncClock": W,  # a report slows emulated time for every process
     "/cmemu.v1.Ems/Put": W,
     "/cmemu.v1.Ems/Get": R,
     "/cmemu.v1.Ems/Delete": W,

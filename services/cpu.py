@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 from cmemu.v1 import cpu_pb2, cpu_pb2_grpc, device_pb2
-from emulator.model.hardware import HardwareProfile
+from emulator.engines.device.engine import DeviceEngine
 from emulator.model.topology import DeviceKind
-from services.device import DeviceState, KindSpec, no_engines
 from services.host import Register
+from services.kindspec import KindSpec
 from services.status import Context, rpc
 
 SERVICE = "cmemu.v1.Cpu"
 
 
 class CpuServicer(cpu_pb2_grpc.CpuServicer):
-    def __init__(self, state: DeviceState) -> None:
-        self.state = state
+    def __init__(self, engine: DeviceEngine) -> None:
+        self.engine = engine
 
     @rpc
     async def GetNuma(self, request: cpu_pb2.GetNumaRequest, context: Context) -> cpu_pb2.NumaInfo:
-        s = self.state
+        s = self.engine
         cpu = s.profile.cpu
         peers = [d for d in s.topology.in_node(s.device.node) if d.kind is DeviceKind.CPU]
         return cpu_pb2.NumaInfo(
@@ -33,8 +33,8 @@ class CpuServicer(cpu_pb2_grpc.CpuServicer):
         )
 
 
-def _hardware(state: DeviceState, info: device_pb2.DeviceInfo) -> None:
-    cpu = state.profile.cpu
+def _hardware(engine: DeviceEngine, info: device_pb2.DeviceInfo) -> None:
+    cpu = engine.profile.cpu
     info.cpu.CopyFrom(
         device_pb2.CpuHardware(
             cores=cpu.cores,
@@ -46,13 +46,9 @@ def _hardware(state: DeviceState, info: device_pb2.DeviceInfo) -> None:
     )
 
 
-def _services(state: DeviceState) -> list[tuple[str, Register]]:
-    servicer = CpuServicer(state)
+def _services(engine: DeviceEngine) -> list[tuple[str, Register]]:
+    servicer = CpuServicer(engine)
     return [(SERVICE, lambda server: cpu_pb2_grpc.add_CpuServicer_to_server(servicer, server))]
 
 
-def _memory(profile: HardwareProfile) -> int:
-    return profile.cpu.local_bytes
-
-
-KIND = KindSpec(memory_bytes=_memory, engines=no_engines, hardware=_hardware, services=_services)
+KIND = KindSpec(hardware=_hardware, services=_services)

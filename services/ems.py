@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import cast
 
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
-from emulator.model.clock import Clock
+from emulator.engines.clock import Timeline
 from emulator.model.ems import ObjectMeta, Tier, check_key, check_kind, object_size
 from emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError
 from emulator.model.hardware import HardwareProfile
@@ -277,7 +277,7 @@ def create_ems(
     address: str,
     topology: Topology,
     profile: HardwareProfile,
-    clock: Clock,
+    clock: Timeline,
     peers: Peers,
     ssd_dir: Path,
 ) -> tuple[EmsState, ServiceHost]:

@@ -29,7 +29,7 @@ import grpc
 import structlog
 
 from cmemu.v1 import device_pb2, ub_pb2
-from emulator.model.clock import Clock
+from emulator.engines.clock import Timeline
 from emulator.model.costmodel import ems_ssd_ns
 from emulator.model.ems import (
     REBUILD_POLL_S,
@@ -146,7 +146,7 @@ class EmsState:
         *,
         topology: Topology,
         profile: HardwareProfile,
-        clock: Clock,
+        clock: Timeline,
         peers: Peers,
         ssd_dir: Path,
     ) -> None:
@@ -180,7 +180,7 @@ class EmsState:
         self.placement.index = index
 
     def _pause_s(self, emulated_s: float) -> float:
-        return max(self.clock.wall_delay_s(emulated_s), MIN_PAUSE_S)
+        return max(self.clock.clock.wall_delay_s(emulated_s), MIN_PAUSE_S)
 
     # --- device access -------------------------------------------------------------------------
 
@@ -438,7 +438,7 @@ class EmsState:
         for pool in targets:
             evicted += await self._make_room(pool, meta.size)
         self.placement.reserve(targets, meta.size)
-        meta.gen = self.index.next_gen(int(self.clock.wall() * 1e9))
+        meta.gen = self.index.next_gen(int(self.clock.clock.wall() * 1e9))
         s = Staged(meta=meta, placed={}, targets=targets, timing=Timing(), evicted=evicted)
         staged.append(s)
         for pool in targets:
@@ -637,7 +637,7 @@ class EmsState:
         copy of `key` up to `gen` is gone: a delete (a new generation, the default), or the
         version an overwrite replaced (its generation) while a copy of it could not be freed."""
         if gen is None:
-            gen = self.index.next_gen(int(self.clock.wall() * 1e9))
+            gen = self.index.next_gen(int(self.clock.clock.wall() * 1e9))
         tombstone = self.index.tombstones.setdefault(key, Tombstone(key=key, gen=gen))
         if gen <= tombstone.gen and tombstone.regions and owed <= tombstone.pending:
             return  # already recorded, as new or newer
@@ -772,14 +772,14 @@ class EmsState:
     async def _list_all(self, wait_s: float) -> dict[str, list[Listed]]:
         listings: dict[str, list[Listed]] = {}
         pending = list(self.pools.values())
-        deadline = self.clock.wall() + wait_s
+        deadline = self.clock.clock.wall() + wait_s
         while pending:
             results = await asyncio.gather(*(self._list(p) for p in pending))
             for pool, found in zip(pending, results, strict=True):
                 if found is not None:
                     listings[pool.id] = found
             pending = [p for p, found in zip(pending, results, strict=True) if found is None]
-            if pending and self.clock.wall() >= deadline:
+            if pending and self.clock.clock.wall() >= deadline:
                 for pool in pending:
                     self._suspect(pool.id)
                 break

@@ -16,8 +16,10 @@ from typing import Any
 
 import grpc
 
-from cmemu.v1 import gateway_pb2, gateway_pb2_grpc, ub_pb2
-from emulator.model.clock import Clock
+from cmemu.v1 import gateway_pb2, gateway_pb2_grpc
+from emulator.client.wire import ub as ub_wire
+from emulator.engines.clock import Timeline
+from emulator.engines.events import EventSink
 from emulator.model.errors import (
     EmulatorError,
     InvalidArgumentError,
@@ -28,11 +30,10 @@ from emulator.model.errors import (
     quote,
 )
 from emulator.model.hardware import HardwareProfile
-from emulator.model.naming import DeviceName, die_id, parse_endpoint
+from emulator.model.naming import DeviceName, DieName, die_id, parse_endpoint
 from emulator.model.rdmagraph import RdmaFault
 from emulator.model.topology import DeviceKind, Topology
-from services.eventsink import EventSink
-from services.flowclock import pace
+from emulator.model.ub import Transaction
 from services.gateway_plane import PlaneAuthority
 from services.gateway_state import (
     DEFAULT_TOP,
@@ -52,6 +53,14 @@ from services.status import Context, RemoteError, rpc
 __all__ = ["SERVICE", "GatewayServicer", "GatewayState", "create_gateway"]
 
 SERVICE = "cmemu.v1.Gateway"
+
+
+def _device_of(endpoint: str) -> str:
+    """The device of an RDMA endpoint (an NPU die, "n00-npu3.d1"), by id; "" for none."""
+    if not endpoint:
+        return ""
+    name = parse_endpoint(endpoint)
+    return (name.device if isinstance(name, DieName) else name).id
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
@@ -252,7 +261,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         s.counters.op_bytes[name] += size
         qp.ops += 1
         qp.bytes += size
-        await pace(s.clock, timed.complete_ns / 1e9)  # the reply waits for the wall clock
+        await s.clock.pace(timed.complete_ns / 1e9)  # the reply waits for the clock
         return gateway_pb2.RdmaCompletion(
             id=op_id,
             op=op,
@@ -286,19 +295,21 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         device, _ = s.npu(request.npu, 0)
         if request.op not in UB_OP:
             raise InvalidArgumentError("op must be WRITE, READ or SEND", field="op")
-        tx = ub_pb2.UbTransaction(
+        tx = Transaction(
             id=request.id,
-            op=UB_OP[request.op],
-            dst=ub_pb2.UbAddress(eid=device.eid, offset=request.offset),
+            op=ub_wire.op_of(UB_OP[request.op]),
+            dst_eid=device.eid,
+            dst_offset=request.offset,
             size=request.size,
             data=request.data,
             size_only=request.size_only,
             issue_ns=request.issue_ns,
-            check_only=request.check_only,
-            src_device=request.src.split(".", 1)[0],
+            src_device=_device_of(request.src),
             arrive_ns=request.complete_ns,
         )
-        completion = await s.peers.deliver(device, tx, PEER_TIMEOUT_S)
+        completion = await s.peers.device(device).deliver(
+            tx, check_only=request.check_only, deadline_s=PEER_TIMEOUT_S
+        )
         if not request.check_only:
             s.counters.bytes_in += request.size
         return gateway_pb2.LandResponse(data=completion.data)
@@ -519,7 +530,7 @@ def create_gateway(
     address: str,
     topology: Topology,
     profile: HardwareProfile,
-    clock: Clock,
+    clock: Timeline,
     peers: Peers,
     events: EventSink | None = None,
 ) -> tuple[GatewayState, ServiceHost]:

@@ -7,25 +7,22 @@ meet on a core switch each the whole link. So the sn0 gateway times every flow o
 holds the plane's faults; the other gateways ask it over gRPC (Gateway.TimeFlow) and keep their
 own queue pairs, NPUs, statistics and gateway-down fault.
 
-The flows run on the same live-flow clock as the fabric's (services/flowclock.py).
+The flows run on the same live-flow clock as the fabric's (emulator/engines/flows.py).
 """
 
 from __future__ import annotations
-
-import asyncio
-import contextlib
 
 import numpy as np
 import structlog
 
 from cmemu.v1 import gateway_pb2
-from emulator.model.clock import Clock
+from emulator.engines.clock import Timeline
+from emulator.engines.flows import FlowClock
 from emulator.model.costmodel import check_duration
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import Family
 from emulator.model.rdmagraph import RdmaFault, RdmaFaultSet, RdmaGraph, RdmaRoute
 from emulator.model.topology import ScaleOut
-from services.flowclock import FlowClock
 
 U64_MAX = 2**64 - 1
 ROUTE_CACHE_MAX = 100_000
@@ -34,7 +31,7 @@ ROUTE_CACHE_MAX = 100_000
 class PlaneAuthority:
     """The plane's link graph, its faults and the flows in flight, on one emulated clock."""
 
-    def __init__(self, *, plane: ScaleOut, profile: HardwareProfile, clock: Clock) -> None:
+    def __init__(self, *, plane: ScaleOut, profile: HardwareProfile, clock: Timeline) -> None:
         self.profile = profile
         self.clock = clock
         self.graph = RdmaGraph(plane, profile)
@@ -158,10 +155,3 @@ class PlaneAuthority:
                 samples=[({"link_kind": k}, float(v)) for k, v in zip(kinds, use, strict=True)],
             ),
         ]
-
-
-async def sleep_until_changed(event: asyncio.Event, wait_s: float | None) -> None:
-    """Wait for `event` at most `wait_s` wall seconds (None: until it is set)."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(wait_s):
-            await event.wait()

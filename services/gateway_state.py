@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import structlog
 
 from cmemu.v1 import gateway_pb2, ub_pb2
-from emulator.model.clock import Clock
+from emulator.engines.clock import Timeline
+from emulator.engines.events import EventSink
 from emulator.model.errors import (
     RETRY_AFTER_S,
     InvalidArgumentError,
@@ -25,8 +26,7 @@ from emulator.model.instruments import Family
 from emulator.model.naming import die_id, parse_endpoint, service_id
 from emulator.model.rdmagraph import RdmaFault
 from emulator.model.topology import Device, DeviceKind, ServiceKind, Topology
-from services.eventsink import EventSink
-from services.gateway_plane import PlaneAuthority, sleep_until_changed
+from services.gateway_plane import PlaneAuthority
 from services.host import ServiceHost
 from services.peers import Peers
 
@@ -88,7 +88,7 @@ class GatewayState:
         *,
         topology: Topology,
         profile: HardwareProfile,
-        clock: Clock,
+        clock: Timeline,
         peers: Peers,
         events: EventSink | None = None,
     ) -> None:
@@ -243,11 +243,8 @@ class GatewayState:
             times = [self.down.until_s] if self.down is not None and self.down.for_s else []
             if self.authority is not None:
                 times += [t for t in [self.authority.faults.next_change_s()] if t is not None]
-            wait = None
-            if times:
-                due = self.clock.wall_at(round(min(times) * 1e9))
-                wait = max(0.0, due - self.clock.wall())
-            await sleep_until_changed(self._faults_moved, wait)
+            until = round(min(times) * 1e9) if times else None
+            await self.clock.wait(self._faults_moved, until)
 
     async def set_down(self, fault: RdmaFault | None) -> None:
         self.down = fault

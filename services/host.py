@@ -20,7 +20,9 @@ from services.auth import OPEN, ServerSecurity
 from services.reflection import enable_reflection
 from services.status import GUARD, HangGate
 
-DEVICE_MANAGEMENT = frozenset({"SetFaultState", "InjectFault", "ClearFault", "ListFaults"})
+DEVICE_MANAGEMENT = frozenset(
+    {"SetFaultState", "InjectFault", "ClearFault", "ListFaults", "WatchLiveness"}
+)
 """Device methods a hung device still answers: the fault-control path (GetFaultState is a
 health probe like any other call: it hangs too)."""
 

@@ -1,19 +1,18 @@
-"""The table of device kinds, and the one function that turns a topology entry into a server."""
+"""The table of device kinds, and the one function that serves a device's engine on its own
+gRPC server (Device, UnifiedBus and the kind's own services, health, reflection)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
 
 from cmemu.v1 import device_pb2_grpc, ub_pb2_grpc
-from emulator.model.clock import Clock
-from emulator.model.hardware import HardwareProfile
-from emulator.model.memory import DeviceMemory
-from emulator.model.topology import Device, DeviceKind, Topology
+from emulator.engines.device.engine import DeviceEngine, die_name
+from emulator.model.topology import DeviceKind
 from services import cpu, mempool, npu
-from services.device import DeviceServicer, DeviceState, Engine, KindSpec
-from services.eventsink import EventSink
-from services.host import ServiceHost
-from services.peers import Peers
+from services.device import DeviceServicer
+from services.host import NOT_SERVING, SERVING, ServiceHost
+from services.kindspec import KindSpec
 from services.ub import UnifiedBusServicer
 
 KINDS: dict[DeviceKind, KindSpec] = {
@@ -24,63 +23,62 @@ KINDS: dict[DeviceKind, KindSpec] = {
 
 DEVICE_SERVICE = "cmemu.v1.Device"
 UB_SERVICE = "cmemu.v1.UnifiedBus"
+SELF_STOP_DELAY_S = 0.05  # a device crashing itself answers first, then its server stops
 
 
-@dataclass(frozen=True)
-class DeviceHandle:
-    state: DeviceState
-    host: ServiceHost
+class DeviceServer:
+    """A device's gRPC server, as its engine sees it (emulator/engines/device/engine.py
+    `Server`): health, a die's health, a crash's stop and the restart after it."""
+
+    def __init__(self, engine: DeviceEngine) -> None:
+        kind = KINDS[engine.device.kind]
+        device = DeviceServicer(engine, kind.hardware)
+        bus = UnifiedBusServicer(engine)
+        self.engine = engine
+        self.servicers = {"device": device, "bus": bus}  # for the older by-name calls
+        self.host = ServiceHost(
+            name=engine.device.id,
+            address=engine.device.address,
+            services=[
+                (DEVICE_SERVICE, lambda s: device_pb2_grpc.add_DeviceServicer_to_server(device, s)),
+                (UB_SERVICE, lambda s: ub_pb2_grpc.add_UnifiedBusServicer_to_server(bus, s)),
+                *kind.services(engine),
+            ],
+        )
+        self.host.gate.answering = engine.effects.answering  # a hang closes the gate
+        self.host.extra_health = [die_name(engine.device.id, d) for d in range(engine.dies.count)]
+        self._stops: set[asyncio.Task[None]] = set()
+        engine.server = self
 
     async def start(self) -> None:
         await self.host.start()
-        await self.host.set_serving(not self.state.fault.faulted)
+        await self.engine.show_health()
 
+    async def set_serving(self, serving: bool) -> None:
+        await self.host.set_serving(serving)
 
-def create_device(
-    device: Device,
-    *,
-    topology: Topology,
-    profile: HardwareProfile,
-    clock: Clock,
-    peers: Peers,
-    events: EventSink | None = None,
-) -> DeviceHandle:
-    kind = KINDS[device.kind]
-    limits = profile.limits
-    store_budget, queue_budget = peers.budgets(limits)
-    state = DeviceState(
-        device=device,
-        topology=topology,
-        profile=profile,
-        clock=clock,
-        peers=peers,
-        memory=DeviceMemory(
-            capacity=kind.memory_bytes(profile),
-            alignment=limits.region_alignment,
-            page_bytes=limits.store_page_bytes,
-            cap_bytes=limits.stored_bytes_cap_per_device,
-            budget=store_budget,
-            max_regions=limits.regions_max_per_device,
-        ),
-        queue_budget=queue_budget,
-        engines=[Engine() for _ in range(kind.engines(profile))],
-        events=events,
-    )
-    device_servicer = DeviceServicer(state, kind.hardware)
-    bus_servicer = UnifiedBusServicer(state)
-    host = ServiceHost(
-        name=device.id,
-        address=device.address,
-        services=[
-            (
-                DEVICE_SERVICE,
-                lambda s: device_pb2_grpc.add_DeviceServicer_to_server(device_servicer, s),
-            ),
-            (UB_SERVICE, lambda s: ub_pb2_grpc.add_UnifiedBusServicer_to_server(bus_servicer, s)),
-            *kind.services(state),
-        ],
-    )
-    state.on_health = host.set_serving
-    peers.register_bus(device.address, bus_servicer)
-    peers.register_device(device.address, device_servicer)
-    return DeviceHandle(state, host)
+    async def set_part(self, name: str, serving: bool) -> None:
+        await self.host.health.set(name, SERVING if serving else NOT_SERVING)
+
+    async def stop(self, *, deferred: bool) -> None:
+        """The server gone, its port free. A device that stops itself answers first."""
+        if deferred:
+            task = asyncio.get_running_loop().create_task(self._stop_later())
+            self._stops.add(task)
+            task.add_done_callback(self._stops.discard)
+        else:
+            await self.host.server.stop(0)
+
+    async def _stop_later(self) -> None:
+        await asyncio.sleep(SELF_STOP_DELAY_S)
+        await self.host.server.stop(0)
+
+    async def restart(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.host.server.stop(0)  # a self-crash's deferred stop may still be pending
+        self.host.secure(self.host.security)  # a stopped grpc server cannot start again
+        await self.host.start()
+
+    def close(self) -> None:
+        for task in list(self._stops):
+            task.cancel()

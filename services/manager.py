@@ -1,24 +1,20 @@
 """The cluster manager (cmemu.v1.ClusterManager): the reference control plane.
 
-Detection: a heartbeat (a health Check with a deadline) to every device each
-`heartbeat_interval_s` emulated seconds, `misses_to_fail` misses in a row failing it (a hang);
-a health Watch stream per NPU, NOT_SERVING or a broken stream failing it at once (a device down,
-a crash). Isolation: Scheduler/MarkFailed. Replacement: Scheduler/Replace for every job holding
+Detection: the liveness stream of every process of the supernode (one per process, whatever
+its devices: emulator/engines/manager/liveness.py), judged in emulated time: a crash, a device
+down or a die down fail at once; a device that stops answering fails after `misses_to_fail`
+heartbeat intervals of its own process's emulated time; a process that falls silent fails all
+it hosts. Isolation: Scheduler/MarkFailed. Replacement: Scheduler/Replace for every job holding
 the NPU. Restore is the workloads' own (they watch their allocation); the manager only notes it
 in the incident once the workload reports it (Training/Get, Router/GetDeployment). In PASSIVE
-mode it detects and records, and acts on nothing.
-
-Cost on cm384 (624 devices in one process): the heartbeats of a round are spread over it in
-evenly spaced batches, at most `heartbeats_max_per_s` per wall second (the round stretches, and
-the status says so, rather than the manager swamping a shared core); the Watch streams are idle
-HTTP/2 streams, one per NPU. The training jobs are hosted on the same server (their state apart).
+mode it detects and records, and acts on nothing. The training jobs are hosted on the same
+server (their state apart).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
@@ -36,7 +32,9 @@ from cmemu.v1 import (
     scheduler_pb2_grpc,
     training_pb2_grpc,
 )
-from emulator.model.clock import Clock
+from emulator.engines.clock import Timeline
+from emulator.engines.events import EventSink
+from emulator.engines.manager.liveness import LivenessWatch
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import Family
@@ -51,11 +49,9 @@ from emulator.model.manager.detector import (
     UNRECOVERABLE,
     Detector,
     Incident,
-    heartbeat_plan,
 )
 from emulator.model.naming import parse_supernode, service_id
 from emulator.model.topology import Device, DeviceKind, ServiceKind, Topology
-from services.eventsink import EventSink
 from services.host import ServiceHost
 from services.peers import Peers
 from services.status import Context, RemoteError, rpc
@@ -65,6 +61,7 @@ from services.training.service import TrainingServicer, TrainingState
 SERVICE = "cmemu.v1.ClusterManager"
 TRAINING_TOPIC = "training"  # the training jobs' events: cmemu/<supernode>/training/events
 log = structlog.get_logger("cmemu.manager")
+OWN_HEALTH_WALL_S = 2.0  # its own server's health answers at once, but for a stalled host
 ACTIVE, PASSIVE = manager_pb2.MANAGER_MODE_ACTIVE, manager_pb2.MANAGER_MODE_PASSIVE
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -76,7 +73,7 @@ class ManagerState:
         *,
         topology: Topology,
         profile: HardwareProfile,
-        clock: Clock,
+        clock: Timeline,
         peers: Peers,
         events: EventSink | None,
         address: str,
@@ -92,13 +89,18 @@ class ManagerState:
         self.events = events
         self.mode: manager_pb2.ManagerMode.ValueType = ACTIVE
         m = profile.manager
-        self.detector = Detector(misses_to_fail=m.misses_to_fail)
+        self.detector = Detector()
         self.devices = {d.id: d for d in topology.devices}
         self.detector.watch(list(self.devices))
-        self.plan = heartbeat_plan(
-            len(self.devices),
-            interval_wall_s=clock.wall_delay_s(m.heartbeat_interval_s),
-            max_per_s=m.heartbeats_max_per_s,
+        self.watch = LivenessWatch(
+            devices=self.devices,
+            peers=peers,
+            clock=clock,
+            detector=self.detector,
+            interval_s=m.heartbeat_interval_s,
+            misses_to_fail=m.misses_to_fail,
+            on_incident=self._incident,
+            on_back=self._back,
         )
         self.scheduler = scheduler_pb2_grpc.SchedulerStub(
             peers.channel(topology.service(ServiceKind.SCHEDULER).address)
@@ -127,7 +129,9 @@ class ManagerState:
     def _deadline(self) -> float:
         """A heartbeat's deadline in wall seconds."""
         m = self.profile.manager
-        return max(self.clock.wall_delay_s(m.heartbeat_deadline_s), m.heartbeat_deadline_min_wall_s)
+        return max(
+            self.clock.clock.wall_delay_s(m.heartbeat_deadline_s), m.heartbeat_deadline_min_wall_s
+        )
 
     def publish(self, event: str, **detail: object) -> None:
         if self.events is not None:
@@ -144,12 +148,8 @@ class ManagerState:
             async with asyncio.TaskGroup() as tasks:
                 self._tasks = tasks
                 training = tasks.create_task(self.training.run())
-                self._spawn(self._heartbeats())
+                self._spawn(self.watch.run())
                 self._spawn(self._restores())
-                self._spawn(self._follow_allocations())
-                npus = [d for d in self.devices.values() if d.kind is DeviceKind.NPU]
-                for k, d in enumerate(npus):  # opened over one round, not all at once
-                    self._spawn(self._watch(d, delay_s=k * self.plan.round_wall_s / len(npus)))
                 try:
                     await self._closed.wait()
                 finally:
@@ -168,131 +168,8 @@ class ManagerState:
 
     # --- detection -----------------------------------------------------------------------------
 
-    async def _heartbeats(self) -> None:
-        devices = list(self.devices)
-        plan = self.plan
-        gap = plan.round_wall_s / plan.batches
-        timeout = self._deadline
-        while not self._closed.is_set():
-            for b in range(plan.batches):
-                started = time.monotonic()
-                tasks = self._tasks
-                if tasks is None:
-                    return
-                for device in devices[b * plan.batch : (b + 1) * plan.batch]:
-                    if device not in self._inflight:
-                        self._inflight.add(device)
-                        self._spawn(self._check(device, timeout))
-                await asyncio.sleep(max(0.0, gap - (time.monotonic() - started)))
-
-    async def _check(self, device: str, deadline_wall_s: float) -> None:
-        """One heartbeat: the server's overall health ("") within the deadline."""
-        self.heartbeats_sent += 1
-        stub = health_pb2_grpc.HealthStub(self.peers.channel(self.devices[device].address))
-        try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=deadline_wall_s)
-        except grpc.aio.AioRpcError as exc:
-            self._incident(self.detector.missed(device, self.clock.now_ns(), exc.code().name))
-        else:
-            if reply.status == SERVING:
-                self._back(device)
-            else:
-                self._incident(
-                    self.detector.unhealthy(device, "health", self.clock.now_ns(), "NOT_SERVING")
-                )
-        finally:
-            self._inflight.discard(device)
-
-    async def _watch(self, device: Device, die: str = "", delay_s: float = 0.0) -> None:
-        """One health stream: the NPU's (its server's) or one die's (the health service named
-        after the die). NOT_SERVING fails it; a broken stream after an answer fails the NPU (its
-        server is gone). Reopened a heartbeat round later; a name the server does not know yet
-        (SERVICE_UNKNOWN: the die never went down) is no failure."""
-        await asyncio.sleep(delay_s)
-        stub = health_pb2_grpc.HealthStub(self.peers.channel(device.address))
-        target = die or device.id
-        while not self._closed.is_set():
-            answered = False
-            try:
-                async for reply in stub.Watch(health_pb2.HealthCheckRequest(service=die)):
-                    answered = True
-                    if reply.status == SERVING:
-                        self._back(target)
-                    elif reply.status == NOT_SERVING:
-                        await self._not_serving(device, target)
-            except grpc.aio.AioRpcError as exc:
-                if answered and not die:
-                    self._incident(
-                        self.detector.unhealthy(
-                            target,
-                            "health",
-                            self.clock.now_ns(),
-                            f"health stream broken: {exc.code().name}",
-                        )
-                    )
-            await asyncio.sleep(self.plan.round_wall_s)
-
-    async def _follow_allocations(self) -> None:
-        """Watch the dies of the NPUs that jobs hold (a die down matters to the job on it; a
-        stream per die of all 384 NPUs would cost cm384 ~70 MB and seconds of start): the
-        allocations from Scheduler/WatchAllocations, the die streams started and ended to
-        match."""
-        held: dict[str, set[str]] = {}
-        while not self._closed.is_set():
-            stream = self.scheduler.WatchAllocations(scheduler_pb2.WatchAllocationsRequest())
-            try:
-                current = await self.scheduler.ListAllocations(
-                    scheduler_pb2.ListAllocationsRequest()
-                )
-                held = {a.job: {n.id for n in a.npus} for a in current.allocations}
-                self._match_die_watches(held)
-                async for event in stream:
-                    if event.change == "released":
-                        held.pop(event.allocation.job, None)
-                    else:
-                        held[event.allocation.job] = {n.id for n in event.allocation.npus}
-                    self._match_die_watches(held)
-            except grpc.aio.AioRpcError as exc:
-                log.info("allocation stream ended", code=exc.code().name)
-            finally:
-                stream.cancel()
-            await asyncio.sleep(self.plan.round_wall_s)
-
-    def _match_die_watches(self, held: dict[str, set[str]]) -> None:
-        wanted = {die: npu for npus in held.values() for npu in npus for die in self._dies(npu)}
-        failed = self.detector.devices
-        for die in [d for d in self._die_watches if d not in wanted]:
-            if failed.get(die) != FAILED:  # a failed die stays watched until it is back
-                self._die_watches.pop(die).cancel()
-        tasks = self._tasks
-        if tasks is None:
-            return
-        for die, npu in wanted.items():
-            if die not in self._die_watches:
-                task = tasks.create_task(self._watch(self.devices[npu], die))
-                self._die_watches[die] = task
-                self._children.add(task)
-                task.add_done_callback(self._children.discard)
-
-    async def _not_serving(self, device: Device, target: str) -> None:
-        """A die's NOT_SERVING is its NPU's when the NPU itself does not serve either (a
-        device down takes its dies with it): one incident, on the NPU."""
-        if target != device.id:
-            stub = health_pb2_grpc.HealthStub(self.peers.channel(device.address))
-            try:
-                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=self._deadline)
-                whole = reply.status != SERVING
-            except grpc.aio.AioRpcError:
-                whole = True
-            if whole:
-                target = device.id
-        self._incident(
-            self.detector.unhealthy(target, "health", self.clock.now_ns(), "health: NOT_SERVING")
-        )
-
     def _back(self, target: str) -> None:
-        if not self.detector.answered(target):
-            return
+        """A failed device or die answers again (the liveness watch said so)."""
         self.publish("device-back", target=target)
         now = self.clock.now_ns()
         for incident in self.detector.open_for(target):
@@ -319,9 +196,7 @@ class ManagerState:
     def _dies(self, npu: str) -> list[str]:
         return [f"{npu}.d{k}" for k in range(self.profile.npu.dies)]
 
-    def _incident(self, incident: Incident | None) -> None:
-        if incident is None:
-            return
+    def _incident(self, incident: Incident) -> None:
         if incident.device in self.devices:
             self.detector.fold(self._dies(incident.device) if self._npu_of(incident.device) else [])
         self._spawn(self._act(incident))
@@ -405,7 +280,7 @@ class ManagerState:
         and their NOT_SERVING is no fault to act on."""
         stub = health_pb2_grpc.HealthStub(self.peers.channel(self.address))
         try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=self._deadline)
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=OWN_HEALTH_WALL_S)
         except grpc.aio.AioRpcError:
             return True
         return bool(reply.status != SERVING)
@@ -434,7 +309,7 @@ class ManagerState:
                     if all(done):
                         incident.state, incident.restored_ns = RESTORED, max(done)
                         self.publish("incident-restored", incident=incident.id, jobs=incident.jobs)
-            await asyncio.sleep(self.plan.round_wall_s / 4)
+            await self.clock.sleep(self.profile.manager.heartbeat_interval_s / 4)
 
     async def _restored_ns(self, job: str, after_ns: int) -> int:
         live = self.training.jobs.get(job)
@@ -458,10 +333,16 @@ class ManagerState:
         for incident in self.detector.incidents:
             by_state[incident.state] = by_state.get(incident.state, 0) + 1
         yield Family(
-            name="cmemu_manager_heartbeats_total",
-            help="Health checks the cluster manager has sent",
+            name="cmemu_manager_liveness_beats_total",
+            help="Liveness beats the cluster manager has received (one per process per beat)",
             type="counter",
-            samples=[({}, float(self.heartbeats_sent))],
+            samples=[({}, float(self.watch.beats))],
+        )
+        yield Family(
+            name="cmemu_manager_liveness_streams",
+            help="Liveness streams the cluster manager has opened (one per process)",
+            type="counter",
+            samples=[({}, float(self.watch.streams))],
         )
         yield Family(
             name="cmemu_manager_devices",
@@ -489,9 +370,7 @@ class ManagerState:
             devices_watched=len(self.devices),
             devices_suspect=sum(d.devices.get(x) == SUSPECT for x in self.devices),
             devices_failed=sum(d.devices.get(x) == FAILED for x in self.devices),
-            heartbeat_interval_s=self.clock.emulated_delay_s(self.plan.round_wall_s)
-            if self.plan.stretched
-            else m.heartbeat_interval_s,
+            heartbeat_interval_s=m.heartbeat_interval_s,
             misses_to_fail=m.misses_to_fail,
             open_incidents=sum(1 for i in d.incidents if i.state not in CLOSED),
         )
@@ -550,7 +429,7 @@ def create_manager(
     address: str,
     topology: Topology,
     profile: HardwareProfile,
-    clock: Clock,
+    clock: Timeline,
     peers: Peers,
     events: EventSink | None,
 ) -> tuple[ManagerState, ServiceHost]:

@@ -3,28 +3,28 @@
 from __future__ import annotations
 
 from cmemu.v1 import device_pb2, mempool_pb2, mempool_pb2_grpc
-from emulator.model.hardware import HardwareProfile
+from emulator.engines.device.engine import DeviceEngine
 from emulator.model.topology import DeviceKind
-from services.device import DeviceState, KindSpec, no_engines
 from services.host import Register
+from services.kindspec import KindSpec
 from services.status import Context, rpc
 
 SERVICE = "cmemu.v1.MemoryPool"
 
 
-def _members(state: DeviceState) -> list[str]:
-    return [d.id for d in state.topology.in_node(state.device.node) if d.kind is DeviceKind.CPU]
+def _members(engine: DeviceEngine) -> list[str]:
+    return [d.id for d in engine.topology.in_node(engine.device.node) if d.kind is DeviceKind.CPU]
 
 
 class MemoryPoolServicer(mempool_pb2_grpc.MemoryPoolServicer):
-    def __init__(self, state: DeviceState) -> None:
-        self.state = state
+    def __init__(self, engine: DeviceEngine) -> None:
+        self.engine = engine
 
     @rpc
     async def GetPool(
         self, request: mempool_pb2.GetPoolRequest, context: Context
     ) -> mempool_pb2.PoolInfo:
-        s = self.state
+        s = self.engine
         alloc = s.memory.allocator
         return mempool_pb2.PoolInfo(
             node=s.device.node,
@@ -38,16 +38,16 @@ class MemoryPoolServicer(mempool_pb2_grpc.MemoryPoolServicer):
         )
 
 
-def _hardware(state: DeviceState, info: device_pb2.DeviceInfo) -> None:
+def _hardware(engine: DeviceEngine, info: device_pb2.DeviceInfo) -> None:
     info.mempool.CopyFrom(
         device_pb2.MempoolHardware(
-            capacity_bytes=state.memory.capacity, member_cpus=_members(state)
+            capacity_bytes=engine.memory.capacity, member_cpus=_members(engine)
         )
     )
 
 
-def _services(state: DeviceState) -> list[tuple[str, Register]]:
-    servicer = MemoryPoolServicer(state)
+def _services(engine: DeviceEngine) -> list[tuple[str, Register]]:
+    servicer = MemoryPoolServicer(engine)
     return [
         (
             SERVICE,
@@ -56,8 +56,4 @@ def _services(state: DeviceState) -> list[tuple[str, Register]]:
     ]
 
 
-def _memory(profile: HardwareProfile) -> int:
-    return profile.pool_bytes
-
-
-KIND = KindSpec(memory_bytes=_memory, engines=no_engines, hardware=_hardware, services=_services)
+KIND = KindSpec(hardware=_hardware, services=_services)

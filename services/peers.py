@@ -1,10 +1,12 @@
 """How one process reaches the devices and services of its topology.
 
-Calls go over gRPC, one shared channel per address whatever the number of callers, except to
-servers that live in this same process: those are called directly, which takes the loopback
-gRPC hops out of the in-process supernode's UB path (a device's Submit reaches the fabric and the
-fabric reaches the target without serialising anything) while every client outside the process
-still speaks gRPC. Both paths raise the same errors.
+It is the engines' Directory (emulator/engines/peers.py): a device or the fabric hosted in this
+process is its engine, called directly (`LocalDevice`, `LocalFabric`: no serialising, one gRPC
+call for a UB transaction: the client's); any other is the typed gRPC client
+(emulator/client/remote.py) over one shared channel per address. Both raise the same errors.
+
+`device_call`, `bus_call` and `channel` are the older way of the services not yet moved to the
+engines layer (by method name, on protobufs); they go as those services move.
 """
 
 from __future__ import annotations
@@ -12,28 +14,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, NoReturn, Protocol, cast
+from typing import Any, NoReturn, cast
 
 import grpc
 
-from cmemu.v1 import device_pb2_grpc, fabric_pb2_grpc, ub_pb2, ub_pb2_grpc
+from cmemu.v1 import device_pb2_grpc, ub_pb2_grpc
 from emulator.client.channels import Channels
 from emulator.client.credentials import ANONYMOUS, Credentials
+from emulator.client.remote import RemoteDevice, RemoteFabric
+from emulator.engines.device.engine import DeviceEngine
+from emulator.engines.fabric.engine import FabricEngine
+from emulator.engines.peers import DevicePeer, FabricPeer, LocalDevice, LocalFabric
 from emulator.model.errors import EmulatorError
-from emulator.model.hardware import EmulatorLimits
-from emulator.model.memory import QueueBudget, StoreBudget
 from emulator.model.topology import Device, ServiceKind, Topology
 from services.status import Context, RemoteError, details_from_metadata
-
-
-class LocalBus(Protocol):
-    async def deliver(self, request: ub_pb2.UbTransaction) -> ub_pb2.UbCompletion: ...
-
-
-class LocalFabric(Protocol):
-    async def transfer(
-        self, request: ub_pb2.UbTransaction, deadline_s: float | None
-    ) -> ub_pb2.UbCompletion: ...
 
 
 class LocalContext:
@@ -56,7 +50,7 @@ LOCAL_CONTEXT = cast(Context, LocalContext())
 
 
 @asynccontextmanager
-async def _deadline(device: Device, deadline_s: float | None) -> AsyncIterator[None]:
+async def _deadline(deadline_s: float | None) -> AsyncIterator[None]:
     """An in-process call's deadline, ended as a gRPC call's would be (DEADLINE_EXCEEDED)."""
     if deadline_s is None:
         yield
@@ -72,71 +66,52 @@ class Peers:
     def __init__(self, topology: Topology, credentials: Credentials = ANONYMOUS) -> None:
         self.topology = topology
         self._channels = Channels(credentials)  # every device's calls carry the token
-        self._local_bus: dict[str, LocalBus] = {}
-        self._local_device: dict[str, Any] = {}
+        self._local: dict[str, LocalDevice] = {}
+        self._remote: dict[str, RemoteDevice] = {}
         self._local_fabric: LocalFabric | None = None
-        self._budgets: tuple[StoreBudget, QueueBudget] | None = None
+        self._remote_fabric: RemoteFabric | None = None
+        self._servicers: dict[str, dict[str, Any]] = {"device": {}, "bus": {}}
 
-    def budgets(self, limits: EmulatorLimits) -> tuple[StoreBudget, QueueBudget]:
-        """The caps every device of this process shares (one Peers per process): real bytes
-        stored, and messages queued. Made by the first device, with its limits."""
-        if self._budgets is None:
-            self._budgets = (
-                StoreBudget(cap_bytes=limits.process_stored_bytes_cap),
-                QueueBudget(
-                    max_messages=limits.process_inbox_max_messages,
-                    max_bytes=limits.process_inbox_max_bytes,
-                ),
+    # --- the engines' Directory ----------------------------------------------------------------
+
+    def host_device(self, engine: DeviceEngine, servicers: Mapping[str, Any]) -> None:
+        """A device engine of this process (and its servicers, for the older by-name calls)."""
+        self._local[engine.device.address] = LocalDevice(engine)
+        for role, servicer in servicers.items():
+            self._servicers[role][engine.device.address] = servicer
+
+    def host_fabric(self, engine: FabricEngine) -> None:
+        self._local_fabric = LocalFabric(engine)
+
+    def device(self, device: Device) -> DevicePeer:
+        local = self._local.get(device.address)
+        if local is not None:
+            return local
+        remote = self._remote.get(device.address)
+        if remote is None:
+            remote = self._remote[device.address] = RemoteDevice(
+                self.channel(device.address), device
             )
-        return self._budgets
+        return remote
 
-    def register_bus(self, address: str, bus: LocalBus) -> None:
-        self._local_bus[address] = bus
+    def fabric(self) -> FabricPeer:
+        if self._local_fabric is not None:
+            return self._local_fabric
+        if self._remote_fabric is None:
+            address = self.topology.service(ServiceKind.FABRIC).address
+            self._remote_fabric = RemoteFabric(self.channel(address))
+        return self._remote_fabric
 
-    def register_device(self, address: str, servicer: Any) -> None:
-        self._local_device[address] = servicer
+    def clock_source(self, topology: Topology | None = None) -> RemoteFabric:
+        """Where this process follows emulated time from: sn0's fabric (the first document's,
+        or `topology`'s)."""
+        address = (topology or self.topology).service(ServiceKind.FABRIC).address
+        return RemoteFabric(self.channel(address))
 
-    def register_fabric(self, fabric: LocalFabric) -> None:
-        self._local_fabric = fabric
+    # --- the older calls, by method name ---------------------------------------------------------
 
     def channel(self, address: str) -> grpc.aio.Channel:
         return self._channels.get(address)
-
-    def bus(self, device: Device) -> ub_pb2_grpc.UnifiedBusAsyncStub:
-        return ub_pb2_grpc.UnifiedBusStub(self.channel(device.address))
-
-    def fabric(self) -> fabric_pb2_grpc.FabricAsyncStub:
-        return fabric_pb2_grpc.FabricStub(
-            self.channel(self.topology.service(ServiceKind.FABRIC).address)
-        )
-
-    async def deliver(
-        self, device: Device, tx: ub_pb2.UbTransaction, deadline_s: float | None
-    ) -> ub_pb2.UbCompletion:
-        """Have `device` apply a transaction; its refusal comes back as its status."""
-        local = self._local_bus.get(device.address)
-        try:
-            if local is not None:
-                async with _deadline(device, deadline_s):  # a hung device never answers
-                    return await local.deliver(tx)
-            completion: ub_pb2.UbCompletion = await self.bus(device).Deliver(tx, timeout=deadline_s)
-            return completion
-        except EmulatorError as exc:
-            raise RemoteError.from_error(exc, device.id) from exc
-        except grpc.aio.AioRpcError as exc:
-            raise RemoteError.from_rpc_error(exc, device.id) from exc
-
-    async def transfer(
-        self, tx: ub_pb2.UbTransaction, deadline_s: float | None
-    ) -> ub_pb2.UbCompletion:
-        """Hand a transaction to the fabric."""
-        if self._local_fabric is not None:
-            return await self._local_fabric.transfer(tx, deadline_s)
-        try:
-            completion: ub_pb2.UbCompletion = await self.fabric().Transfer(tx, timeout=deadline_s)
-            return completion
-        except grpc.aio.AioRpcError as exc:
-            raise RemoteError.from_rpc_error(exc, None) from exc
 
     async def device_call(
         self, device: Device, method: str, request: Any, deadline_s: float | None = 5.0
@@ -147,7 +122,7 @@ class Peers:
             method,
             request,
             deadline_s,
-            local=self._local_device,
+            local=self._servicers["device"],
             stub=device_pb2_grpc.DeviceStub,
         )
 
@@ -160,7 +135,7 @@ class Peers:
             method,
             request,
             deadline_s,
-            local=self._local_bus,
+            local=self._servicers["bus"],
             stub=ub_pb2_grpc.UnifiedBusStub,
         )
 
@@ -177,13 +152,15 @@ class Peers:
         servicer = local.get(device.address)
         try:
             if servicer is not None:
-                async with _deadline(device, deadline_s):  # a hung device never answers
+                async with _deadline(deadline_s):  # a hung device never answers
                     return await getattr(servicer, method)(request, LOCAL_CONTEXT)
             return await getattr(stub(self.channel(device.address)), method)(
                 request, timeout=deadline_s
             )
         except RemoteError as exc:
             raise exc.prefixed(device.id) from exc
+        except EmulatorError as exc:
+            raise RemoteError.from_error(exc, device.id) from exc
         except grpc.aio.AioRpcError as exc:
             raise RemoteError.from_rpc_error(exc, device.id) from exc
 

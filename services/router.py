@@ -16,7 +16,8 @@ from collections.abc import Callable
 import structlog
 
 from cmemu.v1 import router_pb2, router_pb2_grpc
-from emulator.model.clock import Clock
+from emulator.engines.clock import Timeline
+from emulator.engines.events import EventSink
 from emulator.model.errors import (
     EmulatorError,
     NotFoundError,
@@ -30,7 +31,6 @@ from emulator.model.serving.engine import Engine
 from emulator.model.serving.models import get_model
 from emulator.model.topology import ServiceKind, Topology
 from services.auth import OPEN
-from services.eventsink import EventSink
 from services.host import ServiceHost
 from services.peers import Peers
 from services.serving.deploy import LiveDeployment, Provisioner, parse_request, spec_text
@@ -54,7 +54,7 @@ class RouterState:
         *,
         topology: Topology,
         profile: HardwareProfile,
-        clock: Clock,
+        clock: Timeline,
         peers: Peers,
         events: EventSink | None,
         http_address: str | None,
@@ -161,7 +161,7 @@ class RouterState:
         try:
             load_s = await self.provisioner.load_weights(live)
             started = self.clock.now_ns()
-            await asyncio.sleep(self.clock.wall_delay_s(load_s))
+            await self.clock.sleep(load_s)
             live.loaded_ns = started + round(load_s * 1e9)
             model = get_model(live.spec.model)
             s = self.profile.serving
@@ -326,7 +326,7 @@ def create_router(
     address: str,
     topology: Topology,
     profile: HardwareProfile,
-    clock: Clock,
+    clock: Timeline,
     peers: Peers,
     events: EventSink | None = None,
 ) -> tuple[RouterState, ServiceHost]:

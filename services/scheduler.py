@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
-from emulator.model.clock import Clock
+from emulator.engines.clock import Timeline
+from emulator.engines.events import EventSink
 from emulator.model.errors import EmulatorError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.naming import parse_supernode, service_id
@@ -28,7 +29,6 @@ from emulator.model.scheduler import (
     check_job,
 )
 from emulator.model.topology import ServiceKind, Topology
-from services.eventsink import EventSink
 from services.host import ServiceHost
 from services.peers import Peers
 from services.status import Context, abort, rpc
@@ -46,7 +46,7 @@ class SchedulerState:
         *,
         topology: Topology,
         profile: HardwareProfile,
-        clock: Clock,
+        clock: Timeline,
         events: EventSink | None = None,
     ) -> None:
         self.name = service_id(
@@ -266,7 +266,7 @@ def create_scheduler(
     address: str,
     topology: Topology,
     profile: HardwareProfile,
-    clock: Clock,
+    clock: Timeline,
     peers: Peers,
     events: EventSink | None,
 ) -> tuple[SchedulerState, ServiceHost]:

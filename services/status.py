@@ -28,107 +28,47 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import grpc
 import structlog
-from google.protobuf import any_pb2, duration_pb2
+from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from emulator.client.errors import DOMAIN, status_in
+from emulator.client import status as client_status
+from emulator.client.errors import status_in
+from emulator.client.status import MESSAGE_MAX
 from emulator.model.errors import (
     QUOTE_MAX,
     RETRY_AFTER_S,
-    AddressError,
-    AddressInUseError,
-    CapacityError,
-    DataLossError,
     EmulatorError,
+    InternalError,
     InvalidArgumentError,
-    NotFoundError,
-    OutOfRangeError,
-    PreconditionError,
     UnavailableError,
     shorten,
 )
 
-MESSAGE_MAX = 1024
-"""The longest status message (and BadRequest description) a server sends, in characters."""
-
-STATUS_OF: dict[type[EmulatorError], grpc.StatusCode] = {
-    InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
-    NotFoundError: grpc.StatusCode.NOT_FOUND,
-    OutOfRangeError: grpc.StatusCode.OUT_OF_RANGE,
-    CapacityError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    PreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
-    UnavailableError: grpc.StatusCode.UNAVAILABLE,
-    AddressInUseError: grpc.StatusCode.UNAVAILABLE,
-    AddressError: grpc.StatusCode.INVALID_ARGUMENT,
-    DataLossError: grpc.StatusCode.DATA_LOSS,
-}
-
 
 def status_of(error: EmulatorError) -> grpc.StatusCode:
-    """The status of the nearest registered base class (subclasses inherit their parent's)."""
+    """The status of an error (a relayed one keeps its own)."""
     if isinstance(error, RemoteError):
         return error.code
-    for cls in type(error).__mro__:
-        if cls in STATUS_OF:
-            return STATUS_OF[cls]
-    return grpc.StatusCode.INTERNAL
-
-
-def _pack(message: Any) -> any_pb2.Any:
-    packed = any_pb2.Any()
-    packed.Pack(message)
-    return packed
-
-
-def error_metadata(error: EmulatorError) -> dict[str, str]:
-    """ErrorInfo metadata: the offending field and id, and what a CapacityError measured."""
-    metadata: dict[str, str] = {}
-    if error.field:
-        metadata["field"] = error.field
-    if error.subject:
-        metadata["id"] = error.subject
-    if isinstance(error, CapacityError):
-        metadata.update(requested=str(error.requested), free=str(error.free))
-    return {key: shorten(value, QUOTE_MAX) for key, value in metadata.items()}
+    return client_status.status_of(error)
 
 
 def details_of(error: EmulatorError) -> list[any_pb2.Any]:
-    """The google.rpc details of an error raised here (RemoteError keeps its own)."""
+    """The google.rpc details of an error (a relayed one keeps its own)."""
     if isinstance(error, RemoteError):
         return list(error.details)
-    code = status_of(error)
-    details = [
-        _pack(
-            error_details_pb2.ErrorInfo(
-                reason=error.reason, domain=DOMAIN, metadata=error_metadata(error)
-            )
-        )
-    ]
-    if code is grpc.StatusCode.INVALID_ARGUMENT:
-        violation = error_details_pb2.BadRequest.FieldViolation(
-            field=shorten(error.field or "", QUOTE_MAX),
-            description=shorten(str(error), MESSAGE_MAX),
-        )
-        details.append(_pack(error_details_pb2.BadRequest(field_violations=[violation])))
-    if (
-        code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
-        and error.retry_after_s is not None
-    ):
-        delay = duration_pb2.Duration()
-        delay.FromNanoseconds(round(error.retry_after_s * 1e9))
-        details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
-    return details
+    return client_status.details_of(error)
 
 
 def to_status(error: EmulatorError, message: str | None = None) -> grpc.Status:
     """The grpc.Status (code, message, details trailer) that reports `error`."""
-    code = status_of(error)
+    if not isinstance(error, RemoteError):
+        return client_status.to_status(error, message)
     return rpc_status.to_status(
         status_pb2.Status(
-            code=code.value[0],
+            code=error.code.value[0],
             message=shorten(str(error) if message is None else message, MESSAGE_MAX),
-            details=details_of(error),
+            details=list(error.details),
         )
     )
 
@@ -199,15 +139,6 @@ async def abort(context: Context, error: EmulatorError) -> NoReturn:
     raise AssertionError("abort_with_status returned")  # pragma: no cover
 
 
-class InternalError(EmulatorError):
-    """An exception that is no EmulatorError: a bug of the emulator, never of the request."""
-
-    default_reason = "INTERNAL"
-
-
-STATUS_OF[InternalError] = grpc.StatusCode.INTERNAL
-
-
 def internal(exc: BaseException, *, rpc: str, device: str | None = None) -> InternalError:
     """Log an unexpected exception with its traceback; the short error its caller receives."""
     log.error(
@@ -226,7 +157,8 @@ def rpc(handler: F) -> F:
 
     @functools.wraps(handler)
     async def wrapper(self: Any, request: Any, context: Context) -> Any:
-        state = getattr(self, "state", None)  # a device's state, or a service's (name)
+        # a device's engine, or a service's state or servicer (its name)
+        state = getattr(self, "engine", None) or getattr(self, "state", None) or self
         device = getattr(getattr(state, "device", None), "id", getattr(state, "name", None))
         admit = getattr(state, "admit", None)  # a device's fault gate (crash, hang)
         try:

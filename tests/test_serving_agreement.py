@@ -11,14 +11,13 @@ from pathlib import Path
 import yaml
 
 from cmemu.v1 import router_pb2
-from emulator.model.clock import Clock
+from emulator.client.replay import replay
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.serving.deployment import parse_deployment
 from emulator.model.serving.des import simulate
 from emulator.model.serving.workload import generate, parse_workload
 from emulator.model.topology import ServiceKind
 from emulator.testing import running_supernode
-from services.serving.replay import replay
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # Loading the weights is not what is compared: a second instead of minutes, so that the run
@@ -51,7 +50,8 @@ async def test_live_and_simulation_agree_on_tokens_per_s_and_tpot() -> None:
         assert deployed.state == router_pb2.DEPLOYMENT_STATE_SERVING
         topology = sn.local.topology if sn.local is not None else sn.topology
         assert topology.epoch_wall_s is not None
-        clock = Clock(time_scale=topology.time_scale, epoch_wall_s=topology.epoch_wall_s)
+        assert sn.local.time is not None  # the supernode's own clock: this process owns it
+        clock = sn.local.time.timeline
         http = topology.service(ServiceKind.ROUTER).http_address
         outcomes = await replay(f"http://{http}", "small", requests, clock=clock, block=block)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from cmemu.v1 import manager_pb2, router_pb2, scheduler_pb2
-from emulator.model.clock import Clock
+from emulator.client.replay import Outcome, replay
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.serving.deployment import parse_deployment
 from emulator.model.serving.des import DieLoss, simulate
@@ -21,7 +21,6 @@ from emulator.model.serving.engine import Request
 from emulator.model.serving.workload import generate, parse_workload
 from emulator.model.topology import ServiceKind
 from emulator.testing import running_supernode
-from services.serving.replay import Outcome, replay
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PROFILE = replace(
@@ -55,7 +54,8 @@ async def _live(spec_text: str, requests: list[Request], block: int) -> Live:
         decode = next(i for i in deployed.instances if i.role == "decode")
         topology = sn.local.topology if sn.local is not None else sn.topology
         assert topology.epoch_wall_s is not None
-        clock = Clock(time_scale=topology.time_scale, epoch_wall_s=topology.epoch_wall_s)
+        assert sn.local.time is not None  # the supernode's own clock: this process owns it
+        clock = sn.local.time.timeline
         http = topology.service(ServiceKind.ROUTER).http_address
         start_s = clock.now_ns() / 1e9
         replaying = asyncio.create_task(
@@ -69,7 +69,7 @@ async def _live(spec_text: str, requests: list[Request], block: int) -> Live:
                     return got
                 await asyncio.sleep(0.01)
 
-        await asyncio.sleep(clock.wall_delay_s(FAIL_AT_S))
+        await clock.sleep_until(round((start_s + FAIL_AT_S) * 1e9))
         scheduler = sn.clients.scheduler()
         await scheduler.MarkFailed(scheduler_pb2.MarkRequest(npu=decode.npus[0]))
         await until("last_isolated_ns")

@@ -675,3 +675,82 @@ class GetFaultStateRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetFaultStateRequest: _TypeAlias = GetFaultStateRequest  # noqa: Y015
+
+@_typing.final
+class WatchLivenessRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchLivenessRequest: _TypeAlias = WatchLivenessRequest  # noqa: Y015
+
+@_typing.final
+class Liveness(_message.Message):
+    """The liveness of every device hosted in the called device's process, as its process sees it:
+    sent at once, on every change, and every heartbeat interval of emulated time. A device that
+    hangs drops out of `answering`; a crashed one is `unreachable`. Silence of the whole stream
+    (a stopped process) and a broken stream (a killed one) are for the watcher to judge.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EMULATED_NS_FIELD_NUMBER: _builtins.int
+    PROCESS_FIELD_NUMBER: _builtins.int
+    COVERS_FIELD_NUMBER: _builtins.int
+    ANSWERING_FIELD_NUMBER: _builtins.int
+    UNREACHABLE_FIELD_NUMBER: _builtins.int
+    DOWN_FIELD_NUMBER: _builtins.int
+    DIES_DOWN_FIELD_NUMBER: _builtins.int
+    INTERVAL_S_FIELD_NUMBER: _builtins.int
+    emulated_ns: _builtins.int
+    """the process's emulated time at this beat"""
+    process: _builtins.str
+    """who reports (a node, a device, "inprocess")"""
+    interval_s: _builtins.float
+    """emulated seconds between two beats"""
+    @_builtins.property
+    def covers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """every device the process hosts"""
+
+    @_builtins.property
+    def answering(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """devices answering now"""
+
+    @_builtins.property
+    def unreachable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """devices whose server is gone (crashed, pool lost)"""
+
+    @_builtins.property
+    def down(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """devices NOT_SERVING (device-down)"""
+
+    @_builtins.property
+    def dies_down(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """NPU dies down ("n00-npu3.d1")"""
+
+    def __init__(
+        self,
+        *,
+        emulated_ns: _builtins.int = ...,
+        process: _builtins.str = ...,
+        covers: _abc.Iterable[_builtins.str] | None = ...,
+        answering: _abc.Iterable[_builtins.str] | None = ...,
+        unreachable: _abc.Iterable[_builtins.str] | None = ...,
+        down: _abc.Iterable[_builtins.str] | None = ...,
+        dies_down: _abc.Iterable[_builtins.str] | None = ...,
+        interval_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answering", b"answering", "covers", b"covers", "dies_down", b"dies_down", "down", b"down", "emulated_ns", b"emulated_ns", "interval_s", b"interval_s", "process", b"process", "unreachable", b"unreachable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Liveness: _TypeAlias = Liveness  # noqa: Y015

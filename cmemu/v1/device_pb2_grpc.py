@@ -84,6 +84,11 @@ class DeviceStub:
                 request_serializer=cmemu_dot_v1_dot_device__pb2.ListDeviceFaultsRequest.SerializeToString,
                 response_deserializer=cmemu_dot_v1_dot_device__pb2.DeviceFaultList.FromString,
                 _registered_method=True)
+        self.WatchLiveness = channel.unary_stream(
+                '/cmemu.v1.Device/WatchLiveness',
+                request_serializer=cmemu_dot_v1_dot_device__pb2.WatchLivenessRequest.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_device__pb2.Liveness.FromString,
+                _registered_method=True)
 
 
 class DeviceServicer:
@@ -152,6 +157,13 @@ class DeviceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchLiveness(self, request, context):
+        """The liveness of this device's process, streamed (the cluster manager's detection).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DeviceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -204,6 +216,11 @@ def add_DeviceServicer_to_server(servicer, server):
                     servicer.ListFaults,
                     request_deserializer=cmemu_dot_v1_dot_device__pb2.ListDeviceFaultsRequest.FromString,
                     response_serializer=cmemu_dot_v1_dot_device__pb2.DeviceFaultList.SerializeToString,
+            ),
+            'WatchLiveness': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchLiveness,
+                    request_deserializer=cmemu_dot_v1_dot_device__pb2.WatchLivenessRequest.FromString,
+                    response_serializer=cmemu_dot_v1_dot_device__pb2.Liveness.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -476,6 +493,33 @@ class Device:
             '/cmemu.v1.Device/ListFaults',
             cmemu_dot_v1_dot_device__pb2.ListDeviceFaultsRequest.SerializeToString,
             cmemu_dot_v1_dot_device__pb2.DeviceFaultList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchLiveness(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/cmemu.v1.Device/WatchLiveness',
+            cmemu_dot_v1_dot_device__pb2.WatchLivenessRequest.SerializeToString,
+            cmemu_dot_v1_dot_device__pb2.Liveness.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,8 @@ class DeviceStub:
     """
     ClearFault: _grpc.UnaryUnaryMultiCallable[_device_pb2.ClearDeviceFaultRequest, _device_pb2.FaultState]
     ListFaults: _grpc.UnaryUnaryMultiCallable[_device_pb2.ListDeviceFaultsRequest, _device_pb2.DeviceFaultList]
+    WatchLiveness: _grpc.UnaryStreamMultiCallable[_device_pb2.WatchLivenessRequest, _device_pb2.Liveness]
+    """The liveness of this device's process, streamed (the cluster manager's detection)."""
 
 @_typing.type_check_only
 class DeviceAsyncStub(DeviceStub):
@@ -74,6 +76,8 @@ class DeviceAsyncStub(DeviceStub):
     """
     ClearFault: _aio.UnaryUnaryMultiCallable[_device_pb2.ClearDeviceFaultRequest, _device_pb2.FaultState]  # type: ignore[assignment]
     ListFaults: _aio.UnaryUnaryMultiCallable[_device_pb2.ListDeviceFaultsRequest, _device_pb2.DeviceFaultList]  # type: ignore[assignment]
+    WatchLiveness: _aio.UnaryStreamMultiCallable[_device_pb2.WatchLivenessRequest, _device_pb2.Liveness]  # type: ignore[assignment]
+    """The liveness of this device's process, streamed (the cluster manager's detection)."""
 
 class DeviceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -149,5 +153,13 @@ class DeviceServicer(metaclass=_abc_1.ABCMeta):
         request: _device_pb2.ListDeviceFaultsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_device_pb2.DeviceFaultList, _abc.Awaitable[_device_pb2.DeviceFaultList]]: ...
+
+    @_abc_1.abstractmethod
+    def WatchLiveness(
+        self,
+        request: _device_pb2.WatchLivenessRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_device_pb2.Liveness], _abc.AsyncIterator[_device_pb2.Liveness]]:
+        """The liveness of this device's process, streamed (the cluster manager's detection)."""
 
 def add_DeviceServicer_to_server(servicer: DeviceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -530,23 +530,118 @@ class ClockInfo(_message.Message):
     EPOCH_WALL_S_FIELD_NUMBER: _builtins.int
     TIME_SCALE_FIELD_NUMBER: _builtins.int
     EMULATED_NS_FIELD_NUMBER: _builtins.int
+    RATE_FIELD_NUMBER: _builtins.int
+    ACHIEVED_SCALE_FIELD_NUMBER: _builtins.int
+    LONGEST_STALL_S_FIELD_NUMBER: _builtins.int
+    STALLED_S_FIELD_NUMBER: _builtins.int
+    SLOWEST_FIELD_NUMBER: _builtins.int
+    WORST_LAG_S_FIELD_NUMBER: _builtins.int
     epoch_wall_s: _builtins.float
     """the wall-clock instant (Unix seconds) at which emulated time is 0"""
     time_scale: _builtins.float
-    """emulated seconds per wall second"""
+    """emulated seconds per wall second asked for: a ceiling"""
     emulated_ns: _builtins.int
     """emulated time when the fabric answered"""
+    rate: _builtins.float
+    """emulated seconds per wall second now (<= time_scale)"""
+    achieved_scale: _builtins.float
+    """emulated seconds per wall second since the epoch"""
+    longest_stall_s: _builtins.float
+    """wall seconds of the longest stall cut out of emulated time"""
+    stalled_s: _builtins.float
+    """wall seconds cut out of emulated time, in all"""
+    slowest: _builtins.str
+    """the process whose lag sets the rate now ("" when at time_scale)"""
+    worst_lag_s: _builtins.float
+    """wall seconds: the fabric process's event loop's worst lateness"""
     def __init__(
         self,
         *,
         epoch_wall_s: _builtins.float = ...,
         time_scale: _builtins.float = ...,
         emulated_ns: _builtins.int = ...,
+        rate: _builtins.float = ...,
+        achieved_scale: _builtins.float = ...,
+        longest_stall_s: _builtins.float = ...,
+        stalled_s: _builtins.float = ...,
+        slowest: _builtins.str = ...,
+        worst_lag_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["emulated_ns", b"emulated_ns", "epoch_wall_s", b"epoch_wall_s", "time_scale", b"time_scale"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["achieved_scale", b"achieved_scale", "emulated_ns", b"emulated_ns", "epoch_wall_s", b"epoch_wall_s", "longest_stall_s", b"longest_stall_s", "rate", b"rate", "slowest", b"slowest", "stalled_s", b"stalled_s", "time_scale", b"time_scale", "worst_lag_s", b"worst_lag_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClockInfo: _TypeAlias = ClockInfo  # noqa: Y015
+
+@_typing.final
+class ClockSegment(_message.Message):
+    """Emulated time is piecewise linear: from wall instant `wall_s` on it runs at `rate` from
+    `emulated_ns`, and no reading passes `horizon_wall_s` (the fabric renews it while it keeps
+    pace; a follower holds there if the fabric goes silent).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WALL_S_FIELD_NUMBER: _builtins.int
+    EMULATED_NS_FIELD_NUMBER: _builtins.int
+    RATE_FIELD_NUMBER: _builtins.int
+    HORIZON_WALL_S_FIELD_NUMBER: _builtins.int
+    TIME_SCALE_FIELD_NUMBER: _builtins.int
+    EPOCH_WALL_S_FIELD_NUMBER: _builtins.int
+    wall_s: _builtins.float
+    emulated_ns: _builtins.int
+    rate: _builtins.float
+    horizon_wall_s: _builtins.float
+    time_scale: _builtins.float
+    epoch_wall_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        wall_s: _builtins.float = ...,
+        emulated_ns: _builtins.int = ...,
+        rate: _builtins.float = ...,
+        horizon_wall_s: _builtins.float = ...,
+        time_scale: _builtins.float = ...,
+        epoch_wall_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["emulated_ns", b"emulated_ns", "epoch_wall_s", b"epoch_wall_s", "horizon_wall_s", b"horizon_wall_s", "rate", b"rate", "time_scale", b"time_scale", "wall_s", b"wall_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClockSegment: _TypeAlias = ClockSegment  # noqa: Y015
+
+@_typing.final
+class ClockReport(_message.Message):
+    """A process's report to the fabric: how late its event loop runs, and the fastest rate at
+    which that lateness stays within the lag budget in emulated time.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESS_FIELD_NUMBER: _builtins.int
+    RATE_FIELD_NUMBER: _builtins.int
+    LAG_S_FIELD_NUMBER: _builtins.int
+    process: _builtins.str
+    """who reports (a device, node or service id; a client's name)"""
+    rate: _builtins.float
+    """emulated seconds per wall second this process can keep"""
+    lag_s: _builtins.float
+    """wall seconds: the lateness behind that rate"""
+    def __init__(
+        self,
+        *,
+        process: _builtins.str = ...,
+        rate: _builtins.float = ...,
+        lag_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lag_s", b"lag_s", "process", b"process", "rate", b"rate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClockReport: _TypeAlias = ClockReport  # noqa: Y015

@@ -80,6 +80,11 @@ class FabricStub:
                 request_serializer=cmemu_dot_v1_dot_fabric__pb2.GetClockRequest.SerializeToString,
                 response_deserializer=cmemu_dot_v1_dot_fabric__pb2.ClockInfo.FromString,
                 _registered_method=True)
+        self.SyncClock = channel.stream_stream(
+                '/cmemu.v1.Fabric/SyncClock',
+                request_serializer=cmemu_dot_v1_dot_fabric__pb2.ClockReport.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_fabric__pb2.ClockSegment.FromString,
+                _registered_method=True)
 
 
 class FabricServicer:
@@ -139,6 +144,14 @@ class FabricServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SyncClock(self, request_iterator, context):
+        """Follow emulated time: the current segment at once, then every change and lease renewal;
+        the process's reports (at least one, naming it) slow time for everyone when it lags.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FabricServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +199,11 @@ def add_FabricServicer_to_server(servicer, server):
                     servicer.GetClock,
                     request_deserializer=cmemu_dot_v1_dot_fabric__pb2.GetClockRequest.FromString,
                     response_serializer=cmemu_dot_v1_dot_fabric__pb2.ClockInfo.SerializeToString,
+            ),
+            'SyncClock': grpc.stream_stream_rpc_method_handler(
+                    servicer.SyncClock,
+                    request_deserializer=cmemu_dot_v1_dot_fabric__pb2.ClockReport.FromString,
+                    response_serializer=cmemu_dot_v1_dot_fabric__pb2.ClockSegment.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -431,6 +449,33 @@ class Fabric:
             '/cmemu.v1.Fabric/GetClock',
             cmemu_dot_v1_dot_fabric__pb2.GetClockRequest.SerializeToString,
             cmemu_dot_v1_dot_fabric__pb2.ClockInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SyncClock(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/cmemu.v1.Fabric/SyncClock',
+            cmemu_dot_v1_dot_fabric__pb2.ClockReport.SerializeToString,
+            cmemu_dot_v1_dot_fabric__pb2.ClockSegment.FromString,
             options,
             channel_credentials,
             insecure,

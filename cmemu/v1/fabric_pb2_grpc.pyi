@@ -53,6 +53,10 @@ class FabricStub:
     GetLinkStats: _grpc.UnaryUnaryMultiCallable[_fabric_pb2.LinkStatsRequest, _fabric_pb2.LinkStats]
     WatchLinkStats: _grpc.UnaryStreamMultiCallable[_fabric_pb2.WatchLinkStatsRequest, _fabric_pb2.LinkStats]
     GetClock: _grpc.UnaryUnaryMultiCallable[_fabric_pb2.GetClockRequest, _fabric_pb2.ClockInfo]
+    SyncClock: _grpc.StreamStreamMultiCallable[_fabric_pb2.ClockReport, _fabric_pb2.ClockSegment]
+    """Follow emulated time: the current segment at once, then every change and lease renewal;
+    the process's reports (at least one, naming it) slow time for everyone when it lags.
+    """
 
 @_typing.type_check_only
 class FabricAsyncStub(FabricStub):
@@ -66,6 +70,10 @@ class FabricAsyncStub(FabricStub):
     GetLinkStats: _aio.UnaryUnaryMultiCallable[_fabric_pb2.LinkStatsRequest, _fabric_pb2.LinkStats]  # type: ignore[assignment]
     WatchLinkStats: _aio.UnaryStreamMultiCallable[_fabric_pb2.WatchLinkStatsRequest, _fabric_pb2.LinkStats]  # type: ignore[assignment]
     GetClock: _aio.UnaryUnaryMultiCallable[_fabric_pb2.GetClockRequest, _fabric_pb2.ClockInfo]  # type: ignore[assignment]
+    SyncClock: _aio.StreamStreamMultiCallable[_fabric_pb2.ClockReport, _fabric_pb2.ClockSegment]  # type: ignore[assignment]
+    """Follow emulated time: the current segment at once, then every change and lease renewal;
+    the process's reports (at least one, naming it) slow time for everyone when it lags.
+    """
 
 class FabricServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -130,5 +138,15 @@ class FabricServicer(metaclass=_abc_1.ABCMeta):
         request: _fabric_pb2.GetClockRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_fabric_pb2.ClockInfo, _abc.Awaitable[_fabric_pb2.ClockInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def SyncClock(
+        self,
+        request_iterator: _MaybeAsyncIterator[_fabric_pb2.ClockReport],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_fabric_pb2.ClockSegment], _abc.AsyncIterator[_fabric_pb2.ClockSegment]]:
+        """Follow emulated time: the current segment at once, then every change and lease renewal;
+        the process's reports (at least one, naming it) slow time for everyone when it lags.
+        """
 
 def add_FabricServicer_to_server(servicer: FabricServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

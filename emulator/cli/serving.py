@@ -17,13 +17,13 @@ from cmemu.v1 import router_pb2, router_pb2_grpc
 from emulator.cli.argtypes import UsageError, positive_float, positive_int
 from emulator.cli.output import Column, print_rows
 from emulator.client.clients import Clients
-from emulator.model.clock import Clock
+from emulator.client.clock import followed_time
+from emulator.client.replay import ReplayReport, replay, report
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.serving.deployment import parse_deployment
 from emulator.model.serving.workload import read_mooncake
 from emulator.model.topology import ServiceKind, Topology
 from emulator.runtime import state
-from services.serving.replay import ReplayReport, replay, report
 
 T = TypeVar("T")
 STATES = {
@@ -173,13 +173,12 @@ async def _replay(args: argparse.Namespace, text: str) -> ReplayReport:
     finally:
         await clients.close()
     spec = parse_deployment(yaml.safe_load(deployed.spec_yaml))
-    assert topology.epoch_wall_s is not None
-    clock = Clock(time_scale=topology.time_scale, epoch_wall_s=topology.epoch_wall_s)
     http = topology.service(ServiceKind.ROUTER).http_address
     started = time.monotonic()
-    outcomes = await replay(
-        f"http://{http}", model, requests, clock=clock, block=block, speed=args.speed
-    )
+    async with followed_time(topology, state.credentials(path), name="replay") as keeper:
+        outcomes = await replay(
+            f"http://{http}", model, requests, clock=keeper.timeline, block=block, speed=args.speed
+        )
     return report(
         outcomes,
         ttft_target_s=spec.prefill.ttft_target_s,

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from cmemu.v1 import fabric_pb2
 from emulator.client import faults as fault
 from emulator.client import health
 from emulator.client.clients import Clients
@@ -49,13 +50,31 @@ async def _probe(instance: state.Instance, timeout_s: float) -> dict[str, Any]:
         instance.topology, state.credentials(instance.path), supernodes=instance.supernodes
     )
     try:
-        statuses, faults = await asyncio.gather(
+        statuses, faults, clock = await asyncio.gather(
             health.check_many(servers, timeout_s=timeout_s, credentials=clients.credentials),
             _faults(clients),
+            _clock(clients, timeout_s),
         )
     finally:
         await clients.close()
-    return {"statuses": statuses, **faults}
+    return {"statuses": statuses, **faults, "clock": clock}
+
+
+async def _clock(clients: Clients, timeout_s: float) -> dict[str, Any] | None:
+    """Where emulated time stands, as the fabric (its owner) says: the asked and the achieved
+    scale, the rate now, the stalls cut out (None when the fabric does not answer)."""
+    try:
+        info = await clients.fabric().GetClock(fabric_pb2.GetClockRequest(), timeout=timeout_s)
+    except grpc.aio.AioRpcError:
+        return None
+    return {
+        "emulated_s": info.emulated_ns / 1e9,
+        "rate": info.rate,
+        "achieved_scale": info.achieved_scale,
+        "longest_stall_s": info.longest_stall_s,
+        "stalled_s": info.stalled_s,
+        "slowest": info.slowest,
+    }
 
 
 async def _faults(clients: Clients) -> dict[str, Any]:
@@ -74,11 +93,8 @@ def report(instance: state.Instance, probed: dict[str, Any], now: float) -> dict
     topology, launcher = instance.topology, instance.launcher
     statuses: dict[str, str] = probed["statuses"]
     started = launcher.started_wall_s or topology.epoch_wall_s
-    emulated = (
-        (now - topology.epoch_wall_s) * topology.time_scale
-        if topology.epoch_wall_s is not None
-        else None
-    )
+    clock = probed.get("clock") or {}
+    emulated = clock.get("emulated_s")
     faults = [*(probed["fabric_faults"] or []), *probed["device_faults"]]
     supernodes = instance.supernodes or (topology,)
     devices = [d for t in supernodes for d in t.devices]
@@ -99,6 +115,10 @@ def report(instance: state.Instance, probed: dict[str, Any], now: float) -> dict
         "preset": topology.preset,
         "time_scale": topology.time_scale,
         "emulated_s": emulated,
+        "time_rate": clock.get("rate"),
+        "achieved_scale": clock.get("achieved_scale"),
+        "longest_stall_s": clock.get("longest_stall_s"),
+        "time_slowed_by": clock.get("slowest") or None,
         "broker": topology.broker,
         "services": {x.id: x.address for x in services},
         "http": {x.id: f"http://{x.http_address}/v1" for x in services if x.http_address},
@@ -120,12 +140,19 @@ def _print(r: dict[str, Any]) -> None:
         if r["started_wall_s"]
         else "?"
     )
-    emulated = f"{r['emulated_s']:.3f} s" if r["emulated_s"] is not None else "not started"
+    emulated = f"{r['emulated_s']:.3f} s" if r["emulated_s"] is not None else "unknown"
+    pace = f"time scale {r['time_scale']:g}"
+    if r["time_rate"] is not None:
+        pace += f" asked, {r['time_rate']:.3g} now, {r['achieved_scale']:.3g} achieved"
+        if r["longest_stall_s"]:
+            pace += f", longest stall {r['longest_stall_s']:.2f} s"
+        if r["time_slowed_by"]:
+            pace += f" (slowed by {r['time_slowed_by']})"
     rows = [
         ("instance", f"{r['name']} (state file {r['state_file']})"),
         ("launcher", f"pid {r['pid']}, {r['mode']}, up {uptime} (since {started})"),
         ("supernode", f"{', '.join(r['supernodes'])} ({r['preset']}), {r['devices']} devices"),
-        ("time", f"emulated {emulated}, time scale {r['time_scale']:g}"),
+        ("time", f"emulated {emulated}, {pace}"),
         ("broker", r["broker"] or "none (no MQTT)"),
         *((sid, address) for sid, address in r["services"].items()),
         *((f"{sid} http", url) for sid, url in r["http"].items()),

@@ -221,3 +221,40 @@ class DataLossError(EmulatorError):
     """Stored bytes no longer match their checksum, and no good copy is left."""
 
     default_reason = "DATA_LOSS"
+
+
+class DeadlineExceededError(EmulatorError):
+    """A call did not answer within its deadline (a hung peer, a stalled host)."""
+
+    default_reason = "DEADLINE_EXCEEDED"
+
+
+class UnauthenticatedError(EmulatorError):
+    """No valid credentials for a state-changing call."""
+
+    default_reason = "UNAUTHENTICATED"
+
+
+class PermissionDeniedError(EmulatorError):
+    """Credentials that do not allow this call."""
+
+    default_reason = "PERMISSION_DENIED"
+
+
+class InternalError(EmulatorError):
+    """An exception that is no EmulatorError: a bug of the emulator, never of the request (or a
+    status a peer sent that has no class of its own)."""
+
+    default_reason = "INTERNAL"
+
+
+def relayed(error: EmulatorError, prefix: str) -> EmulatorError:
+    """The same error (class, reason, field, id, retry hint), its message prefixed with who
+    relayed it ("n00-npu3: ..."), as a status relayed from another device reads."""
+    text = str(error)
+    if text.startswith(f"{prefix}: "):
+        return error
+    copy = error.__class__.__new__(error.__class__)
+    copy.__dict__.update(error.__dict__)
+    copy.args = (f"{prefix}: {text}",)
+    return copy

@@ -266,6 +266,27 @@ class EmulatorLimits:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ClockProfile:
+    """How emulated time keeps pace with the emulator (emulator/engines/clock.py): not hardware,
+    the emulator's own fidelity. The asked time scale is a ceiling; the clock runs slower when a
+    process's event loop cannot keep up, so a busy host is never read as a failed device."""
+
+    dilation: bool = fig(True, "assumed")  # off: emulated time is wall time x time_scale
+    tick_s: float = fig(0.01, "assumed")  # wall seconds between two lag measurements
+    window_s: float = fig(0.5, "assumed")  # wall seconds of ticks behind one rate decision
+    lag_quantile: float = fig(0.9, "assumed")  # of the window's tick lateness: the lag
+    # emulated seconds a loop may run late: the rate is at most lag_budget_s / lag
+    lag_budget_s: float = fig(0.1, "assumed")
+    lag_floor_s: float = fig(0.0005, "assumed")  # wall: below this a lag is timer noise
+    min_rate: float = fig(0.01, "assumed")  # emulated seconds per wall second, at the slowest
+    raise_factor: float = fig(1.25, "assumed")  # the rate rises by at most this per window
+    # wall seconds a stalled owner of time lets readers run on before time stands still
+    horizon_s: float = fig(0.1, "assumed")
+    lease_s: float = fig(1.0, "assumed")  # wall: how far a follower may read past the last word
+    stale_s: float = fig(3.0, "assumed")  # wall: a process silent this long no longer slows time
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServingCalibration:
     """Serving DeepSeek-R1 (issue 10): the measured points the serving cost model is fitted to,
     the assumptions it needs, and the parameters fitted to the points (src "fit": see
@@ -339,6 +360,7 @@ class HardwareProfile:
     training: TrainingProfile = field(default_factory=TrainingProfile)
     serving: ServingCalibration = field(default_factory=ServingCalibration)
     limits: EmulatorLimits = field(default_factory=EmulatorLimits)
+    clock: ClockProfile = field(default_factory=ClockProfile)
 
     @property
     def pool_bytes(self) -> int:

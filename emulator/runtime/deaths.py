@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from emulator.model.clock import Clock
 from emulator.model.naming import parse_id
 from emulator.model.topology import Topology
 from emulator.runtime.events import EventBus
@@ -37,16 +36,12 @@ class DeathReporter:
     then: Callable[[Running], None] | None = None
     # with several supernodes, the bus of each other one (its servers' topics carry its name)
     others: dict[int, EventBus] = field(default_factory=dict)
-
-    def clock(self) -> Clock | None:
-        if self.topology.epoch_wall_s is None:
-            return None
-        return Clock(time_scale=self.topology.time_scale, epoch_wall_s=self.topology.epoch_wall_s)
+    # emulated time, as the launcher follows it once the fabric serves (None before)
+    now_ns: Callable[[], int] | None = None
 
     def __call__(self, running: Running) -> None:
         if self.bus is not None:
-            clock = self.clock()
-            now = clock.now_ns() if clock is not None else 0  # 0: died before the clock began
+            now = self.now_ns() if self.now_ns is not None else 0  # 0: before the clock began
             for server in running.spec.servers:
                 bus = self.others.get(parse_id(server).supernode, self.bus)
                 bus.event(

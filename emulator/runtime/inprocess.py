@@ -21,6 +21,12 @@ import structlog
 from google.protobuf.json_format import MessageToDict
 
 from emulator.client import health
+from emulator.client.wire.device import telemetry_proto
+from emulator.engines.clock import TimeKeeper
+from emulator.engines.device import faults as device_faults
+from emulator.engines.device import make_device, process_budgets
+from emulator.engines.device.engine import DeviceEngine
+from emulator.engines.device.liveness import Liveness
 from emulator.model.clock import Clock
 from emulator.model.errors import EmulatorError, NotFoundError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
@@ -38,14 +44,13 @@ from emulator.runtime.registry import (
 from emulator.runtime.security import NONE as NO_SECURITY
 from emulator.runtime.security import Security
 from services.auth import OPEN
-from services.devicefaults import FaultHost
 from services.host import ServiceHost
-from services.kinds import DeviceHandle, create_device
+from services.kinds import DeviceServer
 from services.peers import Peers
 
 if TYPE_CHECKING:  # imported by the processes that host them (runtime/registry.py)
+    from emulator.engines.fabric.engine import FabricEngine
     from services.ems import EmsState
-    from services.fabric import FabricState
 
 log = structlog.get_logger("cmemu.inprocess")
 
@@ -82,6 +87,8 @@ class InProcessSupernode:
         ems_ssd_dir: Path | None = None,
         ems_rebuild_wait_s: float = 30.0,
         security: Security = NO_SECURITY,
+        time: TimeKeeper | None = None,
+        process: str = "inprocess",
     ) -> None:
         everything = [d.id for d in topology.devices] + [x.id for x in topology.services]
         self.hosted = set(everything if hosted is None else hosted)
@@ -104,15 +111,23 @@ class InProcessSupernode:
         self.profile = profile
         self.drain_s = drain_s
         self.ready_timeout_s = ready_timeout_s
-        self.handles: dict[str, DeviceHandle] = {}
+        self.devices: dict[str, DeviceEngine] = {}
+        self._servers: dict[str, DeviceServer] = {}
         self._hosts: list[ServiceHost] = []
         self._peers: Peers | None = None
         self.metrics: MetricsServer | None = None  # this process's GET /metrics
-        self._faults: FaultHost | None = None
+        self._siblings: device_faults.Siblings | None = None
+        self.liveness: Liveness | None = None  # what the cluster manager watches
+        # this process's emulated time: given (several supernodes in one process share one),
+        # or made here (`cmemu serve`, a lone supernode) and run by this supernode
+        self.time: TimeKeeper | None = time
+        self._own_time = time is None
+        self._time_task: asyncio.Task[None] | None = None
+        self.process = process
 
     @property
-    def fabric(self) -> FabricState | None:
-        return cast("FabricState | None", self.service_state(ServiceKind.FABRIC))
+    def fabric(self) -> FabricEngine | None:
+        return cast("FabricEngine | None", self.service_state(ServiceKind.FABRIC))
 
     @property
     def ems(self) -> EmsState | None:
@@ -134,18 +149,40 @@ class InProcessSupernode:
     ) -> None:
         await self.stop()
 
+    def owns_time(self) -> bool:
+        """This process owns emulated time when it hosts sn0's fabric (or everything)."""
+        fabric = self.topology.service(ServiceKind.FABRIC).id
+        return fabric in self.hosted and (
+            self.topology.scaleout is None or self.topology.index == 0
+        )
+
+    def _make_time(self, epoch: float) -> TimeKeeper:
+        clock = Clock(time_scale=self.topology.time_scale, epoch_wall_s=epoch)
+        return TimeKeeper(
+            clock, profile=self.profile.clock, process=self.process, owner=self.owns_time()
+        )
+
     async def start(self) -> None:
         """Start the hosted servers. Emulated time starts now unless the topology document
         already carries the epoch (a process of a multi-process supernode)."""
         epoch = self.topology.epoch_wall_s or time.time()
         self.topology = dataclasses.replace(self.topology, epoch_wall_s=epoch)
-        clock = Clock(time_scale=self.topology.time_scale, epoch_wall_s=epoch)
-        self._clock = clock
+        if self.time is None:
+            self.time = self._make_time(epoch)
+        keeper = self.time
+        self._clock = keeper.timeline
         self.metrics = await open_metrics(self)  # None when the topology has no metrics port
-        self._peers = Peers(self.topology, self.credentials)
+        peers = self._peers = Peers(self.topology, self.credentials)
         self._stopping.clear()
-        tasks = self._tasks = asyncio.TaskGroup()  # owns the fabric clock and telemetry loops
+        tasks = self._tasks = asyncio.TaskGroup()  # owns the clocks and telemetry loops
         await tasks.__aenter__()
+        if self._own_time:
+            source = (
+                None
+                if keeper.authority is not None
+                else peers.clock_source(_clock_topology(self.topology))
+            )
+            self._time_task = tasks.create_task(keeper.run(source), name="emulated-time")
         if self.broker:
             self.events = await EventBus(
                 self.broker,
@@ -154,37 +191,8 @@ class InProcessSupernode:
                 buffer_max=max(self.profile.limits.event_buffer_max, 4 * len(self.hosted)),
                 **self.security.mqtt_login(),
             ).__aenter__()
-        self.handles = {
-            d.id: create_device(
-                d,
-                topology=self.topology,
-                profile=self.profile,
-                clock=clock,
-                peers=self._peers,
-                events=self.events,
-            )
-            for d in self.topology.devices
-            if d.id in self.hosted
-        }
-        self._hosts = [h.host for h in self.handles.values()]
-        # crash/restart of these servers, per-die health, fault timers (services/devicefaults.py)
-        self._faults = FaultHost({d: (h.state, h.host) for d, h in self.handles.items()})
-        contexts = {}
-        hosted = [x for x in self.topology.services if x.id in self.hosted]
-        for service in sorted(hosted, key=lambda x: SERVICE_SPECS[x.kind].wave):
-            spec = SERVICE_SPECS[service.kind]
-            ctx = ServiceContext(
-                service=service,
-                topology=self.topology,
-                profile=self.profile,
-                clock=clock,
-                peers=self._peers,
-                events=self.events,
-                data_dir=self._data_dir() if spec.keeps_files else Path(),
-                rebuild_wait_s=self.ems_rebuild_wait_s,
-            )
-            self.services[service.kind] = spec.create(ctx)
-            contexts[service.kind] = ctx
+        self._make_devices(keeper, peers)
+        contexts = self._make_services(keeper, peers)
         if self._server_security != OPEN:
             for host in [*self._hosts, *(h for _, h in self.services.values())]:
                 host.secure(self._server_security)
@@ -195,7 +203,7 @@ class InProcessSupernode:
         ]
         results = await asyncio.gather(
             *(h.start() for _, h in early),
-            *(h.start() for h in self.handles.values()),
+            *(server.start() for server in self._servers.values()),
             return_exceptions=True,
         )
         self._hosts += [h for _, h in early]
@@ -203,6 +211,8 @@ class InProcessSupernode:
         if errors:
             await self.stop()
             raise errors[0]
+        if keeper.follower is not None and self._own_time:
+            await self._synced(keeper)
         for kind, (state, host) in self.services.items():
             spec = SERVICE_SPECS[kind]
             if spec.wave > DEVICE_WAVE:  # after the devices: they serve by now (or are waited
@@ -218,7 +228,11 @@ class InProcessSupernode:
             await self.stop()
             raise
         self._announce("started", status="SERVING")
-        if self.events is not None and self.handles:
+        self._background(tasks)
+
+    def _background(self, tasks: asyncio.TaskGroup) -> None:
+        """What runs while the servers serve: telemetry, heap trimming, the memory probe."""
+        if self.events is not None and self.devices:
             tasks.create_task(self._telemetry_loop(), name="telemetry")
         tasks.create_task(
             heap.trim_every(self.profile.limits.heap_trim_interval_s, self._stopping),
@@ -227,6 +241,63 @@ class InProcessSupernode:
         probe = MemDebug.from_env(os.environ)  # None unless $CMEMU_MEMDEBUG asks for it
         if probe is not None:
             probe.start(tasks, self._stopping)
+
+    def _make_devices(self, keeper: TimeKeeper, peers: Peers) -> None:
+        """The hosted devices' engines and servers; the engines reach each other directly."""
+        budgets = process_budgets(self.profile)
+        for d in self.topology.devices:
+            if d.id not in self.hosted:
+                continue
+            engine = make_device(
+                d,
+                topology=self.topology,
+                profile=self.profile,
+                clock=keeper.timeline,
+                peers=peers,
+                budgets=budgets,
+                events=self.events,
+            )
+            server = DeviceServer(engine)
+            peers.host_device(engine, server.servicers)
+            self.devices[d.id] = engine
+            self._servers[d.id] = server
+        # a crashed device's faults go through its siblings (emulator/engines/device/faults.py)
+        self._siblings = device_faults.join(self.devices)
+        self.liveness = Liveness(
+            self.devices,
+            keeper.timeline,
+            interval_s=self.profile.manager.heartbeat_interval_s,
+            process=self.process,
+        )
+        self._hosts = [x.host for x in self._servers.values()]
+
+    def _make_services(self, keeper: TimeKeeper, peers: Peers) -> dict[ServiceKind, ServiceContext]:
+        """The hosted supernode-wide services, in start order (runtime/registry.py)."""
+        contexts = {}
+        hosted = [x for x in self.topology.services if x.id in self.hosted]
+        for service in sorted(hosted, key=lambda x: SERVICE_SPECS[x.kind].wave):
+            spec = SERVICE_SPECS[service.kind]
+            ctx = ServiceContext(
+                service=service,
+                topology=self.topology,
+                profile=self.profile,
+                time=keeper,
+                peers=peers,
+                events=self.events,
+                data_dir=self._data_dir() if spec.keeps_files else Path(),
+                rebuild_wait_s=self.ems_rebuild_wait_s,
+            )
+            self.services[service.kind] = spec.create(ctx)
+            contexts[service.kind] = ctx
+        return contexts
+
+    async def _synced(self, keeper: TimeKeeper) -> None:
+        """A follower serves once it follows the owner's clock (or goes on with its own epoch
+        if the owner does not answer within the ready timeout: it will catch up)."""
+        assert keeper.follower is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.ready_timeout_s):
+                await keeper.follower.synced.wait()
 
     def _data_dir(self) -> Path:
         """EMS's SSD tier: the directory given, else a scratch one for this supernode's life."""
@@ -249,29 +320,29 @@ class InProcessSupernode:
         a fast time_scale) the interval stretches rather than the process drowning in MQTT."""
         assert self.events is not None
         limits = self.profile.limits
-        handles = list(self.handles.values())
-        interval = max(
-            self._clock.wall_delay_s(limits.telemetry_interval_s),
-            len(handles) / limits.telemetry_max_per_s,
-        )
+        engines = list(self.devices.values())
         batch = 64
-        pause = interval / max(1, -(-len(handles) // batch))
-        # a stop before this task first ran has emptied the handles: nothing to wait for
-        while handles and not self._stopping.is_set():
-            for start in range(0, len(handles), batch):
-                if await self._stopped_within(pause):
+        batches = max(1, -(-len(engines) // batch))
+        # a stop before this task first ran has emptied the devices: nothing to wait for
+        while engines and not self._stopping.is_set():
+            interval = max(
+                self._clock.clock.wall_delay_s(limits.telemetry_interval_s),
+                len(engines) / limits.telemetry_max_per_s,
+            )
+            for start in range(0, len(engines), batch):
+                if await self._stopped_within(interval / batches):
                     return
-                for handle in handles[start : start + batch]:
-                    if handle.state.silent:  # crashed or hung: a dead agent reports nothing
+                for engine in engines[start : start + batch]:
+                    if engine.silent:  # crashed or hung: a dead agent reports nothing
                         continue
                     try:
                         sample = MessageToDict(
-                            handle.state.telemetry(), preserving_proto_field_name=True
+                            telemetry_proto(engine.telemetry()), preserving_proto_field_name=True
                         )
                     except Exception:  # one device's bad sample must not end everyone's
-                        log.exception("telemetry sample failed", device=handle.state.device.id)
+                        log.exception("telemetry sample failed", device=engine.device.id)
                         continue
-                    self.events.telemetry(handle.state.device.id, sample)
+                    self.events.telemetry(engine.device.id, sample)
 
     async def _stopped_within(self, wall_s: float) -> bool:
         """Wait up to wall_s; True as soon as the supernode is stopping."""
@@ -295,15 +366,18 @@ class InProcessSupernode:
 
     async def stop(self) -> None:
         self._stopping.set()
-        if self._faults is not None:  # no fault timer restarts a server from here on
-            self._faults.close()
-            self._faults = None
+        if self._siblings is not None:  # no fault timer restarts a server from here on
+            device_faults.close(self._siblings)
+            self._siblings = None
+        for server in self._servers.values():
+            server.close()
         if self.metrics is not None:
             await self.metrics.close()
             self.metrics = None
         if self._hosts:
             self._announce("health", status="NOT_SERVING")
-        hosts, self._hosts, self.handles = self._hosts, [], {}
+        hosts, self._hosts = self._hosts, []
+        self.devices, self._servers = {}, {}
         if hosts:
             await asyncio.gather(*(h.set_serving(False) for h in hosts))
             await asyncio.sleep(self.drain_s)
@@ -323,6 +397,31 @@ class InProcessSupernode:
                 self.events.event(host.name, "stopped", now)
             await self.events.__aexit__(None, None, None)
             self.events = None
-        if self._tasks is not None:  # the telemetry loop has seen _stopping and ended
-            tasks, self._tasks = self._tasks, None
-            await tasks.__aexit__(None, None, None)
+        await self._end_tasks()
+
+    async def _end_tasks(self) -> None:
+        """The background tasks end: the telemetry loop has seen _stopping, the clock is
+        cancelled (it runs until then)."""
+        if self._tasks is None:
+            return
+        tasks, self._tasks = self._tasks, None
+        if self._time_task is not None:
+            self._time_task.cancel()
+            self._time_task = None
+        await tasks.__aexit__(None, None, None)
+        if self._own_time and self.time is not None:
+            self.time.close()
+
+
+def _clock_topology(topology: Topology) -> Topology:
+    """The document whose fabric owns emulated time: sn0's (its address is in the plane)."""
+    plane = topology.scaleout
+    if plane is None or topology.index == 0:
+        return topology
+    return dataclasses.replace(
+        topology,
+        services=tuple(
+            dataclasses.replace(x, address=plane.clock) if x.kind is ServiceKind.FABRIC else x
+            for x in topology.services
+        ),
+    )

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
 import structlog
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -37,13 +36,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from emulator.model.clock import Clock
+from emulator.engines.clock import TimeKeeper
+from emulator.engines.device.engine import DeviceEngine
 from emulator.model.instruments import Family, Histogram, MetricType, Value
 from emulator.model.topology import DeviceKind, ServiceKind
-from services.device import DeviceState
 from services.ems import EmsState
-from services.fabric import FabricState
-from services.kinds import DeviceHandle
 
 if TYPE_CHECKING:
     from emulator.runtime.inprocess import InProcessSupernode
@@ -132,7 +129,7 @@ def _le(bound: float) -> str:
 
 
 # name, type, help, and how to read it from a device's state
-DEVICE_METRICS: tuple[tuple[str, MetricType, str, Callable[[DeviceState], float]], ...] = (
+DEVICE_METRICS: tuple[tuple[str, MetricType, str, Callable[[DeviceEngine], float]], ...] = (
     (
         "cmemu_device_healthy",
         "gauge",
@@ -197,8 +194,8 @@ DEVICE_METRICS: tuple[tuple[str, MetricType, str, Callable[[DeviceState], float]
 )
 
 
-def add_devices(out: Families, handles: Iterable[DeviceHandle], supernode: str) -> None:
-    states = [h.state for h in handles]
+def add_devices(out: Families, engines: Iterable[DeviceEngine], supernode: str) -> None:
+    states = list(engines)
     every = [
         {
             "supernode": supernode,
@@ -217,13 +214,13 @@ def add_devices(out: Families, handles: Iterable[DeviceHandle], supernode: str) 
         )
     for labels, s in zip(every, states, strict=True):
         d = s.device
-        if s.engines:
+        if s.dies.count:
             out.add(
                 "cmemu_device_utilization_ratio",
                 "gauge",
                 "Busy share of the compute engines (NPU dies) since emulated time started",
                 labels,
-                s.utilization(),
+                s.dies.utilization(),
             )
         for op, histogram in sorted(s.latency.ub.items()):
             out.add(
@@ -241,106 +238,6 @@ def add_devices(out: Families, handles: Iterable[DeviceHandle], supernode: str) 
                 labels,
                 s.latency.kernel,
             )
-
-
-# --- the fabric -------------------------------------------------------------------------------
-
-
-class _LinkGroups:
-    """Each directed link's (UB plane, link kind) group, worked out once per fabric."""
-
-    def __init__(self, fabric: FabricState) -> None:
-        planes = {s.id: str(s.plane) for s in fabric.topology.switches}
-        g = fabric.graph
-        keys: dict[tuple[str, str], int] = {}
-        group = []
-        for (a, b), kind in zip(g.ends, g.kinds, strict=True):
-            key = (planes.get(b) or planes.get(a) or NO_PLANE, kind.value)
-            group.append(keys.setdefault(key, len(keys)))
-        self.keys = list(keys)
-        self.of_link = np.array(group, dtype=np.int64)
-
-
-def fabric_families(fabric: FabricState, groups: _LinkGroups) -> list[Family]:
-    fabric.sync()  # the flows up to the present, as GetLinkStats does
-    g, live = fabric.graph, fabric.live
-    n = len(groups.keys)
-    trunk_cap, link_cap = g.trunk_cap(), g.link_cap()
-    share = np.divide(
-        link_cap[g.member_link],
-        trunk_cap[g.member_trunk],
-        out=np.zeros(len(g.member_link)),
-        where=trunk_cap[g.member_trunk] > 0,
-    )
-    of_member = groups.of_link[g.member_link]
-    carried = np.bincount(
-        of_member,
-        weights=(live.res_bytes + fabric.collective_bytes)[g.member_trunk] * share,
-        minlength=n,
-    )
-    rate = np.bincount(of_member, weights=live.res_rate[g.member_trunk] * share, minlength=n)
-    capacity = np.bincount(groups.of_link, weights=link_cap, minlength=n)
-    down = np.bincount(groups.of_link, weights=~g.up, minlength=n)
-    utilization = np.divide(rate, capacity, out=np.zeros(n), where=capacity > 0)
-    per_group = [{"plane": p, "link_kind": k} for p, k in groups.keys]
-    faults: dict[str, int] = {}
-    for spec in fabric.faults.faults.values():
-        faults[spec.kind] = faults.get(spec.kind, 0) + 1
-
-    def grouped(values: Any) -> list[tuple[Mapping[str, str], Value]]:
-        return [(labels, float(v)) for labels, v in zip(per_group, values, strict=True)]
-
-    return [
-        Family(
-            name="cmemu_fabric_link_bytes_total",
-            help="Bytes the links of a UB plane and kind carried (transfers and collectives)",
-            type="counter",
-            samples=grouped(carried),
-        ),
-        Family(
-            name="cmemu_fabric_link_utilization_ratio",
-            help="Rate of the flows in flight over the live capacity, per UB plane and link kind",
-            type="gauge",
-            samples=grouped(utilization),
-        ),
-        Family(
-            name="cmemu_fabric_link_capacity_bytes_per_second",
-            help="Live capacity (faults lower it) per UB plane and link kind, both directions",
-            type="gauge",
-            samples=grouped(capacity),
-        ),
-        Family(
-            name="cmemu_fabric_links_down",
-            help="Directed links down per UB plane and link kind",
-            type="gauge",
-            samples=grouped(down),
-        ),
-        Family(
-            name="cmemu_fabric_flows_in_flight",
-            help="UB transfers on the wire now",
-            type="gauge",
-            samples=[({}, len(live.flows))],
-        ),
-        Family(
-            name="cmemu_fabric_flows_completed_total",
-            help="UB transfers completed",
-            type="counter",
-            samples=[({}, live.completed)],
-        ),
-        Family(
-            name="cmemu_fabric_collectives_in_progress",
-            help="Collectives being timed or waiting for a worker",
-            type="gauge",
-            samples=[({}, fabric.collectives_pending)],
-        ),
-        Family(
-            name="cmemu_fabric_faults",
-            help="Active fabric faults by kind",
-            type="gauge",
-            samples=[({"fault_kind": k}, v) for k, v in sorted(faults.items())]
-            or [({"fault_kind": "link-down"}, 0)],
-        ),
-    ]
 
 
 # --- EMS --------------------------------------------------------------------------------------
@@ -410,22 +307,16 @@ class SupernodeCollector(Collector):
 
     def __init__(self, local: InProcessSupernode) -> None:
         self.local = local
-        self._groups: tuple[FabricState, _LinkGroups] | None = None
-
-    def _link_groups(self, fabric: FabricState) -> _LinkGroups:
-        if self._groups is None or self._groups[0] is not fabric:
-            self._groups = (fabric, _LinkGroups(fabric))
-        return self._groups[1]
 
     def families(self) -> Families:
         local, out = self.local, Families()
         topology = local.topology
         sn = topology.supernode
         process = {"supernode": sn}
-        clock = Clock(time_scale=topology.time_scale, epoch_wall_s=topology.epoch_wall_s or 0.0)
-        for name, kind, help, value in self._process(clock):
-            out.add(name, kind, help, process, value)
-        add_devices(out, list(local.handles.values()), sn)
+        if local.time is not None:
+            for name, kind, help, value in self._process(local.time):
+                out.add(name, kind, help, process, value)
+        add_devices(out, list(local.devices.values()), sn)
         for service, (state, _) in list(local.services.items()):
             base = {"supernode": sn, "device": topology.service(service).id, "kind": service.value}
             try:
@@ -434,8 +325,9 @@ class SupernodeCollector(Collector):
                 log.exception("service metrics failed", service=service.value)
         return out
 
-    def _process(self, clock: Clock) -> list[tuple[str, MetricType, str, float]]:
+    def _process(self, time: TimeKeeper) -> list[tuple[str, MetricType, str, float]]:
         local = self.local
+        clock = time.clock
         rows: list[tuple[str, MetricType, str, float]] = [
             (
                 "cmemu_emulated_seconds",
@@ -443,7 +335,42 @@ class SupernodeCollector(Collector):
                 "Emulated time since the supernode started",
                 clock.now_ns() / 1e9,
             ),
-            ("cmemu_time_scale", "gauge", "Emulated seconds per wall second", clock.time_scale),
+            (
+                "cmemu_time_scale",
+                "gauge",
+                "Emulated seconds per wall second asked for (a ceiling)",
+                clock.time_scale,
+            ),
+            (
+                "cmemu_time_rate",
+                "gauge",
+                "Emulated seconds per wall second now (slower when the emulator lags)",
+                clock.rate,
+            ),
+            (
+                "cmemu_time_achieved_scale",
+                "gauge",
+                "Emulated seconds per wall second since the epoch",
+                clock.achieved_scale(),
+            ),
+            (
+                "cmemu_time_stalled_seconds_total",
+                "counter",
+                "Wall seconds of stalls cut out of emulated time",
+                clock.stalled_wall_s,
+            ),
+            (
+                "cmemu_time_longest_stall_seconds",
+                "gauge",
+                "Wall seconds of the longest stall cut out of emulated time",
+                clock.longest_stall_wall_s,
+            ),
+            (
+                "cmemu_event_loop_lag_seconds",
+                "gauge",
+                "Wall seconds this process's event loop ran late at its last tick",
+                time.governor.last_lag_s,
+            ),
             (
                 "cmemu_process_servers",
                 "gauge",
@@ -466,8 +393,6 @@ class SupernodeCollector(Collector):
         return rows
 
     def _service(self, kind: ServiceKind, state: object) -> Iterable[Family]:
-        if isinstance(state, FabricState):
-            return fabric_families(state, self._link_groups(state))
         if isinstance(state, EmsState):
             return ems_families(state)
         contribute = getattr(state, "metrics", None)  # instruments.Instrumented
@@ -477,4 +402,4 @@ class SupernodeCollector(Collector):
         yield from self.families().metrics()
 
 
-__all__ = ["Families", "SupernodeCollector", "add_devices", "ems_families", "fabric_families"]
+__all__ = ["Families", "SupernodeCollector", "add_devices", "ems_families"]

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, cast
 
-from emulator.model.clock import Clock
+from emulator.engines.clock import TimeKeeper, Timeline
+from emulator.engines.events import EventSink
 from emulator.model.hardware import HardwareProfile
 from emulator.model.topology import Service, ServiceKind, Topology
-from services.eventsink import EventSink
 from services.host import ServiceHost
 from services.peers import Peers
 
@@ -43,7 +43,7 @@ class ServiceContext:
     service: Service
     topology: Topology
     profile: HardwareProfile
-    clock: Clock
+    time: TimeKeeper  # this process's emulated time (the fabric serves its clock)
     peers: Peers
     events: EventSink | None
     data_dir: Path  # for services that keep files (EMS's SSD tier)
@@ -66,7 +66,7 @@ class ServiceSpec:
 
 
 class StandardFactory(Protocol):
-    """The factory shape of most services (services/fabric.py `create_fabric`, ...)."""
+    """The factory shape of most services (services/scheduler.py `create_scheduler`, ...)."""
 
     def __call__(
         self,
@@ -74,7 +74,7 @@ class StandardFactory(Protocol):
         address: str,
         topology: Topology,
         profile: HardwareProfile,
-        clock: Clock,
+        clock: Timeline,
         peers: Peers,
         events: EventSink | None,
     ) -> tuple[ServiceState, ServiceHost]: ...
@@ -92,7 +92,7 @@ def _standard(where: str) -> Create:
             address=ctx.service.address,
             topology=ctx.topology,
             profile=ctx.profile,
-            clock=ctx.clock,
+            clock=ctx.time.timeline,
             peers=ctx.peers,
             events=ctx.events,
         )
@@ -107,10 +107,26 @@ def _ems(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
         address=ctx.service.address,
         topology=ctx.topology,
         profile=ctx.profile,
-        clock=ctx.clock,
+        clock=ctx.time.timeline,
         peers=ctx.peers,
         ssd_dir=ctx.data_dir,
     )
+
+
+def _fabric(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
+    from emulator.engines.fabric.engine import FabricEngine
+    from services.fabric import fabric_server  # imported by the process hosting it
+
+    engine = FabricEngine(
+        topology=ctx.topology,
+        profile=ctx.profile,
+        clock=ctx.time.timeline,
+        peers=ctx.peers,
+        events=ctx.events,
+    )
+    ctx.peers.host_fabric(engine)
+    _, host = fabric_server(engine, ctx.time, address=ctx.service.address)
+    return engine, host
 
 
 async def _ems_rebuild(state: ServiceState, ctx: ServiceContext) -> None:
@@ -121,9 +137,7 @@ async def _ems_rebuild(state: ServiceState, ctx: ServiceContext) -> None:
 
 
 SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {
-    ServiceKind.FABRIC: ServiceSpec(
-        create=_standard("services.fabric:create_fabric"), wave=0, mem_limit="2g"
-    ),
+    ServiceKind.FABRIC: ServiceSpec(create=_fabric, wave=0, mem_limit="2g"),
     ServiceKind.EMS: ServiceSpec(
         create=_ems,
         wave=2,

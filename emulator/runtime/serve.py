@@ -188,6 +188,7 @@ async def serve(options: ServeOptions, stop: asyncio.Event) -> None:
         ems_ssd_dir=ssd,
         ems_rebuild_wait_s=options.rebuild_wait_s,
         security=security,
+        process=options.name,
     ):
         await stop.wait()
 

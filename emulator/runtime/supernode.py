@@ -30,7 +30,10 @@ from typing import Literal
 
 from emulator.client import health
 from emulator.client.clients import Clients
+from emulator.client.clock import followed_time
 from emulator.client.credentials import ANONYMOUS, Credentials
+from emulator.engines.clock import TimeKeeper
+from emulator.model.clock import Clock
 from emulator.model.errors import (
     EmulatorError,
     InvalidArgumentError,
@@ -178,6 +181,8 @@ class Supernode:
     inprocesses: tuple[InProcessSupernode, ...] = ()  # in process: every supernode's servers
     run_dir: Path | None = None
     security: Security = NO_SECURITY  # the token and TLS files the servers run with
+    # emulated time as this process reads it: the owner's in process, else followed
+    time: TimeKeeper | None = None
 
     def __post_init__(self) -> None:
         self.supernodes = self.supernodes or (self.topology,)
@@ -293,7 +298,13 @@ async def _inprocess(
     supernodes = tuple(dataclasses.replace(t, epoch_wall_s=epoch) for t in supernodes)
     total = sum(len(_servers(t)) for t in supernodes)
     _report(options, f"starting {total} servers in process", 0, total)
+    # one emulated time for every supernode of this process, owned here
+    clock = Clock(time_scale=options.time_scale, epoch_wall_s=epoch)
+    keeper = TimeKeeper(clock, profile=options.profile.clock, process="inprocess", owner=True)
     async with contextlib.AsyncExitStack() as stack:
+        running = asyncio.ensure_future(keeper.run())
+        stack.callback(keeper.close)
+        stack.push_async_callback(_cancelled, running)
         security = await stack.enter_async_context(_security(options, *supernodes))
         first = await stack.enter_async_context(_broker(options, supernodes[0]))
         started: list[InProcessSupernode] = []
@@ -306,6 +317,7 @@ async def _inprocess(
                     profile=options.profile,
                     drain_s=options.drain_s,
                     security=security,
+                    time=keeper,
                 )
             )
             started.append(local)
@@ -318,7 +330,14 @@ async def _inprocess(
             inprocesses=tuple(started),
             supernodes=docs,
             security=security,
+            time=keeper,
         )
+
+
+async def _cancelled(task: asyncio.Future[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def _report(options: LaunchOptions, what: str, done: int, total: int) -> None:
@@ -437,8 +456,9 @@ async def _supervised(
     credentials = security.credentials()
     async with death_reporter(supernodes, on_death) as reporter:
         supervisor = Supervisor(log_dir=run_dir / "logs", on_exit=reporter)
+        keeper: TimeKeeper | None = None
         try:
-            async with supervisor:
+            async with supervisor, contextlib.AsyncExitStack() as stack:
 
                 def still_starting() -> None:
                     supervisor.check_alive()
@@ -457,16 +477,21 @@ async def _supervised(
                         still_starting=still_starting,
                         credentials=credentials,
                     )
-                    if topology.epoch_wall_s is None and fabric in wave_addresses(wave):
-                        # compose without $CMEMU_EPOCH: sn0's fabric took the epoch when it
-                        # started (and gave it to the other supernodes' fabrics)
-                        topology = reporter.topology = await _with_fabric_clock(
-                            topology, credentials
+                    if fabric in wave_addresses(wave):
+                        if topology.epoch_wall_s is None:
+                            # compose without $CMEMU_EPOCH: sn0's fabric took the epoch when it
+                            # started (and gave it to the other supernodes' fabrics)
+                            topology = reporter.topology = await _with_fabric_clock(
+                                topology, credentials
+                            )
+                            supernodes = tuple(
+                                dataclasses.replace(t, epoch_wall_s=topology.epoch_wall_s)
+                                for t in supernodes
+                            )
+                        keeper = await stack.enter_async_context(
+                            followed_time(topology, credentials, name="launcher", report=False)
                         )
-                        supernodes = tuple(
-                            dataclasses.replace(t, epoch_wall_s=topology.epoch_wall_s)
-                            for t in supernodes
-                        )
+                        reporter.now_ns = keeper.timeline.now_ns
                     done += len(wave_addresses(wave))
                 yield Supernode(
                     options=options,
@@ -476,6 +501,7 @@ async def _supervised(
                     supervisor=supervisor,
                     run_dir=run_dir,
                     security=security,
+                    time=keeper,
                 )
         finally:
             if not supervisor.died:

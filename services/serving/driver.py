@@ -28,7 +28,6 @@ would be counted `dropped` and failed visibly, never left hanging.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -37,8 +36,10 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
-from cmemu.v1 import ems_pb2, ems_pb2_grpc, fabric_pb2, ub_pb2
-from emulator.model.clock import Clock
+from cmemu.v1 import ems_pb2, ems_pb2_grpc, ub_pb2
+from emulator.engines.clock import Timeline
+from emulator.engines.events import EventSink
+from emulator.model.collectives import CollectiveSpec
 from emulator.model.ems import prefix_keys
 from emulator.model.errors import EmulatorError, InvalidArgumentError, UnavailableError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
@@ -57,7 +58,6 @@ from emulator.model.serving.engine import (
     rank_dies,
 )
 from emulator.model.topology import Device
-from services.eventsink import EventSink
 from services.gateway_kv import KvOverRdma
 from services.peers import Peers
 from services.serving.stats import RequestMetrics, ServingStats
@@ -138,7 +138,7 @@ class Driver:
         engine: Engine,
         instances: Sequence[LiveInstance],
         model: ServingModel,
-        clock: Clock,
+        clock: Timeline,
         peers: Peers,
         ems_address: str,
         events: EventSink | None,
@@ -363,10 +363,9 @@ class Driver:
                 log.exception("serving round failed", deployment=self.name)
                 await asyncio.sleep(RETRY_WALL_S)
 
-    async def _wait(self, wall_s: float | None) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wall_s):
-                await self._wake.wait()
+    async def _wait(self, until_ns: int | None) -> None:
+        """Until something wakes the loop, or emulated time reaches `until_ns`."""
+        await self.clock.wait(self._wake, until_ns)
         self._wake.clear()
 
     async def _round(self) -> None:
@@ -380,9 +379,8 @@ class Driver:
             await self._wait(None)
             return
         at = max(min(candidates), self._engine_s)
-        wall_left = self.clock.wall_at(round(at * 1e9)) - self.clock.wall()
-        if wall_left > 0:
-            await self._wait(wall_left)
+        if self.clock.now_s() < at:
+            await self._wait(round(at * 1e9))
             return
         while self._inputs and self._inputs[0].time_s <= at:
             self._apply(self._inputs.popleft(), at)
@@ -474,7 +472,7 @@ class Driver:
 
     def deadline_wall_s(self) -> float:
         s = self.profile.serving
-        return max(s.step_deadline_min_wall_s, self.clock.wall_delay_s(s.step_deadline_s))
+        return max(s.step_deadline_min_wall_s, self.clock.clock.wall_delay_s(s.step_deadline_s))
 
     async def _measure(self, plan: StepPlan) -> None:
         measure = MEASURES[plan.kind]
@@ -541,16 +539,13 @@ class Driver:
         ranks = rank_dies(self.instances[plan.instance].dies, shape)
         fabric = self.peers.fabric()
 
-        async def collective(op: fabric_pb2.CollectiveOp.ValueType) -> float:
-            request = fabric_pb2.CollectiveRequest(
-                op=op, ranks=ranks, tokens_per_rank=shape.tokens_per_rank
-            )
-            result: fabric_pb2.CollectiveResult = await fabric.Collective(request)
-            return result.duration_ns / 1e9
+        async def collective(op: str) -> float:
+            spec = CollectiveSpec(op=op, tokens_per_rank=shape.tokens_per_rank)
+            outcome = await fabric.collective(ranks, spec)
+            return outcome.duration_ns / 1e9
 
         dispatch_s, combine_s = await asyncio.gather(
-            collective(fabric_pb2.COLLECTIVE_OP_MOE_DISPATCH),
-            collective(fabric_pb2.COLLECTIVE_OP_MOE_COMBINE),
+            collective("moe-dispatch"), collective("moe-combine")
         )
         return StepResult(dispatch_s=dispatch_s, combine_s=combine_s)
 

@@ -42,8 +42,8 @@ from emulator.model.errors import (
     UnavailableError,
 )
 from emulator.model.serving.engine import FinishEvent, FinishReason, TokenEvent
+from emulator.model.serving.tokens import VOCAB, output_text, text_tokens
 from services.serving.driver import Driver, Stream
-from services.serving.tokens import VOCAB, output_text, text_tokens
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions

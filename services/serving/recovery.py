@@ -24,7 +24,7 @@ import grpc
 import structlog
 
 from cmemu.v1 import device_pb2, ems_pb2, scheduler_pb2, scheduler_pb2_grpc
-from emulator.model.clock import Clock
+from emulator.engines.clock import Timeline
 from emulator.model.errors import EmulatorError, NotFoundError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.serving.engine import StepPlan
@@ -53,7 +53,7 @@ class Recovery:
         provisioner: Provisioner,
         topology: Topology,
         profile: HardwareProfile,
-        clock: Clock,
+        clock: Timeline,
         peers: Peers,
     ) -> None:
         self.live = live
@@ -89,7 +89,8 @@ class Recovery:
 
     def _tick_wall_s(self) -> float:
         return max(
-            MIN_TICK_WALL_S, self.clock.wall_delay_s(self.profile.manager.heartbeat_interval_s)
+            MIN_TICK_WALL_S,
+            self.clock.clock.wall_delay_s(self.profile.manager.heartbeat_interval_s),
         )
 
     async def _watch(self) -> None:
@@ -190,7 +191,7 @@ class Recovery:
             self._restoring.discard(new)
             return
         ready_s = started_s + load_s
-        await asyncio.sleep(max(0.0, self.clock.wall_at(round(ready_s * 1e9)) - self.clock.wall()))
+        await self.clock.sleep_until(round(ready_s * 1e9))
         self.driver.restore(old, device, offset, ready_s, self.job)
         self.causes.pop(old, None)
         self._restoring.discard(new)

@@ -27,7 +27,8 @@ from cmemu.v1 import (
     scheduler_pb2_grpc,
     training_pb2,
 )
-from emulator.model.clock import Clock
+from emulator.engines.clock import Timeline
+from emulator.engines.events import EventSink
 from emulator.model.hardware import HardwareProfile
 from emulator.model.training import checkpoint
 from emulator.model.training.job import FAILED, FINISHED, RECOVERING, STOPPED, JobProgress
@@ -38,7 +39,6 @@ from emulator.model.training.step import (
     moe_tokens_per_rank,
     step_time,
 )
-from services.eventsink import EventSink
 from services.status import RemoteError
 
 log = structlog.get_logger("cmemu.training")
@@ -108,7 +108,7 @@ class JobRunner:
         job: LiveJob,
         *,
         profile: HardwareProfile,
-        clock: Clock,
+        clock: Timeline,
         endpoints: Endpoints,
         events: EventSink | None,
         topic: str,
@@ -133,9 +133,8 @@ class JobRunner:
         if job.needs_recovery or job.stopping.is_set():
             return False
         job.changed.clear()
-        try:
-            await asyncio.wait_for(job.changed.wait(), self.clock.wall_delay_s(emulated_s))
-        except TimeoutError:
+        until = self.clock.now_ns() + round(emulated_s * 1e9)
+        if not await self.clock.wait(job.changed, until):
             return True
         return not (job.needs_recovery or job.stopping.is_set())
 

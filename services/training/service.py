@@ -15,13 +15,13 @@ from cmemu.v1 import (
     training_pb2,
     training_pb2_grpc,
 )
-from emulator.model.clock import Clock
+from emulator.engines.clock import Timeline
+from emulator.engines.events import EventSink
 from emulator.model.errors import NotFoundError, PreconditionError, UnavailableError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.topology import ServiceKind, Topology
 from emulator.model.training.job import ENDED, JobProgress
 from emulator.model.training.spec import shape_of
-from services.eventsink import EventSink
 from services.peers import Peers
 from services.status import Context, RemoteError, rpc
 from services.training.job import Endpoints, JobRunner, LiveJob
@@ -35,7 +35,7 @@ class TrainingState:
         *,
         topology: Topology,
         profile: HardwareProfile,
-        clock: Clock,
+        clock: Timeline,
         peers: Peers,
         events: EventSink | None,
         topic: str,

@@ -21,8 +21,8 @@ from cmemu.v1 import (
     npu_pb2,
     ub_pb2,
 )
+from emulator.engines.device.faults import EFFECTS
 from emulator.model.hardware import DEFAULT_PROFILE, EmulatorLimits
-from services.devicefaults import EFFECTS
 from tests.fuzz.harness import (
     FuzzTarget,
     Hints,

@@ -155,7 +155,7 @@ def _check_devices(m: dict[str, Metric], done: Done, sn: Supernode) -> None:
     assert value(m, "cmemu_device_utilization_ratio", device="n00-npu1") == 0
     assert value(m, "cmemu_device_memory_used_bytes", device="n01-npu3") == 64 * KIB
     assert value(m, "cmemu_device_memory_capacity_bytes", device="n01-npu3") == (
-        sn.local.handles["n01-npu3"].state.memory.capacity
+        sn.local.devices["n01-npu3"].memory.capacity
     )
     assert value(m, "cmemu_device_regions", device="n01-npu3") == 1
     assert value(m, "cmemu_device_healthy", device="n01-npu2") == 0

@@ -14,11 +14,11 @@ import pytest
 
 from cmemu.v1 import device_pb2, fabric_pb2, npu_pb2, ub_pb2
 from emulator.client.errors import ErrorDetails, decode
+from emulator.client.status import MESSAGE_MAX
 from emulator.model.errors import QUOTE_MAX
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.runtime.supernode import Supernode
 from emulator.testing import Clients
-from services.status import MESSAGE_MAX
 
 U64 = 2**64 - 1
 HUGE = "x" * 20_000  # more than grpc's 16 KiB metadata limit once echoed
@@ -226,8 +226,8 @@ async def test_a_corrupt_body_on_a_stream_and_on_the_fabric(
 async def test_an_unexpected_exception_is_internal_and_logged(
     clients: Clients, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from emulator.engines.fabric.engine import FabricEngine, LinkStats
     from services import status
-    from services.fabric import FabricState
 
     logged: list[tuple[str, str, dict[str, Any]]] = []
 
@@ -238,10 +238,10 @@ async def test_an_unexpected_exception_is_internal_and_logged(
         def info(self, event: str, **fields: Any) -> None:
             logged.append(("info", event, fields))
 
-    def broken(self: FabricState, top: int) -> fabric_pb2.LinkStats:
+    def broken(self: FabricEngine, top: int) -> LinkStats:
         raise ZeroDivisionError("a bug of ours")
 
-    monkeypatch.setattr(FabricState, "link_stats", broken)
+    monkeypatch.setattr(FabricEngine, "link_stats", broken)
     monkeypatch.setattr(status, "log", Recorder())
     got = await _details(clients.fabric().GetLinkStats(fabric_pb2.LinkStatsRequest()))
     assert got.code is grpc.StatusCode.INTERNAL

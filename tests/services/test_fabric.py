@@ -453,7 +453,7 @@ async def test_a_full_collective_queue_is_resource_exhausted_and_retryable() -> 
         clients = Clients(supernode.topology)
         try:
             held = [
-                state._collective_pool.submit(gate.wait, 60.0)
+                state.collectives._pool.submit(gate.wait, 60.0)
                 for _ in range(limits.collective_workers)
             ]
 
@@ -462,19 +462,19 @@ async def test_a_full_collective_queue_is_resource_exhausted_and_retryable() -> 
 
             waiting = [asyncio.create_task(collective()) for _ in range(bound)]
             async with asyncio.timeout(30):  # a safety net, not a timing assertion
-                while state.collectives_pending < bound:  # noqa: ASYNC110 (no event for it)
+                while state.collectives.pending < bound:  # noqa: ASYNC110 (no event for it)
                     await asyncio.sleep(0.01)
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await clients.fabric().Collective(request)
             details = decode(err.value)
             assert details.code is grpc.StatusCode.RESOURCE_EXHAUSTED
             assert details.reason == "COLLECTIVE_QUEUE_FULL" and details.retryable
-            assert state.collectives_pending == bound  # the refused one took no place
+            assert state.collectives.pending == bound  # the refused one took no place
             gate.set()
             done = await asyncio.gather(*waiting)
             assert [d.ranks for d in done] == [4] * bound
             assert all(h.result() for h in held)
-            assert state.collectives_pending == 0
+            assert state.collectives.pending == 0
             assert (await clients.fabric().Collective(request)).ranks == 4
         finally:
             gate.set()
@@ -495,9 +495,9 @@ async def test_a_repeated_collective_is_timed_once_until_a_fault_changes_the_fab
     )
     fabric = clients.fabric()
     first = await fabric.Collective(request)
-    hits = state.memo_hits
+    hits = state.collectives.memo_hits
     again = await fabric.Collective(request)
-    assert state.memo_hits == hits + 1
+    assert state.collectives.memo_hits == hits + 1
     assert (again.duration_ns, again.flows, again.total_bytes) == (
         first.duration_ns,
         first.flows,
@@ -509,8 +509,8 @@ async def test_a_repeated_collective_is_timed_once_until_a_fault_changes_the_fab
     )
     try:
         slower = await fabric.Collective(request)
-        assert slower.duration_ns > first.duration_ns and state.memo_hits == hits + 1
+        assert slower.duration_ns > first.duration_ns and state.collectives.memo_hits == hits + 1
     finally:
         await fabric.ClearFault(fabric_pb2.ClearFaultRequest(id=fault.id))
     back = await fabric.Collective(request)
-    assert back.duration_ns == first.duration_ns and state.memo_hits == hits + 1
+    assert back.duration_ns == first.duration_ns and state.collectives.memo_hits == hits + 1

@@ -16,6 +16,7 @@ from cmemu.v1 import gateway_pb2_grpc
 from emulator.client.channels import Channels
 from emulator.client.credentials import Credentials
 from emulator.client.errors import decode
+from emulator.engines.clock import Timeline
 from emulator.model.clock import Clock
 from emulator.model.errors import PreconditionError
 from emulator.model.hardware import DEFAULT_PROFILE
@@ -50,7 +51,7 @@ async def served() -> AsyncIterator[Served]:
         address=address,
         topology=topology,
         profile=DEFAULT_PROFILE,
-        clock=Clock(),
+        clock=Timeline(Clock()),
         peers=peers,
         events=events,
     )
@@ -80,7 +81,7 @@ async def test_a_topology_without_the_plane_has_no_gateway() -> None:
         GatewayState(
             topology=build("cm-mini"),
             profile=DEFAULT_PROFILE,
-            clock=Clock(),
+            clock=Timeline(Clock()),
             peers=Peers(build("cm-mini")),
         )
 

@@ -24,12 +24,12 @@ from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.serving.deployment import instance_dies, parse_deployment
 from emulator.model.serving.des import Oracle
 from emulator.model.serving.engine import Engine, Request, TokenEvent
+from emulator.model.serving.tokens import text_tokens
 from emulator.model.topology import ServiceKind, build, server_count
 from emulator.runtime.metricserver import supernode_endpoints
 from emulator.runtime.supernode import EMBEDDED, NO_BROKER, LaunchOptions, Supernode
 from emulator.testing import free_port_block, running_supernode
 from services.router import RouterState
-from services.serving.tokens import text_tokens
 from tests.runtime.test_metrics import parse, scrape
 
 # Weights load in emulated seconds rather than minutes, so that the supernode can run at a time

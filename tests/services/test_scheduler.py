@@ -16,6 +16,7 @@ from cmemu.v1 import scheduler_pb2_grpc
 from emulator.client.channels import Channels
 from emulator.client.credentials import Credentials
 from emulator.client.errors import decode
+from emulator.engines.clock import Timeline
 from emulator.model.clock import Clock
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import build
@@ -44,7 +45,7 @@ async def _serve(security: ServerSecurity | None = None) -> AsyncIterator[Served
         address=address,
         topology=topology,
         profile=DEFAULT_PROFILE,
-        clock=Clock(),
+        clock=Timeline(Clock()),
         peers=peers,
         events=events,
     )

@@ -148,7 +148,7 @@ async def via(
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceKind(Typed):
-    """A fault the device applies itself (services/devicefaults.py), with its duration."""
+    """A fault the device applies itself (emulator/engines/device/faults.py), with its duration."""
 
     crash: bool = False  # its server goes: injected and cleared through a sibling
 

@@ -1,15 +1,13 @@
 """Detection as a state machine per device, and incidents with their timeline.
 
-A device is ok, suspect (missed at least one heartbeat) or failed: `misses_to_fail` missed
-heartbeats in a row fail it (a hang), a health report of NOT_SERVING or a broken health stream
-fails it at once (a crash, a device down). An answer of SERVING makes it ok again. Each failure
-opens an incident, which the controller moves on: isolated, replaced, restored (or
-unrecoverable). Times are emulated nanoseconds.
+A device is ok, suspect (not answering, not failed yet) or failed (the liveness watch decides:
+emulator/engines/manager/liveness.py). An answer makes it ok again. Each failure opens an
+incident, which the controller moves on: isolated, replaced, restored (or unrecoverable). Times
+are emulated nanoseconds.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from emulator.model.errors import NotFoundError
@@ -42,9 +40,7 @@ class Incident:
 
 @dataclass(kw_only=True)
 class Detector:
-    misses_to_fail: int
     devices: dict[str, str] = field(default_factory=dict)  # id -> ok | suspect | failed
-    misses: dict[str, int] = field(default_factory=dict)
     incidents: list[Incident] = field(default_factory=list)
 
     def watch(self, devices: list[str]) -> None:
@@ -58,18 +54,12 @@ class Detector:
         """A SERVING answer; True when a failed device is back."""
         was = self.devices.get(device)
         self.devices[device] = OK
-        self.misses[device] = 0
         return was == FAILED
 
-    def missed(self, device: str, now_ns: int, detail: str) -> Incident | None:
-        """A heartbeat missed; the incident when this miss fails the device."""
-        if self.devices.get(device) == FAILED:
-            return None
-        n = self.misses[device] = self.misses.get(device, 0) + 1
-        if n < self.misses_to_fail:
+    def suspect(self, device: str) -> None:
+        """Not answering, not failed yet."""
+        if self.devices.get(device) == OK:
             self.devices[device] = SUSPECT
-            return None
-        return self._fail(device, "heartbeat", now_ns, f"{n} heartbeats missed: {detail}")
 
     def unhealthy(self, device: str, by: str, now_ns: int, detail: str) -> Incident | None:
         """A health report of NOT_SERVING or a broken stream (`by`: health, event)."""
@@ -82,7 +72,6 @@ class Detector:
         own: their health reports follow the device's."""
         for part in parts:
             self.devices[part] = FAILED
-            self.misses[part] = 0
 
     def _fail(self, device: str, by: str, now_ns: int, detail: str) -> Incident:
         self.devices[device] = FAILED
@@ -107,35 +96,3 @@ class Detector:
 
     def since(self, since_ns: int) -> list[Incident]:
         return [i for i in self.incidents if i.detected_ns >= since_ns]
-
-
-@dataclass(frozen=True, kw_only=True)
-class HeartbeatPlan:
-    """How the heartbeats of `devices` spread over one round, at most `max_per_s` per wall
-    second: the round lasts the interval (in wall seconds) or longer when the cap demands, and
-    is cut into `batches` evenly spaced batches of at most `batch` checks at once."""
-
-    round_wall_s: float
-    batches: int
-    batch: int
-    stretched: bool  # the cap made the round longer than the interval
-
-    @property
-    def rate_per_s(self) -> float:
-        return self.batches * self.batch / self.round_wall_s if self.round_wall_s else 0.0
-
-
-def heartbeat_plan(
-    devices: int, *, interval_wall_s: float, max_per_s: float, min_gap_wall_s: float = 0.02
-) -> HeartbeatPlan:
-    if devices <= 0:
-        return HeartbeatPlan(round_wall_s=interval_wall_s, batches=1, batch=0, stretched=False)
-    needed = devices / max_per_s
-    round_s = max(interval_wall_s, needed)
-    batches = max(1, min(devices, math.floor(round_s / min_gap_wall_s)))
-    return HeartbeatPlan(
-        round_wall_s=round_s,
-        batches=batches,
-        batch=math.ceil(devices / batches),
-        stretched=round_s > interval_wall_s,
-    )

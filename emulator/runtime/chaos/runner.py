@@ -19,7 +19,9 @@ import grpc
 
 from cmemu.v1 import manager_pb2
 from emulator.client.clients import Clients
+from emulator.client.clock import followed_time
 from emulator.client.errors import decode
+from emulator.engines.clock import Timeline
 from emulator.model.chaos.observed import IncidentRecord, Injection, Observations
 from emulator.model.chaos.recovery import Recovery, recoveries
 from emulator.model.chaos.scenario import Scenario
@@ -27,7 +29,6 @@ from emulator.model.chaos.schedule import Planned, horizon_s, plan
 from emulator.model.chaos.selectors import Placement, resolve
 from emulator.model.chaos.timeline import Entry, build_timeline
 from emulator.model.chaos.verdict import Verdict, judge
-from emulator.model.clock import Clock
 from emulator.model.errors import EmulatorError, PreconditionError
 from emulator.model.topology import ServiceKind
 from emulator.runtime.chaos import kinds
@@ -98,7 +99,7 @@ class Runner:
         self.scenario = scenario
         self.options = options
         self.seed = scenario.seed if options.seed is None else options.seed
-        self.clock = Clock(time_scale=topology.time_scale, epoch_wall_s=topology.epoch_wall_s)
+        self.clock: Timeline | None = None  # the emulator's, followed while the run lasts
         self.workloads = Workloads(clients=clients, scenario=scenario)
         self.on_entry = on_entry
         self.has_manager = any(s.kind == ServiceKind.MANAGER for s in topology.services)
@@ -109,6 +110,19 @@ class Runner:
     # --- the run -------------------------------------------------------------------------------
 
     async def run(self) -> RunResult:
+        """The scenario, on the emulator's own emulated time (followed from its fabric)."""
+        async with followed_time(
+            self.clients.topology, self.clients.credentials, name="chaos-runner"
+        ) as keeper:
+            self.clock = keeper.timeline
+            return await self._run()
+
+    @property
+    def _clock(self) -> Timeline:
+        assert self.clock is not None, "the clock is followed while run() runs"
+        return self.clock
+
+    async def _run(self) -> RunResult:
         wall0 = time.monotonic()
         rng = random.Random(self.seed)
         planned = plan(self.scenario, rng)
@@ -116,7 +130,7 @@ class Runner:
         try:
             await self.workloads.start()
             placement = await self.workloads.placement()
-            self.obs.start_ns = self.clock.now_ns()
+            self.obs.start_ns = self._clock.now_ns()
             setup_wall_s = time.monotonic() - wall0
             await self.workloads.poll()  # the baseline: what was already reported is not news
             self._start_traffic()
@@ -148,7 +162,7 @@ class Runner:
             wall_s=time.monotonic() - wall0,
             setup_wall_s=setup_wall_s,
             scenario_wall_s=scenario_wall_s,
-            time_scale=self.clock.time_scale,
+            time_scale=self._clock.time_scale,
             notes=list(self.obs.notes),
         )
 
@@ -160,12 +174,11 @@ class Runner:
         for w in loaded:
             assert w.load is not None
             self.traffic.append(
-                Traffic(url=f"http://{http}", model=w.name, load=w.load, clock=self.clock)
+                Traffic(url=f"http://{http}", model=w.name, load=w.load, clock=self._clock)
             )
 
     async def _sleep_until(self, emulated_s: float) -> None:
-        target_ns = self.obs.start_ns + int(emulated_s * 1e9)
-        await asyncio.sleep(max(0.0, self.clock.wall_at(target_ns) - time.time()))
+        await self._clock.sleep_until(self.obs.start_ns + int(emulated_s * 1e9))
 
     async def _drive(
         self, planned: list[Planned], horizon: float, placement: Placement, rng: random.Random
@@ -200,7 +213,7 @@ class Runner:
             targets, error = [step.target.literal or step.target.text], str(exc)
         else:
             error = ""
-        at = self.clock.now_ns()
+        at = self._clock.now_ns()
 
         async def one(target: str) -> Injection:
             fault_id, why = "", error
@@ -237,7 +250,7 @@ class Runner:
                 await kinds.clear(self.clients, inj.fault_id)
             except (EmulatorError, grpc.aio.AioRpcError) as exc:
                 self.obs.notes.append(f"clearing {inj.fault_id}: {_status(exc)}")
-            cleared = Injection(**{**inj.__dict__, "cleared_ns": self.clock.now_ns()})
+            cleared = Injection(**{**inj.__dict__, "cleared_ns": self._clock.now_ns()})
             index = self.obs.injections.index(inj)
             self.obs.injections[index] = cleared
         self._emit()
@@ -248,7 +261,7 @@ class Runner:
 
     async def _watch(self, last_s: float, horizon: float) -> None:
         """Until the horizon; or, past the last action and SETTLE_S, until all recovered."""
-        step = self.clock.time_scale * POLL_WALL_S[1]
+        step = self._clock.time_scale * POLL_WALL_S[1]
         t = last_s
         while t < horizon:
             t = min(horizon, t + step)
@@ -259,7 +272,7 @@ class Runner:
                 return
 
     def _all_recovered(self) -> bool:
-        self.obs.end_ns = self.clock.now_ns()
+        self.obs.end_ns = self._clock.now_ns()
         recs = recoveries(self.obs, self.scenario.expect.slo)
         need_slo = self.scenario.expect.slo is not None
         return all(
@@ -270,7 +283,7 @@ class Runner:
     # --- observing -----------------------------------------------------------------------------
 
     async def _poll_loop(self) -> None:
-        period = min(max(self.clock.wall_delay_s(1.0), POLL_WALL_S[0]), POLL_WALL_S[1])
+        period = min(max(self._clock.clock.wall_delay_s(1.0), POLL_WALL_S[0]), POLL_WALL_S[1])
         while True:
             await self._poll_once()
             await asyncio.sleep(period)
@@ -291,7 +304,7 @@ class Runner:
                 self._note(f"cluster manager: {_status(exc)}")
         else:
             self._note("no cluster manager in this emulator: no incidents observed")
-        self.obs.end_ns = self.clock.now_ns()
+        self.obs.end_ns = self._clock.now_ns()
         self.obs.requests = [s for t in self.traffic for s in t.samples]
         self._emit()
 
@@ -309,7 +322,7 @@ class Runner:
         if ems is not None:
             self.obs.objects = ems.objects
             self.obs.lost_objects = await self.workloads.lost_objects()
-        self.obs.end_ns = self.clock.now_ns()
+        self.obs.end_ns = self._clock.now_ns()
 
     def _emit(self) -> None:
         """Hand the timeline's new entries to on_entry, as they happen."""

@@ -10,9 +10,9 @@ from typing import Any
 
 import aiohttp
 
+from emulator.engines.clock import Timeline
 from emulator.model.chaos.observed import RequestSample
 from emulator.model.chaos.scenario import ServingLoad
-from emulator.model.clock import Clock
 
 REQUEST_TIMEOUT_S = 600.0  # wall: a request the emulator never answers is failed, not waited on
 VOCAB_SPAN = 30_000
@@ -25,7 +25,7 @@ def _prompt(n: int, size: int) -> list[int]:
 class Traffic:
     """Sends `load.rate_per_s` requests per emulated second to `model` until stopped."""
 
-    def __init__(self, *, url: str, model: str, load: ServingLoad, clock: Clock) -> None:
+    def __init__(self, *, url: str, model: str, load: ServingLoad, clock: Timeline) -> None:
         self.url = f"{url.rstrip('/')}/v1/completions"
         self.model = model
         self.load = load
@@ -39,14 +39,13 @@ class Traffic:
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as session, asyncio.TaskGroup() as tg:
-            wall_gap = self.clock.wall_delay_s(1.0 / self.load.rate_per_s)
+            gap_ns = round(1e9 / self.load.rate_per_s)
+            next_ns = self.clock.now_ns()
             for n in itertools.count():
                 tg.create_task(self._one(session, n), name=f"chaos-request-{n}")
-                try:
-                    await asyncio.wait_for(self._stop.wait(), timeout=wall_gap)
+                next_ns += gap_ns  # on emulated time: a slower rate sends them slower
+                if await self.clock.wait(self._stop, next_ns):
                     return
-                except TimeoutError:
-                    continue
 
     async def _one(self, session: aiohttp.ClientSession, n: int) -> None:
         body = {

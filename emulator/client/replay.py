@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,11 +18,11 @@ from typing import Any
 
 import aiohttp
 
-from emulator.model.clock import Clock
+from emulator.engines.clock import Timeline
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.serving.engine import Request
 from emulator.model.serving.report import Percentiles
-from services.serving.tokens import VOCAB, block_tokens
+from emulator.model.serving.tokens import VOCAB, block_tokens
 
 MAX_CONNECTIONS = 1000
 
@@ -162,7 +161,7 @@ async def replay(
     model: str,
     requests: Sequence[Request],
     *,
-    clock: Clock,
+    clock: Timeline,
     block: int,
     speed: float = 1.0,
 ) -> list[Outcome]:
@@ -174,11 +173,11 @@ async def replay(
     connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = time.monotonic()
+        start_ns = clock.now_ns()
 
         async def later(request: Request) -> Outcome:
-            delay = clock.wall_delay_s((request.arrival_s - t0) / speed)
-            await asyncio.sleep(max(0.0, start + delay - time.monotonic()))
+            # on the emulator's emulated time: a dilated emulator receives them slower
+            await clock.sleep_until(start_ns + round((request.arrival_s - t0) / speed * 1e9))
             return await _one(session, url, model, request, block)
 
         return list(await asyncio.gather(*(later(r) for r in requests)))

@@ -4,41 +4,28 @@ One piece shared by every timing authority: the fabric (the UB plane of a supern
 gateway of sn0 (the RDMA scale-out plane). Each owns its link graph and its faults; this owns
 the flows (emulator/model/flowsim.py `LiveFlows`), the futures of the callers waiting for them,
 and the loop that wakes when the next flow completes. A caller hands it a route's resources and
-ceiling, awaits the emulated completion instant, then paces its reply to the wall clock.
+ceiling, awaits the emulated completion instant, then paces its reply to the clock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.clock import Clock
+from emulator.engines.clock import Timeline
 from emulator.model.errors import UnavailableError
 from emulator.model.flowsim import LiveFlows
 
-SPIN_S = 0.002
 FloatArray = npt.NDArray[np.float64]
 Incidence = tuple[tuple[int, float], ...]
-
-
-async def pace(clock: Clock, emulated_s: float) -> None:
-    """Return when the wall clock reaches emulated_s. The event loop's timers are late by up
-    to a millisecond (epoll rounds up), so the last SPIN_S are spent yielding instead."""
-    due_wall = clock.wall_at(round(emulated_s * 1e9))
-    delay = due_wall - clock.wall()
-    if delay > SPIN_S:
-        await asyncio.sleep(delay - SPIN_S)
-    while clock.wall() < due_wall:  # noqa: ASYNC110 - a deliberate sub-ms spin
-        await asyncio.sleep(0)
 
 
 class FlowClock:
     """The flows of one timing authority, advanced by its emulated clock (one event loop)."""
 
-    def __init__(self, *, clock: Clock, res_cap: FloatArray, cut_message: str) -> None:
+    def __init__(self, *, clock: Timeline, res_cap: FloatArray, cut_message: str) -> None:
         self.clock = clock
         self.live = LiveFlows(res_cap=res_cap, now_s=self.now_s())
         self._cut_message = cut_message  # what a flow whose route a fault cut fails with
@@ -62,10 +49,6 @@ class FlowClock:
         self._wake()
         return await future
 
-    async def pace(self, emulated_s: float) -> None:
-        """Return when the wall clock reaches emulated_s."""
-        await pace(self.clock, emulated_s)
-
     def _finish(self, finished: list[tuple[int, float]]) -> None:
         for flow_id, fluid_end_s in finished:
             future, latency_s = self._waiters.pop(flow_id)
@@ -77,21 +60,21 @@ class FlowClock:
         self._changed.set()
 
     async def run(self) -> None:
-        """Sleep until the next flow completes or the flows change, bring the flows up to the
-        present, repeat, until close(). Timers are late by up to a millisecond (epoll rounds
-        up), so the last SPIN_S before a completion are spent yielding instead."""
+        """Wait until the next flow completes or the flows change, bring the flows up to the
+        present, repeat, until close()."""
         while not self._closing:
             self._changed.clear()
             next_s = self.live.next_event_s()
             if next_s is None:
                 await self._changed.wait()
                 continue
-            due = self.clock.wall_at(round(next_s * 1e9))
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.0, due - self.clock.wall() - SPIN_S)):
-                    await self._changed.wait()
-            while not self._changed.is_set() and self.clock.wall() < due:  # noqa: ASYNC110
-                await asyncio.sleep(0)
+            changed = asyncio.ensure_future(self._changed.wait())
+            due = asyncio.ensure_future(self.clock.pace(next_s))
+            try:
+                await asyncio.wait((changed, due), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+                due.cancel()
             self.sync()
 
     def sync(self) -> None:

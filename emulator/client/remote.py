@@ -1,0 +1,131 @@
+"""Devices and services of other processes, as engines call them: the gRPC side of the peer
+protocols of emulator/engines/peers.py. Each translates to the wire and back (emulator/client/
+wire/) and turns a failed call into the EmulatorError its status names (emulator/client/
+status.py), prefixed with the peer's id as a relayed status reads: the same errors a direct
+call to an engine of the same process raises."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import TypeVar
+
+import grpc
+
+from cmemu.v1 import device_pb2, device_pb2_grpc, fabric_pb2, fabric_pb2_grpc, ub_pb2_grpc
+from emulator.client.status import error_from
+from emulator.client.wire import device as device_wire
+from emulator.client.wire import fabric as fabric_wire
+from emulator.client.wire import ub as ub_wire
+from emulator.engines.clock import ClockState
+from emulator.engines.device.engine import FaultState
+from emulator.engines.device.liveness import Beat
+from emulator.engines.peers import CollectiveOutcome
+from emulator.model.collectives import CollectiveSpec
+from emulator.model.linkfaults import FaultSpec
+from emulator.model.memory import Region
+from emulator.model.topology import Device
+from emulator.model.ub import Completion, Transaction
+
+T = TypeVar("T")
+FAULT_CALL_S = 10.0  # wall: a fault call answers at once
+
+
+async def _call(prefix: str | None, call: Awaitable[T]) -> T:
+    try:
+        return await call
+    except grpc.aio.AioRpcError as exc:
+        raise error_from(exc, prefix) from None
+
+
+class RemoteDevice:
+    def __init__(self, channel: grpc.aio.Channel, device: Device) -> None:
+        self.device = device
+        self._bus = ub_pb2_grpc.UnifiedBusStub(channel)
+        self._device = device_pb2_grpc.DeviceStub(channel)
+
+    async def deliver(
+        self, tx: Transaction, *, check_only: bool, deadline_s: float | None
+    ) -> Completion:
+        request = ub_wire.transaction_proto(tx, check_only=check_only)
+        done = await _call(self.device.id, self._bus.Deliver(request, timeout=deadline_s))
+        return ub_wire.completion(done)
+
+    async def submit(self, tx: Transaction, *, deadline_s: float | None) -> Completion:
+        request = ub_wire.transaction_proto(tx)
+        done = await _call(self.device.id, self._bus.Submit(request, timeout=deadline_s))
+        return ub_wire.completion(done)
+
+    async def allocate(self, size: int, label: str, *, deadline_s: float | None) -> Region:
+        request = device_pb2.AllocateRegionRequest(size=size, label=label)
+        region = await _call(
+            self.device.id, self._device.AllocateRegion(request, timeout=deadline_s)
+        )
+        return device_wire.region(region)
+
+    async def free(self, region_id: int, *, deadline_s: float | None) -> int:
+        request = device_pb2.FreeRegionRequest(region_id=region_id)
+        freed = await _call(self.device.id, self._device.FreeRegion(request, timeout=deadline_s))
+        return int(freed.freed_bytes)
+
+    async def fault_state(self, *, deadline_s: float | None) -> FaultState:
+        request = device_pb2.GetFaultStateRequest()
+        state = await _call(self.device.id, self._device.GetFaultState(request, timeout=deadline_s))
+        return device_wire.fault_state(state)
+
+    async def watch_liveness(self) -> AsyncIterator[Beat]:
+        stream = self._device.WatchLiveness(device_pb2.WatchLivenessRequest())
+        try:
+            async for beat in stream:
+                yield device_wire.liveness(beat)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from(exc, self.device.id) from None
+        finally:
+            stream.cancel()
+
+
+class RemoteFabric:
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._stub = fabric_pb2_grpc.FabricStub(channel)
+
+    async def transfer(self, tx: Transaction, *, deadline_s: float | None) -> Completion:
+        request = ub_wire.transaction_proto(tx)
+        done = await _call(None, self._stub.Transfer(request, timeout=deadline_s))
+        return ub_wire.completion(done)
+
+    async def collective(
+        self,
+        ranks: Sequence[str],
+        spec: CollectiveSpec,
+        *,
+        detail: bool = False,
+        deadline_s: float | None = None,
+    ) -> CollectiveOutcome:
+        request = fabric_wire.collective_request(list(ranks), spec, detail=detail)
+        result = await _call("fabric", self._stub.Collective(request, timeout=deadline_s))
+        return fabric_wire.collective_outcome(result)
+
+    async def link_fault(self, spec: FaultSpec) -> FaultSpec:
+        request = fabric_wire.fault_proto(spec)
+        stored = await _call("fabric", self._stub.InjectFault(request, timeout=FAULT_CALL_S))
+        return fabric_wire.fault_spec(stored)
+
+    async def clear_fault(self, fault_id: str) -> None:
+        request = fabric_pb2.ClearFaultRequest(id=fault_id)
+        await _call("fabric", self._stub.ClearFault(request, timeout=FAULT_CALL_S))
+
+    async def follow(
+        self, process: str, wishes: AsyncIterator[tuple[float, float]]
+    ) -> AsyncIterator[ClockState]:
+        async def reports() -> AsyncIterator[fabric_pb2.ClockReport]:
+            yield fabric_pb2.ClockReport(process=process)  # names this process at once
+            async for rate, lag_s in wishes:
+                yield fabric_pb2.ClockReport(process=process, rate=rate, lag_s=lag_s)
+
+        stream = self._stub.SyncClock(reports())
+        try:
+            async for segment in stream:
+                yield fabric_wire.clock_state(segment)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from(exc, "fabric") from None
+        finally:
+            stream.cancel()

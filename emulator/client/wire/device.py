@@ -1,0 +1,131 @@
+"""The Device, Npu and UnifiedBus services' messages <-> domain types."""
+
+from __future__ import annotations
+
+from cmemu.v1 import device_pb2, npu_pb2
+from emulator.engines.device.engine import FaultState, Telemetry
+from emulator.engines.device.faults import ActiveFault
+from emulator.engines.device.liveness import Beat
+from emulator.engines.device.npu import Kernel, KernelResult
+from emulator.model.errors import InvalidArgumentError
+from emulator.model.memory import Region
+
+
+def region_proto(region: Region, eid: int) -> device_pb2.Region:
+    return device_pb2.Region(
+        region_id=region.region_id,
+        eid=eid,
+        offset=region.offset,
+        size=region.size,
+        label=region.label,
+    )
+
+
+def region(m: device_pb2.Region) -> Region:
+    return Region(region_id=m.region_id, offset=m.offset, size=m.size, label=m.label)
+
+
+def fault_state_proto(f: FaultState) -> device_pb2.FaultState:
+    return device_pb2.FaultState(faulted=f.faulted, reason=f.reason, since_ns=f.since_ns)
+
+
+def fault_state(m: device_pb2.FaultState) -> FaultState:
+    return FaultState(faulted=m.faulted, reason=m.reason, since_ns=m.since_ns)
+
+
+def active_fault_proto(
+    f: ActiveFault, device: str, *, faulted: bool = True
+) -> device_pb2.FaultState:
+    return device_pb2.FaultState(
+        faulted=faulted,
+        kind=f.kind,
+        reason=f.reason,
+        params=f.params_text,
+        since_ns=f.since_ns,
+        until_ns=f.until_ns,
+        for_s=f.for_s,
+        device=device,
+    )
+
+
+def telemetry_proto(t: Telemetry) -> device_pb2.Telemetry:
+    return device_pb2.Telemetry(
+        device=t.device,
+        emulated_ns=t.emulated_ns,
+        memory_capacity_bytes=t.memory_capacity_bytes,
+        memory_used_bytes=t.memory_used_bytes,
+        stored_bytes=t.stored_bytes,
+        regions=t.regions,
+        ub_tx_count=t.ub_tx_count,
+        ub_tx_bytes=t.ub_tx_bytes,
+        ub_rx_count=t.ub_rx_count,
+        ub_rx_bytes=t.ub_rx_bytes,
+        inbox_depth=t.inbox_depth,
+        utilization=t.utilization,
+        faulted=t.faulted,
+        broker_connected=t.broker_connected,
+        events_pending=t.events_pending,
+        events_dropped=t.events_dropped,
+        ecc_uncorrectable_errors=t.ecc_uncorrectable_errors,
+        ecc_poisoned_bytes=t.ecc_poisoned_bytes,
+        dies_down=t.dies_down,
+        compute_share=t.compute_share,
+        fault_errors=t.fault_errors,
+        faults=t.faults,
+    )
+
+
+def kernel(m: npu_pb2.Kernel) -> Kernel:
+    if m.precision == npu_pb2.PRECISION_UNSPECIFIED:
+        raise InvalidArgumentError("precision is required", field="precision")
+    if m.precision not in npu_pb2.Precision.values():
+        raise InvalidArgumentError(
+            f"precision {m.precision} is not one of {', '.join(npu_pb2.Precision.keys()[1:])}",
+            field="precision",
+            reason="UNSUPPORTED_PRECISION",
+        )
+    return Kernel(
+        name=m.name,
+        die=m.die,
+        flops=m.flops,
+        bytes_moved=m.bytes_moved,
+        precision=npu_pb2.Precision.Name(m.precision).removeprefix("PRECISION_"),
+    )
+
+
+def kernel_result_proto(r: KernelResult) -> npu_pb2.KernelResult:
+    return npu_pb2.KernelResult(
+        name=r.name,
+        die=r.die,
+        issue_ns=r.issue_ns,
+        start_ns=r.start_ns,
+        complete_ns=r.complete_ns,
+        duration_ns=r.duration_ns,
+        bound=r.bound,
+    )
+
+
+def liveness_proto(b: Beat) -> device_pb2.Liveness:
+    return device_pb2.Liveness(
+        emulated_ns=b.emulated_ns,
+        process=b.process,
+        covers=b.covers,
+        answering=b.answering,
+        unreachable=b.unreachable,
+        down=b.down,
+        dies_down=b.dies_down,
+        interval_s=b.interval_s,
+    )
+
+
+def liveness(m: device_pb2.Liveness) -> Beat:
+    return Beat(
+        emulated_ns=m.emulated_ns,
+        process=m.process,
+        covers=tuple(m.covers),
+        answering=tuple(m.answering),
+        unreachable=tuple(m.unreachable),
+        down=tuple(m.down),
+        dies_down=tuple(m.dies_down),
+        interval_s=m.interval_s,
+    )

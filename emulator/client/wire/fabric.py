@@ -1,0 +1,172 @@
+"""The Fabric service's messages <-> domain types (collectives, faults, link stats, the clock)."""
+
+from __future__ import annotations
+
+from cmemu.v1 import fabric_pb2
+from emulator.engines.clock import ClockState
+from emulator.engines.fabric.engine import LinkStat, LinkStats
+from emulator.engines.peers import CollectiveOutcome, FlowTime
+from emulator.model.clock import Segment
+from emulator.model.collectives import ALGORITHMS, CollectiveSpec
+from emulator.model.errors import InvalidArgumentError
+from emulator.model.linkfaults import FaultSpec
+
+OPS = {
+    fabric_pb2.COLLECTIVE_OP_ALL_TO_ALL: "all-to-all",
+    fabric_pb2.COLLECTIVE_OP_ALL_GATHER: "all-gather",
+    fabric_pb2.COLLECTIVE_OP_REDUCE_SCATTER: "reduce-scatter",
+    fabric_pb2.COLLECTIVE_OP_ALL_REDUCE: "all-reduce",
+    fabric_pb2.COLLECTIVE_OP_BROADCAST: "broadcast",
+    fabric_pb2.COLLECTIVE_OP_MOE_DISPATCH: "moe-dispatch",
+    fabric_pb2.COLLECTIVE_OP_MOE_COMBINE: "moe-combine",
+}
+assert set(OPS.values()) == set(ALGORITHMS)
+WIRE_OPS = {name: op for op, name in OPS.items()}
+
+
+def collective_spec(request: fabric_pb2.CollectiveRequest) -> CollectiveSpec:
+    if request.op not in OPS:
+        raise InvalidArgumentError(
+            f"op must be one of {', '.join(fabric_pb2.CollectiveOp.keys()[1:])}", field="op"
+        )
+    return CollectiveSpec(
+        op=OPS[request.op],
+        bytes=request.bytes,
+        bytes_per_pair=request.bytes_per_pair,
+        pair_bytes=tuple(request.pair_bytes),
+        root=request.root,
+        tokens_per_rank=request.tokens_per_rank,
+        top_k=request.top_k,  # 0: the profile's (run_collective)
+        bytes_per_token=request.bytes_per_token,
+    )
+
+
+def collective_request(
+    ranks: list[str], spec: CollectiveSpec, *, detail: bool
+) -> fabric_pb2.CollectiveRequest:
+    return fabric_pb2.CollectiveRequest(
+        op=WIRE_OPS[spec.op],
+        ranks=ranks,
+        bytes=spec.bytes,
+        bytes_per_pair=spec.bytes_per_pair,
+        pair_bytes=spec.pair_bytes,
+        root=spec.root,
+        tokens_per_rank=spec.tokens_per_rank,
+        top_k=spec.top_k,
+        bytes_per_token=spec.bytes_per_token,
+        flow_detail=detail,
+    )
+
+
+def collective_result(o: CollectiveOutcome) -> fabric_pb2.CollectiveResult:
+    return fabric_pb2.CollectiveResult(
+        op=WIRE_OPS[o.op],
+        ranks=o.ranks,
+        phases=o.phases,
+        flows=o.flows,
+        total_bytes=o.total_bytes,
+        issue_ns=o.issue_ns,
+        complete_ns=o.complete_ns,
+        duration_ns=o.duration_ns,
+        overhead_ns=o.overhead_ns,
+        wall_compute_ms=o.wall_compute_ms,
+        flow_timings=[
+            fabric_pb2.FlowTiming(
+                src=f.src, dst=f.dst, bytes=f.bytes, complete_ns=f.complete_ns, gb_s=f.gb_s
+            )
+            for f in o.detail
+        ],
+    )
+
+
+def collective_outcome(r: fabric_pb2.CollectiveResult) -> CollectiveOutcome:
+    return CollectiveOutcome(
+        op=OPS[r.op],
+        ranks=r.ranks,
+        phases=r.phases,
+        flows=r.flows,
+        total_bytes=r.total_bytes,
+        issue_ns=r.issue_ns,
+        complete_ns=r.complete_ns,
+        overhead_ns=r.overhead_ns,
+        wall_compute_ms=r.wall_compute_ms,
+        detail=tuple(
+            FlowTime(src=f.src, dst=f.dst, bytes=f.bytes, complete_ns=f.complete_ns, gb_s=f.gb_s)
+            for f in r.flow_timings
+        ),
+    )
+
+
+def fault_spec(m: fabric_pb2.FabricFault) -> FaultSpec:
+    return FaultSpec(
+        kind=m.kind,
+        target=m.target,
+        factor=m.factor,
+        added_latency_s=m.added_latency_us / 1e6,
+        side_a=tuple(m.side_a),
+        side_b=tuple(m.side_b),
+        period_s=m.period_s,
+        duty=m.duty,
+        for_s=m.for_s,
+        id=m.id,
+        since_s=m.since_ns / 1e9,
+    )
+
+
+def fault_proto(spec: FaultSpec) -> fabric_pb2.FabricFault:
+    return fabric_pb2.FabricFault(
+        id=spec.id,
+        kind=spec.kind,
+        target=spec.target,
+        factor=spec.factor,
+        added_latency_us=spec.added_latency_s * 1e6,
+        side_a=spec.side_a,
+        side_b=spec.side_b,
+        period_s=spec.period_s,
+        duty=spec.duty,
+        for_s=spec.for_s,
+        since_ns=round(spec.since_s * 1e9),
+        until_ns=round(spec.until_s * 1e9),
+    )
+
+
+def link_stats_proto(stats: LinkStats) -> fabric_pb2.LinkStats:
+    return fabric_pb2.LinkStats(
+        emulated_ns=stats.emulated_ns,
+        links=[link_stat_proto(s) for s in stats.links],
+        active_flows=stats.active_flows,
+        completed_flows=stats.completed_flows,
+    )
+
+
+def link_stat_proto(s: LinkStat) -> fabric_pb2.LinkStat:
+    return fabric_pb2.LinkStat(
+        link=s.link,
+        kind=s.kind,
+        capacity_gb_s=s.capacity_bytes_per_s / 1e9,
+        bytes=s.bytes,
+        utilization=s.utilization,
+        active_flows=s.active_flows,
+        up=s.up,
+    )
+
+
+def segment_proto(state: ClockState) -> fabric_pb2.ClockSegment:
+    s = state.segment
+    return fabric_pb2.ClockSegment(
+        wall_s=s.wall_s,
+        emulated_ns=s.emulated_ns,
+        rate=s.rate,
+        horizon_wall_s=state.horizon_wall_s,
+        time_scale=state.time_scale,
+        epoch_wall_s=state.epoch_wall_s,
+    )
+
+
+def clock_state(m: fabric_pb2.ClockSegment) -> ClockState:
+    return ClockState(
+        segment=Segment(wall_s=m.wall_s, emulated_ns=m.emulated_ns, rate=m.rate),
+        horizon_wall_s=m.horizon_wall_s,
+        time_scale=m.time_scale,
+        epoch_wall_s=m.epoch_wall_s,
+    )

@@ -1,0 +1,224 @@
+"""A device's side of the unified bus: issuing transactions, applying the ones that arrive, and
+its receive queue.
+
+Issue: the device checks the transaction's shape and hands it to the fabric, which routes and
+times it and has the target apply it. Arrival: the target checks first (the fabric asks with
+`check_only`: a bad address fails at once, and nothing is timed for it), then applies when the
+flow completes, so a transfer that fails applies nothing and a READ returns the bytes as of its
+completion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import TYPE_CHECKING
+
+from emulator.model.costmodel import check_duration, ub_transfer_ns
+from emulator.model.errors import (
+    CapacityError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    PreconditionError,
+    blame,
+)
+from emulator.model.ub import Completion, Message, Op, Transaction, normalize
+
+if TYPE_CHECKING:
+    from emulator.engines.device.engine import DeviceEngine
+
+MAX_WAIT_MS = 60_000  # emulated milliseconds a Receive may wait for a first message
+
+
+class Bus:
+    def __init__(self, engine: DeviceEngine) -> None:
+        self.engine = engine
+
+    @property
+    def inline_max(self) -> int:
+        return self.engine.profile.limits.inline_payload_max_bytes
+
+    async def submit(self, request: Transaction, deadline_s: float | None) -> Completion:
+        """Issue a transaction from this device; the fabric times it and delivers it."""
+        e = self.engine
+        e.require_healthy()
+        tx = normalize(request, self.inline_max)
+        e.require_die(tx.src_die)
+        with blame(
+            field="dst.eid", subject=str(tx.dst_eid), reason="DEVICE_NOT_FOUND", on=NotFoundError
+        ):
+            target = e.topology.by_eid(tx.dst_eid)
+        tx = dataclasses.replace(
+            tx, src_eid=e.device.eid, issue_ns=e.clock.now_ns(), id=tx.id or uuid.uuid4().hex
+        )
+        completion = await e.peers.fabric().transfer(tx, deadline_s=deadline_s)
+        e.counters.tx_count += 1
+        e.counters.tx_bytes += tx.size
+        e.latency.ub_op(tx.op.value, (completion.complete_ns - completion.issue_ns) / 1e9)
+        e.log.debug("ub submit", trace_id=tx.id, op=tx.op.value, dst=target.id)
+        return completion
+
+    async def deliver(self, request: Transaction, *, check_only: bool) -> Completion:
+        """Apply a transaction that arrives at this device. The fabric then replaces the timing
+        with its own; a direct caller of Deliver gets the uncontended cost model's timing. With
+        `check_only` the transaction is checked as it would be applied, and nothing changes."""
+        e = self.engine
+        e.require_healthy()
+        tx = normalize(request, self.inline_max)
+        e.require_address(tx.dst_offset, tx.size)
+        if tx.dst_eid != e.device.eid:
+            raise InvalidArgumentError(
+                f"dst.eid {tx.dst_eid} is not {e.device.id} ({e.device.eid})",
+                field="dst.eid",
+                subject=e.device.id,
+                reason="WRONG_DEVICE",
+            )
+        with blame(
+            field="src_eid", subject=str(tx.src_eid), reason="DEVICE_NOT_FOUND", on=NotFoundError
+        ):
+            src = e.topology.by_eid(tx.src_eid) if tx.src_eid else e.device
+        now = e.clock.now_ns()
+        issue_ns = tx.issue_ns if 0 < tx.issue_ns <= now else now  # never from the future
+        with blame(field="size", subject=e.device.id):
+            if tx.size > e.memory.capacity:
+                raise OutOfRangeError(
+                    f"{tx.size} bytes are more than {e.device.id}'s {e.memory.capacity} bytes",
+                    reason="TRANSFER_TOO_LARGE",
+                )
+            duration = ub_transfer_ns(
+                tx.size,
+                src=src.kind,
+                dst=e.device.kind,
+                cross_node=src.node != e.device.node,
+                profile=e.profile,
+                op=tx.op.priced,
+            )
+            check_duration(duration / 1e9, "the transfer", e.profile)
+        completion = Completion(
+            id=tx.id,
+            op=tx.op,
+            src_eid=src.eid,
+            dst_eid=e.device.eid,
+            size=tx.size,
+            issue_ns=issue_ns,
+            # timed elsewhere (the RDMA plane), or the uncontended cost model
+            complete_ns=max(tx.arrive_ns, issue_ns) if tx.arrive_ns else issue_ns + duration,
+            path=(src.id, e.device.id) if src is not e.device else (e.device.id,),
+        )
+        with (
+            blame(field="dst.offset", subject=e.device.id),
+            blame(reason="REGION_NOT_ALLOCATED", on=PreconditionError),
+            blame(reason="ADDRESS_OUT_OF_RANGE", on=OutOfRangeError),
+        ):
+            if tx.op.reads_stored:
+                e.require_unpoisoned(tx.dst_offset, tx.size)
+            if check_only:
+                self._check(tx)
+                return completion
+            self._apply(tx, completion, sender=tx.src_device or src.id)
+            if tx.op is Op.WRITE and e.effects.poison.ranges:
+                e.effects.poison.heal(tx.dst_offset, tx.size)  # rewritten bytes are good again
+        e.counters.rx_count += 1
+        e.counters.rx_bytes += tx.size
+        return completion
+
+    def _check(self, tx: Transaction) -> None:
+        """Everything applying `tx` would refuse, refused now; nothing changes."""
+        memory = self.engine.memory
+        if tx.op.atomic:
+            memory.check_word(tx.dst_offset)
+        elif tx.op is Op.SEND:
+            self._check_queue(len(tx.data))
+        elif tx.op is Op.WRITE and not tx.size_only:
+            memory.check_write(tx.dst_offset, tx.size)
+        else:
+            memory.check(tx.dst_offset, tx.size)
+
+    def _check_queue(self, nbytes: int) -> None:
+        e = self.engine
+        if e.inbox.full():
+            raise CapacityError(
+                f"receive queue of {e.device.id}",
+                1,
+                0,
+                unit="messages",
+                subject=e.device.id,
+                reason="RECEIVE_QUEUE_FULL",
+            )
+        if e.queue_budget is not None:
+            with blame(subject=e.device.id):
+                e.queue_budget.check(nbytes)
+
+    def _apply(self, tx: Transaction, out: Completion, *, sender: str) -> None:
+        memory = self.engine.memory
+        match tx.op:
+            case Op.READ:
+                if tx.size_only:
+                    memory.check(tx.dst_offset, tx.size)
+                else:
+                    out.data = memory.read(tx.dst_offset, tx.size)
+            case Op.WRITE:
+                if tx.size_only:
+                    memory.write_virtual(tx.dst_offset, tx.size)
+                else:
+                    memory.write(tx.dst_offset, tx.data)
+            case Op.CAS:
+                out.old_value, out.swapped = memory.compare_and_swap(
+                    tx.dst_offset, tx.compare, tx.operand
+                )
+            case Op.FETCH_ADD:
+                out.old_value = memory.fetch_add(tx.dst_offset, tx.operand)
+            case Op.SEND:
+                self._enqueue(tx, out, sender)
+
+    def _enqueue(self, tx: Transaction, out: Completion, sender: str) -> None:
+        e = self.engine
+        message = Message(
+            id=tx.id,
+            # a sender named by id only (RDMA, maybe another supernode): no EID names it
+            src_eid=out.src_eid if tx.src_eid or sender == e.device.id else 0,
+            src_device=sender,
+            size=tx.size,
+            data=tx.data,
+            size_only=tx.size_only,
+            issue_ns=out.issue_ns,
+            arrive_ns=out.complete_ns,
+        )
+        self._check_queue(len(tx.data))
+        if e.queue_budget is not None:
+            e.queue_budget.take(len(tx.data))
+        e.inbox.put_nowait(message)
+
+    def _taken(self, message: Message) -> Message:
+        if self.engine.queue_budget is not None:
+            self.engine.queue_budget.give(len(message.data))
+        return message
+
+    async def receive(self, max_messages: int, wait_ms: int) -> list[Message]:
+        """Drain up to `max_messages` (0 means 1) SENDs; wait up to `wait_ms` emulated
+        milliseconds for a first one."""
+        e = self.engine
+        e.require_healthy()
+        limit = e.profile.limits.inbox_max_messages
+        if max_messages > limit:
+            raise InvalidArgumentError(f"max_messages must be <= {limit}", field="max_messages")
+        if wait_ms > MAX_WAIT_MS:
+            raise InvalidArgumentError(f"wait_ms must be <= {MAX_WAIT_MS}", field="wait_ms")
+        out: list[Message] = []
+        if e.inbox.empty() and wait_ms:
+            try:  # emulated time: the wall wait follows the clock's rate
+                out.append(self._taken(await e.clock.timeout(e.inbox.get(), wait_ms / 1000)))
+            except TimeoutError:
+                return out
+        while len(out) < max(1, max_messages) and not e.inbox.empty():
+            out.append(self._taken(e.inbox.get_nowait()))
+        return out
+
+    def drop_volatile(self) -> None:
+        """What a restart never keeps: queued messages."""
+        e = self.engine
+        while not e.inbox.empty():
+            message = e.inbox.get_nowait()
+            if e.queue_budget is not None:
+                e.queue_budget.give(len(message.data))

@@ -1,0 +1,395 @@
+"""The fabric: the timing authority every UB transaction and collective crosses.
+
+A transfer is routed over the link graph, its target checks it (a bad address fails at once and
+nothing is timed for it), it is priced by its op and its target's memory, run as a flow that shares
+every trunk it crosses max-min fairly with the flows in flight, applied by the target at the flow's
+completion, and answered when emulated time reaches that completion. Collectives are timed whole
+(engines/fabric/collectives.py). Faults change the graph's live capacities; the fault clock flips
+flapping links and ends expiring faults at their emulated instants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from emulator.engines.clock import Timeline
+from emulator.engines.events import EventSink
+from emulator.engines.fabric.collectives import Collectives
+from emulator.engines.fabric.metrics import LinkGroups, fabric_families
+from emulator.engines.flows import FlowClock
+from emulator.engines.peers import CollectiveOutcome, Directory, FlowTime
+from emulator.model.collectives import CollectiveSpec, CollectiveTiming
+from emulator.model.costmodel import check_duration
+from emulator.model.errors import (
+    RETRY_AFTER_S,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+    blame,
+)
+from emulator.model.hardware import HardwareProfile
+from emulator.model.instruments import Family
+from emulator.model.linkfaults import FaultSet, FaultSpec
+from emulator.model.linkgraph import Endpoint, LinkGraph, Route, validate_ranks
+from emulator.model.topology import Device, DeviceKind, Topology
+from emulator.model.ub import Completion, Op, Transaction, normalize
+
+FloatArray = npt.NDArray[np.float64]
+U64_MAX = 2**64 - 1
+
+
+def route_cut(subject: str | None) -> contextlib.AbstractContextManager[None]:
+    """A route that fabric faults cut: UNAVAILABLE, and worth retrying once the fault clears."""
+    return blame(
+        subject=subject, reason="ROUTE_CUT", retry_after_s=RETRY_AFTER_S, on=UnavailableError
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkStat:
+    link: str
+    kind: str
+    capacity_bytes_per_s: float
+    bytes: int
+    utilization: float
+    active_flows: int
+    up: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkStats:
+    emulated_ns: int
+    links: tuple[LinkStat, ...]
+    active_flows: int
+    completed_flows: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkUsage:
+    """Per member link (LinkGraph.member_link order): what it carried, its rate and live
+    capacity; per trunk: utilisation and active flows. One computation for GetLinkStats and
+    the metrics collector."""
+
+    member_bytes: FloatArray
+    member_rate: FloatArray
+    trunk_utilization: FloatArray
+    trunk_active: npt.NDArray[np.int64]
+    link_cap: FloatArray
+
+
+def _flow_times(ranks: Sequence[Endpoint], timing: CollectiveTiming) -> tuple[FlowTime, ...]:
+    return tuple(
+        FlowTime(
+            src=ranks[int(a)].name,
+            dst=ranks[int(b)].name,
+            bytes=int(n),
+            complete_ns=round(t * 1e9),
+            gb_s=float(g),
+        )
+        for a, b, n, t, g in zip(
+            timing.flow_src,
+            timing.flow_dst,
+            timing.flow_bytes,
+            timing.flow_complete_s,
+            timing.flow_gb_s,
+            strict=True,
+        )
+    )
+
+
+class FabricEngine:
+    """The link graph, its faults and the flows in flight, driven by the emulated clock."""
+
+    name = "fabric"
+
+    def __init__(
+        self,
+        *,
+        topology: Topology,
+        profile: HardwareProfile,
+        clock: Timeline,
+        peers: Directory,
+        events: EventSink | None = None,
+    ) -> None:
+        self.topology = topology
+        self.profile = profile
+        self.clock = clock
+        self.peers = peers
+        self.events = events
+        self.graph = LinkGraph(topology, profile)
+        self.faults = FaultSet(self.graph)
+        self.flows = FlowClock(
+            clock=clock,
+            res_cap=self.graph.trunk_cap(),
+            cut_message="a fault cut the route of this transfer",
+        )
+        self.collectives = Collectives(self.graph, profile.limits)
+        self._closing = False
+        self._faults_moved = asyncio.Event()  # the fault clock re-plans
+        self._groups: LinkGroups | None = None  # for metrics(), made at the first scrape
+        self.log = structlog.get_logger("cmemu.fabric").bind(device="fabric")
+
+    def metrics(self) -> list[Family]:
+        """What /metrics shows of the fabric (emulator/engines/fabric/metrics.py)."""
+        if self._groups is None:
+            self._groups = LinkGroups(self)
+        return fabric_families(self, self._groups)
+
+    def publish(self, event: str, **detail: str) -> None:
+        if self.events is not None:
+            self.events.event(self.name, event, self.clock.now_ns(), **detail)
+
+    # --- endpoints -----------------------------------------------------------------------------
+
+    def source(self, device: Device, die: int) -> Endpoint:
+        if device.kind is DeviceKind.NPU:
+            return self.graph.npu_die(device, die)
+        if die:
+            raise InvalidArgumentError(
+                f"src_die applies to NPUs; {device.id} is a {device.kind.value}",
+                field="src_die",
+                subject=device.id,
+            )
+        return self.graph.endpoint(device.id)
+
+    def target(self, device: Device, offset: int) -> Endpoint:
+        """An NPU's UB address space is its dies' HBM one after the other."""
+        if device.kind is DeviceKind.NPU:
+            die = min(offset // self.profile.npu.hbm_bytes_per_die, self.profile.npu.dies - 1)
+            return self.graph.npu_die(device, die)
+        return self.graph.endpoint(device.id)
+
+    # --- transfers -----------------------------------------------------------------------------
+
+    async def transfer(self, request: Transaction, *, deadline_s: float | None) -> Completion:
+        """Route, deliver, time and pace one transaction."""
+        tx = normalize(request, self.profile.limits.inline_payload_max_bytes)
+        if not tx.src_eid:
+            raise InvalidArgumentError(
+                "src_eid is required: a transfer is issued by a device", field="src_eid"
+            )
+        topology = self.topology
+        with blame(
+            field="src_eid", subject=str(tx.src_eid), reason="DEVICE_NOT_FOUND", on=NotFoundError
+        ):
+            src = topology.by_eid(tx.src_eid)
+        with blame(
+            field="dst.eid", subject=str(tx.dst_eid), reason="DEVICE_NOT_FOUND", on=NotFoundError
+        ):
+            dst = topology.by_eid(tx.dst_eid)
+        with blame(field="src_die", subject=src.id):
+            issuer = self.source(src, tx.src_die)
+        target = self.target(dst, tx.dst_offset)
+        # the flow is the data: a READ's bytes travel from the target back to the issuer
+        data_from, data_to = (target, issuer) if tx.op is Op.READ else (issuer, target)
+        graph = self.graph
+        with route_cut(f"{src.id}>{dst.id}"):
+            route = graph.route(data_from, data_to)
+            graph.check_reachable(route)
+        route = graph.priced(route, tx.op.priced, dst.kind)  # the op, the target's memory
+        with blame(field="size"):
+            seconds = route.latency_s + tx.size / route.cap if route.cap > 0 else float("inf")
+            check_duration(seconds, "the transfer", self.profile)
+        now = self.clock.now_ns()
+        issue_ns = tx.issue_ns if 0 < tx.issue_ns <= now else now  # never from the future
+        tx = dataclasses.replace(tx, issue_ns=issue_ns)
+        # The target checks first (a bad address fails at once, nothing is timed for it) and
+        # applies when the flow completes: a transfer that fails applies nothing, and a READ
+        # returns the bytes as of its completion.
+        target_peer = self.peers.device(dst)
+        await target_peer.deliver(tx, check_only=True, deadline_s=deadline_s)
+        complete_s = await self.run_flow(route, tx.size, issue_ns / 1e9)
+        completion = await target_peer.deliver(tx, check_only=False, deadline_s=deadline_s)
+        await self.clock.pace(complete_s)  # the reply waits for the clock, not the data
+        completion.issue_ns = issue_ns
+        completion.complete_ns = round(complete_s * 1e9)
+        completion.path = tuple(route.hops)
+        completion.planes = route.planes
+        return completion
+
+    async def run_flow(self, route: Route, nbytes: int, start_s: float) -> float:
+        """Emulated completion time (seconds) of a flow, returned once the flow has finished."""
+        return await self.flows.run_flow(
+            route.resources, route.cap, route.latency_s, nbytes, start_s
+        )
+
+    # --- collectives ---------------------------------------------------------------------------
+
+    async def collective(
+        self, rank_names: Sequence[str], spec: CollectiveSpec, *, detail: bool = False
+    ) -> CollectiveOutcome:
+        """Time a collective whole, and answer when emulated time reaches its end. `detail`:
+        the caller wants every flow's timing, which is refused past a bound before any wait."""
+        with (
+            blame(field="ranks", reason="DEVICE_NOT_FOUND", on=NotFoundError),
+            blame(field="ranks"),
+        ):
+            ranks = validate_ranks(self.graph, list(rank_names))
+        issue_ns = self.clock.now_ns()
+        started = time.perf_counter()
+        with route_cut(None):  # CPU-bound for large groups: off the event loop
+            timing = await self.collectives.time(ranks, spec)
+        compute_ms = (time.perf_counter() - started) * 1e3
+        limit = self.profile.limits.collective_detail_max_flows
+        if detail and timing.flows > limit:
+            raise InvalidArgumentError(
+                f"flow_detail is limited to {limit} flows; this has {timing.flows}",
+                field="flow_detail",
+            )
+        self.collectives.carried += timing.res_bytes
+        duration_ns = round(timing.duration_s * 1e9)
+        await self.clock.pace((issue_ns + duration_ns) / 1e9)
+        return CollectiveOutcome(
+            op=spec.op,
+            ranks=len(ranks),
+            phases=timing.phases,
+            flows=timing.flows,
+            total_bytes=int(timing.total_bytes),
+            issue_ns=issue_ns,
+            complete_ns=issue_ns + duration_ns,
+            overhead_ns=round(timing.overhead_s * 1e9),
+            wall_compute_ms=compute_ms,
+            detail=_flow_times(ranks, timing) if detail else (),
+        )
+
+    # --- routes and faults -------------------------------------------------------------------
+
+    def route(self, src: str, dst: str) -> Route:
+        g = self.graph
+        with (
+            blame(field="src", subject=src, reason="DEVICE_NOT_FOUND", on=NotFoundError),
+            blame(field="src", subject=src),
+        ):
+            a = g.endpoint(src)
+        with (
+            blame(field="dst", subject=dst, reason="DEVICE_NOT_FOUND", on=NotFoundError),
+            blame(field="dst", subject=dst),
+        ):
+            b = g.endpoint(dst)
+        with route_cut(f"{src}>{dst}"):
+            return g.route(a, b)
+
+    def add_fault(self, spec: FaultSpec) -> FaultSpec:
+        """Apply a link or switch fault now (its `since_s` is set here)."""
+        stored = self.faults.add(dataclasses.replace(spec, since_s=self.clock.now_s()))
+        self._faults_changed()
+        self.log.warning("fault injected", fault=stored.id, kind=stored.kind, target=stored.target)
+        self.publish(
+            "fault",
+            fault=stored.id,
+            kind=stored.kind,
+            target=stored.target,
+            until_ns=str(round(stored.until_s * 1e9)),
+        )
+        return stored
+
+    def clear_fault(self, fault_id: str, *, every: bool = False) -> None:
+        self.faults.clear(fault_id, all=every)
+        self._faults_changed()
+        self.publish("recovered", fault=fault_id or "all")
+        self.publish("fault-cleared", fault=fault_id or "all")
+        self.log.warning("fault cleared", fault=fault_id or "all")
+
+    def _faults_changed(self) -> None:
+        """Apply the faults to the flows in flight, and re-plan the fault clock."""
+        self.flows.set_capacities(self.graph.trunk_cap())
+        self._faults_moved.set()
+
+    async def _fault_clock(self) -> None:
+        """Flip flapping links and clear expired faults at their emulated instants (the
+        fabric owns these timers): sleep until the next one or until the faults change."""
+        while not self._closing:
+            self._faults_moved.clear()
+            now = self.clock.now_s()
+            for fault_id in self.faults.expired(now):
+                self.faults.clear(fault_id)
+                self.flows.set_capacities(self.graph.trunk_cap())
+                self.log.warning("fault expired", fault=fault_id)
+                self.publish("fault-cleared", fault=fault_id, expired="true")
+            for spec in self.faults.flap(now):
+                self.flows.set_capacities(self.graph.trunk_cap())
+                self.publish(
+                    "link-flap",
+                    fault=spec.id,
+                    target=spec.target,
+                    state="down" if spec.down else "up",
+                )
+            next_s = self.faults.next_change_s(now)
+            until = None if next_s is None else round(next_s * 1e9)
+            await self.clock.wait(self._faults_moved, until)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The fabric's clocks until close(): the flows' and the faults'."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._fault_clock(), name="fabric-faults")
+            await self.flows.run()
+
+    async def close(self) -> None:
+        """End the clock loops; transfers still in flight end UNAVAILABLE."""
+        self._closing = True
+        self._faults_moved.set()
+        self.collectives.close()
+        self.flows.close("the fabric is stopping")
+
+    # --- statistics ----------------------------------------------------------------------------
+
+    def usage(self) -> LinkUsage:
+        """What every link carries, up to the present."""
+        self.flows.sync()
+        g = self.graph
+        live = self.flows.live
+        trunk_cap = g.trunk_cap()
+        link_cap = g.link_cap()
+        share = np.divide(
+            link_cap[g.member_link],
+            trunk_cap[g.member_trunk],
+            out=np.zeros(len(g.member_link)),
+            where=trunk_cap[g.member_trunk] > 0,
+        )
+        trunk_bytes = live.res_bytes + self.collectives.carried
+        return LinkUsage(
+            member_bytes=trunk_bytes[g.member_trunk] * share,
+            member_rate=live.res_rate[g.member_trunk] * share,
+            trunk_utilization=np.divide(
+                live.res_rate, trunk_cap, out=np.zeros(len(trunk_cap)), where=trunk_cap > 0
+            ),
+            trunk_active=live.active_per_resource(),
+            link_cap=link_cap,
+        )
+
+    def link_stats(self, top: int) -> LinkStats:
+        """The `top` links that carried the most bytes."""
+        g = self.graph
+        u = self.usage()
+        order = np.argsort(-u.member_bytes, kind="stable")[:top]
+        links = []
+        for m in order:
+            link, trunk = int(g.member_link[m]), int(g.member_trunk[m])
+            links.append(
+                LinkStat(
+                    link=g.names[link],
+                    kind=g.kinds[link].value,
+                    capacity_bytes_per_s=float(u.link_cap[link]),
+                    bytes=min(int(u.member_bytes[m]), U64_MAX),
+                    utilization=float(u.trunk_utilization[trunk]),
+                    active_flows=int(u.trunk_active[trunk]),
+                    up=bool(g.up[link]),
+                )
+            )
+        return LinkStats(
+            emulated_ns=self.clock.now_ns(),
+            links=tuple(links),
+            active_flows=len(self.flows.live.flows),
+            completed_flows=self.flows.live.completed,
+        )

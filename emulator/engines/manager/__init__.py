@@ -1,0 +1,1 @@
+"""The cluster manager's domain: detection from liveness streams (liveness.py)."""

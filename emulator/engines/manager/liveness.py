@@ -1,0 +1,180 @@
+"""The cluster manager's detection: the liveness stream of every process of its supernode,
+judged in emulated time (the streams' beats: engines/device/liveness.py).
+
+- A device in a beat's `unreachable` (crashed) or `down` (NOT_SERVING) fails at once; a die in
+  `dies_down` fails, and answers again once a beat no longer lists it.
+- A device missing from `answering` (hung) fails once `misses_to_fail` heartbeat intervals of
+  its process's own emulated time passed since it last answered: the beats say how much time
+  passed at the device, so the manager's own lag can never look like the device's silence.
+- A stream that falls silent for `misses_to_fail` intervals of emulated time (a stopped process)
+  fails every device it covers, once a short wall-clock grace confirms the silence (beats the
+  manager had not read yet, after a stall of its own, end it).
+- A stream that breaks (a killed process, or the device it was opened through crashed) is
+  opened again through another device it covers; each device that refuses the connection fails
+  as unreachable.
+Streams are opened one per process: the first beat says which devices a stream covers, and no
+other stream is opened for them. In one process that is one stream, whatever the supernode's
+size; with one process per node, one per node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import structlog
+
+from emulator.engines.clock import Timeline
+from emulator.engines.device.liveness import Beat
+from emulator.engines.peers import Directory
+from emulator.model.errors import EmulatorError
+from emulator.model.manager.detector import FAILED, Detector, Incident
+from emulator.model.topology import Device
+
+log = structlog.get_logger("cmemu.manager")
+REOPEN_WALL_S = 0.5  # a stream that cannot be opened is tried again this much later
+CONFIRM_WALL_S = 1.0  # wall grace before a silent stream fails its devices
+UNREACHABLE = "PEER_UNREACHABLE"
+
+
+@dataclass
+class _Stream:
+    covers: tuple[str, ...]
+    last_beat_ns: int = 0  # the manager's emulated time at the last beat
+    answered_ns: dict[str, int] = field(default_factory=dict)  # the process's time, per device
+    dies_down: set[str] = field(default_factory=set)
+    beat: asyncio.Event = field(default_factory=asyncio.Event)
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class LivenessWatch:
+    """Detection over liveness streams. `on_incident` hears each failure, `on_back` each
+    device or die that answers again."""
+
+    def __init__(
+        self,
+        *,
+        devices: Mapping[str, Device],
+        peers: Directory,
+        clock: Timeline,
+        detector: Detector,
+        interval_s: float,
+        misses_to_fail: int,
+        on_incident: Callable[[Incident], None],
+        on_back: Callable[[str], None],
+    ) -> None:
+        self.devices = dict(devices)
+        self.peers = peers
+        self.clock = clock
+        self.detector = detector
+        self.interval_ns = round(interval_s * 1e9)
+        self.silence_ns = misses_to_fail * self.interval_ns
+        self.on_incident = on_incident
+        self.on_back = on_back
+        self.covered: dict[str, _Stream] = {}
+        self.beats = 0  # beats received
+        self.streams = 0  # streams opened
+
+    async def run(self) -> None:
+        """Open a stream for the first device no stream covers, until every one is covered;
+        keep them open."""
+        async with asyncio.TaskGroup() as tasks:
+            for device in self.devices:
+                if device in self.covered:
+                    continue
+                stream = _Stream(covers=(device,))
+                self.covered[device] = stream
+                tasks.create_task(self._stream(stream), name=f"liveness-{device}")
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(REOPEN_WALL_S * 4):
+                        await stream.opened.wait()  # its first beat says what it covers
+
+    async def _stream(self, stream: _Stream) -> None:
+        """One process's stream, reopened through another device it covers when it breaks,
+        its silence judged alongside."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._silence(stream))
+            while True:
+                # devices not known failed first; a failed one may be back: tried last
+                order = sorted(stream.covers, key=lambda d: self.detector.devices.get(d) == FAILED)
+                for through in order:
+                    if await self._follow(stream, through):
+                        break  # it answered, then broke: start again from the first
+                else:
+                    await asyncio.sleep(REOPEN_WALL_S)
+
+    async def _follow(self, stream: _Stream, through: str) -> bool:
+        """Follow the stream opened through `through` until it breaks; False when it could
+        not be opened."""
+        answered = False
+        try:
+            async for beat in self.peers.device(self.devices[through]).watch_liveness():
+                if not answered:
+                    answered = True
+                    self._cover(stream, beat)
+                self._judge(stream, beat)
+        except EmulatorError as exc:
+            if exc.reason == UNREACHABLE or answered:
+                what = "broken" if answered else "refused"
+                self._fail(through, "health", f"liveness stream {what}: {exc.reason}")
+            log.debug("liveness stream ended", through=through, error=str(exc)[:200])
+        return answered
+
+    def _cover(self, stream: _Stream, beat: Beat) -> None:
+        self.streams += 1
+        stream.covers = tuple(d for d in beat.covers if d in self.devices) or stream.covers
+        for device in stream.covers:
+            self.covered[device] = stream
+        stream.opened.set()
+
+    def _judge(self, stream: _Stream, beat: Beat) -> None:
+        self.beats += 1
+        stream.last_beat_ns = self.clock.now_ns()
+        stream.beat.set()
+        unreachable, down, answering = set(beat.unreachable), set(beat.down), set(beat.answering)
+        for device in stream.covers:
+            if device in unreachable:
+                self._fail(device, "health", "unreachable: its server is gone")
+            elif device in down:
+                self._fail(device, "health", "health: NOT_SERVING")
+            elif device in answering:
+                stream.answered_ns[device] = beat.emulated_ns
+                self._answered(device)
+            else:  # hung: judged on the time that passed at the device
+                since = stream.answered_ns.setdefault(device, beat.emulated_ns)
+                self.detector.suspect(device)
+                if beat.emulated_ns - since >= self.silence_ns:
+                    missed = (beat.emulated_ns - since) // self.interval_ns
+                    self._fail(device, "heartbeat", f"{missed} heartbeats missed: not answering")
+        dies_down = set(beat.dies_down)
+        for die in dies_down:
+            self._fail(die, "health", "health: NOT_SERVING")
+        for die in stream.dies_down - dies_down:
+            self._answered(die)
+        stream.dies_down = dies_down
+
+    async def _silence(self, stream: _Stream) -> None:
+        """No beat for `misses_to_fail` intervals of emulated time: the process is stopped."""
+        await stream.opened.wait()
+        while True:
+            stream.beat.clear()
+            if await self.clock.wait(stream.beat, stream.last_beat_ns + self.silence_ns):
+                continue
+            with contextlib.suppress(TimeoutError):  # beats this manager has not read yet
+                async with asyncio.timeout(CONFIRM_WALL_S):
+                    await stream.beat.wait()
+                    continue
+            for device in stream.covers:
+                self._fail(device, "heartbeat", "no liveness: its process stopped answering")
+            await stream.beat.wait()  # until it speaks again
+
+    def _answered(self, target: str) -> None:
+        if self.detector.answered(target):
+            self.on_back(target)
+
+    def _fail(self, target: str, by: str, detail: str) -> None:
+        incident = self.detector.unhealthy(target, by, self.clock.now_ns(), detail)
+        if incident is not None:
+            self.on_incident(incident)

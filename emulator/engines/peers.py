@@ -1,0 +1,221 @@
+"""How an engine reaches another device or service: one protocol per kind of peer, two
+implementations of each, and the runtime wires which.
+
+- In one process, the peer is the other engine itself (`LocalDevice` below wraps a device engine
+  so that a direct call behaves as a remote one would: a crashed device refuses, a hung one never
+  answers until the caller's deadline).
+- Across processes, the peer is the typed gRPC client (emulator/client/), which translates to
+  and from the wire and raises the same EmulatorErrors as a direct call.
+
+So a UB transaction in the in-process supernode costs one gRPC call (the client's) and one
+translation each way, and an engine never knows where its peers live. Both raise EmulatorError
+subclasses carrying the google.rpc reason; nothing above this line catches transport errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from emulator.model.errors import DeadlineExceededError, EmulatorError, PreconditionError, relayed
+from emulator.model.memory import Region
+from emulator.model.topology import Device
+from emulator.model.ub import Completion, Transaction
+
+if TYPE_CHECKING:
+    from emulator.engines.clock import ClockState
+    from emulator.engines.device.engine import DeviceEngine, FaultState
+    from emulator.engines.device.liveness import Beat
+    from emulator.engines.fabric.engine import FabricEngine
+    from emulator.model.collectives import CollectiveSpec
+    from emulator.model.linkfaults import FaultSpec
+
+T = TypeVar("T")
+
+
+class DevicePeer(Protocol):
+    """Another device, as engines call it."""
+
+    async def deliver(
+        self, tx: Transaction, *, check_only: bool, deadline_s: float | None
+    ) -> Completion: ...
+
+    async def submit(self, tx: Transaction, *, deadline_s: float | None) -> Completion: ...
+
+    async def allocate(self, size: int, label: str, *, deadline_s: float | None) -> Region: ...
+
+    async def free(self, region_id: int, *, deadline_s: float | None) -> int: ...
+
+    async def fault_state(self, *, deadline_s: float | None) -> FaultState: ...
+
+    def watch_liveness(self) -> AsyncIterator[Beat]:
+        """The liveness of the device's process (engines/device/liveness.py), streamed."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FlowTime:
+    """One flow of a collective: ranks by endpoint name, completion from the collective's start."""
+
+    src: str
+    dst: str
+    bytes: int
+    complete_ns: int
+    gb_s: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CollectiveOutcome:
+    """A collective timed by the fabric, as its caller sees it."""
+
+    op: str
+    ranks: int
+    phases: int
+    flows: int
+    total_bytes: int
+    issue_ns: int
+    complete_ns: int
+    overhead_ns: int
+    wall_compute_ms: float
+    detail: tuple[FlowTime, ...] = ()  # every flow, when asked for
+
+    @property
+    def duration_ns(self) -> int:
+        return self.complete_ns - self.issue_ns
+
+
+class FabricPeer(Protocol):
+    """The supernode's fabric: the timing authority of UB transfers and collectives."""
+
+    async def transfer(self, tx: Transaction, *, deadline_s: float | None) -> Completion: ...
+
+    async def collective(
+        self,
+        ranks: Sequence[str],
+        spec: CollectiveSpec,
+        *,
+        detail: bool = False,
+        deadline_s: float | None = None,
+    ) -> CollectiveOutcome: ...
+
+    async def link_fault(self, spec: FaultSpec) -> FaultSpec: ...
+
+    async def clear_fault(self, fault_id: str) -> None: ...
+
+    def follow(
+        self, process: str, wishes: AsyncIterator[tuple[float, float]]
+    ) -> AsyncIterator[ClockState]: ...
+
+
+class Directory(Protocol):
+    """Every peer of an engine, by id; the runtime decides which are local."""
+
+    def device(self, device: Device) -> DevicePeer: ...
+
+    def fabric(self) -> FabricPeer: ...
+
+
+async def within(deadline_s: float | None, call: Awaitable[T]) -> T:
+    """An in-process call's deadline, ended as a gRPC call's would be (DEADLINE_EXCEEDED)."""
+    if deadline_s is None:
+        return await call
+    try:
+        async with asyncio.timeout(deadline_s):
+            return await call
+    except TimeoutError:
+        raise DeadlineExceededError(f"deadline exceeded ({deadline_s:.3g} s)") from None
+
+
+class LocalDevice:
+    """A device engine of this process, called as a remote device would be: through its gate
+    (a crash refuses, a hang never answers) and under the caller's deadline. Its errors come
+    back prefixed with the device's id, as a relayed status does."""
+
+    def __init__(self, engine: DeviceEngine) -> None:
+        self.engine = engine
+
+    async def _call(self, method: str, call: Awaitable[T], deadline_s: float | None) -> T:
+        engine = self.engine
+
+        async def gated() -> T:
+            await engine.admit(method)
+            return await call
+
+        try:
+            return await within(deadline_s, gated())
+        except EmulatorError as exc:
+            raise relayed(exc, engine.device.id) from exc
+        finally:
+            if asyncio.iscoroutine(call):
+                call.close()  # never awaited when the gate refused: no warning
+
+    async def deliver(
+        self, tx: Transaction, *, check_only: bool, deadline_s: float | None
+    ) -> Completion:
+        return await self._call(
+            "Deliver", self.engine.bus.deliver(tx, check_only=check_only), deadline_s
+        )
+
+    async def submit(self, tx: Transaction, *, deadline_s: float | None) -> Completion:
+        return await self._call("Submit", self.engine.bus.submit(tx, deadline_s), deadline_s)
+
+    async def allocate(self, size: int, label: str, *, deadline_s: float | None) -> Region:
+        return await self._call(
+            "AllocateRegion", _now(self.engine.allocate, size, label), deadline_s
+        )
+
+    async def free(self, region_id: int, *, deadline_s: float | None) -> int:
+        return await self._call("FreeRegion", _now(self.engine.free, region_id), deadline_s)
+
+    async def fault_state(self, *, deadline_s: float | None) -> FaultState:
+        return await self._call("GetFaultState", _now(self.engine.fault_state), deadline_s)
+
+    def watch_liveness(self) -> AsyncIterator[Beat]:
+        engine = self.engine
+        if engine.effects.crashed:  # its server is gone: ask a sibling
+            raise engine.unreachable()
+        if engine.liveness is None:
+            raise PreconditionError(
+                f"{engine.device.id}'s process keeps no liveness", reason="NO_LIVENESS"
+            )
+        return engine.liveness.watch()
+
+
+async def _now(function: Callable[..., T], *args: object) -> T:
+    return function(*args)
+
+
+class LocalFabric:
+    """The fabric engine of this process, called as the remote fabric would be."""
+
+    def __init__(self, engine: FabricEngine) -> None:
+        self.engine = engine
+
+    async def transfer(self, tx: Transaction, *, deadline_s: float | None) -> Completion:
+        return await self.engine.transfer(tx, deadline_s=deadline_s)
+
+    async def collective(
+        self,
+        ranks: Sequence[str],
+        spec: CollectiveSpec,
+        *,
+        detail: bool = False,
+        deadline_s: float | None = None,
+    ) -> CollectiveOutcome:
+        return await within(deadline_s, self.engine.collective(ranks, spec, detail=detail))
+
+    async def link_fault(self, spec: FaultSpec) -> FaultSpec:
+        return self.engine.add_fault(spec)
+
+    async def clear_fault(self, fault_id: str) -> None:
+        self.engine.clear_fault(fault_id)
+
+    def follow(
+        self, process: str, wishes: AsyncIterator[tuple[float, float]]
+    ) -> AsyncIterator[ClockState]:
+        raise PreconditionError(
+            "the fabric shares this process's clock: there is nothing to follow",
+            reason="SAME_PROCESS",
+        )

@@ -1,0 +1,137 @@
+"""Unified-bus transactions as the domain sees them: what a device issues, what its target
+applies, what comes back. The wire's UbTransaction / UbCompletion / UbMessage are translated to
+and from these at the edges (services/ub.py, the typed client), once each way.
+
+`normalize` is the one check of a transaction's shape: every entry point (a device's Submit, the
+fabric's Transfer, a device's Deliver) runs it before anything is timed or touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+
+from emulator.model.costmodel import UbOp
+from emulator.model.errors import InvalidArgumentError
+
+ATOMIC_BYTES = 8
+
+
+class Op(StrEnum):
+    READ = "read"  # copy `size` bytes from dst back to the issuer
+    WRITE = "write"  # store `data` (or `size` virtual bytes) at dst
+    CAS = "cas"  # 8-byte compare-and-swap at dst
+    FETCH_ADD = "fetch_add"  # 8-byte fetch-and-add at dst (wrapping)
+    SEND = "send"  # a message into dst's receive queue
+
+    @property
+    def priced(self) -> UbOp:
+        """How the cost model prices it."""
+        return PRICED[self]
+
+    @property
+    def atomic(self) -> bool:
+        return self in (Op.CAS, Op.FETCH_ADD)
+
+    @property
+    def carries_payload(self) -> bool:
+        return self in (Op.WRITE, Op.SEND)
+
+    @property
+    def reads_stored(self) -> bool:
+        """Reads bytes held at the target (which an ECC error poisons)."""
+        return self in (Op.READ, Op.CAS, Op.FETCH_ADD)
+
+
+PRICED = {
+    Op.READ: UbOp.READ,
+    Op.WRITE: UbOp.WRITE,
+    Op.CAS: UbOp.ATOMIC,
+    Op.FETCH_ADD: UbOp.ATOMIC,
+    Op.SEND: UbOp.SEND,
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Transaction:
+    op: Op
+    dst_eid: int
+    dst_offset: int = 0
+    size: int = 0  # bytes moved; equals len(data) when data is carried
+    data: bytes = b""
+    size_only: bool = False  # moves `size` bytes without carrying them
+    compare: int = 0  # CAS: the expected value
+    operand: int = 0  # CAS: the new value; FETCH_ADD: the addend
+    id: str = ""
+    src_eid: int = 0  # the issuing device (set by it)
+    src_die: int = 0  # an NPU issuer's die
+    src_device: str = ""  # the sender by id, where no EID names it (RDMA across supernodes)
+    issue_ns: int = 0  # emulated issue instant (set by the issuer)
+    arrive_ns: int = 0  # emulated arrival when another authority timed it (the RDMA plane)
+
+
+@dataclass(kw_only=True, slots=True)
+class Completion:
+    id: str
+    op: Op
+    src_eid: int
+    dst_eid: int
+    size: int
+    issue_ns: int
+    complete_ns: int
+    data: bytes = b""  # READ with real bytes
+    old_value: int = 0  # CAS / FETCH_ADD
+    swapped: bool = False  # CAS
+    path: tuple[str, ...] = ()  # the hops the data crossed
+    planes: int = 0  # UB planes the transfer was spread over
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Message:
+    """A SEND as the target's receive queue holds it."""
+
+    id: str
+    src_eid: int
+    src_device: str
+    size: int
+    data: bytes
+    size_only: bool
+    issue_ns: int
+    arrive_ns: int
+
+
+def normalize(tx: Transaction, inline_max: int) -> Transaction:
+    """Check a transaction's shape and fill `size` where it is implied; never touches state."""
+    if tx.dst_eid == 0:
+        raise InvalidArgumentError("dst.eid is required", field="dst.eid")
+    if tx.op.atomic:
+        if tx.data or tx.size_only or tx.size not in (0, ATOMIC_BYTES):
+            raise InvalidArgumentError(
+                "atomics move exactly 8 bytes and carry no payload", field="size"
+            )
+        return tx if tx.size == ATOMIC_BYTES else dataclasses.replace(tx, size=ATOMIC_BYTES)
+    if tx.data and not tx.op.carries_payload:
+        raise InvalidArgumentError("only WRITE and SEND carry data", field="data")
+    if tx.data and tx.size_only:
+        raise InvalidArgumentError("data and size_only are exclusive", field="size_only")
+    if tx.data:
+        if tx.size not in (0, len(tx.data)):
+            raise InvalidArgumentError(
+                f"size {tx.size} differs from len(data) {len(tx.data)}", field="size"
+            )
+        if tx.size == 0:
+            tx = dataclasses.replace(tx, size=len(tx.data))
+    if tx.size == 0:
+        raise InvalidArgumentError("size must be > 0 (or data non-empty)", field="size")
+    if tx.op.carries_payload and not tx.data and not tx.size_only:
+        raise InvalidArgumentError(
+            "WRITE and SEND carry data, or set size_only for a bulk transfer", field="data"
+        )
+    if not tx.size_only and tx.size > inline_max:
+        raise InvalidArgumentError(
+            f"{tx.size} bytes exceed the {inline_max}-byte inline payload limit; use size_only",
+            field="size",
+            reason="PAYLOAD_TOO_LARGE",
+        )
+    return tx

@@ -1,0 +1,19 @@
+"""How one device kind's wire differs from the others: its DeviceInfo hardware and its own
+services (registered in services/kinds.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cmemu.v1 import device_pb2
+from emulator.engines.device.engine import DeviceEngine
+from services.host import Register
+
+HardwareInfo = Callable[[DeviceEngine, device_pb2.DeviceInfo], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class KindSpec:
+    hardware: HardwareInfo  # fills DeviceInfo's hardware oneof
+    services: Callable[[DeviceEngine], list[tuple[str, Register]]]  # its own gRPC services

@@ -1,0 +1,171 @@
+"""Sleeping in emulated time, and time that never outruns the emulator.
+
+No assertion here is on wall-clock time: each compares emulated time with itself, or with a
+stall the test forces, so a busy host can only make the inequalities hold more easily."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from emulator.engines.clock import (
+    ClockAuthority,
+    ClockState,
+    Governor,
+    TimeKeeper,
+    Timeline,
+    fastest_rate,
+)
+from emulator.model.clock import Clock
+from emulator.model.hardware import ClockProfile
+
+PROFILE = ClockProfile()
+
+
+async def test_a_sleep_lasts_its_emulated_time_whatever_the_rate_does() -> None:
+    clock = Clock(time_scale=1000.0)
+    timeline = Timeline(clock)
+    start = clock.now_ns()
+    sleeper = asyncio.ensure_future(timeline.sleep(20.0))  # 20 ms of wall at x1000
+    await asyncio.sleep(0.005)
+    clock.set_rate(100.0)  # ten times slower from here
+    timeline.changed()
+    await sleeper
+    assert clock.now_ns() - start >= 20 * 10**9  # never early
+
+
+async def test_sleepers_wake_in_emulated_order_and_a_cancelled_one_is_dropped() -> None:
+    timeline = Timeline(Clock(time_scale=2000.0))
+    woke: list[int] = []
+
+    async def sleeper(n: int) -> None:
+        await timeline.sleep(float(n))
+        woke.append(n)
+
+    tasks = [asyncio.ensure_future(sleeper(n)) for n in (30, 10, 20)]
+    gone = asyncio.ensure_future(timeline.sleep(15.0))
+    await asyncio.sleep(0)
+    gone.cancel()
+    await asyncio.gather(*tasks)
+    assert woke == [10, 20, 30]
+
+
+async def test_a_wait_ends_on_its_event_or_at_its_emulated_instant() -> None:
+    timeline = Timeline(Clock(time_scale=1000.0))
+    event = asyncio.Event()
+    assert not await timeline.wait(event, timeline.now_ns() + 5 * 10**9)
+    event.set()
+    assert await timeline.wait(event, timeline.now_ns() + 10**15)
+    with pytest.raises(TimeoutError):
+        await timeline.timeout(asyncio.Event().wait(), 5.0)
+
+
+async def test_a_stall_of_the_loop_is_cut_out_of_emulated_time() -> None:
+    """The owner's loop blocked for 0.3 s: emulated time advances by at most the horizon's
+    worth, not the stall's (a busy host is not read as a silent device)."""
+    clock = Clock(time_scale=100.0)
+    keeper = TimeKeeper(clock, profile=PROFILE, process="test", owner=True)
+    runner = asyncio.ensure_future(keeper.run())
+    try:
+        await asyncio.sleep(0.05)  # the governor holds the horizon
+        before = clock.now_ns()
+        time.sleep(0.3)  # noqa: ASYNC251 - the stall under test
+        await asyncio.sleep(0.05)
+        advanced_s = (clock.now_ns() - before) / 1e9
+        assert clock.stalled_wall_s > 0
+        # at most the horizon, two ticks and the 0.05 s sleeps (a loaded host adds stalls,
+        # which are cut too): far below the stall's 30 emulated seconds
+        limit = (PROFILE.horizon_s + 2 * PROFILE.tick_s + 0.1) * 100.0
+        assert advanced_s <= limit < 0.3 * 100.0
+    finally:
+        runner.cancel()
+        keeper.close()
+
+
+def test_the_rate_a_lagging_loop_can_keep() -> None:
+    assert fastest_rate(PROFILE, 0.0, 100.0) == 100.0  # timer noise: the asked scale
+    assert fastest_rate(PROFILE, 0.01, 100.0) == pytest.approx(PROFILE.lag_budget_s / 0.01)
+    assert fastest_rate(PROFILE, 1e9, 100.0) == PROFILE.min_rate
+    assert fastest_rate(PROFILE, 0.01, 2.0) == 2.0  # never above asked
+
+
+async def test_the_slowest_fresh_wish_sets_the_rate_and_a_silent_process_is_forgotten() -> None:
+    clock = Clock(time_scale=50.0)
+    timeline = Timeline(clock)
+    profile = ClockProfile(stale_s=0.2)
+    authority = ClockAuthority(clock, timeline, profile=profile)
+    authority.wish("n00", 50.0, 0.0)
+    authority.wish("n01", 5.0, 0.02)
+    assert clock.rate == 5.0 and authority.slowest == "n01"
+    authority.wish("n01", 50.0, 0.0)  # keeps up again: the rate rises by steps
+    assert 5.0 < clock.rate <= 5.0 * profile.raise_factor
+    authority.wish("n01", 2.0, 0.05)
+    await asyncio.sleep(0.3)  # n01 stops reporting (SIGSTOP): a fault, not a slow host
+    authority.wish("n00", 50.0, 0.0)
+    assert "n01" not in authority.wishes() and clock.rate > 2.0
+
+
+async def test_a_follower_adopts_the_authority_segments_and_its_lag_slows_everyone() -> None:
+    owner_clock = Clock(time_scale=20.0)
+    owner = TimeKeeper(owner_clock, profile=PROFILE, process="fabric", owner=True)
+    assert owner.authority is not None
+    authority = owner.authority
+
+    class Source:
+        async def follow(
+            self, process: str, wishes: AsyncIterator[tuple[float, float]]
+        ) -> AsyncIterator[ClockState]:
+            async def read() -> None:
+                async for rate, lag in wishes:
+                    authority.wish(process, rate, lag)
+
+            reader = asyncio.ensure_future(read())
+            try:
+                async for state in authority.watch():
+                    yield state
+            finally:
+                reader.cancel()
+
+    follower = TimeKeeper(
+        Clock(time_scale=20.0, epoch_wall_s=owner_clock.epoch_wall_s - 100.0),  # a wrong epoch
+        profile=PROFILE,
+        process="n03",
+        owner=False,
+    )
+    assert follower.follower is not None
+    task = asyncio.ensure_future(follower.follower.run(Source()))
+    try:
+        await asyncio.wait_for(follower.follower.synced.wait(), 5.0)
+        assert follower.clock.segment == owner_clock.segment
+        follower.follower.wish(4.0, 0.025)  # this process lags
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if follower.clock.rate == 4.0:
+                break
+        assert owner_clock.rate == 4.0 and follower.clock.rate == 4.0
+    finally:
+        task.cancel()
+        owner.close()
+        follower.close()
+
+
+async def test_without_dilation_time_is_wall_time_times_the_scale() -> None:
+    clock = Clock(time_scale=10.0)
+    keeper = TimeKeeper(clock, profile=ClockProfile(dilation=False), process="test", owner=True)
+    runner = asyncio.ensure_future(keeper.run())
+    try:
+        await asyncio.sleep(0.05)
+        time.sleep(0.2)  # noqa: ASYNC251 - a stall no one cuts
+        await asyncio.sleep(0.05)
+        assert clock.stalled_wall_s == 0.0 and clock.rate == 10.0
+    finally:
+        runner.cancel()
+        keeper.close()
+
+
+def test_governor_is_owned_by_its_keeper() -> None:
+    keeper = TimeKeeper(Clock(), profile=PROFILE, process="p", owner=False)
+    assert isinstance(keeper.governor, Governor) and not keeper.governor.owner
