@@ -47,10 +47,11 @@ async def control(clients: Clients, *, misses: int = 3, until: int = 0) -> dict[
         if until and len(replaced) >= until:
             done.set()
 
-    async def follow(through: str, covered: set[str]) -> None:
+    async def follow(through: str, covered: set[str], opened: asyncio.Event) -> None:
         device = RemoteDevice(clients.channel(through), npus[through])
         async for beat in device.watch_liveness():
             covered.update(beat.covers)
+            opened.set()
             for npu in (n for n in beat.covers if n in npus and n not in replaced):
                 if npu in beat.unreachable or npu in beat.down:
                     await isolate(npu)
@@ -66,10 +67,9 @@ async def control(clients: Clients, *, misses: int = 3, until: int = 0) -> dict[
         streams = []
         for npu in npus:  # one stream per process: the first beat says what it covers
             if npu not in covered:
-                stream = tasks.create_task(follow(npu, covered))
-                streams.append(stream)
-                while npu not in covered and not stream.done():
-                    await asyncio.sleep(0.01)
+                opened = asyncio.Event()
+                streams.append(tasks.create_task(follow(npu, covered, opened)))
+                await opened.wait()
         await done.wait()
         for stream in streams:
             stream.cancel()
