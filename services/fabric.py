@@ -175,7 +175,10 @@ def clock_info(time: TimeKeeper) -> fabric_pb2.ClockInfo:
         longest_stall_s=c.longest_stall_wall_s,
         stalled_s=c.stalled_wall_s,
         slowest=authority.slowest if authority is not None else "",
-        worst_lag_s=time.governor.worst_lag_s,
+        worst_lag_s=authority.worst_lag_s if authority is not None else time.governor.worst_lag_s,
+        worst_lag_emulated_s=authority.worst_lag_emulated_s if authority is not None else 0.0,
+        silent=authority.silent if authority is not None else [],
+        dilation=time.profile.dilation,
     )
 
 

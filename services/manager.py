@@ -373,6 +373,8 @@ class ManagerState:
             heartbeat_interval_s=m.heartbeat_interval_s,
             misses_to_fail=m.misses_to_fail,
             open_incidents=sum(1 for i in d.incidents if i.state not in CLOSED),
+            liveness_streams=self.watch.streams,
+            devices_covered=self.watch.devices_covered,
         )
 
 

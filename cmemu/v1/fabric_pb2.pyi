@@ -536,6 +536,9 @@ class ClockInfo(_message.Message):
     STALLED_S_FIELD_NUMBER: _builtins.int
     SLOWEST_FIELD_NUMBER: _builtins.int
     WORST_LAG_S_FIELD_NUMBER: _builtins.int
+    WORST_LAG_EMULATED_S_FIELD_NUMBER: _builtins.int
+    SILENT_FIELD_NUMBER: _builtins.int
+    DILATION_FIELD_NUMBER: _builtins.int
     epoch_wall_s: _builtins.float
     """the wall-clock instant (Unix seconds) at which emulated time is 0"""
     time_scale: _builtins.float
@@ -553,7 +556,17 @@ class ClockInfo(_message.Message):
     slowest: _builtins.str
     """the process whose lag sets the rate now ("" when at time_scale)"""
     worst_lag_s: _builtins.float
-    """wall seconds: the fabric process's event loop's worst lateness"""
+    """wall seconds: the worst lateness any process reported"""
+    worst_lag_emulated_s: _builtins.float
+    """emulated seconds: the worst lateness any process reported, at the rate of that moment (what
+    a heartbeat or a deadline could have seen late; dilation keeps it near the lag budget)
+    """
+    dilation: _builtins.bool
+    """whether emulated time slows down when the emulator lags"""
+    @_builtins.property
+    def silent(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """processes that stopped reporting (stopped, not slow)"""
+
     def __init__(
         self,
         *,
@@ -566,10 +579,13 @@ class ClockInfo(_message.Message):
         stalled_s: _builtins.float = ...,
         slowest: _builtins.str = ...,
         worst_lag_s: _builtins.float = ...,
+        worst_lag_emulated_s: _builtins.float = ...,
+        silent: _abc.Iterable[_builtins.str] | None = ...,
+        dilation: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["achieved_scale", b"achieved_scale", "emulated_ns", b"emulated_ns", "epoch_wall_s", b"epoch_wall_s", "longest_stall_s", b"longest_stall_s", "rate", b"rate", "slowest", b"slowest", "stalled_s", b"stalled_s", "time_scale", b"time_scale", "worst_lag_s", b"worst_lag_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["achieved_scale", b"achieved_scale", "dilation", b"dilation", "emulated_ns", b"emulated_ns", "epoch_wall_s", b"epoch_wall_s", "longest_stall_s", b"longest_stall_s", "rate", b"rate", "silent", b"silent", "slowest", b"slowest", "stalled_s", b"stalled_s", "time_scale", b"time_scale", "worst_lag_emulated_s", b"worst_lag_emulated_s", "worst_lag_s", b"worst_lag_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

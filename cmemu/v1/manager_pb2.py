@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63memu/v1/manager.proto\x12\x08\x63memu.v1\"\xe4\x01\n\x08Incident\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65tected_by\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x10\n\x08\x66\x61ult_ns\x18\x05 \x01(\x03\x12\x13\n\x0b\x64\x65tected_ns\x18\x06 \x01(\x03\x12\x13\n\x0bisolated_ns\x18\x07 \x01(\x03\x12\x13\n\x0breplaced_ns\x18\x08 \x01(\x03\x12\x13\n\x0brestored_ns\x18\t \x01(\x03\x12\x0c\n\x04jobs\x18\n \x03(\t\x12\x14\n\x0creplacements\x18\x0b \x03(\t\x12\x0e\n\x06\x64\x65tail\x18\x0c \x01(\t\"(\n\x14ListIncidentsRequest\x12\x10\n\x08since_ns\x18\x01 \x01(\x03\">\n\x15ListIncidentsResponse\x12%\n\tincidents\x18\x01 \x03(\x0b\x32\x12.cmemu.v1.Incident\"5\n\x0eSetModeRequest\x12#\n\x04mode\x18\x01 \x01(\x0e\x32\x15.cmemu.v1.ManagerMode\"\xcc\x01\n\rManagerStatus\x12#\n\x04mode\x18\x01 \x01(\x0e\x32\x15.cmemu.v1.ManagerMode\x12\x17\n\x0f\x64\x65vices_watched\x18\x02 \x01(\r\x12\x17\n\x0f\x64\x65vices_suspect\x18\x03 \x01(\r\x12\x16\n\x0e\x64\x65vices_failed\x18\x04 \x01(\r\x12\x1c\n\x14heartbeat_interval_s\x18\x05 \x01(\x01\x12\x16\n\x0emisses_to_fail\x18\x06 \x01(\r\x12\x16\n\x0eopen_incidents\x18\x07 \x01(\r\"\x19\n\x17GetManagerStatusRequest*^\n\x0bManagerMode\x12\x1c\n\x18MANAGER_MODE_UNSPECIFIED\x10\x00\x12\x17\n\x13MANAGER_MODE_ACTIVE\x10\x01\x12\x18\n\x14MANAGER_MODE_PASSIVE\x10\x02\x32\xe9\x01\n\x0e\x43lusterManager\x12G\n\tGetStatus\x12!.cmemu.v1.GetManagerStatusRequest\x1a\x17.cmemu.v1.ManagerStatus\x12P\n\rListIncidents\x12\x1e.cmemu.v1.ListIncidentsRequest\x1a\x1f.cmemu.v1.ListIncidentsResponse\x12<\n\x07SetMode\x12\x18.cmemu.v1.SetModeRequest\x1a\x17.cmemu.v1.ManagerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63memu/v1/manager.proto\x12\x08\x63memu.v1\"\xe4\x01\n\x08Incident\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65tected_by\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x10\n\x08\x66\x61ult_ns\x18\x05 \x01(\x03\x12\x13\n\x0b\x64\x65tected_ns\x18\x06 \x01(\x03\x12\x13\n\x0bisolated_ns\x18\x07 \x01(\x03\x12\x13\n\x0breplaced_ns\x18\x08 \x01(\x03\x12\x13\n\x0brestored_ns\x18\t \x01(\x03\x12\x0c\n\x04jobs\x18\n \x03(\t\x12\x14\n\x0creplacements\x18\x0b \x03(\t\x12\x0e\n\x06\x64\x65tail\x18\x0c \x01(\t\"(\n\x14ListIncidentsRequest\x12\x10\n\x08since_ns\x18\x01 \x01(\x03\">\n\x15ListIncidentsResponse\x12%\n\tincidents\x18\x01 \x03(\x0b\x32\x12.cmemu.v1.Incident\"5\n\x0eSetModeRequest\x12#\n\x04mode\x18\x01 \x01(\x0e\x32\x15.cmemu.v1.ManagerMode\"\xff\x01\n\rManagerStatus\x12#\n\x04mode\x18\x01 \x01(\x0e\x32\x15.cmemu.v1.ManagerMode\x12\x17\n\x0f\x64\x65vices_watched\x18\x02 \x01(\r\x12\x17\n\x0f\x64\x65vices_suspect\x18\x03 \x01(\r\x12\x16\n\x0e\x64\x65vices_failed\x18\x04 \x01(\r\x12\x1c\n\x14heartbeat_interval_s\x18\x05 \x01(\x01\x12\x16\n\x0emisses_to_fail\x18\x06 \x01(\r\x12\x16\n\x0eopen_incidents\x18\x07 \x01(\r\x12\x18\n\x10liveness_streams\x18\x08 \x01(\r\x12\x17\n\x0f\x64\x65vices_covered\x18\t \x01(\r\"\x19\n\x17GetManagerStatusRequest*^\n\x0bManagerMode\x12\x1c\n\x18MANAGER_MODE_UNSPECIFIED\x10\x00\x12\x17\n\x13MANAGER_MODE_ACTIVE\x10\x01\x12\x18\n\x14MANAGER_MODE_PASSIVE\x10\x02\x32\xe9\x01\n\x0e\x43lusterManager\x12G\n\tGetStatus\x12!.cmemu.v1.GetManagerStatusRequest\x1a\x17.cmemu.v1.ManagerStatus\x12P\n\rListIncidents\x12\x1e.cmemu.v1.ListIncidentsRequest\x1a\x1f.cmemu.v1.ListIncidentsResponse\x12<\n\x07SetMode\x12\x18.cmemu.v1.SetModeRequest\x1a\x17.cmemu.v1.ManagerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cmemu.v1.manager_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MANAGERMODE']._serialized_start=662
-  _globals['_MANAGERMODE']._serialized_end=756
+  _globals['_MANAGERMODE']._serialized_start=713
+  _globals['_MANAGERMODE']._serialized_end=807
   _globals['_INCIDENT']._serialized_start=37
   _globals['_INCIDENT']._serialized_end=265
   _globals['_LISTINCIDENTSREQUEST']._serialized_start=267
@@ -42,9 +42,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SETMODEREQUEST']._serialized_start=373
   _globals['_SETMODEREQUEST']._serialized_end=426
   _globals['_MANAGERSTATUS']._serialized_start=429
-  _globals['_MANAGERSTATUS']._serialized_end=633
-  _globals['_GETMANAGERSTATUSREQUEST']._serialized_start=635
-  _globals['_GETMANAGERSTATUSREQUEST']._serialized_end=660
-  _globals['_CLUSTERMANAGER']._serialized_start=759
-  _globals['_CLUSTERMANAGER']._serialized_end=992
+  _globals['_MANAGERSTATUS']._serialized_end=684
+  _globals['_GETMANAGERSTATUSREQUEST']._serialized_start=686
+  _globals['_GETMANAGERSTATUSREQUEST']._serialized_end=711
+  _globals['_CLUSTERMANAGER']._serialized_start=810
+  _globals['_CLUSTERMANAGER']._serialized_end=1043
 # @@protoc_insertion_point(module_scope)

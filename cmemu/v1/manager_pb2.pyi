@@ -182,16 +182,22 @@ class ManagerStatus(_message.Message):
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     MISSES_TO_FAIL_FIELD_NUMBER: _builtins.int
     OPEN_INCIDENTS_FIELD_NUMBER: _builtins.int
+    LIVENESS_STREAMS_FIELD_NUMBER: _builtins.int
+    DEVICES_COVERED_FIELD_NUMBER: _builtins.int
     mode: Global___ManagerMode.ValueType
     devices_watched: _builtins.int
     devices_suspect: _builtins.int
-    """missed at least one heartbeat, not yet failed"""
+    """not answering, not yet failed"""
     devices_failed: _builtins.int
     heartbeat_interval_s: _builtins.float
-    """emulated seconds"""
+    """emulated seconds between two liveness beats"""
     misses_to_fail: _builtins.int
     open_incidents: _builtins.int
     """not yet restored nor unrecoverable"""
+    liveness_streams: _builtins.int
+    """streams open (one per process of the supernode)"""
+    devices_covered: _builtins.int
+    """devices a liveness stream has reported on"""
     def __init__(
         self,
         *,
@@ -202,10 +208,12 @@ class ManagerStatus(_message.Message):
         heartbeat_interval_s: _builtins.float = ...,
         misses_to_fail: _builtins.int = ...,
         open_incidents: _builtins.int = ...,
+        liveness_streams: _builtins.int = ...,
+        devices_covered: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices_failed", b"devices_failed", "devices_suspect", b"devices_suspect", "devices_watched", b"devices_watched", "heartbeat_interval_s", b"heartbeat_interval_s", "misses_to_fail", b"misses_to_fail", "mode", b"mode", "open_incidents", b"open_incidents"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices_covered", b"devices_covered", "devices_failed", b"devices_failed", "devices_suspect", b"devices_suspect", "devices_watched", b"devices_watched", "heartbeat_interval_s", b"heartbeat_interval_s", "liveness_streams", b"liveness_streams", "misses_to_fail", b"misses_to_fail", "mode", b"mode", "open_incidents", b"open_incidents"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,7 +1,9 @@
 """`cmemu chaos run FILE` and `cmemu chaos ls`: parsing and printing over emulator/runtime/chaos/.
 
 `run` exits 0 only when every expectation holds, 1 when one fails (or the emulator reports an
-error), 2 on a bad scenario file (its YAML path in the message)."""
+error), 2 on a bad scenario file (its YAML path in the message), 3 when the run did not keep
+pace (ABORTED: a process stopped answering, or the lag was unbounded; its verdict would say how
+busy the host was)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from xml.etree import ElementTree as ET
 
 from emulator.cli.argtypes import UsageError
 from emulator.client.clients import Clients
+from emulator.model.chaos.pace import ABORTED
 from emulator.model.chaos.timeline import Entry
 from emulator.model.chaos.units import format_s
 from emulator.model.errors import InvalidArgumentError
@@ -24,6 +27,7 @@ from emulator.runtime.chaos import files, kinds
 from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
 
 FAILED = 1
+ABORTED_EXIT = 3
 
 
 def format_entry(e: Entry) -> str:
@@ -45,9 +49,12 @@ def summary_lines(result: RunResult) -> list[str]:
         out.append(line + (f" ({c.detail})" if c.detail else ""))
     for note in result.notes:
         out.append(f"note: {note}")
-    verdict = "PASS" if result.ok else "FAIL"
+    if result.pace is not None:
+        out.append(f"pace: {result.pace.line()}")
+        if result.pace.aborted:
+            out.append(f"aborted: {result.pace.aborted}")
     out.append(
-        f"{verdict}: scenario {result.scenario.name} (seed {result.seed}) in "
+        f"{result.outcome}: scenario {result.scenario.name} (seed {result.seed}) in "
         f"{result.wall_s:.1f} s wall at time scale {result.time_scale:g} (workloads' start "
         f"{result.setup_wall_s:.1f} s, scenario {result.scenario_wall_s:.1f} s)"
     )
@@ -59,6 +66,9 @@ def to_json(result: RunResult) -> dict[str, Any]:
         "scenario": result.scenario.name,
         "seed": result.seed,
         "ok": result.ok,
+        "outcome": result.outcome,
+        "pace": asdict(result.pace) if result.pace is not None else None,
+        "aborted": result.pace.aborted if result.pace is not None else "",
         "wall_s": result.wall_s,
         "setup_wall_s": result.setup_wall_s,
         "scenario_wall_s": result.scenario_wall_s,
@@ -138,6 +148,8 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(to_json(result), indent=2))
     else:
         print("\n".join(summary_lines(result)))
+    if result.outcome == ABORTED:
+        return ABORTED_EXIT
     return 0 if result.ok else FAILED
 
 

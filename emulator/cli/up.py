@@ -139,6 +139,7 @@ def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
         mode=mode,
         per=args.per,
         time_scale=args.time_scale,
+        dilation=args.dilation,
         addressing=args.addressing,
         host=args.host,
         base_port=args.base_port,
@@ -363,12 +364,20 @@ def add_topology_args(p: argparse.ArgumentParser) -> None:
         "--time-scale",
         type=argtypes.positive_float,
         default=1.0,
-        help="emulated seconds per wall second (default 1)",
+        help="emulated seconds per wall second at most: time runs slower when the emulator "
+        "cannot keep up (default 1; `cmemu status` shows the rate achieved)",
     )
 
 
 def up_args(up: argparse.ArgumentParser) -> None:
     add_topology_args(up)
+    up.add_argument(
+        "--no-dilation",
+        dest="dilation",
+        action="store_false",
+        help="emulated time is wall time x --time-scale even when the emulator lags (a busy "
+        "host then shows as late replies and missed heartbeats)",
+    )
     argtypes.add_state_arg(up)
     up.add_argument(
         "-d",

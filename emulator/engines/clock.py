@@ -270,10 +270,17 @@ class ClockAuthority:
         self._wishes: dict[str, _Wish] = {}
         self._changed = asyncio.Event()
         self.slowest: str = ""  # the process whose wish sets the rate now
+        self.worst_lag_s = 0.0  # wall, the worst any process reported
+        self.worst_lag_emulated_s = 0.0  # the same at the rate of the moment
+        self.silent: list[str] = []  # processes forgotten because they stopped reporting
 
     def wish(self, process: str, rate: float, lag_s: float) -> None:
         """A process's wish (this one's governor's, or a follower's report)."""
         self._wishes[process] = _Wish(rate=rate, lag_s=lag_s, at_wall_s=time.monotonic())
+        self.worst_lag_s = max(self.worst_lag_s, lag_s)
+        self.worst_lag_emulated_s = max(self.worst_lag_emulated_s, lag_s * self.clock.rate)
+        if process in self.silent:
+            self.silent.remove(process)  # it speaks again
         self._decide()
 
     def forget(self, process: str) -> None:
@@ -290,12 +297,15 @@ class ClockAuthority:
         for process in [k for k, w in self._wishes.items() if w.at_wall_s < stale]:
             log.warning("a process stopped reporting its clock: forgotten", process=process)
             del self._wishes[process]
+            self.silent.append(process)
 
     def _decide(self) -> None:
         self._expire()
         p = self.profile
         asked = self.clock.time_scale
         slowest = min(self._wishes.items(), key=lambda kv: kv[1].rate, default=None)
+        if not p.dilation:  # wall x time_scale: lag is measured and reported, never acted on
+            slowest = None
         target = asked if slowest is None else min(asked, slowest[1].rate)
         self.slowest = "" if slowest is None or target >= asked else slowest[0]
         current = self.clock.rate

@@ -169,6 +169,8 @@ class Topology:
     # (metrics_address); None: no process does
     metrics_port: int | None = None
     scaleout: ScaleOut | None = None  # the RDMA plane, in a `<base>x<N>` preset
+    # emulated time slows when the emulator lags (engines/clock.py); off: wall x time_scale
+    dilation: bool = True
     _by_id: dict[str, Device] = field(init=False, repr=False, compare=False)
     _by_eid: dict[int, Device] = field(init=False, repr=False, compare=False)
 
@@ -230,6 +232,7 @@ class Topology:
             "links": [asdict(link) for link in self.links],
             "services": [asdict(x) for x in self.services],
             **({"scaleout": self.scaleout.to_dict()} if self.scaleout else {}),
+            **({} if self.dilation else {"dilation": False}),
         }
 
     def to_json(self, *, indent: int | None = None) -> str:
@@ -262,6 +265,7 @@ class Topology:
                     for x in doc.get("services", [])
                 ),
                 scaleout=ScaleOut.from_dict(doc["scaleout"]) if "scaleout" in doc else None,
+                dilation=bool(doc.get("dilation", True)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgumentError(f"malformed topology document: {exc}") from exc

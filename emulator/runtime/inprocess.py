@@ -158,9 +158,8 @@ class InProcessSupernode:
 
     def _make_time(self, epoch: float) -> TimeKeeper:
         clock = Clock(time_scale=self.topology.time_scale, epoch_wall_s=epoch)
-        return TimeKeeper(
-            clock, profile=self.profile.clock, process=self.process, owner=self.owns_time()
-        )
+        profile = dataclasses.replace(self.profile.clock, dilation=self.topology.dilation)
+        return TimeKeeper(clock, profile=profile, process=self.process, owner=self.owns_time())
 
     async def start(self) -> None:
         """Start the hosted servers. Emulated time starts now unless the topology document

@@ -89,7 +89,10 @@ class LaunchOptions:
     preset: str = DEFAULT_PRESET
     mode: Mode = "inprocess"
     per: Per = "node"  # procs: one process per node (or per device)
-    time_scale: float = 1.0  # emulated seconds per wall second
+    time_scale: float = 1.0  # emulated seconds per wall second: a ceiling (see dilation)
+    # emulated time slows when the emulator cannot keep up (emulator/engines/clock.py); off,
+    # it is wall time x time_scale, and a busy host shows as late replies and missed beats
+    dilation: bool = True
     addressing: Addressing | None = None  # default: ports in process, loopback for procs
     host: str = DEFAULT_HOST  # ports: the address every server binds
     base_port: int = DEFAULT_BASE_PORT  # ports: the first server's port; the others follow
@@ -149,6 +152,8 @@ class LaunchOptions:
         supernodes = build_cluster(
             self.preset, plan=self.plan, time_scale=self.time_scale, profile=self.profile
         )
+        if not self.dilation:
+            supernodes = tuple(dataclasses.replace(t, dilation=False) for t in supernodes)
         limit = self.profile.limits.live_supernodes_max
         if len(supernodes) > limit:
             raise InvalidArgumentError(
@@ -300,7 +305,8 @@ async def _inprocess(
     _report(options, f"starting {total} servers in process", 0, total)
     # one emulated time for every supernode of this process, owned here
     clock = Clock(time_scale=options.time_scale, epoch_wall_s=epoch)
-    keeper = TimeKeeper(clock, profile=options.profile.clock, process="inprocess", owner=True)
+    profile = dataclasses.replace(options.profile.clock, dilation=options.dilation)
+    keeper = TimeKeeper(clock, profile=profile, process="inprocess", owner=True)
     async with contextlib.AsyncExitStack() as stack:
         running = asyncio.ensure_future(keeper.run())
         stack.callback(keeper.close)

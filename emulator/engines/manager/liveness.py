@@ -122,6 +122,11 @@ class LivenessWatch:
             log.debug("liveness stream ended", through=through, error=str(exc)[:200])
         return answered
 
+    @property
+    def devices_covered(self) -> int:
+        """Devices a stream has reported on (every one, once the streams are open)."""
+        return sum(1 for s in set(self.covered.values()) if s.opened.is_set() for _ in s.covers)
+
     def _cover(self, stream: _Stream, beat: Beat) -> None:
         self.streams += 1
         stream.covers = tuple(d for d in beat.covers if d in self.devices) or stream.covers

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from cmemu.v1 import manager_pb2
+from cmemu.v1 import fabric_pb2, manager_pb2
 from emulator.client.clients import Clients
 from emulator.client.clock import followed_time
 from emulator.client.errors import decode
 from emulator.engines.clock import Timeline
 from emulator.model.chaos.observed import IncidentRecord, Injection, Observations
+from emulator.model.chaos.pace import ABORTED, FAIL, PASS, Pace, PaceWindow
 from emulator.model.chaos.recovery import Recovery, recoveries
 from emulator.model.chaos.scenario import Scenario
 from emulator.model.chaos.schedule import Planned, horizon_s, plan
@@ -61,11 +62,19 @@ class RunResult:
     setup_wall_s: float  # starting the workloads (a deployment's weights load in emulated time)
     scenario_wall_s: float  # from the workloads being up to the end of observing
     time_scale: float
+    pace: Pace | None = None  # how the run kept pace (None: the fabric did not say)
     notes: list[str] = field(default_factory=list)
 
     @property
+    def outcome(self) -> str:
+        """PASS, FAIL, or ABORTED when the run did not keep pace (emulator/model/chaos/pace.py)."""
+        if self.pace is not None and self.pace.aborted:
+            return ABORTED
+        return PASS if self.verdict.ok else FAIL
+
+    @property
     def ok(self) -> bool:
-        return self.verdict.ok
+        return self.outcome == PASS
 
 
 def _devices(what: str, target: str) -> tuple[str, ...]:
@@ -124,6 +133,7 @@ class Runner:
 
     async def _run(self) -> RunResult:
         wall0 = time.monotonic()
+        window = await self._clock_now()
         rng = random.Random(self.seed)
         planned = plan(self.scenario, rng)
         horizon = horizon_s(self.scenario, planned, DEFAULT_RECOVERY_S)
@@ -152,7 +162,9 @@ class Runner:
                 await self.workloads.stop()
         recs = recoveries(self.obs, self.scenario.expect.slo)
         verdict = judge(self.scenario.expect, self.obs, recs)
+        pace = await self._pace(window)
         return RunResult(
+            pace=pace,
             scenario=self.scenario,
             seed=self.seed,
             observations=self.obs,
@@ -164,6 +176,42 @@ class Runner:
             scenario_wall_s=scenario_wall_s,
             time_scale=self._clock.time_scale,
             notes=list(self.obs.notes),
+        )
+
+    async def _clock_now(self) -> PaceWindow | None:
+        try:
+            info = await self.clients.fabric().GetClock(fabric_pb2.GetClockRequest(), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            self._note(f"the fabric's clock: {_status(exc)}")
+            return None
+        return PaceWindow(
+            start_emulated_s=info.emulated_ns / 1e9,
+            start_wall_s=time.time(),
+            start_worst_lag_emulated_s=info.worst_lag_emulated_s,
+            start_silent=set(info.silent),
+        )
+
+    async def _pace(self, window: PaceWindow | None) -> Pace | None:
+        """How this run kept pace, from the fabric's clock at its start and now."""
+        if window is None:
+            return None
+        try:
+            info = await self.clients.fabric().GetClock(fabric_pb2.GetClockRequest(), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            self._note(f"the fabric's clock: {_status(exc)}")
+            return None
+        wall = max(time.time() - window.start_wall_s, 1e-9)
+        stopped_by_us = {i.target for i in self.obs.injections if i.kind.startswith("process")}
+        silent = set(info.silent) - window.start_silent - stopped_by_us
+        return Pace(
+            asked_scale=info.time_scale,
+            achieved_scale=(info.emulated_ns / 1e9 - window.start_emulated_s) / wall,
+            dilation=info.dilation,
+            longest_stall_s=info.longest_stall_s,
+            worst_lag_emulated_s=info.worst_lag_emulated_s
+            if info.worst_lag_emulated_s > window.start_worst_lag_emulated_s
+            else 0.0,
+            silent=tuple(sorted(silent)),
         )
 
     def _start_traffic(self) -> None:
