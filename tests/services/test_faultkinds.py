@@ -37,8 +37,9 @@ async def _refused(call: Awaitable[Any]) -> ErrorDetails:
     return decode(err.value)
 
 
-async def _until(predicate: Any, timeout_s: float = 20.0) -> None:
-    """Wait for a condition (polled), never for a fixed time."""
+async def _until(predicate: Any, timeout_s: float = 300.0) -> None:
+    """Wait for a condition (polled), never for a fixed time: the bound only ends a hung test
+    (a busy host may take long in wall time for what takes little emulated time)."""
     async with asyncio.timeout(timeout_s):
         while not await predicate():  # noqa: ASYNC110 (polled over gRPC, as a client does)
             await asyncio.sleep(0.02)

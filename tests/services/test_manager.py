@@ -31,10 +31,10 @@ SCALE = 50.0  # emulated seconds per wall second: a 20 s training step takes 0.4
 
 
 async def until(
-    probe: Callable[[], Awaitable[T]], ok: Callable[[T], bool], *, wall_s: float = 60.0
+    probe: Callable[[], Awaitable[T]], ok: Callable[[T], bool], *, wall_s: float = 600.0
 ) -> T:
     """Poll `probe` until `ok` holds (a condition, not a timed assert: the bound only stops a
-    hung test)."""
+    hung test; a busy host slows emulated time, and so what is waited for, in wall time)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wall_s
     while True:

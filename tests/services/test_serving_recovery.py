@@ -20,7 +20,6 @@ import openai
 import pytest
 
 from cmemu.v1 import device_pb2, manager_pb2, router_pb2, scheduler_pb2
-from emulator.model.clock import Clock
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind
 from emulator.runtime.supernode import EMBEDDED, Supernode
@@ -83,10 +82,10 @@ async def _complete(base: str, model: str, prompt: str, max_tokens: int) -> Outc
 
 
 async def _until(sn: Supernode, probe: Callable[[], Any], check: Callable[[Any], bool]) -> Any:
-    """Poll `probe` until `check` holds, within an emulated deadline."""
-    topology = sn.local.topology if sn.local is not None else sn.topology
-    assert topology.epoch_wall_s is not None
-    clock = Clock(time_scale=topology.time_scale, epoch_wall_s=topology.epoch_wall_s)
+    """Poll `probe` until `check` holds, within an emulated deadline (the supernode's own
+    clock, which a busy host slows as much as it slows this test)."""
+    assert sn.time is not None
+    clock = sn.time.clock
     deadline = clock.now_ns() + WAIT_EMULATED_S * 1e9
     while True:
         value = await probe()
