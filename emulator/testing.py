@@ -219,9 +219,11 @@ class EventRecorder:
 
 
 def run_cmemu(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    """`cmemu ARGS` as a real process, its output captured, its exit code left to the caller."""
+    """`cmemu ARGS` as a real process, its output captured, its exit code left to the caller.
+    The timeout only ends a hung call: on a busy host a call that waits in emulated time (a
+    deployment's weights loading) takes longer in wall time, as it should."""
     return subprocess.run(
         [CMEMU, *args],
         capture_output=True,
@@ -236,7 +238,7 @@ def run_cmemu(
 def cmemu_up(
     state_file: Path,
     *args: str,
-    timeout_s: float = 120.0,
+    timeout_s: float = 600.0,
     output: list[str] | None = None,
     quiet: bool = False,
     env: dict[str, str] | None = None,
