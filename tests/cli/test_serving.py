@@ -46,7 +46,7 @@ def test_serve_replay_undeploy(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     base = free_port_block(server_count(build("cm-mini")))
     up = ("--preset", "cm-mini", "--base-port", str(base), "--time-scale", "60")
-    with testing.cmemu_up(state_file, *up, "--broker", "none", timeout_s=90, quiet=True):
+    with testing.cmemu_up(state_file, *up, "--broker", "none", quiet=True):
         flags = ("--state-file", str(state_file))
         assert _post_status(state_file) == 503  # nothing deployed yet
         served = cmemu(
