@@ -21,7 +21,6 @@ import dataclasses
 import time
 from typing import Any
 
-from bench import outputs
 from cmemu.v1 import manager_pb2, scheduler_pb2
 from emulator.client import faults
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
@@ -29,6 +28,11 @@ from emulator.model.topology import ServiceKind
 from emulator.runtime.supernode import Supernode
 from emulator.testing import running_supernode
 from services.manager import ManagerState
+
+try:
+    from bench import outputs
+except ImportError:  # run as a script: python bench/NAME.py
+    import outputs  # type: ignore[import-not-found, no-redef]
 
 YEAR_S = 365 * 86_400.0
 

@@ -26,12 +26,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from bench import outputs
 from emulator.model.chaos.units import format_s
 from emulator.runtime.chaos import files
 from emulator.runtime.chaos.runner import RunResult, run_scenario
 from emulator.runtime.logs import configure_logging
 from emulator.testing import running_supernode
+
+try:
+    from bench import outputs
+except ImportError:  # run as a script: python bench/NAME.py
+    import outputs  # type: ignore[import-not-found, no-redef]
 
 TOLERANCE = 0.10  # a fault's recovery at any scale, against its time-scale-1 value
 QUICK = (["npu-crash-decode"], [20.0, 100.0])

@@ -31,6 +31,7 @@ from emulator.model.chaos.selectors import Placement, resolve
 from emulator.model.chaos.timeline import Entry, build_timeline
 from emulator.model.chaos.verdict import Verdict, judge
 from emulator.model.errors import EmulatorError, PreconditionError
+from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind
 from emulator.runtime.chaos import kinds
 from emulator.runtime.chaos.traffic import Traffic
@@ -212,6 +213,7 @@ class Runner:
             if info.worst_lag_emulated_s > window.start_worst_lag_emulated_s
             else 0.0,
             silent=tuple(sorted(silent)),
+            lag_bound_s=DEFAULT_PROFILE.manager.heartbeat_interval_s,
         )
 
     def _start_traffic(self) -> None:
