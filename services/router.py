@@ -22,6 +22,7 @@ from emulator.model.errors import (
     NotFoundError,
     PreconditionError,
     UnavailableError,
+    quote,
 )
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import Family, Histogram, MetricType
@@ -38,6 +39,7 @@ from services.serving.driver import Driver, ServingModel
 from services.serving.openai_http import OpenAiServer
 from services.serving.recovery import Recovery
 from services.serving.stats import ServingStats, summarize
+from services.serving.tokenizer import load_tokenizer
 from services.status import Context, rpc
 
 SERVICE = "cmemu.v1.Router"
@@ -74,7 +76,9 @@ class RouterState:
             ems_address=self.ems_address,
         )
         self.deployments: dict[str, LiveDeployment] = {}
-        self.http = OpenAiServer(self) if http_address else None
+        self.http = (
+            OpenAiServer(router=self, profile=profile, clock=clock) if http_address else None
+        )
         self._tasks: asyncio.TaskGroup | None = None
         self._loading: dict[str, asyncio.Task[None]] = {}
         self._recoveries: dict[str, asyncio.Task[None]] = {}
@@ -94,7 +98,13 @@ class RouterState:
             if self.http is not None and self.http_address:
                 security = self.host.security if self.host is not None else OPEN
                 security.check_bind("router (HTTP)", self.http_address)
-                await self.http.start(self.http_address, token=security.token)
+                loaded = await asyncio.to_thread(load_tokenizer)  # reads ~8 MB, once a process
+                await self.http.start(
+                    self.http_address,
+                    keys=security.keys,
+                    ssl_context=security.ssl_context(),
+                    loaded=loaded,
+                )
             try:
                 await self._closed.wait()
             finally:  # streams end (their requests cancelled) before the endpoint stops
@@ -116,7 +126,10 @@ class RouterState:
         live = self.deployments.get(name)
         if live is None:
             raise NotFoundError(
-                f"no deployment {name!r}", field="name", subject=name, reason="DEPLOYMENT_NOT_FOUND"
+                f"no deployment {quote(name)}",
+                field="name",
+                subject=name,
+                reason="DEPLOYMENT_NOT_FOUND",
             )
         return live
 
@@ -259,7 +272,9 @@ class RouterState:
             samples = [(labels, float(pick(s))) for labels, s in label]
             return Family(name=name, help=what, type=kind, samples=samples)
 
+        tenants = self.http.metrics() if self.http is not None else []
         return [
+            *tenants,
             hist("cmemu_serving_ttft_seconds", "Time to first token", lambda s: s.ttft_s),
             hist("cmemu_serving_tpot_seconds", "Time per output token", lambda s: s.tpot_s),
             hist("cmemu_serving_queueing_seconds", "Arrival to prefill", lambda s: s.queueing_s),

@@ -24,7 +24,7 @@ from emulator.model.presets import DEFAULT_PRESET
 from emulator.model.topology import CONTAINER_PORT, DEFAULT_BASE_PORT, DEFAULT_HOST
 from emulator.runtime import composegen, metricserver, state
 from emulator.runtime.procs import Running
-from emulator.runtime.security import Security, read_token
+from emulator.runtime.security import Security, read_keys
 from emulator.runtime.serve import (
     DEFAULT_CLOCK_WAIT_S,
     DEFAULT_REBUILD_WAIT_S,
@@ -134,6 +134,7 @@ def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
     if args.from_compose and args.from_k8s:
         raise argtypes.UsageError("--from-compose or --from-k8s: one of them")
     mode: Mode = "compose" if args.from_compose else "k8s" if args.from_k8s else args.mode
+    keys = read_keys(Path(args.token_file)) if args.token_file else None
     return LaunchOptions(
         preset=args.preset,
         mode=mode,
@@ -150,7 +151,8 @@ def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
         run_dir=path.parent / f"{path.stem}-run-{os.getpid()}" if mode != "inprocess" else None,
         drain_s=args.drain,
         ready_timeout_s=args.ready_timeout,
-        token=read_token(Path(args.token_file)) if args.token_file else None,
+        token=keys.admin if keys is not None else None,
+        keys=keys,
         insecure=args.insecure,
         tls=_tls(args),
         tls_dir=tls_dir(path) if args.tls == "auto" else None,
