@@ -105,6 +105,7 @@ ACCESS: dict[str, Access] = {
     "/cmemu.v1.Router/ListDeployments": R,
     "/cmemu.v1.Router/GetDeployment": R,
     "/cmemu.v1.Router/GetStats": R,
+    "/cmemu.v1.Router/GetUsage": R,  # what /metrics shows too
     "/cmemu.v1.Scheduler/WatchAllocations": R,
     "/cmemu.v1.ClusterManager/GetStatus": R,
     "/cmemu.v1.ClusterManager/ListIncidents": R,

@@ -152,6 +152,8 @@ class RouterState:
         try:
             await self.provisioner.allocate(live)
             try:
+                if request.warm:
+                    await self.provisioner.stage_weights(live)
                 await self.provisioner.plan_weights(live)
             except BaseException:
                 await self.provisioner.release(live)
@@ -257,6 +259,38 @@ class RouterState:
         lives = [self.get(name)] if name else list(self.deployments.values())
         return summarize([live.driver.stats for live in lives if live.driver is not None])
 
+    def usage(self, tenant: str) -> router_pb2.UsageReport:
+        """Each tenant's metered use (NotFoundError for a tenant the endpoint does not know)."""
+        report = router_pb2.UsageReport(at_ns=self.clock.now_ns())
+        if self.http is None:
+            return report
+        meter = self.http.admission.meter
+        if tenant and tenant not in meter.usage:
+            raise NotFoundError(
+                f"no tenant {quote(tenant)}; known: {', '.join(sorted(meter.usage))}",
+                field="tenant",
+                subject=tenant,
+                reason="TENANT_NOT_FOUND",
+            )
+        for name, use in sorted(meter.usage.items()):
+            if tenant and name != tenant:
+                continue
+            t = meter.tenants[name]
+            report.tenants.append(
+                router_pb2.TenantUsage(
+                    tenant=name,
+                    priority=str(t.priority),
+                    requests=use.requests,
+                    prompt_tokens=use.prompt_tokens,
+                    cached_tokens=use.cached_tokens,
+                    completion_tokens=use.completion_tokens,
+                    total_tokens=use.total_tokens,
+                    rejected=use.rejected,
+                    quota_tokens=t.quota_tokens or 0,
+                )
+            )
+        return report
+
     def metrics(self) -> list[Family]:
         """Serving figures for /metrics, per deployment (emulated seconds, tokens)."""
         drivers = [(n, live.driver) for n, live in self.deployments.items() if live.driver]
@@ -334,6 +368,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self, request: router_pb2.GetStatsRequest, context: Context
     ) -> router_pb2.ServingStats:
         return self.state.stats(request.name)
+
+    @rpc
+    async def GetUsage(
+        self, request: router_pb2.GetUsageRequest, context: Context
+    ) -> router_pb2.UsageReport:
+        return self.state.usage(request.tenant)
 
 
 def create_router(

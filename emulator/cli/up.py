@@ -85,12 +85,13 @@ def summary(sn: Supernode, path: Path, seconds: float, ui: str | None = None) ->
         f"SERVING in {seconds:.2f} s (time_scale {topology.time_scale:g})",
         f"  state file  {path}",
     ]
+    scheme = "https" if sn.security.tls is not None else "http"
     for t in sn.supernodes:
         lines += [
             f"  devices     {t.devices[0].address} ({t.devices[0].id}) to {t.devices[-1].address}",
             *(f"  {x.id:<11} {x.address}" for x in t.services),
             *(
-                f"  {'openai':<11} http://{x.http_address}/v1  (the {x.id}'s OpenAI-compatible API)"
+                f"  {'openai':<11} {scheme}://{x.http_address}/v1  (the {x.id}'s OpenAI API)"
                 for x in t.services
                 if x.http_address
             ),
@@ -207,7 +208,12 @@ async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
     if ui == UI_NONE:
         yield None
         return
-    view = await WebView(sn.clients, address=ui, profile=sn.options.profile).__aenter__()
+    view = await WebView(
+        sn.clients,
+        address=ui,
+        profile=sn.options.profile,
+        ssl_context=sn.security.server().ssl_context(),
+    ).__aenter__()
     try:
         yield view
     finally:

@@ -41,7 +41,7 @@ from services.serving.endpoint.asks import Ask, Parser
 from services.serving.endpoint.errors import HttpError, from_domain
 from services.serving.endpoint.limits import read_json
 from services.serving.endpoint.responses import CHAT, COMPLETIONS, Answer, Reply, Shape
-from services.serving.tokenizer import Loaded, load_tokenizer
+from services.serving.tokenizer import VOCAB, Loaded, load_tokenizer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SHUTDOWN_S = 2.0  # wall seconds the endpoint gives its last responses when it stops
@@ -221,11 +221,8 @@ class OpenAiServer:
 
     def _parser(self) -> Parser:
         assert self.loaded is not None, "the endpoint is not started"
-        return Parser(tokenizer=self.loaded.tokenizer, limits=self.limits, vocab=self._vocab())
-
-    def _vocab(self) -> int:
-        assert self.loaded is not None
-        return int(getattr(self.loaded.tokenizer, "vocab_size", 0)) or 129_280
+        # token ids as the model's embedding takes them (the model card's vocabulary)
+        return Parser(tokenizer=self.loaded.tokenizer, limits=self.limits, vocab=VOCAB)
 
     async def _serve(self, request: web.Request, shape: Shape) -> web.StreamResponse:
         tenant = self.admission.tenant(request.headers.get("Authorization", ""))

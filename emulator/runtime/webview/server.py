@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from importlib import resources
 from types import TracebackType
 
@@ -88,8 +89,10 @@ class WebView:
         address: str = AUTO,
         profile: HardwareProfile = DEFAULT_PROFILE,
         rates: Rates | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.host, self.port = parse_address(address)
+        self._ssl = ssl_context  # HTTPS with the gRPC servers' certificate when they use TLS
         self.machine = Machine(clients.topology, profile)
         self.collector = Collector(self.machine, clients, rates=rates)
         self._runner: web.AppRunner | None = None
@@ -99,7 +102,7 @@ class WebView:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"
+        return f"{'https' if self._ssl else 'http'}://{host}:{self.port}/"
 
     async def __aenter__(self) -> WebView:
         self._static = await _read_static()
@@ -110,7 +113,7 @@ class WebView:
         app.router.add_get("/events", self._events)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, reuse_port=False)
+        site = web.TCPSite(runner, self.host, self.port, reuse_port=False, ssl_context=self._ssl)
         try:
             await site.start()
         except OSError as exc:
