@@ -266,7 +266,8 @@ class EmulatorLimits:
     # Issue 21: the OpenAI endpoint refuses what no real deployment would take (400 or 413 with
     # the limit named), before any of it reaches the engine or EMS.
     http_body_max_bytes: int = fig(8 * 2**20, "assumed")  # 413 beyond
-    http_header_max_bytes: int = fig(8190, "assumed")  # one header line (aiohttp's default)
+    http_line_max_bytes: int = fig(65_536, "assumed")  # the request line (its path)
+    http_header_max_bytes: int = fig(8190, "assumed")  # one header field (aiohttp's default)
     http_headers_max: int = fig(100, "assumed")  # header fields per request
     http_idle_s: float = fig(75.0, "assumed")  # wall seconds a silent keep-alive connection lives
     # wall seconds a token may leave after the wall clock reached its emulated instant and still

