@@ -31,7 +31,7 @@ from aiohttp import web
 from emulator.model.clock import Clock
 from emulator.model.errors import AddressInUseError, EmulatorError, quote
 from emulator.model.hardware import HardwareProfile
-from emulator.model.instruments import Family
+from emulator.model.instruments import SERVING_BUCKETS_S, Family, Histogram
 from emulator.model.serving.models import get_model
 from emulator.model.tenants import Keys
 from services.serving.driver import Driver
@@ -78,6 +78,7 @@ class OpenAiServer:
         self._openapi = json.loads(OPENAPI.read_text(encoding="utf-8"))
         self._tls = False
         self._rng = np.random.default_rng()
+        self.release_lag = Histogram(SERVING_BUCKETS_S)  # wall seconds a token left late
         self.created = int(time.time())
 
     def _admission(self, keys: Keys | None) -> Admission:
@@ -135,7 +136,14 @@ class OpenAiServer:
             await runner.cleanup()
 
     def metrics(self) -> list[Family]:
-        return self.admission.metrics()
+        lag = Family(
+            name="cmemu_http_token_release_lag_seconds",
+            help="Wall seconds each token left the endpoint after the wall clock reached its "
+            "emulated instant (0 while the emulator keeps pace)",
+            type="histogram",
+            samples=[({}, self.release_lag.snapshot())],
+        )
+        return [*self.admission.metrics(), lag]
 
     # --- every answer OpenAI-shaped ------------------------------------------------------------
 
@@ -280,6 +288,7 @@ class OpenAiServer:
             tokenizer=self.loaded.tokenizer,
             clock=self.clock,
             lag_tolerance_s=self.limits.release_lag_tolerance_s,
+            lags=self.release_lag,
         )
 
     def _driver(self, model: str) -> Driver:

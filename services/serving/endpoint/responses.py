@@ -29,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from emulator.model.clock import Clock
+from emulator.model.instruments import Histogram
 from emulator.model.serving.engine import FinishEvent, FinishReason, TokenEvent
 from services.serving.driver import Stream
 from services.serving.endpoint import outputs
@@ -107,6 +108,7 @@ class Reply:
     tokenizer: Tokenizer
     clock: Clock
     lag_tolerance_s: float
+    lags: Histogram | None = None  # every token's release lag (wall seconds), for /metrics
     billed: bool = False  # the response carries (or carried) its usage: meter it
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
@@ -154,6 +156,8 @@ class Reply:
     def _take(self, answer: Answer, event: TokenEvent) -> str:
         """The text of a token event, and its lag noted."""
         lag = max(0.0, self.clock.wall() - self.clock.wall_at(round(event.time_s * 1e9)))
+        if self.lags is not None:
+            self.lags.observe(lag)
         if answer.first_lag_s is None:
             answer.first_lag_s = lag
         answer.max_lag_s = max(answer.max_lag_s, lag)
