@@ -46,23 +46,13 @@ def test_the_count_check_can_fail(tmp_path: Path) -> None:
 )
 def test_aiperf_counts_what_usage_says(tmp_path: Path) -> None:
     assert AIPERF is not None, "CI installs aiperf into .venv-aiperf (.ci/run)"
+    argv = [
+        sys.executable, str(ROOT / "bench" / "clients.py"), "--clients", "aiperf",
+        "--requests", "6", "--concurrency", "2", "--isl", "128", "--osl", "8",
+        "--results", str(tmp_path),
+    ]  # fmt: skip
     run = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "clients.py"),
-            "--clients",
-            "aiperf",
-            "--requests",
-            "6",
-            "--concurrency",
-            "2",
-            "--isl",
-            "128",
-            "--osl",
-            "8",
-            "--results",
-            str(tmp_path),
-        ],  # fmt: skip
+        argv,
         cwd=ROOT,
         capture_output=True,
         text=True,
