@@ -278,6 +278,9 @@ class EmulatorLimits:
     content_parts_max: int = fig(1024, "assumed")  # content parts of all messages together
     messages_max: int = fig(4096, "assumed")  # messages of one chat request
     choices_max: int = fig(128, "assumed")  # prompts x n of one request
+    # output tokens one answer may ask for (and the default without max_tokens, when the
+    # context leaves more room): DeepSeek's own API caps R1's answers at 64K tokens
+    max_tokens_max: int = fig(65_536, "assumed")
     stop_max: int = fig(16, "assumed")  # stop sequences (OpenAI allows 4; vLLM more)
     stop_chars_max: int = fig(1000, "assumed")  # characters of one stop sequence
 

@@ -18,6 +18,7 @@ the endpoint serves HTTPS with the same certificate.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 import time
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import structlog
 from aiohttp import web
 
 from emulator.model.clock import Clock
@@ -44,6 +46,7 @@ from services.serving.endpoint.responses import CHAT, COMPLETIONS, Answer, Reply
 from services.serving.tokenizer import VOCAB, Loaded, load_tokenizer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+log = structlog.get_logger("cmemu.router")
 SHUTDOWN_S = 2.0  # wall seconds the endpoint gives its last responses when it stops
 OPENAPI = Path(__file__).resolve().parent / "endpoint" / "openapi.json"
 
@@ -169,6 +172,11 @@ class OpenAiServer:
             ).response()
         except web.HTTPException as exc:
             return HttpError(exc.status, exc.reason or "refused").response()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug: still OpenAI's shape, and logged with its traceback
+            log.exception("the endpoint failed", path=request.path)
+            return HttpError(500, "the emulator failed on this request", "server_error").response()
 
     # --- handlers ------------------------------------------------------------------------------
 
@@ -238,7 +246,8 @@ class OpenAiServer:
         parser = self._parser()
         ask = await (parser.chat(body) if shape is CHAT else parser.completion(body))
         driver = self._driver(ask.model)
-        lengths = ask.lengths(get_model(driver.engine.deployment.model).context_tokens)
+        context = get_model(driver.engine.deployment.model).context_tokens
+        lengths = ask.lengths(context, self.limits.max_tokens_max)
         prompt_tokens = sum(len(p) for p in ask.prompts)
         self.admission.admit(tenant, prompt_tokens)
         reply: Reply | None = None
@@ -261,7 +270,8 @@ class OpenAiServer:
 
     def _submit(self, driver: Driver, ask: Ask, shape: Shape, lengths: outputs.Lengths) -> Reply:
         natural = driver.engine.deployment.output
-        rng = np.random.default_rng(ask.seed) if ask.seed is not None else self._rng
+        # any 64-bit seed, negative ones too (numpy takes none below 0)
+        rng = np.random.default_rng(ask.seed % 2**64) if ask.seed is not None else self._rng
         assert self.loaded is not None
         answers: list[Answer] = []
         try:

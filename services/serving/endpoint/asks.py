@@ -57,9 +57,11 @@ class Ask:
     seed: int | None
     sampling: dict[str, float] = field(default_factory=dict)  # recorded, no effect
 
-    def lengths(self, context_tokens: int) -> Lengths:
-        """The answers' lengths within `context_tokens`; 400 when a prompt and `max_tokens` do
-        not fit (vLLM's message and OpenAI's code)."""
+    def lengths(self, context_tokens: int, max_tokens_max: int) -> Lengths:
+        """The answers' lengths within `context_tokens` (and `max_tokens_max` output tokens);
+        400 when a prompt and `max_tokens` do not fit (vLLM's message and OpenAI's code)."""
+        if self.max_tokens is not None and self.max_tokens > max_tokens_max:
+            raise bad(f"max_tokens is at most {max_tokens_max:,}", "max_tokens")
         longest = max(len(p) for p in self.prompts)
         room = context_tokens - longest
         if room < 1 or (self.max_tokens is not None and self.max_tokens > room):
@@ -71,7 +73,7 @@ class Ask:
                 "messages" if self.max_tokens is None else "max_tokens",
                 code="context_length_exceeded",
             )
-        max_tokens = room if self.max_tokens is None else self.max_tokens
+        max_tokens = min(room, max_tokens_max) if self.max_tokens is None else self.max_tokens
         if self.min_tokens > max_tokens:
             raise bad(f"min_tokens ({self.min_tokens}) exceeds max_tokens", "min_tokens")
         return Lengths(
@@ -186,7 +188,7 @@ class Parser:
             if not isinstance(message, dict):
                 raise bad(f"{where} must be an object", "messages")
             role = message.get("role")
-            if role not in ROLES:
+            if not isinstance(role, str) or role not in ROLES:
                 raise bad(
                     f"{where}.role must be one of {sorted(ROLES)}, got {quote(role, 40)}",
                     "messages",
@@ -223,9 +225,7 @@ class Parser:
         assert min_tokens is not None
         if min_tokens < 0:
             raise bad("min_tokens must be >= 0", "min_tokens")
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise bad("stream must be a boolean", "stream")
+        stream = _flag(body, "stream")
         options = body.get("stream_options")
         if options is not None and not isinstance(options, dict):
             raise bad("stream_options must be an object", "stream_options")

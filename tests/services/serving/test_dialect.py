@@ -33,6 +33,7 @@ LIMITS = replace(
     http_body_max_bytes=256 * 1024,
     json_depth_max=16,
     http_idle_s=1.0,
+    max_tokens_max=200_000,  # past the context: the context is what refuses here
 )
 PROFILE = replace(
     DEFAULT_PROFILE,
@@ -258,6 +259,10 @@ async def test_max_tokens_beyond_the_context_is_refused(ep: Endpoint) -> None:
     )
     assert body["error"]["code"] == "context_length_exceeded"
     assert "maximum context length is 163840 tokens" in body["error"]["message"]
+    status, body = await _post(
+        ep, "/v1/completions", {"model": "long", "prompt": "hello", "max_tokens": 200_001}
+    )
+    assert status == 400 and body["error"]["message"] == "max_tokens is at most 200,000"
     await _still_serves(ep)
     stats = await ep.sn.clients.router().GetStats(router_pb2.GetStatsRequest(name="long"))
     assert stats.requests_dropped == 0 and stats.requests_in_flight == 0
