@@ -124,12 +124,12 @@ def _mutations(rng: random.Random, count: int) -> list[tuple[str, str, bytes, di
         cases.append(("POST", rng.choice(["/v1/completions", "/v1/chat/completions"]), raw, {}))
     for path in PATHS:
         cases.append((rng.choice(METHODS), path, b"{}", json_headers))
-    valid = json.dumps(VALID_COMPLETION).encode()
+    whole = json.dumps(VALID_COMPLETION).encode()
     for headers in (
         {"Content-Type": "text/plain", "Authorization": "Basic Zm9vOmJhcg=="},
         {"X-Long": "h" * 8000, "Authorization": "Bearer " + "k" * 4000},
     ):
-        cases.append(("POST", "/v1/completions", valid, headers))
+        cases.append(("POST", "/v1/completions", whole, headers))
     return cases
 
 
