@@ -20,11 +20,11 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
+from bench import hostile_http
 from cmemu.v1 import router_pb2
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind
@@ -80,57 +80,7 @@ async def test_schemathesis_finds_nothing(base: str, tmp_path: Path) -> None:
     assert "Tested: 5" in text  # every operation of the description was exercised
 
 
-# --- hostile requests of our own -----------------------------------------------------------------
-
-VALID_COMPLETION: dict[str, Any] = {"model": "deepseek-r1", "prompt": "hi", "max_tokens": 2}
-VALID_CHAT: dict[str, Any] = {
-    "model": "deepseek-r1",
-    "messages": [{"role": "user", "content": "hi"}],
-    "max_tokens": 2,
-}
-HOSTILE_VALUES: list[Any] = [
-    None, True, -1, 0, 2**31, 2**63, -(2**63) - 1, 10**40, 1e308, -0.0, "", "x" * 10_000,
-    "\ud800", [], {}, [[[[[]]]]], {"a": {"b": {"c": {}}}}, [None], ["x"] * 200, [2**70],
-    [{"type": "image_url"}], [{"type": "text", "text": None}], {"include_usage": "yes"},
-]  # fmt: skip
-RAW_BODIES: list[bytes] = [
-    b"", b"{", b"}", b"null", b"[]", b'"x"', b"1", b"{\"model\": ", b"\xff\xfe\x00",
-    b"{\"model\": \"deepseek-r1\", \"prompt\": \"\xff\"}", b"[" * 100_000, b"{\"a\":" * 50_000,
-    b"{\"model\": \"deepseek-r1\", \"prompt\": NaN, \"max_tokens\": Infinity}",
-    b"{\"model\": \"deepseek-r1\", \"prompt\": \"hi\", \"max_tokens\": 1e400}",
-    b"{\"model\": \"deepseek-r1\", \"prompt\": [1, 2, -3]}", b"x" * (2 * 2**20),
-]  # fmt: skip
-PATHS = ["/", "/v1", "/v1/", "/v1/models/", "/v1/completions/x", "/v1/embeddings", "/%ff",
-         "/v1/models/" + "m" * 5000, "/v1/chat/completions?x=" + "y" * 3000]  # fmt: skip
-METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
-MORE_FIELDS = ["n", "stop", "stream", "stream_options", "temperature", "min_tokens", "seed",
-               "ignore_eos", "prompt_token_ids", "logprobs"]  # fmt: skip
-
-
-def _mutations(rng: random.Random, count: int) -> list[tuple[str, str, bytes, dict[str, str]]]:
-    """(method, path, body, headers): valid requests with one field made hostile, raw bodies,
-    odd routes and headers."""
-    cases: list[tuple[str, str, bytes, dict[str, str]]] = []
-    json_headers = {"Content-Type": "application/json"}
-    for _ in range(count):
-        path, valid = rng.choice(
-            [("/v1/completions", VALID_COMPLETION), ("/v1/chat/completions", VALID_CHAT)]
-        )
-        body = dict(valid)
-        key = rng.choice([*body, *MORE_FIELDS])
-        body[key] = rng.choice(HOSTILE_VALUES)
-        cases.append(("POST", path, json.dumps(body).encode(), json_headers))
-    for raw in RAW_BODIES:
-        cases.append(("POST", rng.choice(["/v1/completions", "/v1/chat/completions"]), raw, {}))
-    for path in PATHS:
-        cases.append((rng.choice(METHODS), path, b"{}", json_headers))
-    whole = json.dumps(VALID_COMPLETION).encode()
-    for headers in (
-        {"Content-Type": "text/plain", "Authorization": "Basic Zm9vOmJhcg=="},
-        {"X-Long": "h" * 8000, "Authorization": "Bearer " + "k" * 4000},
-    ):
-        cases.append(("POST", "/v1/completions", whole, headers))
-    return cases
+# --- hostile requests of our own (bench/hostile_http.py) ----------------------------------------
 
 
 async def test_hostile_requests_get_openai_errors_never_5xx(base: str) -> None:
@@ -138,7 +88,7 @@ async def test_hostile_requests_get_openai_errors_never_5xx(base: str) -> None:
     failures: list[str] = []
     timeout = aiohttp.ClientTimeout(total=HANG_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        for method, path, body, headers in _mutations(rng, 160):
+        for method, path, body, headers in hostile_http.cases(rng, "deepseek-r1", 160):
             what = f"{method} {path[:60]} {body[:120]!r}"
             try:
                 async with session.request(
@@ -151,14 +101,10 @@ async def test_hostile_requests_get_openai_errors_never_5xx(base: str) -> None:
                 continue
             if status >= 500:
                 failures.append(f"{status}: {what}: {raw[:200]!r}")
-            elif status >= 400:
-                try:
-                    error = json.loads(raw)["error"]
-                    assert isinstance(error["message"], str) and len(raw) < 2000
-                except (ValueError, KeyError, TypeError, AssertionError):
-                    if status != 400 or raw.startswith(b"{"):  # aiohttp's own 400: see below
-                        failures.append(f"{status} not OpenAI's error JSON: {what}: {raw[:200]!r}")
-        async with session.post(f"{base}/v1/completions", json=VALID_COMPLETION) as response:
+            elif status >= 400 and not hostile_http.is_openai_error(status, raw):
+                failures.append(f"{status} not OpenAI's error JSON: {what}: {raw[:200]!r}")
+        path, valid = hostile_http.valid_bodies("deepseek-r1")[0]
+        async with session.post(f"{base}{path}", json=valid) as response:
             assert response.status == 200, await response.text()
             assert (await response.json())["usage"]["prompt_tokens"] > 0
     assert not failures, "\n".join(failures[:20])

@@ -55,5 +55,11 @@ def depth(value: Any) -> int:
 
 
 def utf8_len(text: str) -> int:
-    """UTF-8 bytes of `text`, without encoding it when the answer is plain."""
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    """UTF-8 bytes of `text`, without encoding it when the answer is plain; 400 for text that
+    is not Unicode (a lone surrogate, which JSON's \\ud800 escapes can carry)."""
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise bad(f"the text is not valid Unicode: {exc.reason} at {exc.start}") from exc
