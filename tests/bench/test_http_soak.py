@@ -15,27 +15,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _soak(results: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, str(ROOT / "bench" / "http_soak.py"), *args, "--results", str(results)]
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-
-
-@pytest.mark.slow
-def test_a_short_http_soak_passes(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "http_soak.py"),
-            "--seconds",
-            "6",
-            "--results",
-            str(tmp_path),
-        ],  # fmt: skip
+    argv = [sys.executable, str(ROOT / "bench" / "http_soak.py"), *args]
+    return subprocess.run(
+        [*argv, "--results", str(results)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
+
+
+@pytest.mark.slow
+def test_a_short_http_soak_passes(tmp_path: Path) -> None:
+    run = _soak(tmp_path, "--seconds", "6")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     doc = json.loads((tmp_path / "http_soak.json").read_text())
     assert doc["passed"] is True
@@ -47,19 +40,5 @@ def test_a_short_http_soak_passes(tmp_path: Path) -> None:
 
 
 def test_bad_options_are_a_usage_error(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "http_soak.py"),
-            "--seconds",
-            "0",
-            "--results",
-            str(tmp_path),
-        ],  # fmt: skip
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    run = _soak(tmp_path, "--seconds", "0")
     assert run.returncode == 2 and "error:" in run.stderr and not any(tmp_path.iterdir())
