@@ -23,6 +23,7 @@ import json
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,15 +36,15 @@ from emulator.model.errors import AddressInUseError, EmulatorError, quote
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import SERVING_BUCKETS_S, Family, Histogram
 from emulator.model.serving.models import get_model
-from emulator.model.tenants import Keys
-from services.serving.driver import Driver
+from emulator.model.tenants import Keys, Priority, Tenant
+from services.serving.driver import Driver, Stream
 from services.serving.endpoint import outputs
-from services.serving.endpoint.admission import Admission
+from services.serving.endpoint.admission import Admission, Ticket
 from services.serving.endpoint.asks import Ask, Parser
 from services.serving.endpoint.errors import HttpError, from_domain
 from services.serving.endpoint.limits import read_json
 from services.serving.endpoint.responses import CHAT, COMPLETIONS, Answer, Reply, Shape
-from services.serving.tokenizer import VOCAB, Loaded, load_tokenizer
+from services.serving.tokenizer import VOCAB, Loaded, load_tokenizer, output_ids
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 log = structlog.get_logger("cmemu.router")
@@ -58,6 +59,13 @@ class Deployments(Protocol):
     def deployments(self) -> Mapping[str, Any]: ...
 
     def serving(self, model: str) -> Driver: ...
+
+
+@dataclass
+class _Held:
+    """The slots a request holds now (a preempted one holds new ones when it resumes)."""
+
+    ticket: Ticket | None = None
 
 
 class OpenAiServer:
@@ -251,22 +259,56 @@ class OpenAiServer:
         prompt_tokens = sum(len(p) for p in ask.prompts)
         self.admission.admit(tenant, prompt_tokens)
         reply: Reply | None = None
+        held = _Held()
         try:
-            async with self.admission.turn(tenant, driver, len(ask.prompts) * ask.n):
-                reply = self._submit(driver, ask, shape, lengths)
-                try:
-                    if ask.stream:
-                        return await reply.streamed(request)
-                    return await reply.whole()
-                finally:
-                    for answer in reply.answers:
-                        if answer.stream.finished is None:  # the client went away
-                            driver.cancel(answer.stream.request.id)
+            held.ticket = await self.admission.acquire(tenant, driver, len(ask.prompts) * ask.n)
+            reply = self._submit(driver, ask, shape, lengths)
+            if len(reply.answers) == 1 and tenant.priority is not Priority.ONLINE:
+                self._preemptible(reply, held, tenant, driver)
+            try:
+                if ask.stream:
+                    return await reply.streamed(request)
+                return await reply.whole()
+            finally:
+                for answer in reply.answers:
+                    if answer.stream.finished is None:  # the client went away
+                        driver.cancel(answer.stream.request.id)
         finally:
+            if held.ticket is not None:
+                self.admission.release(held.ticket)
             if reply is not None and reply.billed:
                 self.admission.charge(tenant, prompt_tokens, reply.usage())
             else:  # refused or failed: nothing to bill, the admission given back
-                self.admission.release(tenant, prompt_tokens)
+                self.admission.refund(tenant, prompt_tokens)
+
+    def _preemptible(self, reply: Reply, held: _Held, tenant: Tenant, driver: Driver) -> None:
+        """Let a higher class's arrival take this one-answer request's slot: its engine request
+        is cancelled, and once its class may run again it continues where it stopped (its
+        prompt and the tokens it had as the continuation's prompt, the rest as its output)."""
+        answer = reply.answers[0]
+        tokenizer = reply.tokenizer
+
+        def preempt() -> None:
+            answer.preempted = True
+            driver.cancel(answer.stream.request.id)
+
+        async def resume(a: Answer) -> Stream | None:
+            left = a.choice.tokens - a.offset
+            if left <= 0:
+                return None
+            held.ticket = await self.admission.acquire(tenant, driver, 1)
+            held.ticket.preempt = preempt
+            prompt = reply.ask.prompts[a.choice.prompt]
+            done = output_ids(tokenizer, a.choice.seed, 0, a.offset)
+            try:
+                return driver.submit([*prompt, *done], left)
+            except EmulatorError:
+                return None  # the deployment is going away: the answer ends where it was
+
+        answer.first = answer.stream.metrics
+        assert held.ticket is not None
+        held.ticket.preempt = preempt
+        reply.resume = resume
 
     def _submit(self, driver: Driver, ask: Ask, shape: Shape, lengths: outputs.Lengths) -> Reply:
         natural = driver.engine.deployment.output

@@ -71,6 +71,17 @@ class Tokenizer(Protocol):
         concatenated (each starts with a space)."""
         ...
 
+    def word_ids(self) -> tuple[int, ...]:
+        """The token id of each of `words()`."""
+        ...
+
+
+def output_ids(tokenizer: Tokenizer, seed: int, index: int, count: int) -> list[int]:
+    """The ids of the same tokens `output_words` writes (a preempted answer's continuation
+    recomputes its prompt and these)."""
+    ids = tokenizer.word_ids()
+    return [ids[(seed * 31 + i) % len(ids)] for i in range(index, index + count)]
+
 
 def output_words(tokenizer: Tokenizer, seed: int, index: int, count: int) -> list[str]:
     """The text of `count` emulated output tokens from token `index` of a request (`seed` picks
@@ -106,6 +117,7 @@ class HfTokenizer:
         )
         self._template = env.from_string(template)
         self._words = self._single_token_words()
+        self._word_ids = tuple(self._tok.encode(w).ids[0] for w in self._words)
 
     @property
     def name(self) -> str:
@@ -141,6 +153,9 @@ class HfTokenizer:
 
     def words(self) -> tuple[str, ...]:
         return self._words
+
+    def word_ids(self) -> tuple[int, ...]:
+        return self._word_ids
 
     def _single_token_words(self) -> tuple[str, ...]:
         """The output words that are one token with their leading space (checked, not assumed:
@@ -184,6 +199,9 @@ class CharTokenizer:
 
     def words(self) -> tuple[str, ...]:
         return tuple(f" {w}" for w in WORDS)
+
+    def word_ids(self) -> tuple[int, ...]:
+        return tuple(self.encode(w)[0] for w in self.words())
 
 
 # --- which one ----------------------------------------------------------------------------------

@@ -5,16 +5,19 @@ sum of the responses' `usage`).
 
 Priority classes share a deployment's decode slots: online requests go straight in; near-line
 ones wait while the deployment holds `near_line_share` of its slots or more; offline ones wait
-while it holds `offline_share` or more, or while anything of a higher class waits. So offline
-work fills idle capacity and leaves the rest free for online arrivals (the shares are figures of
-the hardware profile's serving section, `tenant_*_share`).
+while it holds `offline_share` or more, or while anything of a higher class waits. An arrival
+that does not fit beside what runs preempts work of a lower class (offline first, the newest
+first): that request's engine request is cancelled, its KV freed, and it waits for its turn
+again, then continues where it stopped (its prompt and the tokens it had, recomputed; its client
+sees a pause, never a lost token). So offline work fills idle capacity and is preempted first
+(the shares are figures of the hardware profile's serving section, `tenant_*_share`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from emulator.model.clock import Clock
@@ -35,12 +38,24 @@ POLL_WALL_S = 0.05  # a waiting request looks again this often (and whenever a r
 OPEN_TENANT = Tenant(name=DEFAULT_TENANT, key="")
 
 
+@dataclass(eq=False, kw_only=True)
+class Ticket:
+    """Slots a request holds; `preempt` (set by a preemptible request) takes them back."""
+
+    deployment: str
+    priority: Priority
+    answers: int
+    preempt: Callable[[], None] | None = None
+    held: bool = True
+
+
 @dataclass
 class _Turns:
     """One deployment's requests in flight and waiting, per class."""
 
     running: dict[Priority, int] = field(default_factory=lambda: dict.fromkeys(Priority, 0))
     waiting: dict[Priority, int] = field(default_factory=lambda: dict.fromkeys(Priority, 0))
+    tickets: list[Ticket] = field(default_factory=list)  # in the order they were taken
 
 
 class Admission:
@@ -57,6 +72,7 @@ class Admission:
         self.meter = Meter(keys.tenants if keys is not None else (OPEN_TENANT,))
         self._turns: dict[str, _Turns] = {}
         self._changed = asyncio.Event()
+        self.preempted = 0  # requests preempted to make room for a higher class
 
     # --- who ---------------------------------------------------------------------------------
 
@@ -88,10 +104,10 @@ class Admission:
                 wall = self.clock.wall_delay_s(exc.retry_after_s)
             raise from_domain(exc, wall) from exc
 
-    @contextlib.asynccontextmanager
-    async def turn(self, tenant: Tenant, driver: Driver, answers: int) -> AsyncIterator[None]:
-        """Hold `answers` of the deployment's slots for the block, once the tenant's class may
-        run (online: at once)."""
+    async def acquire(self, tenant: Tenant, driver: Driver, answers: int) -> Ticket:
+        """Hold `answers` of the deployment's decode slots once the tenant's class may run
+        (online: at once). An arrival that does not fit beside what runs makes room by
+        preempting work of a lower class, newest first (offline before near-line)."""
         turns = self._turns.setdefault(driver.name, _Turns())
         cls = tenant.priority
         turns.waiting[cls] += 1
@@ -103,12 +119,39 @@ class Admission:
                         await self._changed.wait()
         finally:
             turns.waiting[cls] -= 1
+        self._make_room(turns, cls, driver.stats.kv_slots, answers)
+        ticket = Ticket(deployment=driver.name, priority=cls, answers=answers)
         turns.running[cls] += answers
-        try:
-            yield
-        finally:
-            turns.running[cls] -= answers
-            self._changed.set()
+        turns.tickets.append(ticket)
+        return ticket
+
+    def release(self, ticket: Ticket) -> None:
+        """Give the slots back (once: a preempted ticket was given back already)."""
+        if not ticket.held:
+            return
+        ticket.held = False
+        turns = self._turns[ticket.deployment]
+        turns.running[ticket.priority] -= ticket.answers
+        turns.tickets.remove(ticket)
+        self._changed.set()
+
+    def _make_room(self, turns: _Turns, cls: Priority, slots: int, answers: int) -> None:
+        over = sum(turns.running.values()) + answers - slots
+        if slots <= 0 or over <= 0:
+            return
+        victims = sorted(
+            (t for t in turns.tickets if t.priority.rank > cls.rank and t.preempt is not None),
+            key=lambda t: -t.priority.rank,  # offline first; newest first within a class
+        )
+        for victim in victims:
+            if over <= 0:
+                return
+            preempt = victim.preempt
+            assert preempt is not None
+            preempt()
+            over -= victim.answers
+            self.preempted += 1
+            self.release(victim)
 
     def _may_run(self, turns: _Turns, cls: Priority, driver: Driver, answers: int) -> bool:
         if cls is Priority.ONLINE:
@@ -135,7 +178,8 @@ class Admission:
             now_s=self.clock.now_ns() / 1e9,
         )
 
-    def release(self, tenant: Tenant, admitted: int) -> None:
+    def refund(self, tenant: Tenant, admitted: int) -> None:
+        """An admitted request that ended unanswered: nothing billed, its admission given back."""
         self.meter.release(tenant.name, admitted)
 
     def metrics(self) -> list[Family]:

@@ -22,8 +22,8 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
@@ -36,6 +36,7 @@ from services.serving.endpoint import outputs
 from services.serving.endpoint.asks import Ask
 from services.serving.endpoint.errors import HttpError, failed_error
 from services.serving.endpoint.outputs import Choice
+from services.serving.stats import RequestMetrics
 from services.serving.tokenizer import Tokenizer
 
 RETRY_AFTER_S = 1  # the hint a failed request's 503 carries
@@ -83,6 +84,10 @@ class Answer:
 
     choice: Choice
     stream: Stream
+    first: RequestMetrics | None = None  # the first engine request's (a continuation's differ)
+    offset: int = 0  # tokens emitted before the present engine request (preemptions)
+    preempted: bool = False  # its engine request was cancelled to make room: resume it
+    preemptions: int = 0
     sent_chars: int = 0
     tokens: int = 0
     first_lag_s: float | None = None
@@ -109,6 +114,8 @@ class Reply:
     clock: Clock
     lag_tolerance_s: float
     lags: Histogram | None = None  # every token's release lag (wall seconds), for /metrics
+    # a preempted answer's continuation: its new engine stream, or None when nothing is left
+    resume: Callable[[Answer], Awaitable[Stream | None]] | None = None
     billed: bool = False  # the response carries (or carried) its usage: meter it
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
@@ -130,7 +137,7 @@ class Reply:
         prompt = sum(len(p) for p in self.ask.prompts)
         completion = sum(a.tokens for a in self.answers)
         firsts = [a for a in self.answers if a.choice.index % self.ask.n == 0]
-        cached = sum(a.stream.metrics.prefix_hit_tokens for a in firsts)
+        cached = sum(_metrics(a).prefix_hit_tokens for a in firsts)
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
@@ -139,15 +146,16 @@ class Reply:
         }
 
     def timing(self, answer: Answer) -> dict[str, Any]:
-        m = answer.stream.metrics
+        m = _metrics(answer)
         first = answer.first_lag_s
         return {
-            "request": answer.stream.request.id,
+            "request": m.request_id,
             "arrival_ns": m.arrival_ns,
             "ttft_ns": m.ttft_ns,
-            "tpot_ns": m.tpot_ns,
+            "tpot_ns": m.tpot_ns if not answer.preemptions else None,
             "queueing_ns": m.queueing_ns,
             "prefix_hit_tokens": m.prefix_hit_tokens,
+            "preemptions": answer.preemptions,
             "first_token_lag_ms": None if first is None else round(first * 1e3, 3),
             "max_lag_ms": round(answer.max_lag_s * 1e3, 3),
             "kept_pace": answer.max_lag_s <= self.lag_tolerance_s,
@@ -254,21 +262,17 @@ class Reply:
         """Every answer's events as they come, tagged with the answer's position; ends when
         every answer has finished."""
         if len(self.answers) == 1:  # the common case: no tasks
-            answer = self.answers[0]
-            async for event in answer.stream:
-                if isinstance(event, FinishEvent):
-                    answer.finished = event
-                    answer.tokens = event.tokens
+            async for event in self._events_of(self.answers[0]):
                 yield 0, event
             return
         merged: asyncio.Queue[tuple[int, TokenEvent | FinishEvent]] = asyncio.Queue()
 
-        async def pump(k: int, stream: Stream) -> None:
-            async for event in stream:
+        async def pump(k: int, answer: Answer) -> None:
+            async for event in self._events_of(answer):
                 merged.put_nowait((k, event))
 
         tasks = [
-            asyncio.create_task(pump(k, a.stream), name=f"answer-{a.stream.request.id}")
+            asyncio.create_task(pump(k, a), name=f"answer-{a.stream.request.id}")
             for k, a in enumerate(self.answers)
         ]
         try:
@@ -277,8 +281,6 @@ class Reply:
                 k, event = await merged.get()
                 if isinstance(event, FinishEvent):
                     open_ -= 1
-                    self.answers[k].finished = event
-                    self.answers[k].tokens = event.tokens
                 yield k, event
         finally:
             for task in tasks:
@@ -286,3 +288,34 @@ class Reply:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    async def _events_of(self, answer: Answer) -> AsyncIterator[TokenEvent | FinishEvent]:
+        """One answer's events, across its engine requests: a preempted one's cancel is not its
+        end but a pause, after which its continuation's events follow, renumbered."""
+        while True:
+            resumed = False
+            async for event in answer.stream:
+                if isinstance(event, TokenEvent):
+                    yield replace(event, index=event.index + answer.offset)
+                    continue
+                if event.reason is FinishReason.CANCELLED and answer.preempted and self.resume:
+                    answer.offset += event.tokens
+                    answer.preempted = False
+                    answer.preemptions += 1
+                    stream = await self.resume(answer)
+                    if stream is not None:
+                        answer.stream = stream
+                        resumed = True
+                        break
+                    event = replace(event, reason=FinishReason.LENGTH, tokens=0)  # noqa: PLW2901
+                end = replace(event, tokens=event.tokens + answer.offset)
+                answer.finished = end
+                answer.tokens = end.tokens
+                yield end
+                return
+            if not resumed:
+                return
+
+
+def _metrics(answer: Answer) -> RequestMetrics:
+    return answer.first or answer.stream.metrics
