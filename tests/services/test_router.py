@@ -516,7 +516,11 @@ async def test_stopping_the_supernode_ends_open_streams() -> None:
         base = f"http://{sn.topology.service(ServiceKind.ROUTER).http_address}/v1"
         client = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0)
         stream = await client.completions.create(
-            model="s", prompt="go on", max_tokens=100_000, stream=True
+            model="s",
+            prompt="go on",
+            max_tokens=60_000,
+            stream=True,
+            extra_body={"ignore_eos": True},  # still streaming when the supernode stops
         )
         reading = stream.__aiter__()
         chunks.append(await reading.__anext__())
