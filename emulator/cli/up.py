@@ -438,7 +438,8 @@ def up_args(up: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a file holding the bearer token every state-changing RPC then needs "
         "(`authorization: Bearer TOKEN`); reads, health and reflection stay open. Client "
-        "commands find it through the state file",
+        "commands find it through the state file. Or a keys file (TOML, version = 1): its "
+        "`admin` key is the token, its [tenants.NAME] the OpenAI endpoint's API keys",
     )
     up.add_argument(
         "--insecure",
