@@ -322,12 +322,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     path = argtypes.resolve_state(args)
     assert path is not None
     check_not_running(path)
+    options = launch_options(args, path)
+    if args.ui != UI_NONE:  # before anything starts: the rule of every server (issue 21)
+        guard = Security(token=options.token, insecure=options.insecure).server()
+        guard.check_bind("the web view", args.ui)
     if args.detach:
         from emulator.cli.detach import up_detached
 
         code: int = up_detached(_argv_without_detach(), path, args.ready_timeout + 30.0)
         return code
-    options = launch_options(args, path)
     asyncio.run(_up(options, path, args.ui))
     print("cmemu: stopped", flush=True)
     return 0

@@ -27,6 +27,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from emulator.model.errors import AddressInUseError
+from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import Topology, metrics_address
 from emulator.runtime.metrics import Families, SupernodeCollector
 
@@ -60,8 +61,10 @@ class MetricsServer:
         name: str,
         read: Callable[[], Families],
         ssl_context: ssl.SSLContext | None = None,
+        idle_s: float = DEFAULT_PROFILE.limits.http_idle_s,
     ) -> None:
         self.address = address
+        self.idle_s = idle_s  # a silent connection is closed after this
         self.name = name  # who serves it, for errors
         self._read = read
         self._ssl = ssl_context  # HTTPS with the gRPC servers' certificate when they use TLS
@@ -74,7 +77,9 @@ class MetricsServer:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get(PATH, self._metrics)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, keepalive_timeout=self.idle_s
+        )
         await runner.setup()
         host, _, port = self.address.rpartition(":")
         site = web.TCPSite(
@@ -135,6 +140,7 @@ async def open_metrics(local: InProcessSupernode) -> MetricsServer | None:
         name=f"the /metrics of {first[0]}'s process",
         read=collector.families,
         ssl_context=local.security.server().ssl_context(),
+        idle_s=local.profile.limits.http_idle_s,
     )
     await server.start()
     return server

@@ -93,6 +93,7 @@ class WebView:
     ) -> None:
         self.host, self.port = parse_address(address)
         self._ssl = ssl_context  # HTTPS with the gRPC servers' certificate when they use TLS
+        self.idle_s = profile.limits.http_idle_s  # a silent connection is closed after this
         self.machine = Machine(clients.topology, profile)
         self.collector = Collector(self.machine, clients, rates=rates)
         self._runner: web.AppRunner | None = None
@@ -111,7 +112,13 @@ class WebView:
         app.router.add_get("/static/{name}", self._asset)
         app.router.add_get("/api/snapshot", self._snapshot)
         app.router.add_get("/events", self._events)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=1.0,
+            keepalive_timeout=self.idle_s,
+        )
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_port=False, ssl_context=self._ssl)
         try:
