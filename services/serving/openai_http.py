@@ -87,7 +87,6 @@ class OpenAiServer:
         self.app.router.add_get("/openapi.json", self.openapi)
         self._runner: web.AppRunner | None = None
         self._openapi = json.loads(OPENAPI.read_text(encoding="utf-8"))
-        self._tls = False
         self._rng = np.random.default_rng()
         self.release_lag = Histogram(SERVING_BUCKETS_S)  # wall seconds a token left late
         self.created = int(time.time())
@@ -101,10 +100,6 @@ class OpenAiServer:
             offline_share=s.tenant_offline_share,
         )
 
-    @property
-    def scheme(self) -> str:
-        return "https" if self._tls else "http"
-
     async def start(
         self,
         address: str,
@@ -116,7 +111,6 @@ class OpenAiServer:
         """Serve at `address`. With keys, completions need a tenant's key (the model list stays
         open, as the gRPC services' reads do); with an SSL context, HTTPS."""
         self.admission = self._admission(keys)
-        self._tls = ssl_context is not None
         self.loaded = loaded or load_tokenizer()
         host, _, port = address.rpartition(":")
         # a client that goes away cancels its handler: its requests are then cancelled too
