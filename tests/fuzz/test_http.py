@@ -62,6 +62,7 @@ async def base() -> AsyncIterator[str]:
         yield f"http://{sn.topology.service(ServiceKind.ROUTER).http_address}"
 
 
+@pytest.mark.slow
 async def test_schemathesis_finds_nothing(base: str, tmp_path: Path) -> None:
     argv = [
         SCHEMATHESIS, "run", f"{base}/openapi.json", "--checks", CHECKS,
