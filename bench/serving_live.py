@@ -63,6 +63,7 @@ async def _stream(
         "model": "bench",
         "prompt": [(31 * i + j) % 50_000 + 1 for j in range(256)],
         "max_tokens": TOKENS,
+        "ignore_eos": True,
         "stream": True,
     }
     tokens = 0

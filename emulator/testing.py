@@ -20,13 +20,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 
 from emulator.client.clients import Clients
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.scaleout import build_cluster
+from emulator.model.tenants import Keys
 from emulator.model.topology import build, server_count
 from emulator.runtime.supernode import CMEMU, NO_BROKER, LaunchOptions, Supernode
 
@@ -160,10 +161,13 @@ async def running_supernode(
     time_scale: float = 1.0,
     profile: HardwareProfile = DEFAULT_PROFILE,
     broker: str = NO_BROKER,
+    keys: Keys | None = None,
+    tls: Literal["auto"] | None = None,
 ) -> AsyncIterator[Supernode]:
     """A whole supernode in this process on a free block of ports, verified SERVING, stopped on
     exit. No MQTT unless `broker` names one (or is EMBEDDED). A `<base>x<N>` preset runs all
-    its supernodes, one after another on the block."""
+    its supernodes, one after another on the block. With `keys`, their admin key is the token
+    and their tenants the OpenAI endpoint's; `tls="auto"` serves TLS with a fresh CA."""
     base = free_port_block(launch_ports(preset, profile))
     options = LaunchOptions(
         preset=preset,
@@ -172,6 +176,9 @@ async def running_supernode(
         profile=profile,
         broker=broker,
         drain_s=0.0,
+        token=keys.admin if keys is not None else None,
+        keys=keys,
+        tls=tls,
     )
     async with Supernode.start(options) as supernode:
         yield supernode

@@ -16,6 +16,8 @@ from __future__ import annotations
 import enum
 import hmac
 import ipaddress
+import ssl
+import tempfile
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -27,6 +29,7 @@ from grpc_status import rpc_status
 
 from emulator.client.errors import DOMAIN
 from emulator.model.errors import PreconditionError
+from emulator.model.tenants import Keys
 
 if TYPE_CHECKING:  # generic in the stubs only
     _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]
@@ -104,6 +107,7 @@ ACCESS: dict[str, Access] = {
     "/cmemu.v1.Router/ListDeployments": R,
     "/cmemu.v1.Router/GetDeployment": R,
     "/cmemu.v1.Router/GetStats": R,
+    "/cmemu.v1.Router/GetUsage": R,  # what /metrics shows too
     "/cmemu.v1.Scheduler/WatchAllocations": R,
     "/cmemu.v1.ClusterManager/GetStatus": R,
     "/cmemu.v1.ClusterManager/ListIncidents": R,
@@ -273,6 +277,7 @@ class ServerSecurity:
     cert_pem: bytes | None = field(default=None, repr=False)  # TLS: the chain, then the key
     key_pem: bytes | None = field(default=None, repr=False)
     insecure: bool = False  # allow binding beyond loopback without a token
+    keys: Keys | None = field(default=None, repr=False)  # the HTTP endpoint's tenants
 
     def __post_init__(self) -> None:
         if (self.cert_pem is None) != (self.key_pem is None):
@@ -289,6 +294,22 @@ class ServerSecurity:
         """InsecureBindError when `address` is beyond loopback and nothing guards it."""
         if not (self.token or self.insecure or is_loopback(address)):
             raise InsecureBindError(name, address)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The same certificate for an HTTP server (the OpenAI endpoint, /metrics, the web
+        view), or None without TLS. The ssl module loads a chain only from files: the PEM
+        bytes pass through a private temporary directory that is gone on return."""
+        if self.cert_pem is None or self.key_pem is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        with tempfile.TemporaryDirectory(prefix="cmemu-tls-") as directory:
+            cert, key = f"{directory}/cert.pem", f"{directory}/key.pem"
+            with open(cert, "wb") as out:
+                out.write(self.cert_pem)
+            with open(key, "wb") as out:
+                out.write(self.key_pem)
+            context.load_cert_chain(cert, key)
+        return context
 
     def bind(self, server: grpc.aio.Server, address: str) -> int:
         """Add the listening port (TLS when there is a certificate); the port, 0 on failure."""

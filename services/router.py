@@ -23,6 +23,7 @@ from emulator.model.errors import (
     NotFoundError,
     PreconditionError,
     UnavailableError,
+    quote,
 )
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import Family, Histogram, MetricType
@@ -38,6 +39,7 @@ from services.serving.driver import Driver, ServingModel
 from services.serving.openai_http import OpenAiServer
 from services.serving.recovery import Recovery
 from services.serving.stats import ServingStats, summarize
+from services.serving.tokenizer import load_tokenizer
 from services.status import Context, rpc
 
 SERVICE = "cmemu.v1.Router"
@@ -74,7 +76,9 @@ class RouterState:
             ems_address=self.ems_address,
         )
         self.deployments: dict[str, LiveDeployment] = {}
-        self.http = OpenAiServer(self) if http_address else None
+        self.http = (
+            OpenAiServer(router=self, profile=profile, clock=clock.clock) if http_address else None
+        )
         self._tasks: asyncio.TaskGroup | None = None
         self._loading: dict[str, asyncio.Task[None]] = {}
         self._recoveries: dict[str, asyncio.Task[None]] = {}
@@ -94,7 +98,13 @@ class RouterState:
             if self.http is not None and self.http_address:
                 security = self.host.security if self.host is not None else OPEN
                 security.check_bind("router (HTTP)", self.http_address)
-                await self.http.start(self.http_address, token=security.token)
+                loaded = await asyncio.to_thread(load_tokenizer)  # reads ~8 MB, once a process
+                await self.http.start(
+                    self.http_address,
+                    keys=security.keys,
+                    ssl_context=security.ssl_context(),
+                    loaded=loaded,
+                )
             try:
                 await self._closed.wait()
             finally:  # streams end (their requests cancelled) before the endpoint stops
@@ -116,7 +126,10 @@ class RouterState:
         live = self.deployments.get(name)
         if live is None:
             raise NotFoundError(
-                f"no deployment {name!r}", field="name", subject=name, reason="DEPLOYMENT_NOT_FOUND"
+                f"no deployment {quote(name)}",
+                field="name",
+                subject=name,
+                reason="DEPLOYMENT_NOT_FOUND",
             )
         return live
 
@@ -139,6 +152,8 @@ class RouterState:
         try:
             await self.provisioner.allocate(live)
             try:
+                if request.warm:
+                    await self.provisioner.stage_weights(live)
                 await self.provisioner.plan_weights(live)
             except BaseException:
                 await self.provisioner.release(live)
@@ -244,6 +259,38 @@ class RouterState:
         lives = [self.get(name)] if name else list(self.deployments.values())
         return summarize([live.driver.stats for live in lives if live.driver is not None])
 
+    def usage(self, tenant: str) -> router_pb2.UsageReport:
+        """Each tenant's metered use (NotFoundError for a tenant the endpoint does not know)."""
+        report = router_pb2.UsageReport(at_ns=self.clock.now_ns())
+        if self.http is None:
+            return report
+        meter = self.http.admission.meter
+        if tenant and tenant not in meter.usage:
+            raise NotFoundError(
+                f"no tenant {quote(tenant)}; known: {', '.join(sorted(meter.usage))}",
+                field="tenant",
+                subject=tenant,
+                reason="TENANT_NOT_FOUND",
+            )
+        for name, use in sorted(meter.usage.items()):
+            if tenant and name != tenant:
+                continue
+            t = meter.tenants[name]
+            report.tenants.append(
+                router_pb2.TenantUsage(
+                    tenant=name,
+                    priority=str(t.priority),
+                    requests=use.requests,
+                    prompt_tokens=use.prompt_tokens,
+                    cached_tokens=use.cached_tokens,
+                    completion_tokens=use.completion_tokens,
+                    total_tokens=use.total_tokens,
+                    rejected=use.rejected,
+                    quota_tokens=t.quota_tokens or 0,
+                )
+            )
+        return report
+
     def metrics(self) -> list[Family]:
         """Serving figures for /metrics, per deployment (emulated seconds, tokens)."""
         drivers = [(n, live.driver) for n, live in self.deployments.items() if live.driver]
@@ -259,7 +306,9 @@ class RouterState:
             samples = [(labels, float(pick(s))) for labels, s in label]
             return Family(name=name, help=what, type=kind, samples=samples)
 
+        tenants = self.http.metrics() if self.http is not None else []
         return [
+            *tenants,
             hist("cmemu_serving_ttft_seconds", "Time to first token", lambda s: s.ttft_s),
             hist("cmemu_serving_tpot_seconds", "Time per output token", lambda s: s.tpot_s),
             hist("cmemu_serving_queueing_seconds", "Arrival to prefill", lambda s: s.queueing_s),
@@ -319,6 +368,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self, request: router_pb2.GetStatsRequest, context: Context
     ) -> router_pb2.ServingStats:
         return self.state.stats(request.name)
+
+    @rpc
+    async def GetUsage(
+        self, request: router_pb2.GetUsageRequest, context: Context
+    ) -> router_pb2.UsageReport:
+        return self.state.usage(request.tenant)
 
 
 def create_router(

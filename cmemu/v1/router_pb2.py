@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63memu/v1/router.proto\x12\x08\x63memu.v1\"\xfa\x01\n\rDeployRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65\x63ode_npus\x18\x03 \x01(\r\x12\x19\n\x11prefill_instances\x18\x04 \x01(\r\x12\x14\n\x0cprefill_npus\x18\x05 \x01(\r\x12\x35\n\x07options\x18\x06 \x03(\x0b\x32$.cmemu.v1.DeployRequest.OptionsEntry\x12\x11\n\tspec_yaml\x18\x07 \x01(\t\x12\x0c\n\x04wait\x18\x08 \x01(\x08\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\x0fUndeployRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x18\n\x16ListDeploymentsRequest\"$\n\x14GetDeploymentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x88\x01\n\rExpertSummary\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x15\n\rslots_per_die\x18\x02 \x01(\r\x12\x0e\n\x06shared\x18\x03 \x01(\r\x12\x0e\n\x06routed\x18\x04 \x01(\r\x12\x11\n\tredundant\x18\x05 \x01(\r\x12\x11\n\timbalance\x18\x06 \x01(\x01\x12\n\n\x02\x65p\x18\x07 \x01(\r\"~\n\x08Instance\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04npus\x18\x03 \x03(\t\x12\x0c\n\x04\x64ies\x18\x04 \x01(\r\x12(\n\x07\x65xperts\x18\x05 \x01(\x0b\x32\x17.cmemu.v1.ExpertSummary\x12\x12\n\nallocation\x18\x06 \x01(\t\"g\n\rWeightLoading\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0f\n\x07\x63old_ns\x18\x03 \x01(\x03\x12\x13\n\x0b\x66rom_ems_ns\x18\x04 \x01(\x03\x12\x11\n\tloaded_ns\x18\x05 \x01(\x03\"\xc1\x02\n\nDeployment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.cmemu.v1.DeploymentState\x12%\n\tinstances\x18\x04 \x03(\x0b\x32\x12.cmemu.v1.Instance\x12(\n\x07weights\x18\x05 \x01(\x0b\x32\x17.cmemu.v1.WeightLoading\x12\x12\n\ncreated_ns\x18\x06 \x01(\x03\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x11\n\tspec_yaml\x18\x08 \x01(\t\x12\x0c\n\x04npus\x18\t \x01(\r\x12\x13\n\x0b\x66\x61iled_dies\x18\n \x03(\t\x12\x18\n\x10last_isolated_ns\x18\x0b \x01(\x03\x12\x18\n\x10last_restored_ns\x18\x0c \x01(\x03\x12\x0e\n\x06health\x18\r \x01(\t\";\n\x0e\x44\x65ploymentList\x12)\n\x0b\x64\x65ployments\x18\x01 \x03(\x0b\x32\x14.cmemu.v1.Deployment\"\x1f\n\x0fGetStatsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"m\n\x0bPercentiles\x12\r\n\x05\x63ount\x18\x01 \x01(\x04\x12\x0f\n\x07mean_ns\x18\x02 \x01(\x03\x12\x0e\n\x06p50_ns\x18\x03 \x01(\x03\x12\x0e\n\x06p90_ns\x18\x04 \x01(\x03\x12\x0e\n\x06p99_ns\x18\x05 \x01(\x03\x12\x0e\n\x06max_ns\x18\x06 \x01(\x03\"\xe6\x03\n\x0cServingStats\x12\x1a\n\x12requests_completed\x18\x01 \x01(\x04\x12\x1a\n\x12requests_cancelled\x18\x02 \x01(\x04\x12\x1a\n\x12requests_in_flight\x18\x03 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\x04\x12#\n\x04ttft\x18\x06 \x01(\x0b\x32\x15.cmemu.v1.Percentiles\x12#\n\x04tpot\x18\x07 \x01(\x0b\x32\x15.cmemu.v1.Percentiles\x12\'\n\x08queueing\x18\x08 \x01(\x0b\x32\x15.cmemu.v1.Percentiles\x12\x19\n\x11prefix_hit_tokens\x18\t \x01(\x04\x12\x1c\n\x14prefix_lookup_tokens\x18\n \x01(\x04\x12\x1b\n\x13output_tokens_per_s\x18\x0b \x01(\x01\x12\x11\n\twindow_ns\x18\x0c \x01(\x03\x12\x15\n\rkv_slots_held\x18\r \x01(\x04\x12\x10\n\x08kv_slots\x18\x0e \x01(\x04\x12\x17\n\x0frequests_failed\x18\x0f \x01(\x04\x12\x18\n\x10requests_retried\x18\x10 \x01(\x04\x12\x18\n\x10requests_dropped\x18\x11 \x01(\x04*\xaa\x01\n\x0f\x44\x65ploymentState\x12 \n\x1c\x44\x45PLOYMENT_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44\x45PLOYMENT_STATE_LOADING\x10\x01\x12\x1c\n\x18\x44\x45PLOYMENT_STATE_SERVING\x10\x02\x12\x1b\n\x17\x44\x45PLOYMENT_STATE_FAILED\x10\x03\x12\x1c\n\x18\x44\x45PLOYMENT_STATE_STOPPED\x10\x04\x32\xd3\x02\n\x06Router\x12\x37\n\x06\x44\x65ploy\x12\x17.cmemu.v1.DeployRequest\x1a\x14.cmemu.v1.Deployment\x12;\n\x08Undeploy\x12\x19.cmemu.v1.UndeployRequest\x1a\x14.cmemu.v1.Deployment\x12M\n\x0fListDeployments\x12 .cmemu.v1.ListDeploymentsRequest\x1a\x18.cmemu.v1.DeploymentList\x12\x45\n\rGetDeployment\x12\x1e.cmemu.v1.GetDeploymentRequest\x1a\x14.cmemu.v1.Deployment\x12=\n\x08GetStats\x12\x19.cmemu.v1.GetStatsRequest\x1a\x16.cmemu.v1.ServingStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63memu/v1/router.proto\x12\x08\x63memu.v1\"\x88\x02\n\rDeployRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65\x63ode_npus\x18\x03 \x01(\r\x12\x19\n\x11prefill_instances\x18\x04 \x01(\r\x12\x14\n\x0cprefill_npus\x18\x05 \x01(\r\x12\x35\n\x07options\x18\x06 \x03(\x0b\x32$.cmemu.v1.DeployRequest.OptionsEntry\x12\x11\n\tspec_yaml\x18\x07 \x01(\t\x12\x0c\n\x04wait\x18\x08 \x01(\x08\x12\x0c\n\x04warm\x18\t \x01(\x08\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\x0fUndeployRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x18\n\x16ListDeploymentsRequest\"$\n\x14GetDeploymentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x88\x01\n\rExpertSummary\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x15\n\rslots_per_die\x18\x02 \x01(\r\x12\x0e\n\x06shared\x18\x03 \x01(\r\x12\x0e\n\x06routed\x18\x04 \x01(\r\x12\x11\n\tredundant\x18\x05 \x01(\r\x12\x11\n\timbalance\x18\x06 \x01(\x01\x12\n\n\x02\x65p\x18\x07 \x01(\r\"~\n\x08Instance\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04npus\x18\x03 \x03(\t\x12\x0c\n\x04\x64ies\x18\x04 \x01(\r\x12(\n\x07\x65xperts\x18\x05 \x01(\x0b\x32\x17.cmemu.v1.ExpertSummary\x12\x12\n\nallocation\x18\x06 \x01(\t\"g\n\rWeightLoading\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0f\n\x07\x63old_ns\x18\x03 \x01(\x03\x12\x13\n\x0b\x66rom_ems_ns\x18\x04 \x01(\x03\x12\x11\n\tloaded_ns\x18\x05 \x01(\x03\"\xc1\x02\n\nDeployment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.cmemu.v1.DeploymentState\x12%\n\tinstances\x18\x04 \x03(\x0b\x32\x12.cmemu.v1.Instance\x12(\n\x07weights\x18\x05 \x01(\x0b\x32\x17.cmemu.v1.WeightLoading\x12\x12\n\ncreated_ns\x18\x06 \x01(\x03\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x11\n\tspec_yaml\x18\x08 \x01(\t\x12\x0c\n\x04npus\x18\t \x01(\r\x12\x13\n\x0b\x66\x61iled_dies\x18\n \x03(\t\x12\x18\n\x10last_isolated_ns\x18\x0b \x01(\x03\x12\x18\n\x10last_restored_ns\x18\x0c \x01(\x03\x12\x0e\n\x06health\x18\r \x01(\t\";\n\x0e\x44\x65ploymentList\x12)\n\x0b\x64\x65ployments\x18\x01 \x03(\x0b\x32\x14.cmemu.v1.Deployment\"\x1f\n\x0fGetStatsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"m\n\x0bPercentiles\x12\r\n\x05\x63ount\x18\x01 \x01(\x04\x12\x0f\n\x07mean_ns\x18\x02 \x01(\x03\x12\x0e\n\x06p50_ns\x18\x03 \x01(\x03\x12\x0e\n\x06p90_ns\x18\x04 \x01(\x03\x12\x0e\n\x06p99_ns\x18\x05 \x01(\x03\x12\x0e\n\x06max_ns\x18\x06 \x01(\x03\"\xe6\x03\n\x0cServingStats\x12\x1a\n\x12requests_completed\x18\x01 \x01(\x04\x12\x1a\n\x12requests_cancelled\x18\x02 \x01(\x04\x12\x1a\n\x12requests_in_flight\x18\x03 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x05 \x01(\x04\x12#\n\x04ttft\x18\x06 \x01(\x0b\x32\x15.cmemu.v1.Percentiles\x12#\n\x04tpot\x18\x07 \x01(\x0b\x32\x15.cmemu.v1.Percentiles\x12\'\n\x08queueing\x18\x08 \x01(\x0b\x32\x15.cmemu.v1.Percentiles\x12\x19\n\x11prefix_hit_tokens\x18\t \x01(\x04\x12\x1c\n\x14prefix_lookup_tokens\x18\n \x01(\x04\x12\x1b\n\x13output_tokens_per_s\x18\x0b \x01(\x01\x12\x11\n\twindow_ns\x18\x0c \x01(\x03\x12\x15\n\rkv_slots_held\x18\r \x01(\x04\x12\x10\n\x08kv_slots\x18\x0e \x01(\x04\x12\x17\n\x0frequests_failed\x18\x0f \x01(\x04\x12\x18\n\x10requests_retried\x18\x10 \x01(\x04\x12\x18\n\x10requests_dropped\x18\x11 \x01(\x04\"!\n\x0fGetUsageRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"\xc8\x01\n\x0bTenantUsage\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\t\x12\x10\n\x08requests\x18\x03 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\x12\x15\n\rcached_tokens\x18\x05 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x06 \x01(\x04\x12\x14\n\x0ctotal_tokens\x18\x07 \x01(\x04\x12\x10\n\x08rejected\x18\x08 \x01(\x04\x12\x14\n\x0cquota_tokens\x18\t \x01(\x04\"D\n\x0bUsageReport\x12&\n\x07tenants\x18\x01 \x03(\x0b\x32\x15.cmemu.v1.TenantUsage\x12\r\n\x05\x61t_ns\x18\x02 \x01(\x03*\xaa\x01\n\x0f\x44\x65ploymentState\x12 \n\x1c\x44\x45PLOYMENT_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44\x45PLOYMENT_STATE_LOADING\x10\x01\x12\x1c\n\x18\x44\x45PLOYMENT_STATE_SERVING\x10\x02\x12\x1b\n\x17\x44\x45PLOYMENT_STATE_FAILED\x10\x03\x12\x1c\n\x18\x44\x45PLOYMENT_STATE_STOPPED\x10\x04\x32\x91\x03\n\x06Router\x12\x37\n\x06\x44\x65ploy\x12\x17.cmemu.v1.DeployRequest\x1a\x14.cmemu.v1.Deployment\x12;\n\x08Undeploy\x12\x19.cmemu.v1.UndeployRequest\x1a\x14.cmemu.v1.Deployment\x12M\n\x0fListDeployments\x12 .cmemu.v1.ListDeploymentsRequest\x1a\x18.cmemu.v1.DeploymentList\x12\x45\n\rGetDeployment\x12\x1e.cmemu.v1.GetDeploymentRequest\x1a\x14.cmemu.v1.Deployment\x12=\n\x08GetStats\x12\x19.cmemu.v1.GetStatsRequest\x1a\x16.cmemu.v1.ServingStats\x12<\n\x08GetUsage\x12\x19.cmemu.v1.GetUsageRequest\x1a\x15.cmemu.v1.UsageReportb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,34 +33,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DEPLOYREQUEST_OPTIONSENTRY']._loaded_options = None
   _globals['_DEPLOYREQUEST_OPTIONSENTRY']._serialized_options = b'8\001'
-  _globals['_DEPLOYMENTSTATE']._serialized_start=1776
-  _globals['_DEPLOYMENTSTATE']._serialized_end=1946
+  _globals['_DEPLOYMENTSTATE']._serialized_start=2098
+  _globals['_DEPLOYMENTSTATE']._serialized_end=2268
   _globals['_DEPLOYREQUEST']._serialized_start=36
-  _globals['_DEPLOYREQUEST']._serialized_end=286
-  _globals['_DEPLOYREQUEST_OPTIONSENTRY']._serialized_start=240
-  _globals['_DEPLOYREQUEST_OPTIONSENTRY']._serialized_end=286
-  _globals['_UNDEPLOYREQUEST']._serialized_start=288
-  _globals['_UNDEPLOYREQUEST']._serialized_end=319
-  _globals['_LISTDEPLOYMENTSREQUEST']._serialized_start=321
-  _globals['_LISTDEPLOYMENTSREQUEST']._serialized_end=345
-  _globals['_GETDEPLOYMENTREQUEST']._serialized_start=347
-  _globals['_GETDEPLOYMENTREQUEST']._serialized_end=383
-  _globals['_EXPERTSUMMARY']._serialized_start=386
-  _globals['_EXPERTSUMMARY']._serialized_end=522
-  _globals['_INSTANCE']._serialized_start=524
-  _globals['_INSTANCE']._serialized_end=650
-  _globals['_WEIGHTLOADING']._serialized_start=652
-  _globals['_WEIGHTLOADING']._serialized_end=755
-  _globals['_DEPLOYMENT']._serialized_start=758
-  _globals['_DEPLOYMENT']._serialized_end=1079
-  _globals['_DEPLOYMENTLIST']._serialized_start=1081
-  _globals['_DEPLOYMENTLIST']._serialized_end=1140
-  _globals['_GETSTATSREQUEST']._serialized_start=1142
-  _globals['_GETSTATSREQUEST']._serialized_end=1173
-  _globals['_PERCENTILES']._serialized_start=1175
-  _globals['_PERCENTILES']._serialized_end=1284
-  _globals['_SERVINGSTATS']._serialized_start=1287
-  _globals['_SERVINGSTATS']._serialized_end=1773
-  _globals['_ROUTER']._serialized_start=1949
-  _globals['_ROUTER']._serialized_end=2288
+  _globals['_DEPLOYREQUEST']._serialized_end=300
+  _globals['_DEPLOYREQUEST_OPTIONSENTRY']._serialized_start=254
+  _globals['_DEPLOYREQUEST_OPTIONSENTRY']._serialized_end=300
+  _globals['_UNDEPLOYREQUEST']._serialized_start=302
+  _globals['_UNDEPLOYREQUEST']._serialized_end=333
+  _globals['_LISTDEPLOYMENTSREQUEST']._serialized_start=335
+  _globals['_LISTDEPLOYMENTSREQUEST']._serialized_end=359
+  _globals['_GETDEPLOYMENTREQUEST']._serialized_start=361
+  _globals['_GETDEPLOYMENTREQUEST']._serialized_end=397
+  _globals['_EXPERTSUMMARY']._serialized_start=400
+  _globals['_EXPERTSUMMARY']._serialized_end=536
+  _globals['_INSTANCE']._serialized_start=538
+  _globals['_INSTANCE']._serialized_end=664
+  _globals['_WEIGHTLOADING']._serialized_start=666
+  _globals['_WEIGHTLOADING']._serialized_end=769
+  _globals['_DEPLOYMENT']._serialized_start=772
+  _globals['_DEPLOYMENT']._serialized_end=1093
+  _globals['_DEPLOYMENTLIST']._serialized_start=1095
+  _globals['_DEPLOYMENTLIST']._serialized_end=1154
+  _globals['_GETSTATSREQUEST']._serialized_start=1156
+  _globals['_GETSTATSREQUEST']._serialized_end=1187
+  _globals['_PERCENTILES']._serialized_start=1189
+  _globals['_PERCENTILES']._serialized_end=1298
+  _globals['_SERVINGSTATS']._serialized_start=1301
+  _globals['_SERVINGSTATS']._serialized_end=1787
+  _globals['_GETUSAGEREQUEST']._serialized_start=1789
+  _globals['_GETUSAGEREQUEST']._serialized_end=1822
+  _globals['_TENANTUSAGE']._serialized_start=1825
+  _globals['_TENANTUSAGE']._serialized_end=2025
+  _globals['_USAGEREPORT']._serialized_start=2027
+  _globals['_USAGEREPORT']._serialized_end=2095
+  _globals['_ROUTER']._serialized_start=2271
+  _globals['_ROUTER']._serialized_end=2672
 # @@protoc_insertion_point(module_scope)

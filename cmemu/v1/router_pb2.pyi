@@ -90,6 +90,7 @@ class DeployRequest(_message.Message):
     OPTIONS_FIELD_NUMBER: _builtins.int
     SPEC_YAML_FIELD_NUMBER: _builtins.int
     WAIT_FIELD_NUMBER: _builtins.int
+    WARM_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Either the fields below, or `spec_yaml` (a deployment YAML document; the fields then must be
     empty). `name` defaults to the model's name: at most one deployment per name.
@@ -107,6 +108,10 @@ class DeployRequest(_message.Message):
     """Return once the weights are loaded and the deployment serves (emulated loading time, paced
     by time_scale); otherwise at once, in state LOADING.
     """
+    warm: _builtins.bool
+    """A warm start: the weights are taken as already cached in EMS (as after an earlier deployment
+    of the model, or an operator's pre-load), so they load from EMS, not object storage.
+    """
     @_builtins.property
     def options(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """further deployment options (placement, batch sizes, ...)"""
@@ -122,10 +127,11 @@ class DeployRequest(_message.Message):
         options: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         spec_yaml: _builtins.str = ...,
         wait: _builtins.bool = ...,
+        warm: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_npus", b"decode_npus", "model", b"model", "name", b"name", "options", b"options", "prefill_instances", b"prefill_instances", "prefill_npus", b"prefill_npus", "spec_yaml", b"spec_yaml", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_npus", b"decode_npus", "model", b"model", "name", b"name", "options", b"options", "prefill_instances", b"prefill_instances", "prefill_npus", b"prefill_npus", "spec_yaml", b"spec_yaml", "wait", b"wait", "warm", b"warm"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -534,3 +540,95 @@ class ServingStats(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ServingStats: _TypeAlias = ServingStats  # noqa: Y015
+
+@_typing.final
+class GetUsageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """empty: every tenant"""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetUsageRequest: _TypeAlias = GetUsageRequest  # noqa: Y015
+
+@_typing.final
+class TenantUsage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
+    REJECTED_FIELD_NUMBER: _builtins.int
+    QUOTA_TOKENS_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    priority: _builtins.str
+    """online | near-line | offline"""
+    requests: _builtins.int
+    """requests answered (their usage billed)"""
+    prompt_tokens: _builtins.int
+    cached_tokens: _builtins.int
+    """of the prompt tokens: found in the EMS prefix cache"""
+    completion_tokens: _builtins.int
+    total_tokens: _builtins.int
+    rejected: _builtins.int
+    """refused by a rate limit or the quota (HTTP 429)"""
+    quota_tokens: _builtins.int
+    """0: no quota"""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        priority: _builtins.str = ...,
+        requests: _builtins.int = ...,
+        prompt_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        completion_tokens: _builtins.int = ...,
+        total_tokens: _builtins.int = ...,
+        rejected: _builtins.int = ...,
+        quota_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "priority", b"priority", "prompt_tokens", b"prompt_tokens", "quota_tokens", b"quota_tokens", "rejected", b"rejected", "requests", b"requests", "tenant", b"tenant", "total_tokens", b"total_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantUsage: _TypeAlias = TenantUsage  # noqa: Y015
+
+@_typing.final
+class UsageReport(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANTS_FIELD_NUMBER: _builtins.int
+    AT_NS_FIELD_NUMBER: _builtins.int
+    at_ns: _builtins.int
+    """the emulated instant of the report"""
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantUsage]: ...
+    def __init__(
+        self,
+        *,
+        tenants: _abc.Iterable[Global___TenantUsage] | None = ...,
+        at_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_ns", b"at_ns", "tenants", b"tenants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageReport: _TypeAlias = UsageReport  # noqa: Y015

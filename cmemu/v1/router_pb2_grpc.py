@@ -59,6 +59,11 @@ class RouterStub:
                 request_serializer=cmemu_dot_v1_dot_router__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=cmemu_dot_v1_dot_router__pb2.ServingStats.FromString,
                 _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/cmemu.v1.Router/GetUsage',
+                request_serializer=cmemu_dot_v1_dot_router__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_router__pb2.UsageReport.FromString,
+                _registered_method=True)
 
 
 class RouterServicer:
@@ -97,6 +102,14 @@ class RouterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetUsage(self, request, context):
+        """What each tenant of the OpenAI endpoint used (the sum of its responses' `usage`), for
+        billing: `cmemu usage` exports it as CSV or JSON.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +137,11 @@ def add_RouterServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=cmemu_dot_v1_dot_router__pb2.GetStatsRequest.FromString,
                     response_serializer=cmemu_dot_v1_dot_router__pb2.ServingStats.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=cmemu_dot_v1_dot_router__pb2.GetUsageRequest.FromString,
+                    response_serializer=cmemu_dot_v1_dot_router__pb2.UsageReport.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -261,6 +279,33 @@ class Router:
             '/cmemu.v1.Router/GetStats',
             cmemu_dot_v1_dot_router__pb2.GetStatsRequest.SerializeToString,
             cmemu_dot_v1_dot_router__pb2.ServingStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cmemu.v1.Router/GetUsage',
+            cmemu_dot_v1_dot_router__pb2.GetUsageRequest.SerializeToString,
+            cmemu_dot_v1_dot_router__pb2.UsageReport.FromString,
             options,
             channel_credentials,
             insecure,

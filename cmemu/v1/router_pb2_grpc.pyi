@@ -51,6 +51,10 @@ class RouterStub:
     GetDeployment: _grpc.UnaryUnaryMultiCallable[_router_pb2.GetDeploymentRequest, _router_pb2.Deployment]
     GetStats: _grpc.UnaryUnaryMultiCallable[_router_pb2.GetStatsRequest, _router_pb2.ServingStats]
     """Per-request aggregates (TTFT, TPOT, queueing percentiles, tokens, prefix-cache hits)."""
+    GetUsage: _grpc.UnaryUnaryMultiCallable[_router_pb2.GetUsageRequest, _router_pb2.UsageReport]
+    """What each tenant of the OpenAI endpoint used (the sum of its responses' `usage`), for
+    billing: `cmemu usage` exports it as CSV or JSON.
+    """
 
 @_typing.type_check_only
 class RouterAsyncStub(RouterStub):
@@ -63,6 +67,10 @@ class RouterAsyncStub(RouterStub):
     GetDeployment: _aio.UnaryUnaryMultiCallable[_router_pb2.GetDeploymentRequest, _router_pb2.Deployment]  # type: ignore[assignment]
     GetStats: _aio.UnaryUnaryMultiCallable[_router_pb2.GetStatsRequest, _router_pb2.ServingStats]  # type: ignore[assignment]
     """Per-request aggregates (TTFT, TPOT, queueing percentiles, tokens, prefix-cache hits)."""
+    GetUsage: _aio.UnaryUnaryMultiCallable[_router_pb2.GetUsageRequest, _router_pb2.UsageReport]  # type: ignore[assignment]
+    """What each tenant of the OpenAI endpoint used (the sum of its responses' `usage`), for
+    billing: `cmemu usage` exports it as CSV or JSON.
+    """
 
 class RouterServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -102,5 +110,15 @@ class RouterServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_router_pb2.ServingStats, _abc.Awaitable[_router_pb2.ServingStats]]:
         """Per-request aggregates (TTFT, TPOT, queueing percentiles, tokens, prefix-cache hits)."""
+
+    @_abc_1.abstractmethod
+    def GetUsage(
+        self,
+        request: _router_pb2.GetUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.UsageReport, _abc.Awaitable[_router_pb2.UsageReport]]:
+        """What each tenant of the OpenAI endpoint used (the sum of its responses' `usage`), for
+        billing: `cmemu usage` exports it as CSV or JSON.
+        """
 
 def add_RouterServicer_to_server(servicer: RouterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

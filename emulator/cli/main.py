@@ -34,6 +34,7 @@ from emulator.cli.serving import add_serving_commands
 from emulator.cli.simulate import cmd_simulate, simulate_args
 from emulator.cli.status import cmd_status, status_args
 from emulator.cli.train import cmd_train, train_args
+from emulator.cli.usage import cmd_usage, usage_args
 from emulator.cli.watch import cmd_watch, watch_args
 from emulator.client import health
 from emulator.client.credentials import Credentials
@@ -260,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate": (cmd_simulate, "model mode: serving, calibration, a long training run"),
         "manager": (cmd_manager, "the cluster manager: status, incidents, active or passive"),
         "train": (cmd_train, "training jobs: start, ls, get, stop"),
+        "usage": (cmd_usage, "what each tenant of the OpenAI endpoint used (CSV, JSON: billing)"),
         "status": (cmd_status, "one running instance at a glance: launcher, time, health, faults"),
         "fault": (cmd_fault, "inject, list and clear device and fabric faults"),
         "chaos": (cmd_chaos, "run a chaos scenario and judge it; list fault kinds and scenarios"),
@@ -288,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_args(parsers["simulate"])
     manager_args(parsers["manager"], _add_state_arg)
     train_args(parsers["train"], _add_state_arg)
+    usage_args(parsers["usage"], _add_state_arg)
     watch_args(parsers["watch"])
     _add_state_arg(parsers["watch"])
     status_args(parsers["status"])

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import yaml
 
 from cmemu.v1 import router_pb2, router_pb2_grpc
+from emulator.cli import loading
 from emulator.cli.argtypes import UsageError, positive_float, positive_int
 from emulator.cli.output import Column, print_rows
 from emulator.client.clients import Clients
@@ -91,7 +92,7 @@ def _describe(d: router_pb2.Deployment, topology: Topology) -> None:
 
 
 def cmd_serve_model(args: argparse.Namespace) -> int:
-    request = router_pb2.DeployRequest(name=args.deployment_name or "", wait=args.wait)
+    request = router_pb2.DeployRequest(name=args.deployment_name or "")
     if args.deployment:
         try:
             request.spec_yaml = Path(args.deployment).read_text()
@@ -110,10 +111,22 @@ def cmd_serve_model(args: argparse.Namespace) -> int:
             request.options[key] = value
         if args.placement:
             request.options["placement"] = args.placement
+    request.warm = args.warm
     topology = state.read(state.path_from(args.state_file))
-    deployment = asyncio.run(_with_router(args, lambda r: r.Deploy(request)))
+
+    async def deploy(router: router_pb2_grpc.RouterAsyncStub) -> router_pb2.Deployment:
+        started = await router.Deploy(request)  # returns at once, LOADING: say how long
+        for line in loading.advice(started, topology.time_scale, warm=args.warm):
+            print(line, flush=True)
+        if not args.wait:
+            return started
+        return await loading.wait_serving(
+            router, started.name, topology.time_scale, lambda text: print(text, flush=True)
+        )
+
+    deployment = asyncio.run(_with_router(args, deploy))
     _describe(deployment, topology)
-    return 0
+    return 0 if deployment.state != router_pb2.DEPLOYMENT_STATE_FAILED else 1
 
 
 DEPLOYMENT_COLUMNS: list[Column] = [
@@ -174,10 +187,19 @@ async def _replay(args: argparse.Namespace, text: str) -> ReplayReport:
         await clients.close()
     spec = parse_deployment(yaml.safe_load(deployed.spec_yaml))
     http = topology.service(ServiceKind.ROUTER).http_address
+    credentials = state.credentials(path)
+    scheme = "https" if credentials.ca_pem else "http"
     started = time.monotonic()
-    async with followed_time(topology, state.credentials(path), name="replay") as keeper:
+    async with followed_time(topology, credentials, name="replay") as keeper:
         outcomes = await replay(
-            f"http://{http}", model, requests, clock=keeper.timeline, block=block, speed=args.speed
+            f"{scheme}://{http}",
+            model,
+            requests,
+            clock=keeper.timeline,
+            block=block,
+            speed=args.speed,
+            api_key=credentials.token,
+            ca_pem=credentials.ca_pem,
         )
     return report(
         outcomes,
@@ -254,6 +276,11 @@ def add_serving_commands(sub: Any, add_state: Callable[[argparse.ArgumentParser]
     )  # fmt: skip
     serve.add_argument(
         "--wait", action="store_true", help="return once the weights are loaded and it serves"
+    )
+    serve.add_argument(
+        "--warm",
+        action="store_true",
+        help="a warm start: the weights are already in EMS (they load from there, not cold)",
     )
     parsers["undeploy"].add_argument("deployment_name", metavar="NAME")
     parsers["deployments"].add_argument("--json", action="store_true")

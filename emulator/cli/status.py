@@ -100,6 +100,7 @@ def report(instance: state.Instance, probed: dict[str, Any], now: float) -> dict
     devices = [d for t in supernodes for d in t.devices]
     services = [x for t in supernodes for x in t.services]
     names = {d.id: d.address for d in devices} | {x.id: x.address for x in services}
+    scheme = "https" if launcher.extra.get(state.TLS_CA_KEY) else "http"
     return {
         "name": instance.name,
         "state_file": str(instance.path),
@@ -121,7 +122,7 @@ def report(instance: state.Instance, probed: dict[str, Any], now: float) -> dict
         "time_slowed_by": clock.get("slowest") or None,
         "broker": topology.broker,
         "services": {x.id: x.address for x in services},
-        "http": {x.id: f"http://{x.http_address}/v1" for x in services if x.http_address},
+        "http": {x.id: f"{scheme}://{x.http_address}/v1" for x in services if x.http_address},
         "metrics": launcher.metrics,
         "ui": launcher.ui,
         "devices": len(devices),

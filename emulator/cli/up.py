@@ -24,7 +24,7 @@ from emulator.model.presets import DEFAULT_PRESET
 from emulator.model.topology import CONTAINER_PORT, DEFAULT_BASE_PORT, DEFAULT_HOST
 from emulator.runtime import composegen, metricserver, state
 from emulator.runtime.procs import Running
-from emulator.runtime.security import Security, read_token
+from emulator.runtime.security import Security, read_keys
 from emulator.runtime.serve import (
     DEFAULT_CLOCK_WAIT_S,
     DEFAULT_REBUILD_WAIT_S,
@@ -85,12 +85,13 @@ def summary(sn: Supernode, path: Path, seconds: float, ui: str | None = None) ->
         f"SERVING in {seconds:.2f} s (time_scale {topology.time_scale:g})",
         f"  state file  {path}",
     ]
+    scheme = "https" if sn.security.tls is not None else "http"
     for t in sn.supernodes:
         lines += [
             f"  devices     {t.devices[0].address} ({t.devices[0].id}) to {t.devices[-1].address}",
             *(f"  {x.id:<11} {x.address}" for x in t.services),
             *(
-                f"  {'openai':<11} http://{x.http_address}/v1  (the {x.id}'s OpenAI-compatible API)"
+                f"  {'openai':<11} {scheme}://{x.http_address}/v1  (the {x.id}'s OpenAI API)"
                 for x in t.services
                 if x.http_address
             ),
@@ -134,6 +135,7 @@ def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
     if args.from_compose and args.from_k8s:
         raise argtypes.UsageError("--from-compose or --from-k8s: one of them")
     mode: Mode = "compose" if args.from_compose else "k8s" if args.from_k8s else args.mode
+    keys = read_keys(Path(args.token_file)) if args.token_file else None
     return LaunchOptions(
         preset=args.preset,
         mode=mode,
@@ -151,7 +153,8 @@ def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
         run_dir=path.parent / f"{path.stem}-run-{os.getpid()}" if mode != "inprocess" else None,
         drain_s=args.drain,
         ready_timeout_s=args.ready_timeout,
-        token=read_token(Path(args.token_file)) if args.token_file else None,
+        token=keys.admin if keys is not None else None,
+        keys=keys,
         insecure=args.insecure,
         tls=_tls(args),
         tls_dir=tls_dir(path) if args.tls == "auto" else None,
@@ -206,7 +209,12 @@ async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
     if ui == UI_NONE:
         yield None
         return
-    view = await WebView(sn.clients, address=ui, profile=sn.options.profile).__aenter__()
+    view = await WebView(
+        sn.clients,
+        address=ui,
+        profile=sn.options.profile,
+        ssl_context=sn.security.server().ssl_context(),
+    ).__aenter__()
     try:
         yield view
     finally:
@@ -315,12 +323,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     path = argtypes.resolve_state(args)
     assert path is not None
     check_not_running(path)
+    options = launch_options(args, path)
+    if args.ui != UI_NONE:  # before anything starts: the rule of every server (issue 21)
+        guard = Security(token=options.token, insecure=options.insecure).server()
+        guard.check_bind("the web view", args.ui)
     if args.detach:
         from emulator.cli.detach import up_detached
 
         code: int = up_detached(_argv_without_detach(), path, args.ready_timeout + 30.0)
         return code
-    options = launch_options(args, path)
     asyncio.run(_up(options, path, args.ui))
     print("cmemu: stopped", flush=True)
     return 0
@@ -439,7 +450,8 @@ def up_args(up: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a file holding the bearer token every state-changing RPC then needs "
         "(`authorization: Bearer TOKEN`); reads, health and reflection stay open. Client "
-        "commands find it through the state file",
+        "commands find it through the state file. Or a keys file (TOML, version = 1): its "
+        "`admin` key is the token, its [tenants.NAME] the OpenAI endpoint's API keys",
     )
     up.add_argument(
         "--insecure",

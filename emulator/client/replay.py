@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -61,6 +62,7 @@ async def _one(
         "model": model,
         "prompt": prompt_ids(request, block),
         "max_tokens": request.output_tokens,
+        "ignore_eos": True,  # the trace says how many tokens, as benchmark clients ask
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -164,15 +166,22 @@ async def replay(
     clock: Timeline,
     block: int,
     speed: float = 1.0,
+    api_key: str | None = None,
+    ca_pem: bytes | None = None,
 ) -> list[Outcome]:
-    """Send every request at its (scaled) arrival time; their outcomes, in request order."""
+    """Send every request at its (scaled) arrival time; their outcomes, in request order. With
+    `api_key` as the bearer key; over HTTPS the server is checked against `ca_pem`."""
     if not speed > 0:
         raise InvalidArgumentError(f"speed must be > 0, got {speed}", field="speed")
     url = f"{base_url.rstrip('/')}/v1/completions"
     t0 = min((r.arrival_s for r in requests), default=0.0)
-    connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS)
+    context = ssl.create_default_context(cadata=ca_pem.decode()) if ca_pem else None
+    connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, ssl=context or True)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, headers=headers
+    ) as session:
         start_ns = clock.now_ns()
 
         async def later(request: Request) -> Outcome:

@@ -263,6 +263,26 @@ class EmulatorLimits:
     # supernodes the live launchers start (model mode takes up to scaleout.max_supernodes)
     live_supernodes_max: int = fig(8, "assumed")
     heap_trim_interval_s: float = fig(10.0, "assumed")
+    # Issue 21: the OpenAI endpoint refuses what no real deployment would take (400 or 413 with
+    # the limit named), before any of it reaches the engine or EMS.
+    http_body_max_bytes: int = fig(8 * 2**20, "assumed")  # 413 beyond
+    http_line_max_bytes: int = fig(65_536, "assumed")  # the request line (its path)
+    http_header_max_bytes: int = fig(8190, "assumed")  # one header field (aiohttp's default)
+    http_headers_max: int = fig(100, "assumed")  # header fields per request
+    http_idle_s: float = fig(75.0, "assumed")  # wall seconds a silent keep-alive connection lives
+    # wall seconds a token may leave after the wall clock reached its emulated instant and still
+    # count as on pace (responses say `kept_pace` by it)
+    release_lag_tolerance_s: float = fig(0.05, "assumed")
+    json_depth_max: int = fig(64, "assumed")  # nesting of arrays and objects in a request body
+    prompt_bytes_max: int = fig(4 * 2**20, "assumed")  # UTF-8 bytes of prompt text per request
+    content_parts_max: int = fig(1024, "assumed")  # content parts of all messages together
+    messages_max: int = fig(4096, "assumed")  # messages of one chat request
+    choices_max: int = fig(128, "assumed")  # prompts x n of one request
+    # output tokens one answer may ask for (and the default without max_tokens, when the
+    # context leaves more room): DeepSeek's own API caps R1's answers at 64K tokens
+    max_tokens_max: int = fig(65_536, "assumed")
+    stop_max: int = fig(16, "assumed")  # stop sequences (OpenAI allows 4; vLLM more)
+    stop_chars_max: int = fig(1000, "assumed")  # characters of one stop sequence
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -343,6 +363,10 @@ class ServingCalibration:
     step_retry_s: float = fig(1.0, "assumed")  # emulated seconds a failed step costs
     step_deadline_s: float = fig(10.0, "assumed")  # emulated seconds a step's measure may take
     step_deadline_min_wall_s: float = fig(5.0, "assumed")  # never below a loaded loop's stalls
+    # --- tenants' priority classes (issue 24): the share of a deployment's decode slots a class
+    # may fill before its requests wait (online: all of them)
+    tenant_near_line_share: float = fig(0.9, "assumed")
+    tenant_offline_share: float = fig(0.5, "assumed")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,6 +15,7 @@ cm384) and formats the text on a worker thread.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from emulator.model.errors import AddressInUseError
+from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import Topology, metrics_address
 from emulator.runtime.metrics import Families, SupernodeCollector
 
@@ -52,23 +54,37 @@ class MetricsServer:
     """`GET /metrics` on the process's event loop (aiohttp); anything else 404 (405 for other
     methods). Async context manager, or start() and close()."""
 
-    def __init__(self, *, address: str, name: str, read: Callable[[], Families]) -> None:
+    def __init__(
+        self,
+        *,
+        address: str,
+        name: str,
+        read: Callable[[], Families],
+        ssl_context: ssl.SSLContext | None = None,
+        idle_s: float = DEFAULT_PROFILE.limits.http_idle_s,
+    ) -> None:
         self.address = address
+        self.idle_s = idle_s  # a silent connection is closed after this
         self.name = name  # who serves it, for errors
         self._read = read
+        self._ssl = ssl_context  # HTTPS with the gRPC servers' certificate when they use TLS
         self._runner: web.AppRunner | None = None
 
     @property
     def url(self) -> str:
-        return url(self.address)
+        return url(self.address, tls=self._ssl is not None)
 
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get(PATH, self._metrics)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, keepalive_timeout=self.idle_s
+        )
         await runner.setup()
         host, _, port = self.address.rpartition(":")
-        site = web.TCPSite(runner, host.strip("[]") or None, int(port), reuse_port=False)
+        site = web.TCPSite(
+            runner, host.strip("[]") or None, int(port), reuse_port=False, ssl_context=self._ssl
+        )
         try:
             await site.start()
         except OSError as exc:
@@ -96,8 +112,8 @@ class MetricsServer:
         return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-def url(address: str) -> str:
-    return f"http://{address}{PATH}"
+def url(address: str, *, tls: bool = False) -> str:
+    return f"{'https' if tls else 'http'}://{address}{PATH}"
 
 
 def first_server(topology: Topology, hosted: Collection[str]) -> tuple[str, str] | None:
@@ -123,20 +139,24 @@ async def open_metrics(local: InProcessSupernode) -> MetricsServer | None:
         address=address,
         name=f"the /metrics of {first[0]}'s process",
         read=collector.families,
+        ssl_context=local.security.server().ssl_context(),
+        idle_s=local.profile.limits.http_idle_s,
     )
     await server.start()
     return server
 
 
-def endpoints(topology: Topology, processes: Mapping[str, Collection[str]]) -> dict[str, str]:
+def endpoints(
+    topology: Topology, processes: Mapping[str, Collection[str]], *, tls: bool = False
+) -> dict[str, str]:
     """Each process's /metrics URL, from the servers it hosts (process name: server ids);
     processes that share one (a node's devices, as compose aliases) appear once."""
     out: dict[str, str] = {}
     for name, hosted in processes.items():
         first = first_server(topology, hosted)
         address = metrics_address(topology, first[1]) if first else None
-        if address is not None and url(address) not in out.values():
-            out[name] = url(address)
+        if address is not None and url(address, tls=tls) not in out.values():
+            out[name] = url(address, tls=tls)
     return out
 
 
@@ -160,7 +180,7 @@ def supernode_endpoints(sn: Supernode) -> dict[str, str]:
                 for name, r in sn.supervisor.running.items()
                 if mine.intersection(r.spec.servers)
             }
-        out |= endpoints(topology, processes)
+        out |= endpoints(topology, processes, tls=sn.security.tls is not None)
     return out
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from emulator.client.credentials import Credentials
 from emulator.model.errors import InvalidArgumentError
+from emulator.model.tenants import Keys, parse_keys, render_keys, single
 from emulator.runtime.tls import TlsFiles
 from services.auth import ServerSecurity
 
@@ -36,16 +37,19 @@ def new_token() -> str:
     return secrets.token_urlsafe(TOKEN_BYTES)
 
 
-def read_token(path: Path) -> str:
-    """The token in a file (surrounding whitespace dropped); InvalidArgumentError when the file
-    is unreadable or empty."""
+def read_keys(path: Path) -> Keys:
+    """A token file (one token: one tenant, `default`) or a keys file (emulator/model/tenants.py
+    documents the format); InvalidArgumentError when it is unreadable or malformed."""
     try:
-        token = path.read_text().strip()
+        text = path.read_text()
     except OSError as exc:
         raise InvalidArgumentError(f"cannot read the token file {path}: {exc}") from exc
-    if not token or any(c.isspace() for c in token):
-        raise InvalidArgumentError(f"token file {path}: one token is wanted, without spaces")
-    return token
+    return parse_keys(text, f"token file {path}")
+
+
+def read_token(path: Path) -> str:
+    """The emulator's token in a token or keys file (a keys file's `admin`)."""
+    return read_keys(path).admin
 
 
 def write_secret(path: Path, text: str) -> None:
@@ -63,6 +67,11 @@ class Security:
     tls: TlsFiles | None = None
     insecure: bool = False
     mqtt_user: str | None = None  # the broker wants this user, the token as its password
+    keys: Keys | None = field(default=None, repr=False)  # tenants of the HTTP endpoint
+
+    def __post_init__(self) -> None:
+        if self.keys is not None and self.keys.admin != self.token:
+            raise ValueError("a keys file's admin key is the token")
 
     def mqtt_login(self) -> dict[str, str]:
         """The broker login (EventBus's username and password), when the broker wants one."""
@@ -71,10 +80,13 @@ class Security:
         return {"username": self.mqtt_user, "password": self.token}
 
     def server(self) -> ServerSecurity:
+        keys = self.keys or (single(self.token) if self.token else None)
         if self.tls is None:
-            return ServerSecurity(token=self.token, insecure=self.insecure)
+            return ServerSecurity(token=self.token, insecure=self.insecure, keys=keys)
         cert, key, _ = self.tls.read()
-        return ServerSecurity(token=self.token, cert_pem=cert, key_pem=key, insecure=self.insecure)
+        return ServerSecurity(
+            token=self.token, cert_pem=cert, key_pem=key, insecure=self.insecure, keys=keys
+        )
 
     def credentials(self) -> Credentials:
         ca = self.tls.read()[2] if self.tls is not None else None
@@ -86,7 +98,8 @@ class Security:
         env: dict[str, str] = {}
         if self.token:
             token_file = directory / "token"
-            write_secret(token_file, self.token + "\n")
+            text = render_keys(self.keys) if self.keys is not None else self.token + "\n"
+            write_secret(token_file, text)
             env[TOKEN_ENV] = str(token_file)
         if self.tls is not None:
             env |= {
@@ -102,7 +115,7 @@ class Security:
     def from_env(cls, environ: Mapping[str, str], *, insecure: bool = False) -> Security:
         """What `cmemu serve` runs with: the variables above (`insecure` also from its flag)."""
         token_file = environ.get(TOKEN_ENV)
-        token = read_token(Path(token_file)) if token_file else None
+        keys = read_keys(Path(token_file)) if token_file else None
         cert, key = environ.get(TLS_CERT_ENV), environ.get(TLS_KEY_ENV)
         if bool(cert) != bool(key):
             raise InvalidArgumentError(f"${TLS_CERT_ENV} and ${TLS_KEY_ENV} go together")
@@ -110,7 +123,8 @@ class Security:
         if cert and key:
             tls = TlsFiles(cert=Path(cert), key=Path(key), ca=Path(environ.get(TLS_CA_ENV) or cert))
         return cls(
-            token=token,
+            token=keys.admin if keys is not None else None,
+            keys=keys,
             tls=tls,
             insecure=insecure or environ.get(INSECURE_ENV, "") not in ("", "0"),
             mqtt_user=environ.get(MQTT_USER_ENV) or None,

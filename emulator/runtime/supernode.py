@@ -43,6 +43,7 @@ from emulator.model.errors import (
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.presets import DEFAULT_PRESET, get_preset
 from emulator.model.scaleout import build_cluster
+from emulator.model.tenants import Keys
 from emulator.model.topology import (
     CONTAINER_PORT,
     DEFAULT_BASE_PORT,
@@ -107,6 +108,7 @@ class LaunchOptions:
     profile: HardwareProfile = field(default=DEFAULT_PROFILE, repr=False)
     # who may change state (DESIGN principle 11): see emulator/runtime/security.py
     token: str | None = field(default=None, repr=False)  # guards every state-changing RPC
+    keys: Keys | None = field(default=None, repr=False)  # a keys file: the endpoint's tenants
     insecure: bool = False  # accept binding beyond loopback without a token
     tls: TlsFiles | Literal["auto"] | None = None  # "auto": a CA and certificate for this run
     tls_dir: Path | None = None  # tls "auto": where they go (default a temporary directory)
@@ -367,11 +369,12 @@ async def _security(
     (removed at the end when in a temporary directory)."""
     servers = [server for topology in supernodes for server in _servers(topology)]
     token = token or options.token
+    keys = options.keys if options.keys is not None and options.keys.admin == token else None
     guard = Security(token=token, insecure=options.insecure).server()
     for server_id, address in servers:
         guard.check_bind(server_id, address)
     if options.tls != "auto":
-        yield Security(token=token, tls=options.tls, insecure=options.insecure)
+        yield Security(token=token, keys=keys, tls=options.tls, insecure=options.insecure)
         return
     with contextlib.ExitStack() as stack:
         directory = options.tls_dir or Path(
@@ -380,7 +383,7 @@ async def _security(
         files = await asyncio.to_thread(
             tls.make_auto, directory, tls.hosts_of(a for _, a in servers)
         )
-        yield Security(token=token, tls=files, insecure=options.insecure)
+        yield Security(token=token, keys=keys, tls=files, insecure=options.insecure)
 
 
 # --- processes ------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from cmemu.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
-from emulator.model.errors import InvalidArgumentError, NotFoundError
+from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
 from emulator.model.hardware import HardwareProfile
 from emulator.model.serving.deployment import Deployment, instance_dies, parse_deployment
 from emulator.model.serving.experts import imbalance
@@ -118,7 +118,7 @@ def parse_request(
     name = request.name or deployment.model
     if not NAME.match(name):
         raise InvalidArgumentError(
-            f"deployment name {name!r}: lower-case letters, digits, '.' and '-', at most 48",
+            f"deployment name {quote(name)}: lower-case letters, digits, '.' and '-', at most 48",
             field="name",
         )
     return name, deployment
@@ -346,6 +346,21 @@ class Provisioner:
         except grpc.aio.AioRpcError as exc:
             raise remote(exc, "ems") from exc
         live.weights_source = "ems" if all(present.exists) else "cold"
+
+    async def stage_weights(self, live: LiveDeployment) -> None:
+        """A warm start: every shard into EMS now, as if cached by an earlier load (size-only
+        objects; the time an earlier load took is not this deployment's)."""
+        plan = weight_plan(live.spec, self.profile)
+        source = live.instances[0].npus[0].id
+        items = [
+            ems_pb2.PutRequest(key=key, size=size, kind=WEIGHTS_KIND, device=source)
+            for key, size in plan.shards
+        ]
+        try:
+            for item in items:  # one at a time: each is a whole pool's worth of writes
+                await self.ems.Put(item)
+        except grpc.aio.AioRpcError as exc:
+            raise remote(exc, "ems (weights)") from exc
 
     async def load_weights(self, live: LiveDeployment) -> float:
         """Cache the shards EMS lacks (a cold load fills it); the emulated loading time."""

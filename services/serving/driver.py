@@ -57,6 +57,7 @@ from emulator.model.serving.engine import (
     TokenEvent,
     rank_dies,
 )
+from emulator.model.serving.models import get_model
 from emulator.model.topology import Device
 from services.gateway_kv import KvOverRdma
 from services.peers import Peers
@@ -188,6 +189,13 @@ class Driver:
             raise InvalidArgumentError("the prompt is empty", field="prompt")
         if max_tokens < 1:
             raise InvalidArgumentError("max_tokens must be >= 1", field="max_tokens")
+        context = get_model(self.engine.deployment.model).context_tokens
+        if len(tokens) + max_tokens > context:  # issue 21: an int64 the engine cannot hold
+            raise InvalidArgumentError(
+                f"{len(tokens)} prompt and {max_tokens} output tokens exceed the model's "
+                f"context of {context}",
+                field="max_tokens",
+            )
         arrival = max(self.now_s(), self._engine_s)
         request_id = f"{self.name}-{next(self._ids)}"
         keys = prefix_keys(tokens, self.model.block_tokens, self.name)

@@ -1,62 +1,56 @@
-"""The OpenAI-compatible HTTP endpoint of the router (aiohttp).
+"""The OpenAI-compatible HTTP endpoint of the router (aiohttp), in the dialect benchmark clients
+speak (aiperf, guidellm, vLLM's own benchmark, the `openai` client).
 
-`/v1/models`, `/v1/completions` and `/v1/chat/completions`, streamed as server-sent events in
-OpenAI's chunk format (ending `data: [DONE]`) or answered whole, with `usage` (in the last chunk
-too with `stream_options.include_usage`). The `model` is a deployment's name. Token text is
-synthetic; each token is released when the engine emits it on the emulated clock, and every
-chunk carries that emulated instant in an extra `cmemu` member (clients ignore unknown members).
-A client that goes away cancels its request, which frees its KV cache.
+Routes: `GET /v1/models` (each with `max_model_len`, vLLM's field for the context length) and
+`GET /v1/models/{id}`, `POST /v1/completions` and `POST /v1/chat/completions` (whole or streamed
+as server-sent events, services/serving/endpoint/responses.py), `GET /health`, and
+`GET /openapi.json`, the endpoint's OpenAPI description (endpoint/openapi.json, which
+schemathesis checks the endpoint against). The `model` is a deployment's name. Every answer
+other than 200 is OpenAI's error JSON, unknown routes (404) and wrong methods (405) included.
 
-Bad input gets OpenAI-style JSON errors: 400 for a malformed request, 404 for a model that is
-not deployed, 503 while nothing (or not this model yet) serves.
-
-A request that fails (issue 11: its die was lost and its retries ran out, or no instance is left
-to run it) fails visibly, never silently. Not streamed: HTTP 503 with a `Retry-After` header and
-an OpenAI error body (`code` "request_failed"). Streamed (the 200 and earlier tokens are already
-out): a last chunk with `finish_reason` "error", then an event `{"error": {...}}` (the shape
-OpenAI's own streams use, which its client raises as an APIError), then `data: [DONE]`. A request
-the engine retried and finished is a normal completion: its tokens simply continue.
+A request passes, in order: its tenant (the API key: 401), its body (the limits of the hardware
+profile: 413 too big, 400 malformed or nested too deep), its fields and prompt tokens (400),
+the model (404, 503 while loading), the context (400 `context_length_exceeded`), its tenant's
+rate limits and quota (429), its priority class's turn, and then the engine. A client that goes
+away cancels its requests, which frees their KV cache. With TLS configured for the gRPC servers
+the endpoint serves HTTPS with the same certificate.
 """
 
 from __future__ import annotations
 
-import hmac
+import asyncio
 import json
-import math
+import ssl
 import time
-import uuid
-import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+import structlog
 from aiohttp import web
 
-from emulator.model.errors import (
-    AddressInUseError,
-    CapacityError,
-    EmulatorError,
-    InvalidArgumentError,
-    NotFoundError,
-    PreconditionError,
-    UnavailableError,
-)
-from emulator.model.serving.engine import FinishEvent, FinishReason, TokenEvent
-from emulator.model.serving.tokens import VOCAB, output_text, text_tokens
+from emulator.model.clock import Clock
+from emulator.model.errors import AddressInUseError, EmulatorError, quote
+from emulator.model.hardware import HardwareProfile
+from emulator.model.instruments import SERVING_BUCKETS_S, Family, Histogram
+from emulator.model.serving.models import get_model
+from emulator.model.serving.tokens import VOCAB
+from emulator.model.tenants import Keys, Priority, Tenant
 from services.serving.driver import Driver, Stream
+from services.serving.endpoint import outputs
+from services.serving.endpoint.admission import Admission, Ticket
+from services.serving.endpoint.asks import Ask, Parser
+from services.serving.endpoint.errors import HttpError, from_domain
+from services.serving.endpoint.limits import read_json
+from services.serving.endpoint.responses import CHAT, COMPLETIONS, Answer, Reply, Shape
+from services.serving.tokenizer import Loaded, load_tokenizer, output_ids
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
-MAX_BODY_BYTES = 32 * 2**20
+log = structlog.get_logger("cmemu.router")
 SHUTDOWN_S = 2.0  # wall seconds the endpoint gives its last responses when it stops
-RETRY_AFTER_S = 1  # the hint a failed request's 503 carries when its error names none
-STATUS: tuple[tuple[type[EmulatorError], int, str], ...] = (
-    (InvalidArgumentError, 400, "invalid_request_error"),
-    (NotFoundError, 404, "not_found_error"),
-    (UnavailableError, 503, "service_unavailable"),
-    (CapacityError, 429, "rate_limit_error"),
-    (PreconditionError, 409, "conflict_error"),
-)
+OPENAPI = Path(__file__).resolve().parent / "endpoint" / "openapi.json"
 
 
 class Deployments(Protocol):
@@ -68,250 +62,73 @@ class Deployments(Protocol):
     def serving(self, model: str) -> Driver: ...
 
 
-class HttpError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        kind: str,
-        param: str | None = None,
-        retry_after_s: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-        self.param = param
-        self.retry_after_s = retry_after_s
+@dataclass
+class _Held:
+    """The slots a request holds now (a preempted one holds new ones when it resumes)."""
 
-
-def _error(
-    status: int,
-    message: str,
-    kind: str,
-    param: str | None = None,
-    *,
-    code: str | None = None,
-    retry_after_s: float | None = None,
-) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    headers = {}
-    if retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
-    return web.json_response(body, status=status, headers=headers)
-
-
-def _from_domain(exc: EmulatorError) -> HttpError:
-    for cls, status, kind in STATUS:
-        if isinstance(exc, cls):
-            return HttpError(status, str(exc), kind, exc.field, exc.retry_after_s)
-    return HttpError(500, str(exc), "server_error")
-
-
-def failed_error(event: FinishEvent) -> dict[str, Any]:
-    """The OpenAI error object of a request that failed (ERROR)."""
-    return {
-        "message": f"the request failed: {event.error}",
-        "type": "service_unavailable",
-        "param": None,
-        "code": "request_failed",
-    }
-
-
-def _bad(message: str, param: str | None = None) -> HttpError:
-    return HttpError(400, message, "invalid_request_error", param)
-
-
-# --- request bodies ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Ask:
-    model: str
-    tokens: list[int]
-    max_tokens: int
-    stream: bool
-    include_usage: bool
-
-
-def _int(body: Mapping[str, Any], key: str, default: int) -> int:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _bad(f"{key} must be an integer", key)
-    return value
-
-
-def _common(body: Mapping[str, Any], tokens: list[int], max_key: str) -> Ask:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("model is required (a deployment's name: GET /v1/models)", "model")
-    max_tokens = _int(body, max_key, _int(body, "max_tokens", DEFAULT_MAX_TOKENS))
-    if max_tokens < 1:
-        raise _bad(f"{max_key} must be >= 1", max_key)
-    if _int(body, "n", 1) != 1:
-        raise _bad("only n=1 is supported", "n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _bad("stream must be a boolean", "stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise _bad("stream_options must be an object", "stream_options")
-    if options and not stream:
-        raise _bad("stream_options is only allowed with stream=true", "stream_options")
-    include = options.get("include_usage", False)
-    if not isinstance(include, bool):
-        raise _bad("stream_options.include_usage must be a boolean", "stream_options")
-    if not tokens:
-        raise _bad("the prompt is empty", "prompt")
-    return Ask(
-        model=model,
-        tokens=tokens,
-        max_tokens=max_tokens,
-        stream=stream,
-        include_usage=include,
-    )
-
-
-def _prompt_tokens(prompt: Any) -> list[int]:
-    """A prompt as text, a list with one text, or token ids (one list of ints)."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return text_tokens(prompt)
-    if isinstance(prompt, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
-    ):
-        if any(not 0 <= t < VOCAB for t in prompt):
-            raise _bad(f"token ids must be 0..{VOCAB - 1}", "prompt")
-        return list(prompt)
-    raise _bad("prompt must be a string or a list of token ids (one prompt per request)", "prompt")
-
-
-def completion_ask(body: Mapping[str, Any]) -> Ask:
-    if "prompt" not in body:
-        raise _bad("prompt is required", "prompt")
-    return _common(body, _prompt_tokens(body["prompt"]), "max_tokens")
-
-
-def _content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise _bad(f"{where}: only text content parts are supported", "messages")
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise _bad(f"{where}: a text part needs text", "messages")
-            parts.append(text)
-        return "".join(parts)
-    if content is None:
-        return ""
-    raise _bad(f"{where}.content must be a string or a list of parts", "messages")
-
-
-def chat_ask(body: Mapping[str, Any]) -> Ask:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages must be a non-empty list", "messages")
-    lines = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise _bad(f"messages[{i}] needs a role", "messages")
-        lines.append(f"<{message['role']}>{_content(message.get('content'), f'messages[{i}]')}\n")
-    # the chat template renders the history in order: a longer chat shares its prefix
-    return _common(body, text_tokens("".join(lines) + "<assistant>"), "max_completion_tokens")
-
-
-# --- responses -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Shape:
-    """What differs between the completions and the chat endpoints."""
-
-    prefix: str
-    whole: str  # object of a whole response
-    chunk: str  # object of a streamed chunk
-    piece: Callable[[str, bool], dict[str, Any]]  # (text, first) -> choice content
-    final: Callable[[str], dict[str, Any]]  # whole text -> choice content
-
-
-COMPLETIONS = Shape(
-    prefix="cmpl",
-    whole="text_completion",
-    chunk="text_completion",
-    piece=lambda text, first: {"text": text, "logprobs": None},
-    final=lambda text: {"text": text, "logprobs": None},
-)
-CHAT = Shape(
-    prefix="chatcmpl",
-    whole="chat.completion",
-    chunk="chat.completion.chunk",
-    piece=lambda text, first: {
-        "delta": {"role": "assistant", "content": text} if first else {"content": text},
-        "logprobs": None,
-    },
-    final=lambda text: {
-        "message": {"role": "assistant", "content": text, "refusal": None},
-        "logprobs": None,
-    },
-)
-
-
-FINISH_REASONS = {
-    FinishReason.LENGTH: "length",
-    FinishReason.CANCELLED: "abort",
-    FinishReason.ERROR: "error",
-}
-
-
-def _finish(event: FinishEvent) -> str:
-    return FINISH_REASONS[event.reason]
-
-
-def _usage(stream: Stream, tokens: int) -> dict[str, int]:
-    prompt = stream.request.input_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens}
-
-
-def _timing(stream: Stream) -> dict[str, Any]:
-    m = stream.metrics
-    return {
-        "request": stream.request.id,
-        "arrival_ns": m.arrival_ns,
-        "ttft_ns": m.ttft_ns,
-        "tpot_ns": m.tpot_ns,
-        "queueing_ns": m.queueing_ns,
-        "prefix_hit_tokens": m.prefix_hit_tokens,
-    }
+    ticket: Ticket | None = None
 
 
 class OpenAiServer:
-    def __init__(self, router: Deployments) -> None:
+    def __init__(self, *, router: Deployments, profile: HardwareProfile, clock: Clock) -> None:
         self.router = router
-        self.token: str | None = None
-        self.app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._guard])
+        self.profile = profile
+        self.clock = clock
+        self.limits = profile.limits
+        self.loaded: Loaded | None = None
+        self.admission = self._admission(None)
+        self.app = web.Application(
+            client_max_size=self.limits.http_body_max_bytes, middlewares=[self._errors]
+        )
         self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_get("/v1/models/{model}", self.model)
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/openapi.json", self.openapi)
         self._runner: web.AppRunner | None = None
+        self._openapi = json.loads(OPENAPI.read_text(encoding="utf-8"))
+        self._rng = np.random.default_rng()
+        self.release_lag = Histogram(SERVING_BUCKETS_S)  # wall seconds a token left late
         self.created = int(time.time())
 
-    async def start(self, address: str, token: str | None = None) -> None:
-        """Serve at `address`; with a token, requests (not the model list) need it as their
-        bearer API key, as the gRPC services need it for what changes state."""
-        self.token = token
+    def _admission(self, keys: Keys | None) -> Admission:
+        s = self.profile.serving
+        return Admission(
+            keys=keys,
+            clock=self.clock,
+            near_line_share=s.tenant_near_line_share,
+            offline_share=s.tenant_offline_share,
+        )
+
+    async def start(
+        self,
+        address: str,
+        *,
+        keys: Keys | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        loaded: Loaded | None = None,
+    ) -> None:
+        """Serve at `address`. With keys, completions need a tenant's key (the model list stays
+        open, as the gRPC services' reads do); with an SSL context, HTTPS."""
+        self.admission = self._admission(keys)
+        self.loaded = loaded or load_tokenizer()
         host, _, port = address.rpartition(":")
-        # a client that goes away cancels its handler: its request is then cancelled too
+        # a client that goes away cancels its handler: its requests are then cancelled too
         runner = web.AppRunner(
-            self.app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_S
+            self.app,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=SHUTDOWN_S,
+            keepalive_timeout=self.limits.http_idle_s,  # also a connection that never speaks
+            max_line_size=self.limits.http_line_max_bytes,
+            max_field_size=self.limits.http_header_max_bytes,
+            max_headers=self.limits.http_headers_max,
         )
         await runner.setup()
-        site = web.TCPSite(runner, host.strip("[]") or None, int(port), reuse_port=False)
+        site = web.TCPSite(
+            runner, host.strip("[]") or None, int(port), reuse_port=False, ssl_context=ssl_context
+        )
         try:
             await site.start()
         except OSError as exc:
@@ -324,158 +141,209 @@ class OpenAiServer:
         if runner is not None:
             await runner.cleanup()
 
+    def metrics(self) -> list[Family]:
+        lag = Family(
+            name="cmemu_http_token_release_lag_seconds",
+            help="Wall seconds each token left the endpoint after the wall clock reached its "
+            "emulated instant (0 while the emulator keeps pace)",
+            type="histogram",
+            samples=[({}, self.release_lag.snapshot())],
+        )
+        return [*self.admission.metrics(), lag]
+
+    # --- every answer OpenAI-shaped ------------------------------------------------------------
+
     @web.middleware
-    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.token and request.method == "POST":
-            given = request.headers.get("Authorization", "")
-            expected = f"Bearer {self.token}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):
-                return _error(
-                    401,
-                    "this endpoint needs the emulator's token as the API key "
-                    "(Authorization: Bearer <token>)",
-                    "invalid_request_error",
-                )
-        return await handler(request)
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except HttpError as exc:
+            return exc.response()
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            response = HttpError(
+                405, f"{request.method} is not allowed on {quote(request.path, 80)}; use {allowed}"
+            ).response()
+            response.headers["Allow"] = allowed
+            return response
+        except web.HTTPNotFound:
+            return HttpError(
+                404,
+                f"no route {quote(request.path, 80)}: the endpoint serves /v1/models, "
+                "/v1/completions and /v1/chat/completions",
+                "not_found_error",
+            ).response()
+        except web.HTTPException as exc:
+            return HttpError(exc.status, exc.reason or "refused").response()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug: still OpenAI's shape, and logged with its traceback
+            log.exception("the endpoint failed", path=request.path)
+            return HttpError(500, "the emulator failed on this request", "server_error").response()
 
     # --- handlers ------------------------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(self._openapi)
+
+    def _card(self, name: str, live: Any) -> dict[str, Any]:
+        spec = getattr(live, "spec", None)
+        model = get_model(spec.model) if spec is not None else None
+        tokenizer = self.loaded.tokenizer if self.loaded is not None else None
+        return {
+            "id": name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "cmemu",
+            "root": spec.model if spec is not None else name,
+            "parent": None,
+            "max_model_len": model.context_tokens if model is not None else None,
+            "permission": [],
+            "cmemu": {
+                "tokenizer": tokenizer.name if tokenizer is not None else None,
+                "exact_token_counts": tokenizer.exact if tokenizer is not None else False,
+            },
+        }
+
     async def models(self, request: web.Request) -> web.Response:
-        data = [
-            {"id": name, "object": "model", "created": self.created, "owned_by": "cmemu"}
-            for name in self.router.deployments
-        ]
+        data = [self._card(name, live) for name, live in self.router.deployments.items()]
         return web.json_response({"object": "list", "data": data})
 
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        live = self.router.deployments.get(name)
+        if live is None:
+            raise self._unknown(name)
+        return web.json_response(self._card(name, live))
+
+    def _unknown(self, model: str) -> HttpError:
+        deployed = sorted(self.router.deployments)
+        return HttpError(
+            404,
+            f"the model {quote(model, 64)} does not exist; deployed: "
+            f"{', '.join(deployed) if deployed else 'none (cmemu serve-model)'}",
+            "invalid_request_error",
+            "model",
+            code="model_not_found",
+        )
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, completion_ask, COMPLETIONS)
+        return await self._serve(request, COMPLETIONS)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, chat_ask, CHAT)
+        return await self._serve(request, CHAT)
 
-    async def _serve(
-        self,
-        request: web.Request,
-        parse: Callable[[Mapping[str, Any]], Ask],
-        shape: Shape,
-    ) -> web.StreamResponse:
+    # --- serving -------------------------------------------------------------------------------
+
+    def _parser(self) -> Parser:
+        assert self.loaded is not None, "the endpoint is not started"
+        # token ids as the model's embedding takes them (the model card's vocabulary)
+        return Parser(tokenizer=self.loaded.tokenizer, limits=self.limits, vocab=VOCAB)
+
+    async def _serve(self, request: web.Request, shape: Shape) -> web.StreamResponse:
+        tenant = self.admission.tenant(request.headers.get("Authorization", ""))
+        body = await read_json(request, self.limits)
+        parser = self._parser()
+        ask = await (parser.chat(body) if shape is CHAT else parser.completion(body))
+        driver = self._driver(ask.model)
+        context = get_model(driver.engine.deployment.model).context_tokens
+        lengths = ask.lengths(context, self.limits.max_tokens_max)
+        prompt_tokens = sum(len(p) for p in ask.prompts)
+        self.admission.admit(tenant, prompt_tokens)
+        reply: Reply | None = None
+        held = _Held()
         try:
+            held.ticket = await self.admission.acquire(tenant, driver, len(ask.prompts) * ask.n)
+            reply = self._submit(driver, ask, shape, lengths)
+            if len(reply.answers) == 1 and tenant.priority is not Priority.ONLINE:
+                self._preemptible(reply, held, tenant, driver)
             try:
-                body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise _bad(f"the body is not JSON: {exc}") from exc
-            if not isinstance(body, dict):
-                raise _bad("the body must be a JSON object")
-            ask = parse(body)
-            driver = self._driver(ask.model)
-            stream = driver.submit(ask.tokens, ask.max_tokens)
-        except HttpError as exc:
-            return _error(exc.status, str(exc), exc.kind, exc.param)
-        except EmulatorError as exc:
-            err = _from_domain(exc)
-            return _error(
-                err.status, str(err), err.kind, err.param, retry_after_s=err.retry_after_s
-            )
-        try:
-            if ask.stream:
-                return await self._stream(request, stream, ask, shape)
-            return await self._whole(stream, ask, shape)
+                if ask.stream:
+                    return await reply.streamed(request)
+                return await reply.whole()
+            finally:
+                for answer in reply.answers:
+                    if answer.stream.finished is None:  # the client went away
+                        driver.cancel(answer.stream.request.id)
         finally:
-            if stream.finished is None:  # the client went away (or we are stopping)
-                driver.cancel(stream.request.id)
+            if held.ticket is not None:
+                self.admission.release(held.ticket)
+            if reply is not None and reply.billed:
+                self.admission.charge(tenant, prompt_tokens, reply.usage())
+            else:  # refused or failed: nothing to bill, the admission given back
+                self.admission.refund(tenant, prompt_tokens)
+
+    def _preemptible(self, reply: Reply, held: _Held, tenant: Tenant, driver: Driver) -> None:
+        """Let a higher class's arrival take this one-answer request's slot: its engine request
+        is cancelled, and once its class may run again it continues where it stopped (its
+        prompt and the tokens it had as the continuation's prompt, the rest as its output)."""
+        answer = reply.answers[0]
+        tokenizer = reply.tokenizer
+
+        def preempt() -> None:
+            answer.preempted = True
+            driver.cancel(answer.stream.request.id)
+
+        async def resume(a: Answer) -> Stream | None:
+            left = a.choice.tokens - a.offset
+            if left <= 0:
+                return None
+            held.ticket = await self.admission.acquire(tenant, driver, 1)
+            held.ticket.preempt = preempt
+            prompt = reply.ask.prompts[a.choice.prompt]
+            done = output_ids(tokenizer, a.choice.seed, 0, a.offset)
+            try:
+                return driver.submit([*prompt, *done], left)
+            except EmulatorError:
+                return None  # the deployment is going away: the answer ends where it was
+
+        answer.first = answer.stream.metrics
+        assert held.ticket is not None
+        held.ticket.preempt = preempt
+        reply.resume = resume
+
+    def _submit(self, driver: Driver, ask: Ask, shape: Shape, lengths: outputs.Lengths) -> Reply:
+        natural = driver.engine.deployment.output
+        # any 64-bit seed, negative ones too (numpy takes none below 0)
+        rng = np.random.default_rng(ask.seed % 2**64) if ask.seed is not None else self._rng
+        assert self.loaded is not None
+        answers: list[Answer] = []
+        try:
+            for p, tokens in enumerate(ask.prompts):
+                for j in range(ask.n):
+                    choice = outputs.plan(
+                        index=p * ask.n + j,
+                        prompt=p,
+                        lengths=lengths,
+                        natural=natural,
+                        rng=rng,
+                        tokenizer=self.loaded.tokenizer,
+                    )
+                    stream = driver.submit(tokens, choice.tokens)
+                    answers.append(Answer(choice=choice, stream=stream))
+        except EmulatorError as exc:
+            for answer in answers:
+                driver.cancel(answer.stream.request.id)
+            raise from_domain(exc) from exc
+        return Reply(
+            ask=ask,
+            shape=shape,
+            answers=answers,
+            tokenizer=self.loaded.tokenizer,
+            clock=self.clock,
+            lag_tolerance_s=self.limits.release_lag_tolerance_s,
+            lags=self.release_lag,
+        )
 
     def _driver(self, model: str) -> Driver:
         if not self.router.deployments:
             raise HttpError(503, "no model is deployed (cmemu serve-model)", "service_unavailable")
         if model not in self.router.deployments:
-            raise HttpError(
-                404,
-                f"the model {model!r} does not exist; deployed: "
-                f"{', '.join(sorted(self.router.deployments))}",
-                "invalid_request_error",
-                "model",
-            )
-        return self.router.serving(model)
-
-    def _head(self, stream: Stream, ask: Ask, shape: Shape, obj: str) -> dict[str, Any]:
-        return {
-            "id": f"{shape.prefix}-{stream.request.id}-{uuid.uuid4().hex[:8]}",
-            "object": obj,
-            "created": int(time.time()),
-            "model": ask.model,
-            "system_fingerprint": "cmemu",
-        }
-
-    async def _whole(self, stream: Stream, ask: Ask, shape: Shape) -> web.Response:
-        parts: list[str] = []
-        seed = zlib.crc32(stream.request.id.encode())
-        finish, tokens = "length", 0
-        async for event in stream:
-            if isinstance(event, TokenEvent):
-                parts.append(output_text(seed, event.index, event.count))
-                continue
-            if event.reason is FinishReason.ERROR:
-                err = failed_error(event)
-                return _error(
-                    503, err["message"], err["type"], code=err["code"], retry_after_s=RETRY_AFTER_S
-                )
-            finish = _finish(event)
-            tokens = event.tokens
-        body = self._head(stream, ask, shape, shape.whole)
-        body["choices"] = [{"index": 0, "finish_reason": finish, **shape.final("".join(parts))}]
-        body["usage"] = _usage(stream, tokens)
-        body["cmemu"] = _timing(stream)
-        return web.json_response(body)
-
-    async def _stream(
-        self, request: web.Request, stream: Stream, ask: Ask, shape: Shape
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
-        head = self._head(stream, ask, shape, shape.chunk)
-        seed = zlib.crc32(stream.request.id.encode())
-
-        async def send(payload: dict[str, Any] | str) -> None:
-            data = payload if isinstance(payload, str) else json.dumps(payload)
-            await response.write(f"data: {data}\n\n".encode())
-
-        first = True
-        async for event in stream:
-            if isinstance(event, TokenEvent):
-                text = output_text(seed, event.index, event.count)
-                choice = {"index": 0, "finish_reason": None, **shape.piece(text, first)}
-                first = False
-                await send(
-                    {
-                        **head,
-                        "choices": [choice],
-                        "cmemu": {
-                            "emulated_ns": round(event.time_s * 1e9),
-                            "index": event.index,
-                            "count": event.count,
-                        },
-                    }
-                )
-                continue
-            last = {"index": 0, "finish_reason": _finish(event), **shape.piece("", False)}
-            if shape is CHAT:
-                last["delta"] = {}
-            await send(
-                {
-                    **head,
-                    "choices": [last],
-                    "cmemu": {"emulated_ns": round(event.time_s * 1e9), **_timing(stream)},
-                }
-            )
-            if ask.include_usage:
-                await send({**head, "choices": [], "usage": _usage(stream, event.tokens)})
-            if event.reason is FinishReason.ERROR:
-                await send({"error": failed_error(event)})
-        await send("[DONE]")
-        await response.write_eof()
-        return response
+            raise self._unknown(model)
+        try:
+            return self.router.serving(model)
+        except EmulatorError as exc:
+            raise from_domain(exc) from exc

@@ -17,7 +17,7 @@ from cmemu.v1 import (
 )
 from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
-from emulator.model.errors import NotFoundError, PreconditionError, UnavailableError
+from emulator.model.errors import NotFoundError, PreconditionError, UnavailableError, quote
 from emulator.model.hardware import HardwareProfile
 from emulator.model.topology import ServiceKind, Topology
 from emulator.model.training.job import ENDED, JobProgress
@@ -77,7 +77,10 @@ class TrainingState:
         job = self.jobs.get(name)
         if job is None:
             raise NotFoundError(
-                f"no training job {name!r}", field="name", subject=name, reason="JOB_NOT_FOUND"
+                f"no training job {quote(name)}",
+                field="name",
+                subject=name,
+                reason="JOB_NOT_FOUND",
             )
         return job
 

@@ -42,6 +42,20 @@ def _post_status(state_file: Path) -> int:
         return exc.code
 
 
+def _check_usage(flags: tuple[str, ...]) -> None:
+    """Metering: the one tenant (no token: `default`) used what the replays' usage says (both
+    replays: all six requests, then the first two)."""
+    usage = json.loads(cmemu("usage", "--format", "json", *flags).stdout)
+    (default,) = usage["tenants"]
+    assert default["tenant"] == "default" and default["requests"] == 6 + 2
+    assert default["completion_tokens"] == 8 + 6 + 10 + 5 + 4 + 7 + (8 + 6)
+    assert default["prompt_tokens"] == 1100 + 900 + 1200 + 1500 + 600 + 1024 + (1100 + 900)
+    csv = cmemu("usage", "--format", "csv", *flags).stdout.splitlines()
+    assert csv[0].startswith("tenant,priority,requests,prompt_tokens") and len(csv) == 2
+    nobody = cmemu("usage", "--tenant", "nobody", *flags)
+    assert nobody.returncode == 1 and "TENANT_NOT_FOUND" in nobody.stderr
+
+
 def test_serve_replay_undeploy(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     base = free_port_block(server_count(build("cm-mini")))
@@ -59,6 +73,9 @@ def test_serve_replay_undeploy(tmp_path: Path) -> None:
         assert "deployment tiny: deepseek-r1, serving, 4 NPUs" in out
         assert "decode-0" in out and "prefill-0" in out and "experts per die" in out
         assert "weights 671 GB from cold" in out and "/v1" in out
+        # said before waiting: the load's emulated and wall time at this time scale
+        assert "loading 671 GB of weights cold, from object storage: 640 s emulated" in out
+        assert "of wall time at time scale 60" in out
 
         listed = cmemu("deployments", *flags)
         assert listed.returncode == 0 and "tiny" in listed.stdout and "serving" in listed.stdout
@@ -82,6 +99,8 @@ def test_serve_replay_undeploy(tmp_path: Path) -> None:
         for word in ("TTFT ms", "TPOT ms", "goodput", "prefix-cache hits"):
             assert word in text.stdout
 
+        _check_usage(flags)
+
         huge = cmemu("serve-model", "deepseek-r1", "--decode", "15", "--prefill", "1x4", *flags)
         assert huge.returncode == 1 and "RESOURCE_EXHAUSTED" in huge.stderr
         twice = cmemu("serve-model", "deepseek-r1", "--decode", "2", "--as", "tiny", *flags)
@@ -98,6 +117,7 @@ def test_serve_replay_undeploy(tmp_path: Path) -> None:
         )  # fmt: skip
         assert small.returncode == 0, small.stderr
         assert "deployment small: deepseek-r1" in small.stdout
+        assert "weights cold" not in small.stdout and "weights from EMS" in small.stdout
         nothing = cmemu("replay", str(trace), "--model", "nope", *flags)
         assert nothing.returncode == 1 and "NOT_FOUND" in nothing.stderr
 

@@ -30,7 +30,10 @@ async def test_prefill_to_decode_kv_goes_over_rdma() -> None:
         client = openai.AsyncOpenAI(base_url=f"http://{http}/v1", api_key="none", max_retries=0)
         try:
             done = await client.completions.create(
-                model="small", prompt="Tell me about the scale-out plane. " * 20, max_tokens=4
+                model="small",
+                prompt="Tell me about the scale-out plane. " * 20,
+                max_tokens=4,
+                extra_body={"ignore_eos": True},
             )
         finally:
             await client.close()

@@ -54,6 +54,7 @@ async def _complete(base: str, model: str, prompt: str, max_tokens: int) -> Outc
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
+        "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -221,7 +222,11 @@ async def test_requests_out_of_retries_fail_visibly_and_nothing_is_dropped() -> 
 
         async def one(i: int) -> str:
             stream = await client.completions.create(
-                model=d.name, prompt=f"q{i}", max_tokens=80, stream=True
+                model=d.name,
+                prompt=f"q{i}",
+                max_tokens=80,
+                stream=True,
+                extra_body={"ignore_eos": True},
             )
             finish: str | None = None
             try:
@@ -238,7 +243,7 @@ async def test_requests_out_of_retries_fail_visibly_and_nothing_is_dropped() -> 
                 aiohttp.ClientSession() as session,
                 session.post(
                     f"{d.base}/v1/completions",
-                    json={"model": d.name, "prompt": f"w{i}", "max_tokens": 80},
+                    json={"model": d.name, "prompt": f"w{i}", "max_tokens": 80, "ignore_eos": True},
                 ) as response,
             ):
                 body = await response.json()

@@ -17,6 +17,7 @@ from typing import Any
 from emulator.model.errors import InvalidArgumentError, UnknownNameError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.naming import die_id
+from emulator.model.serving.lengths import Distribution, parse_distribution
 from emulator.model.serving.models import MODELS
 
 SUPPORTED_VERSION = 1
@@ -65,6 +66,13 @@ class EmsSpec:
     capacity_bytes: int = 0  # 0: the EMS DRAM share of the pools of the nodes in use
 
 
+def _natural_output() -> Distribution:
+    """Where requests end by themselves (the model's end-of-sequence token): lognormal, fitted
+    to the output lengths of workloads/mooncake-synthetic.jsonl (geometric mean 50 tokens, sigma
+    of the log 1.77), clipped to 1..8192."""
+    return Distribution(kind="lognormal", mean=50.0, sigma=1.77, min=1, max=8192)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Deployment:
     model: str = "deepseek-r1"
@@ -75,6 +83,9 @@ class Deployment:
     router: str = "kv-aware"
     ems: EmsSpec = field(default_factory=EmsSpec)
     placement: str = "static"
+    # the output-length model: a request without max_tokens (or ignore_eos) ends where a draw
+    # from it says, as a real model ends at its end-of-sequence token
+    output: Distribution = field(default_factory=_natural_output)
 
     def decode_dies(self, profile: HardwareProfile = DEFAULT_PROFILE) -> int:
         return self.decode.npus * profile.npu.dies
@@ -153,6 +164,8 @@ def parse_deployment(
     for key, value in body.items():
         if key in sections:
             values[key] = _section(value, sections[key], key)
+        elif key == "output":
+            values[key] = parse_distribution(value, key)
         else:
             values[key] = _typed(value, str, key)
     deployment = Deployment(**values)

@@ -27,6 +27,9 @@ class ModelShape:
     dense_ffn: int = fig(18432, "pub")
     vocab: int = fig(129280, "pub")
     mtp_layers: int = fig(1, "pub")
+    # prompt + output tokens one request may span (the model config's max_position_embeddings:
+    # 128K extended by YaRN to 163,840; vLLM reports it as max_model_len)
+    context_tokens: int = fig(163_840, "pub")
 
     @property
     def moe_layers(self) -> int:

@@ -1,37 +1,21 @@
-"""Synthetic tokens: deterministic ids for prompts, synthetic text for outputs.
+"""Token ids for prompts given as lengths: a Mooncake trace's `hash_ids`.
 
-No tokenizer runs here (the emulator serves timing, not language). What matters is that equal
-prefixes give equal ids, so that EMS prefix keys (a hash chain over token blocks) hit exactly
-when a real system's would:
-- text: one token per TEXT_CHARS characters, its id a hash of those characters;
-- a Mooncake trace: each `hash_id` names one block of the trace's block size in context, so block
-  `h` becomes the same `block_tokens` ids wherever it appears.
+Text is tokenized by the model's tokenizer (services/serving/tokenizer.py). A trace carries no
+text, only lengths and prefix-block hashes; what matters then is that equal prefixes give equal
+ids, so that EMS prefix keys (a hash chain over token blocks) hit exactly when a real system's
+would: each `hash_id` names one block of the trace's block size in context, so block `h` becomes
+the same `block` ids wherever it appears.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 
 from emulator.model.errors import InvalidArgumentError
 
-VOCAB = 129_280  # DeepSeek-V3/R1's vocabulary (the model card): ids are below it
-TEXT_CHARS = 4  # the usual rule of thumb for English BPE: about four characters a token
-WORDS = (
-    "the", "emulated", "supernode", "serves", "tokens", "at", "the", "pace", "of", "its",
-    "cost", "model", "while", "experts", "route", "over", "unified", "bus", "links", "and",
-    "prefix", "blocks", "return", "from", "pooled", "memory", "so", "decode", "never", "waits",
-)  # fmt: skip
+VOCAB = 129_280  # DeepSeek-V3/R1's vocabulary (the model card): every id is below it
 
-
-def text_tokens(text: str) -> list[int]:
-    """One id per TEXT_CHARS characters (at least one for any text)."""
-    if not text:
-        return []
-    return [
-        zlib.crc32(text[i : i + TEXT_CHARS].encode()) % VOCAB
-        for i in range(0, len(text), TEXT_CHARS)
-    ]
+__all__ = ["VOCAB", "block_tokens"]
 
 
 def block_tokens(hash_ids: Sequence[int], input_length: int, block: int) -> list[int]:
@@ -51,8 +35,3 @@ def block_tokens(hash_ids: Sequence[int], input_length: int, block: int) -> list
         seed = (h * 2_654_435_761 + 0x9E3779B9) & 0xFFFFFFFF
         ids.extend((seed + j * 40_503) % VOCAB for j in range(block))
     return ids[:input_length]
-
-
-def output_text(seed: int, index: int, count: int) -> str:
-    """The synthetic text of `count` output tokens from token `index` of a request."""
-    return "".join(f" {WORDS[(seed * 31 + i) % len(WORDS)]}" for i in range(index, index + count))

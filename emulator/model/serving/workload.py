@@ -19,49 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from emulator.model.errors import InvalidArgumentError, UnknownNameError, quote
+from emulator.model.errors import InvalidArgumentError, UnknownNameError
 from emulator.model.serving.engine import Request
+from emulator.model.serving.lengths import (
+    DISTRIBUTIONS,
+    Distribution,
+    number,
+    parse_distribution,
+    sample,
+)
+
+__all__ = ["DISTRIBUTIONS", "Distribution", "Workload", "generate", "parse_workload", "sample"]
 
 SUPPORTED_VERSION = 1
-
-
-@dataclass(frozen=True, kw_only=True)
-class Distribution:
-    """A token-length distribution: `kind` from DISTRIBUTIONS, its parameters, clipped to
-    [min, max]."""
-
-    kind: str = "constant"
-    value: float = 0.0  # constant
-    low: float = 0.0  # uniform
-    high: float = 0.0
-    mean: float = 0.0  # normal; lognormal: the median
-    sigma: float = 0.0  # normal: std; lognormal: of the log
-    min: int = 1
-    max: int = 1_000_000
-
-
-def _constant(d: Distribution, rng: np.random.Generator) -> float:
-    return d.value
-
-
-def _uniform(d: Distribution, rng: np.random.Generator) -> float:
-    return float(rng.uniform(d.low, d.high + 1))
-
-
-def _normal(d: Distribution, rng: np.random.Generator) -> float:
-    return float(rng.normal(d.mean, d.sigma))
-
-
-def _lognormal(d: Distribution, rng: np.random.Generator) -> float:
-    return float(d.mean * math.exp(rng.normal(0.0, d.sigma)))
-
-
-DISTRIBUTIONS: dict[str, Callable[[Distribution, np.random.Generator], float]] = {
-    "constant": _constant,
-    "uniform": _uniform,
-    "normal": _normal,
-    "lognormal": _lognormal,
-}
 
 
 def _poisson(rate: float, rng: np.random.Generator) -> float:
@@ -91,53 +61,6 @@ class Workload:
     seed: int = 0
 
 
-def sample(d: Distribution, rng: np.random.Generator) -> int:
-    return int(min(max(round(DISTRIBUTIONS[d.kind](d, rng)), d.min), d.max))
-
-
-def _number(value: Any, where: str, kind: type = float) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgumentError(f"{where} must be a number, got {quote(value)}", field=where)
-    if kind is int:
-        if value != int(value):
-            raise InvalidArgumentError(f"{where} must be a whole number", field=where)
-        return int(value)
-    if not math.isfinite(value):
-        raise InvalidArgumentError(f"{where} must be finite", field=where)
-    return float(value)
-
-
-def _distribution(raw: Any, where: str) -> Distribution:
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
-        raw = {"kind": "constant", "value": raw}
-    if not isinstance(raw, Mapping):
-        raise InvalidArgumentError(
-            f"{where} must be a number or a mapping with a kind", field=where
-        )
-    fields = {f.name: f for f in dataclasses.fields(Distribution)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise InvalidArgumentError(
-            f"{where}: unknown fields {unknown}; known: {sorted(fields)}", field=where
-        )
-    kind = raw.get("kind", "constant")
-    if kind not in DISTRIBUTIONS:
-        raise UnknownNameError("distribution", str(kind), DISTRIBUTIONS, field=f"{where}.kind")
-    values = {
-        k: _number(v, f"{where}.{k}", int if k in ("min", "max") else float)
-        for k, v in raw.items()
-        if k != "kind"
-    }
-    d = Distribution(kind=kind, **values)
-    if d.min < 1 or d.max < d.min:
-        raise InvalidArgumentError(f"{where}: need 1 <= min <= max", field=where)
-    if kind == "uniform" and not d.low <= d.high:
-        raise InvalidArgumentError(f"{where}: need low <= high", field=where)
-    if kind in ("normal", "lognormal") and (d.sigma < 0 or (kind == "lognormal" and d.mean <= 0)):
-        raise InvalidArgumentError(f"{where}: need sigma >= 0 (and mean > 0)", field=where)
-    return d
-
-
 def parse_workload(raw: Mapping[str, Any]) -> Workload:
     """Validate a workload document into a Workload."""
     if not isinstance(raw, Mapping):
@@ -156,15 +79,15 @@ def parse_workload(raw: Mapping[str, Any]) -> Workload:
     values: dict[str, Any] = {}
     for key, value in body.items():
         if key in ("input", "output"):
-            values[key] = _distribution(value, key)
+            values[key] = parse_distribution(value, key)
         elif key == "arrival":
             if value not in ARRIVALS:
                 raise UnknownNameError("arrival process", str(value), ARRIVALS, field=key)
             values[key] = value
         elif key in ("requests", "prefix_pool", "seed"):
-            values[key] = _number(value, key, int)
+            values[key] = number(value, key, int)
         else:
-            values[key] = _number(value, key)
+            values[key] = number(value, key)
     w = Workload(**values)
     if not w.rate_per_s > 0:
         raise InvalidArgumentError("rate_per_s must be > 0", field="rate_per_s")
@@ -213,10 +136,10 @@ def read_mooncake(lines: Iterable[str], *, block_tokens: int) -> list[Request]:
     """Requests from a Mooncake trace (its lines). Only full blocks' ids become block keys (the
     trace also names the last, partial block). A bad line is an InvalidArgumentError naming it."""
     out: list[Request] = []
-    for number, line in enumerate(lines, start=1):
+    for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        where = f"line {number}"
+        where = f"line {line_no}"
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -226,9 +149,9 @@ def read_mooncake(lines: Iterable[str], *, block_tokens: int) -> list[Request]:
         missing = [k for k in _TRACE_FIELDS if k not in row]
         if missing:
             raise InvalidArgumentError(f"{where}: missing {missing}", field=where)
-        ts = _number(row["timestamp"], f"{where}.timestamp")
-        inp = _number(row["input_length"], f"{where}.input_length", int)
-        outp = _number(row["output_length"], f"{where}.output_length", int)
+        ts = number(row["timestamp"], f"{where}.timestamp")
+        inp = number(row["input_length"], f"{where}.input_length", int)
+        outp = number(row["output_length"], f"{where}.output_length", int)
         ids = row.get("hash_ids", [])
         if not isinstance(ids, list) or any(
             isinstance(i, bool) or not isinstance(i, int) for i in ids
@@ -241,7 +164,7 @@ def read_mooncake(lines: Iterable[str], *, block_tokens: int) -> list[Request]:
         keys = tuple(str(i) for i in ids[: inp // block_tokens])
         out.append(
             Request(
-                id=f"t{number}",
+                id=f"t{line_no}",
                 arrival_s=ts / 1000.0,
                 input_tokens=inp,
                 output_tokens=outp,

@@ -52,6 +52,7 @@ class Traffic:
             "model": self.model,
             "prompt": _prompt(n, self.load.input_tokens),
             "max_tokens": self.load.output_tokens,
+            "ignore_eos": True,  # exactly that many tokens, as benchmark clients ask
         }
         try:
             async with session.post(self.url, json=body) as response:

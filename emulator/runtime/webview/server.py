@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from importlib import resources
 from types import TracebackType
 
@@ -88,8 +89,11 @@ class WebView:
         address: str = AUTO,
         profile: HardwareProfile = DEFAULT_PROFILE,
         rates: Rates | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.host, self.port = parse_address(address)
+        self._ssl = ssl_context  # HTTPS with the gRPC servers' certificate when they use TLS
+        self.idle_s = profile.limits.http_idle_s  # a silent connection is closed after this
         self.machine = Machine(clients.topology, profile)
         self.collector = Collector(self.machine, clients, rates=rates)
         self._runner: web.AppRunner | None = None
@@ -99,7 +103,7 @@ class WebView:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"
+        return f"{'https' if self._ssl else 'http'}://{host}:{self.port}/"
 
     async def __aenter__(self) -> WebView:
         self._static = await _read_static()
@@ -108,9 +112,15 @@ class WebView:
         app.router.add_get("/static/{name}", self._asset)
         app.router.add_get("/api/snapshot", self._snapshot)
         app.router.add_get("/events", self._events)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=1.0,
+            keepalive_timeout=self.idle_s,
+        )
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, reuse_port=False)
+        site = web.TCPSite(runner, self.host, self.port, reuse_port=False, ssl_context=self._ssl)
         try:
             await site.start()
         except OSError as exc:
