@@ -24,6 +24,7 @@ from emulator.cli.chaos import chaos_args, cmd_chaos
 from emulator.cli.ems import cmd_ems, ems_args
 from emulator.cli.fabric import cmd_links, cmd_xfer, links_args, xfer_args
 from emulator.cli.fault import cmd_fault, fault_args
+from emulator.cli.image import cmd_image, image_args
 from emulator.cli.instances import cmd_down, cmd_instances, down_args, instances_args
 from emulator.cli.k8s import cmd_k8s, k8s_args
 from emulator.cli.manager import cmd_manager, manager_args
@@ -242,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
             "serve one device, node or service of a topology (a container's entry point)",
         ),
         "compose": (up.cmd_compose, "generate a docker compose file for a preset"),
+        "image": (cmd_image, "build the emulator's container image, with or without a registry"),
         "k8s": (cmd_k8s, "generate Kubernetes manifests for a preset (a directory to apply)"),
         "probe": (cmd_probe, "health-check one device (exit 0 only when SERVING)"),
         "ls": (cmd_ls, "list the running emulator's devices with their health"),
@@ -276,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.serve_args(parsers["serve"])
     up.compose_args(parsers["compose"])
     k8s_args(parsers["k8s"])
+    image_args(parsers["image"])
     _probe_args(parsers["probe"])
     _ls_args(parsers["ls"])
     xfer_args(parsers["xfer"])

@@ -22,7 +22,8 @@ from emulator.cli.instances import check_not_running
 from emulator.model.errors import EmulatorError
 from emulator.model.presets import DEFAULT_PRESET
 from emulator.model.topology import CONTAINER_PORT, DEFAULT_BASE_PORT, DEFAULT_HOST
-from emulator.runtime import composegen, metricserver, state
+from emulator.runtime import composegen, docker, metricserver, state
+from emulator.runtime.image import IMAGE
 from emulator.runtime.procs import Running
 from emulator.runtime.security import Security, read_token
 from emulator.runtime.serve import (
@@ -31,6 +32,7 @@ from emulator.runtime.serve import (
     DEFAULT_SERVE_DRAIN_S,
     PER,
     SERVE_KINDS,
+    Per,
     ServeOptions,
     serve,
 )
@@ -130,24 +132,64 @@ def _report_death(running: Running) -> None:
     )
 
 
+def _compose_mode(args: argparse.Namespace, run_dir: Path) -> tuple[Mode, Path | None]:
+    """`--mode compose` and `--from-compose FILE`: through the Docker engine when one answers
+    (`--engine auto`, the default of --mode compose) or when told (`--engine docker`); else the
+    file's services as local processes (the default of --from-compose), said so."""
+    given = Path(args.from_compose) if args.from_compose else None
+    engine = args.engine or ("local" if given else "auto")
+    if engine != "local":
+        version = docker.engine_answers()
+        if version is not None:
+            print(f"cmemu: Docker engine {version}: docker compose up", flush=True)
+            return "docker", given
+        if engine == "docker":
+            raise EmulatorError(
+                "no Docker engine answers (`docker version` failed): start dockerd, or pass "
+                "--engine local to run the compose services as local processes"
+            )
+        print(
+            "cmemu: no Docker engine answers: running the compose file's services as local "
+            "processes (as --from-compose; --engine docker insists on an engine)",
+            flush=True,
+        )
+    if given is not None:
+        return "compose", given
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / f"{args.preset}.yaml"
+    composegen.write(args.preset, args.per_container or "device", out)
+    composegen.write_secrets(run_dir)
+    return "compose", out
+
+
 def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
     if args.from_compose and args.from_k8s:
         raise argtypes.UsageError("--from-compose or --from-k8s: one of them")
-    mode: Mode = "compose" if args.from_compose else "k8s" if args.from_k8s else args.mode
+    if args.engine and not (args.from_compose or args.mode == "compose"):
+        raise argtypes.UsageError("--engine goes with --mode compose or --from-compose")
+    run_dir = path.parent / f"{path.stem}-run-{os.getpid()}"
+    compose_file = None
+    if args.from_compose or args.mode == "compose":
+        mode, compose_file = _compose_mode(args, run_dir)
+    else:
+        mode = "k8s" if args.from_k8s else args.mode
+    per: Per = args.per_container or ("device" if mode == "docker" else "node")
     return LaunchOptions(
         preset=args.preset,
         mode=mode,
-        per=args.per,
+        per=per,
         time_scale=args.time_scale,
         addressing=args.addressing,
         host=args.host,
         base_port=args.base_port,
         port=args.port,
-        compose_file=Path(args.from_compose) if args.from_compose else None,
+        compose_file=compose_file,
+        image=args.image,
+        project=f"cmemu-{state.instance_name(path)}",
         k8s_dir=Path(args.from_k8s) if args.from_k8s else None,
         broker=args.broker or EMBEDDED,
         # beside the state file, one per launcher: logs, the topology document, EMS's SSD
-        run_dir=path.parent / f"{path.stem}-run-{os.getpid()}" if mode != "inprocess" else None,
+        run_dir=run_dir if mode != "inprocess" else None,
         drain_s=args.drain,
         ready_timeout_s=args.ready_timeout,
         token=read_token(Path(args.token_file)) if args.token_file else None,
@@ -240,6 +282,9 @@ async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
             launcher[state.UI_KEY] = view.url if view is not None else None
             if sn.supervisor is not None:  # procs mode: pids for process-kill/-pause faults
                 launcher[state.PROCESSES_KEY] = state.processes_record(sn.supervisor.running)
+            if sn.engine is not None:  # docker mode: the project, for the container faults
+                launcher[state.CONTAINERS_KEY] = state.containers_record(sn.engine)
+                launcher[state.METRICS_KEY] = {}  # on each container's 9464, not published
             await asyncio.to_thread(
                 functools.partial(
                     state.write,
@@ -378,12 +423,32 @@ def up_args(up: argparse.ArgumentParser) -> None:
     )
     up.add_argument(
         "--mode",
-        choices=[m for m in MODES if m not in ("compose", "k8s")],
+        choices=[m for m in MODES if m not in ("k8s", "docker")],
         default="inprocess",
         help="inprocess: every server in this process (default); procs: one OS process per "
-        "node (or --per device), each on its own loopback address",
+        "node (or --per device), each on its own loopback address; compose: `docker compose "
+        "up` of the preset's compose file, one container per device (or --per node), "
+        "through the Docker engine when one answers (--engine)",
     )
-    up.add_argument("--per", choices=PER, default="node", help="with --mode procs (default node)")
+    up.add_argument(
+        "--per",
+        dest="per_container",
+        choices=PER,
+        help="with --mode procs (default node) or compose (default device)",
+    )
+    up.add_argument(
+        "--engine",
+        choices=["auto", "docker", "local"],
+        help="with --mode compose (default auto) or --from-compose (default local): docker "
+        "runs the containers through the Docker engine (it must answer); local runs their "
+        "commands as local processes; auto: docker when an engine answers, else local",
+    )
+    up.add_argument(
+        "--image",
+        default=IMAGE,
+        help=f"with the Docker engine: the emulator's image (default {IMAGE}; "
+        "`cmemu image build` makes it)",
+    )
     up.add_argument(
         "--from-compose",
         metavar="FILE",

@@ -222,7 +222,8 @@ def _service(
     else:
         raise InvalidArgumentError(f"service {name}: no command, and image {image!r} is unknown")
     test = (svc.get("healthcheck") or {}).get("test") or []
-    probe = rehost(test[-1]) if test[1:3] == ["cmemu", "probe"] else None
+    probes = test[1:2] == ["cmemu-probe"] or test[1:3] == ["cmemu", "probe"]
+    probe = rehost(test[-1]) if probes else None
     depends = svc.get("depends_on") or {}
     if isinstance(depends, list):
         depends = {d: {} for d in depends}

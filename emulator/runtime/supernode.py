@@ -52,8 +52,11 @@ from emulator.model.topology import (
 )
 from emulator.runtime import composerun, k8srun, tls
 from emulator.runtime.broker import Broker
+from emulator.runtime.composeengine import ENGINE_FIRST_OCTET
 from emulator.runtime.deaths import death_reporter
+from emulator.runtime.docker import DockerEngine
 from emulator.runtime.events import parse_broker_url
+from emulator.runtime.image import IMAGE
 from emulator.runtime.inprocess import InProcessSupernode
 from emulator.runtime.procs import ProcSpec, Running, Supervisor
 from emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS, WAVES
@@ -62,10 +65,10 @@ from emulator.runtime.security import Security
 from emulator.runtime.serve import PER, Per, ServeKind, clock_from_fabric, serve_argv
 from emulator.runtime.tls import TlsFiles
 
-Mode = Literal["inprocess", "procs", "compose", "k8s"]
+Mode = Literal["inprocess", "procs", "compose", "k8s", "docker"]
 Progress = Callable[[str, int, int], None]
 Addressing = Literal["ports", "loopback"]
-MODES: tuple[Mode, ...] = ("inprocess", "procs", "compose", "k8s")
+MODES: tuple[Mode, ...] = ("inprocess", "procs", "compose", "k8s", "docker")
 ADDRESSING: tuple[Addressing, ...] = ("ports", "loopback")
 EMBEDDED = "embedded"  # broker: an MQTT broker in this process, for this run
 NO_BROKER = "none"  # broker: no MQTT at all
@@ -92,7 +95,10 @@ class LaunchOptions:
     base_port: int = DEFAULT_BASE_PORT  # ports: the first server's port; the others follow
     port: int = CONTAINER_PORT  # loopback: every server's port
     first_octet: int = 10  # loopback: 127.<first_octet>.x.y upwards
-    compose_file: Path | None = None  # compose: the file whose services run
+    compose_file: Path | None = None  # compose, docker: the file whose services run
+    image: str = IMAGE  # docker: the emulator's image (`cmemu image build`)
+    project: str | None = None  # docker: the compose project (default cmemu-<pid>)
+    engine_octet: int = ENGINE_FIRST_OCTET  # docker: containers published on 127.<this>.x.y
     k8s_dir: Path | None = None  # k8s: the directory of manifests whose containers run
     broker: str = EMBEDDED  # EMBEDDED, NO_BROKER, or mqtt://HOST:PORT
     run_dir: Path | None = None  # procs, compose: logs and files; default a temporary directory
@@ -121,15 +127,21 @@ class LaunchOptions:
                 raise UnknownNameError(what, str(value), known)
         if not self.time_scale > 0:
             raise InvalidArgumentError(f"time_scale must be > 0, got {self.time_scale}")
-        if (self.mode == "compose") != (self.compose_file is not None):
-            raise InvalidArgumentError("a compose file goes with mode 'compose', and only with it")
+        if (self.mode == "compose") > (self.compose_file is not None) or (
+            self.compose_file is not None and self.mode not in ("compose", "docker")
+        ):
+            raise InvalidArgumentError(
+                "a compose file goes with mode 'compose' (or 'docker'), and only with them"
+            )
         if self.broker not in (EMBEDDED, NO_BROKER):
             parse_broker_url(self.broker)
         if (self.mode == "k8s") != (self.k8s_dir is not None):
             raise InvalidArgumentError(
                 "a manifest directory goes with mode 'k8s', and only with it"
             )
-        if self.mode not in ("compose", "k8s"):
+        if self.mode not in ("compose", "k8s") and not (
+            self.mode == "docker" and self.compose_file
+        ):
             get_preset(self.preset)
 
     @property
@@ -178,6 +190,7 @@ class Supernode:
     inprocesses: tuple[InProcessSupernode, ...] = ()  # in process: every supernode's servers
     run_dir: Path | None = None
     security: Security = NO_SECURITY  # the token and TLS files the servers run with
+    engine: DockerEngine | None = None  # docker mode: the containers, for container faults
 
     def __post_init__(self) -> None:
         self.supernodes = self.supernodes or (self.topology,)
@@ -209,6 +222,7 @@ class Supernode:
             "procs": f"procs per {o.per}",
             "compose": f"compose {o.compose_file}",
             "k8s": f"k8s {o.k8s_dir}",
+            "docker": f"docker {o.compose_file or f'{o.preset} per {o.per}'}",
         }[o.mode]
 
     @property
@@ -292,7 +306,7 @@ async def _inprocess(
     epoch = time.time()
     supernodes = tuple(dataclasses.replace(t, epoch_wall_s=epoch) for t in supernodes)
     total = sum(len(_servers(t)) for t in supernodes)
-    _report(options, f"starting {total} servers in process", 0, total)
+    report(options, f"starting {total} servers in process", 0, total)
     async with contextlib.AsyncExitStack() as stack:
         security = await stack.enter_async_context(_security(options, *supernodes))
         first = await stack.enter_async_context(_broker(options, supernodes[0]))
@@ -321,7 +335,7 @@ async def _inprocess(
         )
 
 
-def _report(options: LaunchOptions, what: str, done: int, total: int) -> None:
+def report(options: LaunchOptions, what: str, done: int, total: int) -> None:
     if options.progress is not None:
         options.progress(what, done, total)
 
@@ -398,7 +412,7 @@ def proc_waves(topology: Topology, topology_path: Path, per: Per) -> list[list[P
     return waves
 
 
-async def _make_run_dir(options: LaunchOptions) -> Path:
+async def make_run_dir(options: LaunchOptions) -> Path:
     if options.run_dir is None:
         return Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="cmemu-run-"))
     await asyncio.to_thread(options.run_dir.mkdir, parents=True, exist_ok=True)
@@ -447,7 +461,7 @@ async def _supervised(
 
                 total, done = sum(len(wave_addresses(w)) for w in waves), 0
                 for number, wave in enumerate(waves, 1):
-                    _report(
+                    report(
                         options, f"starting processes, wave {number} of {len(waves)}", done, total
                     )
                     await supervisor.start(wave)
@@ -497,7 +511,7 @@ def merge_waves(per_supernode: list[list[list[ProcSpec]]]) -> list[list[ProcSpec
 async def _procs(
     options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
 ) -> AsyncIterator[Supernode]:
-    run_dir = await _make_run_dir(options)
+    run_dir = await make_run_dir(options)
     supernodes = await asyncio.to_thread(options.supernodes)
     # every process computes the same emulated time from the same epoch
     epoch = time.time()
@@ -573,7 +587,7 @@ def _from_files(
     async def launch(
         options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
     ) -> AsyncIterator[Supernode]:
-        run_dir = await _make_run_dir(options)
+        run_dir = await make_run_dir(options)
         try:
             loaded = await asyncio.to_thread(load, options, run_dir)
         except BaseException:  # nothing ran: nothing to keep
@@ -600,6 +614,18 @@ def _from_files(
     return launch
 
 
+@contextlib.asynccontextmanager
+async def _docker(
+    options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
+) -> AsyncIterator[Supernode]:
+    """Compose through the Docker engine (emulator/runtime/enginelaunch.py, which builds on
+    this module)."""
+    from emulator.runtime import enginelaunch
+
+    async with enginelaunch.launch(options, stop, on_death) as sn:
+        yield sn
+
+
 Launcher = Callable[
     [LaunchOptions, asyncio.Event, Callable[[Running], None] | None],
     AbstractAsyncContextManager[Supernode],
@@ -609,4 +635,5 @@ LAUNCHERS: dict[Mode, Launcher] = {
     "procs": _procs,
     "compose": _from_files(_load_compose),
     "k8s": _from_files(_load_k8s),
+    "docker": _docker,
 }
