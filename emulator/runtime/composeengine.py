@@ -126,12 +126,12 @@ def prepare(
     ports = _ports(supernodes, hosts)
     networks = {s: _networks_of(project, s, svc) for s, svc in services.items()}
     broker_image = image.BROKER_IMAGE
+    broker_service = _broker_service(services)
     for name, svc in services.items():
         svc.pop("build", None)
         svc["volumes"] = [_absolute(v, base) for v in svc.get("volumes") or []]
         svc.setdefault("labels", {})[INSTANCE_LABEL] = project
-        is_broker = composerun._image(svc) in composerun.BROKER_IMAGES
-        if is_broker:
+        if name == broker_service:
             broker_image = _broker_image(svc, tag, labels)
             svc["volumes"] = [
                 v for v in svc["volumes"] if not v.endswith(MOSQUITTO_CONF_IN_CONTAINER + ":ro")
@@ -147,7 +147,7 @@ def prepare(
             secret["file"] = str((base / secret["file"]).resolve())
     out = run_dir / ENGINE_FILE
     out.write_text(yaml.safe_dump(doc, sort_keys=False, width=200))
-    broker_url = f"mqtt://{hosts[_broker_service(services)]}:{HOST_MQTT_PORT}"
+    broker_url = f"mqtt://{hosts[broker_service]}:{HOST_MQTT_PORT}"
     supernodes = tuple(dataclasses.replace(t, broker=broker_url) for t in supernodes)
     return EngineRun(
         project=project,
