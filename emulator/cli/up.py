@@ -157,7 +157,7 @@ def _compose_mode(args: argparse.Namespace, run_dir: Path) -> tuple[Mode, Path |
         return "compose", given
     run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / f"{args.preset}.yaml"
-    composegen.write(args.preset, args.per_container or "device", out)
+    composegen.write(args.preset, args.per_container or "device", out, args.time_scale)
     composegen.write_secrets(run_dir)
     return "compose", out
 

@@ -138,11 +138,13 @@ class Container:
     mem: str
 
 
-def compose_topologies(preset: str, per: str) -> tuple[Topology, ...]:
+def compose_topologies(
+    preset: str, per: str, time_scale: float = 1.0
+) -> tuple[Topology, ...]:
     """The documents of the preset's supernodes, each device addressed by its DNS name."""
     if per not in PER:
         raise InvalidArgumentError(f"--per must be one of {', '.join(PER)}")
-    return build_cluster(preset, plan=DnsPlan(per_node=per == "node"))
+    return build_cluster(preset, plan=DnsPlan(per_node=per == "node"), time_scale=time_scale)
 
 
 def _containers(topology: Topology, per: str) -> list[Container]:
@@ -172,12 +174,12 @@ def _networks(containers: list[Container], shared: int) -> list[list[Container]]
     return [containers[i : i + room] for i in range(0, len(containers), room)]
 
 
-def generate(preset: str, per: str) -> tuple[str, tuple[Topology, ...]]:
+def generate(preset: str, per: str, time_scale: float = 1.0) -> tuple[str, tuple[Topology, ...]]:
     """The compose file's text for a preset, and the topology documents it mounts (one per
     supernode). Each supernode's containers have bridges of their own; with several, their
     supernode-wide services (the gateways among them) and the broker share a `scaleout` bridge
     too, as supernodes share the RDMA plane and sn0's clock."""
-    supernodes = compose_topologies(preset, per)
+    supernodes = compose_topologies(preset, per, time_scale)
     multi = len(supernodes) > 1
     shared = ["scaleout"] if multi else []
     parts = []
@@ -309,9 +311,9 @@ def _supernode_blocks(
     return lines
 
 
-def write(preset: str, per: str, out: Path) -> list[Path]:
+def write(preset: str, per: str, out: Path, time_scale: float = 1.0) -> list[Path]:
     """The compose file, the topology document beside it, and the broker's configuration."""
-    text, supernodes = generate(preset, per)
+    text, supernodes = generate(preset, per, time_scale)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     written = [out]

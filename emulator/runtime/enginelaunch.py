@@ -37,7 +37,7 @@ def compose_file_for(options: LaunchOptions, run_dir: Path) -> Path:
     if options.compose_file is not None:
         return options.compose_file
     out = run_dir / f"{options.preset}.yaml"
-    composegen.write(options.preset, options.per, out)
+    composegen.write(options.preset, options.per, out, options.time_scale)
     composegen.write_secrets(run_dir)
     return out
 
