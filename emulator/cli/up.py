@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import os
 import shutil
-import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -19,22 +18,18 @@ from typing import Literal
 
 from emulator.cli import argtypes, progress
 from emulator.cli.instances import check_not_running
+from emulator.cli.serve import print_tasks as _print_tasks
+from emulator.cli.serve import stop_event as _stop_event
 from emulator.model.errors import EmulatorError
 from emulator.model.presets import DEFAULT_PRESET
 from emulator.model.topology import CONTAINER_PORT, DEFAULT_BASE_PORT, DEFAULT_HOST
 from emulator.runtime import composegen, docker, metricserver, state
 from emulator.runtime.image import IMAGE
 from emulator.runtime.procs import Running
-from emulator.runtime.security import Security, read_token
+from emulator.runtime.security import read_token
 from emulator.runtime.serve import (
-    DEFAULT_CLOCK_WAIT_S,
-    DEFAULT_REBUILD_WAIT_S,
-    DEFAULT_SERVE_DRAIN_S,
     PER,
-    SERVE_KINDS,
     Per,
-    ServeOptions,
-    serve,
 )
 from emulator.runtime.supernode import (
     ADDRESSING,
@@ -51,17 +46,6 @@ from emulator.runtime.webview import NONE as UI_NONE
 from emulator.runtime.webview import WebView, parse_address
 
 DEFAULT_READY_TIMEOUT_S = 180.0
-
-
-def _stop_event() -> asyncio.Event:
-    """Set by SIGINT or SIGTERM: the launcher turns every server NOT_SERVING, drains, stops."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    # `kill -USR1 PID`: what every task waits in, on stderr (a stuck call, a stuck stop)
-    loop.add_signal_handler(signal.SIGUSR1, _print_tasks, "on SIGUSR1")
-    return stop
 
 
 # --- up -------------------------------------------------------------------------------------
@@ -326,18 +310,6 @@ WEBVIEW_STOP_S = 5.0  # its feeds, streams and HTTP server
 STOP_REPORT_S = 20.0  # a stop still going after the drain and this long says what it waits for
 
 
-def _print_tasks(why: str) -> None:
-    """Every task of the loop and where it waits, on stderr."""
-    tasks = asyncio.all_tasks()
-    print(f"cmemu: {len(tasks)} tasks {why}:", file=sys.stderr, flush=True)
-    for task in tasks:
-        try:
-            task.print_stack(file=sys.stderr)
-        except Exception as exc:  # a frame mid-teardown can have no line number
-            print(f"  {task.get_name()}: stack unreadable ({exc!r})", file=sys.stderr)
-    sys.stderr.flush()
-
-
 def _report_slow_stop() -> None:
     """A stop that does not end is a bug: say what every task is waiting in, and if it still
     has not ended as long again, exit anyway (a launcher's stop must end)."""
@@ -518,66 +490,6 @@ def up_args(up: argparse.ArgumentParser) -> None:
         type=float,
         default=0.2,
         help="seconds between NOT_SERVING and stop (default 0.2)",
-    )
-
-
-# --- serve ----------------------------------------------------------------------------------
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    kind = next(k for k in SERVE_KINDS if getattr(args, k))
-    options = ServeOptions(
-        topology_path=Path(args.topology),
-        kind=kind,
-        name=getattr(args, kind),
-        drain_s=args.drain,
-        ssd_dir=Path(args.ssd_dir) if args.ssd_dir else None,
-        rebuild_wait_s=args.rebuild_wait,
-        clock_wait_s=args.clock_wait,
-        security=Security.from_env(os.environ, insecure=args.insecure),
-    )
-
-    async def run() -> None:
-        await serve(options, _stop_event())
-
-    asyncio.run(run())
-    return 0
-
-
-def serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--topology", required=True, help="the topology document (JSON)")
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--device", help="one device id")
-    what.add_argument("--node", help="every device of one node, e.g. n07")
-    what.add_argument("--service", help="a supernode-wide service, e.g. fabric")
-    p.add_argument(
-        "--drain",
-        type=float,
-        default=DEFAULT_SERVE_DRAIN_S,
-        help=f"seconds between NOT_SERVING and stop (default {DEFAULT_SERVE_DRAIN_S:g})",
-    )
-    p.add_argument(
-        "--clock-wait",
-        type=argtypes.positive_float,
-        default=DEFAULT_CLOCK_WAIT_S,
-        help="without an epoch in the topology or $CMEMU_EPOCH: seconds to keep asking the "
-        f"fabric for its clock before giving up (default {DEFAULT_CLOCK_WAIT_S:g})",
-    )
-    p.add_argument(
-        "--insecure",
-        action="store_true",
-        help="allow binding beyond loopback without a token ($CMEMU_INSECURE=1 too); the "
-        "token comes from $CMEMU_TOKEN_FILE, TLS from $CMEMU_TLS_CERT, _KEY and _CA",
-    )
-    p.add_argument(
-        "--ssd-dir", help="with --service ems: where its SSD tier lives (default $CMEMU_EMS_SSD)"
-    )
-    p.add_argument(
-        "--rebuild-wait",
-        type=float,
-        default=DEFAULT_REBUILD_WAIT_S,
-        help="with --service ems: seconds to wait for silent memory pools while rebuilding the "
-        f"index before counting them down (default {DEFAULT_REBUILD_WAIT_S:g})",
     )
 
 

@@ -138,9 +138,7 @@ class Container:
     mem: str
 
 
-def compose_topologies(
-    preset: str, per: str, time_scale: float = 1.0
-) -> tuple[Topology, ...]:
+def compose_topologies(preset: str, per: str, time_scale: float = 1.0) -> tuple[Topology, ...]:
     """The documents of the preset's supernodes, each device addressed by its DNS name."""
     if per not in PER:
         raise InvalidArgumentError(f"--per must be one of {', '.join(PER)}")
@@ -220,10 +218,11 @@ def generate(preset: str, per: str, time_scale: float = 1.0) -> tuple[str, tuple
         f'    prometheus.io/port: "{METRICS_PORT}"',
         "    prometheus.io/path: /metrics",
         "",
-        f"# cmemu-probe: a gRPC health check in the standard library (emulator/client/h2probe.py);",
-        f"# each check costs the engine's exec too (about {HEALTH_CHECK_CPU_S * 1000:.0f} ms of CPU), so "
-        f"the devices' interval keeps",
-        f"# their checks within {HEALTH_BUDGET_CORES:g} of a core; a container is healthy one interval after it starts",
+        "# cmemu-probe: a gRPC health check in the standard library (emulator/client/h2probe.py);",
+        f"# each check costs the engine's exec too (about {HEALTH_CHECK_CPU_S * 1000:.0f} ms of "
+        "CPU), so the devices' interval keeps",
+        f"# their checks within {HEALTH_BUDGET_CORES:g} of a core; a container is healthy one "
+        "interval after it starts",
         "x-healthcheck: &healthcheck",
         f"  interval: {SERVICE_HEALTH_INTERVAL_S}s",
         "  timeout: 5s",

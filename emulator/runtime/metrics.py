@@ -16,40 +16,32 @@ event loop, so it is read there, in one pass; the text is formatted on a worker 
 - EMS: objects and bytes per tier, hits, misses, evictions, corrupt copies, under-replicated
   objects, each pool's health and use;
 - the process (label supernode): emulated time, time scale, servers hosted, the MQTT link
-  (connected, backlog, dropped), and prometheus-client's process_* (CPU, memory, fds);
+  (connected, backlog, dropped), and the process_* families (CPU, memory, fds;
+  emulator/runtime/exposition.py);
 - any other service state with a `metrics()` method (instruments.Instrumented): what it returns,
   with the service's labels added. This is how the serving router publishes TTFT and TPOT.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
-import numpy as np
 import structlog
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
 
 from emulator.model.clock import Clock
 from emulator.model.instruments import Family, Histogram, MetricType, Value
 from emulator.model.topology import DeviceKind, ServiceKind
+from emulator.runtime.exposition import RawFamily
 from services.device import DeviceState
-from services.ems import EmsState
-from services.fabric import FabricState
 from services.kinds import DeviceHandle
 
 if TYPE_CHECKING:
     from emulator.runtime.inprocess import InProcessSupernode
+    from emulator.runtime.servicemetrics import LinkGroups
+    from services.fabric import FabricState
 
 log = structlog.get_logger("cmemu.metrics")
-NO_PLANE = "none"  # links with no switch end (die to die, pool to CPU) belong to no UB plane
 
 # --- families, in plain data ------------------------------------------------------------------
 
@@ -82,50 +74,13 @@ class Families:
             for labels, value in f.samples:
                 self.add(f.name, f.type, f.help, {**base, **labels}, value)
 
-    def metrics(self) -> list[Metric]:
-        out = []
-        for name, (help, kind, samples) in self._by_name.items():
-            if not samples:  # e.g. device families in a process that hosts no device
-                continue
-            try:
-                out.append(_metric(name, kind, help, samples))
-            except (KeyError, ValueError, TypeError):  # a contributor's bad family: not the rest
-                log.exception("metric family skipped", family=name)
-        return out
-
-
-FAMILY_TYPES: dict[
-    MetricType, type[CounterMetricFamily] | type[GaugeMetricFamily] | type[HistogramMetricFamily]
-] = {
-    "counter": CounterMetricFamily,
-    "gauge": GaugeMetricFamily,
-    "histogram": HistogramMetricFamily,
-}
-
-
-def _metric(
-    name: str, kind: MetricType, help: str, samples: Sequence[tuple[Mapping[str, str], Value]]
-) -> Metric:
-    names = list(samples[0][0])
-    metric = FAMILY_TYPES[kind](name, help, labels=names)
-    for labels, value in samples:
-        if set(labels) != set(names):
-            raise ValueError(f"{name}: label names {sorted(labels)} differ from {sorted(names)}")
-        values = [labels[n] for n in names]
-        if isinstance(metric, HistogramMetricFamily):
-            if not isinstance(value, Histogram):
-                raise TypeError(f"{name}: a histogram family needs Histogram values")
-            buckets = [(_le(b), float(c)) for b, c in value.cumulative()]
-            metric.add_metric(values, buckets, value.sum)
-        elif isinstance(value, Histogram):
-            raise TypeError(f"{name}: a {kind} family takes numbers")
-        else:
-            metric.add_metric(values, float(value))
-    return metric
-
-
-def _le(bound: float) -> str:
-    return "+Inf" if math.isinf(bound) else repr(float(bound))
+    def raw(self) -> list[RawFamily]:
+        """Every family with samples, as the exposition writes them (exposition.render)."""
+        return [
+            (name, help, kind, samples)
+            for name, (help, kind, samples) in self._by_name.items()
+            if samples
+        ]
 
 
 # --- devices ----------------------------------------------------------------------------------
@@ -243,178 +198,21 @@ def add_devices(out: Families, handles: Iterable[DeviceHandle], supernode: str) 
             )
 
 
-# --- the fabric -------------------------------------------------------------------------------
-
-
-class _LinkGroups:
-    """Each directed link's (UB plane, link kind) group, worked out once per fabric."""
-
-    def __init__(self, fabric: FabricState) -> None:
-        planes = {s.id: str(s.plane) for s in fabric.topology.switches}
-        g = fabric.graph
-        keys: dict[tuple[str, str], int] = {}
-        group = []
-        for (a, b), kind in zip(g.ends, g.kinds, strict=True):
-            key = (planes.get(b) or planes.get(a) or NO_PLANE, kind.value)
-            group.append(keys.setdefault(key, len(keys)))
-        self.keys = list(keys)
-        self.of_link = np.array(group, dtype=np.int64)
-
-
-def fabric_families(fabric: FabricState, groups: _LinkGroups) -> list[Family]:
-    fabric.sync()  # the flows up to the present, as GetLinkStats does
-    g, live = fabric.graph, fabric.live
-    n = len(groups.keys)
-    trunk_cap, link_cap = g.trunk_cap(), g.link_cap()
-    share = np.divide(
-        link_cap[g.member_link],
-        trunk_cap[g.member_trunk],
-        out=np.zeros(len(g.member_link)),
-        where=trunk_cap[g.member_trunk] > 0,
-    )
-    of_member = groups.of_link[g.member_link]
-    carried = np.bincount(
-        of_member,
-        weights=(live.res_bytes + fabric.collective_bytes)[g.member_trunk] * share,
-        minlength=n,
-    )
-    rate = np.bincount(of_member, weights=live.res_rate[g.member_trunk] * share, minlength=n)
-    capacity = np.bincount(groups.of_link, weights=link_cap, minlength=n)
-    down = np.bincount(groups.of_link, weights=~g.up, minlength=n)
-    utilization = np.divide(rate, capacity, out=np.zeros(n), where=capacity > 0)
-    per_group = [{"plane": p, "link_kind": k} for p, k in groups.keys]
-    faults: dict[str, int] = {}
-    for spec in fabric.faults.faults.values():
-        faults[spec.kind] = faults.get(spec.kind, 0) + 1
-
-    def grouped(values: Any) -> list[tuple[Mapping[str, str], Value]]:
-        return [(labels, float(v)) for labels, v in zip(per_group, values, strict=True)]
-
-    return [
-        Family(
-            name="cmemu_fabric_link_bytes_total",
-            help="Bytes the links of a UB plane and kind carried (transfers and collectives)",
-            type="counter",
-            samples=grouped(carried),
-        ),
-        Family(
-            name="cmemu_fabric_link_utilization_ratio",
-            help="Rate of the flows in flight over the live capacity, per UB plane and link kind",
-            type="gauge",
-            samples=grouped(utilization),
-        ),
-        Family(
-            name="cmemu_fabric_link_capacity_bytes_per_second",
-            help="Live capacity (faults lower it) per UB plane and link kind, both directions",
-            type="gauge",
-            samples=grouped(capacity),
-        ),
-        Family(
-            name="cmemu_fabric_links_down",
-            help="Directed links down per UB plane and link kind",
-            type="gauge",
-            samples=grouped(down),
-        ),
-        Family(
-            name="cmemu_fabric_flows_in_flight",
-            help="UB transfers on the wire now",
-            type="gauge",
-            samples=[({}, len(live.flows))],
-        ),
-        Family(
-            name="cmemu_fabric_flows_completed_total",
-            help="UB transfers completed",
-            type="counter",
-            samples=[({}, live.completed)],
-        ),
-        Family(
-            name="cmemu_fabric_collectives_in_progress",
-            help="Collectives being timed or waiting for a worker",
-            type="gauge",
-            samples=[({}, fabric.collectives_pending)],
-        ),
-        Family(
-            name="cmemu_fabric_faults",
-            help="Active fabric faults by kind",
-            type="gauge",
-            samples=[({"fault_kind": k}, v) for k, v in sorted(faults.items())]
-            or [({"fault_kind": "link-down"}, 0)],
-        ),
-    ]
-
-
-# --- EMS --------------------------------------------------------------------------------------
-
-
-def ems_families(ems: EmsState) -> list[Family]:
-    stats = ems.stats("")
-    c = stats.counters
-    dram = stats.objects - stats.ssd_objects
-    tiers: list[tuple[str, int, int, int]] = [
-        ("dram", dram, stats.dram_used_bytes, stats.dram_capacity_bytes),
-        ("ssd", stats.ssd_objects, stats.ssd_used_bytes, stats.ssd_capacity_bytes),
-    ]
-
-    def one(name: str, kind: MetricType, help: str, value: float) -> Family:
-        return Family(name=name, help=help, type=kind, samples=[({}, value)])
-
-    return [
-        Family(
-            name="cmemu_ems_objects",
-            help="Objects stored, by tier",
-            type="gauge",
-            samples=[({"tier": t}, n) for t, n, _, _ in tiers],
-        ),
-        Family(
-            name="cmemu_ems_used_bytes",
-            help="Bytes used, by tier (DRAM: every copy)",
-            type="gauge",
-            samples=[({"tier": t}, b) for t, _, b, _ in tiers],
-        ),
-        Family(
-            name="cmemu_ems_capacity_bytes",
-            help="EMS's capacity, by tier",
-            type="gauge",
-            samples=[({"tier": t}, b) for t, _, _, b in tiers],
-        ),
-        one("cmemu_ems_hits_total", "counter", "Reads of a key that was there", c.hits),
-        one("cmemu_ems_misses_total", "counter", "Reads of a key that was not", c.misses),
-        one("cmemu_ems_evictions_total", "counter", "Objects evicted to make room", c.evictions),
-        one("cmemu_ems_corrupt_total", "counter", "Copies found corrupt", c.corrupt),
-        one(
-            "cmemu_ems_under_replicated_objects",
-            "gauge",
-            "Objects with fewer copies than the replication factor",
-            stats.under_replicated,
-        ),
-        Family(
-            name="cmemu_ems_pool_healthy",
-            help="1 when EMS counts the memory pool up",
-            type="gauge",
-            samples=[({"pool": p.pool}, p.healthy) for p in stats.pools],
-        ),
-        Family(
-            name="cmemu_ems_pool_used_bytes",
-            help="Bytes of EMS copies in the memory pool",
-            type="gauge",
-            samples=[({"pool": p.pool}, p.bytes) for p in stats.pools],
-        ),
-    ]
-
-
 # --- the collector ----------------------------------------------------------------------------
 
 
-class SupernodeCollector(Collector):
+class SupernodeCollector:
     """Everything one process hosts, read from its state at each collect(); on the event loop."""
 
     def __init__(self, local: InProcessSupernode) -> None:
         self.local = local
-        self._groups: tuple[FabricState, _LinkGroups] | None = None
+        self._groups: tuple[FabricState, LinkGroups] | None = None
 
-    def _link_groups(self, fabric: FabricState) -> _LinkGroups:
+    def _link_groups(self, fabric: FabricState) -> LinkGroups:
+        from emulator.runtime.servicemetrics import LinkGroups
+
         if self._groups is None or self._groups[0] is not fabric:
-            self._groups = (fabric, _LinkGroups(fabric))
+            self._groups = (fabric, LinkGroups(fabric))
         return self._groups[1]
 
     def families(self) -> Families:
@@ -466,15 +264,15 @@ class SupernodeCollector(Collector):
         return rows
 
     def _service(self, kind: ServiceKind, state: object) -> Iterable[Family]:
-        if isinstance(state, FabricState):
-            return fabric_families(state, self._link_groups(state))
-        if isinstance(state, EmsState):
-            return ems_families(state)
+        if kind in (ServiceKind.FABRIC, ServiceKind.EMS):  # numpy: only where they are hosted
+            from emulator.runtime import servicemetrics as sm
+
+            if isinstance(state, sm.FabricState):
+                return sm.fabric_families(state, self._link_groups(state))
+            if isinstance(state, sm.EmsState):
+                return sm.ems_families(state)
         contribute = getattr(state, "metrics", None)  # instruments.Instrumented
         return list(contribute()) if callable(contribute) else []
 
-    def collect(self) -> Iterator[Metric]:
-        yield from self.families().metrics()
 
-
-__all__ = ["Families", "SupernodeCollector", "add_devices", "ems_families", "fabric_families"]
+__all__ = ["Families", "SupernodeCollector", "add_devices"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cmemu.v1 import ems_pb2, manager_pb2
+from cmemu.v1 import ems_pb2, ems_pb2_grpc, manager_pb2
 from emulator.client.faults import attach_engine, clear, inject
 from emulator.model.errors import NotFoundError
 from emulator.runtime import image
@@ -76,7 +76,7 @@ async def _incident_for(sn: Supernode, device: str, within_s: float = 120.0) -> 
             await asyncio.sleep(0.5)
 
 
-async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:
+async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  # noqa: PLR0915
     _skip_without_engine()
     options = LaunchOptions(
         mode="docker",
@@ -116,7 +116,7 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:
             assert code == 0, err
             read = {"op": "UB_OP_READ", "dst": {"eid": eid, "offset": 0}, "size": 5}
             code, out, err = await grpcurl(
-                "-d", json.dumps(read), sn.address("n01-npu4"), "cmemu.v1.UnifiedBus/Submit"
+                *token, "-d", json.dumps(read), sn.address("n01-npu4"), "cmemu.v1.UnifiedBus/Submit"
             )
             assert code == 0 and json.loads(out)["data"] == "aGVsbG8=", err
             # an unauthenticated write is refused (the compose file's token guards the state)
@@ -126,7 +126,7 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:
             assert code != 0 and "Unauthenticated" in err
 
             # EMS through its published address
-            ems = sn.clients.ems()
+            ems = ems_pb2_grpc.EmsStub(sn.clients.channel_to(sn.address("ems")))
             await ems.Put(ems_pb2.PutRequest(key="docker/greeting", data=b"hello, engine"))
             got = await ems.Get(ems_pb2.GetRequest(key="docker/greeting"))
             assert got.data == b"hello, engine"
