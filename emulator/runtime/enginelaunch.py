@@ -80,6 +80,7 @@ async def launch(
             composeengine.wait_healthy(engine, expected=total, timeout_s=options.ready_timeout_s),
             stop,
         )
+        report(options, "every container healthy; asking every server", total, total)
         supernodes = await composeengine.with_epoch(run, credentials)
         run = EngineRun(**{**run.__dict__, "supernodes": supernodes})
         await _until_stopped(

@@ -163,6 +163,11 @@ def build(options: BuildOptions, say: Say = print) -> BuildResult:
             context = Path(tmp)
             _timed(steps, "wheelhouse", lambda: fill_wheelhouse(options, context, say))
             _timed(steps, "docker build", lambda: _build_airgap(options, context))
+    # the image this one replaces, now untagged: removed, as are only the emulator's own
+    run(
+        ["docker", "image", "prune", "--force", "--filter", f"label={SOURCE_LABEL}"],
+        what="removing the replaced image",
+    )
     return BuildResult(
         tag=options.tag,
         source=source,
