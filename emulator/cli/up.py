@@ -268,7 +268,6 @@ async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
                 launcher[state.PROCESSES_KEY] = state.processes_record(sn.supervisor.running)
             if sn.engine is not None:  # docker mode: the project, for the container faults
                 launcher[state.CONTAINERS_KEY] = state.containers_record(sn.engine)
-                launcher[state.METRICS_KEY] = {}  # on each container's 9464, not published
             await asyncio.to_thread(
                 functools.partial(
                     state.write,

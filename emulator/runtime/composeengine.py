@@ -34,6 +34,7 @@ import yaml
 
 from emulator.client import health
 from emulator.client.clients import Clients
+from emulator.client.credentials import Credentials
 from emulator.model.errors import InvalidArgumentError, PreconditionError, UnavailableError
 from emulator.model.topology import ServiceKind, Topology, loopback_ip
 from emulator.runtime import composerun, image
@@ -114,14 +115,14 @@ def prepare(
     hosts = {
         name: loopback_ip(i, first_octet) for i, name in enumerate(services)
     }  # compose service -> host address
-    names_to_ip = {n: hosts[s] for s, svc in services.items() for n in composerun._names(s, svc)}
+    names_to_ip = {n: hosts[s] for s, svc in services.items() for n in composerun.names_of(s, svc)}
     rehost = composerun.Rehost(names_to_ip)
     supernodes = _host_topologies(services, base, rehost)
     ids = {d.id for t in supernodes for d in t.devices} | {
         x.id for t in supernodes for x in t.services
     }
     servers = {
-        s: tuple(n for n in composerun._names(s, svc) if n in ids) for s, svc in services.items()
+        s: tuple(n for n in composerun.names_of(s, svc) if n in ids) for s, svc in services.items()
     }
     ports = _ports(supernodes, hosts)
     networks = {s: _networks_of(project, s, svc) for s, svc in services.items()}
@@ -173,7 +174,7 @@ def _networks_of(project: str, name: str, svc: Mapping[str, Any]) -> dict[str, t
 
 def _broker_service(services: Mapping[str, Any]) -> str:
     for name, svc in services.items():
-        if composerun._image(svc) in composerun.BROKER_IMAGES:
+        if composerun.image_of(svc) in composerun.BROKER_IMAGES:
             return name
     raise InvalidArgumentError("the compose file has no broker service (eclipse-mosquitto)")
 
@@ -291,7 +292,7 @@ async def wait_healthy(engine: DockerEngine, *, expected: int, timeout_s: float)
         await asyncio.sleep(HEALTH_POLL_S)
 
 
-async def with_epoch(run: EngineRun, credentials: Any) -> tuple[Topology, ...]:
+async def with_epoch(run: EngineRun, credentials: Credentials) -> tuple[Topology, ...]:
     """The host's documents with the epoch sn0's fabric took when it started."""
     first = run.supernodes[0]
     clients = Clients(first, credentials)
@@ -337,7 +338,7 @@ async def watch_deaths(run: EngineRun, engine: DockerEngine) -> AsyncIterator[li
                 await task
 
 
-async def serving(run: EngineRun, *, timeout_s: float, credentials: Any) -> None:
+async def serving(run: EngineRun, *, timeout_s: float, credentials: Credentials) -> None:
     addresses = [d.address for t in run.supernodes for d in t.devices]
     addresses += [x.address for t in run.supernodes for x in t.services]
     await health.wait_serving(addresses, timeout_s=timeout_s, credentials=credentials)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -82,7 +83,7 @@ async def launch(
         )
         report(options, "every container healthy; asking every server", total, total)
         supernodes = await composeengine.with_epoch(run, credentials)
-        run = EngineRun(**{**run.__dict__, "supernodes": supernodes})
+        run = dataclasses.replace(run, supernodes=supernodes)
         await _until_stopped(
             composeengine.serving(run, timeout_s=options.ready_timeout_s, credentials=credentials),
             stop,

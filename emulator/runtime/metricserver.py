@@ -167,6 +167,8 @@ def supernode_endpoints(sn: Supernode) -> dict[str, str]:
     (a node's servers share their container's address, so they appear once). Several
     supernodes in one process serve one /metrics each."""
     out: dict[str, str] = {}
+    if sn.engine is not None:  # docker: each container's 9464, inside the compose network only
+        return out
     for topology in sn.supernodes:
         servers = [d.id for d in topology.devices] + [x.id for x in topology.services]
         processes: dict[str, Collection[str]]
