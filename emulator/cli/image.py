@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from emulator.model.errors import InvalidArgumentError
 from emulator.runtime import image
 
 
@@ -23,7 +24,7 @@ def cmd_image(args: argparse.Namespace) -> int:
     options = image.BuildOptions(
         source=args.source,
         project=image.find_project(Path(args.project) if args.project else None),
-        tag=image.check_tag(args.tag),
+        tag=args.tag,
         cache_dir=Path(args.cache_dir) if args.cache_dir else image.default_cache_dir(),
         mirror=args.mirror,
         rebuild_base=args.rebuild_base,
@@ -37,6 +38,13 @@ def cmd_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tag(text: str) -> str:
+    try:
+        return image.check_tag(text)
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def image_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="image_command", required=True, metavar="build|ls")
     build = sub.add_parser("build", help="build the emulator's image (registry or air-gapped)")
@@ -48,7 +56,7 @@ def image_args(p: argparse.ArgumentParser) -> None:
         "file system made here and a host wheelhouse, no registry; auto (default): the "
         "registry's when its base image can be had, else debootstrap",
     )
-    build.add_argument("--tag", default=image.IMAGE, help=f"(default {image.IMAGE})")
+    build.add_argument("--tag", type=_tag, default=image.IMAGE, help=f"(default {image.IMAGE})")
     build.add_argument("--project", metavar="DIR", help="the source checkout (default: this one)")
     build.add_argument(
         "--cache-dir", metavar="DIR", help="scratch space (default ~/.cache/cmemu/image)"

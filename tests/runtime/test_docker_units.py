@@ -77,3 +77,14 @@ def test_cmemu_version_imports_nothing_heavy() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     version, heavy = out.stdout.splitlines()
     assert version.startswith("cmemu ") and heavy == "[]"
+
+
+def test_the_container_options_refuse_what_makes_no_sense() -> None:
+    from emulator.testing import run_cmemu
+
+    engine = run_cmemu("up", "--engine", "docker")
+    assert engine.returncode == 2 and "--engine goes with --mode compose" in engine.stderr
+    source = run_cmemu("image", "build", "--source", "floppy")
+    assert source.returncode == 2 and "invalid choice" in source.stderr
+    tag = run_cmemu("image", "build", "--tag", "Not Valid")
+    assert tag.returncode == 2 and "not an image name" in tag.stderr
