@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import shutil
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -40,7 +41,13 @@ from emulator.model.topology import ServiceKind, Topology, loopback_ip
 from emulator.runtime import composerun, image
 from emulator.runtime.composegen import MOSQUITTO_QUEUES, MQTT_PORT
 from emulator.runtime.deaths import death_reporter
-from emulator.runtime.docker import DockerEngine, compose_command, engine_version, run_command
+from emulator.runtime.docker import (
+    DOWN_TIMEOUT_S,
+    DockerEngine,
+    compose_command,
+    engine_version,
+    run_command,
+)
 from emulator.runtime.serve import clock_from_fabric, read_document
 
 log = structlog.get_logger("cmemu.composeengine")
@@ -50,7 +57,9 @@ HOST_MQTT_PORT = 1884  # the broker's anonymous listener for the host's readers
 MOSQUITTO_CONF_IN_CONTAINER = "/mosquitto/config/mosquitto.conf"
 INSTANCE_LABEL = "io.cmemu.instance"
 HEALTH_POLL_S = 1.0
-DOWN_TIMEOUT_S = 300.0  # removing hundreds of containers
+# docker-compose's own wait for each engine call is 60 s: a busy engine (hundreds of containers
+# created or removed on a few cores) takes longer, and compose then gives up half-way
+COMPOSE_ENV = {"COMPOSE_HTTP_TIMEOUT": "900", "DOCKER_CLIENT_TIMEOUT": "900"}
 STOP_GRACE_S = 5  # docker's SIGTERM-to-SIGKILL at down (the servers drain in 0.5 s)
 
 
@@ -258,15 +267,27 @@ def compose_argv(run: EngineRun, *args: str) -> list[str]:
 async def up(run: EngineRun, *, timeout_s: float) -> None:
     """`docker compose up -d`: created and started in depends_on order (compose itself waits
     for each service_healthy condition)."""
-    await run_command(compose_argv(run, "up", "-d", "--no-build"), timeout_s=timeout_s)
+    await run_command(compose_argv(run, "up", "-d", "--no-build"), timeout_s=timeout_s, env=_env())
 
 
-async def down(run: EngineRun) -> None:
-    """`docker compose down -v`: every container, network and volume of the project."""
-    await run_command(
-        compose_argv(run, "down", "-v", "--remove-orphans", "--timeout", str(STOP_GRACE_S)),
-        timeout_s=DOWN_TIMEOUT_S,
-    )
+def _env() -> dict[str, str]:
+    return {**os.environ, **COMPOSE_ENV}
+
+
+async def down(run: EngineRun, engine: DockerEngine) -> None:
+    """`docker compose down -v`: every container, network and volume of the project; then a
+    sweep by label of anything a failed or interrupted `down` left."""
+    try:
+        await run_command(
+            compose_argv(run, "down", "-v", "--remove-orphans", "--timeout", str(STOP_GRACE_S)),
+            timeout_s=DOWN_TIMEOUT_S,
+            env=_env(),
+        )
+    except (PreconditionError, UnavailableError) as exc:
+        log.warning("compose down failed; sweeping the project by label", error=str(exc)[-300:])
+    left = await engine.sweep()
+    if left:
+        log.warning("removed what compose down left", project=run.project, removed=len(left))
 
 
 async def wait_healthy(engine: DockerEngine, *, expected: int, timeout_s: float) -> float:

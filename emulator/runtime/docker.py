@@ -24,6 +24,7 @@ from emulator.model.errors import NotFoundError, PreconditionError, UnavailableE
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
 CALL_TIMEOUT_S = 120.0  # a `docker stop` waits out its grace period
+DOWN_TIMEOUT_S = 900.0  # creating or removing hundreds of containers on a busy engine
 NETEM_DEVICE = "eth0"
 
 
@@ -36,10 +37,15 @@ async def docker(*args: str, timeout_s: float = CALL_TIMEOUT_S) -> str:
     return await run_command(["docker", *args], timeout_s=timeout_s)
 
 
-async def run_command(argv: list[str], *, timeout_s: float = CALL_TIMEOUT_S) -> str:
+async def run_command(
+    argv: list[str], *, timeout_s: float = CALL_TIMEOUT_S, env: Mapping[str, str] | None = None
+) -> str:
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(env) if env is not None else None,
         )
     except FileNotFoundError as exc:
         raise PreconditionError(f"{argv[0]} is not installed: {exc}") from exc
@@ -186,6 +192,21 @@ class DockerEngine:
             subject=service,
             reason="CONTAINER_NOT_FOUND",
         )
+
+    async def sweep(self) -> list[str]:
+        """Remove whatever of the project is left (containers, then networks and volumes, by
+        the label compose gives them): what a `down` that failed half-way leaves. What it
+        removed."""
+        label = f"label={PROJECT_LABEL}={self.project}"
+        removed: list[str] = []
+        for kind, listing in (("container", ["ps", "-aq"]), ("network", ["network", "ls", "-q"]),
+                              ("volume", ["volume", "ls", "-q"])):  # fmt: skip
+            ids = (await docker(*listing, "--filter", label)).split()
+            if ids:
+                remove = ["rm", "-f"] if kind == "container" else [kind, "rm"]
+                await docker(*remove, *ids, timeout_s=DOWN_TIMEOUT_S)
+                removed += [f"{kind} {i[:12]}" for i in ids]
+        return removed
 
     # --- faults ----------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from emulator.runtime.supernode import (
 )
 
 log = structlog.get_logger("cmemu.enginelaunch")
+CREATE_S_PER_CONTAINER = 2.0
 
 
 def compose_file_for(options: LaunchOptions, run_dir: Path) -> Path:
@@ -59,6 +60,7 @@ async def launch(
     if not project.replace("-", "").replace("_", "").isalnum() or project != project.lower():
         raise InvalidArgumentError(f"compose project {project!r}: lower case, digits, - and _")
     run: EngineRun | None = None
+    engine = DockerEngine(project)
     try:
         compose_file = await asyncio.to_thread(compose_file_for, options, run_dir)
         run = await asyncio.to_thread(
@@ -73,9 +75,11 @@ async def launch(
         security = Security(token=await asyncio.to_thread(token_of, compose_file))
         credentials = security.credentials()
         total = len(run.servers)
+        # hundreds of containers created one by one on a busy engine: at least 2 s each
+        timeout_s = max(options.ready_timeout_s, CREATE_S_PER_CONTAINER * total)
         report(options, f"docker compose up ({total} containers, engine {version})", 0, total)
         log.info("compose up", project=project, file=str(run.file), containers=total)
-        await _until_stopped(composeengine.up(run, timeout_s=options.ready_timeout_s), stop)
+        await _until_stopped(composeengine.up(run, timeout_s=timeout_s), stop)
         report(options, "waiting for every container to be healthy", 0, total)
         await _until_stopped(
             composeengine.wait_healthy(engine, expected=total, timeout_s=options.ready_timeout_s),
@@ -85,7 +89,7 @@ async def launch(
         supernodes = await composeengine.with_epoch(run, credentials)
         run = dataclasses.replace(run, supernodes=supernodes)
         await _until_stopped(
-            composeengine.serving(run, timeout_s=options.ready_timeout_s, credentials=credentials),
+            composeengine.serving(run, timeout_s=timeout_s, credentials=credentials),
             stop,
         )
         async with composeengine.watch_deaths(run, engine):
@@ -101,7 +105,7 @@ async def launch(
     finally:
         if run is not None:
             log.info("compose down", project=project)
-            await asyncio.shield(composeengine.down(run))
+            await asyncio.shield(composeengine.down(run, engine))
         await asyncio.to_thread(composeengine.remove_dir, run_dir)
 
 
