@@ -82,7 +82,7 @@ async def launch(
         await _until_stopped(composeengine.up(run, timeout_s=timeout_s), stop)
         report(options, "waiting for every container to be healthy", 0, total)
         await _until_stopped(
-            composeengine.wait_healthy(engine, expected=total, timeout_s=options.ready_timeout_s),
+            composeengine.wait_healthy(engine, expected=total, timeout_s=timeout_s),
             stop,
         )
         report(options, "every container healthy; asking every server", total, total)
