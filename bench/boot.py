@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,6 +81,21 @@ def plot(doc: dict[str, object], directory: Path) -> None:
         )
 
 
+def cli_start_s(repeats: int = 7) -> dict[str, float]:
+    """Median wall seconds of `cmemu --version` and of `cmemu status` finding no instance: what
+    a command costs before it does anything (imports)."""
+    cmemu = str(Path(sys.executable).parent / "cmemu")
+    out = {}
+    for name, argv in (("version", ["--version"]), ("status", ["status", "--name", "absent"])):
+        walls = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            subprocess.run([cmemu, *argv], capture_output=True, check=False)
+            walls.append(time.perf_counter() - started)
+        out[name] = statistics.median(walls)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -108,7 +124,12 @@ def main() -> int:
         + "  ".join(f"{b:.2f}s/{r / 2**20:.0f}MB" for b, r in zip(boots, rss, strict=True))
     )
     median = statistics.median(boots)
+    cli = cli_start_s()
     print(f"boot_s      median {median:.2f}  (start to all-SERVING, state file written)")
+    print(
+        f"cli_start_s median `cmemu --version` {cli['version']:.3f}, `cmemu status` (no "
+        f"instance) {cli['status']:.3f}  (target for --version: 0.15 s)"
+    )
     print(f"peak_rss_mb median {statistics.median(rss) / 2**20:.0f}  (MiB)")
     target = TARGETS.get(args.preset)
     doc: dict[str, object] = {
@@ -118,6 +139,7 @@ def main() -> int:
         "runs": runs,
         "boot_s_median": statistics.median(boots),
         "peak_rss_bytes_median": statistics.median(rss),
+        "cli_start_s": cli,
         "target": {"boot_s": target[0], "peak_rss_bytes": target[1]} if target else None,
     }
     outputs.write_json(args.results, "boot", doc)

@@ -65,6 +65,8 @@ class Run:
     memory_mb: dict[str, float] = field(default_factory=dict)
     idle_cpu_pct: dict[str, float] = field(default_factory=dict)
     per_container_mb: dict[str, float] = field(default_factory=dict)
+    cgroup_usage_mb: float = 0.0  # the containers' cgroups, page cache included
+    fits: int = 0  # containers of this size the machine's available memory holds
     health_interval_s: int = 0
 
 
@@ -103,6 +105,22 @@ def _cpu_ticks(pids: list[str]) -> int:
         except OSError:
             pass
     return total
+
+
+def _container_pids(ids: list[str]) -> list[str]:
+    """The processes inside the containers (the host sees them: one PID namespace above)."""
+    pids: list[str] = []
+    for cid in ids:
+        for path in glob.glob(f"{CGROUP_MEMORY}/{cid}*/cgroup.procs"):
+            pids += Path(path).read_text().split()
+    return pids
+
+
+def _available_mb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def _cgroups(ids: list[str], root: str, leaf: str) -> int:
@@ -154,13 +172,14 @@ async def measure(run: Run, idle_s: float, tmp: Path) -> Run:
             run.idle_cpu_pct["containers"] = 100 * (cpu1 - cpu0) / 1e9 / idle_s
             for k, before in eng0.items():
                 run.idle_cpu_pct[k] = 100 * (eng1[k] - before) / TICKS / idle_s
-            mem = _cgroups(ids, CGROUP_MEMORY, "memory.usage_in_bytes") / 2**20
-            run.memory_mb["containers (cgroups)"] = mem
+            inside = sum(_pss_mb(pid) for pid in _container_pids(ids))
+            run.memory_mb["emulator processes (PSS)"] = inside
+            run.cgroup_usage_mb = _cgroups(ids, CGROUP_MEMORY, "memory.usage_in_bytes") / 2**20
             for k, pids in procs.items():
                 run.memory_mb[k] = sum(_pss_mb(p) for p in pids)
             n = max(1, len(containers))
             run.per_container_mb = {
-                "emulator process (cgroup)": mem / n,
+                "emulator process (PSS)": inside / n,
                 "shim": run.memory_mb.get(SHIM, 0.0) / n,
                 "docker-proxy": run.memory_mb.get("docker-proxy", 0.0) / n,
                 "engine share (dockerd, containerd)": (
@@ -168,6 +187,8 @@ async def measure(run: Run, idle_s: float, tmp: Path) -> Run:
                 )
                 / n,
             }
+            # what the rest of the machine could still hold, at this cost per container
+            run.fits = n + int(_available_mb() / max(1.0, _total(run.per_container_mb)))
     except Exception as exc:  # the machine could not hold it: say what happened
         run.error = f"{type(exc).__name__}: {exc}"[:500]
     return run
@@ -194,7 +215,9 @@ def report(runs: list[Run], built: dict[str, Any], results: Path) -> None:
             f"{_total(r.idle_cpu_pct):.1f}% of a core (healthchecks every "
             f"{r.health_interval_s} s); one container "
             f"{_total(r.per_container_mb):.1f} MB "
-            f"({', '.join(f'{k} {v:.1f}' for k, v in r.per_container_mb.items())})"
+            f"({', '.join(f'{k} {v:.1f}' for k, v in r.per_container_mb.items())}); "
+            f"cgroups {r.cgroup_usage_mb:,.0f} MB with page cache; the machine's available "
+            f"memory holds about {r.fits} such containers"
         )
     ok = [r for r in runs if r.serving_s is not None]
     with outputs.figure(results, "containers", ncols=3) as (start, mem, cpu):

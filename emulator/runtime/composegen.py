@@ -225,14 +225,14 @@ def generate(preset: str, per: str, time_scale: float = 1.0) -> tuple[str, tuple
         "interval after it starts",
         "x-healthcheck: &healthcheck",
         f"  interval: {SERVICE_HEALTH_INTERVAL_S}s",
-        "  timeout: 5s",
-        "  retries: 3",
+        "  timeout: 10s",
+        "  retries: 5",
         "  start_period: 300s",
         "",
         "x-healthcheck-device: &healthcheck-device",
         f"  interval: {device_health_interval_s(containers_n)}s",
-        "  timeout: 5s",
-        "  retries: 3",
+        "  timeout: 10s",
+        "  retries: 5",
         "  start_period: 300s",
     ]
     for topology in supernodes:
