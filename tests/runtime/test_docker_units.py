@@ -3,13 +3,15 @@ kinds' parameters and their refusal without an engine, the healthcheck interval.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from emulator.client.faults import KINDS, inject
 from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
 from emulator.runtime import composegen
 from emulator.runtime.docker import DockerEngine, parse_event
-from emulator.testing import running_supernode
+from emulator.testing import cmemu_up, run_cmemu, running_supernode
 
 
 def test_a_die_event_carries_the_service_and_its_exit_code() -> None:
@@ -80,11 +82,29 @@ def test_cmemu_version_imports_nothing_heavy() -> None:
 
 
 def test_the_container_options_refuse_what_makes_no_sense() -> None:
-    from emulator.testing import run_cmemu
-
     engine = run_cmemu("up", "--engine", "docker")
     assert engine.returncode == 2 and "--engine goes with --mode compose" in engine.stderr
     source = run_cmemu("image", "build", "--source", "floppy")
     assert source.returncode == 2 and "invalid choice" in source.stderr
     tag = run_cmemu("image", "build", "--tag", "Not Valid")
     assert tag.returncode == 2 and "not an image name" in tag.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("loopback-compose")
+def test_without_an_engine_compose_mode_says_so_and_runs_processes(tmp_path: Path) -> None:
+    """`cmemu up --mode compose` where no engine answers: said, and the same compose services
+    run as local processes; `--engine docker` insists, and fails saying why."""
+    nowhere = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
+    insist = run_cmemu("up", "--mode", "compose", "--engine", "docker", "--preset", "cm-mini",
+                       "--state-file", str(tmp_path / "x.json"), env=nowhere)  # fmt: skip
+    assert insist.returncode == 1 and "no Docker engine answers" in insist.stderr
+    output: list[str] = []
+    state_file = tmp_path / "state.json"
+    with cmemu_up(state_file, "--mode", "compose", "--preset", "cm-mini", "--ui", "none",
+                  env=nowhere, output=output, quiet=True):  # fmt: skip
+        status = run_cmemu("status", "--state-file", str(state_file))
+        assert status.returncode == 0, status.stderr
+        assert "compose" in status.stdout
+        assert "26/26 SERVING" in status.stdout
+    assert "no Docker engine answers: running the compose file's services as local" in output[0]
