@@ -90,7 +90,13 @@ def summary(sn: Supernode, path: Path, seconds: float, ui: str | None = None) ->
         f"  status      cmemu status{which}",
         f"  stop        cmemu down{which}   (or Ctrl-C / SIGTERM here)",
     ]
-    if sn.run_dir is not None:
+    if sn.engine is not None:
+        lines.insert(
+            2,
+            f"  run dir     {sn.run_dir} (the engine's compose file; a container's log: "
+            f"docker logs {sn.engine.project}_SERVICE_1)",
+        )
+    elif sn.run_dir is not None:
         lines.insert(2, f"  run dir     {sn.run_dir} (process logs in logs/)")
     if sn.security.token:
         lines.append(
