@@ -123,11 +123,12 @@ def _report_death(running: Running) -> None:
 
 
 def _compose_mode(args: argparse.Namespace, run_dir: Path) -> tuple[Mode, Path | None]:
-    """`--mode compose` and `--from-compose FILE`: through the Docker engine when one answers
-    (`--engine auto`, the default of --mode compose) or when told (`--engine docker`); else the
-    file's services as local processes (the default of --from-compose), said so."""
+    """`--mode compose [--from-compose FILE]` and `--from-compose FILE`: through the Docker
+    engine when one answers (`--engine auto`, the default of --mode compose) or when told
+    (`--engine docker`); else the file's services as local processes (the default of
+    --from-compose alone), said so."""
     given = Path(args.from_compose) if args.from_compose else None
-    engine = args.engine or ("local" if given else "auto")
+    engine = args.engine or ("auto" if args.mode == "compose" else "local")
     if engine != "local":
         version = docker.engine_answers()
         if version is not None:
