@@ -102,7 +102,7 @@ def test_without_an_engine_compose_mode_says_so_and_runs_processes(tmp_path: Pat
     output: list[str] = []
     state_file = tmp_path / "state.json"
     with cmemu_up(state_file, "--mode", "compose", "--preset", "cm-mini", "--ui", "none",
-                  env=nowhere, output=output, quiet=True):  # fmt: skip
+                  env=nowhere, output=output):  # fmt: skip
         status = run_cmemu("status", "--state-file", str(state_file))
         assert status.returncode == 0, status.stderr
         assert "compose" in status.stdout
