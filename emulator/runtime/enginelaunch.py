@@ -55,10 +55,10 @@ async def launch(
     options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
 ) -> AsyncIterator[Supernode]:
     version = await composeengine.require_engine()
-    run_dir = await make_run_dir(options)
     project = options.project or f"cmemu-{os.getpid()}"
     if not project.replace("-", "").replace("_", "").isalnum() or project != project.lower():
         raise InvalidArgumentError(f"compose project {project!r}: lower case, digits, - and _")
+    run_dir = await make_run_dir(options)
     run: EngineRun | None = None
     engine = DockerEngine(project)
     try:
