@@ -300,7 +300,11 @@ async def wait_healthy(engine: DockerEngine, *, expected: int, timeout_s: float)
         dead = [c for c in containers if c.state in ("exited", "dead")]
         if dead:
             shown = ", ".join(f"{c.service} (exit {c.exit_code})" for c in dead[:5])
-            raise UnavailableError(f"{len(dead)} containers exited while starting: {shown}")
+            said = await _last_words(dead[0].name)
+            raise UnavailableError(
+                f"{len(dead)} containers exited while starting: {shown}; the end of "
+                f"{dead[0].service}'s log: {said}"
+            )
         waiting = [c for c in containers if c.state != "running" or c.health not in ("", "healthy")]
         if len(containers) >= expected and not waiting:
             return time.monotonic() - started
@@ -311,6 +315,20 @@ async def wait_healthy(engine: DockerEngine, *, expected: int, timeout_s: float)
                 f"{timeout_s:g} s: {shown}"
             )
         await asyncio.sleep(HEALTH_POLL_S)
+
+
+async def _last_words(container: str, lines: int = 5) -> str:
+    """The end of a container's log (before `down` removes it with the container)."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            "docker", "logs", "--tail", str(lines), container,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        async with asyncio.timeout(30):
+            out, _ = await proc.communicate()
+    except (OSError, TimeoutError) as exc:
+        return f"(no log: {exc})"
+    return " | ".join(out.decode(errors="replace").strip().splitlines())[-1500:]
 
 
 async def with_epoch(run: EngineRun, credentials: Credentials) -> tuple[Topology, ...]:
