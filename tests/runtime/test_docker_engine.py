@@ -15,8 +15,11 @@ import asyncio
 import json
 import os
 import subprocess
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
+import grpc
 import pytest
 
 from cmemu.v1 import ems_pb2, ems_pb2_grpc, manager_pb2
@@ -34,6 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback-docker")]
 PROJECT = f"cmemu-test-{os.getpid()}"
 OCTET = 64  # 127.64.x.y: this test's published addresses
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+T = TypeVar("T")
 
 
 def _skip_without_engine() -> None:
@@ -65,6 +69,20 @@ def _containers() -> list[dict[str, object]]:
         subprocess.run(["docker", "inspect", *ids], capture_output=True, check=True).stdout
     )
     return docs
+
+
+async def _retrying(call: Callable[[], Awaitable[T]], within_s: float = 60.0) -> T:
+    """A call retried while it is UNAVAILABLE, as its RetryInfo invites: on a loaded machine
+    EMS's half-emulated-second pool sweeps (25 ms of wall time at time scale 20) can find a
+    pool late for a moment just after the start."""
+    async with asyncio.timeout(within_s):
+        while True:
+            try:
+                return await call()
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+                    raise
+            await asyncio.sleep(0.5)
 
 
 async def _incident_for(sn: Supernode, device: str, within_s: float = 120.0) -> None:
@@ -127,8 +145,9 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  #
 
             # EMS through its published address
             ems = ems_pb2_grpc.EmsStub(sn.clients.channel_to(sn.address("ems")))
-            await ems.Put(ems_pb2.PutRequest(key="docker/greeting", data=b"hello, engine"))
-            got = await ems.Get(ems_pb2.GetRequest(key="docker/greeting"))
+            put = ems_pb2.PutRequest(key="docker/greeting", data=b"hello, engine")
+            await _retrying(lambda: ems.Put(put))
+            got = await _retrying(lambda: ems.Get(ems_pb2.GetRequest(key="docker/greeting")))
             assert got.data == b"hello, engine"
 
             # container faults, seen by the manager; the kill is a `died` event over MQTT
