@@ -85,6 +85,14 @@ async def _retrying(call: Callable[[], Awaitable[T]], within_s: float = 60.0) ->
             await asyncio.sleep(0.5)
 
 
+async def _reachable(address: str, within_s: float = 60.0) -> None:
+    """Until grpcurl lists the server's services: the engine restores a reconnected
+    container's port mapping asynchronously."""
+    async with asyncio.timeout(within_s):
+        while (await grpcurl(address, "list", timeout_s=30))[0] != 0:
+            await asyncio.sleep(0.5)
+
+
 async def _incident_for(sn: Supernode, device: str, within_s: float = 120.0) -> None:
     async with asyncio.timeout(within_s):
         while True:
@@ -164,8 +172,7 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  #
             assert code != 0  # its published port went with its network
             await clear(sn.clients, cut.id)
             await clear(sn.clients, killed.id)  # started again
-            code, out, _ = await grpcurl(sn.address("n00-npu5"), "list", timeout_s=30)
-            assert code == 0, out
+            await _reachable(sn.address("n00-npu5"))  # its network, and its published port, back
 
             # a fault kind the emulator cannot apply says why, and nothing changes
             with pytest.raises(NotFoundError):
