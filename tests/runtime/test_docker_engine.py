@@ -89,7 +89,10 @@ async def _reachable(address: str, within_s: float = 60.0) -> None:
     """Until grpcurl lists the server's services: the engine restores a reconnected
     container's port mapping asynchronously."""
     async with asyncio.timeout(within_s):
-        while (await grpcurl(address, "list", timeout_s=30))[0] != 0:
+        while True:
+            code, _, _ = await grpcurl(address, "list", timeout_s=30)
+            if code == 0:
+                return
             await asyncio.sleep(0.5)
 
 
