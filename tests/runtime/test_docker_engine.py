@@ -85,22 +85,14 @@ async def _retrying(call: Callable[[], Awaitable[T]], within_s: float = 60.0) ->
             await asyncio.sleep(0.5)
 
 
-async def _reachable(address: str, within_s: float = 60.0) -> None:
-    """Until grpcurl lists the server's services: the engine restores a reconnected
-    container's port mapping asynchronously."""
-    async with asyncio.timeout(within_s):
-        while True:
-            code, _, _ = await grpcurl(address, "list", timeout_s=30)
-            if code == 0:
-                return
-            await asyncio.sleep(0.5)
-
-
-async def _incident_for(sn: Supernode, device: str, within_s: float = 120.0) -> None:
+async def _incident_for(
+    sn: Supernode, device: str, *, state: str = "", within_s: float = 120.0
+) -> None:
+    """Until the manager has an incident for `device` (in `state`, when given)."""
     async with asyncio.timeout(within_s):
         while True:
             listed = await sn.clients.manager().ListIncidents(manager_pb2.ListIncidentsRequest())
-            if any(i.device == device for i in listed.incidents):
+            if any(i.device == device and state in ("", i.state) for i in listed.incidents):
                 return
             await asyncio.sleep(0.5)
 
@@ -175,7 +167,8 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  #
             assert code != 0  # its published port went with its network
             await clear(sn.clients, cut.id)
             await clear(sn.clients, killed.id)  # started again
-            await _reachable(sn.address("n00-npu5"))  # its network, and its published port, back
+            # back on its network: the manager's heartbeats reach it again
+            await _incident_for(sn, "n00-npu5", state="restored", within_s=180.0)
 
             # a fault kind the emulator cannot apply says why, and nothing changes
             with pytest.raises(NotFoundError):
