@@ -12,7 +12,11 @@ Writes bench/results/boot.json and boot.png (each run's boot time and peak RSS, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,6 +84,63 @@ def plot(doc: dict[str, object], directory: Path) -> None:
         )
 
 
+def cli_start_s(repeats: int = 7) -> dict[str, float]:
+    """Median wall and CPU seconds of `cmemu --version` and of `cmemu status` finding no
+    instance: what a command costs before it does anything (imports). On a shared machine the
+    wall time is mostly waiting for a core: the CPU time is the command's own."""
+    cmemu = str(Path(sys.executable).parent / "cmemu")
+    out = {}
+    for name, argv in (("version", ["--version"]), ("status", ["status", "--name", "absent"])):
+        walls, cpus = [], []
+        for _ in range(repeats):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            subprocess.run([cmemu, *argv], capture_output=True, check=False)
+            walls.append(time.perf_counter() - started)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        out[name] = statistics.median(walls)
+        out[f"{name}_cpu"] = statistics.median(cpus)
+    return out
+
+
+def device_process_pss_mb(settle_s: float = 2.0) -> float:
+    """The PSS of one device process (`cmemu serve --device`, what each container of one
+    container per device runs), serving, on this host: started on a free block of ports with an
+    epoch given, measured once SERVING, stopped."""
+    from emulator.client import h2probe
+    from emulator.runtime.supernode import LaunchOptions
+
+    servers = launch_ports("cm-mini")
+    base = free_port_block(servers + 1)
+    options = LaunchOptions(preset="cm-mini", mode="procs", addressing="ports", base_port=base)
+    topology = dataclasses.replace(options.topology(), metrics_port=base + servers)
+    device = topology.device("n00-npu3")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "topology.json"
+        path.write_text(topology.to_json())
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "cmemu"), "serve", "--topology", str(path),
+             "--device", device.id],
+            env={**os.environ, "CMEMU_EPOCH": "1.0"}, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if h2probe.check(device.address) == 1:
+                        break
+                except (OSError, h2probe.ProbeError):
+                    time.sleep(0.1)
+            time.sleep(settle_s)
+            rollup = Path(f"/proc/{proc.pid}/smaps_rollup").read_text()
+            kib = next(int(x.split()[1]) for x in rollup.splitlines() if x.startswith("Pss:"))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return kib / 1024
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -108,8 +169,16 @@ def main() -> int:
         + "  ".join(f"{b:.2f}s/{r / 2**20:.0f}MB" for b, r in zip(boots, rss, strict=True))
     )
     median = statistics.median(boots)
+    cli = cli_start_s()
+    device_pss = device_process_pss_mb()
     print(f"boot_s      median {median:.2f}  (start to all-SERVING, state file written)")
+    print(
+        f"cli_start_s median `cmemu --version` {cli['version']:.3f} wall, "
+        f"{cli['version_cpu']:.3f} CPU; `cmemu status` (no instance) {cli['status']:.3f} wall, "
+        f"{cli['status_cpu']:.3f} CPU  (target for --version: 0.15 s)"
+    )
     print(f"peak_rss_mb median {statistics.median(rss) / 2**20:.0f}  (MiB)")
+    print(f"device_process_pss_mb {device_pss:.1f}  (one `cmemu serve --device`; target 25)")
     target = TARGETS.get(args.preset)
     doc: dict[str, object] = {
         "preset": args.preset,
@@ -118,6 +187,8 @@ def main() -> int:
         "runs": runs,
         "boot_s_median": statistics.median(boots),
         "peak_rss_bytes_median": statistics.median(rss),
+        "cli_start_s": cli,
+        "device_process_pss_mb": device_pss,
         "target": {"boot_s": target[0], "peak_rss_bytes": target[1]} if target else None,
     }
     outputs.write_json(args.results, "boot", doc)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import grpc
 
@@ -23,11 +23,13 @@ from emulator.client.channels import Channels
 from emulator.client.credentials import ANONYMOUS, Credentials
 from emulator.client.remote import RemoteDevice, RemoteFabric
 from emulator.engines.device.engine import DeviceEngine
-from emulator.engines.fabric.engine import FabricEngine
 from emulator.engines.peers import DevicePeer, FabricPeer, LocalDevice, LocalFabric
 from emulator.model.errors import EmulatorError
 from emulator.model.topology import Device, ServiceKind, Topology
 from services.status import Context, RemoteError, details_from_metadata
+
+if TYPE_CHECKING:  # hosted in the fabric's process only (numpy): not every process imports it
+    from emulator.engines.fabric.engine import FabricEngine
 
 
 class LocalContext:

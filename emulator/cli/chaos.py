@@ -17,7 +17,6 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from emulator.cli.argtypes import UsageError
-from emulator.client.clients import Clients
 from emulator.model.chaos.pace import ABORTED
 from emulator.model.chaos.timeline import Entry
 from emulator.model.chaos.units import format_s
@@ -124,14 +123,14 @@ def _run(args: argparse.Namespace) -> int:
     except InvalidArgumentError as exc:
         raise UsageError(str(exc)) from exc
     path = state.path_from(args.state_file)
-    topology = state.read(path)
+    state.read(path)  # no running emulator: say so before anything starts
 
     def live(entry: Entry) -> None:
         if not args.json:
             print(format_entry(entry), flush=True)
 
     async def go() -> RunResult:
-        clients = Clients(topology, state.credentials(path))
+        clients = await asyncio.to_thread(state.fault_clients, path)
         try:
             options = RunOptions(seed=args.seed, keep=args.keep)
             return await run_scenario(clients, scenario, options, on_entry=live)

@@ -23,7 +23,6 @@ from emulator.client.clients import Clients
 from emulator.client.faults import (
     KINDS,
     ActiveFault,
-    attach_processes,
     inject,
     list_all,
     remove,
@@ -33,7 +32,10 @@ from emulator.model.errors import InvalidArgumentError
 from emulator.model.faults.params import describe
 from emulator.runtime import state
 
-WAITS_HERE = frozenset({"process-pause"})  # kinds whose duration this command keeps
+WAITS_HERE = frozenset(  # no owner clears these in emulated time: this command does
+    {"process-pause", "container-kill", "container-pause", "container-stop",
+     "container-disconnect", "container-netem"}
+)  # fmt: skip  # kinds whose duration this command keeps
 OPTION_OF = {  # the older options that still set a parameter
     "factor": "--factor",
     "latency_us": "--latency-us",
@@ -63,9 +65,7 @@ def print_faults(faults: list[ActiveFault], as_json: bool) -> None:
 async def _with_clients(path: Path, call: Callable[[Clients], Awaitable[Any]]) -> Any:
     """`call` with clients of the instance of state file `path` (its token, CA and, in procs
     mode, its process table too)."""
-    instance = await asyncio.to_thread(state.read_instance, path)
-    clients = Clients(instance.topology, state.credentials(path), supernodes=instance.supernodes)
-    attach_processes(clients, state.process_table(instance))
+    clients = await asyncio.to_thread(state.fault_clients, path)
     try:
         return await call(clients)
     finally:

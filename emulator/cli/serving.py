@@ -9,7 +9,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import yaml
 
@@ -238,23 +238,31 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0 if not result.failed else 1
 
 
-COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
-    "serve-model": (cmd_serve_model, "deploy a model: NPUs, expert placement, weights via EMS"),
-    "deployments": (cmd_deployments, "list the running emulator's model deployments"),
-    "undeploy": (cmd_undeploy, "stop a deployment and release its NPUs"),
-    "replay": (cmd_replay, "replay a Mooncake trace at the OpenAI endpoint: TTFT, TPOT, goodput"),
-}  # fmt: skip
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "serve-model": cmd_serve_model,
+    "deployments": cmd_deployments,
+    "undeploy": cmd_undeploy,
+    "replay": cmd_replay,
+}  # the help of each: emulator/cli/main.py
 
 
-def add_serving_commands(sub: Any, add_state: Callable[[argparse.ArgumentParser], None]) -> None:
-    """The serving sub-commands, on main's sub-parsers."""
-    parsers: dict[str, argparse.ArgumentParser] = {}
-    for name, (func, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(func=func)
-        parsers[name] = p
-        add_state(p)
-    serve = parsers["serve-model"]
+def run_command(args: argparse.Namespace) -> int:
+    return COMMANDS[args.command](args)
+
+
+def command_args(p: argparse.ArgumentParser, name: str) -> None:
+    """The arguments of serving sub-command `name` (main adds --name/--state-file)."""
+    if name == "serve-model":
+        _serve_model_args(p)
+    elif name == "undeploy":
+        p.add_argument("deployment_name", metavar="NAME")
+    elif name == "deployments":
+        p.add_argument("--json", action="store_true")
+    elif name == "replay":
+        _replay_args(p)
+
+
+def _serve_model_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("model", nargs="?", help="the model, e.g. deepseek-r1")
     serve.add_argument(
         "--decode", type=positive_int, metavar="N", help="NPUs of the decode instance"
@@ -282,9 +290,9 @@ def add_serving_commands(sub: Any, add_state: Callable[[argparse.ArgumentParser]
         action="store_true",
         help="a warm start: the weights are already in EMS (they load from there, not cold)",
     )
-    parsers["undeploy"].add_argument("deployment_name", metavar="NAME")
-    parsers["deployments"].add_argument("--json", action="store_true")
-    rp = parsers["replay"]
+
+
+def _replay_args(rp: argparse.ArgumentParser) -> None:
     rp.add_argument("trace", help="a Mooncake-format trace (JSON lines)")
     rp.add_argument("--model", help="the deployment to send to (default: the only one)")
     rp.add_argument(

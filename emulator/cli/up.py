@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import os
 import shutil
-import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -19,20 +18,18 @@ from typing import Literal
 
 from emulator.cli import argtypes, progress
 from emulator.cli.instances import check_not_running
+from emulator.cli.serve import print_tasks as _print_tasks
+from emulator.cli.serve import stop_event as _stop_event
 from emulator.model.errors import EmulatorError
 from emulator.model.presets import DEFAULT_PRESET
 from emulator.model.topology import CONTAINER_PORT, DEFAULT_BASE_PORT, DEFAULT_HOST
-from emulator.runtime import composegen, metricserver, state
+from emulator.runtime import composegen, docker, metricserver, state
+from emulator.runtime.image import IMAGE
 from emulator.runtime.procs import Running
 from emulator.runtime.security import Security, read_keys
 from emulator.runtime.serve import (
-    DEFAULT_CLOCK_WAIT_S,
-    DEFAULT_REBUILD_WAIT_S,
-    DEFAULT_SERVE_DRAIN_S,
     PER,
-    SERVE_KINDS,
-    ServeOptions,
-    serve,
+    Per,
 )
 from emulator.runtime.supernode import (
     ADDRESSING,
@@ -49,17 +46,6 @@ from emulator.runtime.webview import NONE as UI_NONE
 from emulator.runtime.webview import WebView, parse_address
 
 DEFAULT_READY_TIMEOUT_S = 180.0
-
-
-def _stop_event() -> asyncio.Event:
-    """Set by SIGINT or SIGTERM: the launcher turns every server NOT_SERVING, drains, stops."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    # `kill -USR1 PID`: what every task waits in, on stderr (a stuck call, a stuck stop)
-    loop.add_signal_handler(signal.SIGUSR1, _print_tasks, "on SIGUSR1")
-    return stop
 
 
 # --- up -------------------------------------------------------------------------------------
@@ -105,7 +91,13 @@ def summary(sn: Supernode, path: Path, seconds: float, ui: str | None = None) ->
         f"  status      cmemu status{which}",
         f"  stop        cmemu down{which}   (or Ctrl-C / SIGTERM here)",
     ]
-    if sn.run_dir is not None:
+    if sn.engine is not None:
+        lines.insert(
+            2,
+            f"  run dir     {sn.run_dir} (the engine's compose file; a container's log: "
+            f"docker logs {sn.engine.project}_SERVICE_1)",
+        )
+    elif sn.run_dir is not None:
         lines.insert(2, f"  run dir     {sn.run_dir} (process logs in logs/)")
     if sn.security.token:
         lines.append(
@@ -131,26 +123,67 @@ def _report_death(running: Running) -> None:
     )
 
 
+def _compose_mode(args: argparse.Namespace, run_dir: Path) -> tuple[Mode, Path | None]:
+    """`--mode compose [--from-compose FILE]` and `--from-compose FILE`: through the Docker
+    engine when one answers (`--engine auto`, the default of --mode compose) or when told
+    (`--engine docker`); else the file's services as local processes (the default of
+    --from-compose alone), said so."""
+    given = Path(args.from_compose) if args.from_compose else None
+    engine = args.engine or ("auto" if args.mode == "compose" else "local")
+    if engine != "local":
+        version = docker.engine_answers()
+        if version is not None:
+            print(f"cmemu: Docker engine {version}: docker compose up", flush=True)
+            return "docker", given
+        if engine == "docker":
+            raise EmulatorError(
+                "no Docker engine answers (`docker version` failed): start dockerd, or pass "
+                "--engine local to run the compose services as local processes"
+            )
+        print(
+            "cmemu: no Docker engine answers: running the compose file's services as local "
+            "processes (as --from-compose; --engine docker insists on an engine)",
+            flush=True,
+        )
+    if given is not None:
+        return "compose", given
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / f"{args.preset}.yaml"
+    composegen.write(args.preset, args.per_container or "device", out, args.time_scale)
+    composegen.write_secrets(run_dir)
+    return "compose", out
+
+
 def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
     if args.from_compose and args.from_k8s:
         raise argtypes.UsageError("--from-compose or --from-k8s: one of them")
-    mode: Mode = "compose" if args.from_compose else "k8s" if args.from_k8s else args.mode
     keys = read_keys(Path(args.token_file)) if args.token_file else None
+    if args.engine and not (args.from_compose or args.mode == "compose"):
+        raise argtypes.UsageError("--engine goes with --mode compose or --from-compose")
+    run_dir = path.parent / f"{path.stem}-run-{os.getpid()}"
+    compose_file = None
+    if args.from_compose or args.mode == "compose":
+        mode, compose_file = _compose_mode(args, run_dir)
+    else:
+        mode = "k8s" if args.from_k8s else args.mode
+    per: Per = args.per_container or ("device" if mode == "docker" else "node")
     return LaunchOptions(
         preset=args.preset,
         mode=mode,
-        per=args.per,
+        per=per,
         time_scale=args.time_scale,
         dilation=args.dilation,
         addressing=args.addressing,
         host=args.host,
         base_port=args.base_port,
         port=args.port,
-        compose_file=Path(args.from_compose) if args.from_compose else None,
+        compose_file=compose_file,
+        image=args.image,
+        project=f"cmemu-{state.instance_name(path)}",
         k8s_dir=Path(args.from_k8s) if args.from_k8s else None,
         broker=args.broker or EMBEDDED,
         # beside the state file, one per launcher: logs, the topology document, EMS's SSD
-        run_dir=path.parent / f"{path.stem}-run-{os.getpid()}" if mode != "inprocess" else None,
+        run_dir=run_dir if mode != "inprocess" else None,
         drain_s=args.drain,
         ready_timeout_s=args.ready_timeout,
         token=keys.admin if keys is not None else None,
@@ -249,6 +282,8 @@ async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
             launcher[state.UI_KEY] = view.url if view is not None else None
             if sn.supervisor is not None:  # procs mode: pids for process-kill/-pause faults
                 launcher[state.PROCESSES_KEY] = state.processes_record(sn.supervisor.running)
+            if sn.engine is not None:  # docker mode: the project, for the container faults
+                launcher[state.CONTAINERS_KEY] = state.containers_record(sn.engine)
             await asyncio.to_thread(
                 functools.partial(
                     state.write,
@@ -288,18 +323,6 @@ async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
 
 WEBVIEW_STOP_S = 5.0  # its feeds, streams and HTTP server
 STOP_REPORT_S = 20.0  # a stop still going after the drain and this long says what it waits for
-
-
-def _print_tasks(why: str) -> None:
-    """Every task of the loop and where it waits, on stderr."""
-    tasks = asyncio.all_tasks()
-    print(f"cmemu: {len(tasks)} tasks {why}:", file=sys.stderr, flush=True)
-    for task in tasks:
-        try:
-            task.print_stack(file=sys.stderr)
-        except Exception as exc:  # a frame mid-teardown can have no line number
-            print(f"  {task.get_name()}: stack unreadable ({exc!r})", file=sys.stderr)
-    sys.stderr.flush()
 
 
 def _report_slow_stop() -> None:
@@ -398,12 +421,32 @@ def up_args(up: argparse.ArgumentParser) -> None:
     )
     up.add_argument(
         "--mode",
-        choices=[m for m in MODES if m not in ("compose", "k8s")],
+        choices=[m for m in MODES if m not in ("k8s", "docker")],
         default="inprocess",
         help="inprocess: every server in this process (default); procs: one OS process per "
-        "node (or --per device), each on its own loopback address",
+        "node (or --per device), each on its own loopback address; compose: `docker compose "
+        "up` of the preset's compose file, one container per device (or --per node), "
+        "through the Docker engine when one answers (--engine)",
     )
-    up.add_argument("--per", choices=PER, default="node", help="with --mode procs (default node)")
+    up.add_argument(
+        "--per",
+        dest="per_container",
+        choices=PER,
+        help="with --mode procs (default node) or compose (default device)",
+    )
+    up.add_argument(
+        "--engine",
+        choices=["auto", "docker", "local"],
+        help="with --mode compose (default auto) or --from-compose (default local): docker "
+        "runs the containers through the Docker engine (it must answer); local runs their "
+        "commands as local processes; auto: docker when an engine answers, else local",
+    )
+    up.add_argument(
+        "--image",
+        default=IMAGE,
+        help=f"with the Docker engine: the emulator's image (default {IMAGE}; "
+        "`cmemu image build` makes it)",
+    )
     up.add_argument(
         "--from-compose",
         metavar="FILE",
@@ -474,66 +517,6 @@ def up_args(up: argparse.ArgumentParser) -> None:
         type=float,
         default=0.2,
         help="seconds between NOT_SERVING and stop (default 0.2)",
-    )
-
-
-# --- serve ----------------------------------------------------------------------------------
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    kind = next(k for k in SERVE_KINDS if getattr(args, k))
-    options = ServeOptions(
-        topology_path=Path(args.topology),
-        kind=kind,
-        name=getattr(args, kind),
-        drain_s=args.drain,
-        ssd_dir=Path(args.ssd_dir) if args.ssd_dir else None,
-        rebuild_wait_s=args.rebuild_wait,
-        clock_wait_s=args.clock_wait,
-        security=Security.from_env(os.environ, insecure=args.insecure),
-    )
-
-    async def run() -> None:
-        await serve(options, _stop_event())
-
-    asyncio.run(run())
-    return 0
-
-
-def serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--topology", required=True, help="the topology document (JSON)")
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--device", help="one device id")
-    what.add_argument("--node", help="every device of one node, e.g. n07")
-    what.add_argument("--service", help="a supernode-wide service, e.g. fabric")
-    p.add_argument(
-        "--drain",
-        type=float,
-        default=DEFAULT_SERVE_DRAIN_S,
-        help=f"seconds between NOT_SERVING and stop (default {DEFAULT_SERVE_DRAIN_S:g})",
-    )
-    p.add_argument(
-        "--clock-wait",
-        type=argtypes.positive_float,
-        default=DEFAULT_CLOCK_WAIT_S,
-        help="without an epoch in the topology or $CMEMU_EPOCH: seconds to keep asking the "
-        f"fabric for its clock before giving up (default {DEFAULT_CLOCK_WAIT_S:g})",
-    )
-    p.add_argument(
-        "--insecure",
-        action="store_true",
-        help="allow binding beyond loopback without a token ($CMEMU_INSECURE=1 too); the "
-        "token comes from $CMEMU_TOKEN_FILE, TLS from $CMEMU_TLS_CERT, _KEY and _CA",
-    )
-    p.add_argument(
-        "--ssd-dir", help="with --service ems: where its SSD tier lives (default $CMEMU_EMS_SSD)"
-    )
-    p.add_argument(
-        "--rebuild-wait",
-        type=float,
-        default=DEFAULT_REBUILD_WAIT_S,
-        help="with --service ems: seconds to wait for silent memory pools while rebuilding the "
-        f"index before counting them down (default {DEFAULT_REBUILD_WAIT_S:g})",
     )
 
 

@@ -25,6 +25,7 @@ from cmemu.v1 import device_pb2, fabric_pb2
 from emulator.client.clients import Clients
 from emulator.client.faultkinds import (
     broker_outage,
+    container,
     crash,
     device_down,
     die_down,
@@ -46,6 +47,7 @@ from emulator.client.faultkinds.base import (
     not_found,
     parse_device_fault,
 )
+from emulator.client.faultkinds.container import ContainerControl, attach_engine
 from emulator.client.faultkinds.process import ProcessTable, attach_processes
 from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
 from emulator.model.naming import LINK, LINK_DIRECTED, parse_id
@@ -53,10 +55,12 @@ from emulator.model.naming import LINK, LINK_DIRECTED, parse_id
 __all__ = [
     "KINDS",
     "ActiveFault",
+    "ContainerControl",
     "FaultOptions",
     "Kind",
     "ProcessTable",
     "add",
+    "attach_engine",
     "attach_processes",
     "clear",
     "device_fault_id",
@@ -91,6 +95,7 @@ KINDS: dict[str, Kind] = {
         fabric.PARTITION,
         device_down.KIND,
         *gateway.KINDS,
+        *container.KINDS,
     )
 }
 
@@ -229,10 +234,13 @@ async def fabric_faults(clients: Clients) -> list[ActiveFault]:
 
 
 async def list_all(clients: Clients) -> list[ActiveFault]:
-    fabric_list, devices, rdma = await asyncio.gather(
-        fabric_faults(clients), device_faults(clients), gateway.listed(clients)
+    fabric_list, devices, rdma, containers = await asyncio.gather(
+        fabric_faults(clients),
+        device_faults(clients),
+        gateway.listed(clients),
+        container.listed(clients),
     )
-    return [*fabric_list, *devices, *rdma, *process.listed(clients)]
+    return [*fabric_list, *devices, *rdma, *process.listed(clients), *containers]
 
 
 # --- clearing ------------------------------------------------------------------------------------
@@ -278,6 +286,9 @@ async def clear(clients: Clients, fault_id: str) -> None:
     if fault_id.startswith(process.PROC_PREFIX):
         await process.clear(clients, fault_id)
         return
+    if fault_id.startswith(container.PREFIX):
+        await container.clear(clients, fault_id)
+        return
     if fault_id == broker_outage.BROKER_ID:
         await broker_outage.clear(clients)
         return
@@ -305,10 +316,13 @@ remove = clear  # the name `cmemu fault rm` and older callers use
 
 async def remove_all(clients: Clients) -> list[ActiveFault]:
     """Clear every fabric, device and process fault; what was cleared."""
-    on_fabric, devices, rdma = await asyncio.gather(
-        fabric_faults(clients), device_faults(clients), gateway.listed(clients)
+    on_fabric, devices, rdma, containers = await asyncio.gather(
+        fabric_faults(clients),
+        device_faults(clients),
+        gateway.listed(clients),
+        container.listed(clients),
     )
-    others = [*devices, *rdma, *process.listed(clients)]
+    others = [*devices, *rdma, *process.listed(clients), *containers]
     if on_fabric:
         for one in every_supernode(clients):
             await one.fabric().ClearFault(fabric_pb2.ClearFaultRequest(all=True))

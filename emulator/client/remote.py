@@ -20,7 +20,7 @@ from emulator.engines.clock import ClockState
 from emulator.engines.device.engine import FaultState
 from emulator.engines.device.liveness import Beat
 from emulator.engines.peers import CollectiveOutcome
-from emulator.model.collectives import CollectiveSpec
+from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.linkfaults import FaultSpec
 from emulator.model.memory import Region
 from emulator.model.topology import Device

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from emulator.engines.device.engine import DeviceEngine, FaultState
     from emulator.engines.device.liveness import Beat
     from emulator.engines.fabric.engine import FabricEngine
-    from emulator.model.collectives import CollectiveSpec
+    from emulator.model.collectivespec import CollectiveSpec
     from emulator.model.linkfaults import FaultSpec
 
 T = TypeVar("T")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
+from emulator.model.collectivespec import COLLECTIVE_OPS, CollectiveSpec
 from emulator.model.costmodel import (
     check_duration,
     moe_bytes_per_token,
@@ -33,18 +34,6 @@ from emulator.model.topology import DeviceKind
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
-
-
-@dataclass(frozen=True, kw_only=True)
-class CollectiveSpec:
-    op: str
-    bytes: int = 0
-    bytes_per_pair: int = 0
-    pair_bytes: tuple[int, ...] = ()
-    root: int = 0
-    tokens_per_rank: int = 0
-    top_k: int = 0  # 0: the profile's (profile.moe.top_k)
-    bytes_per_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,7 +129,7 @@ class Algorithm:
     moe: str | None = None  # "dispatch" or "combine": overhead fitted to the calibration point
 
 
-ALGORITHMS: dict[str, Algorithm] = {
+ALGORITHMS: dict[str, Algorithm] = {  # every op of COLLECTIVE_OPS (collectivespec.py)
     "all-to-all": Algorithm(_all_to_all),
     "all-gather": Algorithm(_all_gather),
     "reduce-scatter": Algorithm(_reduce_scatter),
@@ -149,6 +138,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "moe-dispatch": Algorithm(_moe("dispatch"), moe="dispatch"),
     "moe-combine": Algorithm(_moe("combine"), moe="combine"),
 }
+assert set(ALGORITHMS) == set(COLLECTIVE_OPS)
 
 
 class DieFlows:

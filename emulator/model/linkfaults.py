@@ -10,12 +10,14 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
-from emulator.model.linkgraph import LinkGraph
 from emulator.model.naming import die_id
 from emulator.model.topology import DeviceKind
+
+if TYPE_CHECKING:  # a fault record needs no numpy: a device process imports this module
+    from emulator.model.linkgraph import LinkGraph
 
 
 @dataclass(frozen=True, kw_only=True)

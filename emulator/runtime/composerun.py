@@ -96,7 +96,7 @@ MOSQUITTO_ENV = "CMEMU_MOSQUITTO"
 SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
 
 
-def _names(name: str, svc: dict[str, Any]) -> list[str]:
+def names_of(name: str, svc: dict[str, Any]) -> list[str]:
     """A service's name, hostname and network aliases: the names its container answers to."""
     names = [name, str(svc.get("hostname", name))]
     nets = svc.get("networks") or {}
@@ -110,7 +110,7 @@ def _hostnames(services: dict[str, Any]) -> dict[str, str]:
     hosts: dict[str, str] = {}
     for ordinal, (name, svc) in enumerate(services.items()):
         ip = loopback_ip(ordinal, COMPOSE_FIRST_OCTET)
-        hosts.update(dict.fromkeys(_names(name, svc), ip))
+        hosts.update(dict.fromkeys(names_of(name, svc), ip))
     return hosts
 
 
@@ -210,7 +210,7 @@ def _service(
         for k, v in (svc.get("environment") or {}).items()
     }
     command = svc.get("command")
-    image = _image(svc)
+    image = image_of(svc)
     if command:
         argv = [
             mounts.get(a) or private_path(a, name, run_dir) or rehost(a) for a in map(str, command)
@@ -222,7 +222,8 @@ def _service(
     else:
         raise InvalidArgumentError(f"service {name}: no command, and image {image!r} is unknown")
     test = (svc.get("healthcheck") or {}).get("test") or []
-    probe = rehost(test[-1]) if test[1:3] == ["cmemu", "probe"] else None
+    probes = test[1:2] == ["cmemu-probe"] or test[1:3] == ["cmemu", "probe"]
+    probe = rehost(test[-1]) if probes else None
     depends = svc.get("depends_on") or {}
     if isinstance(depends, list):
         depends = {d: {} for d in depends}
@@ -235,7 +236,7 @@ def _service(
     )
 
 
-def _image(svc: dict[str, Any]) -> str:
+def image_of(svc: dict[str, Any]) -> str:
     return str(svc.get("image", "")).split(":")[0]
 
 
@@ -264,7 +265,7 @@ def load(
     if not services:
         raise InvalidArgumentError(f"{path} has no services")
     if broker is not None:
-        left_out = {n for n, svc in services.items() if _image(svc) in BROKER_IMAGES}
+        left_out = {n for n, svc in services.items() if image_of(svc) in BROKER_IMAGES}
         services = {n: svc for n, svc in services.items() if n not in left_out}
     rehost = Rehost(_hostnames(services))
     epoch_text = interpolate("${CMEMU_EPOCH:-}", env)
@@ -285,7 +286,7 @@ def load(
         dataclasses.replace(
             s,
             spec=dataclasses.replace(
-                s.spec, servers=tuple(n for n in _names(s.name, services[s.name]) if n in ids)
+                s.spec, servers=tuple(n for n in names_of(s.name, services[s.name]) if n in ids)
             ),
         )
         for s in out

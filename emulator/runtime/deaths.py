@@ -12,7 +12,7 @@ so a death reaches subscribers even while the dead process's neighbours keep ser
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -40,21 +40,26 @@ class DeathReporter:
     now_ns: Callable[[], int] | None = None
 
     def __call__(self, running: Running) -> None:
-        if self.bus is not None:
-            now = self.now_ns() if self.now_ns is not None else 0  # 0: before the clock began
-            for server in running.spec.servers:
-                bus = self.others.get(parse_id(server).supernode, self.bus)
-                bus.event(
-                    server,
-                    DIED,
-                    now,
-                    exit_code=running.returncode,
-                    pid=running.proc.pid,
-                    process=running.spec.name,
-                    log=str(running.log_path),
-                )
+        self.report(
+            running.spec.servers,
+            exit_code=running.returncode,
+            pid=running.proc.pid,
+            process=running.spec.name,
+            log=str(running.log_path),
+        )
         if self.then is not None:
             self.then(running)
+
+    def report(
+        self, servers: Sequence[str], *, exit_code: int | None, pid: int, process: str, log: str
+    ) -> None:
+        """A `died` event for each server of a process (or container) that exited."""
+        if self.bus is None:
+            return
+        now = self.now_ns() if self.now_ns is not None else 0  # 0: before the clock began
+        for server in servers:
+            bus = self.others.get(parse_id(server).supernode, self.bus)
+            bus.event(server, DIED, now, exit_code=exit_code, pid=pid, process=process, log=log)
 
 
 @contextlib.asynccontextmanager

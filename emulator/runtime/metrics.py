@@ -16,37 +16,29 @@ event loop, so it is read there, in one pass; the text is formatted on a worker 
 - EMS: objects and bytes per tier, hits, misses, evictions, corrupt copies, under-replicated
   objects, each pool's health and use;
 - the process (label supernode): emulated time, time scale, servers hosted, the MQTT link
-  (connected, backlog, dropped), and prometheus-client's process_* (CPU, memory, fds);
+  (connected, backlog, dropped), and the process_* families (CPU, memory, fds;
+  emulator/runtime/exposition.py);
 - any other service state with a `metrics()` method (instruments.Instrumented): what it returns,
   with the service's labels added. This is how the serving router publishes TTFT and TPOT.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import structlog
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
 
 from emulator.engines.clock import TimeKeeper
 from emulator.engines.device.engine import DeviceEngine
 from emulator.model.instruments import Family, Histogram, MetricType, Value
 from emulator.model.topology import DeviceKind, ServiceKind
-from services.ems import EmsState
+from emulator.runtime.exposition import RawFamily
 
 if TYPE_CHECKING:
     from emulator.runtime.inprocess import InProcessSupernode
 
 log = structlog.get_logger("cmemu.metrics")
-NO_PLANE = "none"  # links with no switch end (die to die, pool to CPU) belong to no UB plane
 
 # --- families, in plain data ------------------------------------------------------------------
 
@@ -79,50 +71,13 @@ class Families:
             for labels, value in f.samples:
                 self.add(f.name, f.type, f.help, {**base, **labels}, value)
 
-    def metrics(self) -> list[Metric]:
-        out = []
-        for name, (help, kind, samples) in self._by_name.items():
-            if not samples:  # e.g. device families in a process that hosts no device
-                continue
-            try:
-                out.append(_metric(name, kind, help, samples))
-            except (KeyError, ValueError, TypeError):  # a contributor's bad family: not the rest
-                log.exception("metric family skipped", family=name)
-        return out
-
-
-FAMILY_TYPES: dict[
-    MetricType, type[CounterMetricFamily] | type[GaugeMetricFamily] | type[HistogramMetricFamily]
-] = {
-    "counter": CounterMetricFamily,
-    "gauge": GaugeMetricFamily,
-    "histogram": HistogramMetricFamily,
-}
-
-
-def _metric(
-    name: str, kind: MetricType, help: str, samples: Sequence[tuple[Mapping[str, str], Value]]
-) -> Metric:
-    names = list(samples[0][0])
-    metric = FAMILY_TYPES[kind](name, help, labels=names)
-    for labels, value in samples:
-        if set(labels) != set(names):
-            raise ValueError(f"{name}: label names {sorted(labels)} differ from {sorted(names)}")
-        values = [labels[n] for n in names]
-        if isinstance(metric, HistogramMetricFamily):
-            if not isinstance(value, Histogram):
-                raise TypeError(f"{name}: a histogram family needs Histogram values")
-            buckets = [(_le(b), float(c)) for b, c in value.cumulative()]
-            metric.add_metric(values, buckets, value.sum)
-        elif isinstance(value, Histogram):
-            raise TypeError(f"{name}: a {kind} family takes numbers")
-        else:
-            metric.add_metric(values, float(value))
-    return metric
-
-
-def _le(bound: float) -> str:
-    return "+Inf" if math.isinf(bound) else repr(float(bound))
+    def raw(self) -> list[RawFamily]:
+        """Every family with samples, as the exposition writes them (exposition.render)."""
+        return [
+            (name, help, kind, samples)
+            for name, (help, kind, samples) in self._by_name.items()
+            if samples
+        ]
 
 
 # --- devices ----------------------------------------------------------------------------------
@@ -240,69 +195,10 @@ def add_devices(out: Families, engines: Iterable[DeviceEngine], supernode: str) 
             )
 
 
-# --- EMS --------------------------------------------------------------------------------------
-
-
-def ems_families(ems: EmsState) -> list[Family]:
-    stats = ems.stats("")
-    c = stats.counters
-    dram = stats.objects - stats.ssd_objects
-    tiers: list[tuple[str, int, int, int]] = [
-        ("dram", dram, stats.dram_used_bytes, stats.dram_capacity_bytes),
-        ("ssd", stats.ssd_objects, stats.ssd_used_bytes, stats.ssd_capacity_bytes),
-    ]
-
-    def one(name: str, kind: MetricType, help: str, value: float) -> Family:
-        return Family(name=name, help=help, type=kind, samples=[({}, value)])
-
-    return [
-        Family(
-            name="cmemu_ems_objects",
-            help="Objects stored, by tier",
-            type="gauge",
-            samples=[({"tier": t}, n) for t, n, _, _ in tiers],
-        ),
-        Family(
-            name="cmemu_ems_used_bytes",
-            help="Bytes used, by tier (DRAM: every copy)",
-            type="gauge",
-            samples=[({"tier": t}, b) for t, _, b, _ in tiers],
-        ),
-        Family(
-            name="cmemu_ems_capacity_bytes",
-            help="EMS's capacity, by tier",
-            type="gauge",
-            samples=[({"tier": t}, b) for t, _, _, b in tiers],
-        ),
-        one("cmemu_ems_hits_total", "counter", "Reads of a key that was there", c.hits),
-        one("cmemu_ems_misses_total", "counter", "Reads of a key that was not", c.misses),
-        one("cmemu_ems_evictions_total", "counter", "Objects evicted to make room", c.evictions),
-        one("cmemu_ems_corrupt_total", "counter", "Copies found corrupt", c.corrupt),
-        one(
-            "cmemu_ems_under_replicated_objects",
-            "gauge",
-            "Objects with fewer copies than the replication factor",
-            stats.under_replicated,
-        ),
-        Family(
-            name="cmemu_ems_pool_healthy",
-            help="1 when EMS counts the memory pool up",
-            type="gauge",
-            samples=[({"pool": p.pool}, p.healthy) for p in stats.pools],
-        ),
-        Family(
-            name="cmemu_ems_pool_used_bytes",
-            help="Bytes of EMS copies in the memory pool",
-            type="gauge",
-            samples=[({"pool": p.pool}, p.bytes) for p in stats.pools],
-        ),
-    ]
-
-
 # --- the collector ----------------------------------------------------------------------------
 
 
-class SupernodeCollector(Collector):
+class SupernodeCollector:
     """Everything one process hosts, read from its state at each collect(); on the event loop."""
 
     def __init__(self, local: InProcessSupernode) -> None:
@@ -393,13 +289,13 @@ class SupernodeCollector(Collector):
         return rows
 
     def _service(self, kind: ServiceKind, state: object) -> Iterable[Family]:
-        if isinstance(state, EmsState):
-            return ems_families(state)
+        if kind is ServiceKind.EMS:  # numpy: only where it is hosted
+            from emulator.runtime import servicemetrics as sm
+
+            if isinstance(state, sm.EmsState):
+                return sm.ems_families(state)
         contribute = getattr(state, "metrics", None)  # instruments.Instrumented
         return list(contribute()) if callable(contribute) else []
 
-    def collect(self) -> Iterator[Metric]:
-        yield from self.families().metrics()
 
-
-__all__ = ["Families", "SupernodeCollector", "add_devices", "ems_families"]
+__all__ = ["Families", "SupernodeCollector", "add_devices"]

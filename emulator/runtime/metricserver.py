@@ -5,8 +5,9 @@ it) on the topology's metrics port at the host of the first server it hosts
 (topology.metrics_address): in-process mode one port after every server's, `--mode procs` and
 compose each process on its own address, port 9464 (compose files carry the prometheus.io
 scrape labels). The launcher records every process's URL in the state file (`cmemu status`
-shows them); `cmemu up --metrics none` serves none. Plain HTTP even when gRPC speaks TLS: the
-metrics are reads, which stay open (DESIGN principle 11).
+shows them); `cmemu up --metrics none` serves none. HTTPS with the gRPC servers' certificate
+when they speak TLS (the metrics stay open reads: DESIGN principle 11); a silent connection is
+closed after the profile's `http_idle_s`.
 
 The handler reads the state on the event loop that owns it (plain values only, a few ms for
 cm384) and formats the text on a worker thread.
@@ -16,19 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING
 
 import structlog
-from aiohttp import web
-from prometheus_client.core import Metric
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.process_collector import ProcessCollector
-from prometheus_client.registry import Collector
 
 from emulator.model.errors import AddressInUseError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import Topology, metrics_address
+from emulator.runtime import exposition
 from emulator.runtime.metrics import Families, SupernodeCollector
 
 if TYPE_CHECKING:
@@ -37,22 +34,14 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("cmemu.metrics")
 PATH = "/metrics"
-
-
-class _Snapshot(Collector):
-    """Families already read, plus the process collector's: what a worker thread formats."""
-
-    def __init__(self, families: Families) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[Metric]:
-        yield from self.families.metrics()
-        yield from ProcessCollector(registry=None).collect()
+REQUEST_HEAD_MAX = 16 * 1024  # a scraper's request line and headers
 
 
 class MetricsServer:
-    """`GET /metrics` on the process's event loop (aiohttp); anything else 404 (405 for other
-    methods). Async context manager, or start() and close()."""
+    """`GET /metrics` on the process's event loop (asyncio streams, HTTP/1.1, one request per
+    connection); another path 404, another method 405. The state is read on the loop, which
+    owns it; the text is written on a worker thread. Async context manager, or start() and
+    close()."""
 
     def __init__(
         self,
@@ -64,39 +53,36 @@ class MetricsServer:
         idle_s: float = DEFAULT_PROFILE.limits.http_idle_s,
     ) -> None:
         self.address = address
-        self.idle_s = idle_s  # a silent connection is closed after this
         self.name = name  # who serves it, for errors
         self._read = read
         self._ssl = ssl_context  # HTTPS with the gRPC servers' certificate when they use TLS
-        self._runner: web.AppRunner | None = None
+        self.idle_s = idle_s  # a silent connection is closed after this
+        self._server: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
         return url(self.address, tls=self._ssl is not None)
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get(PATH, self._metrics)
-        runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, keepalive_timeout=self.idle_s
-        )
-        await runner.setup()
         host, _, port = self.address.rpartition(":")
-        site = web.TCPSite(
-            runner, host.strip("[]") or None, int(port), reuse_port=False, ssl_context=self._ssl
-        )
         try:
-            await site.start()
+            self._server = await asyncio.start_server(
+                self._serve,
+                host.strip("[]") or None,
+                int(port),
+                reuse_address=True,
+                ssl=self._ssl,
+                limit=REQUEST_HEAD_MAX,
+            )
         except OSError as exc:
-            await runner.cleanup()
             raise AddressInUseError(self.name, self.address) from exc
-        self._runner = runner
         log.debug("metrics serving", url=self.url)
 
     async def close(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            await server.wait_closed()
 
     async def __aenter__(self) -> MetricsServer:
         await self.start()
@@ -105,11 +91,47 @@ class MetricsServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        families = self._read()  # on the loop, which owns the state: plain values only
-        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
-        body = await asyncio.to_thread(encode, _Snapshot(families))  # the formatting, off it
-        return web.Response(body=body, headers={"Content-Type": content_type})
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(self.idle_s):
+                head = await reader.readuntil(b"\r\n\r\n")
+            status, body, kind = await self._answer(head)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+            status, body, kind = "400 Bad Request", b"bad request\n", "text/plain"
+        except ConnectionError:
+            writer.close()
+            return
+        try:
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}"
+                "\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _answer(self, head: bytes) -> tuple[str, bytes, str]:
+        lines = head.decode("latin-1").split("\r\n")
+        method, _, rest = lines[0].partition(" ")
+        target = rest.split(" ")[0].split("?")[0]
+        if target != PATH:
+            return "404 Not Found", b"not found: GET /metrics\n", "text/plain"
+        if method != "GET":
+            return "405 Method Not Allowed", b"GET /metrics only\n", "text/plain"
+        accept = next(
+            (v for k, _, v in (x.partition(":") for x in lines[1:]) if k.lower() == "accept"), ""
+        )
+        kind = exposition.content_type(accept)
+        families = self._read().raw()  # on the loop, which owns the state: plain values only
+        body, skipped = await asyncio.to_thread(
+            exposition.render, families, openmetrics=kind == exposition.OPENMETRICS
+        )
+        for name in skipped:  # a contributor's bad family: not the rest
+            log.error("metric family skipped", family=name)
+        return "200 OK", body, kind
 
 
 def url(address: str, *, tls: bool = False) -> str:
@@ -166,6 +188,8 @@ def supernode_endpoints(sn: Supernode) -> dict[str, str]:
     (a node's servers share their container's address, so they appear once). Several
     supernodes in one process serve one /metrics each."""
     out: dict[str, str] = {}
+    if sn.engine is not None:  # docker: each container's 9464, inside the compose network only
+        return out
     for topology in sn.supernodes:
         servers = [d.id for d in topology.devices] + [x.id for x in topology.services]
         processes: dict[str, Collection[str]]

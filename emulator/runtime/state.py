@@ -23,9 +23,11 @@ from typing import Any
 
 from emulator.client.clients import Clients
 from emulator.client.credentials import Credentials
-from emulator.client.faultkinds.process import Process, ProcessTable
+from emulator.client.faultkinds.container import attach_engine
+from emulator.client.faultkinds.process import Process, ProcessTable, attach_processes
 from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
 from emulator.model.topology import DNS_LABEL, Topology
+from emulator.runtime.docker import DockerEngine
 from emulator.runtime.security import read_token, write_secret
 
 ENV_VAR = "CMEMU_STATE_FILE"
@@ -222,6 +224,7 @@ METRICS_KEY = "metrics"  # launcher record: each process's /metrics URL, by proc
 UI_KEY = "ui"  # launcher record: the web view's URL (None: `cmemu up --ui none`)
 OTHERS_KEY = "other_supernodes"  # the documents of supernodes sn1, sn2, ... beside sn0's
 PROCESSES_KEY = "processes"  # launcher record (procs mode): each process's pid and servers
+CONTAINERS_KEY = "containers"  # launcher record (docker mode): the project, each service's servers
 
 
 def processes_record(running: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -245,6 +248,41 @@ def process_table(instance: Instance) -> ProcessTable:
             for name, doc in raw.items()
         },
     )
+
+
+def containers_record(engine: DockerEngine) -> dict[str, Any]:
+    """The launcher record of a compose project run by the engine: what the container fault
+    kinds act on."""
+    return {
+        "project": engine.project,
+        "servers": {k: list(v) for k, v in engine.servers.items()},
+        "networks": {k: {n: list(a) for n, a in v.items()} for k, v in engine.networks.items()},
+    }
+
+
+def container_engine(instance: Instance) -> DockerEngine | None:
+    """The engine's view of the instance's containers (docker mode), or None."""
+    raw = instance.launcher.extra.get(CONTAINERS_KEY)
+    if not raw:
+        return None
+    servers = {str(k): tuple(v) for k, v in (raw.get("servers") or {}).items()}
+    networks = {
+        str(k): {str(n): tuple(a) for n, a in v.items()}
+        for k, v in (raw.get("networks") or {}).items()
+    }
+    return DockerEngine(str(raw["project"]), servers=servers, networks=networks)
+
+
+def fault_clients(path: Path) -> Clients:
+    """Clients of the instance of state file `path` with what the fault kinds need beyond gRPC:
+    the token and CA, the process table (procs mode) and the engine's containers (docker)."""
+    instance = read_instance(path)
+    clients = Clients(instance.topology, credentials(path), supernodes=instance.supernodes)
+    attach_processes(clients, process_table(instance))
+    engine = container_engine(instance)
+    if engine is not None:
+        attach_engine(clients, engine)
+    return clients
 
 
 def token_path(path: Path) -> Path:

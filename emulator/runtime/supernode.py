@@ -56,8 +56,11 @@ from emulator.model.topology import (
 )
 from emulator.runtime import composerun, k8srun, tls
 from emulator.runtime.broker import Broker
+from emulator.runtime.composeengine import ENGINE_FIRST_OCTET
 from emulator.runtime.deaths import death_reporter
+from emulator.runtime.docker import DockerEngine
 from emulator.runtime.events import parse_broker_url
+from emulator.runtime.image import IMAGE
 from emulator.runtime.inprocess import InProcessSupernode
 from emulator.runtime.procs import ProcSpec, Running, Supervisor
 from emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS, WAVES
@@ -66,10 +69,10 @@ from emulator.runtime.security import Security
 from emulator.runtime.serve import PER, Per, ServeKind, clock_from_fabric, serve_argv
 from emulator.runtime.tls import TlsFiles
 
-Mode = Literal["inprocess", "procs", "compose", "k8s"]
+Mode = Literal["inprocess", "procs", "compose", "k8s", "docker"]
 Progress = Callable[[str, int, int], None]
 Addressing = Literal["ports", "loopback"]
-MODES: tuple[Mode, ...] = ("inprocess", "procs", "compose", "k8s")
+MODES: tuple[Mode, ...] = ("inprocess", "procs", "compose", "k8s", "docker")
 ADDRESSING: tuple[Addressing, ...] = ("ports", "loopback")
 EMBEDDED = "embedded"  # broker: an MQTT broker in this process, for this run
 NO_BROKER = "none"  # broker: no MQTT at all
@@ -99,7 +102,10 @@ class LaunchOptions:
     base_port: int = DEFAULT_BASE_PORT  # ports: the first server's port; the others follow
     port: int = CONTAINER_PORT  # loopback: every server's port
     first_octet: int = 10  # loopback: 127.<first_octet>.x.y upwards
-    compose_file: Path | None = None  # compose: the file whose services run
+    compose_file: Path | None = None  # compose, docker: the file whose services run
+    image: str = IMAGE  # docker: the emulator's image (`cmemu image build`)
+    project: str | None = None  # docker: the compose project (default cmemu-<pid>)
+    engine_octet: int = ENGINE_FIRST_OCTET  # docker: containers published on 127.<this>.x.y
     k8s_dir: Path | None = None  # k8s: the directory of manifests whose containers run
     broker: str = EMBEDDED  # EMBEDDED, NO_BROKER, or mqtt://HOST:PORT
     run_dir: Path | None = None  # procs, compose: logs and files; default a temporary directory
@@ -129,15 +135,21 @@ class LaunchOptions:
                 raise UnknownNameError(what, str(value), known)
         if not self.time_scale > 0:
             raise InvalidArgumentError(f"time_scale must be > 0, got {self.time_scale}")
-        if (self.mode == "compose") != (self.compose_file is not None):
-            raise InvalidArgumentError("a compose file goes with mode 'compose', and only with it")
+        if (self.mode == "compose") > (self.compose_file is not None) or (
+            self.compose_file is not None and self.mode not in ("compose", "docker")
+        ):
+            raise InvalidArgumentError(
+                "a compose file goes with mode 'compose' (or 'docker'), and only with them"
+            )
         if self.broker not in (EMBEDDED, NO_BROKER):
             parse_broker_url(self.broker)
         if (self.mode == "k8s") != (self.k8s_dir is not None):
             raise InvalidArgumentError(
                 "a manifest directory goes with mode 'k8s', and only with it"
             )
-        if self.mode not in ("compose", "k8s"):
+        if self.mode not in ("compose", "k8s") and not (
+            self.mode == "docker" and self.compose_file
+        ):
             get_preset(self.preset)
 
     @property
@@ -190,6 +202,7 @@ class Supernode:
     security: Security = NO_SECURITY  # the token and TLS files the servers run with
     # emulated time as this process reads it: the owner's in process, else followed
     time: TimeKeeper | None = None
+    engine: DockerEngine | None = None  # docker mode: the containers, for container faults
 
     def __post_init__(self) -> None:
         self.supernodes = self.supernodes or (self.topology,)
@@ -221,6 +234,7 @@ class Supernode:
             "procs": f"procs per {o.per}",
             "compose": f"compose {o.compose_file}",
             "k8s": f"k8s {o.k8s_dir}",
+            "docker": f"docker {o.compose_file or f'{o.preset} per {o.per}'}",
         }[o.mode]
 
     @property
@@ -304,7 +318,7 @@ async def _inprocess(
     epoch = time.time()
     supernodes = tuple(dataclasses.replace(t, epoch_wall_s=epoch) for t in supernodes)
     total = sum(len(_servers(t)) for t in supernodes)
-    _report(options, f"starting {total} servers in process", 0, total)
+    report(options, f"starting {total} servers in process", 0, total)
     # one emulated time for every supernode of this process, owned here
     clock = Clock(time_scale=options.time_scale, epoch_wall_s=epoch)
     profile = dataclasses.replace(options.profile.clock, dilation=options.dilation)
@@ -348,7 +362,7 @@ async def _cancelled(task: asyncio.Future[None]) -> None:
         await task
 
 
-def _report(options: LaunchOptions, what: str, done: int, total: int) -> None:
+def report(options: LaunchOptions, what: str, done: int, total: int) -> None:
     if options.progress is not None:
         options.progress(what, done, total)
 
@@ -426,7 +440,7 @@ def proc_waves(topology: Topology, topology_path: Path, per: Per) -> list[list[P
     return waves
 
 
-async def _make_run_dir(options: LaunchOptions) -> Path:
+async def make_run_dir(options: LaunchOptions) -> Path:
     if options.run_dir is None:
         return Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="cmemu-run-"))
     await asyncio.to_thread(options.run_dir.mkdir, parents=True, exist_ok=True)
@@ -476,7 +490,7 @@ async def _supervised(
 
                 total, done = sum(len(wave_addresses(w)) for w in waves), 0
                 for number, wave in enumerate(waves, 1):
-                    _report(
+                    report(
                         options, f"starting processes, wave {number} of {len(waves)}", done, total
                     )
                     await supervisor.start(wave)
@@ -532,7 +546,7 @@ def merge_waves(per_supernode: list[list[list[ProcSpec]]]) -> list[list[ProcSpec
 async def _procs(
     options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
 ) -> AsyncIterator[Supernode]:
-    run_dir = await _make_run_dir(options)
+    run_dir = await make_run_dir(options)
     supernodes = await asyncio.to_thread(options.supernodes)
     # every process computes the same emulated time from the same epoch
     epoch = time.time()
@@ -608,7 +622,7 @@ def _from_files(
     async def launch(
         options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
     ) -> AsyncIterator[Supernode]:
-        run_dir = await _make_run_dir(options)
+        run_dir = await make_run_dir(options)
         try:
             loaded = await asyncio.to_thread(load, options, run_dir)
         except BaseException:  # nothing ran: nothing to keep
@@ -635,6 +649,18 @@ def _from_files(
     return launch
 
 
+@contextlib.asynccontextmanager
+async def _docker(
+    options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
+) -> AsyncIterator[Supernode]:
+    """Compose through the Docker engine (emulator/runtime/enginelaunch.py, which builds on
+    this module)."""
+    from emulator.runtime import enginelaunch
+
+    async with enginelaunch.launch(options, stop, on_death) as sn:
+        yield sn
+
+
 Launcher = Callable[
     [LaunchOptions, asyncio.Event, Callable[[Running], None] | None],
     AbstractAsyncContextManager[Supernode],
@@ -644,4 +670,5 @@ LAUNCHERS: dict[Mode, Launcher] = {
     "procs": _procs,
     "compose": _from_files(_load_compose),
     "k8s": _from_files(_load_k8s),
+    "docker": _docker,
 }

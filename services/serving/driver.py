@@ -39,7 +39,7 @@ import structlog
 from cmemu.v1 import ems_pb2, ems_pb2_grpc, ub_pb2
 from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
-from emulator.model.collectives import CollectiveSpec
+from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.ems import prefix_keys
 from emulator.model.errors import EmulatorError, InvalidArgumentError, UnavailableError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile

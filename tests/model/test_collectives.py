@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emulator.model.collectives import CollectiveSpec, DieFlows, Phase, run_collective
+from emulator.model.collectives import DieFlows, Phase, run_collective
+from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.linkfaults import FaultSet, FaultSpec
 from emulator.model.linkgraph import LinkGraph, RouteKind, validate_ranks

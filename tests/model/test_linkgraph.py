@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator.model.collectives import CollectiveSpec, CollectiveTiming, run_collective
+from emulator.model.collectives import CollectiveTiming, run_collective
+from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.costmodel import ub_transfer_ns
 from emulator.model.errors import (
     InvalidArgumentError,

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from emulator.model.collectives import (
-    CollectiveSpec,
     fit_moe_overhead,
     moe_ranks,
     run_collective,
 )
+from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.costmodel import (
     UbOp,
     moe_overhead_s,

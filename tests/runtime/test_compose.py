@@ -60,7 +60,8 @@ def test_cm384_per_device_is_one_container_per_device() -> None:
     npu = services["n07-npu3"]
     assert npu["hostname"] == "n07-npu3"
     assert npu["command"][-2:] == ["--device", "n07-npu3"]
-    assert npu["healthcheck"]["test"] == ["CMD", "cmemu", "probe", "n07-npu3:50051"]
+    assert npu["healthcheck"]["test"] == ["CMD", "cmemu-probe", "n07-npu3:50051"]
+    assert npu["healthcheck"]["interval"] == "275s"  # 630 containers within the budget
     assert npu["depends_on"] == {"fabric": {"condition": "service_healthy"}}
     assert npu["mem_limit"] == "256m"
 

@@ -226,7 +226,8 @@ async def test_a_corrupt_body_on_a_stream_and_on_the_fabric(
 async def test_an_unexpected_exception_is_internal_and_logged(
     clients: Clients, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from emulator.engines.fabric.engine import FabricEngine, LinkStats
+    from emulator.engines.fabric.engine import FabricEngine
+    from emulator.engines.fabric.types import LinkStats
     from services import status
 
     logged: list[tuple[str, str, dict[str, Any]]] = []

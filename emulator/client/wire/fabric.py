@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from cmemu.v1 import fabric_pb2
 from emulator.engines.clock import ClockState
-from emulator.engines.fabric.engine import LinkStat, LinkStats
+from emulator.engines.fabric.types import LinkStat, LinkStats
 from emulator.engines.peers import CollectiveOutcome, FlowTime
 from emulator.model.clock import Segment
-from emulator.model.collectives import ALGORITHMS, CollectiveSpec
+from emulator.model.collectivespec import COLLECTIVE_OPS, CollectiveSpec
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.linkfaults import FaultSpec
 
@@ -20,7 +20,7 @@ OPS = {
     fabric_pb2.COLLECTIVE_OP_MOE_DISPATCH: "moe-dispatch",
     fabric_pb2.COLLECTIVE_OP_MOE_COMBINE: "moe-combine",
 }
-assert set(OPS.values()) == set(ALGORITHMS)
+assert set(OPS.values()) == set(COLLECTIVE_OPS)
 WIRE_OPS = {name: op for op, name in OPS.items()}
 
 

@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.collectives import CollectiveSpec, CollectiveTiming, run_collective
+from emulator.model.collectives import CollectiveTiming, run_collective
+from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.errors import RETRY_AFTER_S, CapacityError
 from emulator.model.hardware import EmulatorLimits
 from emulator.model.linkgraph import Endpoint, LinkGraph

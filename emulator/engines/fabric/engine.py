@@ -25,9 +25,11 @@ from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
 from emulator.engines.fabric.collectives import Collectives
 from emulator.engines.fabric.metrics import LinkGroups, fabric_families
+from emulator.engines.fabric.types import LinkStat, LinkStats
 from emulator.engines.flows import FlowClock
 from emulator.engines.peers import CollectiveOutcome, Directory, FlowTime
-from emulator.model.collectives import CollectiveSpec, CollectiveTiming
+from emulator.model.collectives import CollectiveTiming
+from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.costmodel import check_duration
 from emulator.model.errors import (
     RETRY_AFTER_S,
@@ -52,25 +54,6 @@ def route_cut(subject: str | None) -> contextlib.AbstractContextManager[None]:
     return blame(
         subject=subject, reason="ROUTE_CUT", retry_after_s=RETRY_AFTER_S, on=UnavailableError
     )
-
-
-@dataclass(frozen=True, kw_only=True)
-class LinkStat:
-    link: str
-    kind: str
-    capacity_bytes_per_s: float
-    bytes: int
-    utilization: float
-    active_flows: int
-    up: bool
-
-
-@dataclass(frozen=True, kw_only=True)
-class LinkStats:
-    emulated_ns: int
-    links: tuple[LinkStat, ...]
-    active_flows: int
-    completed_flows: int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -92,6 +92,38 @@ class DeviceDownParams:
     reason: str = param("cmemu fault add", "the reason the device reports")
 
 
+@dataclass(frozen=True, kw_only=True)
+class ContainerKillParams:
+    signal: str = param("KILL", "the signal docker kill sends (KILL, TERM, ...)")
+
+    def check(self) -> None:
+        if not self.signal.isalnum() or self.signal != self.signal.upper():
+            raise invalid("container-kill", "signal", f"{self.signal!r} is not a signal name")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerStopParams:
+    grace_s: float = param(
+        10.0, "wall seconds between SIGTERM and SIGKILL (the emulator drains on SIGTERM)",
+        AT_LEAST_ZERO,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetemParams:
+    delay_ms: float = param(0.0, "wall milliseconds added to every packet it sends", AT_LEAST_ZERO)
+    jitter_ms: float = param(0.0, "+- this much on the delay", AT_LEAST_ZERO)
+    loss_pct: float = param(0.0, "percent of its packets lost, [0, 100]", AT_LEAST_ZERO)
+
+    def check(self) -> None:
+        if self.loss_pct > 100:
+            raise invalid("container-netem", "loss_pct", "is a percentage: at most 100")
+        if not self.delay_ms and not self.loss_pct:
+            raise invalid("container-netem", "delay_ms", "or loss_pct must be set")
+        if self.jitter_ms and not self.delay_ms:
+            raise invalid("container-netem", "jitter_ms", "needs delay_ms")
+
+
 PARAMS: dict[str, type[Any]] = {
     "crash": CrashParams,
     "hang": NoParams,
@@ -110,5 +142,11 @@ PARAMS: dict[str, type[Any]] = {
     "switch-down": NoParams,
     "partition": PartitionParams,
     "device-down": DeviceDownParams,
+    "container-kill": ContainerKillParams,
+    "container-pause": NoParams,
+    "container-restart": ContainerStopParams,
+    "container-stop": ContainerStopParams,
+    "container-disconnect": NoParams,
+    "container-netem": NetemParams,
 }
 """The parameters of every kind of the catalogue, by kind name."""

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cached_property
 
-from emulator.model.collectives import CollectiveSpec, run_collective
+from emulator.model.collectives import run_collective
+from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.costmodel import (
     NS,
     moe_bytes_per_token,

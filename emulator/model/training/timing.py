@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from emulator.model.collectives import CollectiveSpec, run_collective
+from emulator.model.collectives import run_collective
+from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.linkgraph import LinkGraph, validate_ranks
 from emulator.model.topology import DeviceKind, Topology

@@ -156,8 +156,9 @@ async def test_a_quota_and_a_rate_limit_answer_429(served: Served) -> None:
     with pytest.raises(openai.RateLimitError) as err:
         await slow.completions.create(model="small", prompt="two", max_tokens=1)
     assert err.value.code == "rate_limit_exceeded"
-    # a minute of emulated time at time scale 20 is 3 s of wall time
-    assert 1 <= int(err.value.response.headers["retry-after"]) <= 3
+    # a minute of emulated time: 3 s of wall time at time scale 20, more when the emulator's
+    # clock runs slower than asked (a busy host), never less
+    assert int(err.value.response.headers["retry-after"]) >= 3
     await slow.close()
     with pytest.raises(Exception) as unknown:
         await _usage(served, "nobody")

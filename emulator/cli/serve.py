@@ -1,0 +1,106 @@
+"""`cmemu serve`: one container's (or one process's) part of a topology, until SIGTERM; and the
+signal handling every long-running command shares. It imports only what serving needs: a
+container runs this in every one of hundreds of processes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from emulator.cli import argtypes
+from emulator.runtime.security import Security
+from emulator.runtime.serve import (
+    DEFAULT_CLOCK_WAIT_S,
+    DEFAULT_REBUILD_WAIT_S,
+    DEFAULT_SERVE_DRAIN_S,
+    SERVE_KINDS,
+    ServeOptions,
+    serve,
+)
+
+
+def stop_event() -> asyncio.Event:
+    """Set by SIGINT or SIGTERM: the launcher turns every server NOT_SERVING, drains, stops."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    # `kill -USR1 PID`: what every task waits in, on stderr (a stuck call, a stuck stop)
+    loop.add_signal_handler(signal.SIGUSR1, print_tasks, "on SIGUSR1")
+    return stop
+
+
+def print_tasks(why: str) -> None:
+    """Every task of the loop and where it waits, on stderr."""
+    tasks = asyncio.all_tasks()
+    print(f"cmemu: {len(tasks)} tasks {why}:", file=sys.stderr, flush=True)
+    for task in tasks:
+        try:
+            task.print_stack(file=sys.stderr)
+        except Exception as exc:  # a frame mid-teardown can have no line number
+            print(f"  {task.get_name()}: stack unreadable ({exc!r})", file=sys.stderr)
+    sys.stderr.flush()
+
+
+# --- serve ----------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    kind = next(k for k in SERVE_KINDS if getattr(args, k))
+    options = ServeOptions(
+        topology_path=Path(args.topology),
+        kind=kind,
+        name=getattr(args, kind),
+        drain_s=args.drain,
+        ssd_dir=Path(args.ssd_dir) if args.ssd_dir else None,
+        rebuild_wait_s=args.rebuild_wait,
+        clock_wait_s=args.clock_wait,
+        security=Security.from_env(os.environ, insecure=args.insecure),
+    )
+
+    async def run() -> None:
+        await serve(options, stop_event())
+
+    asyncio.run(run())
+    return 0
+
+
+def serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", required=True, help="the topology document (JSON)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--device", help="one device id")
+    what.add_argument("--node", help="every device of one node, e.g. n07")
+    what.add_argument("--service", help="a supernode-wide service, e.g. fabric")
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=DEFAULT_SERVE_DRAIN_S,
+        help=f"seconds between NOT_SERVING and stop (default {DEFAULT_SERVE_DRAIN_S:g})",
+    )
+    p.add_argument(
+        "--clock-wait",
+        type=argtypes.positive_float,
+        default=DEFAULT_CLOCK_WAIT_S,
+        help="without an epoch in the topology or $CMEMU_EPOCH: seconds to keep asking the "
+        f"fabric for its clock before giving up (default {DEFAULT_CLOCK_WAIT_S:g})",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow binding beyond loopback without a token ($CMEMU_INSECURE=1 too); the "
+        "token comes from $CMEMU_TOKEN_FILE, TLS from $CMEMU_TLS_CERT, _KEY and _CA",
+    )
+    p.add_argument(
+        "--ssd-dir", help="with --service ems: where its SSD tier lives (default $CMEMU_EMS_SSD)"
+    )
+    p.add_argument(
+        "--rebuild-wait",
+        type=float,
+        default=DEFAULT_REBUILD_WAIT_S,
+        help="with --service ems: seconds to wait for silent memory pools while rebuilding the "
+        f"index before counting them down (default {DEFAULT_REBUILD_WAIT_S:g})",
+    )

@@ -1,0 +1,232 @@
+"""Container faults, for an emulator run by the Docker engine (`cmemu up --mode compose`):
+container-kill, -pause, -restart, -stop (with a grace period), -disconnect (a partition: the
+container leaves every network; a node's target takes all its containers, a group) and -netem
+(`tc netem` delay and loss inside the container). The mechanics are the engine's
+(emulator/runtime/docker.py, DockerEngine); this module only registers the kinds and their ids.
+
+As with the process kinds, the client layer reads no state file: whoever read it attaches the
+engine's view (`attach_engine`; the CLI and the chaos runner do). Without one the kinds refuse
+with FAILED_PRECONDITION naming the launcher that supports them.
+
+Ids: `ctr:<target>:<kind>`. Clearing undoes: kill and stop start the container again (a fresh
+process: its memory is gone, as after a reboot), pause unpauses, disconnect reconnects with the
+container's aliases, netem deletes the qdisc; a restart has nothing to undo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from emulator.client.clients import Clients
+from emulator.client.faultkinds.base import ActiveFault, Typed
+from emulator.model.errors import PreconditionError
+from emulator.model.faults.catalogue import (
+    ContainerKillParams,
+    ContainerStopParams,
+    NetemParams,
+    NoParams,
+)
+
+PREFIX = "ctr:"
+SUPPORTED = "compose through the Docker engine (`cmemu up --mode compose`)"
+
+
+class ContainerState(Protocol):
+    @property
+    def service(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def exit_code(self) -> int: ...
+
+    @property
+    def networks(self) -> Mapping[str, tuple[str, ...]]: ...
+
+
+class ContainerControl(Protocol):
+    """What the kinds need of an engine (DockerEngine is one)."""
+
+    project: str
+
+    def services_of(self, target: str) -> list[str]: ...
+
+    async def containers(self) -> Sequence[ContainerState]: ...
+
+    async def kill(self, service: str, signal: str = "KILL") -> None: ...
+
+    async def pause(self, service: str) -> None: ...
+
+    async def unpause(self, service: str) -> None: ...
+
+    async def stop(self, service: str, grace_s: float) -> None: ...
+
+    async def start(self, service: str) -> None: ...
+
+    async def restart(self, service: str, grace_s: float) -> None: ...
+
+    async def disconnect(self, service: str) -> None: ...
+
+    async def reconnect(self, service: str) -> None: ...
+
+    async def netem(
+        self, service: str, *, delay_ms: float, jitter_ms: float, loss_pct: float
+    ) -> None: ...
+
+    async def clear_netem(self, service: str) -> None: ...
+
+
+_ENGINES: weakref.WeakKeyDictionary[Clients, ContainerControl] = weakref.WeakKeyDictionary()
+
+
+def attach_engine(clients: Clients, engine: ContainerControl) -> None:
+    """Give these clients the engine's view of the emulator's containers."""
+    _ENGINES[clients] = engine
+
+
+def engine_of(clients: Clients, kind: str) -> ContainerControl:
+    engine = _ENGINES.get(clients)
+    if engine is None:
+        raise PreconditionError(
+            f"{kind} acts on a container: it needs the emulator run by {SUPPORTED}",
+            field="kind",
+            subject=kind,
+            reason="LAUNCHER_UNSUPPORTED",
+        )
+    return engine
+
+
+Act = Callable[[ContainerControl, str, Any], Awaitable[None]]
+
+
+async def _each(
+    engine: ContainerControl, target: str, act: Callable[[str], Awaitable[None]]
+) -> int:
+    services = engine.services_of(target)
+    await asyncio.gather(*(act(s) for s in services))
+    return len(services)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerKind(Typed):
+    act: Act
+    undo: Act | None = None
+    target: str = "a compose service, a device or service id it hosts, or a node (all of its)"
+
+    async def add(
+        self, clients: Clients, target: str, params: Any, duration_s: float | None
+    ) -> ActiveFault:
+        typed = self.typed(params)
+        engine = engine_of(clients, self.name)
+        count = await _each(engine, target, lambda s: self.act(engine, s, typed))
+        return ActiveFault(
+            id=f"{PREFIX}{target}:{self.name}",
+            kind=self.name,
+            target=target,
+            detail=f"project={engine.project} containers={count}",
+        )
+
+
+async def clear(clients: Clients, fault_id: str) -> None:
+    target, _, name = fault_id.removeprefix(PREFIX).rpartition(":")
+    kind = KINDS_BY_NAME.get(name)
+    engine = engine_of(clients, name or "container fault")
+    if kind is None or kind.undo is None:
+        return  # a restart, or an id of no kind: nothing to undo
+    undo = kind.undo
+    await _each(engine, target, lambda s: undo(engine, s, None))
+
+
+async def listed(clients: Clients) -> list[ActiveFault]:
+    """Paused, disconnected and exited containers, as the faults that made them so."""
+    engine = _ENGINES.get(clients)
+    if engine is None:
+        return []
+    out = []
+    for c in await engine.containers():
+        kind = (
+            "container-pause"
+            if c.state == "paused"
+            else "container-kill"
+            if c.state in ("exited", "dead")
+            else "container-disconnect"
+            if c.state == "running" and not c.networks
+            else ""
+        )
+        if kind:
+            detail = f"state={c.state}" + (
+                f" exit={c.exit_code}" if kind == "container-kill" else ""
+            )
+            out.append(
+                ActiveFault(
+                    id=f"{PREFIX}{c.service}:{kind}", kind=kind, target=c.service, detail=detail
+                )
+            )
+    return out
+
+
+async def _kill(e: ContainerControl, s: str, p: ContainerKillParams) -> None:
+    await e.kill(s, p.signal)
+
+
+async def _stop(e: ContainerControl, s: str, p: ContainerStopParams) -> None:
+    await e.stop(s, p.grace_s)
+
+
+async def _restart(e: ContainerControl, s: str, p: ContainerStopParams) -> None:
+    await e.restart(s, p.grace_s)
+
+
+async def _netem(e: ContainerControl, s: str, p: NetemParams) -> None:
+    await e.netem(s, delay_ms=p.delay_ms, jitter_ms=p.jitter_ms, loss_pct=p.loss_pct)
+
+
+KINDS = (
+    ContainerKind(
+        name="container-kill",
+        help="docker kill a container (compose through the engine); cleared: started again",
+        params=ContainerKillParams,
+        act=_kill,
+        undo=lambda e, s, _: e.start(s),
+    ),
+    ContainerKind(
+        name="container-pause",
+        help="docker pause a container (every process frozen) until cleared",
+        params=NoParams,
+        act=lambda e, s, _: e.pause(s),
+        undo=lambda e, s, _: e.unpause(s),
+    ),
+    ContainerKind(
+        name="container-restart",
+        help="docker restart a container (SIGTERM, the grace period, start)",
+        params=ContainerStopParams,
+        act=_restart,
+    ),
+    ContainerKind(
+        name="container-stop",
+        help="docker stop a container (SIGTERM, then SIGKILL after grace_s); cleared: started",
+        params=ContainerStopParams,
+        act=_stop,
+        undo=lambda e, s, _: e.start(s),
+    ),
+    ContainerKind(
+        name="container-disconnect",
+        help="take a container (or a node's) off its networks: a partition, until cleared",
+        params=NoParams,
+        act=lambda e, s, _: e.disconnect(s),
+        undo=lambda e, s, _: e.reconnect(s),
+    ),
+    ContainerKind(
+        name="container-netem",
+        help="tc netem delay/loss on a container's interface (iproute2, NET_ADMIN)",
+        params=NetemParams,
+        act=_netem,
+        undo=lambda e, s, _: e.clear_netem(s),
+    ),
+)
+KINDS_BY_NAME = {k.name: k for k in KINDS}

@@ -1,0 +1,65 @@
+"""Import only what runs (issue 18 item 9): a device process (`cmemu serve --device`, what each
+of hundreds of containers runs) imports neither numpy, aiohttp nor prometheus-client, and still
+serves its /metrics; `cmemu --version` imports nothing of the emulator (test_docker_units)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import sys
+from pathlib import Path
+
+from emulator.client import h2probe
+from emulator.model.topology import metrics_address
+from emulator.runtime.supernode import LaunchOptions
+from emulator.testing import free_port_block, launch_ports
+
+HEAVY = ("numpy", "aiohttp", "prometheus_client", "matplotlib", "jsonschema")
+
+
+async def test_a_device_process_imports_only_what_it_serves(tmp_path: Path) -> None:
+    servers = launch_ports("cm-mini")
+    base = free_port_block(servers + 1)  # and the port after them: the process's /metrics
+    options = LaunchOptions(preset="cm-mini", mode="procs", addressing="ports", base_port=base)
+    topology = dataclasses.replace(options.topology(), metrics_port=base + servers)
+    path = tmp_path / "topology.json"
+    path.write_text(topology.to_json())
+    device = topology.device("n00-npu3")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-X", "importtime", "-m", "emulator.cli.entry",
+        "serve", "--topology", str(path), "--device", device.id,
+        env={**os.environ, "CMEMU_EPOCH": "1.0"},
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(60):
+            while True:
+                try:
+                    if await asyncio.to_thread(h2probe.check, device.address) == 1:
+                        break
+                except (OSError, h2probe.ProbeError):
+                    pass
+                assert proc.returncode is None, "the device process exited"
+                await asyncio.sleep(0.2)
+        metrics = metrics_address(topology, device.address)
+        assert metrics is not None
+        host, _, port = metrics.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = (await reader.read()).decode()
+        writer.close()
+        assert reply.startswith("HTTP/1.1 200")
+        assert 'cmemu_device_healthy{supernode="sn0",device="n00-npu3"' in reply
+        assert "process_resident_memory_bytes" in reply
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await proc.communicate()
+    imported = {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in err.decode().splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert "grpc" in imported  # the report is there: it serves gRPC
+    assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
