@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpc
+
 from emulator.model.scaleout import build_cluster
 from emulator.testing import cmemu_up, free_port_block, launch_ports
 
@@ -107,8 +109,9 @@ def cli_start_s(repeats: int = 7) -> dict[str, float]:
 def device_process_pss_mb(settle_s: float = 2.0) -> float:
     """The PSS of one device process (`cmemu serve --device`, what each container of one
     container per device runs), serving, on this host: started on a free block of ports with an
-    epoch given, measured once SERVING, stopped."""
-    from emulator.client import h2probe
+    epoch given, beside the fabric's process it follows emulated time from (alone it would wait
+    for the fabric before it starts), measured once it answers, stopped."""
+    from cmemu.v1 import device_pb2, device_pb2_grpc
     from emulator.runtime.supernode import LaunchOptions
 
     servers = launch_ports("cm-mini")
@@ -116,28 +119,32 @@ def device_process_pss_mb(settle_s: float = 2.0) -> float:
     options = LaunchOptions(preset="cm-mini", mode="procs", addressing="ports", base_port=base)
     topology = dataclasses.replace(options.topology(), metrics_port=base + servers)
     device = topology.device("n00-npu3")
+    cmemu = str(Path(sys.executable).parent / "cmemu")
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "topology.json"
-        path.write_text(topology.to_json())
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "cmemu"), "serve", "--topology", str(path),
-             "--device", device.id],
-            env={**os.environ, "CMEMU_EPOCH": "1.0"}, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        procs = []
+        # the fabric's document has no /metrics port: the device's process binds it
+        for kind, name, doc in (
+            ("service", "fabric", dataclasses.replace(topology, metrics_port=None)),
+            ("device", device.id, topology),
+        ):
+            path = Path(tmp) / f"{name}.json"
+            path.write_text(doc.to_json())
+            argv = [cmemu, "serve", "--topology", str(path), f"--{kind}", name]
+            env = {**os.environ, "CMEMU_EPOCH": "1.0"}
+            procs.append(subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL))
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if h2probe.check(device.address) == 1:
-                        break
-                except (OSError, h2probe.ProbeError):
-                    time.sleep(0.1)
+            with grpc.insecure_channel(device.address) as channel:
+                device_pb2_grpc.DeviceStub(channel).GetInfo(
+                    device_pb2.GetInfoRequest(), wait_for_ready=True, timeout=120
+                )
             time.sleep(settle_s)
-            rollup = Path(f"/proc/{proc.pid}/smaps_rollup").read_text()
+            rollup = Path(f"/proc/{procs[1].pid}/smaps_rollup").read_text()
             kib = next(int(x.split()[1]) for x in rollup.splitlines() if x.startswith("Pss:"))
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(timeout=60)
     return kib / 1024
 
 

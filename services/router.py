@@ -91,20 +91,25 @@ class RouterState:
 
     # --- lifecycle -----------------------------------------------------------------------------
 
+    async def open_http(self) -> None:
+        """Bind the OpenAI endpoint before the router reports SERVING (the launcher's `prepare`
+        step): a state file that names the endpoint is written only once it answers."""
+        if self.http is None or not self.http_address:
+            return
+        security = self.host.security if self.host is not None else OPEN
+        security.check_bind("router (HTTP)", self.http_address)
+        loaded = await asyncio.to_thread(load_tokenizer)  # reads ~8 MB, once a process
+        await self.http.start(
+            self.http_address,
+            keys=security.keys,
+            ssl_context=security.ssl_context(),
+            loaded=loaded,
+        )
+
     async def run(self) -> None:
-        """Serve HTTP and own the drivers until close()."""
+        """Own the drivers until close(), then stop the endpoint open_http() started."""
         async with asyncio.TaskGroup() as tasks:
             self._tasks = tasks
-            if self.http is not None and self.http_address:
-                security = self.host.security if self.host is not None else OPEN
-                security.check_bind("router (HTTP)", self.http_address)
-                loaded = await asyncio.to_thread(load_tokenizer)  # reads ~8 MB, once a process
-                await self.http.start(
-                    self.http_address,
-                    keys=security.keys,
-                    ssl_context=security.ssl_context(),
-                    loaded=loaded,
-                )
             try:
                 await self._closed.wait()
             finally:  # streams end (their requests cancelled) before the endpoint stops

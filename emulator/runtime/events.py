@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import time
 from collections import deque
@@ -50,13 +51,25 @@ def topic(supernode: str, device: str, stream: str) -> str:
 SUBSCRIBER_EXIT_S = 2.0  # how long a subscriber's disconnect may take on the way out
 
 
+class _LateAck(logging.Filter):
+    """aiomqtt logs a SUBACK for a subscribe it no longer waits for (one cancelled by a stop)
+    as an exception, traceback and all: a late answer to a question nobody asks any more."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Unexpected message ID")
+
+
+_SUBSCRIBER_LOG = logging.getLogger("cmemu.mqtt.subscriber")
+_SUBSCRIBER_LOG.addFilter(_LateAck())
+
+
 @contextlib.asynccontextmanager
 async def subscriber(host: str, port: int, **kwargs: Any) -> AsyncIterator[aiomqtt.Client]:
     """An aiomqtt client for a reader that is cancelled to stop (the web view, `cmemu watch`).
     aiomqtt's exit waits for the broker to acknowledge the disconnect with no timeout: after a
     cancellation nothing ends that wait, and the reader's owner hangs in its shutdown. Here the
     exit gets SUBSCRIBER_EXIT_S and is then abandoned (the socket closes with the process)."""
-    client = aiomqtt.Client(host, port, **kwargs)
+    client = aiomqtt.Client(host, port, logger=_SUBSCRIBER_LOG, **kwargs)
     await client.__aenter__()
     try:
         yield client

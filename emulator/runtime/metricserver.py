@@ -96,9 +96,9 @@ class MetricsServer:
             async with asyncio.timeout(self.idle_s):
                 head = await reader.readuntil(b"\r\n\r\n")
             status, body, kind = await self._answer(head)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             status, body, kind = "400 Bad Request", b"bad request\n", "text/plain"
-        except ConnectionError:
+        except (TimeoutError, ConnectionError):  # silent past the idle time, or gone: no answer
             writer.close()
             return
         try:

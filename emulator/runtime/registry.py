@@ -136,6 +136,13 @@ async def _ems_rebuild(state: ServiceState, ctx: ServiceContext) -> None:
     await state.rebuild(ctx.rebuild_wait_s)
 
 
+async def _router_http(state: ServiceState, ctx: ServiceContext) -> None:
+    from services.router import RouterState  # imported by the process hosting it
+
+    assert isinstance(state, RouterState)
+    await state.open_http()
+
+
 SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {
     ServiceKind.FABRIC: ServiceSpec(create=_fabric, wave=0, mem_limit="2g"),
     ServiceKind.EMS: ServiceSpec(
@@ -150,7 +157,10 @@ SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {
         create=_standard("services.scheduler:create_scheduler"), wave=2, mem_limit="512m"
     ),
     ServiceKind.ROUTER: ServiceSpec(
-        create=_standard("services.router:create_router"), wave=3, mem_limit="2g"
+        create=_standard("services.router:create_router"),
+        wave=3,
+        mem_limit="2g",
+        prepare=_router_http,
     ),
     # after the devices: it lands RDMA bytes through their UB Deliver
     ServiceKind.GATEWAY: ServiceSpec(

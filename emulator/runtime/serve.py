@@ -7,6 +7,7 @@ so a container and a process of `--mode procs` run exactly the same thing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gzip
 import os
@@ -180,7 +181,7 @@ async def serve(options: ServeOptions, stop: asyncio.Event) -> None:
         topology, options.kind, options.name, options.clock_wait_s, security.credentials()
     )
     ssd = options.ssd_dir or (Path(os.environ[SSD_ENV]) if os.environ.get(SSD_ENV) else None)
-    async with InProcessSupernode(
+    supernode = InProcessSupernode(
         topology,
         hosted=hosted(topology, options.kind, options.name),
         drain_s=options.drain_s,
@@ -189,8 +190,31 @@ async def serve(options: ServeOptions, stop: asyncio.Event) -> None:
         ems_rebuild_wait_s=options.rebuild_wait_s,
         security=security,
         process=options.name,
-    ):
-        await stop.wait()
+    )
+    try:
+        if await _started(supernode, stop):
+            await stop.wait()
+    finally:
+        await supernode.stop()
+
+
+async def _started(supernode: InProcessSupernode, stop: asyncio.Event) -> bool:
+    """Start, unless a signal comes first: a process stopped while it waits for the owner of
+    time or for its pools (a container stopped during its start) stops then, not after the
+    start's own timeouts. False when stopped before serving."""
+    starting = asyncio.ensure_future(supernode.start())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        return False
+    starting.result()  # a failed start raises here
+    return True
 
 
 def _address(topology: Topology, server_id: str) -> str:

@@ -21,6 +21,9 @@ from emulator.runtime.supernode import LaunchOptions, Supernode
 from emulator.testing import Clients, running_supernode
 from services.ems_store import EmsState
 
+# A bound on a hang, not a timing: the checks run on emulated time, which a busy host slows
+HANG_S = 180
+
 KIB = 1024
 
 
@@ -218,7 +221,7 @@ async def test_a_dead_pool_loses_nothing_and_the_factor_is_restored() -> None:
         )
         for key in [*keys, "probe"]:
             assert (await ems.Get(ems_pb2.GetRequest(key=key))).served_by != victim
-        async with asyncio.timeout(20):
+        async with asyncio.timeout(HANG_S):
             # polling a server in another task: no event to wait on
             while (stat := await ems.Stat(ems_pb2.StatRequest())).under_replicated:  # noqa: ASYNC110
                 await asyncio.sleep(0.1)
@@ -395,7 +398,7 @@ async def test_deleted_keys_stay_deleted_when_a_faulted_pool_returns() -> None:
         await ems.Put(ems_pb2.PutRequest(key="over", data=b"new"))
         assert await _status(ems.Get(ems_pb2.GetRequest(key="gone"))) == "NOT_FOUND"
         await _fault(clients, "n01-mem", False)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(HANG_S):
             while await _regions(clients, "n01-mem", "gone"):  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
         assert len(await _regions(clients, "n01-mem", "over")) == 1
@@ -449,7 +452,7 @@ async def test_a_stalled_pool_is_suspect_and_its_copies_come_back() -> None:
             o.key for o in (await ems.List(ems_pb2.ListRequest())).objects if victim in o.replicas
         ]
         await _fault(clients, victim, True)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(HANG_S):
             while next(  # noqa: ASYNC110
                 p for p in (await ems.Stat(ems_pb2.StatRequest())).pools if p.pool == victim
             ).healthy:
@@ -461,7 +464,7 @@ async def test_a_stalled_pool_is_suspect_and_its_copies_come_back() -> None:
             (info,) = (await ems.List(ems_pb2.ListRequest(prefix=key, page_size=1))).objects
             assert victim in info.replicas  # kept while suspect
         await _fault(clients, victim, False)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(HANG_S):
             while not next(  # noqa: ASYNC110
                 p for p in (await ems.Stat(ems_pb2.StatRequest())).pools if p.pool == victim
             ).healthy:
@@ -487,17 +490,17 @@ async def test_a_dead_pool_that_returns_is_reconciled() -> None:
             await ems.Put(ems_pb2.PutRequest(key=f"d{i}", data=b"x" * 100))
         victim = (await ems.Put(ems_pb2.PutRequest(key="probe", data=b"p"))).replicas[0]
         await _fault(clients, victim, True)
-        async with asyncio.timeout(20):
+        async with asyncio.timeout(HANG_S):
             while (await ems.Stat(ems_pb2.StatRequest())).under_replicated:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
         await ems.Delete(ems_pb2.DeleteRequest(key="probe"))
         await _fault(clients, victim, False)
-        async with asyncio.timeout(20):
+        async with asyncio.timeout(HANG_S):
             while not next(  # noqa: ASYNC110
                 p for p in (await ems.Stat(ems_pb2.StatRequest())).pools if p.pool == victim
             ).healthy:
                 await asyncio.sleep(0.05)
-        async with asyncio.timeout(20):  # reconciled: the deleted key's copy freed
+        async with asyncio.timeout(HANG_S):  # reconciled: the deleted key's copy freed
             while True:
                 stat = await ems.Stat(ems_pb2.StatRequest())
                 if stat.objects == 20 and stat.dram_used_bytes == 2 * stat.dram_bytes:
@@ -629,7 +632,7 @@ async def test_procs_a_stalled_node_and_a_restarted_ems_forget_nothing_and_resur
         process.proc.kill()
         await process.proc.wait()
         await sn.supervisor.start([process.spec])
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(HANG_S):
             while True:
                 try:
                     await ems.Stat(ems_pb2.StatRequest(), timeout=2)
@@ -647,7 +650,7 @@ async def test_procs_a_stalled_node_and_a_restarted_ems_forget_nothing_and_resur
 
 
 async def _wait_healthy(ems: ems_pb2_grpc.EmsAsyncStub, pool: str) -> None:
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(HANG_S):
         while not next(  # noqa: ASYNC110
             p for p in (await ems.Stat(ems_pb2.StatRequest())).pools if p.pool == pool
         ).healthy:
@@ -660,7 +663,7 @@ async def _pool_healthy(ems: ems_pb2_grpc.EmsAsyncStub, pool: str) -> bool:
 
 
 async def _wait_pool(ems: ems_pb2_grpc.EmsAsyncStub, pool: str, *, healthy: bool) -> None:
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(HANG_S):
         while await _pool_healthy(ems, pool) != healthy:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
 
@@ -756,7 +759,7 @@ async def test_a_chunked_object_rebuilt_from_the_pools_streams_and_is_repaired()
         await _fault(clients, victim, True)
         await _wait_pool(ems, victim, healthy=False)
         state.placement.dead_after_ns = 0  # dead at once: its copy is replaced from the other
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(HANG_S):
             while (await ems.Stat(ems_pb2.StatRequest())).under_replicated:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
         (info,) = (await ems.List(ems_pb2.ListRequest(prefix="big"))).objects
@@ -791,7 +794,7 @@ async def test_one_object_failing_its_repair_does_not_stop_the_others(
         monkeypatch.setattr(state, "_repair", failing)
         state.placement.dead_after_ns = 0
         await _fault(clients, victim, True)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(HANG_S):
             while (await ems.Stat(ems_pb2.StatRequest())).under_replicated != 1:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
         for key in held:
@@ -916,7 +919,7 @@ async def test_of_two_racing_puts_of_one_key_the_newer_generation_wins(
 
     monkeypatch.setattr(state, "_write_copy", held)
     older = asyncio.ensure_future(ems.Put(ems_pb2.PutRequest(key="race", data=b"older")))
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(HANG_S):
         await entered.wait()
     await ems.Put(ems_pb2.PutRequest(key="race", data=b"newer"))
     gate.set()

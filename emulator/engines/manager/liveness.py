@@ -39,7 +39,7 @@ CONFIRM_WALL_S = 1.0  # wall grace before a silent stream fails its devices
 UNREACHABLE = "PEER_UNREACHABLE"
 
 
-@dataclass
+@dataclass(eq=False)
 class _Stream:
     covers: tuple[str, ...]
     last_beat_ns: int = 0  # the manager's emulated time at the last beat
