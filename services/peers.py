@@ -96,6 +96,12 @@ class Peers:
             )
         return remote
 
+    async def forget(self, device: Device) -> None:
+        if device.address in self._local:
+            return
+        self._remote.pop(device.address, None)
+        await self._channels.reset(device.address)
+
     def fabric(self) -> FabricPeer:
         if self._local_fabric is not None:
             return self._local_fabric

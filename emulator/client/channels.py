@@ -36,6 +36,13 @@ class Channels:
             self._channels[address] = channel
         return channel
 
+    async def reset(self, address: str) -> None:
+        """Close the channel to `address`: the next get() opens one that resolves the name
+        again (a container that came back may have another container's old IP address)."""
+        channel = self._channels.pop(address, None)
+        if channel is not None:
+            await channel.close(None)
+
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
         for channel in channels:

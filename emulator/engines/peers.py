@@ -116,6 +116,11 @@ class Directory(Protocol):
 
     def fabric(self) -> FabricPeer: ...
 
+    async def forget(self, device: Device) -> None:
+        """Drop what reaches `device` (a channel, with the address it resolved): its name
+        answered as another process, so the next call must look it up again."""
+        ...
+
 
 async def within(deadline_s: float | None, call: Awaitable[T]) -> T:
     """An in-process call's deadline, ended as a gRPC call's would be (DEADLINE_EXCEEDED)."""

@@ -88,13 +88,21 @@ async def _retrying(call: Callable[[], Awaitable[T]], within_s: float = 60.0) ->
 async def _incident_for(
     sn: Supernode, device: str, *, state: str = "", within_s: float = 120.0
 ) -> None:
-    """Until the manager has an incident for `device` (in `state`, when given)."""
-    async with asyncio.timeout(within_s):
-        while True:
-            listed = await sn.clients.manager().ListIncidents(manager_pb2.ListIncidentsRequest())
-            if any(i.device == device and state in ("", i.state) for i in listed.incidents):
-                return
-            await asyncio.sleep(0.5)
+    """Until the manager has an incident for `device` (in `state`, when given); a timeout says
+    what the manager had and the container's networks."""
+    seen: list[str] = []
+    try:
+        async with asyncio.timeout(within_s):
+            while True:
+                request = manager_pb2.ListIncidentsRequest()
+                listed = await sn.clients.manager().ListIncidents(request)
+                seen = [f"{i.device} {i.state} {i.detail}" for i in listed.incidents]
+                if any(i.device == device and state in ("", i.state) for i in listed.incidents):
+                    return
+                await asyncio.sleep(0.5)
+    except TimeoutError:
+        networks = [c.get("NetworkSettings") for c in _containers() if device in str(c["Name"])]
+        pytest.fail(f"no {state or 'incident'} for {device}: {seen}; {networks}")
 
 
 async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  # noqa: PLR0915

@@ -109,9 +109,13 @@ class LivenessWatch:
         """Follow the stream opened through `through` until it breaks; False when it could
         not be opened."""
         answered = False
+        device = self.devices[through]
         try:
-            async for beat in self.peers.device(self.devices[through]).watch_liveness():
+            async for beat in self.peers.device(device).watch_liveness():
                 if not answered:
+                    if through not in beat.covers:  # its name now leads to another process
+                        await self._elsewhere(through, beat)
+                        return False
                     answered = True
                     self._cover(stream, beat)
                 self._judge(stream, beat)
@@ -121,6 +125,15 @@ class LivenessWatch:
                 self._fail(through, "health", f"liveness stream {what}: {exc.reason}")
             log.debug("liveness stream ended", through=through, error=str(exc)[:200])
         return answered
+
+    async def _elsewhere(self, through: str, beat: Beat) -> None:
+        """A stream opened through `through` answered for other devices: a container that came
+        back took the address `through` had (a restart, a reconnect) and the channel still
+        holds it. That process's devices are not `through`'s: `through` is unreachable until
+        its name, looked up again, leads to it."""
+        self._fail(through, "health", f"unreachable: its address answers as {beat.process}")
+        log.info("liveness stream reached another process", through=through, process=beat.process)
+        await self.peers.forget(self.devices[through])
 
     @property
     def devices_covered(self) -> int:
