@@ -60,6 +60,8 @@ def _recovered(e: Expectations, obs: Observations, recs: list[Recovery]) -> Chec
     late = [r for r in judged if r.recovery_s is None or r.recovery_s > limit]
     times = [r.recovery_s for r in judged if r.recovery_s is not None]
     measured = f"worst {format_s(max(times))}" if times else "nothing recovered"
+    if not judged and recs:
+        measured = "no fault to recover"
     if any(r.recovery_s is None for r in judged):
         measured += f", {sum(r.recovery_s is None for r in judged)} not recovered"
     undetected = sum(1 for r in judged if r.recovery_s is not None and not r.detected)
