@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
@@ -151,6 +152,39 @@ def internal(exc: BaseException, *, rpc: str, device: str | None = None) -> Inte
     return InternalError(f"internal error in {rpc} ({type(exc).__name__}); see the server log")
 
 
+REPEAT_WALL_S = 10.0  # the same rejection is logged at most once this often (wall seconds)
+_REPEATS_MAX = 4096  # distinct rejections remembered; past it, the memory starts over
+
+
+class Repeats:
+    """The same rejection (device, RPC, status, reason) logged once per `period_s` of wall time,
+    with the count of those left out since: a caller that probes a down device many times a
+    second (EMS's pool sweep, ~27 GetFaultState a second while a pool is down) must not flood
+    the log with one line each. Wall time, because a log is read on the wall clock."""
+
+    def __init__(
+        self, period_s: float = REPEAT_WALL_S, now: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.period_s = period_s
+        self.now = now
+        self.seen: dict[tuple[object, ...], tuple[float, int]] = {}
+
+    def admit(self, key: tuple[object, ...]) -> int | None:
+        """None: leave this one out; else log it, with this many left out since the last."""
+        t = self.now()
+        entry = self.seen.get(key)
+        if entry is not None and t - entry[0] < self.period_s:
+            self.seen[key] = (entry[0], entry[1] + 1)
+            return None
+        if len(self.seen) >= _REPEATS_MAX:
+            self.seen.clear()
+        self.seen[key] = (t, 0)
+        return entry[1] if entry is not None else 0
+
+
+REJECTIONS = Repeats()
+
+
 def rpc(handler: F) -> F:
     """Turn EmulatorErrors raised by a handler into the status of STATUS_OF, with details; any
     other exception is logged with its traceback and answered INTERNAL."""
@@ -169,14 +203,17 @@ def rpc(handler: F) -> F:
             await abort(context, exc)
         except EmulatorError as exc:
             code = status_of(exc)
-            log.info(
-                "rejected",
-                device=device,
-                rpc=handler.__qualname__,
-                code=code.name,
-                reason=exc.reason,
-                error=shorten(str(exc), QUOTE_MAX),
-            )
+            left_out = REJECTIONS.admit((device, handler.__qualname__, code.name, exc.reason))
+            if left_out is not None:
+                log.info(
+                    "rejected",
+                    device=device,
+                    rpc=handler.__qualname__,
+                    code=code.name,
+                    reason=exc.reason,
+                    error=shorten(str(exc), QUOTE_MAX),
+                    **({"repeated": left_out} if left_out else {}),
+                )
             await abort(context, exc)
         except grpc.aio.AbortError:
             raise

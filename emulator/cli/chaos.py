@@ -37,10 +37,11 @@ def summary_lines(result: RunResult) -> list[str]:
     out = ["recoveries (emulated, from injection):"]
     for r in result.recoveries:
         i = r.injection
-        ttr = "not recovered" if r.recovery_s is None else format_s(r.recovery_s)
+        ttr = r.status if r.recovery_s is None else format_s(r.recovery_s)
         slo = f", SLO back {format_s(r.slo_back_s)}" if r.slo_back_s is not None else ""
         what = f"affected {','.join(r.workloads)}" if r.workloads else "no workload affected"
         out.append(f"  {i.label:<16} {i.kind:<14} {i.target:<22} {ttr}{slo} ({what})")
+        out.append(f"  {'':<16} {r.phases()}")
     out.append("expectations:")
     for c in result.verdict.checks:
         mark = "PASS" if c.ok else "FAIL"
@@ -85,6 +86,8 @@ def to_json(result: RunResult) -> dict[str, Any]:
                 "restored_ns": r.restored_ns,
                 "recovery_s": r.recovery_s,
                 "slo_back_s": r.slo_back_s,
+                "status": r.status,
+                "tolerated": r.tolerated,
                 "workloads": list(r.workloads),
                 "incidents": [i.id for i in r.incidents],
             }

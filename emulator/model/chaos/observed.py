@@ -19,6 +19,7 @@ class Injection:
     cleared_ns: int | None = None
     fault_id: str = ""
     error: str = ""  # the injection itself failed (its status and message)
+    tolerated: bool = False  # its step says the workload rides it out (held to its SLO throughout)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +82,8 @@ class TrainingRecord:
 class Observations:
     start_ns: int  # the workloads were up
     end_ns: int = 0
+    loaded: tuple[str, ...] = ()  # the serving workloads with a background load
+    jobs: tuple[str, ...] = ()  # the training workloads
     injections: list[Injection] = field(default_factory=list)
     incidents: list[IncidentRecord] = field(default_factory=list)
     events: list[WorkloadEvent] = field(default_factory=list)
@@ -90,3 +93,8 @@ class Observations:
     lost_objects: int | None = None
     training: list[TrainingRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what could not be observed, and why
+    # the steady-state hypothesis before the first fault: when it was checked, the incidents
+    # open then (of any age), and why the run injected nothing when it did not hold
+    steady_ns: int | None = None
+    open_before: list[IncidentRecord] = field(default_factory=list)
+    halted: str = ""

@@ -1,12 +1,19 @@
-"""Time to recovery, per injection, from what was observed.
+"""Time to recovery, per injection, credited by cause.
 
-An injection affects the manager's incidents on its devices (reported at or after it) and the
-workloads that reported an isolation of one of its devices' NPUs after it. It has recovered when
-each affected workload reported `restored` after it and each incident of theirs is restored (when
-no workload was affected: when each incident is restored, i.e. the device is back); then its
-time to recovery is the last of those instants minus the injection's. An injection that
-affected nothing (a link flap the fabric routed around) recovered at once. `slo_back_ns` is the
-first request after the recovery that met the SLO.
+An incident of the manager is caused by one injection at most: the latest one (that went in) whose
+devices cover the incident's device and that went in before the device's fault began (its
+`fault_ns`, else its detection). A workload is affected by an injection when an incident that
+injection caused names it among its jobs; its isolation and restore are its own reports after the
+injection. Nothing is credited by overlap: a training job's "isolated" report lists every NPU of
+the job, so a slow NPU of the job that nothing detected is not credited with a crash's recovery.
+
+A fault recovered when every incident it caused with a job is restored and each affected workload
+reported `restored` after it (without an affected workload: when each incident it caused is
+restored, i.e. the device is back). A fault that nothing detected (it caused no incident) did not
+recover: it lasted until the scenario cleared it (then it is over at the clearance, and the
+verdict says it was never detected), or to the end (not recovered, "never detected"). A step
+that says `tolerated: true` needs no recovery; the verdict holds the workload to its SLO
+throughout it instead. `slo_back_ns` is the first request after the recovery that met the SLO.
 """
 
 from __future__ import annotations
@@ -22,26 +29,45 @@ from emulator.model.chaos.observed import (
     WorkloadEvent,
 )
 from emulator.model.chaos.scenario import Slo
+from emulator.model.chaos.units import format_s
 
 RESTORED = "restored"
 UNRECOVERABLE = "unrecoverable"
+# a device's clock and the runner's (it follows the fabric's) may differ by a beat's rounding:
+# a fault the device dates this much before the runner's injection instant is still that one's
+CAUSE_SLACK_NS = 1_000_000_000
+
+NEVER_DETECTED = "never detected"
+CLEARED_UNDETECTED = "never detected; over when the scenario cleared it"
+TOLERATED = "tolerated (judged against the SLO throughout)"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Recovery:
     injection: Injection
-    incidents: tuple[IncidentRecord, ...]
-    workloads: tuple[str, ...]  # affected workloads
+    incidents: tuple[IncidentRecord, ...]  # the incidents this injection caused
+    workloads: tuple[str, ...]  # affected workloads (the jobs of those incidents)
     detected_ns: int | None
     isolated_ns: int | None
     replaced_ns: int | None
     restored_ns: int | None  # None: not recovered by the end
     slo_back_ns: int | None = None
     unrecoverable: bool = False
+    tolerated: bool = False  # the step said so: no recovery asked, the SLO throughout instead
+    status: str = ""  # how it ended, in words (the verdict's reason when it did not recover)
+
+    @property
+    def detected(self) -> bool:
+        return self.detected_ns is not None
 
     @property
     def affected(self) -> bool:
         return bool(self.incidents or self.workloads)
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more to wait for: recovered, or tolerated (judged on the SLO instead)."""
+        return self.tolerated or self.restored_ns is not None
 
     @property
     def recovery_s(self) -> float | None:
@@ -54,6 +80,24 @@ class Recovery:
         if self.slo_back_ns is None:
             return None
         return max(0, self.slo_back_ns - self.injection.at_ns) / 1e9
+
+    def since(self, at_ns: int | None) -> str:
+        """An instant of this fault's recovery as an offset from its injection, or "-"."""
+        return "-" if at_ns is None else "+" + format_s(max(0, at_ns - self.injection.at_ns) / 1e9)
+
+    def phases(self) -> str:
+        """Its own detection, isolation and restore times: what did not happen says so."""
+        if not self.detected:
+            return self.status
+        parts = [f"detected {self.since(self.detected_ns)}"]
+        isolated = self.isolated_ns
+        parts.append("never isolated" if isolated is None else f"isolated {self.since(isolated)}")
+        parts.append(
+            ("unrecoverable" if self.unrecoverable else "never restored")
+            if self.restored_ns is None
+            else f"restored {self.since(self.restored_ns)}"
+        )
+        return ", ".join(parts)
 
 
 def _covers(injection: Injection, device: str) -> bool:
@@ -71,27 +115,31 @@ def _first(times: Sequence[int]) -> int | None:
     return min(found) if found else None
 
 
-def _incidents_of(injection: Injection, obs: Observations, until_ns: int) -> list[IncidentRecord]:
-    out = []
+def cause_of(incident: IncidentRecord, injections: Sequence[Injection]) -> Injection | None:
+    """The injection that caused `incident`: the latest one on its device before its fault."""
+    seen = incident.fault_ns or incident.detected_ns
+    causes = [
+        j
+        for j in injections
+        if not j.error and _covers(j, incident.device) and j.at_ns <= seen + CAUSE_SLACK_NS
+    ]
+    return max(causes, key=lambda j: j.at_ns) if causes else None
+
+
+def caused(obs: Observations) -> dict[str, Injection]:
+    """Each incident's cause, by incident id (incidents no injection caused are absent)."""
+    out = {}
     for inc in obs.incidents:
-        seen = inc.fault_ns or inc.detected_ns
-        if _covers(injection, inc.device) and injection.at_ns <= seen + 1 and seen < until_ns:
-            out.append(inc)
+        cause = cause_of(inc, obs.injections)
+        if cause is not None:
+            out[inc.id] = cause
     return out
 
 
-def _events_of(injection: Injection, obs: Observations, until_ns: int) -> list[WorkloadEvent]:
-    return [
-        e
-        for e in obs.events
-        if e.what == "isolated"
-        and injection.at_ns <= e.at_ns < until_ns
-        and (not e.npus or any(_covers(injection, n) for n in e.npus))
-    ]
-
-
-def _restored_after(workload: str, after_ns: int, events: Sequence[WorkloadEvent]) -> int | None:
-    times = [e.at_ns for e in events if e.workload == workload and e.what == RESTORED]
+def _first_event(
+    events: Sequence[WorkloadEvent], workload: str, what: str, after_ns: int
+) -> int | None:
+    times = [e.at_ns for e in events if e.workload == workload and e.what == what]
     later = [t for t in times if t >= after_ns]
     return min(later) if later else None
 
@@ -110,54 +158,66 @@ def slo_back(requests: Sequence[RequestSample], after_ns: int, slo: Slo | None) 
     return min(ok) if ok else None
 
 
-def recoveries(obs: Observations, slo: Slo | None = None) -> list[Recovery]:
-    """A Recovery for every injection that went in."""
-    done = [i for i in obs.injections if not i.error]
-    out = []
-    for injection in done:
-        # what a later injection on the same devices triggers is that one's
-        until = min(
-            (
-                j.at_ns
-                for j in done
-                if j.at_ns > injection.at_ns and set(j.devices) & set(injection.devices)
-            ),
-            default=obs.end_ns + 1,
-        )
-        incidents = _incidents_of(injection, obs, until)
-        isolated = _events_of(injection, obs, until)
-        workloads = sorted({e.workload for e in isolated} | {j for i in incidents for j in i.jobs})
-        # a workload's recovery is the recovery; a device's own (its incident without jobs)
-        # counts only where no workload was affected: a node left powered off is recovered
-        # once its jobs run again elsewhere
-        judged = [i for i in incidents if i.jobs] if workloads else incidents
-        restored: list[int | None] = [
-            i.restored_ns if i.state == RESTORED or i.restored_ns > 0 else None for i in judged
-        ]
-        workload_jobs = {e.workload for e in obs.events}
-        restored += [
-            _restored_after(w, injection.at_ns, obs.events) for w in workloads if w in workload_jobs
-        ]
-        unrecoverable = any(i.state == UNRECOVERABLE for i in judged)
-        if unrecoverable or any(r is None for r in restored):
-            restored_ns = None
+def misses(sample: RequestSample, slo: Slo | None) -> bool:
+    """The request failed, or missed the SLO."""
+    return not _meets(sample, slo or Slo())
+
+
+def _recovery(
+    injection: Injection, incidents: list[IncidentRecord], obs: Observations, slo: Slo | None
+) -> Recovery:
+    workloads = sorted({j for i in incidents for j in i.jobs})
+    isolations = [_first_event(obs.events, w, "isolated", injection.at_ns) for w in workloads]
+    detected = _first([i.detected_ns for i in incidents])
+    isolated = _first([i.isolated_ns for i in incidents] + [t for t in isolations if t is not None])
+    replaced = _first([i.replaced_ns for i in incidents])
+    if not incidents:
+        if injection.tolerated:
+            restored, status = None, TOLERATED
+        elif injection.cleared_ns is not None:
+            restored, status = injection.cleared_ns, CLEARED_UNDETECTED
         else:
-            restored_ns = max((r for r in restored if r is not None), default=injection.at_ns)
-        out.append(
-            Recovery(
-                injection=injection,
-                incidents=tuple(incidents),
-                workloads=tuple(workloads),
-                detected_ns=_first([i.detected_ns for i in incidents]),
-                isolated_ns=_first(
-                    [i.isolated_ns for i in incidents] + [e.at_ns for e in isolated]
-                ),
-                replaced_ns=_first([i.replaced_ns for i in incidents]),
-                restored_ns=restored_ns,
-                slo_back_ns=(
-                    slo_back(obs.requests, restored_ns, slo) if restored_ns is not None else None
-                ),
-                unrecoverable=unrecoverable,
-            )
-        )
+            restored, status = None, NEVER_DETECTED
+        return Recovery(
+            injection=injection, incidents=(), workloads=(), restored_ns=restored,
+            slo_back_ns=slo_back(obs.requests, restored, slo) if restored is not None else None,
+            tolerated=injection.tolerated, status=status, detected_ns=None, isolated_ns=isolated,
+            replaced_ns=None,
+        )  # fmt: skip
+    # a workload's recovery is the recovery; a device's own (its incident without jobs) counts
+    # only where no workload was affected: a node left powered off is recovered once its jobs run
+    # again elsewhere
+    judged = [i for i in incidents if i.jobs] if workloads else incidents
+    restores: list[int | None] = [
+        i.restored_ns if i.state == RESTORED or i.restored_ns > 0 else None for i in judged
+    ]
+    reporting = {e.workload for e in obs.events}
+    restores += [
+        _first_event(obs.events, w, RESTORED, injection.at_ns) for w in workloads if w in reporting
+    ]
+    unrecoverable = any(i.state == UNRECOVERABLE for i in judged)
+    if unrecoverable or any(r is None for r in restores):
+        restored = None
+        status = "unrecoverable" if unrecoverable else (
+            "detected, never isolated" if isolated is None else "never restored"
+        )  # fmt: skip
+    else:
+        restored = max((r for r in restores if r is not None), default=injection.at_ns)
+        status = "recovered"
+    return Recovery(
+        injection=injection, incidents=tuple(incidents), workloads=tuple(workloads),
+        restored_ns=restored,
+        slo_back_ns=slo_back(obs.requests, restored, slo) if restored is not None else None,
+        unrecoverable=unrecoverable, tolerated=injection.tolerated, status=status,
+        detected_ns=detected, isolated_ns=isolated, replaced_ns=replaced,
+    )  # fmt: skip
+
+
+def recoveries(obs: Observations, slo: Slo | None = None) -> list[Recovery]:
+    """A Recovery for every injection that went in, each from the incidents it caused."""
+    causes = caused(obs)
+    out = []
+    for injection in (i for i in obs.injections if not i.error):
+        mine = [inc for inc in obs.incidents if causes.get(inc.id) is injection]
+        out.append(_recovery(injection, mine, obs, slo))
     return out

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.model.chaos.selectors import Selector, parse_selector
-from emulator.model.chaos.units import bad, count_or_rate, duration_s, size_bytes
+from emulator.model.chaos.units import bad, count_or_rate, duration_s, format_s, size_bytes
 from emulator.model.errors import InvalidArgumentError, UnknownNameError, quote
 
 VERSION = 1
@@ -106,6 +106,7 @@ class Step:
     duration_s: float | None = None  # cleared after this long; None: at the scenario's end
     repeat: Repeat | None = None
     jitter_s: float = 0.0  # each occurrence starts up to this much later (seeded)
+    tolerated: bool = False  # no recovery asked: the workload meets its SLO throughout instead
     path: str = ""  # steps[i], for messages
 
 
@@ -124,6 +125,19 @@ class TrainingProgress:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SteadyState:
+    """The hypothesis held before the first fault (else nothing is injected and the run fails)
+    and after the last: at most this many failed requests in each window, at most this many
+    incidents open at its end."""
+
+    failed_requests: int | None = None
+    open_incidents: int | None = None
+
+
+BLAST_RADII = ("targeted",)  # targeted: no incident on a device no step targeted
+
+
+@dataclass(frozen=True, kw_only=True)
 class Expectations:
     recovered_within_s: float | None = None
     lost_objects: int | None = None
@@ -133,6 +147,8 @@ class Expectations:
     slo: Slo | None = None
     training_progress: TrainingProgress | None = None
     unrecoverable: int | None = None  # incidents the manager gave up on
+    blast_radius: str | None = None  # one of BLAST_RADII
+    steady_state: SteadyState | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,7 +318,7 @@ def _workloads(raw: object, documents: Mapping[str, Mapping[str, Any]]) -> Workl
 
 
 STEP_FIELDS = ("id", "at", "after", "delay", "fault", "target", "params", "duration", "repeat",
-               "jitter")  # fmt: skip
+               "jitter", "tolerated")  # fmt: skip
 
 
 def _step(raw: object, index: int, kinds: Mapping[str, ParamsCheck] | None) -> Step:
@@ -345,6 +361,9 @@ def _step(raw: object, index: int, kinds: Mapping[str, ParamsCheck] | None) -> S
             every_s=duration_s(_required(rbody, "every", f"{path}.repeat"),
                                f"{path}.repeat.every", allow_zero=False),
         )  # fmt: skip
+    tolerated = body.get("tolerated", False)
+    if not isinstance(tolerated, bool):
+        raise bad(f"{path}.tolerated", f"expected true or false, got {quote(tolerated)}")
     return Step(
         id=step_id,
         fault=fault,
@@ -358,6 +377,7 @@ def _step(raw: object, index: int, kinds: Mapping[str, ParamsCheck] | None) -> S
                     if "duration" in body else None),
         repeat=repeat,
         jitter_s=duration_s(body.get("jitter", 0), f"{path}.jitter"),
+        tolerated=tolerated,
         path=path,
     )  # fmt: skip
 
@@ -388,7 +408,7 @@ def _expect(raw: object) -> Expectations:
     path = "expect"
     body = _mapping(raw, path)
     known = ("recovered_within", "lost_objects", "failed_requests", "dropped_requests", "slo",
-             "training_progress", "unrecoverable")  # fmt: skip
+             "training_progress", "unrecoverable", "blast_radius", "steady_state")  # fmt: skip
     _only(body, known, path)
     failed: tuple[int | None, float | None] = (None, None)
     if "failed_requests" in body:
@@ -421,6 +441,23 @@ def _expect(raw: object) -> Expectations:
     def count(key: str) -> int | None:
         return _int(body[key], f"{path}.{key}") if key in body else None
 
+    radius = None
+    if "blast_radius" in body:
+        radius = _str(body["blast_radius"], f"{path}.blast_radius")
+        if radius not in BLAST_RADII:
+            raise bad(
+                f"{path}.blast_radius",
+                f"expected one of {', '.join(BLAST_RADII)}, got {quote(radius)}",
+            )
+    steady = None
+    if "steady_state" in body:
+        sp = f"{path}.steady_state"
+        sbody = _mapping(body["steady_state"], sp)
+        _only(sbody, ("failed_requests", "open_incidents"), sp)
+        if not sbody:
+            raise bad(sp, "name failed_requests or open_incidents (or both)")
+        steady = SteadyState(**{k: _int(v, f"{sp}.{k}") for k, v in sbody.items()})
+
     return Expectations(
         recovered_within_s=(duration_s(body["recovered_within"], f"{path}.recovered_within",
                                        allow_zero=False)
@@ -432,6 +469,8 @@ def _expect(raw: object) -> Expectations:
         slo=slo,
         training_progress=progress,
         unrecoverable=count("unrecoverable"),
+        blast_radius=radius,
+        steady_state=steady,
     )  # fmt: skip
 
 
@@ -460,17 +499,56 @@ def parse_scenario(
     _check_order(steps)
     expect = _expect(body.get("expect", {}))
     _check_references(workloads, steps, expect)
+    limit = (duration_s(body["duration"], "duration", allow_zero=False)
+             if "duration" in body else None)  # fmt: skip
+    if limit is not None:
+        _check_within(steps, limit)
     return Scenario(
         name=_name(_required(body, "name", ""), "name"),
         description=_str(body.get("description", ""), "description"),
         preset=_str(body["preset"], "preset") if "preset" in body else None,
         seed=_int(body.get("seed", 0), "seed"),
-        duration_s=(duration_s(body["duration"], "duration", allow_zero=False)
-                    if "duration" in body else None),
+        duration_s=limit,
         workloads=workloads,
         steps=steps,
         expect=expect,
     )  # fmt: skip
+
+
+def latest_end_s(steps: Sequence[Step]) -> dict[str, float]:
+    """Each step's latest possible end (emulated seconds after the workloads are up): its last
+    occurrence's start with every jitter at its bound, plus its duration."""
+    by_id = {s.id: s for s in steps}
+    first: dict[str, float] = {}
+
+    def start(step: Step) -> float:
+        if step.id not in first:
+            base = start(by_id[step.after]) + step.delay_s if step.after else (step.at_s or 0.0)
+            first[step.id] = base + step.jitter_s
+        return first[step.id]
+
+    out = {}
+    for s in steps:
+        last = start(s)
+        if s.repeat is not None:
+            last += (s.repeat.count - 1) * (s.repeat.every_s + s.jitter_s)
+        out[s.id] = last + (s.duration_s or 0.0)
+    return out
+
+
+def _check_within(steps: Sequence[Step], limit_s: float) -> None:
+    """The scenario's `duration` is a hard limit: no step may start or last beyond it (the run
+    would otherwise go on past it, or leave the fault in for less than it says)."""
+    ends = latest_end_s(steps)
+    for s in steps:
+        if ends[s.id] > limit_s:
+            what = "ends" if s.duration_s is not None else "starts"
+            raise bad(
+                s.path,
+                f"step {quote(s.id)} {what} as late as {format_s(ends[s.id])} (at, repeats, "
+                f"jitter and duration), past the scenario's duration {format_s(limit_s)}: "
+                "the duration is a hard limit",
+            )
 
 
 def _check_references(workloads: Workloads, steps: Sequence[Step], expect: Expectations) -> None:
@@ -489,13 +567,26 @@ def _check_references(workloads: Workloads, steps: Sequence[Step], expect: Expec
                 f"{s.path}.target.{t.what}",
                 f"no training workload {quote(t.name)}; declared: {sorted(jobs)}",
             )
+    loaded = any(w.load is not None for w in workloads.serving)
+    for s in steps:
+        if s.tolerated and not loaded and not jobs:
+            raise bad(
+                f"{s.path}.tolerated",
+                "a tolerated fault is judged on the workload throughout it: give a serving "
+                "workload a load, or run a training job",
+            )
     if expect.lost_objects is not None and workloads.ems is None:
         raise bad("expect.lost_objects", "needs objects to lose: declare workloads.ems")
     if expect.training_progress is not None and not jobs:
         raise bad("expect.training_progress", "needs a training workload")
-    loaded = any(w.load is not None for w in workloads.serving)
     if expect.slo is not None and not loaded:
         raise bad("expect.slo", "needs requests to measure: give a serving workload a load")
+    steady = expect.steady_state
+    if steady is not None and steady.failed_requests is not None and not loaded:
+        raise bad(
+            "expect.steady_state.failed_requests",
+            "needs requests to count: give a serving workload a load",
+        )
     if (expect.failed_requests is not None or expect.failed_rate is not None) and not deployments:
         raise bad("expect.failed_requests", "needs a serving workload")
 

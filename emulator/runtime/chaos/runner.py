@@ -29,7 +29,7 @@ from emulator.model.chaos.scenario import Scenario
 from emulator.model.chaos.schedule import Planned, horizon_s, plan
 from emulator.model.chaos.selectors import Placement, resolve
 from emulator.model.chaos.timeline import Entry, build_timeline
-from emulator.model.chaos.verdict import Verdict, judge
+from emulator.model.chaos.verdict import Verdict, judge, steady_before
 from emulator.model.errors import EmulatorError, PreconditionError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind
@@ -113,7 +113,12 @@ class Runner:
         self.workloads = Workloads(clients=clients, scenario=scenario)
         self.on_entry = on_entry
         self.has_manager = any(s.kind == ServiceKind.MANAGER for s in topology.services)
-        self.obs = Observations(start_ns=0)
+        workloads = scenario.workloads
+        self.obs = Observations(
+            start_ns=0,
+            loaded=tuple(w.name for w in workloads.serving if w.load is not None),
+            jobs=tuple(w.name for w in workloads.training),
+        )
         self.traffic: list[Traffic] = []
         self._printed: set[tuple[int, str, str]] = set()
 
@@ -238,6 +243,7 @@ class Runner:
         actions += [(p.clear_at_s, 0, p) for p in planned if p.clear_at_s is not None]
         actions.sort(key=lambda a: (a[0], a[1]))
         live: dict[str, list[Injection]] = {}
+        checked = False
         for at_s, inject, p in actions:
             if inject and p.step.target.group in ("deployment", "job"):
                 # where the workloads run now (replacements moved them since the start), asked
@@ -245,12 +251,38 @@ class Runner:
                 await self._sleep_until(at_s - PLACEMENT_AHEAD_S)
                 placement = await self.workloads.placement()
             await self._sleep_until(at_s)
+            if inject and not checked:
+                checked = True
+                if not await self._steady_before():
+                    return  # the hypothesis did not hold: nothing is put to the test
             if inject:
                 live[p.label] = await self._inject(p, placement, rng)
             else:
                 await self._clear(live.pop(p.label, []))
         last = max((a[0] for a in actions), default=0.0)
         await self._watch(last, horizon)
+
+    async def _steady_before(self) -> bool:
+        """The steady-state hypothesis, at the first fault's instant (before it goes in)."""
+        if self.scenario.expect.steady_state is None:
+            return True
+        await self._poll_once()
+        self.obs.steady_ns = self._clock.now_ns()
+        if self.has_manager:
+            try:
+                listed = await self.clients.manager().ListIncidents(
+                    manager_pb2.ListIncidentsRequest(since_ns=0)
+                )
+                aliases = self.workloads.aliases
+                self.obs.open_before = [_incident(i, aliases) for i in listed.incidents]
+            except grpc.aio.AioRpcError as exc:
+                self._note(f"cluster manager: {_status(exc)}")
+        check = steady_before(self.scenario.expect, self.obs)
+        if check is not None and not check.ok:
+            self.obs.halted = check.detail
+            self._note(f"nothing injected: {check.detail}")
+            return False
+        return True
 
     async def _inject(
         self, p: Planned, placement: Placement, rng: random.Random
@@ -284,6 +316,7 @@ class Runner:
                 planned_ns=self.obs.start_ns + int(p.at_s * 1e9),
                 fault_id=fault_id,
                 error=why,
+                tolerated=step.tolerated,
             )
 
         # every target of one step at once (a plane's switches): one instant of the schedule
@@ -292,7 +325,9 @@ class Runner:
         self._emit()
         return out
 
-    async def _clear(self, injections: list[Injection]) -> None:
+    async def _clear(self, injections: list[Injection], *, record: bool = True) -> None:
+        """Clear faults; `record`: the scenario cleared them (a clean-up at the end is not a
+        clearance: a fault left until then lasted the whole run)."""
         for inj in injections:
             if not inj.fault_id:
                 continue
@@ -300,6 +335,8 @@ class Runner:
                 await kinds.clear(self.clients, inj.fault_id)
             except (EmulatorError, grpc.aio.AioRpcError) as exc:
                 self.obs.notes.append(f"clearing {inj.fault_id}: {_status(exc)}")
+            if not record:
+                continue
             cleared = Injection(**{**inj.__dict__, "cleared_ns": self._clock.now_ns()})
             index = self.obs.injections.index(inj)
             self.obs.injections[index] = cleared
@@ -307,7 +344,7 @@ class Runner:
 
     async def _clear_all(self) -> None:
         pending = [i for i in self.obs.injections if i.fault_id and i.cleared_ns is None]
-        await self._clear(pending)
+        await self._clear(pending, record=False)
 
     async def _watch(self, last_s: float, horizon: float) -> None:
         """Until the horizon; or, past the last action and SETTLE_S, until all recovered."""
@@ -325,10 +362,7 @@ class Runner:
         self.obs.end_ns = self._clock.now_ns()
         recs = recoveries(self.obs, self.scenario.expect.slo)
         need_slo = self.scenario.expect.slo is not None
-        return all(
-            r.restored_ns is not None and (not need_slo or not r.affected or r.slo_back_ns)
-            for r in recs
-        )
+        return all(r.settled and (not need_slo or not r.affected or r.slo_back_ns) for r in recs)
 
     # --- observing -----------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from emulator.model.chaos.observed import (
     TrainingRecord,
     WorkloadEvent,
 )
-from emulator.model.chaos.recovery import recoveries
+from emulator.model.chaos.recovery import CLEARED_UNDETECTED, recoveries
 from emulator.model.chaos.scenario import Expectations, Slo, TrainingProgress
 from emulator.model.chaos.timeline import build_timeline
 from emulator.model.chaos.verdict import judge
@@ -78,7 +78,10 @@ def test_time_to_recovery_runs_from_the_fault_to_the_last_restore() -> None:
     assert crash.replaced_ns == 117 * S
     assert crash.recovery_s == 210.0  # the deployment's restore, after the incident's
     assert crash.slo_back_s == 230.0  # 312 s missed the TPOT SLO; 330 s met it
-    assert not flap.affected and flap.recovery_s == 0.0
+    # nothing detected the flap: it is over when the scenario cleared it, and says so
+    assert not flap.affected and not flap.detected and flap.recovery_s == 60.0
+    assert flap.status == CLEARED_UNDETECTED and flap.detected_ns is None
+    assert crash.phases() == "detected +15.0s, isolated +16.0s, restored +3m30s"
 
 
 def test_an_unrestored_or_unrecoverable_fault_has_no_recovery() -> None:
@@ -128,7 +131,8 @@ def test_each_expectation_fails_when_it_does_not_hold() -> None:
         "dropped_requests", "slo", "training_progress"}  # fmt: skip
     assert not verdict.ok
     by_name = {c.name: c for c in verdict.checks}
-    assert "crash (crash n00-npu3): 3m30s" in by_name["recovered_within"].detail
+    recovered = by_name["recovered_within"].detail
+    assert "crash (crash n00-npu3): took 3m30s (detected +15.0s" in recovered
     assert by_name["failed_requests"].measured == "1 of 5"
     assert "HTTP 503" in by_name["failed_requests"].detail
 

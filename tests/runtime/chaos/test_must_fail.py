@@ -1,0 +1,210 @@
+"""Scenarios built to fail, each beside its twin that passes (issue 20): run end to end against an
+in-process cm-mini (the cmemu plugin's `supernode`, its own emulator at this time scale), each
+asserting the failing check's name AND its reason. A verdict that cannot fail proves nothing.
+
+The runs are short in emulated time (faults at a few seconds, bounds of a minute or two) and at a
+high time scale, so each takes seconds of wall time on an idle machine."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from cmemu.v1 import manager_pb2
+from emulator.cli.chaos import summary_lines
+from emulator.client.clients import Clients
+from emulator.model.chaos.recovery import CLEARED_UNDETECTED, NEVER_DETECTED
+from emulator.model.chaos.timeline import Entry
+from emulator.model.chaos.verdict import STEADY_BEFORE, Check
+from emulator.model.errors import InvalidArgumentError
+from emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
+from emulator.runtime.chaos import files, kinds
+from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
+
+pytestmark = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=25)
+
+EMS = "  ems: {objects: 4, size: 1KiB, prefix: test/must-fail/}"
+# each test its own job: one left recovering by a test refuses Stop (and its name) for a while
+TRAINING = "  training: [{name: %s, npus: 2, checkpoint_every: 5}]"
+
+
+def _scenario(name: str, workloads: str, step: str, expect: str, *, top: str = "") -> str:
+    return (
+        f"version: 1\nname: {name}\nseed: 1\n{top}workloads:\n{workloads}\n"
+        f"steps:\n  - {step}\nexpect:\n{expect}\n"
+    )
+
+
+def _run(chaos: Chaos, tmp_path: Path, text: str) -> RunResult:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(text)
+    return chaos.run(path)
+
+
+def _failed(result: RunResult) -> dict[str, Check]:
+    return {c.name: c for c in result.verdict.checks if not c.ok}
+
+
+def _open_incidents(supernode: RunningSupernode) -> list[str]:
+    async def listed(c: Clients) -> list[str]:
+        reply = await c.manager().ListIncidents(manager_pb2.ListIncidentsRequest(since_ns=0))
+        return [f"{i.id} {i.device} {i.state}" for i in reply.incidents if i.state != "restored"]
+
+    return supernode.call(listed)
+
+
+def _settled(supernode: RunningSupernode, wait_for: WaitFor) -> None:
+    """Every incident of earlier tests restored: the steady state this module's twins assume."""
+    wait_for(lambda: not _open_incidents(supernode), within_emulated_s=300)
+
+
+# --- a fault nothing detected ---------------------------------------------------------------------
+
+SLOW = "{id: slow, at: 5s, fault: slow, target: {npu: n01-npu3}, params: {compute: 0.05}%s}"
+
+
+def test_a_gray_failure_never_detected_nor_cleared_is_not_recovered(
+    chaos: Chaos, tmp_path: Path
+) -> None:
+    text = _scenario("gray-never-detected", EMS, SLOW % "", "  recovered_within: 1m")
+    result = _run(chaos, tmp_path, text)
+    assert not result.ok, "\n".join(summary_lines(result))
+    check = _failed(result)["recovered_within"]
+    assert check.detail == f"slow (slow n01-npu3): {NEVER_DETECTED}"
+    (rec,) = result.recoveries
+    assert (rec.detected_ns, rec.isolated_ns, rec.restored_ns) == (None, None, None)
+
+
+def test_its_twin_cleared_by_the_scenario_passes_and_says_it_was_never_detected(
+    chaos: Chaos, tmp_path: Path
+) -> None:
+    text = _scenario("gray-cleared", EMS, SLOW % ", duration: 10s", "  recovered_within: 1m")
+    result = _run(chaos, tmp_path, text)
+    assert result.ok, "\n".join(summary_lines(result))
+    (rec,) = result.recoveries
+    assert rec.status == CLEARED_UNDETECTED and rec.detected_ns is None
+    assert rec.recovery_s is not None and 10 <= rec.recovery_s < 60
+
+
+# --- tolerated ------------------------------------------------------------------------------------
+
+
+def test_a_tolerated_fault_that_fails_the_job_fails(chaos: Chaos, tmp_path: Path) -> None:
+    step = (
+        "{id: crash, at: 10s, fault: crash, target: {npu: random in job crashed}, tolerated: true}"
+    )
+    text = _scenario("tolerated-crash", TRAINING % "crashed", step, "  recovered_within: 5m",
+                     top="duration: 2m\n")  # fmt: skip
+    result = _run(chaos, tmp_path, text)
+    assert not result.ok, "\n".join(summary_lines(result))
+    check = _failed(result)["tolerated"]
+    assert "training job crashed failed during the fault" in check.detail
+
+
+def test_its_twin_a_tolerated_slowdown_the_job_rides_out_passes(
+    chaos: Chaos, tmp_path: Path
+) -> None:
+    step = ("{id: slow, at: 10s, fault: slow, target: {npu: random in job slowed}, "
+            "params: {compute: 0.5}, duration: 20s, tolerated: true}")  # fmt: skip
+    text = _scenario("tolerated-slow", TRAINING % "slowed", step, "  recovered_within: 5m",
+                     top="duration: 1m\n")  # fmt: skip
+    result = _run(chaos, tmp_path, text)
+    assert result.ok, "\n".join(summary_lines(result))
+    assert [c.name for c in result.verdict.checks] == [
+        "faults_injected", "recovered_within", "tolerated"]  # fmt: skip
+
+
+# --- the duration is a hard limit (a load error: nothing runs) ------------------------------------
+
+
+def test_a_step_past_the_scenario_duration_is_a_load_error_naming_it() -> None:
+    step = "{id: late, at: 3m, fault: slow, target: {npu: n01-npu3}, duration: 2m}"
+    text = _scenario("too-long", EMS, step, "  lost_objects: 0", top="duration: 4m\n")
+    with pytest.raises(InvalidArgumentError, match=r"steps\[0\]: step 'late' ends as late as 5m"):
+        files.parse_text(text)
+    assert files.parse_text(text.replace("duration: 2m", "duration: 1m")).duration_s == 240
+
+
+# --- blast radius ---------------------------------------------------------------------------------
+
+DOWN = "{id: down, at: 5s, fault: device-down, target: {npu: n00-npu1}, duration: 10s}"
+RADIUS = _scenario("blast-radius", EMS, DOWN, "  recovered_within: 2m\n  blast_radius: targeted")
+
+
+def _with_outside_fault(supernode: RunningSupernode, text: str, outside: str | None) -> RunResult:
+    """The scenario, with (when `outside` names a device) a device no step targets going down
+    for a while as soon as the scenario's own fault is in: an effect the scenario did not ask."""
+    scenario = files.parse_text(text)
+    typed = kinds.checkers()["device-down"]({"reason": "outside the blast radius"})
+
+    async def go(c: Clients) -> RunResult:
+        tasks: list[asyncio.Task[object]] = []
+
+        def on_entry(entry: Entry) -> None:
+            if outside and entry.phase == "fault" and not tasks:
+                fault = kinds.inject(c, "device-down", outside, typed, 10.0)
+                tasks.append(asyncio.get_running_loop().create_task(fault))
+
+        result = await run_scenario(c, scenario, RunOptions(), on_entry=on_entry)
+        await asyncio.gather(*tasks)
+        return result
+
+    return supernode.call(go)
+
+
+def test_an_incident_outside_the_targets_fails_the_blast_radius(
+    supernode: RunningSupernode, wait_for: WaitFor
+) -> None:
+    _settled(supernode, wait_for)
+    result = _with_outside_fault(supernode, RADIUS, "n01-npu2")
+    assert not result.ok, "\n".join(summary_lines(result))
+    check = _failed(result)["blast_radius"]
+    assert "on n01-npu2" in check.detail and "no step targeted it" in check.detail
+    assert "n00-npu1" not in check.detail
+    _settled(supernode, wait_for)
+
+
+def test_its_twin_with_incidents_only_on_the_targets_passes(
+    supernode: RunningSupernode, wait_for: WaitFor
+) -> None:
+    _settled(supernode, wait_for)
+    result = _with_outside_fault(supernode, RADIUS, None)
+    assert result.ok, "\n".join(summary_lines(result))
+    (rec,) = result.recoveries
+    assert rec.detected_ns is not None and [i.device for i in rec.incidents] == ["n00-npu1"]
+
+
+# --- steady state ---------------------------------------------------------------------------------
+
+STEADY = _scenario(
+    "steady", EMS, DOWN, "  recovered_within: 2m\n  steady_state: {open_incidents: 0}"
+)
+
+
+def test_a_steady_state_not_met_before_the_first_fault_fails_early(
+    chaos: Chaos, supernode: RunningSupernode, wait_for: WaitFor, tmp_path: Path
+) -> None:
+    _settled(supernode, wait_for)
+    fault = chaos.inject("device-down", "n01-npu2", {"reason": "unhealthy before the run"})
+    wait_for(lambda: _open_incidents(supernode), within_emulated_s=60)
+    result = _run(chaos, tmp_path, STEADY)
+    chaos.clear(fault.id)
+    assert not result.ok, "\n".join(summary_lines(result))
+    (check,) = result.verdict.checks
+    assert check.name == "steady_state_before"
+    assert check.detail.startswith(f"{STEADY_BEFORE}: open incidents: ")
+    assert "n01-npu2" in check.detail
+    assert result.observations.injections == []  # nothing was put to the test
+    _settled(supernode, wait_for)
+
+
+def test_its_twin_on_a_healthy_cluster_passes_before_and_after(
+    chaos: Chaos, supernode: RunningSupernode, wait_for: WaitFor, tmp_path: Path
+) -> None:
+    _settled(supernode, wait_for)
+    result = _run(chaos, tmp_path, STEADY)
+    assert result.ok, "\n".join(summary_lines(result))
+    names = [c.name for c in result.verdict.checks]
+    assert names[0] == "steady_state_before" and "steady_state_after" in names
