@@ -17,9 +17,10 @@ from emulator.cli.argtypes import UsageError
 from emulator.cli.output import Column, print_rows
 from emulator.cli.train import simulate_training_cmd, training_args
 from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE
+from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.model.overrides import apply_overrides, parse_override
 from emulator.model.serving import calibrate
-from emulator.model.serving.deployment import parse_deployment
+from emulator.model.serving.deployment import check_deployment, parse_deployment, profile_of
 from emulator.model.serving.des import simulate
 from emulator.model.serving.engine import Request
 from emulator.model.serving.report import Report
@@ -53,6 +54,15 @@ def simulate_args(parser: argparse.ArgumentParser) -> None:
         help="emulated seconds to run (default: the workload's duration; a trace: to the end)",
     )
     serving.add_argument("--seed", type=int, help="the workload's seed (default: its own)")
+    serving.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIGURE=VALUE",
+        help="override a hardware figure for a what-if study (repeatable; names as `cmemu "
+        "hardware` lists them, e.g. npu.hbm_bytes_per_s_per_die=3.2e12); after the "
+        "deployment file's `hardware` section",
+    )
     serving.add_argument("--json", action="store_true", help="the report as one JSON object")
     cal = sub.add_parser(
         "calibrate",
@@ -142,8 +152,10 @@ def _yaml(path: str) -> Any:
         raise InvalidArgumentError(f"{path}: not valid YAML: {exc}") from None
 
 
-def _requests(args: argparse.Namespace) -> tuple[list[Request], float | None]:
-    block = DEFAULT_PROFILE.serving.block_tokens
+def _requests(
+    args: argparse.Namespace, profile: HardwareProfile
+) -> tuple[list[Request], float | None]:
+    block = profile.serving.block_tokens
     if args.workload.endswith(".jsonl"):
         try:
             trace = read_mooncake(_read(args.workload).splitlines(), block_tokens=block)
@@ -182,6 +194,7 @@ def _print_report(report: Report) -> None:
         ("prefill -> decode KV (GB)", f"{r.kv_transfer_bytes / 1e9:.1f}"),
         ("SLO attainment / goodput (req/s)", f"{r.slo_attainment:.1%} / {r.goodput_per_s:.2f}"),
     ]
+    rows += [(f"override {name}", f"{value:.6g}") for name, value in r.overrides.items()]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
@@ -190,9 +203,12 @@ def _print_report(report: Report) -> None:
 def _serving(args: argparse.Namespace) -> int:
     if args.duration is not None and not args.duration > 0:
         raise UsageError("--duration must be > 0")
+    sets = [parse_override(text) for text in args.set]
     deployment = parse_deployment(_yaml(args.deployment) or {})
-    requests, duration = _requests(args)
-    sim = simulate(deployment, requests, duration_s=duration)
+    profile = apply_overrides(profile_of(deployment), sets) if sets else profile_of(deployment)
+    check_deployment(deployment, profile)
+    requests, duration = _requests(args, profile)
+    sim = simulate(deployment, requests, duration_s=duration, profile=profile)
     if args.json:
         print(json.dumps(sim.report.to_dict(), indent=2))
     else:

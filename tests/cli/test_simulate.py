@@ -108,3 +108,60 @@ def test_a_bad_duration_is_a_usage_error() -> None:
         "0",
     )
     assert done.returncode == 2 and "--duration must be > 0" in done.stderr
+
+
+def test_set_overrides_a_figure_and_the_report_lists_it(tmp_path: Path) -> None:
+    args = ("simulate", "serving", "--deployment", SMALL, "--workload", SMALL_WORKLOAD)
+    done = run_cmemu(
+        *args,
+        "--set",
+        "npu.hbm_bytes_per_s_per_die=3.2e12",
+        "--set",
+        "switch.port_bytes_per_s=7e9",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["overrides"] == {
+        "npu.hbm_bytes_per_s_per_die": 3.2e12,
+        "switch.port_bytes_per_s": 7e9,
+    }
+    table = run_cmemu(*args, "--set", "npu.hbm_bytes_per_s_per_die=3.2e12")
+    assert "override npu.hbm_bytes_per_s_per_die  3.2e+12" in table.stdout
+    # without --set: no overrides listed
+    plain = json.loads(run_cmemu(*args, "--json").stdout)
+    assert plain["overrides"] == {}
+    # the deployment file's hardware section, then --set on top of it
+    doc = (ROOT / "examples/deployments/small.yaml").read_text()
+    file = tmp_path / "d.yaml"
+    file.write_text(doc + "hardware:\n  npu: {hbm_bytes_per_s_per_die: 2.4e+12}\n")
+    both = run_cmemu(
+        "simulate", "serving", "--deployment", str(file), "--workload", SMALL_WORKLOAD,
+        "--set", "moe.collective_launch_s=1e-5", "--json",
+    )  # fmt: skip
+    assert both.returncode == 0, both.stderr
+    assert json.loads(both.stdout)["overrides"] == {
+        "npu.hbm_bytes_per_s_per_die": 2.4e12,
+        "moe.collective_launch_s": 1e-5,
+    }
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("gpu.hbm=1", "unknown hardware section 'gpu'; known: clock, cpu, ems"),
+        ("npu.hbm=1", "unknown numeric figure of npu 'hbm'; known: cube_cores_per_die"),
+        ("npu.hbm_bytes_per_die=lots", "npu.hbm_bytes_per_die: 'lots' is not a number"),
+        ("npu.hbm_bytes_per_die=0", "npu.hbm_bytes_per_die must be a finite number > 0"),
+        ("npu.hbm_bytes_per_s_per_die=-1e12", "must be a finite number > 0"),
+        ("npu.hbm_bytes_per_die", "expected FIGURE=VALUE"),
+    ],
+)
+def test_a_bad_set_is_a_message_and_exit_1(override: str, message: str) -> None:
+    done = run_cmemu(
+        "simulate", "serving", "--deployment", SMALL, "--workload", SMALL_WORKLOAD,
+        "--set", override,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""

@@ -4,11 +4,12 @@ events (one Recorder) and counters, the same for a simulation and a live run."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.model.overrides import changed
 from emulator.model.serving.deployment import Deployment
 from emulator.model.serving.engine import (
     EngineStats,
@@ -104,6 +105,8 @@ class Report:
     kv_transfer_bytes: float
     slo_attainment: float  # finished requests within both targets
     goodput_per_s: float  # such requests per second
+    # hardware figures that differ from the default profile (a what-if study): name: value
+    overrides: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -159,4 +162,5 @@ def summarize(
         kv_transfer_bytes=stats.kv_transfer_bytes,
         slo_attainment=good / max(len(recorder.finish), 1),
         goodput_per_s=good / elapsed,
+        overrides=changed(profile),
     )
