@@ -23,6 +23,7 @@ from emulator.model.serving import calibrate
 from emulator.model.serving.deployment import check_deployment, parse_deployment, profile_of
 from emulator.model.serving.des import simulate
 from emulator.model.serving.engine import Request
+from emulator.model.serving.hbm import check_deployment_fits
 from emulator.model.serving.report import Report
 from emulator.model.serving.workload import generate, parse_workload, read_mooncake
 from emulator.model.training.scaleout import (
@@ -194,6 +195,15 @@ def _print_report(report: Report) -> None:
         ("prefill -> decode KV (GB)", f"{r.kv_transfer_bytes / 1e9:.1f}"),
         ("SLO attainment / goodput (req/s)", f"{r.slo_attainment:.1%} / {r.goodput_per_s:.2f}"),
     ]
+    hbm = (
+        f"{r.hbm_batch_per_die} / {r.hbm_peak_bytes_per_die / 1e9:.1f} of "
+        f"{r.hbm_bytes_per_die / 1e9:.1f} GB"
+    )
+    if not r.hbm_weights_fit:
+        hbm = "the weights alone overflow a decode die: not enforced (a toy layout)"
+    rows.append(("HBM batch per die that fits / peak", hbm))
+    if r.hbm_waits or r.hbm_refused:
+        rows.append(("waits for HBM / refused", f"{r.hbm_waits} / {r.hbm_refused}"))
     rows += [(f"override {name}", f"{value:.6g}") for name, value in r.overrides.items()]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
@@ -207,6 +217,8 @@ def _serving(args: argparse.Namespace) -> int:
     deployment = parse_deployment(_yaml(args.deployment) or {})
     profile = apply_overrides(profile_of(deployment), sets) if sets else profile_of(deployment)
     check_deployment(deployment, profile)
+    if profile is not DEFAULT_PROFILE:
+        check_deployment_fits(deployment, profile)
     requests, duration = _requests(args, profile)
     sim = simulate(deployment, requests, duration_s=duration, profile=profile)
     if args.json:

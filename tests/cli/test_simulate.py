@@ -165,3 +165,17 @@ def test_a_bad_set_is_a_message_and_exit_1(override: str, message: str) -> None:
     assert done.returncode == 1
     assert message in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_a_what_if_that_leaves_the_weights_no_room_is_refused() -> None:
+    deployment = str(ROOT / "examples/deployments/deepseek-r1.yaml")
+    args = ("simulate", "serving", "--deployment", deployment, "--workload", SMALL_WORKLOAD)
+    done = run_cmemu(*args, "--set", "npu.hbm_bytes_per_die=34e9")
+    assert done.returncode == 1
+    assert "a prefill die's weights (40.6 GB) and reserve (4.3 GB) do not fit" in done.stderr
+    # the twin: three quarters of the HBM still holds them, and the report shows the bound
+    fits = run_cmemu(*args, "--set", "npu.hbm_bytes_per_die=51.5e9", "--json")
+    assert fits.returncode == 0, fits.stderr
+    report = json.loads(fits.stdout)
+    assert report["hbm_weights_fit"] and report["hbm_batch_per_die"] > 0
+    assert report["hbm_bytes_per_die"] == 51.5e9
