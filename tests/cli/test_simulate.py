@@ -179,3 +179,37 @@ def test_a_what_if_that_leaves_the_weights_no_room_is_refused() -> None:
     report = json.loads(fits.stdout)
     assert report["hbm_weights_fit"] and report["hbm_batch_per_die"] > 0
     assert report["hbm_bytes_per_die"] == 51.5e9
+
+
+def test_slo_tpot_prints_the_operating_point_and_runs_at_it() -> None:
+    deployment = str(ROOT / "examples/deployments/deepseek-r1.yaml")
+    workload = str(ROOT / "examples/workloads/decode-4096-256.yaml")
+    args = ("simulate", "serving", "--deployment", deployment, "--workload", workload)
+    done = run_cmemu(*args, "--duration", "2", "--slo-tpot", "50ms")
+    assert done.returncode == 0, done.stderr
+    assert "operating point at TPOT <= 50 ms (4,096 + 256 tokens per request)" in done.stdout
+    assert "batch per die 48 (HBM bound 306), TPOT 49.93 ms" in done.stdout
+    doc = json.loads(run_cmemu(*args, "--duration", "2", "--slo-tpot", "0.03s", "--json").stdout)
+    point = doc["operating_point"]
+    assert point["tpot_s"] <= 0.03 and 0 < point["batch_per_die"] < 48
+    assert doc["batch_per_die_max"] <= point["batch_per_die"]  # the run never exceeds it
+
+
+@pytest.mark.parametrize(
+    ("target", "code", "message"),
+    [
+        ("15ms", 1, "no batch meets TPOT 15 ms: the lowest, at 1 request per die, is"),
+        ("fast", 2, "argument --slo-tpot: not a duration: 'fast'"),
+        ("0ms", 2, "must be a duration > 0"),
+        ("50 parsecs", 2, "not a duration"),
+    ],
+)
+def test_a_bad_or_unreachable_slo_is_a_message(target: str, code: int, message: str) -> None:
+    deployment = str(ROOT / "examples/deployments/deepseek-r1.yaml")
+    done = run_cmemu(
+        "simulate", "serving", "--deployment", deployment, "--workload", SMALL_WORKLOAD,
+        "--slo-tpot", target,
+    )  # fmt: skip
+    assert done.returncode == code
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
