@@ -109,14 +109,16 @@ def check_weights_fit(memory: DieMemory, role: str) -> None:
         )
 
 
-def check_deployment_fits(d: Deployment, profile: HardwareProfile) -> None:
-    """Both roles' dies hold their weights and reserve on `profile` (InvalidArgumentError
-    naming the role that does not). Model mode asks this of a what-if profile: a study that
-    leaves the model no room is refused, not run as if the HBM were larger."""
+def check_deployment_fits(
+    d: Deployment, profile: HardwareProfile, base: HardwareProfile = DEFAULT_PROFILE
+) -> None:
+    """A what-if `profile` on which a role's dies no longer hold their weights and reserve,
+    where `base` held them, is refused (InvalidArgumentError naming the role): a study that takes
+    the model's room away is not run as if the HBM were larger. A toy layout that never fitted
+    stays a toy (the engine does not hold it to HBM, the report says so)."""
     model = get_model(d.model)
-    check_weights_fit(
-        die_memory(model, d.decode_ep(profile), mtp=d.decode.mtp, profile=profile), "decode"
-    )
-    check_weights_fit(
-        die_memory(model, d.prefill_ep(profile), mtp=False, profile=profile), "prefill"
-    )
+    roles = (("decode", d.decode_ep, d.decode.mtp), ("prefill", d.prefill_ep, False))
+    for role, ep, mtp in roles:
+        memory = die_memory(model, ep(profile), mtp=mtp, profile=profile)
+        if die_memory(model, ep(base), mtp=mtp, profile=base).free_bytes > 0:
+            check_weights_fit(memory, role)

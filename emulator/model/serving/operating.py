@@ -69,31 +69,40 @@ class DecodeCurve:
     def tpot_s(self, batch_per_die: int) -> float:
         found = self._tpot.get(batch_per_die)
         if found is None:
-            decode = self.d.decode
-            tokens = cost.decode_tokens_per_rank(
-                batch_per_die=batch_per_die,
-                mtp=decode.mtp,
-                microbatches=decode.microbatches,
-                dies=self.dies,
-                ep=self.ep,
-                model=self.model,
-            )
-            dispatch, combine = self.comm.moe(self.ranks, tokens)
-            step = cost.decode_step(
-                self.model,
-                batch_per_die=batch_per_die,
-                kv_tokens=self.prompt_tokens + self.output_tokens / 2,
-                mtp=decode.mtp,
-                microbatches=decode.microbatches,
-                imbalance=self.imbalance,
-                dies=self.dies,
-                ep=self.ep,
-                dispatch_s=dispatch,
-                combine_s=combine,
-                profile=self.profile,
-            )
+            step = self.step(batch_per_die)
             found = self._tpot[batch_per_die] = step.total_s / self.tokens_per_step
         return found
+
+    def moe_s(self, batch_per_die: int) -> tuple[float, float]:
+        """(dispatch, combine): one of each of a step's MoE collectives at `batch_per_die`."""
+        decode = self.d.decode
+        tokens = cost.decode_tokens_per_rank(
+            batch_per_die=batch_per_die,
+            mtp=decode.mtp,
+            microbatches=decode.microbatches,
+            dies=self.dies,
+            ep=self.ep,
+            model=self.model,
+        )
+        return self.comm.moe(self.ranks, tokens)
+
+    def step(self, batch_per_die: int) -> cost.StepTime:
+        """One decode step of the instance at `batch_per_die`, and where its time went."""
+        decode = self.d.decode
+        dispatch, combine = self.moe_s(batch_per_die)
+        return cost.decode_step(
+            self.model,
+            batch_per_die=batch_per_die,
+            kv_tokens=self.prompt_tokens + self.output_tokens / 2,
+            mtp=decode.mtp,
+            microbatches=decode.microbatches,
+            imbalance=self.imbalance,
+            dies=self.dies,
+            ep=self.ep,
+            dispatch_s=dispatch,
+            combine_s=combine,
+            profile=self.profile,
+        )
 
     def point(self, target_tpot_s: float, batch_per_die: int) -> OperatingPoint:
         tpot = self.tpot_s(batch_per_die)
