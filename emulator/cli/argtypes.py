@@ -102,6 +102,21 @@ def positive_float(text: str) -> float:
     return value
 
 
+_SECONDS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*([a-z]*)\s*$")
+
+
+def seconds(text: str) -> float:
+    """A positive duration: `50ms`, `0.05s`, `0.05` (seconds) or `800us`."""
+    match = _DURATION.match(text)
+    if match is None or match.group(2) not in _SECONDS:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 50ms, 0.05s, 800us)")
+    value = float(match.group(1)) * _SECONDS[match.group(2)]
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a duration > 0, got {text!r}")
+    return value
+
+
 def preset(text: str) -> str:
     try:
         get_preset(text)

@@ -13,15 +13,18 @@ from typing import Any
 
 import yaml
 
-from emulator.cli.argtypes import UsageError
+from emulator.cli.argtypes import UsageError, seconds
 from emulator.cli.output import Column, print_rows
 from emulator.cli.train import simulate_training_cmd, training_args
 from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE
+from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.model.overrides import apply_overrides, parse_override
 from emulator.model.serving import calibrate
-from emulator.model.serving.deployment import parse_deployment
+from emulator.model.serving.deployment import check_deployment, parse_deployment, profile_of
 from emulator.model.serving.des import simulate
 from emulator.model.serving.engine import Request
+from emulator.model.serving.hbm import check_deployment_fits
+from emulator.model.serving.operating import OperatingPoint, operating_point
 from emulator.model.serving.report import Report
 from emulator.model.serving.workload import generate, parse_workload, read_mooncake
 from emulator.model.training.scaleout import (
@@ -53,6 +56,23 @@ def simulate_args(parser: argparse.ArgumentParser) -> None:
         help="emulated seconds to run (default: the workload's duration; a trace: to the end)",
     )
     serving.add_argument("--seed", type=int, help="the workload's seed (default: its own)")
+    serving.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIGURE=VALUE",
+        help="override a hardware figure for a what-if study (repeatable; names as `cmemu "
+        "hardware` lists them, e.g. npu.hbm_bytes_per_s_per_die=3.2e12); after the "
+        "deployment file's `hardware` section",
+    )
+    serving.add_argument(
+        "--slo-tpot",
+        type=seconds,
+        metavar="DURATION",
+        help="find the largest decode batch per die (within the HBM bound) whose TPOT meets "
+        "this target (e.g. 50ms) at the workload's mean lengths, print that operating point "
+        "and run the workload at it",
+    )
     serving.add_argument("--json", action="store_true", help="the report as one JSON object")
     cal = sub.add_parser(
         "calibrate",
@@ -142,8 +162,10 @@ def _yaml(path: str) -> Any:
         raise InvalidArgumentError(f"{path}: not valid YAML: {exc}") from None
 
 
-def _requests(args: argparse.Namespace) -> tuple[list[Request], float | None]:
-    block = DEFAULT_PROFILE.serving.block_tokens
+def _requests(
+    args: argparse.Namespace, profile: HardwareProfile
+) -> tuple[list[Request], float | None]:
+    block = profile.serving.block_tokens
     if args.workload.endswith(".jsonl"):
         try:
             trace = read_mooncake(_read(args.workload).splitlines(), block_tokens=block)
@@ -182,6 +204,16 @@ def _print_report(report: Report) -> None:
         ("prefill -> decode KV (GB)", f"{r.kv_transfer_bytes / 1e9:.1f}"),
         ("SLO attainment / goodput (req/s)", f"{r.slo_attainment:.1%} / {r.goodput_per_s:.2f}"),
     ]
+    hbm = (
+        f"{r.hbm_batch_per_die} / {r.hbm_peak_bytes_per_die / 1e9:.1f} of "
+        f"{r.hbm_bytes_per_die / 1e9:.1f} GB"
+    )
+    if not r.hbm_weights_fit:
+        hbm = "the weights alone overflow a decode die: not enforced (a toy layout)"
+    rows.append(("HBM batch per die that fits / peak", hbm))
+    if r.hbm_waits or r.hbm_refused:
+        rows.append(("waits for HBM / refused", f"{r.hbm_waits} / {r.hbm_refused}"))
+    rows += [(f"override {name}", f"{value:.6g}") for name, value in r.overrides.items()]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
@@ -190,14 +222,51 @@ def _print_report(report: Report) -> None:
 def _serving(args: argparse.Namespace) -> int:
     if args.duration is not None and not args.duration > 0:
         raise UsageError("--duration must be > 0")
+    sets = [parse_override(text) for text in args.set]
     deployment = parse_deployment(_yaml(args.deployment) or {})
-    requests, duration = _requests(args)
-    sim = simulate(deployment, requests, duration_s=duration)
+    profile = apply_overrides(profile_of(deployment), sets) if sets else profile_of(deployment)
+    check_deployment(deployment, profile)
+    if profile is not DEFAULT_PROFILE:
+        check_deployment_fits(deployment, profile)
+    requests, duration = _requests(args, profile)
+    point = None
+    if args.slo_tpot is not None:
+        if not requests:
+            raise InvalidArgumentError("the workload has no requests to take lengths from")
+        point = operating_point(
+            deployment,
+            args.slo_tpot,
+            prompt_tokens=sum(r.input_tokens for r in requests) / len(requests),
+            output_tokens=sum(r.output_tokens for r in requests) / len(requests),
+            profile=profile,
+        )
+        decode = dataclasses.replace(
+            deployment.decode, max_batch_per_die=point.batch_per_die, tpot_target_s=args.slo_tpot
+        )
+        deployment = dataclasses.replace(deployment, decode=decode)
+    sim = simulate(deployment, requests, duration_s=duration, profile=profile)
     if args.json:
-        print(json.dumps(sim.report.to_dict(), indent=2))
-    else:
-        _print_report(sim.report)
+        doc = sim.report.to_dict()
+        if point is not None:
+            doc["operating_point"] = dataclasses.asdict(point)
+        print(json.dumps(doc, indent=2))
+        return 0
+    if point is not None:
+        _print_point(point)
+    _print_report(sim.report)
     return 0
+
+
+def _print_point(p: OperatingPoint) -> None:
+    print(
+        f"operating point at TPOT <= {p.target_tpot_s * 1e3:g} ms "
+        f"({p.prompt_tokens:,.0f} + {p.output_tokens:,.0f} tokens per request):"
+    )
+    print(
+        f"  batch per die {p.batch_per_die} (HBM bound {p.hbm_batch_per_die}), "
+        f"TPOT {p.tpot_s * 1e3:.2f} ms, {p.tokens_per_s_per_npu:,.0f} decode tokens/s per NPU"
+    )
+    print("the workload run at that batch:")
 
 
 def _calibrate(args: argparse.Namespace) -> int:

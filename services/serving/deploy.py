@@ -115,6 +115,12 @@ def parse_request(
             f"a live deployment is {LIVE_PLATFORM!r}",
             field="platform",
         )
+    if deployment.hardware:
+        raise InvalidArgumentError(
+            "hardware overrides run in model mode only (cmemu simulate serving); a live "
+            "supernode has the hardware it was started with",
+            field="hardware",
+        )
     name = request.name or deployment.model
     if not NAME.match(name):
         raise InvalidArgumentError(

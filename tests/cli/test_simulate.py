@@ -108,3 +108,108 @@ def test_a_bad_duration_is_a_usage_error() -> None:
         "0",
     )
     assert done.returncode == 2 and "--duration must be > 0" in done.stderr
+
+
+def test_set_overrides_a_figure_and_the_report_lists_it(tmp_path: Path) -> None:
+    args = ("simulate", "serving", "--deployment", SMALL, "--workload", SMALL_WORKLOAD)
+    done = run_cmemu(
+        *args,
+        "--set",
+        "npu.hbm_bytes_per_s_per_die=3.2e12",
+        "--set",
+        "switch.port_bytes_per_s=7e9",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["overrides"] == {
+        "npu.hbm_bytes_per_s_per_die": 3.2e12,
+        "switch.port_bytes_per_s": 7e9,
+    }
+    table = run_cmemu(*args, "--set", "npu.hbm_bytes_per_s_per_die=3.2e12")
+    assert "override npu.hbm_bytes_per_s_per_die  3.2e+12" in table.stdout
+    # without --set: no overrides listed
+    plain = json.loads(run_cmemu(*args, "--json").stdout)
+    assert plain["overrides"] == {}
+    # the deployment file's hardware section, then --set on top of it
+    doc = (ROOT / "examples/deployments/small.yaml").read_text()
+    file = tmp_path / "d.yaml"
+    file.write_text(doc + "hardware:\n  npu: {hbm_bytes_per_s_per_die: 2.4e+12}\n")
+    both = run_cmemu(
+        "simulate", "serving", "--deployment", str(file), "--workload", SMALL_WORKLOAD,
+        "--set", "moe.collective_launch_s=1e-5", "--json",
+    )  # fmt: skip
+    assert both.returncode == 0, both.stderr
+    assert json.loads(both.stdout)["overrides"] == {
+        "npu.hbm_bytes_per_s_per_die": 2.4e12,
+        "moe.collective_launch_s": 1e-5,
+    }
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("gpu.hbm=1", "unknown hardware section 'gpu'; known: clock, cpu, ems"),
+        ("npu.hbm=1", "unknown numeric figure of npu 'hbm'; known: cube_cores_per_die"),
+        ("npu.hbm_bytes_per_die=lots", "npu.hbm_bytes_per_die: 'lots' is not a number"),
+        ("npu.hbm_bytes_per_die=0", "npu.hbm_bytes_per_die must be a finite number > 0"),
+        ("npu.hbm_bytes_per_s_per_die=-1e12", "must be a finite number > 0"),
+        ("npu.hbm_bytes_per_die", "expected FIGURE=VALUE"),
+    ],
+)
+def test_a_bad_set_is_a_message_and_exit_1(override: str, message: str) -> None:
+    done = run_cmemu(
+        "simulate", "serving", "--deployment", SMALL, "--workload", SMALL_WORKLOAD,
+        "--set", override,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_a_what_if_that_leaves_the_weights_no_room_is_refused() -> None:
+    deployment = str(ROOT / "examples/deployments/deepseek-r1.yaml")
+    args = ("simulate", "serving", "--deployment", deployment, "--workload", SMALL_WORKLOAD)
+    done = run_cmemu(*args, "--set", "npu.hbm_bytes_per_die=34e9")
+    assert done.returncode == 1
+    assert "a prefill die's weights (40.6 GB) and reserve (4.3 GB) do not fit" in done.stderr
+    # the twin: three quarters of the HBM still holds them, and the report shows the bound
+    fits = run_cmemu(*args, "--set", "npu.hbm_bytes_per_die=51.5e9", "--json")
+    assert fits.returncode == 0, fits.stderr
+    report = json.loads(fits.stdout)
+    assert report["hbm_weights_fit"] and report["hbm_batch_per_die"] > 0
+    assert report["hbm_bytes_per_die"] == 51.5e9
+
+
+def test_slo_tpot_prints_the_operating_point_and_runs_at_it() -> None:
+    deployment = str(ROOT / "examples/deployments/deepseek-r1.yaml")
+    workload = str(ROOT / "examples/workloads/decode-4096-256.yaml")
+    args = ("simulate", "serving", "--deployment", deployment, "--workload", workload)
+    done = run_cmemu(*args, "--duration", "2", "--slo-tpot", "50ms")
+    assert done.returncode == 0, done.stderr
+    assert "operating point at TPOT <= 50 ms (4,096 + 256 tokens per request)" in done.stdout
+    assert "batch per die 48 (HBM bound 306), TPOT 49.93 ms" in done.stdout
+    doc = json.loads(run_cmemu(*args, "--duration", "2", "--slo-tpot", "0.03s", "--json").stdout)
+    point = doc["operating_point"]
+    assert point["tpot_s"] <= 0.03 and 0 < point["batch_per_die"] < 48
+    assert doc["batch_per_die_max"] <= point["batch_per_die"]  # the run never exceeds it
+
+
+@pytest.mark.parametrize(
+    ("target", "code", "message"),
+    [
+        ("15ms", 1, "no batch meets TPOT 15 ms: the lowest, at 1 request per die, is"),
+        ("fast", 2, "argument --slo-tpot: not a duration: 'fast'"),
+        ("0ms", 2, "must be a duration > 0"),
+        ("50 parsecs", 2, "not a duration"),
+    ],
+)
+def test_a_bad_or_unreachable_slo_is_a_message(target: str, code: int, message: str) -> None:
+    deployment = str(ROOT / "examples/deployments/deepseek-r1.yaml")
+    done = run_cmemu(
+        "simulate", "serving", "--deployment", deployment, "--workload", SMALL_WORKLOAD,
+        "--slo-tpot", target,
+    )  # fmt: skip
+    assert done.returncode == code
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr

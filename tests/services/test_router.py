@@ -388,6 +388,9 @@ async def test_deploy_errors(router: Router, small: router_pb2.Deployment) -> No
         router_pb2.DeployRequest(
             name="x", spec_yaml=json.dumps({**SMALL, "platform": "cluster-roce"})
         ),
+        router_pb2.DeployRequest(  # what-if hardware: model mode only
+            name="x", spec_yaml=json.dumps({**SMALL, "hardware": {"npu.ub_ports_per_die": 6}})
+        ),
     ):
         assert await _code(stub.Deploy(bad)) in ("INVALID_ARGUMENT", "NOT_FOUND"), bad
     huge = router_pb2.DeployRequest(

@@ -14,15 +14,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile, ServingCalibration
 from emulator.model.serving import cost
-from emulator.model.serving.comm import CommModel
+from emulator.model.serving.comm import comm_model, topology_for
 from emulator.model.serving.deployment import instance_dies
 from emulator.model.serving.experts import imbalance
 from emulator.model.serving.models import ModelShape, get_model
-from emulator.model.topology import DeviceKind, build
+from emulator.model.topology import DeviceKind, Topology
 
 MODEL = "deepseek-r1"
 PLACEMENT = "static"
@@ -46,13 +45,7 @@ class Point:
         return abs(self.error) <= self.tolerance
 
 
-@cache
-def _comm() -> CommModel:
-    return CommModel(build("cm384"), "cm384")
-
-
-def _dies(npus: int, profile: HardwareProfile) -> tuple[str, ...]:
-    topology = _comm().topology
+def _dies(topology: Topology, npus: int, profile: HardwareProfile) -> tuple[str, ...]:
     ids = [d.id for d in topology.devices if d.kind is DeviceKind.NPU][:npus]
     return instance_dies(ids, profile)
 
@@ -61,13 +54,13 @@ Moe = Callable[[int, int], tuple[float, float]]  # (ranks, tokens per rank) -> (
 
 
 def fabric_moe(profile: HardwareProfile = DEFAULT_PROFILE, platform: str = "cm384") -> Moe:
-    """MoE collectives on the first dies of cm384, as the simulator times them (on
-    `cluster-roce`: the same dies in 8-NPU servers over RDMA)."""
-    comm = _comm() if platform == "cm384" else CommModel(_comm().topology, platform, profile)
+    """MoE collectives on the first dies of cm384 built on `profile`, as the simulator times
+    them (on `cluster-roce`: the same dies in 8-NPU servers over RDMA)."""
+    comm = comm_model(topology_for("cm384", profile), platform, profile)
 
     def moe(ranks: int, tokens: int) -> tuple[float, float]:
         npus = -(-ranks // profile.npu.dies)
-        return comm.moe(_dies(npus, profile)[:ranks], tokens)
+        return comm.moe(_dies(comm.topology, npus, profile)[:ranks], tokens)
 
     return moe
 

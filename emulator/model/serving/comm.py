@@ -13,7 +13,7 @@ Model mode only: the live fabric has no RDMA plane yet, so `cluster-roce` exists
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cached_property
+from functools import cache, cached_property
 
 from emulator.model.collectives import run_collective
 from emulator.model.collectivespec import CollectiveSpec
@@ -28,7 +28,7 @@ from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.linkgraph import LinkGraph, validate_ranks
 from emulator.model.naming import DieName, parse_endpoint
 from emulator.model.serving.deployment import PLATFORMS
-from emulator.model.topology import DeviceKind, Topology
+from emulator.model.topology import DeviceKind, Topology, build
 
 
 class CommModel:
@@ -120,3 +120,37 @@ def _node(name: str) -> int:
     """The node (an 8-NPU server) of an NPU or die id."""
     parsed = parse_endpoint(name)
     return parsed.device.node if isinstance(parsed, DieName) else parsed.node
+
+
+@cache
+def _default_topology(preset: str) -> Topology:
+    return build(preset)
+
+
+_TOPOLOGIES: dict[tuple[str, int], tuple[HardwareProfile, Topology]] = {}
+_COMMS: dict[tuple[int, str, int], tuple[Topology, HardwareProfile, CommModel]] = {}
+
+
+def topology_for(preset: str, profile: HardwareProfile = DEFAULT_PROFILE) -> Topology:
+    """The preset built on `profile`: its links carry the profile's port bandwidths, so a
+    what-if on `switch.port_bytes_per_s` or `npu.ub_port_bytes_per_s` reaches the collectives."""
+    if profile is DEFAULT_PROFILE:
+        return _default_topology(preset)
+    key = (preset, id(profile))
+    found = _TOPOLOGIES.get(key)
+    if found is None or found[0] is not profile:
+        found = _TOPOLOGIES[key] = (profile, build(preset, profile=profile))
+    return found[1]
+
+
+def comm_model(
+    topology: Topology, platform: str, profile: HardwareProfile = DEFAULT_PROFILE
+) -> CommModel:
+    """One CommModel per (topology, platform, profile): its link graph and memoised collectives
+    are pure functions of those, so runs over the same platform share them."""
+    key = (id(topology), platform, id(profile))
+    found = _COMMS.get(key)
+    if found is None or found[0] is not topology or found[1] is not profile:
+        found = (topology, profile, CommModel(topology, platform, profile))
+        _COMMS[key] = found
+    return found[2]

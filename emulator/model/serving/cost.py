@@ -1,7 +1,8 @@
 """The cost of a decode step and of a prefill batch on one instance.
 
 Every kernel is a roofline on one die at the measured rates (HARDWARE.md): MLA attention at 65.4%
-of the BF16 peak and 1,346 GB/s of HBM, the INT8 GEMMs (projections, experts, head) at the INT8
+of the BF16 peak, every kernel's bytes at the die's HBM bandwidth times the MLA kernel's measured
+efficiency (1,346 of 1,600 GB/s), the INT8 GEMMs (projections, experts, head) at the INT8
 utilisation, weights and KV read from HBM. The instance runs at the pace of its busiest die: the
 expert compute is stretched by the placement's imbalance. The MoE dispatch and combine are an
 INPUT (the caller times them on the fabric: `dispatch_s` and `combine_s` are ONE collective of the
@@ -49,7 +50,7 @@ def _rates(profile: HardwareProfile) -> _Rates:
     return _Rates(
         bf16=peaks["BF16"] * s.mla_compute_utilisation,
         int8=peaks["INT8"] * s.int8_gemm_utilisation,
-        hbm=s.mla_hbm_bytes_per_s,
+        hbm=profile.npu.hbm_bytes_per_s_per_die * s.hbm_efficiency,
         weight_bytes=s.weight_bytes_per_param,
     )
 

@@ -5,6 +5,10 @@ CLI reads YAML into one); every bad field is an InvalidArgumentError naming it.
 Instances are laid on the platform's NPUs in order, decode instances first: `layout` gives each
 instance its NPUs, and `instance_dies` its dies (ranks of its collectives, in that order), so the
 simulator and the live driver put the same instance on the same devices.
+
+`hardware` (model mode only) overrides figures of the hardware profile for a what-if study:
+`{npu.hbm_bytes_per_s_per_die: 3.2e12}` or nested `{npu: {hbm_bytes_per_s_per_die: 3.2e12}}`
+(emulator/model/overrides.py); `profile_of` gives the profile a deployment runs on.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 from emulator.model.errors import InvalidArgumentError, UnknownNameError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.naming import die_id
+from emulator.model.overrides import apply_overrides
 from emulator.model.serving.lengths import Distribution, parse_distribution
 from emulator.model.serving.models import MODELS
 
@@ -86,6 +91,8 @@ class Deployment:
     # the output-length model: a request without max_tokens (or ignore_eos) ends where a draw
     # from it says, as a real model ends at its end-of-sequence token
     output: Distribution = field(default_factory=_natural_output)
+    # hardware figures overridden for a what-if study (dotted name: value); model mode only
+    hardware: dict[str, float] = field(default_factory=dict)
 
     def decode_dies(self, profile: HardwareProfile = DEFAULT_PROFILE) -> int:
         return self.decode.npus * profile.npu.dies
@@ -166,14 +173,49 @@ def parse_deployment(
             values[key] = _section(value, sections[key], key)
         elif key == "output":
             values[key] = parse_distribution(value, key)
+        elif key == "hardware":
+            values[key] = _hardware(value, profile)
         else:
             values[key] = _typed(value, str, key)
     deployment = Deployment(**values)
-    _check(deployment, profile)
+    check_deployment(deployment, profile_of(deployment, profile))
     return deployment
 
 
-def _check(d: Deployment, profile: HardwareProfile) -> None:
+def _flatten(raw: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
+    for key, value in raw.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            _flatten(value, f"{name}.", out)
+        else:
+            out[name] = value
+
+
+def _hardware(raw: Any, profile: HardwareProfile) -> dict[str, float]:
+    """The `hardware` section as {dotted name: value}, each checked against the profile."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise InvalidArgumentError("hardware must be a mapping of figure: value", field="hardware")
+    flat: dict[str, Any] = {}
+    _flatten(raw, "", flat)
+    applied = apply_overrides(profile, flat)
+    return {name: float(_lookup(applied, name)) for name in flat}
+
+
+def _lookup(profile: HardwareProfile, name: str) -> Any:
+    section, key, *entry = name.split(".")
+    value = getattr(getattr(profile, section), key)
+    return value[entry[0]] if entry else value
+
+
+def profile_of(d: Deployment, base: HardwareProfile = DEFAULT_PROFILE) -> HardwareProfile:
+    """The profile a deployment runs on: `base` with its `hardware` overrides."""
+    return apply_overrides(base, d.hardware) if d.hardware else base
+
+
+def check_deployment(d: Deployment, profile: HardwareProfile) -> None:
+    """Every field in range, on the hardware it will run on (after any overrides)."""
     tables: dict[str, tuple[str, Sequence[str]]] = {
         "model": (d.model, list(MODELS)),
         "platform": (d.platform, list(PLATFORMS)),

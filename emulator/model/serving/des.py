@@ -12,12 +12,11 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import cache
 
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.serving import cost
-from emulator.model.serving.comm import CommModel
+from emulator.model.serving.comm import comm_model, topology_for
 from emulator.model.serving.deployment import Deployment, instance_dies, layout
 from emulator.model.serving.engine import (
     Engine,
@@ -30,7 +29,7 @@ from emulator.model.serving.engine import (
 from emulator.model.serving.models import get_model
 from emulator.model.serving.prefix import PrefixCache, default_capacity_bytes
 from emulator.model.serving.report import Recorder, Report, summarize
-from emulator.model.topology import DeviceKind, Topology, build
+from emulator.model.topology import DeviceKind, Topology
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,25 +53,6 @@ class Simulation:
     cache: PrefixCache
 
 
-_COMMS: dict[tuple[int, str, int], tuple[Topology, HardwareProfile, CommModel]] = {}
-
-
-def _comm(topology: Topology, platform: str, profile: HardwareProfile) -> CommModel:
-    """One CommModel per (topology, platform, profile): its link graph and memoised collectives
-    are pure functions of those, so runs over the same platform share them."""
-    key = (id(topology), platform, id(profile))
-    found = _COMMS.get(key)
-    if found is None or found[0] is not topology or found[1] is not profile:
-        found = (topology, profile, CommModel(topology, platform, profile))
-        _COMMS[key] = found
-    return found[2]
-
-
-@cache
-def _topology(preset: str) -> Topology:
-    return build(preset)
-
-
 class Oracle:
     """Answers the engine's plans from the pure models."""
 
@@ -86,7 +66,7 @@ class Oracle:
         npus = [d.id for d in topology.devices if d.kind is DeviceKind.NPU]
         self.layout = layout(deployment, npus)
         self.dies = {i: instance_dies(n, profile) for i, n in self.layout.items()}
-        self.comm = _comm(topology, deployment.platform, profile)
+        self.comm = comm_model(topology, deployment.platform, profile)
         model = get_model(deployment.model)
         per_block = cost.kv_bytes_per_token(model, profile) * profile.serving.block_tokens
         self.kv_bytes_per_block = per_block
@@ -141,7 +121,7 @@ def simulate(
     """Run `requests` (in arrival order) through the engine. With `duration_s` the run stops
     there (requests arriving later are not submitted; the report covers [0, duration_s]);
     without, it runs until every request has finished. `failures` isolate and restore NPUs."""
-    oracle = Oracle(deployment, topology or _topology(deployment.preset), profile)
+    oracle = Oracle(deployment, topology or topology_for(deployment.preset, profile), profile)
     engine = Engine(deployment, profile=profile, stream_tokens=stream_tokens)
     recorder = Recorder()
     arrivals = iter(requests)

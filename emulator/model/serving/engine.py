@@ -65,6 +65,7 @@ from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.serving import cost
 from emulator.model.serving.deployment import Deployment
 from emulator.model.serving.experts import placement
+from emulator.model.serving.hbm import GB, die_memory
 from emulator.model.serving.models import get_model
 from emulator.model.serving.placement import ExpertPlacement, Remap, remap
 from emulator.model.serving.router import ROUTERS, Load, RouterState
@@ -222,6 +223,10 @@ class EngineStats:
     ems_loaded_bytes: float = 0.0  # matched prefix KV read from EMS
     ems_stored_blocks: int = 0  # new blocks handed to the caller to store
     kv_transfer_bytes: float = 0.0
+    context_tokens: int = 0  # prompt + output tokens of every request submitted
+    hbm_waits: int = 0  # times a prefilled request waited for HBM while decode slots were free
+    hbm_refused: int = 0  # requests whose KV cache alone exceeds a decode die's HBM: ERROR
+    kv_peak_bytes: float = 0.0  # the most HBM one decode die's requests held (KV, activations)
     batch_histogram: dict[int, int] = field(default_factory=dict)  # busiest die's batch: steps
 
 
@@ -276,9 +281,18 @@ class _Decode:
     counters live in arrays so that a step over 15,000 requests is a few vector operations."""
 
     def __init__(
-        self, name: str, dies: int, per_die: int, experts: ExpertPlacement, imbalance: float
+        self,
+        name: str,
+        dies: int,
+        per_die: int,
+        experts: ExpertPlacement,
+        imbalance: float,
+        *,
+        kv_budget: float | None = None,
     ) -> None:
         self.name = name
+        # HBM each die has for KV caches and activations (None: not enforced, see hbm.py)
+        self.kv_budget = kv_budget
         self.dies = dies
         self.slots_per_die = per_die
         self.ep0 = len(experts.dies)  # the expert-parallel group: the first ep0 dies
@@ -295,6 +309,9 @@ class _Decode:
         self.context = np.zeros(n, dtype=np.int64)  # prompt tokens
         self.credit = np.zeros(n, dtype=np.float64)
         self.per_die = np.zeros(dies, dtype=np.int64)
+        self.need = np.zeros(n, dtype=np.float64)  # HBM bytes each slot's request holds
+        self.kv_used = np.zeros(dies, dtype=np.float64)
+        self.kv_peak = 0.0  # the most HBM bytes one die's requests held
         # lowest level first, so that filling keeps the dies even
         self.free: list[int] = list(range(n))
         heapq.heapify(self.free)
@@ -315,10 +332,36 @@ class _Decode:
     def ep(self) -> int:
         return self.ep0 - sum(1 for d in self.lost if d < self.ep0)
 
-    def take(self) -> int:
-        slot = heapq.heappop(self.free)
+    def fits(self, need: float) -> bool:
+        """Whether some die in service has a free slot and `need` bytes of HBM left."""
+        if not self.free:
+            return False
+        if self.kv_budget is None:
+            return True
+        room = (self.per_die < self.slots_per_die) & (self.kv_used + need <= self.kv_budget)
+        if self.lost:
+            room[list(self.lost)] = False
+        return bool(room.any())
+
+    def take(self, need: float = 0.0) -> int:
+        """The lowest free slot (so filling keeps the dies level) on a die with `need` bytes of
+        HBM left: the caller checked `fits(need)`."""
+        slot = self.free[0]
+        die = slot % self.dies
+        if self.kv_budget is None or self.kv_used[die] + need <= self.kv_budget:
+            heapq.heappop(self.free)
+        else:  # the lowest slot's die is full: the lowest slot on a die with room
+            free = np.fromiter(self.free, dtype=np.int64, count=len(self.free))
+            ok = self.kv_used[free % self.dies] + need <= self.kv_budget
+            slot = int(free[ok].min())
+            die = slot % self.dies
+            self.free.remove(slot)
+            heapq.heapify(self.free)
         self.reserved += 1
-        self.per_die[slot % self.dies] += 1
+        self.per_die[die] += 1
+        self.need[slot] = need
+        self.kv_used[die] += need
+        self.kv_peak = max(self.kv_peak, float(self.kv_used[die]))
         return slot
 
     def release(self, slot: int) -> None:
@@ -327,6 +370,8 @@ class _Decode:
         self.active[slot] = False
         self.ids[slot] = ""
         self.per_die[slot % self.dies] -= 1
+        self.kv_used[slot % self.dies] -= self.need[slot]
+        self.need[slot] = 0.0
         self.reserved -= 1
         if slot % self.dies not in self.lost:
             heapq.heappush(self.free, slot)
@@ -401,9 +446,19 @@ class Engine:
         self._tokens_per_step = profile.serving.mtp_tokens_per_step if d.decode.mtp else 1.0
         self._block = profile.serving.block_tokens
         self._kv_per_token = cost.kv_bytes_per_token(self.model, profile)
+        self.memory = die_memory(self.model, self._decode_ep, mtp=d.decode.mtp, profile=profile)
+        # a deployment whose weights alone overflow a die (the cm-mini toy layouts) is not held
+        # to its HBM; the report says so (Report.hbm_weights_fit)
+        budget = self.memory.free_bytes if self.memory.free_bytes > 0 else None
+        self._kv_budget = budget
         self._decodes = {
             i: _Decode(
-                i, self._decode_dies, d.decode.max_batch_per_die, experts, self._decode_imbalance
+                i,
+                self._decode_dies,
+                d.decode.max_batch_per_die,
+                experts,
+                self._decode_imbalance,
+                kv_budget=budget,
             )
             for i in d.decode_ids()
         }
@@ -446,6 +501,7 @@ class Engine:
             )
         home = self._route_prefill(request)
         self.stats.submitted += 1
+        self.stats.context_tokens += request.input_tokens + request.output_tokens
         req = _Req(request=request, prefill=home or "")
         why = self._unavailable()
         if why is not None:  # accepted, and failed at once: the caller shows the error
@@ -1063,18 +1119,38 @@ class Engine:
     def _start_transfers(self, now_s: float) -> list[StepPlan]:
         plans: list[StepPlan] = []
         while self._waiting:
+            req = self._reqs[self._waiting[0]]
+            r = req.request
+            need = self.memory.request_bytes(r.input_tokens + r.output_tokens)
+            budget = self._kv_budget
+            if budget is not None and need > budget:  # no die could ever hold it: an error
+                self._waiting.popleft()
+                self.stats.hbm_refused += 1
+                self._fail(
+                    req,
+                    now_s,
+                    f"its KV cache ({need / GB:.1f} GB for {r.input_tokens + r.output_tokens} "
+                    f"tokens) exceeds a decode die's free HBM ({budget / GB:.1f} GB)",
+                    req.resume + 1,
+                )
+                continue
             loads = [
-                Load(instance=d.name, queued=d.reserved, free=d.capacity - d.reserved)
+                Load(
+                    instance=d.name,
+                    queued=d.reserved,
+                    free=d.capacity - d.reserved if d.fits(need) else 0,
+                )
                 for d in self._decodes.values()
             ]
             target = self._router.decode(loads, self._route_state)
             if target is None:
+                if any(d.capacity > d.reserved for d in self._decodes.values()):
+                    self.stats.hbm_waits += 1
                 break
             rid = self._waiting.popleft()
-            req = self._reqs[rid]
             inst = self._decodes[target]
-            slot = inst.take()
-            r = req.request
+            slot = inst.take(need)
+            self.stats.kv_peak_bytes = max(self.stats.kv_peak_bytes, inst.kv_peak)
             inst.ids[slot] = rid
             inst.emitted[slot] = req.resume + 1
             inst.target[slot] = r.output_tokens

@@ -4,11 +4,13 @@ events (one Recorder) and counters, the same for a simulation and a live run."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.model.overrides import changed
 from emulator.model.serving.deployment import Deployment
 from emulator.model.serving.engine import (
     EngineStats,
@@ -18,6 +20,8 @@ from emulator.model.serving.engine import (
     Request,
     TokenEvent,
 )
+from emulator.model.serving.hbm import die_memory
+from emulator.model.serving.models import get_model
 
 
 class Recorder:
@@ -29,6 +33,7 @@ class Recorder:
         self.finish: dict[str, tuple[float, int]] = {}
         self.cancelled = 0
         self.failed = 0  # finished ERROR
+        self.errors: dict[str, str] = {}  # request: why it finished ERROR
         self.retries = 0
         self.first_tokens = 0
         self.last_s = 0.0
@@ -47,6 +52,7 @@ class Recorder:
                 self.cancelled += 1
             elif event.reason is FinishReason.ERROR:
                 self.failed += 1
+                self.errors[event.request_id] = event.error
             else:
                 self.finish[event.request_id] = (event.time_s, event.tokens)
         else:
@@ -104,6 +110,17 @@ class Report:
     kv_transfer_bytes: float
     slo_attainment: float  # finished requests within both targets
     goodput_per_s: float  # such requests per second
+    # a decode die's HBM: do the weights fit (if not, a toy layout: KV admission is off), the
+    # largest batch per die that fits at the run's mean context (prompt + output), the most one
+    # die held (weights, reserve, KV caches, activations), waits for HBM, requests refused
+    hbm_weights_fit: bool = True
+    hbm_batch_per_die: int = 0
+    hbm_peak_bytes_per_die: float = 0.0
+    hbm_bytes_per_die: float = 0.0
+    hbm_waits: int = 0
+    hbm_refused: int = 0
+    # hardware figures that differ from the default profile (a what-if study): name: value
+    overrides: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -159,4 +176,21 @@ def summarize(
         kv_transfer_bytes=stats.kv_transfer_bytes,
         slo_attainment=good / max(len(recorder.finish), 1),
         goodput_per_s=good / elapsed,
+        overrides=changed(profile),
+        **_hbm(stats, deployment, profile),
     )
+
+
+def _hbm(stats: EngineStats, d: Deployment, profile: HardwareProfile) -> dict[str, Any]:
+    memory = die_memory(get_model(d.model), d.decode_ep(profile), mtp=d.decode.mtp, profile=profile)
+    context = stats.context_tokens / max(stats.submitted, 1)
+    return {
+        "hbm_weights_fit": memory.free_bytes > 0,
+        "hbm_batch_per_die": memory.max_batch(context) if stats.submitted else 0,
+        "hbm_peak_bytes_per_die": memory.weights_bytes
+        + memory.reserved_bytes
+        + stats.kv_peak_bytes,
+        "hbm_bytes_per_die": memory.hbm_bytes,
+        "hbm_waits": stats.hbm_waits,
+        "hbm_refused": stats.hbm_refused,
+    }

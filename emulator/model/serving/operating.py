@@ -1,0 +1,153 @@
+"""SLO-driven operating points (issue 23 item 3): given a TPOT target, the largest decode batch
+per die that meets it, as the paper reports its rows ("1,943 tokens/s per NPU at TPOT 49.4 ms").
+
+The batch is searched between 1 and the HBM bound at the workload's context (hbm.py): a batch
+that does not fit is never a candidate, however fast. Each candidate's TPOT is the simulator's
+own decode step (cost.decode_step, with the MoE collectives timed by the same CommModel on the
+same dies as the simulator's decode instance) at the mean context a request has while it decodes
+(prompt + half its output), divided by the tokens a step emits (1.7 with MTP). The step time
+grows with the batch (more tokens through every kernel and collective), so the largest batch
+meeting the target is found by bisection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emulator.model.errors import PreconditionError
+from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.model.serving import cost
+from emulator.model.serving.comm import comm_model, topology_for
+from emulator.model.serving.deployment import Deployment, instance_dies, layout
+from emulator.model.serving.experts import placement
+from emulator.model.serving.hbm import check_weights_fit, die_memory
+from emulator.model.serving.models import get_model
+from emulator.model.topology import DeviceKind
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatingPoint:
+    target_tpot_s: float
+    batch_per_die: int
+    tpot_s: float
+    tokens_per_s_per_npu: float  # decode output tokens per decode NPU (both dies)
+    hbm_batch_per_die: int  # the search's ceiling: the largest batch that fits HBM
+    prompt_tokens: float
+    output_tokens: float
+
+
+class DecodeCurve:
+    """TPOT of a deployment's decode instance as a function of its batch per die."""
+
+    def __init__(
+        self,
+        d: Deployment,
+        *,
+        prompt_tokens: float,
+        output_tokens: float,
+        profile: HardwareProfile = DEFAULT_PROFILE,
+    ) -> None:
+        self.d = d
+        self.profile = profile
+        self.model = get_model(d.model)
+        self.dies = d.decode_dies(profile)
+        self.ep = d.decode_ep(profile)
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        topology = topology_for(d.preset, profile)
+        npus = [x.id for x in topology.devices if x.kind is DeviceKind.NPU]
+        first = d.decode_ids()[0]
+        self.ranks = instance_dies(layout(d, npus)[first], profile)[: self.ep]
+        self.comm = comm_model(topology, d.platform, profile)
+        experts = placement(self.model, self.ep, d.placement, profile)
+        self.imbalance = 1.0 if d.placement == "ideal" else max(1.0, experts.imbalance)
+        self.tokens_per_step = profile.serving.mtp_tokens_per_step if d.decode.mtp else 1.0
+        self.memory = memory = die_memory(self.model, self.ep, mtp=d.decode.mtp, profile=profile)
+        self.hbm_batch = memory.max_batch(prompt_tokens + output_tokens)
+        self._tpot: dict[int, float] = {}
+
+    def tpot_s(self, batch_per_die: int) -> float:
+        found = self._tpot.get(batch_per_die)
+        if found is None:
+            step = self.step(batch_per_die)
+            found = self._tpot[batch_per_die] = step.total_s / self.tokens_per_step
+        return found
+
+    def moe_s(self, batch_per_die: int) -> tuple[float, float]:
+        """(dispatch, combine): one of each of a step's MoE collectives at `batch_per_die`."""
+        decode = self.d.decode
+        tokens = cost.decode_tokens_per_rank(
+            batch_per_die=batch_per_die,
+            mtp=decode.mtp,
+            microbatches=decode.microbatches,
+            dies=self.dies,
+            ep=self.ep,
+            model=self.model,
+        )
+        return self.comm.moe(self.ranks, tokens)
+
+    def step(self, batch_per_die: int) -> cost.StepTime:
+        """One decode step of the instance at `batch_per_die`, and where its time went."""
+        decode = self.d.decode
+        dispatch, combine = self.moe_s(batch_per_die)
+        return cost.decode_step(
+            self.model,
+            batch_per_die=batch_per_die,
+            kv_tokens=self.prompt_tokens + self.output_tokens / 2,
+            mtp=decode.mtp,
+            microbatches=decode.microbatches,
+            imbalance=self.imbalance,
+            dies=self.dies,
+            ep=self.ep,
+            dispatch_s=dispatch,
+            combine_s=combine,
+            profile=self.profile,
+        )
+
+    def point(self, target_tpot_s: float, batch_per_die: int) -> OperatingPoint:
+        tpot = self.tpot_s(batch_per_die)
+        return OperatingPoint(
+            target_tpot_s=target_tpot_s,
+            batch_per_die=batch_per_die,
+            tpot_s=tpot,
+            tokens_per_s_per_npu=self.profile.npu.dies * batch_per_die / tpot,
+            hbm_batch_per_die=self.hbm_batch,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+        )
+
+
+def operating_point(
+    d: Deployment,
+    target_tpot_s: float,
+    *,
+    prompt_tokens: float,
+    output_tokens: float,
+    profile: HardwareProfile = DEFAULT_PROFILE,
+) -> OperatingPoint:
+    """The largest batch per die within the HBM bound whose TPOT meets `target_tpot_s`
+    (PreconditionError saying why when none does)."""
+    curve = DecodeCurve(
+        d, prompt_tokens=prompt_tokens, output_tokens=output_tokens, profile=profile
+    )
+    top = curve.hbm_batch
+    context = f"{prompt_tokens:.0f} + {output_tokens:.0f} tokens"
+    if top < 1:
+        check_weights_fit(curve.memory, "decode")
+        raise PreconditionError(
+            f"no batch fits a decode die's HBM at {context} of context per request"
+        )
+    if curve.tpot_s(1) > target_tpot_s:
+        raise PreconditionError(
+            f"no batch meets TPOT {target_tpot_s * 1e3:g} ms: the lowest, at 1 request per "
+            f"die, is {curve.tpot_s(1) * 1e3:.1f} ms",
+            field="slo_tpot",
+        )
+    lo, hi = 1, top  # tpot(lo) meets the target; the answer is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if curve.tpot_s(mid) <= target_tpot_s:
+            lo = mid
+        else:
+            hi = mid - 1
+    return curve.point(target_tpot_s, lo)
