@@ -116,13 +116,21 @@ class RunningSupernode:
 
 
 def start_supernode(
-    *, preset: str, mode: str, time_scale: float, per: str = "node", directory: Path
+    *,
+    preset: str,
+    mode: str,
+    time_scale: float,
+    per: str = "node",
+    directory: Path,
+    broker: bool = False,
 ) -> RunningSupernode:
-    """`cmemu up` in the background, returned once its state file says every server SERVES."""
+    """`cmemu up` in the background, returned once its state file says every server SERVES;
+    with `broker`, beside its own MQTT broker (what `cmemu up` starts by default)."""
     state_file = directory / f"{preset}-{mode}-{time_scale:g}.json"
     args = [CMEMU, "--log-level", "warning", "up", "--preset", preset, "--mode", mode,
-            "--time-scale", f"{time_scale:g}", "--state-file", str(state_file),
-            "--broker", "none"]  # fmt: skip
+            "--time-scale", f"{time_scale:g}", "--state-file", str(state_file)]  # fmt: skip
+    if not broker:
+        args += ["--broker", "none"]
     if mode == "procs":
         args += ["--per", per]
     else:  # ports: a free block, so that sessions and other emulators do not clash

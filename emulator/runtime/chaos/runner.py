@@ -355,8 +355,15 @@ class Runner:
             await self._sleep_until(t)
             if not self.options.early_end or t < last_s + SETTLE_S:
                 continue
-            if self._all_recovered():
+            if self._all_recovered() and await self._training_back():
                 return
+
+    async def _training_back(self) -> bool:
+        try:
+            return await self.workloads.training_back()
+        except grpc.aio.AioRpcError as exc:
+            self._note(f"training status: {_status(exc)}")
+            return False
 
     def _all_recovered(self) -> bool:
         self.obs.end_ns = self._clock.now_ns()

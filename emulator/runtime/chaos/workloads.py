@@ -57,6 +57,8 @@ class Workloads:
     scenario: Scenario
     started: list[str] = field(default_factory=list)
     training_start: dict[str, int] = field(default_factory=dict)
+    # each training job's step when its last restore was seen: it is back once it passes it
+    restored_at_step: dict[str, int] = field(default_factory=dict)
     # scheduler allocation (job) names -> the workload that holds them ("chat.decode-0" -> "chat")
     aliases: dict[str, str] = field(default_factory=dict)
     _seen: dict[str, _Seen] = field(default_factory=dict)
@@ -197,10 +199,23 @@ class Workloads:
             job = await self.clients.training().Get(training_pb2.TrainingRequest(name=t.name))
             before = self._seen.get(t.name)
             npus = before.npus if before and before.npus else tuple(job.npus)
-            out += self._changes(t.name, job.last_failure_ns, job.last_restored_ns, npus,
-                                 f"{job.state} step {job.step}")  # fmt: skip
+            changes = self._changes(t.name, job.last_failure_ns, job.last_restored_ns, npus,
+                                    f"{job.state} step {job.step}")  # fmt: skip
+            if any(c.what == "restored" for c in changes):
+                self.restored_at_step[t.name] = job.step
+            out += changes
             self._seen[t.name].npus = tuple(job.npus)
         return out
+
+    async def training_back(self) -> bool:
+        """Every restored training job has finished a step since its restore: the workload is
+        back, not only its devices (a run that ends at the restore cannot tell a job that
+        resumes from one that never steps again)."""
+        for name, step in self.restored_at_step.items():
+            job = await self.clients.training().Get(training_pb2.TrainingRequest(name=name))
+            if job.state == "running" and job.step <= step:
+                return False
+        return True
 
     async def dropped_requests(self) -> int:
         stats: Any = await self.clients.router().GetStats(router_pb2.GetStatsRequest())
