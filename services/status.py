@@ -256,8 +256,9 @@ else:  # generic in grpc-stubs only
 
 
 class GuardInterceptor(_ServerInterceptor):
-    """On every server: corrupt bodies become INVALID_ARGUMENT, and any exception a handler
-    lets through (one not under `rpc`, a stream) is logged and answered INTERNAL."""
+    """On every server: corrupt bodies become INVALID_ARGUMENT (a unary request, or any message
+    of a client stream), and any exception a handler lets through (one not under `rpc`, a
+    stream) is logged and answered INTERNAL."""
 
     async def intercept_service(
         self,
@@ -265,10 +266,12 @@ class GuardInterceptor(_ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> _Handler:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming:
+        if handler is None:
             return handler
         method = handler_call_details.method
         deserializer = _safe(handler.request_deserializer)
+        if handler.request_streaming:
+            return _guard_client_stream(handler, deserializer, method)
         if handler.unary_unary is not None:
             unary = cast(Callable[[Any, Context], Awaitable[Any]], handler.unary_unary)
 
@@ -311,6 +314,58 @@ class GuardInterceptor(_ServerInterceptor):
                 response_serializer=handler.response_serializer,
             )
         return handler
+
+
+async def _checked(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+    """A client stream's messages; one that does not decode ends the call INVALID_ARGUMENT
+    (aborted here, so whichever task reads the stream, the caller gets the status)."""
+    async for request in requests:
+        if isinstance(request, MalformedRequest):
+            await abort(context, request.error)
+        yield request
+
+
+def _guard_client_stream(
+    handler: _Handler, deserializer: Callable[[bytes], Any] | None, method: str
+) -> _Handler:
+    """`GuardInterceptor` for a request-streaming method (Ems/PutStream, Fabric/SyncClock):
+    each message is checked as it is read, and an exception let through is INTERNAL."""
+    if handler.stream_unary is not None:
+        unary = cast(Callable[[Any, Context], Awaitable[Any]], handler.stream_unary)
+
+        async def stream_unary(requests: AsyncIterator[Any], context: Context) -> Any:
+            try:
+                return await unary(_checked(requests, context), context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await abort(context, internal(exc, rpc=method))
+
+        return grpc.stream_unary_rpc_method_handler(
+            stream_unary,
+            request_deserializer=deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    if handler.stream_stream is not None:
+        stream = cast(Callable[[Any, Context], AsyncIterator[Any]], handler.stream_stream)
+
+        async def stream_stream(
+            requests: AsyncIterator[Any], context: Context
+        ) -> AsyncIterator[Any]:
+            try:
+                async for item in stream(_checked(requests, context), context):
+                    yield item
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await abort(context, internal(exc, rpc=method))
+
+        return grpc.stream_stream_rpc_method_handler(
+            stream_stream,
+            request_deserializer=deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    return handler
 
 
 GUARD = GuardInterceptor()

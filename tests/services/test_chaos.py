@@ -12,11 +12,12 @@ from typing import Any
 import grpc
 import pytest
 
-from cmemu.v1 import device_pb2, fabric_pb2, npu_pb2, ub_pb2
+from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, fabric_pb2, npu_pb2, ub_pb2
 from emulator.client.errors import ErrorDetails, decode
 from emulator.client.status import MESSAGE_MAX
 from emulator.model.errors import QUOTE_MAX
 from emulator.model.hardware import DEFAULT_PROFILE
+from emulator.model.topology import ServiceKind
 from emulator.runtime.supernode import Supernode
 from emulator.testing import Clients
 
@@ -221,6 +222,47 @@ async def test_a_corrupt_body_on_a_stream_and_on_the_fabric(
         async for _ in stream(b"\xff"):
             pass
     assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+CORRUPT = [b"\x0a\xff", b"\x12\x05\x61\x62", b"\xff\xff\xff"]  # issue 21, finding 4
+
+
+@pytest.mark.parametrize("body", CORRUPT)
+async def test_a_corrupt_message_in_a_client_stream_is_invalid_argument(
+    mini: Supernode, clients: Clients, body: bytes
+) -> None:
+    """Every request-streaming method (Ems/PutStream, Fabric/SyncClock) refuses a message that
+    does not decode as the unary methods do, not as INTERNAL, and keeps serving."""
+    ems = clients.channel_to(mini.topology.service(ServiceKind.EMS).address)
+    unary = ems.unary_unary(
+        "/cmemu.v1.Ems/Put", request_serializer=None, response_deserializer=None
+    )
+    put = await _details(unary(body))
+    assert (put.code, put.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST")
+    streamed = ems.stream_unary(
+        "/cmemu.v1.Ems/PutStream", request_serializer=None, response_deserializer=None
+    )
+    got = await _details(streamed(iter([body])))
+    assert (got.code, got.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST")
+    head = ems_pb2.PutChunk(head=ems_pb2.PutRequest(key="k", size=2)).SerializeToString()
+    late = await _details(streamed(iter([head, body])))  # a corrupt message after a good one
+    assert (late.code, late.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST")
+    fabric = clients.channel_to(mini.topology.services[0].address)
+    clock = fabric.stream_stream(
+        "/cmemu.v1.Fabric/SyncClock", request_serializer=None, response_deserializer=None
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async with asyncio.timeout(10):
+            async for _ in clock(iter([body])):
+                pass
+    assert (decode(err.value).code, decode(err.value).reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "MALFORMED_REQUEST",
+    )
+    ok = await ems_pb2_grpc.EmsStub(ems).PutStream(
+        iter([ems_pb2.PutChunk(head=ems_pb2.PutRequest(key="k", size=2, data=b"ok"))])
+    )
+    assert ok.size == 2
 
 
 async def test_an_unexpected_exception_is_internal_and_logged(
