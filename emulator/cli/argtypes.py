@@ -102,19 +102,45 @@ def positive_float(text: str) -> float:
     return value
 
 
-_SECONDS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*([a-z]*)\s*$")
+_SECONDS = {
+    "": 1.0,  # a plain number is seconds
+    "s": 1.0,
+    "sec": 1.0,
+    "ms": 1e-3,
+    "us": 1e-6,
+    "m": 60.0,
+    "min": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*([a-zA-Z]*)\s*$")
+_DURATION_EXAMPLES = "e.g. 30, 30s, 500ms, 800us, 5m, 1h, 1d; a plain number is seconds"
+
+
+def _duration(text: str) -> float:
+    match = _DURATION.match(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _SECONDS:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} ({_DURATION_EXAMPLES})")
+    value = float(match.group(1)) * _SECONDS[unit]
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite duration: {text!r}")
+    return value
 
 
 def seconds(text: str) -> float:
-    """A positive duration: `50ms`, `0.05s`, `0.05` (seconds) or `800us`."""
-    match = _DURATION.match(text)
-    if match is None or match.group(2) not in _SECONDS:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 50ms, 0.05s, 800us)")
-    value = float(match.group(1)) * _SECONDS[match.group(2)]
-    if not (math.isfinite(value) and value > 0):
+    """A positive duration in seconds, as a human types one: `30s`, `500ms`, `1h`, `800us`,
+    or a plain number of seconds. Every CLI flag that takes a time uses it (or
+    `non_negative_seconds`), so `--for 30s` and `--timeout 2` both mean what they say."""
+    value = _duration(text)
+    if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a duration > 0, got {text!r}")
     return value
+
+
+def non_negative_seconds(text: str) -> float:
+    """A duration that may be zero (`--drain 0`: stop at once), as `seconds` reads it."""
+    return _duration(text)
 
 
 def preset(text: str) -> str:

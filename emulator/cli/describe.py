@@ -161,7 +161,9 @@ def probe_args(probe: argparse.ArgumentParser) -> None:
     probe.add_argument(
         "--service", default="", help="service name to check (default: the whole server)"
     )
-    probe.add_argument("--timeout", type=float, default=2.0, help="seconds (default 2)")
+    probe.add_argument(
+        "--timeout", type=argtypes.seconds, default=2.0, help="e.g. 2, 500ms (default 2 s)"
+    )
     probe.add_argument(
         "--cacert",
         metavar="PEM",
@@ -176,7 +178,7 @@ def ls_args(ls: argparse.ArgumentParser) -> None:
     )
     ls.add_argument("--node", help="only this node, e.g. n07")
     ls.add_argument(
-        "--timeout", type=float, default=2.0, help="seconds per health check (default 2)"
+        "--timeout", type=argtypes.seconds, default=2.0, help="per health check (default 2 s)"
     )
     ls.add_argument("--json", action="store_true", help="one JSON array")
 

@@ -14,7 +14,12 @@ from typing import Any
 
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
 from emulator.cli import progress
-from emulator.cli.argtypes import non_negative_int, positive_float, positive_int, positive_size
+from emulator.cli.argtypes import (
+    non_negative_int,
+    positive_int,
+    positive_size,
+    seconds,
+)
 from emulator.client.clients import Clients
 from emulator.model.scaleout import check_ub_within
 from emulator.runtime import state
@@ -192,9 +197,9 @@ def links_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--interval",
-        type=positive_float,
+        type=seconds,
         default=1.0,
-        help="with --watch, seconds between frames (default 1, at least 0.01)",
+        help="with --watch, the time between frames, e.g. 500ms, 2s (default 1 s, at least 10 ms)",
     )
     p.add_argument(
         "--count",

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from emulator.cli.argtypes import UsageError, choice_of, positive_float
+from emulator.cli.argtypes import UsageError, choice_of, seconds
 from emulator.cli.output import Column, print_rows
 from emulator.client.clients import Clients
 from emulator.client.faults import (
@@ -230,11 +230,12 @@ def fault_args(
     add_p.add_argument(
         "--for",
         dest="for_seconds",
-        type=positive_float,
-        metavar="SECONDS",
-        help="clear the fault after SECONDS of emulated time; the device's process or the "
+        type=seconds,
+        metavar="DURATION",
+        help="clear the fault after DURATION of emulated time (30s, 500ms, 1h; a plain number "
+        "is seconds); the device's process or the "
         "fabric clears it, so this returns at once (a process pause: this command waits "
-        "SECONDS / time_scale and clears it). Without --for the fault stays until "
+        "DURATION / time_scale and clears it). Without --for the fault stays until "
         "`cmemu fault rm`.",
     )
     ls_p = sub.add_parser("ls", help="the active faults, fabric, devices and processes")

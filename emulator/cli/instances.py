@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from emulator.cli import argtypes
 from emulator.cli.output import print_rows
 from emulator.model.errors import EmulatorError, NotFoundError, UnavailableError
 from emulator.runtime import state
@@ -90,9 +91,9 @@ def cmd_down(args: argparse.Namespace) -> int:
 def down_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout",
-        type=float,
+        type=argtypes.seconds,
         default=DOWN_TIMEOUT_S,
-        help=f"seconds to wait for it to stop after SIGTERM (default {DOWN_TIMEOUT_S:g})",
+        help=f"how long to wait for it to stop after SIGTERM (default {DOWN_TIMEOUT_S:g})",
     )
 
 

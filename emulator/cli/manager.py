@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import json_format
 
 from cmemu.v1 import manager_pb2, manager_pb2_grpc
+from emulator.cli import argtypes
 from emulator.cli.output import Column, print_rows
 from emulator.runtime import state
 
@@ -26,7 +27,10 @@ def manager_args(parser: argparse.ArgumentParser, add_state: Callable[[Any], Non
     status = sub.add_parser("status", help="mode, devices watched, suspect and failed")
     incidents = sub.add_parser("incidents", help="the incidents with their timeline")
     incidents.add_argument(
-        "--since", type=float, default=0.0, help="emulated seconds: only those detected after"
+        "--since",
+        type=argtypes.non_negative_seconds,
+        default=0.0,
+        help="emulated time (e.g. 90, 90s, 5m): only those detected after",
     )
     mode = sub.add_parser("mode", help="active (detect, isolate, replace) or passive (record)")
     mode.add_argument("mode", choices=sorted(MODES))

@@ -18,6 +18,7 @@ from emulator.cli.argtypes import (
     positive_float,
     positive_int,
     positive_size,
+    seconds,
     size,
 )
 from emulator.cli.output import Column, print_rows
@@ -302,7 +303,12 @@ def rdma_args(
     add.add_argument("target", nargs="?", help="a link a~b, a switch, or a gateway (sn1-gw)")
     add.add_argument("--factor", type=positive_float, help="the slow kinds: share kept, (0, 1)")
     add.add_argument(
-        "--for", dest="for_s", type=positive_float, default=0.0, help="emulated seconds"
+        "--for",
+        dest="for_s",
+        type=seconds,
+        default=0.0,
+        metavar="DURATION",
+        help="clear it after DURATION of emulated time (30s, 1h; a plain number is seconds)",
     )
     clear = faults.add_parser("clear", help="clear a fault by id, or --all")
     clear.add_argument("id", nargs="?")

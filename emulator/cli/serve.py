@@ -77,13 +77,13 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     what.add_argument("--service", help="a supernode-wide service, e.g. fabric")
     p.add_argument(
         "--drain",
-        type=float,
+        type=argtypes.non_negative_seconds,
         default=DEFAULT_SERVE_DRAIN_S,
         help=f"seconds between NOT_SERVING and stop (default {DEFAULT_SERVE_DRAIN_S:g})",
     )
     p.add_argument(
         "--clock-wait",
-        type=argtypes.positive_float,
+        type=argtypes.seconds,
         default=DEFAULT_CLOCK_WAIT_S,
         help="without an epoch in the topology or $CMEMU_EPOCH: seconds to keep asking the "
         f"fabric for its clock before giving up (default {DEFAULT_CLOCK_WAIT_S:g})",
@@ -99,7 +99,7 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--rebuild-wait",
-        type=float,
+        type=argtypes.non_negative_seconds,
         default=DEFAULT_REBUILD_WAIT_S,
         help="with --service ems: seconds to wait for silent memory pools while rebuilding the "
         f"index before counting them down (default {DEFAULT_REBUILD_WAIT_S:g})",

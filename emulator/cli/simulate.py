@@ -52,8 +52,9 @@ def simulate_args(parser: argparse.ArgumentParser) -> None:
     )
     serving.add_argument(
         "--duration",
-        type=float,
-        help="emulated seconds to run (default: the workload's duration; a trace: to the end)",
+        type=seconds,
+        help="emulated time to run, e.g. 600, 10m, 1h (default: the workload's duration; a "
+        "trace: to the end)",
     )
     serving.add_argument("--seed", type=int, help="the workload's seed (default: its own)")
     serving.add_argument(
@@ -220,8 +221,6 @@ def _print_report(report: Report) -> None:
 
 
 def _serving(args: argparse.Namespace) -> int:
-    if args.duration is not None and not args.duration > 0:
-        raise UsageError("--duration must be > 0")
     sets = [parse_override(text) for text in args.set]
     deployment = parse_deployment(_yaml(args.deployment) or {})
     profile = apply_overrides(profile_of(deployment), sets) if sets else profile_of(deployment)

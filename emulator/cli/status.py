@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from cmemu.v1 import fabric_pb2
+from emulator.cli import argtypes
 from emulator.client import faults as fault
 from emulator.client import health
 from emulator.client.clients import Clients
@@ -223,6 +224,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--timeout", type=float, default=2.0, help="seconds per health check (default 2)"
+        "--timeout", type=argtypes.seconds, default=2.0, help="per health check (default 2 s)"
     )
     p.add_argument("--json", action="store_true", help="one JSON object")

@@ -461,7 +461,7 @@ def up_args(up: argparse.ArgumentParser) -> None:
     )
     up.add_argument(
         "--ready-timeout",
-        type=argtypes.positive_float,
+        type=argtypes.seconds,
         default=DEFAULT_READY_TIMEOUT_S,
         help=f"seconds to wait for all SERVING (default {DEFAULT_READY_TIMEOUT_S:g})",
     )
@@ -514,7 +514,7 @@ def up_args(up: argparse.ArgumentParser) -> None:
     )
     up.add_argument(
         "--drain",
-        type=float,
+        type=argtypes.non_negative_seconds,
         default=0.2,
         help="seconds between NOT_SERVING and stop (default 0.2)",
     )

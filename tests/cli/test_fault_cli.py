@@ -112,6 +112,31 @@ def test_durations_end_faults_by_themselves(running: Path) -> None:
     assert cmemu("probe", *_address(running, "n01-npu0")).returncode == 0
 
 
+def test_durations_take_units(running: Path) -> None:
+    """Issue 21, finding 13: `--for 1h` is an hour, as README writes it; a plain number is
+    seconds. The clearing time lies the duration after the emulated time before the command
+    and at most that after the time read once it returned (no wall-clock figure)."""
+    at = ("--state-file", str(running))
+    cases = {
+        "n00-npu5": ("1h", 3600.0),
+        "n00-npu6": ("7200000ms", 7200.0),
+        "n00-npu7": ("1d", 86400.0),
+    }
+    for device, (text, seconds) in cases.items():
+        before = _emulated_s(at)
+        added = cmemu("fault", "add", "slow", device, "--param", "compute=0.5", "--for", text, *at)
+        assert added.returncode == 0, added.stderr
+        after = _emulated_s(at)
+        until = float(added.stdout.split("clears itself at ")[1].split()[0])
+        assert before + seconds - 0.001 <= until <= after + seconds + 0.001, (text, added.stdout)
+        assert cmemu("fault", "rm", f"dev:{device}:slow", *at).returncode == 0
+    for bad, words in (("30x", "not a duration: '30x'"), ("0s", "must be a duration > 0")):
+        refused = cmemu("fault", "add", "crash", "n00-npu0", "--for", bad, *at)
+        assert refused.returncode == 2 and words in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    assert _ls(at) == {}
+
+
 def test_bad_input_gets_a_message_not_a_traceback(running: Path) -> None:
     at = ("--state-file", str(running))
     cases = [

@@ -107,7 +107,7 @@ def test_a_bad_duration_is_a_usage_error() -> None:
         "--duration",
         "0",
     )
-    assert done.returncode == 2 and "--duration must be > 0" in done.stderr
+    assert done.returncode == 2 and "argument --duration: must be a duration > 0" in done.stderr
 
 
 def test_set_overrides_a_figure_and_the_report_lists_it(tmp_path: Path) -> None:
