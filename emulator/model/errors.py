@@ -17,6 +17,8 @@ what a raise left unset as the error passes through.
 
 from __future__ import annotations
 
+import errno
+import socket
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -207,14 +209,32 @@ class AddressInUseError(EmulatorError):
 
 
 class AddressError(EmulatorError):
-    """A device's address cannot be used at all: its host name does not resolve."""
+    """A device's address cannot be used at all: its host name does not resolve (or, reason
+    ADDRESS_UNUSABLE, the system refuses it for another cause: not this machine's, no
+    permission)."""
 
     default_reason = "ADDRESS_UNRESOLVABLE"
 
-    def __init__(self, device: str, address: str, detail: str) -> None:
+    def __init__(
+        self, device: str, address: str, detail: str, *, reason: str | None = None
+    ) -> None:
         self.device = device
         self.address = address
-        super().__init__(f"cannot bind {device} to {address}: {detail}", subject=device)
+        super().__init__(
+            f"cannot bind {device} to {address}: {detail}", subject=device, reason=reason
+        )
+
+
+def bind_error(who: str, address: str, exc: OSError) -> EmulatorError:
+    """What a failed bind of an HTTP or other socket server says: only EADDRINUSE is "in use";
+    an unresolvable host (socket.gaierror) or another refusal (EADDRNOTAVAIL, EACCES) says so,
+    so that a typo in a host name does not send anyone hunting for the process on a port."""
+    if exc.errno == errno.EADDRINUSE:
+        return AddressInUseError(who, address)
+    host = address.rpartition(":")[0].strip("[]")
+    if isinstance(exc, socket.gaierror):
+        return AddressError(who, address, f"cannot resolve {host} ({exc.strerror or exc})")
+    return AddressError(who, address, exc.strerror or str(exc), reason="ADDRESS_UNUSABLE")
 
 
 class DataLossError(EmulatorError):

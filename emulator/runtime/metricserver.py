@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from emulator.model.errors import AddressInUseError
+from emulator.model.errors import bind_error
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import Topology, metrics_address
 from emulator.runtime import exposition
@@ -75,7 +75,7 @@ class MetricsServer:
                 limit=REQUEST_HEAD_MAX,
             )
         except OSError as exc:
-            raise AddressInUseError(self.name, self.address) from exc
+            raise bind_error(self.name, self.address, exc) from exc
         log.debug("metrics serving", url=self.url)
 
     async def close(self) -> None:

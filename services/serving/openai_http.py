@@ -32,7 +32,7 @@ import structlog
 from aiohttp import web
 
 from emulator.model.clock import Clock
-from emulator.model.errors import AddressInUseError, EmulatorError, quote
+from emulator.model.errors import EmulatorError, bind_error, quote
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import SERVING_BUCKETS_S, Family, Histogram
 from emulator.model.serving.models import get_model
@@ -133,7 +133,7 @@ class OpenAiServer:
             await site.start()
         except OSError as exc:
             await runner.cleanup()
-            raise AddressInUseError("router (HTTP)", address) from exc
+            raise bind_error("router (HTTP)", address, exc) from exc
         self._runner = runner
 
     async def stop(self) -> None:

@@ -109,6 +109,30 @@ def test_a_port_already_taken_is_named(tmp_path: Path) -> None:
     assert not (tmp_path / "s.json").exists()
 
 
+def test_serve_says_why_its_metrics_cannot_bind(tmp_path: Path) -> None:
+    """Issue 21, finding 10: an unresolvable host is reported as such, not as a port in use;
+    a port that is in use still is."""
+    base = free_port_block(MINI_PORTS)
+    env = {"CMEMU_EPOCH": "1"}
+    for host in ("127.0.0.1", "no-such-host.invalid"):  # RFC 6761: never resolves
+        doc = cmemu(
+            "topology", "--preset", "cm-mini", "--host", host, "--base-port", str(base), "--json"
+        )
+        (tmp_path / f"{host}.json").write_text(doc.stdout)
+    serve = ("serve", "--service", "fabric", "--insecure", "--topology")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", json.loads(doc.stdout)["metrics_port"]))
+        squatter.listen()
+        taken = cmemu(*serve, str(tmp_path / "127.0.0.1.json"), env=env)
+    assert taken.returncode == 1 and "ADDRESS_IN_USE" in taken.stderr, taken.stderr
+    assert "/metrics" in taken.stderr and "address already in use" in taken.stderr
+    unknown = cmemu(*serve, str(tmp_path / "no-such-host.invalid.json"), env=env)
+    assert unknown.returncode == 1, unknown.stderr
+    assert "ADDRESS_UNRESOLVABLE" in unknown.stderr, unknown.stderr
+    assert "cannot resolve no-such-host.invalid" in unknown.stderr
+    assert "in use" not in unknown.stderr.lower() and "Traceback" not in unknown.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "code", "words"),
     [

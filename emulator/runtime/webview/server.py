@@ -20,7 +20,7 @@ import structlog
 from aiohttp import web
 
 from emulator.client.clients import Clients
-from emulator.model.errors import AddressInUseError, InvalidArgumentError
+from emulator.model.errors import InvalidArgumentError, bind_error
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.runtime.webview.collector import Collector, Rates
 from emulator.runtime.webview.snapshot import Json, Machine
@@ -125,7 +125,7 @@ class WebView:
             await site.start()
         except OSError as exc:
             await runner.cleanup()
-            raise AddressInUseError("the web view", f"{self.host}:{self.port}") from exc
+            raise bind_error("the web view", f"{self.host}:{self.port}", exc) from exc
         self._runner = runner
         self.port = int(runner.addresses[0][1])  # the one the system picked for port 0
         await self.collector.__aenter__()
