@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,22 @@ DEFAULTS: dict[str, Any] = {"preset": "cm-mini", "mode": "inprocess", "time_scal
 POLL_WALL_S = 0.02
 
 
+ASYNCIO_SCOPE = "asyncio_default_fixture_loop_scope"
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("asyncio") and not config.getini(ASYNCIO_SCOPE):
+        # pytest-asyncio (cmemu's dev extra brings it) warns at configure time in a project
+        # that leaves this unset; the plugin's fixtures are synchronous and need no loop scope,
+        # so a project that only uses them is not told to configure one. This one message
+        # only, for the session (pytest runs configure under catch_warnings, restored at its
+        # end); tryfirst: before pytest-asyncio's hook warns. A project that sets it is untouched.
+        warnings.filterwarnings(
+            "ignore",
+            message=f'The configuration option "{ASYNCIO_SCOPE}" is unset',
+            category=pytest.PytestDeprecationWarning,
+        )
     config.addinivalue_line(
         "markers",
         "supernode(preset='cm-mini', mode='inprocess', time_scale=10.0, per='node'): the "

@@ -136,8 +136,10 @@ class Clients:
     def mempool(self, device_id: str) -> mempool_pb2_grpc.MemoryPoolAsyncStub:
         return mempool_pb2_grpc.MemoryPoolStub(self.channel(device_id))
 
-    async def health(self, device_id: str, service: str = "") -> str:
-        return await health.check(self.channel(device_id), service)
+    async def health(self, device_id: str, service: str = "", timeout_s: float = 2.0) -> str:
+        """SERVING, NOT_SERVING, or for a device that does not answer UNREACHABLE (crashed,
+        stopped) or DEADLINE_EXCEEDED (hung): what the check found, not an exception."""
+        return await health.status(self.channel(device_id), service, timeout_s)
 
     async def close(self) -> None:
         if self._owner:

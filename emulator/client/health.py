@@ -26,6 +26,27 @@ async def check(channel: grpc.aio.Channel, service: str = "", timeout_s: float =
     return status_name(response.status)
 
 
+DOWN_CODES = {
+    grpc.StatusCode.UNAVAILABLE: UNREACHABLE,  # nothing answers: crashed, stopped, cut off
+    grpc.StatusCode.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",  # accepted, never answered: hung
+}
+"""What a failed check says of the device's health; any other failure is the caller's (an
+unknown service name: NOT_FOUND) and raises."""
+
+
+async def status(channel: grpc.aio.Channel, service: str = "", timeout_s: float = 2.0) -> str:
+    """The health of `service` as a name, never raising for the device's own state: a crashed
+    or unreachable device is UNREACHABLE, a hung one DEADLINE_EXCEEDED (a health check is
+    asked to learn that, as `cmemu ls` shows it); raises for another failure."""
+    try:
+        return await check(channel, service, timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        down = DOWN_CODES.get(exc.code())
+        if down is None:
+            raise
+        return down
+
+
 async def check_address(
     address: str,
     service: str = "",

@@ -4,8 +4,12 @@ emulated schedule, the verdict judged from the manager's incidents and the workl
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import grpc
 import pytest
 
 from emulator.cli.chaos import summary_lines
@@ -88,6 +92,42 @@ def test_the_plugin_injects_and_waits_in_emulated_time(
     wait_for(lambda: supernode.call(lambda c: c.health("n01-npu2")) == "SERVING", 60)
     with pytest.raises(pytest.fail.Exception, match="within 1 emulated s"):
         wait_for(lambda: False, within_emulated_s=1)
+
+
+def test_a_crashed_device_s_health_is_unreachable_not_an_exception(
+    chaos: Chaos, supernode: RunningSupernode, wait_for: WaitFor
+) -> None:
+    """Issue 21, finding 19: `c.health()` of a crashed device answers UNREACHABLE (a check of
+    health is asked to find exactly that); an unknown service name still raises NOT_FOUND."""
+    fault = chaos.inject("crash", "n01-npu4")
+    wait_for(lambda: supernode.call(lambda c: c.health("n01-npu4")) == "UNREACHABLE", 60)
+    chaos.clear(fault.id)
+    wait_for(lambda: supernode.call(lambda c: c.health("n01-npu4")) == "SERVING", 60)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        supernode.call(lambda c: c.health("n01-npu4", "cmemu.v1.NoSuchService"))
+    assert err.value.code() is grpc.StatusCode.NOT_FOUND
+
+
+def test_the_plugin_adds_no_pytest_asyncio_warning_outside_the_repository(
+    tmp_path: Path,
+) -> None:
+    """Issue 21, finding 19: a project without pytest-asyncio settings (any directory outside
+    this repository) sees no deprecation warning once the plugin is loaded."""
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra]
+        return subprocess.run(
+            args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    plain = run()
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "asyncio_default_fixture_loop_scope" not in plain.stdout + plain.stderr
+    without = run("-p", "no:cmemu")  # the warning is pytest-asyncio's own, with no cmemu plugin
+    assert without.returncode == 0
+    assert "asyncio_default_fixture_loop_scope" in without.stdout + without.stderr
 
 
 @pytest.mark.slow
