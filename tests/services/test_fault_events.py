@@ -5,10 +5,16 @@ Real servers, the embedded broker and a real subscriber."""
 from __future__ import annotations
 
 import asyncio
+import signal
+from pathlib import Path
+
+import pytest
 
 from cmemu.v1 import device_pb2
 from emulator.client import faults
+from emulator.model.errors import NotFoundError
 from emulator.runtime.broker import Broker
+from emulator.runtime.supernode import LaunchOptions, Supernode
 from emulator.testing import Clients, running_supernode
 from tests.runtime.test_mqtt import listening
 
@@ -52,4 +58,31 @@ async def test_faults_and_clearances_are_events_and_an_outage_buffers_them() -> 
         async with asyncio.timeout(20):
             while not await drained():  # noqa: ASYNC110 (polled over gRPC, as a client does)
                 await asyncio.sleep(0.05)
+        await clients.close()
+
+
+@pytest.mark.slow
+async def test_a_broker_outage_with_a_dead_process_goes_in_once(tmp_path: Path) -> None:
+    """Issue 21, finding 8: with the node process that hosts the first devices dead, each of
+    its devices was looked up through a live process, which was then picked once per dead
+    device: the second injection there failed FAULT_ALREADY_ACTIVE after the first went in."""
+    options = LaunchOptions(
+        preset="cm-mini", mode="procs", per="node", first_octet=47, run_dir=tmp_path / "run"
+    )
+    async with Supernode.start(options) as sn:
+        assert sn.supervisor is not None and sn.broker is not None
+        dead = sn.supervisor.running["n00"].proc
+        dead.send_signal(signal.SIGKILL)
+        async with asyncio.timeout(30):
+            await dead.wait()
+        clients = Clients(sn.topology)
+        outage = await faults.inject(clients, "broker-outage")
+        assert (outage.id, outage.detail) == ("broker", "1 processes cut off")
+        stub = clients.device("n01-npu0")
+        assert not (await stub.GetTelemetry(device_pb2.GetTelemetryRequest())).broker_connected
+        listed = await stub.ListFaults(device_pb2.ListDeviceFaultsRequest(process=True))
+        assert [f.kind for f in listed.faults] == ["broker-outage"]  # on one device, once
+        await faults.clear(clients, outage.id)
+        with pytest.raises(NotFoundError):  # nothing is left active
+            await faults.clear(clients, outage.id)
         await clients.close()

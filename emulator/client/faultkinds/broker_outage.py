@@ -24,7 +24,10 @@ BROKER_ID = "broker"
 
 
 async def _hosts(clients: Clients) -> list[str]:
-    """One device per process (the first device of each process's listing)."""
+    """One device per live process (the first device of each process's listing), each once.
+    A device of a dead process is answered for by a live one (`via` falls back to a proxy),
+    whose listing may be one already picked: picking it again injected twice into one
+    process, the second FAULT_ALREADY_ACTIVE (issue 21, finding 8)."""
     uncovered = [d.id for d in clients.topology.devices]
     picked: list[str] = []
     while uncovered:
@@ -37,7 +40,9 @@ async def _hosts(clients: Clients) -> list[str]:
             ),
         )
         hosted = set(listing.hosted) | {device}
-        picked.append(listing.hosted[0] if listing.hosted else device)
+        host = listing.hosted[0] if listing.hosted else device
+        if host not in picked:
+            picked.append(host)
         uncovered = [d for d in uncovered if d not in hosted]
     return picked
 
