@@ -1,19 +1,38 @@
-"""README's figures and examples against the code (issue 21, finding 14): a claim a new
+"""README's figures and examples against the code (issue 21, findings 14 and 18): a claim a new
 user follows must hold, and a change to the code that breaks one fails here, not in their shell."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
+
+import yaml
 
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.scheduler.inventory import Inventory
 from emulator.model.scheduler.jobs import JobRequest
 from emulator.model.scheduler.state import Scheduler
 from emulator.model.topology import build
+from emulator.runtime.composegen import MOSQUITTO_PASSWD, TOKEN_FILE, write_secrets
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+
+
+def test_the_compose_service_count_is_the_committed_file_s() -> None:
+    said = re.search(r"memory pool,\s+service and the broker: (\d+) for cm384\)", README)
+    assert said is not None, "README no longer states cm384's compose service count"
+    services = yaml.safe_load((ROOT / "compose" / "cm384.yaml").read_text())["services"]
+    assert int(said.group(1)) == len(services)
+
+
+def test_the_secret_files_modes_are_the_ones_written(tmp_path: Path) -> None:
+    write_secrets(tmp_path)
+    assert (tmp_path / TOKEN_FILE).stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / MOSQUITTO_PASSWD).stat().st_mode & 0o777 == 0o644
+    assert "a compose secret, mode 0600" in README
+    assert "`mosquitto.passwd` (its salted hash, mode\n  0644" in README
 
 
 def test_the_scheduling_example_replaces_an_npu_of_its_own_job() -> None:
