@@ -307,6 +307,33 @@ class FuzzTarget:
         self.codes[code.name] += 1
         return code, reply
 
+    def call_client_stream(
+        self, server: str, service: str, method: str, bodies: list[bytes], *, stream: bool
+    ) -> tuple[grpc.StatusCode, Any]:
+        """A request-streaming call of raw bodies; (code, first reply). Never raises on a
+        status. A response stream is cancelled after its first reply."""
+        path = f"/{service}/{method}"
+        channel = self.channel(server)
+        self.calls += 1
+        try:
+            if stream:
+                call = channel.stream_stream(
+                    path, request_serializer=None, response_deserializer=None
+                )
+                replies = call(iter(bodies), timeout=CALL_TIMEOUT_S)
+                first = next(iter(replies), None)
+                replies.cancel()  # type: ignore[no-untyped-call]
+                code, reply = grpc.StatusCode.OK, first
+            else:
+                unary = channel.stream_unary(
+                    path, request_serializer=None, response_deserializer=None
+                )
+                code, reply = grpc.StatusCode.OK, unary(iter(bodies), timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            code, reply = exc.code(), exc.details()
+        self.codes[code.name] += 1
+        return code, reply
+
     def health(self, server: str) -> str:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
