@@ -23,7 +23,7 @@ from emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
 from emulator.runtime.chaos import files, kinds
 from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
 
-pytestmark = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=25)
+pytestmark = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=50)
 
 EMS = "  ems: {objects: 4, size: 1KiB, prefix: test/must-fail/}"
 # each test its own job: one left recovering by a test refuses Stop (and its name) for a while

@@ -2,7 +2,7 @@
 supernode of its preset (a scenario's faults can leave failed NPUs held back, which would change
 the next one's placement), beside the MQTT broker its faults may take down. The container
 scenarios run through the Docker engine in tests/runtime/test_docker_engine.py; cm384's
-mixed-storm in bench/chaos.py."""
+mixed-storm in bench/chaos.py; npu-crash-decode in test_runner.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 TIME_SCALE = 50.0  # dilation keeps a verdict the same at any scale; the pace guard says if not
-ELSEWHERE = ("container-", "mixed-storm")  # the engine test's; the cm384 benchmark's
+# the engine test's; the cm384 benchmark's; test_runner.py's (through the plugin, with its phases)
+ELSEWHERE = ("container-", "mixed-storm", "npu-crash-decode")
 
 
 def _shipped() -> list[Path]:
@@ -51,5 +52,6 @@ def test_every_shipped_scenario_is_run_somewhere() -> None:
     elsewhere = {n for n in names if n.startswith(ELSEWHERE)}
     assert elsewhere == {
         "container-storm.yaml", "container-storm-must-fail.yaml", "mixed-storm.yaml",
+        "npu-crash-decode.yaml",
     }  # fmt: skip
     assert {p.name for p in _shipped()} == names - elsewhere
