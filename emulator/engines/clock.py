@@ -222,10 +222,12 @@ class Governor:
     async def run(self) -> None:
         p = self.profile
         loop = asyncio.get_running_loop()
-        ticks_per_window = max(1, round(p.window_s / p.tick_s))
         self.hold()
         while True:
-            for _ in range(ticks_per_window):
+            # a window is wall time, not a count of ticks: on a loop late by 50 ms a tick, 50
+            # ticks would take 3 s, and a wish that rare goes stale (the process "silent")
+            ends = loop.time() + p.window_s
+            while loop.time() < ends:
                 before = loop.time()
                 await asyncio.sleep(p.tick_s)
                 lag = loop.time() - before - p.tick_s

@@ -510,7 +510,9 @@ async def test_with_a_token_the_endpoint_wants_it_as_the_api_key() -> None:
             with pytest.raises(openai.AuthenticationError):
                 await bad.completions.create(model="t", prompt="x", max_tokens=1)
         async with openai.AsyncOpenAI(base_url=base, api_key="s3cret", max_retries=0) as good:
-            done = await good.completions.create(model="t", prompt="x", max_tokens=2)
+            done = await good.completions.create(
+                model="t", prompt="x", max_tokens=2, extra_body=RUN_TO_MAX
+            )
             assert done.usage is not None and done.usage.completion_tokens == 2
 
 

@@ -352,5 +352,8 @@ async def test_the_reference_controller_recovers_a_deployment_end_to_end() -> No
         incident = next(i for i in incidents.incidents if i.device == sick)
         assert d.job in incident.jobs
         assert incident.restored_ns == back.last_restored_ns
-        assert incident.isolated_ns <= back.last_isolated_ns <= back.last_restored_ns
+        # the deployment isolates inside the manager's isolation (its call to the router), so
+        # either may be stamped first; both come after the detection and before the restore
+        assert incident.detected_ns <= back.last_isolated_ns <= back.last_restored_ns
+        assert incident.detected_ns <= incident.isolated_ns <= incident.restored_ns
         assert (await d.stats()).requests_dropped == 0
