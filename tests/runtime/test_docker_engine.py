@@ -24,10 +24,11 @@ import pytest
 
 from cmemu.v1 import ems_pb2, ems_pb2_grpc, manager_pb2
 from emulator.client.faults import attach_engine, clear, inject
+from emulator.model.chaos.pace import ABORTED, FAIL, PASS
 from emulator.model.errors import NotFoundError
 from emulator.runtime import image
 from emulator.runtime.chaos import files
-from emulator.runtime.chaos.runner import RunOptions, run_scenario
+from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
 from emulator.runtime.docker import PROJECT_LABEL, engine_answers
 from emulator.runtime.supernode import LaunchOptions, Supernode
 from emulator.testing import grpcurl
@@ -83,6 +84,18 @@ async def _retrying(call: Callable[[], Awaitable[T]], within_s: float = 60.0) ->
                 if exc.code() is not grpc.StatusCode.UNAVAILABLE:
                     raise
             await asyncio.sleep(0.5)
+
+
+async def _judged(sn: Supernode, scenario: str, options: RunOptions) -> RunResult:
+    """A run with a verdict: one ABORTED (the host did not let the emulator keep pace, which
+    the suite's other workers can do to 32 containers on 2 cores) judged nothing and is run
+    again, up to three times in all."""
+    for _ in range(3):
+        result = await run_scenario(sn.clients, files.load(SCENARIOS / scenario), options)
+        if result.outcome != ABORTED:
+            return result
+    assert result.pace is not None
+    pytest.fail(f"{scenario}: ABORTED three times: {result.pace.aborted}")
 
 
 async def _incident_for(
@@ -186,18 +199,14 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  #
                 await inject(sn.clients, "container-pause", "no-such-service")
 
             # 10 emulated minutes of container faults: the storm passes, its twin must fail
-            run = RunOptions(early_end=False)
-            passed = await run_scenario(
-                sn.clients, files.load(SCENARIOS / "container-storm.yaml"), run
-            )
-            assert passed.ok, [c for c in passed.verdict.checks if not c.ok]
+            passed = await _judged(sn, "container-storm.yaml", RunOptions(early_end=False))
+            assert passed.outcome == PASS, [c for c in passed.verdict.checks if not c.ok]
             assert {i.kind for i in passed.observations.injections} == {
                 "container-kill", "container-pause", "container-disconnect",
             }  # fmt: skip
-            failed = await run_scenario(
-                sn.clients, files.load(SCENARIOS / "container-storm-must-fail.yaml"), RunOptions()
-            )  # it may end once everything it did is settled: the loss is seen by then
-            assert not failed.ok
+            # it may end once everything it did is settled: the loss is seen by then
+            failed = await _judged(sn, "container-storm-must-fail.yaml", RunOptions())
+            assert failed.outcome == FAIL
             lost = next(c for c in failed.verdict.checks if c.name == "lost_objects")
             assert not lost.ok
     finally:
