@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from emulator.cli import argtypes
 from emulator.runtime.security import Security
@@ -31,7 +32,17 @@ def stop_event() -> asyncio.Event:
         loop.add_signal_handler(sig, stop.set)
     # `kill -USR1 PID`: what every task waits in, on stderr (a stuck call, a stuck stop)
     loop.add_signal_handler(signal.SIGUSR1, print_tasks, "on SIGUSR1")
+    loop.set_exception_handler(_cancelled_is_quiet)
     return stop
+
+
+def _cancelled_is_quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A callback that raised CancelledError was cancelled, nothing went wrong (aiomqtt's
+    disconnect callback reads its connect future, cancelled by a stop during the connect, and
+    raises it): not a traceback on stderr. Everything else as asyncio reports it."""
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)
 
 
 def print_tasks(why: str) -> None:

@@ -47,6 +47,7 @@ class _Stream:
     dies_down: set[str] = field(default_factory=set)
     beat: asyncio.Event = field(default_factory=asyncio.Event)
     opened: asyncio.Event = field(default_factory=asyncio.Event)
+    reset: asyncio.Event = field(default_factory=asyncio.Event)  # silent: drop its connection
 
 
 class LivenessWatch:
@@ -106,25 +107,45 @@ class LivenessWatch:
                     await asyncio.sleep(REOPEN_WALL_S)
 
     async def _follow(self, stream: _Stream, through: str) -> bool:
-        """Follow the stream opened through `through` until it breaks; False when it could
+        """Follow the stream opened through `through` until it breaks, or until its silence
+        fails its devices (then its transport is dropped: a partition drops packets, and a call
+        on a connection nobody answers waits for TCP's timeout, minutes); False when it could
         not be opened."""
-        answered = False
         device = self.devices[through]
-        try:
+        answered = [False]
+
+        async def read() -> None:
             async for beat in self.peers.device(device).watch_liveness():
-                if not answered:
+                if not answered[0]:
                     if through not in beat.covers:  # its name now leads to another process
                         await self._elsewhere(through, beat)
-                        return False
-                    answered = True
+                        return
+                    answered[0] = True
                     self._cover(stream, beat)
                 self._judge(stream, beat)
-        except EmulatorError as exc:
-            if exc.reason == UNREACHABLE or answered:
-                what = "broken" if answered else "refused"
+
+        stream.reset.clear()
+        reading = asyncio.ensure_future(read())
+        resetting = asyncio.ensure_future(stream.reset.wait())
+        try:
+            await asyncio.wait({reading, resetting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            resetting.cancel()
+            if not reading.done():
+                reading.cancel()
+                await asyncio.wait({reading})
+        if reading.cancelled():  # silent: open it anew, on a new connection
+            await self.peers.forget(device)
+            return answered[0]
+        exc = reading.exception()
+        if isinstance(exc, EmulatorError):
+            if exc.reason == UNREACHABLE or answered[0]:
+                what = "broken" if answered[0] else "refused"
                 self._fail(through, "health", f"liveness stream {what}: {exc.reason}")
             log.debug("liveness stream ended", through=through, error=str(exc)[:200])
-        return answered
+        elif exc is not None:
+            raise exc
+        return answered[0]
 
     async def _elsewhere(self, through: str, beat: Beat) -> None:
         """A stream opened through `through` answered for other devices: a container that came
@@ -186,6 +207,7 @@ class LivenessWatch:
                     continue
             for device in stream.covers:
                 self._fail(device, "heartbeat", "no liveness: its process stopped answering")
+            stream.reset.set()  # opened again, on a new connection
             await stream.beat.wait()  # until it speaks again
 
     def _answered(self, target: str) -> None:
