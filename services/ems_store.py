@@ -81,7 +81,9 @@ from services.peers import Peers
 from services.status import RemoteError
 
 MIN_PAUSE_S = 0.01  # wall floor of a periodic pause: a fast time_scale stretches the period
-IO_TIMEOUT_S = 5.0  # wall seconds one UB transaction of EMS may take: a stalled pool is passed by
+IO_TIMEOUT_S = 20.0  # wall seconds one UB transaction of EMS may take: a stalled pool is passed by
+# (a bound on a hang: the transaction waits in emulated time, which a busy host slows; at 5 s a
+# loaded machine failed whole weight loads with DEADLINE_EXCEEDED)
 PROBE_TIMEOUT_S = 1.0  # wall seconds a sweep waits for a pool's answer
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # lazy: `.bind()` here would build the logger at import, before logging is configured (stdout)
