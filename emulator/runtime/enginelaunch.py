@@ -21,6 +21,7 @@ from emulator.runtime.composeengine import EngineRun
 from emulator.runtime.docker import DockerEngine
 from emulator.runtime.procs import Running
 from emulator.runtime.security import Security, read_token
+from emulator.runtime.stopping import unless_stopped
 from emulator.runtime.supernode import (
     LaunchOptions,
     StartInterrupted,
@@ -112,15 +113,5 @@ async def launch(
 async def _until_stopped(step: object, stop: asyncio.Event) -> None:
     """Await a start step unless the stop event comes first (StartInterrupted)."""
     assert asyncio.iscoroutine(step)
-    task = asyncio.ensure_future(step)
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopper.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    if not await unless_stopped(step, stop):
         raise StartInterrupted("stopped while starting")
-    task.result()

@@ -7,7 +7,6 @@ so a container and a process of `--mode procs` run exactly the same thing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import gzip
 import os
@@ -26,6 +25,7 @@ from emulator.model.naming import parse_service
 from emulator.model.topology import ServiceKind, Topology
 from emulator.runtime.inprocess import InProcessSupernode
 from emulator.runtime.security import Security
+from emulator.runtime.stopping import unless_stopped
 
 EPOCH_ENV = "CMEMU_EPOCH"
 BROKER_ENV = "CMEMU_BROKER"
@@ -192,29 +192,12 @@ async def serve(options: ServeOptions, stop: asyncio.Event) -> None:
         process=options.name,
     )
     try:
-        if await _started(supernode, stop):
+        # a process stopped while it waits for the owner of time or for its pools (a container
+        # stopped during its start) stops then, not after the start's own timeouts
+        if await unless_stopped(supernode.start(), stop):
             await stop.wait()
     finally:
         await supernode.stop()
-
-
-async def _started(supernode: InProcessSupernode, stop: asyncio.Event) -> bool:
-    """Start, unless a signal comes first: a process stopped while it waits for the owner of
-    time or for its pools (a container stopped during its start) stops then, not after the
-    start's own timeouts. False when stopped before serving."""
-    starting = asyncio.ensure_future(supernode.start())
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-    if not starting.done():
-        starting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await starting
-        return False
-    starting.result()  # a failed start raises here
-    return True
 
 
 def _address(topology: Topology, server_id: str) -> str:
