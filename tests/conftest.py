@@ -53,20 +53,3 @@ async def clients(mini: Supernode) -> AsyncIterator[Clients]:
     c = Clients(mini.topology)
     yield c
     await c.close()
-
-
-# The longest tests start first (after pytest-randomly's shuffle): the suite's wall time is at
-# least the longest test's, and one that a shuffle put last added its whole length to the run
-# (the engine test alone takes 3-4 minutes of the suite's ~9). Longest processing time first.
-# Only the one far longer than the rest: xdist's worksteal hands each worker a run of
-# consecutive tests, so what comes first here runs first on the first worker.
-LONGEST_FIRST = ("tests/runtime/test_docker_engine.py::test_cm_mini_per_device_through_the_engine",)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        found = (i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix))
-        return next(found, len(LONGEST_FIRST))
-
-    items.sort(key=rank)  # stable: the shuffle stands within each rank

@@ -118,6 +118,7 @@ async def _incident_for(
         pytest.fail(f"no {state or 'incident'} for {device}: {seen}; {networks}")
 
 
+@pytest.mark.engine
 async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  # noqa: PLR0915
     _skip_without_engine()
     options = LaunchOptions(

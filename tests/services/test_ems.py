@@ -612,7 +612,7 @@ async def test_procs_a_stalled_node_and_a_restarted_ems_forget_nothing_and_resur
         try:
             await asyncio.sleep(4.0)  # the suspect threshold is 2 sweeps of 0.5 s
             for key in keys:  # served by n00-mem meanwhile
-                assert (await ems.Get(ems_pb2.GetRequest(key=key), timeout=15)).served_by == (
+                assert (await ems.Get(ems_pb2.GetRequest(key=key), timeout=HANG_S)).served_by == (
                     "n00-mem"
                 )
         finally:
