@@ -62,7 +62,7 @@ async def test_a_busy_host_fails_no_device_and_slows_time_instead() -> None:
         assert status.devices_failed == 0 and status.devices_suspect == 0
         info = await sn.clients.fabric().GetClock(fabric_pb2.GetClockRequest())
         assert info.emulated_ns / 1e9 >= start + 60.0
-        assert info.rate <= SCALE and info.achieved_scale <= SCALE
+        assert info.rate <= SCALE and info.achieved_scale <= SCALE * (1 + 1e-6)  # float rounding
         assert list(info.silent) == []
 
 
