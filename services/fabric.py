@@ -16,7 +16,7 @@ from emulator.client.wire import fabric as wire
 from emulator.client.wire import ub as ub_wire
 from emulator.engines.clock import TimeKeeper
 from emulator.engines.fabric.engine import FabricEngine
-from emulator.model.errors import InvalidArgumentError, NotFoundError, blame
+from emulator.model.errors import InvalidArgumentError, NotFoundError, OutOfRangeError, blame
 from services.host import ServiceHost
 from services.status import Context, abort, rpc
 
@@ -27,6 +27,7 @@ DEFAULT_WATCH_MS = 1000
 FAULT_FIELD = {
     "link-degraded": "factor",
     "ports-degraded": "factor",
+    "rank-slow": "factor",
     "link-latency": "added_latency_us",
     "partition": "side_a",
     "link-flap": "period_s",
@@ -85,6 +86,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
                 on=NotFoundError,
             ),
             blame(field=FAULT_FIELD.get(request.kind, "target"), on=InvalidArgumentError),
+            blame(field="target", on=OutOfRangeError),  # a die past the NPU's last
         ):
             stored = self.engine.add_fault(wire.fault_spec(request))
         return wire.fault_proto(stored)

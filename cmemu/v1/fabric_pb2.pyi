@@ -171,6 +171,7 @@ class CollectiveResult(_message.Message):
     OVERHEAD_NS_FIELD_NUMBER: _builtins.int
     WALL_COMPUTE_MS_FIELD_NUMBER: _builtins.int
     FLOW_TIMINGS_FIELD_NUMBER: _builtins.int
+    COMPUTE_SHARE_FIELD_NUMBER: _builtins.int
     op: Global___CollectiveOp.ValueType
     ranks: _builtins.int
     phases: _builtins.int
@@ -183,6 +184,10 @@ class CollectiveResult(_message.Message):
     overhead_ns: _builtins.int
     wall_compute_ms: _builtins.float
     """wall-clock milliseconds the fabric spent computing it"""
+    compute_share: _builtins.float
+    """the slowest rank's compute share, in (0, 1]: 1 unless a rank is slowed (a `slow` fault);
+    a caller costs the compute between its collectives at this pace
+    """
     @_builtins.property
     def flow_timings(self) -> _containers.RepeatedCompositeFieldContainer[Global___FlowTiming]: ...
     def __init__(
@@ -199,10 +204,11 @@ class CollectiveResult(_message.Message):
         overhead_ns: _builtins.int = ...,
         wall_compute_ms: _builtins.float = ...,
         flow_timings: _abc.Iterable[Global___FlowTiming] | None = ...,
+        compute_share: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete_ns", b"complete_ns", "duration_ns", b"duration_ns", "flow_timings", b"flow_timings", "flows", b"flows", "issue_ns", b"issue_ns", "op", b"op", "overhead_ns", b"overhead_ns", "phases", b"phases", "ranks", b"ranks", "total_bytes", b"total_bytes", "wall_compute_ms", b"wall_compute_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete_ns", b"complete_ns", "compute_share", b"compute_share", "duration_ns", b"duration_ns", "flow_timings", b"flow_timings", "flows", b"flows", "issue_ns", b"issue_ns", "op", b"op", "overhead_ns", b"overhead_ns", "phases", b"phases", "ranks", b"ranks", "total_bytes", b"total_bytes", "wall_compute_ms", b"wall_compute_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -229,7 +235,9 @@ class FabricFault(_message.Message):
     kind: _builtins.str
     """link-down, link-degraded, link-latency, switch-down, partition,"""
     target: _builtins.str
-    """link-flap, ports-degraded (a device's or die's UB ports: target)
+    """link-flap, ports-degraded (a device's or die's UB ports: target),
+    rank-down, rank-hung, rank-slow (an NPU or die as a collective
+    rank: set by the device's own crash, hang, die-down, slow)
     a link "a~b" (see cmemu topology --json) or a switch id
     """
     factor: _builtins.float

@@ -94,6 +94,7 @@ class TrainingJob(_message.Message):
     LAST_FAILURE_NS_FIELD_NUMBER: _builtins.int
     LAST_RESTORED_NS_FIELD_NUMBER: _builtins.int
     GOODPUT_FIELD_NUMBER: _builtins.int
+    FAILED_STEPS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     state: _builtins.str
     """"starting"|"running"|"recovering"|"finished"|"failed"|"stopped" """
@@ -108,6 +109,8 @@ class TrainingJob(_message.Message):
     last_restored_ns: _builtins.int
     goodput: _builtins.float
     """useful step time / elapsed emulated time, 0..1"""
+    failed_steps: _builtins.int
+    """steps a dead or hung rank failed (rerun, not counted)"""
     @_builtins.property
     def npus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -125,10 +128,11 @@ class TrainingJob(_message.Message):
         last_failure_ns: _builtins.int = ...,
         last_restored_ns: _builtins.int = ...,
         goodput: _builtins.float = ...,
+        failed_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["goodput", b"goodput", "last_checkpoint_step", b"last_checkpoint_step", "last_failure_ns", b"last_failure_ns", "last_restored_ns", b"last_restored_ns", "name", b"name", "npus", b"npus", "restarts", b"restarts", "started_ns", b"started_ns", "state", b"state", "step", b"step", "step_s", b"step_s", "steps_lost", b"steps_lost"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_steps", b"failed_steps", "goodput", b"goodput", "last_checkpoint_step", b"last_checkpoint_step", "last_failure_ns", b"last_failure_ns", "last_restored_ns", b"last_restored_ns", "name", b"name", "npus", b"npus", "restarts", b"restarts", "started_ns", b"started_ns", "state", b"state", "step", b"step", "step_s", b"step_s", "steps_lost", b"steps_lost"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -80,6 +80,7 @@ class CollectiveOutcome:
     overhead_ns: int
     wall_compute_ms: float
     detail: tuple[FlowTime, ...] = ()  # every flow, when asked for
+    compute_share: float = 1.0  # the slowest rank's compute share (a `slow` NPU's)
 
     @property
     def duration_ns(self) -> int:

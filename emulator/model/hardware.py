@@ -230,6 +230,8 @@ class TrainingProfile:
     restart_s: float = fig(60.0, "assumed")  # process restart and re-init on the new NPUs
     replace_s: float = fig(120.0, "assumed")  # detection, isolation and spare hand-over
     mtbf_hours_per_npu: float = fig(50_000.0, "assumed")  # a year's MTBF is ~8,760 h
+    step_retry_s: float = fig(1.0, "assumed")  # emulated seconds before a failed step is rerun
+    step_deadline_s: float = fig(30.0, "assumed")  # a step's collectives (a hung rank: past it)
 
 
 @dataclass(frozen=True, kw_only=True)

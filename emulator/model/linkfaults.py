@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -170,6 +171,68 @@ class PortsDegraded:
         graph.factor[_device_ports(graph, spec.target)] *= spec.factor
 
 
+def _rank_target(graph: LinkGraph, target: str) -> None:
+    """An NPU or one of its dies: what a collective ranks."""
+    if "." in target:
+        graph.endpoint(target)
+        return
+    device = graph.topology.device(target)
+    if device.kind is not DeviceKind.NPU:
+        raise InvalidArgumentError(
+            f"{quote(target)} is a {device.kind.value}: collectives rank NPUs and their dies",
+            subject=target,
+        )
+
+
+class RankDown:
+    """A dead rank (its device crashed, powered off or went down, or one die failed): every
+    collective it is part of fails at once, as a real one does when a rank's links drop. Routes
+    are left alone: a UB transfer reaches the device, which refuses it itself. Set by the
+    device's own fault (engines/device/faults.py) and cleared with it."""
+
+    name = "rank-down"
+
+    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        _rank_target(graph, spec.target)
+
+    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        pass  # FaultSet.ranks reads it; the link graph is untouched
+
+
+class RankHung(RankDown):
+    """A hung rank: a collective it is part of never completes while it lasts (the caller's
+    deadline ends the wait), and carries on when it clears."""
+
+    name = "rank-hung"
+
+
+class RankSlow(RankDown):
+    """A slowed rank: it computes at `factor` of its speed. The collectives it is part of wait
+    for it (their per-phase software overhead, run on every rank, stretches by 1/factor) and
+    report the slowest rank's share, so that a caller costs the compute between them at the
+    straggler's pace (a synchronous step runs at its slowest member's)."""
+
+    name = "rank-slow"
+
+    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        _rank_target(graph, spec.target)
+        if not 0 < spec.factor < 1:
+            raise InvalidArgumentError(f"factor must be in (0, 1), got {spec.factor}")
+
+
+RANK_KINDS = (RankDown.name, RankHung.name, RankSlow.name)
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What the rank faults say of a set of ranks: the first dead one, the first hung one, and
+    the slowest one's compute share (1.0: none slowed)."""
+
+    down: str | None = None
+    hung: str | None = None
+    compute_share: float = 1.0
+
+
 FAULT_KINDS: dict[str, FaultKind] = {
     kind.name: kind()
     for kind in (
@@ -180,6 +243,9 @@ FAULT_KINDS: dict[str, FaultKind] = {
         Partition,
         LinkFlap,
         PortsDegraded,
+        RankDown,
+        RankHung,
+        RankSlow,
     )
 }
 
@@ -256,6 +322,28 @@ class FaultSet:
         times = [f.until_s for f in self.faults.values() if f.for_s]
         times += [next_flip_s(f, now_s) for f in self.faults.values() if f.kind == LinkFlap.name]
         return min(times, default=None)
+
+    def ranks(self, names: Iterable[str]) -> RankState:
+        """The rank faults on `names` (NPU dies "n00-npu3.d1"): a fault on an NPU covers both
+        of its dies. Cheap when there are none (every collective asks)."""
+        faults = [f for f in self.faults.values() if f.kind in RANK_KINDS]
+        if not faults:
+            return RankState()
+        down: str | None = None
+        hung: str | None = None
+        share = 1.0
+        for name in names:
+            device = name.split(".", 1)[0]
+            for f in faults:
+                if f.target not in (name, device):
+                    continue
+                if f.kind == RankDown.name and down is None:
+                    down = name
+                elif f.kind == RankHung.name and hung is None:
+                    hung = name
+                elif f.kind == RankSlow.name:
+                    share = min(share, f.factor)
+        return RankState(down=down, hung=hung, compute_share=share)
 
     def _reapply(self) -> None:
         self.graph.reset()

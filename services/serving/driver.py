@@ -15,6 +15,11 @@ outstanding plan is reported. So the token times are the engine's to the nanosec
 loop's latency, and the live run agrees with the discrete-event simulation; the wall clock only
 decides when events are released (never before their emulated time).
 
+The data path (issue 20): the collectives are over the instance's dies, so the fabric's view of
+its ranks decides the step: a dead member (crash, die-down, node power-off) fails the step at once
+(UNAVAILABLE), a hung one holds it past the step deadline, and a slowed one's compute share comes
+back with the collectives and costs the step's kernels at its pace (TTFT and TPOT follow).
+
 Faults (issue 11). A measurement that fails (UNAVAILABLE from the fabric or a device) or takes
 longer than the step deadline is reported to the engine as a failed step, costing `step_retry_s`
 of emulated time: its requests are retried or, past their retries, finish with an error the
@@ -39,6 +44,7 @@ import structlog
 from cmemu.v1 import ems_pb2, ems_pb2_grpc, ub_pb2
 from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
+from emulator.engines.peers import CollectiveOutcome
 from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.ems import prefix_keys
 from emulator.model.errors import EmulatorError, InvalidArgumentError, UnavailableError
@@ -547,15 +553,18 @@ class Driver:
         ranks = rank_dies(self.instances[plan.instance].dies, shape)
         fabric = self.peers.fabric()
 
-        async def collective(op: str) -> float:
+        async def collective(op: str) -> CollectiveOutcome:
             spec = CollectiveSpec(op=op, tokens_per_rank=shape.tokens_per_rank)
-            outcome = await fabric.collective(ranks, spec)
-            return outcome.duration_ns / 1e9
+            return await fabric.collective(ranks, spec)
 
-        dispatch_s, combine_s = await asyncio.gather(
+        dispatch, combine = await asyncio.gather(
             collective("moe-dispatch"), collective("moe-combine")
         )
-        return StepResult(dispatch_s=dispatch_s, combine_s=combine_s)
+        return StepResult(
+            dispatch_s=dispatch.duration_ns / 1e9,
+            combine_s=combine.duration_ns / 1e9,
+            compute_share=min(dispatch.compute_share, combine.compute_share),
+        )
 
     def _pair(self, plan: StepPlan) -> tuple[Device, Device, int]:
         """The NPUs a request's KV cache moves between: each instance's first in service (where

@@ -3,10 +3,13 @@ by watching its scheduler allocation (never told by the manager).
 
 Steps are timed by the cost model (emulator/model/training/step.py) with the collectives asked
 of the live fabric (Fabric/Collective: the gradient all-reduce bucket, the MoE dispatch and
-combine), once per set of NPUs. When the allocation shows one of its NPUs failed the job stops
-("recovering", an `isolated` event), rewinds to its last checkpoint, waits until the scheduler
-has replaced every failed NPU, reloads the checkpoint from EMS (its Get timing) after the
-profile's restart time, and resumes (a `restored` event).
+combine) at every step's end, which is the data path (issue 20): a dead rank fails them at once
+and a hung one past the step deadline, so the step in flight fails (counted, `step-failed`, rerun
+after `step_retry_s`: the job waits, whatever a controller does); a slowed rank's compute share
+comes back with them and the next step computes at its pace. When the allocation shows one of
+its NPUs failed the job stops ("recovering", an `isolated` event), rewinds to its last
+checkpoint, waits until the scheduler has replaced every failed NPU, reloads the checkpoint from
+EMS (its Get timing) after the profile's restart time, and resumes (a `restored` event).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from services.status import RemoteError
 log = structlog.get_logger("cmemu.training")
 NS = 1_000_000_000
 CHECKPOINT_KIND = ems_pb2.OBJECT_KIND_CHECKPOINT
+STEP_FAILURES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+"""What a dead (UNAVAILABLE) or hung (DEADLINE_EXCEEDED) rank does to a step's collectives."""
 OPS = {
     "all-reduce": fabric_pb2.COLLECTIVE_OP_ALL_REDUCE,
     "moe-dispatch": fabric_pb2.COLLECTIVE_OP_MOE_DISPATCH,
@@ -97,6 +102,7 @@ class LiveJob:
             last_failure_ns=p.last_failure_ns,
             last_restored_ns=p.last_restored_ns,
             goodput=p.goodput(now_ns),
+            failed_steps=p.failed_steps,
         )
 
 
@@ -119,7 +125,6 @@ class JobRunner:
         self.ep = endpoints
         self.events = events
         self.topic = topic
-        self._timed: dict[tuple[str, ...], float] = {}
 
     def publish(self, event: str, **detail: object) -> None:
         if self.events is not None:
@@ -146,7 +151,7 @@ class JobRunner:
             async with asyncio.TaskGroup() as tasks:
                 watcher = tasks.create_task(self.watch())
                 await self.refresh()
-                p.running(await self.step_s())
+                p.running(await self.first_step_s())
                 self.publish("training-started", npus=[n.id for n in job.allocation.npus])
                 await self.loop()
                 watcher.cancel()
@@ -173,6 +178,8 @@ class JobRunner:
                 await self.recover()
                 continue
             if not await self.sleep(p.step_s):
+                continue
+            if not await self.step_ended():
                 continue
             if p.step_done():
                 await self.checkpoint()
@@ -230,7 +237,10 @@ class JobRunner:
         if job.needs_recovery:
             return  # failed again while restarting: recover again
         replacements = [n.id for n in job.allocation.npus if n.id not in set(p.npus)]
-        p.restored(self.clock.now_ns(), await self.step_s())
+        step_s = await self.first_step_s()
+        if job.needs_recovery:
+            return  # a rank died while restarting: recover again
+        p.restored(self.clock.now_ns(), step_s)
         p.npus = [n.id for n in job.allocation.npus]
         self.publish("restored", npus=replacements, step=p.step, restarts=p.restarts)
 
@@ -275,36 +285,78 @@ class JobRunner:
         finally:
             stream.cancel()
 
+    async def first_step_s(self) -> float:
+        """The first step's duration on the current NPUs; while a rank is dead or hung, each
+        try is a failed step and the job waits `step_retry_s` before the next."""
+        while True:
+            try:
+                return await self.step_s()
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in STEP_FAILURES:
+                    raise
+                self.step_failed(exc)
+            if not await self.sleep(self.profile.training.step_retry_s):
+                return self.job.progress.step_s  # recovering or stopping: the loop decides
+
+    async def step_ended(self) -> bool:
+        """The step in flight reaches its collectives: True when they complete (the next step's
+        duration is set from them); False when a dead or hung rank failed it (rerun after
+        `step_retry_s`, or recovery once the allocation shows the failure)."""
+        try:
+            step_s = await self.step_s()
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in STEP_FAILURES:
+                raise
+            self.step_failed(exc)
+            await self.sleep(self.profile.training.step_retry_s)
+            return False
+        self.job.progress.step_s = step_s
+        return True
+
+    def step_failed(self, exc: grpc.aio.AioRpcError) -> None:
+        p = self.job.progress
+        p.failed_steps += 1
+        error = f"{exc.code().name}: {exc.details()}"
+        log.warning("training step failed", job=p.name, step=p.step + 1, error=error)
+        self.publish("step-failed", step=p.step + 1, error=error)
+
+    def deadline_wall_s(self) -> float:
+        """A step's collectives may take this long (wall): a hung rank holds them past it."""
+        return max(
+            self.profile.serving.step_deadline_min_wall_s,
+            self.clock.clock.wall_delay_s(self.profile.training.step_deadline_s),
+        )
+
     async def step_s(self) -> float:
-        """The step on the current NPUs, its collectives timed by the live fabric once."""
+        """The step on the current NPUs, its collectives asked of the live fabric (memoized
+        there): the slowest rank's compute share sets the compute's pace."""
         dies = self.job.dies
-        key = tuple(dies)
-        found = self._timed.get(key)
-        if found is None:
-            shape = self.job.shape
-            g = groups(dies, shape)
-            tokens = moe_tokens_per_rank(self.profile)
-            bucket = gradient_buckets(shape, self.profile).bytes
-            found = step_time(
-                shape,
-                dispatch_s=await self.collective("moe-dispatch", g.expert_parallel, tokens=tokens),
-                combine_s=await self.collective("moe-combine", g.expert_parallel, tokens=tokens),
-                allreduce_bucket_s=await self.collective(
-                    "all-reduce", g.data_parallel, size=bucket
-                ),
-                profile=self.profile,
-            ).total_s
-            self._timed[key] = found
-        return found
+        shape = self.job.shape
+        g = groups(dies, shape)
+        tokens = moe_tokens_per_rank(self.profile)
+        bucket = gradient_buckets(shape, self.profile).bytes
+        dispatch_s, a = await self.collective("moe-dispatch", g.expert_parallel, tokens=tokens)
+        combine_s, b = await self.collective("moe-combine", g.expert_parallel, tokens=tokens)
+        bucket_s, c = await self.collective("all-reduce", g.data_parallel, size=bucket)
+        return step_time(
+            shape,
+            dispatch_s=dispatch_s,
+            combine_s=combine_s,
+            allreduce_bucket_s=bucket_s,
+            profile=self.profile,
+            compute_share=min(a, b, c),
+        ).total_s
 
     async def collective(
         self, op: str, ranks: tuple[str, ...], *, size: int = 0, tokens: int = 0
-    ) -> float:
+    ) -> tuple[float, float]:
+        """(seconds, the slowest rank's compute share) of one collective."""
         if len(ranks) < 2 or not (size or tokens):
-            return 0.0
+            return 0.0, 1.0
         result = await self.ep.fabric.Collective(
             fabric_pb2.CollectiveRequest(
                 op=OPS[op], ranks=list(ranks), bytes=size, tokens_per_rank=tokens
-            )
+            ),
+            timeout=self.deadline_wall_s(),
         )
-        return float(result.duration_ns) / NS
+        return float(result.duration_ns) / NS, result.compute_share or 1.0

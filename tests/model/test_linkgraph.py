@@ -163,6 +163,9 @@ def test_fault_kinds_are_one_table() -> None:
         "partition",
         "link-flap",  # a link-down that toggles in emulated time
         "ports-degraded",  # a device's own die ports, behind the `slow` device fault
+        "rank-down",  # a dead NPU or die as a collective rank, behind crash/die-down/...
+        "rank-hung",  # behind hang
+        "rank-slow",  # behind slow's compute
     }
 
 

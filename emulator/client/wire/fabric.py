@@ -70,6 +70,7 @@ def collective_result(o: CollectiveOutcome) -> fabric_pb2.CollectiveResult:
         duration_ns=o.duration_ns,
         overhead_ns=o.overhead_ns,
         wall_compute_ms=o.wall_compute_ms,
+        compute_share=o.compute_share,
         flow_timings=[
             fabric_pb2.FlowTiming(
                 src=f.src, dst=f.dst, bytes=f.bytes, complete_ns=f.complete_ns, gb_s=f.gb_s
@@ -90,6 +91,7 @@ def collective_outcome(r: fabric_pb2.CollectiveResult) -> CollectiveOutcome:
         complete_ns=r.complete_ns,
         overhead_ns=r.overhead_ns,
         wall_compute_ms=r.wall_compute_ms,
+        compute_share=r.compute_share or 1.0,  # an older fabric sends none
         detail=tuple(
             FlowTime(src=f.src, dst=f.dst, bytes=f.bytes, complete_ns=f.complete_ns, gb_s=f.gb_s)
             for f in r.flow_timings

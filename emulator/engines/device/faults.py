@@ -16,6 +16,12 @@
 - device-down: NOT_SERVING, UB and compute refused (SetFaultState, with a duration here).
 - broker-outage: this device's process's event publisher lets go and buffers until it clears.
 
+The data path (issue 20): an NPU's crash, hang, die-down, device-down and compute slowdown are
+carried to the collectives it is a rank of, as a fabric fault of kind rank-down, rank-hung or
+rank-slow set with the fault and cleared with it: a serving step or training step with a dead
+rank fails at once, with a hung one waits until its deadline, with a slow one runs at the slow
+rank's pace, whatever a controller does.
+
 A crashed device's server is gone, so its faults are injected, listed and cleared through any
 device of the same process (`Siblings`). A fault may carry a duration (emulated seconds): the
 device's process clears it itself when it ends, on the emulated clock. Every injection and
@@ -68,6 +74,7 @@ class ActiveFault:
     reason: str = ""  # device-down's
     expiry: asyncio.Task[None] | None = None
     fabric_fault: str = ""  # slow: the fabric fault degrading its ports
+    rank_fault: str = ""  # the fabric's rank-down/-hung/-slow fault that carries it to collectives
     by_itself: bool = False  # injected through the device's own server (a crash answers first)
 
     @property
@@ -86,6 +93,32 @@ class Effect(Protocol):
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None: ...
 
 
+async def _rank_fault(
+    engine: DeviceEngine, fault: ActiveFault, kind: str, *, die: int | None = None, share: float = 0
+) -> None:
+    """Carry a fault of an NPU to the collectives it is a rank of (the data path): the fabric
+    fails, holds or slows them (emulator/model/linkfaults.py RankDown, RankHung, RankSlow).
+    A fabric that cannot be told leaves the device's own effect in place, logged."""
+    if not engine.dies.count:
+        return  # no kernels, no collective ranks
+    target = engine.device.id if die is None else f"{engine.device.id}.d{die}"
+    try:
+        stored = await engine.peers.fabric().link_fault(
+            FaultSpec(kind=kind, target=target, factor=share)
+        )
+    except EmulatorError as exc:
+        log.error("the fabric was not told of a rank fault", device=target, error=str(exc))
+        return
+    fault.rank_fault = stored.id
+
+
+async def _clear_rank_fault(fault: ActiveFault, engine: DeviceEngine) -> None:
+    if fault.rank_fault:
+        with contextlib.suppress(EmulatorError):  # cleared at the fabric already
+            await engine.peers.fabric().clear_fault(fault.rank_fault)
+        fault.rank_fault = ""
+
+
 def _wipe(engine: DeviceEngine) -> None:
     """A reset: regions, contents and poison gone."""
     memory = engine.memory
@@ -101,6 +134,7 @@ class Crash:
 
     async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         already = engine.effects.crashed  # a pool lost while its node is powered off
+        await _rank_fault(engine, fault, "rank-down")
         engine.effects.crashed = True
         engine.bus.drop_volatile()
         engine.dies.drop_queued()
@@ -112,6 +146,7 @@ class Crash:
             await engine.server.stop(deferred=fault.by_itself)
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
+        await _clear_rank_fault(fault, engine)
         if any(kind in engine.faults.active for kind in CRASHES):
             return  # still down for another reason
         engine.effects.crashed = False
@@ -126,10 +161,12 @@ class Hang:
     on: frozenset[DeviceKind] = ALL
 
     async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
+        await _rank_fault(engine, fault, "rank-hung")
         engine.effects.answering.clear()
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         engine.effects.answering.set()
+        await _clear_rank_fault(fault, engine)
 
 
 @dataclass(frozen=True)
@@ -150,10 +187,13 @@ class Slow:
                 FaultSpec(kind="ports-degraded", target=engine.device.id, factor=params.link)
             )
             fault.fabric_fault = stored.id
+        if params.compute < 1:
+            await _rank_fault(engine, fault, "rank-slow", share=params.compute)
         engine.effects.compute_share = params.compute
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         engine.effects.compute_share = 1.0
+        await _clear_rank_fault(fault, engine)
         if fault.fabric_fault:
             with contextlib.suppress(EmulatorError):  # the fabric may have cleared it already
                 await engine.peers.fabric().clear_fault(fault.fabric_fault)
@@ -207,12 +247,14 @@ class DieDown:
                 subject=engine.device.id,
                 reason="INVALID_FAULT_PARAM",
             )
+        await _rank_fault(engine, fault, "rank-down", die=die)
         engine.effects.dies_down.add(die)
         await _die_health(engine, die, serving=False)
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         die = fault.params.die
         engine.effects.dies_down.discard(die)
+        await _clear_rank_fault(fault, engine)
         await _die_health(engine, die, serving=True)
 
 
@@ -241,8 +283,10 @@ class DeviceDown:
                 reason="FAULT_ALREADY_ACTIVE",
             )
         await engine.set_fault(True, fault.params.reason, announce=False)
+        await _rank_fault(engine, fault, "rank-down")
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
+        await _clear_rank_fault(fault, engine)
         await engine.set_fault(False, "", announce=False)
 
 

@@ -40,7 +40,7 @@ from emulator.model.errors import (
 )
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import Family
-from emulator.model.linkfaults import FaultSet, FaultSpec
+from emulator.model.linkfaults import FaultSet, FaultSpec, RankState
 from emulator.model.linkgraph import Endpoint, LinkGraph, Route, validate_ranks
 from emulator.model.topology import Device, DeviceKind, Topology
 from emulator.model.ub import Completion, Op, Transaction, normalize
@@ -118,6 +118,7 @@ class FabricEngine:
         self.collectives = Collectives(self.graph, profile.limits)
         self._closing = False
         self._faults_moved = asyncio.Event()  # the fault clock re-plans
+        self._ranks_moved = asyncio.Event()  # set and replaced when any fault changes
         self._groups: LinkGroups | None = None  # for metrics(), made at the first scrape
         self.log = structlog.get_logger("cmemu.fabric").bind(device="fabric")
 
@@ -217,6 +218,7 @@ class FabricEngine:
             blame(field="ranks"),
         ):
             ranks = validate_ranks(self.graph, list(rank_names))
+        state = await self._live_ranks([e.name for e in ranks])
         issue_ns = self.clock.now_ns()
         started = time.perf_counter()
         with route_cut(None):  # CPU-bound for large groups: off the event loop
@@ -229,7 +231,9 @@ class FabricEngine:
                 field="flow_detail",
             )
         self.collectives.carried += timing.res_bytes
-        duration_ns = round(timing.duration_s * 1e9)
+        # a slowed rank's share of the per-phase software work, run on every rank, waits for it
+        overhead_s = timing.overhead_s / state.compute_share
+        duration_ns = round((timing.transfer_s + overhead_s) * 1e9)
         await self.clock.pace((issue_ns + duration_ns) / 1e9)
         return CollectiveOutcome(
             op=spec.op,
@@ -239,10 +243,30 @@ class FabricEngine:
             total_bytes=int(timing.total_bytes),
             issue_ns=issue_ns,
             complete_ns=issue_ns + duration_ns,
-            overhead_ns=round(timing.overhead_s * 1e9),
+            overhead_ns=round(overhead_s * 1e9),
             wall_compute_ms=compute_ms,
             detail=_flow_times(ranks, timing) if detail else (),
+            compute_share=state.compute_share,
         )
+
+    async def _live_ranks(self, names: Sequence[str]) -> RankState:
+        """The ranks' faults as a collective meets them: a dead rank fails it at once
+        (UNAVAILABLE, PEER_UNREACHABLE), a hung one holds it until the hang clears (the
+        caller's deadline ends the wait); what is left is the slowest rank's share."""
+        while True:
+            state = self.faults.ranks(names)
+            if state.down is not None:
+                raise UnavailableError(
+                    f"rank {state.down} is unreachable: its device is down (a collective with "
+                    "a dead rank cannot complete)",
+                    field="ranks",
+                    subject=state.down,
+                    reason="PEER_UNREACHABLE",
+                    retry_after_s=RETRY_AFTER_S,
+                )
+            if state.hung is None:
+                return state
+            await self._ranks_moved.wait()
 
     # --- routes and faults -------------------------------------------------------------------
 
@@ -286,6 +310,12 @@ class FabricEngine:
         """Apply the faults to the flows in flight, and re-plan the fault clock."""
         self.flows.set_capacities(self.graph.trunk_cap())
         self._faults_moved.set()
+        self._rank_faults_moved()
+
+    def _rank_faults_moved(self) -> None:
+        """Wake the collectives waiting on a hung rank: they look again."""
+        self._ranks_moved.set()
+        self._ranks_moved = asyncio.Event()
 
     async def _fault_clock(self) -> None:
         """Flip flapping links and clear expired faults at their emulated instants (the
@@ -296,6 +326,7 @@ class FabricEngine:
             for fault_id in self.faults.expired(now):
                 self.faults.clear(fault_id)
                 self.flows.set_capacities(self.graph.trunk_cap())
+                self._rank_faults_moved()
                 self.log.warning("fault expired", fault=fault_id)
                 self.publish("fault-cleared", fault=fault_id, expired="true")
             for spec in self.faults.flap(now):

@@ -44,13 +44,15 @@ class _Rates:
     weight_bytes: float
 
 
-def _rates(profile: HardwareProfile) -> _Rates:
+def _rates(profile: HardwareProfile, compute_share: float = 1.0) -> _Rates:
+    """The kernels' rates on a die; `compute_share` < 1: the instance's slowest die (a `slow`
+    NPU), whose pace every layer waits for at its dispatch and combine."""
     s = profile.serving
     peaks = profile.npu.peak_ops_per_s_per_die
     return _Rates(
-        bf16=peaks["BF16"] * s.mla_compute_utilisation,
-        int8=peaks["INT8"] * s.int8_gemm_utilisation,
-        hbm=profile.npu.hbm_bytes_per_s_per_die * s.hbm_efficiency,
+        bf16=peaks["BF16"] * s.mla_compute_utilisation * compute_share,
+        int8=peaks["INT8"] * s.int8_gemm_utilisation * compute_share,
+        hbm=profile.npu.hbm_bytes_per_s_per_die * s.hbm_efficiency * compute_share,
         weight_bytes=s.weight_bytes_per_param,
     )
 
@@ -124,9 +126,10 @@ def _layers(
     comm_per_layer_s: float,
     efficiency: float,
     profile: HardwareProfile,
+    compute_share: float = 1.0,
 ) -> tuple[float, float, float, float]:
     """(time, compute, comm, hidden) of all layers of one forward pass."""
-    rates = _rates(profile)
+    rates = _rates(profile, compute_share)
     overhead = profile.serving.layer_overhead_s
     dense_c = microbatches * _layer_compute(model, work, rates, moe=False, efficiency=efficiency)
     moe_c = microbatches * _layer_compute(model, work, rates, moe=True, efficiency=efficiency)
@@ -223,12 +226,14 @@ def decode_step(
     dispatch_s: float,
     combine_s: float,
     profile: HardwareProfile = DEFAULT_PROFILE,
+    compute_share: float = 1.0,
 ) -> StepTime:
     """One decode step of an instance whose busiest die holds `batch_per_die` requests with
     `kv_tokens` of context on average. With MTP every request runs 1 + mtp_layers tokens through
-    the model (the accepted token and the draft), then the MTP module drafts the next."""
+    the model (the accepted token and the draft), then the MTP module drafts the next.
+    `compute_share`: the slowest die's (module `_rates`)."""
     s = profile.serving
-    rates = _rates(profile)
+    rates = _rates(profile, compute_share)
     per_request = 1 + (model.mtp_layers if mtp else 0)
     spread = dies / ep
 
@@ -253,6 +258,7 @@ def decode_step(
         comm_per_layer_s=comm,
         efficiency=1.0,
         profile=profile,
+        compute_share=compute_share,
     )
     head = _head_s(model, batch_per_die * per_request, rates)
     if mtp:
@@ -295,12 +301,14 @@ def prefill_batch(
     dispatch_s: float,
     combine_s: float,
     profile: HardwareProfile = DEFAULT_PROFILE,
+    compute_share: float = 1.0,
 ) -> StepTime:
     """One prefill batch. Tokens spread evenly over the instance's dies; `attention_pairs_per_die`
     counts (query, key) pairs of causal attention (a new token attends to the cached prefix and
-    to the new tokens before it). Matched prefix blocks are read from EMS over UB first."""
+    to the new tokens before it). Matched prefix blocks are read from EMS over UB first.
+    `compute_share`: the slowest die's (module `_rates`)."""
     s = profile.serving
-    rates = _rates(profile)
+    rates = _rates(profile, compute_share)
     qk, v = model.head_dim + model.rope_dim, model.head_dim
     tokens = tokens_per_die / microbatches
     work = _LayerWork(
@@ -318,6 +326,7 @@ def prefill_batch(
         comm_per_layer_s=comm,
         efficiency=s.prefill_efficiency,
         profile=profile,
+        compute_share=compute_share,
     )
     head = _head_s(model, requests_per_die, rates)
     load = loaded_bytes_per_die / endpoint_bytes_per_s(DeviceKind.NPU, profile)

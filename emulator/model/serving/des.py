@@ -45,6 +45,17 @@ class DieLoss:
     replacement: str | None = None
 
 
+@dataclass(frozen=True)
+class SlowNpu:
+    """NPU number `npu` of `instance` computes at `compute` of its speed for the whole run (a
+    `slow` fault): the instance's steps run at its pace (the live fabric reports the same share
+    with the step's collectives)."""
+
+    instance: str
+    npu: int
+    compute: float
+
+
 @dataclass
 class Simulation:
     report: Report
@@ -61,8 +72,12 @@ class Oracle:
         deployment: Deployment,
         topology: Topology,
         profile: HardwareProfile = DEFAULT_PROFILE,
+        slow: Sequence[SlowNpu] = (),
     ) -> None:
         self.profile = profile
+        self.shares: dict[str, float] = {}  # instance: its slowest NPU's compute share
+        for s in slow:
+            self.shares[s.instance] = min(self.shares.get(s.instance, 1.0), s.compute)
         npus = [d.id for d in topology.devices if d.kind is DeviceKind.NPU]
         self.layout = layout(deployment, npus)
         self.dies = {i: instance_dies(n, profile) for i, n in self.layout.items()}
@@ -104,7 +119,11 @@ class Oracle:
         if found is None:
             ranks = rank_dies(self.dies[plan.instance], plan.moe)
             dispatch, combine = self.comm.moe(ranks, plan.moe.tokens_per_rank)
-            found = self._moe[key] = StepResult(dispatch_s=dispatch, combine_s=combine)
+            found = self._moe[key] = StepResult(
+                dispatch_s=dispatch,
+                combine_s=combine,
+                compute_share=self.shares.get(plan.instance, 1.0),
+            )
         return found
 
 
@@ -117,11 +136,15 @@ def simulate(
     topology: Topology | None = None,
     stream_tokens: bool = False,
     failures: Sequence[DieLoss] = (),
+    slow: Sequence[SlowNpu] = (),
 ) -> Simulation:
     """Run `requests` (in arrival order) through the engine. With `duration_s` the run stops
     there (requests arriving later are not submitted; the report covers [0, duration_s]);
-    without, it runs until every request has finished. `failures` isolate and restore NPUs."""
-    oracle = Oracle(deployment, topology or topology_for(deployment.preset, profile), profile)
+    without, it runs until every request has finished. `failures` isolate and restore NPUs;
+    `slow` NPUs slow their instances' steps."""
+    oracle = Oracle(
+        deployment, topology or topology_for(deployment.preset, profile), profile, slow=slow
+    )
     engine = Engine(deployment, profile=profile, stream_tokens=stream_tokens)
     recorder = Recorder()
     arrivals = iter(requests)

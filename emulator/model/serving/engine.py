@@ -156,6 +156,9 @@ class StepResult:
     matched_blocks: int = 0
     lookup_s: float = 0.0
     transfer_s: float = 0.0
+    # PREFILL, DECODE: the slowest rank's compute share (a slowed NPU), in (0, 1]: the step's
+    # kernels run at its pace (every layer's dispatch waits for it)
+    compute_share: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -569,6 +572,8 @@ class Engine:
                     raise InvalidArgumentError(f"{name} must be finite and >= 0", field=name)
         if result.matched_blocks < 0:
             raise InvalidArgumentError("matched_blocks must be >= 0", field="matched_blocks")
+        if not 0 < result.compute_share <= 1:
+            raise InvalidArgumentError("compute_share must be in (0, 1]", field="compute_share")
         step.end_s = step.plan.start_s + self._duration(step, result)
         heapq.heappush(self._due, (step.end_s, plan_id))
 
@@ -840,6 +845,7 @@ class Engine:
                 dispatch_s=result.dispatch_s,
                 combine_s=result.combine_s,
                 profile=self.profile,
+                compute_share=result.compute_share,
             )
             self.stats.decode_busy_s += t.total_s
             return t.total_s
@@ -857,6 +863,7 @@ class Engine:
             dispatch_s=result.dispatch_s,
             combine_s=result.combine_s,
             profile=self.profile,
+            compute_share=result.compute_share,
         )
         self.stats.prefill_busy_s += t.total_s
         return t.total_s

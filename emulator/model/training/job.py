@@ -29,6 +29,7 @@ class JobProgress:
     last_checkpoint_step: int = 0
     restarts: int = 0
     steps_lost: int = 0
+    failed_steps: int = 0  # steps a dead or hung rank failed (the data path, issue 20)
     step_s: float = 0.0
     useful_s: float = 0.0
     last_failure_ns: int = 0

@@ -97,9 +97,11 @@ def step_time(
     combine_s: float,
     allreduce_bucket_s: float,
     profile: HardwareProfile = DEFAULT_PROFILE,
+    compute_share: float = 1.0,
 ) -> TrainingStepTime:
     """`dispatch_s`/`combine_s`: one MoE collective over the EP group (0 with EP 1);
-    `allreduce_bucket_s`: one gradient bucket's all-reduce over the DP group."""
+    `allreduce_bucket_s`: one gradient bucket's all-reduce over the DP group; `compute_share`:
+    the slowest die's (a `slow` NPU): a synchronous step computes at its pace."""
     t = profile.training
     tokens = t.tokens_per_die
     ep = shape.expert_parallel
@@ -116,6 +118,7 @@ def step_time(
         dispatch_s=dispatch_s,
         combine_s=combine_s,
         profile=profile,
+        compute_share=compute_share,
     )
     exposed_comm = forward.comm_s - forward.hidden_s
     one = forward.total_s + t.backward_factor * forward.compute_s + exposed_comm

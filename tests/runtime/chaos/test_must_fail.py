@@ -8,6 +8,7 @@ high time scale, so each takes seconds of wall time on an idle machine."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,59 @@ def test_its_twin_cleared_by_the_scenario_passes_and_says_it_was_never_detected(
     (rec,) = result.recoveries
     assert rec.status == CLEARED_UNDETECTED and rec.detected_ns is None
     assert rec.recovery_s is not None and 10 <= rec.recovery_s < 60
+
+
+# --- a gray failure on the data path: a slow decode NPU breaks the TPOT SLO -----------------------
+
+SMALL = Path(__file__).resolve().parents[3] / "examples" / "deployments" / "small.yaml"
+SERVING = (
+    f"  serving:\n    - name: chat\n      deployment: {SMALL}\n"
+    "      load: {rate_per_s: 1, input_tokens: 512, output_tokens: 16}"
+)
+# compute 0.3: TPOT about 220 ms by the simulation (75 ms at full speed); 0.9: about 83 ms
+SLOW_DECODE = (
+    "{id: slow, at: 20s, fault: slow, target: {npu: random in deployment chat decode}, "
+    "params: {compute: %s}%s}"
+)
+TPOT_SLO = "  slo: {tpot_ms: 100}"
+
+
+def test_a_slow_decode_npu_breaking_the_tpot_slo_undetected_is_not_recovered(
+    chaos: Chaos, tmp_path: Path
+) -> None:
+    text = _scenario("gray-decode", SERVING, SLOW_DECODE % ("0.3", ""),
+                     f"  recovered_within: 1m\n{TPOT_SLO}", top="duration: 2m\n")  # fmt: skip
+    result = _run(chaos, tmp_path, text)
+    assert not result.ok, "\n".join(summary_lines(result))
+    failed = _failed(result)
+    assert failed["recovered_within"].detail.endswith(NEVER_DETECTED)
+    assert failed["slo"].measured == "not recovered"
+    # the slow NPU is what broke the SLO: TPOT before it and once its steps run at its pace
+    obs = result.observations
+    (at,) = [i.at_ns for i in obs.injections]
+    before = [r.tpot_ms for r in obs.requests if r.ok and r.done_ns < at]
+    during = [r.tpot_ms for r in obs.requests if r.ok and r.done_ns > at + 5 * 10**9]
+    assert before and during
+    assert statistics.median(before) < 100, before
+    assert statistics.median(during) > 150, during
+
+
+def test_a_tolerated_slowdown_that_breaks_the_tpot_slo_fails(chaos: Chaos, tmp_path: Path) -> None:
+    text = _scenario("gray-decode-tolerated", SERVING, SLOW_DECODE % ("0.3", ", tolerated: true"),
+                     f"  recovered_within: 1m\n{TPOT_SLO}", top="duration: 2m\n")  # fmt: skip
+    result = _run(chaos, tmp_path, text)
+    assert not result.ok, "\n".join(summary_lines(result))
+    check = _failed(result)["tolerated"]
+    assert "missed the SLO" in check.detail, check.detail
+
+
+def test_its_twin_a_mild_tolerated_slowdown_within_the_slo_passes(
+    chaos: Chaos, tmp_path: Path
+) -> None:
+    text = _scenario("gray-decode-mild", SERVING, SLOW_DECODE % ("0.9", ", tolerated: true"),
+                     f"  recovered_within: 1m\n{TPOT_SLO}", top="duration: 2m\n")  # fmt: skip
+    result = _run(chaos, tmp_path, text)
+    assert result.ok, "\n".join(summary_lines(result))
 
 
 # --- tolerated ------------------------------------------------------------------------------------
