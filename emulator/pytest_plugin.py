@@ -5,11 +5,20 @@ Fixtures:
   session with `cmemu up` (any launcher mode) and stopped at the end. Choose it with a marker,
   `@pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=20)`, or indirect
   parametrisation (`@pytest.mark.parametrize("supernode", [{"time_scale": 50}], indirect=True)`).
+  `fresh="test"` (or `"module"`) in either gives the test (the module) an emulator of its own,
+  started for it and stopped after it, so that no state leaks between tests.
 - `chaos`: runs a scenario (`chaos.run("scenarios/npu-crash-decode.yaml")` returns the verdict
   and the timeline) or injects a fault (`chaos.inject("device-down", "n00-npu3")`); whatever it
   injected is cleared after the test.
 - `wait_for(condition, within_emulated_s)`: polls `condition` (a callable returning a bool, or an
   awaitable bool) until it holds, failing the test once the deadline passes in EMULATED time.
+
+Options (command line, or the ini file: `cmemu_ports = 22000-32000`, `cmemu_preset = cm-mini`):
+`--cmemu-ports FROM-TO`, the ports an in-process or compose launch's block is searched in (a
+slice of them per xdist worker); `--cmemu-preset NAME`, the preset when a test names none.
+
+A run's result answers per-fault bounds in one line: `result.fault("crash").recovered_within(300)`
+(or "5m"; `detected_within`, `recovery_s`), an AssertionError naming the fault and what happened.
 
 Every call goes through the state file and gRPC, exactly as `cmemu chaos run` does; the fixtures'
 methods are plain functions that work from sync and async tests alike (each runs its own event
@@ -39,17 +48,63 @@ from cmemu.v1 import fabric_pb2
 from emulator.client.clients import Clients
 from emulator.client.faults import ActiveFault
 from emulator.model.chaos.scenario import Scenario
+from emulator.model.presets import load_presets
 from emulator.model.topology import Topology
 from emulator.runtime import state
 from emulator.runtime.chaos import files, kinds
 from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
-from emulator.testing import free_port_block, launch_ports
+from emulator.testing import SEARCH_FROM, SEARCH_TO, free_port_block, launch_ports
 
 T = TypeVar("T")
 CMEMU = str(Path(sys.executable).parent / "cmemu")
 START_TIMEOUT_S = 300.0
 DEFAULTS: dict[str, Any] = {"preset": "cm-mini", "mode": "inprocess", "time_scale": 10.0}
 POLL_WALL_S = 0.02
+FRESH = ("session", "module", "test")  # how long one emulator serves: shared, or per module/test
+PORTS_OPTION, PORTS_INI = "--cmemu-ports", "cmemu_ports"
+PRESET_OPTION, PRESET_INI = "--cmemu-preset", "cmemu_preset"
+PORTS_KEY = pytest.StashKey[tuple[int, int]]()
+PRESET_KEY = pytest.StashKey[str]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("cmemu", "the cmemu emulator (supernode fixture)")
+    group.addoption(
+        PORTS_OPTION,
+        dest="cmemu_ports",
+        metavar="FROM-TO",
+        help=f"ports the emulators' blocks are searched in (default {SEARCH_FROM}-{SEARCH_TO})",
+    )
+    group.addoption(
+        PRESET_OPTION,
+        dest="cmemu_preset",
+        metavar="NAME",
+        help=f"the preset when a test names none (default {DEFAULTS['preset']})",
+    )
+    parser.addini(PORTS_INI, f"as {PORTS_OPTION}", default="")
+    parser.addini(PRESET_INI, f"as {PRESET_OPTION}", default="")
+
+
+def parse_ports(text: str, where: str) -> tuple[int, int]:
+    """`FROM-TO` (TO excluded) of unprivileged ports; a UsageError saying where it came from."""
+    low, sep, high = text.strip().partition("-")
+    if not (sep and low.strip().isdigit() and high.strip().isdigit()):
+        raise pytest.UsageError(f"{where}: expected FROM-TO (e.g. 22000-32000), got {text!r}")
+    bottom, top = int(low), int(high)
+    if not 1024 <= bottom < top <= 65536:
+        raise pytest.UsageError(
+            f"{where}: {text!r}: need 1024 <= FROM < TO <= 65536 (TO is excluded)"
+        )
+    return bottom, top
+
+
+def _configured(config: pytest.Config, option: str, ini: str, flag: str) -> tuple[str, str]:
+    """(value, where it came from): the command line over the ini file; ("", "") for neither."""
+    value = config.getoption(option)
+    if value:
+        return str(value), flag
+    from_ini = str(config.getini(ini) or "")
+    return (from_ini, f"ini {ini}") if from_ini else ("", "")
 
 
 ASYNCIO_SCOPE = "asyncio_default_fixture_loop_scope"
@@ -70,9 +125,18 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     config.addinivalue_line(
         "markers",
-        "supernode(preset='cm-mini', mode='inprocess', time_scale=10.0, per='node'): the "
-        "emulator the `supernode` fixture starts (cmemu pytest plugin)",
+        "supernode(preset='cm-mini', mode='inprocess', time_scale=10.0, per='node', "
+        "fresh='session'): the emulator the `supernode` fixture starts (cmemu pytest plugin); "
+        "fresh='test' or 'module': one of its own, stopped after the test or module",
     )
+    ports, where = _configured(config, "cmemu_ports", PORTS_INI, PORTS_OPTION)
+    config.stash[PORTS_KEY] = parse_ports(ports, where) if ports else (SEARCH_FROM, SEARCH_TO)
+    preset, where = _configured(config, "cmemu_preset", PRESET_INI, PRESET_OPTION)
+    if preset and preset not in load_presets():
+        raise pytest.UsageError(
+            f"{where}: no preset {preset!r}; known: {', '.join(sorted(load_presets()))}"
+        )
+    config.stash[PRESET_KEY] = preset or str(DEFAULTS["preset"])
 
 
 def _on_thread(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -139,10 +203,13 @@ def start_supernode(
     per: str = "node",
     directory: Path,
     broker: bool = False,
+    ports: tuple[int, int] = (SEARCH_FROM, SEARCH_TO),
+    name: str = "",
 ) -> RunningSupernode:
     """`cmemu up` in the background, returned once its state file says every server SERVES;
-    with `broker`, beside its own MQTT broker (what `cmemu up` starts by default)."""
-    state_file = directory / f"{preset}-{mode}-{time_scale:g}.json"
+    with `broker`, beside its own MQTT broker (what `cmemu up` starts by default); its ports a
+    free block within `ports` (in-process and compose modes)."""
+    state_file = directory / f"{name or f'{preset}-{mode}-{time_scale:g}'}.json"
     args = [CMEMU, "--log-level", "warning", "up", "--preset", preset, "--mode", mode,
             "--time-scale", f"{time_scale:g}", "--state-file", str(state_file)]  # fmt: skip
     if not broker:
@@ -150,7 +217,7 @@ def start_supernode(
     if mode == "procs":
         args += ["--per", per]
     else:  # ports: a free block, so that sessions and other emulators do not clash
-        base = free_port_block(launch_ports(preset))
+        base = free_port_block(launch_ports(preset), search=ports)
         args += ["--base-port", str(base)]
     env = {**os.environ, "CMEMU_STATE_DIR": str(directory)}
     log = (directory / f"{state_file.stem}.log").open("wb")
@@ -169,16 +236,30 @@ def start_supernode(
 
 @dataclass(kw_only=True)
 class _Pool:
-    """One emulator per distinct option set, for the whole session."""
+    """One emulator per distinct option set and owner (the session, a module or a test)."""
 
     directory: Path
+    ports: tuple[int, int] = (SEARCH_FROM, SEARCH_TO)
     running: dict[tuple[Any, ...], RunningSupernode] = field(default_factory=dict)
+    started: int = 0
 
-    def get(self, options: dict[str, Any]) -> RunningSupernode:
-        key = tuple(sorted(options.items()))
+    def get(self, options: dict[str, Any], owner: str = "") -> RunningSupernode:
+        key = (owner, *sorted(options.items()))
         if key not in self.running:
-            self.running[key] = start_supernode(directory=self.directory, **options)
+            self.started += 1
+            name = f"{options['preset']}-{options['mode']}-{options['time_scale']:g}"
+            self.running[key] = start_supernode(
+                directory=self.directory,
+                ports=self.ports,
+                name=f"{name}-{self.started}" if owner else name,
+                **options,
+            )
         return self.running[key]
+
+    def release(self, owner: str) -> None:
+        """Stop the emulators `owner` (a module's or a test's node id) started."""
+        for key in [k for k in self.running if k[0] == owner]:
+            self.running.pop(key).stop()
 
     def close(self) -> None:
         for sn in self.running.values():
@@ -186,24 +267,57 @@ class _Pool:
 
 
 @pytest.fixture(scope="session")
-def _cmemu_pool() -> Iterator[_Pool]:
+def _cmemu_pool(request: pytest.FixtureRequest) -> Iterator[_Pool]:
     with tempfile.TemporaryDirectory(prefix="cmemu-pytest-") as directory:
-        pool = _Pool(directory=Path(directory))
+        pool = _Pool(directory=Path(directory), ports=request.config.stash[PORTS_KEY])
         try:
             yield pool
         finally:
             pool.close()
 
 
-@pytest.fixture
-def supernode(request: pytest.FixtureRequest, _cmemu_pool: _Pool) -> RunningSupernode:
-    options = dict(DEFAULTS)
+@pytest.fixture(scope="module")
+def _cmemu_module(request: pytest.FixtureRequest, _cmemu_pool: _Pool) -> Iterator[str]:
+    """The module's owner id: its fresh="module" emulators stop when the module ends."""
+    owner = f"module:{request.node.nodeid}"
+    try:
+        yield owner
+    finally:
+        _cmemu_pool.release(owner)
+
+
+def supernode_options(request: pytest.FixtureRequest) -> tuple[dict[str, Any], str]:
+    """The emulator a test asks for (the defaults, the ini/command line preset, its marker, an
+    indirect parameter) and how long it lives (`fresh`)."""
+    options = {**DEFAULTS, "preset": request.config.stash[PRESET_KEY]}
     marker = request.node.get_closest_marker("supernode")
     if marker is not None:
         options.update(marker.kwargs)
     if hasattr(request, "param"):
         options.update(request.param)
-    return _cmemu_pool.get(options)
+    fresh = options.pop("fresh", "session")
+    if fresh not in FRESH:
+        raise pytest.UsageError(
+            f"{request.node.nodeid}: supernode(fresh={fresh!r}): one of {', '.join(FRESH)}"
+        )
+    return options, str(fresh)
+
+
+@pytest.fixture
+def supernode(
+    request: pytest.FixtureRequest, _cmemu_pool: _Pool, _cmemu_module: str
+) -> Iterator[RunningSupernode]:
+    options, fresh = supernode_options(request)
+    if fresh == "session":
+        yield _cmemu_pool.get(options)
+        return
+    owner = _cmemu_module if fresh == "module" else f"test:{request.node.nodeid}"
+    running = _cmemu_pool.get(options, owner)
+    try:
+        yield running
+    finally:
+        if fresh == "test":
+            _cmemu_pool.release(owner)
 
 
 @dataclass(kw_only=True)

@@ -74,13 +74,13 @@ def xdist_worker() -> tuple[int, int]:
     return index, max(count, index + 1)
 
 
-def port_range() -> tuple[int, int]:
-    """The ports this test process searches, [from, to): the whole range in a plain run, a
-    slice of its own in each xdist worker, so that two workers never probe the same port
+def port_range(search: tuple[int, int] = (SEARCH_FROM, SEARCH_TO)) -> tuple[int, int]:
+    """The ports this test process searches, [from, to) of `search`: the whole range in a plain
+    run, a slice of its own in each xdist worker, so that two workers never probe the same port
     and then both bind it."""
     index, count = xdist_worker()
-    width = (SEARCH_TO - SEARCH_FROM) // count
-    low = SEARCH_FROM + index * width
+    width = (search[1] - search[0]) // count
+    low = search[0] + index * width
     return low, low + width
 
 
@@ -111,26 +111,36 @@ def _search(count: int, host: str, start: int, stop: int) -> int | None:
     return None
 
 
-def free_port_block(count: int, host: str = "127.0.0.1", *, start: int = SEARCH_FROM) -> int:
-    """The first port of `count` consecutive ports that are free on `host` right now.
+def free_port_block(
+    count: int,
+    host: str = "127.0.0.1",
+    *,
+    start: int | None = None,
+    search: tuple[int, int] = (SEARCH_FROM, SEARCH_TO),
+) -> int:
+    """The first port of `count` consecutive ports that are free on `host` right now, within
+    `search` ([from, to); the pytest plugin's `--cmemu-ports`).
 
-    `start` (within SEARCH_FROM..SEARCH_TO) keeps a caller's ports apart from the blocks
+    `start` (within `search`; default its bottom) keeps a caller's ports apart from the blocks
     searched from the bottom; in an xdist worker it is scaled into the worker's own slice (and
     turned by the run's offset), so the regions stay apart as in a plain run. Should the slice
     be full, the whole range is searched (two workers might then race for a port, as any two
     processes might)."""
-    low, high = port_range()
-    if SEARCH_FROM <= start < SEARCH_TO:
+    bottom, top = search
+    if start is None:
+        start = bottom
+    low, high = port_range(search)
+    if bottom <= start < top:
         width = high - low
-        scaled = (start - SEARCH_FROM) * width // (SEARCH_TO - SEARCH_FROM)
+        scaled = (start - bottom) * width // (top - bottom)
         start = low + (scaled + _run_offset(width)) % width
     found = _search(count, host, start, high)
     if found is None and start > low:  # turned: the part of the slice below the start
         found = _search(count, host, low, high)
-    if found is None and (low, high) != (SEARCH_FROM, SEARCH_TO):
-        found = _search(count, host, SEARCH_FROM, SEARCH_TO)
+    if found is None and (low, high) != search:
+        found = _search(count, host, bottom, top)
     if found is None:
-        raise RuntimeError(f"no block of {count} free ports between {start} and {high}")
+        raise RuntimeError(f"no block of {count} free ports between {bottom} and {top}")
     return found
 
 

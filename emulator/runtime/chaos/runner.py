@@ -22,6 +22,7 @@ from emulator.client.clients import Clients
 from emulator.client.clock import followed_time
 from emulator.client.errors import decode
 from emulator.engines.clock import Timeline
+from emulator.model.chaos.asserting import FaultRecoveries, pick
 from emulator.model.chaos.observed import IncidentRecord, Injection, Observations
 from emulator.model.chaos.pace import ABORTED, FAIL, PASS, Pace, PaceWindow
 from emulator.model.chaos.recovery import Recovery, recoveries
@@ -76,6 +77,11 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return self.outcome == PASS
+
+    def fault(self, name: str) -> FaultRecoveries:
+        """A step's faults (or a kind's) for a per-fault bound in one line:
+        `result.fault("crash").recovered_within("5m")` (emulator/model/chaos/asserting.py)."""
+        return pick(self.recoveries, name)
 
 
 def _devices(what: str, target: str) -> tuple[str, ...]:

@@ -76,6 +76,9 @@ def test_a_gray_failure_never_detected_nor_cleared_is_not_recovered(
     assert check.detail == f"slow (slow n01-npu3): {NEVER_DETECTED}"
     (rec,) = result.recoveries
     assert (rec.detected_ns, rec.isolated_ns, rec.restored_ns) == (None, None, None)
+    with pytest.raises(AssertionError) as err:  # the one-line per-fault bound says why
+        result.fault("slow").recovered_within("1m")
+    assert f"slow (slow n01-npu3): not recovered ({NEVER_DETECTED})" in str(err.value)
 
 
 def test_its_twin_cleared_by_the_scenario_passes_and_says_it_was_never_detected(
@@ -87,6 +90,7 @@ def test_its_twin_cleared_by_the_scenario_passes_and_says_it_was_never_detected(
     (rec,) = result.recoveries
     assert rec.status == CLEARED_UNDETECTED and rec.detected_ns is None
     assert rec.recovery_s is not None and 10 <= rec.recovery_s < 60
+    assert result.fault("slow").recovered_within(60) == rec.recovery_s
 
 
 # --- a gray failure on the data path: a slow decode NPU breaks the TPOT SLO -----------------------

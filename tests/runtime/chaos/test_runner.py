@@ -144,3 +144,4 @@ def test_a_crashed_decode_npu_recovers_within_ten_minutes(chaos: Chaos) -> None:
     (rec,) = result.recoveries
     assert rec.workloads == ("chat",)
     assert rec.recovery_s is not None and rec.recovery_s <= 600
+    assert result.fault("crash").recovered_within("10m") == rec.recovery_s
