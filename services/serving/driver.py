@@ -124,7 +124,8 @@ class Health:
     health: str  # "serving" | "degraded" | "recovering"
 
 
-Prober = Callable[[str, StepPlan, str], Awaitable[None]]
+Prober = Callable[[str, StepPlan, str, str], Awaitable[None]]
+"""(deployment, the failed plan, the error, the dead rank the fabric named or "")."""
 
 
 @dataclass(frozen=True)
@@ -505,8 +506,11 @@ class Driver:
                 error=error,
             )
             self.engine.fail(plan.id, plan.start_s + self.profile.serving.step_retry_s, error)
+            dead = ""  # a collective's dead rank, as the fabric names it (a down die too)
+            if isinstance(exc, EmulatorError) and exc.reason == "PEER_UNREACHABLE":
+                dead = exc.subject or ""
             if self.prober is not None and plan.kind is not PlanKind.LOOKUP:
-                self._spawn(self.prober(self.name, plan, error), f"probe-{plan.id}")
+                self._spawn(self.prober(self.name, plan, error, dead), f"probe-{plan.id}")
         else:
             self.engine.report(plan.id, result)
         self._measured(plan.id)

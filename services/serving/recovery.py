@@ -243,18 +243,24 @@ class Recovery:
     # --- probing --------------------------------------------------------------------------------
 
     async def _answers(self, device: Device) -> bool:
-        """Whether `device` answers in time and reports no fault."""
+        """Whether `device` answers in time and reports no fault and no die down."""
         try:
             async with asyncio.timeout(self.driver.deadline_wall_s()):
-                state = await self.peers.device_call(
-                    device, "GetFaultState", device_pb2.GetFaultStateRequest()
+                seen = await self.peers.device_call(
+                    device, "GetTelemetry", device_pb2.GetTelemetryRequest()
                 )
         except (TimeoutError, EmulatorError, grpc.aio.AioRpcError):
             return False
-        return not state.faulted
+        return not (seen.faulted or seen.dies_down)
 
-    async def probe(self, name: str, plan: StepPlan, error: str) -> None:
-        """A step failed: isolate the NPUs it ran on that do not answer."""
+    async def probe(self, name: str, plan: StepPlan, error: str, dead: str = "") -> None:
+        """A step failed: isolate at once the NPU of the rank the fabric named dead (its die
+        down, or all of it), and the NPUs it ran on that do not answer."""
+        npu = dead.split(".", 1)[0]
+        if npu and npu in {d.id for d in self.driver.pairs(plan)}:
+            for taken in self.driver.isolate([npu], UNANSWERED, self.job):
+                self.causes[taken] = UNANSWERED
+                log.warning("isolated an NPU with a dead rank", deployment=name, npu=taken)
         devices = [d for d in self.driver.pairs(plan) if d.id not in self._probing]
         self._probing.update(d.id for d in devices)
         try:

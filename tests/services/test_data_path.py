@@ -84,6 +84,28 @@ async def test_a_crashed_decode_npu_fails_its_instance_steps_with_no_controller(
     assert after.finish == "length" and after.tokens == 8
 
 
+async def test_a_down_die_is_isolated_by_the_deployment_and_restored_once_whole(
+    sn: Supernode,
+) -> None:
+    """The fabric names the dead rank: the deployment takes its NPU out at once (a down die
+    answers its health checks, so probing alone would not), and back once it is whole."""
+    d = await _deploy(sn, "halfdead")
+    requests = [asyncio.create_task(_complete(d.base, d.name, f"q{i}", 40)) for i in range(6)]
+    await _until(sn, d.stats, lambda s: s.kv_slots_held >= 4)
+    victim = d.npus[2]
+    fault = await faults.inject(sn.clients, "die-down", victim, {"die": "1"})
+    isolated = await _until(sn, d.get, lambda dep: bool(dep.failed_dies))
+    assert list(isolated.failed_dies) == [f"{victim}.d0", f"{victim}.d1"]
+    outcomes = await asyncio.gather(*requests)
+    for o in outcomes:
+        assert (o.finish == "length" and o.tokens == 40) or (o.finish == "error" and o.error), o
+    assert (await d.get()).failed_dies  # still out while its die is down
+    await faults.clear(sn.clients, fault.id)
+    back = await _until(sn, d.get, lambda dep: dep.health == "serving" and not dep.failed_dies)
+    assert victim in next(i for i in back.instances if i.role == "decode").npus
+    assert (await d.stats()).requests_dropped == 0
+
+
 async def test_a_crashed_npu_outside_every_instance_changes_nothing(sn: Supernode) -> None:
     d = await _deploy(sn, "bystander")
     requests = [asyncio.create_task(_complete(d.base, d.name, f"q{i}", 60)) for i in range(8)]
