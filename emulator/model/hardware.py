@@ -304,6 +304,9 @@ class ClockProfile:
     horizon_s: float = fig(0.1, "assumed")
     lease_s: float = fig(1.0, "assumed")  # wall: how far a follower may read past the last word
     stale_s: float = fig(3.0, "assumed")  # wall: a process silent this long no longer slows time
+    # wall: a follower whose stream from the authority (which speaks every lease_s / 4) is silent
+    # this long drops it and connects anew (a partition can leave a stream open and dead)
+    follower_silence_s: float = fig(10.0, "assumed")
 
 
 @dataclass(frozen=True, kw_only=True)

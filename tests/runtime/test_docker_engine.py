@@ -192,10 +192,10 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  #
             assert code != 0  # its published port went with its network
             await clear(sn.clients, cut.id)
             await clear(sn.clients, killed.id)  # started again
-            # Its return is not awaited here: without gRPC keepalive a device's clock stream to
-            # the fabric can hang on the connection the partition cut until TCP gives up, and the
-            # device's liveness with it (a known bug: the closing note of this change). The
-            # storm below partitions a pool and holds its recovery to 10 emulated minutes.
+            # back on its network: the manager's heartbeats reach it again (its clock stream
+            # and the manager's stream through it were on connections the partition cut: gRPC
+            # keepalive finds them dead in about 20 s, tests/client/test_keepalive.py)
+            await _incident_for(sn, "n00-npu5", state="restored", within_s=180.0)
 
             # a fault kind the emulator cannot apply says why, and nothing changes
             with pytest.raises(NotFoundError):
