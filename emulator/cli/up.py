@@ -233,6 +233,8 @@ def _guard_record(sn: Supernode, path: Path) -> dict[str, object]:
         record[state.TOKEN_FILE_KEY] = str(state.write_token(path, sn.security.token))
     if sn.security.tls is not None:
         record[state.TLS_CA_KEY] = str(sn.security.tls.ca.resolve())
+    if sn.security.mqtt_user is not None:  # the broker's user (its password: the token)
+        record[state.MQTT_USER_KEY] = sn.security.mqtt_user
     return record
 
 
@@ -247,6 +249,7 @@ async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
         address=ui,
         profile=sn.options.profile,
         ssl_context=sn.security.server().ssl_context(),
+        mqtt_login=sn.security.mqtt_login(),
     ).__aenter__()
     try:
         yield view
