@@ -223,6 +223,7 @@ TLS_CA_KEY = "tls_ca"  # launcher record: the CA that signed the servers' certif
 MQTT_USER_KEY = "mqtt_user"  # launcher record: the broker's user, when it wants a login
 METRICS_KEY = "metrics"  # launcher record: each process's /metrics URL, by process
 UI_KEY = "ui"  # launcher record: the web view's URL (None: `cmemu up --ui none`)
+PORTS_KEY = "ports"  # launcher record: the instance's block (ports.Block.record)
 OTHERS_KEY = "other_supernodes"  # the documents of supernodes sn1, sn2, ... beside sn0's
 PROCESSES_KEY = "processes"  # launcher record (procs mode): each process's pid and servers
 CONTAINERS_KEY = "containers"  # launcher record (docker mode): the project, each service's servers

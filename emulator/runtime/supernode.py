@@ -39,6 +39,7 @@ from emulator.model.errors import (
     InvalidArgumentError,
     PreconditionError,
     UnknownNameError,
+    bind_error,
 )
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.presets import DEFAULT_PRESET, get_preset
@@ -108,6 +109,9 @@ class LaunchOptions:
     engine_octet: int = ENGINE_FIRST_OCTET  # docker: containers published on 127.<this>.x.y
     k8s_dir: Path | None = None  # k8s: the directory of manifests whose containers run
     broker: str = EMBEDDED  # EMBEDDED, NO_BROKER, or mqtt://HOST:PORT
+    # EMBEDDED: where it listens, HOST:PORT (`cmemu up`: in the instance's block, ports.py);
+    # None: a free port of 127.0.0.1
+    broker_address: str | None = None
     run_dir: Path | None = None  # procs, compose: logs and files; default a temporary directory
     drain_s: float = 0.2  # between NOT_SERVING and stop
     ready_timeout_s: float = 180.0  # for every server to answer SERVING
@@ -303,8 +307,19 @@ async def _broker(
     elif options.broker != EMBEDDED:
         yield dataclasses.replace(topology, broker=options.broker)
     else:
-        async with Broker(host=EMBEDDED_BROKER_HOST, login=security.mqtt_login()) as broker:
-            yield dataclasses.replace(topology, broker=broker.url)
+        host, port = EMBEDDED_BROKER_HOST, 0
+        if options.broker_address is not None:
+            host, _, at = options.broker_address.rpartition(":")
+            port = int(at)
+        try:
+            embedded = Broker(host=host, port=port, login=security.mqtt_login())
+            await embedded.__aenter__()
+        except OSError as exc:
+            raise bind_error("the embedded broker", f"{host}:{port}", exc) from exc
+        try:
+            yield dataclasses.replace(topology, broker=embedded.url)
+        finally:
+            await embedded.__aexit__(None, None, None)
 
 
 # --- in process -----------------------------------------------------------------------------
