@@ -510,7 +510,8 @@ def up_args(up: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--broker",
         help="MQTT broker for telemetry and events, mqtt://HOST:PORT; 'none' for no MQTT "
-        "(default: an embedded broker on 127.0.0.1, its URL in the state file; with "
+        "(default: an embedded broker on the next-to-last port of the --base-port block, "
+        "127.N.0.1 in procs mode, its URL in the state file; with "
         "--from-compose or --from-k8s, their own broker service, which this replaces)",
     )
     up.add_argument(
@@ -528,7 +529,8 @@ def up_args(up: argparse.ArgumentParser) -> None:
         metavar="ADDR|none",
         help="the live web view of the machine (heat map of every NPU die, links, faults, "
         "events) at http://ADDR/ (HOST:PORT; port 0: a free one); none: no web view "
-        f"(default {UI_AUTO}: the URL is in the startup summary and `cmemu status`)",
+        "(default: the last port of the --base-port block, 127.N.0.2 in procs mode; the URL "
+        "is in the startup summary and `cmemu status`)",
     )
     up.add_argument(
         "--token-file",
