@@ -180,7 +180,7 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  #
             # container faults, seen by the manager; the kill is a `died` event over MQTT
             attach_engine(sn.clients, sn.engine)
             assert sn.broker is not None
-            async with listening(sn.broker) as events:
+            async with listening(sn.broker, sn.security.mqtt_login()) as events:
                 killed = await inject(sn.clients, "container-kill", "n01-npu3")
                 await _incident_for(sn, "n01-npu3")
                 await events.wait_for(lambda: events.named("n01-npu3", "died"))
