@@ -198,6 +198,7 @@ def _print_report(report: Report) -> None:
         ),
         ("decode batch per die mean / max", f"{r.batch_per_die_mean:.1f} / {r.batch_per_die_max}"),
         ("KV prefix hit rate", f"{r.kv_hit_rate:.1%}"),
+        ("prefix blocks held in prefill HBM", f"{r.prefill_hbm_hit_blocks:,}"),
         (
             "EMS read / written (GB)",
             f"{r.ems_loaded_bytes / 1e9:.1f} / {r.ems_stored_bytes / 1e9:.1f}",

@@ -53,7 +53,7 @@ class Completing(EngineState):
             tokens_per_die=step.tokens / dies,
             attention_pairs_per_die=step.pairs / dies,
             requests_per_die=step.requests / dies,
-            loaded_bytes_per_die=step.loaded / dies,
+            load_s=step.load_s,
             microbatches=d.prefill.microbatches,
             imbalance=self._prefill_imbalance,
             dies=dies,
@@ -88,7 +88,7 @@ class Completing(EngineState):
             return
         if plan.kind is PlanKind.PREFILL:
             inst = self._prefills[plan.instance]
-            inst.busy = None
+            inst.busy, inst.busy_tokens = None, 0
             self._dirty_prefill.add(inst.name)
             again = []
             for rid in plan.requests:
@@ -130,15 +130,19 @@ class Completing(EngineState):
         most = min(keys, (req.request.input_tokens - 1) // self._block)
         req.matched_blocks = min(step.matched, most)
         self.stats.matched_blocks += req.matched_blocks
+        if self._router.after_lookup:  # the router weighs what EMS holds too
+            req.prefill = self._route_prefill(req.request, req.matched_blocks) or req.prefill
         self._enqueue(req, end_s)
 
     def _prefilled(self, step: Step, end_s: float) -> None:
-        self._prefills[step.plan.instance].busy = None
-        self._dirty_prefill.add(step.plan.instance)
+        inst = self._prefills[step.plan.instance]
+        inst.busy, inst.busy_tokens = None, 0
+        self._dirty_prefill.add(inst.name)
         for rid in step.plan.requests:
             req = self._reqs.get(rid)
             if req is None:
                 continue
+            inst.cache.insert(req.request.block_keys)  # its prompt's KV is in this HBM now
             index = req.resume
             self._events.append(TokenEvent(request_id=rid, time_s=end_s, index=index, count=1))
             if req.request.output_tokens <= index + 1:

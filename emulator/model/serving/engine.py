@@ -7,7 +7,11 @@ I/O and never times communication itself. Instead it hands its caller *step plan
 reports back what it measured:
 
 - LOOKUP: match a request's prompt blocks against the prefix cache (EMS MatchPrefix);
-  report `matched_blocks` and `lookup_s`.
+  report `matched_blocks` and `lookup_s`. A router that weighs what EMS holds
+  (`Router.after_lookup`: kv-aware) chooses the request's prefill instance again then. Matched
+  blocks its prefill instance's HBM still holds (each keeps its prompts' blocks, LRU, up to
+  `serving.prefill_prefix_bytes_per_die`) cost nothing; the others are read from the pool, one
+  UB read per block (`cost.prefix_load_s`), pipelined layer by layer with the prefill.
 - PREFILL: one prefill batch on a prefill instance; report one MoE dispatch and one combine of
   `plan.moe` (`dispatch_s`, `combine_s`: the duration of ONE collective of that shape; the engine
   multiplies by the MoE layers and microbatches itself).

@@ -9,7 +9,7 @@ from collections import deque
 
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.serving import cost
-from emulator.model.serving.deployment import Deployment
+from emulator.model.serving.deployment import PLATFORMS, Deployment
 from emulator.model.serving.experts import placement
 from emulator.model.serving.hbm import die_memory
 from emulator.model.serving.instances import (
@@ -30,7 +30,8 @@ from emulator.model.serving.plans import (
     RetryEvent,
     StepPlan,
 )
-from emulator.model.serving.router import ROUTERS, Load, RouterState
+from emulator.model.serving.prefix import PrefixCache
+from emulator.model.serving.router import ROUTERS, Ask, Load, RouterState, RouteWeights
 
 
 class EngineState:
@@ -81,7 +82,32 @@ class EngineState:
             )
             for i in d.decode_ids()
         }
-        self._prefills = {i: PrefillInstance(i) for i in d.prefill_ids()}
+        s = profile.serving
+        self._block_bytes = self._kv_per_token * self._block
+        self._prefix_blocks = int(
+            self._prefill_dies * s.prefill_prefix_bytes_per_die // self._block_bytes
+        )
+        self._ub_across_servers = PLATFORMS[d.platform].ub_across_servers
+        self._weights = RouteWeights(
+            overlap=s.router_overlap_weight,
+            shared_credit=cost.shared_block_credit(
+                self.model,
+                block_bytes=self._block_bytes,
+                block_tokens=self._block,
+                batch_tokens=d.prefill.batch_tokens,
+                dies=self._prefill_dies,
+                ep=self._prefill_ep,
+                ub_across_servers=self._ub_across_servers,
+                profile=profile,
+            ),
+            balance_abs_blocks=s.router_balance_abs_blocks,
+            balance_rel=s.router_balance_rel,
+            block_tokens=self._block,
+            batch_tokens=d.prefill.batch_tokens,
+        )
+        self._prefills = {
+            i: PrefillInstance(i, PrefixCache(self._prefix_blocks)) for i in d.prefill_ids()
+        }
         self._reqs: dict[str, Tracked] = {}
         self._new: list[str] = []
         self._waiting: deque[str] = deque()
@@ -98,17 +124,23 @@ class EngineState:
         beyond the matched prefix."""
         return req.request.input_tokens + req.resume - req.matched_blocks * self._block
 
-    def _route_prefill(self, request: Request) -> str | None:
+    def _route_prefill(self, request: Request, shared: int = 0) -> str | None:
+        """The prefill instance the router's policy picks, seeing each instance's prefill work
+        (queued and in flight) and how much of the prompt its HBM holds."""
+        keys = request.block_keys
         loads = [
-            Load(instance=p.name, queued=p.queued_tokens)
+            Load(
+                instance=p.name,
+                queued=p.queued_tokens + p.busy_tokens,
+                cached=p.cache.peek(keys) if keys else 0,
+            )
             for p in self._prefills.values()
             if not p.lost
         ]
         if not loads:
             return None
-        return self._router.prefill(
-            request.block_keys, loads, self.deployment.prefill.batch_tokens, self._route_state
-        )
+        ask = Ask(keys=keys, tokens=request.input_tokens, shared=shared)
+        return self._router.prefill(ask, loads, self._weights, self._route_state)
 
     def _enqueue(self, req: Tracked, now_s: float) -> None:
         """Queue a request on its prefill instance (another one when that one lost a die; with

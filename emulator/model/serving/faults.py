@@ -16,6 +16,7 @@ from emulator.model.serving.instances import (
     Stage,
 )
 from emulator.model.serving.placement import Remap
+from emulator.model.serving.prefix import PrefixCache
 
 
 class Faults(EngineState):
@@ -72,10 +73,11 @@ class Faults(EngineState):
         if not fresh:
             return ()
         pre.lost |= fresh
+        pre.cache = PrefixCache(self._prefix_blocks)  # its HBM's prompt blocks are gone
         if pre.busy is not None:
             step = self._steps[pre.busy]
             abandoned.append(self._abandon(pre.busy))
-            pre.busy = None
+            pre.busy, pre.busy_tokens = None, 0
             for rid in step.plan.requests:
                 req = self._reqs.get(rid)
                 if req is not None and self._retry(req, now_s, f"{instance} lost a die"):

@@ -14,6 +14,7 @@ import numpy as np
 
 from emulator.model.serving.placement import ExpertPlacement, Remap, remap
 from emulator.model.serving.plans import Request, StepPlan
+from emulator.model.serving.prefix import PrefixCache
 
 
 class Stage(StrEnum):
@@ -36,6 +37,7 @@ class Tracked:
     slot: int = -1
     resume: int = 0  # output tokens emitted before its KV was lost: prefill continues from here
     retries: int = 0
+    load_s: float = 0.0  # reading its matched blocks that are not in its prefill HBM from EMS
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Step:
     pairs: float = 0.0  # PREFILL: causal attention pairs
     requests: int = 0  # PREFILL
     loaded: float = 0.0  # PREFILL: prefix KV bytes read from EMS
+    load_s: float = 0.0  # PREFILL: reading them, the busiest die's share
     matched: int = 0  # LOOKUP
     dies: int = 0  # DECODE: the dies, EP degree and imbalance it is costed at
     ep: int = 0
@@ -188,7 +191,9 @@ class DecodeInstance:
 @dataclass
 class PrefillInstance:
     name: str
+    cache: PrefixCache  # the prompt blocks its HBM holds after their prefill
     queue: deque[str] = field(default_factory=deque)
     queued_tokens: int = 0
     busy: int | None = None
+    busy_tokens: int = 0  # the batch in flight's
     lost: set[int] = field(default_factory=set)  # isolated dies: no batches until restored

@@ -158,7 +158,9 @@ class EngineStats:
     decode_busy_s: float = 0.0
     batch_per_die_sum: int = 0  # over decode steps: the busiest die's batch
     batch_per_die_max: int = 0
-    ems_loaded_bytes: float = 0.0  # matched prefix KV read from EMS
+    ems_loaded_bytes: float = 0.0  # matched prefix KV read from EMS (not held in prefill HBM)
+    prefill_hbm_hit_blocks: int = 0  # matched blocks a prefill instance's HBM still held
+    prefill_requests: dict[str, int] = field(default_factory=dict)  # prefilled, per instance
     ems_stored_blocks: int = 0  # new blocks handed to the caller to store
     kv_transfer_bytes: float = 0.0
     context_tokens: int = 0  # prompt + output tokens of every request submitted

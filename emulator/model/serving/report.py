@@ -105,7 +105,8 @@ class Report:
     kv_hit_rate: float  # prompt blocks found in EMS / prompt blocks looked up
     prompt_tokens: int
     prefill_tokens: int
-    ems_loaded_bytes: float
+    ems_loaded_bytes: float  # matched blocks read from EMS (the others were in prefill HBM)
+    prefill_hbm_hit_blocks: int  # matched blocks the prefill instance's HBM still held
     ems_stored_bytes: float
     kv_transfer_bytes: float
     slo_attainment: float  # finished requests within both targets
@@ -172,6 +173,7 @@ def summarize(
         prompt_tokens=stats.prompt_tokens,
         prefill_tokens=stats.prefill_tokens,
         ems_loaded_bytes=stats.ems_loaded_bytes,
+        prefill_hbm_hit_blocks=stats.prefill_hbm_hit_blocks,
         ems_stored_bytes=stats.ems_stored_blocks * kv_bytes_per_block,
         kv_transfer_bytes=stats.kv_transfer_bytes,
         slo_attainment=good / max(len(recorder.finish), 1),

@@ -77,6 +77,7 @@ class Starting(EngineState):
         tokens = 0
         pairs = 0.0
         loaded = 0.0
+        loads: list[float] = []
         while inst.queue:
             req = self._reqs[inst.queue[0]]
             new = self._new_tokens(req)
@@ -89,12 +90,30 @@ class Starting(EngineState):
             prefix = req.matched_blocks * self._block
             tokens += new
             pairs += new * (prefix + (new + 1) / 2)
-            loaded += prefix * self._kv_per_token
+            # the matched blocks its HBM does not hold come from EMS, each a read from the pool
+            held = inst.cache.match(req.request.block_keys[: req.matched_blocks])
+            from_ems = req.matched_blocks - held
+            loaded += from_ems * self._block_bytes
+            loads.append(
+                cost.prefix_load_s(
+                    from_ems,
+                    self._block_bytes,
+                    ub_across_servers=self._ub_across_servers,
+                    profile=self.profile,
+                )
+            )
         s = self.stats
         s.prefill_batches += 1
         s.prefill_tokens += tokens
         s.ems_loaded_bytes += loaded
+        s.prefill_requests[inst.name] = s.prefill_requests.get(inst.name, 0) + len(batch)
+        s.prefill_hbm_hit_blocks += sum(self._reqs[r].matched_blocks for r in batch) - round(
+            loaded / self._block_bytes
+        )
         dies = self._prefill_dies
+        # each request's blocks go to the dies holding its tokens, the dies read in parallel: the
+        # batch waits for the longest single load or the loads spread over every die
+        load_s = max(max(loads, default=0.0), sum(loads) / dies)
         per_die = math.ceil(tokens / dies)
         micro = self.deployment.prefill.microbatches
         plan = self._plan(
@@ -113,8 +132,9 @@ class Starting(EngineState):
             batch_per_die=per_die,
         )
         self._steps[plan.id] = Step(
-            plan, tokens=tokens, pairs=pairs, requests=len(batch), loaded=loaded
+            plan, tokens=tokens, pairs=pairs, requests=len(batch), loaded=loaded, load_s=load_s
         )
+        inst.busy_tokens = tokens
         inst.busy = plan.id
         return plan
 
