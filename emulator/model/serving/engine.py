@@ -135,7 +135,11 @@ class Engine(Faults, Completing, Starting):
                 field="block_keys",
                 subject=request.id,
             )
-        home = self._route_prefill(request)
+        if self._router.after_lookup and self.deployment.ems.enabled and request.block_keys:
+            # routed once the lookup has said what EMS holds: any instance in service for now
+            home = next((p.name for p in self._prefills.values() if not p.lost), None)
+        else:
+            home = self._route_prefill(request)
         self.stats.submitted += 1
         self.stats.context_tokens += request.input_tokens + request.output_tokens
         req = Tracked(request=request, prefill=home or "")

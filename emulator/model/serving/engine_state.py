@@ -128,11 +128,12 @@ class EngineState:
         """The prefill instance the router's policy picks, seeing each instance's prefill work
         (queued and in flight) and how much of the prompt its HBM holds."""
         keys = request.block_keys
+        peek = self._router.after_lookup and keys  # only a router weighing caches looks
         loads = [
             Load(
                 instance=p.name,
                 queued=p.queued_tokens + p.busy_tokens,
-                cached=p.cache.peek(keys) if keys else 0,
+                cached=p.cache.peek(keys) if peek else 0,
             )
             for p in self._prefills.values()
             if not p.lost

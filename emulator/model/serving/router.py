@@ -160,7 +160,9 @@ def _decode_in_turn(loads: Sequence[Load], st: RouterState) -> str | None:
 class Router:
     prefill: PrefillChooser
     decode: DecodeChooser
-    after_lookup: bool = False  # chooses the prefill instance again once EMS's hit is known
+    # weighs what the instances' HBM and EMS hold: chooses the prefill instance once EMS's hit
+    # is known (after the lookup; at submit only without one)
+    after_lookup: bool = False
 
 
 ROUTERS: dict[str, Router] = {

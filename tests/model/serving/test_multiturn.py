@@ -77,7 +77,9 @@ def _ttft_by_turn(
         turn = turn_of(rid)
         assert turn is not None
         by[turn].append(t - rec.arrival[rid])
-    return [statistics.median(by[k]) for k in range(TURNS)]
+    medians = [statistics.median(by[k]) for k in range(TURNS)]
+    assert sim.report.ttft_p50_s_by_turn == pytest.approx(medians)  # what the CLI prints
+    return medians
 
 
 @pytest.fixture(scope="module")
