@@ -8,7 +8,8 @@ reports back what it measured:
 
 - LOOKUP: match a request's prompt blocks against the prefix cache (EMS MatchPrefix);
   report `matched_blocks` and `lookup_s`. A router that weighs what EMS holds
-  (`Router.after_lookup`: kv-aware) chooses the request's prefill instance again then. Matched
+  (`Router.after_lookup`: kv-aware) chooses the request's prefill instance only then (the
+  LOOKUP plan names the first instance in service). Matched
   blocks its prefill instance's HBM still holds (each keeps its prompts' blocks, LRU, up to
   `serving.prefill_prefix_bytes_per_die`) cost nothing; the others are read from the pool, one
   UB read per block (`cost.prefix_load_s`), pipelined layer by layer with the prefill.

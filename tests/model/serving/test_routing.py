@@ -130,3 +130,23 @@ def test_infinite_overlap_weight_piles_onto_one_instance(round_robin: Simulation
     assert share > (1 / INSTANCES) * (1 + SLACK), piled.engine.stats.prefill_requests
     assert share > 0.9
     assert piled.report.ttft_s.p50 > round_robin.report.ttft_s.p50 * 1.3
+
+
+def _router_figures(overlap: float, balance_abs_blocks: float) -> HardwareProfile:
+    serving = dataclasses.replace(
+        DEFAULT_PROFILE.serving,
+        router_overlap_weight=overlap,
+        router_balance_abs_blocks=balance_abs_blocks,
+    )
+    return dataclasses.replace(DEFAULT_PROFILE, serving=serving)
+
+
+def test_the_balance_fallback_bounds_a_heavy_affinity() -> None:
+    """A finite but overwhelming overlap weight piles up until the busiest instance is more than
+    `router_balance_abs_blocks` ahead (and `router_balance_rel` times the idlest): then the least
+    loaded takes the request. Here a batch in flight is a few blocks, so a threshold of 2 blocks
+    shows it; an unreachable one lets everything pile up."""
+    bounded = _busiest_share(_run("kv-aware", _router_figures(1e9, 2.0)))
+    unbounded = _busiest_share(_run("kv-aware", _router_figures(1e9, 1e12)))
+    assert unbounded > 0.9
+    assert bounded < unbounded - 0.2
