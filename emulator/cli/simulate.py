@@ -237,6 +237,12 @@ def _print_report(report: Report) -> None:
         ),
         ("decode batch per die mean / max", f"{r.batch_per_die_mean:.1f} / {r.batch_per_die_max}"),
         ("KV prefix hit rate", f"{r.kv_hit_rate:.1%}"),
+        *(
+            [("TTFT p50 by turn (ms)", " ".join(f"{t * 1e3:.0f}" for t in r.ttft_p50_s_by_turn))]
+            if r.ttft_p50_s_by_turn
+            else []
+        ),
+        ("prefix blocks held in prefill HBM", f"{r.prefill_hbm_hit_blocks:,}"),
         (
             "EMS read / written (GB)",
             f"{r.ems_loaded_bytes / 1e9:.1f} / {r.ems_stored_bytes / 1e9:.1f}",
