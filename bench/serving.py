@@ -12,7 +12,11 @@
    perfectly balanced one;
 4. throughput and TTFT at prefix reuse 12.5%, 50% and 90%, with and without the EMS prefix cache;
 5. the same deployment on `cluster-roce` (8-NPU servers over RDMA): decode capacity at 50 ms and
-   the 4,096/256 run.
+   the 4,096/256 run;
+6. issue 23's figures (bench/serving_issue23.py): the HBM-bound largest decode batch, the
+   SLO-driven operating points at 15/30/50 ms on cm384 and cluster-roce, TTFT over the turns of
+   multi-turn conversations with and without EMS, and the routers compared (kv-aware,
+   prefix-aware, round-robin) on the Mooncake trace and on one shared prefix.
 
     python bench/serving.py [--seconds 300] [--results DIR]
     python bench/serving.py --seconds 5   # the quickest (the Mooncake trace runs whole)
@@ -40,10 +44,11 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 try:
-    from bench import outputs, progress
+    from bench import outputs, progress, serving_issue23
 except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
     import outputs  # type: ignore[import-not-found, no-redef]
     import progress  # type: ignore[import-not-found, no-redef]
+    import serving_issue23  # type: ignore[import-not-found, no-redef]
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = DEFAULT_PROFILE.serving.block_tokens
@@ -277,6 +282,8 @@ def main() -> None:
         )
     figures["platforms"] = platforms(args.seconds / 2)
     print("platforms", json.dumps(figures["platforms"], indent=1))
+    figures["issue23"] = serving_issue23.collect()
+    serving_issue23.show(figures["issue23"])
     figures["profile"] = {
         k: getattr(DEFAULT_PROFILE.serving, k)
         for k in ("layer_overhead_s", "step_overhead_s", "microbatch_overlap", "prefill_efficiency")

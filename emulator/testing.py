@@ -29,6 +29,7 @@ from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.scaleout import build_cluster
 from emulator.model.tenants import Keys
 from emulator.model.topology import build, server_count
+from emulator.runtime.ports import EXTRAS
 from emulator.runtime.supernode import CMEMU, NO_BROKER, LaunchOptions, Supernode
 
 __all__ = [
@@ -125,7 +126,10 @@ def free_port_block(
     searched from the bottom; in an xdist worker it is scaled into the worker's own slice (and
     turned by the run's offset), so the regions stay apart as in a plain run. Should the slice
     be full, the whole range is searched (two workers might then race for a port, as any two
-    processes might)."""
+    processes might). The two ports after the block are free too: `cmemu up` puts its embedded
+    broker and web view there (emulator/runtime/ports.py), so a block of a preset's
+    `server_count` holds a whole instance."""
+    count += len(EXTRAS)
     bottom, top = search
     if start is None:
         start = bottom

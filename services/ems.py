@@ -251,6 +251,9 @@ class EmsServicer(ems_pb2_grpc.EmsServicer):
                 )
                 for p in s.pools
             ],
+            recovering=self.state.recovering,
+            pools_listed=len(self.state.listed),
+            pools_total=len(self.state.pools),
         )
 
     @rpc

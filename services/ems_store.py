@@ -171,6 +171,11 @@ class EmsState:
         self.counters = Counters()
         self.lock = asyncio.Lock()
         self.unreconciled: set[str] = set()  # pools not listed since this EMS started
+        # Until rebuild() has read every pool (or given up on those that do not answer), the
+        # index lacks keys a pool not yet listed holds: calls about keys answer UNAVAILABLE
+        # RECOVERING (retryable), never NOT_FOUND for an acknowledged key (issue 21 finding 3).
+        self.recovering = True
+        self.listed: set[str] = set()  # pools the rebuild has read
         self._closing = asyncio.Event()
 
     @property
@@ -183,6 +188,16 @@ class EmsState:
 
     def _pause_s(self, emulated_s: float) -> float:
         return max(self.clock.clock.wall_delay_s(emulated_s), MIN_PAUSE_S)
+
+    def _serving(self) -> None:
+        """Refuse a call about keys while the index is being rebuilt (see `recovering`)."""
+        if self.recovering:
+            raise UnavailableError(
+                f"EMS is rebuilding its index after a start: {len(self.listed)} of "
+                f"{len(self.pools)} memory pools listed; retry",
+                reason="RECOVERING",
+                retry_after_s=RETRY_AFTER_S,
+            )
 
     # --- device access -------------------------------------------------------------------------
 
@@ -372,12 +387,14 @@ class EmsState:
 
     async def put(self, meta: ObjectMeta, data: bytes, device: str = "") -> Stored:
         """Store a new object (checked by the model: see object_size) from `device`'s memory."""
+        self._serving()
         (stored,) = await self.put_all([(meta, data, device)])
         return stored
 
     async def put_all(self, items: Sequence[tuple[ObjectMeta, bytes, str]]) -> list[Stored]:
         """Store objects all or nothing: every copy of every one is written before any is
         indexed, and room for all of them is checked before anything is evicted."""
+        self._serving()
         requesters = [self._requester(device) for _, _, device in items]
         for meta, data, _ in items:
             self.prepare(meta, data)
@@ -456,6 +473,7 @@ class EmsState:
 
     async def read(self, key: str, device: str = "") -> Reading:
         """Start reading an object as `device`; the bytes come from the Reading's chunks()."""
+        self._serving()
         requester = self._requester(device)
         meta = self._find(key)
         self.counters.hits += 1
@@ -467,6 +485,7 @@ class EmsState:
 
     async def get(self, key: str, device: str = "", limit: int | None = None) -> Fetched:
         """Read a whole object; one over `limit` bytes of real data goes by read() instead."""
+        self._serving()
         reading = await self.read(key, device)
         meta = reading.meta
         if limit is not None and meta.real and meta.size > limit:
@@ -611,6 +630,7 @@ class EmsState:
         ) from cause
 
     async def delete(self, key: str) -> bool:
+        self._serving()
         check_key(key)
         (deleted,) = await self.delete_all([key])
         return deleted
@@ -618,6 +638,7 @@ class EmsState:
     async def delete_all(self, keys: Sequence[str]) -> list[bool]:
         """Delete objects (their keys checked first, all of them). A copy that cannot be freed
         now, or a pool that may hold one unknown to this index, leaves a tombstone."""
+        self._serving()
         for key in keys:
             check_key(key)
         out = []
@@ -695,15 +716,18 @@ class EmsState:
         return not regions
 
     def lookup(self, key: str) -> ObjectMeta | None:
+        self._serving()
         check_key(key)
         return self.index.get(key)
 
     def keys_for(self, tokens: list[int], block_tokens: int, namespace: str) -> list[str]:
+        self._serving()
         check_block_tokens(block_tokens, self.ems.block_tokens_min, self.ems.block_tokens_max)
         return prefix_keys(tokens, block_tokens, namespace)
 
     def match(self, tokens: list[int], block_tokens: int, namespace: str) -> list[str]:
         """The keys of the longest stored prefix of `tokens` (each counts as a use)."""
+        self._serving()
         matched = []
         for key in self.keys_for(tokens, block_tokens, namespace):
             if key not in self.index.objects:
@@ -713,6 +737,7 @@ class EmsState:
         return matched
 
     def listing(self, prefix: str, page_size: int, token: str) -> Page:
+        self._serving()
         return self.index.page(prefix=prefix, page_size=page_size, token=token)
 
     def stats(self, pool: str) -> StoreStats:
@@ -749,7 +774,16 @@ class EmsState:
         """The index from the pools' region labels and the SSD tier's files. Pools that do not
         answer are asked again every REBUILD_POLL_S of emulated time for up to wait_s wall
         seconds (they may still be starting: processes start in wall time), then counted down
-        and left to the sweep to reconcile when they answer."""
+        and left to the sweep to reconcile when they answer. Until it ends the store is
+        `recovering`: calls about keys answer UNAVAILABLE RECOVERING, and a pool not yet listed
+        is not healthy (Stat says so)."""
+        self.recovering = True
+        try:
+            await self._rebuild(wait_s)
+        finally:
+            self.recovering = False
+
+    async def _rebuild(self, wait_s: float) -> None:
         listings = await self._list_all(wait_s)
         self.unreconciled = set(self.pools) - set(listings)
         async with self.lock:
@@ -774,12 +808,18 @@ class EmsState:
     async def _list_all(self, wait_s: float) -> dict[str, list[Listed]]:
         listings: dict[str, list[Listed]] = {}
         pending = list(self.pools.values())
+        self.listed.clear()
+        now = self.clock.now_ns()
+        for pool in pending:  # unknown until it answers: not healthy meanwhile
+            self.placement.suspect(pool.id, now)
         deadline = self.clock.clock.wall() + wait_s
         while pending:
             results = await asyncio.gather(*(self._list(p) for p in pending))
             for pool, found in zip(pending, results, strict=True):
                 if found is not None:
                     listings[pool.id] = found
+                    self.listed.add(pool.id)
+                    self.placement.mark(pool.id, healthy=True)
             pending = [p for p, found in zip(pending, results, strict=True) if found is None]
             if pending and self.clock.clock.wall() >= deadline:
                 for pool in pending:

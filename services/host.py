@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from emulator.client.channels import SERVER_KEEPALIVE_OPTIONS
 from emulator.model.errors import AddressError, AddressInUseError
 from services.auth import OPEN, ServerSecurity
 from services.reflection import enable_reflection
@@ -27,7 +28,7 @@ DEVICE_MANAGEMENT = frozenset(
 health probe like any other call: it hangs too)."""
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
-SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
+SERVER_OPTIONS = (("grpc.so_reuseport", 0), *SERVER_KEEPALIVE_OPTIONS)
 
 Register = Callable[[grpc.aio.Server], None]
 SERVING = health_pb2.HealthCheckResponse.SERVING

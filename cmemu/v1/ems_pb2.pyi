@@ -678,6 +678,9 @@ class StatResponse(_message.Message):
     EVICTIONS_FIELD_NUMBER: _builtins.int
     CORRUPT_COPIES_FIELD_NUMBER: _builtins.int
     POOLS_FIELD_NUMBER: _builtins.int
+    RECOVERING_FIELD_NUMBER: _builtins.int
+    POOLS_LISTED_FIELD_NUMBER: _builtins.int
+    POOLS_TOTAL_FIELD_NUMBER: _builtins.int
     objects: _builtins.int
     dram_bytes: _builtins.int
     """logical bytes of objects in DRAM (one copy)"""
@@ -694,6 +697,14 @@ class StatResponse(_message.Message):
     misses: _builtins.int
     evictions: _builtins.int
     corrupt_copies: _builtins.int
+    recovering: _builtins.bool
+    """Rebuilding its index after a (re)start: until every pool is listed (or given up on), calls
+    about keys answer UNAVAILABLE (reason RECOVERING, retryable), never NOT_FOUND for a key a
+    pool not yet listed may hold; the counts above are what is known so far.
+    """
+    pools_listed: _builtins.int
+    """pools whose regions the rebuild has read"""
+    pools_total: _builtins.int
     @_builtins.property
     def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolStat]: ...
     def __init__(
@@ -713,10 +724,13 @@ class StatResponse(_message.Message):
         evictions: _builtins.int = ...,
         corrupt_copies: _builtins.int = ...,
         pools: _abc.Iterable[Global___PoolStat] | None = ...,
+        recovering: _builtins.bool = ...,
+        pools_listed: _builtins.int = ...,
+        pools_total: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["corrupt_copies", b"corrupt_copies", "dram_bytes", b"dram_bytes", "dram_capacity_bytes", b"dram_capacity_bytes", "dram_used_bytes", b"dram_used_bytes", "evictions", b"evictions", "hits", b"hits", "misses", b"misses", "objects", b"objects", "pools", b"pools", "replication_factor", b"replication_factor", "ssd_capacity_bytes", b"ssd_capacity_bytes", "ssd_objects", b"ssd_objects", "ssd_used_bytes", b"ssd_used_bytes", "under_replicated", b"under_replicated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["corrupt_copies", b"corrupt_copies", "dram_bytes", b"dram_bytes", "dram_capacity_bytes", b"dram_capacity_bytes", "dram_used_bytes", b"dram_used_bytes", "evictions", b"evictions", "hits", b"hits", "misses", b"misses", "objects", b"objects", "pools", b"pools", "pools_listed", b"pools_listed", "pools_total", b"pools_total", "recovering", b"recovering", "replication_factor", b"replication_factor", "ssd_capacity_bytes", b"ssd_capacity_bytes", "ssd_objects", b"ssd_objects", "ssd_used_bytes", b"ssd_used_bytes", "under_replicated", b"under_replicated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -133,6 +133,11 @@ def _stat(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
         return 0
+    if reply.recovering:
+        print(
+            f"recovering: rebuilding the index, {reply.pools_listed} of {reply.pools_total} "
+            "pools listed (calls about keys answer UNAVAILABLE RECOVERING until it ends)"
+        )
     print(
         f"{reply.objects} objects, {reply.dram_bytes} bytes in DRAM (x{reply.replication_factor}), "
         f"{reply.ssd_objects} on SSD; hits {reply.hits}, misses {reply.misses}, "

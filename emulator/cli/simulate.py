@@ -1,4 +1,4 @@
-"""`cmemu simulate serving|calibrate|training|scaleout`: model mode. The serving engine in the
+"""`cmemu simulate serving|calibrate|training|scaleout|day`: model mode. The serving engine in the
 discrete-event simulator (emulator/model/serving/des.py), no services: hours of emulated traffic
 in seconds; a training run's failures; the linearity of training over N supernodes. This module
 only reads the files and prints."""
@@ -16,6 +16,7 @@ import yaml
 from emulator.cli.argtypes import UsageError, seconds
 from emulator.cli.output import Column, print_rows
 from emulator.cli.train import simulate_training_cmd, training_args
+from emulator.model.dayplan import POLICIES, DayParams, DayResult, params_for, simulate_day
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.overrides import apply_overrides, parse_override
@@ -82,6 +83,44 @@ def simulate_args(parser: argparse.ArgumentParser) -> None:
     cal.add_argument("--json", action="store_true", help="one JSON array")
     training_args(sub)
     scaleout_args(sub)
+    day_args(sub)
+
+
+def day_args(sub: Any) -> None:
+    p = sub.add_parser(
+        "day",
+        help="one day of serving by day and training by night: tokens served, steps, switches",
+        description="A diurnal demand on the supernode: serving at the deployment's SLO "
+        "operating point keeps the NPUs the demand needs, a training job takes the rest; "
+        "every switch costs its drain, checkpoint, restart and weight load (model mode). "
+        "Printed beside serving all day.",
+    )
+    p.add_argument("--deployment", required=True, help="deployment YAML file")
+    p.add_argument("--workload", required=True, help="workload YAML file: the lengths")
+    p.add_argument(
+        "--peak",
+        type=float,
+        required=True,
+        metavar="TOKENS_PER_S",
+        help="output tokens per second wanted at the peak hour",
+    )
+    p.add_argument("--trough", type=float, default=0.2, help="the trough, a fraction of the peak")
+    p.add_argument("--peak-hour", type=float, default=14.0, help="hour of the peak (0-24)")
+    p.add_argument("--policy", choices=POLICIES, default="load", help="who decides (default: load)")
+    p.add_argument(
+        "--night",
+        default="22-7",
+        metavar="START-END",
+        help="the calendar policy's night window, hours (default 22-7)",
+    )
+    p.add_argument("--headroom", type=float, default=0.2, help="capacity above demand (0.2)")
+    p.add_argument(
+        "--slo-tpot",
+        type=seconds,
+        metavar="DURATION",
+        help="the TPOT target of the operating point (default: the deployment's)",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object")
 
 
 def scaleout_args(sub: Any) -> None:
@@ -198,6 +237,12 @@ def _print_report(report: Report) -> None:
         ),
         ("decode batch per die mean / max", f"{r.batch_per_die_mean:.1f} / {r.batch_per_die_max}"),
         ("KV prefix hit rate", f"{r.kv_hit_rate:.1%}"),
+        *(
+            [("TTFT p50 by turn (ms)", " ".join(f"{t * 1e3:.0f}" for t in r.ttft_p50_s_by_turn))]
+            if r.ttft_p50_s_by_turn
+            else []
+        ),
+        ("prefix blocks held in prefill HBM", f"{r.prefill_hbm_hit_blocks:,}"),
         (
             "EMS read / written (GB)",
             f"{r.ems_loaded_bytes / 1e9:.1f} / {r.ems_stored_bytes / 1e9:.1f}",
@@ -294,11 +339,97 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _night(text: str) -> tuple[float, float]:
+    start, sep, end = text.partition("-")
+    try:
+        window = (float(start), float(end))
+    except ValueError:
+        window = (-1.0, -1.0)
+    if not sep or not all(0 <= h < 24 for h in window) or window[0] == window[1]:
+        raise UsageError(f"--night: START-END in hours 0-24, e.g. 22-7; got {text!r}")
+    return window
+
+
+def _day(args: argparse.Namespace) -> int:
+    deployment = parse_deployment(_yaml(args.deployment) or {})
+    profile = profile_of(deployment)
+    check_deployment(deployment, profile)
+    args.duration, args.seed = None, None
+    requests, _ = _requests(args, profile)
+    if not requests:
+        raise InvalidArgumentError("the workload has no requests to take lengths from")
+    params = params_for(
+        deployment,
+        peak_tokens_per_s=args.peak,
+        prompt_tokens=sum(r.input_tokens for r in requests) / len(requests),
+        output_tokens=sum(r.output_tokens for r in requests) / len(requests),
+        target_tpot_s=args.slo_tpot,
+        profile=profile,
+        trough_fraction=args.trough,
+        peak_hour=args.peak_hour,
+        policy=args.policy,
+        night=_night(args.night),
+        headroom=args.headroom,
+    )
+    day = simulate_day(params, preset=deployment.preset, profile=profile)
+    base = simulate_day(dataclasses.replace(params, policy="serve-only"), profile=profile)
+    if args.json:
+        doc = {"params": dataclasses.asdict(params), "day": day.to_dict()}
+        doc["serve_only"] = {k: v for k, v in base.to_dict().items() if k != "hours"}
+        print(json.dumps(doc, indent=2))
+        return 0
+    _print_day(params, day, base)
+    return 0
+
+
+def _print_day(params: DayParams, day: DayResult, base: DayResult) -> None:
+    print(
+        f"{day.npus} NPUs, {params.tokens_per_s_per_npu:,.0f} output tokens/s per NPU at the "
+        f"SLO; demand {params.peak_tokens_per_s * params.trough_fraction:,.0f} to "
+        f"{params.peak_tokens_per_s:,.0f} tokens/s (peak at {params.peak_hour:g} h)"
+    )
+    rows = [
+        {
+            "hour": f"{h.hour:02d}",
+            "demand": f"{h.demand_tokens / 3600:,.0f}",
+            "served": f"{h.served_tokens / 3600:,.0f}",
+            "serving": f"{h.serving_npus:.0f}",
+            "training": f"{h.training_npus:.0f}",
+            "switching": f"{h.switching_npus:.0f}",
+            "steps": f"{h.training_steps:.1f}",
+        }
+        for h in day.hours
+    ]
+    columns: list[Column] = [
+        ("hour", "HOUR", "<5"),
+        ("demand", "DEMAND/S", ">10"),
+        ("served", "SERVED/S", ">10"),
+        ("serving", "SERVING", ">8"),
+        ("training", "TRAINING", ">9"),
+        ("switching", "SWITCHING", ">10"),
+        ("steps", "STEPS", ">7"),
+    ]
+    print_rows(rows, columns, as_json=False)
+    for s in day.switches:
+        print(
+            f"switch at {s.at_s / 3600:05.2f} h: {s.npus} NPUs to {s.to}, "
+            f"{s.duration_s:,.0f} s until they work"
+        )
+    for label, r in ((f"policy {day.policy}", day), ("serving all day", base)):
+        print(
+            f"{label}: {r.served_tokens:,.0f} of {r.demand_tokens:,.0f} tokens served "
+            f"({r.served_fraction:.2%}), {r.training_steps:,.0f} training steps "
+            f"({r.training_tokens:,.0f} tokens, {r.training_npu_hours:,.0f} NPU-hours), "
+            f"{len(r.switches)} switches"
+        )
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     handlers = {
         "serving": _serving,
         "calibrate": _calibrate,
         "training": simulate_training_cmd,
         "scaleout": _scaleout,
+        "day": _day,
     }
     return handlers[args.simulate_command](args)

@@ -3,6 +3,12 @@
 The launcher (pid, mode, uptime), emulated time now, where its services are, how many servers
 answer SERVING, and every active fault. A state file whose launcher is gone is reported as stale,
 with a non-zero exit.
+
+Status must not report its own slowness as the devices' health (issue 21 finding 16): the health
+checks go at most CONCURRENCY at a time, one that times out is asked again with twice the time,
+and a device that still does not answer is "no answer (status timed out)", counted apart from
+NOT_SERVING (it answered: not serving) and unreachable (nothing listens). Exit 0 whenever the
+instance runs, whatever its devices' health (the summary and --json say it); 1 when stale.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import asyncio
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +32,11 @@ from emulator.client.clients import Clients
 from emulator.runtime import state
 
 STALE_EXIT = 1
+CONCURRENCY = 32  # health checks in flight at once: hundreds of devices share their host
+SHOWN = {  # how a check's outcome reads in the summary
+    health.NO_ANSWER: "no answer (status timed out)",
+    health.UNREACHABLE: "unreachable",
+}
 
 
 def _duration(seconds: float) -> str:
@@ -52,7 +64,12 @@ async def _probe(instance: state.Instance, timeout_s: float) -> dict[str, Any]:
     )
     try:
         statuses, faults, clock = await asyncio.gather(
-            health.check_many(servers, timeout_s=timeout_s, credentials=clients.credentials),
+            health.survey(
+                servers,
+                timeout_s=timeout_s,
+                concurrency=CONCURRENCY,
+                credentials=clients.credentials,
+            ),
             _faults(clients),
             _clock(clients, timeout_s),
         )
@@ -128,6 +145,8 @@ def report(instance: state.Instance, probed: dict[str, Any], now: float) -> dict
         "ui": launcher.ui,
         "devices": len(devices),
         "devices_serving": sum(statuses[d.address] == "SERVING" for d in devices),
+        # every outcome counted: SERVING, NOT_SERVING, UNREACHABLE, NO_ANSWER (status timed out)
+        "devices_by_status": dict(Counter(statuses[d.address] for d in devices)),
         "services_serving": sum(statuses[x.address] == "SERVING" for x in services),
         "not_serving": {who: statuses[a] for who, a in names.items() if statuses[a] != "SERVING"},
         "faults": [vars(f) for f in faults],
@@ -164,12 +183,15 @@ def _print(r: dict[str, Any]) -> None:
     if r["run_dir"]:
         rows.append(("run dir", r["run_dir"]))
     serving = f"{r['devices_serving']}/{r['devices']} SERVING"
+    others = [(s, n) for s, n in sorted(r["devices_by_status"].items()) if s != "SERVING"]
+    if others:
+        serving += "; " + ", ".join(f"{n} {SHOWN.get(s, s)}" for s, n in others)
+    rows.append(("devices", serving))
     not_serving = list(r["not_serving"].items())
     if not_serving:
-        shown = ", ".join(f"{who} {s}" for who, s in not_serving[:5])
+        shown = ", ".join(f"{who} {SHOWN.get(s, s)}" for who, s in not_serving[:5])
         more = f" and {len(not_serving) - 5} more" if len(not_serving) > 5 else ""
-        serving += f" (not: {shown}{more})"
-    rows.append(("devices", serving))
+        rows.append(("", f"not serving: {shown}{more}"))
     faults = r["faults"]
     rows.append(("faults", f"{len(faults)} active" if faults else "none"))
     if r["fabric_faults_error"]:
@@ -224,6 +246,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--timeout", type=argtypes.seconds, default=2.0, help="per health check (default 2 s)"
+        "--timeout",
+        type=argtypes.seconds,
+        default=2.0,
+        help="per health check (default 2 s); one that times out is asked again with twice "
+        "this, then shown as 'no answer (status timed out)', apart from NOT_SERVING and "
+        "unreachable. Exit 0 while the instance runs, whatever its devices' health",
     )
     p.add_argument("--json", action="store_true", help="one JSON object")

@@ -23,7 +23,7 @@ from emulator.cli.serve import stop_event as _stop_event
 from emulator.model.errors import EmulatorError
 from emulator.model.presets import DEFAULT_PRESET
 from emulator.model.topology import CONTAINER_PORT, DEFAULT_BASE_PORT, DEFAULT_HOST
-from emulator.runtime import composegen, docker, metricserver, state
+from emulator.runtime import composegen, docker, metricserver, ports, state
 from emulator.runtime.image import IMAGE
 from emulator.runtime.procs import Running
 from emulator.runtime.security import Security, read_keys
@@ -167,6 +167,9 @@ def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
     else:
         mode = "k8s" if args.from_k8s else args.mode
     per: Per = args.per_container or ("device" if mode == "docker" else "node")
+    loopback = args.addressing == "loopback" or (args.addressing is None and mode == "procs")
+    if args.loopback is not None and not loopback:
+        raise argtypes.UsageError("--loopback goes with --mode procs or --addressing loopback")
     return LaunchOptions(
         preset=args.preset,
         mode=mode,
@@ -177,6 +180,7 @@ def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
         host=args.host,
         base_port=args.base_port,
         port=args.port,
+        first_octet=args.loopback if args.loopback is not None else 10,
         compose_file=compose_file,
         image=args.image,
         project=f"cmemu-{state.instance_name(path)}",
@@ -193,6 +197,13 @@ def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
         tls_dir=tls_dir(path) if args.tls == "auto" else None,
         metrics=args.metrics != "none",
     )
+
+
+def _loopback(text: str) -> int:
+    try:
+        return ports.loopback_prefix(text)
+    except ports.BlockError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _ui_address(text: str) -> str:
@@ -233,7 +244,27 @@ def _guard_record(sn: Supernode, path: Path) -> dict[str, object]:
         record[state.TOKEN_FILE_KEY] = str(state.write_token(path, sn.security.token))
     if sn.security.tls is not None:
         record[state.TLS_CA_KEY] = str(sn.security.tls.ca.resolve())
+    if sn.security.mqtt_user is not None:  # the broker's user (its password: the token)
+        record[state.MQTT_USER_KEY] = sn.security.mqtt_user
     return record
+
+
+def _launcher_record(
+    sn: Supernode, view: WebView | None, block: ports.Block | None
+) -> dict[str, object]:
+    """The state file's launcher record (but the token and CA: _guard_record)."""
+    launcher: dict[str, object] = {"argv": _argv_without_detach()}
+    if sn.run_dir is not None:
+        launcher["run_dir"] = str(sn.run_dir)
+    launcher[state.METRICS_KEY] = metricserver.supernode_endpoints(sn)
+    launcher[state.UI_KEY] = view.url if view is not None else None
+    if block is not None and block.bindings:
+        launcher[state.PORTS_KEY] = block.record()
+    if sn.supervisor is not None:  # procs mode: pids for process-kill/-pause faults
+        launcher[state.PROCESSES_KEY] = state.processes_record(sn.supervisor.running)
+    if sn.engine is not None:  # docker mode: the project, for the container faults
+        launcher[state.CONTAINERS_KEY] = state.containers_record(sn.engine)
+    return launcher
 
 
 @contextlib.asynccontextmanager
@@ -247,6 +278,7 @@ async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
         address=ui,
         profile=sn.options.profile,
         ssl_context=sn.security.server().ssl_context(),
+        mqtt_login=sn.security.mqtt_login(),
     ).__aenter__()
     try:
         yield view
@@ -260,7 +292,9 @@ async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
             print(f"cmemu: the web view did not stop within {WEBVIEW_STOP_S:g} s", file=sys.stderr)
 
 
-async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
+async def _up(
+    options: LaunchOptions, path: Path, ui: str = UI_AUTO, block: ports.Block | None = None
+) -> None:
     stop = _stop_event()
     started = time.perf_counter()
     boot = progress.BootBar() if progress.wanted() else None  # a terminal only: never in pipes
@@ -274,16 +308,8 @@ async def _up(options: LaunchOptions, path: Path, ui: str = UI_AUTO) -> None:
         ):
             if boot is not None:
                 boot.close()
-            launcher: dict[str, object] = {"argv": _argv_without_detach()}
-            if sn.run_dir is not None:
-                launcher["run_dir"] = str(sn.run_dir)
+            launcher = _launcher_record(sn, view, block)
             launcher |= await asyncio.to_thread(_guard_record, sn, path)
-            launcher[state.METRICS_KEY] = metricserver.supernode_endpoints(sn)
-            launcher[state.UI_KEY] = view.url if view is not None else None
-            if sn.supervisor is not None:  # procs mode: pids for process-kill/-pause faults
-                launcher[state.PROCESSES_KEY] = state.processes_record(sn.supervisor.running)
-            if sn.engine is not None:  # docker mode: the project, for the container faults
-                launcher[state.CONTAINERS_KEY] = state.containers_record(sn.engine)
             await asyncio.to_thread(
                 functools.partial(
                     state.write,
@@ -347,15 +373,24 @@ def cmd_up(args: argparse.Namespace) -> int:
     assert path is not None
     check_not_running(path)
     options = launch_options(args, path)
-    if args.ui != UI_NONE:  # before anything starts: the rule of every server (issue 21)
+    # every address the instance opens, in its block, each bound once now: a clash is one
+    # message naming the holder before anything starts (issue 21, findings 12 and 15)
+    try:
+        block = ports.block_of(options, None if args.ui == UI_AUTO else args.ui)
+    except ports.BlockError as exc:
+        raise argtypes.UsageError(str(exc)) from None
+    options = ports.with_block(options, block)
+    ui = block.ui or args.ui
+    if ui != UI_NONE:  # before anything starts: the rule of every server (issue 21)
         guard = Security(token=options.token, insecure=options.insecure).server()
-        guard.check_bind("the web view", args.ui)
+        guard.check_bind("the web view", ui)
+    ports.check_free(block)
     if args.detach:
         from emulator.cli.detach import up_detached
 
         code: int = up_detached(_argv_without_detach(), path, args.ready_timeout + 30.0)
         return code
-    asyncio.run(_up(options, path, args.ui))
+    asyncio.run(_up(options, path, ui, block))
     print("cmemu: stopped", flush=True)
     return 0
 
@@ -405,6 +440,13 @@ def add_topology_args(p: argparse.ArgumentParser) -> None:
 
 def up_args(up: argparse.ArgumentParser) -> None:
     add_topology_args(up)
+    up.add_argument(
+        "--loopback",
+        type=_loopback,
+        metavar="127.N",
+        help="with --mode procs (or --addressing loopback): the instance's loopback addresses, "
+        "127.N.x.y (default 127.10); another N keeps two procs instances on one host apart",
+    )
     up.add_argument(
         "--no-dilation",
         dest="dilation",
@@ -468,7 +510,8 @@ def up_args(up: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--broker",
         help="MQTT broker for telemetry and events, mqtt://HOST:PORT; 'none' for no MQTT "
-        "(default: an embedded broker on 127.0.0.1, its URL in the state file; with "
+        "(default: an embedded broker on the next-to-last port of the --base-port block, "
+        "127.N.0.1 in procs mode, its URL in the state file; with "
         "--from-compose or --from-k8s, their own broker service, which this replaces)",
     )
     up.add_argument(
@@ -486,7 +529,8 @@ def up_args(up: argparse.ArgumentParser) -> None:
         metavar="ADDR|none",
         help="the live web view of the machine (heat map of every NPU die, links, faults, "
         "events) at http://ADDR/ (HOST:PORT; port 0: a free one); none: no web view "
-        f"(default {UI_AUTO}: the URL is in the startup summary and `cmemu status`)",
+        "(default: the last port of the --base-port block, 127.N.0.2 in procs mode; the URL "
+        "is in the startup summary and `cmemu status`)",
     )
     up.add_argument(
         "--token-file",

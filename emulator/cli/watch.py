@@ -30,7 +30,9 @@ def _line(payload: dict[str, Any], stream: str) -> str:
 
 
 async def _watch(args: argparse.Namespace) -> int:
-    docs = state.read_supernodes(state.path_from(args.state_file))
+    path = state.path_from(args.state_file)
+    docs = state.read_supernodes(path)
+    login = state.mqtt_login(path)  # the embedded broker wants the token when there is one
     topology, supernodes = docs[0], [t.supernode for t in docs]
     if not topology.broker:
         raise InvalidArgumentError(
@@ -40,7 +42,7 @@ async def _watch(args: argparse.Namespace) -> int:
     streams = ["events", "telemetry"] if args.telemetry else ["events"]
     seen = 0
     try:
-        async with subscriber(host, port, timeout=5) as client:
+        async with subscriber(host, port, timeout=5, **login) as client:
             for stream in streams:  # every supernode's of the launch: they share its broker
                 for supernode in supernodes:
                     await client.subscribe(topic(supernode, "+", stream), qos=1)

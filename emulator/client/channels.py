@@ -12,6 +12,14 @@ from emulator.client.credentials import ANONYMOUS, Credentials
 
 RECONNECT_BACKOFF_MS = 1000
 MESSAGE_MAX_BYTES = 8 * 2**20  # room for a 1 MiB inline payload and batch replies
+# A connection whose packets vanish (a partitioned container, a host gone) is found dead by an
+# unanswered HTTP/2 ping within KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS of wall time, not by
+# TCP's retransmission timeout (about 15 minutes): its streams (the clock's, the manager's
+# liveness watch) end UNAVAILABLE and are opened again on a new connection. Pings are answered
+# by gRPC's transport threads, not by the event loop, so a busy host does not fail them; the
+# timeout is generous all the same. Servers must permit these pings (SERVER_KEEPALIVE_OPTIONS).
+KEEPALIVE_TIME_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 10_000
 CLIENT_OPTIONS = (
     ("grpc.max_receive_message_length", MESSAGE_MAX_BYTES),
     ("grpc.max_send_message_length", MESSAGE_MAX_BYTES),
@@ -19,6 +27,18 @@ CLIENT_OPTIONS = (
     # not after gRPC's default backoff of up to 120 s (20 emulated minutes at time scale 10).
     ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
     ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),  # gRPC >= 1.6x: else 60 s
+    ("grpc.keepalive_permit_without_calls", 1),  # an idle channel's next call finds it alive
+    ("grpc.http2.max_pings_without_data", 0),  # a quiet stream is pinged all the same
+)
+SERVER_KEEPALIVE_OPTIONS = (
+    # Without these a server answers a client pinging every 10 s with GOAWAY ("too many pings")
+    # after two strikes, which would end every long stream each 20-30 s.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
 )
 
 

@@ -70,3 +70,51 @@ async def followed_time(
             await task
         keeper.close()
         await channels.close()
+
+
+HOLD_SETTLE_S = 10.0  # wall: how long the fabric may take to apply a hold before it is skipped
+
+
+@contextlib.asynccontextmanager
+async def held_time(
+    topology: Topology,
+    credentials: Credentials = ANONYMOUS,
+    *,
+    name: str,
+    profile: ClockProfile = DEFAULT_PROFILE.clock,
+) -> AsyncIterator[bool]:
+    """Emulated time all but stands still (the clock's slowest rate, `min_rate`) while the body
+    runs: for wall-clock work that is no part of what is emulated, such as a restarted
+    container's process starting (the engine's start, imports, binding), which would otherwise
+    pass as emulated minutes at a high time scale and eat a chaos scenario's recovery bound.
+
+    The hold is a wish like a lagging process's, renewed well within `stale_s`, and ends with
+    the stream (the fabric forgets a process whose stream closed). Yields whether the hold took
+    effect: the fabric that owns time may itself be what is starting, and then nothing holds."""
+    channels = Channels(credentials)
+    source = RemoteFabric(channels.get(clock_address(topology)))
+    held = asyncio.Event()
+
+    async def wishes() -> AsyncIterator[tuple[float, float]]:
+        while True:
+            yield profile.min_rate, 0.0
+            await asyncio.sleep(profile.stale_s / 3)
+
+    async def hold() -> None:
+        async for state in source.follow(name, wishes()):
+            if state.segment.rate <= profile.min_rate:
+                held.set()
+
+    task = asyncio.ensure_future(hold())
+    waiter = asyncio.ensure_future(held.wait())
+    try:
+        await asyncio.wait(
+            [task, waiter], timeout=HOLD_SETTLE_S, return_when=asyncio.FIRST_COMPLETED
+        )
+        yield held.is_set()
+    finally:
+        waiter.cancel()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        await channels.close()

@@ -353,10 +353,13 @@ class ClockSource(Protocol):
 class ClockFollower:
     """A process that follows the authority's clock and reports its own governor's wish."""
 
-    def __init__(self, clock: Clock, timeline: Timeline, *, process: str) -> None:
+    def __init__(self, clock: Clock, timeline: Timeline, *, process: str, silence_s: float) -> None:
         self.clock = clock
         self.timeline = timeline
         self.process = process
+        # The authority speaks at least every lease_s / 4; a stream silent this long (wall) is
+        # stuck, whatever its transport says: it is dropped and opened anew.
+        self.silence_s = silence_s
         self._wishes: asyncio.Queue[tuple[float, float]] = asyncio.Queue(maxsize=4)
         self.synced = asyncio.Event()  # the first state arrived
 
@@ -375,14 +378,32 @@ class ClockFollower:
 
     async def run(self, source: ClockSource) -> None:
         """Adopt every state the source streams; reconnect when the stream breaks (the
-        authority restarting): the clock holds at the last lease meanwhile."""
+        authority restarting) or falls silent (a partition): the clock holds at the last
+        lease meanwhile."""
         while True:
             try:
-                async for state in source.follow(self.process, self._reports()):
-                    self.adopt(state)
+                await self._follow(source)
             except Exception as exc:
                 log.info("clock stream broke; retrying", error=str(exc)[:200])
             await asyncio.sleep(0.5)
+
+    async def _follow(self, source: ClockSource) -> None:
+        states = aiter(source.follow(self.process, self._reports()))
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(self.silence_s):
+                        state = await anext(states)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    log.warning("clock stream silent; reconnecting", silent_s=self.silence_s)
+                    return
+                self.adopt(state)
+        finally:
+            close = getattr(states, "aclose", None)
+            if close is not None:
+                await close()
 
 
 class TimeKeeper:
@@ -395,7 +416,13 @@ class TimeKeeper:
         self.process = process
         self.timeline = Timeline(clock)
         self.authority = ClockAuthority(clock, self.timeline, profile=profile) if owner else None
-        self.follower = None if owner else ClockFollower(clock, self.timeline, process=process)
+        self.follower = (
+            None
+            if owner
+            else ClockFollower(
+                clock, self.timeline, process=process, silence_s=profile.follower_silence_s
+            )
+        )
         self.governor = Governor(
             clock, self.timeline, profile=profile, owner=owner, wish=self._wish
         )

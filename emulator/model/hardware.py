@@ -306,6 +306,9 @@ class ClockProfile:
     horizon_s: float = fig(0.1, "assumed")
     lease_s: float = fig(1.0, "assumed")  # wall: how far a follower may read past the last word
     stale_s: float = fig(3.0, "assumed")  # wall: a process silent this long no longer slows time
+    # wall: a follower whose stream from the authority (which speaks every lease_s / 4) is silent
+    # this long drops it and connects anew (a partition can leave a stream open and dead)
+    follower_silence_s: float = fig(10.0, "assumed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -375,6 +378,18 @@ class ServingCalibration:
     # may fill before its requests wait (online: all of them)
     tenant_near_line_share: float = fig(0.9, "assumed")
     tenant_offline_share: float = fig(0.5, "assumed")
+    # --- the kv-aware router's cost (emulator/model/serving/router.py) ------------------------
+    # Dynamo's KV router: cost = overlap_score_weight x blocks to prefill + blocks of load; its
+    # default weight is 1 (docs.nvidia.com/dynamo, KV Router)
+    router_overlap_weight: float = fig(1.0, "pub")
+    # SGLang's cache-aware fallback to the least loaded: its relative threshold is its default
+    # (1.5); its absolute one (64 requests) is ours in blocks of prefill work: one full prefill
+    # batch (16,384 tokens), since a prefill instance holds few requests at once
+    router_balance_rel: float = fig(1.5, "pub")
+    router_balance_abs_blocks: float = fig(32.0, "assumed")
+    # HBM a prefill die keeps for prompts' KV blocks after their prefill (the prefix the
+    # kv-aware router finds there, needing no load from EMS); LRU beyond it
+    prefill_prefix_bytes_per_die: int = fig(8 * GiB, "assumed")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,15 +2,20 @@
 
 A small MQTT 3.1.1 broker on asyncio, enough for telemetry and events: CONNECT, PUBLISH at QoS 0,
 1 and 2 (acknowledged as the protocol requires), SUBSCRIBE with + and # wildcards (granted at
-most QoS 1), retained messages, UNSUBSCRIBE, PINGREQ, DISCONNECT. No persistence and no
-authentication: it serves one emulator on loopback. Compose deployments and CI use mosquitto.
+most QoS 1), retained messages, UNSUBSCRIBE, PINGREQ, DISCONNECT. No persistence. With a login
+(the emulator's token configured: `Security.mqtt_login`) a CONNECT without that username and
+password is refused (CONNACK 5, not authorized) and the connection closed: on loopback or not,
+whoever may not call a state-changing RPC may not forge a device's `died` event either. Without
+one it is open, like the loopback servers. Compose deployments and CI use mosquitto.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -21,10 +26,16 @@ log = structlog.get_logger("cmemu.broker")
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
 SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
 MAX_PACKET = 1 << 20
+NOT_AUTHORIZED = 5  # CONNACK return code (MQTT 3.1.1 section 3.2.2.3)
+USERNAME_FLAG, PASSWORD_FLAG, WILL_FLAG = 0x80, 0x40, 0x04
 
 
 class ProtocolError(Exception):
     pass
+
+
+class NotAuthorizedError(Exception):
+    """A CONNECT without the broker's login: answered CONNACK 5, then the connection closes."""
 
 
 def topic_matches(pattern: str, topic: str) -> bool:
@@ -39,8 +50,15 @@ def topic_matches(pattern: str, topic: str) -> bool:
 
 
 def _string(data: bytes, pos: int) -> tuple[str, int]:
+    raw, pos = _binary(data, pos)
+    return raw.decode(), pos
+
+
+def _binary(data: bytes, pos: int) -> tuple[bytes, int]:
     (length,) = struct.unpack_from("!H", data, pos)
-    return data[pos + 2 : pos + 2 + length].decode(), pos + 2 + length
+    if pos + 2 + length > len(data):
+        raise ProtocolError("a field runs past the end of its packet")
+    return data[pos + 2 : pos + 2 + length], pos + 2 + length
 
 
 def _encode_string(text: str) -> bytes:
@@ -93,11 +111,19 @@ class _Session:
 
 
 class Broker:
-    """`async with Broker(host, port) as broker:` serves until the block ends."""
+    """`async with Broker(host, port) as broker:` serves until the block ends. `login`, a
+    {"username": ..., "password": ...} as `Security.mqtt_login` gives it (empty: none), is what
+    every client must present."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, *, login: Mapping[str, str] | None = None
+    ) -> None:
         self.host = host
         self.port = port
+        self._login: tuple[bytes, bytes] | None = None
+        if login:
+            self._login = (login["username"].encode(), login["password"].encode())
+        self.refused = 0  # CONNECTs refused for want of the login
         self._sessions: set[_Session] = set()
         self._retained: dict[str, tuple[bytes, int]] = {}
         self._server: asyncio.Server | None = None
@@ -153,7 +179,16 @@ class Broker:
             kind, _, body = await _read_packet(reader)
             if kind != CONNECT:
                 raise ProtocolError("first packet must be CONNECT")
-            session.client_id = self._connect(body)
+            try:
+                session.client_id = self._connect(body)
+            except NotAuthorizedError as exc:
+                self.refused += 1
+                log.warning(
+                    "client refused", reason=str(exc), peer=writer.get_extra_info("peername")
+                )
+                writer.write(_packet(CONNACK, 0, bytes([0, NOT_AUTHORIZED])))
+                await writer.drain()
+                return
             writer.write(_packet(CONNACK, 0, b"\x00\x00"))
             self._sessions.add(session)
             while True:
@@ -179,8 +214,24 @@ class Broker:
         protocol, pos = _string(body, 0)
         if protocol not in ("MQTT", "MQIsdp"):
             raise ProtocolError(f"not MQTT: {protocol!r}")
+        flags = body[pos + 1]
         pos += 4  # level, flags, keepalive
-        client_id, _ = _string(body, pos)
+        client_id, pos = _string(body, pos)
+        if flags & WILL_FLAG:
+            _, pos = _string(body, pos)  # the will's topic
+            _, pos = _binary(body, pos)  # and message
+        username = password = None
+        if flags & USERNAME_FLAG:
+            username, pos = _binary(body, pos)
+        if flags & PASSWORD_FLAG:
+            password, pos = _binary(body, pos)
+        if self._login is not None:
+            if username is None or password is None:
+                raise NotAuthorizedError("no username and password (this broker wants a login)")
+            # both compared, in constant time: a refusal says nothing of which was wrong
+            user_ok = hmac.compare_digest(username, self._login[0])
+            if not (hmac.compare_digest(password, self._login[1]) and user_ok):
+                raise NotAuthorizedError("wrong username or password")
         return client_id
 
     async def _handle(self, session: _Session, kind: int, flags: int, body: bytes) -> None:

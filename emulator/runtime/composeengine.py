@@ -7,9 +7,9 @@ run directory) that differs only where the host needs it to:
   of its own, `127.<first_octet>.x.y`, the same port as inside, so `grpcurl` on the host reaches
   any device as it reaches a process of `--mode procs`; the state file's topology has those
   addresses (the containers keep their DNS names among themselves);
-- the broker publishes a second, anonymous listener on its loopback address for the host's own
-  readers (`cmemu watch`, the web view, this launcher's `died` events), as --from-compose runs
-  mosquitto open on loopback; the containers keep logging in on 1883;
+- the broker publishes a second listener on its loopback address for the host's own readers
+  (`cmemu watch`, the web view, this launcher's `died` events), which log in as the containers
+  do on 1883 (user MQTT_USER, the token as password): nobody on the host forges a `died` event;
 - the image is the emulator's local image, never built or pulled here (`cmemu image build`
   makes it); where the broker's own image is absent and the emulator's holds mosquitto (the
   air-gapped build), the broker runs from the emulator's image;
@@ -53,7 +53,7 @@ from emulator.runtime.serve import clock_from_fabric, read_document
 log = structlog.get_logger("cmemu.composeengine")
 ENGINE_FILE = "engine-compose.yaml"
 ENGINE_FIRST_OCTET = 62  # 127.62.x.y: apart from procs (10) and --from-compose (60)
-HOST_MQTT_PORT = 1884  # the broker's anonymous listener for the host's readers
+HOST_MQTT_PORT = 1884  # the broker's listener for the host's readers (with the same login)
 MOSQUITTO_CONF_IN_CONTAINER = "/mosquitto/config/mosquitto.conf"
 INSTANCE_LABEL = "io.cmemu.instance"
 HEALTH_POLL_S = 1.0
@@ -208,14 +208,15 @@ def _broker_image(svc: dict[str, Any], tag: str, labels: Mapping[str, str]) -> s
 
 
 def _host_mosquitto_conf(run_dir: Path) -> Path:
-    """The broker's configuration for this run: the compose file's (passwords on 1883) plus an
-    anonymous listener for the host's readers, published on loopback only."""
+    """The broker's configuration for this run: the compose file's (passwords on 1883) plus a
+    listener for the host's readers, published on loopback only, wanting the same login."""
     conf = run_dir / "mosquitto-engine.conf"
     conf.write_text(
         "per_listener_settings true\n"
         f"listener {MQTT_PORT}\nallow_anonymous false\n"
         "password_file /mosquitto/config/mosquitto.passwd\n"
-        f"listener {HOST_MQTT_PORT}\nallow_anonymous true\n" + MOSQUITTO_QUEUES
+        f"listener {HOST_MQTT_PORT}\nallow_anonymous false\n"
+        "password_file /mosquitto/config/mosquitto.passwd\n" + MOSQUITTO_QUEUES
     )
     conf.chmod(0o644)
     return conf
@@ -343,13 +344,15 @@ async def with_epoch(run: EngineRun, credentials: Credentials) -> tuple[Topology
 
 
 @contextlib.asynccontextmanager
-async def watch_deaths(run: EngineRun, engine: DockerEngine) -> AsyncIterator[list[str]]:
+async def watch_deaths(
+    run: EngineRun, engine: DockerEngine, login: Mapping[str, str] | None = None
+) -> AsyncIterator[list[str]]:
     """While the block runs, every container that dies is a `died` event for each server it
     hosted (exit code from `docker events`), published on the broker; the block sees the list
     of the services that died."""
     died: list[str] = []
     async with (
-        death_reporter(run.supernodes, None) as reporter,
+        death_reporter(run.supernodes, None, login=login) as reporter,
         engine.events() as events,
     ):
 

@@ -20,7 +20,7 @@ from emulator.model.errors import InvalidArgumentError
 from emulator.model.scaleout import build_cluster
 from emulator.model.topology import METRICS_PORT, DnsPlan, Service, ServiceKind, Topology
 from emulator.runtime.registry import DEVICE_WAVE, spec_of
-from emulator.runtime.security import new_token, write_secret
+from emulator.runtime.security import MQTT_USER, new_token, write_secret
 from emulator.runtime.serve import PER, ServeKind, serve_argv
 
 TOPOLOGY_IN_CONTAINER = "/etc/cmemu/topology.json"
@@ -33,7 +33,6 @@ MEM_LIMITS = {"device": "256m", "node": "1g", "mosquitto": "256m"}  # services: 
 TOKEN_SECRET = "cmemu_token"
 TOKEN_FILE = "cmemu.token"
 SECRETS_IN_CONTAINER = "/run/secrets"
-MQTT_USER = "cmemu"
 MOSQUITTO_PASSWD = "mosquitto.passwd"
 MOSQUITTO_PASSWD_IN_CONTAINER = "/mosquitto/config/mosquitto.passwd"
 # mosquitto's defaults drop what a burst brings: it queues 1,000 QoS 1 messages per client, and

@@ -9,12 +9,13 @@ healthchecks where asked.
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
 import os
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import yaml
 from emulator.model.errors import InvalidArgumentError, PreconditionError
 from emulator.model.topology import Topology, loopback_ip
 from emulator.runtime.composegen import (
+    MOSQUITTO_PASSWD_IN_CONTAINER,
     MOSQUITTO_QUEUES,
     MQTT_PORT,
     TOKEN_FILE,
@@ -61,12 +63,19 @@ class ComposeService:
     depends: dict[str, str]  # service -> condition
 
 
-def _mosquitto(ip: str, run_dir: Path) -> list[str]:
+def _mosquitto(ip: str, run_dir: Path, mounts: Mapping[str, str]) -> list[str]:
+    """mosquitto on the broker's loopback address; with the file's password file mounted, it
+    wants that login on every connection (the devices', and the launcher's `died` events,
+    `cmemu watch` and the web view log in too: nobody on the host forges an event)."""
     conf = run_dir / "mosquitto-local.conf"
-    # on loopback only, so open like the servers there: the compose file's password file is
-    # for a broker other hosts reach (the launcher's own `died` events and `cmemu watch` log in
-    # as no one); the devices' login is accepted all the same
-    conf.write_text(f"listener {MQTT_PORT} {ip}\nallow_anonymous true\n{MOSQUITTO_QUEUES}")
+    passwd = mounts.get(MOSQUITTO_PASSWD_IN_CONTAINER)
+    login = (
+        f"allow_anonymous false\npassword_file {passwd}\n" if passwd else "allow_anonymous true\n"
+    )
+    # run as whoever runs the emulator: as root, mosquitto would switch to its own user, which
+    # cannot read the password file in this user's private run directory
+    user = f"user {getpass.getuser()}\n"
+    conf.write_text(f"listener {MQTT_PORT} {ip}\n{login}{user}{MOSQUITTO_QUEUES}")
     return [mosquitto_binary(), "-c", str(conf)]
 
 
@@ -90,7 +99,10 @@ def mosquitto_binary() -> str:
 
 
 # Images whose containers run something other than `cmemu`: what to run locally instead.
-IMAGES: dict[str, Callable[[str, Path], list[str]]] = {"eclipse-mosquitto": _mosquitto}
+# image -> argv(its loopback address, the run's directory, container path -> local file mounts)
+IMAGES: dict[str, Callable[[str, Path, Mapping[str, str]], list[str]]] = {
+    "eclipse-mosquitto": _mosquitto
+}
 BROKER_IMAGES = frozenset({"eclipse-mosquitto"})  # left out when the launcher names the broker
 MOSQUITTO_ENV = "CMEMU_MOSQUITTO"
 SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
@@ -218,7 +230,7 @@ def _service(
         if argv[0] == "cmemu":
             argv[0] = str(Path(sys.executable).parent / "cmemu")
     elif image in IMAGES:
-        argv = IMAGES[image](rehost.hosts[name], run_dir)
+        argv = IMAGES[image](rehost.hosts[name], run_dir, mounts)
     else:
         raise InvalidArgumentError(f"service {name}: no command, and image {image!r} is unknown")
     test = (svc.get("healthcheck") or {}).get("test") or []

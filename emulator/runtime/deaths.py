@@ -12,7 +12,7 @@ so a death reaches subscribers even while the dead process's neighbours keep ser
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -64,10 +64,14 @@ class DeathReporter:
 
 @contextlib.asynccontextmanager
 async def death_reporter(
-    supernodes: tuple[Topology, ...], then: Callable[[Running], None] | None
+    supernodes: tuple[Topology, ...],
+    then: Callable[[Running], None] | None,
+    *,
+    login: Mapping[str, str] | None = None,
 ) -> AsyncIterator[DeathReporter]:
     """A reporter publishing through a bus of its own per supernode while the block runs (none
-    without a broker); on exit the buses give the last events a moment to leave."""
+    without a broker), logged in with `login` (`Security.mqtt_login`) when the broker wants it;
+    on exit the buses give the last events a moment to leave."""
     topology = supernodes[0]
     broker = topology.broker
     if broker is None:
@@ -82,6 +86,7 @@ async def death_reporter(
                     broker,
                     t.supernode,
                     buffer_max=max(10_000, 2 * (len(t.devices) + len(t.services))),
+                    **(login or {}),
                 )
             )
         yield DeathReporter(topology=topology, bus=buses[topology.index], then=then, others=buses)

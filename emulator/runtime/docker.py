@@ -161,6 +161,10 @@ class DockerEngine:
             return []
         return [_container(d) for d in json.loads(await docker("inspect", *ids))]
 
+    def hosted(self, service: str) -> tuple[str, ...]:
+        """The device and service ids a compose service hosts (none: the broker)."""
+        return tuple(self.servers.get(service, ()))
+
     def services_of(self, target: str) -> list[str]:
         """The compose services a target names: a service itself, the one hosting a device or
         service id, or every one hosting a device of a node (`n07`)."""

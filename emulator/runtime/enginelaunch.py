@@ -20,7 +20,7 @@ from emulator.runtime import composeengine, composegen
 from emulator.runtime.composeengine import EngineRun
 from emulator.runtime.docker import DockerEngine
 from emulator.runtime.procs import Running
-from emulator.runtime.security import Security, read_token
+from emulator.runtime.security import MQTT_USER, Security, read_token
 from emulator.runtime.stopping import unless_stopped
 from emulator.runtime.supernode import (
     LaunchOptions,
@@ -73,7 +73,9 @@ async def launch(
             first_octet=options.engine_octet,
         )
         engine = DockerEngine(project, servers=run.servers, networks=run.networks)
-        security = Security(token=await asyncio.to_thread(token_of, compose_file))
+        token = await asyncio.to_thread(token_of, compose_file)
+        # the compose broker's password file holds MQTT_USER with the token: the host logs in
+        security = Security(token=token, mqtt_user=MQTT_USER if token else None)
         credentials = security.credentials()
         total = len(run.servers)
         # hundreds of containers created one by one on a busy engine: at least 2 s each
@@ -93,7 +95,7 @@ async def launch(
             composeengine.serving(run, timeout_s=timeout_s, credentials=credentials),
             stop,
         )
-        async with composeengine.watch_deaths(run, engine):
+        async with composeengine.watch_deaths(run, engine, security.mqtt_login()):
             yield Supernode(
                 options=options,
                 topology=supernodes[0],

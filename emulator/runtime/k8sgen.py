@@ -42,14 +42,19 @@ from emulator.runtime.composegen import (
     MOSQUITTO_PASSWD,
     MOSQUITTO_PASSWD_IN_CONTAINER,
     MQTT_PORT,
-    MQTT_USER,
     SECRETS_IN_CONTAINER,
     TOKEN_SECRET,
     compose_topologies,
     mosquitto_passwd_line,
 )
 from emulator.runtime.registry import DEVICE_WAVE, spec_of
-from emulator.runtime.security import MQTT_USER_ENV, TOKEN_ENV, new_token, write_secret
+from emulator.runtime.security import (
+    MQTT_USER,
+    MQTT_USER_ENV,
+    TOKEN_ENV,
+    new_token,
+    write_secret,
+)
 from emulator.runtime.serve import BROKER_ENV, Per, ServeKind, serve_argv
 
 API_MIN_VERSION = "1.27"  # native gRPC probes are GA from 1.27

@@ -259,7 +259,7 @@ def _spec(pod: _Pod, ip: str, volumes: _Volumes, ids: set[str], names: list[str]
         if argv[0] == "cmemu":
             argv[0] = str(Path(sys.executable).parent / "cmemu")
     elif pod.image in IMAGES:
-        argv = IMAGES[pod.image](ip, volumes.run_dir)
+        argv = IMAGES[pod.image](ip, volumes.run_dir, mounts)
     else:
         raise InvalidArgumentError(f"pod {pod.name}: no command, and image {pod.image!r} unknown")
     port = ((container.get("readinessProbe") or {}).get("grpc") or {}).get("port")

@@ -29,6 +29,7 @@ TLS_KEY_ENV = "CMEMU_TLS_KEY"
 TLS_CA_ENV = "CMEMU_TLS_CA"
 INSECURE_ENV = "CMEMU_INSECURE"
 MQTT_USER_ENV = "CMEMU_MQTT_USER"
+MQTT_USER = "cmemu"  # the broker's user when it wants a login (the token is its password)
 TOKEN_BYTES = 32
 
 
@@ -109,6 +110,8 @@ class Security:
             }
         if self.insecure:
             env[INSECURE_ENV] = "1"
+        if self.mqtt_user is not None:
+            env[MQTT_USER_ENV] = self.mqtt_user
         return env
 
     @classmethod

@@ -220,8 +220,10 @@ def clients(path: Path) -> Clients:
 TOKEN_SUFFIX = ".token"
 TOKEN_FILE_KEY = "token_file"  # launcher record: the file holding the token (never the token)
 TLS_CA_KEY = "tls_ca"  # launcher record: the CA that signed the servers' certificates
+MQTT_USER_KEY = "mqtt_user"  # launcher record: the broker's user, when it wants a login
 METRICS_KEY = "metrics"  # launcher record: each process's /metrics URL, by process
 UI_KEY = "ui"  # launcher record: the web view's URL (None: `cmemu up --ui none`)
+PORTS_KEY = "ports"  # launcher record: the instance's block (ports.Block.record)
 OTHERS_KEY = "other_supernodes"  # the documents of supernodes sn1, sn2, ... beside sn0's
 PROCESSES_KEY = "processes"  # launcher record (procs mode): each process's pid and servers
 CONTAINERS_KEY = "containers"  # launcher record (docker mode): the project, each service's servers
@@ -315,6 +317,17 @@ def credentials(path: Path) -> Credentials:
     except OSError as exc:
         raise InvalidArgumentError(f"cannot read the instance's CA {ca}: {exc}") from exc
     return Credentials(token=token, ca_pem=ca_pem)
+
+
+def mqtt_login(path: Path) -> dict[str, str]:
+    """The broker login of the instance's readers (`cmemu watch`): its launcher record's
+    `mqtt_user` with the token as password; none when the broker wants none."""
+    try:
+        launcher = json.loads(_text(path)).get("launcher") or {}
+    except json.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"state file {path} is not JSON: {exc}") from exc
+    user, token = launcher.get(MQTT_USER_KEY), credentials(path).token
+    return {"username": str(user), "password": token} if user and token else {}
 
 
 def read_instance(path: Path) -> Instance:

@@ -39,6 +39,7 @@ from emulator.model.errors import (
     InvalidArgumentError,
     PreconditionError,
     UnknownNameError,
+    bind_error,
 )
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.presets import DEFAULT_PRESET, get_preset
@@ -64,8 +65,8 @@ from emulator.runtime.image import IMAGE
 from emulator.runtime.inprocess import InProcessSupernode
 from emulator.runtime.procs import ProcSpec, Running, Supervisor
 from emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS, WAVES
+from emulator.runtime.security import MQTT_USER, Security
 from emulator.runtime.security import NONE as NO_SECURITY
-from emulator.runtime.security import Security
 from emulator.runtime.serve import PER, Per, ServeKind, clock_from_fabric, serve_argv
 from emulator.runtime.tls import TlsFiles
 
@@ -108,6 +109,9 @@ class LaunchOptions:
     engine_octet: int = ENGINE_FIRST_OCTET  # docker: containers published on 127.<this>.x.y
     k8s_dir: Path | None = None  # k8s: the directory of manifests whose containers run
     broker: str = EMBEDDED  # EMBEDDED, NO_BROKER, or mqtt://HOST:PORT
+    # EMBEDDED: where it listens, HOST:PORT (`cmemu up`: in the instance's block, ports.py);
+    # None: a free port of 127.0.0.1
+    broker_address: str | None = None
     run_dir: Path | None = None  # procs, compose: logs and files; default a temporary directory
     drain_s: float = 0.2  # between NOT_SERVING and stop
     ready_timeout_s: float = 180.0  # for every server to answer SERVING
@@ -293,15 +297,29 @@ async def _start(
 
 
 @contextlib.asynccontextmanager
-async def _broker(options: LaunchOptions, topology: Topology) -> AsyncIterator[Topology]:
-    """The topology with its broker: the one given, none, or an embedded one for the run."""
+async def _broker(
+    options: LaunchOptions, topology: Topology, security: Security
+) -> AsyncIterator[Topology]:
+    """The topology with its broker: the one given, none, or an embedded one for the run,
+    which wants the run's login (`security.mqtt_login()`) when it has one."""
     if options.broker == NO_BROKER:
         yield topology
     elif options.broker != EMBEDDED:
         yield dataclasses.replace(topology, broker=options.broker)
     else:
-        async with Broker(host=EMBEDDED_BROKER_HOST) as broker:
-            yield dataclasses.replace(topology, broker=broker.url)
+        host, port = EMBEDDED_BROKER_HOST, 0
+        if options.broker_address is not None:
+            host, _, at = options.broker_address.rpartition(":")
+            port = int(at)
+        try:
+            embedded = Broker(host=host, port=port, login=security.mqtt_login())
+            await embedded.__aenter__()
+        except OSError as exc:
+            raise bind_error("the embedded broker", f"{host}:{port}", exc) from exc
+        try:
+            yield dataclasses.replace(topology, broker=embedded.url)
+        finally:
+            await embedded.__aexit__(None, None, None)
 
 
 # --- in process -----------------------------------------------------------------------------
@@ -328,7 +346,7 @@ async def _inprocess(
         stack.callback(keeper.close)
         stack.push_async_callback(_cancelled, running)
         security = await stack.enter_async_context(_security(options, *supernodes))
-        first = await stack.enter_async_context(_broker(options, supernodes[0]))
+        first = await stack.enter_async_context(_broker(options, supernodes[0], security))
         started: list[InProcessSupernode] = []
         for topology in supernodes:  # one broker for them all
             with_broker = dataclasses.replace(topology, broker=first.broker)
@@ -380,15 +398,20 @@ async def _security(
 ) -> AsyncIterator[Security]:
     """The run's token and TLS files. Binding beyond loopback without a token fails here,
     before anything starts; `tls="auto"` makes a CA and a certificate naming every address
-    (removed at the end when in a temporary directory)."""
+    (removed at the end when in a temporary directory). With a token, the embedded broker
+    wants user MQTT_USER with the token as its password, and every client of it logs in."""
     servers = [server for topology in supernodes for server in _servers(topology)]
     token = token or options.token
     keys = options.keys if options.keys is not None and options.keys.admin == token else None
     guard = Security(token=token, insecure=options.insecure).server()
     for server_id, address in servers:
         guard.check_bind(server_id, address)
+    # a broker of the user's own is not given the token: it may not be ours to trust
+    mqtt_user = MQTT_USER if token and options.broker == EMBEDDED else None
     if options.tls != "auto":
-        yield Security(token=token, keys=keys, tls=options.tls, insecure=options.insecure)
+        yield Security(
+            token=token, keys=keys, tls=options.tls, insecure=options.insecure, mqtt_user=mqtt_user
+        )
         return
     with contextlib.ExitStack() as stack:
         directory = options.tls_dir or Path(
@@ -397,7 +420,9 @@ async def _security(
         files = await asyncio.to_thread(
             tls.make_auto, directory, tls.hosts_of(a for _, a in servers)
         )
-        yield Security(token=token, keys=keys, tls=files, insecure=options.insecure)
+        yield Security(
+            token=token, keys=keys, tls=files, insecure=options.insecure, mqtt_user=mqtt_user
+        )
 
 
 # --- processes ------------------------------------------------------------------------------
@@ -477,7 +502,7 @@ async def _supervised(
     topology = supernodes[0]
     fabric = topology.service(ServiceKind.FABRIC).address
     credentials = security.credentials()
-    async with death_reporter(supernodes, on_death) as reporter:
+    async with death_reporter(supernodes, on_death, login=security.mqtt_login()) as reporter:
         supervisor = Supervisor(log_dir=run_dir / "logs", on_exit=reporter)
         keeper: TimeKeeper | None = None
         try:
@@ -553,7 +578,7 @@ async def _procs(
     supernodes = tuple(dataclasses.replace(t, epoch_wall_s=epoch) for t in supernodes)
     async with (
         _security(options, *supernodes) as security,
-        _broker(options, supernodes[0]) as first,
+        _broker(options, supernodes[0], security) as first,
     ):
         docs = tuple(dataclasses.replace(t, broker=first.broker) for t in supernodes)
         per_supernode = []

@@ -70,6 +70,7 @@ SLOW = [  # each over 5 s: together they would take this file past 20 s
         frozenset({"ep320", "ub_rows", "moe_rows"}),
     ),
     Quick("scaleout", ("--quick",), frozenset({"series", "validation", "wall_s"})),
+    Quick("day", (), frozenset({"serve-only", "calendar", "load", "cpu_s"})),
 ]
 
 
@@ -125,6 +126,7 @@ def test_a_slower_benchmark_writes_json_and_a_png(quick: Quick, tmp_path: Path) 
         ("serving_live", ("--streams", "1,x")),
         ("fabric", ("--runs", "0")),
         ("scaleout", ("--expert-parallel", "0")),
+        ("day", ("--peak", "0")),
     ],
 )
 def test_bad_options_are_a_usage_error_before_anything_runs(

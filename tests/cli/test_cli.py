@@ -144,7 +144,7 @@ def test_serve_says_why_its_metrics_cannot_bind(tmp_path: Path) -> None:
         (["up", "--preset", "cm-mini", "--drain=-1s"], 2, "not a duration: '-1s'"),
         (["down", "--timeout", "forever"], 2, "not a duration: 'forever'"),
         (["rdma", "fault", "add", "gateway-down", "sn1-gw", "--for", "1y"], 2, "not a duration"),
-        (["up", "--base-port", "65000"], 1, "out of range"),
+        (["up", "--base-port", "65000"], 2, "past 65535: give a --base-port of at most"),
         (["ls", "--state-file", "/nonexistent/cmemu.json"], 1, "no running emulator"),
         (["probe"], 2, "address"),
         (["frobnicate"], 2, "invalid choice"),

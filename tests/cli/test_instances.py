@@ -226,6 +226,35 @@ def test_fabric_and_device_faults(running: Path) -> None:
     assert unknown.returncode == 1 and "n99-npu0" in unknown.stderr
 
 
+def test_status_tells_a_hung_device_from_a_not_serving_one(running: Path) -> None:
+    """Issue 21 finding 16: a device that does not answer within status's deadline (twice) is
+    "no answer (status timed out)", counted apart from NOT_SERVING, not a health of its own."""
+    at = ("--state-file", str(running))
+    try:
+        assert cmemu("fault", "add", "hang", "n00-npu1", *at).returncode == 0
+        assert cmemu("fault", "add", "device-down", "n00-npu2", *at).returncode == 0
+        report = json.loads(cmemu("status", "--json", "--timeout", "1s", *at).stdout)
+        assert report["not_serving"] == {"n00-npu1": "NO_ANSWER", "n00-npu2": "NOT_SERVING"}
+        assert report["devices_by_status"] == {
+            "SERVING": MINI_DEVICES - 2,
+            "NO_ANSWER": 1,
+            "NOT_SERVING": 1,
+        }
+        text = cmemu("status", "--timeout", "1s", *at)
+        assert text.returncode == 0, text.stderr  # the instance runs: its devices' health is data
+        row = next(line for line in text.stdout.splitlines() if line.startswith("devices"))
+        assert row.split(None, 1)[1] == (
+            f"{MINI_DEVICES - 2}/{MINI_DEVICES} SERVING; 1 NOT_SERVING, "
+            "1 no answer (status timed out)"
+        ), row
+        assert "n00-npu1 no answer (status timed out), n00-npu2 NOT_SERVING" in text.stdout
+    finally:
+        cleared = cmemu("fault", "rm", "--all", *at)
+        assert cleared.returncode == 0, cleared.stderr
+    report = json.loads(cmemu("status", "--json", *at).stdout)
+    assert report["devices_by_status"] == {"SERVING": MINI_DEVICES} and not report["not_serving"]
+
+
 def _address(state_file: Path, device: str) -> list[str]:
     doc = json.loads(state_file.read_text())
     return [next(d["address"] for d in doc["devices"] if d["id"] == device)]
@@ -345,7 +374,8 @@ def test_detached_up_that_fails_prints_its_log(
     assert code == 1
     assert not path.exists()
     err = capsys.readouterr().err
-    assert "exited with code 1" in err and "out of range" in err
+    # a block past 65535 is a usage error (exit 2) saying the highest --base-port that fits
+    assert "exited with code 2" in err and "give a --base-port of at most" in err
 
 
 def test_down_of_an_instance_started_in_the_foreground(tmp_path: Path) -> None:

@@ -152,6 +152,44 @@ async def test_a_follower_adopts_the_authority_segments_and_its_lag_slows_everyo
         follower.close()
 
 
+@pytest.mark.parametrize("stalls", [True, False])
+async def test_a_follower_drops_a_silent_stream_and_follows_a_new_one(stalls: bool) -> None:
+    """A partition can leave a stream open and dead: after follower_silence_s of silence the
+    follower opens another (and the clock moves again); a stream that speaks is kept."""
+    profile = ClockProfile(lease_s=0.1, follower_silence_s=0.5 if stalls else 5.0)
+    owner_clock = Clock(time_scale=20.0)
+    owner = TimeKeeper(owner_clock, profile=profile, process="fabric", owner=True)
+    assert owner.authority is not None
+    authority = owner.authority
+    opened: list[int] = []
+
+    class Source:
+        async def follow(
+            self, process: str, wishes: AsyncIterator[tuple[float, float]]
+        ) -> AsyncIterator[ClockState]:
+            opened.append(len(opened))
+            async for state in authority.watch():
+                yield state
+                if stalls and len(opened) == 1:
+                    await asyncio.Event().wait()  # the first stream goes silent, never ends
+
+    follower = TimeKeeper(Clock(time_scale=20.0), profile=profile, process="n03", owner=False)
+    assert follower.follower is not None
+    task = asyncio.ensure_future(follower.follower.run(Source()))
+    try:
+        await asyncio.wait_for(follower.follower.synced.wait(), 5.0)
+        # a 0.5 s silence is long past after 10 s; a 5 s one cannot have been seen after 3 s
+        for _ in range(1000 if stalls else 300):
+            if len(opened) > 1:
+                break
+            await asyncio.sleep(0.01)
+        assert len(opened) == (2 if stalls else 1)
+    finally:
+        task.cancel()
+        owner.close()
+        follower.close()
+
+
 async def test_without_dilation_time_is_wall_time_times_the_scale() -> None:
     clock = Clock(time_scale=10.0)
     keeper = TimeKeeper(clock, profile=ClockProfile(dilation=False), process="test", owner=True)

@@ -26,7 +26,7 @@ async def test_a_killed_node_process_is_a_died_event_for_each_of_its_devices(
     )
     async with Supernode.start(options) as sn:
         assert sn.broker is not None  # the embedded broker, by default
-        async with listening(sn.broker) as listener:
+        async with listening(sn.broker, sn.security.mqtt_login()) as listener:
             assert sn.supervisor is not None
             node = sn.supervisor.running["n01"]
             node.proc.send_signal(signal.SIGKILL)
@@ -54,7 +54,7 @@ async def test_a_killed_compose_service_is_a_died_event(tmp_path: Path) -> None:
     )
     async with Supernode.start(options) as sn:
         assert sn.broker is not None and sn.supervisor is not None
-        async with listening(sn.broker) as listener:
+        async with listening(sn.broker, sn.security.mqtt_login()) as listener:
             victim = sn.supervisor.running["n00-npu3"]
             victim.proc.send_signal(signal.SIGKILL)
             await listener.wait_for(lambda: bool(listener.events("died")))

@@ -125,10 +125,9 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  #
         mode="docker",
         preset="cm-mini",
         per="device",
-        # a killed container's restart costs wall seconds that emulated time does not wait for
-        # (no event loop lags: the process is not there yet); at x10 the storm's kill leaves it
-        # 52 s of wall time to come back under the suite's load, at x20 only 26 s
-        time_scale=10.0,
+        # a killed container's restart holds emulated time until it serves again (held_time),
+        # so its wall-clock start costs the storm's recovery bound nothing at any time scale
+        time_scale=20.0,
         project=PROJECT,
         engine_octet=OCTET,
         run_dir=tmp_path / "run",
@@ -181,7 +180,7 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  #
             # container faults, seen by the manager; the kill is a `died` event over MQTT
             attach_engine(sn.clients, sn.engine)
             assert sn.broker is not None
-            async with listening(sn.broker) as events:
+            async with listening(sn.broker, sn.security.mqtt_login()) as events:
                 killed = await inject(sn.clients, "container-kill", "n01-npu3")
                 await _incident_for(sn, "n01-npu3")
                 await events.wait_for(lambda: events.named("n01-npu3", "died"))
@@ -192,10 +191,10 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  #
             assert code != 0  # its published port went with its network
             await clear(sn.clients, cut.id)
             await clear(sn.clients, killed.id)  # started again
-            # Its return is not awaited here: without gRPC keepalive a device's clock stream to
-            # the fabric can hang on the connection the partition cut until TCP gives up, and the
-            # device's liveness with it (a known bug: the closing note of this change). The
-            # storm below partitions a pool and holds its recovery to 10 emulated minutes.
+            # back on its network: the manager's heartbeats reach it again (its clock stream
+            # and the manager's stream through it were on connections the partition cut: gRPC
+            # keepalive finds them dead in about 20 s, tests/client/test_keepalive.py)
+            await _incident_for(sn, "n00-npu5", state="restored", within_s=180.0)
 
             # a fault kind the emulator cannot apply says why, and nothing changes
             with pytest.raises(NotFoundError):

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -83,9 +83,13 @@ class Listener:
         self.messages: list[tuple[str, dict[str, Any]]] = []
         self._arrived = asyncio.Event()
 
-    async def run(self, url: str, ready: asyncio.Event) -> None:
+    async def run(
+        self, url: str, ready: asyncio.Event, login: Mapping[str, str] | None = None
+    ) -> None:
         host, port = url.removeprefix("mqtt://").split(":")
-        async with aiomqtt.Client(host, int(port)) as client:
+        login = login or {}
+        user, password = login.get("username"), login.get("password")
+        async with aiomqtt.Client(host, int(port), username=user, password=password) as client:
             await client.subscribe("cmemu/#", qos=1)
             ready.set()
             async for message in client.messages:
@@ -109,10 +113,12 @@ class Listener:
 
 
 @asynccontextmanager
-async def listening(url: str) -> AsyncIterator[Listener]:
+async def listening(url: str, login: Mapping[str, str] | None = None) -> AsyncIterator[Listener]:
+    """A Listener subscribed to everything, logged in with `login` (a supernode's
+    `security.mqtt_login()`) when the broker wants one."""
     listener = Listener()
     ready = asyncio.Event()
-    task = asyncio.ensure_future(listener.run(url, ready))
+    task = asyncio.ensure_future(listener.run(url, ready, login))
     async with asyncio.timeout(10):
         await ready.wait()
     try:

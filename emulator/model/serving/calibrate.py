@@ -169,7 +169,7 @@ def prefill_tokens_per_s_per_npu(
         tokens_per_die=per_die,
         attention_pairs_per_die=pairs / c.prefill_dies,
         requests_per_die=prompts / c.prefill_dies,
-        loaded_bytes_per_die=0.0,
+        load_s=0.0,
         microbatches=microbatches,
         imbalance=imbalance(c.model, c.prefill_ep, placement, profile),
         dies=c.prefill_dies,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from emulator.model.costmodel import endpoint_bytes_per_s
+from emulator.model.costmodel import NS, ub_transfer_ns
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.serving.models import ModelShape
 from emulator.model.topology import DeviceKind
@@ -293,7 +293,7 @@ def prefill_batch(
     tokens_per_die: float,
     attention_pairs_per_die: float,
     requests_per_die: float,
-    loaded_bytes_per_die: float,
+    load_s: float,
     microbatches: int,
     imbalance: float,
     dies: int,
@@ -304,9 +304,13 @@ def prefill_batch(
     compute_share: float = 1.0,
 ) -> StepTime:
     """One prefill batch. Tokens spread evenly over the instance's dies; `attention_pairs_per_die`
-    counts (query, key) pairs of causal attention (a new token attends to the cached prefix and
-    to the new tokens before it). Matched prefix blocks are read from EMS over UB first.
-    `compute_share`: the slowest die's (module `_rates`)."""
+    counts (query, key) pairs of causal attention (a new token attends to the whole cached
+    prefix and to the new tokens before it, so a longer cached context costs more). `load_s` is
+    the batch's loading of matched prefix blocks from EMS into HBM (`prefix_load_s`): it is
+    pipelined layer by layer with the forward pass (layer l's blocks arrive while the layers
+    before it compute), so only the first layer's share and whatever the loads take beyond the
+    compute are exposed. `compute_share`: the
+    slowest die's (module `_rates`)."""
     s = profile.serving
     rates = _rates(profile, compute_share)
     qk, v = model.head_dim + model.rope_dim, model.head_dim
@@ -329,8 +333,8 @@ def prefill_batch(
         compute_share=compute_share,
     )
     head = _head_s(model, requests_per_die, rates)
-    load = loaded_bytes_per_die / endpoint_bytes_per_s(DeviceKind.NPU, profile)
-    total = time + head + s.graph_launch_s + load
+    layers = time if load_s <= 0 else _pipelined(time, load_s, model.layers)
+    total = layers + head + s.graph_launch_s
     return StepTime(
         total_s=total,
         compute_s=compute + head,
@@ -338,3 +342,76 @@ def prefill_batch(
         hidden_s=hidden,
         fixed_s=total - (compute + head) - (comm_total - hidden),
     )
+
+
+def _pipelined(compute_s: float, load_s: float, layers: int) -> float:
+    """A forward pass of `layers` equal layers whose inputs (a layer's share of the loaded KV)
+    stream in while the layers before compute: the first layer waits for its share, then each
+    layer takes the longer of its compute and the next share's load."""
+    c, a = compute_s / layers, load_s / layers
+    return a + c + (layers - 1) * max(a, c)
+
+
+def prefix_load_s(
+    blocks: int,
+    block_bytes: float,
+    *,
+    ub_across_servers: bool,
+    profile: HardwareProfile = DEFAULT_PROFILE,
+) -> float:
+    """Reading `blocks` cached KV blocks of a prompt from EMS into a prefill die's HBM: one UB
+    read per block from the memory pool (it is striped over the supernode's nodes, so a block
+    crosses nodes), at the die's UB bandwidth with the pool's latency per read. Without UB
+    across servers (`cluster-roce`) the pool's blocks come over the die's RDMA port."""
+    if blocks <= 0:
+        return 0.0
+    if ub_across_servers:
+        one = (
+            ub_transfer_ns(
+                round(block_bytes),
+                src=DeviceKind.NPU,
+                dst=DeviceKind.MEMPOOL,
+                cross_node=True,
+                profile=profile,
+            )
+            / NS
+        )
+    else:
+        rdma = profile.npu.rdma_bytes_per_s_per_die * profile.scaleout.efficiency
+        one = profile.scaleout.latency_s(switches=3) + block_bytes / rdma
+    return blocks * one
+
+
+def shared_block_credit(
+    model: ModelShape,
+    *,
+    block_bytes: float,
+    block_tokens: int,
+    batch_tokens: int,
+    dies: int,
+    ep: int,
+    ub_across_servers: bool,
+    profile: HardwareProfile = DEFAULT_PROFILE,
+) -> float:
+    """What a prompt block held in EMS (not in a prefill instance's HBM) saves, as a share of
+    prefilling it: 1 - (loading it, `prefix_load_s`) / (prefilling it: a full batch's forward
+    pass per block, communication left out, so the share is if anything low). The kv-aware
+    router's credit for the EMS tier (router.py)."""
+    per_die = batch_tokens / dies
+    batch = prefill_batch(
+        model,
+        tokens_per_die=per_die,
+        attention_pairs_per_die=per_die * (block_tokens + 1) / 2,
+        requests_per_die=batch_tokens / block_tokens / dies,
+        load_s=0.0,
+        microbatches=1,
+        imbalance=1.0,
+        dies=dies,
+        ep=ep,
+        dispatch_s=0.0,
+        combine_s=0.0,
+        profile=profile,
+    )
+    per_block = batch.total_s * block_tokens / batch_tokens
+    load = prefix_load_s(1, block_bytes, ub_across_servers=ub_across_servers, profile=profile)
+    return max(0.0, 1.0 - load / per_block)

@@ -36,6 +36,15 @@ class PrefixCache:
             n += 1
         return n
 
+    def peek(self, keys: Sequence[str]) -> int:
+        """How many leading blocks are cached, leaving the recency as it is (a router's look)."""
+        n = 0
+        for key in keys:
+            if key not in self._blocks:
+                break
+            n += 1
+        return n
+
     def insert(self, keys: Sequence[str]) -> int:
         """Cache `keys` (most recently used), evicting the least recently used beyond capacity;
         returns how many were new."""

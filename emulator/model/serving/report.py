@@ -22,6 +22,7 @@ from emulator.model.serving.engine import (
 )
 from emulator.model.serving.hbm import die_memory
 from emulator.model.serving.models import get_model
+from emulator.model.serving.workload import turn_of
 
 
 class Recorder:
@@ -105,7 +106,8 @@ class Report:
     kv_hit_rate: float  # prompt blocks found in EMS / prompt blocks looked up
     prompt_tokens: int
     prefill_tokens: int
-    ems_loaded_bytes: float
+    ems_loaded_bytes: float  # matched blocks read from EMS (the others were in prefill HBM)
+    prefill_hbm_hit_blocks: int  # matched blocks the prefill instance's HBM still held
     ems_stored_bytes: float
     kv_transfer_bytes: float
     slo_attainment: float  # finished requests within both targets
@@ -121,6 +123,8 @@ class Report:
     hbm_refused: int = 0
     # hardware figures that differ from the default profile (a what-if study): name: value
     overrides: dict[str, float] = field(default_factory=dict)
+    # multi-turn conversations (workload `turns`): TTFT p50 of each turn, the first first
+    ttft_p50_s_by_turn: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -172,13 +176,25 @@ def summarize(
         prompt_tokens=stats.prompt_tokens,
         prefill_tokens=stats.prefill_tokens,
         ems_loaded_bytes=stats.ems_loaded_bytes,
+        prefill_hbm_hit_blocks=stats.prefill_hbm_hit_blocks,
         ems_stored_bytes=stats.ems_stored_blocks * kv_bytes_per_block,
         kv_transfer_bytes=stats.kv_transfer_bytes,
         slo_attainment=good / max(len(recorder.finish), 1),
         goodput_per_s=good / elapsed,
         overrides=changed(profile),
+        ttft_p50_s_by_turn=_by_turn(recorder),
         **_hbm(stats, deployment, profile),
     )
+
+
+def _by_turn(recorder: Recorder) -> list[float]:
+    """TTFT p50 per turn of a multi-turn workload's conversations (none: empty)."""
+    by: dict[int, list[float]] = {}
+    for rid, t in recorder.first.items():
+        turn = turn_of(rid)
+        if turn is not None and rid in recorder.arrival:
+            by.setdefault(turn, []).append(t - recorder.arrival[rid])
+    return [float(np.median(by[k])) for k in sorted(by)]
 
 
 def _hbm(stats: EngineStats, d: Deployment, profile: HardwareProfile) -> dict[str, Any]:

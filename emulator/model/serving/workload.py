@@ -6,11 +6,19 @@
 A generated prompt reuses a prefix with the given rate: that share of its full blocks (rounded
 at random) is one of `prefix_pool` shared prefixes, chosen uniformly; the rest of its blocks are
 its own. Once every shared prefix is cached, the block hit rate approaches the reuse rate.
+
+Multi-turn conversations (`turns` > 1), where a prefix cache matters most: each arrival starts a
+conversation of `turns` requests `turn_gap_s` apart (the user reading and typing); turn k's
+prompt is the whole conversation so far (every earlier prompt's new text and every answer) plus
+its new user text (`input`), its answer `output` long. Its blocks are the conversation's, so turn
+k finds turn k-1's prompt cached. Requests are named `c<conversation>.<turn>` (`turn_of`);
+`requests` then counts conversations.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -29,7 +37,15 @@ from emulator.model.serving.lengths import (
     sample,
 )
 
-__all__ = ["DISTRIBUTIONS", "Distribution", "Workload", "generate", "parse_workload", "sample"]
+__all__ = [
+    "DISTRIBUTIONS",
+    "Distribution",
+    "Workload",
+    "generate",
+    "parse_workload",
+    "sample",
+    "turn_of",
+]
 
 SUPPORTED_VERSION = 1
 
@@ -59,6 +75,8 @@ class Workload:
     requests: int = 0  # 0: as many as arrive within the duration
     duration_s: float = 60.0
     seed: int = 0
+    turns: int = 1  # requests per conversation (module docstring)
+    turn_gap_s: float = 30.0  # between a conversation's turns
 
 
 def parse_workload(raw: Mapping[str, Any]) -> Workload:
@@ -84,11 +102,17 @@ def parse_workload(raw: Mapping[str, Any]) -> Workload:
             if value not in ARRIVALS:
                 raise UnknownNameError("arrival process", str(value), ARRIVALS, field=key)
             values[key] = value
-        elif key in ("requests", "prefix_pool", "seed"):
+        elif key in ("requests", "prefix_pool", "seed", "turns"):
             values[key] = number(value, key, int)
         else:
             values[key] = number(value, key)
     w = Workload(**values)
+    _check(w)
+    return w
+
+
+def _check(w: Workload) -> None:
+    """A parsed workload's values in range (InvalidArgumentError naming the field)."""
     if not w.rate_per_s > 0:
         raise InvalidArgumentError("rate_per_s must be > 0", field="rate_per_s")
     if not 0 <= w.prefix_reuse <= 1:
@@ -97,7 +121,20 @@ def parse_workload(raw: Mapping[str, Any]) -> Workload:
         raise InvalidArgumentError(
             "need prefix_pool >= 1, requests >= 0 and duration_s > 0", field="prefix_pool"
         )
-    return w
+    if w.turns < 1:
+        raise InvalidArgumentError(f"turns must be >= 1, got {w.turns}", field="turns")
+    if not w.turn_gap_s > 0:
+        raise InvalidArgumentError(
+            f"turn_gap_s must be > 0, got {w.turn_gap_s}", field="turn_gap_s"
+        )
+
+
+def turn_of(request_id: str) -> int | None:
+    """A multi-turn workload's request's turn (0 is the first); None for other requests."""
+    head, dot, tail = request_id.partition(".")
+    if not (head.startswith("c") and dot and tail.isdigit()):
+        return None
+    return int(tail)
 
 
 def generate(
@@ -110,6 +147,9 @@ def generate(
     """The workload's requests in arrival order, deterministic for a seed."""
     rng = np.random.default_rng(w.seed if seed is None else seed)
     until = w.duration_s if duration_s is None else duration_s
+    if w.turns > 1:
+        yield from _conversations(w, rng, block_tokens=block_tokens, until=until)
+        return
     gap = ARRIVALS[w.arrival]
     t = 0.0
     n = 0
@@ -127,6 +167,38 @@ def generate(
         )
         n += 1
         t += gap(w.rate_per_s, rng)
+
+
+def _conversations(
+    w: Workload, rng: np.random.Generator, *, block_tokens: int, until: float
+) -> Iterator[Request]:
+    """Multi-turn conversations (module docstring), their turns merged in arrival order."""
+    gap = ARRIVALS[w.arrival]
+    later: list[tuple[float, int, int, Request]] = []  # (arrival, conversation, turn, request)
+    t = 0.0
+    n = 0
+    while (w.requests == 0 or n < w.requests) and (w.requests > 0 or t < until):
+        while later and later[0][0] <= t:
+            yield heapq.heappop(later)[3]
+        context = 0
+        for k in range(w.turns):
+            prompt = context + sample(w.input, rng)
+            out = sample(w.output, rng)
+            keys = tuple(f"c{n}-{i}" for i in range(prompt // block_tokens))
+            arrival = t + k * w.turn_gap_s
+            request = Request(
+                id=f"c{n}.{k}",
+                arrival_s=arrival,
+                input_tokens=prompt,
+                output_tokens=out,
+                block_keys=keys,
+            )
+            heapq.heappush(later, (arrival, n, k, request))
+            context = prompt + out
+        n += 1
+        t += gap(w.rate_per_s, rng)
+    while later:
+        yield heapq.heappop(later)[3]
 
 
 _TRACE_FIELDS = ("timestamp", "input_length", "output_length")

@@ -110,7 +110,7 @@ def step_time(
         tokens_per_die=tokens,
         attention_pairs_per_die=tokens * (tokens + 1) / 2,  # one causal sequence per die
         requests_per_die=1,
-        loaded_bytes_per_die=0,
+        load_s=0.0,
         microbatches=1,
         imbalance=1.0,
         dies=ep,

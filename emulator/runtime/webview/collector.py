@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -67,9 +67,17 @@ class Collector:
     """Async context manager: the feeds run in a TaskGroup from entry to exit. Each diff goes to
     every listener (the server's SSE streams) on the event loop."""
 
-    def __init__(self, machine: Machine, clients: Clients, *, rates: Rates | None = None) -> None:
+    def __init__(
+        self,
+        machine: Machine,
+        clients: Clients,
+        *,
+        rates: Rates | None = None,
+        mqtt_login: Mapping[str, str] | None = None,
+    ) -> None:
         self.machine = machine
         self.clients = clients
+        self.mqtt_login = dict(mqtt_login or {})  # the broker's login, when it wants one
         self.rates = rates or Rates()
         self.topology: Topology = clients.topology
         self._listeners: set[Listener] = set()
@@ -266,7 +274,7 @@ class Collector:
     async def _events(self) -> None:
         assert self.topology.broker is not None
         host, port = parse_broker_url(self.topology.broker)
-        async with subscriber(host, port, timeout=5) as client:
+        async with subscriber(host, port, timeout=5, **self.mqtt_login) as client:
             await client.subscribe(topic(self.topology.supernode, "+", "events"), qos=1)
             self._ok("events")
             async for message in client.messages:

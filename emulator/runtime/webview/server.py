@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import ssl
+from collections.abc import Mapping
 from importlib import resources
 from types import TracebackType
 
@@ -90,12 +91,13 @@ class WebView:
         profile: HardwareProfile = DEFAULT_PROFILE,
         rates: Rates | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        mqtt_login: Mapping[str, str] | None = None,
     ) -> None:
         self.host, self.port = parse_address(address)
         self._ssl = ssl_context  # HTTPS with the gRPC servers' certificate when they use TLS
         self.idle_s = profile.limits.http_idle_s  # a silent connection is closed after this
         self.machine = Machine(clients.topology, profile)
-        self.collector = Collector(self.machine, clients, rates=rates)
+        self.collector = Collector(self.machine, clients, rates=rates, mqtt_login=mqtt_login)
         self._runner: web.AppRunner | None = None
         self._streams: set[_Stream] = set()
         self._static: dict[str, bytes] = {}

@@ -35,7 +35,7 @@ def _prefill(**kw: object) -> cost.StepTime:
         "tokens_per_die": 512,
         "attention_pairs_per_die": 512 * 2048,
         "requests_per_die": 0.125,
-        "loaded_bytes_per_die": 0.0,
+        "load_s": 0.0,
         "microbatches": 2,
         "imbalance": 1.0,
         "dies": 32,
@@ -88,9 +88,35 @@ def test_the_parts_add_up() -> None:
         assert step.fixed_s >= DEFAULT_PROFILE.serving.graph_launch_s
 
 
-def test_prefill_reads_matched_prefixes_from_ems_over_ub() -> None:
-    loaded = _prefill(loaded_bytes_per_die=1e9).total_s - _prefill().total_s
-    assert loaded == pytest.approx(1e9 / DEFAULT_PROFILE.ub.achieved_bytes_per_s_per_die)
+def test_prefix_loads_overlap_the_forward_pass_layer_by_layer() -> None:
+    base = _prefill()
+    layers = MODEL.layers
+    # a load shorter than the compute: only the first layer's share shows
+    small = base.total_s * 0.5
+    assert _prefill(load_s=small).total_s - base.total_s == pytest.approx(small / layers)
+    # a load longer than the compute: the pass waits for it (plus one layer's compute)
+    big = base.total_s * 4
+    exposed = _prefill(load_s=big).total_s - base.total_s
+    assert exposed > big * 0.5
+    assert exposed < big  # still partly hidden behind the compute
+
+
+def test_a_prefix_load_is_one_ub_read_per_block_from_the_pool() -> None:
+    block = 512 * cost.kv_bytes_per_token(MODEL)
+    one = cost.prefix_load_s(1, block, ub_across_servers=True)
+    ub = DEFAULT_PROFILE.ub.achieved_bytes_per_s_per_die
+    assert one > block / ub  # bandwidth plus the pool's latency and the node crossing
+    assert cost.prefix_load_s(10, block, ub_across_servers=True) == pytest.approx(10 * one)
+    assert cost.prefix_load_s(0, block, ub_across_servers=True) == 0.0
+    # over a die's RDMA port (cluster-roce) the same blocks take longer
+    assert cost.prefix_load_s(10, block, ub_across_servers=False) > 2 * 10 * one
+
+
+def test_prefill_of_a_suffix_attends_over_the_cached_prefix() -> None:
+    new = 512
+    short = _prefill(attention_pairs_per_die=new * (1_024 + (new + 1) / 2))
+    long = _prefill(attention_pairs_per_die=new * (32_768 + (new + 1) / 2))
+    assert long.compute_s > short.compute_s * 1.5
 
 
 def test_the_measured_utilisations_set_the_rates() -> None:

@@ -3,11 +3,13 @@ with prefix reuse, EMS, load and platform."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
+from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.serving.deployment import Deployment, parse_deployment
 from emulator.model.serving.des import simulate
 from emulator.model.serving.workload import generate, parse_workload, read_mooncake
@@ -67,9 +69,17 @@ def test_prefix_reuse_hits_in_ems_and_shortens_prefill() -> None:
     assert reuse[0.0].kv_hit_rate == 0
     assert 0.3 < reuse[0.5].kv_hit_rate < reuse[0.9].kv_hit_rate
     assert reuse[0.9].prefill_tokens < reuse[0.5].prefill_tokens < reuse[0.0].prefill_tokens
-    assert reuse[0.9].ems_loaded_bytes > 0
+    # a hit's blocks come from the prefill instance's HBM while it holds them, else from EMS
+    assert reuse[0.9].prefill_hbm_hit_blocks > 0
+    no_hbm = dataclasses.replace(
+        DEFAULT_PROFILE,
+        serving=dataclasses.replace(DEFAULT_PROFILE.serving, prefill_prefix_bytes_per_die=0),
+    )
+    loaded = simulate(_small(), _workload(prefix_reuse=0.9), profile=no_hbm).report
+    assert loaded.ems_loaded_bytes > 0 and loaded.prefill_hbm_hit_blocks == 0
+    assert loaded.kv_hit_rate == reuse[0.9].kv_hit_rate
     off = simulate(_small(ems={"enabled": False}), _workload(prefix_reuse=0.9)).report
-    assert off.kv_hit_rate == 0 and off.ems_loaded_bytes == 0
+    assert off.kv_hit_rate == 0 and off.ems_loaded_bytes == 0 and off.prefill_hbm_hit_blocks == 0
     assert off.ttft_s.mean > reuse[0.9].ttft_s.mean
 
 
