@@ -201,16 +201,21 @@ def test_fabric_and_device_faults(running: Path) -> None:
     assert "dev:n01-npu3" in device.stdout
 
     listed = json.loads(cmemu("fault", "ls", "--json", *at).stdout)
+    # the device's fault and the rank fault it set on the fabric (its collectives fail)
+    rank = [f["id"] for f in listed if f["kind"] == "rank-down"]
     assert {(f["id"], f["kind"], f["target"]) for f in listed} == {
         (fabric_id, "link-down", link),
         ("dev:n01-npu3", "device-down", "n01-npu3"),
+        (*rank, "rank-down", "n01-npu3"),
     }
     report = json.loads(cmemu("status", "--json", *at).stdout)
     assert report["devices_serving"] == MINI_DEVICES - 1
     assert report["not_serving"] == {"n01-npu3": "NOT_SERVING"}
-    assert len(report["faults"]) == 2
+    assert len(report["faults"]) == 3
 
     assert cmemu("fault", "rm", "dev:n01-npu3", *at).returncode == 0
+    left = json.loads(cmemu("fault", "ls", "--json", *at).stdout)
+    assert [f["kind"] for f in left] == ["link-down"]  # the rank fault went with the device's
     again = cmemu("fault", "rm", "dev:n01-npu3", *at)
     assert again.returncode == 1 and "not faulted" in again.stderr
     assert cmemu("probe", *_address(running, "n01-npu3")).returncode == 0
@@ -220,7 +225,7 @@ def test_fabric_and_device_faults(running: Path) -> None:
     assert missing.returncode == 2 and "--factor" in missing.stderr
     cleared = cmemu("fault", "rm", "--all", *at)
     assert cleared.returncode == 0, cleared.stderr
-    assert "cleared 2 faults" in cleared.stdout
+    assert "cleared 3 faults" in cleared.stdout  # the link, the device and its rank fault
     assert json.loads(cmemu("fault", "ls", "--json", *at).stdout) == []
     unknown = cmemu("fault", "add", "device-down", "n99-npu0", *at)
     assert unknown.returncode == 1 and "n99-npu0" in unknown.stderr
