@@ -114,7 +114,7 @@ def _router_row(sim: Simulation) -> dict[str, Any]:
     }
 
 
-def _shared_prefix() -> list[Request]:
+def shared_prefix() -> list[Request]:
     """One shared prefix (90% of 8,192-token prompts) at 20 requests/s, the first request a
     second ahead of the rest (tests/model/serving/test_routing.py's case)."""
     w = parse_workload(
@@ -137,7 +137,7 @@ def routers() -> dict[str, Any]:
     trace = read_mooncake(
         (ROOT / "workloads/mooncake-synthetic.jsonl").read_text().splitlines(), block_tokens=BLOCK
     )
-    shared = _shared_prefix()
+    shared = shared_prefix()
     out: dict[str, Any] = {"mooncake": {}, "shared_prefix": {}}
     for name in ROUTER_NAMES:
         out["mooncake"][name] = _router_row(simulate(deployment(router=name), trace))

@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.serving_issue23 import shared_prefix
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.serving.deployment import parse_deployment
 from emulator.model.serving.des import Simulation, simulate
-from emulator.model.serving.engine import Request
 from emulator.model.serving.router import RouteWeights, prefill_cost
-from emulator.model.serving.workload import generate, parse_workload
 
 ROOT = Path(__file__).resolve().parents[3]
 BLOCK = DEFAULT_PROFILE.serving.block_tokens
@@ -70,32 +69,12 @@ def test_bad_router_weights_are_refused(bad: dict[str, float]) -> None:
         _weights(**bad)
 
 
-def _shared_prefix() -> list[Request]:
-    """One shared prefix (14 of a prompt's 16 blocks), 20 requests/s (a small share of six
-    prefill instances' capacity); the first request alone a second ahead, so that one instance
-    holds the prefix before the rest arrive."""
-    w = parse_workload(
-        {
-            "input": 16 * BLOCK,
-            "output": 32,
-            "rate_per_s": 20,
-            "duration_s": 15,
-            "prefix_reuse": 0.9,
-            "prefix_pool": 1,
-            "seed": 5,
-        }
-    )
-    requests = list(generate(w, block_tokens=BLOCK))
-    late = [dataclasses.replace(r, arrival_s=r.arrival_s + 1.0) for r in requests[1:]]
-    return [requests[0], *late]
-
-
 def _run(router: str, profile: HardwareProfile = DEFAULT_PROFILE) -> Simulation:
     doc = yaml.safe_load((ROOT / "examples/deployments/deepseek-r1.yaml").read_text())
     doc["router"] = router
     deployment = parse_deployment(doc)
     assert deployment.prefill.instances == INSTANCES
-    return simulate(deployment, _shared_prefix(), profile=profile)
+    return simulate(deployment, shared_prefix(), profile=profile)
 
 
 def _busiest_share(sim: Simulation) -> float:
@@ -114,7 +93,7 @@ def test_kv_routing_spreads_a_shared_prefix_and_is_no_slower(round_robin: Simula
     share = _busiest_share(kv)
     assert share <= fair * (1 + SLACK), (share, kv.engine.stats.prefill_requests)
     assert len(kv.engine.stats.prefill_requests) == INSTANCES  # none left idle
-    assert kv.report.finished == round_robin.report.finished == len(_shared_prefix())
+    assert kv.report.finished == round_robin.report.finished == len(shared_prefix())
     assert kv.report.ttft_s.p50 <= round_robin.report.ttft_s.p50
     assert kv.report.ttft_s.p90 <= round_robin.report.ttft_s.p90
 
