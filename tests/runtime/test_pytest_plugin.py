@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from emulator.testing import port_range
+
 pytest_plugins = ("pytester",)
 
 PORTS_TEST = """
@@ -32,16 +34,21 @@ def _outcome(result: pytest.RunResult) -> dict[str, int]:
 def test_the_port_range_from_the_command_line_wins_over_the_ini(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytester.makeini("[pytest]\ncmemu_ports = 24600-25600\ncmemu_preset = cm-mini\n")
+    # two ranges inside this xdist worker's own slice of ports: a fixed range would overlap
+    # another worker's, whose emulators may bind in it between this one's probe and its bind
+    low, high = port_range()
+    width = min(1000, (high - low) // 2)
+    ini, cli = f"{low}-{low + width}", f"{low + width}-{low + 2 * width}"
+    pytester.makeini(f"[pytest]\ncmemu_ports = {ini}\ncmemu_preset = cm-mini\n")
     pytester.makepyfile(test_ports=PORTS_TEST)
-    monkeypatch.setenv("EXPECT_PORTS", "24600-25600")
+    monkeypatch.setenv("EXPECT_PORTS", ini)
     from_ini = pytester.runpytest_subprocess("-p", "no:randomly")
     assert _outcome(from_ini) == {"passed": 1}, from_ini.stdout.str()
     # the twin: the same test with the command line's range, which the ini's does not satisfy
-    from_cli = pytester.runpytest_subprocess("-p", "no:randomly", "--cmemu-ports", "23400-24400")
+    from_cli = pytester.runpytest_subprocess("-p", "no:randomly", "--cmemu-ports", cli)
     assert _outcome(from_cli) == {"failed": 1}, from_cli.stdout.str()
-    monkeypatch.setenv("EXPECT_PORTS", "23400-24400")
-    again = pytester.runpytest_subprocess("-p", "no:randomly", "--cmemu-ports", "23400-24400")
+    monkeypatch.setenv("EXPECT_PORTS", cli)
+    again = pytester.runpytest_subprocess("-p", "no:randomly", "--cmemu-ports", cli)
     assert _outcome(again) == {"passed": 1}, again.stdout.str()
 
 

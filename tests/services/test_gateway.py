@@ -17,6 +17,7 @@ import pytest
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
 from cmemu.v1 import gateway_pb2 as pb
 from emulator.client import faults, health
+from emulator.client.clock import held_time
 from emulator.client.errors import decode
 from emulator.model.flowsim import LiveFlows
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
@@ -213,12 +214,18 @@ async def test_two_flows_on_a_shared_leaf_uplink_get_max_min_shares() -> None:
             qps = [(await _pair(gw, f"n00-npu{i}", f"n01-npu{i}"))[0] for i in (0, 1)]
             size = 256 << 20  # long enough that the two overlap for most of their lives
             offsets = [await _region(clients, f"n01-npu{i}", size) for i in (0, 1)]
-            done = await asyncio.gather(
-                *(
-                    gw.Write(pb.RdmaRequest(qpn=q.qpn, remote_offset=o, size=size, size_only=True))
-                    for q, o in zip(qps, offsets, strict=True)
+            # emulated time all but stopped while both are issued: at time scale 1 a loaded
+            # host's wall skew between the two calls (6 ms seen in CI) is as much emulated skew
+            async with held_time(sn.topology, name="two-flows") as held:
+                assert held
+                done = await asyncio.gather(
+                    *(
+                        gw.Write(
+                            pb.RdmaRequest(qpn=q.qpn, remote_offset=o, size=size, size_only=True)
+                        )
+                        for q, o in zip(qps, offsets, strict=True)
+                    )
                 )
-            )
             assert sn.topology.scaleout is not None
             graph = RdmaGraph(sn.topology.scaleout, profile)
             flows = LiveFlows(res_cap=graph.link_cap())
