@@ -21,7 +21,7 @@ import grpc
 from cmemu.v1 import device_pb2_grpc, ub_pb2_grpc
 from emulator.client.channels import Channels
 from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.client.remote import RemoteDevice, RemoteFabric
+from emulator.client.remote import ClockStream, RemoteDevice, RemoteFabric
 from emulator.engines.device.engine import DeviceEngine
 from emulator.engines.peers import DevicePeer, FabricPeer, LocalDevice, LocalFabric
 from emulator.model.errors import EmulatorError
@@ -68,6 +68,7 @@ class Peers:
     def __init__(self, topology: Topology, credentials: Credentials = ANONYMOUS) -> None:
         self.topology = topology
         self._channels = Channels(credentials)  # every device's calls carry the token
+        self._clock_channels = Channels(credentials)
         self._local: dict[str, LocalDevice] = {}
         self._remote: dict[str, RemoteDevice] = {}
         self._local_fabric: LocalFabric | None = None
@@ -110,11 +111,11 @@ class Peers:
             self._remote_fabric = RemoteFabric(self.channel(address))
         return self._remote_fabric
 
-    def clock_source(self, topology: Topology | None = None) -> RemoteFabric:
+    def clock_source(self, topology: Topology | None = None) -> ClockStream:
         """Where this process follows emulated time from: sn0's fabric (the first document's,
-        or `topology`'s)."""
+        or `topology`'s), on channels of the clock's own (ClockStream says why)."""
         address = (topology or self.topology).service(ServiceKind.FABRIC).address
-        return RemoteFabric(self.channel(address))
+        return ClockStream(self._clock_channels, address)
 
     # --- the older calls, by method name ---------------------------------------------------------
 
@@ -174,3 +175,4 @@ class Peers:
 
     async def close(self) -> None:
         await self._channels.close()
+        await self._clock_channels.close()

@@ -27,6 +27,9 @@ CLIENT_OPTIONS = (
     # not after gRPC's default backoff of up to 120 s (20 emulated minutes at time scale 10).
     ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
     ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+    # A restarted or reconnected container may come back at another address: its name is looked
+    # up again a second after a failed connection, not 30 s (gRPC's default)
+    ("grpc.dns_min_time_between_resolutions_ms", RECONNECT_BACKOFF_MS),
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),  # gRPC >= 1.6x: else 60 s

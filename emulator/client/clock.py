@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 from emulator.client.channels import Channels
 from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.client.remote import RemoteFabric
+from emulator.client.remote import ClockStream, RemoteFabric
 from emulator.engines.clock import TimeKeeper
 from emulator.model.clock import Clock
 from emulator.model.errors import UnavailableError
@@ -51,7 +51,7 @@ async def followed_time(
     follower = keeper.follower
     assert follower is not None
     channels = Channels(credentials)
-    source = RemoteFabric(channels.get(clock_address(topology)))
+    source = ClockStream(channels, clock_address(topology))
     task = asyncio.ensure_future(keeper.run(source) if report else follower.run(source), loop=None)
     try:
         try:

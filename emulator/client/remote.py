@@ -12,6 +12,7 @@ from typing import TypeVar
 import grpc
 
 from cmemu.v1 import device_pb2, device_pb2_grpc, fabric_pb2, fabric_pb2_grpc, ub_pb2_grpc
+from emulator.client.channels import Channels
 from emulator.client.status import error_from
 from emulator.client.wire import device as device_wire
 from emulator.client.wire import fabric as fabric_wire
@@ -81,6 +82,30 @@ class RemoteDevice:
             raise error_from(exc, self.device.id) from None
         finally:
             stream.cancel()
+
+
+class ClockStream:
+    """The owner of time, followed over a channel of its own that is opened anew for each
+    stream. gRPC's DNS resolver backs off up to 120 s after failed lookups (not configurable),
+    and a container cut off from its networks fails every lookup: a channel reused after a
+    partition could wait two minutes to look the fabric up again, its process's time and
+    heartbeats held meanwhile (the manager would keep it isolated). A new channel looks the
+    name up at once; the old one is closed first (it carries nothing else)."""
+
+    def __init__(self, channels: Channels, address: str) -> None:
+        self._channels = channels
+        self._address = address
+        self._opened = False
+
+    async def follow(
+        self, process: str, wishes: AsyncIterator[tuple[float, float]]
+    ) -> AsyncIterator[ClockState]:
+        if self._opened:
+            await self._channels.reset(self._address)
+        self._opened = True
+        source = RemoteFabric(self._channels.get(self._address))
+        async for state in source.follow(process, wishes):
+            yield state
 
 
 class RemoteFabric:

@@ -143,6 +143,10 @@ class LivenessWatch:
                 what = "broken" if answered[0] else "refused"
                 self._fail(through, "health", f"liveness stream {what}: {exc.reason}")
             log.debug("liveness stream ended", through=through, error=str(exc)[:200])
+            if exc.reason == UNREACHABLE:
+                # the next try on a new channel: one that failed to look a partitioned
+                # container's name up backs off up to 120 s before it looks again (ClockStream)
+                await self.peers.forget(device)
         elif exc is not None:
             raise exc
         return answered[0]
