@@ -89,6 +89,12 @@ class SwitchProfile:
     l2_chips_per_plane: int = fig(16, "pub")
     l2_ports_per_chip: int = fig(48, "pub")
     port_bytes_per_s: float = fig(28 * GB, "pub")
+    # a link-layer retransmission (a frame lost or failing CRC) costs the frame one replay round
+    # trip on top of its resending (fault kind link-loss); not published
+    link_retry_s: float = fig(1.0e-6, "assumed")
+    # an L1 chip's 16 uplinks leave the node through optical modules; how many links one module
+    # carries is not published (an 8-lane module: two per chip; fault kind optical-module)
+    uplinks_per_optical_module: int = fig(8, "assumed")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,6 +46,25 @@ class SlowParams:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ThermalThrottleParams:
+    compute: float = param(
+        0.6, "share of kernel throughput every NPU of the node keeps, in (0, 1)", FRACTION
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntermittentHangParams:
+    period_s: float = param(60.0, "emulated seconds from one hang to the next", POSITIVE)
+    hang_s: float = param(5.0, "emulated seconds each hang lasts, less than period_s", POSITIVE)
+
+    def check(self) -> None:
+        if self.hang_s >= self.period_s:
+            raise invalid(
+                "intermittent-hang", "hang_s", "must be below period_s (else it is a hang)"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
 class HbmEccParams:
     region: int = param(
         0, "poison this region id (see ListRegions); 0: use offset/size", AT_LEAST_ZERO
@@ -78,6 +97,21 @@ class LinkDegradedParams:
 class LinkLatencyParams:
     latency_us: float = param(
         help="emulated microseconds added per crossing, (0, 1e6]", check=POSITIVE
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkLossParams:
+    rate: float = param(
+        help="share of the link's frames lost or failing CRC, in (0, 1); each is retransmitted",
+        check=FRACTION,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpticalModuleParams:
+    module: int = param(
+        0, "which of the L1 chip's uplink modules fails (0-based; cmemu fault kinds)", AT_LEAST_ZERO
     )
 
 
@@ -128,6 +162,10 @@ PARAMS: dict[str, type[Any]] = {
     "crash": CrashParams,
     "hang": NoParams,
     "slow": SlowParams,
+    "thermal-throttle": ThermalThrottleParams,
+    "intermittent-hang": IntermittentHangParams,
+    "link-loss": LinkLossParams,
+    "optical-module": OpticalModuleParams,
     "hbm-ecc": HbmEccParams,
     "die-down": DieDownParams,
     "link-flap": LinkFlapParams,
