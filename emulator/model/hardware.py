@@ -258,6 +258,9 @@ class EmulatorLimits:
     # collectives are timed on the fabric's own threads (never the default pool other work uses)
     collective_workers: int = fig(2, "assumed")
     collective_queue_max: int = fig(16, "assumed")  # waiting beyond these: RESOURCE_EXHAUSTED
+    # an intermittent-hang's shortest hang and shortest answering gap, emulated: shorter windows
+    # would toggle the device (and the fabric's rank fault) faster than any caller could see
+    fault_window_min_s: float = fig(0.01, "assumed")
     # Issue 9: a chaos tool must survive chaos. Every request is bounded in time and memory.
     operation_max_s: float = fig(3600.0, "assumed")  # emulated seconds one operation may take
     engine_backlog_max_s: float = fig(86_400.0, "assumed")  # emulated work queued on one die

@@ -218,7 +218,14 @@ async def test_an_intermittent_hang_answers_only_between_its_hangs(
 
 
 async def test_an_intermittent_hang_checks_its_windows(clients: Clients) -> None:
-    for params in ({"hang_s": "30", "period_s": "30"}, {"hang_s": "0"}, {"period_s": "x"}):
+    bad: list[dict[str, str]] = [
+        {"hang_s": "30", "period_s": "30"},  # a hang, not an intermittent one
+        {"hang_s": "0"},
+        {"hang_s": "0.001"},  # shorter than limits.fault_window_min_s: no caller would see it
+        {"hang_s": "1", "period_s": "1.001"},  # nor such a gap
+        {"period_s": "x"},
+    ]
+    for params in bad:
         with pytest.raises(InvalidArgumentError):
             await faults.inject(clients, "intermittent-hang", "n00-npu6", params)
     raw = await _refused(

@@ -106,17 +106,22 @@ class IntermittentHang:
         )
 
     async def _cycle(self, engine: DeviceEngine, fault: ActiveFault) -> None:
+        """Bring the device to the window it is in now, sleep to the window's end, repeat.
+        From the clock, never by counting windows: a host that falls behind skips the windows
+        it missed instead of replaying them."""
         params: IntermittentHangParams = fault.params
         period_ns, hang_ns = round(params.period_s * 1e9), round(params.hang_s * 1e9)
-        start = fault.since_ns
         while True:
-            await engine.clock.sleep_until(start + hang_ns)
-            await HANG.undo(engine, fault)
-            engine.publish("hang-window", hung=False)
-            start += period_ns
-            await engine.clock.sleep_until(start)
-            await HANG.apply(engine, fault)
-            engine.publish("hang-window", hung=True)
+            elapsed = engine.clock.now_ns() - fault.since_ns
+            start = fault.since_ns + elapsed - elapsed % period_ns
+            hung = elapsed % period_ns < hang_ns
+            if hung and not fault.holds_answers:
+                await HANG.apply(engine, fault)
+                engine.publish("hang-window", hung=True)
+            elif not hung and fault.holds_answers:
+                await HANG.undo(engine, fault)
+                engine.publish("hang-window", hung=False)
+            await engine.clock.sleep_until(start + (hang_ns if hung else period_ns))
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         task, fault.cycle = fault.cycle, None

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.model.faults.params import AT_LEAST_ZERO, FRACTION, POSITIVE, SHARE, invalid
+from emulator.model.hardware import DEFAULT_PROFILE
 
 
 def param(default: Any = None, help: str = "", check: dict[str, str] | None = None) -> Any:
@@ -58,9 +59,14 @@ class IntermittentHangParams:
     hang_s: float = param(5.0, "emulated seconds each hang lasts, less than period_s", POSITIVE)
 
     def check(self) -> None:
-        if self.hang_s >= self.period_s:
+        shortest = DEFAULT_PROFILE.limits.fault_window_min_s
+        if self.hang_s < shortest:
+            raise invalid("intermittent-hang", "hang_s", f"must be at least {shortest:g} s")
+        if self.period_s - self.hang_s < shortest:
             raise invalid(
-                "intermittent-hang", "hang_s", "must be below period_s (else it is a hang)"
+                "intermittent-hang",
+                "hang_s",
+                f"must be below period_s by at least {shortest:g} s (else it is a hang)",
             )
 
 
