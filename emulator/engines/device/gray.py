@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from emulator.engines.device.faultbase import ALL, ActiveFault, clear_rank_fault, rank_fault
 from emulator.model.errors import EmulatorError, PreconditionError
@@ -91,6 +92,17 @@ class Slow:
                 await engine.peers.fabric().clear_fault(fault.fabric_fault)
 
 
+async def _whole(step: Coroutine[Any, Any, None]) -> None:
+    """Run a window's step to its end even when the fault is cleared meanwhile: a rank fault
+    half-set at the fabric (its id not yet recorded) would outlive the fault."""
+    inner = asyncio.ensure_future(step)
+    try:
+        await asyncio.shield(inner)
+    except asyncio.CancelledError:
+        await inner
+        raise
+
+
 @dataclass(frozen=True)
 class IntermittentHang:
     """Hung windows on the emulated clock, run by a task of the device's process: the device
@@ -115,12 +127,9 @@ class IntermittentHang:
             elapsed = engine.clock.now_ns() - fault.since_ns
             start = fault.since_ns + elapsed - elapsed % period_ns
             hung = elapsed % period_ns < hang_ns
-            if hung and not fault.holds_answers:
-                await HANG.apply(engine, fault)
-                engine.publish("hang-window", hung=True)
-            elif not hung and fault.holds_answers:
-                await HANG.undo(engine, fault)
-                engine.publish("hang-window", hung=False)
+            if hung != fault.holds_answers:
+                await _whole((HANG.apply if hung else HANG.undo)(engine, fault))
+                engine.publish("hang-window", hung=hung)
             await engine.clock.sleep_until(start + (hang_ns if hung else period_ns))
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
