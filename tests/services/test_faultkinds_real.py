@@ -155,7 +155,8 @@ async def test_a_lossy_link_moves_bytes_slower_by_its_goodput(clients: Clients) 
     await faults.clear(clients, fault.id)
     assert (await fabric.Route(ask)).max_gb_s == pytest.approx(clean_route.max_gb_s)
     again = await _write(clients, src, dst, size)
-    assert again.complete_ns - again.issue_ns == clean.complete_ns - clean.issue_ns
+    took = clean.complete_ns - clean.issue_ns
+    assert again.complete_ns - again.issue_ns == pytest.approx(took, abs=2)
 
 
 async def test_link_loss_refuses_bad_rates_and_unknown_links(clients: Clients) -> None:

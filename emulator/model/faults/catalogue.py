@@ -117,7 +117,10 @@ class LinkLossParams:
 @dataclass(frozen=True, kw_only=True)
 class OpticalModuleParams:
     module: int = param(
-        0, "which of the L1 chip's uplink modules fails (0-based; cmemu fault kinds)", AT_LEAST_ZERO
+        0,
+        "which of the L1 chip's uplink modules fails, from 0; each carries "
+        "switch.uplinks_per_optical_module uplinks, in L2 chip order",
+        AT_LEAST_ZERO,
     )
 
 
