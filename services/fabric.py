@@ -31,6 +31,7 @@ FAULT_FIELD = {
     "link-latency": "added_latency_us",
     "partition": "side_a",
     "link-flap": "period_s",
+    "link-loss": "loss_rate",
 }
 """The request field a fault kind's own check is about (others: the target)."""
 

@@ -230,12 +230,14 @@ class FabricFault(_message.Message):
     FOR_S_FIELD_NUMBER: _builtins.int
     SINCE_NS_FIELD_NUMBER: _builtins.int
     UNTIL_NS_FIELD_NUMBER: _builtins.int
+    LOSS_RATE_FIELD_NUMBER: _builtins.int
+    MODULE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """assigned by the fabric"""
     kind: _builtins.str
     """link-down, link-degraded, link-latency, switch-down, partition,"""
     target: _builtins.str
-    """link-flap, ports-degraded (a device's or die's UB ports: target),
+    """link-flap, link-loss, optical-module, ports-degraded (a device's or die's UB ports: target),
     rank-down, rank-hung, rank-slow (an NPU or die as a collective
     rank: set by the device's own crash, hang, die-down, slow)
     a link "a~b" (see cmemu topology --json) or a switch id
@@ -254,6 +256,10 @@ class FabricFault(_message.Message):
     """emulated instant it was injected; set by the fabric"""
     until_ns: _builtins.int
     """emulated instant it clears itself; 0 = until cleared"""
+    loss_rate: _builtins.float
+    """link-loss: share of frames lost or failing CRC, in (0, 1)"""
+    module: _builtins.int
+    """optical-module: which uplink module of the L1 chip (target)"""
     @_builtins.property
     def side_a(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """partition: device ids on one side"""
@@ -277,10 +283,12 @@ class FabricFault(_message.Message):
         for_s: _builtins.float = ...,
         since_ns: _builtins.int = ...,
         until_ns: _builtins.int = ...,
+        loss_rate: _builtins.float = ...,
+        module: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_latency_us", b"added_latency_us", "duty", b"duty", "factor", b"factor", "for_s", b"for_s", "id", b"id", "kind", b"kind", "period_s", b"period_s", "side_a", b"side_a", "side_b", b"side_b", "since_ns", b"since_ns", "target", b"target", "until_ns", b"until_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_latency_us", b"added_latency_us", "duty", b"duty", "factor", b"factor", "for_s", b"for_s", "id", b"id", "kind", b"kind", "loss_rate", b"loss_rate", "module", b"module", "period_s", b"period_s", "side_a", b"side_a", "side_b", b"side_b", "since_ns", b"since_ns", "target", b"target", "until_ns", b"until_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

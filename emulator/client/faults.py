@@ -33,10 +33,12 @@ from emulator.client.faultkinds import (
     gateway,
     hang,
     hbm_ecc,
+    intermittent_hang,
     node_power_off,
     pool_loss,
     process,
     slow,
+    thermal_throttle,
 )
 from emulator.client.faultkinds.base import (
     ActiveFault,
@@ -94,6 +96,10 @@ KINDS: dict[str, Kind] = {
         fabric.SWITCH_DOWN,
         fabric.PARTITION,
         device_down.KIND,
+        thermal_throttle.KIND,
+        intermittent_hang.KIND,
+        fabric.LINK_LOSS,
+        fabric.OPTICAL_MODULE,
         *gateway.KINDS,
         *container.KINDS,
     )
@@ -221,7 +227,7 @@ async def device_faults(clients: Clients) -> list[ActiveFault]:
                     fault = device_fault(state)
                     found[fault.id] = fault
         uncovered = [d for d in uncovered if d not in covered]
-    return list(found.values())
+    return thermal_throttle.grouped(list(found.values()))
 
 
 async def fabric_faults(clients: Clients) -> list[ActiveFault]:
@@ -263,38 +269,52 @@ async def _clear_node(clients: Clients, node: str) -> None:
         raise not_found(f"{node_power_off.NODE_PREFIX}{node}")
 
 
+async def _clear_device_fault(clients: Clients, fault_id: str) -> None:
+    device, kind = parse_device_fault(fault_id) or ("", "")
+    try:
+        await clear_device(of_target(clients, device), device, kind)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() is grpc.StatusCode.NOT_FOUND:
+            raise NotFoundError(
+                f"no fault {quote(fault_id)}: {device} is not faulted that way"
+                " (see `cmemu fault ls`)",
+                field="id",
+                subject=fault_id,
+                reason="FAULT_NOT_FOUND",
+            ) from None
+        raise
+
+
+async def _clear_throttle(clients: Clients, fault_id: str) -> None:
+    await thermal_throttle.clear(of_target(clients, fault_id.split(":")[1]), fault_id)
+
+
+async def _clear_node_id(clients: Clients, fault_id: str) -> None:
+    await _clear_node(clients, fault_id.removeprefix(node_power_off.NODE_PREFIX))
+
+
+async def _clear_broker(clients: Clients, fault_id: str) -> None:
+    await broker_outage.clear(clients)
+
+
+CLEARERS: tuple[tuple[Callable[[str], bool], Callable[[Clients, str], Awaitable[None]]], ...] = (
+    (lambda i: parse_device_fault(i) is not None, _clear_device_fault),
+    (thermal_throttle.is_mine, _clear_throttle),
+    (lambda i: i.startswith(node_power_off.NODE_PREFIX), _clear_node_id),
+    (lambda i: i.startswith(process.PROC_PREFIX), process.clear),
+    (lambda i: i.startswith(container.PREFIX), container.clear),
+    (lambda i: i == broker_outage.BROKER_ID, _clear_broker),
+    (lambda i: i.startswith(gateway.PREFIX), gateway.clear),
+)
+"""Who clears a fault, by the shape of its id, first match wins; the fabric clears the rest."""
+
+
 async def clear(clients: Clients, fault_id: str) -> None:
     """Clear one fault by the id `add` (or a listing) gave it."""
-    device = parse_device_fault(fault_id)
-    if device is not None:
-        try:
-            await clear_device(of_target(clients, device[0]), *device)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() is grpc.StatusCode.NOT_FOUND:
-                raise NotFoundError(
-                    f"no fault {quote(fault_id)}: {device[0]} is not faulted that way"
-                    " (see `cmemu fault ls`)",
-                    field="id",
-                    subject=fault_id,
-                    reason="FAULT_NOT_FOUND",
-                ) from None
-            raise
-        return
-    if fault_id.startswith(node_power_off.NODE_PREFIX):
-        await _clear_node(clients, fault_id.removeprefix(node_power_off.NODE_PREFIX))
-        return
-    if fault_id.startswith(process.PROC_PREFIX):
-        await process.clear(clients, fault_id)
-        return
-    if fault_id.startswith(container.PREFIX):
-        await container.clear(clients, fault_id)
-        return
-    if fault_id == broker_outage.BROKER_ID:
-        await broker_outage.clear(clients)
-        return
-    if fault_id.startswith(gateway.PREFIX):
-        await gateway.clear(clients, fault_id)
-        return
+    for matches, clearer in CLEARERS:
+        if matches(fault_id):
+            await clearer(clients, fault_id)
+            return
     await _clear_fabric_fault(clients, fault_id)
 
 

@@ -89,6 +89,12 @@ class SwitchProfile:
     l2_chips_per_plane: int = fig(16, "pub")
     l2_ports_per_chip: int = fig(48, "pub")
     port_bytes_per_s: float = fig(28 * GB, "pub")
+    # a link-layer retransmission (a frame lost or failing CRC) costs the frame one replay round
+    # trip on top of its resending (fault kind link-loss); not published
+    link_retry_s: float = fig(1.0e-6, "assumed")
+    # an L1 chip's 16 uplinks leave the node through optical modules; how many links one module
+    # carries is not published (an 8-lane module: two per chip; fault kind optical-module)
+    uplinks_per_optical_module: int = fig(8, "assumed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -252,6 +258,9 @@ class EmulatorLimits:
     # collectives are timed on the fabric's own threads (never the default pool other work uses)
     collective_workers: int = fig(2, "assumed")
     collective_queue_max: int = fig(16, "assumed")  # waiting beyond these: RESOURCE_EXHAUSTED
+    # an intermittent-hang's shortest hang and shortest answering gap, emulated: shorter windows
+    # would toggle the device (and the fabric's rank fault) faster than any caller could see
+    fault_window_min_s: float = fig(0.01, "assumed")
     # Issue 9: a chaos tool must survive chaos. Every request is bounded in time and memory.
     operation_max_s: float = fig(3600.0, "assumed")  # emulated seconds one operation may take
     engine_backlog_max_s: float = fig(86_400.0, "assumed")  # emulated work queued on one die

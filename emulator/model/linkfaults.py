@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
-from emulator.model.naming import die_id
-from emulator.model.topology import DeviceKind
+from emulator.model.naming import Tier, die_id, parse_switch
+from emulator.model.topology import DeviceKind, LinkKind
 
 if TYPE_CHECKING:  # a fault record needs no numpy: a device process imports this module
     from emulator.model.linkgraph import LinkGraph
@@ -35,6 +35,8 @@ class FaultSpec:
     since_s: float = 0.0  # emulated instant it was added (a flap's phase counts from it)
     for_s: float = 0.0  # emulated seconds until the fabric clears it; 0: until cleared
     down: bool = False  # link-flap: in the down part of its cycle now (FaultSet.flap)
+    loss_rate: float = 0.0  # link-loss: share of frames lost or failing CRC
+    module: int = 0  # optical-module: which uplink module of the L1 chip (target)
 
     @property
     def until_s(self) -> float:
@@ -125,6 +127,65 @@ class LinkFlap:
     def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
         if spec.down:
             graph.up[list(graph.physical(spec.target))] = False
+
+
+class LinkLoss:
+    """Frames lost or failing CRC at `loss_rate` p, each resent by link-layer retry.
+
+    Model: selective-repeat ARQ with independent losses (Bertsekas & Gallager, Data Networks,
+    2nd ed., sec. 2.4): a frame crosses 1/(1-p) times on average, so the link's goodput is
+    C(1-p), and each crossing waits p/(1-p) replay round trips on average
+    (`switch.link_retry_s`, assumed). A go-back-N replay buffer loses more (every frame in
+    flight behind the lost one is resent): this is the optimistic bound."""
+
+    name = "link-loss"
+
+    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        graph.physical(spec.target)
+        if not 0 < spec.loss_rate < 1:
+            raise InvalidArgumentError(f"loss_rate must be in (0, 1), got {spec.loss_rate}")
+
+    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        links = list(graph.physical(spec.target))
+        p = spec.loss_rate
+        graph.factor[links] *= 1 - p
+        graph.extra_latency_s[links] += graph.profile.switch.link_retry_s * p / (1 - p)
+
+
+def optical_module_links(graph: LinkGraph, switch_id: str, module: int) -> list[int]:
+    """Both directions of the uplinks one optical module of an L1 chip carries: the chip's
+    links to the L2 chips of its sub-plane, `uplinks_per_optical_module` to a module, in L2
+    chip order."""
+    links = graph.switch_links(switch_id)
+    uplinks = [i for i in links if graph.kinds[i] is LinkKind.L1_L2]
+    if not uplinks or parse_switch(switch_id).tier is not Tier.L1:
+        raise InvalidArgumentError(
+            f"{quote(switch_id)} has no uplinks: an optical module is an L1 chip's (n00-l1s3)",
+            field="target",
+            subject=switch_id,
+        )
+    per = graph.profile.switch.uplinks_per_optical_module * 2  # both directions of each link
+    modules = -(-len(uplinks) // per)
+    if not 0 <= module < modules:
+        raise InvalidArgumentError(
+            f"{switch_id} has optical modules 0 to {modules - 1}, not {module}",
+            field="module",
+            subject=switch_id,
+        )
+    return uplinks[module * per : (module + 1) * per]
+
+
+class OpticalModule:
+    """An optical module of an L1 chip fails: the bundle of uplinks it carries to the L2 tier
+    goes down at once (one fault, cleared as one); the chip's links inside the node stay up."""
+
+    name = "optical-module"
+
+    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        optical_module_links(graph, spec.target, spec.module)
+
+    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        graph.up[optical_module_links(graph, spec.target, spec.module)] = False
 
 
 def flap_down(spec: FaultSpec, now_s: float) -> bool:
@@ -242,6 +303,8 @@ FAULT_KINDS: dict[str, FaultKind] = {
         SwitchDown,
         Partition,
         LinkFlap,
+        LinkLoss,
+        OpticalModule,
         PortsDegraded,
         RankDown,
         RankHung,

@@ -81,6 +81,15 @@ def test_every_device_kind_adds_lists_and_clears(running: Path) -> None:
             "size=64",
         ),
         "dev:n01-mem:pool-loss": ("pool-loss", "n01-mem"),
+        "node:n01:thermal-throttle": ("thermal-throttle", "n01", "--param", "compute=0.5"),
+        "dev:n00-npu5:intermittent-hang": (
+            "intermittent-hang",
+            "n00-npu5",
+            "--param",
+            "period_s=600",
+            "--param",
+            "hang_s=300",
+        ),
     }
     for fault_id, args in added.items():
         result = cmemu("fault", "add", *args, *at)
@@ -148,6 +157,10 @@ def test_bad_input_gets_a_message_not_a_traceback(running: Path) -> None:
         (("crash", "n99-npu0"), 1, "n99-npu0"),
         (("die-down", "n00-cpu0"), 1, "FAILED_PRECONDITION"),
         (("process-kill", "n00-npu0"), 1, "procs"),
+        (("link-loss", "n00-npu0.d0~n00-l1s0", "--param", "rate=1"), 2, "must be in (0, 1)"),
+        (("intermittent-hang", "n00-npu0", "--param", "hang_s=90"), 2, "below period_s"),
+        (("optical-module", "l2-p0-s0"), 1, "an L1 chip's"),
+        (("thermal-throttle", "n99"), 1, "no node 'n99'"),
     ]
     for args, code, words in cases:
         result = cmemu("fault", "add", *args, *at)

@@ -109,6 +109,44 @@ def test_an_l2_chip_failure_reroutes_and_costs_its_share_of_cross_node_bandwidth
     assert _fluid(degraded) / _fluid(healthy) == pytest.approx(112 / 111, rel=1e-3)
 
 
+def test_a_lossy_link_keeps_its_goodput_and_waits_for_replays(graph: LinkGraph) -> None:
+    """link-loss at rate p: selective-repeat retry leaves (1 - p) of the link's bandwidth and
+    adds p/(1-p) replay round trips per crossing (emulator/model/linkfaults.py LinkLoss)."""
+    link, p = "n00-npu2.d0~n00-npu2.d1", 0.2  # the die-to-die link: the only path
+    before = _route(graph, "n00-npu2.d0", "n00-npu2.d1")
+    faults = FaultSet(graph)
+    faults.add(FaultSpec(kind="link-loss", target=link, loss_rate=p))
+    lossy = _route(graph, "n00-npu2.d0", "n00-npu2.d1")
+    assert lossy.cap == pytest.approx(before.cap * (1 - p))
+    replay_s = graph.profile.switch.link_retry_s * p / (1 - p)
+    assert lossy.latency_s == pytest.approx(before.latency_s + replay_s)
+    faults.add(FaultSpec(kind="link-loss", target=link, loss_rate=0.5))  # two causes compound
+    assert _route(graph, "n00-npu2.d0", "n00-npu2.d1").cap == pytest.approx(before.cap * 0.4)
+    faults.clear(all=True)
+    assert _route(graph, "n00-npu2.d0", "n00-npu2.d1") == before
+
+
+def test_an_optical_module_takes_its_share_of_the_node_uplinks(graph: LinkGraph) -> None:
+    ranks = validate_ranks(graph, [f"n0{n}-npu{i}" for n in range(2) for i in range(8)])
+    n = len(ranks)
+    pairs = [(1 << 20) if i < 16 <= j else 0 for i in range(n) for j in range(n)]
+    spec = CollectiveSpec(op="all-to-all", pair_bytes=tuple(pairs))
+    healthy = run_collective(graph, ranks, spec)
+    faults = FaultSet(graph)
+    faults.add(FaultSpec(kind="optical-module", target="n01-l1s2", module=1))
+    per_module = graph.profile.switch.uplinks_per_optical_module
+    down = [graph.names[i] for i in range(len(graph.names)) if not graph.up[i]]
+    assert len(down) == 2 * per_module and all(name.startswith("n01-l1s2>") or
+        name.endswith(">n01-l1s2") for name in down)  # fmt: skip
+    degraded = run_collective(graph, ranks, spec)
+    uplinks = 7 * 16  # the node's uplinks were the bottleneck; a module's 8 are gone
+    assert _fluid(degraded) / _fluid(healthy) == pytest.approx(
+        uplinks / (uplinks - per_module), rel=1e-3
+    )
+    faults.clear(all=True)
+    assert graph.up.all()
+
+
 def _fluid(timing: CollectiveTiming) -> float:
     """How long the bytes took to move, without the fixed latency."""
     return float((timing.flow_bytes / (timing.flow_gb_s * 1e9)).max())
@@ -143,6 +181,14 @@ def test_partition_and_dead_routes_are_unavailable(graph: LinkGraph) -> None:
             InvalidArgumentError,
         ),
         (FaultSpec(kind="partition", side_a=("n00-npu0",), side_b=("nobody",)), NotFoundError),
+        (FaultSpec(kind="link-loss", target="n00-npu0.d0~n00-l1s0"), InvalidArgumentError),
+        (
+            FaultSpec(kind="link-loss", target="n00-npu0.d0~n00-l1s0", loss_rate=1.0),
+            InvalidArgumentError,
+        ),
+        (FaultSpec(kind="optical-module", target="n00-l1s0", module=2), InvalidArgumentError),
+        (FaultSpec(kind="optical-module", target="l2-p0-s0"), InvalidArgumentError),
+        (FaultSpec(kind="optical-module", target="n00-npu0"), InvalidArgumentError),
     ],
 )
 def test_bad_faults_are_refused_and_change_nothing(
@@ -162,6 +208,8 @@ def test_fault_kinds_are_one_table() -> None:
         "switch-down",
         "partition",
         "link-flap",  # a link-down that toggles in emulated time
+        "link-loss",  # frames lost or failing CRC: goodput (1 - p), replays add latency
+        "optical-module",  # a bundle of an L1 chip's uplinks down as one
         "ports-degraded",  # a device's own die ports, behind the `slow` device fault
         "rank-down",  # a dead NPU or die as a collective rank, behind crash/die-down/...
         "rank-hung",  # behind hang

@@ -63,7 +63,8 @@ def test_the_catalogue_has_every_kind_with_typed_params() -> None:
         "link-degraded", "link-latency", "switch-down", "partition", "device-down",
         "rdma-link-down", "rdma-link-slow", "rdma-switch-down", "rdma-switch-slow", "gateway-down",
         "container-kill", "container-pause", "container-restart", "container-stop",
-        "container-disconnect", "container-netem",
+        "container-disconnect", "container-netem", "thermal-throttle", "intermittent-hang",
+        "link-loss", "optical-module",
     }  # fmt: skip
     slow = faults.KINDS["slow"].params_from({"compute": "0.25"})
     assert (slow.compute, slow.link) == (0.25, 1.0)

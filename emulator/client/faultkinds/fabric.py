@@ -1,4 +1,6 @@
-"""The fabric's kinds: link-down, link-degraded, link-latency, switch-down, partition, link-flap.
+"""The fabric's kinds: link-down, link-degraded, link-latency, switch-down, partition, link-flap,
+link-loss (frames lost or failing CRC, resent: the link's goodput and latency pay for it) and
+optical-module (the bundle of uplinks one module of an L1 chip carries, down as one fault).
 The fabric applies them to its link graph (emulator/model/linkfaults.py) and owns their timers
 (a flap's period, a duration), in emulated time."""
 
@@ -15,7 +17,9 @@ from emulator.model.faults.catalogue import (
     LinkDegradedParams,
     LinkFlapParams,
     LinkLatencyParams,
+    LinkLossParams,
     NoParams,
+    OpticalModuleParams,
     PartitionParams,
 )
 
@@ -26,6 +30,10 @@ def fabric_detail(f: fabric_pb2.FabricFault) -> str:
         parts.append(f"factor={f.factor:g}")
     if f.added_latency_us:
         parts.append(f"latency=+{f.added_latency_us:g}us")
+    if f.loss_rate:
+        parts.append(f"rate={f.loss_rate:g}")
+    if f.kind == "optical-module":
+        parts.append(f"module={f.module}")
     if f.period_s:
         parts.append(f"period={f.period_s:g}s duty={f.duty:g}")
     if f.side_a or f.side_b:
@@ -56,6 +64,8 @@ FIELDS: dict[type[Any], Callable[[Any], dict[str, Any]]] = {
     LinkLatencyParams: lambda p: {"added_latency_us": p.latency_us},
     LinkFlapParams: lambda p: {"period_s": p.period_s, "duty": p.duty},
     PartitionParams: lambda p: {"side_a": _sides(p.side_a), "side_b": _sides(p.side_b)},
+    LinkLossParams: lambda p: {"loss_rate": p.rate},
+    OpticalModuleParams: lambda p: {"module": p.module},
 }
 """Each params class as FabricFault fields."""
 
@@ -100,4 +110,15 @@ LINK_FLAP = FabricKind(
     name="link-flap",
     help="a link toggles down and up: down duty*period_s of every period_s (emulated)",
     params=LinkFlapParams,
+)
+LINK_LOSS = FabricKind(
+    name="link-loss",
+    help="a link loses (or fails CRC on) a share of its frames; resending costs bandwidth",
+    params=LinkLossParams,
+)
+OPTICAL_MODULE = FabricKind(
+    name="optical-module",
+    help="an optical module of an L1 chip fails: the uplinks it carries go down at once",
+    params=OpticalModuleParams,
+    target="an L1 chip id (e.g. n03-l1s4)",
 )

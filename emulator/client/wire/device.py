@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cmemu.v1 import device_pb2, npu_pb2
 from emulator.engines.device.engine import FaultState, Telemetry
-from emulator.engines.device.faults import ActiveFault
+from emulator.engines.device.faultbase import ActiveFault
 from emulator.engines.device.liveness import Beat
 from emulator.engines.device.npu import Kernel, KernelResult
 from emulator.model.errors import InvalidArgumentError

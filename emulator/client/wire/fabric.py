@@ -112,6 +112,8 @@ def fault_spec(m: fabric_pb2.FabricFault) -> FaultSpec:
         for_s=m.for_s,
         id=m.id,
         since_s=m.since_ns / 1e9,
+        loss_rate=m.loss_rate,
+        module=m.module,
     )
 
 
@@ -129,6 +131,8 @@ def fault_proto(spec: FaultSpec) -> fabric_pb2.FabricFault:
         for_s=spec.for_s,
         since_ns=round(spec.since_s * 1e9),
         until_ns=round(spec.until_s * 1e9),
+        loss_rate=spec.loss_rate,
+        module=spec.module,
     )
 
 

@@ -4,10 +4,8 @@
   refused); in-process callers get the same UNAVAILABLE (reason PEER_UNREACHABLE). It comes back
   when the fault clears: a new server on the same address, empty of volatile state (inbox,
   queued kernels) and, with `wipe` (the default), of its memory too.
-- hang: every call is accepted and never answered, the health Check included; calls in flight
-  proceed when it clears. The fault methods of the Device service still answer (a BMC).
-- slow: kernels take 1/compute as long; with link < 1 the fabric degrades the device's UB ports
-  (fabric kind `ports-degraded`), cleared with it.
+- hang, slow, thermal-throttle, intermittent-hang: alive but degraded (gray.py). The fault
+  methods of the Device service still answer a hung device (a BMC).
 - hbm-ecc: a region or address range is poisoned: reads and atomics touching it fail DATA_LOSS;
   a write over poisoned bytes heals them; clearing the fault scrubs what is left.
 - die-down: one NPU die fails: kernels on it and UB accesses to its HBM half are UNAVAILABLE,
@@ -31,14 +29,21 @@ clearance is an event `fault` / `fault-cleared` on the device's topic.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import structlog
 
+from emulator.engines.device.faultbase import (
+    ALL,
+    ActiveFault,
+    Effect,
+    clear_rank_fault,
+    rank_fault,
+)
+from emulator.engines.device.gray import HANG, IntermittentHang, Slow
 from emulator.model.errors import (
     EmulatorError,
     InvalidArgumentError,
@@ -47,9 +52,8 @@ from emulator.model.errors import (
     PreconditionError,
     quote,
 )
-from emulator.model.faults.catalogue import PARAMS, CrashParams, HbmEccParams, SlowParams
-from emulator.model.faults.params import params_from, params_text
-from emulator.model.linkfaults import FaultSpec
+from emulator.model.faults.catalogue import PARAMS, CrashParams, HbmEccParams
+from emulator.model.faults.params import params_from
 from emulator.model.topology import DeviceKind
 
 if TYPE_CHECKING:
@@ -58,65 +62,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("cmemu.faults")
 
 DEVICE_DOWN = "device-down"  # the older fault (SetFaultState), listed and cleared here too
-ALL = frozenset(DeviceKind)
 CRASHES = ("crash", "pool-loss")  # kinds whose device has no server while they last
-
-
-@dataclass
-class ActiveFault:
-    """One active fault of one device."""
-
-    kind: str
-    params: Any
-    since_ns: int
-    until_ns: int = 0
-    for_s: float = 0.0
-    reason: str = ""  # device-down's
-    expiry: asyncio.Task[None] | None = None
-    fabric_fault: str = ""  # slow: the fabric fault degrading its ports
-    rank_fault: str = ""  # the fabric's rank-down/-hung/-slow fault that carries it to collectives
-    by_itself: bool = False  # injected through the device's own server (a crash answers first)
-
-    @property
-    def params_text(self) -> dict[str, str]:
-        return params_text(self.params)
-
-
-class Effect(Protocol):
-    """What one kind does to a device, and how it is undone."""
-
-    @property
-    def on(self) -> frozenset[DeviceKind]: ...
-
-    async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None: ...
-
-    async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None: ...
-
-
-async def _rank_fault(
-    engine: DeviceEngine, fault: ActiveFault, kind: str, *, die: int | None = None, share: float = 0
-) -> None:
-    """Carry a fault of an NPU to the collectives it is a rank of (the data path): the fabric
-    fails, holds or slows them (emulator/model/linkfaults.py RankDown, RankHung, RankSlow).
-    A fabric that cannot be told leaves the device's own effect in place, logged."""
-    if not engine.dies.count:
-        return  # no kernels, no collective ranks
-    target = engine.device.id if die is None else f"{engine.device.id}.d{die}"
-    try:
-        stored = await engine.peers.fabric().link_fault(
-            FaultSpec(kind=kind, target=target, factor=share)
-        )
-    except EmulatorError as exc:
-        log.error("the fabric was not told of a rank fault", device=target, error=str(exc))
-        return
-    fault.rank_fault = stored.id
-
-
-async def _clear_rank_fault(fault: ActiveFault, engine: DeviceEngine) -> None:
-    if fault.rank_fault:
-        with contextlib.suppress(EmulatorError):  # cleared at the fabric already
-            await engine.peers.fabric().clear_fault(fault.rank_fault)
-        fault.rank_fault = ""
 
 
 def _wipe(engine: DeviceEngine) -> None:
@@ -134,7 +80,7 @@ class Crash:
 
     async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         already = engine.effects.crashed  # a pool lost while its node is powered off
-        await _rank_fault(engine, fault, "rank-down")
+        await rank_fault(engine, fault, "rank-down")
         engine.effects.crashed = True
         engine.bus.drop_volatile()
         engine.dies.drop_queued()
@@ -146,7 +92,7 @@ class Crash:
             await engine.server.stop(deferred=fault.by_itself)
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
-        await _clear_rank_fault(fault, engine)
+        await clear_rank_fault(fault, engine)
         if any(kind in engine.faults.active for kind in CRASHES):
             return  # still down for another reason
         engine.effects.crashed = False
@@ -154,49 +100,6 @@ class Crash:
             await engine.server.restart()
             await engine.show_health()
         engine.publish("health", status="NOT_SERVING" if engine.fault.faulted else "SERVING")
-
-
-@dataclass(frozen=True)
-class Hang:
-    on: frozenset[DeviceKind] = ALL
-
-    async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
-        await _rank_fault(engine, fault, "rank-hung")
-        engine.effects.answering.clear()
-
-    async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
-        engine.effects.answering.set()
-        await _clear_rank_fault(fault, engine)
-
-
-@dataclass(frozen=True)
-class Slow:
-    on: frozenset[DeviceKind] = ALL
-
-    async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
-        params: SlowParams = fault.params
-        if params.compute < 1 and not engine.dies.count:
-            raise PreconditionError(
-                f"{engine.device.id} runs no kernels: slow it with link=, not compute=",
-                field="params.compute",
-                subject=engine.device.id,
-                reason="WRONG_DEVICE_KIND",
-            )
-        if params.link < 1:
-            stored = await engine.peers.fabric().link_fault(
-                FaultSpec(kind="ports-degraded", target=engine.device.id, factor=params.link)
-            )
-            fault.fabric_fault = stored.id
-        if params.compute < 1:
-            await _rank_fault(engine, fault, "rank-slow", share=params.compute)
-        engine.effects.compute_share = params.compute
-
-    async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
-        engine.effects.compute_share = 1.0
-        await _clear_rank_fault(fault, engine)
-        if fault.fabric_fault:
-            with contextlib.suppress(EmulatorError):  # the fabric may have cleared it already
-                await engine.peers.fabric().clear_fault(fault.fabric_fault)
 
 
 def _ecc_range(engine: DeviceEngine, params: HbmEccParams) -> tuple[int, int]:
@@ -247,14 +150,14 @@ class DieDown:
                 subject=engine.device.id,
                 reason="INVALID_FAULT_PARAM",
             )
-        await _rank_fault(engine, fault, "rank-down", die=die)
+        await rank_fault(engine, fault, "rank-down", die=die)
         engine.effects.dies_down.add(die)
         await _die_health(engine, die, serving=False)
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         die = fault.params.die
         engine.effects.dies_down.discard(die)
-        await _clear_rank_fault(fault, engine)
+        await clear_rank_fault(fault, engine)
         await _die_health(engine, die, serving=True)
 
 
@@ -283,10 +186,10 @@ class DeviceDown:
                 reason="FAULT_ALREADY_ACTIVE",
             )
         await engine.set_fault(True, fault.params.reason, announce=False)
-        await _rank_fault(engine, fault, "rank-down")
+        await rank_fault(engine, fault, "rank-down")
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
-        await _clear_rank_fault(fault, engine)
+        await clear_rank_fault(fault, engine)
         await engine.set_fault(False, "", announce=False)
 
 
@@ -324,8 +227,10 @@ EFFECTS: dict[str, Effect] = {
     DEVICE_DOWN: DeviceDown(),
     "broker-outage": BrokerOutage(),
     "crash": Crash(),
-    "hang": Hang(),
+    "hang": HANG,
     "slow": Slow(),
+    "thermal-throttle": Slow(on=frozenset({DeviceKind.NPU})),
+    "intermittent-hang": IntermittentHang(),
     "hbm-ecc": HbmEcc(),
     "die-down": DieDown(),
     "pool-loss": Crash(on=frozenset({DeviceKind.MEMPOOL}), wipe_always=True),
@@ -506,5 +411,6 @@ def close(siblings: Siblings) -> None:
     siblings.closed = True
     for engine in siblings.values():
         for fault in engine.faults.active.values():
-            if fault.expiry is not None:
-                fault.expiry.cancel()
+            for task in (fault.expiry, fault.cycle):
+                if task is not None:
+                    task.cancel()

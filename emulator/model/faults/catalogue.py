@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.model.faults.params import AT_LEAST_ZERO, FRACTION, POSITIVE, SHARE, invalid
+from emulator.model.hardware import DEFAULT_PROFILE
 
 
 def param(default: Any = None, help: str = "", check: dict[str, str] | None = None) -> Any:
@@ -46,6 +47,30 @@ class SlowParams:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ThermalThrottleParams:
+    compute: float = param(
+        0.6, "share of kernel throughput every NPU of the node keeps, in (0, 1)", FRACTION
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntermittentHangParams:
+    period_s: float = param(60.0, "emulated seconds from one hang to the next", POSITIVE)
+    hang_s: float = param(5.0, "emulated seconds each hang lasts, less than period_s", POSITIVE)
+
+    def check(self) -> None:
+        shortest = DEFAULT_PROFILE.limits.fault_window_min_s
+        if self.hang_s < shortest:
+            raise invalid("intermittent-hang", "hang_s", f"must be at least {shortest:g} s")
+        if self.period_s - self.hang_s < shortest:
+            raise invalid(
+                "intermittent-hang",
+                "hang_s",
+                f"must be below period_s by at least {shortest:g} s (else it is a hang)",
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
 class HbmEccParams:
     region: int = param(
         0, "poison this region id (see ListRegions); 0: use offset/size", AT_LEAST_ZERO
@@ -78,6 +103,24 @@ class LinkDegradedParams:
 class LinkLatencyParams:
     latency_us: float = param(
         help="emulated microseconds added per crossing, (0, 1e6]", check=POSITIVE
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkLossParams:
+    rate: float = param(
+        help="share of the link's frames lost or failing CRC, in (0, 1); each is retransmitted",
+        check=FRACTION,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpticalModuleParams:
+    module: int = param(
+        0,
+        "which of the L1 chip's uplink modules fails, from 0; each carries "
+        "switch.uplinks_per_optical_module uplinks, in L2 chip order",
+        AT_LEAST_ZERO,
     )
 
 
@@ -128,6 +171,10 @@ PARAMS: dict[str, type[Any]] = {
     "crash": CrashParams,
     "hang": NoParams,
     "slow": SlowParams,
+    "thermal-throttle": ThermalThrottleParams,
+    "intermittent-hang": IntermittentHangParams,
+    "link-loss": LinkLossParams,
+    "optical-module": OpticalModuleParams,
     "hbm-ecc": HbmEccParams,
     "die-down": DieDownParams,
     "link-flap": LinkFlapParams,

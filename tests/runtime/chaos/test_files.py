@@ -87,3 +87,24 @@ def test_bad_files_are_refused_with_the_path(tmp_path: Path) -> None:
     with pytest.raises(NotFoundError, match="library"):
         files.find("no-such-scenario")
     assert files.find("l2-plane-loss").name == "l2-plane-loss.yaml"
+
+
+def test_the_faults_real_supernodes_have_are_scenario_steps(tmp_path: Path) -> None:
+    (tmp_path / "real.yaml").write_text(
+        "version: 1\nname: real\nsteps:\n"
+        "  - {at: 1s, fault: thermal-throttle, target: {node: n01}, params: {compute: 0.7}}\n"
+        "  - {at: 2s, fault: link-loss, target: {link: random}, params: {rate: 0.01}}\n"
+        "  - {at: 3s, fault: intermittent-hang, target: {npu: random},"
+        " params: {period_s: 60, hang_s: 5}, duration: 5m}\n"
+        "  - {at: 4s, fault: optical-module, target: {switch: n00-l1s3}, params: {module: 1}}\n"
+    )
+    steps = files.load(tmp_path / "real.yaml").steps
+    assert [type(s.typed_params).__name__ for s in steps] == [
+        "ThermalThrottleParams", "LinkLossParams", "IntermittentHangParams", "OpticalModuleParams",
+    ]  # fmt: skip
+    (tmp_path / "bad.yaml").write_text(
+        "version: 1\nname: bad\nsteps:\n"
+        "  - {at: 1s, fault: link-loss, target: {link: random}, params: {rate: 1.5}}\n"
+    )
+    with pytest.raises(InvalidArgumentError, match=r"rate must be in \(0, 1\)"):
+        files.load(tmp_path / "bad.yaml")

@@ -1,0 +1,117 @@
+"""thermal-throttle: a node runs hot and every NPU of it computes at `compute` of its speed (a
+correlated gray failure: one cooling loop, eight slow ranks). Each NPU applies it as the slow
+effect without the ports (emulator/engines/device/gray.py), so kernels, and the collectives its
+dies are ranks of, run at the throttled pace. One fault id, `node:<node>:thermal-throttle`,
+clears every NPU's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from emulator.client.clients import Clients
+from emulator.client.faultkinds.base import (
+    ActiveFault,
+    DeviceKind,
+    Typed,
+    clear_device,
+    not_found,
+)
+from emulator.client.faultkinds.node_power_off import NODE_PREFIX, node_devices
+from emulator.model.faults.catalogue import ThermalThrottleParams
+from emulator.model.naming import node_id, parse_device
+from emulator.model.topology import DeviceKind as Hardware
+
+NOT_FOUND = grpc.StatusCode.NOT_FOUND
+NAME = "thermal-throttle"
+SUFFIX = f":{NAME}"
+PER_NPU = DeviceKind(name=NAME, help="", params=ThermalThrottleParams, target="an NPU id")
+
+
+def node_npus(clients: Clients, node: str) -> list[str]:
+    topology = clients.topology
+    return [d for d in node_devices(clients, node) if topology.device(d).kind is Hardware.NPU]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThermalThrottle(Typed):
+    async def add(
+        self, clients: Clients, target: str, params: Any, duration_s: float | None
+    ) -> ActiveFault:
+        typed = self.typed(params)
+        npus = node_npus(clients, target)
+        results = await asyncio.gather(
+            *(PER_NPU.add(clients, d, typed, duration_s) for d in npus), return_exceptions=True
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:  # all or nothing: undo the NPUs that took it
+            for device, result in zip(npus, results, strict=True):
+                if not isinstance(result, BaseException):
+                    with contextlib.suppress(Exception):
+                        await clear_device(clients, device, NAME)
+            raise failed[0]
+        done = [r for r in results if isinstance(r, ActiveFault)]
+        return ActiveFault(
+            id=f"{NODE_PREFIX}{target}{SUFFIX}",
+            kind=self.name,
+            target=target,
+            detail=f"compute={typed.compute:g} on {len(npus)} NPUs",
+            since_ns=min(f.since_ns for f in done),
+            until_ns=max(f.until_ns for f in done),
+        )
+
+
+def grouped(listed: list[ActiveFault]) -> list[ActiveFault]:
+    """A listing with each node's NPU throttles as the one fault they were added as."""
+    out: list[ActiveFault] = []
+    nodes: dict[str, list[ActiveFault]] = {}
+    for fault in listed:
+        if fault.kind == NAME:
+            name = parse_device(fault.target)
+            node = node_id(name.node, supernode=name.supernode)
+            nodes.setdefault(node, []).append(fault)
+        else:
+            out.append(fault)
+    for node, npus in nodes.items():
+        out.append(
+            ActiveFault(
+                id=f"{NODE_PREFIX}{node}{SUFFIX}",
+                kind=NAME,
+                target=node,
+                detail=f"{npus[0].detail} on {len(npus)} NPUs",
+                since_ns=min(f.since_ns for f in npus),
+                until_ns=max(f.until_ns for f in npus),
+            )
+        )
+    return out
+
+
+def is_mine(fault_id: str) -> bool:
+    return fault_id.startswith(NODE_PREFIX) and fault_id.endswith(SUFFIX)
+
+
+async def clear(clients: Clients, fault_id: str) -> None:
+    """Every NPU's throttle of the node; NotFoundError when none had it."""
+    node = fault_id.removeprefix(NODE_PREFIX).removesuffix(SUFFIX)
+    npus = node_npus(clients, node)
+    results = await asyncio.gather(
+        *(clear_device(clients, d, NAME) for d in npus), return_exceptions=True
+    )
+    errors = [r for r in results if isinstance(r, BaseException)]
+    for error in errors:
+        if not (isinstance(error, grpc.aio.AioRpcError) and error.code() is NOT_FOUND):
+            raise error
+    if len(errors) == len(npus):
+        raise not_found(fault_id)
+
+
+KIND = ThermalThrottle(
+    name=NAME,
+    help="a node runs hot: every NPU of it computes at a share of its speed",
+    params=ThermalThrottleParams,
+    target="a node id (e.g. n03)",
+)
