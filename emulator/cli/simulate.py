@@ -1,7 +1,7 @@
 """`cmemu simulate serving|calibrate|training|scaleout|day|pd`: model mode. The serving engine
-in the discrete-event simulator (emulator/model/serving/des.py), no services: hours of emulated traffic
-in seconds; a training run's failures; the linearity of training over N supernodes. This module
-only reads the files and prints."""
+in the discrete-event simulator (emulator/model/serving/des.py), no services: hours of emulated
+traffic in seconds; a training run's failures; the linearity of training over N supernodes;
+dynamic PD (cli/pd.py). This module only reads the files and prints."""
 
 from __future__ import annotations
 
