@@ -80,7 +80,7 @@ def test_the_split_follows_the_mix(shifting: list[Request], rates: UnitRates) ->
     late_long_outputs = _mean_prefill(r.trace, 1.5 * PHASE_S, 2 * PHASE_S)
     assert late_long_prompts == 3 and late_long_outputs == 1
     shares = {s.at_s: s.prefill_share for s in r.trace}
-    assert shares[PHASE_S - 60] > 0.6 > 0.1 > shares[2 * PHASE_S - 60]
+    assert shares[PHASE_S - 60] > 0.6 and shares[2 * PHASE_S - 60] < 0.1
     assert [s.to for s in r.switches] == ["prefill", "decode", "decode"]
     assert all(s.ready_s == pytest.approx(s.at_s + rates.load_s) for s in r.switches)
 
