@@ -18,7 +18,7 @@ import yaml
 
 from emulator.model.serving.deployment import parse_deployment
 from emulator.model.serving.pd import PdResult, run_pd
-from emulator.model.serving.pdpolicy import PdOptions
+from emulator.model.serving.pdpolicy import PdOptions, unit_rates
 from emulator.model.serving.workload import generate, parse_workload
 
 try:
@@ -41,8 +41,9 @@ def run(seconds: float) -> dict[str, PdResult]:
         f"fixed {p}:{units - p}": PdOptions(policy="fixed", prefill_units=p)
         for p in range(1, units)
     }
+    rates = unit_rates(deployment)  # the cost model's figures, once for every run
     return {
-        name: run_pd(deployment, requests, options, duration_s=seconds)
+        name: run_pd(deployment, requests, options, duration_s=seconds, rates=rates)
         for name, options in runs.items()
     }
 

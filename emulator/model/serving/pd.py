@@ -313,12 +313,14 @@ def run_pd(
     *,
     duration_s: float,
     profile: HardwareProfile = DEFAULT_PROFILE,
+    rates: UnitRates | None = None,
 ) -> PdResult:
     """`simulate_pd` on `deployment`'s units, its SLO targets, and its own prefill share as
-    the split to start from (unless `options.prefill_units` says)."""
+    the split to start from (unless `options.prefill_units` says). `rates`: the deployment's
+    units on `profile`, when the caller has them already (several runs share them)."""
     if not duration_s > 0:
         raise InvalidArgumentError(f"duration must be > 0, got {duration_s}", field="duration")
-    rates = unit_rates(deployment, profile=profile)
+    rates = rates or unit_rates(deployment, profile=profile)
     share = deployment.prefill.instances * deployment.prefill.npus / deployment.npus
     return simulate_pd(
         requests,

@@ -107,8 +107,8 @@ def test_a_reload_that_never_pays_never_switches(
     assert r.goodput_per_s == fixed.goodput_per_s
 
 
-def test_a_constant_mix_does_not_flap(rates: UnitRates) -> None:
-    steady = _requests(LONG_PROMPTS, seed=5)
+def test_a_constant_mix_does_not_flap(shifting: list[Request], rates: UnitRates) -> None:
+    steady = [r for r in shifting if r.arrival_s < PHASE_S]  # the long prompts alone
     right = _run(steady, rates, prefill_units=3)
     assert not right.switches  # already right: nothing pays
     wrong = _run(steady, rates, prefill_units=1)
@@ -117,13 +117,14 @@ def test_a_constant_mix_does_not_flap(rates: UnitRates) -> None:
 
 
 def test_phases_are_deterministic_for_a_seed_and_follow_each_other() -> None:
-    a, b = _requests(LONG_PROMPTS, LONG_OUTPUTS), _requests(LONG_PROMPTS, LONG_OUTPUTS)
-    assert a == b and a != _requests(LONG_PROMPTS, LONG_OUTPUTS, seed=2)
-    assert {r.input_tokens for r in a if r.arrival_s < PHASE_S} == {16384}
-    assert {r.output_tokens for r in a if r.arrival_s >= PHASE_S} == {2048}
-    w = parse_workload({"duration_s": 4 * PHASE_S, "phases": [LONG_PROMPTS, LONG_OUTPUTS]})
-    again = [r for r in generate(w, block_tokens=512) if r.arrival_s >= 2 * PHASE_S]
-    assert again[0].input_tokens == 16384  # the phases repeat
+    short = ({**LONG_PROMPTS, "duration_s": 60}, {**LONG_OUTPUTS, "duration_s": 60})
+    a, b = _requests(*short), _requests(*short)
+    assert a == b and a != _requests(*short, seed=2)
+    assert {r.input_tokens for r in a if r.arrival_s < 60} == {16384}
+    assert {r.output_tokens for r in a if r.arrival_s >= 60} == {2048}
+    w = parse_workload({"duration_s": 240, "phases": list(short)})
+    again = [r for r in generate(w, block_tokens=512) if r.arrival_s >= 120]
+    assert again[0].input_tokens == 16384 and again[-1].output_tokens == 2048  # they repeat
 
 
 @pytest.mark.parametrize(
