@@ -145,8 +145,8 @@ class _Run:
         self.prefill_units, self.decode_units = p, rates.units - p
         self.leaving_prefill = 0  # busy prefill units that switch once their prompt ends
         self.draining = 0  # decode units that switch once the others can hold the rest
-        self.switching = 0
-        self._to_decode = True  # which way the units of the switch under way go
+        self.switching = 0  # units reloading
+        self.unlaunched: deque[int] = deque()  # a switch's units not reloading yet: its index
         self.queue: deque[int] = deque()  # prompts waiting for a prefill unit
         self.waiting: deque[int] = deque()  # prefilled, waiting for a decode slot
         self.held = 0.0  # decode units' worth of slots held
@@ -208,7 +208,7 @@ class _Run:
         self.first[i] = t
         if self.leaving_prefill:  # this unit was asked to switch: it goes now
             self.leaving_prefill -= 1
-            self._reload(t, 1)
+            self._launch(t)
         else:
             self.idle_prefill += 1
         self.waiting.append(i)
@@ -240,30 +240,29 @@ class _Run:
 
     # --- switching ---------------------------------------------------------------------------
 
-    def _reload(self, t: float, units: int) -> None:
-        self.switching += units
-        for _ in range(units):
-            self.push(t + self.r.load_s, _Ev.READY, 0 if self._to_decode else 1)
+    def _launch(self, t: float) -> None:
+        """The next unit of a switch starts reloading the weights for its new role."""
+        k = self.unlaunched.popleft()
+        self.switching += 1
+        self.push(t + self.r.load_s, _Ev.READY, k)
 
     def _release_drained(self, t: float) -> None:
         """Draining decode units go once the units staying can hold what is left."""
         while self.draining and self.held <= self.decode_units * (1 + 1e-9):
             self.draining -= 1
-            self.push(t + self.r.load_s, _Ev.READY, 1)
-            self.switching += 1
+            self._launch(t)
 
-    def _ready(self, t: float, to_prefill: int) -> None:
+    def _ready(self, t: float, k: int) -> None:
         self.switching -= 1
-        if to_prefill:
+        switch = self.result.switches[k]
+        if switch.to == "prefill":
             self.prefill_units += 1
             self.idle_prefill += 1
             self._start_prefills(t)
         else:
             self.decode_units += 1
             self._start_decodes(t)
-        if self.result.switches:
-            last = self.result.switches[-1]
-            self.result.switches[-1] = PdSwitch(last.at_s, last.to, last.units, t)
+        self.result.switches[k] = PdSwitch(switch.at_s, switch.to, switch.units, t)
 
     def _demand(self, t: float) -> Demand:
         window = self.o.window_s
@@ -286,20 +285,25 @@ class _Run:
         demand = self._demand(t)
         p, d = self.prefill_units, self.decode_units
         self.result.trace.append(Sample(t, p, d, self.switching, demand.prefill_share))
-        if self.switching or self.draining or self.leaving_prefill or not self.recent:
-            return  # one switch at a time, on a measured demand
-        want = POLICIES[self.o.policy](p, p + d, demand, self.o, self.r.load_s)
-        if want == p:
+        if self.draining or self.leaving_prefill or not self.recent:
+            return  # units still finishing their old role's work, or nothing measured yet
+        # units on their way count in the role they go to; a switch is never reversed midway
+        going = self.result.switches[-1].to if self.switching else ""
+        p_to = p + (self.switching if going == "prefill" else 0)
+        want = POLICIES[self.o.policy](p_to, self.r.units, demand, self.o, self.r.load_s)
+        to = "decode" if want < p_to else "prefill"
+        if want == p_to or (going and to != going):
             return
-        moving = abs(want - p)
-        self._to_decode = want < p
-        self.result.switches.append(PdSwitch(t, "decode" if self._to_decode else "prefill", moving))
-        if self._to_decode:
+        moving = abs(want - p_to)
+        self.result.switches.append(PdSwitch(t, to, moving))
+        self.unlaunched.extend([len(self.result.switches) - 1] * moving)
+        if to == "decode":
             self.prefill_units -= moving
             idle = min(moving, self.idle_prefill)
             self.idle_prefill -= idle
             self.leaving_prefill += moving - idle
-            self._reload(t, idle)
+            for _ in range(idle):
+                self._launch(t)
         else:
             self.decode_units -= moving
             self.draining += moving
