@@ -5,7 +5,7 @@ long answers (examples/workloads/shifting-mix.yaml). For the dynamic policy and 
 goodput (requests meeting TTFT 2 s and TPOT 50 ms, per second), SLO attainment, switches; and the
 dynamic split over time beside the mix it follows. Writes pd.json and pd.png.
 
-    python bench/pd.py [--seconds 7200] [--results DIR]   (about 5 s of CPU per hour emulated)
+    python bench/pd.py [--seconds 7200] [--results DIR]   (about 4 s of CPU per hour emulated)
 """
 
 from __future__ import annotations
