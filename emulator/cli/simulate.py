@@ -1,7 +1,7 @@
-"""`cmemu simulate serving|calibrate|training|scaleout|day`: model mode. The serving engine in the
-discrete-event simulator (emulator/model/serving/des.py), no services: hours of emulated traffic
-in seconds; a training run's failures; the linearity of training over N supernodes. This module
-only reads the files and prints."""
+"""`cmemu simulate serving|calibrate|training|scaleout|day|pd`: model mode. The serving engine
+in the discrete-event simulator (emulator/model/serving/des.py), no services: hours of emulated
+traffic in seconds; a training run's failures; the linearity of training over N supernodes;
+dynamic PD (cli/pd.py). This module only reads the files and prints."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import yaml
 
 from emulator.cli.argtypes import UsageError, seconds
 from emulator.cli.output import Column, print_rows
+from emulator.cli.pd import cmd_pd, pd_args
 from emulator.cli.train import simulate_training_cmd, training_args
 from emulator.model.dayplan import POLICIES, DayParams, DayResult, params_for, simulate_day
 from emulator.model.errors import InvalidArgumentError
@@ -84,6 +85,7 @@ def simulate_args(parser: argparse.ArgumentParser) -> None:
     training_args(sub)
     scaleout_args(sub)
     day_args(sub)
+    pd_args(sub)
 
 
 def day_args(sub: Any) -> None:
@@ -431,5 +433,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "training": simulate_training_cmd,
         "scaleout": _scaleout,
         "day": _day,
+        "pd": cmd_pd,
     }
     return handlers[args.simulate_command](args)

@@ -71,6 +71,7 @@ SLOW = [  # each over 5 s: together they would take this file past 20 s
     ),
     Quick("scaleout", ("--quick",), frozenset({"series", "validation", "wall_s"})),
     Quick("day", (), frozenset({"serve-only", "calendar", "load", "cpu_s"})),
+    Quick("pd", ("--seconds", "600"), frozenset({"dynamic", "fixed 3:1", "cpu_s", "seconds"})),
 ]
 
 

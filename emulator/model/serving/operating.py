@@ -12,6 +12,7 @@ meeting the target is found by bisection.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from emulator.model.errors import PreconditionError
@@ -65,6 +66,14 @@ class DecodeCurve:
         self.memory = memory = die_memory(self.model, self.ep, mtp=d.decode.mtp, profile=profile)
         self.hbm_batch = memory.max_batch(prompt_tokens + output_tokens)
         self._tpot: dict[int, float] = {}
+
+    def at(self, *, prompt_tokens: float, output_tokens: float) -> DecodeCurve:
+        """The same instance at other lengths, sharing the topology and collective timings."""
+        other = copy.copy(self)
+        other.prompt_tokens, other.output_tokens = prompt_tokens, output_tokens
+        other.hbm_batch = self.memory.max_batch(prompt_tokens + output_tokens)
+        other._tpot = {}
+        return other
 
     def tpot_s(self, batch_per_die: int) -> float:
         found = self._tpot.get(batch_per_die)
@@ -130,6 +139,12 @@ def operating_point(
     curve = DecodeCurve(
         d, prompt_tokens=prompt_tokens, output_tokens=output_tokens, profile=profile
     )
+    return point_on(curve, target_tpot_s)
+
+
+def point_on(curve: DecodeCurve, target_tpot_s: float) -> OperatingPoint:
+    """`operating_point` on a curve already built (its lengths and deployment)."""
+    prompt_tokens, output_tokens = curve.prompt_tokens, curve.output_tokens
     top = curve.hbm_batch
     context = f"{prompt_tokens:.0f} + {output_tokens:.0f} tokens"
     if top < 1:

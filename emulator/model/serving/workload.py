@@ -13,6 +13,11 @@ prompt is the whole conversation so far (every earlier prompt's new text and eve
 its new user text (`input`), its answer `output` long. Its blocks are the conversation's, so turn
 k finds turn k-1's prompt cached. Requests are named `c<conversation>.<turn>` (`turn_of`);
 `requests` then counts conversations.
+
+A shifting mix (`phases`, issue 24 item 4, where dynamic PD earns its keep): a list of phases,
+each `duration_s` long with its own `input`, `output` and `rate_per_s` (any left out are the
+workload's), run in order and again from the first until the workload's duration ends. Arrivals
+and lengths come from the one seeded generator, so a seed gives the same requests every time.
 """
 
 from __future__ import annotations
@@ -65,6 +70,16 @@ ARRIVALS: dict[str, Callable[[float, np.random.Generator], float]] = {
 
 
 @dataclass(frozen=True, kw_only=True)
+class Phase:
+    """A stretch of a shifting mix (module docstring)."""
+
+    duration_s: float
+    input: Distribution
+    output: Distribution
+    rate_per_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     input: Distribution = field(default_factory=lambda: Distribution(value=4096))
     output: Distribution = field(default_factory=lambda: Distribution(value=256))
@@ -77,6 +92,7 @@ class Workload:
     seed: int = 0
     turns: int = 1  # requests per conversation (module docstring)
     turn_gap_s: float = 30.0  # between a conversation's turns
+    phases: tuple[Phase, ...] = ()  # a shifting mix (module docstring); empty: one mix
 
 
 def parse_workload(raw: Mapping[str, Any]) -> Workload:
@@ -104,11 +120,59 @@ def parse_workload(raw: Mapping[str, Any]) -> Workload:
             values[key] = value
         elif key in ("requests", "prefix_pool", "seed", "turns"):
             values[key] = number(value, key, int)
-        else:
+        elif key != "phases":
             values[key] = number(value, key)
     w = Workload(**values)
+    if "phases" in body:
+        w = dataclasses.replace(w, phases=_phases(body["phases"], w))
     _check(w)
     return w
+
+
+_PHASE_FIELDS = ("duration_s", "input", "output", "rate_per_s")
+
+
+def _phases(raw: Any, w: Workload) -> tuple[Phase, ...]:
+    """`phases` as Phases, each field it leaves out the workload's own."""
+    if not isinstance(raw, list) or not raw:
+        raise InvalidArgumentError("phases must be a non-empty list", field="phases")
+    out = []
+    for k, item in enumerate(raw):
+        where = f"phases[{k}]"
+        if not isinstance(item, Mapping) or "duration_s" not in item:
+            raise InvalidArgumentError(f"{where} must be a mapping with duration_s", field=where)
+        unknown = sorted(set(item) - set(_PHASE_FIELDS))
+        if unknown:
+            raise InvalidArgumentError(
+                f"{where}: unknown fields {unknown}; known: {list(_PHASE_FIELDS)}", field=where
+            )
+        phase = Phase(
+            duration_s=number(item["duration_s"], f"{where}.duration_s"),
+            input=parse_distribution(item["input"], f"{where}.input")
+            if "input" in item
+            else w.input,
+            output=parse_distribution(item["output"], f"{where}.output")
+            if "output" in item
+            else w.output,
+            rate_per_s=number(item.get("rate_per_s", w.rate_per_s), f"{where}.rate_per_s"),
+        )
+        if not (phase.duration_s > 0 and phase.rate_per_s > 0):
+            raise InvalidArgumentError(
+                f"{where}: need duration_s > 0 and rate_per_s > 0", field=where
+            )
+        out.append(phase)
+    return tuple(out)
+
+
+def phase_at(w: Workload, at_s: float) -> Phase:
+    """The phase of a shifting mix in force at `at_s` (the phases repeat)."""
+    cycle = sum(p.duration_s for p in w.phases)
+    t = at_s % cycle
+    for p in w.phases:
+        if t < p.duration_s:
+            return p
+        t -= p.duration_s
+    return w.phases[-1]
 
 
 def _check(w: Workload) -> None:
@@ -121,6 +185,8 @@ def _check(w: Workload) -> None:
         raise InvalidArgumentError(
             "need prefix_pool >= 1, requests >= 0 and duration_s > 0", field="prefix_pool"
         )
+    if w.phases and w.turns > 1:
+        raise InvalidArgumentError("phases and turns > 1 do not mix", field="phases")
     if w.turns < 1:
         raise InvalidArgumentError(f"turns must be >= 1, got {w.turns}", field="turns")
     if not w.turn_gap_s > 0:
@@ -154,7 +220,8 @@ def generate(
     t = 0.0
     n = 0
     while (w.requests == 0 or n < w.requests) and (w.requests > 0 or t < until):
-        inp, out = sample(w.input, rng), sample(w.output, rng)
+        mix = phase_at(w, t) if w.phases else w
+        inp, out = sample(mix.input, rng), sample(mix.output, rng)
         blocks = inp // block_tokens
         keys: list[str] = []
         if blocks:
@@ -166,7 +233,7 @@ def generate(
             id=f"r{n}", arrival_s=t, input_tokens=inp, output_tokens=out, block_keys=tuple(keys)
         )
         n += 1
-        t += gap(w.rate_per_s, rng)
+        t += gap(mix.rate_per_s, rng)
 
 
 def _conversations(
