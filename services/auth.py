@@ -28,6 +28,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from emulator.client.errors import DOMAIN
+from emulator.model.address import host_of
 from emulator.model.errors import PreconditionError
 from emulator.model.tenants import Keys
 
@@ -260,7 +261,7 @@ class InsecureBindError(PreconditionError):
 def is_loopback(address: str) -> bool:
     """Whether "host:port" listens on loopback only (127.0.0.0/8, ::1, localhost). Wildcards
     (0.0.0.0, [::]) and DNS names reach beyond it."""
-    host = address.rsplit(":", 1)[0].strip("[]")
+    host = host_of(address)
     if host == "localhost":
         return True
     try:

@@ -1,6 +1,6 @@
 """The EMS service: the elastic memory store over the nodes' memory pools.
 
-Protobuf in, the store (services/ems_store.py, over the model in emulator/model/ems) in between,
+Protobuf in, the store (services/ems_store/, over the model in emulator/model/ems) in between,
 protobuf out; domain errors become statuses through `rpc`.
 """
 

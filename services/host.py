@@ -16,7 +16,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from emulator.client.channels import SERVER_KEEPALIVE_OPTIONS
-from emulator.model.errors import AddressError, AddressInUseError
+from emulator.model.address import parse_address
+from emulator.model.errors import AddressError, AddressInUseError, InvalidArgumentError
 from services.auth import OPEN, ServerSecurity
 from services.reflection import enable_reflection
 from services.status import GUARD, HangGate
@@ -48,12 +49,15 @@ async def _resolve(name: str, address: str) -> None:
     without blocking the loop, so that each failure says what it is."""
     if address.startswith("unix:"):
         return
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    if not host or host in ("0.0.0.0", "::", "*") or _is_ip(host):
+    try:
+        at = parse_address(address, any_port=True)
+    except InvalidArgumentError as exc:
+        raise AddressError(name, address, str(exc)) from exc
+    host = at.host
+    if host in ("0.0.0.0", "::", "*") or _is_ip(host):
         return  # nothing to resolve (and no thread to spend on it per server)
     try:
-        await asyncio.get_running_loop().getaddrinfo(host, port or None)
+        await asyncio.get_running_loop().getaddrinfo(host, at.port)
     except (OSError, UnicodeError) as exc:
         raise AddressError(name, address, f"cannot resolve {host}") from exc
 

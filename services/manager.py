@@ -50,7 +50,7 @@ from emulator.model.manager.detector import (
     Detector,
     Incident,
 )
-from emulator.model.naming import parse_supernode, service_id
+from emulator.model.naming import die_id, die_of, parse_supernode, service_id
 from emulator.model.topology import Device, DeviceKind, ServiceKind, Topology
 from services.host import ServiceHost
 from services.peers import Peers
@@ -184,7 +184,8 @@ class ManagerState:
 
     def _npu_of(self, target: str) -> str | None:
         """The NPU a device or die id belongs to (None: not an NPU)."""
-        npu = target.rsplit(".d", 1)[0] if target not in self.devices else target
+        die = die_of(target) if target not in self.devices else None
+        npu = die.device.id if die is not None else target
         device = self.devices.get(npu)
         return npu if device is not None and device.kind is DeviceKind.NPU else None
 
@@ -194,7 +195,7 @@ class ManagerState:
         return all(states.get(t) != FAILED for t in (npu, *self._dies(npu)))
 
     def _dies(self, npu: str) -> list[str]:
-        return [f"{npu}.d{k}" for k in range(self.profile.npu.dies)]
+        return [die_id(npu, k) for k in range(self.profile.npu.dies)]
 
     def _incident(self, incident: Incident) -> None:
         if incident.device in self.devices:

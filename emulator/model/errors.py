@@ -231,7 +231,9 @@ def bind_error(who: str, address: str, exc: OSError) -> EmulatorError:
     so that a typo in a host name does not send anyone hunting for the process on a port."""
     if exc.errno == errno.EADDRINUSE:
         return AddressInUseError(who, address)
-    host = address.rpartition(":")[0].strip("[]")
+    from emulator.model.address import host_of  # it reports with these errors
+
+    host = host_of(address)
     if isinstance(exc, socket.gaierror):
         return AddressError(who, address, f"cannot resolve {host} ({exc.strerror or exc})")
     return AddressError(who, address, exc.strerror or str(exc), reason="ADDRESS_UNUSABLE")

@@ -394,6 +394,18 @@ def parse_endpoint(text: str) -> DeviceName | DieName:
     return parse_die(text) if "." in text else parse_device(text)
 
 
+def die_of(text: str) -> DieName | None:
+    """The die `text` names; None for any other id (a device, a switch): for scanning ids of
+    every kind (a link's ends) without an error per id that is not a die."""
+    return parse_die(text) if _RE_DIE.fullmatch(text) else None
+
+
+def device_of(endpoint: str) -> str:
+    """The device an endpoint belongs to: itself, or the NPU of a die."""
+    name = parse_endpoint(endpoint)
+    return name.device.id if isinstance(name, DieName) else name.id
+
+
 def _rdma_switch(text: str) -> SwitchName | None:
     if (match := _RE_LEAF.fullmatch(text)) is not None:
         node = int(match["node"])

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from emulator.model.address import port_of
 from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 
@@ -303,7 +304,7 @@ class PortPlan:
 
     def metrics_port(self, free_ordinal: int) -> int:
         """The next free port: one host, one process (in-process mode) serves /metrics there."""
-        return int(self.address(free_ordinal, "", 0).rpartition(":")[2])
+        return port_of(self.address(free_ordinal, "", 0))
 
 
 @dataclass(frozen=True, kw_only=True)

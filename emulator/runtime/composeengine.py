@@ -36,6 +36,7 @@ import yaml
 from emulator.client import health
 from emulator.client.clients import Clients
 from emulator.client.credentials import Credentials
+from emulator.model.address import parse_address
 from emulator.model.errors import InvalidArgumentError, PreconditionError, UnavailableError
 from emulator.model.topology import ServiceKind, Topology, loopback_ip
 from emulator.runtime import composerun, image
@@ -252,9 +253,9 @@ def _ports(supernodes: tuple[Topology, ...], hosts: Mapping[str, str]) -> dict[s
     addresses += [x.address for t in supernodes for x in t.services]
     addresses += [x.http_address for t in supernodes for x in t.services if x.http_address]
     for address in addresses:
-        ip, _, port = address.rpartition(":")
+        ip, port = (at := parse_address(address, any_port=True)).host, at.port
         if ip in by_ip:
-            out.setdefault(by_ip[ip], set()).add(int(port))
+            out.setdefault(by_ip[ip], set()).add(port)
     return out
 
 

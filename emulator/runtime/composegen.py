@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from emulator.model.address import port_of
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.scaleout import build_cluster
 from emulator.model.topology import METRICS_PORT, DnsPlan, Service, ServiceKind, Topology
@@ -120,7 +121,7 @@ def _service_block(
         f"    mem_limit: {spec_of(service.kind).mem_limit}",
     ]
     if service.http_address:  # reachable from the host, as the HTTP API is for its users
-        port = service.http_address.rpartition(":")[2]
+        port = port_of(service.http_address)
         lines.append(f"    ports: [{_j(f'127.0.0.1:{port}:{port}')}]")
     lines.append("    depends_on:")
     lines += [f"      {need}" for need in depends_on]

@@ -19,16 +19,12 @@ from emulator.model.errors import InvalidArgumentError
 from emulator.runtime import composeengine, composegen
 from emulator.runtime.composeengine import EngineRun
 from emulator.runtime.docker import DockerEngine
+from emulator.runtime.launchoptions import LaunchOptions, StartInterrupted, report
+from emulator.runtime.launchsetup import make_run_dir
 from emulator.runtime.procs import Running
 from emulator.runtime.security import MQTT_USER, Security, read_token
 from emulator.runtime.stopping import unless_stopped
-from emulator.runtime.supernode import (
-    LaunchOptions,
-    StartInterrupted,
-    Supernode,
-    make_run_dir,
-    report,
-)
+from emulator.runtime.supernode import Supernode
 
 log = structlog.get_logger("cmemu.enginelaunch")
 CREATE_S_PER_CONTAINER = 2.0

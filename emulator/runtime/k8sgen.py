@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from emulator.model.address import port_of
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.topology import METRICS_PORT, DeviceKind, ServiceKind, Topology
 from emulator.runtime.composegen import (
@@ -117,7 +118,7 @@ class Workload:
 
 
 def _port(address: str) -> int:
-    return int(address.rpartition(":")[2])
+    return port_of(address)
 
 
 def _quantity(compose_mem: str) -> str:

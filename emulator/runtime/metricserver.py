@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from emulator.model.address import parse_address
 from emulator.model.errors import bind_error
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import Topology, metrics_address
@@ -64,12 +65,12 @@ class MetricsServer:
         return url(self.address, tls=self._ssl is not None)
 
     async def start(self) -> None:
-        host, _, port = self.address.rpartition(":")
+        at = parse_address(self.address, any_port=True)
         try:
             self._server = await asyncio.start_server(
                 self._serve,
-                host.strip("[]") or None,
-                int(port),
+                at.host,
+                at.port,
                 reuse_address=True,
                 ssl=self._ssl,
                 limit=REQUEST_HEAD_MAX,

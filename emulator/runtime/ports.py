@@ -22,10 +22,12 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from emulator.model.address import parse_address
 from emulator.model.errors import AddressError, AddressInUseError, InvalidArgumentError
 from emulator.model.topology import LoopbackPlan, PortPlan, Topology, metrics_address
+from emulator.runtime.launchoptions import EMBEDDED, LaunchOptions
 from emulator.runtime.metricserver import first_server
-from emulator.runtime.supernode import EMBEDDED, LaunchOptions, proc_waves
+from emulator.runtime.procslaunch import proc_waves
 
 EXTRAS = ("the embedded broker", "the web view")  # after the servers, in this order
 PROC = Path("/proc")
@@ -158,20 +160,20 @@ def check_free(block: Block) -> None:
     naming the process that holds it when /proc tells (the same user's processes); an
     AddressError when the system refuses an address for another cause."""
     for what, address in block.bindings:
-        host, _, port = address.rpartition(":")
-        host = host.strip("[]")
+        at = parse_address(address, any_port=True)
+        host, port = at.host, at.port
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             # as the servers do: a port whose last connection is in TIME_WAIT is free
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                probe.bind((host, int(port)))
+                probe.bind((host, port))
             except OSError as exc:
                 if exc.errno != errno.EADDRINUSE:
                     raise AddressError(
                         what, address, exc.strerror or str(exc), reason="ADDRESS_UNUSABLE"
                     ) from exc
-                raise PortTakenError(what, address, holder(int(port))) from None
+                raise PortTakenError(what, address, holder(port)) from None
 
 
 class PortTakenError(AddressInUseError):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from emulator.model.address import host_of
 from emulator.model.errors import InvalidArgumentError
 
 if TYPE_CHECKING:  # cryptography loads only when a certificate is made: not at every start
@@ -54,7 +55,7 @@ def hosts_of(addresses: Iterable[str]) -> list[str]:
     reached as loopback, so it names 127.0.0.1 and localhost."""
     hosts: dict[str, None] = {}
     for address in addresses:
-        host = address.rsplit(":", 1)[0].strip("[]")
+        host = host_of(address)
         for h in ("127.0.0.1", "localhost") if host in WILDCARDS else (host,):
             hosts[h] = None
     return list(hosts)

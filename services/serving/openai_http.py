@@ -31,6 +31,7 @@ import numpy as np
 import structlog
 from aiohttp import web
 
+from emulator.model.address import parse_address
 from emulator.model.clock import Clock
 from emulator.model.errors import EmulatorError, bind_error, quote
 from emulator.model.hardware import HardwareProfile
@@ -113,7 +114,7 @@ class OpenAiServer:
         open, as the gRPC services' reads do); with an SSL context, HTTPS."""
         self.admission = self._admission(keys)
         self.loaded = loaded or load_tokenizer()
-        host, _, port = address.rpartition(":")
+        at = parse_address(address, any_port=True)
         # a client that goes away cancels its handler: its requests are then cancelled too
         runner = web.AppRunner(
             self.app,
@@ -126,9 +127,7 @@ class OpenAiServer:
             max_headers=self.limits.http_headers_max,
         )
         await runner.setup()
-        site = web.TCPSite(
-            runner, host.strip("[]") or None, int(port), reuse_port=False, ssl_context=ssl_context
-        )
+        site = web.TCPSite(runner, at.host, at.port, reuse_port=False, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as exc:

@@ -20,7 +20,9 @@ from emulator.model.naming import (
     SwitchName,
     Tier,
     device_id,
+    device_of,
     die_id,
+    die_of,
     directed_link_id,
     l1_switch_id,
     l2_switch_id,
@@ -145,6 +147,21 @@ def test_malformed_ids_say_what_was_expected(
     with pytest.raises(InvalidArgumentError, match=r"expected|spelling") as err:
         parse(text)
     assert expected in str(err.value) and repr(text) in str(err.value)
+
+
+def test_the_die_or_device_of_an_id() -> None:
+    """Ids of every kind are scanned for dies without splitting them by hand."""
+    assert die_of("sn1-n07-npu3.d1") == DieName(
+        device=DeviceName(node=7, kind=DeviceKind.NPU, index=3, supernode=1), die=1
+    )
+    for other in ("n07-npu3", "l2-p3-s11", "n07-l1s4", "fabric", "n07-cpu1.d0x"):
+        assert die_of(other) is None
+    with pytest.raises(InvalidArgumentError, match="has no dies"):
+        die_of("n07-cpu1.d0")  # a die's shape on a device that has none: an error, not None
+    assert device_of("n07-npu3.d1") == device_of("n07-npu3") == "n07-npu3"
+    for bad in ("l2-p3-s11", "n07-npu3.x1", "n7-npu3"):
+        with pytest.raises(InvalidArgumentError):
+            device_of(bad)
 
 
 def test_bad_builder_arguments_are_refused() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from emulator.model.topology import LoopbackPlan, ServiceKind, build
 from emulator.runtime.composegen import generate
+from emulator.runtime.procslaunch import proc_waves
 from emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS, WAVES
-from emulator.runtime.supernode import proc_waves
 
 
 def test_every_service_kind_is_registered() -> None:

@@ -14,12 +14,12 @@ from cmemu.v1 import device_pb2, fabric_pb2
 from emulator.client import health
 from emulator.model.errors import InvalidArgumentError, PreconditionError, UnknownNameError
 from emulator.runtime.procs import Running
+from emulator.runtime.procslaunch import proc_waves
 from emulator.runtime.supernode import (
     NO_BROKER,
     LaunchOptions,
     StartInterrupted,
     Supernode,
-    proc_waves,
 )
 from emulator.testing import MINI_PORTS, free_port_block
 

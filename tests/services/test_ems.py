@@ -784,14 +784,14 @@ async def test_one_object_failing_its_repair_does_not_stop_the_others(
             await ems.Put(ems_pb2.PutRequest(key=key, data=key.encode()))
         held = [k for k in keys if victim in state.index.objects[k].replicas]
         assert held
-        repair = state._repair
+        repair = state.recovery.repair
 
         async def failing(meta: Any) -> None:
             if meta.key == "bad":
                 raise RuntimeError("a bug in one object's repair")
             await repair(meta)
 
-        monkeypatch.setattr(state, "_repair", failing)
+        monkeypatch.setattr(state.recovery, "repair", failing)
         state.placement.dead_after_ns = 0
         await _fault(clients, victim, True)
         async with asyncio.timeout(HANG_S):
@@ -808,14 +808,14 @@ def _fault_when_written(
 ) -> None:
     """The victim pool faults (for real) once a put has its region and starts writing to it:
     the write then fails, and the region cannot be freed while the pool is away."""
-    write = state._write_copy
+    write = state.write_copy
 
     async def faulting(issuer: Any, pool: str, replica: Any, meta: Any, data: bytes) -> Any:
         if pool == victim:
             await _fault(clients, victim, True)
         return await write(issuer, pool, replica, meta, data)
 
-    monkeypatch.setattr(state, "_write_copy", faulting)
+    monkeypatch.setattr(state, "write_copy", faulting)
 
 
 async def _fail_a_put_mid_way(
@@ -909,7 +909,7 @@ async def test_of_two_racing_puts_of_one_key_the_newer_generation_wins(
     assert state is not None
     ems = _ems(clients)
     entered, gate = asyncio.Event(), asyncio.Event()
-    write = state._write_copy
+    write = state.write_copy
 
     async def held(issuer: Any, pool: str, replica: Any, meta: Any, data: bytes) -> Any:
         if data == b"older":
@@ -917,7 +917,7 @@ async def test_of_two_racing_puts_of_one_key_the_newer_generation_wins(
             await gate.wait()
         return await write(issuer, pool, replica, meta, data)
 
-    monkeypatch.setattr(state, "_write_copy", held)
+    monkeypatch.setattr(state, "write_copy", held)
     older = asyncio.ensure_future(ems.Put(ems_pb2.PutRequest(key="race", data=b"older")))
     async with asyncio.timeout(HANG_S):
         await entered.wait()

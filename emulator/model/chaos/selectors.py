@@ -31,6 +31,7 @@ from emulator.model.naming import (
     DieName,
     SwitchName,
     die_id,
+    die_of,
     parse_device,
     parse_die,
     parse_id,
@@ -248,7 +249,8 @@ def _node_of(end: str) -> str | None:
 
 def topology_dies(topology: Topology) -> int:
     """Dies per NPU, as the topology's links show them (die ids end in .dN)."""
-    dies = {e.rsplit(".d", 1)[1] for link in topology.links for e in (link.a, link.b) if ".d" in e}
+    ends = (die_of(e) for link in topology.links for e in (link.a, link.b))
+    dies = {end.die for end in ends if end is not None}
     return max(len(dies), 1)
 
 

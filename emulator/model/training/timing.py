@@ -9,6 +9,7 @@ from emulator.model.collectives import run_collective
 from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.linkgraph import LinkGraph, validate_ranks
+from emulator.model.naming import die_id
 from emulator.model.topology import DeviceKind, Topology
 from emulator.model.training.spec import TrainingShape
 from emulator.model.training.step import (
@@ -62,4 +63,4 @@ class ModelTimer:
 def first_dies(topology: Topology, npus: int, profile: HardwareProfile) -> list[str]:
     """The dies of the topology's first `npus` NPUs, in order: a model-mode job's ranks."""
     found = [d.id for d in topology.devices if d.kind is DeviceKind.NPU][:npus]
-    return [f"{n}.d{k}" for n in found for k in range(profile.npu.dies)]
+    return [die_id(n, k) for n in found for k in range(profile.npu.dies)]

@@ -22,6 +22,7 @@ from emulator.model.chaos.observed import TrainingRecord, WorkloadEvent
 from emulator.model.chaos.scenario import EmsWorkload, Scenario
 from emulator.model.chaos.selectors import Placement
 from emulator.model.errors import PreconditionError
+from emulator.model.naming import device_of
 from emulator.model.topology import ServiceKind
 
 EMS_KIND = {
@@ -191,7 +192,7 @@ class Workloads:
             d: Any = await self.clients.router().GetDeployment(
                 router_pb2.GetDeploymentRequest(name=s.name)
             )
-            failed = tuple(sorted({die.split(".")[0] for die in getattr(d, "failed_dies", ())}))
+            failed = tuple(sorted({device_of(die) for die in getattr(d, "failed_dies", ())}))
             health = str(getattr(d, "health", ""))
             out += self._changes(s.name, _ns(d, "last_isolated_ns"), _ns(d, "last_restored_ns"),
                                  failed, health)  # fmt: skip

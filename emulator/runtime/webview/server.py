@@ -21,6 +21,8 @@ import structlog
 from aiohttp import web
 
 from emulator.client.clients import Clients
+from emulator.model.address import join_address
+from emulator.model.address import parse_address as parse_host_port
 from emulator.model.errors import InvalidArgumentError, bind_error
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.runtime.webview.collector import Collector, Rates
@@ -41,15 +43,16 @@ KEEPALIVE_S = 15.0
 
 def parse_address(text: str) -> tuple[str, int]:
     """`HOST:PORT` (`[v6]:PORT`; port 0: any free one) or `PORT` alone, on loopback."""
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = DEFAULT_HOST, text
-    host = host.strip("[]") or DEFAULT_HOST
-    if not port.isdigit() or int(port) > 65535:
+    whole = text if ":" in text else f"{DEFAULT_HOST}:{text}"
+    try:
+        at = parse_host_port(whole, what="web view address", any_port=True)
+    except InvalidArgumentError as exc:
         raise InvalidArgumentError(
-            f"bad web view address {text!r}: HOST:PORT (port 0: any free one), PORT, or 'none'"
-        )
-    return host, int(port)
+            f"bad web view address {text!r}: HOST:PORT (port 0: any free one), PORT, or 'none' "
+            f"({exc})",
+            field="ui",
+        ) from exc
+    return at.host, at.port
 
 
 async def _read_static() -> dict[str, bytes]:
@@ -127,7 +130,7 @@ class WebView:
             await site.start()
         except OSError as exc:
             await runner.cleanup()
-            raise bind_error("the web view", f"{self.host}:{self.port}", exc) from exc
+            raise bind_error("the web view", join_address(self.host, self.port), exc) from exc
         self._runner = runner
         self.port = int(runner.addresses[0][1])  # the one the system picked for port 0
         await self.collector.__aenter__()

@@ -1,0 +1,147 @@
+"""EMS's orchestration: carrying out the model's decisions (emulator/model/ems) over the pools.
+
+Every copy of an object is a region of a memory pool, written and read with UB transactions
+issued by the device that owns or wants the data, so the fabric times them; an object larger than
+one chunk moves a chunk per transaction, each with its CRC-32 (the table follows the data in the
+region). The region's label carries the object's metadata and generation: a restarted EMS
+rebuilds its index by listing the pools, the newest generation of a key winning (a put that
+commits after a newer one of its key, or after a delete that left a tombstone as new, is taken to
+have come just before it: acknowledged, its copies freed). A delete (or an overwrite or eviction,
+at the replaced version's generation) that cannot reach every copy leaves tombstone regions until
+every pool that may hold a copy has been reconciled; a put that fails (or loses so) leaving a
+copy it cannot free leaves abort-marker regions, for that generation alone, as long. A background
+sweep, every check interval of emulated time, probes the pools: a pool that misses sweeps is
+suspect (avoided, its copies kept), one silent past the dead threshold is dead (its copies
+replaced), and one that answers again is reconciled (settled once it has freed what it must).
+
+The parts, one module each, share `Store` (store.py: the state and the way to a pool): the write
+path (writes.py), the read path (reads.py), tombstones and abort markers (markers.py), the
+rebuild and the sweep (recovery.py), and the SSD tier (ssd.py). `EmsState` joins them for the
+servicer (services/ems.py) and answers the index queries itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from emulator.engines.clock import Timeline
+from emulator.model.ems import (
+    ObjectMeta,
+    Page,
+    StoreStats,
+    check_block_tokens,
+    check_key,
+    prefix_keys,
+    summarize,
+)
+from emulator.model.hardware import HardwareProfile
+from emulator.model.topology import Topology
+from services.ems_store.markers import Markers
+from services.ems_store.reads import Fetched, Reading, Reads
+from services.ems_store.recovery import Recovery
+from services.ems_store.store import Store
+from services.ems_store.writes import Stored, Writes
+from services.peers import Peers
+
+__all__ = ["EmsState", "Fetched", "Reading", "Stored"]
+
+
+class EmsState(Store):
+    """The store as the servicer and the runtime see it (its shared state is `Store`'s)."""
+
+    def __init__(
+        self,
+        *,
+        topology: Topology,
+        profile: HardwareProfile,
+        clock: Timeline,
+        peers: Peers,
+        ssd_dir: Path,
+    ) -> None:
+        super().__init__(
+            topology=topology, profile=profile, clock=clock, peers=peers, ssd_dir=ssd_dir
+        )
+        self.markers = Markers(self)
+        self.reads = Reads(self)
+        self.writes = Writes(self, self.markers, self.reads)
+        self.recovery = Recovery(self, self.markers, self.writes, self.reads)
+
+    # --- writes --------------------------------------------------------------------------------
+
+    def prepare(self, meta: ObjectMeta, data: bytes) -> None:
+        self.writes.prepare(meta, data)
+
+    async def put(self, meta: ObjectMeta, data: bytes, device: str = "") -> Stored:
+        """Store a new object (checked by the model: see object_size) from `device`'s memory."""
+        self.serving()
+        (stored,) = await self.writes.put_all([(meta, data, device)])
+        return stored
+
+    async def put_all(self, items: Sequence[tuple[ObjectMeta, bytes, str]]) -> list[Stored]:
+        return await self.writes.put_all(items)
+
+    async def delete(self, key: str) -> bool:
+        self.serving()
+        check_key(key)
+        (deleted,) = await self.writes.delete_all([key])
+        return deleted
+
+    async def delete_all(self, keys: Sequence[str]) -> list[bool]:
+        return await self.writes.delete_all(keys)
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    async def read(self, key: str, device: str = "") -> Reading:
+        return await self.reads.read(key, device)
+
+    async def get(self, key: str, device: str = "", limit: int | None = None) -> Fetched:
+        return await self.reads.get(key, device, limit)
+
+    def lookup(self, key: str) -> ObjectMeta | None:
+        self.serving()
+        check_key(key)
+        return self.index.get(key)
+
+    def keys_for(self, tokens: list[int], block_tokens: int, namespace: str) -> list[str]:
+        self.serving()
+        check_block_tokens(block_tokens, self.ems.block_tokens_min, self.ems.block_tokens_max)
+        return prefix_keys(tokens, block_tokens, namespace)
+
+    def match(self, tokens: list[int], block_tokens: int, namespace: str) -> list[str]:
+        """The keys of the longest stored prefix of `tokens` (each counts as a use)."""
+        self.serving()
+        matched = []
+        for key in self.keys_for(tokens, block_tokens, namespace):
+            if key not in self.index.objects:
+                break
+            self.index.touch(key)
+            matched.append(key)
+        return matched
+
+    def listing(self, prefix: str, page_size: int, token: str) -> Page:
+        self.serving()
+        return self.index.page(prefix=prefix, page_size=page_size, token=token)
+
+    def stats(self, pool: str) -> StoreStats:
+        return summarize(
+            self.placement,
+            self.counters,
+            ssd_used_bytes=self.ssd.used,
+            ssd_capacity_bytes=self.ssd.capacity,
+            pool_filter=pool,
+        )
+
+    # --- recovery ------------------------------------------------------------------------------
+
+    async def rebuild(self, wait_s: float = 60.0) -> None:
+        await self.recovery.rebuild(wait_s)
+
+    async def run(self) -> None:
+        await self.recovery.run()
+
+    async def close(self) -> None:
+        await self.recovery.close()
+
+    async def sweep(self) -> None:
+        await self.recovery.sweep()

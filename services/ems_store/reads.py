@@ -1,0 +1,242 @@
+"""The store's read path: an object's chunks from the first copy that serves each, checked
+against their CRCs, or from the SSD tier. A copy that is unreachable or corrupt is passed by for
+the next (a corrupt one is dropped for the sweep to replace); a reader that is itself down is
+blamed, not the copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from cmemu.v1 import ub_pb2
+from emulator.model.costmodel import ems_ssd_ns
+from emulator.model.ems import (
+    TRAILER_HEAD_BYTES,
+    ObjectMeta,
+    Replica,
+    Tier,
+    Timing,
+    check_key,
+    chunk_crcs,
+    decode_trailer,
+    decode_trailer_head,
+    spans,
+    trailer_bytes,
+)
+from emulator.model.errors import (
+    RETRY_AFTER_S,
+    DataLossError,
+    NotFoundError,
+    PreconditionError,
+    UnavailableError,
+    quote,
+)
+from emulator.model.topology import Device
+from services.ems_store.store import UNREACHABLE, Store, log
+from services.status import RemoteError
+
+
+@dataclass(kw_only=True)
+class Fetched:
+    meta: ObjectMeta
+    data: bytes
+    served_by: str  # a pool, or "ssd"
+    corrupt_copies: int
+    issue_ns: int
+    complete_ns: int
+
+
+@dataclass(kw_only=True)
+class Reading:
+    """A read in progress: `chunks()` yields the object's bytes in order (nothing for a size-only
+    object); once it is exhausted the other fields say where they came from and when."""
+
+    meta: ObjectMeta
+    served_by: str = ""
+    corrupt_copies: int = 0
+    timing: Timing = field(default_factory=Timing)
+    source: AsyncIterator[bytes] | None = None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self.source is not None:
+            async for piece in self.source:
+                yield piece
+
+
+class Reads:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _find(self, key: str) -> ObjectMeta:
+        check_key(key)
+        meta = self.store.index.get(key)
+        if meta is None:
+            self.store.counters.misses += 1
+            raise NotFoundError(f"no object {quote(key)}", subject=key, reason="OBJECT_NOT_FOUND")
+        return meta
+
+    async def read(self, key: str, device: str = "") -> Reading:
+        """Start reading an object as `device`; the bytes come from the Reading's chunks()."""
+        self.store.serving()
+        requester = self.store.requester(device)
+        meta = self._find(key)
+        self.store.counters.hits += 1
+        if meta.key in self.store.index.objects:
+            self.store.index.touch(meta.key)
+        if meta.tier is Tier.SSD:
+            return await self._read_ssd(meta)
+        return self.reading(meta, requester)
+
+    async def get(self, key: str, device: str = "", limit: int | None = None) -> Fetched:
+        """Read a whole object; one over `limit` bytes of real data goes by read() instead."""
+        self.store.serving()
+        reading = await self.read(key, device)
+        meta = reading.meta
+        if limit is not None and meta.real and meta.size > limit:
+            raise PreconditionError(
+                f"{quote(key)} has {meta.size} bytes: a Get returns at most {limit}; use GetStream",
+                field="key",
+                subject=key,
+                reason="OBJECT_TOO_LARGE_FOR_GET",
+            )
+        data = b"".join([piece async for piece in reading.chunks()])
+        return Fetched(
+            meta=meta,
+            data=data,
+            served_by=reading.served_by,
+            corrupt_copies=reading.corrupt_copies,
+            issue_ns=reading.timing.issue_ns,
+            complete_ns=reading.timing.complete_ns,
+        )
+
+    async def read_all(self, meta: ObjectMeta) -> bytes:
+        """An object's bytes from its copies, as the store itself reads them (no requester)."""
+        reading = self.reading(meta, None)
+        return b"".join([piece async for piece in reading.chunks()])
+
+    async def _read_ssd(self, meta: ObjectMeta) -> Reading:
+        data = await asyncio.to_thread(self.store.ssd.read, meta.key)
+        if meta.real:
+            if meta.chunked:
+                good = meta.crcs is not None and chunk_crcs(data, meta.chunk_bytes) == meta.crcs
+            else:
+                good = zlib.crc32(data) == meta.crc
+            if not good:
+                self.store.counters.corrupt += 1
+                raise DataLossError(f"the SSD copy of {quote(meta.key)} fails its checksum")
+        now = self.store.clock.now_ns()
+        reading = Reading(meta=meta, served_by="ssd")
+        reading.timing.add(now, now + ems_ssd_ns(meta.size, self.store.profile))
+
+        async def one() -> AsyncIterator[bytes]:
+            if meta.real:
+                yield data
+
+        reading.source = one()
+        return reading
+
+    def reading(self, meta: ObjectMeta, requester: Device | None) -> Reading:
+        reading = Reading(meta=meta)
+        reading.source = self._copies(meta, requester, reading)
+        return reading
+
+    async def _copies(
+        self, meta: ObjectMeta, requester: Device | None, reading: Reading
+    ) -> AsyncIterator[bytes]:
+        """The object's chunks in order, from the first copy that serves each: a copy that is
+        unreachable or fails a checksum is left for the next, from the chunk where it failed."""
+        store = self.store
+        plan = store.placement.read_order(meta, requester.node if requester is not None else None)
+        unavailable = [f"{p} ({store.placement.health[p]})" for p in plan.down]
+        pieces: list[tuple[int, int]] = []  # once the chunk size is known (the table read)
+        position = 0  # the next piece to deliver
+        elapsed = 0
+        for pool, replica in plan.copies:
+            issuer = requester or store.pools[pool]
+            try:
+                if meta.chunked and meta.crcs is None:
+                    meta.chunk_bytes, meta.crcs = await self._table(issuer, pool, replica, meta)
+                if not pieces:
+                    chunked = meta.real and meta.chunked
+                    pieces = spans(meta.size, meta.chunk_bytes) if chunked else [(0, meta.size)]
+                while position < len(pieces):
+                    start, length = pieces[position]
+                    done = await store.transfer(
+                        issuer, ub_pb2.UB_OP_READ, pool=pool, replica=replica, size=length,
+                        offset=start, size_only=not meta.real,
+                    )  # fmt: skip
+                    if meta.real and zlib.crc32(done.data) != (
+                        meta.crcs[position] if meta.crcs is not None else meta.crc
+                    ):
+                        raise DataLossError(f"chunk {position} of {quote(meta.key)} on {pool}")
+                    reading.timing.issue_ns = reading.timing.issue_ns or done.issue_ns
+                    elapsed += done.complete_ns - done.issue_ns
+                    reading.timing.duration_ns = elapsed
+                    reading.served_by = pool
+                    position += 1
+                    if meta.real:
+                        yield done.data
+                return
+            except RemoteError as exc:
+                if exc.code not in UNREACHABLE:
+                    raise
+                if requester is not None:
+                    await self._check_reader(requester, exc)
+                unavailable.append(pool)
+            except DataLossError:
+                reading.corrupt_copies += 1
+                store.counters.corrupt += 1
+                log.warning("DATA_LOSS on a copy; reading another", key=meta.key, pool=pool)
+                if store.index.get(meta.key) is meta:
+                    store.index.drop_replica(meta, pool)  # the sweep restores the factor
+                    with contextlib.suppress(RemoteError):
+                        await store.free_region(pool, replica.region_id)
+        if reading.corrupt_copies and not unavailable:
+            raise DataLossError(f"every reachable copy of {quote(meta.key)} fails its checksum")
+        raise UnavailableError(
+            f"no copy of {quote(meta.key)} is reachable: {', '.join(unavailable) or 'none left'}",
+            subject=meta.key,
+            reason="NO_COPY_REACHABLE",
+            retry_after_s=RETRY_AFTER_S,
+        )
+
+    async def _table(
+        self, issuer: Device, pool: str, replica: Replica, meta: ObjectMeta
+    ) -> tuple[int, tuple[int, ...]]:
+        """A copy's chunk table, checked. An object rebuilt or adopted from a label does not know
+        its chunk size (the label has no room for it): the trailer's head says, read first."""
+        chunk_bytes = meta.chunk_bytes
+        if not chunk_bytes:
+            head = await self.store.transfer(
+                issuer, ub_pb2.UB_OP_READ, pool=pool, replica=replica, size=TRAILER_HEAD_BYTES,
+                offset=meta.size,
+            )  # fmt: skip
+            chunk_bytes = decode_trailer_head(head.data, meta.size)
+        done = await self.store.transfer(
+            issuer, ub_pb2.UB_OP_READ, pool=pool, replica=replica,
+            size=trailer_bytes(meta.size, chunk_bytes), offset=meta.size,
+        )  # fmt: skip
+        return decode_trailer(done.data, meta.crc, meta.size)
+
+    async def _check_reader(self, reader: Device, cause: RemoteError) -> None:
+        """A read that failed for want of a reachable device: blame the reader when it is the
+        one that is down, not the copies."""
+        try:
+            fault = await self.store.fault_state(reader)
+        except RemoteError as exc:
+            why = f"unreachable: {exc}"
+        else:
+            if not fault.faulted:
+                return
+            why = f"faulted: {quote(fault.reason)}"
+        raise UnavailableError(
+            f"the reading device {reader.id} is {why}",
+            field="device",
+            subject=reader.id,
+            reason="READER_UNAVAILABLE",
+            retry_after_s=RETRY_AFTER_S,
+        ) from cause

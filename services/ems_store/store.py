@@ -1,0 +1,246 @@
+"""What every part of EMS's store shares: the memory pools, where copies go (the placement), the
+SSD tier, the counters and the lock, and the one way a pool or device is reached (a method of it,
+in this process directly, else over gRPC). The write and read paths, the tombstones and the
+sweep (the other modules of this package) each take this, not each other's internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+
+from cmemu.v1 import device_pb2, ub_pb2
+from emulator.engines.clock import Timeline
+from emulator.model.ems import (
+    Counters,
+    HashRing,
+    Health,
+    Index,
+    Listed,
+    ObjectMeta,
+    Placement,
+    Replica,
+    Timing,
+    encode_label,
+    encode_trailer,
+    spans,
+    trailer_bytes,
+)
+from emulator.model.errors import RETRY_AFTER_S, UnavailableError
+from emulator.model.hardware import HardwareProfile
+from emulator.model.topology import Device, DeviceKind, Topology
+from services.ems_store.ssd import SsdTier
+from services.peers import Peers
+from services.status import RemoteError
+
+MIN_PAUSE_S = 0.01  # wall floor of a periodic pause: a fast time_scale stretches the period
+IO_TIMEOUT_S = 20.0  # wall seconds one UB transaction of EMS may take: a stalled pool is passed by
+# (a bound on a hang: the transaction waits in emulated time, which a busy host slows; at 5 s a
+# loaded machine failed whole weight loads with DEADLINE_EXCEEDED)
+PROBE_TIMEOUT_S = 1.0  # wall seconds a sweep waits for a pool's answer
+UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# lazy: `.bind()` here would build the logger at import, before logging is configured (stdout)
+log = structlog.get_logger("cmemu.ems", device="ems")
+
+
+def region_size(meta: ObjectMeta) -> int:
+    return meta.size + (trailer_bytes(meta.size, meta.chunk_bytes) if meta.chunked else 0)
+
+
+class Store:
+    name = "ems"
+
+    def __init__(
+        self,
+        *,
+        topology: Topology,
+        profile: HardwareProfile,
+        clock: Timeline,
+        peers: Peers,
+        ssd_dir: Path,
+    ) -> None:
+        self.topology = topology
+        self.profile = profile
+        self.ems = profile.ems
+        self.clock = clock
+        self.peers = peers
+        self.pools = {d.id: d for d in topology.of_kind(DeviceKind.MEMPOOL)}
+        pool_bytes = profile.pool_bytes
+        self.placement = Placement(
+            pools={p: d.node for p, d in self.pools.items()},
+            ring=HashRing(list(self.pools), self.ems.vnodes_per_pool),
+            capacity_per_pool=int(pool_bytes * self.ems.dram_share),
+            replication_factor=self.ems.replication_factor,
+            suspect_after_sweeps=self.ems.suspect_after_sweeps,
+            dead_after_ns=int(self.ems.dead_after_s * 1e9),
+        )
+        self.ssd = SsdTier(ssd_dir, len(topology.nodes) * self.ems.ssd_bytes_per_node)
+        self.counters = Counters()
+        self.lock = asyncio.Lock()
+        self.unreconciled: set[str] = set()  # pools not listed since this EMS started
+        # Until rebuild() has read every pool (or given up on those that do not answer), the
+        # index lacks keys a pool not yet listed holds: calls about keys answer UNAVAILABLE
+        # RECOVERING (retryable), never NOT_FOUND for an acknowledged key (issue 21 finding 3).
+        self.recovering = True
+        self.listed: set[str] = set()  # pools the rebuild has read
+
+    @property
+    def index(self) -> Index:
+        return self.placement.index
+
+    @index.setter
+    def index(self, index: Index) -> None:
+        self.placement.index = index
+
+    def pause_s(self, emulated_s: float) -> float:
+        return max(self.clock.clock.wall_delay_s(emulated_s), MIN_PAUSE_S)
+
+    def serving(self) -> None:
+        """Refuse a call about keys while the index is being rebuilt (see `recovering`)."""
+        if self.recovering:
+            raise UnavailableError(
+                f"EMS is rebuilding its index after a start: {len(self.listed)} of "
+                f"{len(self.pools)} memory pools listed; retry",
+                reason="RECOVERING",
+                retry_after_s=RETRY_AFTER_S,
+            )
+
+    def requester(self, device_id: str) -> Device | None:
+        return self.topology.device(device_id) if device_id else None
+
+    def new_gen(self) -> int:
+        return self.index.next_gen(int(self.clock.clock.wall() * 1e9))
+
+    # --- device access -------------------------------------------------------------------------
+
+    async def call(
+        self,
+        device: Device,
+        service: str,
+        method: str,
+        request: Any,
+        deadline_s: float | None = None,
+    ) -> Any:
+        """A method of a device (in this process directly, else over gRPC); a pool that does not
+        answer is suspect at once, ahead of the next sweep."""
+        call = self.peers.device_call if service == "device" else self.peers.bus_call
+        try:
+            if deadline_s is None:
+                return await call(device, method, request)
+            return await call(device, method, request, deadline_s)
+        except RemoteError as exc:
+            if exc.code in UNREACHABLE and device.id in self.pools:
+                self.suspect(device.id)
+            raise
+
+    async def fault_state(self, device: Device) -> device_pb2.FaultState:
+        """A device's fault state, within a probe's wait (no suspicion: the caller judges)."""
+        state: device_pb2.FaultState = await self.peers.device_call(
+            device, "GetFaultState", device_pb2.GetFaultStateRequest(), PROBE_TIMEOUT_S
+        )
+        return state
+
+    def suspect(self, pool: str) -> None:
+        if self.placement.suspect(pool, self.clock.now_ns()):
+            log.warning("pool suspect", pool=pool)
+
+    async def transfer(
+        self,
+        issuer: Device,
+        op: ub_pb2.UbOp.ValueType,
+        *,
+        pool: str,
+        replica: Replica,
+        size: int,
+        offset: int = 0,
+        data: bytes = b"",
+        size_only: bool = False,
+    ) -> ub_pb2.UbCompletion:
+        tx = ub_pb2.UbTransaction(
+            op=op,
+            dst=ub_pb2.UbAddress(eid=self.pools[pool].eid, offset=replica.offset + offset),
+            size=size,
+            data=data if op == ub_pb2.UB_OP_WRITE and not size_only else b"",
+            size_only=size_only,
+        )
+        completion: ub_pb2.UbCompletion = await self.call(issuer, "bus", "Submit", tx, IO_TIMEOUT_S)
+        return completion
+
+    async def write_copy(
+        self, issuer: Device, pool: str, replica: Replica, meta: ObjectMeta, data: bytes
+    ) -> Timing:
+        """One copy, a chunk per transaction (then the chunk table), one after another."""
+        timing = Timing()
+        if not meta.real:
+            done = await self.transfer(
+                issuer, ub_pb2.UB_OP_WRITE, pool=pool, replica=replica, size=meta.size,
+                size_only=True,
+            )  # fmt: skip
+            timing.add(done.issue_ns, done.complete_ns)
+            return timing
+        pieces = [(s, data[s : s + n]) for s, n in spans(meta.size, meta.chunk_bytes or meta.size)]
+        if meta.chunked:
+            assert meta.crcs is not None
+            pieces.append((meta.size, encode_trailer(meta.chunk_bytes, meta.crcs)))
+        elapsed = 0
+        for offset, piece in pieces:
+            done = await self.transfer(
+                issuer, ub_pb2.UB_OP_WRITE, pool=pool, replica=replica, size=len(piece),
+                offset=offset, data=piece,
+            )  # fmt: skip
+            timing.issue_ns = timing.issue_ns or done.issue_ns
+            elapsed += done.complete_ns - done.issue_ns
+        timing.duration_ns = elapsed
+        return timing
+
+    async def place(self, meta: ObjectMeta, pool: str) -> Replica:
+        region = await self.allocate(pool, region_size(meta), encode_label(meta))
+        return Replica(region_id=region.region_id, offset=region.offset)
+
+    async def allocate(self, pool: str, size: int, label: str) -> device_pb2.Region:
+        request = device_pb2.AllocateRegionRequest(size=size, label=label)
+        region: device_pb2.Region = await self.call(
+            self.pools[pool], "device", "AllocateRegion", request
+        )
+        return region
+
+    async def free_region(self, pool: str, region_id: int) -> bool:
+        """Give a region back; False when the pool cannot be told now (it is not up)."""
+        if self.placement.health[pool] is not Health.UP:
+            return False
+        try:
+            request = device_pb2.FreeRegionRequest(region_id=region_id)
+            await self.call(self.pools[pool], "device", "FreeRegion", request)
+        except RemoteError as exc:
+            return exc.code is grpc.StatusCode.NOT_FOUND  # gone already
+        return True
+
+    async def free_all(self, regions: dict[str, int]) -> bool:
+        """Free the regions (pool -> region id) that can be; True when none is left."""
+        for pool, region_id in list(regions.items()):
+            if await self.free_region(pool, region_id):
+                del regions[pool]
+        return not regions
+
+    async def list_regions(self, pool: Device) -> list[Listed] | None:
+        """Every region of a pool, page by page; None when the pool does not answer."""
+        listed: list[Listed] = []
+        token = ""
+        while True:
+            try:
+                found = await self.peers.device_call(
+                    pool,
+                    "ListRegions",
+                    device_pb2.ListRegionsRequest(page_token=token),
+                    PROBE_TIMEOUT_S * 5,
+                )
+            except RemoteError:
+                return None
+            listed += [Listed(r.region_id, r.offset, r.label) for r in found.regions]
+            token = found.next_page_token
+            if not token:
+                return listed
