@@ -10,10 +10,12 @@ Times are emulated: the runner sleeps on the wall clock only as long as time_sca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
@@ -31,7 +33,7 @@ from emulator.model.chaos.schedule import Planned, horizon_s, plan
 from emulator.model.chaos.selectors import Placement, resolve
 from emulator.model.chaos.timeline import Entry, build_timeline
 from emulator.model.chaos.verdict import Verdict, judge, steady_before
-from emulator.model.errors import EmulatorError, PreconditionError
+from emulator.model.errors import DeadlineExceededError, EmulatorError, PreconditionError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind
 from emulator.runtime.chaos import kinds
@@ -50,6 +52,20 @@ class RunOptions:
     seed: int | None = None  # overrides the scenario's
     keep: bool = False  # leave the workloads running at the end
     early_end: bool = True  # end once every fault has recovered (and settled)
+    # wall seconds the whole run may take (None: stall_limit_s of the scenario); past it the
+    # run stops with DeadlineExceededError naming what it was waiting for, never hangs a CI job
+    wall_limit_s: float | None = None
+
+
+STALL_SLACK_WALL_S = 600.0  # starts, loads and time holds (a restarted container's, 180 s each)
+STALL_FACTOR = 10.0  # the scenario's own wall time at its time scale, this many times over
+
+
+def stall_limit_s(scenario_emulated_s: float, time_scale: float) -> float:
+    """How long a run may take in wall seconds before it is judged stalled: generous (a busy
+    host runs emulated time slower, down to the clock's min_rate for a while), since its only
+    job is that a run whose clock or calls stopped answering ends, and says where it stood."""
+    return STALL_SLACK_WALL_S + STALL_FACTOR * scenario_emulated_s / max(time_scale, 1e-9)
 
 
 @dataclass(kw_only=True)
@@ -136,7 +152,24 @@ class Runner:
             self.clients.topology, self.clients.credentials, name="chaos-runner"
         ) as keeper:
             self.clock = keeper.timeline
-            return await self._run()
+            limit = self.options.wall_limit_s
+            if limit is None:
+                horizon = horizon_s(self.scenario, plan(self.scenario, random.Random(self.seed)),
+                                    DEFAULT_RECOVERY_S)  # fmt: skip
+                limit = stall_limit_s(horizon, keeper.timeline.time_scale)
+            run = asyncio.ensure_future(self._run())
+            done, _ = await asyncio.wait({run}, timeout=limit)
+            if run in done:
+                return run.result()
+            where = _stacks(exclude=asyncio.current_task())  # before the cancel unwinds them
+            run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run  # its clean-up: faults cleared, workloads stopped
+            raise DeadlineExceededError(
+                f"scenario {self.scenario.name!r} did not end within {limit:g} wall s "
+                f"(time scale {keeper.timeline.time_scale:g}); it was waiting in:\n{where}",
+                reason="CHAOS_RUN_STALLED",
+            )
 
     @property
     def _clock(self) -> Timeline:
@@ -458,3 +491,28 @@ async def run_scenario(
     on_entry: Callable[[Entry], None] | None = None,
 ) -> RunResult:
     return await Runner(clients, scenario, options, on_entry=on_entry).run()
+
+
+def _stacks(*, exclude: asyncio.Task[object] | None, limit_chars: int = 6000) -> str:
+    """Where every task of this loop is parked (innermost frames), for a stalled run's error."""
+    lines = []
+    for task in asyncio.all_tasks():
+        if task is not exclude and not task.done():
+            where = " -> ".join(_awaiting(task.get_coro())[-6:])
+            lines.append(f"  {task.get_name()}: {where}")
+    return "\n".join(lines)[-limit_chars:]
+
+
+def _awaiting(coro: object) -> list[str]:
+    """A suspended coroutine's chain of awaits, outermost first (a task's own stack holds only
+    its outermost frame)."""
+    chain = []
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+        frame = frame or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            chain.append(f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}"
+                         f":{frame.f_lineno})")  # fmt: skip
+        coro = (getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+                or getattr(coro, "gi_yieldfrom", None))  # fmt: skip
+    return chain

@@ -15,11 +15,13 @@ import pytest
 
 from cmemu.v1 import manager_pb2
 from emulator.cli.chaos import summary_lines
+from emulator.client import faults
 from emulator.client.clients import Clients
+from emulator.client.clock import held_time
 from emulator.model.chaos.recovery import CLEARED_UNDETECTED, NEVER_DETECTED
 from emulator.model.chaos.timeline import Entry
 from emulator.model.chaos.verdict import STEADY_BEFORE, Check
-from emulator.model.errors import InvalidArgumentError
+from emulator.model.errors import DeadlineExceededError, InvalidArgumentError
 from emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
 from emulator.runtime.chaos import files, kinds
 from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
@@ -276,3 +278,43 @@ def test_its_twin_on_a_healthy_cluster_passes_before_and_after(
     assert result.ok, "\n".join(summary_lines(result))
     names = [c.name for c in result.verdict.checks]
     assert names[0] == "steady_state_before" and "steady_state_after" in names
+
+
+# --- a run whose emulated time stops ends with an error saying where, never hangs ----------------
+
+STALL = _scenario("stall", EMS, "{id: down, at: 30s, fault: device-down, target: {npu: n00-npu3}, "
+                  "duration: 10s}", "  lost_objects: 0", top="duration: 1m\n")  # fmt: skip
+
+
+def _run_limited(supernode: RunningSupernode, limit_s: float, *, hold: bool) -> RunResult:
+    scenario = files.parse_text(STALL)
+
+    async def go(c: Clients) -> RunResult:
+        options = RunOptions(wall_limit_s=limit_s)
+        if not hold:
+            return await run_scenario(c, scenario, options)
+        async with held_time(c.topology, name="test-stall") as held:
+            assert held
+            return await run_scenario(c, scenario, options)
+
+    return supernode.call(go)
+
+
+def test_a_stalled_run_is_deadline_exceeded_naming_what_it_waited_in(
+    supernode: RunningSupernode,
+) -> None:
+    # emulated time held at min_rate (0.01): the fault at 30 s would come after 50 wall minutes
+    with pytest.raises(DeadlineExceededError) as raised:
+        _run_limited(supernode, 8.0, hold=True)
+    assert raised.value.reason == "CHAOS_RUN_STALLED"
+    assert "did not end within 8 wall s" in str(raised.value)
+    assert "_sleep_until" in str(raised.value), str(raised.value)
+    # nothing it injected is left behind
+    assert not supernode.call(faults.list_all)
+
+
+def test_its_twin_the_same_run_with_time_moving_ends_with_its_verdict(
+    supernode: RunningSupernode,
+) -> None:
+    result = _run_limited(supernode, 300.0, hold=False)
+    assert result.ok, "\n".join(summary_lines(result))
