@@ -165,7 +165,7 @@ def test_a_tolerated_fault_that_fails_the_job_fails(chaos: Chaos, tmp_path: Path
     step = (
         "{id: crash, at: 10s, fault: crash, target: {npu: random in job crashed}, tolerated: true}"
     )
-    text = _scenario("tolerated-crash", TRAINING % "crashed", step, "  recovered_within: 5m",
+    text = _scenario("tolerated-crash", TRAINING % "crashed", step, "  recovered_within: 2m",
                      top="duration: 2m\n")  # fmt: skip
     result = _run(chaos, tmp_path, text)
     assert not result.ok, "\n".join(summary_lines(result))
@@ -178,7 +178,7 @@ def test_its_twin_a_tolerated_slowdown_the_job_rides_out_passes(
 ) -> None:
     step = ("{id: slow, at: 10s, fault: slow, target: {npu: random in job slowed}, "
             "params: {compute: 0.5}, duration: 20s, tolerated: true}")  # fmt: skip
-    text = _scenario("tolerated-slow", TRAINING % "slowed", step, "  recovered_within: 5m",
+    text = _scenario("tolerated-slow", TRAINING % "slowed", step, "  recovered_within: 2m",
                      top="duration: 1m\n")  # fmt: skip
     result = _run(chaos, tmp_path, text)
     assert result.ok, "\n".join(summary_lines(result))
