@@ -30,6 +30,9 @@ CLIENT_OPTIONS = (
     # A restarted or reconnected container may come back at another address: its name is looked
     # up again a second after a failed connection, not 30 s (gRPC's default)
     ("grpc.dns_min_time_between_resolutions_ms", RECONNECT_BACKOFF_MS),
+    # and a lookup nobody answers (a container cut off from its networks asks a DNS server it
+    # cannot reach) fails after 5 s, not gRPC's default 120 s, during which its calls wait
+    ("grpc.dns_ares_query_timeout", 5000),
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),  # gRPC >= 1.6x: else 60 s
