@@ -8,13 +8,13 @@ import json
 from typing import Any
 
 from emulator.cli.argtypes import seconds
-from emulator.model.overrides import apply_overrides, parse_override
-from emulator.model.serving.deployment import check_deployment, parse_deployment, profile_of
 from emulator.model.serving.pd import PdResult, run_pd
 from emulator.model.serving.pdpolicy import POLICIES, PdOptions
 
 
 def pd_args(sub: Any) -> None:
+    from emulator.cli.simulate import set_option  # simulate imports this module
+
     p = sub.add_parser(
         "pd",
         help="dynamic PD: units moved between prefill and decode as the mix shifts, goodput",
@@ -40,23 +40,14 @@ def pd_args(sub: Any) -> None:
     p.add_argument("--headroom", type=float, default=0.2, help="capacity above demand (0.2)")
     p.add_argument("--duration", type=seconds, help="emulated time (default: the workload's)")
     p.add_argument("--seed", type=int, help="the workload's seed (default: its own)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="FIGURE=VALUE",
-        help="override a hardware figure (repeatable), e.g. serving.cache_from_ems_s=60",
-    )
+    set_option(p)
     p.add_argument("--json", action="store_true", help="one JSON object")
 
 
 def cmd_pd(args: argparse.Namespace) -> int:
-    from emulator.cli.simulate import _requests, _yaml  # the shared readers
+    from emulator.cli.simulate import _requests, deployment_and_profile  # the shared readers
 
-    deployment = parse_deployment(_yaml(args.deployment) or {})
-    sets = [parse_override(text) for text in args.set]
-    profile = apply_overrides(profile_of(deployment), sets) if sets else profile_of(deployment)
-    check_deployment(deployment, profile)
+    deployment, profile = deployment_and_profile(args)
     requests, duration = _requests(args, profile)
     options = PdOptions(
         policy=args.pd,

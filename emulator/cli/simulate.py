@@ -22,7 +22,12 @@ from emulator.model.errors import InvalidArgumentError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.overrides import apply_overrides, parse_override
 from emulator.model.serving import calibrate
-from emulator.model.serving.deployment import check_deployment, parse_deployment, profile_of
+from emulator.model.serving.deployment import (
+    Deployment,
+    check_deployment,
+    parse_deployment,
+    profile_of,
+)
 from emulator.model.serving.des import simulate
 from emulator.model.serving.engine import Request
 from emulator.model.serving.hbm import check_deployment_fits
@@ -59,15 +64,7 @@ def simulate_args(parser: argparse.ArgumentParser) -> None:
         "trace: to the end)",
     )
     serving.add_argument("--seed", type=int, help="the workload's seed (default: its own)")
-    serving.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="FIGURE=VALUE",
-        help="override a hardware figure for a what-if study (repeatable; names as `cmemu "
-        "hardware` lists them, e.g. npu.hbm_bytes_per_s_per_die=3.2e12); after the "
-        "deployment file's `hardware` section",
-    )
+    set_option(serving)
     serving.add_argument(
         "--slo-tpot",
         type=seconds,
@@ -267,11 +264,30 @@ def _print_report(report: Report) -> None:
         print(f"{key:<{width}}  {value}")
 
 
-def _serving(args: argparse.Namespace) -> int:
+def set_option(parser: Any) -> None:
+    """`--set FIGURE=VALUE`, read by `deployment_and_profile`."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIGURE=VALUE",
+        help="override a hardware figure for a what-if study (repeatable; names as `cmemu "
+        "hardware` lists them, e.g. npu.hbm_bytes_per_s_per_die=3.2e12); after the "
+        "deployment file's `hardware` section",
+    )
+
+
+def deployment_and_profile(args: argparse.Namespace) -> tuple[Deployment, HardwareProfile]:
+    """`--deployment`'s file, checked against its profile with `--set`'s overrides applied."""
     sets = [parse_override(text) for text in args.set]
     deployment = parse_deployment(_yaml(args.deployment) or {})
     profile = apply_overrides(profile_of(deployment), sets) if sets else profile_of(deployment)
     check_deployment(deployment, profile)
+    return deployment, profile
+
+
+def _serving(args: argparse.Namespace) -> int:
+    deployment, profile = deployment_and_profile(args)
     if profile is not DEFAULT_PROFILE:
         check_deployment_fits(deployment, profile)
     requests, duration = _requests(args, profile)

@@ -6,26 +6,23 @@ parameters are refused. Each test clears what it injected."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cmemu.v1 import device_pb2, fabric_pb2, npu_pb2, ub_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
 from emulator.client import faults
 from emulator.client.clock import held_time
-from emulator.client.errors import ErrorDetails, decode
 from emulator.model.costmodel import UbOp, ub_latency_s
 from emulator.model.errors import InvalidArgumentError, NotFoundError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.runtime.supernode import Supernode
 from emulator.testing import Clients, running_supernode
+from tests.services.test_faultkinds import KERNEL, _refused, _until
 
 GB = 1e9
-KERNEL = npu_pb2.Kernel(flops=354e12 * 0.001, precision=npu_pb2.PRECISION_BF16)  # 1 ms on a die
 
 
 @pytest.fixture(scope="module")
@@ -33,20 +30,6 @@ async def mini() -> AsyncIterator[Supernode]:
     """cm-mini at ten emulated seconds per wall second: the hang windows pass quickly."""
     async with running_supernode("cm-mini", time_scale=10.0) as supernode:
         yield supernode
-
-
-async def _refused(call: Awaitable[Any]) -> ErrorDetails:
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        async with asyncio.timeout(30):
-            await call
-    return decode(err.value)
-
-
-async def _until(predicate: Any, timeout_s: float = 300.0) -> None:
-    """Polled, never a fixed wait: the bound only ends a hung test."""
-    async with asyncio.timeout(timeout_s):
-        while not await predicate():  # noqa: ASYNC110 (polled over gRPC, as a client does)
-            await asyncio.sleep(0.02)
 
 
 async def _rank_faults(clients: Clients, kind: str) -> list[fabric_pb2.FabricFault]:

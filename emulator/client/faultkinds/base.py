@@ -40,6 +40,21 @@ class ActiveFault:
     until_ns: int = 0  # emulated instant it clears itself; 0: until cleared
 
 
+def spanning(
+    parts: list[ActiveFault], *, id: str, kind: str, target: str, detail: str
+) -> ActiveFault:
+    """One fault made of per-device parts (a node's): from the first part's start to the last
+    part's end."""
+    return ActiveFault(
+        id=id,
+        kind=kind,
+        target=target,
+        detail=detail,
+        since_ns=min(f.since_ns for f in parts),
+        until_ns=max(f.until_ns for f in parts),
+    )
+
+
 class Kind(Protocol):
     """A fault kind: typed parameters, and how it is added (cleared by its fault id)."""
 

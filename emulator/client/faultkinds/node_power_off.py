@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.client.clients import Clients
-from emulator.client.faultkinds.base import ActiveFault, Typed
+from emulator.client.faultkinds.base import ActiveFault, Typed, spanning
 from emulator.client.faultkinds.crash import KIND as CRASH
 from emulator.model.errors import NotFoundError, quote
 from emulator.model.faults.catalogue import CrashParams
@@ -36,14 +36,8 @@ class NodePowerOff(Typed):
         typed = self.typed(params)
         devices = node_devices(clients, target)
         crashed = await asyncio.gather(*(CRASH.add(clients, d, typed, duration_s) for d in devices))
-        return ActiveFault(
-            id=f"{NODE_PREFIX}{target}",
-            kind=self.name,
-            target=target,
-            detail=f"{len(devices)} devices crashed",
-            since_ns=min(f.since_ns for f in crashed),
-            until_ns=max(f.until_ns for f in crashed),
-        )
+        return spanning(crashed, id=f"{NODE_PREFIX}{target}", kind=self.name, target=target,
+                        detail=f"{len(devices)} devices crashed")  # fmt: skip
 
 
 KIND = NodePowerOff(

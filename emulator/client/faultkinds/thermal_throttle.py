@@ -20,6 +20,7 @@ from emulator.client.faultkinds.base import (
     Typed,
     clear_device,
     not_found,
+    spanning,
 )
 from emulator.client.faultkinds.node_power_off import NODE_PREFIX, node_devices
 from emulator.model.faults.catalogue import ThermalThrottleParams
@@ -55,14 +56,8 @@ class ThermalThrottle(Typed):
                         await clear_device(clients, device, NAME)
             raise failed[0]
         done = [r for r in results if isinstance(r, ActiveFault)]
-        return ActiveFault(
-            id=f"{NODE_PREFIX}{target}{SUFFIX}",
-            kind=self.name,
-            target=target,
-            detail=f"compute={typed.compute:g} on {len(npus)} NPUs",
-            since_ns=min(f.since_ns for f in done),
-            until_ns=max(f.until_ns for f in done),
-        )
+        return spanning(done, id=f"{NODE_PREFIX}{target}{SUFFIX}", kind=self.name, target=target,
+                        detail=f"compute={typed.compute:g} on {len(npus)} NPUs")  # fmt: skip
 
 
 def grouped(listed: list[ActiveFault]) -> list[ActiveFault]:
@@ -77,16 +72,8 @@ def grouped(listed: list[ActiveFault]) -> list[ActiveFault]:
         else:
             out.append(fault)
     for node, npus in nodes.items():
-        out.append(
-            ActiveFault(
-                id=f"{NODE_PREFIX}{node}{SUFFIX}",
-                kind=NAME,
-                target=node,
-                detail=f"{npus[0].detail} on {len(npus)} NPUs",
-                since_ns=min(f.since_ns for f in npus),
-                until_ns=max(f.until_ns for f in npus),
-            )
-        )
+        out.append(spanning(npus, id=f"{NODE_PREFIX}{node}{SUFFIX}", kind=NAME, target=node,
+                            detail=f"{npus[0].detail} on {len(npus)} NPUs"))  # fmt: skip
     return out
 
 

@@ -282,8 +282,8 @@ def test_its_twin_on_a_healthy_cluster_passes_before_and_after(
 
 # --- a run whose emulated time stops ends with an error saying where, never hangs ----------------
 
-STALL = _scenario("stall", EMS, "{id: down, at: 30s, fault: device-down, target: {npu: n00-npu3}, "
-                  "duration: 10s}", "  lost_objects: 0", top="duration: 1m\n")  # fmt: skip
+STALL = _scenario("stall", EMS, "{id: down, at: 0s, fault: device-down, target: {npu: n00-npu3}, "
+                  "duration: 30s}", "  lost_objects: 0", top="duration: 1m\n")  # fmt: skip
 
 
 def _run_limited(supernode: RunningSupernode, limit_s: float, *, hold: bool) -> RunResult:
@@ -303,13 +303,14 @@ def _run_limited(supernode: RunningSupernode, limit_s: float, *, hold: bool) -> 
 def test_a_stalled_run_is_deadline_exceeded_naming_what_it_waited_in(
     supernode: RunningSupernode,
 ) -> None:
-    # emulated time held at min_rate (0.01): the fault at 30 s would come after 50 wall minutes
+    # emulated time held at min_rate (0.01): the fault goes in at once, and its clearance at
+    # 30 s would come after 50 wall minutes
     with pytest.raises(DeadlineExceededError) as raised:
         _run_limited(supernode, 8.0, hold=True)
     assert raised.value.reason == "CHAOS_RUN_STALLED"
     assert "did not end within 8 wall s" in str(raised.value)
     assert "_sleep_until" in str(raised.value), str(raised.value)
-    # nothing it injected is left behind
+    # what it injected is not left behind: the stopped run cleared it
     assert not supernode.call(faults.list_all)
 
 
