@@ -85,7 +85,10 @@ class DeviceServicer(device_pb2_grpc.DeviceServicer):
         size = min(request.page_size or page_max, page_max)
         start = 0
         if request.page_token:
-            if not request.page_token.isdigit() or len(request.page_token) > 20:
+            if (
+                not (request.page_token.isascii() and request.page_token.isdigit())
+                or len(request.page_token) > 20
+            ):
                 raise InvalidArgumentError(
                     f"page_token {quote(request.page_token)} is not one this device gave",
                     field="page_token",

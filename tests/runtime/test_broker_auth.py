@@ -196,7 +196,8 @@ async def test_an_instance_with_a_token_refuses_a_forged_died(tmp_path: Path, mo
                 )
                 assert code == 0, err
                 where, payload = await sub.next_message()
-                while where == "cmemu/sn0/manager/events":  # its incident may come first
+                # the manager's incident and the scheduler's `failed` for it may come first
+                while where in ("cmemu/sn0/manager/events", "cmemu/sn0/scheduler/events"):
                     where, payload = await sub.next_message()
                 assert where == f"cmemu/sn0/{npu.id}/events", payload
                 assert json.loads(payload)["event"] == "fault", payload
