@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from emulator.cli import argtypes
 from emulator.cli.argtypes import UsageError
 from emulator.model.chaos.pace import ABORTED
 from emulator.model.chaos.timeline import Entry
@@ -135,7 +136,7 @@ def _run(args: argparse.Namespace) -> int:
     async def go() -> RunResult:
         clients = await asyncio.to_thread(state.fault_clients, path)
         try:
-            options = RunOptions(seed=args.seed, keep=args.keep)
+            options = RunOptions(seed=args.seed, keep=args.keep, time_scale=args.time_scale)
             return await run_scenario(clients, scenario, options, on_entry=live)
         finally:
             await clients.close()
@@ -208,6 +209,14 @@ def chaos_args(
     run.add_argument("--junit", metavar="OUT.xml", help="write one test case per expectation")
     run.add_argument("--json", action="store_true", help="print the result as one JSON document")
     run.add_argument("--keep", action="store_true", help="leave the workloads running at the end")
+    run.add_argument(
+        "--time-scale",
+        type=argtypes.positive_float,
+        metavar="X",
+        help="run the steps and traffic at this time scale (at most the emulator's; overrides "
+        "the scenario's `time_scale`); the set-up, such as weights loading, runs at the "
+        "emulator's own",
+    )
     add_state(run)
     ls = sub.add_parser("ls", help="the fault kinds and the scenarios of the library")
     ls.add_argument("--json", action="store_true", help="one JSON document")

@@ -30,7 +30,7 @@ from typing import Protocol, TypeVar
 
 import structlog
 
-from emulator.model.clock import Clock, Segment
+from emulator.model.clock import Clock, Segment, check_scale
 from emulator.model.hardware import ClockProfile
 
 T = TypeVar("T")
@@ -426,8 +426,20 @@ class TimeKeeper:
         self.governor = Governor(
             clock, self.timeline, profile=profile, owner=owner, wish=self._wish
         )
+        self.cap = math.inf  # the fastest rate wished whatever this loop could keep (limit())
+        self._measured = (math.inf, 0.0)  # the governor's last wish, before the cap
+
+    def limit(self, rate: float | None) -> None:
+        """Wish emulated time no faster than `rate` while this process reports (None: only
+        what its loop can keep). A wish like a lagging loop's, so it slows every process of the
+        emulator alike: how a chaos run holds its steps and traffic to a pace of its own below
+        the emulator's time scale, after its set-up (weights loading) ran at full speed."""
+        self.cap = math.inf if rate is None else check_scale(rate)
+        self._wish(*self._measured)
 
     def _wish(self, rate: float, lag_s: float) -> None:
+        self._measured = (rate, lag_s)
+        rate = min(rate, self.cap)
         if self.authority is not None:
             self.authority.wish(self.process, rate, lag_s)
         elif self.follower is not None:

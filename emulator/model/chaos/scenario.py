@@ -158,6 +158,9 @@ class Scenario:
     preset: str | None = None  # what it was written for (informational)
     seed: int = 0
     duration_s: float | None = None  # observe at most this long after the workloads are up
+    # the pace of the steps and traffic (emulated s per wall s, at most the emulator's own); the
+    # set-up (deploys, weights loading) runs at the emulator's: None, the emulator's throughout
+    time_scale: float | None = None
     workloads: Workloads = field(default_factory=Workloads)
     steps: tuple[Step, ...] = ()
     expect: Expectations = field(default_factory=Expectations)
@@ -204,6 +207,13 @@ def _number(raw: object, path: str, *, minimum: float = 0.0, maximum: float | No
         top = f" and <= {maximum:g}" if maximum is not None else ""
         raise bad(path, f"expected a number >= {minimum:g}{top}, got {raw!r}")
     return float(raw)
+
+
+def _scale(raw: object) -> float:
+    scale = _number(raw, "time_scale")
+    if scale <= 0 or scale == float("inf"):
+        raise bad("time_scale", f"expected a number > 0, got {raw!r}")
+    return scale
 
 
 def _str(raw: object, path: str) -> str:
@@ -474,8 +484,8 @@ def _expect(raw: object) -> Expectations:
     )  # fmt: skip
 
 
-TOP_FIELDS = ("version", "name", "description", "preset", "seed", "duration", "workloads",
-              "steps", "expect")  # fmt: skip
+TOP_FIELDS = ("version", "name", "description", "preset", "seed", "duration", "time_scale",
+              "workloads", "steps", "expect")  # fmt: skip
 
 
 def parse_scenario(
@@ -509,6 +519,7 @@ def parse_scenario(
         preset=_str(body["preset"], "preset") if "preset" in body else None,
         seed=_int(body.get("seed", 0), "seed"),
         duration_s=limit,
+        time_scale=_scale(body["time_scale"]) if "time_scale" in body else None,
         workloads=workloads,
         steps=steps,
         expect=expect,

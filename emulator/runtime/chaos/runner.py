@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from cmemu.v1 import fabric_pb2, manager_pb2
 from emulator.client.clients import Clients
 from emulator.client.clock import followed_time
 from emulator.client.errors import decode
-from emulator.engines.clock import Timeline
+from emulator.engines.clock import TimeKeeper, Timeline
 from emulator.model.chaos.asserting import FaultRecoveries, pick
 from emulator.model.chaos.observed import IncidentRecord, Injection, Observations
 from emulator.model.chaos.pace import ABORTED, FAIL, PASS, Pace, PaceWindow
@@ -45,6 +46,7 @@ DEFAULT_RECOVERY_S = 600.0  # observe this long after the last fault without rec
 SETTLE_S = 60.0  # emulated: after the last fault, wait at least this long before an early end
 POLL_WALL_S = (0.02, 0.25)  # the status poll's period bounds, wall seconds
 PLACEMENT_AHEAD_S = 1.0  # emulated: where the workloads run is asked this long before a fault
+PACE_SETTLE_WALL_S = 10.0  # how long the fabric may take to apply a scenario's pace
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +57,8 @@ class RunOptions:
     # wall seconds the whole run may take (None: stall_limit_s of the scenario); past it the
     # run stops with DeadlineExceededError naming what it was waiting for, never hangs a CI job
     wall_limit_s: float | None = None
+    # the pace of the steps and traffic (overrides the scenario's `time_scale`; None: its own)
+    time_scale: float | None = None
 
 
 STALL_SLACK_WALL_S = 600.0  # starts, loads and time holds (a restarted container's, 180 s each)
@@ -132,6 +136,8 @@ class Runner:
         self.options = options
         self.seed = scenario.seed if options.seed is None else options.seed
         self.clock: Timeline | None = None  # the emulator's, followed while the run lasts
+        self.keeper: TimeKeeper | None = None
+        self.pace_scale = options.time_scale or scenario.time_scale  # None: the emulator's
         self.workloads = Workloads(clients=clients, scenario=scenario)
         self.on_entry = on_entry
         self.has_manager = any(s.kind == ServiceKind.MANAGER for s in topology.services)
@@ -152,11 +158,12 @@ class Runner:
             self.clients.topology, self.clients.credentials, name="chaos-runner"
         ) as keeper:
             self.clock = keeper.timeline
+            self.keeper = keeper
             limit = self.options.wall_limit_s
             if limit is None:
                 horizon = horizon_s(self.scenario, plan(self.scenario, random.Random(self.seed)),
                                     DEFAULT_RECOVERY_S)  # fmt: skip
-                limit = stall_limit_s(horizon, keeper.timeline.time_scale)
+                limit = stall_limit_s(horizon, self._scale)
             run = asyncio.ensure_future(self._run())
             done, _ = await asyncio.wait({run}, timeout=limit)
             if run in done:
@@ -178,13 +185,15 @@ class Runner:
 
     async def _run(self) -> RunResult:
         wall0 = time.monotonic()
-        window = await self._clock_now()
+        window: PaceWindow | None = None
         rng = random.Random(self.seed)
         planned = plan(self.scenario, rng)
         horizon = horizon_s(self.scenario, planned, DEFAULT_RECOVERY_S)
         try:
             await self.workloads.start()
             placement = await self.workloads.placement()
+            await self._pace_steps()
+            window = await self._clock_now()  # the scenario's span, not the set-up's
             self.obs.start_ns = self._clock.now_ns()
             setup_wall_s = time.monotonic() - wall0
             await self.workloads.poll()  # the baseline: what was already reported is not news
@@ -219,9 +228,33 @@ class Runner:
             wall_s=time.monotonic() - wall0,
             setup_wall_s=setup_wall_s,
             scenario_wall_s=scenario_wall_s,
-            time_scale=self._clock.time_scale,
+            time_scale=self._scale,
             notes=list(self.obs.notes),
         )
+
+    @property
+    def _scale(self) -> float:
+        """The time scale the steps run at: the scenario's pace, at most the emulator's."""
+        return min(self._clock.time_scale, self.pace_scale or math.inf)
+
+    async def _pace_steps(self) -> None:
+        """Hold emulated time to the scenario's pace from here on (the set-up ran at the
+        emulator's own scale), and wait until the fabric applied it: the first fault and the
+        first request must see that pace, not the set-up's."""
+        if self.pace_scale is None or self.pace_scale >= self._clock.time_scale:
+            return
+        assert self.keeper is not None
+        self.keeper.limit(self.pace_scale)
+        settle = time.monotonic() + PACE_SETTLE_WALL_S
+        while self.keeper.clock.rate > self.pace_scale * (1 + 1e-9):
+            if time.monotonic() > settle:
+                self._note(
+                    f"time scale {self.pace_scale:g} asked by the scenario was not applied "
+                    f"within {PACE_SETTLE_WALL_S:g} s (rate {self.keeper.clock.rate:g}): the "
+                    "emulator's clock may not dilate (dilation off)"
+                )
+                return
+            await asyncio.sleep(0.02)
 
     async def _clock_now(self) -> PaceWindow | None:
         try:
@@ -249,7 +282,7 @@ class Runner:
         stopped_by_us = {i.target for i in self.obs.injections if i.kind.startswith("process")}
         silent = set(info.silent) - window.start_silent - stopped_by_us
         return Pace(
-            asked_scale=info.time_scale,
+            asked_scale=min(info.time_scale, self.pace_scale or math.inf),
             achieved_scale=(info.emulated_ns / 1e9 - window.start_emulated_s) / wall,
             dilation=info.dilation,
             longest_stall_s=info.longest_stall_s,

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from emulator.client.faults import KINDS
+from emulator.model.chaos.scenario import parse_scenario
 from emulator.model.errors import InvalidArgumentError, NotFoundError
 from emulator.runtime.chaos import files
 
@@ -46,12 +47,23 @@ def test_every_kind_the_library_uses_is_registered() -> None:
          "steps[0].target"),
         ({"version": 1, "name": "x", "workloads": {"ems": {"objects": 0, "size": 1}}},
          "workloads.ems.objects"),
+        ({"version": 1, "name": "x", "time_scale": 0}, "time_scale"),
+        ({"version": 1, "name": "x", "time_scale": "fast"}, "time_scale"),
     ],
 )  # fmt: skip
 def test_the_schema_names_the_yaml_path_of_a_bad_field(doc: object, path: str) -> None:
     with pytest.raises(InvalidArgumentError) as caught:
         files.validate(doc)
     assert caught.value.field == path, str(caught.value)
+
+
+def test_a_scenario_s_pace_is_a_positive_time_scale_or_the_emulator_s() -> None:
+    assert parse_scenario({"version": 1, "name": "x", "time_scale": 5}).time_scale == 5.0
+    assert parse_scenario({"version": 1, "name": "x"}).time_scale is None
+    for bad in (0, -1, float("inf"), True, "5"):
+        with pytest.raises(InvalidArgumentError) as caught:
+            parse_scenario({"version": 1, "name": "x", "time_scale": bad})
+        assert caught.value.field == "time_scale", bad
 
 
 def test_a_scenario_file_is_read_with_its_deployment_files(tmp_path: Path) -> None:

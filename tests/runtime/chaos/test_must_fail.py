@@ -110,11 +110,14 @@ SLOW_DECODE = (
 TPOT_SLO = "  slo: {tpot_ms: 150}"
 # each on an emulator of its own (the plugin's fresh="test"): a serving run after many runs on
 # one emulator has been seen to hold its load generator on a busy host (the runner's followed
-# clock stopped moving), so these heavier runs do not queue behind the module's others. At time
-# scale 5, not 50: a live decode step's own wall-clock work (its gRPC collectives, a few ms)
-# counts x the scale in emulated TPOT, and at x50 on a loaded CI host the healthy TPOT was
-# 195-230 ms instead of 75 (the slow NPU's 220 ms stays far above the SLO at any scale)
-OWN = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=5, fresh="test")
+# clock stopped moving), so these heavier runs do not queue behind the module's others. The
+# emulator runs at x50, so the deployment's 640 emulated s of cold weights load take 13 wall s;
+# the scenario's steps and traffic at x5 (its `time_scale`): a live decode step's own wall-clock
+# work (its gRPC collectives, a few ms) counts x the scale in emulated TPOT, and at x50 on a
+# loaded CI host the healthy TPOT was 195-230 ms instead of 75 (the slow NPU's 220 ms stays far
+# above the SLO at any scale)
+PACED = "duration: 2m\ntime_scale: 5\n"
+OWN = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=50, fresh="test")
 
 
 @OWN
@@ -122,7 +125,7 @@ def test_a_slow_decode_npu_breaking_the_tpot_slo_undetected_is_not_recovered(
     chaos: Chaos, tmp_path: Path
 ) -> None:
     text = _scenario("gray-decode", SERVING, SLOW_DECODE % ("0.3", ""),
-                     f"  recovered_within: 1m\n{TPOT_SLO}", top="duration: 2m\n")  # fmt: skip
+                     f"  recovered_within: 1m\n{TPOT_SLO}", top=PACED)  # fmt: skip
     result = _run(chaos, tmp_path, text)
     assert not result.ok, "\n".join(summary_lines(result))
     failed = _failed(result)
@@ -141,7 +144,7 @@ def test_a_slow_decode_npu_breaking_the_tpot_slo_undetected_is_not_recovered(
 @OWN
 def test_a_tolerated_slowdown_that_breaks_the_tpot_slo_fails(chaos: Chaos, tmp_path: Path) -> None:
     text = _scenario("gray-decode-tolerated", SERVING, SLOW_DECODE % ("0.3", ", tolerated: true"),
-                     f"  recovered_within: 1m\n{TPOT_SLO}", top="duration: 2m\n")  # fmt: skip
+                     f"  recovered_within: 1m\n{TPOT_SLO}", top=PACED)  # fmt: skip
     result = _run(chaos, tmp_path, text)
     assert not result.ok, "\n".join(summary_lines(result))
     check = _failed(result)["tolerated"]
@@ -153,9 +156,12 @@ def test_its_twin_a_mild_tolerated_slowdown_within_the_slo_passes(
     chaos: Chaos, tmp_path: Path
 ) -> None:
     text = _scenario("gray-decode-mild", SERVING, SLOW_DECODE % ("0.9", ", tolerated: true"),
-                     f"  recovered_within: 1m\n{TPOT_SLO}", top="duration: 2m\n")  # fmt: skip
+                     f"  recovered_within: 1m\n{TPOT_SLO}", top=PACED)  # fmt: skip
     result = _run(chaos, tmp_path, text)
     assert result.ok, "\n".join(summary_lines(result))
+    # the steps ran at the scenario's pace, not the emulator's x50 (which the set-up had)
+    assert result.time_scale == 5 and result.pace is not None
+    assert result.pace.asked_scale == 5 and result.pace.achieved_scale <= 5 * 1.001
 
 
 # --- tolerated ------------------------------------------------------------------------------------
