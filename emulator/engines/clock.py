@@ -426,6 +426,15 @@ class TimeKeeper:
         self.governor = Governor(
             clock, self.timeline, profile=profile, owner=owner, wish=self._wish
         )
+        if not owner:
+            # Until the owner's first segment arrives this process does not know emulated time.
+            # A guess from the epoch (wall x time_scale) runs ahead of the owner's time by all
+            # that dilation cut, and a reading once given out is a floor (never backwards), so
+            # a process started late (a restarted container, a replay, a chaos runner) stood
+            # still until the owner's time caught up with its guess: minutes at a high time
+            # scale on a busy host, its heartbeats silent meanwhile. It reads 0 instead, held,
+            # and its sleepers wait for the first segment.
+            clock.hold_until(clock.epoch_wall_s)
         self.cap = math.inf  # the fastest rate wished whatever this loop could keep (limit())
         self._measured = (math.inf, 0.0)  # the governor's last wish, before the cap
 

@@ -19,7 +19,7 @@ from emulator.engines.clock import (
     Timeline,
     fastest_rate,
 )
-from emulator.model.clock import Clock
+from emulator.model.clock import Clock, Segment
 from emulator.model.hardware import ClockProfile
 
 PROFILE = ClockProfile()
@@ -146,6 +146,42 @@ async def test_a_follower_adopts_the_authority_segments_and_its_lag_slows_everyo
             if follower.clock.rate == 4.0:
                 break
         assert owner_clock.rate == 4.0 and follower.clock.rate == 4.0
+    finally:
+        task.cancel()
+        owner.close()
+        follower.close()
+
+
+async def test_a_follower_started_after_dilation_reads_the_owners_time_not_its_guess() -> None:
+    """A process started late (a restarted container) knows the epoch and the time scale, and
+    the owner's time is far behind their product (dilation cut 90 of 100 wall s at x20): once
+    synced it reads the owner's time and sleeps on it, instead of standing still at its guess
+    (2,000 emulated s) until the owner catches up."""
+    epoch = time.time() - 100.0
+    owner_clock = Clock(time_scale=20.0, epoch_wall_s=epoch)
+    owner_clock.segment = Segment(wall_s=time.time(), emulated_ns=10 * 10**9, rate=20.0)
+    owner = TimeKeeper(owner_clock, profile=PROFILE, process="fabric", owner=True)
+    assert owner.authority is not None
+    authority = owner.authority
+
+    class Source:
+        async def follow(
+            self, process: str, wishes: AsyncIterator[tuple[float, float]]
+        ) -> AsyncIterator[ClockState]:
+            async for state in authority.watch():
+                yield state
+
+    follower = TimeKeeper(
+        Clock(time_scale=20.0, epoch_wall_s=epoch), profile=PROFILE, process="n03", owner=False
+    )
+    assert follower.follower is not None
+    assert follower.clock.now_ns() == 0  # not synced: held, no guess given out
+    task = asyncio.ensure_future(follower.follower.run(Source()))
+    try:
+        await asyncio.wait_for(follower.follower.synced.wait(), 30.0)
+        read = follower.clock.now_ns()
+        assert 10 * 10**9 <= read <= owner_clock.now_ns() < 1000 * 10**9
+        await asyncio.wait_for(follower.timeline.sleep(0.5), 30.0)  # a bound: 25 ms at x20
     finally:
         task.cancel()
         owner.close()
