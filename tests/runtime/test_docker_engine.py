@@ -204,11 +204,15 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  #
             assert code != 0  # its published port went with its network
             await clear(sn.clients, cut.id)
             await clear(sn.clients, killed.id)  # started again
-            # Their return is not awaited here: still open. Waited for (180 s) in three runs,
-            # n00-npu5 was never restored, and the restarted n01-npu3 flapped, failed by the
-            # manager's silence check every 2.5 wall s (one beat per stream it opened, then
-            # none), until isolated: the pattern of a device whose emulated time stopped after
-            # its restart or reconnect (beats are paced by the device's own followed clock).
+            # The restarted container comes back: it follows the fabric's time from its first
+            # segment (it once read a guess from the epoch, ahead of dilated time, and stood
+            # still there, failed by silence every few wall s until isolated). A bound only.
+            await _incident_for(sn, "n01-npu3", state="restored", within_s=180.0)
+            # The reconnected n00-npu5's return is not awaited: still open. By hand (`cmemu
+            # fault add container-disconnect n00-npu5 --for 600s` on a compose cm-mini) it came
+            # back (its clock stream retried its lookups every 5.5 s until reconnected); in this
+            # test, beside the kill of n01-npu3, one run of one it was not restored within 180 s
+            # and its clock follower logged nothing after "clock stream silent; reconnecting".
             # The storm below partitions a pool and holds its recovery to 10 emulated minutes.
 
             # a fault kind the emulator cannot apply says why, and nothing changes
