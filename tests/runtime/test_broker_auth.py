@@ -19,12 +19,12 @@ import pytest
 from emulator.runtime import state
 from emulator.runtime.broker import Broker
 from emulator.runtime.events import parse_broker_url
-from emulator.runtime.security import MQTT_USER
+from emulator.runtime.security import MQTT_USER, Security, mqtt_password
 from emulator.testing import CMEMU, MINI_PORTS, cmemu_up, free_port_block, grpcurl
 from tests.runtime.test_metrics import parse, scrape, value
 
 TOKEN = "broker-test-token-0123456789"
-LOGIN = {"username": MQTT_USER, "password": TOKEN}
+LOGIN = {"username": MQTT_USER, "password": mqtt_password(TOKEN)}
 FORGED = '{"device": "n00-npu0", "event": "died", "exit_code": 9}'
 DEVICE_EVENTS = "cmemu/sn0/n00-npu0/events"
 WAIT_S = 60.0  # bounds a hung test; on a busy host every step below takes far less
@@ -169,6 +169,13 @@ async def test_the_broker_refuses_anonymous_and_wrong_logins() -> None:
         assert await sub.next_message() == (DEVICE_EVENTS, '{"event": "genuine"}')
 
 
+def test_the_broker_password_is_not_the_token() -> None:
+    """Derived from the token (so every process holding it logs in), one way, and per token."""
+    login = Security(token=TOKEN, mqtt_user=MQTT_USER).mqtt_login()
+    assert login == LOGIN and TOKEN not in login["password"]
+    assert mqtt_password(TOKEN + "x") != login["password"]
+
+
 async def test_without_a_login_the_broker_is_open() -> None:
     """The must-pass twin's opposite: the same anonymous publish, no login configured, arrives
     (so the refusal above is the login's doing, not a broken client)."""
@@ -203,6 +210,10 @@ async def test_an_instance_with_a_token_refuses_a_forged_died(tmp_path: Path, mo
         assert url is not None and instance.launcher.extra["mqtt_user"] == MQTT_USER
         assert state.mqtt_login(path) == LOGIN
         assert "not authorised" in (await refused_subscriber(url, None)).lower()
+        # nor does the token log in: MQTT here has no TLS, and what crosses its wire must not
+        # open the gRPC services (the password is derived from the token, one way)
+        with_token = {"username": MQTT_USER, "password": TOKEN}
+        assert "not authorised" in (await refused_subscriber(url, with_token)).lower()
         await every_process_logged_in(instance.launcher.metrics)
         watch = await asyncio.create_subprocess_exec(
             CMEMU,
