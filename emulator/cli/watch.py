@@ -32,7 +32,7 @@ def _line(payload: dict[str, Any], stream: str) -> str:
 async def _watch(args: argparse.Namespace) -> int:
     path = state.path_from(args.state_file)
     docs = state.read_supernodes(path)
-    login = state.mqtt_login(path)  # the embedded broker wants the token when there is one
+    login = state.mqtt_login(path)  # the embedded broker wants a login with a token
     topology, supernodes = docs[0], [t.supernode for t in docs]
     if not topology.broker:
         raise InvalidArgumentError(

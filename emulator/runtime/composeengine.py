@@ -9,7 +9,8 @@ run directory) that differs only where the host needs it to:
   addresses (the containers keep their DNS names among themselves);
 - the broker publishes a second listener on its loopback address for the host's own readers
   (`cmemu watch`, the web view, this launcher's `died` events), which log in as the containers
-  do on 1883 (user MQTT_USER, the token as password): nobody on the host forges a `died` event;
+  do on 1883 (user MQTT_USER, the password derived from the token): nobody on the host forges
+  a `died` event;
 - the image is the emulator's local image, never built or pulled here (`cmemu image build`
   makes it); where the broker's own image is absent and the emulator's holds mosquitto (the
   air-gapped build), the broker runs from the emulator's image;

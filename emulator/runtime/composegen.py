@@ -8,6 +8,7 @@ emulator/runtime/composerun.py.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import math
@@ -21,7 +22,7 @@ from emulator.model.errors import InvalidArgumentError
 from emulator.model.scaleout import build_cluster
 from emulator.model.topology import METRICS_PORT, DnsPlan, Service, ServiceKind, Topology
 from emulator.runtime.registry import DEVICE_WAVE, spec_of
-from emulator.runtime.security import MQTT_USER, new_token, write_secret
+from emulator.runtime.security import MQTT_USER, mqtt_password, new_token, read_token, write_secret
 from emulator.runtime.serve import PER, ServeKind, serve_argv
 
 TOPOLOGY_IN_CONTAINER = "/etc/cmemu/topology.json"
@@ -30,7 +31,7 @@ MAX_BRIDGE_ENDPOINTS = 1000  # a Linux bridge fails past about 1,023 ports
 MQTT_PORT = 1883
 MEM_LIMITS = {"device": "256m", "node": "1g", "mosquitto": "256m"}  # services: the registry's
 # Who may change state: the bearer token is a compose secret (TOKEN_FILE beside the compose file);
-# the broker takes user MQTT_USER with the token as its password, hashed in MOSQUITTO_PASSWD.
+# the broker takes user MQTT_USER with mqtt_password(token), hashed in MOSQUITTO_PASSWD.
 TOKEN_SECRET = "cmemu_token"
 TOKEN_FILE = "cmemu.token"
 SECRETS_IN_CONTAINER = "/run/secrets"
@@ -336,16 +337,39 @@ def mosquitto_passwd_line(user: str, password: str, salt: bytes | None = None) -
     return f"{user}:$7${PBKDF2_ITERATIONS}${b64(salt).decode()}${b64(digest).decode()}\n"
 
 
+def passwd_holds(line: str, user: str, password: str) -> bool:
+    """Whether a mosquitto password file line (`mosquitto_passwd_line`'s) is `user` with
+    `password`."""
+    name, _, rest = line.strip().partition(":")
+    fields = rest.split("$")
+    if name != user or len(fields) != 5 or fields[1] != "7" or not fields[2].isdecimal():
+        return False
+    try:
+        salt, digest = base64.b64decode(fields[3]), base64.b64decode(fields[4])
+    except ValueError:
+        return False
+    again = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, int(fields[2]))
+    return secrets.compare_digest(again, digest)
+
+
 def write_secrets(directory: Path) -> list[Path]:
     """The compose file's token (random, 0600) and the broker's password file from it, beside
     the compose file, unless the token is there already (regenerating the compose file keeps the
-    token a running deployment uses). What it wrote."""
+    token a running deployment uses). A password file that does not hold the token's broker
+    password (one written when the token itself was the password) is written anew. What it
+    wrote."""
     token_path = directory / TOKEN_FILE
-    if token_path.exists():
-        return []
-    token = new_token()
-    write_secret(token_path, token + "\n")
     passwd = directory / MOSQUITTO_PASSWD  # a salted hash: readable by the broker's own user
-    passwd.write_text(mosquitto_passwd_line(MQTT_USER, token))
+    if token_path.exists():
+        token = read_token(token_path)
+        with contextlib.suppress(OSError):
+            if passwd_holds(passwd.read_text(), MQTT_USER, mqtt_password(token)):
+                return []
+        written = []
+    else:
+        token = new_token()
+        write_secret(token_path, token + "\n")
+        written = [token_path]
+    passwd.write_text(mosquitto_passwd_line(MQTT_USER, mqtt_password(token)))
     passwd.chmod(0o644)
-    return [token_path, passwd]
+    return [*written, passwd]

@@ -70,7 +70,8 @@ async def launch(
         )
         engine = DockerEngine(project, servers=run.servers, networks=run.networks)
         token = await asyncio.to_thread(token_of, compose_file)
-        # the compose broker's password file holds MQTT_USER with the token: the host logs in
+        # the compose broker's password file holds MQTT_USER with mqtt_password(token): the
+        # host logs in
         security = Security(token=token, mqtt_user=MQTT_USER if token else None)
         credentials = security.credentials()
         total = len(run.servers)

@@ -53,6 +53,7 @@ from emulator.runtime.security import (
     MQTT_USER,
     MQTT_USER_ENV,
     TOKEN_ENV,
+    mqtt_password,
     new_token,
     write_secret,
 )
@@ -410,7 +411,9 @@ def secret_objects(namespace: str, token: str) -> list[dict[str, Any]]:
             "kind": "Secret",
             "metadata": _meta(PASSWD_OBJECT, namespace, labels),
             "type": "Opaque",
-            "stringData": {MOSQUITTO_PASSWD: mosquitto_passwd_line(MQTT_USER, token)},
+            "stringData": {
+                MOSQUITTO_PASSWD: mosquitto_passwd_line(MQTT_USER, mqtt_password(token))
+            },
         },
     ]
 

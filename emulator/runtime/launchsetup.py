@@ -62,7 +62,7 @@ async def security_for(
     """The run's token and TLS files. Binding beyond loopback without a token fails here,
     before anything starts; `tls="auto"` makes a CA and a certificate naming every address
     (removed at the end when in a temporary directory). With a token, the embedded broker
-    wants user MQTT_USER with the token as its password, and every client of it logs in."""
+    wants user MQTT_USER with mqtt_password(token), and every client of it logs in."""
     servers = [server for topology in supernodes for server in servers_of(topology)]
     token = token or options.token
     keys = options.keys if options.keys is not None and options.keys.admin == token else None

@@ -6,11 +6,13 @@ every client and every device calling another its `credentials()` side
 (emulator/client/credentials.py). A process of `--mode procs` or a container receives it through
 its environment: `CMEMU_TOKEN_FILE` (a file holding the token, never the token itself),
 `CMEMU_TLS_CERT`, `CMEMU_TLS_KEY`, `CMEMU_TLS_CA`, `CMEMU_INSECURE=1`, and `CMEMU_MQTT_USER`
-when the broker wants a login (compose: the token is that user's password).
+when the broker wants a login (its password derived from the token: `mqtt_password`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import secrets
 from collections.abc import Mapping
@@ -29,8 +31,17 @@ TLS_KEY_ENV = "CMEMU_TLS_KEY"
 TLS_CA_ENV = "CMEMU_TLS_CA"
 INSECURE_ENV = "CMEMU_INSECURE"
 MQTT_USER_ENV = "CMEMU_MQTT_USER"
-MQTT_USER = "cmemu"  # the broker's user when it wants a login (the token is its password)
+MQTT_USER = "cmemu"  # the broker's user when it wants a login (password: mqtt_password)
+MQTT_PASSWORD_CONTEXT = b"cmemu mqtt broker login"
 TOKEN_BYTES = 32
+
+
+def mqtt_password(token: str) -> str:
+    """The broker's password for an instance with `token`: HMAC-SHA256 of a fixed context under
+    the token, hex. Not the token: MQTT crosses its wire without TLS (even with `--tls`), and a
+    password read there must open the broker only, never the gRPC services or the OpenAI
+    endpoint; every process that holds the token derives it."""
+    return hmac.new(token.encode(), MQTT_PASSWORD_CONTEXT, hashlib.sha256).hexdigest()
 
 
 def new_token() -> str:
@@ -67,7 +78,7 @@ class Security:
     token: str | None = field(default=None, repr=False)
     tls: TlsFiles | None = None
     insecure: bool = False
-    mqtt_user: str | None = None  # the broker wants this user, the token as its password
+    mqtt_user: str | None = None  # the broker wants this user, with mqtt_password(token)
     keys: Keys | None = field(default=None, repr=False)  # tenants of the HTTP endpoint
 
     def __post_init__(self) -> None:
@@ -78,7 +89,7 @@ class Security:
         """The broker login (EventBus's username and password), when the broker wants one."""
         if self.mqtt_user is None or self.token is None:
             return {}
-        return {"username": self.mqtt_user, "password": self.token}
+        return {"username": self.mqtt_user, "password": mqtt_password(self.token)}
 
     def server(self) -> ServerSecurity:
         keys = self.keys or (single(self.token) if self.token else None)

@@ -28,7 +28,7 @@ from emulator.client.faultkinds.process import Process, ProcessTable, attach_pro
 from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
 from emulator.model.topology import DNS_LABEL, Topology
 from emulator.runtime.docker import DockerEngine
-from emulator.runtime.security import read_token, write_secret
+from emulator.runtime.security import mqtt_password, read_token, write_secret
 
 ENV_VAR = "CMEMU_STATE_FILE"
 DIR_ENV_VAR = "CMEMU_STATE_DIR"
@@ -321,13 +321,13 @@ def credentials(path: Path) -> Credentials:
 
 def mqtt_login(path: Path) -> dict[str, str]:
     """The broker login of the instance's readers (`cmemu watch`): its launcher record's
-    `mqtt_user` with the token as password; none when the broker wants none."""
+    `mqtt_user` with the password derived from the token; none when the broker wants none."""
     try:
         launcher = json.loads(_text(path)).get("launcher") or {}
     except json.JSONDecodeError as exc:
         raise InvalidArgumentError(f"state file {path} is not JSON: {exc}") from exc
     user, token = launcher.get(MQTT_USER_KEY), credentials(path).token
-    return {"username": str(user), "password": token} if user and token else {}
+    return {"username": str(user), "password": mqtt_password(token)} if user and token else {}
 
 
 def read_instance(path: Path) -> Instance:

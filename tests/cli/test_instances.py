@@ -233,7 +233,8 @@ def test_fabric_and_device_faults(running: Path) -> None:
 
 def test_status_tells_a_hung_device_from_a_not_serving_one(running: Path) -> None:
     """Issue 21 finding 16: a device that does not answer within status's deadline (twice) is
-    "no answer (status timed out)", counted apart from NOT_SERVING, not a health of its own."""
+    "no answer (status timed out)", counted apart from NOT_SERVING, not a health of its own;
+    `cmemu ls` says NO_ANSWER for it too."""
     at = ("--state-file", str(running))
     try:
         assert cmemu("fault", "add", "hang", "n00-npu1", *at).returncode == 0
@@ -253,6 +254,10 @@ def test_status_tells_a_hung_device_from_a_not_serving_one(running: Path) -> Non
             "1 no answer (status timed out)"
         ), row
         assert "n00-npu1 no answer (status timed out), n00-npu2 NOT_SERVING" in text.stdout
+        # `cmemu ls` surveys the same way: the hung device is no answer, not DEADLINE_EXCEEDED
+        rows = json.loads(cmemu("ls", "--json", "--timeout", "1s", "--node", "n00", *at).stdout)
+        healths = {r["id"]: r["health"] for r in rows if r["id"] in ("n00-npu1", "n00-npu2")}
+        assert healths == {"n00-npu1": "NO_ANSWER", "n00-npu2": "NOT_SERVING"}, rows
     finally:
         cleared = cmemu("fault", "rm", "--all", *at)
         assert cleared.returncode == 0, cleared.stderr

@@ -19,11 +19,12 @@ import pytest
 from emulator.runtime import state
 from emulator.runtime.broker import Broker
 from emulator.runtime.events import parse_broker_url
-from emulator.runtime.security import MQTT_USER
+from emulator.runtime.security import MQTT_USER, Security, mqtt_password
 from emulator.testing import CMEMU, MINI_PORTS, cmemu_up, free_port_block, grpcurl
+from tests.runtime.test_metrics import parse, scrape, value
 
 TOKEN = "broker-test-token-0123456789"
-LOGIN = {"username": MQTT_USER, "password": TOKEN}
+LOGIN = {"username": MQTT_USER, "password": mqtt_password(TOKEN)}
 FORGED = '{"device": "n00-npu0", "event": "died", "exit_code": 9}'
 DEVICE_EVENTS = "cmemu/sn0/n00-npu0/events"
 WAIT_S = 60.0  # bounds a hung test; on a busy host every step below takes far less
@@ -110,6 +111,34 @@ async def subscriber(url: str, login: dict[str, str] | None) -> AsyncIterator[Su
         await asyncio.wait_for(proc.wait(), WAIT_S)
 
 
+async def every_process_logged_in(metrics: dict[str, str]) -> None:
+    """Every process of the instance (devices', and the services' with the manager and the
+    scheduler) has its event publisher connected: logged in, since the broker refuses anyone
+    else. Polled: each connects in the background."""
+    assert metrics
+    for process, url in metrics.items():
+        try:
+            async with asyncio.timeout(WAIT_S):
+                while True:
+                    if value(parse(await scrape(url)), "cmemu_mqtt_connected") == 1:
+                        break
+                    await asyncio.sleep(0.2)  # not yet, or refused (it tries again, refused)
+        except TimeoutError:
+            raise AssertionError(f"{process}'s events never reached the broker ({url})") from None
+
+
+async def timeline_after_a_fault(ui: str | None) -> list[dict[str, object]]:
+    """The web view's events once the device's `fault` is among them."""
+    assert ui is not None
+    async with aiohttp.ClientSession() as session, asyncio.timeout(WAIT_S):
+        while True:
+            async with session.get(ui + "api/snapshot") as response:
+                events: list[dict[str, object]] = (await response.json())["events"]
+            if any(e["event"] == "fault" for e in events):
+                return events
+            await asyncio.sleep(0.2)
+
+
 async def refused_subscriber(url: str, login: dict[str, str] | None) -> str:
     """A mosquitto_sub that must be refused: what it said (it exits non-zero)."""
     async with subscriber(url, login) as sub:
@@ -140,6 +169,13 @@ async def test_the_broker_refuses_anonymous_and_wrong_logins() -> None:
         assert await sub.next_message() == (DEVICE_EVENTS, '{"event": "genuine"}')
 
 
+def test_the_broker_password_is_not_the_token() -> None:
+    """Derived from the token (so every process holding it logs in), one way, and per token."""
+    login = Security(token=TOKEN, mqtt_user=MQTT_USER).mqtt_login()
+    assert login == LOGIN and TOKEN not in login["password"]
+    assert mqtt_password(TOKEN + "x") != login["password"]
+
+
 async def test_without_a_login_the_broker_is_open() -> None:
     """The must-pass twin's opposite: the same anonymous publish, no login configured, arrives
     (so the refusal above is the login's doing, not a broken client)."""
@@ -158,7 +194,8 @@ async def test_without_a_login_the_broker_is_open() -> None:
 async def test_an_instance_with_a_token_refuses_a_forged_died(tmp_path: Path, mode: str) -> None:
     """`cmemu up --token-file`: a forged `died` never reaches a logged-in subscriber, `cmemu
     watch` or the web view's timeline; a real event from a device (logged in: in procs mode a
-    process given the login through its environment) reaches all three."""
+    process given the login through its environment) reaches all three. Every process's
+    publisher, the services' (manager, scheduler) too, is connected, so logged in."""
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     path = tmp_path / "auth.json"
@@ -173,6 +210,11 @@ async def test_an_instance_with_a_token_refuses_a_forged_died(tmp_path: Path, mo
         assert url is not None and instance.launcher.extra["mqtt_user"] == MQTT_USER
         assert state.mqtt_login(path) == LOGIN
         assert "not authorised" in (await refused_subscriber(url, None)).lower()
+        # nor does the token log in: MQTT here has no TLS, and what crosses its wire must not
+        # open the gRPC services (the password is derived from the token, one way)
+        with_token = {"username": MQTT_USER, "password": TOKEN}
+        assert "not authorised" in (await refused_subscriber(url, with_token)).lower()
+        await every_process_logged_in(instance.launcher.metrics)
         watch = await asyncio.create_subprocess_exec(
             CMEMU,
             *("watch", "--state-file", str(path), "--count", "1", "--json", "--ready"),
@@ -208,13 +250,5 @@ async def test_an_instance_with_a_token_refuses_a_forged_died(tmp_path: Path, mo
             if watch.returncode is None:
                 watch.kill()
                 await watch.wait()
-        assert instance.launcher.ui is not None
-        async with aiohttp.ClientSession() as session:
-            async with asyncio.timeout(WAIT_S):
-                while True:
-                    async with session.get(instance.launcher.ui + "api/snapshot") as response:
-                        events = (await response.json())["events"]
-                    if any(e["event"] == "fault" for e in events):
-                        break
-                    await asyncio.sleep(0.2)
+        events = await timeline_after_a_fault(instance.launcher.ui)
         assert not [e for e in events if e["event"] == "died"], events

@@ -1,8 +1,9 @@
 """Issue 21 finding 3: after SIGKILL and restart of EMS in procs mode, with one node's pool
 process dead too, an acknowledged key is never NOT_FOUND. While the restarted EMS rebuilds its
 index (it waits for the dead pool), calls about keys answer UNAVAILABLE, reason RECOVERING,
-retryable; `Stat` says it is recovering, how many pools it has listed, and the dead pool is not
-healthy. Once it ends every key reads back whole."""
+retryable, and its health is NOT_SERVING; `Stat` says it is recovering, how many pools it has
+listed, and the dead pool is not healthy. Once it ends every key reads back whole and its
+health turns SERVING."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import grpc
 import pytest
 
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
+from emulator.client import health
 from emulator.client.errors import decode
 from emulator.model.topology import DeviceKind
 from emulator.runtime import state
@@ -39,11 +41,16 @@ async def _through_recovery(
         while not recovered:
             assert restarted.returncode is None, "the restarted EMS exited"
             try:
+                # health first: SERVING is set once the rebuild has ended, never before, so a
+                # Stat after a SERVING answer cannot say recovering
+                said = await health.check(channel, timeout_s=10)
                 stats.append(await ems.Stat(ems_pb2.StatRequest(), timeout=10))
             except grpc.aio.AioRpcError:
                 await asyncio.sleep(0.1)  # not listening yet
                 continue
             recovered = not stats[-1].recovering
+            answers.add(f"health {said}")
+            assert recovered or said == "NOT_SERVING", (said, stats[-1])
             for key, data in objects.items():
                 try:
                     got = await ems.Get(ems_pb2.GetRequest(key=key), timeout=60)
@@ -56,6 +63,10 @@ async def _through_recovery(
                 else:
                     answers.add("OK")
                     assert got.data == data, key
+        while (said := await health.check(channel, timeout_s=10)) != "SERVING":
+            assert said == "NOT_SERVING", said
+            await asyncio.sleep(0.1)  # recovered: SERVING follows the rebuild's end
+        answers.add(f"health {said}")
     return answers, stats
 
 
@@ -95,6 +106,8 @@ def test_a_restarted_ems_never_answers_not_found_for_an_acknowledged_key(tmp_pat
         answers, stats = asyncio.run(scenario())
         # the window was seen (UNAVAILABLE RECOVERING), and every key read back once it ended
         assert "UNAVAILABLE RECOVERING" in answers and "OK" in answers, answers
+        # and health said NOT_SERVING while it recovered, SERVING once it had
+        assert {"health NOT_SERVING", "health SERVING"} <= answers, answers
         during = [s for s in stats if s.recovering]
         assert during, stats
         total = len(topology.of_kind(DeviceKind.MEMPOOL))

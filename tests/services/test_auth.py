@@ -22,6 +22,7 @@ from emulator.client.credentials import Credentials
 from emulator.client.errors import decode
 from emulator.model.topology import build, server_count
 from emulator.runtime import composegen
+from emulator.runtime.security import mqtt_password
 from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
 from emulator.testing import CMEMU, free_port_block, grpcurl
 from services import auth
@@ -255,3 +256,22 @@ def test_compose_secrets_are_made_once_and_hash_like_mosquitto_passwd(tmp_path: 
         "cmemu:$7$101$aGw1HhsDCGurKzv/$DlTb8NhlHx3OmAXKye/FdRpuBixuX2GPXDWEXSYakxgtBxKwFgm65TMt3V"
         "BTfO0mElbXTX/Falr/uB2ti6NwlA==\n"
     )
+    assert composegen.passwd_holds(line, "cmemu", "secret")
+    assert not composegen.passwd_holds(line, "cmemu", "Secret")
+    assert not composegen.passwd_holds(line, "other", "secret")
+    assert not composegen.passwd_holds("cmemu:$7$101$!!$!!\n", "cmemu", "secret")
+
+
+def test_compose_broker_password_is_derived_and_an_old_file_rewritten(tmp_path: Path) -> None:
+    """The password file holds the broker password derived from the token, never the token;
+    one written when the token was the password (an older `cmemu compose`) is written anew."""
+    composegen.write_secrets(tmp_path)
+    token = (tmp_path / "cmemu.token").read_text().strip()
+    passwd = tmp_path / "mosquitto.passwd"
+    assert composegen.passwd_holds(passwd.read_text(), "cmemu", mqtt_password(token))
+    assert not composegen.passwd_holds(passwd.read_text(), "cmemu", token)
+    passwd.write_text(composegen.mosquitto_passwd_line("cmemu", token))  # the old way
+    assert composegen.write_secrets(tmp_path) == [passwd]
+    assert composegen.passwd_holds(passwd.read_text(), "cmemu", mqtt_password(token))
+    assert (tmp_path / "cmemu.token").read_text().strip() == token  # the token stays
+    assert stat.S_IMODE(passwd.stat().st_mode) == 0o644
