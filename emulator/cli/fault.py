@@ -164,7 +164,8 @@ def kinds_rows() -> list[dict[str, Any]]:
             "target": k.target,
             "help": k.help,
             "params": [
-                {"name": n, "type": t, "default": d, "help": h} for n, t, d, h in describe(k.params)
+                {"name": n, "type": t, "default": d, "required": d is None, "help": h}
+                for n, t, d, h in describe(k.params)
             ],
         }
         for k in KINDS.values()
@@ -180,9 +181,8 @@ def _kinds(args: argparse.Namespace) -> int:
         print(f"{row['kind']:<15} {row['help']}")
         print(f"{'':<15} TARGET: {row['target']}")
         for p in row["params"]:
-            print(
-                f"{'':<15} --param {p['name']}=<{p['type']}> (default {p['default']}): {p['help']}"
-            )
+            default = "required" if p["required"] else f"default {p['default']}"
+            print(f"{'':<15} --param {p['name']}=<{p['type']}> ({default}): {p['help']}")
     return 0
 
 

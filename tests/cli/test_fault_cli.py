@@ -31,10 +31,16 @@ def test_kinds_lists_every_kind_with_its_params() -> None:
     for name in KINDS:
         assert name in text.stdout
     assert "--param period_s=<float> (default 10.0)" in text.stdout
+    assert "--param factor=<float> (required):" in text.stdout  # link-degraded's
+    assert "(default (required))" not in text.stdout
     rows = json.loads(cmemu("fault", "kinds", "--json").stdout)
     assert {r["kind"] for r in rows} == set(KINDS)
     slow = next(r for r in rows if r["kind"] == "slow")
     assert [p["name"] for p in slow["params"]] == ["compute", "link"]
+    assert [(p["default"], p["required"]) for p in slow["params"]] == [
+        ("0.5", False), ("1.0", False)]  # fmt: skip
+    degraded = next(r for r in rows if r["kind"] == "link-degraded")
+    assert [(p["default"], p["required"]) for p in degraded["params"]] == [(None, True)]
 
 
 def _poll(check: object, timeout_s: float = 30.0) -> None:

@@ -125,17 +125,19 @@ def params_text(params: object) -> dict[str, str]:
     return out
 
 
-def describe(cls: type[Any]) -> list[tuple[str, str, str, str]]:
-    """(name, type, default, help) of each parameter, for `cmemu fault kinds`."""
+def describe(cls: type[Any]) -> list[tuple[str, str, str | None, str]]:
+    """(name, type, default, help) of each parameter, for `cmemu fault kinds`; the default is
+    None for a parameter that must be given."""
     hints = typing.get_type_hints(cls)
     rows = []
     for f in dataclasses.fields(cls):
+        default: str | None
         if f.default is not dataclasses.MISSING:
             default = str(f.default)
         elif f.default_factory is not dataclasses.MISSING:
             default = str(f.default_factory())
         else:
-            default = "(required)"
+            default = None
         rows.append((f.name, hints[f.name].__name__, default, str(f.metadata.get("help", ""))))
     return rows
 
