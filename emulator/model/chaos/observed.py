@@ -98,3 +98,6 @@ class Observations:
     steady_ns: int | None = None
     open_before: list[IncidentRecord] = field(default_factory=list)
     halted: str = ""
+    # an abort condition crossed (emulator/model/chaos/abort.py): which, and when
+    aborted: str = ""
+    aborted_ns: int | None = None

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from emulator.model.chaos.abort import Abort
 from emulator.model.chaos.selectors import Selector, parse_selector
 from emulator.model.chaos.units import bad, count_or_rate, duration_s, format_s, size_bytes
 from emulator.model.errors import InvalidArgumentError, UnknownNameError, quote
@@ -161,6 +162,7 @@ class Scenario:
     # the pace of the steps and traffic (emulated s per wall s, at most the emulator's own); the
     # set-up (deploys, weights loading) runs at the emulator's: None, the emulator's throughout
     time_scale: float | None = None
+    abort: Abort | None = None  # bounds that halt the run when crossed
     workloads: Workloads = field(default_factory=Workloads)
     steps: tuple[Step, ...] = ()
     expect: Expectations = field(default_factory=Expectations)
@@ -214,6 +216,14 @@ def _scale(raw: object) -> float:
     if scale <= 0 or scale == float("inf"):
         raise bad("time_scale", f"expected a number > 0, got {raw!r}")
     return scale
+
+
+def _abort(raw: object) -> Abort:
+    body = _mapping(raw, "abort")
+    _only(body, ("failed_requests", "open_incidents"), "abort")
+    if not body:
+        raise bad("abort", "name failed_requests or open_incidents (or both)")
+    return Abort(**{k: _int(v, f"abort.{k}") for k, v in body.items()})
 
 
 def _str(raw: object, path: str) -> str:
@@ -485,7 +495,7 @@ def _expect(raw: object) -> Expectations:
 
 
 TOP_FIELDS = ("version", "name", "description", "preset", "seed", "duration", "time_scale",
-              "workloads", "steps", "expect")  # fmt: skip
+              "abort", "workloads", "steps", "expect")  # fmt: skip
 
 
 def parse_scenario(
@@ -520,6 +530,7 @@ def parse_scenario(
         seed=_int(body.get("seed", 0), "seed"),
         duration_s=limit,
         time_scale=_scale(body["time_scale"]) if "time_scale" in body else None,
+        abort=_abort(body["abort"]) if "abort" in body else None,
         workloads=workloads,
         steps=steps,
         expect=expect,

@@ -350,6 +350,20 @@ def _blast_radius(e: Expectations, obs: Observations, recs: list[Recovery]) -> C
     )
 
 
+def _aborted(e: Expectations, obs: Observations, recs: list[Recovery]) -> Check | None:
+    """A crossed abort condition fails the run: the attack was halted, its schedule unfinished."""
+    if not obs.aborted:
+        return None
+    at = format_s(max(0, (obs.aborted_ns or obs.start_ns) - obs.start_ns) / 1e9)
+    return Check(
+        name="abort",
+        ok=False,
+        expected="no abort condition crossed",
+        measured=obs.aborted,
+        detail=f"halted at +{at}: {obs.aborted}; every fault cleared, nothing more injected",
+    )
+
+
 JUDGES: dict[str, _Judge] = {
     "faults_injected": _injected,
     "recovered_within": _recovered,
@@ -362,6 +376,7 @@ JUDGES: dict[str, _Judge] = {
     "unrecoverable": _unrecoverable,
     "blast_radius": _blast_radius,
     "steady_state_after": _steady_after,
+    "abort": _aborted,
 }
 
 

@@ -25,6 +25,7 @@ from emulator.client.clients import Clients
 from emulator.client.clock import followed_time
 from emulator.client.errors import decode
 from emulator.engines.clock import TimeKeeper, Timeline
+from emulator.model.chaos.abort import crossed
 from emulator.model.chaos.asserting import FaultRecoveries, pick
 from emulator.model.chaos.observed import IncidentRecord, Injection, Observations
 from emulator.model.chaos.pace import ABORTED, FAIL, PASS, Pace, PaceWindow
@@ -148,6 +149,7 @@ class Runner:
             jobs=tuple(w.name for w in workloads.training),
         )
         self.traffic: list[Traffic] = []
+        self._halt = asyncio.Event()  # an abort condition crossed (scenario `abort:`)
         self._printed: set[tuple[int, str, str]] = set()
 
     # --- the run -------------------------------------------------------------------------------
@@ -304,8 +306,10 @@ class Runner:
                 Traffic(url=f"http://{http}", model=w.name, load=w.load, clock=self._clock)
             )
 
-    async def _sleep_until(self, emulated_s: float) -> None:
-        await self._clock.sleep_until(self.obs.start_ns + int(emulated_s * 1e9))
+    async def _sleep_until(self, emulated_s: float) -> bool:
+        """Until `emulated_s` after the workloads were up; False when the run was halted."""
+        until_ns = self.obs.start_ns + int(emulated_s * 1e9)
+        return not await self._clock.wait(self._halt, until_ns)
 
     async def _drive(
         self, planned: list[Planned], horizon: float, placement: Placement, rng: random.Random
@@ -320,9 +324,11 @@ class Runner:
             if inject and p.step.target.group in ("deployment", "job"):
                 # where the workloads run now (replacements moved them since the start), asked
                 # before the instant so that the injection itself is on time
-                await self._sleep_until(at_s - PLACEMENT_AHEAD_S)
+                if not await self._sleep_until(at_s - PLACEMENT_AHEAD_S):
+                    break
                 placement = await self.workloads.placement()
-            await self._sleep_until(at_s)
+            if not await self._sleep_until(at_s):
+                break
             if inject and not checked:
                 checked = True
                 if not await self._steady_before():
@@ -331,6 +337,9 @@ class Runner:
                 live[p.label] = await self._inject(p, placement, rng)
             else:
                 await self._clear(live.pop(p.label, []))
+        if self._halt.is_set():  # the attack halts: what is in comes out now
+            await self._clear([i for group in live.values() for i in group])
+            return
         last = max((a[0] for a in actions), default=0.0)
         await self._watch(last, horizon)
 
@@ -424,7 +433,8 @@ class Runner:
         t = last_s
         while t < horizon:
             t = min(horizon, t + step)
-            await self._sleep_until(t)
+            if not await self._sleep_until(t):
+                return
             if not self.options.early_end or t < last_s + SETTLE_S:
                 continue
             if self._all_recovered() and await self._training_back():
@@ -470,6 +480,17 @@ class Runner:
         self.obs.end_ns = self._clock.now_ns()
         self.obs.requests = [s for t in self.traffic for s in t.samples]
         self._emit()
+        self._check_abort()
+
+    def _check_abort(self) -> None:
+        bounds = self.scenario.abort
+        if bounds is None or self._halt.is_set():
+            return
+        why = crossed(bounds, self.obs)
+        if why:
+            self.obs.aborted, self.obs.aborted_ns = why, self._clock.now_ns()
+            self._note(f"aborted: {why}")
+            self._halt.set()
 
     def _note(self, note: str) -> None:
         if note not in self.obs.notes:

@@ -48,6 +48,7 @@ def test_every_kind_the_library_uses_is_registered() -> None:
         ({"version": 1, "name": "x", "workloads": {"ems": {"objects": 0, "size": 1}}},
          "workloads.ems.objects"),
         ({"version": 1, "name": "x", "time_scale": 0}, "time_scale"),
+        ({"version": 1, "name": "x", "abort": {}}, "abort"),
         ({"version": 1, "name": "x", "time_scale": "fast"}, "time_scale"),
     ],
 )  # fmt: skip
