@@ -54,6 +54,10 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
+def _after(ns: int | None, at_ns: int) -> float | None:
+    return None if ns is None else max(0, ns - at_ns) / 1e9
+
+
 def _reply_lag_s(samples: list[RequestSample]) -> list[float]:
     return [(s.received_ns - s.done_ns) / 1e9 for s in samples if s.ok and s.received_ns]
 
@@ -80,6 +84,7 @@ async def live(time_scale: float, minutes: float) -> tuple[dict[str, Any], RunRe
         "scenario_wall_s": result.scenario_wall_s,  # the emulated span, faults to the end
         "total_wall_s": total_wall_s,
         "emulated_span_s": span_s,  # from the workloads being up to the end
+        "achieved_scale": result.pace.achieved_scale if result.pace else None,
         "ok": result.ok,
         "checks": [dataclasses.asdict(c) for c in result.verdict.checks],
         "recoveries": [
@@ -89,6 +94,12 @@ async def live(time_scale: float, minutes: float) -> tuple[dict[str, Any], RunRe
                 "target": r.injection.target,
                 "at_s": (r.injection.at_ns - obs.start_ns) / 1e9,
                 "recovery_s": r.recovery_s,
+                # each fault's own four times, emulated seconds after it went in (None: never)
+                "detected_s": _after(r.detected_ns, r.injection.at_ns),
+                "isolated_s": _after(r.isolated_ns, r.injection.at_ns),
+                "restored_s": _after(r.restored_ns, r.injection.at_ns),
+                "slo_back_s": _after(r.slo_back_ns, r.injection.at_ns),
+                "status": r.status,
                 "workloads": list(r.workloads),
             }
             for r in result.recoveries
@@ -163,7 +174,8 @@ def main() -> int:
     print(
         f"live: {args.minutes:g} emulated minutes of {SCENARIO} on cm384 in one process at time "
         f"scale {args.time_scale:g}: {live_out['emulated_span_s']:.0f} s emulated in "
-        f"{live_out['scenario_wall_s']:.1f} s wall (target 60 s); before it, boot "
+        f"{live_out['scenario_wall_s']:.1f} s wall (target 60 s; achieved scale "
+        f"{live_out['achieved_scale'] or 0:.3g}); before it, boot "
         f"{live_out['boot_wall_s']:.1f} s and the workloads' start "
         f"{live_out['setup_wall_s']:.1f} s (weights loading in emulated time); verdict "
         f"{'PASS' if result.ok else 'FAIL'}"
@@ -171,8 +183,11 @@ def main() -> int:
     for c in result.verdict.checks:
         print(f"  {'PASS' if c.ok else 'FAIL'} {c.name}: {c.measured}")
     for r in live_out["recoveries"]:
-        ttr = "not recovered" if r["recovery_s"] is None else f"{r['recovery_s']:.1f} s"
-        print(f"  {r['step']:<11} {r['kind']:<14} at {r['at_s']:6.1f} s: recovered in {ttr}")
+        times = "  ".join(
+            f"{k} {'-' if r[f'{k}_s'] is None else format(r[f'{k}_s'], '.1f')}"
+            for k in ("detected", "isolated", "restored", "slo_back")
+        )
+        print(f"  {r['step']:<11} {r['kind']:<17} at {r['at_s']:6.1f} s: {times}  ({r['status']})")
     il, rl = live_out["injection_lag_emulated_s"], live_out["reply_lag_emulated_s"]
     ms = 1e3 / args.time_scale
     print(

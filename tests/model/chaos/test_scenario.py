@@ -183,7 +183,8 @@ def test_units() -> None:
     assert duration_s("500ms", "x") == 0.5
     assert duration_s("2d", "x") == 172800
     assert duration_s(12, "x") == 12
-    for bad in (True, "1 fortnight", "-3s", None, [1]):
+    assert duration_s("1m30s", "x") == 90 and duration_s("1h 30m", "x") == 5400
+    for bad in (True, "1 fortnight", "-3s", None, [1], "1m30", "m", ""):
         with pytest.raises(InvalidArgumentError):
             duration_s(bad, "x")
     assert size_bytes("64KiB", "x") == 65536
