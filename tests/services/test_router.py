@@ -42,6 +42,9 @@ TIME_SCALE = 20.0
 # a deployment of the default output model ends 1 answer in 18 before 3 tokens (its natural
 # length): the tests that count tokens ask for max_tokens exactly
 RUN_TO_MAX = {"ignore_eos": True}
+# the openai client connects within 5 s by default: 48 streams at once from a loop that also
+# runs the emulator, on a loaded host, have missed that (ConnectTimeout); a bound only
+TIMEOUT = openai.Timeout(600.0, connect=120.0)
 # answers run to max_tokens (a natural length beyond any asked): the tests count tokens
 SMALL = {
     "model": "deepseek-r1",
@@ -74,7 +77,9 @@ async def router() -> AsyncIterator[Router]:
         state = hosted_router(sn)
         http = sn.topology.service(ServiceKind.ROUTER).http_address
         assert http is not None
-        client = openai.AsyncOpenAI(base_url=f"http://{http}/v1", api_key="none", max_retries=0)
+        client = openai.AsyncOpenAI(
+            base_url=f"http://{http}/v1", api_key="none", max_retries=0, timeout=TIMEOUT
+        )
         yield Router(
             sn=sn,
             state=state,
@@ -464,7 +469,7 @@ async def test_request_metrics_are_events() -> None:
             await sn.clients.router().Deploy(request)
             http = sn.topology.service(ServiceKind.ROUTER).http_address
             async with openai.AsyncOpenAI(
-                base_url=f"http://{http}/v1", api_key="none", max_retries=0
+                base_url=f"http://{http}/v1", api_key="none", max_retries=0, timeout=TIMEOUT
             ) as client:
                 await asyncio.gather(
                     *(client.completions.create(model="ev", prompt=f"q{i}", max_tokens=3,
