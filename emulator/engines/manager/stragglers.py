@@ -83,7 +83,9 @@ class StragglerWatch:
         for straggler in self.judge.stragglers(now):
             if straggler.npu not in self.npus:
                 continue
-            incident = self.detector.degraded(straggler.npu, now, straggler.detail)
+            incident = self.detector.degraded(
+                straggler.npu, now, straggler.detail, since_ns=straggler.since_ns
+            )
             if incident is not None:
                 self.detected += 1
                 log.warning("straggler", npu=straggler.npu, detail=straggler.detail)

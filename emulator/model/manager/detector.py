@@ -62,12 +62,16 @@ class Detector:
             self.devices[device] = OK
         return was == FAILED
 
-    def degraded(self, device: str, now_ns: int, detail: str) -> Incident | None:
-        """A straggler: alive, but slowing every collective it is in. None when it is already
-        known degraded or failed (the failure's incident covers it)."""
+    def degraded(
+        self, device: str, now_ns: int, detail: str, *, since_ns: int = 0
+    ) -> Incident | None:
+        """A straggler: alive, but slowing every collective it is in (since `since_ns`, as its
+        collectives show). None when it is already known degraded or failed (the failure's
+        incident covers it)."""
         if self.devices.get(device) in (DEGRADED, FAILED):
             return None
         incident = self._fail(device, STRAGGLER, now_ns, detail)
+        incident.fault_ns = since_ns
         self.devices[device] = DEGRADED
         return incident
 

@@ -53,6 +53,7 @@ class Straggler:
     samples: int  # collectives judged
     late: int  # of them, those it lagged in by the margin
     ratio: float  # its median lag over those it was late in
+    since_ns: int  # the first of those collectives: when the slowdown showed (its fault_ns)
 
     @property
     def detail(self) -> str:
@@ -114,11 +115,15 @@ class StragglerJudge:
                 continue
             if len(kept) < s.samples:
                 continue
-            late = [x.ratio for x in kept if x.ratio >= s.lag_ratio]
+            late = [x for x in kept if x.ratio >= s.lag_ratio]
             if late and len(late) >= s.consistency * len(kept):
                 out.append(
                     Straggler(
-                        npu=npu, samples=len(kept), late=len(late), ratio=statistics.median(late)
+                        npu=npu,
+                        samples=len(kept),
+                        late=len(late),
+                        ratio=statistics.median(x.ratio for x in late),
+                        since_ns=late[0].at_ns,
                     )
                 )
         return out

@@ -37,7 +37,7 @@ def test_a_consistent_straggler_is_flagged_with_its_lag() -> None:
         judge.observe(_arrival(seq, SLOW_NPU1))
     (found,) = judge.stragglers(3 * S)
     assert found.npu == "n00-npu1" and (found.samples, found.late) == (3, 3)
-    assert found.ratio == 5.0 and "5.0x" in found.detail
+    assert found.ratio == 5.0 and "5.0x" in found.detail and found.since_ns == 1 * S
     # its twin: the same collectives with every rank at once flag nothing
     assert _judge([None, None, None]) == []
 
