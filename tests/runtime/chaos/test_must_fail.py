@@ -145,7 +145,8 @@ def test_its_twin_with_the_manager_passive_is_detected_never_isolated_and_fails(
     (rec,) = result.recoveries
     assert rec.detected_ns is not None and rec.isolated_ns is None
     (victim,) = rec.injection.devices
-    assert check.detail.startswith(f"slow (slow {victim}): detected, never isolated ("), check.detail
+    reason = f"slow (slow {victim}): detected, never isolated ("
+    assert check.detail.startswith(reason), check.detail
     _settled(supernode, wait_for)
 
 
@@ -171,16 +172,22 @@ TPOT_SLO = "  slo: {tpot_ms: 150}"
 OWN = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=5, fresh="test")
 
 
+# The manager finds a slow decode NPU (it arrives last at its instance's collectives, every step)
+# and, active, replaces it: these two run it passive so that the slowdown stays, as their premise
+# (a gray failure nobody acts on) asks; the straggler pair above has the active manager.
 @OWN
-def test_a_slow_decode_npu_breaking_the_tpot_slo_undetected_is_not_recovered(
-    chaos: Chaos, tmp_path: Path
+def test_a_slow_decode_npu_breaking_the_tpot_slo_not_isolated_is_not_recovered(
+    chaos: Chaos, supernode: RunningSupernode, tmp_path: Path
 ) -> None:
     text = _scenario("gray-decode", SERVING, SLOW_DECODE % ("0.3", ""),
                      f"  recovered_within: 1m\n{TPOT_SLO}", top="duration: 2m\n")  # fmt: skip
+    _set_mode(supernode, manager_pb2.MANAGER_MODE_PASSIVE)
     result = _run(chaos, tmp_path, text)
     assert not result.ok, "\n".join(summary_lines(result))
     failed = _failed(result)
-    assert failed["recovered_within"].detail.endswith(NEVER_DETECTED)
+    assert "detected, never isolated" in failed["recovered_within"].detail
+    (rec,) = result.recoveries
+    assert [i.detected_by for i in rec.incidents] == ["straggler"]
     assert failed["slo"].measured == "not recovered"
     # the slow NPU is what broke the SLO: TPOT before it and once its steps run at its pace
     obs = result.observations
@@ -193,9 +200,12 @@ def test_a_slow_decode_npu_breaking_the_tpot_slo_undetected_is_not_recovered(
 
 
 @OWN
-def test_a_tolerated_slowdown_that_breaks_the_tpot_slo_fails(chaos: Chaos, tmp_path: Path) -> None:
+def test_a_tolerated_slowdown_that_breaks_the_tpot_slo_fails(
+    chaos: Chaos, supernode: RunningSupernode, tmp_path: Path
+) -> None:
     text = _scenario("gray-decode-tolerated", SERVING, SLOW_DECODE % ("0.3", ", tolerated: true"),
                      f"  recovered_within: 1m\n{TPOT_SLO}", top="duration: 2m\n")  # fmt: skip
+    _set_mode(supernode, manager_pb2.MANAGER_MODE_PASSIVE)
     result = _run(chaos, tmp_path, text)
     assert not result.ok, "\n".join(summary_lines(result))
     check = _failed(result)["tolerated"]
