@@ -5,6 +5,7 @@ by sequence number."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from emulator.model.arrivals import Arrival, ArrivalLog
 from emulator.model.hardware import DEFAULT_PROFILE
@@ -21,7 +22,7 @@ def _arrival(seq: int, ready_us: list[float] | None = None) -> Arrival:
     return Arrival(seq=seq, op="all-reduce", issue_ns=seq * S, ranks=RANKS, ready_ns=ready)
 
 
-def _judge(ready: list[list[float] | None]) -> list[str]:
+def _judge(ready: Sequence[list[float] | None]) -> list[str]:
     judge = StragglerJudge(SETTINGS)
     for seq, r in enumerate(ready, start=1):
         judge.observe(_arrival(seq, r))
