@@ -65,6 +65,8 @@ def _settled(supernode: RunningSupernode, wait_for: WaitFor) -> None:
 
 # --- a fault nothing detected ---------------------------------------------------------------------
 
+# n01-npu3 takes part in no collective here (an EMS workload only): no arrival shows it late, so
+# the manager's straggler detection cannot find it (a slow NPU in a job: the straggler pair below)
 SLOW = "{id: slow, at: 5s, fault: slow, target: {npu: n01-npu3}, params: {compute: 0.05}%s}"
 
 
