@@ -63,6 +63,13 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         return wire.collective_result(outcome)
 
     @rpc
+    async def ListCollectiveArrivals(
+        self, request: fabric_pb2.ListCollectiveArrivalsRequest, context: Context
+    ) -> fabric_pb2.CollectiveArrivals:
+        batch = self.engine.collective_arrivals(request.after_seq, request.limit)
+        return wire.arrivals_proto(batch)
+
+    @rpc
     async def Route(
         self, request: fabric_pb2.RouteRequest, context: Context
     ) -> fabric_pb2.RouteInfo:

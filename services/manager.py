@@ -4,10 +4,14 @@ Detection: the liveness stream of every process of the supernode (one per proces
 its devices: emulator/engines/manager/liveness.py), judged in emulated time: a crash, a device
 down or a die down fail at once; a device that stops answering fails after `misses_to_fail`
 heartbeat intervals of its own process's emulated time; a process that falls silent fails all
-it hosts. Isolation: Scheduler/MarkFailed. Replacement: Scheduler/Replace for every job holding
-the NPU. Restore is the workloads' own (they watch their allocation); the manager only notes it
-in the incident once the workload reports it (Training/Get, Router/GetDeployment). In PASSIVE
-mode it detects and records, and acts on nothing. The training jobs are hosted on the same
+it hosts. Slow devices: an NPU that arrives last at its collectives, consistently and by a
+margin, is a straggler (emulator/engines/manager/stragglers.py reads the fabric's collective
+arrivals; the judge is emulator/model/manager/straggler.py): an incident detected_by
+"straggler", acted on as a failure; it returns to service once a diagnostic kernel runs at its
+roofline again. Isolation: Scheduler/MarkFailed. Replacement: Scheduler/Replace for every job
+holding the NPU. Restore is the workloads' own (they watch their allocation); the manager only
+notes it in the incident once the workload reports it (Training/Get, Router/GetDeployment). In
+PASSIVE mode it detects and records, and acts on nothing. The training jobs are hosted on the same
 server (their state apart).
 """
 
@@ -26,6 +30,8 @@ from cmemu.v1 import (
     device_pb2,
     manager_pb2,
     manager_pb2_grpc,
+    npu_pb2,
+    npu_pb2_grpc,
     router_pb2,
     router_pb2_grpc,
     scheduler_pb2,
@@ -35,16 +41,20 @@ from cmemu.v1 import (
 from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
 from emulator.engines.manager.liveness import LivenessWatch
+from emulator.engines.manager.stragglers import StragglerWatch
+from emulator.model.costmodel import kernel_cost
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import Family
 from emulator.model.manager.detector import (
     CLOSED,
+    DEGRADED,
     FAILED,
     ISOLATED,
-    OK,
     REPLACED,
     RESTORED,
+    STATES,
+    STRAGGLER,
     SUSPECT,
     UNRECOVERABLE,
     Detector,
@@ -102,6 +112,16 @@ class ManagerState:
             on_incident=self._incident,
             on_back=self._back,
         )
+        self.stragglers = StragglerWatch(
+            peers=peers,
+            clock=clock,
+            detector=self.detector,
+            settings=m,
+            npus=frozenset(d for d, x in self.devices.items() if x.kind is DeviceKind.NPU),
+            probe=self._diagnosis,
+            on_incident=self._incident,
+            on_recovered=self._back,
+        )
         self.scheduler = scheduler_pb2_grpc.SchedulerStub(
             peers.channel(topology.service(ServiceKind.SCHEDULER).address)
         )
@@ -149,6 +169,7 @@ class ManagerState:
                 self._tasks = tasks
                 training = tasks.create_task(self.training.run())
                 self._spawn(self.watch.run())
+                self._spawn(self.stragglers.run())
                 self._spawn(self._restores())
                 try:
                     await self._closed.wait()
@@ -180,7 +201,8 @@ class ManagerState:
             self._spawn(self._mark_healthy(npu))
 
     def _failed(self, target: str) -> bool:
-        return self.detector.devices.get(target) == FAILED
+        """Out of service: failed, or degraded (a straggler)."""
+        return self.detector.devices.get(target) in (FAILED, DEGRADED)
 
     def _npu_of(self, target: str) -> str | None:
         """The NPU a device or die id belongs to (None: not an NPU)."""
@@ -198,9 +220,32 @@ class ManagerState:
         return [die_id(npu, k) for k in range(self.profile.npu.dies)]
 
     def _incident(self, incident: Incident) -> None:
-        if incident.device in self.devices:
+        if incident.detected_by == STRAGGLER:  # its dies answer: nothing to fold
+            self.publish("straggler", target=incident.device, detail=incident.detail)
+        elif incident.device in self.devices:
             self.detector.fold(self._dies(incident.device) if self._npu_of(incident.device) else [])
         self._spawn(self._act(incident))
+
+    async def _diagnosis(self, npu: str) -> float:
+        """A diagnostic kernel on every die of `npu`: the worst achieved time over the
+        roofline's (a slowed die computes at its share: 1/share)."""
+        m = self.profile.manager
+        stub = npu_pb2_grpc.NpuStub(self.peers.channel(self.devices[npu].address))
+        nominal = kernel_cost(m.straggler_probe_flops, 0, "BF16", self.profile).duration_ns
+        worst = 0.0
+        for die in range(self.profile.npu.dies):
+            kernel = npu_pb2.Kernel(
+                name="straggler-diagnosis",
+                die=die,
+                flops=m.straggler_probe_flops,
+                precision=npu_pb2.PRECISION_BF16,
+            )
+            try:
+                done = await stub.SubmitKernel(kernel, timeout=self._deadline)
+            except grpc.aio.AioRpcError as exc:
+                raise RemoteError.from_rpc_error(exc, npu) from exc
+            worst = max(worst, done.duration_ns / max(1, nominal))
+        return worst
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """A child task of run(), cancelled when the manager closes."""
@@ -351,8 +396,21 @@ class ManagerState:
             type="gauge",
             samples=[
                 ({"state": st}, float(sum(states.get(d) == st for d in self.devices)))
-                for st in (OK, SUSPECT, FAILED)
+                for st in STATES
             ],
+        )
+        s = self.stragglers
+        yield Family(
+            name="cmemu_manager_stragglers_detected_total",
+            help="NPUs the cluster manager found arriving last at their collectives (stragglers)",
+            type="counter",
+            samples=[({}, float(s.detected))],
+        )
+        yield Family(
+            name="cmemu_manager_collective_arrivals_total",
+            help="Collectives whose ranks' arrivals the cluster manager has judged",
+            type="counter",
+            samples=[({}, float(s.arrivals))],
         )
         yield Family(
             name="cmemu_manager_incidents",

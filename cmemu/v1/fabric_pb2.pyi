@@ -215,6 +215,101 @@ class CollectiveResult(_message.Message):
 Global___CollectiveResult: _TypeAlias = CollectiveResult  # noqa: Y015
 
 @_typing.final
+class ListCollectiveArrivalsRequest(_message.Message):
+    """When each rank of a recent collective was ready to enter it (a slowed rank is ready after its
+    share of the per-phase software work, so the collective waits for it): what a controller
+    reads to find the rank that arrives last (the cluster manager's straggler detection).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AFTER_SEQ_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    after_seq: _builtins.int
+    """the collectives timed after this one (0: every one kept)"""
+    limit: _builtins.int
+    """at most this many (0: every one kept)"""
+    def __init__(
+        self,
+        *,
+        after_seq: _builtins.int = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCollectiveArrivalsRequest: _TypeAlias = ListCollectiveArrivalsRequest  # noqa: Y015
+
+@_typing.final
+class CollectiveArrival(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    OP_FIELD_NUMBER: _builtins.int
+    ISSUE_NS_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    READY_NS_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    """1, 2, ... in the order the fabric timed them"""
+    op: Global___CollectiveOp.ValueType
+    issue_ns: _builtins.int
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """die ids, in the request's order"""
+
+    @_builtins.property
+    def ready_ns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """per rank, after issue_ns; empty: every rank at once"""
+
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        op: Global___CollectiveOp.ValueType = ...,
+        issue_ns: _builtins.int = ...,
+        ranks: _abc.Iterable[_builtins.str] | None = ...,
+        ready_ns: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["issue_ns", b"issue_ns", "op", b"op", "ranks", b"ranks", "ready_ns", b"ready_ns", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CollectiveArrival: _TypeAlias = CollectiveArrival  # noqa: Y015
+
+@_typing.final
+class CollectiveArrivals(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ARRIVALS_FIELD_NUMBER: _builtins.int
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    last_seq: _builtins.int
+    """the last one returned: the next request's after_seq"""
+    dropped: _builtins.int
+    """collectives after after_seq the fabric no longer keeps"""
+    @_builtins.property
+    def arrivals(self) -> _containers.RepeatedCompositeFieldContainer[Global___CollectiveArrival]: ...
+    def __init__(
+        self,
+        *,
+        arrivals: _abc.Iterable[Global___CollectiveArrival] | None = ...,
+        last_seq: _builtins.int = ...,
+        dropped: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrivals", b"arrivals", "dropped", b"dropped", "last_seq", b"last_seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CollectiveArrivals: _TypeAlias = CollectiveArrivals  # noqa: Y015
+
+@_typing.final
 class FabricFault(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -45,6 +45,11 @@ class FabricStub:
                 request_serializer=cmemu_dot_v1_dot_fabric__pb2.CollectiveRequest.SerializeToString,
                 response_deserializer=cmemu_dot_v1_dot_fabric__pb2.CollectiveResult.FromString,
                 _registered_method=True)
+        self.ListCollectiveArrivals = channel.unary_unary(
+                '/cmemu.v1.Fabric/ListCollectiveArrivals',
+                request_serializer=cmemu_dot_v1_dot_fabric__pb2.ListCollectiveArrivalsRequest.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_fabric__pb2.CollectiveArrivals.FromString,
+                _registered_method=True)
         self.Route = channel.unary_unary(
                 '/cmemu.v1.Fabric/Route',
                 request_serializer=cmemu_dot_v1_dot_fabric__pb2.RouteRequest.SerializeToString,
@@ -97,6 +102,12 @@ class FabricServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Collective(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCollectiveArrivals(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -164,6 +175,11 @@ def add_FabricServicer_to_server(servicer, server):
                     servicer.Collective,
                     request_deserializer=cmemu_dot_v1_dot_fabric__pb2.CollectiveRequest.FromString,
                     response_serializer=cmemu_dot_v1_dot_fabric__pb2.CollectiveResult.SerializeToString,
+            ),
+            'ListCollectiveArrivals': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCollectiveArrivals,
+                    request_deserializer=cmemu_dot_v1_dot_fabric__pb2.ListCollectiveArrivalsRequest.FromString,
+                    response_serializer=cmemu_dot_v1_dot_fabric__pb2.CollectiveArrivals.SerializeToString,
             ),
             'Route': grpc.unary_unary_rpc_method_handler(
                     servicer.Route,
@@ -260,6 +276,33 @@ class Fabric:
             '/cmemu.v1.Fabric/Collective',
             cmemu_dot_v1_dot_fabric__pb2.CollectiveRequest.SerializeToString,
             cmemu_dot_v1_dot_fabric__pb2.CollectiveResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCollectiveArrivals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cmemu.v1.Fabric/ListCollectiveArrivals',
+            cmemu_dot_v1_dot_fabric__pb2.ListCollectiveArrivalsRequest.SerializeToString,
+            cmemu_dot_v1_dot_fabric__pb2.CollectiveArrivals.FromString,
             options,
             channel_credentials,
             insecure,

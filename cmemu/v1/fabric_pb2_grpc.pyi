@@ -46,6 +46,7 @@ class FabricStub:
     def __new__(cls, channel: _aio.Channel) -> FabricAsyncStub: ...
     Transfer: _grpc.UnaryUnaryMultiCallable[_ub_pb2.UbTransaction, _ub_pb2.UbCompletion]
     Collective: _grpc.UnaryUnaryMultiCallable[_fabric_pb2.CollectiveRequest, _fabric_pb2.CollectiveResult]
+    ListCollectiveArrivals: _grpc.UnaryUnaryMultiCallable[_fabric_pb2.ListCollectiveArrivalsRequest, _fabric_pb2.CollectiveArrivals]
     Route: _grpc.UnaryUnaryMultiCallable[_fabric_pb2.RouteRequest, _fabric_pb2.RouteInfo]
     InjectFault: _grpc.UnaryUnaryMultiCallable[_fabric_pb2.FabricFault, _fabric_pb2.FabricFault]
     ClearFault: _grpc.UnaryUnaryMultiCallable[_fabric_pb2.ClearFaultRequest, _fabric_pb2.FaultList]
@@ -63,6 +64,7 @@ class FabricAsyncStub(FabricStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Transfer: _aio.UnaryUnaryMultiCallable[_ub_pb2.UbTransaction, _ub_pb2.UbCompletion]  # type: ignore[assignment]
     Collective: _aio.UnaryUnaryMultiCallable[_fabric_pb2.CollectiveRequest, _fabric_pb2.CollectiveResult]  # type: ignore[assignment]
+    ListCollectiveArrivals: _aio.UnaryUnaryMultiCallable[_fabric_pb2.ListCollectiveArrivalsRequest, _fabric_pb2.CollectiveArrivals]  # type: ignore[assignment]
     Route: _aio.UnaryUnaryMultiCallable[_fabric_pb2.RouteRequest, _fabric_pb2.RouteInfo]  # type: ignore[assignment]
     InjectFault: _aio.UnaryUnaryMultiCallable[_fabric_pb2.FabricFault, _fabric_pb2.FabricFault]  # type: ignore[assignment]
     ClearFault: _aio.UnaryUnaryMultiCallable[_fabric_pb2.ClearFaultRequest, _fabric_pb2.FaultList]  # type: ignore[assignment]
@@ -89,6 +91,13 @@ class FabricServicer(metaclass=_abc_1.ABCMeta):
         request: _fabric_pb2.CollectiveRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_fabric_pb2.CollectiveResult, _abc.Awaitable[_fabric_pb2.CollectiveResult]]: ...
+
+    @_abc_1.abstractmethod
+    def ListCollectiveArrivals(
+        self,
+        request: _fabric_pb2.ListCollectiveArrivalsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fabric_pb2.CollectiveArrivals, _abc.Awaitable[_fabric_pb2.CollectiveArrivals]]: ...
 
     @_abc_1.abstractmethod
     def Route(

@@ -21,6 +21,7 @@ from emulator.engines.clock import ClockState
 from emulator.engines.device.engine import FaultState
 from emulator.engines.device.liveness import Beat
 from emulator.engines.peers import CollectiveOutcome
+from emulator.model.arrivals import ArrivalBatch
 from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.linkfaults import FaultSpec
 from emulator.model.memory import Region
@@ -128,6 +129,13 @@ class RemoteFabric:
         request = fabric_wire.collective_request(list(ranks), spec, detail=detail)
         result = await _call("fabric", self._stub.Collective(request, timeout=deadline_s))
         return fabric_wire.collective_outcome(result)
+
+    async def collective_arrivals(self, after_seq: int, *, limit: int = 0) -> ArrivalBatch:
+        request = fabric_pb2.ListCollectiveArrivalsRequest(after_seq=after_seq, limit=limit)
+        reply = await _call(
+            "fabric", self._stub.ListCollectiveArrivals(request, timeout=FAULT_CALL_S)
+        )
+        return fabric_wire.arrival_batch(reply)
 
     async def link_fault(self, spec: FaultSpec) -> FaultSpec:
         request = fabric_wire.fault_proto(spec)

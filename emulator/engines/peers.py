@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from emulator.model.arrivals import ArrivalBatch
 from emulator.model.errors import DeadlineExceededError, EmulatorError, PreconditionError, relayed
 from emulator.model.memory import Region
 from emulator.model.topology import Device
@@ -100,6 +101,10 @@ class FabricPeer(Protocol):
         detail: bool = False,
         deadline_s: float | None = None,
     ) -> CollectiveOutcome: ...
+
+    async def collective_arrivals(self, after_seq: int, *, limit: int = 0) -> ArrivalBatch:
+        """The ranks' arrivals of the collectives timed after `after_seq`."""
+        ...
 
     async def link_fault(self, spec: FaultSpec) -> FaultSpec: ...
 
@@ -211,6 +216,9 @@ class LocalFabric:
         deadline_s: float | None = None,
     ) -> CollectiveOutcome:
         return await within(deadline_s, self.engine.collective(ranks, spec, detail=detail))
+
+    async def collective_arrivals(self, after_seq: int, *, limit: int = 0) -> ArrivalBatch:
+        return self.engine.collective_arrivals(after_seq, limit)
 
     async def link_fault(self, spec: FaultSpec) -> FaultSpec:
         return self.engine.add_fault(spec)

@@ -216,6 +216,22 @@ class ManagerProfile:
     # Never shorter in wall time: a loaded host stalls an event loop for tens of milliseconds,
     # and three stalls in a row must not fail a healthy device at a fast time scale.
     heartbeat_deadline_min_wall_s: float = fig(0.5, "assumed")
+    # Straggler (slow-device) detection from the fabric's collective arrivals
+    # (emulator/model/manager/straggler.py): an NPU whose dies were ready at least
+    # `straggler_lag_ratio` times as late as the collective's median rank in at least
+    # `straggler_consistency` of its last `straggler_samples` collectives (all within
+    # `straggler_window_s`) is a straggler. 1.5 flags a rank at two thirds of its peers' pace or
+    # slower, not the jitter of a healthy one; 2 of 3 lets a training job whose step runs one
+    # collective be judged in two steps after the slowdown, and no one-off late arrival.
+    straggler_lag_ratio: float = fig(1.5, "assumed")
+    straggler_samples: int = fig(3, "assumed")  # its last collectives judged (fewer: not yet)
+    straggler_consistency: float = fig(0.66, "assumed")  # share of them it must be late in
+    straggler_window_s: float = fig(300.0, "assumed")  # emulated: older arrivals are forgotten
+    straggler_poll_s: float = fig(1.0, "assumed")  # emulated seconds between two reads
+    # An isolated straggler runs a diagnostic kernel this often (emulated) and returns to
+    # service once its achieved time is within straggler_lag_ratio of the roofline's.
+    straggler_probe_s: float = fig(10.0, "assumed")
+    straggler_probe_flops: float = fig(1e12, "assumed")  # BF16 operations: ~3 ms on a die
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,6 +274,9 @@ class EmulatorLimits:
     # collectives are timed on the fabric's own threads (never the default pool other work uses)
     collective_workers: int = fig(2, "assumed")
     collective_queue_max: int = fig(16, "assumed")  # waiting beyond these: RESOURCE_EXHAUSTED
+    # the fabric keeps the ranks' arrivals of this many recent collectives for the manager's
+    # straggler detection (Fabric/ListCollectiveArrivals); one read returns at most this many
+    collective_arrivals_kept: int = fig(4096, "assumed")
     # an intermittent-hang's shortest hang and shortest answering gap, emulated: shorter windows
     # would toggle the device (and the fabric's rank fault) faster than any caller could see
     fault_window_min_s: float = fig(0.01, "assumed")

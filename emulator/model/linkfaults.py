@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -292,6 +292,7 @@ class RankState:
     down: str | None = None
     hung: str | None = None
     compute_share: float = 1.0
+    slowed: Mapping[str, float] = field(default_factory=dict)  # each slowed rank's share
 
 
 FAULT_KINDS: dict[str, FaultKind] = {
@@ -395,6 +396,7 @@ class FaultSet:
         down: str | None = None
         hung: str | None = None
         share = 1.0
+        slowed: dict[str, float] = {}
         for name in names:
             device = name.split(".", 1)[0]
             for f in faults:
@@ -406,7 +408,8 @@ class FaultSet:
                     hung = name
                 elif f.kind == RankSlow.name:
                     share = min(share, f.factor)
-        return RankState(down=down, hung=hung, compute_share=share)
+                    slowed[name] = min(slowed.get(name, 1.0), f.factor)
+        return RankState(down=down, hung=hung, compute_share=share, slowed=slowed)
 
     def _reapply(self) -> None:
         self.graph.reset()

@@ -6,6 +6,7 @@ from cmemu.v1 import fabric_pb2
 from emulator.engines.clock import ClockState
 from emulator.engines.fabric.types import LinkStat, LinkStats
 from emulator.engines.peers import CollectiveOutcome, FlowTime
+from emulator.model.arrivals import Arrival, ArrivalBatch
 from emulator.model.clock import Segment
 from emulator.model.collectivespec import COLLECTIVE_OPS, CollectiveSpec
 from emulator.model.errors import InvalidArgumentError
@@ -176,3 +177,31 @@ def clock_state(m: fabric_pb2.ClockSegment) -> ClockState:
         time_scale=m.time_scale,
         epoch_wall_s=m.epoch_wall_s,
     )
+
+
+def arrivals_proto(batch: ArrivalBatch) -> fabric_pb2.CollectiveArrivals:
+    return fabric_pb2.CollectiveArrivals(
+        arrivals=[
+            fabric_pb2.CollectiveArrival(
+                seq=a.seq, op=WIRE_OPS[a.op], issue_ns=a.issue_ns, ranks=a.ranks,
+                ready_ns=a.ready_ns,
+            )
+            for a in batch.arrivals
+        ],
+        last_seq=batch.last_seq,
+        dropped=batch.dropped,
+    )  # fmt: skip
+
+
+def arrival_batch(reply: fabric_pb2.CollectiveArrivals) -> ArrivalBatch:
+    return ArrivalBatch(
+        arrivals=tuple(
+            Arrival(
+                seq=a.seq, op=OPS[a.op], issue_ns=a.issue_ns, ranks=tuple(a.ranks),
+                ready_ns=tuple(a.ready_ns),
+            )
+            for a in reply.arrivals
+        ),
+        last_seq=reply.last_seq,
+        dropped=reply.dropped,
+    )  # fmt: skip

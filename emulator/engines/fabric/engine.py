@@ -28,6 +28,7 @@ from emulator.engines.fabric.metrics import LinkGroups, fabric_families
 from emulator.engines.fabric.types import LinkStat, LinkStats
 from emulator.engines.flows import FlowClock
 from emulator.engines.peers import CollectiveOutcome, Directory, FlowTime
+from emulator.model.arrivals import ArrivalBatch, ArrivalLog
 from emulator.model.collectives import CollectiveTiming
 from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.costmodel import check_duration
@@ -116,6 +117,7 @@ class FabricEngine:
             cut_message="a fault cut the route of this transfer",
         )
         self.collectives = Collectives(self.graph, profile.limits)
+        self.arrivals = ArrivalLog(profile.limits.collective_arrivals_kept)
         self._closing = False
         self._faults_moved = asyncio.Event()  # the fault clock re-plans
         self._ranks_moved = asyncio.Event()  # set and replaced when any fault changes
@@ -234,6 +236,7 @@ class FabricEngine:
         # a slowed rank's share of the per-phase software work, run on every rank, waits for it
         overhead_s = timing.overhead_s / state.compute_share
         duration_ns = round((timing.transfer_s + overhead_s) * 1e9)
+        self._arrived(ranks, spec, issue_ns, timing.overhead_s, state)
         await self.clock.pace((issue_ns + duration_ns) / 1e9)
         return CollectiveOutcome(
             op=spec.op,
@@ -248,6 +251,28 @@ class FabricEngine:
             detail=_flow_times(ranks, timing) if detail else (),
             compute_share=state.compute_share,
         )
+
+    def _arrived(
+        self,
+        ranks: Sequence[Endpoint],
+        spec: CollectiveSpec,
+        issue_ns: int,
+        overhead_s: float,
+        state: RankState,
+    ) -> None:
+        """Record when each rank was ready: after its own share of the per-phase software work
+        (emulator/model/arrivals.py), so a controller can see who arrives last."""
+        names = tuple(e.name for e in ranks)
+        ready: tuple[int, ...] = ()
+        if state.slowed:
+            ready = tuple(round(overhead_s / state.slowed.get(n, 1.0) * 1e9) for n in names)
+        self.arrivals.add(op=spec.op, issue_ns=issue_ns, ranks=names, ready_ns=ready)
+
+    def collective_arrivals(self, after_seq: int, limit: int = 0) -> ArrivalBatch:
+        """The ranks' arrivals of the collectives timed after `after_seq` (at most `limit`)."""
+        if limit < 0:
+            raise InvalidArgumentError(f"limit must be >= 0, got {limit}", field="limit")
+        return self.arrivals.since(after_seq, limit)
 
     async def _live_ranks(self, names: Sequence[str]) -> RankState:
         """The ranks' faults as a collective meets them: a dead rank fails it at once

@@ -1,9 +1,11 @@
 """Detection as a state machine per device, and incidents with their timeline.
 
 A device is ok, suspect (not answering, not failed yet) or failed (the liveness watch decides:
-emulator/engines/manager/liveness.py). An answer makes it ok again. Each failure opens an
-incident, which the controller moves on: isolated, replaced, restored (or unrecoverable). Times
-are emulated nanoseconds.
+emulator/engines/manager/liveness.py). An answer makes it ok again. An NPU that answers but
+arrives last at its collectives is degraded (a straggler: emulator/model/manager/straggler.py);
+answering does not make it ok, only a diagnosis at full speed does (`recovered`). Each failure
+or degradation opens an incident, which the controller moves on: isolated, replaced, restored
+(or unrecoverable). Times are emulated nanoseconds.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from dataclasses import dataclass, field
 
 from emulator.model.errors import NotFoundError
 
-OK, SUSPECT, FAILED = "ok", "suspect", "failed"
+OK, SUSPECT, FAILED, DEGRADED = "ok", "suspect", "failed", "degraded"
+STATES = (OK, SUSPECT, FAILED, DEGRADED)
+STRAGGLER = "straggler"  # an incident's detected_by for a degraded NPU
 DETECTED, ISOLATED, REPLACED, RESTORED = "detected", "isolated", "replaced", "restored"
 UNRECOVERABLE = "unrecoverable"
 CLOSED = frozenset({RESTORED, UNRECOVERABLE})
@@ -51,10 +55,32 @@ class Detector:
         return sum(1 for s in self.devices.values() if s == state)
 
     def answered(self, device: str) -> bool:
-        """A SERVING answer; True when a failed device is back."""
+        """A SERVING answer; True when a failed device is back. A degraded one stays degraded:
+        it answered all along."""
         was = self.devices.get(device)
-        self.devices[device] = OK
+        if was != DEGRADED:
+            self.devices[device] = OK
         return was == FAILED
+
+    def degraded(
+        self, device: str, now_ns: int, detail: str, *, since_ns: int = 0
+    ) -> Incident | None:
+        """A straggler: alive, but slowing every collective it is in (since `since_ns`, as its
+        collectives show). None when it is already known degraded or failed (the failure's
+        incident covers it)."""
+        if self.devices.get(device) in (DEGRADED, FAILED):
+            return None
+        incident = self._fail(device, STRAGGLER, now_ns, detail)
+        incident.fault_ns = since_ns
+        self.devices[device] = DEGRADED
+        return incident
+
+    def recovered(self, device: str) -> bool:
+        """A degraded device diagnosed at full speed again; True when it was degraded."""
+        if self.devices.get(device) != DEGRADED:
+            return False
+        self.devices[device] = OK
+        return True
 
     def suspect(self, device: str) -> None:
         """Not answering, not failed yet."""
