@@ -18,9 +18,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cmemu.v1 import manager_pb2, router_pb2, scheduler_pb2
+from cmemu.v1 import device_pb2, manager_pb2, router_pb2, scheduler_pb2
 from emulator.cli.chaos import summary_lines
 from emulator.client.clients import Clients
+from emulator.client.errors import decode
 from emulator.client.faultkinds import process
 from emulator.client.faultkinds.process import Process, ProcessTable
 from emulator.model.chaos.recovery import CONTROLLER_DOWN, SERVICE_BACK
@@ -114,6 +115,30 @@ def test_the_fabric_in_process_is_refused_naming_the_launcher_that_can(chaos: Ch
     with pytest.raises(PreconditionError, match="needs the procs launcher") as refused:
         chaos.inject("service-kill", "fabric")
     assert refused.value.reason == "LAUNCHER_UNSUPPORTED"
+
+
+@pytest.mark.parametrize(
+    ("service", "code", "reason"),
+    [
+        ("nope", "INVALID_ARGUMENT", "INVALID_FAULT_PARAM"),
+        ("fabric", "FAILED_PRECONDITION", "SERVICE_NOT_IN_PROCESS"),
+    ],
+)
+def test_the_device_path_refuses_a_bad_service_with_its_reason(
+    supernode: RunningSupernode, service: str, code: str, reason: str
+) -> None:
+    """What `cmemu fault` or any gRPC client may send to a device directly: the kind the
+    service faults travel as, with a service the process cannot act on."""
+
+    async def inject(c: Clients) -> tuple[str, str]:
+        request = device_pb2.FaultState(kind="service-down", params={"service": service})
+        try:
+            await c.device("n00-npu0").InjectFault(request, timeout=CALL_WALL_S)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name, decode(exc).reason
+        return "OK", ""
+
+    assert supernode.call(inject) == (code, reason)
 
 
 # --- kill and hang, in process --------------------------------------------------------------------
