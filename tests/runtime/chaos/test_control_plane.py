@@ -24,7 +24,13 @@ from emulator.client.clients import Clients
 from emulator.client.errors import decode
 from emulator.client.faultkinds import process
 from emulator.client.faultkinds.process import Process, ProcessTable
-from emulator.model.chaos.recovery import CONTROLLER_DOWN, SERVICE_BACK
+from emulator.model.chaos.observed import Injection, Observations
+from emulator.model.chaos.recovery import (
+    CONTROLLER_DOWN,
+    NEVER_DETECTED,
+    SERVICE_BACK,
+    recoveries,
+)
 from emulator.model.chaos.selectors import NO_PLACEMENT, parse_selector, resolve
 from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
 from emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
@@ -234,6 +240,41 @@ def _scenario(name: str, kill: str, crash_at: str, duration: str) -> str:
     )
 
 
+def _inj(label: str, kind: str, target: str, at_s: float, cleared_s: float | None) -> Injection:
+    return Injection(
+        label=label, kind=kind, target=target, devices=(), at_ns=int(at_s * 1e9),
+        cleared_ns=None if cleared_s is None else int(cleared_s * 1e9),
+        fault_id=f"id-{label}",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("down", "crash_at_s", "status"),
+    [
+        (("manager", 5.0, 20.0), 10.0, f"{CONTROLLER_DOWN} (ctl service-kill from 5.0s to 20.0s)"),
+        (
+            ("manager", 5.0, None),
+            10.0,
+            f"{CONTROLLER_DOWN} (ctl service-kill from 5.0s to the end)",
+        ),
+        (("manager", 5.0, 20.0), 30.0, NEVER_DETECTED),  # back before: its own failure to detect
+        (("router", 5.0, None), 10.0, NEVER_DETECTED),  # the router detects nothing
+    ],
+)
+def test_an_undetected_fault_blames_the_manager_only_while_it_was_down(
+    down: tuple[str, float, float | None], crash_at_s: float, status: str
+) -> None:
+    service, at_s, back_s = down
+    obs = Observations(start_ns=0, end_ns=int(60e9))
+    obs.injections = [
+        _inj("ctl", "service-kill", service, at_s, back_s),
+        _inj("crash", "crash", "n00-npu1", crash_at_s, None),
+    ]
+    ctl, crash = recoveries(obs)
+    assert crash.status == status
+    assert ctl.status == (SERVICE_BACK if back_s is not None else "never back: down to the end")
+
+
 def test_the_manager_back_before_the_crash_lets_the_job_recover_and_passes(
     chaos: Chaos, tmp_path: Path
 ) -> None:
@@ -243,6 +284,19 @@ def test_the_manager_back_before_the_crash_lets_the_job_recover_and_passes(
     assert ctl.status == SERVICE_BACK and ctl.recovery_s is not None
     assert 19.0 <= ctl.recovery_s <= 25.0
     assert crash.detected and crash.status == "recovered", crash
+
+
+def test_a_crash_while_the_manager_is_down_is_detected_once_it_is_back_and_recovers(
+    chaos: Chaos, tmp_path: Path
+) -> None:
+    """A killed manager detects nothing while it is down (its liveness watch stopped with it),
+    and judges the crashed NPU on the first beats of its new streams."""
+    result = chaos.run(_load(tmp_path, _scenario("ctl-late", ", duration: 30s", "10s", "4m")))
+    assert result.ok, "\n".join(summary_lines(result))
+    ctl, crash = result.recoveries
+    assert ctl.injection.cleared_ns is not None and crash.detected_ns is not None
+    assert crash.detected_ns >= ctl.injection.cleared_ns, "\n".join(summary_lines(result))
+    assert crash.status == "recovered"
 
 
 def test_the_manager_down_for_the_whole_run_leaves_the_crash_undetected_and_fails(
