@@ -26,6 +26,7 @@ from emulator.client.faultkinds import process
 from emulator.client.faultkinds.process import Process, ProcessTable
 from emulator.model.chaos.observed import Injection, Observations
 from emulator.model.chaos.recovery import (
+    CAUSE_SLACK_NS,
     CONTROLLER_DOWN,
     NEVER_DETECTED,
     SERVICE_BACK,
@@ -178,9 +179,9 @@ def test_a_hung_router_accepts_and_answers_nothing_until_cleared(
 def test_a_kill_with_a_duration_comes_back_by_itself_in_emulated_time(
     supernode: RunningSupernode, chaos: Chaos, wait_for: WaitFor
 ) -> None:
-    chaos.inject("service-kill", "manager", duration_s=5.0)
+    chaos.inject("service-kill", "manager", duration_s=60.0)  # 1.2 wall s
     assert supernode.call(_manager_up) == "UNAVAILABLE"
-    wait_for(lambda: supernode.call(_manager_up) == "ok", within_emulated_s=120)
+    wait_for(lambda: supernode.call(_manager_up) == "ok", within_emulated_s=300)
 
 
 # --- the other launchers --------------------------------------------------------------------------
@@ -295,7 +296,10 @@ def test_a_crash_while_the_manager_is_down_is_detected_once_it_is_back_and_recov
     assert result.ok, "\n".join(summary_lines(result))
     ctl, crash = result.recoveries
     assert ctl.injection.cleared_ns is not None and crash.detected_ns is not None
-    assert crash.detected_ns >= ctl.injection.cleared_ns, "\n".join(summary_lines(result))
+    # the manager's process brings it back at the end of its duration, a beat before the
+    # runner's own clearance is recorded (the devices' clock and the runner's: CAUSE_SLACK_NS)
+    back_ns = ctl.injection.cleared_ns - CAUSE_SLACK_NS
+    assert crash.detected_ns >= back_ns, "\n".join(summary_lines(result))
     assert crash.status == "recovered"
 
 
