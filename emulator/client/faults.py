@@ -105,6 +105,7 @@ KINDS: dict[str, Kind] = {
         *container.KINDS,
         service.KILL,
         service.HANG,
+        service.SLOW,
     )
 }
 

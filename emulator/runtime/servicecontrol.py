@@ -1,5 +1,7 @@
-"""The in-process supernode's services as fault targets (service-kill, service-hang): what its
-devices are given as `Siblings.services` (emulator/engines/device/servicefaults.py).
+"""The in-process supernode's services as fault targets (service-kill, service-hang,
+service-slow): what its devices are given as `Siblings.services`
+(emulator/engines/device/servicefaults.py). A slow service answers every call `latency_ms`
+emulated ms late (its HangGate's delay), its work going on.
 
 A kill stops the service's gRPC server (NOT_SERVING first, then the port is freed: its clients
 get UNAVAILABLE, connection refused) and suspends its background work where the service says
@@ -24,10 +26,13 @@ from typing import TYPE_CHECKING
 import structlog
 
 from emulator.model.errors import PreconditionError
+from emulator.model.faults.catalogue import ServiceDownParams
 from emulator.model.topology import ServiceKind
 
 if TYPE_CHECKING:
     from emulator.runtime.inprocess import InProcessSupernode
+    from emulator.runtime.registry import ServiceState
+    from services.host import ServiceHost
 
 log = structlog.get_logger("cmemu.services")
 NOT_OFFERED = frozenset({ServiceKind.FABRIC})
@@ -47,13 +52,23 @@ class LocalServices:
         if sn.events is not None and sn.time is not None:
             sn.events.event(name, event, sn.time.timeline.now_ns(), **detail)
 
-    async def down(self, service: str, *, hang: bool) -> None:
-        kind = ServiceKind(service)
-        if kind not in self.supernode.services:
-            raise PreconditionError(f"this process does not host the {service} service")
-        state, host = self.supernode.services[kind]
-        how = "hang" if hang else "kill"
-        if hang:
+    def _hosted(self, service: str) -> tuple[ServiceState, ServiceHost] | None:
+        return self.supernode.services.get(ServiceKind(service))
+
+    async def down(self, fault: ServiceDownParams) -> None:
+        hosted = self._hosted(fault.service)
+        if hosted is None:
+            raise PreconditionError(f"this process does not host the {fault.service} service")
+        state, host = hosted
+        how = _how(fault)
+        if how == "slow":
+            clock = self.supernode.time
+            assert clock is not None, "a started supernode keeps time"
+            late_s = fault.latency_ms / 1e3
+            host.gate.delay = lambda: clock.timeline.sleep(late_s)
+            self._publish(host.name, "service-down", how=how, latency_ms=f"{fault.latency_ms:g}")
+            return  # its work goes on: only its answers are late
+        if how == "hang":
             host.gate.answering.clear()
         else:
             await host.stop(0)
@@ -64,12 +79,17 @@ class LocalServices:
         log.warning("service down", service=host.name, how=how)
         self._publish(host.name, "service-down", how=how)
 
-    async def up(self, service: str, *, hang: bool) -> None:
-        kind = ServiceKind(service)
-        if kind not in self.supernode.services:
+    async def up(self, fault: ServiceDownParams) -> None:
+        hosted = self._hosted(fault.service)
+        if hosted is None:
             return  # the supernode is stopping: nothing to bring back
-        state, host = self.supernode.services[kind]
-        if hang:
+        state, host = hosted
+        how = _how(fault)
+        if how == "slow":
+            host.gate.delay = None
+            self._publish(host.name, "service-up", how=how)
+            return
+        if how == "hang":
             host.gate.answering.set()
         else:
             host.secure(host.security)  # a stopped grpc server cannot start again
@@ -81,5 +101,9 @@ class LocalServices:
             back = resume()
             if inspect.isawaitable(back):
                 await back
-        log.warning("service back", service=host.name, how="hang" if hang else "kill")
-        self._publish(host.name, "service-up", how="hang" if hang else "kill")
+        log.warning("service back", service=host.name, how=how)
+        self._publish(host.name, "service-up", how=how)
+
+
+def _how(fault: ServiceDownParams) -> str:
+    return "hang" if fault.hang else "slow" if fault.latency_ms else "kill"

@@ -6,6 +6,8 @@ kind, or its id in a multi-supernode launch, `sn1-manager`).
   stops; cleared (or at the end of its duration) it starts again on the same address.
 - service-hang: the server accepts calls and answers none, health included (clients hit their
   deadlines), its background work stopped, until cleared.
+- service-slow: every call waits `latency_ms` of emulated time before it is handled, health
+  included; its work goes on (in process only).
 
 How depends on the launcher, read from the process table attached to the clients:
 - in process (no table, or `inprocess`): through the management path of a device of the
@@ -30,7 +32,7 @@ from emulator.client.errors import decode
 from emulator.client.faultkinds import container, process
 from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, device_fault, via
 from emulator.model.errors import NotFoundError, PreconditionError, quote
-from emulator.model.faults.catalogue import NoParams, ServiceDownParams
+from emulator.model.faults.catalogue import NoParams, ServiceDownParams, ServiceSlowParams
 from emulator.model.faults.params import params_text
 from emulator.model.topology import Service, ServiceKind
 
@@ -63,14 +65,23 @@ def _mode(clients: Clients) -> str:
 @dataclass(frozen=True, kw_only=True)
 class ServiceKindFault(Typed):
     hang: bool = False
+    slow: bool = False  # its params say how late (latency_ms): in process only
     target: str = "a service: manager, scheduler, ems, router, gateway or fabric"
 
     async def add(
         self, clients: Clients, target: str, params: Any, duration_s: float | None
     ) -> ActiveFault:
-        self.typed(params)
+        typed = self.typed(params)
         service = service_of(clients, target)
         mode = _mode(clients)
+        if self.slow and mode != "inprocess":
+            raise PreconditionError(
+                f"{self.name} works in process only (a {mode} launch: container-netem delays a "
+                "container's traffic under Docker)",
+                field="kind",
+                subject=self.name,
+                reason="LAUNCHER_UNSUPPORTED",
+            )
         if mode == "procs":
             kind = process.PAUSE if self.hang else process.KILL
             return await kind.add(clients, service.id, {}, duration_s)
@@ -94,9 +105,10 @@ class ServiceKindFault(Typed):
                 reason="LAUNCHER_UNSUPPORTED",
             )
         carrier = clients.topology.devices[CARRIER[service.kind] % len(clients.topology.devices)]
-        typed = ServiceDownParams(service=service.kind.value, hang=self.hang)
+        latency_ms = typed.latency_ms if self.slow else 0.0
+        down = ServiceDownParams(service=service.kind.value, hang=self.hang, latency_ms=latency_ms)
         request = device_pb2.FaultState(
-            kind=DEVICE_KIND, params=params_text(typed), for_s=duration_s or 0.0, device=carrier.id
+            kind=DEVICE_KIND, params=params_text(down), for_s=duration_s or 0.0, device=carrier.id
         )
         try:
             stored = await via(
@@ -106,7 +118,7 @@ class ServiceKindFault(Typed):
             if decode(exc).reason != "FAULT_ALREADY_ACTIVE":
                 raise
             raise PreconditionError(
-                f"the {service.id} service is down already (service-kill or service-hang "
+                f"the {service.id} service is down already (service-kill, -hang or -slow "
                 f"through {carrier.id}); clear that fault first",
                 field="target",
                 subject=service.id,
@@ -134,4 +146,11 @@ HANG = ServiceKindFault(
     help="a control-plane service accepts calls and answers none until cleared",
     params=NoParams,
     hang=True,
+)
+SLOW = ServiceKindFault(
+    name="service-slow",
+    help="a control-plane service answers every call latency_ms emulated ms late until "
+    "cleared (in process)",
+    params=ServiceSlowParams,
+    slow=True,
 )

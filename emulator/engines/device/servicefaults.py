@@ -1,6 +1,7 @@
-"""service-kill and service-hang as a process applies them: a supernode-wide service (the cluster
-manager, the scheduler, EMS, the router, the gateway) hosted in the same process as the device
-the fault goes through is stopped or hung, and brought back when the fault clears.
+"""service-kill, service-hang and service-slow as a process applies them: a supernode-wide
+service (the cluster manager, the scheduler, EMS, the router, the gateway) hosted in the same
+process as the device the fault goes through is stopped, hung or slowed, and brought back when
+the fault clears.
 
 The device only carries the fault (its management path answers when the service does not, as a
 BMC would); what is done to the service is the launcher's (`ServiceControl`, given to the
@@ -32,9 +33,9 @@ class ServiceControl(Protocol):
 
     def hosted(self) -> Collection[str]: ...  # the service kinds ("manager", ...) it can act on
 
-    async def down(self, service: str, *, hang: bool) -> None: ...
+    async def down(self, fault: ServiceDownParams) -> None: ...  # kill, hang or slow it
 
-    async def up(self, service: str, *, hang: bool) -> None: ...
+    async def up(self, fault: ServiceDownParams) -> None: ...  # and back
 
 
 def _control(engine: DeviceEngine, service: str) -> ServiceControl:
@@ -68,11 +69,11 @@ class ServiceDown:
                     subject=params.service,
                     reason="FAULT_ALREADY_ACTIVE",
                 )
-        await control.down(params.service, hang=params.hang)
+        await control.down(params)
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         params: ServiceDownParams = fault.params
         control = engine.faults.siblings.services
         if control is None:
             raise PreconditionError(f"no service control to bring {quote(params.service)} back")
-        await control.up(params.service, hang=params.hang)
+        await control.up(params)

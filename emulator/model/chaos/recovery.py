@@ -43,7 +43,8 @@ NEVER_DETECTED = "never detected"
 # the control plane as a target (service-kill, service-hang): a killed or hung service is back
 # when the scenario clears it (nothing detects it); a fault nothing detected while the cluster
 # manager was down says so: the controller's loss is part of the verdict
-CONTROL_PLANE_KINDS = frozenset({"service-kill", "service-hang"})
+CONTROL_PLANE_KINDS = frozenset({"service-kill", "service-hang", "service-slow"})
+DOWN_KINDS = frozenset({"service-kill", "service-hang"})  # a slow manager still detects
 CONTROLLER = "manager"
 CONTROLLER_DOWN = "never detected: the cluster manager was down"
 SERVICE_BACK = "back when the scenario cleared it"
@@ -145,7 +146,7 @@ def controller_down(injection: Injection, obs: Observations) -> Injection | None
     `injection`'s life: from its start to its clearance or the end of the run."""
     until = injection.cleared_ns if injection.cleared_ns is not None else obs.end_ns
     for j in obs.injections:
-        if j.error or j.kind not in CONTROL_PLANE_KINDS or not _is_controller(j.target):
+        if j.error or j.kind not in DOWN_KINDS or not _is_controller(j.target):
             continue
         back = j.cleared_ns if j.cleared_ns is not None else obs.end_ns
         if j.at_ns <= max(until, injection.at_ns) and back > injection.at_ns:

@@ -143,12 +143,27 @@ class ServiceDownParams:
 
     service: str = param(help="the service: fabric, ems, scheduler, router, manager, gateway")
     hang: bool = param(False, "accept calls and answer none, instead of stopping the server")
+    latency_ms: float = param(
+        0.0, "instead: answer every call this many emulated ms late (service-slow)", AT_LEAST_ZERO
+    )
 
     def check(self) -> None:
         if self.service not in SERVICES:
             raise invalid(
                 "service-down", "service", f"{self.service!r} is none of {', '.join(SERVICES)}"
             )
+        if self.hang and self.latency_ms:
+            raise invalid(
+                "service-down", "latency_ms", "a hung service answers nothing: no latency"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceSlowParams:
+    latency_ms: float = param(
+        help="emulated milliseconds every call to the service waits before it is handled",
+        check=POSITIVE,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,6 +222,7 @@ PARAMS: dict[str, type[Any]] = {
     "device-down": DeviceDownParams,
     "service-kill": NoParams,
     "service-hang": NoParams,
+    "service-slow": ServiceSlowParams,
     "service-down": ServiceDownParams,
     "container-kill": ContainerKillParams,
     "container-pause": NoParams,

@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cmemu.v1 import device_pb2, manager_pb2, router_pb2, scheduler_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, manager_pb2, router_pb2, scheduler_pb2
 from emulator.cli.chaos import summary_lines
 from emulator.client.clients import Clients
 from emulator.client.errors import decode
@@ -142,7 +142,7 @@ def test_the_device_path_refuses_a_bad_service_with_its_reason(
         try:
             await c.device("n00-npu0").InjectFault(request, timeout=CALL_WALL_S)
         except grpc.aio.AioRpcError as exc:
-            return exc.code().name, decode(exc).reason
+            return exc.code().name, decode(exc).reason or ""
         return "OK", ""
 
     assert supernode.call(inject) == (code, reason)
@@ -184,14 +184,49 @@ def test_a_kill_with_a_duration_comes_back_by_itself_in_emulated_time(
     wait_for(lambda: supernode.call(_manager_up) == "ok", within_emulated_s=300)
 
 
+def _scheduler_call_emulated_s(supernode: RunningSupernode) -> float:
+    """How long one scheduler call takes in emulated time (the fabric's clock either side)."""
+
+    async def timed(c: Clients) -> float:
+        clock = c.fabric()
+        before = (await clock.GetClock(fabric_pb2.GetClockRequest(), timeout=30)).emulated_ns
+        await c.scheduler().ListAllocations(scheduler_pb2.ListAllocationsRequest(), timeout=60)
+        after = (await clock.GetClock(fabric_pb2.GetClockRequest(), timeout=30)).emulated_ns
+        return (after - before) / 1e9
+
+    return supernode.call(timed)
+
+
+def test_a_slow_scheduler_answers_latency_ms_of_emulated_time_late_until_cleared(
+    supernode: RunningSupernode, chaos: Chaos
+) -> None:
+    fault = chaos.inject("service-slow", "scheduler", {"latency_ms": 60_000})
+    assert _scheduler_call_emulated_s(supernode) >= 60.0
+    chaos.clear(fault.id)
+    assert _scheduler_call_emulated_s(supernode) < 60.0
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [({}, "latency_ms"), ({"latency_ms": 0}, "latency_ms"), ({"delay": 5}, "delay")],
+)
+def test_service_slow_params_are_checked_before_anything_is_sent(
+    chaos: Chaos, params: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        chaos.inject("service-slow", "scheduler", params)
+
+
 # --- the other launchers --------------------------------------------------------------------------
 
 
 def _with_table(supernode: RunningSupernode, table: ProcessTable, kind: str) -> object:
+    params = kinds.checkers()[kind]({"latency_ms": 5} if kind == "service-slow" else {})
+
     async def go(c: Clients) -> object:
         process.attach_processes(c, table)
         try:
-            return await kinds.inject(c, kind, "manager", {}, None)
+            return await kinds.inject(c, kind, "manager", params, None)
         except PreconditionError as exc:
             return exc
 
@@ -218,13 +253,14 @@ def test_in_procs_mode_a_service_kill_is_the_kill_of_its_process(
         other.kill()
 
 
+@pytest.mark.parametrize(("mode", "kind"), [("k8s", "service-hang"), ("procs", "service-slow")])
 def test_a_launcher_it_has_no_way_into_is_refused_naming_the_mode(
-    supernode: RunningSupernode,
+    supernode: RunningSupernode, mode: str, kind: str
 ) -> None:
-    refused = _with_table(supernode, ProcessTable(mode="k8s"), "service-hang")
-    assert isinstance(refused, PreconditionError)
+    refused = _with_table(supernode, ProcessTable(mode=mode), kind)
+    assert isinstance(refused, PreconditionError), refused
     assert refused.reason == "LAUNCHER_UNSUPPORTED"
-    assert "a k8s launch" in str(refused)
+    assert f"a {mode} launch" in str(refused)
 
 
 # --- the verdict: what a lost controller means ----------------------------------------------------
