@@ -98,25 +98,15 @@ class ManagerState:
         self.peers = peers
         self.events = events
         self.mode: manager_pb2.ManagerMode.ValueType = ACTIVE
-        m = profile.manager
         self.detector = Detector()
         self.devices = {d.id: d for d in topology.devices}
         self.detector.watch(list(self.devices))
-        self.watch = LivenessWatch(
-            devices=self.devices,
-            peers=peers,
-            clock=clock,
-            detector=self.detector,
-            interval_s=m.heartbeat_interval_s,
-            misses_to_fail=m.misses_to_fail,
-            on_incident=self._incident,
-            on_back=self._back,
-        )
+        self.watch = self._new_watch()
         self.stragglers = StragglerWatch(
             peers=peers,
             clock=clock,
             detector=self.detector,
-            settings=m,
+            settings=profile.manager,
             npus=frozenset(d for d, x in self.devices.items() if x.kind is DeviceKind.NPU),
             probe=self._diagnosis,
             on_incident=self._incident,
@@ -144,6 +134,19 @@ class ManagerState:
         self._ended = asyncio.Event()
         self._running = False
         self.heartbeats_sent = 0
+
+    def _new_watch(self) -> LivenessWatch:
+        m = self.profile.manager
+        return LivenessWatch(
+            devices=self.devices,
+            peers=self.peers,
+            clock=self.clock,
+            detector=self.detector,
+            interval_s=m.heartbeat_interval_s,
+            misses_to_fail=m.misses_to_fail,
+            on_incident=self._incident,
+            on_back=self._back,
+        )
 
     @property
     def _deadline(self) -> float:
@@ -186,6 +189,27 @@ class ManagerState:
         self._closed.set()
         if self._running:
             await self._ended.wait()
+
+    async def suspend(self) -> None:
+        """The manager is killed or hung (service-kill, service-hang): its detection, its
+        actions in flight and its restore checks stop where they are; its liveness streams
+        go. What it recorded (incidents, device states, mode) is kept, as a manager that
+        journals them would find it again on restart. The training jobs it hosts run on: they
+        are the workload, on their NPUs, not the controller."""
+        children = list(self._children)
+        for task in children:
+            task.cancel()
+        await asyncio.gather(*children, return_exceptions=True)
+        self.publish("suspended")
+
+    def resume(self) -> None:
+        """Back from service-kill or service-hang: new liveness streams (a device that failed
+        meanwhile is judged on their first beats), the restore checks again."""
+        self.watch = self._new_watch()
+        self._spawn(self.watch.run())
+        self._spawn(self.stragglers.run())
+        self._spawn(self._restores())
+        self.publish("resumed")
 
     # --- detection -----------------------------------------------------------------------------
 

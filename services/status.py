@@ -378,12 +378,20 @@ class HangGate(_ServerInterceptor):
     """One per device server: while `answering` is clear (a `hang` fault) every call is
     accepted and never answered, the health Check and Watch included (a heartbeat's deadline
     is how a hung device is found), until the fault clears and the calls proceed. The Device
-    service's fault methods (`exempt`) keep answering: the out-of-band management path."""
+    service's fault methods (`exempt`) keep answering: the out-of-band management path. With a
+    `delay` (a service-slow fault: an emulated-time sleep) every call waits it out first."""
 
     def __init__(self, exempt: frozenset[str] = frozenset()) -> None:
         self.answering = asyncio.Event()
         self.answering.set()
         self.exempt = frozenset(f"{MANAGEMENT_PREFIX}{m}" for m in exempt)
+        self.delay: Callable[[], Awaitable[None]] | None = None
+
+    async def _held(self) -> None:
+        await self.answering.wait()
+        delay = self.delay
+        if delay is not None:
+            await delay()
 
     async def intercept_service(
         self,
@@ -392,18 +400,18 @@ class HangGate(_ServerInterceptor):
     ) -> _Handler:
         handler = await continuation(handler_call_details)
         if (
-            self.answering.is_set()
+            (self.answering.is_set() and self.delay is None)
             or handler is None
             or handler_call_details.method in self.exempt
             or handler.request_streaming
         ):
             return handler
-        answering = self.answering
+        held = self._held
         if handler.unary_unary is not None:
             unary = cast(Callable[[Any, Context], Awaitable[Any]], handler.unary_unary)
 
             async def unary_unary(request: Any, context: Context) -> Any:
-                await answering.wait()
+                await held()
                 return await unary(request, context)
 
             return grpc.unary_unary_rpc_method_handler(
@@ -415,7 +423,7 @@ class HangGate(_ServerInterceptor):
             stream = cast(Callable[[Any, Context], Any], handler.unary_stream)
 
             async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
-                await answering.wait()
+                await held()
                 produced = stream(request, context)
                 if hasattr(produced, "__aiter__"):
                     async for item in produced:

@@ -37,6 +37,7 @@ from emulator.client.faultkinds import (
     node_power_off,
     pool_loss,
     process,
+    service,
     slow,
     thermal_throttle,
 )
@@ -102,6 +103,9 @@ KINDS: dict[str, Kind] = {
         fabric.OPTICAL_MODULE,
         *gateway.KINDS,
         *container.KINDS,
+        service.KILL,
+        service.HANG,
+        service.SLOW,
     )
 }
 

@@ -43,6 +43,7 @@ from emulator.runtime.registry import (
 )
 from emulator.runtime.security import NONE as NO_SECURITY
 from emulator.runtime.security import Security
+from emulator.runtime.servicecontrol import LocalServices
 from services.auth import OPEN
 from services.host import ServiceHost
 from services.kinds import DeviceServer
@@ -262,6 +263,7 @@ class InProcessSupernode:
             self._servers[d.id] = server
         # a crashed device's faults go through its siblings (emulator/engines/device/faults.py)
         self._siblings = device_faults.join(self.devices)
+        self._siblings.services = LocalServices(self)  # service-kill and -hang go through them
         self.liveness = Liveness(
             self.devices,
             keeper.timeline,

@@ -64,7 +64,8 @@ def test_the_catalogue_has_every_kind_with_typed_params() -> None:
         "rdma-link-down", "rdma-link-slow", "rdma-switch-down", "rdma-switch-slow", "gateway-down",
         "container-kill", "container-pause", "container-restart", "container-stop",
         "container-disconnect", "container-netem", "thermal-throttle", "intermittent-hang",
-        "link-loss", "optical-module",
+        "link-loss", "optical-module", "service-kill", "service-hang",
+        "service-slow",
     }  # fmt: skip
     slow = faults.KINDS["slow"].params_from({"compute": "0.25"})
     assert (slow.compute, slow.link) == (0.25, 1.0)

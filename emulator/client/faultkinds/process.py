@@ -48,6 +48,11 @@ def attach_processes(clients: Clients, table: ProcessTable) -> None:
     _TABLES[clients] = table
 
 
+def tables() -> weakref.WeakKeyDictionary[Clients, ProcessTable]:
+    """Every clients' attached table (service-kill picks its way by the launcher's mode)."""
+    return _TABLES
+
+
 def table_of(clients: Clients, kind: str) -> ProcessTable:
     table = _TABLES.get(clients)
     if table is None or table.mode != SUPPORTED or not table.processes:

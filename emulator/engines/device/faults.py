@@ -13,6 +13,7 @@
 - pool-loss: a memory pool crashes with its contents lost (EMS re-replicates what it held).
 - device-down: NOT_SERVING, UB and compute refused (SetFaultState, with a duration here).
 - broker-outage: this device's process's event publisher lets go and buffers until it clears.
+- service-down: a service of this device's process is stopped or hung (servicefaults.py).
 
 The data path (issue 20): an NPU's crash, hang, die-down, device-down and compute slowdown are
 carried to the collectives it is a rank of, as a fabric fault of kind rank-down, rank-hung or
@@ -44,6 +45,8 @@ from emulator.engines.device.faultbase import (
     rank_fault,
 )
 from emulator.engines.device.gray import HANG, IntermittentHang, Slow
+from emulator.engines.device.servicefaults import KIND as SERVICE_DOWN
+from emulator.engines.device.servicefaults import ServiceControl, ServiceDown
 from emulator.model.errors import (
     EmulatorError,
     InvalidArgumentError,
@@ -234,6 +237,7 @@ EFFECTS: dict[str, Effect] = {
     "hbm-ecc": HbmEcc(),
     "die-down": DieDown(),
     "pool-loss": Crash(on=frozenset({DeviceKind.MEMPOOL}), wipe_always=True),
+    SERVICE_DOWN: ServiceDown(),
 }
 """Every kind a device applies itself, by name."""
 
@@ -252,6 +256,7 @@ class Siblings:
 
     engines: dict[str, DeviceEngine] = field(default_factory=dict)
     closed: bool = False
+    services: ServiceControl | None = None  # the process's services, for service-down
 
     def values(self) -> list[DeviceEngine]:
         return list(self.engines.values())

@@ -11,7 +11,9 @@ A fault recovered when every incident it caused with a job is restored and each 
 reported `restored` after it (without an affected workload: when each incident it caused is
 restored, i.e. the device is back). A fault that nothing detected (it caused no incident) did not
 recover: it lasted until the scenario cleared it (then it is over at the clearance, and the
-verdict says it was never detected), or to the end (not recovered, "never detected"). A step
+verdict says it was never detected), or to the end (not recovered, "never detected"). A fault
+that nothing detected while the cluster manager was killed or hung says so (CONTROLLER_DOWN);
+a killed or hung service itself recovered when the scenario cleared it. A step
 that says `tolerated: true` needs no recovery; the verdict holds the workload to its SLO
 throughout it instead. `slo_back_ns` is the first request after the recovery that met the SLO.
 """
@@ -38,6 +40,15 @@ UNRECOVERABLE = "unrecoverable"
 CAUSE_SLACK_NS = 1_000_000_000
 
 NEVER_DETECTED = "never detected"
+# the control plane as a target (service-kill, service-hang): a killed or hung service is back
+# when the scenario clears it (nothing detects it); a fault nothing detected while the cluster
+# manager was down says so: the controller's loss is part of the verdict
+CONTROL_PLANE_KINDS = frozenset({"service-kill", "service-hang", "service-slow"})
+DOWN_KINDS = frozenset({"service-kill", "service-hang"})  # a slow manager still detects
+CONTROLLER = "manager"
+CONTROLLER_DOWN = "never detected: the cluster manager was down"
+SERVICE_BACK = "back when the scenario cleared it"
+SERVICE_NEVER_BACK = "never back: down to the end"
 CLEARED_UNDETECTED = "never detected; over when the scenario cleared it"
 TOLERATED = "tolerated (judged against the SLO throughout)"
 
@@ -126,6 +137,31 @@ def cause_of(incident: IncidentRecord, injections: Sequence[Injection]) -> Injec
     return max(causes, key=lambda j: j.at_ns) if causes else None
 
 
+def _is_controller(target: str) -> bool:
+    return target == CONTROLLER or target.endswith(f"-{CONTROLLER}")
+
+
+def controller_down(injection: Injection, obs: Observations) -> Injection | None:
+    """The cluster manager's kill or hang (that went in) in force at some instant of
+    `injection`'s life: from its start to its clearance or the end of the run."""
+    until = injection.cleared_ns if injection.cleared_ns is not None else obs.end_ns
+    for j in obs.injections:
+        if j.error or j.kind not in DOWN_KINDS or not _is_controller(j.target):
+            continue
+        back = j.cleared_ns if j.cleared_ns is not None else obs.end_ns
+        if j.at_ns <= max(until, injection.at_ns) and back > injection.at_ns:
+            return j
+    return None
+
+
+def _down_span(down: Injection, obs: Observations) -> str:
+    since = format_s(max(0, down.at_ns - obs.start_ns) / 1e9)
+    if down.cleared_ns is None:
+        return f"{down.label} {down.kind} from {since} to the end"
+    back = format_s(max(0, down.cleared_ns - obs.start_ns) / 1e9)
+    return f"{down.label} {down.kind} from {since} to {back}"
+
+
 def caused(obs: Observations) -> dict[str, Injection]:
     """Each incident's cause, by incident id (incidents no injection caused are absent)."""
     out = {}
@@ -171,6 +207,14 @@ def _recovery(
     detected = _first([i.detected_ns for i in incidents])
     isolated = _first([i.isolated_ns for i in incidents] + [t for t in isolations if t is not None])
     replaced = _first([i.replaced_ns for i in incidents])
+    if injection.kind in CONTROL_PLANE_KINDS and not incidents:
+        back = injection.cleared_ns
+        return Recovery(
+            injection=injection, incidents=(), workloads=(), restored_ns=back,
+            slo_back_ns=slo_back(obs.requests, back, slo) if back is not None else None,
+            tolerated=injection.tolerated, detected_ns=None, isolated_ns=None, replaced_ns=None,
+            status=SERVICE_BACK if back is not None else SERVICE_NEVER_BACK,
+        )  # fmt: skip
     if not incidents:
         if injection.tolerated:
             restored, status = None, TOLERATED
@@ -178,6 +222,9 @@ def _recovery(
             restored, status = injection.cleared_ns, CLEARED_UNDETECTED
         else:
             restored, status = None, NEVER_DETECTED
+        down = controller_down(injection, obs)
+        if down is not None and not injection.tolerated:
+            status = f"{CONTROLLER_DOWN} ({_down_span(down, obs)})"
         return Recovery(
             injection=injection, incidents=(), workloads=(), restored_ns=restored,
             slo_back_ns=slo_back(obs.requests, restored, slo) if restored is not None else None,

@@ -9,6 +9,7 @@ A selector is one key naming what is targeted and a string saying which one:
     node: random 2 in job pretrain     # two distinct nodes of the job's NPUs
     link: random in node n03           # a link with an end in node n03
     plane: 3                           # every L2 switch of sub-plane 3 (or `random`)
+    service: manager                   # a control-plane service (service-kill, service-hang)
     none: ""                           # kinds with no target (broker-outage)
 
 A group (`deployment NAME`, `deployment NAME ROLE`, `job NAME`, `node ID`) is resolved from what
@@ -24,8 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from emulator.model.chaos.units import bad
-from emulator.model.errors import InvalidArgumentError, quote
+from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
 from emulator.model.naming import (
+    SERVICES,
     DeviceKind,
     DeviceName,
     DieName,
@@ -41,7 +43,9 @@ from emulator.model.naming import (
 )
 from emulator.model.topology import Topology
 
-WHAT = ("npu", "die", "node", "cpu", "mempool", "device", "link", "switch", "plane", "none")
+WHAT = (
+    "npu", "die", "node", "cpu", "mempool", "device", "link", "switch", "plane", "service", "none"
+)  # fmt: skip
 GROUPS = ("deployment", "job", "node")
 _RANDOM = re.compile(
     r"^random(?:\s+(?P<count>[1-9][0-9]*))?(?:\s+in\s+(?P<group>[a-z]+)\s+(?P<name>\S+)"
@@ -86,6 +90,8 @@ def parse_selector(raw: object, path: str) -> Selector:
     if not isinstance(value, str) or not value.strip():
         raise bad(inner, f"expected an id or 'random [N] [in GROUP NAME]', got {quote(value)}")
     text = " ".join(value.split())
+    if what == "service" and text.startswith("random") and text != "random":
+        raise bad(inner, f"a service is named, or 'random' (any of them); got {quote(text)}")
     if not text.startswith("random"):
         _check_literal(what, text, inner)
         return Selector(what=what, literal=text, text=f"{what} {text}")
@@ -117,6 +123,10 @@ def _check_literal(what: str, text: str, path: str) -> None:
         "device": parse_device, "die": parse_die, "node": parse_node, "link": parse_link,
         "switch": parse_switch,
     }  # fmt: skip
+    if what == "service":
+        if text not in SERVICES:
+            raise bad(path, f"unknown service {quote(text)}; known: {', '.join(SERVICES)}")
+        return
     if what == "plane":
         if not text.isdigit():
             raise bad(path, f"a plane is a number or 'random', got {quote(text)}")
@@ -187,6 +197,10 @@ def _devices(sel: Selector, topology: Topology, placement: Placement, path: str)
     return [d.id for d in topology.devices if d.node in nodes]
 
 
+def _services(sel: Selector, topology: Topology, placement: Placement, path: str) -> list[str]:
+    return [s.kind.value for s in topology.services]
+
+
 def _planes(sel: Selector, topology: Topology, placement: Placement, path: str) -> list[str]:
     return sorted({str(s.plane) for s in topology.switches if s.tier == "l2"}, key=int)
 
@@ -232,6 +246,7 @@ POOLS: dict[str, _Pool] = {
     "link": _links,
     "switch": _switches,
     "plane": _planes,
+    "service": _services,
 }
 
 
@@ -269,6 +284,16 @@ def resolve(
     """The concrete targets of `sel`: one or more ids (a plane is each of its L2 switches)."""
     if sel.what == "none":
         return [""]
+    if sel.what == "service" and sel.literal:
+        names = [s.kind.value for s in topology.services]
+        if sel.literal not in names:
+            raise NotFoundError(
+                f"{path}: no service {quote(sel.literal)} in {topology.preset}; "
+                f"its services: {', '.join(names)}",
+                field=path,
+                subject=sel.literal,
+                reason="SERVICE_NOT_FOUND",
+            )
     if sel.literal:
         chosen = [sel.literal]
     else:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from emulator.model.chaos.observed import IncidentRecord, Observations, RequestSample
-from emulator.model.chaos.recovery import Recovery, cause_of, misses
+from emulator.model.chaos.recovery import CONTROL_PLANE_KINDS, Recovery, cause_of, misses
 from emulator.model.chaos.scenario import Expectations
 from emulator.model.chaos.units import format_s
 
@@ -64,7 +64,13 @@ def _recovered(e: Expectations, obs: Observations, recs: list[Recovery]) -> Chec
         measured = "no fault to recover"
     if any(r.recovery_s is None for r in judged):
         measured += f", {sum(r.recovery_s is None for r in judged)} not recovered"
-    undetected = sum(1 for r in judged if r.recovery_s is not None and not r.detected)
+    undetected = sum(
+        1
+        for r in judged
+        if r.recovery_s is not None
+        and not r.detected
+        and r.injection.kind not in CONTROL_PLANE_KINDS  # back when cleared: nothing detects it
+    )
     if undetected:
         measured += f", {undetected} never detected (over when cleared)"
     if len(judged) < len(recs):

@@ -12,6 +12,7 @@ from typing import Any
 
 from emulator.model.faults.params import AT_LEAST_ZERO, FRACTION, POSITIVE, SHARE, invalid
 from emulator.model.hardware import DEFAULT_PROFILE
+from emulator.model.naming import SERVICES
 
 
 def param(default: Any = None, help: str = "", check: dict[str, str] | None = None) -> Any:
@@ -136,6 +137,36 @@ class DeviceDownParams:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ServiceDownParams:
+    """service-kill and service-hang as the device that hosts them in its process applies them
+    (the client kinds take the service as their target, no params)."""
+
+    service: str = param(help="the service: fabric, ems, scheduler, router, manager, gateway")
+    hang: bool = param(False, "accept calls and answer none, instead of stopping the server")
+    latency_ms: float = param(
+        0.0, "instead: answer every call this many emulated ms late (service-slow)", AT_LEAST_ZERO
+    )
+
+    def check(self) -> None:
+        if self.service not in SERVICES:
+            raise invalid(
+                "service-down", "service", f"{self.service!r} is none of {', '.join(SERVICES)}"
+            )
+        if self.hang and self.latency_ms:
+            raise invalid(
+                "service-down", "latency_ms", "a hung service answers nothing: no latency"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceSlowParams:
+    latency_ms: float = param(
+        help="emulated milliseconds every call to the service waits before it is handled",
+        check=POSITIVE,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class ContainerKillParams:
     signal: str = param("KILL", "the signal docker kill sends (KILL, TERM, ...)")
 
@@ -189,6 +220,10 @@ PARAMS: dict[str, type[Any]] = {
     "switch-down": NoParams,
     "partition": PartitionParams,
     "device-down": DeviceDownParams,
+    "service-kill": NoParams,
+    "service-hang": NoParams,
+    "service-slow": ServiceSlowParams,
+    "service-down": ServiceDownParams,
     "container-kill": ContainerKillParams,
     "container-pause": NoParams,
     "container-restart": ContainerStopParams,

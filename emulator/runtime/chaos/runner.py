@@ -38,7 +38,7 @@ from emulator.model.chaos.verdict import Verdict, judge, steady_before
 from emulator.model.errors import DeadlineExceededError, EmulatorError, PreconditionError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind
-from emulator.runtime.chaos import kinds
+from emulator.runtime.chaos import controlplane, kinds
 from emulator.runtime.chaos.traffic import Traffic
 from emulator.runtime.chaos.workloads import Workloads
 from services.status import status_of
@@ -211,6 +211,7 @@ class Runner:
                 poller.cancel()
             await self._poll_once()
             scenario_wall_s = time.monotonic() - wall0 - setup_wall_s
+            await self._clear_control_plane()
             await self._finish()
         finally:
             await self._clear_all()
@@ -326,7 +327,7 @@ class Runner:
                 # before the instant so that the injection itself is on time
                 if not await self._sleep_until(at_s - PLACEMENT_AHEAD_S):
                     break
-                placement = await self.workloads.placement()
+                placement = await self._placement(placement)
             if not await self._sleep_until(at_s):
                 break
             if inject and not checked:
@@ -342,6 +343,15 @@ class Runner:
             return
         last = max((a[0] for a in actions), default=0.0)
         await self._watch(last, horizon)
+
+    async def _placement(self, last: Placement) -> Placement:
+        """Where the workloads run now; where they ran last when the service that says is down
+        (a training job's placement is the manager's to tell: a scenario may have killed it)."""
+        try:
+            return await self.workloads.placement()
+        except grpc.aio.AioRpcError as exc:
+            self._note(f"where the workloads run: {_status(exc)}; the last placement is used")
+            return last
 
     async def _steady_before(self) -> bool:
         """The steady-state hypothesis, at the first fault's instant (before it goes in)."""
@@ -427,6 +437,15 @@ class Runner:
         pending = [i for i in self.obs.injections if i.fault_id and i.cleared_ns is None]
         await self._clear(pending, record=False)
 
+    async def _clear_control_plane(self) -> None:
+        """The services still down are brought back (not a clearance: the fault lasted the
+        whole run) and answer before the workloads' records are read (controlplane.py)."""
+        down = controlplane.still_down(self.obs.injections)
+        if down:
+            await self._clear(down, record=False)
+            for note in await controlplane.answering(self.clients, [i.target for i in down]):
+                self._note(note)
+
     async def _watch(self, last_s: float, horizon: float) -> None:
         """Until the horizon; or, past the last action and SETTLE_S, until all recovered."""
         step = self._clock.time_scale * POLL_WALL_S[1]
@@ -501,7 +520,10 @@ class Runner:
         if self.scenario.workloads.serving:
             self.obs.dropped_requests = await self.workloads.dropped_requests()
         if self.scenario.workloads.training:
-            self.obs.training = await self.workloads.training_records()
+            try:
+                self.obs.training = await self.workloads.training_records()
+            except grpc.aio.AioRpcError as exc:  # the manager that hosts them is down
+                self._note(f"training records: {_status(exc)}")
         ems = self.scenario.workloads.ems
         if ems is not None:
             self.obs.objects = ems.objects

@@ -1,0 +1,156 @@
+"""service-kill and service-hang: the control plane as a fault target (issue 20 item 4). The
+target names a supernode-wide service: manager, scheduler, ems, router, gateway or fabric (its
+kind, or its id in a multi-supernode launch, `sn1-manager`).
+
+- service-kill: the service's server stops (clients get UNAVAILABLE) and its background work
+  stops; cleared (or at the end of its duration) it starts again on the same address.
+- service-hang: the server accepts calls and answers none, health included (clients hit their
+  deadlines), its background work stopped, until cleared.
+- service-slow: every call waits `latency_ms` of emulated time before it is handled, health
+  included; its work goes on (in process only).
+
+How depends on the launcher, read from the process table attached to the clients:
+- in process (no table, or `inprocess`): through the management path of a device of the
+  service's process (the device kind `service-down`, emulator/engines/device/servicefaults.py),
+  so it works from any client and its duration is kept in emulated time by that process;
+- procs: process-kill / process-pause of the service's own process (a killed one is not
+  restarted: the supervisor restarts nothing);
+- docker: container-kill / container-pause of its container;
+- anything else: FAILED_PRECONDITION LAUNCHER_UNSUPPORTED, naming the mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from cmemu.v1 import device_pb2
+from emulator.client.clients import Clients
+from emulator.client.errors import decode
+from emulator.client.faultkinds import container, process
+from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, device_fault, via
+from emulator.model.errors import NotFoundError, PreconditionError, quote
+from emulator.model.faults.catalogue import NoParams, ServiceDownParams, ServiceSlowParams
+from emulator.model.faults.params import params_text
+from emulator.model.topology import Service, ServiceKind
+
+DEVICE_KIND = "service-down"
+# the device that carries a service's fault in process: one per service, so that several
+# services may be down at once (a device holds one fault of a kind)
+CARRIER = {k: i for i, k in enumerate(ServiceKind)}
+
+
+def service_of(clients: Clients, target: str) -> Service:
+    """A service of the topology by kind (`manager`) or id (`sn1-manager`); NOT_FOUND lists
+    the ones there are."""
+    for s in clients.topology.services:
+        if target in (s.id, s.kind.value):
+            return s
+    names = ", ".join(s.kind.value for s in clients.topology.services)
+    raise NotFoundError(
+        f"no service {quote(target)} in {clients.topology.preset}; its services: {names}",
+        field="target",
+        subject=target,
+        reason="SERVICE_NOT_FOUND",
+    )
+
+
+def _mode(clients: Clients) -> str:
+    table = process.tables().get(clients)
+    return table.mode if table is not None else "inprocess"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceKindFault(Typed):
+    hang: bool = False
+    slow: bool = False  # its params say how late (latency_ms): in process only
+    target: str = "a service: manager, scheduler, ems, router, gateway or fabric"
+
+    async def add(
+        self, clients: Clients, target: str, params: Any, duration_s: float | None
+    ) -> ActiveFault:
+        typed = self.typed(params)
+        service = service_of(clients, target)
+        mode = _mode(clients)
+        if self.slow and mode != "inprocess":
+            raise PreconditionError(
+                f"{self.name} works in process only (a {mode} launch: container-netem delays a "
+                "container's traffic under Docker)",
+                field="kind",
+                subject=self.name,
+                reason="LAUNCHER_UNSUPPORTED",
+            )
+        if mode == "procs":
+            kind = process.PAUSE if self.hang else process.KILL
+            return await kind.add(clients, service.id, {}, duration_s)
+        if mode == "docker":
+            name = "container-pause" if self.hang else "container-kill"
+            return await container.KINDS_BY_NAME[name].add(clients, service.id, {}, duration_s)
+        if mode != "inprocess":
+            raise PreconditionError(
+                f"{self.name} has no way into a {mode} launch yet (in process, procs and "
+                "docker it does)",
+                field="kind",
+                subject=self.name,
+                reason="LAUNCHER_UNSUPPORTED",
+            )
+        if service.kind is ServiceKind.FABRIC:
+            raise PreconditionError(
+                f"{self.name} of the fabric needs the procs launcher (`cmemu up --mode procs`): "
+                "in process the devices reach its engine directly and it keeps emulated time",
+                field="target",
+                subject=service.id,
+                reason="LAUNCHER_UNSUPPORTED",
+            )
+        carrier = clients.topology.devices[CARRIER[service.kind] % len(clients.topology.devices)]
+        latency_ms = typed.latency_ms if self.slow else 0.0
+        down = ServiceDownParams(service=service.kind.value, hang=self.hang, latency_ms=latency_ms)
+        request = device_pb2.FaultState(
+            kind=DEVICE_KIND, params=params_text(down), for_s=duration_s or 0.0, device=carrier.id
+        )
+        try:
+            stored = await via(
+                clients, carrier.id, lambda stub: stub.InjectFault(request, timeout=CALL_TIMEOUT_S)
+            )
+        except grpc.aio.AioRpcError as exc:
+            if decode(exc).reason != "FAULT_ALREADY_ACTIVE":
+                raise
+            raise PreconditionError(
+                f"the {service.id} service is down already (service-kill, -hang or -slow "
+                f"through {carrier.id}); clear that fault first",
+                field="target",
+                subject=service.id,
+                reason="FAULT_ALREADY_ACTIVE",
+            ) from None
+        fault = device_fault(stored)
+        return ActiveFault(
+            id=fault.id,
+            kind=self.name,
+            target=service.id,
+            detail=f"through {carrier.id}",
+            since_ns=fault.since_ns,
+            until_ns=fault.until_ns,
+        )
+
+
+KILL = ServiceKindFault(
+    name="service-kill",
+    help="stop a control-plane service's server and its work (manager, scheduler, ems, "
+    "router, gateway, fabric); cleared: it starts again on its address",
+    params=NoParams,
+)
+HANG = ServiceKindFault(
+    name="service-hang",
+    help="a control-plane service accepts calls and answers none until cleared",
+    params=NoParams,
+    hang=True,
+)
+SLOW = ServiceKindFault(
+    name="service-slow",
+    help="a control-plane service answers every call latency_ms emulated ms late until "
+    "cleared (in process)",
+    params=ServiceSlowParams,
+    slow=True,
+)

@@ -1,0 +1,109 @@
+"""The in-process supernode's services as fault targets (service-kill, service-hang,
+service-slow): what its devices are given as `Siblings.services`
+(emulator/engines/device/servicefaults.py). A slow service answers every call `latency_ms`
+emulated ms late (its HangGate's delay), its work going on.
+
+A kill stops the service's gRPC server (NOT_SERVING first, then the port is freed: its clients
+get UNAVAILABLE, connection refused) and suspends its background work where the service says
+how (`suspend()`; the cluster manager's detection and actions); a hang leaves the server bound
+and accepting, and answers nothing (its HangGate, health included: clients hit their deadlines).
+Back: a new server on the same address with the service's state as it was, SERVING again, its
+work resumed (`resume()`). Kept across the kill: what the service holds in memory (as if
+journaled); lost: calls in flight and the background work in flight. Each is an event on the
+service's own topic (`service-down`, `service-up`) beside its health.
+
+The fabric is not offered: in process the devices reach its engine directly and it keeps
+emulated time, so stopping its server would not cut them off; a fabric kill needs the procs
+launcher (process-kill of its process).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+import structlog
+
+from emulator.model.errors import PreconditionError
+from emulator.model.faults.catalogue import ServiceDownParams
+from emulator.model.topology import ServiceKind
+
+if TYPE_CHECKING:
+    from emulator.runtime.inprocess import InProcessSupernode
+    from emulator.runtime.registry import ServiceState
+    from services.host import ServiceHost
+
+log = structlog.get_logger("cmemu.services")
+NOT_OFFERED = frozenset({ServiceKind.FABRIC})
+
+
+class LocalServices:
+    """ServiceControl over the services one InProcessSupernode hosts."""
+
+    def __init__(self, supernode: InProcessSupernode) -> None:
+        self.supernode = supernode
+
+    def hosted(self) -> Collection[str]:
+        return [k.value for k in self.supernode.services if k not in NOT_OFFERED]
+
+    def _publish(self, name: str, event: str, **detail: str) -> None:
+        sn = self.supernode
+        if sn.events is not None and sn.time is not None:
+            sn.events.event(name, event, sn.time.timeline.now_ns(), **detail)
+
+    def _hosted(self, service: str) -> tuple[ServiceState, ServiceHost] | None:
+        return self.supernode.services.get(ServiceKind(service))
+
+    async def down(self, fault: ServiceDownParams) -> None:
+        hosted = self._hosted(fault.service)
+        if hosted is None:
+            raise PreconditionError(f"this process does not host the {fault.service} service")
+        state, host = hosted
+        how = _how(fault)
+        if how == "slow":
+            clock = self.supernode.time
+            assert clock is not None, "a started supernode keeps time"
+            late_s = fault.latency_ms / 1e3
+            host.gate.delay = lambda: clock.timeline.sleep(late_s)
+            self._publish(host.name, "service-down", how=how, latency_ms=f"{fault.latency_ms:g}")
+            return  # its work goes on: only its answers are late
+        if how == "hang":
+            host.gate.answering.clear()
+        else:
+            await host.stop(0)
+            self._publish(host.name, "health", status="NOT_SERVING")
+        suspend = getattr(state, "suspend", None)
+        if suspend is not None:
+            await suspend()
+        log.warning("service down", service=host.name, how=how)
+        self._publish(host.name, "service-down", how=how)
+
+    async def up(self, fault: ServiceDownParams) -> None:
+        hosted = self._hosted(fault.service)
+        if hosted is None:
+            return  # the supernode is stopping: nothing to bring back
+        state, host = hosted
+        how = _how(fault)
+        if how == "slow":
+            host.gate.delay = None
+            self._publish(host.name, "service-up", how=how)
+            return
+        if how == "hang":
+            host.gate.answering.set()
+        else:
+            host.secure(host.security)  # a stopped grpc server cannot start again
+            await host.start()
+            await host.set_serving(True)
+            self._publish(host.name, "health", status="SERVING")
+        resume = getattr(state, "resume", None)
+        if resume is not None:
+            back = resume()
+            if inspect.isawaitable(back):
+                await back
+        log.warning("service back", service=host.name, how=how)
+        self._publish(host.name, "service-up", how=how)
+
+
+def _how(fault: ServiceDownParams) -> str:
+    return "hang" if fault.hang else "slow" if fault.latency_ms else "kill"
