@@ -16,7 +16,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 
@@ -39,6 +38,7 @@ from emulator.model.errors import DeadlineExceededError, EmulatorError, Precondi
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind
 from emulator.runtime.chaos import controlplane, kinds
+from emulator.runtime.chaos.stall import stacks
 from emulator.runtime.chaos.traffic import Traffic
 from emulator.runtime.chaos.workloads import Workloads
 from services.status import status_of
@@ -170,7 +170,7 @@ class Runner:
             done, _ = await asyncio.wait({run}, timeout=limit)
             if run in done:
                 return run.result()
-            where = _stacks(exclude=asyncio.current_task())  # before the cancel unwinds them
+            where = stacks(exclude=asyncio.current_task())  # before the cancel unwinds them
             run.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await run  # its clean-up: faults cleared, workloads stopped
@@ -567,28 +567,3 @@ async def run_scenario(
     on_entry: Callable[[Entry], None] | None = None,
 ) -> RunResult:
     return await Runner(clients, scenario, options, on_entry=on_entry).run()
-
-
-def _stacks(*, exclude: asyncio.Task[object] | None, limit_chars: int = 6000) -> str:
-    """Where every task of this loop is parked (innermost frames), for a stalled run's error."""
-    lines = []
-    for task in asyncio.all_tasks():
-        if task is not exclude and not task.done():
-            where = " -> ".join(_awaiting(task.get_coro())[-6:])
-            lines.append(f"  {task.get_name()}: {where}")
-    return "\n".join(lines)[-limit_chars:]
-
-
-def _awaiting(coro: object) -> list[str]:
-    """A suspended coroutine's chain of awaits, outermost first (a task's own stack holds only
-    its outermost frame)."""
-    chain = []
-    while coro is not None:
-        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
-        frame = frame or getattr(coro, "gi_frame", None)
-        if frame is not None:
-            chain.append(f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}"
-                         f":{frame.f_lineno})")  # fmt: skip
-        coro = (getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
-                or getattr(coro, "gi_yieldfrom", None))  # fmt: skip
-    return chain
