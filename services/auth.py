@@ -78,6 +78,7 @@ ACCESS: dict[str, Access] = {
     "/cmemu.v1.Fabric/GetLinkStats": R,
     "/cmemu.v1.Fabric/WatchLinkStats": R,
     "/cmemu.v1.Fabric/GetClock": R,
+    "/cmemu.v1.Fabric/ListCollectiveArrivals": R,
     "/cmemu.v1.Fabric/SyncClock": W,  # a report slows emulated time for every process
     "/cmemu.v1.Ems/Put": W,
     "/cmemu.v1.Ems/Get": R,
