@@ -108,26 +108,32 @@ async def test_the_slowest_fresh_wish_sets_the_rate_and_a_silent_process_is_forg
     assert "n01" not in authority.wishes() and clock.rate > 2.0
 
 
+class Direct:
+    """The authority's stream in this process, as the fabric's SyncClock serves it."""
+
+    def __init__(self, authority: ClockAuthority) -> None:
+        self.authority = authority
+
+    async def follow(
+        self, process: str, wishes: AsyncIterator[tuple[float, float]]
+    ) -> AsyncIterator[ClockState]:
+        async def read() -> None:
+            async for rate, lag in wishes:
+                self.authority.wish(process, rate, lag)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            async for state in self.authority.watch():
+                yield state
+        finally:
+            reader.cancel()
+
+
 async def test_a_follower_adopts_the_authority_segments_and_its_lag_slows_everyone() -> None:
     owner_clock = Clock(time_scale=20.0)
     owner = TimeKeeper(owner_clock, profile=PROFILE, process="fabric", owner=True)
     assert owner.authority is not None
     authority = owner.authority
-
-    class Source:
-        async def follow(
-            self, process: str, wishes: AsyncIterator[tuple[float, float]]
-        ) -> AsyncIterator[ClockState]:
-            async def read() -> None:
-                async for rate, lag in wishes:
-                    authority.wish(process, rate, lag)
-
-            reader = asyncio.ensure_future(read())
-            try:
-                async for state in authority.watch():
-                    yield state
-            finally:
-                reader.cancel()
 
     follower = TimeKeeper(
         Clock(time_scale=20.0, epoch_wall_s=owner_clock.epoch_wall_s - 100.0),  # a wrong epoch
@@ -136,7 +142,7 @@ async def test_a_follower_adopts_the_authority_segments_and_its_lag_slows_everyo
         owner=False,
     )
     assert follower.follower is not None
-    task = asyncio.ensure_future(follower.follower.run(Source()))
+    task = asyncio.ensure_future(follower.follower.run(Direct(authority)))
     try:
         await asyncio.wait_for(follower.follower.synced.wait(), 5.0)
         assert follower.clock.segment == owner_clock.segment
@@ -164,19 +170,12 @@ async def test_a_follower_started_after_dilation_reads_the_owners_time_not_its_g
     assert owner.authority is not None
     authority = owner.authority
 
-    class Source:
-        async def follow(
-            self, process: str, wishes: AsyncIterator[tuple[float, float]]
-        ) -> AsyncIterator[ClockState]:
-            async for state in authority.watch():
-                yield state
-
     follower = TimeKeeper(
         Clock(time_scale=20.0, epoch_wall_s=epoch), profile=PROFILE, process="n03", owner=False
     )
     assert follower.follower is not None
     assert follower.clock.now_ns() == 0  # not synced: held, no guess given out
-    task = asyncio.ensure_future(follower.follower.run(Source()))
+    task = asyncio.ensure_future(follower.follower.run(Direct(authority)))
     try:
         await asyncio.wait_for(follower.follower.synced.wait(), 30.0)
         read = follower.clock.now_ns()
