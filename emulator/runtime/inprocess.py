@@ -293,8 +293,9 @@ class InProcessSupernode:
         return contexts
 
     async def _synced(self, keeper: TimeKeeper) -> None:
-        """A follower serves once it follows the owner's clock (or goes on with its own epoch
-        if the owner does not answer within the ready timeout: it will catch up)."""
+        """A follower serves once it follows the owner's clock (or, if the owner does not answer
+        within the ready timeout, serves with its time held at 0 until the owner answers:
+        emulated time is the owner's, and a guess would run ahead of it)."""
         assert keeper.follower is not None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.ready_timeout_s):
