@@ -136,8 +136,7 @@ class Runner:
         self.scenario = scenario
         self.options = options
         self.seed = scenario.seed if options.seed is None else options.seed
-        self.clock: Timeline | None = None  # the emulator's, followed while the run lasts
-        self.keeper: TimeKeeper | None = None
+        self.keeper: TimeKeeper | None = None  # the emulator's time, followed while it runs
         self.pace_scale = options.time_scale or scenario.time_scale  # None: the emulator's
         self.workloads = Workloads(clients=clients, scenario=scenario)
         self.on_entry = on_entry
@@ -159,7 +158,6 @@ class Runner:
         async with followed_time(
             self.clients.topology, self.clients.credentials, name="chaos-runner"
         ) as keeper:
-            self.clock = keeper.timeline
             self.keeper = keeper
             limit = self.options.wall_limit_s
             if limit is None:
@@ -182,8 +180,8 @@ class Runner:
 
     @property
     def _clock(self) -> Timeline:
-        assert self.clock is not None, "the clock is followed while run() runs"
-        return self.clock
+        assert self.keeper is not None, "the clock is followed while run() runs"
+        return self.keeper.timeline
 
     async def _run(self) -> RunResult:
         wall0 = time.monotonic()
@@ -249,11 +247,11 @@ class Runner:
         assert self.keeper is not None
         self.keeper.limit(self.pace_scale)
         settle = time.monotonic() + PACE_SETTLE_WALL_S
-        while self.keeper.clock.rate > self.pace_scale * (1 + 1e-9):
+        while self._clock.clock.rate > self.pace_scale * (1 + 1e-9):
             if time.monotonic() > settle:
                 self._note(
                     f"time scale {self.pace_scale:g} asked by the scenario was not applied "
-                    f"within {PACE_SETTLE_WALL_S:g} s (rate {self.keeper.clock.rate:g}): the "
+                    f"within {PACE_SETTLE_WALL_S:g} s (rate {self._clock.clock.rate:g}): the "
                     "emulator's clock may not dilate (dilation off)"
                 )
                 return

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import re
 import subprocess
+from collections.abc import Awaitable
 from pathlib import Path
 
 import grpc
@@ -44,31 +45,28 @@ pytestmark = pytest.mark.supernode(
 CALL_WALL_S = 3.0  # a call's deadline: a hung service answers none of them
 
 
-async def _scheduler_up(c: Clients) -> str:
-    """A real call to the scheduler: "ok", or the status code it failed with."""
+async def _answers(call: Awaitable[object]) -> str:
+    """A real call to a service: "ok", or the status code it failed with."""
     try:
-        await c.scheduler().ListAllocations(
-            scheduler_pb2.ListAllocationsRequest(), timeout=CALL_WALL_S
-        )
+        await call
     except grpc.aio.AioRpcError as exc:
         return exc.code().name
     return "ok"
+
+
+async def _scheduler_up(c: Clients) -> str:
+    request = scheduler_pb2.ListAllocationsRequest()
+    return await _answers(c.scheduler().ListAllocations(request, timeout=CALL_WALL_S))
 
 
 async def _manager_up(c: Clients) -> str:
-    try:
-        await c.manager().ListIncidents(manager_pb2.ListIncidentsRequest(), timeout=CALL_WALL_S)
-    except grpc.aio.AioRpcError as exc:
-        return exc.code().name
-    return "ok"
+    request = manager_pb2.ListIncidentsRequest()
+    return await _answers(c.manager().ListIncidents(request, timeout=CALL_WALL_S))
 
 
 async def _router_up(c: Clients) -> str:
-    try:
-        await c.router().ListDeployments(router_pb2.ListDeploymentsRequest(), timeout=CALL_WALL_S)
-    except grpc.aio.AioRpcError as exc:
-        return exc.code().name
-    return "ok"
+    request = router_pb2.ListDeploymentsRequest()
+    return await _answers(c.router().ListDeployments(request, timeout=CALL_WALL_S))
 
 
 # --- the selector ---------------------------------------------------------------------------------
