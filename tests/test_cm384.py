@@ -22,7 +22,7 @@ async def test_cm384_boots_in_process_and_every_device_serves() -> None:
             DeviceKind.CPU: 192,
             DeviceKind.MEMPOOL: 48,
         }
-        statuses = await health.check_many([d.address for d in topo.devices])
+        statuses = await health.check_many([d.address for d in topo.devices], timeout_s=60)
         assert Counter(statuses.values()) == {"SERVING": 624}
         clients = Clients(topo)
         try:

@@ -73,7 +73,7 @@ async def _through_recovery(
 @pytest.mark.xdist_group("loopback-procs")  # 127.10.x.y, procs mode's: see tests/conftest.py
 def test_a_restarted_ems_never_answers_not_found_for_an_acknowledged_key(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
-    with up(state_file, "--preset", "cm-mini", "--mode", "procs", "--per", "device"):
+    with up(state_file, "--preset", "cm-mini", "--mode", "procs", "--per", "node"):
         topology = state.read(state_file)
         address = next(s.address for s in topology.services if s.id == "ems")
         objects = {f"key-{i}": bytes([i]) * (1000 + i) for i in range(KEYS)}
@@ -82,14 +82,14 @@ def test_a_restarted_ems_never_answers_not_found_for_an_acknowledged_key(tmp_pat
             for p in serve_processes(tmp_path)
         }
         ems_cmd, ems_pid = next((c, p) for c, p in commands.items() if "--service ems" in c)
-        pool_pid = next(p for c, p in commands.items() if "--device n00-mem" in c)
+        pool_pid = next(p for c, p in commands.items() if "--node n00" in c)
 
         async def scenario() -> tuple[set[str], list[ems_pb2.StatResponse]]:
             async with grpc.aio.insecure_channel(address) as channel:
                 ems = ems_pb2_grpc.EmsStub(channel)
                 for key, data in objects.items():  # acknowledged: each Put answered OK
                     await ems.Put(ems_pb2.PutRequest(key=key, data=data), timeout=60)
-            os.kill(pool_pid, signal.SIGKILL)  # a node's pool process dies with its copies
+            os.kill(pool_pid, signal.SIGKILL)  # node n00's process dies, its pool with its copies
             os.kill(ems_pid, signal.SIGKILL)  # and EMS with all its metadata
             restarted = await asyncio.create_subprocess_exec(
                 *ems_cmd.split(),

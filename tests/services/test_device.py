@@ -23,7 +23,7 @@ async def _code_of(call: object) -> grpc.StatusCode:
 
 
 async def test_every_device_and_every_service_is_serving(mini: Supernode, clients: Clients) -> None:
-    statuses = await health.check_many([d.address for d in mini.topology.devices])
+    statuses = await health.check_many([d.address for d in mini.topology.devices], timeout_s=60)
     assert set(statuses.values()) == {"SERVING"}
     assert len(statuses) == 26
     for device in (mini.topology.devices[0], mini.topology.devices[8], mini.topology.devices[12]):
