@@ -19,7 +19,8 @@
    prefix-aware, round-robin) on the Mooncake trace and on one shared prefix.
 
     python bench/serving.py [--seconds 300] [--results DIR]
-    python bench/serving.py --seconds 5   # the quickest (the Mooncake trace runs whole)
+    python bench/serving.py --seconds 5   # short runs (the Mooncake trace runs whole)
+    python bench/serving.py --quick        # every section at its smallest (a smoke test)
 
 Writes bench/results/serving.json and serving.png.
 """
@@ -38,7 +39,7 @@ from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.serving import calibrate
 from emulator.model.serving.deployment import Deployment, parse_deployment
 from emulator.model.serving.des import simulate
-from emulator.model.serving.workload import generate, parse_workload, read_mooncake
+from emulator.model.serving.workload import generate, parse_workload
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -67,16 +68,14 @@ def workload(**fields: Any) -> Any:
     return parse_workload(doc)
 
 
-def speed(seconds: float) -> dict[str, Any]:
+def speed(seconds: float, trace_rows: int | None = None) -> dict[str, Any]:
     d = deployment()
     requests = list(generate(workload(rate_per_s=130, duration_s=seconds), block_tokens=BLOCK))
     simulate(d, requests[:20], duration_s=1.0)  # topology and collectives built once, as a warm-up
     start, cpu = time.perf_counter(), time.process_time()
     sim = simulate(d, requests, duration_s=seconds)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    trace = read_mooncake(
-        (ROOT / "workloads/mooncake-synthetic.jsonl").read_text().splitlines(), block_tokens=BLOCK
-    )
+    trace = serving_issue23.mooncake(trace_rows)
     start, trace_cpu = time.perf_counter(), time.process_time()
     mooncake = simulate(d, trace)
     trace_wall, trace_cpu = time.perf_counter() - start, time.process_time() - trace_cpu
@@ -137,9 +136,15 @@ def decode_capacity(target_s: float, prompt: int, output: int, platform: str) ->
     return best
 
 
-def decode(platform: str = "cm384") -> list[dict[str, Any]]:
-    cases = [(0.050, 4096, 256), (0.030, 4096, 256), (0.015, 4096, 256)]
-    cases += [(0.050, 1024, 1024), (0.050, 2048, 256)]
+DECODE_CASES = [(0.050, 4096, 256), (0.030, 4096, 256), (0.015, 4096, 256)]
+DECODE_CASES += [(0.050, 1024, 1024), (0.050, 2048, 256)]
+QUICK_DECODE_CASES = [(0.050, 4096, 256), (0.015, 4096, 256)]  # one met, one not
+QUICK_SECONDS, QUICK_TRACE_ROWS = 3.0, 100
+
+
+def decode(
+    platform: str = "cm384", cases: list[tuple[float, int, int]] = DECODE_CASES
+) -> list[dict[str, Any]]:
     return [
         {"prompt": p, "output": o, **decode_capacity(t, p, o, platform)}
         for t, p, o in progress.track(cases, "decode capacity")
@@ -255,13 +260,21 @@ def _prefix(ax: Axes, prefix: list[dict[str, Any]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=300.0, help="emulated seconds per run")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"every section at its smallest: {QUICK_SECONDS:g} emulated s per run, the first "
+        f"{QUICK_TRACE_ROWS} requests of the Mooncake trace, two decode targets (a smoke test: "
+        "its figures are not the benchmark's)",
+    )
     outputs.add_option(parser)
     args = parser.parse_args()
     if args.seconds <= 0:
         parser.error("--seconds must be positive")
-    figures: dict[str, Any] = {"speed": speed(args.seconds)}
+    seconds, rows = (QUICK_SECONDS, QUICK_TRACE_ROWS) if args.quick else (args.seconds, None)
+    figures: dict[str, Any] = {"quick": args.quick, "speed": speed(seconds, rows)}
     print(json.dumps(figures["speed"], indent=1))
-    figures["decode"] = decode()
+    figures["decode"] = decode(cases=QUICK_DECODE_CASES if args.quick else DECODE_CASES)
     for r in figures["decode"]:
         got = (
             f"{r['tokens_per_s_per_npu']:,.0f} tokens/s per NPU (batch {r['batch_per_die']}/die,"
@@ -272,7 +285,7 @@ def main() -> None:
         print(f"decode {r['prompt']}/{r['output']} at {r['target_s'] * 1e3:.0f} ms: {got}")
     figures["prefill"] = prefill()
     print("prefill", json.dumps(figures["prefill"]))
-    figures["prefix"] = prefix(args.seconds / 2)
+    figures["prefix"] = prefix(seconds / 2)
     for r in figures["prefix"]:
         print(
             f"reuse {r['prefix_reuse']:.1%} EMS {'on ' if r['ems'] else 'off'}: "
@@ -280,9 +293,9 @@ def main() -> None:
             f"{r['ttft_p50_s'] * 1e3:.0f} ms p90 {r['ttft_p90_s'] * 1e3:.0f} ms, "
             f"hit {r['kv_hit_rate']:.1%}"
         )
-    figures["platforms"] = platforms(args.seconds / 2)
+    figures["platforms"] = platforms(seconds / 2)
     print("platforms", json.dumps(figures["platforms"], indent=1))
-    figures["issue23"] = serving_issue23.collect()
+    figures["issue23"] = serving_issue23.collect(rows)
     serving_issue23.show(figures["issue23"])
     figures["profile"] = {
         k: getattr(DEFAULT_PROFILE.serving, k)

@@ -133,10 +133,14 @@ def shared_prefix() -> list[Request]:
     return [requests[0], *late]
 
 
-def routers() -> dict[str, Any]:
-    trace = read_mooncake(
-        (ROOT / "workloads/mooncake-synthetic.jsonl").read_text().splitlines(), block_tokens=BLOCK
-    )
+def mooncake(rows: int | None = None) -> list[Request]:
+    """The Mooncake trace, whole or its first `rows` requests (a quick run)."""
+    lines = (ROOT / "workloads/mooncake-synthetic.jsonl").read_text().splitlines()
+    return read_mooncake(lines[:rows], block_tokens=BLOCK)
+
+
+def routers(trace_rows: int | None = None) -> dict[str, Any]:
+    trace = mooncake(trace_rows)
     shared = shared_prefix()
     out: dict[str, Any] = {"mooncake": {}, "shared_prefix": {}}
     for name in ROUTER_NAMES:
@@ -145,12 +149,12 @@ def routers() -> dict[str, Any]:
     return out
 
 
-def collect() -> dict[str, Any]:
+def collect(trace_rows: int | None = None) -> dict[str, Any]:
     return {
         "hbm_bound": hbm_bound(),
         "slo": slo_points(),
         "multi_turn": multi_turn(),
-        "routers": routers(),
+        "routers": routers(trace_rows),
     }
 
 

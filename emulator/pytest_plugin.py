@@ -331,11 +331,18 @@ class Chaos:
         return files.load(files.find(str(scenario)))
 
     def run(
-        self, scenario: str | Path | Scenario, *, seed: int | None = None, keep: bool = False
+        self,
+        scenario: str | Path | Scenario,
+        *,
+        seed: int | None = None,
+        keep: bool = False,
+        time_scale: float | None = None,
     ) -> RunResult:
-        """Run a scenario (a file, a library name, or a parsed Scenario) to its verdict."""
+        """Run a scenario (a file, a library name, or a parsed Scenario) to its verdict;
+        `time_scale` paces its steps and traffic (default: the scenario's own, else the
+        emulator's), so that a set-up such as a weights load can run faster than the judged part."""
         parsed = scenario if isinstance(scenario, Scenario) else self.load(scenario)
-        options = RunOptions(seed=seed, keep=keep)
+        options = RunOptions(seed=seed, keep=keep, time_scale=time_scale)
         return self.supernode.call(lambda c: run_scenario(c, parsed, options))
 
     def inject(

@@ -60,7 +60,7 @@ SLOW = [  # each over 5 s: together they would take this file past 20 s
         ("--preset", "cm-mini", "--events", "100"),
         frozenset({"modes", "mqtt_events_per_s"}),
     ),
-    Quick("serving", ("--seconds", "3"), frozenset({"speed", "decode", "prefix", "platforms"})),
+    Quick("serving", ("--quick",), frozenset({"speed", "decode", "prefix", "platforms"})),
     Quick(
         "serving_live", ("--streams", "1", "--repeat", "1"), frozenset({"saturation", "realtime"})
     ),
