@@ -36,7 +36,8 @@ from emulator.model.chaos.observed import RequestSample
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.training.longrun import simulate_training
 from emulator.runtime.chaos import files
-from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
+from emulator.runtime.chaos.run import RunOptions, RunResult
+from emulator.runtime.chaos.runner import run_scenario
 from emulator.runtime.logs import configure_logging
 from emulator.testing import running_supernode
 

@@ -28,7 +28,8 @@ from typing import Any
 
 from emulator.model.chaos.units import format_s
 from emulator.runtime.chaos import files
-from emulator.runtime.chaos.runner import RunResult, run_scenario
+from emulator.runtime.chaos.run import RunResult
+from emulator.runtime.chaos.runner import run_scenario
 from emulator.runtime.logs import configure_logging
 from emulator.testing import running_supernode
 

@@ -52,7 +52,8 @@ from emulator.model.presets import load_presets
 from emulator.model.topology import Topology
 from emulator.runtime import state
 from emulator.runtime.chaos import files, kinds
-from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
+from emulator.runtime.chaos.run import RunOptions, RunResult
+from emulator.runtime.chaos.runner import run_scenario
 from emulator.testing import SEARCH_FROM, SEARCH_TO, free_port_block, launch_ports
 
 T = TypeVar("T")

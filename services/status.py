@@ -34,7 +34,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from emulator.client import status as client_status
-from emulator.client.errors import status_in
+from emulator.client.errors import decode, status_in
 from emulator.client.status import MESSAGE_MAX
 from emulator.model.errors import (
     QUOTE_MAX,
@@ -52,6 +52,16 @@ def status_of(error: EmulatorError) -> grpc.StatusCode:
     if isinstance(error, RemoteError):
         return error.code
     return client_status.status_of(error)
+
+
+def status_line(exc: BaseException) -> str:
+    """An error as one status line (`CODE: message`), whether a server or this process raised
+    it: for notes and logs that must say what went wrong without a traceback."""
+    if isinstance(exc, EmulatorError):
+        return f"{status_of(exc).name}: {exc}"
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {decode(exc).message or exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def details_of(error: EmulatorError) -> list[any_pb2.Any]:

@@ -24,7 +24,8 @@ from emulator.model.chaos.units import format_s
 from emulator.model.errors import InvalidArgumentError
 from emulator.runtime import state
 from emulator.runtime.chaos import files, kinds
-from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
+from emulator.runtime.chaos.run import RunOptions, RunResult
+from emulator.runtime.chaos.runner import run_scenario
 
 FAILED = 1
 ABORTED_EXIT = 3

@@ -28,7 +28,8 @@ from emulator.model.chaos.pace import ABORTED, FAIL, PASS
 from emulator.model.errors import NotFoundError
 from emulator.runtime import image
 from emulator.runtime.chaos import files
-from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
+from emulator.runtime.chaos.run import RunOptions, RunResult
+from emulator.runtime.chaos.runner import run_scenario
 from emulator.runtime.docker import PROJECT_LABEL, engine_answers
 from emulator.runtime.supernode import LaunchOptions, Supernode
 from emulator.testing import grpcurl

@@ -15,33 +15,31 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import grpc
 
 from cmemu.v1 import fabric_pb2, manager_pb2
 from emulator.client.clients import Clients
 from emulator.client.clock import followed_time
-from emulator.client.errors import decode
 from emulator.engines.clock import TimeKeeper, Timeline
 from emulator.model.chaos.abort import crossed
-from emulator.model.chaos.asserting import FaultRecoveries, pick
 from emulator.model.chaos.observed import IncidentRecord, Injection, Observations
-from emulator.model.chaos.pace import ABORTED, FAIL, PASS, Pace, PaceWindow
-from emulator.model.chaos.recovery import Recovery, recoveries
+from emulator.model.chaos.pace import Pace, PaceWindow
+from emulator.model.chaos.recovery import recoveries
 from emulator.model.chaos.scenario import Scenario
 from emulator.model.chaos.schedule import Planned, horizon_s, plan
 from emulator.model.chaos.selectors import Placement, resolve
 from emulator.model.chaos.timeline import Entry, build_timeline
-from emulator.model.chaos.verdict import Verdict, judge, steady_before
+from emulator.model.chaos.verdict import judge, steady_before
 from emulator.model.errors import DeadlineExceededError, EmulatorError, PreconditionError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind
 from emulator.runtime.chaos import controlplane, kinds
+from emulator.runtime.chaos.run import DEFAULTS, RunOptions, RunResult, stall_limit_s
 from emulator.runtime.chaos.stall import stacks
 from emulator.runtime.chaos.traffic import Traffic
 from emulator.runtime.chaos.workloads import Workloads
-from services.status import status_of
+from services.status import status_line
 
 DEFAULT_RECOVERY_S = 600.0  # observe this long after the last fault without recovered_within
 SETTLE_S = 60.0  # emulated: after the last fault, wait at least this long before an early end
@@ -50,74 +48,9 @@ PLACEMENT_AHEAD_S = 1.0  # emulated: where the workloads run is asked this long 
 PACE_SETTLE_WALL_S = 10.0  # how long the fabric may take to apply a scenario's pace
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunOptions:
-    seed: int | None = None  # overrides the scenario's
-    keep: bool = False  # leave the workloads running at the end
-    early_end: bool = True  # end once every fault has recovered (and settled)
-    # wall seconds the whole run may take (None: stall_limit_s of the scenario); past it the
-    # run stops with DeadlineExceededError naming what it was waiting for, never hangs a CI job
-    wall_limit_s: float | None = None
-    # the pace of the steps and traffic (overrides the scenario's `time_scale`; None: its own)
-    time_scale: float | None = None
-
-
-STALL_SLACK_WALL_S = 600.0  # starts, loads and time holds (a restarted container's, 180 s each)
-STALL_FACTOR = 10.0  # the scenario's own wall time at its time scale, this many times over
-
-
-def stall_limit_s(scenario_emulated_s: float, time_scale: float) -> float:
-    """How long a run may take in wall seconds before it is judged stalled: generous (a busy
-    host runs emulated time slower, down to the clock's min_rate for a while), since its only
-    job is that a run whose clock or calls stopped answering ends, and says where it stood."""
-    return STALL_SLACK_WALL_S + STALL_FACTOR * scenario_emulated_s / max(time_scale, 1e-9)
-
-
-@dataclass(kw_only=True)
-class RunResult:
-    scenario: Scenario
-    seed: int
-    observations: Observations
-    recoveries: list[Recovery]
-    verdict: Verdict
-    timeline: list[Entry]
-    wall_s: float  # all of it: workloads started, the scenario, clean-up
-    setup_wall_s: float  # starting the workloads (a deployment's weights load in emulated time)
-    scenario_wall_s: float  # from the workloads being up to the end of observing
-    time_scale: float
-    pace: Pace | None = None  # how the run kept pace (None: the fabric did not say)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def outcome(self) -> str:
-        """PASS, FAIL, or ABORTED when the run did not keep pace (emulator/model/chaos/pace.py)."""
-        if self.pace is not None and self.pace.aborted:
-            return ABORTED
-        return PASS if self.verdict.ok else FAIL
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome == PASS
-
-    def fault(self, name: str) -> FaultRecoveries:
-        """A step's faults (or a kind's) for a per-fault bound in one line:
-        `result.fault("crash").recovered_within("5m")` (emulator/model/chaos/asserting.py)."""
-        return pick(self.recoveries, name)
-
-
 def _devices(what: str, target: str) -> tuple[str, ...]:
     """The devices a target takes down, for matching incidents and isolations to it."""
     return (target,) if what in ("npu", "die", "node", "cpu", "mempool", "device") else ()
-
-
-def _status(exc: BaseException) -> str:
-    """An error as a status line, whether a server or this process raised it."""
-    if isinstance(exc, EmulatorError):
-        return f"{status_of(exc).name}: {exc}"
-    if isinstance(exc, grpc.aio.AioRpcError):
-        detail = decode(exc)
-        return f"{exc.code().name}: {getattr(detail, 'message', None) or exc.details()}"
-    return f"{type(exc).__name__}: {exc}"
 
 
 class Runner:
@@ -125,7 +58,7 @@ class Runner:
         self,
         clients: Clients,
         scenario: Scenario,
-        options: RunOptions = RunOptions(),
+        options: RunOptions = DEFAULTS,
         *,
         on_entry: Callable[[Entry], None] | None = None,
     ) -> None:
@@ -261,7 +194,7 @@ class Runner:
         try:
             info = await self.clients.fabric().GetClock(fabric_pb2.GetClockRequest(), timeout=10)
         except grpc.aio.AioRpcError as exc:
-            self._note(f"the fabric's clock: {_status(exc)}")
+            self._note(f"the fabric's clock: {status_line(exc)}")
             return None
         return PaceWindow(
             start_emulated_s=info.emulated_ns / 1e9,
@@ -277,7 +210,7 @@ class Runner:
         try:
             info = await self.clients.fabric().GetClock(fabric_pb2.GetClockRequest(), timeout=10)
         except grpc.aio.AioRpcError as exc:
-            self._note(f"the fabric's clock: {_status(exc)}")
+            self._note(f"the fabric's clock: {status_line(exc)}")
             return None
         wall = max(time.time() - window.start_wall_s, 1e-9)
         stopped_by_us = {i.target for i in self.obs.injections if i.kind.startswith("process")}
@@ -348,7 +281,7 @@ class Runner:
         try:
             return await self.workloads.placement()
         except grpc.aio.AioRpcError as exc:
-            self._note(f"where the workloads run: {_status(exc)}; the last placement is used")
+            self._note(f"where the workloads run: {status_line(exc)}; the last placement is used")
             return last
 
     async def _steady_before(self) -> bool:
@@ -365,7 +298,7 @@ class Runner:
                 aliases = self.workloads.aliases
                 self.obs.open_before = [_incident(i, aliases) for i in listed.incidents]
             except grpc.aio.AioRpcError as exc:
-                self._note(f"cluster manager: {_status(exc)}")
+                self._note(f"cluster manager: {status_line(exc)}")
         check = steady_before(self.scenario.expect, self.obs)
         if check is not None and not check.ok:
             self.obs.halted = check.detail
@@ -395,7 +328,7 @@ class Runner:
                     )
                     fault_id = fault.id
                 except (EmulatorError, grpc.aio.AioRpcError) as exc:
-                    why = _status(exc)
+                    why = status_line(exc)
             return Injection(
                 label=p.label,
                 kind=step.fault,
@@ -423,7 +356,7 @@ class Runner:
             try:
                 await kinds.clear(self.clients, inj.fault_id)
             except (EmulatorError, grpc.aio.AioRpcError) as exc:
-                self.obs.notes.append(f"clearing {inj.fault_id}: {_status(exc)}")
+                self.obs.notes.append(f"clearing {inj.fault_id}: {status_line(exc)}")
             if not record:
                 continue
             cleared = Injection(**{**inj.__dict__, "cleared_ns": self._clock.now_ns()})
@@ -461,7 +394,7 @@ class Runner:
         try:
             return await self.workloads.training_back()
         except grpc.aio.AioRpcError as exc:
-            self._note(f"training status: {_status(exc)}")
+            self._note(f"training status: {status_line(exc)}")
             return False
 
     def _all_recovered(self) -> bool:
@@ -482,7 +415,7 @@ class Runner:
         try:
             self.obs.events += await self.workloads.poll()
         except grpc.aio.AioRpcError as exc:
-            self._note(f"workload status: {_status(exc)}")
+            self._note(f"workload status: {status_line(exc)}")
         if self.has_manager:
             try:
                 listed = await self.clients.manager().ListIncidents(
@@ -491,7 +424,7 @@ class Runner:
                 aliases = self.workloads.aliases
                 self.obs.incidents = [_incident(i, aliases) for i in listed.incidents]
             except grpc.aio.AioRpcError as exc:
-                self._note(f"cluster manager: {_status(exc)}")
+                self._note(f"cluster manager: {status_line(exc)}")
         else:
             self._note("no cluster manager in this emulator: no incidents observed")
         self.obs.end_ns = self._clock.now_ns()
@@ -521,7 +454,7 @@ class Runner:
             try:
                 self.obs.training = await self.workloads.training_records()
             except grpc.aio.AioRpcError as exc:  # the manager that hosts them is down
-                self._note(f"training records: {_status(exc)}")
+                self._note(f"training records: {status_line(exc)}")
         ems = self.scenario.workloads.ems
         if ems is not None:
             self.obs.objects = ems.objects
@@ -560,7 +493,7 @@ def _incident(i: manager_pb2.Incident, aliases: dict[str, str]) -> IncidentRecor
 async def run_scenario(
     clients: Clients,
     scenario: Scenario,
-    options: RunOptions = RunOptions(),
+    options: RunOptions = DEFAULTS,
     *,
     on_entry: Callable[[Entry], None] | None = None,
 ) -> RunResult:

@@ -39,6 +39,7 @@ from emulator.model.naming import DeviceKind
 from emulator.model.topology import ServiceKind, Topology
 from emulator.runtime.events import parse_broker_url, subscriber, topic
 from emulator.runtime.webview.snapshot import SERVING, Json, LinkSample, Machine, plane_utilisation
+from services.status import status_line
 
 log = structlog.get_logger("cmemu.webview")
 Listener = Callable[[Json], None]
@@ -142,10 +143,10 @@ class Collector:
                 await feed(*args)
             except (grpc.aio.AioRpcError, aiomqtt.MqttError, OSError, NotFoundError) as exc:
                 if name != "health":  # a device's own failure shows as its die's colour
-                    self.machine.set_source(name, _why(exc))
-                    log.debug("webview feed failed", feed=name, error=_why(exc))
+                    self.machine.set_source(name, status_line(exc))
+                    log.debug("webview feed failed", feed=name, error=status_line(exc))
             except Exception as exc:  # a bug in one feed must not blind the view to the rest
-                self.machine.set_source(name, _why(exc))
+                self.machine.set_source(name, status_line(exc))
                 log.exception("webview feed crashed", feed=name)
             if not self._closing:
                 await asyncio.sleep(self.rates.retry_s)
@@ -307,12 +308,6 @@ class Collector:
 
 def _has(topology: Topology, kind: ServiceKind) -> bool:
     return any(x.kind is kind for x in topology.services)
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {exc.details()}"
-    return f"{type(exc).__name__}: {exc}"
 
 
 def _sample(s: fabric_pb2.LinkStat) -> LinkSample:

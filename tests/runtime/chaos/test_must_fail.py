@@ -24,7 +24,8 @@ from emulator.model.chaos.verdict import STEADY_BEFORE, Check
 from emulator.model.errors import DeadlineExceededError, InvalidArgumentError
 from emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
 from emulator.runtime.chaos import files, kinds
-from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
+from emulator.runtime.chaos.run import RunOptions, RunResult
+from emulator.runtime.chaos.runner import run_scenario
 
 pytestmark = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=50)
 

@@ -14,7 +14,8 @@ from emulator.cli.chaos import summary_lines
 from emulator.client.clients import Clients
 from emulator.pytest_plugin import start_supernode
 from emulator.runtime.chaos import files
-from emulator.runtime.chaos.runner import RunOptions, RunResult, run_scenario
+from emulator.runtime.chaos.run import RunOptions, RunResult
+from emulator.runtime.chaos.runner import run_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 TIME_SCALE = 50.0  # dilation keeps a verdict the same at any scale; the pace guard says if not
