@@ -39,7 +39,6 @@ from services.serving.driver import Driver, ServingModel
 from services.serving.openai_http import OpenAiServer
 from services.serving.recovery import Recovery
 from services.serving.stats import ServingStats, summarize
-from services.serving.tokenizer import load_tokenizer
 from services.status import Context, rpc
 
 SERVICE = "cmemu.v1.Router"
@@ -98,12 +97,8 @@ class RouterState:
             return
         security = self.host.security if self.host is not None else OPEN
         security.check_bind("router (HTTP)", self.http_address)
-        loaded = await asyncio.to_thread(load_tokenizer)  # reads ~8 MB, once a process
         await self.http.start(
-            self.http_address,
-            keys=security.keys,
-            ssl_context=security.ssl_context(),
-            loaded=loaded,
+            self.http_address, keys=security.keys, ssl_context=security.ssl_context()
         )
 
     async def run(self) -> None:
@@ -143,6 +138,8 @@ class RouterState:
         if tasks is None:
             raise UnavailableError("the router is not running", retry_after_s=1.0)
         name, spec = parse_request(request, self.topology, self.profile)
+        if self.http is not None:
+            self.http.warm()  # its requests will need the tokenizer: loaded meanwhile
         if name in self.deployments:
             raise PreconditionError(
                 f"deployment {name!r} exists (undeploy it first)",
