@@ -13,7 +13,8 @@ subclasses carrying the google.rpc reason; nothing above this line catches trans
 
 The control plane's peers (the scheduler, the router, the training jobs, a server's health) are
 what the cluster manager's engine calls (`ControlPlane`); the scheduler and the router have no
-engine yet, so they are reached over gRPC even in one process, as before.
+engine yet, so they are reached over gRPC even in one process (a killed or hung scheduler then
+looks the same to the manager whichever launcher runs it).
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ class Marked:
     """What the scheduler changed when told an NPU failed or is healthy again."""
 
     npus: tuple[str, ...]  # the NPUs whose state changed (not those already so)
-    affected_jobs: tuple[str, ...] = ()  # the jobs holding a newly failed NPU
+    affected_jobs: tuple[str, ...] = ()  # MarkFailed: the jobs holding any of the NPUs
 
 
 class SchedulerPeer(Protocol):
