@@ -23,11 +23,12 @@ from typing import Any
 
 from cmemu.v1 import manager_pb2, scheduler_pb2
 from emulator.client import faults
+from emulator.engines.manager.engine import ManagerEngine
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.topology import ServiceKind
 from emulator.runtime.supernode import Supernode
 from emulator.testing import running_supernode
-from services.manager import ManagerState
+from services.manager import ManagerService
 
 try:
     from bench import outputs
@@ -47,8 +48,9 @@ def profile_with(interval_s: float) -> HardwareProfile:
 async def one(scale: float, detecting: bool, measure_s: float) -> dict[str, Any]:
     interval = DEFAULT_PROFILE.manager.heartbeat_interval_s if detecting else YEAR_S
     async with running_supernode("cm384", time_scale=scale, profile=profile_with(interval)) as sn:
-        state = sn.local.service_state(ServiceKind.MANAGER)
-        assert isinstance(state, ManagerState)
+        service = sn.local.service_state(ServiceKind.MANAGER)
+        assert isinstance(service, ManagerService)
+        state = service.engine
         await asyncio.sleep(2.0)  # the streams open
         beats0, cpu0, wall0 = state.watch.beats, time.process_time(), time.perf_counter()
         emulated0 = state.clock.now_s()
@@ -70,7 +72,7 @@ async def one(scale: float, detecting: bool, measure_s: float) -> dict[str, Any]
         return row
 
 
-async def detect_hang(sn: Supernode, state: ManagerState) -> dict[str, float]:
+async def detect_hang(sn: Supernode, state: ManagerEngine) -> dict[str, float]:
     clients = sn.clients
     alloc = await clients.scheduler().Allocate(scheduler_pb2.AllocateRequest(job="b", npus=8))
     victim = alloc.npus[3].id

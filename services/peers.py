@@ -4,6 +4,9 @@ It is the engines' Directory (emulator/engines/peers.py): a device or the fabric
 process is its engine, called directly (`LocalDevice`, `LocalFabric`: no serialising, one gRPC
 call for a UB transaction: the client's); any other is the typed gRPC client
 (emulator/client/remote.py) over one shared channel per address. Both raise the same errors.
+It is the cluster manager's ControlPlane too: the scheduler and the router over gRPC (they have
+no engine yet: emulator/client/control.py), the training jobs directly where this process hosts
+them (the manager's), a server's health over gRPC.
 
 `device_call`, `bus_call` and `channel` are the older way of the services not yet moved to the
 engines layer (by method name, on protobufs); they go as those services move.
@@ -19,11 +22,21 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 import grpc
 
 from cmemu.v1 import device_pb2_grpc, ub_pb2_grpc
+from emulator.client import health
 from emulator.client.channels import Channels
+from emulator.client.control import RemoteRouter, RemoteScheduler, RemoteTraining
 from emulator.client.credentials import ANONYMOUS, Credentials
 from emulator.client.remote import ClockStream, RemoteDevice, RemoteFabric
 from emulator.engines.device.engine import DeviceEngine
-from emulator.engines.peers import DevicePeer, FabricPeer, LocalDevice, LocalFabric
+from emulator.engines.peers import (
+    DevicePeer,
+    FabricPeer,
+    LocalDevice,
+    LocalFabric,
+    RouterPeer,
+    SchedulerPeer,
+    TrainingPeer,
+)
 from emulator.model.errors import EmulatorError
 from emulator.model.topology import Device, ServiceKind, Topology
 from services.status import Context, RemoteError, details_from_metadata
@@ -73,6 +86,9 @@ class Peers:
         self._remote: dict[str, RemoteDevice] = {}
         self._local_fabric: LocalFabric | None = None
         self._remote_fabric: RemoteFabric | None = None
+        self._training: TrainingPeer | None = None
+        self._scheduler: RemoteScheduler | None = None
+        self._router: RemoteRouter | None = None
         self._servicers: dict[str, dict[str, Any]] = {"device": {}, "bus": {}}
 
     # --- the engines' Directory ----------------------------------------------------------------
@@ -110,6 +126,33 @@ class Peers:
             address = self.topology.service(ServiceKind.FABRIC).address
             self._remote_fabric = RemoteFabric(self.channel(address))
         return self._remote_fabric
+
+    # --- the cluster manager's ControlPlane -----------------------------------------------------
+
+    def host_training(self, training: TrainingPeer) -> None:
+        """The training jobs of this process (the manager's server hosts them)."""
+        self._training = training
+
+    def scheduler(self) -> SchedulerPeer:
+        if self._scheduler is None:
+            self._scheduler = RemoteScheduler(self.channel(self._address(ServiceKind.SCHEDULER)))
+        return self._scheduler
+
+    def router(self) -> RouterPeer:
+        if self._router is None:
+            self._router = RemoteRouter(self.channel(self._address(ServiceKind.ROUTER)))
+        return self._router
+
+    def training(self) -> TrainingPeer:
+        if self._training is not None:
+            return self._training
+        return RemoteTraining(self.channel(self._address(ServiceKind.MANAGER)))
+
+    async def serving(self, address: str, *, deadline_s: float) -> bool:
+        return await health.serving(self.channel(address), deadline_s)
+
+    def _address(self, kind: ServiceKind) -> str:
+        return self.topology.service(kind).address
 
     def clock_source(self, topology: Topology | None = None) -> ClockStream:
         """Where this process follows emulated time from: sn0's fabric (the first document's,

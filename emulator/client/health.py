@@ -26,6 +26,15 @@ async def check(channel: grpc.aio.Channel, service: str = "", timeout_s: float =
     return status_name(response.status)
 
 
+async def serving(channel: grpc.aio.Channel, timeout_s: float) -> bool:
+    """The whole server answers SERVING within `timeout_s`; False for any other answer or a
+    failed call (stopped, hung, cut off): the question is only whether it serves."""
+    try:
+        return await check(channel, "", timeout_s) == "SERVING"
+    except grpc.aio.AioRpcError:
+        return False
+
+
 DOWN_CODES = {
     grpc.StatusCode.UNAVAILABLE: UNREACHABLE,  # nothing answers: crashed, stopped, cut off
     grpc.StatusCode.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",  # accepted, never answered: hung

@@ -2,7 +2,8 @@
 protocols of emulator/engines/peers.py. Each translates to the wire and back (emulator/client/
 wire/) and turns a failed call into the EmulatorError its status names (emulator/client/
 status.py), prefixed with the peer's id as a relayed status reads: the same errors a direct
-call to an engine of the same process raises."""
+call to an engine of the same process raises. The control plane's (the scheduler, the router,
+the training jobs) are in emulator/client/control.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from typing import TypeVar
 
 import grpc
 
-from cmemu.v1 import device_pb2, device_pb2_grpc, fabric_pb2, fabric_pb2_grpc, ub_pb2_grpc
+from cmemu.v1 import (
+    device_pb2,
+    device_pb2_grpc,
+    fabric_pb2,
+    fabric_pb2_grpc,
+    npu_pb2_grpc,
+    ub_pb2_grpc,
+)
 from emulator.client.channels import Channels
 from emulator.client.status import error_from
 from emulator.client.wire import device as device_wire
@@ -20,6 +28,7 @@ from emulator.client.wire import ub as ub_wire
 from emulator.engines.clock import ClockState
 from emulator.engines.device.engine import FaultState
 from emulator.engines.device.liveness import Beat
+from emulator.engines.device.npu import Kernel, KernelResult
 from emulator.engines.peers import CollectiveOutcome
 from emulator.model.arrivals import ArrivalBatch
 from emulator.model.collectivespec import CollectiveSpec
@@ -44,6 +53,7 @@ class RemoteDevice:
         self.device = device
         self._bus = ub_pb2_grpc.UnifiedBusStub(channel)
         self._device = device_pb2_grpc.DeviceStub(channel)
+        self._npu = npu_pb2_grpc.NpuStub(channel)
 
     async def deliver(
         self, tx: Transaction, *, check_only: bool, deadline_s: float | None
@@ -73,6 +83,11 @@ class RemoteDevice:
         request = device_pb2.GetFaultStateRequest()
         state = await _call(self.device.id, self._device.GetFaultState(request, timeout=deadline_s))
         return device_wire.fault_state(state)
+
+    async def kernel(self, kernel: Kernel, *, deadline_s: float | None) -> KernelResult:
+        request = device_wire.kernel_proto(kernel)
+        done = await _call(self.device.id, self._npu.SubmitKernel(request, timeout=deadline_s))
+        return device_wire.kernel_result(done)
 
     async def watch_liveness(self) -> AsyncIterator[Beat]:
         stream = self._device.WatchLiveness(device_pb2.WatchLivenessRequest())

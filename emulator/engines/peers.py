@@ -10,6 +10,11 @@ implementations of each, and the runtime wires which.
 So a UB transaction in the in-process supernode costs one gRPC call (the client's) and one
 translation each way, and an engine never knows where its peers live. Both raise EmulatorError
 subclasses carrying the google.rpc reason; nothing above this line catches transport errors.
+
+The control plane's peers (the scheduler, the router, the training jobs, a server's health) are
+what the cluster manager's engine calls (`ControlPlane`); the scheduler and the router have no
+engine yet, so they are reached over gRPC even in one process (a killed or hung scheduler then
+looks the same to the manager whichever launcher runs it).
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ if TYPE_CHECKING:
     from emulator.engines.clock import ClockState
     from emulator.engines.device.engine import DeviceEngine, FaultState
     from emulator.engines.device.liveness import Beat
+    from emulator.engines.device.npu import Kernel, KernelResult
     from emulator.engines.fabric.engine import FabricEngine
     from emulator.model.collectivespec import CollectiveSpec
     from emulator.model.linkfaults import FaultSpec
+    from emulator.model.scheduler.jobs import Replacement
 
 T = TypeVar("T")
 
@@ -50,6 +57,10 @@ class DevicePeer(Protocol):
     async def free(self, region_id: int, *, deadline_s: float | None) -> int: ...
 
     async def fault_state(self, *, deadline_s: float | None) -> FaultState: ...
+
+    async def kernel(self, kernel: Kernel, *, deadline_s: float | None) -> KernelResult:
+        """A kernel on one of an NPU's dies (the manager's diagnosis of a straggler)."""
+        ...
 
     def watch_liveness(self) -> AsyncIterator[Beat]:
         """The liveness of the device's process (engines/device/liveness.py), streamed."""
@@ -128,6 +139,58 @@ class Directory(Protocol):
         ...
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Marked:
+    """What the scheduler changed when told an NPU failed or is healthy again."""
+
+    npus: tuple[str, ...]  # the NPUs whose state changed (not those already so)
+    affected_jobs: tuple[str, ...] = ()  # MarkFailed: the jobs holding any of the NPUs
+
+
+class SchedulerPeer(Protocol):
+    """The supernode's scheduler, as the cluster manager isolates and replaces NPUs with it."""
+
+    async def mark_failed(self, npu: str) -> Marked: ...
+
+    async def mark_healthy(self, npu: str) -> Marked: ...
+
+    async def replace(self, job: str, npu: str) -> tuple[Replacement, ...]:
+        """Spares in place of `npu` in `job`'s allocation."""
+        ...
+
+
+class RouterPeer(Protocol):
+    """The serving router, as the cluster manager follows a deployment's restore."""
+
+    async def last_restored_ns(self, deployment: str) -> int:
+        """The emulated instant of the deployment's last restore (0: never)."""
+        ...
+
+
+class TrainingPeer(Protocol):
+    """The training jobs (hosted on the manager's server), as the manager follows a restore."""
+
+    async def last_restored_ns(self, job: str) -> int | None:
+        """The emulated instant of the job's last restore (0: never); None: no such job."""
+        ...
+
+
+class ControlPlane(Directory, Protocol):
+    """Every peer of the cluster manager's engine: devices and the fabric, and the services it
+    acts through."""
+
+    def scheduler(self) -> SchedulerPeer: ...
+
+    def router(self) -> RouterPeer: ...
+
+    def training(self) -> TrainingPeer: ...
+
+    async def serving(self, address: str, *, deadline_s: float) -> bool:
+        """The server at `address` answers SERVING within the deadline (False for any other
+        answer, or none): the manager asks its own, which a stopping launcher turns off."""
+        ...
+
+
 async def within(deadline_s: float | None, call: Awaitable[T]) -> T:
     """An in-process call's deadline, ended as a gRPC call's would be (DEADLINE_EXCEEDED)."""
     if deadline_s is None:
@@ -182,6 +245,9 @@ class LocalDevice:
 
     async def fault_state(self, *, deadline_s: float | None) -> FaultState:
         return await self._call("GetFaultState", _now(self.engine.fault_state), deadline_s)
+
+    async def kernel(self, kernel: Kernel, *, deadline_s: float | None) -> KernelResult:
+        return await self._call("SubmitKernel", _now(self.engine.dies.run, kernel), deadline_s)
 
     def watch_liveness(self) -> AsyncIterator[Beat]:
         engine = self.engine

@@ -137,6 +137,12 @@ class TrainingState:
         task.add_done_callback(self._runners.discard)
         return job
 
+    async def last_restored_ns(self, job: str) -> int | None:
+        """The cluster manager's TrainingPeer (emulator/engines/peers.py), answered directly:
+        the jobs live on its server."""
+        live = self.jobs.get(job)
+        return None if live is None else live.progress.last_restored_ns
+
     async def stop(self, name: str) -> LiveJob:
         job = self.get(name)
         job.stopping.set()

@@ -93,6 +93,28 @@ def kernel(m: npu_pb2.Kernel) -> Kernel:
     )
 
 
+def kernel_proto(k: Kernel) -> npu_pb2.Kernel:
+    return npu_pb2.Kernel(
+        name=k.name,
+        die=k.die,
+        flops=k.flops,
+        bytes_moved=k.bytes_moved,
+        precision=npu_pb2.Precision.Value(f"PRECISION_{k.precision}"),
+    )
+
+
+def kernel_result(m: npu_pb2.KernelResult) -> KernelResult:
+    return KernelResult(
+        name=m.name,
+        die=m.die,
+        issue_ns=m.issue_ns,
+        start_ns=m.start_ns,
+        complete_ns=m.complete_ns,
+        duration_ns=m.duration_ns,
+        bound=m.bound,
+    )
+
+
 def kernel_result_proto(r: KernelResult) -> npu_pb2.KernelResult:
     return npu_pb2.KernelResult(
         name=r.name,

@@ -4,8 +4,8 @@ Every `straggler_poll_s` it reads the fabric's collective arrivals since its las
 (Fabric/ListCollectiveArrivals: when each rank was ready), hands them to the pure judge
 (emulator/model/manager/straggler.py), and reports each NPU the judge names that is not already
 degraded or failed (an incident with detected_by "straggler"). Every `straggler_probe_s` it
-runs a diagnosis on each degraded NPU (a kernel timed against its roofline, through `probe`,
-which the service layer provides over the wire) and reports the ones at full speed again.
+runs a diagnosis on each degraded NPU (a kernel timed against its roofline, through `probe`:
+the engine's, over the NPU's device peer) and reports the ones at full speed again.
 A fabric that cannot be read is tried again at the next poll (its arrivals meanwhile are kept
 there, up to the profile's limit).
 """

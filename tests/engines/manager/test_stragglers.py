@@ -19,8 +19,8 @@ from emulator.model.manager.detector import STRAGGLER
 from emulator.model.naming import device_of
 from emulator.runtime.supernode import EMBEDDED
 from emulator.testing import Clients, Supernode, running_supernode
+from tests.engines.manager.test_actions import incidents, until
 from tests.runtime.test_mqtt import listening
-from tests.services.test_manager import incidents, until
 
 SCALE = 100.0  # a 13 s training step takes an eighth of a wall second
 COMPUTE = 0.2

@@ -1,0 +1,86 @@
+"""The control plane's services as the cluster manager's engine calls them: the gRPC side of
+the SchedulerPeer, RouterPeer and TrainingPeer protocols (emulator/engines/peers.py).
+
+The scheduler and the router have no engine yet, so these are the only implementations of
+theirs (the manager reaches them over gRPC even in one process, which keeps a killed or hung
+scheduler looking the same to it whichever launcher runs it). The training jobs live on the
+manager's own server: their state answers directly there (services/training/service.py), and
+`RemoteTraining` is for a caller in another process. A failed call raises the EmulatorError its
+status names, prefixed with the service's name, as emulator/client/remote.py's peers do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import grpc
+
+from cmemu.v1 import (
+    router_pb2,
+    router_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    training_pb2,
+    training_pb2_grpc,
+)
+from emulator.client.status import error_from
+from emulator.engines.peers import Marked
+from emulator.model.errors import NotFoundError
+from emulator.model.scheduler.jobs import Replacement
+
+T = TypeVar("T")
+
+
+async def _call(prefix: str, call: Awaitable[T]) -> T:
+    try:
+        return await call
+    except grpc.aio.AioRpcError as exc:
+        raise error_from(exc, prefix) from None
+
+
+def _marked(reply: scheduler_pb2.MarkResponse) -> Marked:
+    return Marked(npus=tuple(reply.npus), affected_jobs=tuple(reply.affected_jobs))
+
+
+class RemoteScheduler:
+    """cmemu.v1.Scheduler: no deadline, as a controller waits for its scheduler to answer."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._stub = scheduler_pb2_grpc.SchedulerStub(channel)
+
+    async def mark_failed(self, npu: str) -> Marked:
+        request = scheduler_pb2.MarkRequest(npu=npu)
+        return _marked(await _call("scheduler", self._stub.MarkFailed(request)))
+
+    async def mark_healthy(self, npu: str) -> Marked:
+        request = scheduler_pb2.MarkRequest(npu=npu)
+        return _marked(await _call("scheduler", self._stub.MarkHealthy(request)))
+
+    async def replace(self, job: str, npu: str) -> tuple[Replacement, ...]:
+        request = scheduler_pb2.ReplaceRequest(job=job, npu=npu)
+        reply = await _call("scheduler", self._stub.Replace(request))
+        return tuple(Replacement(old=r.old_npu, new=r.new_npu) for r in reply.replaced)
+
+
+class RemoteRouter:
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._stub = router_pb2_grpc.RouterStub(channel)
+
+    async def last_restored_ns(self, deployment: str) -> int:
+        request = router_pb2.GetDeploymentRequest(name=deployment)
+        reply = await _call("router", self._stub.GetDeployment(request))
+        return int(reply.last_restored_ns)
+
+
+class RemoteTraining:
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._stub = training_pb2_grpc.TrainingStub(channel)
+
+    async def last_restored_ns(self, job: str) -> int | None:
+        request = training_pb2.TrainingRequest(name=job)
+        try:
+            reply = await _call("training", self._stub.Get(request))
+        except NotFoundError:
+            return None
+        return int(reply.last_restored_ns)
