@@ -320,13 +320,23 @@ class ManagerState:
             return
         try:
             marked = await self.scheduler.MarkFailed(scheduler_pb2.MarkRequest(npu=device.id))
-            if not self._failed(incident.device) and self._whole(device.id):
+            back = not self._failed(incident.device)
+            if back and self._whole(device.id):
                 await self._mark_healthy(device.id)  # it came back meanwhile: undo
-            incident.state, incident.isolated_ns = ISOLATED, self.clock.now_ns()
+            incident.isolated_ns = self.clock.now_ns()
             incident.jobs = list(marked.affected_jobs)
             self.publish(
                 "incident-isolated", incident=incident.id, target=device.id, jobs=incident.jobs
             )
+            if back and not incident.jobs:
+                # Back while MarkFailed was in flight (a partition shorter than the isolation):
+                # _back restored the incident then, and no job needs a replacement. Marked
+                # isolated now, nothing would ever move it on (the device answers already).
+                incident.state = RESTORED
+                incident.restored_ns = incident.restored_ns or incident.isolated_ns
+                incident.detail += " (back while it was isolated)"
+                return
+            incident.state = ISOLATED
             for job in incident.jobs:
                 reply = await self.scheduler.Replace(
                     scheduler_pb2.ReplaceRequest(job=job, npu=device.id)

@@ -185,6 +185,32 @@ async def test_a_crash_is_detected_by_health() -> None:
         assert failed.failed_npus == 1
 
 
+@pytest.mark.parametrize("back", [True, False])
+async def test_a_device_back_while_it_is_being_isolated_is_restored(back: bool) -> None:
+    """A partition shorter than the isolation (the engine test's reconnected container): the
+    device answers again while the manager's MarkFailed is still in flight (held here by a hung
+    scheduler), and its incident, restored then, stays restored once the isolation ends; it
+    was overwritten with `isolated`, and nothing ever moved it on. The twin: a device still
+    down when the isolation ends stays isolated."""
+    async with running_supernode("cm-mini", time_scale=SCALE) as sn:
+        clients = sn.clients
+        victim = "n00-npu5"
+        hung = await faults.inject(clients, "service-hang", "scheduler")
+        await down(clients, victim)
+        await until(incidents(clients), lambda xs: any(i.device == victim for i in xs))
+        if back:
+            await down(clients, victim, faulted=False)
+            early = await until(
+                incidents(clients), lambda xs: any(i.state == "restored" for i in xs)
+            )
+            assert early[0].isolated_ns == 0  # back before the scheduler answered
+        await faults.clear(clients, hung.id)  # MarkFailed answers: the isolation ends
+        found = await until(incidents(clients), lambda xs: any(i.isolated_ns for i in xs))
+        inc = next(i for i in found if i.device == victim)
+        assert inc.state == ("restored" if back else "isolated"), inc
+        assert inc.restored_ns if back else not inc.restored_ns
+
+
 async def test_passive_mode_records_but_does_not_act() -> None:
     async with running_supernode("cm-mini", time_scale=SCALE) as sn:
         clients = sn.clients
