@@ -8,7 +8,6 @@ import argparse
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from emulator.runtime.serve import (
     ServeOptions,
     serve,
 )
+from emulator.runtime.taskdump import print_tasks
 
 
 def stop_event() -> asyncio.Event:
@@ -43,18 +43,6 @@ def _cancelled_is_quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]
     if isinstance(context.get("exception"), asyncio.CancelledError):
         return
     loop.default_exception_handler(context)
-
-
-def print_tasks(why: str) -> None:
-    """Every task of the loop and where it waits, on stderr."""
-    tasks = asyncio.all_tasks()
-    print(f"cmemu: {len(tasks)} tasks {why}:", file=sys.stderr, flush=True)
-    for task in tasks:
-        try:
-            task.print_stack(file=sys.stderr)
-        except Exception as exc:  # a frame mid-teardown can have no line number
-            print(f"  {task.get_name()}: stack unreadable ({exc!r})", file=sys.stderr)
-    sys.stderr.flush()
 
 
 # --- serve ----------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from typing import Literal
 
 from emulator.cli import argtypes, progress
 from emulator.cli.instances import check_not_running
-from emulator.cli.serve import print_tasks as _print_tasks
 from emulator.cli.serve import stop_event as _stop_event
 from emulator.model.errors import EmulatorError
 from emulator.model.presets import DEFAULT_PRESET
@@ -40,6 +39,7 @@ from emulator.runtime.supernode import (
     StartInterrupted,
     Supernode,
 )
+from emulator.runtime.taskdump import print_tasks as _print_tasks
 from emulator.runtime.tls import TlsFiles
 from emulator.runtime.webview import AUTO as UI_AUTO
 from emulator.runtime.webview import NONE as UI_NONE

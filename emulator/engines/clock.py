@@ -362,6 +362,10 @@ class ClockFollower:
         self.silence_s = silence_s
         self._wishes: asyncio.Queue[tuple[float, float]] = asyncio.Queue(maxsize=4)
         self.synced = asyncio.Event()  # the first state arrived
+        # wall (monotonic) since the stream broke or fell silent, until a new one speaks: said
+        # when it does, so a follower that came back is not read as one that hung (a stream
+        # that works logs nothing else)
+        self._lost_at: float | None = None
 
     def wish(self, rate: float, lag_s: float) -> None:
         with contextlib.suppress(asyncio.QueueFull):  # the authority is behind: it has one
@@ -385,6 +389,8 @@ class ClockFollower:
                 await self._follow(source)
             except Exception as exc:
                 log.info("clock stream broke; retrying", error=str(exc)[:200])
+            if self._lost_at is None:
+                self._lost_at = time.monotonic()
             await asyncio.sleep(0.5)
 
     async def _follow(self, source: ClockSource) -> None:
@@ -399,6 +405,9 @@ class ClockFollower:
                 except TimeoutError:
                     log.warning("clock stream silent; reconnecting", silent_s=self.silence_s)
                     return
+                if self._lost_at is not None:
+                    lost_s, self._lost_at = time.monotonic() - self._lost_at, None
+                    log.info("clock stream back", after_wall_s=round(lost_s, 1))
                 self.adopt(state)
         finally:
             close = getattr(states, "aclose", None)

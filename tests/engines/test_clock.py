@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+import structlog
 
 from emulator.engines.clock import (
     ClockAuthority,
@@ -190,7 +191,8 @@ async def test_a_follower_started_after_dilation_reads_the_owners_time_not_its_g
 @pytest.mark.parametrize("stalls", [True, False])
 async def test_a_follower_drops_a_silent_stream_and_follows_a_new_one(stalls: bool) -> None:
     """A partition can leave a stream open and dead: after follower_silence_s of silence the
-    follower opens another (and the clock moves again); a stream that speaks is kept."""
+    follower opens another (and the clock moves again), and says when the new one speaks (a
+    follower that came back is not read as one that hung); a stream that speaks is kept."""
     profile = ClockProfile(lease_s=0.1, follower_silence_s=0.5 if stalls else 5.0)
     owner_clock = Clock(time_scale=20.0)
     owner = TimeKeeper(owner_clock, profile=profile, process="fabric", owner=True)
@@ -212,13 +214,18 @@ async def test_a_follower_drops_a_silent_stream_and_follows_a_new_one(stalls: bo
     assert follower.follower is not None
     task = asyncio.ensure_future(follower.follower.run(Source()))
     try:
-        await asyncio.wait_for(follower.follower.synced.wait(), 5.0)
-        # a 0.5 s silence is long past after 10 s; a 5 s one cannot have been seen after 3 s
-        for _ in range(1000 if stalls else 300):
-            if len(opened) > 1:
-                break
-            await asyncio.sleep(0.01)
+        with structlog.testing.capture_logs() as logs:
+            await asyncio.wait_for(follower.follower.synced.wait(), 5.0)
+            # a 0.5 s silence is long past after 10 s; a 5 s one cannot have been seen after 3 s
+            for _ in range(1000 if stalls else 300):
+                if any(e["event"] == "clock stream back" for e in logs):
+                    break
+                await asyncio.sleep(0.01)
         assert len(opened) == (2 if stalls else 1)
+        said = [e["event"] for e in logs if e["event"].startswith("clock stream")]
+        assert said == (
+            ["clock stream silent; reconnecting", "clock stream back"] if stalls else []
+        )
     finally:
         task.cancel()
         owner.close()

@@ -68,13 +68,23 @@ class Actions:
         scheduler = e.peers.scheduler()
         try:
             marked = await scheduler.mark_failed(device.id)
-            if not e.failed(incident.device) and e.whole(device.id):
+            back = not e.failed(incident.device)
+            if back and e.whole(device.id):
                 await self.mark_healthy(device.id)  # it came back meanwhile: undo
-            incident.state, incident.isolated_ns = ISOLATED, e.clock.now_ns()
+            incident.isolated_ns = e.clock.now_ns()
             incident.jobs = list(marked.affected_jobs)
             e.publish(
                 "incident-isolated", incident=incident.id, target=device.id, jobs=incident.jobs
             )
+            if back and not incident.jobs:
+                # Back while MarkFailed was in flight (a partition shorter than the isolation):
+                # it was restored then, and no job needs a replacement. Marked isolated now,
+                # nothing would ever move it on (the device answers already).
+                incident.state = RESTORED
+                incident.restored_ns = incident.restored_ns or incident.isolated_ns
+                incident.detail += " (back while it was isolated)"
+                return
+            incident.state = ISOLATED
             for job in incident.jobs:
                 replaced = await scheduler.replace(job, device.id)
                 incident.replacements.extend(r.new for r in replaced)

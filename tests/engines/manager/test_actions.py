@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import TypeVar
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cmemu.v1 import device_pb2, manager_pb2, scheduler_pb2, training_pb2
@@ -238,3 +239,29 @@ async def test_the_example_controller_replaces_with_the_reference_one_passive() 
         status = await clients.manager().GetStatus(manager_pb2.GetManagerStatusRequest())
         assert status.mode == manager_pb2.MANAGER_MODE_PASSIVE
         await faults.clear(clients, faults.device_fault_id(victim, "hang"))
+
+
+@pytest.mark.parametrize("back", [True, False])
+async def test_a_device_back_while_it_is_being_isolated_is_restored(back: bool) -> None:
+    """A partition shorter than the isolation (the engine test's reconnected container): the
+    device answers again while the manager's MarkFailed is still in flight (held here by a hung
+    scheduler), and its incident, restored then, stays restored once the isolation ends; it
+    was overwritten with `isolated`, and nothing ever moved it on. The twin: a device still
+    down when the isolation ends stays isolated."""
+    async with running_supernode("cm-mini", time_scale=SCALE) as sn:
+        clients = sn.clients
+        victim = "n00-npu5"
+        hung = await faults.inject(clients, "service-hang", "scheduler")
+        await down(clients, victim)
+        await until(incidents(clients), lambda xs: any(i.device == victim for i in xs))
+        if back:
+            await down(clients, victim, faulted=False)
+            early = await until(
+                incidents(clients), lambda xs: any(i.state == "restored" for i in xs)
+            )
+            assert early[0].isolated_ns == 0  # back before the scheduler answered
+        await faults.clear(clients, hung.id)  # MarkFailed answers: the isolation ends
+        found = await until(incidents(clients), lambda xs: any(i.isolated_ns for i in xs))
+        inc = next(i for i in found if i.device == victim)
+        assert inc.state == ("restored" if back else "isolated"), inc
+        assert inc.restored_ns if back else not inc.restored_ns
