@@ -226,7 +226,8 @@ class ManagerEngine:
         if incident.detected_by == STRAGGLER:  # its dies answer: nothing to fold
             self.publish("straggler", target=incident.device, detail=incident.detail)
         elif incident.device in self.devices:
-            self.detector.fold(self._dies(incident.device) if self.npu_of(incident.device) else [])
+            parts = self._dies(incident.device) if self.npu_of(incident.device) else []
+            self.detector.fold(incident.device, parts)
         self.spawn(self.actions.act(incident))
 
     async def _diagnosis(self, npu: str) -> float:

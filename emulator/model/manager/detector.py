@@ -46,6 +46,7 @@ class Incident:
 class Detector:
     devices: dict[str, str] = field(default_factory=dict)  # id -> ok | suspect | failed
     incidents: list[Incident] = field(default_factory=list)
+    folded: dict[str, set[str]] = field(default_factory=dict)  # a failed device: its parts
 
     def watch(self, devices: list[str]) -> None:
         for d in devices:
@@ -55,11 +56,16 @@ class Detector:
         return sum(1 for s in self.devices.values() if s == state)
 
     def answered(self, device: str) -> bool:
-        """A SERVING answer; True when a failed device is back. A degraded one stays degraded:
-        it answered all along."""
+        """A SERVING answer; True when a failed device is back (and the parts that failed with
+        it, which never answer on their own: a part still down fails again by its own report).
+        A degraded one stays degraded: it answered all along."""
         was = self.devices.get(device)
         if was != DEGRADED:
             self.devices[device] = OK
+        if was == FAILED:
+            for part in self.folded.pop(device, ()):
+                if self.devices.get(part) == FAILED:
+                    self.devices[part] = OK
         return was == FAILED
 
     def degraded(
@@ -93,11 +99,14 @@ class Detector:
             return None
         return self._fail(device, by, now_ns, detail)
 
-    def fold(self, parts: list[str]) -> None:
+    def fold(self, device: str, parts: list[str]) -> None:
         """Parts of a failed device (an NPU's dies) fail with it, without incidents of their
-        own: their health reports follow the device's."""
+        own: their health reports follow the device's, and they answer when it does. A part
+        already failed on its own stays its own incident's."""
         for part in parts:
-            self.devices[part] = FAILED
+            if self.devices.get(part) != FAILED:
+                self.devices[part] = FAILED
+                self.folded.setdefault(device, set()).add(part)
 
     def _fail(self, device: str, by: str, now_ns: int, detail: str) -> Incident:
         self.devices[device] = FAILED

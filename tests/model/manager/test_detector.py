@@ -41,3 +41,16 @@ def test_not_serving_fails_at_once() -> None:
     assert d.since(9) == [second] and d.get("inc-00001") is first
     with pytest.raises(NotFoundError):
         d.get("inc-99999")
+
+
+def test_the_parts_of_a_failed_device_answer_with_it_but_one_down_on_its_own_stays_down() -> None:
+    d = Detector()
+    d.watch(["npu", "npu.d0", "npu.d1"])
+    assert d.unhealthy("npu.d1", "health", 1, "die down") is not None  # its own incident
+    assert d.unhealthy("npu", "health", 2, "unreachable") is not None
+    d.fold("npu", ["npu.d0", "npu.d1"])
+    assert d.devices["npu.d0"] == FAILED and len(d.incidents) == 2  # no incident of its own
+    assert d.answered("npu") is True
+    assert d.devices["npu.d0"] == OK  # it never answers apart from its NPU: back with it
+    assert d.devices["npu.d1"] == FAILED  # down before the NPU failed: until it answers itself
+    assert d.answered("npu.d1") is True and d.devices["npu.d1"] == OK
