@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from emulator.model.durations import HELP as DURATION_HELP
+from emulator.model.durations import seconds_in
 from emulator.model.errors import EmulatorError, InvalidArgumentError
 from emulator.model.presets import get_preset
 from emulator.runtime import state
@@ -102,35 +104,23 @@ def positive_float(text: str) -> float:
     return value
 
 
-_SECONDS = {
-    "": 1.0,  # a plain number is seconds
-    "s": 1.0,
-    "sec": 1.0,
-    "ms": 1e-3,
-    "us": 1e-6,
-    "m": 60.0,
-    "min": 60.0,
-    "h": 3600.0,
-    "d": 86400.0,
-}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*([a-zA-Z]*)\s*$")
-_DURATION_EXAMPLES = "e.g. 30, 30s, 500ms, 800us, 5m, 1h, 1d; a plain number is seconds"
-
-
 def _duration(text: str) -> float:
-    match = _DURATION.match(text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _SECONDS:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} ({_DURATION_EXAMPLES})")
-    value = float(match.group(1)) * _SECONDS[unit]
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"not a finite duration: {text!r}")
+    value: float | None
+    try:
+        value = float(text)  # a plain number is seconds (1e3 too)
+    except ValueError:
+        value = seconds_in(text.lower())
+    if value is None or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} ({DURATION_HELP})")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a duration >= 0, got {text!r}")
     return value
 
 
 def seconds(text: str) -> float:
     """A positive duration in seconds, as a human types one: `30s`, `500ms`, `1h`, `800us`,
-    or a plain number of seconds. Every CLI flag that takes a time uses it (or
+    `1m30s`, or a plain number of seconds (emulator/model/durations.py, as scenarios read
+    them). Every CLI flag that takes a time uses it (or
     `non_negative_seconds`), so `--for 30s` and `--timeout 2` both mean what they say."""
     value = _duration(text)
     if value <= 0:

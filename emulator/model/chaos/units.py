@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 
+from emulator.model.durations import HELP as DURATION_HELP
+from emulator.model.durations import seconds_in
 from emulator.model.errors import InvalidArgumentError, quote
 
-DURATION_UNITS_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 SIZE_UNITS = {
     "": 1,
     "B": 1,
@@ -21,11 +22,8 @@ SIZE_UNITS = {
     "MiB": 2**20,
     "GiB": 2**30,
 }
-_DURATION_PART = r"([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)"
-_DURATION = re.compile(rf"^\s*(?:{_DURATION_PART}\s*)+$")  # `1m30s`, `1h 30m` as well
 _SIZE = re.compile(r"^\s*(?P<n>[0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?)\s*(?P<unit>[KMG]i?B|B)?\s*$")
 _PERCENT = re.compile(r"^\s*(?P<n>[0-9]+(?:\.[0-9]+)?)\s*%\s*$")
-DURATION_HELP = "a duration such as 30s, 10m, 1m30s, 1.5h, 500ms or 2d (a bare number is seconds)"
 
 
 def bad(path: str, message: str) -> InvalidArgumentError:
@@ -39,9 +37,8 @@ def duration_s(value: object, path: str, *, allow_zero: bool = True) -> float:
         raise bad(path, f"expected {DURATION_HELP}, got {value!r}")
     if isinstance(value, int | float):
         seconds = float(value)
-    elif isinstance(value, str) and _DURATION.match(value):
-        parts = re.findall(_DURATION_PART, value)
-        seconds = sum(float(n) * DURATION_UNITS_S[unit] for n, unit in parts)
+    elif isinstance(value, str) and (parsed := seconds_in(value)) is not None:
+        seconds = parsed
     else:
         raise bad(path, f"expected {DURATION_HELP}, got {quote(value)}")
     if seconds < 0 or (seconds == 0 and not allow_zero):

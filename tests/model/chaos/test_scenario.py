@@ -184,6 +184,7 @@ def test_units() -> None:
     assert duration_s("2d", "x") == 172800
     assert duration_s(12, "x") == 12
     assert duration_s("1m30s", "x") == 90 and duration_s("1h 30m", "x") == 5400
+    assert duration_s("2min", "x") == 120 and duration_s("800us", "x") == pytest.approx(800e-6)
     for bad in (True, "1 fortnight", "-3s", None, [1], "1m30", "m", ""):
         with pytest.raises(InvalidArgumentError):
             duration_s(bad, "x")
