@@ -52,6 +52,16 @@ def incidents(clients: Clients) -> Callable[[], Awaitable[list[manager_pb2.Incid
     return probe
 
 
+def failed_npus(clients: Clients) -> Callable[[], Awaitable[int]]:
+    """How many NPUs the scheduler holds out of service, as a probe for `until`."""
+
+    async def probe() -> int:
+        reply = await clients.scheduler().ListAllocations(scheduler_pb2.ListAllocationsRequest())
+        return reply.failed_npus
+
+    return probe
+
+
 async def down(clients: Clients, device: str, faulted: bool = True) -> None:
     await clients.device(device).SetFaultState(
         device_pb2.FaultState(faulted=faulted, reason="test")
@@ -158,13 +168,9 @@ async def test_a_die_down_takes_its_npu_out_of_the_job() -> None:
         assert npu not in [n.id for n in now.npus]
         await faults.clear(clients, fault.id)
 
-        async def failed() -> int:
-            reply = await clients.scheduler().ListAllocations(
-                scheduler_pb2.ListAllocationsRequest()
-            )
-            return reply.failed_npus
-
-        await until(failed, lambda n: n == 0)  # the die is back: the NPU back in service
+        await until(
+            failed_npus(clients), lambda n: n == 0
+        )  # the die is back: the NPU back in service
 
 
 async def test_a_crash_is_detected_by_health() -> None:
@@ -180,19 +186,13 @@ async def test_a_crash_is_detected_by_health() -> None:
         assert inc.detected_by == "health" and "unreachable" in inc.detail
         assert inc.state == "isolated" and not inc.jobs  # no job held it
 
-        async def failed() -> int:
-            reply = await clients.scheduler().ListAllocations(
-                scheduler_pb2.ListAllocationsRequest()
-            )
-            return reply.failed_npus
-
-        assert await failed() == 1
+        assert await failed_npus(clients)() == 1
         # restarted, it answers again: restored, and back in the scheduler's pool (its dies had
         # failed with it and never answered on their own, so it once stayed out for good: each
         # crash or container kill shrank the pool)
         await faults.clear(clients, crash.id)
         await until(incidents(clients), lambda xs: any(i.state == "restored" for i in xs))
-        await until(failed, lambda n: n == 0)
+        await until(failed_npus(clients), lambda n: n == 0)
 
 
 async def test_passive_mode_records_but_does_not_act() -> None:
