@@ -228,7 +228,8 @@ async def device_faults(clients: Clients) -> list[ActiveFault]:
             if isinstance(reply, device_pb2.DeviceFaultList):
                 covered |= set(reply.hosted)
                 for state in reply.faults:
-                    fault = device_fault(state)
+                    carried = state.kind == service.DEVICE_KIND  # a control-plane service's
+                    fault = service.listed(state, clients) if carried else device_fault(state)
                     found[fault.id] = fault
         uncovered = [d for d in uncovered if d not in covered]
     return thermal_throttle.grouped(list(found.values()))

@@ -154,3 +154,39 @@ SLOW = ServiceKindFault(
     params=ServiceSlowParams,
     slow=True,
 )
+
+
+def listed(state: device_pb2.FaultState, clients: Clients) -> ActiveFault:
+    """A service fault as `cmemu fault ls` shows it: its kind and its service, as it was added,
+    not the `service-down` of the device that carries it in process (its id stays the carrier's:
+    `cmemu fault rm` takes it)."""
+    fault = device_fault(state)
+    params = state.params
+    kind = (
+        SLOW.name
+        if float(params.get("latency_ms") or 0) > 0
+        else HANG.name
+        if params.get("hang") == "true"
+        else KILL.name
+    )
+    # its supernode's service of that kind (a carrier is a device of the service's supernode)
+    service = next(
+        (
+            x
+            for t in clients.supernodes
+            if any(d.id == state.device for d in t.devices)
+            for x in t.services
+            if x.kind.value == params.get("service")
+        ),
+        None,
+    )
+    if service is None:  # a carrier fault added by hand, naming no service of its supernode
+        return fault
+    return ActiveFault(
+        id=fault.id,
+        kind=kind,
+        target=service.id,
+        detail=f"through {state.device}",
+        since_ns=fault.since_ns,
+        until_ns=fault.until_ns,
+    )

@@ -21,6 +21,7 @@ import pytest
 
 from cmemu.v1 import device_pb2, fabric_pb2, manager_pb2, router_pb2, scheduler_pb2
 from emulator.cli.chaos import summary_lines
+from emulator.client import faults
 from emulator.client.clients import Clients
 from emulator.client.errors import decode
 from emulator.client.faultkinds import process
@@ -155,6 +156,10 @@ def test_a_killed_scheduler_refuses_calls_until_cleared_then_serves_its_state_ag
     assert supernode.call(_scheduler_up) == "ok"
     fault = chaos.inject("service-kill", "scheduler")
     assert (fault.kind, fault.target) == ("service-kill", "scheduler")
+    # listed as it was added (once as `service-down` of the device that carries it in process)
+    (listed,) = [f for f in supernode.call(faults.list_all) if f.id == fault.id]
+    assert (listed.kind, listed.target) == ("service-kill", "scheduler"), listed
+    assert listed.detail.startswith("through ")
     assert supernode.call(_scheduler_up) == "UNAVAILABLE"
     assert supernode.call(_manager_up) == "ok"  # only the target is down
     with pytest.raises(PreconditionError, match="down already") as twice:
