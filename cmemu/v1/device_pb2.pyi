@@ -709,6 +709,7 @@ class Liveness(_message.Message):
     DOWN_FIELD_NUMBER: _builtins.int
     DIES_DOWN_FIELD_NUMBER: _builtins.int
     INTERVAL_S_FIELD_NUMBER: _builtins.int
+    ECC_FIELD_NUMBER: _builtins.int
     emulated_ns: _builtins.int
     """the process's emulated time at this beat"""
     process: _builtins.str
@@ -735,6 +736,12 @@ class Liveness(_message.Message):
     def dies_down(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """NPU dies down ("n00-npu3.d1")"""
 
+    @_builtins.property
+    def ecc(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """devices reporting uncorrectable memory errors (hbm-ecc: poisoned bytes): alive, but what
+        they hold is lost; a controller takes them out of service until repaired
+        """
+
     def __init__(
         self,
         *,
@@ -746,10 +753,11 @@ class Liveness(_message.Message):
         down: _abc.Iterable[_builtins.str] | None = ...,
         dies_down: _abc.Iterable[_builtins.str] | None = ...,
         interval_s: _builtins.float = ...,
+        ecc: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answering", b"answering", "covers", b"covers", "dies_down", b"dies_down", "down", b"down", "emulated_ns", b"emulated_ns", "interval_s", b"interval_s", "process", b"process", "unreachable", b"unreachable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answering", b"answering", "covers", b"covers", "dies_down", b"dies_down", "down", b"down", "ecc", b"ecc", "emulated_ns", b"emulated_ns", "interval_s", b"interval_s", "process", b"process", "unreachable", b"unreachable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

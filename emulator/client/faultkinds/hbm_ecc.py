@@ -6,6 +6,7 @@ from emulator.model.faults.catalogue import HbmEccParams
 
 KIND = DeviceKind(
     name="hbm-ecc",
-    help="a region's bytes are poisoned: reads DATA_LOSS, writes heal",
+    help="a region's bytes are poisoned: reads DATA_LOSS, writes heal; the manager takes the "
+    "device out of service until none is left",
     params=HbmEccParams,
 )

@@ -137,6 +137,7 @@ def liveness_proto(b: Beat) -> device_pb2.Liveness:
         down=b.down,
         dies_down=b.dies_down,
         interval_s=b.interval_s,
+        ecc=b.ecc,
     )
 
 
@@ -150,4 +151,5 @@ def liveness(m: device_pb2.Liveness) -> Beat:
         down=tuple(m.down),
         dies_down=tuple(m.dies_down),
         interval_s=m.interval_s,
+        ecc=tuple(m.ecc),
     )

@@ -7,7 +7,9 @@
 - hang, slow, thermal-throttle, intermittent-hang: alive but degraded (gray.py). The fault
   methods of the Device service still answer a hung device (a BMC).
 - hbm-ecc: a region or address range is poisoned: reads and atomics touching it fail DATA_LOSS;
-  a write over poisoned bytes heals them; clearing the fault scrubs what is left.
+  a write over poisoned bytes heals them; clearing the fault scrubs what is left. The device's
+  liveness reports it (`ecc`) while any byte stays poisoned: the manager takes it out of service
+  (isolate, replace its jobs) and returns it once repaired.
 - die-down: one NPU die fails: kernels on it and UB accesses to its HBM half are UNAVAILABLE,
   its health name "<npu>.d<die>" turns NOT_SERVING while the server stays SERVING (degraded).
 - pool-loss: a memory pool crashes with its contents lost (EMS re-replicates what it held).
@@ -135,9 +137,11 @@ class HbmEcc:
         start, end = _ecc_range(engine, fault.params)
         fault.params = HbmEccParams(offset=start, size=end - start)  # what stays poisoned
         engine.effects.poison.add(start, end)
+        engine.health_moved()  # its process's liveness reports it at once (a RAS event)
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         engine.effects.poison.heal(fault.params.offset, fault.params.size)
+        engine.health_moved()
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ class Beat:
     down: tuple[str, ...]
     dies_down: tuple[str, ...]
     interval_s: float
+    ecc: tuple[str, ...] = ()  # uncorrectable memory errors: alive, data lost
 
 
 class Liveness:
@@ -55,7 +56,7 @@ class Liveness:
             event.set()
 
     def beat(self) -> Beat:
-        answering, unreachable, down, dies_down = [], [], [], []
+        answering, unreachable, down, dies_down, ecc = [], [], [], [], []
         for device, engine in self.engines.items():
             effects = engine.effects
             if effects.crashed:
@@ -66,6 +67,8 @@ class Liveness:
             if engine.fault.faulted:
                 down.append(device)
             dies_down += [die_name(device, d) for d in sorted(effects.dies_down)]
+            if effects.poison.ranges:
+                ecc.append(device)
         return Beat(
             emulated_ns=self.clock.now_ns(),
             process=self.process,
@@ -75,6 +78,7 @@ class Liveness:
             down=tuple(down),
             dies_down=tuple(dies_down),
             interval_s=self.interval_s,
+            ecc=tuple(ecc),
         )
 
     async def watch(self) -> AsyncIterator[Beat]:

@@ -38,9 +38,9 @@ from emulator.model.instruments import Family
 from emulator.model.manager.detector import (
     CLOSED,
     DEGRADED,
+    DEGRADING,
     FAILED,
     RESTORED,
-    STRAGGLER,
     SUSPECT,
     Detector,
     Incident,
@@ -223,8 +223,8 @@ class ManagerEngine:
         return [die_id(npu, k) for k in range(self.profile.npu.dies)]
 
     def _incident(self, incident: Incident) -> None:
-        if incident.detected_by == STRAGGLER:  # its dies answer: nothing to fold
-            self.publish("straggler", target=incident.device, detail=incident.detail)
+        if incident.detected_by in DEGRADING:  # alive, its dies answer: nothing to fold
+            self.publish(incident.detected_by, target=incident.device, detail=incident.detail)
         elif incident.device in self.devices:
             parts = self._dies(incident.device) if self.npu_of(incident.device) else []
             self.detector.fold(incident.device, parts)

@@ -2,7 +2,9 @@
 judged in emulated time (the streams' beats: engines/device/liveness.py).
 
 - A device in a beat's `unreachable` (crashed) or `down` (NOT_SERVING) fails at once; a die in
-  `dies_down` fails, and answers again once a beat no longer lists it.
+  `dies_down` fails, and answers again once a beat no longer lists it. A device in `ecc`
+  (uncorrectable memory errors) is degraded: it answers, but what it holds is lost, so it goes
+  out of service (an incident detected_by "ecc") until a beat no longer lists it.
 - A device missing from `answering` (hung) fails once `misses_to_fail` heartbeat intervals of
   its process's own emulated time passed since it last answered: the beats say how much time
   passed at the device, so the manager's own lag can never look like the device's silence.
@@ -30,7 +32,7 @@ from emulator.engines.clock import Timeline
 from emulator.engines.device.liveness import Beat
 from emulator.engines.peers import Directory
 from emulator.model.errors import EmulatorError
-from emulator.model.manager.detector import FAILED, Detector, Incident
+from emulator.model.manager.detector import ECC, FAILED, Detector, Incident
 from emulator.model.topology import Device
 
 log = structlog.get_logger("cmemu.manager")
@@ -45,6 +47,7 @@ class _Stream:
     last_beat_ns: int = 0  # the manager's emulated time at the last beat
     answered_ns: dict[str, int] = field(default_factory=dict)  # the process's time, per device
     dies_down: set[str] = field(default_factory=set)
+    ecc: set[str] = field(default_factory=set)
     beat: asyncio.Event = field(default_factory=asyncio.Event)
     opened: asyncio.Event = field(default_factory=asyncio.Event)
     reset: asyncio.Event = field(default_factory=asyncio.Event)  # silent: drop its connection
@@ -197,6 +200,18 @@ class LivenessWatch:
         for die in stream.dies_down - dies_down:
             self._answered(die)
         stream.dies_down = dies_down
+        ecc = set(beat.ecc) & set(stream.covers)
+        for device in ecc:
+            incident = self.detector.degraded(
+                device, self.clock.now_ns(), "uncorrectable HBM ECC errors: its data is lost",
+                by=ECC,
+            )  # fmt: skip
+            if incident is not None:
+                self.on_incident(incident)
+        for device in stream.ecc - ecc:
+            if self.detector.recovered(device, ECC):
+                self.on_back(device)
+        stream.ecc = ecc
 
     async def _silence(self, stream: _Stream) -> None:
         """No beat for `misses_to_fail` intervals of emulated time: the process is stopped."""

@@ -17,6 +17,8 @@ from emulator.model.errors import NotFoundError
 OK, SUSPECT, FAILED, DEGRADED = "ok", "suspect", "failed", "degraded"
 STATES = (OK, SUSPECT, FAILED, DEGRADED)
 STRAGGLER = "straggler"  # an incident's detected_by for a degraded NPU
+ECC = "ecc"  # ... for a device reporting uncorrectable memory errors (alive, its data lost)
+DEGRADING = (STRAGGLER, ECC)  # what makes a device degraded: alive, out of service
 DETECTED, ISOLATED, REPLACED, RESTORED = "detected", "isolated", "replaced", "restored"
 UNRECOVERABLE = "unrecoverable"
 CLOSED = frozenset({RESTORED, UNRECOVERABLE})
@@ -47,6 +49,7 @@ class Detector:
     devices: dict[str, str] = field(default_factory=dict)  # id -> ok | suspect | failed
     incidents: list[Incident] = field(default_factory=list)
     folded: dict[str, set[str]] = field(default_factory=dict)  # a failed device: its parts
+    degraded_by: dict[str, str] = field(default_factory=dict)  # a degraded device: why
 
     def watch(self, devices: list[str]) -> None:
         for d in devices:
@@ -63,29 +66,33 @@ class Detector:
         if was != DEGRADED:
             self.devices[device] = OK
         if was == FAILED:
+            self.degraded_by.pop(device, None)
             for part in self.folded.pop(device, ()):
                 if self.devices.get(part) == FAILED:
                     self.devices[part] = OK
         return was == FAILED
 
     def degraded(
-        self, device: str, now_ns: int, detail: str, *, since_ns: int = 0
+        self, device: str, now_ns: int, detail: str, *, since_ns: int = 0, by: str = STRAGGLER
     ) -> Incident | None:
         """A straggler: alive, but slowing every collective it is in (since `since_ns`, as its
         collectives show). None when it is already known degraded or failed (the failure's
         incident covers it)."""
         if self.devices.get(device) in (DEGRADED, FAILED):
             return None
-        incident = self._fail(device, STRAGGLER, now_ns, detail)
+        incident = self._fail(device, by, now_ns, detail)
         incident.fault_ns = since_ns
         self.devices[device] = DEGRADED
+        self.degraded_by[device] = by
         return incident
 
-    def recovered(self, device: str) -> bool:
-        """A degraded device diagnosed at full speed again; True when it was degraded."""
-        if self.devices.get(device) != DEGRADED:
+    def recovered(self, device: str, by: str = STRAGGLER) -> bool:
+        """A device degraded for `by` is well again (a straggler diagnosed at full speed, an
+        ECC report gone); True when it was degraded for that reason, and only for it."""
+        if self.devices.get(device) != DEGRADED or self.degraded_by.get(device) != by:
             return False
         self.devices[device] = OK
+        del self.degraded_by[device]
         return True
 
     def suspect(self, device: str) -> None:

@@ -173,6 +173,42 @@ async def test_a_die_down_takes_its_npu_out_of_the_job() -> None:
         )  # the die is back: the NPU back in service
 
 
+@pytest.mark.parametrize("active", [True, False])
+async def test_uncorrectable_hbm_ecc_takes_the_npu_out_of_its_job_until_repaired(
+    active: bool,
+) -> None:
+    """An NPU reporting uncorrectable HBM ECC errors answers, but its data is lost: the manager
+    isolates it and moves its job to a spare, and returns it to the pool once the poison is gone.
+    The twin: a passive manager records the incident and moves nothing."""
+    async with running_supernode("cm-mini", time_scale=SCALE) as sn:
+        clients = sn.clients
+        if not active:
+            await clients.manager().SetMode(
+                manager_pb2.SetModeRequest(mode=manager_pb2.MANAGER_MODE_PASSIVE)
+            )
+        alloc = await clients.scheduler().Allocate(
+            scheduler_pb2.AllocateRequest(job="j-ecc", npus=2)
+        )
+        npu = alloc.npus[0].id
+        ecc = await faults.inject(clients, "hbm-ecc", npu, {"offset": 0, "size": 4096})
+        state = "replaced" if active else "detected"
+        found = await until(
+            incidents(clients), lambda xs: any(i.detected_by == "ecc" and state == i.state
+                                                and (active or "passive" in i.detail) for i in xs)
+        )  # fmt: skip
+        inc = next(i for i in found if i.detected_by == "ecc")
+        assert inc.device == npu and "uncorrectable HBM ECC" in inc.detail
+        assert list(inc.jobs) == (["j-ecc"] if active else [])
+        now = await clients.scheduler().GetAllocation(
+            scheduler_pb2.GetAllocationRequest(job="j-ecc")
+        )
+        assert (npu in [n.id for n in now.npus]) is not active
+        await faults.clear(clients, ecc.id)  # scrubbed: nothing poisoned is left
+        await until(failed_npus(clients), lambda n: n == 0)  # back in the pool
+        status = await clients.manager().GetStatus(manager_pb2.GetManagerStatusRequest())
+        assert status.devices_failed == 0
+
+
 async def test_a_crash_is_detected_by_health() -> None:
     async with running_supernode("cm-mini", time_scale=SCALE) as sn:
         clients = sn.clients
