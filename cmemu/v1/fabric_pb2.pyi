@@ -327,6 +327,7 @@ class FabricFault(_message.Message):
     UNTIL_NS_FIELD_NUMBER: _builtins.int
     LOSS_RATE_FIELD_NUMBER: _builtins.int
     MODULE_FIELD_NUMBER: _builtins.int
+    ONE_WAY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """assigned by the fabric"""
     kind: _builtins.str
@@ -355,6 +356,8 @@ class FabricFault(_message.Message):
     """link-loss: share of frames lost or failing CRC, in (0, 1)"""
     module: _builtins.int
     """optical-module: which uplink module of the L1 chip (target)"""
+    one_way: _builtins.bool
+    """partition: only side_a's frames to side_b are lost (asymmetric)"""
     @_builtins.property
     def side_a(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """partition: device ids on one side"""
@@ -380,10 +383,11 @@ class FabricFault(_message.Message):
         until_ns: _builtins.int = ...,
         loss_rate: _builtins.float = ...,
         module: _builtins.int = ...,
+        one_way: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_latency_us", b"added_latency_us", "duty", b"duty", "factor", b"factor", "for_s", b"for_s", "id", b"id", "kind", b"kind", "loss_rate", b"loss_rate", "module", b"module", "period_s", b"period_s", "side_a", b"side_a", "side_b", b"side_b", "since_ns", b"since_ns", "target", b"target", "until_ns", b"until_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_latency_us", b"added_latency_us", "duty", b"duty", "factor", b"factor", "for_s", b"for_s", "id", b"id", "kind", b"kind", "loss_rate", b"loss_rate", "module", b"module", "one_way", b"one_way", "period_s", b"period_s", "side_a", b"side_a", "side_b", b"side_b", "since_ns", b"since_ns", "target", b"target", "until_ns", b"until_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -196,7 +196,7 @@ class DieFlows:
             ]
         )
         devices = [e.device.id for e in ranks]
-        for x, y in graph.partitions:
+        for x, y, _ in graph.partitions:  # a collective needs both ways: one way cuts it too
             sides = {d for d in devices if d in x}, {d for d in devices if d in y}
             if all(sides):
                 raise UnavailableError(

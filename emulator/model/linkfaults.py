@@ -37,6 +37,7 @@ class FaultSpec:
     down: bool = False  # link-flap: in the down part of its cycle now (FaultSet.flap)
     loss_rate: float = 0.0  # link-loss: share of frames lost or failing CRC
     module: int = 0  # optical-module: which uplink module of the L1 chip (target)
+    one_way: bool = False  # partition: side_a's frames to side_b lost, side_b's to side_a not
 
     @property
     def until_s(self) -> float:
@@ -109,7 +110,7 @@ class Partition:
             raise InvalidArgumentError(f"devices on both sides of a partition: {sorted(both)}")
 
     def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
-        graph.partitions.append((frozenset(spec.side_a), frozenset(spec.side_b)))
+        graph.partitions.append((frozenset(spec.side_a), frozenset(spec.side_b), spec.one_way))
 
 
 class LinkFlap:

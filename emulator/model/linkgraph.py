@@ -170,7 +170,8 @@ class LinkGraph:
         self.up = np.ones(n, dtype=bool)
         self.factor = np.ones(n)
         self.extra_latency_s = np.zeros(n)
-        self.partitions: list[tuple[frozenset[str], frozenset[str]]] = []
+        # (side a, side b, one way): one way, only a's frames to b are lost
+        self.partitions: list[tuple[frozenset[str], frozenset[str], bool]] = []
         self.invalidate()
 
     def invalidate(self) -> None:
@@ -416,7 +417,12 @@ class LinkGraph:
         return self.endpoints[die_id(device.id, die)]
 
     def partitioned(self, a: str, b: str) -> bool:
-        return any((a in x and b in y) or (a in y and b in x) for x, y in self.partitions)
+        """Whether frames from device `a` to device `b` are lost (a partition, either way, or
+        one way from a's side to b's)."""
+        return any(
+            (a in x and b in y) or (not one_way and a in y and b in x)
+            for x, y, one_way in self.partitions
+        )
 
     # --- the routing rules, as arrays over the live state ------------------------------------
 

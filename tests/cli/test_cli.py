@@ -139,7 +139,11 @@ def test_serve_says_why_its_metrics_cannot_bind(tmp_path: Path) -> None:
         (["up", "--preset", "cm999"], 2, "unknown preset 'cm999'; known: cm-mini, cm192"),
         (["topology", "--preset", "nope"], 2, "known: cm-mini"),
         (["up", "--preset", "cm-mini", "--time-scale", "0"], 2, "must be a finite number > 0"),
-        (["status", "--timeout", "2x"], 2, "not a duration: '2x' (e.g. 30, 30s, 500ms"),
+        (
+            ["status", "--timeout", "2x"],
+            2,
+            "not a duration: '2x' (a duration such as 30s, 10m, 1m30s",
+        ),
         (["up", "--preset", "cm-mini", "--ready-timeout", "0ms"], 2, "must be a duration > 0"),
         (["up", "--preset", "cm-mini", "--drain=-1s"], 2, "not a duration: '-1s'"),
         (["down", "--timeout", "forever"], 2, "not a duration: 'forever'"),

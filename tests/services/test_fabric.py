@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
+from emulator.client import faults
 from emulator.client.errors import decode
 from emulator.model.costmodel import UbOp, ub_latency_s, ub_transfer_ns, ub_wire_cost
 from emulator.model.hardware import DEFAULT_PROFILE
@@ -140,6 +141,61 @@ async def test_partition_makes_transfers_unavailable(clients: Clients) -> None:
     finally:
         await fabric.ClearFault(fabric_pb2.ClearFaultRequest(id=cut.id))
     await clients.bus("n00-npu4").Submit(write)
+
+
+async def _refusal(call: object) -> str:
+    """`CODE REASON` of a call that must fail."""
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call  # type: ignore[misc]
+    error = decode(err.value)
+    return f"{error.code.name} {error.reason}"
+
+
+async def test_a_one_way_partition_loses_one_direction_only(clients: Clients) -> None:
+    """side_a's frames to side_b are lost, side_b's to side_a are not: a's writes and reads of b
+    fail and change nothing; b's write to a lands but is never acknowledged (its issuer is told
+    ACK_LOST, a third device reads the bytes there); b's read of a fails (its data would cross
+    the cut); a collective of both fails. The twin: cleared, everything goes through."""
+    a, b, witness = "n00-npu4", "n00-npu6", "n00-npu5"
+    regions = {}
+    for device in (a, b):
+        region = await clients.device(device).AllocateRegion(
+            device_pb2.AllocateRegionRequest(size=4096)
+        )
+        regions[device] = ub_pb2.UbAddress(eid=clients.topology.device(device).eid,
+                                           offset=region.offset)  # fmt: skip
+
+    def write(to: str, data: bytes) -> ub_pb2.UbTransaction:
+        return ub_pb2.UbTransaction(op=ub_pb2.UB_OP_WRITE, dst=regions[to], data=data)
+
+    def read(of: str) -> ub_pb2.UbTransaction:
+        return ub_pb2.UbTransaction(op=ub_pb2.UB_OP_READ, dst=regions[of], size=2)
+
+    async def seen(device: str) -> bytes:
+        return (await clients.bus(witness).Submit(read(device))).data
+
+    cut = await faults.inject(
+        clients, "partition", "", {"side_a": a, "side_b": b, "one_way": "true"}
+    )
+    listed = {f.id: f for f in await faults.list_all(clients)}
+    assert "one-way" in listed[cut.id].detail
+    try:
+        assert await _refusal(clients.bus(a).Submit(write(b, b"aa"))) == "UNAVAILABLE ROUTE_CUT"
+        assert await seen(b) == b"\0\0"  # never arrived
+        assert await _refusal(clients.bus(a).Submit(read(b))) == "UNAVAILABLE ROUTE_CUT"
+        assert await _refusal(clients.bus(b).Submit(write(a, b"bb"))) == "UNAVAILABLE ACK_LOST"
+        assert await seen(a) == b"bb"  # landed, unacknowledged
+        assert (await _refusal(clients.bus(b).Submit(read(a)))).startswith("UNAVAILABLE")
+        gather = fabric_pb2.CollectiveRequest(
+            op=fabric_pb2.COLLECTIVE_OP_ALL_GATHER, ranks=[a, b], bytes=10
+        )
+        assert (await _refusal(clients.fabric().Collective(gather))).startswith("UNAVAILABLE")
+    finally:
+        await faults.clear(clients, cut.id)
+    await clients.bus(a).Submit(write(b, b"aa"))
+    await clients.bus(b).Submit(write(a, b"cc"))
+    assert (await clients.bus(b).Submit(read(a))).data == b"cc"
+    assert await seen(b) == b"aa"
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,8 @@ def fabric_detail(f: fabric_pb2.FabricFault) -> str:
         parts.append(f"period={f.period_s:g}s duty={f.duty:g}")
     if f.side_a or f.side_b:
         parts.append(f"side_a={','.join(f.side_a)} side_b={','.join(f.side_b)}")
+        if f.one_way:
+            parts.append("one-way (side_a to side_b lost)")
     if f.until_ns:
         parts.append(f"until={f.until_ns / 1e9:.3f}s")
     return " ".join(parts)
@@ -63,7 +65,11 @@ FIELDS: dict[type[Any], Callable[[Any], dict[str, Any]]] = {
     LinkDegradedParams: lambda p: {"factor": p.factor},
     LinkLatencyParams: lambda p: {"added_latency_us": p.latency_us},
     LinkFlapParams: lambda p: {"period_s": p.period_s, "duty": p.duty},
-    PartitionParams: lambda p: {"side_a": _sides(p.side_a), "side_b": _sides(p.side_b)},
+    PartitionParams: lambda p: {
+        "side_a": _sides(p.side_a),
+        "side_b": _sides(p.side_b),
+        "one_way": p.one_way,
+    },
     LinkLossParams: lambda p: {"loss_rate": p.rate},
     OpticalModuleParams: lambda p: {"module": p.module},
 }

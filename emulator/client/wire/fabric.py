@@ -115,6 +115,7 @@ def fault_spec(m: fabric_pb2.FabricFault) -> FaultSpec:
         since_s=m.since_ns / 1e9,
         loss_rate=m.loss_rate,
         module=m.module,
+        one_way=m.one_way,
     )
 
 
@@ -133,6 +134,7 @@ def fault_proto(spec: FaultSpec) -> fabric_pb2.FabricFault:
         since_ns=round(spec.since_s * 1e9),
         until_ns=round(spec.until_s * 1e9),
         loss_rate=spec.loss_rate,
+        one_way=spec.one_way,
         module=spec.module,
     )
 

@@ -181,6 +181,17 @@ class FabricEngine:
         with route_cut(f"{src.id}>{dst.id}"):
             route = graph.route(data_from, data_to)
             graph.check_reachable(route)
+        # The other way (a READ's request, a write's acknowledgement) can be cut alone, by a
+        # one-way partition: a request that never arrives changes nothing; an acknowledgement
+        # that never returns leaves the data delivered and the issuer told it failed.
+        other_way_cut = graph.partitioned(data_to.device.id, data_from.device.id)
+        if other_way_cut and tx.op is Op.READ:
+            raise UnavailableError(
+                f"{src.id}'s request never reaches {dst.id}: a one-way partition",
+                subject=f"{src.id}>{dst.id}",
+                reason="ROUTE_CUT",
+                retry_after_s=RETRY_AFTER_S,
+            )
         route = graph.priced(route, tx.op.priced, dst.kind)  # the op, the target's memory
         with blame(field="size"):
             seconds = route.latency_s + tx.size / route.cap if route.cap > 0 else float("inf")
@@ -196,6 +207,14 @@ class FabricEngine:
         complete_s = await self.run_flow(route, tx.size, issue_ns / 1e9)
         completion = await target_peer.deliver(tx, check_only=False, deadline_s=deadline_s)
         await self.clock.pace(complete_s)  # the reply waits for the clock, not the data
+        if other_way_cut:
+            raise UnavailableError(
+                f"delivered at {dst.id}, but its acknowledgement never reaches {src.id}: "
+                "a one-way partition (the data is there; a retry applies it again)",
+                subject=f"{src.id}>{dst.id}",
+                reason="ACK_LOST",
+                retry_after_s=RETRY_AFTER_S,
+            )
         completion.issue_ns = issue_ns
         completion.complete_ns = round(complete_s * 1e9)
         completion.path = tuple(route.hops)

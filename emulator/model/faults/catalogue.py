@@ -129,6 +129,11 @@ class OpticalModuleParams:
 class PartitionParams:
     side_a: str = param(help="comma-separated device ids on one side")
     side_b: str = param(help="comma-separated device ids on the other side")
+    one_way: bool = param(
+        False,
+        "only side_a's frames to side_b are lost (an asymmetric partition): side_b's writes to "
+        "side_a land but are never acknowledged, and side_a's requests never arrive",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
