@@ -267,8 +267,15 @@ class Runner:
                     return  # the hypothesis did not hold: nothing is put to the test
             if inject:
                 live[p.label] = await self._inject(p, placement, rng)
-            else:
-                await self._clear(live.pop(p.label, []))
+                continue
+            group = live.pop(p.label, [])
+            if group and p.step.duration_s is not None:
+                # a fault lasts its duration from when it went in, which may be after its plan
+                went_in_s = (max(i.at_ns for i in group) - self.obs.start_ns) / 1e9
+                if not await self._sleep_until(went_in_s + p.step.duration_s):
+                    live[p.label] = group  # halted: cleared with the rest below
+                    break
+            await self._clear(group)
         if self._halt.is_set():  # the attack halts: what is in comes out now
             await self._clear([i for group in live.values() for i in group])
             return
