@@ -248,7 +248,6 @@ async def pacing(topology: Topology, clients: Clients) -> None:
 
 async def main_async(args: argparse.Namespace, path: Path) -> dict[str, object]:
     topology = state.read(path)
-    assert topology.epoch_wall_s is not None
     clients = Clients(topology)
     out: dict[str, object] = {}
     try:

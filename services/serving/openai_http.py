@@ -46,7 +46,7 @@ from services.serving.endpoint.asks import Ask, Parser
 from services.serving.endpoint.errors import HttpError, from_domain
 from services.serving.endpoint.limits import read_json
 from services.serving.endpoint.responses import CHAT, COMPLETIONS, Answer, Reply, Shape
-from services.serving.tokenizer import Loaded, load_tokenizer, output_ids
+from services.serving.tokenizer import Loaded, Tokenizer, load_tokenizer, output_ids
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 log = structlog.get_logger("cmemu.router")
@@ -149,14 +149,6 @@ class OpenAiServer:
         self.warm()
         assert self._loading is not None
         return await asyncio.shield(self._loading)
-
-    @property
-    def loaded(self) -> Loaded | None:
-        """The tokenizer once loaded; None before."""
-        loading = self._loading
-        if loading is None or not loading.done() or loading.cancelled():
-            return None
-        return loading.result()
 
     async def stop(self) -> None:
         if self._loading is not None and not self._loading.done():
@@ -264,15 +256,12 @@ class OpenAiServer:
 
     # --- serving -------------------------------------------------------------------------------
 
-    async def _parser(self) -> Parser:
-        loaded = await self.tokenizer()
-        # token ids as the model's embedding takes them (the model card's vocabulary)
-        return Parser(tokenizer=loaded.tokenizer, limits=self.limits, vocab=VOCAB)
-
     async def _serve(self, request: web.Request, shape: Shape) -> web.StreamResponse:
         tenant = self.admission.tenant(request.headers.get("Authorization", ""))
         body = await read_json(request, self.limits)
-        parser = await self._parser()
+        tokenizer = (await self.tokenizer()).tokenizer
+        # token ids as the model's embedding takes them (the model card's vocabulary)
+        parser = Parser(tokenizer=tokenizer, limits=self.limits, vocab=VOCAB)
         ask = await (parser.chat(body) if shape is CHAT else parser.completion(body))
         driver = self._driver(ask.model)
         context = get_model(driver.engine.deployment.model).context_tokens
@@ -283,7 +272,7 @@ class OpenAiServer:
         held = _Held()
         try:
             held.ticket = await self.admission.acquire(tenant, driver, len(ask.prompts) * ask.n)
-            reply = self._submit(driver, ask, shape, lengths)
+            reply = self._submit(driver, ask, shape, lengths, tokenizer)
             if len(reply.answers) == 1 and tenant.priority is not Priority.ONLINE:
                 self._preemptible(reply, held, tenant, driver)
             try:
@@ -331,11 +320,17 @@ class OpenAiServer:
         held.ticket.preempt = preempt
         reply.resume = resume
 
-    def _submit(self, driver: Driver, ask: Ask, shape: Shape, lengths: outputs.Lengths) -> Reply:
+    def _submit(
+        self,
+        driver: Driver,
+        ask: Ask,
+        shape: Shape,
+        lengths: outputs.Lengths,
+        tokenizer: Tokenizer,
+    ) -> Reply:
         natural = driver.engine.deployment.output
         # any 64-bit seed, negative ones too (numpy takes none below 0)
         rng = np.random.default_rng(ask.seed % 2**64) if ask.seed is not None else self._rng
-        assert self.loaded is not None
         answers: list[Answer] = []
         try:
             for p, tokens in enumerate(ask.prompts):
@@ -346,7 +341,7 @@ class OpenAiServer:
                         lengths=lengths,
                         natural=natural,
                         rng=rng,
-                        tokenizer=self.loaded.tokenizer,
+                        tokenizer=tokenizer,
                     )
                     stream = driver.submit(tokens, choice.tokens)
                     answers.append(Answer(choice=choice, stream=stream))
@@ -358,7 +353,7 @@ class OpenAiServer:
             ask=ask,
             shape=shape,
             answers=answers,
-            tokenizer=self.loaded.tokenizer,
+            tokenizer=tokenizer,
             clock=self.clock,
             lag_tolerance_s=self.limits.release_lag_tolerance_s,
             lags=self.release_lag,
