@@ -26,7 +26,7 @@ from emulator.client.wire import device as device_wire
 from emulator.client.wire import fabric as fabric_wire
 from emulator.client.wire import ub as ub_wire
 from emulator.engines.clock import ClockState
-from emulator.engines.device.engine import FaultState
+from emulator.engines.device.engine import FaultState, Telemetry
 from emulator.engines.device.liveness import Beat
 from emulator.engines.device.npu import Kernel, KernelResult
 from emulator.engines.peers import CollectiveOutcome
@@ -83,6 +83,11 @@ class RemoteDevice:
         request = device_pb2.GetFaultStateRequest()
         state = await _call(self.device.id, self._device.GetFaultState(request, timeout=deadline_s))
         return device_wire.fault_state(state)
+
+    async def telemetry(self, *, deadline_s: float | None) -> Telemetry:
+        request = device_pb2.GetTelemetryRequest()
+        seen = await _call(self.device.id, self._device.GetTelemetry(request, timeout=deadline_s))
+        return device_wire.telemetry(seen)
 
     async def kernel(self, kernel: Kernel, *, deadline_s: float | None) -> KernelResult:
         request = device_wire.kernel_proto(kernel)

@@ -32,7 +32,7 @@ from emulator.model.ub import Completion, Transaction
 
 if TYPE_CHECKING:
     from emulator.engines.clock import ClockState
-    from emulator.engines.device.engine import DeviceEngine, FaultState
+    from emulator.engines.device.engine import DeviceEngine, FaultState, Telemetry
     from emulator.engines.device.liveness import Beat
     from emulator.engines.device.npu import Kernel, KernelResult
     from emulator.engines.fabric.engine import FabricEngine
@@ -57,6 +57,10 @@ class DevicePeer(Protocol):
     async def free(self, region_id: int, *, deadline_s: float | None) -> int: ...
 
     async def fault_state(self, *, deadline_s: float | None) -> FaultState: ...
+
+    async def telemetry(self, *, deadline_s: float | None) -> Telemetry:
+        """What the device reports of itself (its faults and dies down among it)."""
+        ...
 
     async def kernel(self, kernel: Kernel, *, deadline_s: float | None) -> KernelResult:
         """A kernel on one of an NPU's dies (the manager's diagnosis of a straggler)."""
@@ -245,6 +249,9 @@ class LocalDevice:
 
     async def fault_state(self, *, deadline_s: float | None) -> FaultState:
         return await self._call("GetFaultState", _now(self.engine.fault_state), deadline_s)
+
+    async def telemetry(self, *, deadline_s: float | None) -> Telemetry:
+        return await self._call("GetTelemetry", _now(self.engine.telemetry), deadline_s)
 
     async def kernel(self, kernel: Kernel, *, deadline_s: float | None) -> KernelResult:
         return await self._call("SubmitKernel", _now(self.engine.dies.run, kernel), deadline_s)

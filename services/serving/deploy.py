@@ -20,14 +20,13 @@ import grpc
 import yaml
 
 from cmemu.v1 import (
-    device_pb2,
     ems_pb2,
     ems_pb2_grpc,
     router_pb2,
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
-from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
+from emulator.model.errors import EmulatorError, InvalidArgumentError, quote
 from emulator.model.hardware import HardwareProfile
 from emulator.model.serving.deployment import Deployment, instance_dies, parse_deployment
 from emulator.model.serving.experts import imbalance
@@ -41,6 +40,7 @@ from services.status import RemoteError
 NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,46}[a-z0-9])?$")
 LIVE_PLATFORM = "cm384"  # the live supernode is UB everywhere; cluster-roce is model mode only
 WEIGHTS_KIND = ems_pb2.OBJECT_KIND_WEIGHTS
+DEVICE_DEADLINE_S = 5.0  # a region allocated or given back on an NPU: a hung one is given up on
 
 
 def spec_dict(request: router_pb2.DeployRequest) -> dict[str, Any]:
@@ -332,10 +332,8 @@ class Provisioner:
                 continue
             offsets = []
             for npu in inst.npus:
-                region = await self.peers.device_call(
-                    npu,
-                    "AllocateRegion",
-                    device_pb2.AllocateRegionRequest(size=size, label=f"kv/{live.name}"),
+                region = await self.peers.device(npu).allocate(
+                    size, f"kv/{live.name}", deadline_s=DEVICE_DEADLINE_S
                 )
                 live.regions.append((npu.id, region.region_id))
                 offsets.append(region.offset)
@@ -390,11 +388,9 @@ class Provisioner:
     async def release(self, live: LiveDeployment) -> None:
         """Give back the KV regions and every allocation (what is already gone is skipped)."""
         for npu, region_id in live.regions:
-            with contextlib.suppress(RemoteError, NotFoundError):
-                await self.peers.device_call(
-                    self.topology.device(npu),
-                    "FreeRegion",
-                    device_pb2.FreeRegionRequest(region_id=region_id),
+            with contextlib.suppress(EmulatorError):  # what is already gone is skipped
+                await self.peers.device(self.topology.device(npu)).free(
+                    region_id, deadline_s=DEVICE_DEADLINE_S
                 )
         live.regions.clear()
         for job in live.allocations.values():

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
-from cmemu.v1 import ems_pb2, ems_pb2_grpc, ub_pb2
+from cmemu.v1 import ems_pb2, ems_pb2_grpc
 from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
 from emulator.engines.peers import CollectiveOutcome
@@ -65,6 +65,7 @@ from emulator.model.serving.engine import (
 )
 from emulator.model.serving.models import get_model
 from emulator.model.topology import Device
+from emulator.model.ub import Op, Transaction
 from services.gateway_kv import KvOverRdma
 from services.peers import Peers
 from services.serving.stats import RequestMetrics, ServingStats
@@ -589,13 +590,11 @@ class Driver:
         if self.kv_rdma is not None:
             took_s = await self.kv_rdma.write(src, dst, offset, plan.transfer.bytes)
             return StepResult(transfer_s=took_s)
-        tx = ub_pb2.UbTransaction(
-            op=ub_pb2.UB_OP_WRITE,
-            dst=ub_pb2.UbAddress(eid=dst.eid, offset=offset),
-            size=plan.transfer.bytes,
+        tx = Transaction(
+            op=Op.WRITE, dst_eid=dst.eid, dst_offset=offset, size=plan.transfer.bytes,
             size_only=True,
-        )
-        done: ub_pb2.UbCompletion = await self.peers.bus_call(src, "Submit", tx)
+        )  # fmt: skip
+        done = await self.peers.device(src).submit(tx, deadline_s=None)
         return StepResult(transfer_s=(done.complete_ns - done.issue_ns) / 1e9)
 
     async def _store_blocks(self, keys: Sequence[str], device: str) -> None:

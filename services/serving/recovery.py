@@ -23,16 +23,21 @@ import contextlib
 import grpc
 import structlog
 
-from cmemu.v1 import device_pb2, ems_pb2, scheduler_pb2, scheduler_pb2_grpc
+from cmemu.v1 import ems_pb2, scheduler_pb2, scheduler_pb2_grpc
 from emulator.engines.clock import Timeline
-from emulator.model.errors import EmulatorError, NotFoundError
+from emulator.model.errors import EmulatorError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.serving.engine import StepPlan
 from emulator.model.topology import Device, Topology
 from services.peers import Peers
-from services.serving.deploy import WEIGHTS_KIND, LiveDeployment, Provisioner, weight_plan
+from services.serving.deploy import (
+    DEVICE_DEADLINE_S,
+    WEIGHTS_KIND,
+    LiveDeployment,
+    Provisioner,
+    weight_plan,
+)
 from services.serving.driver import Driver, LiveInstance
-from services.status import RemoteError
 
 log = structlog.get_logger("cmemu.router")
 
@@ -219,24 +224,19 @@ class Recovery:
         if device.id != old:
             for npu, region_id in [r for r in self.live.regions if r[0] == old]:
                 self.live.regions.remove((npu, region_id))
-                with contextlib.suppress(RemoteError, NotFoundError, TimeoutError):
+                with contextlib.suppress(EmulatorError, TimeoutError):
                     async with asyncio.timeout(self._tick_wall_s()):
-                        await self.peers.device_call(
-                            self.topology.device(npu),
-                            "FreeRegion",
-                            device_pb2.FreeRegionRequest(region_id=region_id),
+                        await self.peers.device(self.topology.device(npu)).free(
+                            region_id, deadline_s=DEVICE_DEADLINE_S
                         )
         else:
             inst: LiveInstance = self.driver.instances[instance]
             k = [d.id for d in inst.npus].index(old)
             return inst.kv_offsets[k] if inst.kv_offsets else None
-        region = await self.peers.device_call(
-            device,
-            "AllocateRegion",
-            device_pb2.AllocateRegionRequest(
-                size=self.profile.npu.hbm_bytes_per_die, label=f"kv/{self.live.name}"
-            ),
-        )
+        region = await self.peers.device(device).allocate(
+            self.profile.npu.hbm_bytes_per_die, f"kv/{self.live.name}",
+            deadline_s=DEVICE_DEADLINE_S,
+        )  # fmt: skip
         self.live.regions.append((device.id, region.region_id))
         return int(region.offset)
 
@@ -246,10 +246,8 @@ class Recovery:
         """Whether `device` answers in time and reports no fault and no die down."""
         try:
             async with asyncio.timeout(self.driver.deadline_wall_s()):
-                seen = await self.peers.device_call(
-                    device, "GetTelemetry", device_pb2.GetTelemetryRequest()
-                )
-        except (TimeoutError, EmulatorError, grpc.aio.AioRpcError):
+                seen = await self.peers.device(device).telemetry(deadline_s=DEVICE_DEADLINE_S)
+        except (TimeoutError, EmulatorError):
             return False
         return not (seen.faulted or seen.dies_down)
 

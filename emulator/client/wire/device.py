@@ -75,6 +75,33 @@ def telemetry_proto(t: Telemetry) -> device_pb2.Telemetry:
     )
 
 
+def telemetry(m: device_pb2.Telemetry) -> Telemetry:
+    return Telemetry(
+        device=m.device,
+        emulated_ns=m.emulated_ns,
+        memory_capacity_bytes=m.memory_capacity_bytes,
+        memory_used_bytes=m.memory_used_bytes,
+        stored_bytes=m.stored_bytes,
+        regions=m.regions,
+        ub_tx_count=m.ub_tx_count,
+        ub_tx_bytes=m.ub_tx_bytes,
+        ub_rx_count=m.ub_rx_count,
+        ub_rx_bytes=m.ub_rx_bytes,
+        inbox_depth=m.inbox_depth,
+        utilization=m.utilization,
+        faulted=m.faulted,
+        broker_connected=m.broker_connected,
+        events_pending=m.events_pending,
+        events_dropped=m.events_dropped,
+        ecc_uncorrectable_errors=m.ecc_uncorrectable_errors,
+        ecc_poisoned_bytes=m.ecc_poisoned_bytes,
+        dies_down=tuple(m.dies_down),
+        compute_share=m.compute_share,
+        fault_errors=m.fault_errors,
+        faults=tuple(m.faults),
+    )
+
+
 def kernel(m: npu_pb2.Kernel) -> Kernel:
     if m.precision == npu_pb2.PRECISION_UNSPECIFIED:
         raise InvalidArgumentError("precision is required", field="precision")
