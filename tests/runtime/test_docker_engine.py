@@ -117,6 +117,8 @@ async def _incident_for(
     except TimeoutError:
         containers = _containers()
         networks = [c.get("NetworkSettings") for c in containers if device in str(c["Name"])]
+        _dump_tasks([str(c["Id"]) for c in containers if "manager" in str(c["Name"])])
+        await asyncio.sleep(2.0)
         logs = {
             str(c["Name"]): _tail_log(str(c["Id"]))
             for c in containers
@@ -125,7 +127,13 @@ async def _incident_for(
         pytest.fail(f"no {state or 'incident'} for {device}: {seen}; {networks}; logs: {logs}")
 
 
-def _tail_log(container: str, lines: int = 40) -> str:
+def _dump_tasks(containers: list[str]) -> None:
+    """Each container's tasks, to the frame each waits in, into its log (taskdump, SIGUSR1)."""
+    for container in containers:
+        subprocess.run(["docker", "kill", "--signal", "USR1", container], check=False)
+
+
+def _tail_log(container: str, lines: int = 120) -> str:
     out = subprocess.run(["docker", "logs", "--tail", str(lines), container],
                          capture_output=True, text=True, check=False)  # fmt: skip
     return out.stdout + out.stderr
@@ -205,16 +213,15 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  #
             assert code != 0  # its published port went with its network
             await clear(sn.clients, cut.id)
             await clear(sn.clients, killed.id)  # started again
-            # The restarted one comes back: it follows the fabric's time from its first segment
-            # (it once read a guess from the epoch, ahead of dilated time, and stood still
-            # there, failed by silence every few wall s until isolated). A bound only.
+            # Both come back (bounds only). The restarted one follows the fabric's time from its
+            # first segment (it once read a guess from the epoch, ahead of dilated time, and
+            # stood still there, failed by silence every few wall s until isolated). The
+            # reconnected one once stayed isolated: an incident restored while MarkFailed was
+            # in flight was written over with "isolated" (tests/engines/manager/test_actions.py),
+            # and a liveness stream reopened into the partition was never dropped (the manager
+            # now reopens a silent stream every few wall seconds until it beats).
             await _incident_for(sn, "n01-npu3", state="restored", within_s=180.0)
-            # The reconnected n00-npu5's return is not awaited: still open. One cause is fixed
-            # (an incident restored while MarkFailed was in flight was written over with
-            # "isolated": tests/engines/manager/test_actions.py), and it was restored in two
-            # engine runs; in a third it stayed isolated ("no liveness: its process stopped
-            # answering") for 180 s while its own clock stream was back within 0.5 s: the
-            # manager's liveness stream, reopened into the partition, never came back.
+            await _incident_for(sn, "n00-npu5", state="restored", within_s=180.0)
             # The storm below partitions a pool and holds its recovery to 10 emulated minutes.
 
             # a fault kind the emulator cannot apply says why, and nothing changes

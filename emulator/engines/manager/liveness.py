@@ -10,7 +10,9 @@ judged in emulated time (the streams' beats: engines/device/liveness.py).
   passed at the device, so the manager's own lag can never look like the device's silence.
 - A stream that falls silent for `misses_to_fail` intervals of emulated time (a stopped process)
   fails every device it covers, once a short wall-clock grace confirms the silence (beats the
-  manager had not read yet, after a stall of its own, end it).
+  manager had not read yet, after a stall of its own, end it); it is then opened again on a new
+  connection, and again every `REOPENED_WALL_S` until a beat comes (a partitioned container's
+  return is seen within seconds of it).
 - A stream that breaks (a killed process, or the device it was opened through crashed) is
   opened again through another device it covers; each device that refuses the connection fails
   as unreachable.
@@ -38,6 +40,10 @@ from emulator.model.topology import Device
 log = structlog.get_logger("cmemu.manager")
 REOPEN_WALL_S = 0.5  # a stream that cannot be opened is tried again this much later
 CONFIRM_WALL_S = 1.0  # wall grace before a silent stream fails its devices
+# A silent stream's reopening that brings no beat within this much wall time is dropped and
+# opened again: an open can hang (a connection made as a partition ends, a call waiting for a
+# channel that will not connect), and nothing else would ever end it.
+REOPENED_WALL_S = 5.0
 UNREACHABLE = "PEER_UNREACHABLE"
 
 
@@ -124,6 +130,8 @@ class LivenessWatch:
                         await self._elsewhere(through, beat)
                         return
                     answered[0] = True
+                    if stream.opened.is_set():
+                        log.info("liveness stream back", through=through, process=beat.process)
                     self._cover(stream, beat)
                 self._judge(stream, beat)
 
@@ -226,8 +234,13 @@ class LivenessWatch:
                     continue
             for device in stream.covers:
                 self._fail(device, "heartbeat", "no liveness: its process stopped answering")
-            stream.reset.set()  # opened again, on a new connection
-            await stream.beat.wait()  # until it speaks again
+            log.info("liveness stream silent: reopened", covers=list(stream.covers))
+            while True:  # opened again, on a new connection, until it speaks again
+                stream.reset.set()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(REOPENED_WALL_S):
+                        await stream.beat.wait()
+                        break
 
     def _answered(self, target: str) -> None:
         if self.detector.answered(target):
