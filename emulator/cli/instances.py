@@ -18,7 +18,7 @@ from typing import Any
 from emulator.cli import argtypes
 from emulator.cli.output import print_rows
 from emulator.model.errors import EmulatorError, NotFoundError, UnavailableError
-from emulator.runtime import state
+from emulator.runtime import instance, state
 
 DOWN_TIMEOUT_S = 60.0
 
@@ -26,16 +26,10 @@ DOWN_TIMEOUT_S = 60.0
 def check_not_running(path: Path) -> None:
     """Before `cmemu up` writes `path`: raise state.AlreadyRunningError when the instance that
     wrote it is alive; remove the file (saying so on stderr) when its launcher is gone."""
-    try:
-        instance = state.read_instance(path)
-    except (EmulatorError, OSError, ValueError):  # none, or unreadable: `up` overwrites it
-        return
-    if instance.alive:
-        raise state.AlreadyRunningError(instance.name, instance.launcher.pid, path)
-    if state.remove_if_written_by(path, instance.launcher.pid):
+    pid = instance.stale_removed(path)
+    if pid is not None:
         print(
-            f"cmemu: removed the stale state file {path} (launcher pid {instance.launcher.pid} "
-            "is gone)",
+            f"cmemu: removed the stale state file {path} (launcher pid {pid} is gone)",
             file=sys.stderr,
         )
 

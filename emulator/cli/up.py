@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
-import functools
 import os
-import shutil
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Literal
 
@@ -22,7 +18,7 @@ from emulator.cli.serve import stop_event as _stop_event
 from emulator.model.errors import EmulatorError
 from emulator.model.presets import DEFAULT_PRESET
 from emulator.model.topology import CONTAINER_PORT, DEFAULT_BASE_PORT, DEFAULT_HOST
-from emulator.runtime import composegen, docker, metricserver, ports, state
+from emulator.runtime import composegen, docker, instance, metricserver, ports, state
 from emulator.runtime.image import IMAGE
 from emulator.runtime.procs import Running
 from emulator.runtime.security import Security, read_keys
@@ -39,11 +35,10 @@ from emulator.runtime.supernode import (
     StartInterrupted,
     Supernode,
 )
-from emulator.runtime.taskdump import print_tasks as _print_tasks
 from emulator.runtime.tls import TlsFiles
 from emulator.runtime.webview import AUTO as UI_AUTO
 from emulator.runtime.webview import NONE as UI_NONE
-from emulator.runtime.webview import WebView, parse_address
+from emulator.runtime.webview import parse_address
 
 DEFAULT_READY_TIMEOUT_S = 180.0
 
@@ -194,7 +189,7 @@ def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
         keys=keys,
         insecure=args.insecure,
         tls=_tls(args),
-        tls_dir=tls_dir(path) if args.tls == "auto" else None,
+        tls_dir=state.tls_dir(path) if args.tls == "auto" else None,
         metrics=args.metrics != "none",
     )
 
@@ -216,11 +211,6 @@ def _ui_address(text: str) -> str:
     return text
 
 
-def tls_dir(path: Path) -> Path:
-    """Where `--tls auto` puts the CA and the certificate of the instance of `path`."""
-    return path.with_name(f"{state.instance_name(path)}-tls")
-
-
 def _tls(args: argparse.Namespace) -> TlsFiles | Literal["auto"] | None:
     if args.tls == "auto":
         if args.tls_cert or args.tls_key:
@@ -237,61 +227,6 @@ def _tls(args: argparse.Namespace) -> TlsFiles | Literal["auto"] | None:
     return TlsFiles(cert=cert, key=Path(args.tls_key).resolve(), ca=ca)
 
 
-def _guard_record(sn: Supernode, path: Path) -> dict[str, object]:
-    """The launcher record's token file and CA: where clients find what they present."""
-    record: dict[str, object] = {}
-    if sn.security.token:
-        record[state.TOKEN_FILE_KEY] = str(state.write_token(path, sn.security.token))
-    if sn.security.tls is not None:
-        record[state.TLS_CA_KEY] = str(sn.security.tls.ca.resolve())
-    if sn.security.mqtt_user is not None:  # the broker's user (its password: the token)
-        record[state.MQTT_USER_KEY] = sn.security.mqtt_user
-    return record
-
-
-def _launcher_record(
-    sn: Supernode, view: WebView | None, block: ports.Block | None
-) -> dict[str, object]:
-    """The state file's launcher record (but the token and CA: _guard_record)."""
-    launcher: dict[str, object] = {"argv": _argv_without_detach()}
-    if sn.run_dir is not None:
-        launcher["run_dir"] = str(sn.run_dir)
-    launcher[state.METRICS_KEY] = metricserver.supernode_endpoints(sn)
-    launcher[state.UI_KEY] = view.url if view is not None else None
-    if block is not None and block.bindings:
-        launcher[state.PORTS_KEY] = block.record()
-    if sn.supervisor is not None:  # procs mode: pids for process-kill/-pause faults
-        launcher[state.PROCESSES_KEY] = state.processes_record(sn.supervisor.running)
-    if sn.engine is not None:  # docker mode: the project, for the container faults
-        launcher[state.CONTAINERS_KEY] = state.containers_record(sn.engine)
-    return launcher
-
-
-@contextlib.asynccontextmanager
-async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
-    """The live page of the machine (emulator/runtime/webview), unless `--ui none`."""
-    if ui == UI_NONE:
-        yield None
-        return
-    view = await WebView(
-        sn.clients,
-        address=ui,
-        profile=sn.options.profile,
-        ssl_context=sn.security.server().ssl_context(),
-        mqtt_login=sn.security.mqtt_login(),
-    ).__aenter__()
-    try:
-        yield view
-    finally:
-        # the page goes first on a stop; a teardown that does not end must not keep the
-        # servers from stopping (it is logged, the stop goes on)
-        try:
-            async with asyncio.timeout(WEBVIEW_STOP_S):
-                await view.__aexit__(None, None, None)
-        except TimeoutError:
-            print(f"cmemu: the web view did not stop within {WEBVIEW_STOP_S:g} s", file=sys.stderr)
-
-
 async def _up(
     options: LaunchOptions, path: Path, ui: str = UI_AUTO, block: ports.Block | None = None
 ) -> None:
@@ -300,68 +235,24 @@ async def _up(
     boot = progress.BootBar() if progress.wanted() else None  # a terminal only: never in pipes
     if boot is not None:
         options = dataclasses.replace(options, progress=boot)
-    slow_stop: asyncio.TimerHandle | None = None
     try:
-        async with (
-            Supernode.start(options, stop=stop, on_death=_report_death) as sn,
-            _webview(sn, ui) as view,
-        ):
+        async with instance.start(
+            options, path, ui=ui, block=block, stop=stop, on_death=_report_death,
+            argv=_argv_without_detach(),
+        ) as hosted:  # fmt: skip
             if boot is not None:
                 boot.close()
-            launcher = _launcher_record(sn, view, block)
-            launcher |= await asyncio.to_thread(_guard_record, sn, path)
-            await asyncio.to_thread(
-                functools.partial(
-                    state.write,
-                    path,
-                    sn.topology,
-                    mode=sn.mode,
-                    launcher=launcher,
-                    others=sn.supernodes[1:],
-                )
-            )
-            print(
-                summary(sn, path, time.perf_counter() - started, view.url if view else None),
-                flush=True,
-            )
-            try:
-                await stop.wait()
-            finally:
-                print("cmemu: stopping (health NOT_SERVING, draining)", flush=True)
-                slow_stop = asyncio.get_running_loop().call_later(
-                    options.drain_s + STOP_REPORT_S, _report_slow_stop
-                )
-                await sn.not_serving()  # before the web view and the rest are torn down
-                await asyncio.to_thread(state.remove_if_ours, path)
-                await asyncio.to_thread(state.remove_token, path)
-                if options.tls == "auto" and options.tls_dir is not None:
-                    await asyncio.to_thread(shutil.rmtree, options.tls_dir, True)
-                if sn.died and sn.run_dir is not None:
-                    print(f"cmemu: logs of the processes that died are in {sn.run_dir}/logs")
+            sn = hosted.supernode
+            print(summary(sn, path, time.perf_counter() - started, hosted.ui), flush=True)
+            await stop.wait()
+            print("cmemu: stopping (health NOT_SERVING, draining)", flush=True)
+            if sn.died and sn.run_dir is not None:
+                print(f"cmemu: logs of the processes that died are in {sn.run_dir}/logs")
     except StartInterrupted:
         print("cmemu: stopped while starting", flush=True)
     finally:
-        if slow_stop is not None:
-            slow_stop.cancel()
         if boot is not None:
             boot.close()
-
-
-WEBVIEW_STOP_S = 5.0  # its feeds, streams and HTTP server
-STOP_REPORT_S = 20.0  # a stop still going after the drain and this long says what it waits for
-
-
-def _report_slow_stop() -> None:
-    """A stop that does not end is a bug: say what every task is waiting in, and if it still
-    has not ended as long again, exit anyway (a launcher's stop must end)."""
-    asyncio.get_running_loop().call_later(STOP_REPORT_S, _give_up_stopping)
-    _print_tasks(f"still stopping {STOP_REPORT_S:g} s after the drain")
-
-
-def _give_up_stopping() -> None:
-    print("cmemu: the stop did not end; exiting without it (exit 1)", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(1)
 
 
 def _argv_without_detach() -> list[str]:
@@ -371,7 +262,7 @@ def _argv_without_detach() -> list[str]:
 def cmd_up(args: argparse.Namespace) -> int:
     path = argtypes.resolve_state(args)
     assert path is not None
-    check_not_running(path)
+    check_not_running(path)  # before the port checks: a live instance is the likelier clash
     options = launch_options(args, path)
     # every address the instance opens, in its block, each bound once now: a clash is one
     # message naming the holder before anything starts (issue 21, findings 12 and 15)

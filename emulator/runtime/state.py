@@ -96,6 +96,11 @@ def path_from(option: str | None) -> Path:
     return resolve(option)
 
 
+def tls_dir(path: Path) -> Path:
+    """Where `--tls auto` puts the CA and the certificate of the instance of `path`."""
+    return path.with_name(f"{instance_name(path)}-tls")
+
+
 def instance_name(path: Path) -> str:
     """The instance a state file belongs to: its file name without `.json`."""
     return path.name.removesuffix(SUFFIX)
