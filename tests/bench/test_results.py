@@ -128,6 +128,8 @@ def test_a_slower_benchmark_writes_json_and_a_png(quick: Quick, tmp_path: Path) 
         ("fabric", ("--runs", "0")),
         ("scaleout", ("--expert-parallel", "0")),
         ("day", ("--peak", "0")),
+        ("scenarios", ("--seeds", "0")),
+        ("scenarios", ("--only", "no-such-scenario")),
     ],
 )
 def test_bad_options_are_a_usage_error_before_anything_runs(
