@@ -193,11 +193,23 @@ def test_process_pause_and_kill_in_procs_mode(tmp_path: Path) -> None:
         fault_id = paused.stdout.split()[1].rstrip(":")
         assert fault_id in _ls(at)
         assert cmemu("probe", *_address(state_file, "n01-npu0"), "--timeout", "1").returncode
+        # the manager finds the stopped process by its silent liveness stream (bounds only)
+        _poll(lambda: _incident(at, "n01-npu0") is not None, timeout_s=120.0)
         assert cmemu("fault", "rm", fault_id, *at).returncode == 0
         assert cmemu("probe", *_address(state_file, "n01-npu0")).returncode == 0
+        # and sees it back: the stream it reopened into the stopped process beats again
+        _poll(lambda: (_incident(at, "n01-npu0") or {}).get("state") == "restored", 120.0)
         killed = cmemu("fault", "add", "process-kill", "n01-npu0", *at)
         assert killed.returncode == 0, killed.stderr
         _poll(lambda: not _alive(node["pid"]))
+
+
+def _incident(at: tuple[str, ...], device: str) -> dict[str, object] | None:
+    """The manager's latest incident for `device`, as `cmemu manager incidents` lists it."""
+    listed = cmemu("manager", "incidents", "--json", *at)
+    assert listed.returncode == 0, listed.stderr
+    mine = [i for i in json.loads(listed.stdout) if i["device"] == device]
+    return mine[-1] if mine else None
 
 
 def _alive(pid: int) -> bool:
