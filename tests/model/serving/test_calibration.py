@@ -9,7 +9,7 @@ import pytest
 from emulator.model.hardware import DEFAULT_PROFILE, figures
 from emulator.model.serving import calibrate
 
-FITTED = ("layer_overhead_s", "step_overhead_s", "microbatch_overlap", "prefill_efficiency")
+FITTED = calibrate.FITTED
 
 
 def test_every_serving_point_is_within_its_tolerance() -> None:
