@@ -46,8 +46,9 @@ class Rates:
 def rates(
     profile: HardwareProfile, *, compute_share: float = 1.0, compute_efficiency: float = 1.0
 ) -> Rates:
-    """`compute_share` < 1: the instance's slowest die (a `slow` NPU), whose pace every layer
-    waits for at its dispatch and combine; `compute_efficiency`: the prefill kernels' achieved
+    """`compute_share` < 1: the instance's slowest die (a `slow` NPU: its cores, its HBM and its
+    task issue all at that share of their speed), whose pace every layer waits for at its
+    dispatch and combine; `compute_efficiency`: the prefill kernels' achieved
     share of the decode-measured compute rates (decode: 1)."""
     s = profile.serving
     peaks = profile.npu.peak_ops_per_s_per_die
@@ -58,7 +59,7 @@ def rates(
         weight_bytes=s.weight_bytes_per_param,
         act_bytes=s.activation_bytes_per_element,
         kv_bytes=s.kv_bytes_per_element,
-        launch_s=s.kernel_launch_s,
+        launch_s=s.kernel_launch_s / compute_share,
     )
 
 
