@@ -201,8 +201,10 @@ def decode_step(
             profile=profile,
         )
 
-    comm = {"dispatch_s": dispatch_s, "combine_s": combine_s, "profile": profile}
-    dense, moe = _stages(model, work(per_request), r, **comm)  # type: ignore[arg-type]
+    def layer_stages(w: k.LayerWork) -> tuple[k.Stage, k.Stage]:
+        return _stages(model, w, r, dispatch_s=dispatch_s, combine_s=combine_s, profile=profile)
+
+    dense, moe = layer_stages(work(per_request))
     tokens = batch_per_die * per_request / microbatches
     stages = [
         k.Stage(dense.a, repeat=model.dense_layers),
@@ -210,7 +212,7 @@ def decode_step(
         k.Stage(k.head_op(model, tokens, r, s.kernels_head)),
     ]
     if mtp:
-        _, draft = _stages(model, work(1), r, **comm)  # type: ignore[arg-type]
+        _, draft = layer_stages(work(1))
         draft_tokens = batch_per_die / microbatches
         stages += [
             k.Stage(draft.a, draft.d_s, draft.e, draft.c_s, repeat=model.mtp_layers),
