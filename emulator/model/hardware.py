@@ -391,7 +391,7 @@ class ServingCalibration:
     kernels_ffn: int = fig(5, "assumed")
     kernels_head: int = fig(3, "assumed")  # final norm, LM head, sampling
     # --- fitted (calibrate.py fits them; the test asserts the fit holds) -----------------------
-    # one kernel's launch inside a captured graph: the cores idle while the next task is issued
+    # one kernel's launch inside a captured graph: the next task's issue and synchronisation
     kernel_launch_s: float = fig(9.327e-6, "fit")
     # the share of a launch that holds the die's cores (setup, synchronisation); the rest is the
     # stream waiting for the task's issue, when another microbatch's kernels may run
@@ -399,7 +399,7 @@ class ServingCalibration:
     # decode's kernels, run two streams at a time on shared cores, reach this share of their
     # measured stand-alone compute rates (dimensionless, <= 1)
     decode_compute_efficiency: float = fig(0.7763, "fit")
-    # prefill's kernels (long sequences, non-absorbed MLA) reach this share of the decode-measured
+    # prefill's kernels (long sequences, non-absorbed MLA) reach this share of the measured
     # compute rates (dimensionless, <= 1)
     prefill_compute_efficiency: float = fig(0.5284, "fit")
     # --- predicted, never fitted: the paper's decode rows at tighter TPOT targets (EP320, MTP,

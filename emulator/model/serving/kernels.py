@@ -48,8 +48,8 @@ def rates(
 ) -> Rates:
     """`compute_share` < 1: the instance's slowest die (a `slow` NPU: its cores, its HBM and its
     task issue all at that share of their speed), whose pace every layer waits for at its
-    dispatch and combine; `compute_efficiency`: the prefill kernels' achieved
-    share of the decode-measured compute rates (decode: 1)."""
+    dispatch and combine; `compute_efficiency`: the share of the measured stand-alone rates the
+    step's kernels reach (`serving.decode_compute_efficiency`, `prefill_compute_efficiency`)."""
     s = profile.serving
     peaks = profile.npu.peak_ops_per_s_per_die
     return Rates(
