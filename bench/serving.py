@@ -297,10 +297,7 @@ def main() -> None:
     print("platforms", json.dumps(figures["platforms"], indent=1))
     figures["issue23"] = serving_issue23.collect(rows)
     serving_issue23.show(figures["issue23"])
-    figures["profile"] = {
-        k: getattr(DEFAULT_PROFILE.serving, k)
-        for k in ("layer_overhead_s", "step_overhead_s", "microbatch_overlap", "prefill_efficiency")
-    }
+    figures["profile"] = {k: getattr(DEFAULT_PROFILE.serving, k) for k in calibrate.FITTED}
     outputs.write_json(args.results, "serving", figures)
     plot(figures, args.results)
     outputs.announce(args.results, "serving")

@@ -4,7 +4,8 @@ A study changes one input at a time, as users of Vidur or LLMCompass do:
 `npu.hbm_bytes_per_s_per_die=3.2e12` names a figure of HardwareProfile by its dotted name (the one
 `cmemu hardware` lists), and `npu.peak_ops_per_s_per_die.INT8=1.5e15` one entry of a table.
 Only numeric figures can be overridden, and only with a finite value > 0: a zero bandwidth or a
-negative capacity is not a machine, and a flag or a name is not a what-if. Pure: the profile is
+negative capacity is not a machine, and a flag or a name is not a what-if; an efficiency,
+utilisation, share or fraction is at most 1. Pure: the profile is
 frozen, a new one is built.
 
 `changed` answers the other way round: which figures of a profile differ from the default, so that
@@ -65,6 +66,19 @@ def _numeric_names(section: Any) -> list[str]:
     return out
 
 
+_DIMENSIONLESS = ("efficiency", "utilisation", "share", "fraction")
+
+
+def _check_dimensionless(name: str, number: float) -> None:
+    """An efficiency, utilisation, share or fraction is a part of a whole: above 1 it would make
+    a kernel faster than its hardware or a share larger than what it shares."""
+    last = name.rsplit(".", 1)[-1]
+    if any(last == word or last.endswith("_" + word) for word in _DIMENSIONLESS) and number > 1:
+        raise InvalidArgumentError(
+            f"{name} is dimensionless and at most 1, got {number!r}", field=name, subject=name
+        )
+
+
 def _coerce(old: Any, number: float, name: str) -> Any:
     """The new value in the old one's type: a count stays an integer."""
     if isinstance(old, int):
@@ -102,6 +116,7 @@ def apply_overrides(
                 reason="UNKNOWN_HARDWARE_FIGURE",
             )
         number = _number(raw, name)
+        _check_dimensionless(name, number)
         fields = changes.setdefault(section_name, {})
         key, _, entry = rest.partition(".")
         if entry:

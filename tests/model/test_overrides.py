@@ -74,6 +74,14 @@ def test_parse_override() -> None:
         ("npu.hbm_bytes_per_die", "inf", InvalidArgumentError, "finite number > 0"),
         ("npu.hbm_bytes_per_die", "nan", InvalidArgumentError, "finite number > 0"),
         ("npu.dies", 1.5, InvalidArgumentError, "npu.dies is a whole number, got 1.5"),
+        (
+            "serving.decode_compute_efficiency",
+            1.2,
+            InvalidArgumentError,
+            "serving.decode_compute_efficiency is dimensionless and at most 1, got 1.2",
+        ),
+        ("scaleout.efficiency", 2, InvalidArgumentError, "dimensionless and at most 1"),
+        ("serving.launch_core_share", 1.5, InvalidArgumentError, "at most 1, got 1.5"),
     ],
 )
 def test_bad_overrides_are_refused_by_name(
@@ -97,3 +105,16 @@ def test_a_deployment_file_overrides_flat_or_nested() -> None:
     with pytest.raises(InvalidArgumentError, match=r"decode\.ep must be 2\.\.160"):
         parse_deployment({"decode": {"ep": 320}, "hardware": {"npu.dies": 1}})
     assert 64 * GiB == DEFAULT_PROFILE.npu.hbm_bytes_per_die
+
+
+def test_an_efficiency_of_one_is_a_what_if() -> None:
+    # the twin of the refusals above: the bound itself is allowed, and a rate is not bounded
+    p = apply_overrides(
+        DEFAULT_PROFILE,
+        {"serving.decode_compute_efficiency": 1, "ub.cross_node_bandwidth_loss": 0.5},
+    )
+    assert p.serving.decode_compute_efficiency == 1.0
+    assert (
+        apply_overrides(DEFAULT_PROFILE, {"serving.kernel_launch_s": 2}).serving.kernel_launch_s
+        == 2
+    )

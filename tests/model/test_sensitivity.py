@@ -142,5 +142,5 @@ def test_more_compute_peak_makes_the_published_batch_faster() -> None:
         "npu.peak_ops_per_s_per_die.INT8=1.504e15", "npu.peak_ops_per_s_per_die.BF16=708e12"
     )
     assert _change(base.tpot_s(PUBLISHED_BATCH), fast.tpot_s(PUBLISHED_BATCH)) < -0.15
-    # the twin: one request per die is memory-bound, so twice the peak barely moves it
-    assert abs(_change(base.tpot_s(SMALL_BATCH), fast.tpot_s(SMALL_BATCH))) < 0.01
+    # the twin: one request per die is memory- and launch-bound, so twice the peak barely moves it
+    assert abs(_change(base.tpot_s(SMALL_BATCH), fast.tpot_s(SMALL_BATCH))) < 0.02

@@ -1,17 +1,19 @@
-"""The cost of a decode step and of a prefill batch on one instance.
+"""The cost of a decode step and of a prefill batch on one instance, from first principles.
 
-Every kernel is a roofline on one die at the measured rates (HARDWARE.md): MLA attention at 65.4%
-of the BF16 peak, every kernel's bytes at the die's HBM bandwidth times the MLA kernel's measured
-efficiency (1,346 of 1,600 GB/s), the INT8 GEMMs (projections, experts, head) at the INT8
-utilisation, weights and KV read from HBM. The instance runs at the pace of its busiest die: the
-expert compute is stretched by the placement's imbalance. The MoE dispatch and combine are an
-INPUT (the caller times them on the fabric: `dispatch_s` and `combine_s` are ONE collective of the
-step's shape), because communication belongs to the fabric, not to this model.
+Every kernel is a roofline on one die (emulator/model/serving/kernels.py): FLOPs at the die's peak
+times the kernel's measured efficiency (MLA attention 65.4% of BF16, INT8 GEMMs 80%), bytes moved
+(weights, KV read and written, activations) at the die's HBM bandwidth times the MLA kernel's
+measured efficiency (1,346 of 1,600 GB/s), plus one launch per kernel. The instance runs at the
+pace of its busiest die: its expert load is stretched by the placement's imbalance. The MoE
+dispatch and combine are an INPUT (the caller times them on the fabric or the RDMA plane:
+`dispatch_s` and `combine_s` are ONE collective of the step's shape), because communication
+belongs to the fabric, not to this model.
 
-Two microbatches split a step's tokens in two halves whose compute and communication overlap:
-each half re-reads the weights (a memory-bound kernel does not get faster with fewer tokens), the
-collectives run twice at half size, and a fitted share of the smaller of compute and
-communication is hidden. Fitted parameters live in HardwareProfile.serving (src "fit").
+Two microbatches split a step's tokens in two halves: each half re-reads the weights (a
+memory-bound kernel does not get faster with fewer tokens) and launches its own kernels, the
+collectives run twice at half size, and the two-stream schedule (kernels.schedule) hides what the
+other microbatch's compute covers, no more. The only fitted figures are the kernel launch cost
+and the prefill kernels' efficiency (HardwareProfile.serving, src "fit"; calibrate.py).
 """
 
 from __future__ import annotations
@@ -21,44 +23,21 @@ from dataclasses import dataclass
 
 from emulator.model.costmodel import NS, ub_transfer_ns
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from emulator.model.serving import kernels as k
 from emulator.model.serving.models import ModelShape
 from emulator.model.topology import DeviceKind
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepTime:
-    """A step's duration and where it went (emulated seconds)."""
+    """A step's duration and where it went (emulated seconds):
+    total = compute + comm - hidden + fixed."""
 
     total_s: float
-    compute_s: float  # kernels, all layers
-    comm_s: float  # MoE dispatch + combine, all layers, before overlap
-    hidden_s: float  # communication hidden behind the other microbatch's compute
-    fixed_s: float  # graph launch, per-layer and per-step overheads, EMS loads
-
-
-@dataclass(frozen=True)
-class _Rates:
-    bf16: float
-    int8: float
-    hbm: float
-    weight_bytes: float
-
-
-def _rates(profile: HardwareProfile, compute_share: float = 1.0) -> _Rates:
-    """The kernels' rates on a die; `compute_share` < 1: the instance's slowest die (a `slow`
-    NPU), whose pace every layer waits for at its dispatch and combine."""
-    s = profile.serving
-    peaks = profile.npu.peak_ops_per_s_per_die
-    return _Rates(
-        bf16=peaks["BF16"] * s.mla_compute_utilisation * compute_share,
-        int8=peaks["INT8"] * s.int8_gemm_utilisation * compute_share,
-        hbm=profile.npu.hbm_bytes_per_s_per_die * s.hbm_efficiency * compute_share,
-        weight_bytes=s.weight_bytes_per_param,
-    )
-
-
-def _kernel(flops: float, nbytes: float, rate: float, bandwidth: float) -> float:
-    return max(flops / rate, nbytes / bandwidth)
+    compute_s: float  # kernels' roofline time, every layer and microbatch
+    comm_s: float  # MoE dispatch + combine, every layer and microbatch, before overlap
+    hidden_s: float  # what the two-stream schedule overlapped (0 with one microbatch)
+    fixed_s: float  # kernel launches, the graph launch, exposed EMS loads
 
 
 def kv_bytes_per_token(model: ModelShape, profile: HardwareProfile = DEFAULT_PROFILE) -> float:
@@ -68,80 +47,46 @@ def kv_bytes_per_token(model: ModelShape, profile: HardwareProfile = DEFAULT_PRO
 
 def slots_per_die(model: ModelShape, ep: int, profile: HardwareProfile = DEFAULT_PROFILE) -> int:
     """Expert slots on each EP die in the published layouts (1 at EP320, 10 at EP32)."""
-    s = profile.serving
-    share = 1.0 - s.shared_slot_fraction - s.redundant_slot_fraction
-    return max(1, math.ceil(model.routed_experts / share / ep - 1e-9))
+    return k.slots_per_die(model, ep, profile)
 
 
-def _layer(compute_s: float, comm_s: float, microbatches: int, profile: HardwareProfile) -> float:
-    hidden = profile.serving.microbatch_overlap * min(compute_s, comm_s) if microbatches > 1 else 0
-    return compute_s + comm_s - hidden
-
-
-@dataclass(frozen=True, kw_only=True)
-class _LayerWork:
-    """One layer's kernels for one microbatch on the busiest die."""
-
-    attention_flops: float
-    attention_bytes: float
-    tokens: float  # tokens through the projections
-    expert_tokens: float  # token copies through this die's experts
-    expert_slots: int
-
-
-def _layer_compute(
-    model: ModelShape, work: _LayerWork, rates: _Rates, *, moe: bool, efficiency: float
-) -> float:
-    attention = _kernel(work.attention_flops, work.attention_bytes, rates.bf16, rates.hbm)
-    params = model.attention_params
-    weights = params * rates.weight_bytes
-    projections = _kernel(2 * work.tokens * params, weights, rates.int8, rates.hbm)
-    if moe:
-        ffn = _kernel(
-            2 * work.expert_tokens * model.expert_params,
-            work.expert_slots * model.expert_params * rates.weight_bytes,
-            rates.int8,
-            rates.hbm,
-        )
-    else:
-        ffn = _kernel(
-            2 * work.tokens * model.dense_ffn_params,
-            model.dense_ffn_params * rates.weight_bytes,
-            rates.int8,
-            rates.hbm,
-        )
-    return (attention + projections + ffn) / efficiency
-
-
-def _head_s(model: ModelShape, tokens: float, rates: _Rates) -> float:
-    params = model.head_params
-    return _kernel(2 * tokens * params, params * rates.weight_bytes, rates.int8, rates.hbm)
-
-
-def _layers(
+def _stages(
     model: ModelShape,
-    work: _LayerWork,
+    work: k.LayerWork,
+    r: k.Rates,
     *,
-    microbatches: int,
-    comm_per_layer_s: float,
-    efficiency: float,
+    dispatch_s: float,
+    combine_s: float,
     profile: HardwareProfile,
-    compute_share: float = 1.0,
-) -> tuple[float, float, float, float]:
-    """(time, compute, comm, hidden) of all layers of one forward pass."""
-    rates = _rates(profile, compute_share)
-    overhead = profile.serving.layer_overhead_s
-    dense_c = microbatches * _layer_compute(model, work, rates, moe=False, efficiency=efficiency)
-    moe_c = microbatches * _layer_compute(model, work, rates, moe=True, efficiency=efficiency)
-    moe_t = _layer(moe_c, comm_per_layer_s, microbatches, profile)
-    hidden = moe_c + comm_per_layer_s - moe_t
-    n_moe = model.moe_layers
-    time = model.dense_layers * (dense_c + overhead) + n_moe * (moe_t + overhead)
-    return (
-        time,
-        model.dense_layers * dense_c + n_moe * moe_c,
-        n_moe * comm_per_layer_s,
-        n_moe * hidden,
+) -> tuple[k.Stage, k.Stage]:
+    """(a dense layer, a MoE layer) of one microbatch."""
+    s = profile.serving
+    attention = k.attention_op(model, work, r, s.kernels_attention)
+    dense = k.Stage(
+        a=k.Op(
+            attention.kernels_s + k.dense_ffn_op(model, work, r, 0).kernels_s,
+            (s.kernels_attention + s.kernels_ffn) * r.launch_s,
+        )
+    )
+    moe = k.Stage(
+        a=attention,
+        d_s=dispatch_s,
+        e=k.experts_op(model, work, r, s.kernels_ffn),
+        c_s=combine_s,
+    )
+    return dense, moe
+
+
+def _step(sched: k.Schedule, *, extra_fixed_s: float, microbatches: int) -> StepTime:
+    total = sched.total_s + extra_fixed_s
+    fixed = sched.launch_s + extra_fixed_s
+    hidden = sched.kernels_s + sched.comm_s + fixed - total if microbatches > 1 else 0.0
+    return StepTime(
+        total_s=total,
+        compute_s=sched.kernels_s,
+        comm_s=sched.comm_s,
+        hidden_s=max(0.0, hidden),
+        fixed_s=fixed if hidden >= 0 else fixed + hidden,
     )
 
 
@@ -151,6 +96,36 @@ def decode_tokens_per_rank(
     """Tokens each EP rank dispatches per collective in a decode step."""
     per_request = 1 + (model.mtp_layers if mtp else 0)
     return max(1, math.ceil(batch_per_die * per_request * dies / ep / microbatches))
+
+
+def _decode_work(
+    model: ModelShape,
+    *,
+    batch_per_die: int,
+    kv_tokens: float,
+    tokens_per_request: int,
+    microbatches: int,
+    imbalance: float,
+    ep_spread: float,
+    ep: int,
+    profile: HardwareProfile,
+) -> k.LayerWork:
+    requests = batch_per_die / microbatches
+    tokens = requests * tokens_per_request
+    # absorbed MLA: every query token scores the compressed KV (576) and reads it back (512)
+    flops = (
+        2 * tokens * kv_tokens * model.heads * (model.kv_elements_per_token_layer + model.kv_lora)
+    )
+    kv_bytes = requests * kv_tokens * model.kv_elements_per_token_layer
+    kv_bytes *= profile.serving.kv_bytes_per_element
+    copies = tokens * (model.top_k + model.shared_experts) * imbalance * ep_spread
+    return k.LayerWork(
+        attention_flops=flops,
+        kv_read_bytes=kv_bytes,
+        tokens=tokens,
+        expert_tokens=copies,
+        expert_slots=slots_per_die(model, ep, profile),
+    )
 
 
 def decode_layer_s(
@@ -167,7 +142,8 @@ def decode_layer_s(
     combine_s: float,
     profile: HardwareProfile = DEFAULT_PROFILE,
 ) -> tuple[float, float]:
-    """One MoE decode layer (overhead included): (time, compute)."""
+    """One MoE decode layer, launches included, in the steady state of the model's run of MoE
+    layers: (time, kernels' roofline time)."""
     work = _decode_work(
         model,
         batch_per_die=batch_per_die,
@@ -179,38 +155,12 @@ def decode_layer_s(
         ep=ep,
         profile=profile,
     )
-    c = microbatches * _layer_compute(model, work, _rates(profile), moe=True, efficiency=1.0)
-    comm = microbatches * (dispatch_s + combine_s)
-    return _layer(c, comm, microbatches, profile) + profile.serving.layer_overhead_s, c
-
-
-def _decode_work(
-    model: ModelShape,
-    *,
-    batch_per_die: int,
-    kv_tokens: float,
-    tokens_per_request: int,
-    microbatches: int,
-    imbalance: float,
-    ep_spread: float,
-    ep: int,
-    profile: HardwareProfile,
-) -> _LayerWork:
-    requests = batch_per_die / microbatches
-    tokens = requests * tokens_per_request
-    heads = model.heads
-    # absorbed MLA: every query token scores the compressed KV (576) and reads it back (512)
-    flops = 2 * tokens * kv_tokens * heads * (model.kv_elements_per_token_layer + model.kv_lora)
-    kv_bytes = requests * kv_tokens * model.kv_elements_per_token_layer
-    kv_bytes *= profile.serving.kv_bytes_per_element
-    copies = tokens * (model.top_k + model.shared_experts) * imbalance * ep_spread
-    return _LayerWork(
-        attention_flops=flops,
-        attention_bytes=kv_bytes,
-        tokens=tokens,
-        expert_tokens=copies,
-        expert_slots=slots_per_die(model, ep, profile),
-    )
+    r = k.rates(profile, compute_efficiency=profile.serving.decode_compute_efficiency)
+    _, moe = _stages(model, work, r, dispatch_s=dispatch_s, combine_s=combine_s, profile=profile)
+    n = model.moe_layers
+    stage = k.Stage(moe.a, moe.d_s, moe.e, moe.c_s, repeat=n)
+    sched = k.schedule([stage], microbatches, launch_held=profile.serving.launch_core_share)
+    return sched.total_s / n, sched.kernels_s / n
 
 
 def decode_step(
@@ -230,14 +180,15 @@ def decode_step(
 ) -> StepTime:
     """One decode step of an instance whose busiest die holds `batch_per_die` requests with
     `kv_tokens` of context on average. With MTP every request runs 1 + mtp_layers tokens through
-    the model (the accepted token and the draft), then the MTP module drafts the next.
-    `compute_share`: the slowest die's (module `_rates`)."""
+    the model (the accepted token and the draft), then the MTP module drafts the next (one MoE
+    layer and the head again, one token per request). `compute_share`: the slowest die's
+    (kernels.rates)."""
     s = profile.serving
-    rates = _rates(profile, compute_share)
+    eff = s.decode_compute_efficiency
+    r = k.rates(profile, compute_share=compute_share, compute_efficiency=eff)
     per_request = 1 + (model.mtp_layers if mtp else 0)
-    spread = dies / ep
 
-    def work(tokens_per_request: int) -> _LayerWork:
+    def work(tokens_per_request: int) -> k.LayerWork:
         return _decode_work(
             model,
             batch_per_die=batch_per_die,
@@ -245,41 +196,32 @@ def decode_step(
             tokens_per_request=tokens_per_request,
             microbatches=microbatches,
             imbalance=imbalance,
-            ep_spread=spread,
+            ep_spread=dies / ep,
             ep=ep,
             profile=profile,
         )
 
-    comm = microbatches * (dispatch_s + combine_s)
-    time, compute, comm_total, hidden = _layers(
-        model,
-        work(per_request),
-        microbatches=microbatches,
-        comm_per_layer_s=comm,
-        efficiency=1.0,
-        profile=profile,
-        compute_share=compute_share,
-    )
-    head = _head_s(model, batch_per_die * per_request, rates)
+    def layer_stages(w: k.LayerWork) -> tuple[k.Stage, k.Stage]:
+        return _stages(model, w, r, dispatch_s=dispatch_s, combine_s=combine_s, profile=profile)
+
+    dense, moe = layer_stages(work(per_request))
+    tokens = batch_per_die * per_request / microbatches
+    stages = [
+        k.Stage(dense.a, repeat=model.dense_layers),
+        k.Stage(moe.a, moe.d_s, moe.e, moe.c_s, repeat=model.moe_layers),
+        k.Stage(k.head_op(model, tokens, r, s.kernels_head)),
+    ]
     if mtp:
-        draft = work(1)
-        c = microbatches * _layer_compute(model, draft, rates, moe=True, efficiency=1.0)
-        layer = _layer(c, comm, microbatches, profile)
-        extra = model.mtp_layers * (layer + s.layer_overhead_s)
-        time += extra + _head_s(model, batch_per_die, rates)
-        compute += model.mtp_layers * c
-        comm_total += model.mtp_layers * comm
-        hidden += model.mtp_layers * (c + comm - layer)
-        head += _head_s(model, batch_per_die, rates)
-    fixed = s.graph_launch_s + s.step_overhead_s
-    total = time + head + fixed
-    fixed_all = total - (compute + head) - (comm_total - hidden)
-    return StepTime(
-        total_s=total,
-        compute_s=compute + head,
-        comm_s=comm_total,
-        hidden_s=hidden,
-        fixed_s=fixed_all,
+        _, draft = layer_stages(work(1))
+        draft_tokens = batch_per_die / microbatches
+        stages += [
+            k.Stage(draft.a, draft.d_s, draft.e, draft.c_s, repeat=model.mtp_layers),
+            k.Stage(k.head_op(model, draft_tokens, r, s.kernels_head)),
+        ]
+    return _step(
+        k.schedule(stages, microbatches, launch_held=s.launch_core_share),
+        extra_fixed_s=s.graph_launch_s,
+        microbatches=microbatches,
     )
 
 
@@ -309,38 +251,43 @@ def prefill_batch(
     the batch's loading of matched prefix blocks from EMS into HBM (`prefix_load_s`): it is
     pipelined layer by layer with the forward pass (layer l's blocks arrive while the layers
     before it compute), so only the first layer's share and whatever the loads take beyond the
-    compute are exposed. `compute_share`: the
-    slowest die's (module `_rates`)."""
+    compute are exposed. Prefill kernels run at `serving.prefill_compute_efficiency` of the
+    decode-measured compute rates. `compute_share`: the slowest die's (kernels.rates)."""
     s = profile.serving
-    rates = _rates(profile, compute_share)
+    r = k.rates(
+        profile, compute_share=compute_share, compute_efficiency=s.prefill_compute_efficiency
+    )
     qk, v = model.head_dim + model.rope_dim, model.head_dim
     tokens = tokens_per_die / microbatches
-    work = _LayerWork(
+    # each request's context (the keys a query sees on average, twice: causal) is read once
+    context = 2 * attention_pairs_per_die / max(tokens_per_die, 1e-9)
+    kv_read = requests_per_die / microbatches * context * model.kv_elements_per_token_layer
+    work = k.LayerWork(
         attention_flops=2 * attention_pairs_per_die / microbatches * model.heads * (qk + v),
-        attention_bytes=tokens * model.kv_elements_per_token_layer * s.kv_bytes_per_element,
+        kv_read_bytes=kv_read * s.kv_bytes_per_element,
         tokens=tokens,
         expert_tokens=tokens * (model.top_k + model.shared_experts) * imbalance * dies / ep,
         expert_slots=slots_per_die(model, ep, profile),
     )
-    comm = microbatches * (dispatch_s + combine_s)
-    time, compute, comm_total, hidden = _layers(
-        model,
-        work,
-        microbatches=microbatches,
-        comm_per_layer_s=comm,
-        efficiency=s.prefill_efficiency,
-        profile=profile,
-        compute_share=compute_share,
+    dense, moe = _stages(
+        model, work, r, dispatch_s=dispatch_s, combine_s=combine_s, profile=profile
     )
-    head = _head_s(model, requests_per_die, rates)
-    layers = time if load_s <= 0 else _pipelined(time, load_s, model.layers)
-    total = layers + head + s.graph_launch_s
+    stages = [
+        k.Stage(dense.a, repeat=model.dense_layers),
+        k.Stage(moe.a, moe.d_s, moe.e, moe.c_s, repeat=model.moe_layers),
+        k.Stage(k.head_op(model, requests_per_die / microbatches, r, s.kernels_head)),
+    ]
+    sched = k.schedule(stages, microbatches, launch_held=s.launch_core_share)
+    step = _step(sched, extra_fixed_s=s.graph_launch_s, microbatches=microbatches)
+    if load_s <= 0:
+        return step
+    exposed = _pipelined(sched.total_s, load_s, model.layers) - sched.total_s
     return StepTime(
-        total_s=total,
-        compute_s=compute + head,
-        comm_s=comm_total,
-        hidden_s=hidden,
-        fixed_s=total - (compute + head) - (comm_total - hidden),
+        total_s=step.total_s + exposed,
+        compute_s=step.compute_s,
+        comm_s=step.comm_s,
+        hidden_s=step.hidden_s,
+        fixed_s=step.fixed_s + exposed,
     )
 
 

@@ -9,7 +9,7 @@ import pytest
 from emulator.model.hardware import DEFAULT_PROFILE, figures
 from emulator.model.serving import calibrate
 
-FITTED = ("layer_overhead_s", "step_overhead_s", "microbatch_overlap", "prefill_efficiency")
+FITTED = calibrate.FITTED
 
 
 def test_every_serving_point_is_within_its_tolerance() -> None:
@@ -25,8 +25,9 @@ def test_every_serving_point_is_within_its_tolerance() -> None:
 def test_the_published_decode_point() -> None:
     step = calibrate.decode_step(DEFAULT_PROFILE, calibrate.fabric_moe())
     tpot = calibrate.tpot_s(step, DEFAULT_PROFILE)
-    assert tpot == pytest.approx(49.4e-3, rel=0.01)
-    assert 96 / tpot == pytest.approx(1943, rel=0.01)
+    # predicted by the structure, not fitted: within 5%
+    assert tpot == pytest.approx(49.4e-3, rel=calibrate.GIVEN)
+    assert 96 / tpot == pytest.approx(1943, rel=calibrate.GIVEN)
 
 
 def test_refitting_gives_the_profile_values() -> None:

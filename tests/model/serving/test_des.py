@@ -95,7 +95,8 @@ def test_a_small_ems_evicts() -> None:
 
 def test_more_load_more_throughput_and_latency() -> None:
     light = simulate(_small(), _workload(rate_per_s=1)).report
-    heavy = simulate(_small(), _workload(rate_per_s=8)).report
+    # 16 requests/s: more in decode at once than the instance's 16 dies (at 8 they are fewer)
+    heavy = simulate(_small(), _workload(rate_per_s=16)).report
     assert heavy.tokens_per_s > light.tokens_per_s
     assert heavy.batch_per_die_mean > light.batch_per_die_mean
     assert heavy.ttft_s.p90 > light.ttft_s.p90
@@ -105,7 +106,9 @@ def test_cluster_roce_is_slower_than_the_supernode() -> None:
     ub = simulate(_small(), _workload()).report
     roce = simulate(_small(platform="cluster-roce"), _workload()).report
     assert roce.tpot_s.p50 > ub.tpot_s.p50
-    assert roce.ttft_s.p50 > ub.ttft_s.p50
+    # the twin: the prefill instance (4 NPUs) lies inside one 8-NPU server, so its collectives
+    # never leave UB on either platform and the first token comes as fast
+    assert roce.ttft_s.p50 == pytest.approx(ub.ttft_s.p50, rel=1e-3)
 
 
 def test_the_mooncake_trace_runs() -> None:
