@@ -160,20 +160,21 @@ SERVING = (
     f"  serving:\n    - name: chat\n      deployment: {SMALL}\n"
     "      load: {rate_per_s: 1, input_tokens: 512, output_tokens: 16}"
 )
-# compute 0.3: TPOT about 220 ms by the simulation (75 ms at full speed); 0.9: about 83 ms
+# compute 0.15: TPOT about 230 ms by the simulation (35 ms at full speed, the step model of issue
+# 23 item 1); 0.9: about 39 ms. The SLO sits between with a wide margin on both sides
 SLOW_DECODE = (
     "{id: slow, at: 20s, fault: slow, target: {npu: random in deployment chat decode}, "
     "params: {compute: %s}%s}"
 )
-TPOT_SLO = "  slo: {tpot_ms: 150}"
+TPOT_SLO = "  slo: {tpot_ms: 100}"
 # each on an emulator of its own (the plugin's fresh="test"): a serving run after many runs on
 # one emulator has been seen to hold its load generator on a busy host (the runner's followed
 # clock stopped moving), so these heavier runs do not queue behind the module's others. The
 # emulator runs at x50, so the deployment's 640 emulated s of cold weights load take 13 wall s;
 # the scenario's steps and traffic at x5 (its `time_scale`): a live decode step's own wall-clock
 # work (its gRPC collectives, a few ms) counts x the scale in emulated TPOT, and at x50 on a
-# loaded CI host the healthy TPOT was 195-230 ms instead of 75 (the slow NPU's 220 ms stays far
-# above the SLO at any scale)
+# loaded CI host the healthy TPOT was 195-230 ms instead of 75 (the slow NPU's 230 ms stays
+# far above the SLO at any scale)
 PACED = "duration: 2m\ntime_scale: 5\n"
 OWN = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=50, fresh="test")
 
@@ -185,7 +186,7 @@ OWN = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=50, f
 def test_a_slow_decode_npu_breaking_the_tpot_slo_not_isolated_is_not_recovered(
     chaos: Chaos, supernode: RunningSupernode, tmp_path: Path
 ) -> None:
-    text = _scenario("gray-decode", SERVING, SLOW_DECODE % ("0.3", ""),
+    text = _scenario("gray-decode", SERVING, SLOW_DECODE % ("0.15", ""),
                      f"  recovered_within: 1m\n{TPOT_SLO}", top=PACED)  # fmt: skip
     _set_mode(supernode, manager_pb2.MANAGER_MODE_PASSIVE)
     result = _run(chaos, tmp_path, text)
@@ -201,15 +202,15 @@ def test_a_slow_decode_npu_breaking_the_tpot_slo_not_isolated_is_not_recovered(
     before = [r.tpot_ms for r in obs.requests if r.ok and r.done_ns < at]
     during = [r.tpot_ms for r in obs.requests if r.ok and r.done_ns > at + 5 * 10**9]
     assert before and during
-    assert statistics.median(before) < 150, before
-    assert statistics.median(during) > 150, during
+    assert statistics.median(before) < 100, before
+    assert statistics.median(during) > 100, during
 
 
 @OWN
 def test_a_tolerated_slowdown_that_breaks_the_tpot_slo_fails(
     chaos: Chaos, supernode: RunningSupernode, tmp_path: Path
 ) -> None:
-    text = _scenario("gray-decode-tolerated", SERVING, SLOW_DECODE % ("0.3", ", tolerated: true"),
+    text = _scenario("gray-decode-tolerated", SERVING, SLOW_DECODE % ("0.15", ", tolerated: true"),
                      f"  recovered_within: 1m\n{TPOT_SLO}", top=PACED)  # fmt: skip
     _set_mode(supernode, manager_pb2.MANAGER_MODE_PASSIVE)
     result = _run(chaos, tmp_path, text)
@@ -247,13 +248,21 @@ def test_a_tolerated_fault_that_fails_the_job_fails(chaos: Chaos, tmp_path: Path
 
 
 def test_its_twin_a_tolerated_slowdown_the_job_rides_out_passes(
-    chaos: Chaos, tmp_path: Path
+    chaos: Chaos, supernode: RunningSupernode, tmp_path: Path
 ) -> None:
     step = ("{id: slow, at: 10s, fault: slow, target: {npu: random in job slowed}, "
             "params: {compute: 0.5}, duration: 20s, tolerated: true}")  # fmt: skip
     text = _scenario("tolerated-slow", TRAINING % "slowed", step, "  recovered_within: 2m",
                      top="duration: 1m\n")  # fmt: skip
-    result = _run(chaos, tmp_path, text)
+    # the manager passive: the job rides the slowdown out itself. An active one may find the
+    # slow NPU within the 20 s (each step's three collectives are three samples; whether a
+    # slowed step lands two in the window depends on the step's length) and restart the job
+    # on a spare, which is its own, tested elsewhere (the straggler pair above)
+    _set_mode(supernode, manager_pb2.MANAGER_MODE_PASSIVE)
+    try:
+        result = _run(chaos, tmp_path, text)
+    finally:
+        _set_mode(supernode, manager_pb2.MANAGER_MODE_ACTIVE)
     assert result.ok, "\n".join(summary_lines(result))
     assert [c.name for c in result.verdict.checks] == [
         "faults_injected", "recovered_within", "tolerated"]  # fmt: skip
