@@ -69,10 +69,20 @@ def run_once(path: Path, seed: int, k: int, time_scale: float | None) -> Run:
     scale = time_scale or scenario.time_scale or UNDECLARED_SCALE
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cmemu-scenarios-") as directory:
-        sn = start_supernode(
-            preset=scenario.preset or "cm-mini", mode="inprocess", time_scale=scale,
-            directory=Path(directory), broker=True,
-        )  # fmt: skip
+        try:
+            sn = start_supernode(
+                preset=scenario.preset or "cm-mini", mode="inprocess", time_scale=scale,
+                directory=Path(directory), broker=True,
+            )  # fmt: skip
+        except RuntimeError as exc:  # no emulator: the run judged nothing, said with its log
+            logs = "".join(
+                p.read_text(errors="replace")[-2000:] for p in Path(directory).glob("*.log")
+            )
+            print(f"{path.stem} seed {seed}: {exc}\n{logs}", flush=True)
+            return Run(
+                scenario=path.stem, seed=seed, run=k, outcome="NOT STARTED",
+                wall_s=time.perf_counter() - started, worst_recovery_s=None, failed=(str(exc),),
+            )  # fmt: skip
         try:
 
             async def run(clients: Clients) -> RunResult:
