@@ -39,6 +39,7 @@ except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itsel
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
+START_ATTEMPTS = 3
 UNDECLARED_SCALE = 50.0  # a scenario that declares none runs as the suite runs it (test_shipped.py)
 ELSEWHERE = ("container-", "mixed-storm")  # the engine test's; bench/chaos.py's
 
@@ -69,20 +70,27 @@ def run_once(path: Path, seed: int, k: int, time_scale: float | None) -> Run:
     scale = time_scale or scenario.time_scale or UNDECLARED_SCALE
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cmemu-scenarios-") as directory:
-        try:
-            sn = start_supernode(
-                preset=scenario.preset or "cm-mini", mode="inprocess", time_scale=scale,
-                directory=Path(directory), broker=True,
-            )  # fmt: skip
-        except RuntimeError as exc:  # no emulator: the run judged nothing, said with its log
-            logs = "".join(
-                p.read_text(errors="replace")[-2000:] for p in Path(directory).glob("*.log")
-            )
-            print(f"{path.stem} seed {seed}: {exc}\n{logs}", flush=True)
-            return Run(
-                scenario=path.stem, seed=seed, run=k, outcome="NOT STARTED",
-                wall_s=time.perf_counter() - started, worst_recovery_s=None, failed=(str(exc),),
-            )  # fmt: skip
+        for attempt in range(START_ATTEMPTS):
+            try:
+                sn = start_supernode(
+                    preset=scenario.preset or "cm-mini", mode="inprocess", time_scale=scale,
+                    directory=Path(directory), broker=True,
+                )  # fmt: skip
+                break
+            except RuntimeError as exc:  # no emulator: the run judged nothing, said with its log
+                logs = "".join(
+                    p.read_text(errors="replace")[-2000:] for p in Path(directory).glob("*.log")
+                )
+                # another process on this machine bound a port between the free-port search
+                # and the bind: a fresh search finds others
+                if "ADDRESS_IN_USE" in logs and attempt + 1 < START_ATTEMPTS:
+                    continue
+                print(f"{path.stem} seed {seed}: {exc}\n{logs}", flush=True)
+                return Run(
+                    scenario=path.stem, seed=seed, run=k, outcome="NOT STARTED",
+                    wall_s=time.perf_counter() - started, worst_recovery_s=None,
+                    failed=(str(exc),),
+                )  # fmt: skip
         try:
 
             async def run(clients: Clients) -> RunResult:
