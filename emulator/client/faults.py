@@ -37,6 +37,7 @@ from emulator.client.faultkinds import (
     node_power_off,
     pool_loss,
     process,
+    rack_power_off,
     service,
     slow,
     thermal_throttle,
@@ -101,6 +102,7 @@ KINDS: dict[str, Kind] = {
         intermittent_hang.KIND,
         fabric.LINK_LOSS,
         fabric.OPTICAL_MODULE,
+        rack_power_off.KIND,
         *gateway.KINDS,
         *container.KINDS,
         service.KILL,
@@ -298,6 +300,11 @@ async def _clear_node_id(clients: Clients, fault_id: str) -> None:
     await _clear_node(clients, fault_id.removeprefix(node_power_off.NODE_PREFIX))
 
 
+async def _clear_rack(clients: Clients, fault_id: str) -> None:
+    rack = fault_id.removeprefix(rack_power_off.RACK_PREFIX)
+    await rack_power_off.clear(of_target(clients, rack), fault_id)
+
+
 async def _clear_broker(clients: Clients, fault_id: str) -> None:
     await broker_outage.clear(clients)
 
@@ -306,6 +313,7 @@ CLEARERS: tuple[tuple[Callable[[str], bool], Callable[[Clients, str], Awaitable[
     (lambda i: parse_device_fault(i) is not None, _clear_device_fault),
     (thermal_throttle.is_mine, _clear_throttle),
     (lambda i: i.startswith(node_power_off.NODE_PREFIX), _clear_node_id),
+    (rack_power_off.is_mine, _clear_rack),
     (lambda i: i.startswith(process.PROC_PREFIX), process.clear),
     (lambda i: i.startswith(container.PREFIX), container.clear),
     (lambda i: i == broker_outage.BROKER_ID, _clear_broker),

@@ -215,6 +215,7 @@ PARAMS: dict[str, type[Any]] = {
     "die-down": DieDownParams,
     "link-flap": LinkFlapParams,
     "node-power-off": CrashParams,
+    "rack-power-off": CrashParams,
     "process-kill": NoParams,
     "process-pause": NoParams,
     "pool-loss": NoParams,
