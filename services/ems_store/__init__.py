@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from emulator.engines.clock import Timeline
+from emulator.engines.events import EventSink
 from emulator.model.ems import (
     ObjectMeta,
     Page,
@@ -58,9 +59,15 @@ class EmsState(Store):
         clock: Timeline,
         peers: Peers,
         ssd_dir: Path,
+        events: EventSink | None = None,
     ) -> None:
         super().__init__(
-            topology=topology, profile=profile, clock=clock, peers=peers, ssd_dir=ssd_dir
+            topology=topology,
+            profile=profile,
+            clock=clock,
+            peers=peers,
+            ssd_dir=ssd_dir,
+            events=events,
         )
         self.markers = Markers(self)
         self.reads = Reads(self)
