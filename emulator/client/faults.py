@@ -41,6 +41,7 @@ from emulator.client.faultkinds import (
     sdc,
     service,
     slow,
+    ssd_loss,
     thermal_throttle,
 )
 from emulator.client.faultkinds.base import (
@@ -110,6 +111,7 @@ KINDS: dict[str, Kind] = {
         service.KILL,
         service.HANG,
         service.SLOW,
+        ssd_loss.KIND,
     )
 }
 
@@ -234,6 +236,8 @@ async def device_faults(clients: Clients) -> list[ActiveFault]:
                 for state in reply.faults:
                     carried = state.kind == service.DEVICE_KIND  # a control-plane service's
                     fault = service.listed(state, clients) if carried else device_fault(state)
+                    if state.kind == ssd_loss.NAME:
+                        fault = ssd_loss.listed(state, ssd_loss.ems_of(clients, state.device))
                     found[fault.id] = fault
         uncovered = [d for d in uncovered if d not in covered]
     return thermal_throttle.grouped(list(found.values()))

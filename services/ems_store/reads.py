@@ -121,7 +121,14 @@ class Reads:
         return b"".join([piece async for piece in reading.chunks()])
 
     async def _read_ssd(self, meta: ObjectMeta) -> Reading:
-        data = await asyncio.to_thread(self.store.ssd.read, meta.key)
+        try:
+            data = await asyncio.to_thread(self.store.ssd.read, meta.key)
+        except FileNotFoundError:  # its drives failed under this read (ssd-loss)
+            raise DataLossError(
+                f"the SSD copy of {quote(meta.key)} is gone with the SSD tier",
+                subject=meta.key,
+                reason="SSD_LOST",
+            ) from None
         if meta.real:
             if meta.chunked:
                 good = meta.crcs is not None and chunk_crcs(data, meta.chunk_bytes) == meta.crcs

@@ -19,6 +19,7 @@
 - device-down: NOT_SERVING, UB and compute refused (SetFaultState, with a duration here).
 - broker-outage: this device's process's event publisher lets go and buffers until it clears.
 - service-down: a service of this device's process is stopped or hung (servicefaults.py).
+- ssd-loss: the SSD tier of the EMS this device's process hosts fails (servicefaults.py).
 
 The data path (issue 20): an NPU's crash, hang, die-down, device-down and compute slowdown are
 carried to the collectives it is a rank of, as a fabric fault of kind rank-down, rank-hung or
@@ -51,7 +52,7 @@ from emulator.engines.device.faultbase import (
 )
 from emulator.engines.device.gray import HANG, IntermittentHang, Slow
 from emulator.engines.device.servicefaults import KIND as SERVICE_DOWN
-from emulator.engines.device.servicefaults import ServiceControl, ServiceDown
+from emulator.engines.device.servicefaults import ServiceControl, ServiceDown, SsdLoss
 from emulator.model.errors import (
     EmulatorError,
     InvalidArgumentError,
@@ -264,6 +265,7 @@ EFFECTS: dict[str, Effect] = {
     "die-down": DieDown(),
     "pool-loss": Crash(on=frozenset({DeviceKind.MEMPOOL}), wipe_always=True),
     SERVICE_DOWN: ServiceDown(),
+    "ssd-loss": SsdLoss(),
 }
 """Every kind a device applies itself, by name."""
 

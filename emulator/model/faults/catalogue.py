@@ -247,6 +247,7 @@ PARAMS: dict[str, type[Any]] = {
     "service-hang": NoParams,
     "service-slow": ServiceSlowParams,
     "service-down": ServiceDownParams,
+    "ssd-loss": NoParams,
     "container-kill": ContainerKillParams,
     "container-pause": NoParams,
     "container-restart": ContainerStopParams,
