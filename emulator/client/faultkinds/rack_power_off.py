@@ -1,7 +1,9 @@
 """rack-power-off: a correlated failure. A rack's power distribution fails and every device of
 every node in it (nodes_per_rack nodes: 4 on CloudMatrix384) crashes at once, each a `crash`
 fault, as node-power-off does for one node. Its id `rack:<rack>` clears them all; the manager
-sees each NPU's crash on its own and raises an incident for it."""
+sees each NPU's crash on its own and raises an incident for it. A rack that is the whole
+supernode (cm-mini's one rack) takes a duration: no device would be left to clear it through,
+so its processes clear it themselves in emulated time."""
 
 from __future__ import annotations
 
@@ -12,12 +14,22 @@ from typing import Any
 import grpc
 
 from emulator.client.clients import Clients
-from emulator.client.faultkinds.base import ActiveFault, Typed, clear_device, not_found, spanning
-from emulator.client.faultkinds.crash import KIND as CRASH
+from emulator.client.faultkinds.base import (
+    ActiveFault,
+    DeviceKind,
+    Typed,
+    clear_device,
+    not_found,
+    spanning,
+)
+from emulator.model.errors import PreconditionError
 from emulator.model.faults.catalogue import CrashParams
 from emulator.model.racks import rack_devices
 
 RACK_PREFIX = "rack:"
+# each device's crash through its own management path first (it answers, then stops): told
+# through a sibling, a call would be cut off when that sibling, in the rack too, goes down
+CRASH = DeviceKind(name="crash", help="", params=CrashParams)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +39,15 @@ class RackPowerOff(Typed):
     ) -> ActiveFault:
         typed = self.typed(params)
         devices = rack_devices(clients.topology, target)
+        if len(devices) == len(clients.topology.devices) and not duration_s:
+            raise PreconditionError(
+                f"{target} holds every node of {clients.topology.supernode} "
+                f"({clients.topology.preset}): with every device down none is left to clear "
+                "the fault through; give it a duration (`--for`, a step's `duration`)",
+                field="target",
+                subject=target,
+                reason="RACK_IS_THE_SUPERNODE",
+            )
         crashed = await asyncio.gather(*(CRASH.add(clients, d, typed, duration_s) for d in devices))
         nodes = len({clients.topology.device(d).node for d in devices})
         return spanning(crashed, id=f"{RACK_PREFIX}{target}", kind=self.name, target=target,
