@@ -25,6 +25,7 @@ from cmemu.v1 import device_pb2, fabric_pb2
 from emulator.client.clients import Clients
 from emulator.client.faultkinds import (
     broker_outage,
+    checkpoint_corrupt,
     container,
     crash,
     device_down,
@@ -112,6 +113,7 @@ KINDS: dict[str, Kind] = {
         service.HANG,
         service.SLOW,
         ssd_loss.KIND,
+        checkpoint_corrupt.KIND,
     )
 }
 
@@ -320,6 +322,7 @@ CLEARERS: tuple[tuple[Callable[[str], bool], Callable[[Clients, str], Awaitable[
     (thermal_throttle.is_mine, _clear_throttle),
     (lambda i: i.startswith(node_power_off.NODE_PREFIX), _clear_node_id),
     (rack_power_off.is_mine, _clear_rack),
+    (checkpoint_corrupt.is_mine, checkpoint_corrupt.clear),
     (lambda i: i.startswith(process.PROC_PREFIX), process.clear),
     (lambda i: i.startswith(container.PREFIX), container.clear),
     (lambda i: i == broker_outage.BROKER_ID, _clear_broker),

@@ -69,3 +69,16 @@ def test_a_rack_as_a_scenario_target() -> None:
     assert devices_of("node", "n08", topo) == ("n08",) and devices_of("link", "a~b", topo) == ()
     assert resolve_selector(parse_selector({"rack": "rack00"}, "t"), topo, NO_PLACEMENT,
                             random.Random(0)) == ["rack00"]  # fmt: skip
+
+
+def test_a_training_job_as_a_scenario_target() -> None:
+    topo = build("cm-mini")
+    placement = Placement(deployments={}, jobs={"pretrain": ["n00-npu0"], "finetune": []})
+    pick = parse_selector({"job": "pretrain"}, "t")
+    assert resolve_selector(pick, topo, placement, random.Random(0)) == ["pretrain"]
+    chosen = resolve_selector(parse_selector({"job": "random"}, "t"), topo, placement,
+                              random.Random(1))  # fmt: skip
+    assert chosen[0] in {"pretrain", "finetune"}
+    with pytest.raises(InvalidArgumentError, match="a job is named by its name"):
+        parse_selector({"job": "Pre Train"}, "t")
+    assert devices_of("job", "pretrain", topo) == ()

@@ -11,6 +11,7 @@ A selector is one key naming what is targeted and a string saying which one:
     link: random in node n03           # a link with an end in node n03
     plane: 3                           # every L2 switch of sub-plane 3 (or `random`)
     service: manager                   # a control-plane service (service-kill, service-hang)
+    job: pretrain                      # a training job (checkpoint-corrupt), or `random`
     none: ""                           # kinds with no target (broker-outage)
 
 A group (`deployment NAME`, `deployment NAME ROLE`, `job NAME`, `node ID`) is resolved from what
@@ -45,10 +46,11 @@ from emulator.model.naming import (
 )
 from emulator.model.racks import rack_nodes, rack_of
 from emulator.model.topology import Topology
+from emulator.model.training.spec import NAME as JOB_NAME
 
 WHAT = (
     "npu", "die", "node", "rack", "cpu", "mempool", "device", "link", "switch", "plane", "service",
-    "none",
+    "job", "none",
 )  # fmt: skip
 GROUPS = ("deployment", "job", "node")
 _RANDOM = re.compile(
@@ -131,6 +133,10 @@ def _check_literal(what: str, text: str, path: str) -> None:
         if text not in SERVICES:
             raise bad(path, f"unknown service {quote(text)}; known: {', '.join(SERVICES)}")
         return
+    if what == "job":
+        if not JOB_NAME.match(text):
+            raise bad(path, f"a job is named by its name or 'random', got {quote(text)}")
+        return
     if what == "plane":
         if not text.isdigit():
             raise bad(path, f"a plane is a number or 'random', got {quote(text)}")
@@ -205,6 +211,10 @@ def _services(sel: Selector, topology: Topology, placement: Placement, path: str
     return [s.kind.value for s in topology.services]
 
 
+def _jobs(sel: Selector, topology: Topology, placement: Placement, path: str) -> list[str]:
+    return sorted(placement.jobs)
+
+
 def _planes(sel: Selector, topology: Topology, placement: Placement, path: str) -> list[str]:
     return sorted({str(s.plane) for s in topology.switches if s.tier == "l2"}, key=int)
 
@@ -257,6 +267,7 @@ POOLS: dict[str, _Pool] = {
     "switch": _switches,
     "plane": _planes,
     "service": _services,
+    "job": _jobs,
 }
 
 

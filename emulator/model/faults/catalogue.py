@@ -229,6 +229,7 @@ PARAMS: dict[str, type[Any]] = {
     "optical-module": OpticalModuleParams,
     "hbm-ecc": HbmEccParams,
     "sdc": SdcParams,
+    "checkpoint-corrupt": NoParams,
     "die-down": DieDownParams,
     "link-flap": LinkFlapParams,
     "node-power-off": CrashParams,
