@@ -78,3 +78,15 @@ async def test_a_rack_power_off_names_a_rack_that_exists(clients: Clients) -> No
     with pytest.raises(InvalidArgumentError, match="needs a target"):
         await faults.inject(clients, "rack-power-off", "")
     assert not await _ids(clients)  # nothing was crashed by a refused injection
+
+
+async def test_a_rack_power_off_is_all_or_nothing(clients: Clients) -> None:
+    held = await faults.inject(clients, "crash", "n01-npu2")
+    busy = await _refused(faults.inject(clients, "rack-power-off", "rack01"))
+    assert (busy.code, busy.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "FAULT_ALREADY_ACTIVE")
+    # the devices it took down came back: only the crash held before stays (and its rank-down)
+    assert {i for i in await _ids(clients) if i.startswith("dev:")} == {held.id}
+    await clients.device("n01-npu0").GetInfo(
+        device_pb2.GetInfoRequest(), wait_for_ready=True, timeout=30
+    )
+    await faults.clear(clients, held.id)
