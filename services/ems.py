@@ -12,6 +12,7 @@ from typing import cast
 
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
 from emulator.engines.clock import Timeline
+from emulator.engines.events import EventSink
 from emulator.model.ems import ObjectMeta, Tier, check_key, check_kind, object_size
 from emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError
 from emulator.model.hardware import HardwareProfile
@@ -283,8 +284,16 @@ def create_ems(
     clock: Timeline,
     peers: Peers,
     ssd_dir: Path,
+    events: EventSink | None = None,
 ) -> tuple[EmsState, ServiceHost]:
-    state = EmsState(topology=topology, profile=profile, clock=clock, peers=peers, ssd_dir=ssd_dir)
+    state = EmsState(
+        topology=topology,
+        profile=profile,
+        clock=clock,
+        peers=peers,
+        ssd_dir=ssd_dir,
+        events=events,
+    )
     servicer = EmsServicer(state)
     host = ServiceHost(
         name="ems",

@@ -74,8 +74,10 @@ class DeviceServer:
         await self.host.server.stop(0)
 
     async def restart(self) -> None:
+        for task in list(self._stops):  # a self-crash's deferred stop, still pending, would
+            task.cancel()  # stop the new server
         with contextlib.suppress(Exception):
-            await self.host.server.stop(0)  # a self-crash's deferred stop may still be pending
+            await self.host.server.stop(0)
         self.host.secure(self.host.security)  # a stopped grpc server cannot start again
         await self.host.start()
 

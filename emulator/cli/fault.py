@@ -213,8 +213,9 @@ def fault_args(
     add_p.add_argument(
         "target",
         nargs="?",
-        help="a device id, a node (node-power-off), a link 'a~b' (cmemu links), a switch id, "
-        "a process (process-*); none for a partition or a broker outage",
+        help="a device id, a node (node-power-off), a rack (rack-power-off), a link 'a~b' "
+        "(cmemu links), a switch id, a process (process-*); none for a partition or a broker "
+        "outage",
     )
     add_p.add_argument(
         "--param",

@@ -298,9 +298,13 @@ def rdma_args(
 
     fault = sub.add_parser("fault", help="plane and gateway faults: add, ls, clear")
     faults = fault.add_subparsers(dest="fault_action", required=True, metavar="FAULT_ACTION")
-    add = faults.add_parser("add", help="link-down|link-slow|switch-down|switch-slow|gateway-down")
+    add = faults.add_parser(
+        "add", help="link-down|link-slow|switch-down|switch-slow|gateway-down|partition"
+    )
     add.add_argument("kind")
-    add.add_argument("target", nargs="?", help="a link a~b, a switch, or a gateway (sn1-gw)")
+    add.add_argument(
+        "target", nargs="?", help="a link a~b, a switch, a gateway (sn1-gw), or sn0~sn1 (partition)"
+    )
     add.add_argument("--factor", type=positive_float, help="the slow kinds: share kept, (0, 1)")
     add.add_argument(
         "--for",

@@ -25,6 +25,7 @@ from cmemu.v1 import device_pb2, fabric_pb2
 from emulator.client.clients import Clients
 from emulator.client.faultkinds import (
     broker_outage,
+    checkpoint_corrupt,
     container,
     crash,
     device_down,
@@ -37,8 +38,11 @@ from emulator.client.faultkinds import (
     node_power_off,
     pool_loss,
     process,
+    rack_power_off,
+    sdc,
     service,
     slow,
+    ssd_loss,
     thermal_throttle,
 )
 from emulator.client.faultkinds.base import (
@@ -84,6 +88,7 @@ KINDS: dict[str, Kind] = {
         hang.KIND,
         slow.KIND,
         hbm_ecc.KIND,
+        sdc.KIND,
         die_down.KIND,
         fabric.LINK_FLAP,
         node_power_off.KIND,
@@ -101,11 +106,14 @@ KINDS: dict[str, Kind] = {
         intermittent_hang.KIND,
         fabric.LINK_LOSS,
         fabric.OPTICAL_MODULE,
+        rack_power_off.KIND,
         *gateway.KINDS,
         *container.KINDS,
         service.KILL,
         service.HANG,
         service.SLOW,
+        ssd_loss.KIND,
+        checkpoint_corrupt.KIND,
     )
 }
 
@@ -230,6 +238,8 @@ async def device_faults(clients: Clients) -> list[ActiveFault]:
                 for state in reply.faults:
                     carried = state.kind == service.DEVICE_KIND  # a control-plane service's
                     fault = service.listed(state, clients) if carried else device_fault(state)
+                    if state.kind == ssd_loss.NAME:
+                        fault = ssd_loss.listed(state, ssd_loss.ems_of(clients, state.device))
                     found[fault.id] = fault
         uncovered = [d for d in uncovered if d not in covered]
     return thermal_throttle.grouped(list(found.values()))
@@ -298,6 +308,11 @@ async def _clear_node_id(clients: Clients, fault_id: str) -> None:
     await _clear_node(clients, fault_id.removeprefix(node_power_off.NODE_PREFIX))
 
 
+async def _clear_rack(clients: Clients, fault_id: str) -> None:
+    rack = fault_id.removeprefix(rack_power_off.RACK_PREFIX)
+    await rack_power_off.clear(of_target(clients, rack), fault_id)
+
+
 async def _clear_broker(clients: Clients, fault_id: str) -> None:
     await broker_outage.clear(clients)
 
@@ -306,6 +321,8 @@ CLEARERS: tuple[tuple[Callable[[str], bool], Callable[[Clients, str], Awaitable[
     (lambda i: parse_device_fault(i) is not None, _clear_device_fault),
     (thermal_throttle.is_mine, _clear_throttle),
     (lambda i: i.startswith(node_power_off.NODE_PREFIX), _clear_node_id),
+    (rack_power_off.is_mine, _clear_rack),
+    (checkpoint_corrupt.is_mine, checkpoint_corrupt.clear),
     (lambda i: i.startswith(process.PROC_PREFIX), process.clear),
     (lambda i: i.startswith(container.PREFIX), container.clear),
     (lambda i: i == broker_outage.BROKER_ID, _clear_broker),

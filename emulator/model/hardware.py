@@ -248,6 +248,8 @@ class TrainingProfile:
     gradient_bucket_bytes: int = fig(1 * GiB, "assumed")  # all-reduced one bucket at a time
     repair_s: float = fig(24 * 3600.0, "assumed")  # a failed NPU back among the spares
     checkpoint_every: int = fig(100, "assumed")  # steps between two checkpoints
+    # the latest and the one before it, kept in EMS: a corrupt latest one falls back a step
+    checkpoints_kept: int = fig(2, "assumed")
     checkpoint_object_max_bytes: int = fig(64 * GiB, "assumed")  # one EMS object per shard
     restart_s: float = fig(60.0, "assumed")  # process restart and re-init on the new NPUs
     replace_s: float = fig(120.0, "assumed")  # detection, isolation and spare hand-over

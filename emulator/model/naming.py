@@ -1,6 +1,7 @@
 """Every id of the emulator, built and parsed here and nowhere else.
 
     node            n07                   (sn1-n07 in supernode 1)
+    rack            rack02                (the 3rd run of nodes_per_rack nodes; sn1-rack02)
     device          n07-npu3, n07-cpu1, n07-mem
     NPU die         n07-npu3.d1
     L1 switch       n07-l1s4              (the L1 chip of sub-plane 4 in node 7)
@@ -35,43 +36,17 @@ from typing import TypeVar
 
 from emulator.model.errors import InvalidArgumentError, quote
 
+# fmt: off
 __all__ = [
-    "GATEWAY",
-    "LINK",
-    "LINK_DIRECTED",
-    "SERVICES",
-    "DeviceKind",
-    "DeviceName",
-    "DieName",
-    "LinkName",
-    "Name",
-    "NodeName",
-    "ServiceName",
-    "SwitchName",
-    "Tier",
-    "core_switch_id",
-    "device_id",
-    "die_id",
-    "directed_link_id",
-    "l1_switch_id",
-    "l2_switch_id",
-    "leaf_switch_id",
-    "link_id",
-    "node_id",
-    "parse_device",
-    "parse_die",
-    "parse_endpoint",
-    "parse_id",
-    "parse_link",
-    "parse_node",
-    "parse_service",
-    "parse_supernode",
-    "parse_switch",
-    "service_id",
-    "spine_switch_id",
-    "supernode_id",
-    "trunk_id",
+    "GATEWAY", "LINK", "LINK_DIRECTED", "SERVICES", "DeviceKind", "DeviceName", "DieName",
+    "LinkName", "Name", "NodeName", "RackName", "ServiceName", "SwitchName", "Tier",
+    "core_switch_id", "device_id", "die_id", "directed_link_id", "l1_switch_id",
+    "l2_switch_id", "leaf_switch_id", "link_id", "node_id", "parse_device",
+    "parse_die", "parse_endpoint", "parse_id", "parse_link", "parse_node", "parse_rack",
+    "parse_service", "parse_supernode", "parse_switch", "rack_id", "service_id", "spine_switch_id",
+    "supernode_id", "trunk_id",
 ]
+# fmt: on
 
 LINK = "~"  # a physical link: both directions
 LINK_DIRECTED = ">"  # one direction of a physical link
@@ -103,6 +78,7 @@ _NODE = rf"{_PREFIX}n(?P<node>[0-9]{{2,}})"
 _DEVICE = rf"{_NODE}-(?:(?P<tag>npu|cpu)(?P<index>{_NUM})|(?P<mem>mem))"
 _RE_SUPERNODE = re.compile(rf"sn(?P<sn>{_NUM})")
 _RE_NODE = re.compile(_NODE)
+_RE_RACK = re.compile(rf"{_PREFIX}rack(?P<rack>[0-9]{{2,}})")
 _RE_DEVICE = re.compile(_DEVICE)
 _RE_DIE = re.compile(rf"{_DEVICE}\.d(?P<die>{_NUM})")
 _RE_L1 = re.compile(rf"{_NODE}-l1s(?P<chip>{_NUM})")
@@ -116,13 +92,14 @@ _RE_END = re.compile(r"[a-z0-9][a-z0-9.-]*")  # the shape of any id, for the end
 _EXPECTED = {
     "supernode id": "sn0, sn1, ...",
     "node id": "n07 (sn1-n07 in another supernode)",
+    "rack id": "rack02 (sn1-rack02 in another supernode)",
     "device id": "n07-npu3, n07-cpu1 or n07-mem (sn1- prefix in another supernode)",
     "NPU die id": "n07-npu3.d1",
     "switch id": "n07-l1s4 (L1), l2-p3-s11 (L2), or on the RDMA plane n07-leaf, spine3, core5",
     "service id": f"one of {', '.join(s for s in SERVICES if s != GATEWAY)} "
     "(sn1- prefix in another supernode), or a gateway sn0-gw",
     "link name": "a~b (a physical link) or a>b (one direction of it), a and b the ids of its ends",
-    "id": "a node, device, die, switch or service id",
+    "id": "a node, rack, device, die, switch or service id",
 }
 
 
@@ -177,6 +154,22 @@ class NodeName(_Named):
     @property
     def id(self) -> str:
         return f"{_prefix(self.supernode)}n{_count(self.index, 'node index'):02d}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RackName(_Named):
+    """A rack: nodes [index * per_rack, (index + 1) * per_rack) of its supernode, per_rack being
+    the hardware profile's node.nodes_per_rack (the topology carries it)."""
+
+    index: int
+    supernode: int = 0
+
+    @property
+    def id(self) -> str:
+        return f"{_prefix(self.supernode)}rack{_count(self.index, 'rack index'):02d}"
+
+    def holds(self, node: NodeName, per_rack: int) -> bool:
+        return node.supernode == self.supernode and node.index // per_rack == self.index
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,6 +275,10 @@ def node_id(index: int, *, supernode: int = 0) -> str:
     return NodeName(index=index, supernode=supernode).id
 
 
+def rack_id(index: int, *, supernode: int = 0) -> str:
+    return RackName(index=index, supernode=supernode).id
+
+
 def device_id(node: str, kind: DeviceKind, index: int = 0) -> str:
     """A device of a node (the node's id carries its supernode)."""
     n = parse_node(node)
@@ -358,6 +355,13 @@ def parse_node(text: str) -> NodeName:
     if match is None:
         raise _malformed("node id", text)
     return _canonical("node id", text, NodeName(index=int(match["node"]), supernode=_sn(match)))
+
+
+def parse_rack(text: str) -> RackName:
+    match = _RE_RACK.fullmatch(text)
+    if match is None:
+        raise _malformed("rack id", text)
+    return _canonical("rack id", text, RackName(index=int(match["rack"]), supernode=_sn(match)))
 
 
 def _device(match: re.Match[str]) -> DeviceName:
@@ -455,12 +459,12 @@ def parse_service(text: str) -> ServiceName:
     return _canonical("service id", text, ServiceName(kind=name, supernode=supernode))
 
 
-Name = NodeName | DeviceName | DieName | SwitchName | ServiceName
+Name = NodeName | RackName | DeviceName | DieName | SwitchName | ServiceName
 
 
 def parse_id(text: str) -> Name:
-    """Any id: a node, device, NPU die, switch or service."""
-    parsers = (parse_die, parse_device, parse_switch, parse_node, parse_service)
+    """Any id: a node, rack, device, NPU die, switch or service."""
+    parsers = (parse_die, parse_device, parse_switch, parse_node, parse_rack, parse_service)
     for parse in parsers:
         try:
             return parse(text)

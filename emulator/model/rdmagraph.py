@@ -9,6 +9,10 @@ that takes a spine away re-spreads the route over the others; one that leaves no
 
 Capacities are the links' line rates x the profile's RoCE efficiency x each fault's factor; the
 latency is both NICs plus the switches crossed (`profile.scaleout.latency_s`).
+
+A partition between two supernodes (`sn0~sn1`) cuts every route between them and no other: the
+scale-out plane between them is cut as a misconfigured core ACL or a cut inter-pod trunk would
+cut it, while each still reaches the rest.
 """
 
 from __future__ import annotations
@@ -24,7 +28,15 @@ import numpy.typing as npt
 
 from emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError, quote
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.naming import Tier, directed_link_id, link_id, parse_link, parse_switch
+from emulator.model.naming import (
+    Tier,
+    directed_link_id,
+    link_id,
+    parse_link,
+    parse_supernode,
+    parse_switch,
+    supernode_id,
+)
 from emulator.model.topology import LinkKind, ScaleOut
 
 FloatArray = npt.NDArray[np.float64]
@@ -90,12 +102,14 @@ class RdmaGraph:
         self.raw = np.array(raw, dtype=np.float64)
         self.up = np.ones(len(raw), dtype=bool)
         self.factor = np.ones(len(raw))
+        self.cut: set[frozenset[int]] = set()  # pairs of supernodes partitioned from each other
 
     # --- live state ----------------------------------------------------------------------------
 
     def reset(self) -> None:
         self.up[:] = True
         self.factor[:] = 1.0
+        self.cut.clear()
 
     def changed(self) -> None:
         self.version += 1
@@ -133,6 +147,21 @@ class RdmaGraph:
             )
         return links
 
+    def supernode_pair(self, target: str) -> frozenset[int]:
+        """The two supernodes `target` ("sn0~sn1") names, both of this plane."""
+        name = parse_link(target)
+        pair = [parse_supernode(end) for end in (name.a, name.b)]
+        for index in pair:
+            if index not in self._spines:
+                raise NotFoundError(
+                    f"no supernode {supernode_id(index)} on this plane (it joins "
+                    f"{', '.join(supernode_id(i) for i in sorted(self._spines))})",
+                    field="target",
+                    subject=target,
+                    reason="SUPERNODE_NOT_FOUND",
+                )
+        return frozenset(pair)
+
     def port(self, die: str) -> _Port:
         found = self.ports.get(die)
         if found is None:
@@ -165,6 +194,15 @@ class RdmaGraph:
                 hops=(src, a.leaf, dst),
                 switches=1,
                 paths=1,
+            )
+        sa, sb = parse_switch(a.leaf).supernode, parse_switch(b.leaf).supernode
+        if frozenset((sa, sb)) in self.cut:
+            raise UnavailableError(
+                f"{supernode_id(min(sa, sb))} and {supernode_id(max(sa, sb))} are partitioned: "
+                "the RDMA plane "
+                f"between them is cut ({src} to {dst})",
+                subject=f"{src}>{dst}",
+                reason="ROUTE_CUT",
             )
         paths = self._paths(a.leaf, b.leaf)
         live = [p for p in paths if all(cap[i] > 0 for i in p[1])]
@@ -267,6 +305,20 @@ class _Kind:
             graph.up[links] = False
 
 
+@dataclass(frozen=True)
+class _Partition:
+    """Two supernodes ("sn0~sn1") cannot reach each other over the plane; links stay up."""
+
+    name: str = "partition"
+
+    def links(self, graph: RdmaGraph, fault: RdmaFault) -> list[int]:
+        graph.supernode_pair(fault.target)  # validates the target
+        return []
+
+    def apply(self, graph: RdmaGraph, fault: RdmaFault) -> None:
+        graph.cut.add(graph.supernode_pair(fault.target))
+
+
 RDMA_FAULT_KINDS: dict[str, RdmaFaultKind] = {
     k.name: k
     for k in (
@@ -274,9 +326,11 @@ RDMA_FAULT_KINDS: dict[str, RdmaFaultKind] = {
         _Kind("link-slow", on_switch=False, slow=True),
         _Kind("switch-down", on_switch=True, slow=False),
         _Kind("switch-slow", on_switch=True, slow=True),
+        _Partition(),
     )
 }
-"""The plane's fault kinds: a link ("a~b") or a switch down, or slowed to `factor`."""
+"""The plane's fault kinds: a link ("a~b") or a switch down, or slowed to `factor`; or two
+supernodes partitioned ("sn0~sn1")."""
 
 
 @dataclass

@@ -34,6 +34,7 @@ from emulator.model.naming import (
 from emulator.model.presets import Preset, get_preset
 
 DOCUMENT_VERSION = 1
+RACK = DEFAULT_PROFILE.node.nodes_per_rack  # nodes a rack holds, unless a document says
 DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 21000  # below Linux's ephemeral range (32768+), so clients never squat on it
@@ -172,6 +173,7 @@ class Topology:
     scaleout: ScaleOut | None = None  # the RDMA plane, in a `<base>x<N>` preset
     # emulated time slows when the emulator lags (engines/clock.py); off: wall x time_scale
     dilation: bool = True
+    nodes_per_rack: int = RACK  # a rack holds this run of nodes (naming.py RackName)
     _by_id: dict[str, Device] = field(init=False, repr=False, compare=False)
     _by_eid: dict[int, Device] = field(init=False, repr=False, compare=False)
 
@@ -234,6 +236,7 @@ class Topology:
             "services": [asdict(x) for x in self.services],
             **({"scaleout": self.scaleout.to_dict()} if self.scaleout else {}),
             **({} if self.dilation else {"dilation": False}),
+            **({} if self.nodes_per_rack == RACK else {"nodes_per_rack": self.nodes_per_rack}),
         }
 
     def to_json(self, *, indent: int | None = None) -> str:
@@ -267,6 +270,7 @@ class Topology:
                 ),
                 scaleout=ScaleOut.from_dict(doc["scaleout"]) if "scaleout" in doc else None,
                 dilation=bool(doc.get("dilation", True)),
+                nodes_per_rack=int(doc.get("nodes_per_rack", RACK)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgumentError(f"malformed topology document: {exc}") from exc
@@ -512,6 +516,7 @@ def build(
         links=tuple(links),
         services=tuple(services),
         metrics_port=metrics_port,
+        nodes_per_rack=profile.node.nodes_per_rack,
     )
 
 

@@ -110,6 +110,7 @@ def _ems(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
         clock=ctx.time.timeline,
         peers=ctx.peers,
         ssd_dir=ctx.data_dir,
+        events=ctx.events,
     )
 
 

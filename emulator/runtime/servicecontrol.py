@@ -1,5 +1,5 @@
 """The in-process supernode's services as fault targets (service-kill, service-hang,
-service-slow): what its devices are given as `Siblings.services`
+service-slow, and ssd-loss of EMS's SSD tier): what its devices are given as `Siblings.services`
 (emulator/engines/device/servicefaults.py). A slow service answers every call `latency_ms`
 emulated ms late (its HangGate's delay), its work going on.
 
@@ -103,6 +103,22 @@ class LocalServices:
                 await back
         log.warning("service back", service=host.name, how=how)
         self._publish(host.name, "service-up", how=how)
+
+    async def ssd(self, *, lost: bool) -> None:
+        """EMS's SSD tier fails (ssd-loss) or is replaced."""
+        from services.ems_store import EmsState  # imported by the process hosting it
+
+        hosted = self._hosted(ServiceKind.EMS.value)
+        if hosted is None:
+            if lost:
+                raise PreconditionError("this process does not host the ems service")
+            return  # the supernode is stopping
+        state = hosted[0]
+        assert isinstance(state, EmsState)
+        if lost:
+            await state.lose_ssd()
+        else:
+            state.replace_ssd()
 
 
 def _how(fault: ServiceDownParams) -> str:

@@ -44,6 +44,7 @@ def ems_families(ems: EmsState) -> list[Family]:
         one("cmemu_ems_misses_total", "counter", "Reads of a key that was not", c.misses),
         one("cmemu_ems_evictions_total", "counter", "Objects evicted to make room", c.evictions),
         one("cmemu_ems_corrupt_total", "counter", "Copies found corrupt", c.corrupt),
+        one("cmemu_ems_ssd_lost_total", "counter", "Objects lost with the SSD tier", c.ssd_lost),
         one(
             "cmemu_ems_under_replicated_objects",
             "gauge",

@@ -22,14 +22,17 @@ servicer (services/ems.py) and answers the index queries itself.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
 from emulator.engines.clock import Timeline
+from emulator.engines.events import EventSink
 from emulator.model.ems import (
     ObjectMeta,
     Page,
     StoreStats,
+    Tier,
     check_block_tokens,
     check_key,
     prefix_keys,
@@ -40,7 +43,7 @@ from emulator.model.topology import Topology
 from services.ems_store.markers import Markers
 from services.ems_store.reads import Fetched, Reading, Reads
 from services.ems_store.recovery import Recovery
-from services.ems_store.store import Store
+from services.ems_store.store import Store, log
 from services.ems_store.writes import Stored, Writes
 from services.peers import Peers
 
@@ -58,9 +61,15 @@ class EmsState(Store):
         clock: Timeline,
         peers: Peers,
         ssd_dir: Path,
+        events: EventSink | None = None,
     ) -> None:
         super().__init__(
-            topology=topology, profile=profile, clock=clock, peers=peers, ssd_dir=ssd_dir
+            topology=topology,
+            profile=profile,
+            clock=clock,
+            peers=peers,
+            ssd_dir=ssd_dir,
+            events=events,
         )
         self.markers = Markers(self)
         self.reads = Reads(self)
@@ -131,6 +140,29 @@ class EmsState(Store):
             ssd_capacity_bytes=self.ssd.capacity,
             pool_filter=pool,
         )
+
+    # --- the SSD tier as a fault target (ssd-loss) --------------------------------------------
+
+    async def lose_ssd(self) -> int:
+        """The SSD tier's drives fail: the objects only it held are gone from the store (a get
+        finds none: NOT_FOUND), and until `replace_ssd()` evictions drop objects instead of
+        demoting them. The objects lost."""
+        async with self.lock:
+            held = [m for m in self.index.objects.values() if m.tier is Tier.SSD]
+            for meta in held:
+                self.index.remove(meta.key)
+            await asyncio.to_thread(self.ssd.lose)
+        self.counters.ssd_lost += len(held)
+        lost_bytes = sum(m.size for m in held)
+        log.warning("ssd tier lost", objects=len(held), bytes=lost_bytes)
+        self.publish("ssd-lost", objects=len(held), bytes=lost_bytes)
+        return len(held)
+
+    def replace_ssd(self) -> None:
+        """New, empty drives: evictions demote to SSD again."""
+        self.ssd.replace()
+        log.warning("ssd tier replaced")
+        self.publish("ssd-replaced")
 
     # --- recovery ------------------------------------------------------------------------------
 

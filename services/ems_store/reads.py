@@ -39,6 +39,8 @@ from emulator.model.topology import Device
 from services.ems_store.store import UNREACHABLE, Store, log
 from services.status import RemoteError
 
+CHECKSUM_MISMATCH = "CHECKSUM_MISMATCH"  # every copy read failed the CRC-32 kept at put
+
 
 @dataclass(kw_only=True)
 class Fetched:
@@ -119,7 +121,14 @@ class Reads:
         return b"".join([piece async for piece in reading.chunks()])
 
     async def _read_ssd(self, meta: ObjectMeta) -> Reading:
-        data = await asyncio.to_thread(self.store.ssd.read, meta.key)
+        try:
+            data = await asyncio.to_thread(self.store.ssd.read, meta.key)
+        except FileNotFoundError:  # its drives failed under this read (ssd-loss)
+            raise DataLossError(
+                f"the SSD copy of {quote(meta.key)} is gone with the SSD tier",
+                subject=meta.key,
+                reason="SSD_LOST",
+            ) from None
         if meta.real:
             if meta.chunked:
                 good = meta.crcs is not None and chunk_crcs(data, meta.chunk_bytes) == meta.crcs
@@ -127,7 +136,12 @@ class Reads:
                 good = zlib.crc32(data) == meta.crc
             if not good:
                 self.store.counters.corrupt += 1
-                raise DataLossError(f"the SSD copy of {quote(meta.key)} fails its checksum")
+                self.store.publish("corrupt-copy", key=meta.key, copy="ssd", copies_left=0)
+                raise DataLossError(
+                    f"the SSD copy of {quote(meta.key)} fails its CRC-32 checksum",
+                    subject=meta.key,
+                    reason=CHECKSUM_MISMATCH,
+                )
         now = self.store.clock.now_ns()
         reading = Reading(meta=meta, served_by="ssd")
         reading.timing.add(now, now + ems_ssd_ns(meta.size, self.store.profile))
@@ -172,7 +186,9 @@ class Reads:
                     if meta.real and zlib.crc32(done.data) != (
                         meta.crcs[position] if meta.crcs is not None else meta.crc
                     ):
-                        raise DataLossError(f"chunk {position} of {quote(meta.key)} on {pool}")
+                        raise DataLossError(
+                            f"chunk {position} of {quote(meta.key)} on {pool} fails its CRC-32"
+                        )
                     reading.timing.issue_ns = reading.timing.issue_ns or done.issue_ns
                     elapsed += done.complete_ns - done.issue_ns
                     reading.timing.duration_ns = elapsed
@@ -187,7 +203,7 @@ class Reads:
                 if requester is not None:
                     await self._check_reader(requester, exc)
                 unavailable.append(pool)
-            except DataLossError:
+            except DataLossError as exc:
                 reading.corrupt_copies += 1
                 store.counters.corrupt += 1
                 log.warning("DATA_LOSS on a copy; reading another", key=meta.key, pool=pool)
@@ -195,8 +211,15 @@ class Reads:
                     store.index.drop_replica(meta, pool)  # the sweep restores the factor
                     with contextlib.suppress(RemoteError):
                         await store.free_region(pool, replica.region_id)
+                store.publish("corrupt-copy", key=meta.key, copy=pool, detail=str(exc),
+                              copies_left=len(meta.replicas))  # fmt: skip
         if reading.corrupt_copies and not unavailable:
-            raise DataLossError(f"every reachable copy of {quote(meta.key)} fails its checksum")
+            raise DataLossError(
+                f"every reachable copy of {quote(meta.key)} fails its CRC-32 checksum "
+                f"({reading.corrupt_copies} corrupt)",
+                subject=meta.key,
+                reason=CHECKSUM_MISMATCH,
+            )
         raise UnavailableError(
             f"no copy of {quote(meta.key)} is reachable: {', '.join(unavailable) or 'none left'}",
             subject=meta.key,

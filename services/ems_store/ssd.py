@@ -2,6 +2,7 @@
 that outlives the EMS process, so a restarted EMS finds what it had moved there.
 
 Synchronous file I/O: the service calls it through asyncio.to_thread, never on the event loop.
+The ssd-loss fault `lose()`s the drives (their files deleted) until they are `replace()`d.
 """
 
 from __future__ import annotations
@@ -18,12 +19,26 @@ class SsdTier:
         self.directory = directory
         self.capacity = capacity
         self.used = 0
+        self.lost = False  # ssd-loss: the drives are gone until replaced (nothing fits)
 
     def _path(self, key: str) -> Path:
         return self.directory / hashlib.sha256(key.encode()).hexdigest()
 
     def fits(self, size: int) -> bool:
-        return self.used + size <= self.capacity
+        return not self.lost and self.used + size <= self.capacity
+
+    def lose(self) -> None:
+        """The drives fail: every file on them is gone, and nothing is written until
+        `replace()` puts in new, empty ones."""
+        self.lost = True
+        if self.directory.exists():
+            for path in self.directory.iterdir():
+                if path.suffix in (".bin", ".json", ".tmp"):
+                    path.unlink(missing_ok=True)
+        self.used = 0
+
+    def replace(self) -> None:
+        self.lost = False
 
     def write(self, meta: ObjectMeta, data: bytes) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -51,12 +66,12 @@ class SsdTier:
         found = []
         self.used = 0
         for head in sorted(self.directory.glob("*.json")):
-            found = json.loads(head.read_text())
-            meta = decode_label(found["label"])
+            doc = json.loads(head.read_text())
+            meta = decode_label(doc["label"])
             if meta is not None:
                 if meta.chunked:
-                    meta.chunk_bytes = found.get("chunk_bytes", 0)
-                    meta.crcs = tuple(found.get("crcs", ()))
+                    meta.chunk_bytes = doc.get("chunk_bytes", 0)
+                    meta.crcs = tuple(doc.get("crcs", ()))
                 meta.tier = Tier.SSD
                 found.append(meta)
                 self.used += meta.size

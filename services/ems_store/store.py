@@ -15,6 +15,7 @@ import structlog
 
 from cmemu.v1 import device_pb2, ub_pb2
 from emulator.engines.clock import Timeline
+from emulator.engines.events import EventSink
 from emulator.model.ems import (
     Counters,
     HashRing,
@@ -62,8 +63,10 @@ class Store:
         clock: Timeline,
         peers: Peers,
         ssd_dir: Path,
+        events: EventSink | None = None,
     ) -> None:
         self.topology = topology
+        self.events = events
         self.profile = profile
         self.ems = profile.ems
         self.clock = clock
@@ -87,6 +90,10 @@ class Store:
         # RECOVERING (retryable), never NOT_FOUND for an acknowledged key (issue 21 finding 3).
         self.recovering = True
         self.listed: set[str] = set()  # pools the rebuild has read
+
+    def publish(self, event: str, **detail: Any) -> None:
+        if self.events is not None:
+            self.events.event(self.name, event, self.clock.now_ns(), **detail)
 
     @property
     def index(self) -> Index:

@@ -70,7 +70,8 @@ class LiveJob:
     allocation: scheduler_pb2.Allocation = field(default_factory=scheduler_pb2.Allocation)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    checkpoint_keys: list[str] = field(default_factory=list)
+    # the checkpoints kept in EMS, oldest first: (step, its objects' keys, the manifest's last)
+    checkpoints: list[tuple[int, list[str]]] = field(default_factory=list)
     # set by a "failed" or "replaced" change: the job lost an NPU, even when the replacement
     # shows before the job looks (its state on that NPU is gone either way)
     interrupted: bool = False
@@ -213,9 +214,27 @@ class JobRunner:
             return
         if not await self.sleep(longest / NS):
             return  # a failure during the write: this checkpoint does not count
-        old, job.checkpoint_keys = job.checkpoint_keys, [s.key for s in shards]
+        keys = [s.key for s in shards]
+        manifest = checkpoint.manifest_key(p.name, step)
+        try:  # written last: a checkpoint is whole once its manifest is in
+            await self.ep.ems.Put(
+                ems_pb2.PutRequest(
+                    key=manifest,
+                    data=checkpoint.manifest(p.name, step, keys),
+                    kind=CHECKPOINT_KIND,
+                    device=npus[0],
+                )
+            )
+        except grpc.aio.AioRpcError as exc:
+            self.publish(
+                "checkpoint-failed", step=step, error=f"{exc.code().name}: {exc.details()}"
+            )
+            return
+        job.checkpoints.append((step, [*keys, manifest]))
         p.checkpointed(step)
-        if old:
+        kept = max(1, self.profile.training.checkpoints_kept)
+        while len(job.checkpoints) > kept:
+            _, old = job.checkpoints.pop(0)
             await self.ep.ems.BatchDelete(ems_pb2.BatchDeleteRequest(keys=old))
         self.publish("checkpoint", step=step, bytes=sum(s.size for s in shards))
 
@@ -245,16 +264,50 @@ class JobRunner:
         self.publish("restored", npus=replacements, step=p.step, restarts=p.restarts)
 
     async def reload(self) -> None:
-        """Read the last checkpoint back from EMS onto the (new) NPUs: the slowest Get."""
-        job = self.job
+        """Read the latest checkpoint that verifies back from EMS onto the (new) NPUs (the
+        slowest Get). Its manifest first: one that fails its checksum (DATA_LOSS) or is gone
+        (NOT_FOUND) is dropped, published (`checkpoint-corrupt`), and the one before is tried,
+        losing the steps between them; with none left the job starts over from step 0."""
+        job, p = self.job, self.job.progress
         npus = [n.id for n in job.allocation.npus]
+        while job.checkpoints:
+            step, keys = job.checkpoints[-1]
+            try:
+                got = await self.ep.ems.Get(ems_pb2.GetRequest(key=keys[-1], device=npus[0]))
+                shards = checkpoint.manifest_keys(got.data, p.name, step)
+            except grpc.aio.AioRpcError as exc:
+                if job.needs_recovery:
+                    return  # a new NPU failed too: recover again
+                if exc.code() not in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.NOT_FOUND):
+                    raise
+                await self._drop_latest(f"{exc.code().name}: {exc.details()}")
+                continue
+            except ValueError as exc:  # bytes that verify but are no manifest of this one
+                await self._drop_latest(f"not its manifest: {exc}")
+                continue
+            await self._load(shards, npus)
+            return
+
+    async def _drop_latest(self, error: str) -> None:
+        """The latest checkpoint did not verify: gone, and the job rewound to the one before."""
+        job, p = self.job, self.job.progress
+        step, keys = job.checkpoints.pop()
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.ep.ems.BatchDelete(ems_pb2.BatchDeleteRequest(keys=keys))
+        back = job.checkpoints[-1][0] if job.checkpoints else 0
+        lost = p.fell_back(back)
+        log.warning("checkpoint corrupt", job=p.name, step=step, error=error)
+        self.publish("checkpoint-corrupt", step=step, fallback_step=back, steps_lost=lost,
+                     error=error)  # fmt: skip
+
+    async def _load(self, keys: list[str], npus: list[str]) -> None:
         longest = 0
-        for key in job.checkpoint_keys:
+        for key in keys:
             index = int(key.rsplit("/", 1)[1].split("-")[0])
             try:
                 got = await self.ep.ems.Get(ems_pb2.GetRequest(key=key, device=npus[index]))
             except grpc.aio.AioRpcError:
-                if job.needs_recovery:
+                if self.job.needs_recovery:
                     return  # a new NPU failed too: recover again
                 raise
             longest = max(longest, got.complete_ns - got.issue_ns)

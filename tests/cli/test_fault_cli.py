@@ -87,6 +87,7 @@ def test_every_device_kind_adds_lists_and_clears(running: Path) -> None:
             "size=64",
         ),
         "dev:n01-mem:pool-loss": ("pool-loss", "n01-mem"),
+        "dev:n01-cpu1:sdc": ("sdc", "n01-cpu1", "--param", "offset=0", "--param", "size=64"),
         "node:n01:thermal-throttle": ("thermal-throttle", "n01", "--param", "compute=0.5"),
         "dev:n00-npu5:intermittent-hang": (
             "intermittent-hang",
@@ -175,6 +176,34 @@ def test_bad_input_gets_a_message_not_a_traceback(running: Path) -> None:
         assert "Traceback" not in result.stderr
     missing = cmemu("fault", "rm", "dev:n00-npu0:hang", *at)
     assert missing.returncode == 1 and "not faulted" in missing.stderr
+
+
+def test_a_rack_and_the_ssd_tier_add_list_and_clear(running: Path) -> None:
+    at = ("--state-file", str(running))
+    lost = cmemu("fault", "add", "ssd-loss", "ems", *at)
+    assert lost.returncode == 0, lost.stderr
+    fault_id = lost.stdout.split()[1].rstrip(":")
+    assert fault_id.endswith(":ssd-loss") and _ls(at)[fault_id]["target"] == "ems"
+    assert cmemu("fault", "rm", fault_id, *at).returncode == 0
+    assert _ls(at) == {}
+    # cm-mini is one rack: with all of it down nothing is left to clear it through
+    whole = cmemu("fault", "add", "rack-power-off", "rack00", *at)
+    assert whole.returncode == 1 and "RACK_IS_THE_SUPERNODE" in whole.stderr, whole.stderr
+    for bad, code, words in (
+        ("rack01", 1, "no rack 'rack01'"),
+        ("rack1", 1, "INVALID_ARGUMENT (MALFORMED_ID)"),
+    ):
+        refused = cmemu("fault", "add", "rack-power-off", bad, *at)
+        assert refused.returncode == code and words in refused.stderr, refused.stderr
+    timed = cmemu("fault", "add", "rack-power-off", "rack00", "--for", "60", *at)
+    assert timed.returncode == 0, timed.stderr
+    assert "rack:rack00" in timed.stdout and "clears itself at" in timed.stdout
+    _poll_emulated(
+        lambda: cmemu("probe", *_address(running, "n01-npu0"), "--timeout", "1").returncode == 0,
+        at,
+        within_s=240,
+    )
+    _poll_emulated(lambda: _ls(at) == {}, at, within_s=240)
 
 
 @pytest.mark.slow

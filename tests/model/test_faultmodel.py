@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.faults.catalogue import PARAMS, HbmEccParams, LinkFlapParams
-from emulator.model.faults.memory import Poison
+from emulator.model.faults.catalogue import PARAMS, HbmEccParams, LinkFlapParams, SdcParams
+from emulator.model.faults.memory import Corruption, Poison
 from emulator.model.faults.params import describe, params_from, params_text
 from emulator.model.linkfaults import FaultSet, FaultSpec, flap_down, next_flip_s
 from emulator.model.linkgraph import LinkGraph
@@ -84,6 +84,35 @@ def test_poison_merges_hits_and_heals() -> None:
     assert poison.hit(120, 50) is None
     poison.heal(0, 1000)
     assert poison.ranges == [] and poison.bytes == 0
+
+
+def test_corruption_flips_only_the_bytes_of_its_ranges() -> None:
+    bad = Corruption(mask=0x81)
+    data = bytes(range(16))
+    assert bad.flip(100, data) is data  # no range: the bytes as stored
+    bad.add(104, 106)
+    bad.add(110, 120)
+    got = bad.flip(100, data)
+    flipped = [i for i in range(16) if got[i] != data[i]]
+    assert flipped == [4, 5, *range(10, 16)] and got[4] == 4 ^ 0x81
+    assert bad.flip(106, data[6:10]) == data[6:10]  # between the ranges: untouched
+    assert bad.flip(0, b"") == b"" and bad.bytes == 12
+    bad.clear()
+    assert bad.flip(100, data) == data
+
+
+def test_sdc_params_name_a_region_or_a_range_and_one_byte_of_mask() -> None:
+    assert params_from(SdcParams, {"region": "3"}, kind="sdc").mask == 1
+    assert (
+        params_from(SdcParams, {"offset": "64", "size": "8", "mask": "0xff"}, kind="sdc").mask
+        == 255
+    )
+    for raw, field in (({}, "params.region"), ({"region": 1, "size": 8}, "params.region"),
+                       ({"size": 8, "mask": 256}, "params.mask"),
+                       ({"size": 8, "mask": -1}, "params.mask")):  # fmt: skip
+        with pytest.raises(InvalidArgumentError) as err:
+            params_from(SdcParams, raw, kind="sdc")
+        assert err.value.field == field
 
 
 def test_params_parse_check_and_print() -> None:

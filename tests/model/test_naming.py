@@ -16,6 +16,7 @@ from emulator.model.naming import (
     DieName,
     LinkName,
     NodeName,
+    RackName,
     ServiceName,
     SwitchName,
     Tier,
@@ -34,9 +35,11 @@ from emulator.model.naming import (
     parse_id,
     parse_link,
     parse_node,
+    parse_rack,
     parse_service,
     parse_supernode,
     parse_switch,
+    rack_id,
     service_id,
     supernode_id,
 )
@@ -51,6 +54,8 @@ NPU3 = DeviceName(node=7, kind=DeviceKind.NPU, index=3)
         ("n07", NodeName(index=7)),
         ("n123", NodeName(index=123)),
         ("sn1-n07", NodeName(index=7, supernode=1)),
+        ("rack02", RackName(index=2)),
+        ("sn1-rack11", RackName(index=11, supernode=1)),
         ("n07-npu3", NPU3),
         ("n07-cpu1", DeviceName(node=7, kind=DeviceKind.CPU, index=1)),
         ("n07-mem", DeviceName(node=7, kind=DeviceKind.MEMPOOL)),
@@ -90,6 +95,11 @@ def test_builders_and_parsers_agree() -> None:
     assert service_id("fabric") == "fabric" and service_id("ems", supernode=2) == "sn2-ems"
     assert service_id("gateway") == "sn0-gw"
     assert supernode_id(4) == "sn4" and parse_supernode("sn4") == 4
+    assert rack_id(3) == "rack03" and rack_id(3, supernode=1) == "sn1-rack03"
+    rack = parse_rack("sn1-rack01")  # with 4 nodes a rack: sn1-n04 .. sn1-n07
+    assert [rack.holds(parse_node(n), 4) for n in ("sn1-n03", "sn1-n04", "sn1-n07", "n05")] == [
+        False, True, True, False,
+    ]  # fmt: skip
     device = parse_device("sn1-n07-npu3")
     assert (device.node, device.index, device.supernode, device.node_id) == (7, 3, 1, "sn1-n07")
     assert parse_die("n07-npu3.d1").device.id == "n07-npu3"
@@ -132,7 +142,11 @@ def test_builders_and_parsers_agree() -> None:
         (parse_service, "billing", "no service 'billing'"),
         (parse_supernode, "sn", "sn0"),
         (parse_supernode, "n0", "sn0"),
-        (parse_id, "n07-npu3-x", "a node, device, die, switch or service id"),
+        (parse_rack, "rack2", "rack02"),
+        (parse_rack, "rack002", "its one spelling is 'rack02'"),
+        (parse_rack, "sn0-rack02", "its one spelling is 'rack02'"),
+        (parse_rack, "n02", "rack02"),
+        (parse_id, "n07-npu3-x", "a node, rack, device, die, switch or service id"),
         (parse_link, "n00-npu0.d0", "a~b"),
         (parse_link, "a~b~c", "a~b"),
         (parse_link, "a~b>c", "a~b"),
@@ -172,6 +186,7 @@ def test_bad_builder_arguments_are_refused() -> None:
         lambda: l2_switch_id(-1, 0),
         lambda: service_id("billing"),
         lambda: supernode_id(-2),
+        lambda: rack_id(-1),
     ]
     for build_bad in bad:
         with pytest.raises(InvalidArgumentError):

@@ -136,7 +136,36 @@ def test_fault_inputs_are_checked() -> None:
     with pytest.raises(NotFoundError) as gone:
         faults.clear("r99")
     assert gone.value.reason == "FAULT_NOT_FOUND"
-    assert set(RDMA_FAULT_KINDS) == {"link-down", "link-slow", "switch-down", "switch-slow"}
+    assert set(RDMA_FAULT_KINDS) == {
+        "link-down", "link-slow", "switch-down", "switch-slow", "partition"}  # fmt: skip
+    for target, error, words in (
+        ("sn0~sn2", NotFoundError, r"no supernode sn2 on this plane \(it joins sn0, sn1\)"),
+        ("sn0~n01", InvalidArgumentError, "not a valid supernode id"),
+        ("sn0~sn0", InvalidArgumentError, "not a valid link name"),
+        ("sn0", InvalidArgumentError, "not a valid link name"),
+    ):
+        with pytest.raises(error, match=words):
+            faults.add(RdmaFault(kind="partition", target=target))
+    assert not faults.faults
+
+
+def test_a_partition_cuts_two_supernodes_apart_and_no_one_else() -> None:
+    g = _graph("cm-minix3")
+    faults = RdmaFaultSet(g)
+    fault = faults.add(RdmaFault(kind="partition", target="sn1~sn0"))
+    for src, dst in (("n00-npu0.d0", "sn1-n01-npu3.d1"), ("sn1-n00-npu2.d0", "n01-npu0.d0")):
+        with pytest.raises(UnavailableError, match="sn0 and sn1 are partitioned") as cut:
+            g.route(src, dst)  # both ways
+        assert cut.value.reason == "ROUTE_CUT"
+    # the twins: each still reaches the third supernode, and within itself, at full width
+    assert g.route("n00-npu0.d0", "sn2-n00-npu0.d0").paths == SO.spines_per_supernode**2 * (
+        SO.core_switches
+    )
+    assert g.route("sn1-n00-npu0.d0", "sn2-n01-npu0.d0").paths > 0
+    assert g.route("n00-npu0.d0", "n01-npu3.d1").paths == SO.spines_per_supernode
+    assert g.link_cap().min() > 0  # no link went down: the plane is cut between them only
+    faults.clear(fault.id)
+    assert g.route("n00-npu0.d0", "sn1-n01-npu3.d1").paths > 0
 
 
 def test_faults_expire_in_emulated_time() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
 from cmemu.v1 import gateway_pb2 as pb
-from emulator.client import health
+from emulator.client import faults, health
 from emulator.client.errors import decode
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.scaleout import build_cluster
@@ -193,3 +193,36 @@ async def test_a_down_gateway_refuses_its_npus_bytes(clients: Clients) -> None:
     finally:
         await g1.ClearFault(pb.ClearGatewayFaultRequest(id="sn1-gw-down"))
     assert await health.check(channel, "cmemu.v1.Gateway") == "SERVING"
+
+
+async def test_a_supernode_partition_cuts_the_plane_between_them_and_only_there(
+    clients: Clients,
+) -> None:
+    g0, a, _, _ = await _pair(clients, "n01-npu6", "sn1-n01-npu6")
+    far = await _region(clients, "sn1-n01-npu6")
+    fault = await faults.inject(clients, "supernode-partition", "sn0~sn1")
+    try:
+        assert (fault.kind, fault.target) == ("supernode-partition", "sn0~sn1")
+        assert fault.id in {f.id for f in await faults.list_all(clients)}
+        code, reason = await _fails(
+            g0.Write(pb.RdmaRequest(qpn=a.qpn, remote_offset=far, data=b"x"))
+        )
+        assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "ROUTE_CUT")
+        state = {q.qpn: q.state for q in (await g0.ListQps(pb.ListQpsRequest())).qps}
+        assert state[a.qpn] == pb.QP_STATE_ERROR  # as RDMA's retry-exceeded leaves it
+        code, _ = await _fails(
+            clients.gateway(1).Route(pb.RdmaRouteRequest(src="sn1-n00-npu0", dst="n00-npu0"))
+        )
+        assert code is grpc.StatusCode.UNAVAILABLE  # both ways
+        inside = await g0.Route(pb.RdmaRouteRequest(src="n00-npu0", dst="n01-npu0"))
+        assert inside.paths == SO.spines_per_supernode  # within a supernode: untouched
+    finally:
+        await faults.clear(clients, fault.id)
+    g0, a, _, _ = await _pair(clients, "n01-npu6", "sn1-n01-npu6")
+    done = await g0.Write(pb.RdmaRequest(qpn=a.qpn, remote_offset=far, data=b"back"))
+    assert done.dst == "sn1-n01-npu6.d0"
+    for bad, expected in (("sn0~sn5", "SUPERNODE_NOT_FOUND"), ("sn0~n01", "MALFORMED_ID")):
+        code, reason = await _fails(faults.inject(clients, "supernode-partition", bad))
+        assert reason == expected and code in (
+            grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)  # fmt: skip
+    assert not [f for f in await faults.list_all(clients) if f.kind == "supernode-partition"]

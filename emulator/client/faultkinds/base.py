@@ -3,7 +3,8 @@ how a device fault reaches its device (itself, or a sibling in its process when 
 gone). A kind is a small module beside this one, registered by name in emulator/client/faults.py.
 
 Fault ids: the fabric's own (`f7`); `dev:<device>` (device-down) and `dev:<device>:<kind>` for a
-device's fault; `node:<node>` (node-power-off: every device's crash); `proc:<process>:<kind>`
+device's fault; `node:<node>` (node-power-off: every device's crash), `rack:<rack>` (rack-power-off,
+every device of its nodes); `proc:<process>:<kind>`
 (process-kill / process-pause); `broker` (broker-outage).
 """
 

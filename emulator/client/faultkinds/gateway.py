@@ -1,7 +1,8 @@
 """The RDMA plane's kinds: rdma-link-down, rdma-link-slow, rdma-switch-down, rdma-switch-slow
-(held by the plane's timing authority, the sn0 gateway, whichever gateway is asked) and
-gateway-down (a gateway refuses RDMA and reports NOT_SERVING). Each gateway owns their timers,
-in emulated time. Their ids are the gateway's, prefixed `rdma:` (`rdma:r3`, `rdma:sn1-gw-down`)."""
+and supernode-partition (two supernodes cannot reach each other over the plane), held by the
+plane's timing authority, the sn0 gateway, whichever gateway is asked; and gateway-down (a
+gateway refuses RDMA and reports NOT_SERVING). Each gateway owns their timers, in emulated
+time. Their ids are the gateway's, prefixed `rdma:` (`rdma:r3`, `rdma:sn1-gw-down`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from emulator.model.faults.catalogue import LinkDegradedParams, NoParams
 
 PREFIX = "rdma:"
 DOWN_SUFFIX = "-down"  # a gateway's own fault: "<gateway>-down"
+OWN_NAMES = {"gateway-down": "gateway-down", "partition": "supernode-partition"}  # else rdma-
 
 
 def gateway_fault(f: gateway_pb2.GatewayFault) -> ActiveFault:
@@ -28,7 +30,7 @@ def gateway_fault(f: gateway_pb2.GatewayFault) -> ActiveFault:
         detail.append(f"until={f.until_ns / 1e9:.3f}s")
     return ActiveFault(
         id=f"{PREFIX}{f.id}",
-        kind=f.kind if f.kind == "gateway-down" else f"rdma-{f.kind}",
+        kind=OWN_NAMES.get(f.kind, f"rdma-{f.kind}"),
         target=f.target,
         detail=" ".join(detail),
         since_ns=f.since_ns,
@@ -91,7 +93,22 @@ GATEWAY_DOWN = GatewayKind(
     params=NoParams,
     target="a gateway id (sn0-gw, sn1-gw)",
 )
-KINDS = (RDMA_LINK_DOWN, RDMA_LINK_SLOW, RDMA_SWITCH_DOWN, RDMA_SWITCH_SLOW, GATEWAY_DOWN)
+SUPERNODE_PARTITION = GatewayKind(
+    name="supernode-partition",
+    wire="partition",
+    help="two supernodes' RDMA gateways cannot reach each other: the scale-out plane between "
+    "them is cut (each still reaches the others)",
+    params=NoParams,
+    target="two supernodes 'sn0~sn1'",
+)
+KINDS = (
+    RDMA_LINK_DOWN,
+    RDMA_LINK_SLOW,
+    RDMA_SWITCH_DOWN,
+    RDMA_SWITCH_SLOW,
+    GATEWAY_DOWN,
+    SUPERNODE_PARTITION,
+)
 
 
 async def listed(clients: Clients) -> list[ActiveFault]:

@@ -57,7 +57,8 @@ def service_of(clients: Clients, target: str) -> Service:
     )
 
 
-def _mode(clients: Clients) -> str:
+def mode_of(clients: Clients) -> str:
+    """How the clients' emulator was launched: inprocess (no process table), procs, docker."""
     table = process.tables().get(clients)
     return table.mode if table is not None else "inprocess"
 
@@ -73,7 +74,7 @@ class ServiceKindFault(Typed):
     ) -> ActiveFault:
         typed = self.typed(params)
         service = service_of(clients, target)
-        mode = _mode(clients)
+        mode = mode_of(clients)
         if self.slow and mode != "inprocess":
             raise PreconditionError(
                 f"{self.name} works in process only (a {mode} launch: container-netem delays a "

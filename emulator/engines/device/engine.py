@@ -25,7 +25,7 @@ from emulator.model.errors import (
     UnavailableError,
     blame,
 )
-from emulator.model.faults.memory import Poison
+from emulator.model.faults.memory import Corruption, Poison
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import Histogram
 from emulator.model.memory import DeviceMemory, QueueBudget, Region
@@ -102,6 +102,7 @@ class Effects:
     compute_share: float = 1.0
     dies_down: set[int] = field(default_factory=set)
     poison: Poison = field(default_factory=Poison)
+    corruption: Corruption = field(default_factory=Corruption)  # sdc: reads flipped silently
     errors: int = 0  # calls refused because of a fault
 
     def __post_init__(self) -> None:

@@ -10,12 +10,16 @@
   a write over poisoned bytes heals them; clearing the fault scrubs what is left. The device's
   liveness reports it (`ecc`) while any byte stays poisoned: the manager takes it out of service
   (isolate, replace its jobs) and returns it once repaired.
+- sdc: silent data corruption of a region or address range: reads succeed with its bits
+  flipped (`mask`), and the device neither refuses nor counts them; checksums above it (EMS)
+  find it. Clearing it (the part replaced) makes reads right again.
 - die-down: one NPU die fails: kernels on it and UB accesses to its HBM half are UNAVAILABLE,
   its health name "<npu>.d<die>" turns NOT_SERVING while the server stays SERVING (degraded).
 - pool-loss: a memory pool crashes with its contents lost (EMS re-replicates what it held).
 - device-down: NOT_SERVING, UB and compute refused (SetFaultState, with a duration here).
 - broker-outage: this device's process's event publisher lets go and buffers until it clears.
 - service-down: a service of this device's process is stopped or hung (servicefaults.py).
+- ssd-loss: the SSD tier of the EMS this device's process hosts fails (servicefaults.py).
 
 The data path (issue 20): an NPU's crash, hang, die-down, device-down and compute slowdown are
 carried to the collectives it is a rank of, as a fabric fault of kind rank-down, rank-hung or
@@ -48,7 +52,7 @@ from emulator.engines.device.faultbase import (
 )
 from emulator.engines.device.gray import HANG, IntermittentHang, Slow
 from emulator.engines.device.servicefaults import KIND as SERVICE_DOWN
-from emulator.engines.device.servicefaults import ServiceControl, ServiceDown
+from emulator.engines.device.servicefaults import ServiceControl, ServiceDown, SsdLoss
 from emulator.model.errors import (
     EmulatorError,
     InvalidArgumentError,
@@ -57,7 +61,7 @@ from emulator.model.errors import (
     PreconditionError,
     quote,
 )
-from emulator.model.faults.catalogue import PARAMS, CrashParams, HbmEccParams
+from emulator.model.faults.catalogue import PARAMS, CrashParams, HbmEccParams, SdcParams
 from emulator.model.faults.params import params_from
 from emulator.model.topology import DeviceKind
 
@@ -107,7 +111,8 @@ class Crash:
         engine.publish("health", status="NOT_SERVING" if engine.fault.faulted else "SERVING")
 
 
-def _ecc_range(engine: DeviceEngine, params: HbmEccParams) -> tuple[int, int]:
+def _fault_range(engine: DeviceEngine, params: HbmEccParams | SdcParams) -> tuple[int, int]:
+    """The bytes an hbm-ecc or sdc fault names: a region's, or offset/size."""
     if params.region:
         for region in engine.memory.allocator.regions():
             if region.region_id == params.region:
@@ -134,7 +139,7 @@ class HbmEcc:
     on: frozenset[DeviceKind] = ALL
 
     async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
-        start, end = _ecc_range(engine, fault.params)
+        start, end = _fault_range(engine, fault.params)
         fault.params = HbmEccParams(offset=start, size=end - start)  # what stays poisoned
         engine.effects.poison.add(start, end)
         engine.health_moved()  # its process's liveness reports it at once (a RAS event)
@@ -142,6 +147,23 @@ class HbmEcc:
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         engine.effects.poison.heal(fault.params.offset, fault.params.size)
         engine.health_moved()
+
+
+@dataclass(frozen=True)
+class Sdc:
+    """Silent data corruption: reads of the range succeed with flipped bits (memory.py
+    Corruption); nothing at the device counts or reports it."""
+
+    on: frozenset[DeviceKind] = ALL
+
+    async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
+        start, end = _fault_range(engine, fault.params)
+        fault.params = SdcParams(offset=start, size=end - start, mask=fault.params.mask)
+        engine.effects.corruption.add(start, end)
+        engine.effects.corruption.mask = fault.params.mask
+
+    async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
+        engine.effects.corruption.clear()
 
 
 @dataclass(frozen=True)
@@ -239,9 +261,11 @@ EFFECTS: dict[str, Effect] = {
     "thermal-throttle": Slow(on=frozenset({DeviceKind.NPU})),
     "intermittent-hang": IntermittentHang(),
     "hbm-ecc": HbmEcc(),
+    "sdc": Sdc(),
     "die-down": DieDown(),
     "pool-loss": Crash(on=frozenset({DeviceKind.MEMPOOL}), wipe_always=True),
     SERVICE_DOWN: ServiceDown(),
+    "ssd-loss": SsdLoss(),
 }
 """Every kind a device applies itself, by name."""
 

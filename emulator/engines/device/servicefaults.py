@@ -1,4 +1,5 @@
-"""service-kill, service-hang and service-slow as a process applies them: a supernode-wide
+"""service-kill, service-hang and service-slow as a process applies them (and ssd-loss, the
+failure of the SSD tier of an EMS hosted there): a supernode-wide
 service (the cluster manager, the scheduler, EMS, the router, the gateway) hosted in the same
 process as the device the fault goes through is stopped, hung or slowed, and brought back when
 the fault clears.
@@ -36,6 +37,8 @@ class ServiceControl(Protocol):
     async def down(self, fault: ServiceDownParams) -> None: ...  # kill, hang or slow it
 
     async def up(self, fault: ServiceDownParams) -> None: ...  # and back
+
+    async def ssd(self, *, lost: bool) -> None: ...  # EMS's SSD tier fails, or is replaced
 
 
 def _control(engine: DeviceEngine, service: str) -> ServiceControl:
@@ -77,3 +80,19 @@ class ServiceDown:
         if control is None:
             raise PreconditionError(f"no service control to bring {quote(params.service)} back")
         await control.up(params)
+
+
+@dataclass(frozen=True)
+class SsdLoss:
+    """EMS's SSD tier fails (its objects that were only there are gone) until cleared: new
+    drives, empty (services/ems_store EmsState.lose_ssd)."""
+
+    on: frozenset[DeviceKind] = ALL
+
+    async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
+        await _control(engine, "ems").ssd(lost=True)
+
+    async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
+        control = engine.faults.siblings.services
+        if control is not None:
+            await control.ssd(lost=False)

@@ -158,6 +158,8 @@ class Bus:
                     memory.check(tx.dst_offset, tx.size)
                 else:
                     out.data = memory.read(tx.dst_offset, tx.size)
+                    if self.engine.effects.corruption.ranges:  # sdc: wrong bytes, no error
+                        out.data = self.engine.effects.corruption.flip(tx.dst_offset, out.data)
             case Op.WRITE:
                 if tx.size_only:
                     memory.write_virtual(tx.dst_offset, tx.size)

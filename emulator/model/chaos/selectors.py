@@ -7,9 +7,11 @@ A selector is one key naming what is targeted and a string saying which one:
     npu: random in deployment decode   # an NPU of the serving deployment `decode`
     die: random in job pretrain        # a die of an NPU the job `pretrain` holds
     node: random 2 in job pretrain     # two distinct nodes of the job's NPUs
+    rack: random in job pretrain       # a rack holding some of the job's NPUs (rack-power-off)
     link: random in node n03           # a link with an end in node n03
     plane: 3                           # every L2 switch of sub-plane 3 (or `random`)
     service: manager                   # a control-plane service (service-kill, service-hang)
+    job: pretrain                      # a training job (checkpoint-corrupt), or `random`
     none: ""                           # kinds with no target (broker-outage)
 
 A group (`deployment NAME`, `deployment NAME ROLE`, `job NAME`, `node ID`) is resolved from what
@@ -25,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from emulator.model.chaos.units import bad
-from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
+from emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError, quote
 from emulator.model.naming import (
     SERVICES,
     DeviceKind,
@@ -39,12 +41,16 @@ from emulator.model.naming import (
     parse_id,
     parse_link,
     parse_node,
+    parse_rack,
     parse_switch,
 )
+from emulator.model.racks import rack_nodes, rack_of
 from emulator.model.topology import Topology
+from emulator.model.training.spec import NAME as JOB_NAME
 
 WHAT = (
-    "npu", "die", "node", "cpu", "mempool", "device", "link", "switch", "plane", "service", "none"
+    "npu", "die", "node", "rack", "cpu", "mempool", "device", "link", "switch", "plane", "service",
+    "job", "none",
 )  # fmt: skip
 GROUPS = ("deployment", "job", "node")
 _RANDOM = re.compile(
@@ -121,11 +127,15 @@ def _check_literal(what: str, text: str, path: str) -> None:
     parsers: dict[str, Callable[[str], object]] = {
         "npu": parse_device, "cpu": parse_device, "mempool": parse_device,
         "device": parse_device, "die": parse_die, "node": parse_node, "link": parse_link,
-        "switch": parse_switch,
+        "switch": parse_switch, "rack": parse_rack,
     }  # fmt: skip
     if what == "service":
         if text not in SERVICES:
             raise bad(path, f"unknown service {quote(text)}; known: {', '.join(SERVICES)}")
+        return
+    if what == "job":
+        if not JOB_NAME.match(text):
+            raise bad(path, f"a job is named by its name or 'random', got {quote(text)}")
         return
     if what == "plane":
         if not text.isdigit():
@@ -201,6 +211,10 @@ def _services(sel: Selector, topology: Topology, placement: Placement, path: str
     return [s.kind.value for s in topology.services]
 
 
+def _jobs(sel: Selector, topology: Topology, placement: Placement, path: str) -> list[str]:
+    return sorted(placement.jobs)
+
+
 def _planes(sel: Selector, topology: Topology, placement: Placement, path: str) -> list[str]:
     return sorted({str(s.plane) for s in topology.switches if s.tier == "l2"}, key=int)
 
@@ -225,6 +239,11 @@ def _nodes(sel: Selector, topology: Topology, placement: Placement, path: str) -
     return sorted(_group_nodes(sel, topology, placement, path))
 
 
+def _racks(sel: Selector, topology: Topology, placement: Placement, path: str) -> list[str]:
+    nodes = _group_nodes(sel, topology, placement, path)
+    return sorted({rack_of(topology, n) for n in nodes})
+
+
 def _links(sel: Selector, topology: Topology, placement: Placement, path: str) -> list[str]:
     """A link with an end in one of the group's nodes (its dies, devices or L1 switches)."""
     if not sel.group:
@@ -240,6 +259,7 @@ POOLS: dict[str, _Pool] = {
     "npu": _npus,
     "die": _dies,
     "node": _nodes,
+    "rack": _racks,
     "cpu": _of_kind(DeviceKind.CPU),
     "mempool": _of_kind(DeviceKind.MEMPOOL),
     "device": _devices,
@@ -247,7 +267,19 @@ POOLS: dict[str, _Pool] = {
     "switch": _switches,
     "plane": _planes,
     "service": _services,
+    "job": _jobs,
 }
+
+
+def devices_of(what: str, target: str, topology: Topology) -> tuple[str, ...]:
+    """The devices (or nodes, standing for theirs) a target takes down, for matching incidents
+    and isolations to it; none for a link, switch, plane or service (or a rack that is not)."""
+    if what == "rack":
+        try:
+            return tuple(rack_nodes(topology, target))
+        except EmulatorError:
+            return ()
+    return (target,) if what in ("npu", "die", "node", "cpu", "mempool", "device") else ()
 
 
 def _node_of(end: str) -> str | None:

@@ -15,6 +15,7 @@ class Counters:
     misses: int = 0
     evictions: int = 0
     corrupt: int = 0
+    ssd_lost: int = 0  # objects gone with the SSD tier (ssd-loss)
 
 
 @dataclass

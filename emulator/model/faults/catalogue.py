@@ -85,6 +85,22 @@ class HbmEccParams:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SdcParams:
+    region: int = param(
+        0, "corrupt this region id (see ListRegions); 0: use offset/size", AT_LEAST_ZERO
+    )
+    offset: int = param(0, "first corrupted byte (UB address at the device)", AT_LEAST_ZERO)
+    size: int = param(0, "corrupted bytes from offset", AT_LEAST_ZERO)
+    mask: int = param(1, "bits flipped in every corrupted byte a read returns, 1 to 255", POSITIVE)
+
+    def check(self) -> None:
+        if (self.region == 0) == (self.size == 0):
+            raise invalid("sdc", "region", "or size (with offset) is required, not both")
+        if self.mask > 0xFF:
+            raise invalid("sdc", "mask", f"is one byte's bits: 1 to 255, got {self.mask}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class DieDownParams:
     die: int = param(0, "the NPU die that fails (0 or 1)", AT_LEAST_ZERO)
 
@@ -212,9 +228,12 @@ PARAMS: dict[str, type[Any]] = {
     "link-loss": LinkLossParams,
     "optical-module": OpticalModuleParams,
     "hbm-ecc": HbmEccParams,
+    "sdc": SdcParams,
+    "checkpoint-corrupt": NoParams,
     "die-down": DieDownParams,
     "link-flap": LinkFlapParams,
     "node-power-off": CrashParams,
+    "rack-power-off": CrashParams,
     "process-kill": NoParams,
     "process-pause": NoParams,
     "pool-loss": NoParams,
@@ -229,6 +248,7 @@ PARAMS: dict[str, type[Any]] = {
     "service-hang": NoParams,
     "service-slow": ServiceSlowParams,
     "service-down": ServiceDownParams,
+    "ssd-loss": NoParams,
     "container-kill": ContainerKillParams,
     "container-pause": NoParams,
     "container-restart": ContainerStopParams,

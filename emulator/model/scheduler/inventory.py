@@ -1,7 +1,7 @@
 """What the scheduler hands out: the supernode's NPUs, grouped by node and by rack.
 
-Racks are not ids of their own (naming.py has none): a rack is the index of a run of
-`nodes_per_rack` consecutive nodes, as the compute racks of CloudMatrix384 hold 4 nodes each. An
+A rack here is the index of a run of `nodes_per_rack` consecutive nodes, as the compute racks of
+CloudMatrix384 hold 4 nodes each (rack 2 is naming.py's `rack02`, emulator/model/racks.py). An
 inventory is built from a topology (the running emulator) or from counts (the allocation
 benchmark replays systems no preset describes, such as a 224-NPU one).
 """

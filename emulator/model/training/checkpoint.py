@@ -5,11 +5,13 @@ A checkpoint is the job's training state (weights, master weights and optimizer 
 `checkpoint_bytes_per_param` per weight), at most what the job's dies can hold in their HBM:
 a job on few NPUs trains only what fits there. Each NPU writes its shard as size-only CHECKPOINT
 objects of at most `checkpoint_object_max_bytes` into EMS, which keeps them in its pools and
-spills them to its SSD tier.
+spills them to its SSD tier. A manifest of real bytes (its CRC-32 kept by EMS) lists them, so
+a restore finds a corrupt checkpoint and falls back to the one before (`checkpoints_kept`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -57,3 +59,23 @@ def shards(
 
 def prefix(job: str) -> str:
     return f"checkpoint/{job}/"
+
+
+def manifest_key(job: str, step: int) -> str:
+    """The checkpoint's manifest: real bytes (so EMS keeps their CRC-32), written last, read
+    first on a restore; a checkpoint whose manifest does not verify is not restored."""
+    return f"{prefix(job)}{step:012d}/manifest"
+
+
+def manifest(job: str, step: int, keys: list[str]) -> bytes:
+    return json.dumps({"job": job, "step": step, "shards": keys}, sort_keys=True).encode()
+
+
+def manifest_keys(data: bytes, job: str, step: int) -> list[str]:
+    """The shard keys a manifest lists; ValueError for one of another checkpoint."""
+    doc = json.loads(data)
+    if not isinstance(doc, dict) or not isinstance(doc.get("shards"), list):
+        raise ValueError("no manifest")
+    if doc.get("job") != job or doc.get("step") != step:
+        raise ValueError(f"the manifest is of {doc.get('job')!r} step {doc.get('step')!r}")
+    return [str(k) for k in doc["shards"]]

@@ -67,6 +67,15 @@ class JobProgress:
         self.last_failure_ns = now_ns
         return lost
 
+    def fell_back(self, step: int) -> int:
+        """The latest checkpoint did not verify: rewind further, to `step` (an older checkpoint,
+        or 0 with none left); the further steps lost."""
+        lost = max(0, self.step - step)
+        self.steps_lost += lost
+        self.useful_s = max(0.0, self.useful_s - lost * self.step_s)
+        self.step = self.last_checkpoint_step = step
+        return lost
+
     def restored(self, now_ns: int, step_s: float) -> None:
         self.restarts += 1
         self.last_restored_ns = now_ns

@@ -28,7 +28,7 @@ from emulator.model.chaos.pace import Pace, PaceWindow
 from emulator.model.chaos.recovery import recoveries
 from emulator.model.chaos.scenario import Scenario
 from emulator.model.chaos.schedule import Planned, horizon_s, plan
-from emulator.model.chaos.selectors import Placement, resolve
+from emulator.model.chaos.selectors import Placement, devices_of, resolve
 from emulator.model.chaos.timeline import Entry, build_timeline
 from emulator.model.chaos.verdict import judge, steady_before
 from emulator.model.errors import DeadlineExceededError, EmulatorError, PreconditionError
@@ -46,11 +46,6 @@ SETTLE_S = 60.0  # emulated: after the last fault, wait at least this long befor
 POLL_WALL_S = (0.02, 0.25)  # the status poll's period bounds, wall seconds
 PLACEMENT_AHEAD_S = 1.0  # emulated: where the workloads run is asked this long before a fault
 PACE_SETTLE_WALL_S = 10.0  # how long the fabric may take to apply a scenario's pace
-
-
-def _devices(what: str, target: str) -> tuple[str, ...]:
-    """The devices a target takes down, for matching incidents and isolations to it."""
-    return (target,) if what in ("npu", "die", "node", "cpu", "mempool", "device") else ()
 
 
 class Runner:
@@ -340,7 +335,7 @@ class Runner:
                 label=p.label,
                 kind=step.fault,
                 target=target,
-                devices=_devices(step.target.what, target),
+                devices=devices_of(step.target.what, target, self.clients.topology),
                 at_ns=at,
                 planned_ns=self.obs.start_ns + int(p.at_s * 1e9),
                 fault_id=fault_id,

@@ -117,6 +117,35 @@ def test_a_failure_rewinds_to_the_last_checkpoint() -> None:
         job.failed(now_ns=50 * 10**9)
 
 
+def test_a_corrupt_checkpoint_falls_back_one_more_and_counts_it() -> None:
+    job = JobProgress(name="t", steps=0, checkpoint_every=3, started_ns=0)
+    job.running(step_s=2.0)
+    for _ in range(7):
+        if job.step_done():
+            job.checkpointed(job.step)
+    assert (job.step, job.last_checkpoint_step) == (7, 6)
+    assert job.failed(now_ns=20 * 10**9) == 1
+    assert job.fell_back(3) == 3  # the checkpoint of step 6 did not verify
+    assert (job.step, job.last_checkpoint_step, job.steps_lost) == (3, 3, 4)
+    assert job.useful_s == pytest.approx(6.0)
+    assert job.fell_back(0) == 3 and (job.step, job.steps_lost) == (0, 7)  # none left
+    assert job.fell_back(0) == 0 and job.useful_s == 0.0
+
+
+def test_a_manifest_lists_its_checkpoint_s_shards_and_no_other() -> None:
+    key = checkpoint.manifest_key("pretrain", 40)
+    assert key == "checkpoint/pretrain/000000000040/manifest"
+    assert key.startswith(checkpoint.prefix("pretrain"))
+    data = checkpoint.manifest("pretrain", 40, ["a", "b"])
+    assert checkpoint.manifest_keys(data, "pretrain", 40) == ["a", "b"]
+    for wrong in (("pretrain", 39), ("other", 40)):
+        with pytest.raises(ValueError, match="the manifest is of 'pretrain' step 40"):
+            checkpoint.manifest_keys(data, *wrong)
+    for junk in (b"[]", b'{"job": "pretrain"}', b"\xff"):
+        with pytest.raises(ValueError):
+            checkpoint.manifest_keys(junk, "pretrain", 40)
+
+
 PARAMS = RunParams(
     horizon_s=40 * 86_400.0,
     npus=384,

@@ -12,6 +12,7 @@ import yaml
 from emulator.client.faults import KINDS
 from emulator.model.chaos.scenario import parse_scenario
 from emulator.model.errors import InvalidArgumentError, NotFoundError
+from emulator.model.faults.catalogue import CrashParams
 from emulator.runtime.chaos import files
 
 LIBRARY = files.library()
@@ -110,14 +111,27 @@ def test_the_faults_real_supernodes_have_are_scenario_steps(tmp_path: Path) -> N
         "  - {at: 3s, fault: intermittent-hang, target: {npu: random},"
         " params: {period_s: 60, hang_s: 5}, duration: 5m}\n"
         "  - {at: 4s, fault: optical-module, target: {switch: n00-l1s3}, params: {module: 1}}\n"
+        "  - {at: 5s, fault: rack-power-off, target: {rack: rack00}, params: {wipe: false},"
+        " duration: 1m}\n"
+        "  - {at: 6s, fault: sdc, target: {mempool: n01-mem}, params: {size: 64, mask: 3}}\n"
+        "  - {at: 7s, fault: ssd-loss, target: {service: ems}}\n"
+        "  - {at: 8s, fault: supernode-partition, target: {link: sn0~sn1}}\n"
+        "  - {at: 9s, fault: checkpoint-corrupt, target: {job: pretrain}}\n"
     )
     steps = files.load(tmp_path / "real.yaml").steps
     assert [type(s.typed_params).__name__ for s in steps] == [
         "ThermalThrottleParams", "LinkLossParams", "IntermittentHangParams", "OpticalModuleParams",
+        "CrashParams", "SdcParams", "NoParams", "NoParams", "NoParams",
     ]  # fmt: skip
+    assert steps[4].target.what == "rack" and steps[4].typed_params == CrashParams(wipe=False)
     (tmp_path / "bad.yaml").write_text(
         "version: 1\nname: bad\nsteps:\n"
         "  - {at: 1s, fault: link-loss, target: {link: random}, params: {rate: 1.5}}\n"
     )
     with pytest.raises(InvalidArgumentError, match=r"rate must be in \(0, 1\)"):
         files.load(tmp_path / "bad.yaml")
+    (tmp_path / "rack.yaml").write_text(
+        "version: 1\nname: rack\nsteps:\n  - {at: 1s, fault: rack-power-off, target: {rack: r3}}\n"
+    )
+    with pytest.raises(InvalidArgumentError, match="not a valid rack id"):
+        files.load(tmp_path / "rack.yaml")
