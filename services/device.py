@@ -16,7 +16,7 @@ from emulator.engines.device.engine import DeviceEngine
 from emulator.engines.device.faults import DEVICE_DOWN
 from emulator.model.errors import InvalidArgumentError, PreconditionError, quote
 from emulator.model.topology import DeviceKind
-from services.status import Context, abort, rpc
+from services.rpc import Context, abort, rpc
 
 MAX_LABEL = 256
 

@@ -20,7 +20,7 @@ from emulator.model.topology import Topology
 from services.ems_store import EmsState, Fetched, Stored
 from services.host import ServiceHost
 from services.peers import Peers
-from services.status import Context, abort, rpc
+from services.rpc import Context, abort, rpc
 
 __all__ = ["SERVICE", "EmsServicer", "EmsState", "create_ems"]
 

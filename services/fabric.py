@@ -18,7 +18,7 @@ from emulator.engines.clock import TimeKeeper
 from emulator.engines.fabric.engine import FabricEngine
 from emulator.model.errors import InvalidArgumentError, NotFoundError, OutOfRangeError, blame
 from services.host import ServiceHost
-from services.status import Context, abort, rpc
+from services.rpc import Context, abort, rpc
 
 SERVICE = "cmemu.v1.Fabric"
 DEFAULT_TOP = 20

@@ -48,7 +48,7 @@ from services.gateway_state import (
 )
 from services.host import ServiceHost
 from services.peers import LOCAL_CONTEXT, Peers
-from services.status import Context, RemoteError, rpc
+from services.rpc import Context, RemoteError, rpc
 
 __all__ = ["SERVICE", "GatewayServicer", "GatewayState", "create_gateway"]
 

@@ -11,7 +11,7 @@ import grpc
 from cmemu.v1 import gateway_pb2, gateway_pb2_grpc
 from emulator.model.topology import Device
 from services.peers import Peers
-from services.status import RemoteError
+from services.rpc import RemoteError
 
 
 class KvOverRdma:

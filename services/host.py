@@ -20,7 +20,7 @@ from emulator.model.address import parse_address
 from emulator.model.errors import AddressError, AddressInUseError, InvalidArgumentError
 from services.auth import OPEN, ServerSecurity
 from services.reflection import enable_reflection
-from services.status import GUARD, HangGate
+from services.rpc import GUARD, HangGate
 
 DEVICE_MANAGEMENT = frozenset(
     {"SetFaultState", "InjectFault", "ClearFault", "ListFaults", "WatchLiveness"}

@@ -24,7 +24,7 @@ from emulator.model.manager.detector import Incident
 from emulator.model.topology import Topology
 from services.host import ServiceHost
 from services.peers import Peers
-from services.status import Context, rpc
+from services.rpc import Context, rpc
 from services.training.service import SERVICE as TRAINING_SERVICE
 from services.training.service import TrainingServicer, TrainingState
 

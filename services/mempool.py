@@ -7,7 +7,7 @@ from emulator.engines.device.engine import DeviceEngine
 from emulator.model.topology import DeviceKind
 from services.host import Register
 from services.kindspec import KindSpec
-from services.status import Context, rpc
+from services.rpc import Context, rpc
 
 SERVICE = "cmemu.v1.MemoryPool"
 

@@ -39,7 +39,7 @@ from emulator.engines.peers import (
 )
 from emulator.model.errors import EmulatorError
 from emulator.model.topology import Device, ServiceKind, Topology
-from services.status import Context, RemoteError, details_from_metadata
+from services.rpc import Context, RemoteError, details_from_metadata
 
 if TYPE_CHECKING:  # hosted in the fabric's process only (numpy): not every process imports it
     from emulator.engines.fabric.engine import FabricEngine

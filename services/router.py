@@ -34,12 +34,12 @@ from emulator.model.topology import ServiceKind, Topology
 from services.auth import OPEN
 from services.host import ServiceHost
 from services.peers import Peers
+from services.rpc import Context, rpc
 from services.serving.deploy import LiveDeployment, Provisioner, parse_request, spec_text
 from services.serving.driver import Driver, ServingModel
 from services.serving.openai_http import OpenAiServer
 from services.serving.recovery import Recovery
 from services.serving.stats import ServingStats, summarize
-from services.status import Context, rpc
 
 SERVICE = "cmemu.v1.Router"
 log = structlog.get_logger("cmemu.router")

@@ -31,7 +31,7 @@ from emulator.model.scheduler import (
 from emulator.model.topology import ServiceKind, Topology
 from services.host import ServiceHost
 from services.peers import Peers
-from services.status import Context, abort, rpc
+from services.rpc import Context, abort, rpc
 
 __all__ = ["SERVICE", "SchedulerServicer", "SchedulerState", "create_scheduler"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from cmemu.v1 import ub_pb2, ub_pb2_grpc
 from emulator.client.wire import ub as wire
 from emulator.engines.device.engine import DeviceEngine
-from services.status import Context, rpc
+from services.rpc import Context, rpc
 
 
 class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):

@@ -180,7 +180,7 @@ def _run(args: argparse.Namespace) -> int:
     from emulator.client.errors import describe as describe_error
     from emulator.model.errors import EmulatorError
     from emulator.runtime.logs import configure_logging
-    from services.status import status_of
+    from services.rpc import status_of
 
     configure_logging(args.log_level or ("info" if args.command in SERVER_COMMANDS else "warning"))
     try:

@@ -1,7 +1,7 @@
 """Domain errors of the emulator core.
 
 The core knows nothing of gRPC: it raises these, and the service layer maps each class to a status
-code in one table (services/status.py). Each error carries the attributes a caller needs to act on
+code in one table (services/rpc.py). Each error carries the attributes a caller needs to act on
 it, not only a message:
 
 - `reason`: a stable UPPER_SNAKE name a program can branch on (stable across releases); each class

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from emulator.model.ems import Aborted, Tombstone, encode_abort, encode_tombstone
 from services.ems_store.store import Store, log
-from services.status import RemoteError
+from services.rpc import RemoteError
 
 
 class Markers:

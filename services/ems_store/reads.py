@@ -37,7 +37,7 @@ from emulator.model.errors import (
 )
 from emulator.model.topology import Device
 from services.ems_store.store import UNREACHABLE, Store, log
-from services.status import RemoteError
+from services.rpc import RemoteError
 
 CHECKSUM_MISMATCH = "CHECKSUM_MISMATCH"  # every copy read failed the CRC-32 kept at put
 

@@ -25,7 +25,7 @@ from services.ems_store.markers import Markers
 from services.ems_store.reads import Reads
 from services.ems_store.store import Store, log
 from services.ems_store.writes import Writes
-from services.status import RemoteError
+from services.rpc import RemoteError
 
 
 class Recovery:

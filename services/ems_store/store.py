@@ -36,7 +36,7 @@ from emulator.model.hardware import HardwareProfile
 from emulator.model.topology import Device, DeviceKind, Topology
 from services.ems_store.ssd import SsdTier
 from services.peers import Peers
-from services.status import RemoteError
+from services.rpc import RemoteError
 
 MIN_PAUSE_S = 0.01  # wall floor of a periodic pause: a fast time_scale stretches the period
 IO_TIMEOUT_S = 20.0  # wall seconds one UB transaction of EMS may take: a stalled pool is passed by

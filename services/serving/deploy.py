@@ -34,8 +34,8 @@ from emulator.model.serving.models import get_model
 from emulator.model.serving.placement import ExpertPlacement, layout, place, remap
 from emulator.model.topology import Topology
 from services.peers import Peers
+from services.rpc import RemoteError
 from services.serving.driver import Driver, LiveInstance
-from services.status import RemoteError
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,46}[a-z0-9])?$")
 LIVE_PLATFORM = "cm384"  # the live supernode is UB everywhere; cluster-roce is model mode only

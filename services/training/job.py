@@ -42,7 +42,7 @@ from emulator.model.training.step import (
     moe_tokens_per_rank,
     step_time,
 )
-from services.status import RemoteError
+from services.rpc import RemoteError
 
 log = structlog.get_logger("cmemu.training")
 NS = 1_000_000_000

@@ -23,7 +23,7 @@ from emulator.model.topology import ServiceKind, Topology
 from emulator.model.training.job import ENDED, JobProgress
 from emulator.model.training.spec import shape_of
 from services.peers import Peers
-from services.status import Context, RemoteError, rpc
+from services.rpc import Context, RemoteError, rpc
 from services.training.job import Endpoints, JobRunner, LiveJob
 
 SERVICE = "cmemu.v1.Training"

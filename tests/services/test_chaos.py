@@ -270,7 +270,7 @@ async def test_an_unexpected_exception_is_internal_and_logged(
 ) -> None:
     from emulator.engines.fabric.engine import FabricEngine
     from emulator.engines.fabric.types import LinkStats
-    from services import status
+    from services import rpc as rpc_module
 
     logged: list[tuple[str, str, dict[str, Any]]] = []
 
@@ -285,7 +285,7 @@ async def test_an_unexpected_exception_is_internal_and_logged(
         raise ZeroDivisionError("a bug of ours")
 
     monkeypatch.setattr(FabricEngine, "link_stats", broken)
-    monkeypatch.setattr(status, "log", Recorder())
+    monkeypatch.setattr(rpc_module, "log", Recorder())
     got = await _details(clients.fabric().GetLinkStats(fabric_pb2.LinkStatsRequest()))
     assert got.code is grpc.StatusCode.INTERNAL
     assert "a bug of ours" not in got.message and len(got.message) < 200

@@ -11,8 +11,8 @@ import pytest
 import structlog
 
 from emulator.model.errors import NotFoundError, UnavailableError
-from services import status
-from services.status import Repeats, rpc
+from services import rpc as rpc_module
+from services.rpc import Repeats, rpc
 
 
 class _Aborted(Exception):
@@ -54,7 +54,7 @@ async def test_a_repeated_rejection_is_logged_once_per_period_with_the_count(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = _Clock()
-    monkeypatch.setattr(status, "REJECTIONS", Repeats(period_s=10.0, now=clock))
+    monkeypatch.setattr(rpc_module, "REJECTIONS", Repeats(period_s=10.0, now=clock))
     pool = _Pool()
     with structlog.testing.capture_logs() as logs:
         await _call(pool, 27)  # a second of EMS's sweep against a down pool
@@ -71,7 +71,7 @@ async def test_a_repeated_rejection_is_logged_once_per_period_with_the_count(
 
 
 async def test_a_different_rejection_is_logged_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(status, "REJECTIONS", Repeats(period_s=10.0, now=_Clock()))
+    monkeypatch.setattr(rpc_module, "REJECTIONS", Repeats(period_s=10.0, now=_Clock()))
     pool = _Pool()
     with structlog.testing.capture_logs() as logs:
         await _call(pool, 5)
@@ -82,6 +82,6 @@ async def test_a_different_rejection_is_logged_at_once(monkeypatch: pytest.Monke
 
 def test_the_memory_of_rejections_is_bounded() -> None:
     repeats = Repeats(period_s=10.0, now=_Clock())
-    for n in range(status._REPEATS_MAX + 10):
+    for n in range(rpc_module._REPEATS_MAX + 10):
         assert repeats.admit((n,)) == 0
-    assert len(repeats.seen) <= status._REPEATS_MAX
+    assert len(repeats.seen) <= rpc_module._REPEATS_MAX

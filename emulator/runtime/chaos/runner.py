@@ -39,7 +39,7 @@ from emulator.runtime.chaos.run import DEFAULTS, RunOptions, RunResult, stall_li
 from emulator.runtime.chaos.stall import stacks
 from emulator.runtime.chaos.traffic import Traffic
 from emulator.runtime.chaos.workloads import Workloads
-from services.status import status_line
+from services.rpc import status_line
 
 DEFAULT_RECOVERY_S = 600.0  # observe this long after the last fault without recovered_within
 SETTLE_S = 60.0  # emulated: after the last fault, wait at least this long before an early end

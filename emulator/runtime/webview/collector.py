@@ -39,7 +39,7 @@ from emulator.model.naming import DeviceKind
 from emulator.model.topology import ServiceKind, Topology
 from emulator.runtime.events import parse_broker_url, subscriber, topic
 from emulator.runtime.webview.snapshot import SERVING, Json, LinkSample, Machine, plane_utilisation
-from services.status import status_line
+from services.rpc import status_line
 
 log = structlog.get_logger("cmemu.webview")
 Listener = Callable[[Json], None]

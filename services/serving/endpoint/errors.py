@@ -1,6 +1,6 @@
 """Every error the endpoint answers is OpenAI's error JSON: `{"error": {"message", "type",
 "param", "code"}}`, with `Retry-After` (wall seconds) where asking again later can succeed.
-Domain errors map through one table, as the gRPC services' do through services/status.py."""
+Domain errors map through one table, as the gRPC services' do through services/rpc.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Domain errors to gRPC statuses, in one table, and the decorator that applies it.
+"""What every RPC handler goes through (so named: not a status service): domain errors to gRPC
+statuses, in one table, and the decorator that applies it.
 
 Every RPC handler of every service is wrapped by `rpc`, so a bad request always ends in a precise
 status with a readable message and the server keeps serving; the core stays free of gRPC.

@@ -25,7 +25,7 @@ from emulator.model.errors import (
 )
 from emulator.runtime.supernode import Supernode
 from emulator.testing import Clients
-from services.status import RemoteError, to_status
+from services.rpc import RemoteError, to_status
 
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 
