@@ -106,6 +106,7 @@ KINDS: dict[str, Kind] = {
         intermittent_hang.KIND,
         fabric.LINK_LOSS,
         fabric.OPTICAL_MODULE,
+        fabric.L1_BOARD,
         rack_power_off.KIND,
         *gateway.KINDS,
         *container.KINDS,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
-from emulator.model.naming import Tier, die_id, parse_switch
+from emulator.model.naming import Tier, die_id, l1_switch_id, parse_node, parse_switch
 from emulator.model.topology import DeviceKind, LinkKind
 
 if TYPE_CHECKING:  # a fault record needs no numpy: a device process imports this module
@@ -189,6 +189,39 @@ class OpticalModule:
         graph.up[optical_module_links(graph, spec.target, spec.module)] = False
 
 
+def l1_board_links(graph: LinkGraph, node: str) -> list[int]:
+    """Both directions of every link of a node's L1 chips: what its L1 switch board carries."""
+    try:
+        parse_node(node)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(
+            f"{exc}: an L1 board is a node's (n03)", field="target", subject=node
+        ) from None
+    if node not in graph.topology.nodes:
+        raise NotFoundError(
+            f"no node {quote(node)} (nodes: {', '.join(graph.topology.nodes[:4])}...)",
+            subject=node,
+            reason="NODE_NOT_FOUND",
+        )
+    chips = range(graph.profile.node.l1_chips)
+    return [i for chip in chips for i in graph.switch_links(l1_switch_id(node, chip))]
+
+
+class L1Board:
+    """A node's L1 switch board fails (its power, its controller): the node's L1 chips and
+    every link of theirs go down at once, one fault cleared as one. Its NPUs and CPUs stay up
+    and answer their callers, but are cut off the unified bus, each other included (traffic
+    inside a node crosses the L1 chips too): every transfer to or from them finds no route."""
+
+    name = "l1-board"
+
+    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        l1_board_links(graph, spec.target)
+
+    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        graph.up[l1_board_links(graph, spec.target)] = False
+
+
 def flap_down(spec: FaultSpec, now_s: float) -> bool:
     """Whether a flapping link is in the down part of its cycle at `now_s`."""
     phase = (now_s - spec.since_s) % spec.period_s
@@ -307,6 +340,7 @@ FAULT_KINDS: dict[str, FaultKind] = {
         LinkFlap,
         LinkLoss,
         OpticalModule,
+        L1Board,
         PortsDegraded,
         RankDown,
         RankHung,

@@ -167,6 +167,8 @@ def test_bad_input_gets_a_message_not_a_traceback(running: Path) -> None:
         (("link-loss", "n00-npu0.d0~n00-l1s0", "--param", "rate=1"), 2, "must be in (0, 1)"),
         (("intermittent-hang", "n00-npu0", "--param", "hang_s=90"), 2, "below period_s"),
         (("optical-module", "l2-p0-s0"), 1, "an L1 chip's"),
+        (("l1-board", "n00-l1s0"), 1, "an L1 board is a node's"),
+        (("l1-board", "n99"), 1, "no node 'n99'"),
         (("thermal-throttle", "n99"), 1, "no node 'n99'"),
     ]
     for args, code, words in cases:

@@ -147,6 +147,18 @@ def test_an_optical_module_takes_its_share_of_the_node_uplinks(graph: LinkGraph)
     assert graph.up.all()
 
 
+def test_an_l1_board_takes_every_link_of_its_nodes_l1_chips(graph: LinkGraph) -> None:
+    faults = FaultSet(graph)
+    faults.add(FaultSpec(kind="l1-board", target="n01"))
+    down = {graph.names[i] for i in range(len(graph.names)) if not graph.up[i]}
+    chips = {f"n01-l1s{c}" for c in range(graph.profile.node.l1_chips)}
+    touches = {n for n in graph.names if any(c in n.split(">") for c in chips)}
+    assert down == touches and down  # exactly the board's chips' links, both directions
+    assert not any("n00-" in n and "n01-" not in n for n in down)  # the other node's: all up
+    faults.clear(all=True)
+    assert graph.up.all()
+
+
 def _fluid(timing: CollectiveTiming) -> float:
     """How long the bytes took to move, without the fixed latency."""
     return float((timing.flow_bytes / (timing.flow_gb_s * 1e9)).max())
@@ -189,6 +201,8 @@ def test_partition_and_dead_routes_are_unavailable(graph: LinkGraph) -> None:
         (FaultSpec(kind="optical-module", target="n00-l1s0", module=2), InvalidArgumentError),
         (FaultSpec(kind="optical-module", target="l2-p0-s0"), InvalidArgumentError),
         (FaultSpec(kind="optical-module", target="n00-npu0"), InvalidArgumentError),
+        (FaultSpec(kind="l1-board", target="n00-l1s0"), InvalidArgumentError),
+        (FaultSpec(kind="l1-board", target="n09"), NotFoundError),
     ],
 )
 def test_bad_faults_are_refused_and_change_nothing(

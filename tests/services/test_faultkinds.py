@@ -64,7 +64,7 @@ def test_the_catalogue_has_every_kind_with_typed_params() -> None:
         "rdma-link-down", "rdma-link-slow", "rdma-switch-down", "rdma-switch-slow", "gateway-down",
         "container-kill", "container-pause", "container-restart", "container-stop",
         "container-disconnect", "container-netem", "thermal-throttle", "intermittent-hang",
-        "link-loss", "optical-module", "service-kill", "service-hang",
+        "link-loss", "optical-module", "l1-board", "service-kill", "service-hang",
         "service-slow", "rack-power-off", "sdc", "ssd-loss",
         "supernode-partition", "checkpoint-corrupt",
     }  # fmt: skip

@@ -259,6 +259,37 @@ async def test_an_optical_module_takes_its_bundle_of_uplinks_as_one_fault(
     assert await _all_to_all_ns(clients) == clean_ns
 
 
+async def test_an_l1_board_cuts_its_node_off_the_bus_and_nothing_else(clients: Clients) -> None:
+    fabric = clients.fabric()
+    across = fabric_pb2.RouteRequest(src="n00-npu0.d0", dst="n01-npu0.d0")
+    inside = fabric_pb2.RouteRequest(src="n01-npu0.d0", dst="n01-npu1.d0")
+    other = fabric_pb2.RouteRequest(src="n00-npu0.d0", dst="n00-npu1.d0")
+    clean = await fabric.Route(other)
+    board = await faults.inject(clients, "l1-board", "n01")
+    try:
+        for cut in (across, inside):  # inside the node too: its traffic crosses the L1 chips
+            refused = await _refused(fabric.Route(cut))
+            assert (refused.code, refused.reason) == (grpc.StatusCode.UNAVAILABLE, "ROUTE_CUT")
+        # the twin: the other node's traffic takes its own paths, untouched
+        assert (await fabric.Route(other)).path == clean.path
+        # the node's devices are up: cut off the bus, not dead
+        info = await clients.device("n01-npu0").GetInfo(device_pb2.GetInfoRequest())
+        assert info.id == "n01-npu0"
+        listed = {f.id: f for f in await faults.list_all(clients)}
+        assert listed[board.id].kind == "l1-board" and listed[board.id].target == "n01"
+    finally:
+        await faults.clear(clients, board.id)
+    assert (await fabric.Route(across)).planes == 7
+    assert (await fabric.Route(inside)).planes == 7
+
+
+async def test_an_l1_board_is_a_nodes(clients: Clients) -> None:
+    chip = await _refused(faults.inject(clients, "l1-board", "n01-l1s2"))
+    assert (chip.code, chip.metadata.get("field")) == (grpc.StatusCode.INVALID_ARGUMENT, "target")
+    gone = await _refused(faults.inject(clients, "l1-board", "n09"))
+    assert (gone.code, gone.reason) == (grpc.StatusCode.NOT_FOUND, "NODE_NOT_FOUND")
+
+
 async def test_an_optical_module_is_an_l1_chips(clients: Clients) -> None:
     past = await _refused(faults.inject(clients, "optical-module", "n01-l1s2", {"module": 2}))
     assert (past.code, past.metadata.get("field")) == (grpc.StatusCode.INVALID_ARGUMENT, "module")

@@ -1,6 +1,7 @@
 """The fabric's kinds: link-down, link-degraded, link-latency, switch-down, partition, link-flap,
 link-loss (frames lost or failing CRC, resent: the link's goodput and latency pay for it) and
-optical-module (the bundle of uplinks one module of an L1 chip carries, down as one fault).
+optical-module (the bundle of uplinks one module of an L1 chip carries, down as one fault) and
+l1-board (a node's L1 chips and all their links: the node cut off the unified bus).
 The fabric applies them to its link graph (emulator/model/linkfaults.py) and owns their timers
 (a flap's period, a duration), in emulated time."""
 
@@ -127,4 +128,11 @@ OPTICAL_MODULE = FabricKind(
     help="an optical module of an L1 chip fails: the uplinks it carries go down at once",
     params=OpticalModuleParams,
     target="an L1 chip id (e.g. n03-l1s4)",
+)
+L1_BOARD = FabricKind(
+    name="l1-board",
+    help="a node's L1 switch board fails: its L1 chips and all their links go down at once "
+    "(its devices stay up, cut off the unified bus, each other included)",
+    params=NoParams,
+    target="a node id (e.g. n03)",
 )

@@ -227,6 +227,7 @@ PARAMS: dict[str, type[Any]] = {
     "intermittent-hang": IntermittentHangParams,
     "link-loss": LinkLossParams,
     "optical-module": OpticalModuleParams,
+    "l1-board": NoParams,
     "hbm-ecc": HbmEccParams,
     "sdc": SdcParams,
     "checkpoint-corrupt": NoParams,

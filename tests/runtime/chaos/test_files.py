@@ -117,12 +117,14 @@ def test_the_faults_real_supernodes_have_are_scenario_steps(tmp_path: Path) -> N
         "  - {at: 7s, fault: ssd-loss, target: {service: ems}}\n"
         "  - {at: 8s, fault: supernode-partition, target: {link: sn0~sn1}}\n"
         "  - {at: 9s, fault: checkpoint-corrupt, target: {job: pretrain}}\n"
+        "  - {at: 10s, fault: l1-board, target: {node: n01}}\n"
     )
     steps = files.load(tmp_path / "real.yaml").steps
     assert [type(s.typed_params).__name__ for s in steps] == [
         "ThermalThrottleParams", "LinkLossParams", "IntermittentHangParams", "OpticalModuleParams",
-        "CrashParams", "SdcParams", "NoParams", "NoParams", "NoParams",
+        "CrashParams", "SdcParams", "NoParams", "NoParams", "NoParams", "NoParams",
     ]  # fmt: skip
+    assert steps[9].target.what == "node"
     assert steps[4].target.what == "rack" and steps[4].typed_params == CrashParams(wipe=False)
     (tmp_path / "bad.yaml").write_text(
         "version: 1\nname: bad\nsteps:\n"
