@@ -21,6 +21,8 @@ from emulator.model.errors import (
 WORD = 8  # atomics operate on aligned little-endian 64-bit words
 WORD_MASK = (1 << 64) - 1
 
+NOT_ALLOCATED = "REGION_NOT_ALLOCATED"  # an access outside every region (a wiped device's too)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Region:
@@ -189,7 +191,8 @@ class RegionAllocator:
             if offset + size <= region.end:
                 return region
         raise PreconditionError(
-            f"[{offset}, {offset + size}) is not inside one allocated region; allocate it first"
+            f"[{offset}, {offset + size}) is not inside one allocated region; allocate it first",
+            reason=NOT_ALLOCATED,
         )
 
 

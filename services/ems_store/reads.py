@@ -12,6 +12,8 @@ import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import grpc
+
 from cmemu.v1 import ub_pb2
 from emulator.model.costmodel import ems_ssd_ns
 from emulator.model.ems import (
@@ -30,11 +32,13 @@ from emulator.model.ems import (
 from emulator.model.errors import (
     RETRY_AFTER_S,
     DataLossError,
+    EmulatorError,
     NotFoundError,
     PreconditionError,
     UnavailableError,
     quote,
 )
+from emulator.model.memory import NOT_ALLOCATED
 from emulator.model.topology import Device
 from services.ems_store.store import UNREACHABLE, Store, log
 from services.rpc import RemoteError
@@ -60,6 +64,7 @@ class Reading:
     meta: ObjectMeta
     served_by: str = ""
     corrupt_copies: int = 0
+    gone_copies: int = 0  # copies whose region their pool no longer has (it came back empty)
     timing: Timing = field(default_factory=Timing)
     source: AsyncIterator[bytes] | None = None
 
@@ -198,6 +203,12 @@ class Reads:
                         yield done.data
                 return
             except RemoteError as exc:
+                if exc.code is grpc.StatusCode.FAILED_PRECONDITION and exc.reason == NOT_ALLOCATED:
+                    # its pool came back empty (a pool-loss, a wiped restart) and the sweep has
+                    # not reconciled it yet: this copy is gone, the next may serve
+                    reading.gone_copies += 1
+                    self._drop(meta, pool, "a copy's region is gone; reading another")
+                    continue
                 if exc.code not in UNREACHABLE:
                     raise
                 if requester is not None:
@@ -206,26 +217,21 @@ class Reads:
             except DataLossError as exc:
                 reading.corrupt_copies += 1
                 store.counters.corrupt += 1
-                log.warning("DATA_LOSS on a copy; reading another", key=meta.key, pool=pool)
-                if store.index.get(meta.key) is meta:
-                    store.index.drop_replica(meta, pool)  # the sweep restores the factor
+                if self._drop(meta, pool, "DATA_LOSS on a copy; reading another"):
                     with contextlib.suppress(RemoteError):
                         await store.free_region(pool, replica.region_id)
                 store.publish("corrupt-copy", key=meta.key, copy=pool, detail=str(exc),
                               copies_left=len(meta.replicas))  # fmt: skip
-        if reading.corrupt_copies and not unavailable:
-            raise DataLossError(
-                f"every reachable copy of {quote(meta.key)} fails its CRC-32 checksum "
-                f"({reading.corrupt_copies} corrupt)",
-                subject=meta.key,
-                reason=CHECKSUM_MISMATCH,
-            )
-        raise UnavailableError(
-            f"no copy of {quote(meta.key)} is reachable: {', '.join(unavailable) or 'none left'}",
-            subject=meta.key,
-            reason="NO_COPY_REACHABLE",
-            retry_after_s=RETRY_AFTER_S,
-        )
+        raise _no_copy(meta, reading, unavailable)
+
+    def _drop(self, meta: ObjectMeta, pool: str, why: str) -> bool:
+        """A copy that cannot serve is forgotten (the sweep restores the factor); False when the
+        object changed meanwhile (its new copies are not this one)."""
+        log.warning(why, key=meta.key, pool=pool)
+        if self.store.index.get(meta.key) is not meta:
+            return False
+        self.store.index.drop_replica(meta, pool)
+        return True
 
     async def _table(
         self, issuer: Device, pool: str, replica: Replica, meta: ObjectMeta
@@ -263,3 +269,28 @@ class Reads:
             reason="READER_UNAVAILABLE",
             retry_after_s=RETRY_AFTER_S,
         ) from cause
+
+
+def _no_copy(meta: ObjectMeta, reading: Reading, unavailable: list[str]) -> EmulatorError:
+    """Why no copy served: all gone, all corrupt (DATA_LOSS), or some unreachable (UNAVAILABLE,
+    worth a retry)."""
+    if reading.gone_copies and not (unavailable or reading.corrupt_copies):
+        return DataLossError(
+            f"every copy of {quote(meta.key)} is gone with its pool's memory "
+            f"({reading.gone_copies} gone)",
+            subject=meta.key,
+            reason="COPIES_GONE",
+        )
+    if reading.corrupt_copies and not unavailable:
+        return DataLossError(
+            f"every reachable copy of {quote(meta.key)} fails its CRC-32 checksum "
+            f"({reading.corrupt_copies} corrupt)",
+            subject=meta.key,
+            reason=CHECKSUM_MISMATCH,
+        )
+    return UnavailableError(
+        f"no copy of {quote(meta.key)} is reachable: {', '.join(unavailable) or 'none left'}",
+        subject=meta.key,
+        reason="NO_COPY_REACHABLE",
+        retry_after_s=RETRY_AFTER_S,
+    )

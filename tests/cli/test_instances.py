@@ -130,7 +130,7 @@ def test_version() -> None:
         (["ls", "--name", "Bad_Name"], "DNS label"),
         (["status", "--name", "x" * 64], "DNS label"),
         (["ls", "--name", "a", "--state-file", "b.json"], "not allowed with"),
-        (["fault", "add", "meteor", "n00-npu0"], "known: broker-outage, container-disconnect"),
+        (["fault", "add", "meteor", "n00-npu0"], "known: broker-outage, checkpoint-corrupt"),
         (["fault", "rm"], "one fault ID"),
         (["watch", "--count", "-1"], "must be >= 0"),
     ],
