@@ -224,6 +224,7 @@ def test_fault_kinds_are_one_table() -> None:
         "link-flap",  # a link-down that toggles in emulated time
         "link-loss",  # frames lost or failing CRC: goodput (1 - p), replays add latency
         "optical-module",  # a bundle of an L1 chip's uplinks down as one
+        "l1-board",  # every link of a node's L1 chips down as one
         "ports-degraded",  # a device's own die ports, behind the `slow` device fault
         "rank-down",  # a dead NPU or die as a collective rank, behind crash/die-down/...
         "rank-hung",  # behind hang
