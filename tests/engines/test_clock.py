@@ -39,15 +39,18 @@ async def test_a_sleep_lasts_its_emulated_time_whatever_the_rate_does() -> None:
 
 
 async def test_sleepers_wake_in_emulated_order_and_a_cancelled_one_is_dropped() -> None:
+    """Each sleeper's instant is fixed before any starts: a sleep(n) taken from its own start
+    would let a busy host (a task started milliseconds later, at x2000) reorder them."""
     timeline = Timeline(Clock(time_scale=2000.0))
+    start_ns = timeline.now_ns()
     woke: list[int] = []
 
     async def sleeper(n: int) -> None:
-        await timeline.sleep(float(n))
+        await timeline.sleep_until(start_ns + n * 10**9)
         woke.append(n)
 
     tasks = [asyncio.ensure_future(sleeper(n)) for n in (30, 10, 20)]
-    gone = asyncio.ensure_future(timeline.sleep(15.0))
+    gone = asyncio.ensure_future(timeline.sleep_until(start_ns + 15 * 10**9))
     await asyncio.sleep(0)
     gone.cancel()
     await asyncio.gather(*tasks)
