@@ -95,6 +95,7 @@ class TrainingJob(_message.Message):
     LAST_RESTORED_NS_FIELD_NUMBER: _builtins.int
     GOODPUT_FIELD_NUMBER: _builtins.int
     FAILED_STEPS_FIELD_NUMBER: _builtins.int
+    LAST_CORRUPT_CHECKPOINT_NS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     state: _builtins.str
     """"starting"|"running"|"recovering"|"finished"|"failed"|"stopped" """
@@ -111,6 +112,8 @@ class TrainingJob(_message.Message):
     """useful step time / elapsed emulated time, 0..1"""
     failed_steps: _builtins.int
     """steps a dead or hung rank failed (rerun, not counted)"""
+    last_corrupt_checkpoint_ns: _builtins.int
+    """the last restore that found its latest checkpoint corrupt (checksum) and fell back, 0: none"""
     @_builtins.property
     def npus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -129,10 +132,11 @@ class TrainingJob(_message.Message):
         last_restored_ns: _builtins.int = ...,
         goodput: _builtins.float = ...,
         failed_steps: _builtins.int = ...,
+        last_corrupt_checkpoint_ns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_steps", b"failed_steps", "goodput", b"goodput", "last_checkpoint_step", b"last_checkpoint_step", "last_failure_ns", b"last_failure_ns", "last_restored_ns", b"last_restored_ns", "name", b"name", "npus", b"npus", "restarts", b"restarts", "started_ns", b"started_ns", "state", b"state", "step", b"step", "step_s", b"step_s", "steps_lost", b"steps_lost"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_steps", b"failed_steps", "goodput", b"goodput", "last_checkpoint_step", b"last_checkpoint_step", "last_corrupt_checkpoint_ns", b"last_corrupt_checkpoint_ns", "last_failure_ns", b"last_failure_ns", "last_restored_ns", b"last_restored_ns", "name", b"name", "npus", b"npus", "restarts", b"restarts", "started_ns", b"started_ns", "state", b"state", "step", b"step", "step_s", b"step_s", "steps_lost", b"steps_lost"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -104,6 +104,7 @@ class LiveJob:
             last_restored_ns=p.last_restored_ns,
             goodput=p.goodput(now_ns),
             failed_steps=p.failed_steps,
+            last_corrupt_checkpoint_ns=p.last_corrupt_checkpoint_ns,
         )
 
 
@@ -295,7 +296,7 @@ class JobRunner:
         with contextlib.suppress(grpc.aio.AioRpcError):
             await self.ep.ems.BatchDelete(ems_pb2.BatchDeleteRequest(keys=keys))
         back = job.checkpoints[-1][0] if job.checkpoints else 0
-        lost = p.fell_back(back)
+        lost = p.fell_back(back, self.clock.now_ns())
         log.warning("checkpoint corrupt", job=p.name, step=step, error=error)
         self.publish("checkpoint-corrupt", step=step, fallback_step=back, steps_lost=lost,
                      error=error)  # fmt: skip

@@ -82,6 +82,8 @@ async def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(
         assert restored["step"] == corrupt["fallback_step"]
         job = await _job(sn, "t-ckpt")
         assert job.restarts == 1 and job.steps_lost >= EVERY
+        # the detection dated on the wire, for a chaos verdict to credit it (before the restore)
+        assert 0 < job.last_corrupt_checkpoint_ns <= job.last_restored_ns
 
 
 async def test_its_twin_without_the_corruption_restores_the_latest(
@@ -91,6 +93,7 @@ async def test_its_twin_without_the_corruption_restores_the_latest(
         step, restored = await _crash_and_restore(sn, listener, "t-plain", corrupt=False)
         assert not listener.events("checkpoint-corrupt")
         assert restored["step"] >= step and restored["step"] % EVERY == 0
+        assert (await _job(sn, "t-plain")).last_corrupt_checkpoint_ns == 0
 
 
 async def test_checkpoint_corrupt_names_a_job_with_a_checkpoint(sn: Supernode) -> None:

@@ -40,10 +40,14 @@ class IncidentRecord:
     detail: str = ""
 
 
+CORRUPT_CHECKPOINT = "corrupt-checkpoint"
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkloadEvent:
     """A workload's own report: `isolated`, `restored` or `failed` (a deployment's status, a
-    training job's), with the NPUs it concerned when known."""
+    training job's), with the NPUs it concerned when known; or a training job's restore that
+    found its latest checkpoint corrupt (CORRUPT_CHECKPOINT: the data path's own detection)."""
 
     at_ns: int
     workload: str

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from emulator.model.chaos.observed import (
+    CORRUPT_CHECKPOINT,
     IncidentRecord,
     Injection,
     Observations,
@@ -51,6 +52,11 @@ SERVICE_BACK = "back when the scenario cleared it"
 SERVICE_NEVER_BACK = "never back: down to the end"
 CLEARED_UNDETECTED = "never detected; over when the scenario cleared it"
 TOLERATED = "tolerated (judged against the SLO throughout)"
+# a corrupt checkpoint harms nothing until a restore reads it: the job's restore is what detects
+# it (the manifest's checksum) and falls back to the one before; recovered at the job's first
+# restore after that detection. No restore read it before the end: not proven recovered.
+CHECKPOINT_KIND = "checkpoint-corrupt"
+LATENT = "never detected: no restore of the job read the corrupt checkpoint before the end"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,6 +221,8 @@ def _recovery(
             tolerated=injection.tolerated, detected_ns=None, isolated_ns=None, replaced_ns=None,
             status=SERVICE_BACK if back is not None else SERVICE_NEVER_BACK,
         )  # fmt: skip
+    if injection.kind == CHECKPOINT_KIND and not incidents and not injection.tolerated:
+        return _checkpoint(injection, obs, slo)
     if not incidents:
         if injection.tolerated:
             restored, status = None, TOLERATED
@@ -257,6 +265,25 @@ def _recovery(
         slo_back_ns=slo_back(obs.requests, restored, slo) if restored is not None else None,
         unrecoverable=unrecoverable, tolerated=injection.tolerated, status=status,
         detected_ns=detected, isolated_ns=isolated, replaced_ns=replaced,
+    )  # fmt: skip
+
+
+def _checkpoint(injection: Injection, obs: Observations, slo: Slo | None) -> Recovery:
+    """A checkpoint-corrupt fault: detected by the job's restore that found it, recovered at the
+    job's restore after that (from the checkpoint before it)."""
+    job = injection.target
+    detected = _first_event(obs.events, job, CORRUPT_CHECKPOINT, injection.at_ns)
+    restored = None if detected is None else _first_event(obs.events, job, RESTORED, detected)
+    status = (
+        LATENT if detected is None
+        else "detected by the job's restore, never restored" if restored is None
+        else "recovered (the job's restore found it and fell back to the checkpoint before)"
+    )  # fmt: skip
+    return Recovery(
+        injection=injection, incidents=(), workloads=(job,) if detected is not None else (),
+        restored_ns=restored,
+        slo_back_ns=slo_back(obs.requests, restored, slo) if restored is not None else None,
+        status=status, detected_ns=detected, isolated_ns=None, replaced_ns=None,
     )  # fmt: skip
 
 

@@ -34,6 +34,7 @@ class JobProgress:
     useful_s: float = 0.0
     last_failure_ns: int = 0
     last_restored_ns: int = 0
+    last_corrupt_checkpoint_ns: int = 0  # a restore found the latest corrupt, fell back
     ended_ns: int = 0
     error: str = ""
     npus: list[str] = field(default_factory=list)
@@ -67,9 +68,11 @@ class JobProgress:
         self.last_failure_ns = now_ns
         return lost
 
-    def fell_back(self, step: int) -> int:
+    def fell_back(self, step: int, now_ns: int) -> int:
         """The latest checkpoint did not verify: rewind further, to `step` (an older checkpoint,
-        or 0 with none left); the further steps lost."""
+        or 0 with none left); the further steps lost. `now_ns` dates the detection (a chaos
+        verdict credits a checkpoint-corrupt fault with it)."""
+        self.last_corrupt_checkpoint_ns = now_ns
         lost = max(0, self.step - step)
         self.steps_lost += lost
         self.useful_s = max(0.0, self.useful_s - lost * self.step_s)

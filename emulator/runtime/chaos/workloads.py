@@ -18,7 +18,7 @@ import yaml
 
 from cmemu.v1 import ems_pb2, ems_pb2_grpc, router_pb2, training_pb2
 from emulator.client.clients import Clients
-from emulator.model.chaos.observed import TrainingRecord, WorkloadEvent
+from emulator.model.chaos.observed import CORRUPT_CHECKPOINT, TrainingRecord, WorkloadEvent
 from emulator.model.chaos.scenario import EmsWorkload, Scenario
 from emulator.model.chaos.selectors import Placement
 from emulator.model.errors import PreconditionError
@@ -49,6 +49,7 @@ class _Seen:
 
     isolated_ns: int = 0
     restored_ns: int = 0
+    corrupt_ns: int = 0  # a training job's last restore that found its checkpoint corrupt
     npus: tuple[str, ...] = ()
 
 
@@ -204,6 +205,13 @@ class Workloads:
                                     f"{job.state} step {job.step}")  # fmt: skip
             if any(c.what == "restored" for c in changes):
                 self.restored_at_step[t.name] = job.step
+            seen = self._seen[t.name]
+            if job.last_corrupt_checkpoint_ns > seen.corrupt_ns:
+                seen.corrupt_ns = job.last_corrupt_checkpoint_ns
+                what, state = CORRUPT_CHECKPOINT, job.state
+                changes.append(
+                    WorkloadEvent(at_ns=seen.corrupt_ns, workload=t.name, what=what, detail=state)
+                )
             out += changes
             self._seen[t.name].npus = tuple(job.npus)
         return out

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 
 from emulator.model.chaos.observed import (
+    CORRUPT_CHECKPOINT,
     IncidentRecord,
     Injection,
     Observations,
     RequestSample,
     WorkloadEvent,
 )
-from emulator.model.chaos.recovery import NEVER_DETECTED, recoveries
+from emulator.model.chaos.recovery import LATENT, NEVER_DETECTED, recoveries
 from emulator.model.chaos.scenario import Expectations, Slo, SteadyState, parse_scenario
 from emulator.model.chaos.verdict import STEADY_AFTER, STEADY_BEFORE, Check, judge
 from emulator.model.errors import InvalidArgumentError
@@ -64,6 +65,37 @@ def test_its_twin_cleared_by_the_scenario_is_over_at_the_clearance_and_says_so()
     check = _check(Expectations(recovered_within_s=600), obs, "recovered_within")
     assert check.ok, check
     assert "1 never detected (over when cleared)" in check.measured
+
+
+def _corrupt() -> Injection:
+    return Injection(label="rot", kind="checkpoint-corrupt", target="pretrain", devices=(),
+                     at_ns=100 * S)  # fmt: skip
+
+
+def test_a_corrupt_checkpoint_no_restore_read_is_latent_and_not_recovered() -> None:
+    obs = Observations(
+        start_ns=0,
+        end_ns=800 * S,
+        injections=[_corrupt()],
+        jobs=("pretrain",),
+        events=[WorkloadEvent(at_ns=50 * S, workload="pretrain", what="restored")],
+    )
+    (rec,) = recoveries(obs)  # a restore before the corruption read an intact one
+    assert rec.status == LATENT and rec.detected_ns is None and rec.restored_ns is None
+    assert not _check(Expectations(recovered_within_s=600), obs, "recovered_within").ok
+
+
+def test_its_twin_found_by_the_jobs_restore_is_detected_then_and_recovered_at_the_next() -> None:
+    events = [
+        WorkloadEvent(at_ns=300 * S, workload="pretrain", what=CORRUPT_CHECKPOINT),
+        WorkloadEvent(at_ns=340 * S, workload="pretrain", what="restored"),
+    ]
+    obs = Observations(start_ns=0, end_ns=800 * S, injections=[_corrupt()], jobs=("pretrain",),
+                       events=events)  # fmt: skip
+    (rec,) = recoveries(obs)
+    assert (rec.detected_ns, rec.restored_ns, rec.recovery_s) == (300 * S, 340 * S, 240.0)
+    assert _check(Expectations(recovered_within_s=600), obs, "recovered_within").ok
+    assert not _check(Expectations(recovered_within_s=200), obs, "recovered_within").ok
 
 
 def test_a_tolerated_fault_fails_when_the_workload_misses_its_slo_during_it() -> None:

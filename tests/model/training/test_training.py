@@ -125,11 +125,12 @@ def test_a_corrupt_checkpoint_falls_back_one_more_and_counts_it() -> None:
             job.checkpointed(job.step)
     assert (job.step, job.last_checkpoint_step) == (7, 6)
     assert job.failed(now_ns=20 * 10**9) == 1
-    assert job.fell_back(3) == 3  # the checkpoint of step 6 did not verify
+    assert job.fell_back(3, 7) == 3  # the checkpoint of step 6 did not verify
     assert (job.step, job.last_checkpoint_step, job.steps_lost) == (3, 3, 4)
     assert job.useful_s == pytest.approx(6.0)
-    assert job.fell_back(0) == 3 and (job.step, job.steps_lost) == (0, 7)  # none left
-    assert job.fell_back(0) == 0 and job.useful_s == 0.0
+    assert job.fell_back(0, 8) == 3 and (job.step, job.steps_lost) == (0, 7)  # none left
+    assert job.fell_back(0, 9) == 0 and job.useful_s == 0.0
+    assert job.last_corrupt_checkpoint_ns == 9  # the last detection
 
 
 def test_a_manifest_lists_its_checkpoint_s_shards_and_no_other() -> None:
