@@ -70,6 +70,9 @@ class ManagerService:
     def resume(self) -> None:
         self.engine.resume()
 
+    def partition(self, severed: bool) -> None:
+        self.engine.partition(severed)
+
     def metrics(self) -> Iterable[Family]:
         return self.engine.metrics()
 

@@ -113,6 +113,7 @@ KINDS: dict[str, Kind] = {
         service.KILL,
         service.HANG,
         service.SLOW,
+        service.PARTITION,
         ssd_loss.KIND,
         checkpoint_corrupt.KIND,
     )

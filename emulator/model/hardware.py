@@ -216,6 +216,11 @@ class ManagerProfile:
     # Never shorter in wall time: a loaded host stalls an event loop for tens of milliseconds,
     # and three stalls in a row must not fail a healthy device at a fast time scale.
     heartbeat_deadline_min_wall_s: float = fig(0.5, "assumed")
+    # More than this share of its devices silent at once (their liveness streams broken or
+    # quiet): the manager suspects itself cut off (a partition of the manager, its own host's
+    # network) and fails none of them on that silence. Kubernetes' node lifecycle controller
+    # stops evicting for the same reason past its unhealthy-zone-threshold, 0.55 by default.
+    cut_off_share: float = fig(0.55, "assumed")
     # Straggler (slow-device) detection from the fabric's collective arrivals
     # (emulator/model/manager/straggler.py): an NPU whose dies were ready at least
     # `straggler_lag_ratio` times as late as the collective's median rank in at least

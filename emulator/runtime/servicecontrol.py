@@ -1,7 +1,7 @@
 """The in-process supernode's services as fault targets (service-kill, service-hang,
-service-slow, and ssd-loss of EMS's SSD tier): what its devices are given as `Siblings.services`
-(emulator/engines/device/servicefaults.py). A slow service answers every call `latency_ms`
-emulated ms late (its HangGate's delay), its work going on.
+service-slow, service-partition, and ssd-loss of EMS's SSD tier): what its devices are given as
+`Siblings.services` (emulator/engines/device/servicefaults.py). A slow service answers every
+call `latency_ms` emulated ms late (its HangGate's delay), its work going on.
 
 A kill stops the service's gRPC server (NOT_SERVING first, then the port is freed: its clients
 get UNAVAILABLE, connection refused) and suspends its background work where the service says
@@ -11,6 +11,12 @@ Back: a new server on the same address with the service's state as it was, SERVI
 work resumed (`resume()`). Kept across the kill: what the service holds in memory (as if
 journaled); lost: calls in flight and the background work in flight. Each is an event on the
 service's own topic (`service-down`, `service-up`) beside its health.
+
+A partition answers nothing, as a hang does (its packets are dropped), but the service runs on:
+the cluster manager, the one service whose engine reaches devices in process, reaches nothing
+either (`partition()`: its Link, emulator/engines/manager/link.py), so its detection and
+actions see a silent supernode; a service with no such hook has its background work suspended
+instead (every call it would make would be lost).
 
 The fabric is not offered: in process the devices reach its engine directly and it keeps
 emulated time, so stopping its server would not cut them off; a fabric kill needs the procs
@@ -68,14 +74,22 @@ class LocalServices:
             host.gate.delay = lambda: clock.timeline.sleep(late_s)
             self._publish(host.name, "service-down", how=how, latency_ms=f"{fault.latency_ms:g}")
             return  # its work goes on: only its answers are late
+        if how == "partition":
+            host.gate.answering.clear()  # its packets are dropped: callers hit their deadlines
+            partition = getattr(state, "partition", None)
+            if partition is not None:
+                partition(True)  # it runs on, reaching nothing
+            else:
+                await _suspended(state)
+            log.warning("service partitioned", service=host.name)
+            self._publish(host.name, "service-down", how=how)
+            return
         if how == "hang":
             host.gate.answering.clear()
         else:
             await host.stop(0)
             self._publish(host.name, "health", status="NOT_SERVING")
-        suspend = getattr(state, "suspend", None)
-        if suspend is not None:
-            await suspend()
+        await _suspended(state)
         log.warning("service down", service=host.name, how=how)
         self._publish(host.name, "service-down", how=how)
 
@@ -89,7 +103,15 @@ class LocalServices:
             host.gate.delay = None
             self._publish(host.name, "service-up", how=how)
             return
-        if how == "hang":
+        if how == "partition":
+            host.gate.answering.set()
+            partition = getattr(state, "partition", None)
+            if partition is not None:
+                partition(False)
+                log.warning("service back", service=host.name, how=how)
+                self._publish(host.name, "service-up", how=how)
+                return
+        elif how == "hang":
             host.gate.answering.set()
         else:
             host.secure(host.security)  # a stopped grpc server cannot start again
@@ -121,5 +143,13 @@ class LocalServices:
             state.replace_ssd()
 
 
+async def _suspended(state: ServiceState) -> None:
+    suspend = getattr(state, "suspend", None)
+    if suspend is not None:
+        await suspend()
+
+
 def _how(fault: ServiceDownParams) -> str:
+    if fault.partition:
+        return "partition"
     return "hang" if fault.hang else "slow" if fault.latency_ms else "kill"

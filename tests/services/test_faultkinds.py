@@ -65,7 +65,7 @@ def test_the_catalogue_has_every_kind_with_typed_params() -> None:
         "container-kill", "container-pause", "container-restart", "container-stop",
         "container-disconnect", "container-netem", "thermal-throttle", "intermittent-hang",
         "link-loss", "optical-module", "l1-board", "service-kill", "service-hang",
-        "service-slow", "rack-power-off", "sdc", "ssd-loss",
+        "service-slow", "service-partition", "rack-power-off", "sdc", "ssd-loss",
         "supernode-partition", "checkpoint-corrupt",
     }  # fmt: skip
     slow = faults.KINDS["slow"].params_from({"compute": "0.25"})

@@ -8,6 +8,11 @@ kind, or its id in a multi-supernode launch, `sn1-manager`).
   deadlines), its background work stopped, until cleared.
 - service-slow: every call waits `latency_ms` of emulated time before it is handled, health
   included; its work goes on (in process only).
+- service-partition: the service is cut off the network: nothing reaches it (clients hit their
+  deadlines, as with a hang) and it reaches nothing, its work going on; the cluster manager sees
+  a silent supernode (and, more than `manager.cut_off_share` of it silent at once, suspects
+  itself cut off and fails nobody). In process and under Docker (container-disconnect of its
+  container); procs share the host's network: refused there.
 
 How depends on the launcher, read from the process table attached to the clients:
 - in process (no table, or `inprocess`): through the management path of a device of the
@@ -67,6 +72,7 @@ def mode_of(clients: Clients) -> str:
 class ServiceKindFault(Typed):
     hang: bool = False
     slow: bool = False  # its params say how late (latency_ms): in process only
+    partition: bool = False  # cut off: in process and under Docker
     target: str = "a service: manager, scheduler, ems, router, gateway or fabric"
 
     async def add(
@@ -83,11 +89,25 @@ class ServiceKindFault(Typed):
                 subject=self.name,
                 reason="LAUNCHER_UNSUPPORTED",
             )
+        if self.partition and mode == "procs":
+            raise PreconditionError(
+                f"{self.name} has no way into a procs launch: its processes share the host's "
+                "network (in process, and under Docker as container-disconnect, it does)",
+                field="kind",
+                subject=self.name,
+                reason="LAUNCHER_UNSUPPORTED",
+            )
         if mode == "procs":
             kind = process.PAUSE if self.hang else process.KILL
             return await kind.add(clients, service.id, {}, duration_s)
         if mode == "docker":
-            name = "container-pause" if self.hang else "container-kill"
+            name = (
+                "container-disconnect"
+                if self.partition
+                else "container-pause"
+                if self.hang
+                else "container-kill"
+            )
             return await container.KINDS_BY_NAME[name].add(clients, service.id, {}, duration_s)
         if mode != "inprocess":
             raise PreconditionError(
@@ -107,7 +127,12 @@ class ServiceKindFault(Typed):
             )
         carrier = clients.topology.devices[CARRIER[service.kind] % len(clients.topology.devices)]
         latency_ms = typed.latency_ms if self.slow else 0.0
-        down = ServiceDownParams(service=service.kind.value, hang=self.hang, latency_ms=latency_ms)
+        down = ServiceDownParams(
+            service=service.kind.value,
+            hang=self.hang,
+            latency_ms=latency_ms,
+            partition=self.partition,
+        )
         request = device_pb2.FaultState(
             kind=DEVICE_KIND, params=params_text(down), for_s=duration_s or 0.0, device=carrier.id
         )
@@ -148,6 +173,13 @@ HANG = ServiceKindFault(
     params=NoParams,
     hang=True,
 )
+PARTITION = ServiceKindFault(
+    name="service-partition",
+    help="a control-plane service is cut off the network until cleared: nothing reaches it "
+    "and it reaches nothing, its work going on (in process, and under Docker)",
+    params=NoParams,
+    partition=True,
+)
 SLOW = ServiceKindFault(
     name="service-slow",
     help="a control-plane service answers every call latency_ms emulated ms late until "
@@ -164,7 +196,9 @@ def listed(state: device_pb2.FaultState, clients: Clients) -> ActiveFault:
     fault = device_fault(state)
     params = state.params
     kind = (
-        SLOW.name
+        PARTITION.name
+        if params.get("partition") == "true"
+        else SLOW.name
         if float(params.get("latency_ms") or 0) > 0
         else HANG.name
         if params.get("hang") == "true"

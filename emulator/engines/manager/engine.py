@@ -27,6 +27,7 @@ from emulator.engines.clock import Timeline
 from emulator.engines.device.npu import Kernel
 from emulator.engines.events import EventSink
 from emulator.engines.manager.actions import Actions
+from emulator.engines.manager.link import Link, SeveredPlane
 from emulator.engines.manager.liveness import LivenessWatch
 from emulator.engines.manager.metrics import manager_families
 from emulator.engines.manager.status import ManagerStatus, Mode
@@ -70,7 +71,8 @@ class ManagerEngine:
         self.topology = topology
         self.profile = profile
         self.clock = clock
-        self.peers = peers
+        self.link = Link()  # severed by a service-partition of the manager
+        self.peers: ControlPlane = SeveredPlane(peers, self.link)
         self.events = events
         self.mode = Mode.ACTIVE
         self.detector = Detector()
@@ -78,7 +80,7 @@ class ManagerEngine:
         self.detector.watch(list(self.devices))
         self.watch = self._new_watch()
         self.stragglers = StragglerWatch(
-            peers=peers,
+            peers=self.peers,
             clock=clock,
             detector=self.detector,
             settings=profile.manager,
@@ -105,7 +107,21 @@ class ManagerEngine:
             misses_to_fail=m.misses_to_fail,
             on_incident=self._incident,
             on_back=self._back,
+            cut_off_share=m.cut_off_share,
+            on_cut_off=self._cut_off,
         )
+
+    def _cut_off(self, cut: bool, quiet: int) -> None:
+        self.publish("cut-off" if cut else "rejoined", devices_silent=quiet)
+
+    def partition(self, severed: bool) -> None:
+        """service-partition of the manager: it runs on, reaching nothing (emulator/engines/
+        manager/link.py) until healed."""
+        if severed:
+            self.link.sever()
+        else:
+            self.link.heal()
+        self.publish("partitioned" if severed else "healed")
 
     @property
     def deadline_s(self) -> float:

@@ -16,6 +16,9 @@ judged in emulated time (the streams' beats: engines/device/liveness.py).
 - A stream that breaks (a killed process, or the device it was opened through crashed) is
   opened again through another device it covers; each device that refuses the connection fails
   as unreachable.
+- Neither silence nor a refusal fails anything while more than `cut_off_share` of the devices
+  are silent at once: the manager suspects itself cut off (a partition of the manager) and says
+  so (`on_cut_off`), until enough of them speak again.
 Streams are opened one per process: the first beat says which devices a stream covers, and no
 other stream is opened for them. In one process that is one stream, whatever the supernode's
 size; with one process per node, one per node.
@@ -74,6 +77,8 @@ class LivenessWatch:
         misses_to_fail: int,
         on_incident: Callable[[Incident], None],
         on_back: Callable[[str], None],
+        cut_off_share: float = 1.0,
+        on_cut_off: Callable[[bool, int], None] | None = None,
     ) -> None:
         self.devices = dict(devices)
         self.peers = peers
@@ -83,6 +88,9 @@ class LivenessWatch:
         self.silence_ns = misses_to_fail * self.interval_ns
         self.on_incident = on_incident
         self.on_back = on_back
+        self.cut_off_share = cut_off_share
+        self.on_cut_off = on_cut_off
+        self.cut_off = False  # the manager suspects itself cut off: silence fails no device
         self.covered: dict[str, _Stream] = {}
         self.beats = 0  # beats received
         self.streams = 0  # streams opened
@@ -134,6 +142,8 @@ class LivenessWatch:
                         log.info("liveness stream back", through=through, process=beat.process)
                     self._cover(stream, beat)
                 self._judge(stream, beat)
+                if self.cut_off:
+                    self._cut_off()  # rejoined once enough of the supernode speaks again
 
         stream.reset.clear()
         reading = asyncio.ensure_future(read())
@@ -150,7 +160,7 @@ class LivenessWatch:
             return answered[0]
         exc = reading.exception()
         if isinstance(exc, EmulatorError):
-            if exc.reason == UNREACHABLE or answered[0]:
+            if (exc.reason == UNREACHABLE or answered[0]) and not self._cut_off():
                 what = "broken" if answered[0] else "refused"
                 self._fail(through, "health", f"liveness stream {what}: {exc.reason}")
             log.debug("liveness stream ended", through=through, error=str(exc)[:200])
@@ -232,8 +242,9 @@ class LivenessWatch:
                 async with asyncio.timeout(CONFIRM_WALL_S):
                     await stream.beat.wait()
                     continue
-            for device in stream.covers:
-                self._fail(device, "heartbeat", "no liveness: its process stopped answering")
+            if not self._cut_off():
+                for device in stream.covers:
+                    self._fail(device, "heartbeat", "no liveness: its process stopped answering")
             log.info("liveness stream silent: reopened", covers=list(stream.covers))
             while True:  # opened again, on a new connection, until it speaks again
                 stream.reset.set()
@@ -241,6 +252,22 @@ class LivenessWatch:
                     async with asyncio.timeout(REOPENED_WALL_S):
                         await stream.beat.wait()
                         break
+
+    def _cut_off(self) -> bool:
+        """More than `cut_off_share` of the watched devices are on streams with no beat for two
+        intervals: the silence is more likely the manager's own (a partition of its host) than
+        theirs, and failing them all would take a healthy supernode out of service. In one
+        process every device is on one stream: its silence is always the manager's own."""
+        now, quiet_after = self.clock.now_ns(), 2 * self.interval_ns
+        streams = set(self.covered.values())
+        quiet = sum(len(s.covers) for s in streams if now - s.last_beat_ns > quiet_after)
+        cut = quiet > self.cut_off_share * len(self.devices)
+        if cut != self.cut_off:
+            self.cut_off = cut
+            log.warning("cut off" if cut else "rejoined", quiet=quiet, devices=len(self.devices))
+            if self.on_cut_off is not None:
+                self.on_cut_off(cut, quiet)
+        return cut
 
     def _answered(self, target: str) -> None:
         if self.detector.answered(target):

@@ -44,8 +44,11 @@ NEVER_DETECTED = "never detected"
 # the control plane as a target (service-kill, service-hang): a killed or hung service is back
 # when the scenario clears it (nothing detects it); a fault nothing detected while the cluster
 # manager was down says so: the controller's loss is part of the verdict
-CONTROL_PLANE_KINDS = frozenset({"service-kill", "service-hang", "service-slow"})
-DOWN_KINDS = frozenset({"service-kill", "service-hang"})  # a slow manager still detects
+CONTROL_PLANE_KINDS = frozenset(
+    {"service-kill", "service-hang", "service-slow", "service-partition"}
+)
+# a slow manager still detects; a partitioned one sees nothing
+DOWN_KINDS = frozenset({"service-kill", "service-hang", "service-partition"})
 CONTROLLER = "manager"
 CONTROLLER_DOWN = "never detected: the cluster manager was down"
 SERVICE_BACK = "back when the scenario cleared it"

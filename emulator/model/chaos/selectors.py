@@ -10,7 +10,7 @@ A selector is one key naming what is targeted and a string saying which one:
     rack: random in job pretrain       # a rack holding some of the job's NPUs (rack-power-off)
     link: random in node n03           # a link with an end in node n03
     plane: 3                           # every L2 switch of sub-plane 3 (or `random`)
-    service: manager                   # a control-plane service (service-kill, service-hang)
+    service: manager                   # a control-plane service (service-kill, -partition...)
     job: pretrain                      # a training job (checkpoint-corrupt), or `random`
     none: ""                           # kinds with no target (broker-outage)
 

@@ -167,6 +167,11 @@ class ServiceDownParams:
     latency_ms: float = param(
         0.0, "instead: answer every call this many emulated ms late (service-slow)", AT_LEAST_ZERO
     )
+    partition: bool = param(
+        False,
+        "instead: cut it off the network (service-partition): nothing reaches it and it reaches "
+        "nothing, its work going on",
+    )
 
     def check(self) -> None:
         if self.service not in SERVICES:
@@ -176,6 +181,10 @@ class ServiceDownParams:
         if self.hang and self.latency_ms:
             raise invalid(
                 "service-down", "latency_ms", "a hung service answers nothing: no latency"
+            )
+        if self.partition and (self.hang or self.latency_ms):
+            raise invalid(
+                "service-down", "partition", "is a way down of its own: not with hang or latency_ms"
             )
 
 
@@ -248,6 +257,7 @@ PARAMS: dict[str, type[Any]] = {
     "service-kill": NoParams,
     "service-hang": NoParams,
     "service-slow": ServiceSlowParams,
+    "service-partition": NoParams,
     "service-down": ServiceDownParams,
     "ssd-loss": NoParams,
     "container-kill": ContainerKillParams,

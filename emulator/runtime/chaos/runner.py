@@ -38,7 +38,7 @@ from emulator.runtime.chaos import controlplane, kinds
 from emulator.runtime.chaos.run import DEFAULTS, RunOptions, RunResult, stall_limit_s
 from emulator.runtime.chaos.stall import stacks
 from emulator.runtime.chaos.traffic import Traffic
-from emulator.runtime.chaos.workloads import Workloads
+from emulator.runtime.chaos.workloads import STATUS_WALL_S, Workloads
 from services.rpc import status_line
 
 DEFAULT_RECOVERY_S = 600.0  # observe this long after the last fault without recovered_within
@@ -295,7 +295,7 @@ class Runner:
         if self.has_manager:
             try:
                 listed = await self.clients.manager().ListIncidents(
-                    manager_pb2.ListIncidentsRequest(since_ns=0)
+                    manager_pb2.ListIncidentsRequest(since_ns=0), timeout=STATUS_WALL_S
                 )
                 aliases = self.workloads.aliases
                 self.obs.open_before = [_incident(i, aliases) for i in listed.incidents]
@@ -421,7 +421,8 @@ class Runner:
         if self.has_manager:
             try:
                 listed = await self.clients.manager().ListIncidents(
-                    manager_pb2.ListIncidentsRequest(since_ns=self.obs.start_ns)
+                    manager_pb2.ListIncidentsRequest(since_ns=self.obs.start_ns),
+                    timeout=STATUS_WALL_S,
                 )
                 aliases = self.workloads.aliases
                 self.obs.incidents = [_incident(i, aliases) for i in listed.incidents]

@@ -31,6 +31,9 @@ EMS_KIND = {
     "checkpoint": ems_pb2.OBJECT_KIND_CHECKPOINT,
 }
 INLINE_BYTES_MAX = 4096  # objects up to this size carry real bytes (checked on the way back)
+# a status call's wall deadline: a hung or partitioned service (the manager hosts the training
+# jobs) answers nothing, and the runner must go on (noted, asked again at the next poll)
+STATUS_WALL_S = 5.0
 STATE_NAMES = {
     router_pb2.DEPLOYMENT_STATE_LOADING: "loading",
     router_pb2.DEPLOYMENT_STATE_SERVING: "serving",
@@ -154,7 +157,7 @@ class Workloads:
         deployments: dict[str, dict[str, list[str]]] = {}
         for s in self.scenario.workloads.serving:
             d = await self.clients.router().GetDeployment(
-                router_pb2.GetDeploymentRequest(name=s.name)
+                router_pb2.GetDeploymentRequest(name=s.name), timeout=STATUS_WALL_S
             )
             roles: dict[str, list[str]] = {}
             for inst in d.instances:
@@ -164,7 +167,9 @@ class Workloads:
             deployments[s.name] = roles
         jobs: dict[str, list[str]] = {}
         for t in self.scenario.workloads.training:
-            job = await self.clients.training().Get(training_pb2.TrainingRequest(name=t.name))
+            job = await self.clients.training().Get(
+                training_pb2.TrainingRequest(name=t.name), timeout=STATUS_WALL_S
+            )
             jobs[t.name] = list(job.npus)
         return Placement(deployments=deployments, jobs=jobs)
 
@@ -191,14 +196,16 @@ class Workloads:
         out: list[WorkloadEvent] = []
         for s in self.scenario.workloads.serving:
             d: Any = await self.clients.router().GetDeployment(
-                router_pb2.GetDeploymentRequest(name=s.name)
+                router_pb2.GetDeploymentRequest(name=s.name), timeout=STATUS_WALL_S
             )
             failed = tuple(sorted({device_of(die) for die in getattr(d, "failed_dies", ())}))
             health = str(getattr(d, "health", ""))
             out += self._changes(s.name, _ns(d, "last_isolated_ns"), _ns(d, "last_restored_ns"),
                                  failed, health)  # fmt: skip
         for t in self.scenario.workloads.training:
-            job = await self.clients.training().Get(training_pb2.TrainingRequest(name=t.name))
+            job = await self.clients.training().Get(
+                training_pb2.TrainingRequest(name=t.name), timeout=STATUS_WALL_S
+            )
             before = self._seen.get(t.name)
             npus = before.npus if before and before.npus else tuple(job.npus)
             changes = self._changes(t.name, job.last_failure_ns, job.last_restored_ns, npus,
@@ -221,19 +228,25 @@ class Workloads:
         back, not only its devices (a run that ends at the restore cannot tell a job that
         resumes from one that never steps again)."""
         for name, step in self.restored_at_step.items():
-            job = await self.clients.training().Get(training_pb2.TrainingRequest(name=name))
+            job = await self.clients.training().Get(
+                training_pb2.TrainingRequest(name=name), timeout=STATUS_WALL_S
+            )
             if job.state == "running" and job.step <= step:
                 return False
         return True
 
     async def dropped_requests(self) -> int:
-        stats: Any = await self.clients.router().GetStats(router_pb2.GetStatsRequest())
+        stats: Any = await self.clients.router().GetStats(
+            router_pb2.GetStatsRequest(), timeout=STATUS_WALL_S
+        )
         return int(getattr(stats, "requests_dropped", 0))
 
     async def training_records(self) -> list[TrainingRecord]:
         out = []
         for t in self.scenario.workloads.training:
-            job = await self.clients.training().Get(training_pb2.TrainingRequest(name=t.name))
+            job = await self.clients.training().Get(
+                training_pb2.TrainingRequest(name=t.name), timeout=STATUS_WALL_S
+            )
             out.append(
                 TrainingRecord(
                     name=t.name,
@@ -259,7 +272,11 @@ class Workloads:
             if kind == "serving":
                 calls.append(self.clients.router().Undeploy(router_pb2.UndeployRequest(name=name)))
             else:
-                calls.append(self.clients.training().Stop(training_pb2.TrainingRequest(name=name)))
+                calls.append(
+                    self.clients.training().Stop(
+                        training_pb2.TrainingRequest(name=name), timeout=STATUS_WALL_S
+                    )
+                )
         ems = self.scenario.workloads.ems
         if ems is not None:
             stub = self._ems()

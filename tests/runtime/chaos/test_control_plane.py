@@ -256,7 +256,10 @@ def test_in_procs_mode_a_service_kill_is_the_kill_of_its_process(
         other.kill()
 
 
-@pytest.mark.parametrize(("mode", "kind"), [("k8s", "service-hang"), ("procs", "service-slow")])
+@pytest.mark.parametrize(
+    ("mode", "kind"),
+    [("k8s", "service-hang"), ("procs", "service-slow"), ("procs", "service-partition")],
+)
 def test_a_launcher_it_has_no_way_into_is_refused_naming_the_mode(
     supernode: RunningSupernode, mode: str, kind: str
 ) -> None:
@@ -269,12 +272,14 @@ def test_a_launcher_it_has_no_way_into_is_refused_naming_the_mode(
 # --- the verdict: what a lost controller means ----------------------------------------------------
 
 
-def _scenario(name: str, kill: str, crash_at: str, duration: str) -> str:
+def _scenario(
+    name: str, kill: str, crash_at: str, duration: str, kind: str = "service-kill"
+) -> str:
     return (
         f"version: 1\nname: {name}\nseed: 1\nduration: {duration}\n"
         f"workloads:\n  training: [{{name: {name}, npus: 2, checkpoint_every: 5}}]\n"
         "steps:\n"
-        f"  - {{id: ctl, at: 1s, fault: service-kill, target: {{service: manager}}{kill}}}\n"
+        f"  - {{id: ctl, at: 1s, fault: {kind}, target: {{service: manager}}{kill}}}\n"
         f"  - {{id: crash, at: {crash_at}, fault: crash, target: {{npu: random in job {name}}}}}\n"
         "expect:\n  recovered_within: 2m\n"
     )
@@ -326,12 +331,15 @@ def test_the_manager_back_before_the_crash_lets_the_job_recover_and_passes(
     assert crash.detected and crash.status == "recovered", crash
 
 
+@pytest.mark.parametrize("kind", ["service-kill", "service-partition"])
 def test_a_crash_while_the_manager_is_down_is_detected_once_it_is_back_and_recovers(
-    chaos: Chaos, tmp_path: Path
+    chaos: Chaos, tmp_path: Path, kind: str
 ) -> None:
     """A killed manager detects nothing while it is down (its liveness watch stopped with it),
-    and judges the crashed NPU on the first beats of its new streams."""
-    result = chaos.run(_load(tmp_path, _scenario("ctl-late", ", duration: 30s", "10s", "4m")))
+    and judges the crashed NPU on the first beats of its new streams; a partitioned one gets no
+    beat across the partition, and judges it on the first after it heals."""
+    scenario = _scenario("ctl-late", ", duration: 30s", "10s", "4m", kind)
+    result = chaos.run(_load(tmp_path, scenario))
     assert result.ok, "\n".join(summary_lines(result))
     ctl, crash = result.recoveries
     assert ctl.injection.cleared_ns is not None and crash.detected_ns is not None
@@ -342,16 +350,18 @@ def test_a_crash_while_the_manager_is_down_is_detected_once_it_is_back_and_recov
     assert crash.status == "recovered"
 
 
+@pytest.mark.parametrize("kind", ["service-kill", "service-partition"])
 def test_the_manager_down_for_the_whole_run_leaves_the_crash_undetected_and_fails(
-    chaos: Chaos, tmp_path: Path
+    chaos: Chaos, tmp_path: Path, kind: str
 ) -> None:
-    result = chaos.run(_load(tmp_path, _scenario("ctl-lost", "", "10s", "1m")))
+    """Killed, or cut off the network while it runs on: either way it sees no crash."""
+    result = chaos.run(_load(tmp_path, _scenario("ctl-lost", "", "10s", "1m", kind)))
     assert not result.ok, "\n".join(summary_lines(result))
     check = {c.name: c for c in result.verdict.checks if not c.ok}["recovered_within"]
     crashed = result.recoveries[1].injection.target
-    why = rf"{CONTROLLER_DOWN} \(ctl service-kill from [0-9.]+s to the end\)"
+    why = rf"{CONTROLLER_DOWN} \(ctl {kind} from [0-9.]+s to the end\)"
     assert re.search(rf"crash \(crash {crashed}\): {why}", check.detail), check.detail
-    assert "ctl (service-kill manager): never back: down to the end" in check.detail
+    assert f"ctl ({kind} manager): never back: down to the end" in check.detail
     assert not any(r.detected for r in result.recoveries)
     # the run brought the manager back before reading the job's records: they were read
     assert [t.name for t in result.observations.training] == ["ctl-lost"]
