@@ -128,6 +128,10 @@ class UbCalibration:
     scaled to; the other rows price a transaction by its op and by its target's memory
     (costmodel.ub_point)."""
 
+    # The die's raw UB bandwidth these rows were measured on (7 ports x 28 GB/s): a row over it
+    # is the protocol's efficiency (costmodel.ub_efficiency), which a what-if on the ports
+    # (npu.ub_port_bytes_per_s, npu.ub_ports_per_die) keeps, so the achieved rates follow them
+    measured_on_bytes_per_s_per_die: float = fig(196 * GB, "pub")
     small_read_bytes: int = fig(512, "pub")  # the size of every small-transfer point below
     small_read_s: float = fig(1.2e-6, "pub")
     achieved_bytes_per_s_per_die: float = fig(167 * GB, "pub")  # NPU -> NPU read
