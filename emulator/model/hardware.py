@@ -413,9 +413,7 @@ class ServingCalibration:
     # check the structure of the step model. The abstract's: 538 tokens/s per NPU under a 15 ms
     # TPOT (8 per NPU, TPOT 14.9 ms); the 30 ms row, 974 at TPOT 24.6 ms (24 per NPU), as public
     # notes reproducing the paper's table give it (read there, not in the paper itself).
-    decode_small_batch_rows: tuple[tuple[int, float], ...] = fig(
-        ((24, 974.0), (8, 538.0)), "pub"
-    )
+    decode_small_batch_rows: tuple[tuple[int, float], ...] = fig(((24, 974.0), (8, 538.0)), "pub")
     # The paper's prefill throughput (its Table 2) with a perfectly balanced expert load ("perfect
     # EPLB", a projection), beside the default's 5,655: abstract and Table 2, 4.45 tokens/s per
     # TFLOPS of a 910C's 1,504 INT8 TOPS. Predicted by the placement model, never fitted.

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile, figures
+from emulator.model.hardware import DEFAULT_PROFILE, figures
 from emulator.model.serving import calibrate
 from emulator.model.serving.engine import Request
 from emulator.model.serving.models import get_model
@@ -55,23 +55,18 @@ def test_fitted_parameters_are_listed_with_their_source() -> None:
     assert sources["serving.decode_tpot_s"] == "pub"
 
 
-def _with_serving(**values: float) -> HardwareProfile:
-    return dataclasses.replace(
-        DEFAULT_PROFILE, serving=dataclasses.replace(DEFAULT_PROFILE.serving, **values)
-    )
-
-
 def test_a_balanced_expert_load_makes_prefill_faster_as_the_paper_reports() -> None:
     point = calibrate.eplb_point(DEFAULT_PROFILE, calibrate.fabric_moe())
     assert point.published == pytest.approx(6688 / 5655 - 1)
-    assert not point.fitted
+    assert point.published is not None and not point.fitted
     # predicted, in the published direction, by a non-trivial amount
     assert 0.03 < point.model < point.published
 
 
 def test_without_a_skewed_expert_load_balancing_gains_nothing() -> None:
     # the twin: the gain comes from the placement's imbalance, nothing else
-    uniform = _with_serving(expert_load_zipf=0.0)
+    serving = dataclasses.replace(DEFAULT_PROFILE.serving, expert_load_zipf=0.0)
+    uniform = dataclasses.replace(DEFAULT_PROFILE, serving=serving)
     gain = calibrate.eplb_gain(uniform, calibrate.fabric_moe(uniform))
     assert gain == pytest.approx(0.0, abs=0.005)
 
