@@ -391,9 +391,10 @@ def small_batch_points(profile: HardwareProfile, moe: Moe) -> list[Point]:
     structure closes it: at EP320 (one expert slot per die) every term of a layer (rooflines,
     launches, collectives) is convex in its tokens, so a layer fitted through the published
     874 us at 48 tokens per die and 1,260 us at 96 takes at least their line's 488 + 8.0 us per
-    token at 8 tokens (552 us; 62 layers, about 20 ms of TPOT), where the row needs under 410 us. Making the MoE collectives' fitted
-    software overhead scale with the tokens (half of it, or all) and refitting moves it into the
-    kernel launches and leaves the row at +36% / +32% (README)."""
+    token at 8 tokens (552 us; 62 layers, about 20 ms of TPOT), where the row needs under 410 us.
+    Making the MoE collectives' fitted software overhead scale with the tokens (half of it, or
+    all) and refitting moves it into the kernel launches and leaves the row at +36% / +32%
+    (README)."""
     out = []
     for per_npu, tokens_per_s in profile.serving.decode_small_batch_rows:
         per_die = per_npu // profile.npu.dies
