@@ -22,7 +22,7 @@
     python bench/serving.py --seconds 5   # short runs (the Mooncake trace runs whole)
     python bench/serving.py --quick        # every section at its smallest (a smoke test)
 
-Writes bench/results/serving.json and serving.png.
+Writes bench/results/serving.json and serving.png (its second row: issue 23's figures).
 """
 
 from __future__ import annotations
@@ -208,7 +208,8 @@ def plot(figures: dict[str, Any], directory: Path) -> None:
         f"{figures['speed']['decode_4096_256']['emulated_s_per_cpu_s']:.0f} emulated s per CPU s "
         "(EP320 + 6x EP32, 4096/256)"
     )
-    with outputs.figure(directory, "serving", ncols=3, size=(15, 4.5), title=title) as axes:
+    with outputs.figure(directory, "serving", nrows=2, ncols=3, size=(15, 9), title=title) as axes:
+        serving_issue23.plot(axes[3:], figures["issue23"])
         _decode(axes[0], figures["decode"])
         _prefix(axes[1], figures["prefix"])
         plats = figures["platforms"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -24,6 +24,14 @@ from emulator.model.serving.hbm import die_memory
 from emulator.model.serving.models import get_model
 from emulator.model.serving.operating import operating_point
 from emulator.model.serving.workload import generate, parse_workload, read_mooncake
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+try:
+    from bench import outputs
+except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
+    import outputs  # type: ignore[import-not-found, no-redef]
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = DEFAULT_PROFILE.serving.block_tokens
@@ -184,6 +192,43 @@ def show(figures: dict[str, Any]) -> None:
                 f"{r['ttft_p90_s'] * 1e3:.0f} ms, busiest prefill instance "
                 f"{r['busiest_prefill_share']:.0%} of requests"
             )
+
+
+def plot(axes: list[Axes], figures: dict[str, Any]) -> None:
+    """Three panels: the HBM-bound batch per length, the SLO operating points on both
+    platforms, TTFT over the turns of a conversation with and without EMS."""
+    hbm = figures["hbm_bound"]
+    outputs.bars(
+        axes[0],
+        [f"{r['prompt']}/{r['output']}" for r in hbm],
+        {"largest batch HBM holds": [r["hbm_batch_per_die"] for r in hbm]},
+        ylabel="decode requests per die (EP320)",
+        title="what HBM holds (weights, KV, activations)",
+        value_format="%.0f",
+    )
+    slo = figures["slo"]
+    targets = [r["target_s"] for r in next(iter(slo.values()))]
+    outputs.bars(
+        axes[1],
+        [f"TPOT {t * 1e3:.0f} ms" for t in targets],
+        {
+            platform: [r.get("tokens_per_s_per_npu", 0.0) for r in rows]
+            for platform, rows in slo.items()
+        },
+        ylabel="decode tokens/s per NPU (0: not met)",
+        title="SLO-driven operating points, 4096/256",
+        value_format="%.0f",
+    )
+    mt = figures["multi_turn"]
+    for key, style, label in (("ems", "-o", "EMS on"), ("no_ems", "--s", "EMS off")):
+        ttft = mt[key]["ttft_p50_s_by_turn"]
+        axes[2].plot(range(1, len(ttft) + 1), [t * 1e3 for t in ttft], style, label=label)
+    axes[2].set(
+        xlabel="turn of the conversation",
+        ylabel="TTFT p50 (ms)",
+        title=f"multi-turn ({mt['conversations']} conversations)",
+    )
+    axes[2].legend(fontsize=8)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ from emulator.model.training.scaleout import (
     with_oversubscription,
 )
 
+# the multi-turn trace the repository ships (workloads/README.md): calibrate's default
+MOONCAKE = Path(__file__).resolve().parents[2] / "workloads" / "mooncake-synthetic.jsonl"
+
 
 def simulate_args(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="simulate_command", required=True, metavar="WHAT")
@@ -77,6 +80,13 @@ def simulate_args(parser: argparse.ArgumentParser) -> None:
     cal = sub.add_parser(
         "calibrate",
         help="the serving cost model against the published serving points, with its error",
+    )
+    cal.add_argument(
+        "--trace",
+        metavar="FILE",
+        default=str(MOONCAKE),
+        help="a multi-turn trace (Mooncake format) for the multi-turn TTFT gain; default: the "
+        "repository's workloads/mooncake-synthetic.jsonl; 'none' leaves the point out",
     )
     cal.add_argument("--json", action="store_true", help="one JSON array")
     training_args(sub)
@@ -332,20 +342,28 @@ def _print_point(p: OperatingPoint) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    trace = None
+    if args.trace != "none":
+        block = DEFAULT_PROFILE.serving.block_tokens
+        lines = _read(args.trace).splitlines()
+        try:
+            trace = read_mooncake(lines, block_tokens=block)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"{args.trace}: {exc}") from None
     rows = [
         {
             "point": p.name,
-            "published": f"{p.published:.4g}",
+            "published": "none" if p.published is None else f"{p.published:.4g}",
             "model": f"{p.model:.4g}",
             "unit": p.unit or "-",
-            "error": f"{p.error:+.1%}",
-            "tolerance": f"{p.tolerance:.0%}",
+            "error": "-" if p.error is None else f"{p.error:+.1%}",
+            "tolerance": "-" if p.tolerance is None else f"{p.tolerance:.0%}",
             "fitted": "fit" if p.fitted else "predicted",
         }
-        for p in calibrate.points()
+        for p in calibrate.points(conversations=trace)
     ]
     columns: list[Column] = [
-        ("point", "POINT", "<26"),
+        ("point", "POINT", "<42"),
         ("published", "PUBLISHED", ">10"),
         ("model", "MODEL", ">10"),
         ("unit", "UNIT", "<8"),

@@ -142,18 +142,23 @@ def endpoint_latency_s(
 
 
 def ub_efficiency(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
-    """Share of raw port bandwidth the reference transfer achieves (167 of 196 GB/s per die)."""
-    npu = profile.npu
-    return profile.ub.achieved_bytes_per_s_per_die / (
-        npu.ub_ports_per_die * npu.ub_port_bytes_per_s
-    )
+    """Share of raw port bandwidth the reference transfer achieves (167 of the 196 GB/s per die
+    it was measured on): the protocol's, so it stays when a what-if changes the ports and the
+    links' capacities (port rate x this) follow the ports. Taken against the profile's own ports
+    it would cancel them: a quarter of the port rate would give four times the efficiency."""
+    return profile.ub.achieved_bytes_per_s_per_die / profile.ub.measured_on_bytes_per_s_per_die
+
+
+def die_port_bytes_per_s(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
+    """A die's raw UB bandwidth one way: its ports times their rate (196 GB/s)."""
+    return profile.npu.ub_ports_per_die * profile.npu.ub_port_bytes_per_s
 
 
 def endpoint_bytes_per_s(kind: DeviceKind, profile: HardwareProfile = DEFAULT_PROFILE) -> float:
     """Reference UB bandwidth at one end of a transfer: an NPU die, a CPU socket, or a memory
     pool (striped over the node's CPUs)."""
     achieved = {
-        DeviceKind.NPU: profile.ub.achieved_bytes_per_s_per_die,
+        DeviceKind.NPU: ub_efficiency(profile) * die_port_bytes_per_s(profile),
         DeviceKind.CPU: profile.cpu.ub_bytes_per_s * ub_efficiency(profile),
         DeviceKind.MEMPOOL: profile.node.cpus * profile.cpu.ub_bytes_per_s * ub_efficiency(profile),
     }

@@ -213,3 +213,39 @@ def test_a_bad_or_unreachable_slo_is_a_message(target: str, code: int, message: 
     assert done.returncode == code
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_calibrate_reports_the_eplb_and_multi_turn_points(tmp_path: Path) -> None:
+    rows = {r["point"]: r for r in json.loads(run_cmemu("simulate", "calibrate", "--json").stdout)}
+    assert rows["prefill perfect-EPLB gain"]["published"] == "0.1827"
+    multi = rows["multi-turn TTFT gain (no published figure)"]
+    assert multi["published"] == "none" and multi["error"] == "-"
+    assert float(multi["model"]) > 1
+    # without a trace the point is left out, the others stay
+    done = run_cmemu("simulate", "calibrate", "--trace", "none", "--json")
+    left = {r["point"] for r in json.loads(done.stdout)}
+    assert "prefill perfect-EPLB gain" in left
+    assert not any(name.startswith("multi-turn") for name in left)
+
+
+@pytest.mark.parametrize(
+    ("trace", "code", "message"),
+    [
+        ("missing.jsonl", 2, "cannot read missing.jsonl"),
+        ("BAD_TRACE", 1, "line 2"),
+        ("NO_TURNS", 1, "not a multi-turn trace"),
+    ],
+)
+def test_calibrate_refuses_a_bad_trace(tmp_path: Path, trace: str, code: int, message: str) -> None:
+    texts = {
+        "BAD_TRACE": '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"oops": 1}\n',
+        "NO_TURNS": '{"timestamp": 0, "input_length": 1024, "output_length": 1, '
+        '"hash_ids": [1, 2]}\n',
+    }
+    if trace in texts:
+        (tmp_path / "t.jsonl").write_text(texts[trace])
+        trace = str(tmp_path / "t.jsonl")
+    done = run_cmemu("simulate", "calibrate", "--trace", trace)
+    assert done.returncode == code, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr

@@ -98,6 +98,7 @@ def test_less_hbm_capacity_gives_a_smaller_largest_batch() -> None:
     [
         f"switch.port_bytes_per_s={DEFAULT_PROFILE.switch.port_bytes_per_s / 4}",
         f"ub.achieved_bytes_per_s_per_die={DEFAULT_PROFILE.ub.achieved_bytes_per_s_per_die / 4}",
+        f"npu.ub_port_bytes_per_s={DEFAULT_PROFILE.npu.ub_port_bytes_per_s / 4}",
     ],
 )
 def test_slower_ports_make_ep_dispatch_slower(figure: str) -> None:
@@ -144,3 +145,19 @@ def test_more_compute_peak_makes_the_published_batch_faster() -> None:
     assert _change(base.tpot_s(PUBLISHED_BATCH), fast.tpot_s(PUBLISHED_BATCH)) < -0.15
     # the twin: one request per die is memory- and launch-bound, so twice the peak barely moves it
     assert abs(_change(base.tpot_s(SMALL_BATCH), fast.tpot_s(SMALL_BATCH))) < 0.02
+
+
+def test_the_die_ports_reach_the_collectives_and_the_calibration_stays() -> None:
+    # the ports are what a user changes for "UB bandwidth": a quarter of their rate slows EP
+    # dispatch, as the calibrated achieved rate does (the protocol's efficiency, 167 of 196
+    # GB/s, stays; taken against the what-if's own ports it used to cancel them: no effect)
+    port = DEFAULT_PROFILE.npu.ub_port_bytes_per_s
+    base, slow = _curve(), _curve(f"npu.ub_port_bytes_per_s={port / 4}")
+    assert _change(base.moe_s(PUBLISHED_BATCH)[1], slow.moe_s(PUBLISHED_BATCH)[1]) > 0.8
+    assert _change(base.tpot_s(PUBLISHED_BATCH), slow.tpot_s(PUBLISHED_BATCH)) > 0.01
+    # the twin: the published ports are the ones the UB rows were measured on, so at the
+    # default nothing moves (the calibration tests hold the rest)
+    npu, ub = DEFAULT_PROFILE.npu, DEFAULT_PROFILE.ub
+    assert ub.measured_on_bytes_per_s_per_die == npu.ub_ports_per_die * npu.ub_port_bytes_per_s
+    same = _curve(f"npu.ub_port_bytes_per_s={port}")
+    assert same.moe_s(PUBLISHED_BATCH) == base.moe_s(PUBLISHED_BATCH)

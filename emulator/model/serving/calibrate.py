@@ -3,9 +3,11 @@ published figure, the model's figure and the relative error; `fit` finds the fou
 figures of HardwareProfile.serving (the kernel launch, the share of it holding the cores, the
 decode and prefill kernels' efficiencies) from the points they are fitted to. Everything else is
 a prediction of the first-principles structure (cost.py, kernels.py): the decode TPOT and
-throughput (within 5%), the prefill microbatch gain, the paper's small-batch decode rows. The
-profile holds fit's result; a test checks that refitting changes nothing and that every error is
-within its tolerance.
+throughput (within 5%), the prefill microbatch gain, the paper's small-batch decode rows, the
+prefill gain of a perfectly balanced expert load (the paper's "perfect EPLB") and, given a
+multi-turn trace, the TTFT gain EMS gives later turns (multiturn.py: no published figure, so the
+point has none). The profile holds fit's result; a test checks that refitting changes nothing and
+that every error is within its tolerance.
 
 The published deployment: decode EP320 on 160 NPUs, 96 requests per NPU (48 per die), KV 4096,
 MTP, two microbatches; prefill EP32 on 16 NPUs, 16,384-token batches of 4,096-token prompts.
@@ -15,15 +17,17 @@ Communication comes from the fabric's own collective on the cm384 link graph.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile, ServingCalibration
 from emulator.model.serving import cost
 from emulator.model.serving.comm import comm_model, topology_for
 from emulator.model.serving.deployment import instance_dies
+from emulator.model.serving.engine import Request
 from emulator.model.serving.experts import imbalance
 from emulator.model.serving.models import ModelShape, get_model
+from emulator.model.serving.multiturn import turn_gain
 from emulator.model.topology import DeviceKind, Topology
 
 MODEL = "deepseek-r1"
@@ -31,24 +35,30 @@ PLACEMENT = "static"
 
 
 GIVEN = 0.05  # a given point the structure predicts (not fitted): within 5%
+STRUCTURE = 1.0  # a published figure that checks the structure, not a fit: within a factor of 2
 
 
 @dataclass(frozen=True, kw_only=True)
 class Point:
     name: str
     unit: str
-    published: float
+    published: float | None  # None: no published figure (a prediction only, reported as such)
     model: float
-    tolerance: float  # relative
+    tolerance: float | None  # relative; None with no published figure
     fitted: bool  # the point a parameter is fitted to (its error is ~0 by construction)
 
     @property
-    def error(self) -> float:
+    def error(self) -> float | None:
+        if self.published is None:
+            return None
         return (self.model - self.published) / self.published
 
     @property
     def ok(self) -> bool:
-        return abs(self.error) <= self.tolerance
+        """Within its tolerance; a point with nothing to compare with checks nothing here (its
+        direction and size are tested: tests/model/serving/test_calibration.py)."""
+        error = self.error
+        return error is None or self.tolerance is None or abs(error) <= self.tolerance
 
 
 def _dies(topology: Topology, npus: int, profile: HardwareProfile) -> tuple[str, ...]:
@@ -272,8 +282,13 @@ def _decode_round(p: HardwareProfile, moe: Moe) -> HardwareProfile:
     return _with(p, launch_core_share=_bisect(gain_error, 0.0, 1.0, steps=40))
 
 
-def points(profile: HardwareProfile = DEFAULT_PROFILE, moe: Moe | None = None) -> list[Point]:
-    """Every serving point: published, model, error, tolerance."""
+def points(
+    profile: HardwareProfile = DEFAULT_PROFILE,
+    moe: Moe | None = None,
+    conversations: Sequence[Request] | None = None,
+) -> list[Point]:
+    """Every serving point: published, model, error, tolerance; with `conversations` (a
+    multi-turn trace, e.g. the Mooncake trace), the multi-turn TTFT gain too."""
     moe = moe or fabric_moe(profile)
     s = profile.serving
     m = profile.moe
@@ -357,26 +372,80 @@ def points(profile: HardwareProfile = DEFAULT_PROFILE, moe: Moe | None = None) -
             fitted=False,
         ),
         *small_batch_points(profile, moe),
+        eplb_point(profile, moe),
+        *([multi_turn_point(profile, moe, conversations)] if conversations else []),
         *moe_fits,
     ]
 
 
 def small_batch_points(profile: HardwareProfile, moe: Moe) -> list[Point]:
     """The paper's decode rows at tighter TPOT targets (`serving.decode_small_batch_rows`), run
-    as the published instance runs (EP320, MTP, two microbatches, KV 4096) at their batches:
-    predictions that test the structure (what is fixed per step, what grows with the batch),
-    never fitted. Their tolerance is a factor of two: a structure check, not a fit."""
+    as the published instance runs (EP320, MTP, KV 4096) at their batches, with one microbatch
+    or two, whichever is faster: the rows are operating points under an SLO, and at a few
+    tokens per microbatch a second one only re-reads the weights and launches every kernel again
+    (the simulator's own search, bench/serving.py, picks the same). Predictions that test the
+    structure (what is fixed per step, what grows with the batch), never fitted. Their tolerance
+    is a factor of two: a structure check, not a fit.
+
+    The 8/NPU row stays about a third above the published 14.9 ms, and no refit of this
+    structure closes it: at EP320 (one expert slot per die) every term of a layer (rooflines,
+    launches, collectives) is convex in its tokens, so a layer fitted through the published
+    874 us at 48 tokens per die and 1,260 us at 96 takes at least their line's 488 + 8.0 us per
+    token at 8 tokens (552 us; 62 layers, about 20 ms of TPOT), where the row needs under 410 us.
+    Making the MoE collectives' fitted software overhead scale with the tokens (half of it, or
+    all) and refitting moves it into the kernel launches and leaves the row at +36% / +32%
+    (README)."""
     out = []
     for per_npu, tokens_per_s in profile.serving.decode_small_batch_rows:
-        tpot = tpot_s(decode_step(profile, moe, per_die=per_npu // profile.npu.dies), profile)
+        per_die = per_npu // profile.npu.dies
+        tpot = min(
+            tpot_s(decode_step(profile, moe, per_die=per_die, microbatches=m), profile)
+            for m in (1, 2)
+        )
         out.append(
             Point(
                 name=f"decode TPOT at {per_npu}/NPU",
                 unit="s",
                 published=per_npu / tokens_per_s,
                 model=tpot,
-                tolerance=1.0,
+                tolerance=STRUCTURE,
                 fitted=False,
             )
         )
     return out
+
+
+def eplb_gain(profile: HardwareProfile, moe: Moe) -> float:
+    """Prefill throughput with a perfectly balanced expert load over the default placement's."""
+    ideal = prefill_tokens_per_s_per_npu(profile, moe, placement="ideal")
+    return ideal / prefill_tokens_per_s_per_npu(profile, moe) - 1
+
+
+def eplb_point(profile: HardwareProfile, moe: Moe) -> Point:
+    """The paper's perfect-EPLB prefill row against its default (6,688 vs 5,655 tokens/s per
+    NPU): what the placement model's imbalance (experts.py, an assumed Zipf skew over the
+    default static placement) costs the published prefill instance. Predicted, never fitted; a
+    factor of two, like the other structure checks."""
+    s = profile.serving
+    return Point(
+        name="prefill perfect-EPLB gain",
+        unit="",
+        published=s.prefill_tokens_per_s_per_npu_perfect_eplb / s.prefill_tokens_per_s_per_npu - 1,
+        model=eplb_gain(profile, moe),
+        tolerance=STRUCTURE,
+        fitted=False,
+    )
+
+
+def multi_turn_point(profile: HardwareProfile, moe: Moe, conversations: Sequence[Request]) -> Point:
+    """How many times shorter the later turns' median TTFT is with EMS (multiturn.py): the paper
+    publishes no multi-turn figure, so the point has none (its name says so)."""
+    gain = turn_gain(conversations, get_model(MODEL), moe, profile)
+    return Point(
+        name="multi-turn TTFT gain (no published figure)",
+        unit="x",
+        published=None,
+        model=gain.gain,
+        tolerance=None,
+        fitted=False,
+    )

@@ -19,6 +19,7 @@ from emulator.model.collectives import run_collective
 from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.costmodel import (
     NS,
+    endpoint_bytes_per_s,
     moe_bytes_per_token,
     moe_overhead_s,
     ub_base_latency_s,
@@ -81,7 +82,7 @@ class CommModel:
         out: list[float] = []
         for op in ("dispatch", "combine"):
             sent = tokens * p.moe.top_k * moe_bytes_per_token(op, p)
-            ub = sent * ub_share / p.ub.achieved_bytes_per_s_per_die
+            ub = sent * ub_share / endpoint_bytes_per_s(DeviceKind.NPU, p)
             net = sent * remote_share / rdma
             latency = ub_base_latency_s(p) + (p.scaleout.latency_s(switches=3) if net else 0.0)
             out.append(latency + max(ub, net) + moe_overhead_s(op, p, ranks=n))
@@ -133,7 +134,8 @@ _COMMS: dict[tuple[int, str, int], tuple[Topology, HardwareProfile, CommModel]] 
 
 def topology_for(preset: str, profile: HardwareProfile = DEFAULT_PROFILE) -> Topology:
     """The preset built on `profile`: its links carry the profile's port bandwidths, so a
-    what-if on `switch.port_bytes_per_s` or `npu.ub_port_bytes_per_s` reaches the collectives."""
+    what-if on `switch.port_bytes_per_s` or `npu.ub_port_bytes_per_s` reaches the collectives
+    (the ports keep the measured protocol efficiency: costmodel.ub_efficiency)."""
     if profile is DEFAULT_PROFILE:
         return _default_topology(preset)
     key = (preset, id(profile))
