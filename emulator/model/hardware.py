@@ -282,6 +282,11 @@ class EmulatorLimits:
     # an intermittent-hang's shortest hang and shortest answering gap, emulated: shorter windows
     # would toggle the device (and the fabric's rank fault) faster than any caller could see
     fault_window_min_s: float = fig(0.01, "assumed")
+    # clock-skew's bounds: a host clock an hour off is misconfigured, not skewed (NTP refuses to
+    # step that far by default: its panic threshold is 1000 s); a 10% rate error is a clock
+    # broken beyond any oscillator's tolerance (crystals: tens of ppm), kept for chaos tests
+    clock_skew_max_s: float = fig(3600.0, "assumed")
+    clock_drift_max_ppm: float = fig(100_000.0, "assumed")
     # Issue 9: a chaos tool must survive chaos. Every request is bounded in time and memory.
     operation_max_s: float = fig(3600.0, "assumed")  # emulated seconds one operation may take
     engine_backlog_max_s: float = fig(86_400.0, "assumed")  # emulated work queued on one die
