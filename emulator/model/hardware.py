@@ -344,6 +344,10 @@ class ClockProfile:
     # wall: a follower whose stream from the authority (which speaks every lease_s / 4) is silent
     # this long drops it and connects anew (a partition can leave a stream open and dead)
     follower_silence_s: float = fig(10.0, "assumed")
+    # wall: the oldest issue stamp the fabric times a transfer from (at the rate of the moment):
+    # a request's transit is not its transfer's, but a stamp older than any transit is its
+    # sender's wrong clock (clock-skew behind), and would get the transfer done in the past
+    stamp_max_age_s: float = fig(1.0, "assumed")
 
 
 @dataclass(frozen=True, kw_only=True)

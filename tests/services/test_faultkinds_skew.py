@@ -26,6 +26,7 @@ from emulator.runtime.supernode import Supernode
 from emulator.testing import Clients, running_supernode
 from services.peers import Peers
 from tests.services.test_faultkinds import _refused, _until
+from tests.services.test_faultkinds_real import _write
 
 SKEWED, WITNESS = "n00-npu1", "n00-npu2"  # the witness's clock is right: the true time
 S = 1_000_000_000
@@ -103,6 +104,26 @@ async def test_a_duration_the_skewed_process_keeps_ends_early_by_the_step(
         await faults.clear(clients, skew.id)
         with contextlib.suppress(EmulatorError, grpc.aio.AioRpcError):
             await faults.clear(clients, hang.id)
+
+
+async def test_a_transfer_from_a_clock_behind_takes_its_time_on_the_fabric(
+    mini: Supernode, clients: Clients
+) -> None:
+    """The fabric times a transfer from its issuer's stamp (its RPC's transit is not the
+    transfer's), but a stamp older than any transit is a wrong clock: a device 30 s behind
+    must not get its transfers done in the past, for free."""
+    await _timeline(mini).sleep_until(40 * S)  # its stamps are past the epoch, 30 s behind
+    fault = await faults.inject(clients, "clock-skew", SKEWED, {"offset_s": -30})
+    try:
+        before = await _stamp(clients, WITNESS)
+        done = await _write(clients, SKEWED, "n01-npu0", 1 << 30)
+        after = await _stamp(clients, WITNESS)
+        took_ns = done.complete_ns - done.issue_ns
+        assert took_ns > 0
+        assert before <= done.issue_ns and done.complete_ns <= after  # the fabric's own time
+        assert after - before >= took_ns  # and that much true time passed for it
+    finally:
+        await faults.clear(clients, fault.id)
 
 
 async def test_bad_skews_and_targets_are_refused(clients: Clients) -> None:
