@@ -176,6 +176,8 @@ class Skew:
     def true_of(self, skewed_ns: int) -> int:
         """The first true instant at which the skewed clock reads `skewed_ns` or later."""
         true = self.since_ns + math.ceil((skewed_ns - self.offset_ns - self.since_ns) / self.factor)
-        while self.read(true) < skewed_ns:  # float rounding: at most a step or two
+        while self.read(true) < skewed_ns:  # float rounding: a step or two either way
             true += 1
+        while self.read(true - 1) >= skewed_ns:
+            true -= 1
         return true
