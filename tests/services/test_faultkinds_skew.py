@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
 
-from cmemu.v1 import device_pb2
+from cmemu.v1 import device_pb2, manager_pb2
 from emulator.client import faults
 from emulator.engines.clock import Timeline
 from emulator.engines.device.liveness import Liveness
@@ -22,7 +23,7 @@ from emulator.engines.skewclock import LocalClock
 from emulator.model.errors import EmulatorError, InvalidArgumentError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.manager.detector import FAILED, SUSPECT, Detector, Incident
-from emulator.runtime.supernode import Supernode
+from emulator.runtime.supernode import LaunchOptions, Supernode
 from emulator.testing import Clients, running_supernode
 from services.peers import Peers
 from tests.services.test_faultkinds import _refused, _until
@@ -261,3 +262,64 @@ async def test_the_manager_keeps_the_devices_of_a_skewed_process_and_sees_its_st
         await faults.clear(clients, behind.id)
         assert incidents == []
         assert FAILED not in {watch.detector.devices[d] for d in stream.covers}
+
+
+# --- procs mode: a node's process, one host clock ----------------------------------------------
+
+
+async def _incidents(clients: Clients) -> list[str]:
+    listed = await clients.manager().ListIncidents(manager_pb2.ListIncidentsRequest(), timeout=30)
+    return [i.device for i in listed.incidents]
+
+
+@pytest.mark.slow
+async def test_a_node_process_skewed_in_procs_mode(tmp_path: Path) -> None:
+    """A node's process skewed 30 s ahead: every device of it stamps 30 s ahead (one host clock),
+    another node's do not; a second skew of the same process is refused; the manager, its own
+    process, fails none of them (one hung when the clock jumps included), and time goes on."""
+    options = LaunchOptions(
+        preset="cm-mini",
+        mode="procs",
+        per="node",
+        time_scale=5.0,
+        first_octet=52,
+        run_dir=tmp_path / "run",
+    )
+    async with Supernode.start(options) as sn:
+        clients = Clients(sn.topology)
+        try:
+            witness = "n00-npu0"
+            node = [d.id for d in sn.topology.devices if d.node == "n01"]
+            hang = await faults.inject(clients, "hang", "n01-npu1")
+            start = await _stamp(clients, witness)
+            await _until_true(clients, witness, start + 2 * S)
+            skew = await faults.inject(clients, "clock-skew", "n01-npu0", {"offset_s": 30})
+            jumped = await _stamp(clients, witness)
+            await _until_true(clients, witness, jumped + S)  # its beat, stamped ahead, judged
+            await faults.clear(clients, hang.id)
+            for device in [d for d in node if d != "n01-npu1"]:
+                before = await _stamp(clients, witness)
+                stamped = await _stamp(clients, device)
+                after = await _stamp(clients, witness)
+                assert before + 30 * S <= stamped <= after + 30 * S, device
+            before = await _stamp(clients, witness)
+            assert before <= await _stamp(clients, "n00-npu1") <= await _stamp(clients, witness)
+            again = await _refused(
+                faults.inject(clients, "clock-skew", "n01-npu3", {"offset_s": -5})
+            )
+            assert again.reason == "FAULT_ALREADY_ACTIVE"
+            m = DEFAULT_PROFILE.manager
+            await _until_true(
+                clients, witness, jumped + 2 * m.heartbeat_interval_s * m.misses_to_fail * S
+            )
+            assert not set(await _incidents(clients)) & set(node)
+            await faults.clear(clients, skew.id)
+        finally:
+            await clients.close()
+
+
+async def _until_true(clients: Clients, witness: str, true_ns: float) -> None:
+    async def reached() -> bool:
+        return await _stamp(clients, witness) >= true_ns
+
+    await _until(reached)
