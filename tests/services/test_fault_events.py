@@ -89,7 +89,7 @@ async def test_a_broker_outage_with_a_dead_process_goes_in_once(tmp_path: Path) 
 
 
 async def test_a_skewed_devices_events_carry_its_skewed_stamps() -> None:
-    """clock-skew: what `cmemu events` shows of a device whose clock is 30 s ahead is stamped
+    """clock-skew: what `cmemu watch` shows of a device whose clock is 30 s ahead is stamped
     30 s ahead of the true time (another device's reading, taken around it)."""
     async with (
         Broker() as broker,
