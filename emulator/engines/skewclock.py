@@ -37,13 +37,14 @@ class LocalClock(Timeline):
         super().__init__(base.clock)  # its own sleepers' heap stays empty: they sleep on base
         self.base = base
         self.skew: Skew | None = None
-        self._moved = asyncio.Event()  # set (and replaced) when the skew changes
+        self._alarms: set[asyncio.Future[None]] = set()  # its sleepers' wake-ups, on base
 
     def set_skew(self, skew: Skew | None) -> None:
         """Read wrong by `skew` from now on (None: right again); every sleeper re-plans."""
         self.skew = skew
-        moved, self._moved = self._moved, asyncio.Event()
-        moved.set()
+        for alarm in self._alarms:
+            if not alarm.done():
+                alarm.set_result(None)
 
     def true_ns(self) -> int:
         """The emulator's time, as the unskewed clock reads it."""
@@ -58,12 +59,19 @@ class LocalClock(Timeline):
 
     async def sleep_until(self, emulated_ns: int) -> None:
         while self.now_ns() < emulated_ns:
-            skew, moved = self.skew, self._moved
+            skew = self.skew
             if skew is None:
                 due = emulated_ns
             else:  # at least a nanosecond on: rounding never spins
                 due = max(skew.true_of(emulated_ns), self.base.now_ns() + 1)
-            await self.base.wait(moved, due)
+            alarm = self.base.alarm(due)  # one wake-up on the base's timer, as any sleeper's
+            self._alarms.add(alarm)
+            try:
+                await alarm
+            finally:
+                self._alarms.discard(alarm)
+                if not alarm.done():
+                    alarm.cancel()
 
     async def sleep(self, emulated_s: float) -> None:
         await self.sleep_until(self.now_ns() + round(max(0.0, emulated_s) * 1e9))
