@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cmemu.v1 import device_pb2, manager_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, manager_pb2
 from emulator.client import faults
 from emulator.engines.clock import Timeline
 from emulator.engines.device.liveness import Liveness
@@ -313,6 +313,10 @@ async def test_a_node_process_skewed_in_procs_mode(tmp_path: Path) -> None:
                 clients, witness, jumped + 2 * m.heartbeat_interval_s * m.misses_to_fail * S
             )
             assert not set(await _incidents(clients)) & set(node)
+            # the authority (the fabric's process) takes rates, never a reading: the skewed
+            # process still reports and follows, and time went on for the whole supernode
+            clock = await clients.fabric().GetClock(fabric_pb2.GetClockRequest(), timeout=30)
+            assert not clock.silent and clock.rate > 0
             await faults.clear(clients, skew.id)
         finally:
             await clients.close()
