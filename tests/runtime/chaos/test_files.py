@@ -12,7 +12,7 @@ import yaml
 from emulator.client.faults import KINDS
 from emulator.model.chaos.scenario import parse_scenario
 from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.faults.catalogue import CrashParams
+from emulator.model.faults.catalogue import ClockSkewParams, CrashParams
 from emulator.runtime.chaos import files
 
 LIBRARY = files.library()
@@ -127,7 +127,7 @@ def test_the_faults_real_supernodes_have_are_scenario_steps(tmp_path: Path) -> N
         "CrashParams", "SdcParams", "NoParams", "NoParams", "NoParams", "NoParams",
         "ClockSkewParams",
     ]  # fmt: skip
-    assert steps[10].typed_params.offset_s == -30.0
+    assert steps[10].typed_params == ClockSkewParams(offset_s=-30.0)
     assert steps[9].target.what == "node"
     assert steps[4].target.what == "rack" and steps[4].typed_params == CrashParams(wipe=False)
     (tmp_path / "bad.yaml").write_text(
