@@ -213,7 +213,8 @@ def fault_args(
     add_p.add_argument(
         "target",
         nargs="?",
-        help="a device id, a node (node-power-off), a rack (rack-power-off), a link 'a~b' "
+        help="a device id (clock-skew: the clock of its process), a node (node-power-off), "
+        "a rack (rack-power-off), a link 'a~b' "
         "(cmemu links), a switch id, a process (process-*); none for a partition or a broker "
         "outage",
     )

@@ -26,6 +26,7 @@ from emulator.client.clients import Clients
 from emulator.client.faultkinds import (
     broker_outage,
     checkpoint_corrupt,
+    clock_skew,
     container,
     crash,
     device_down,
@@ -116,6 +117,7 @@ KINDS: dict[str, Kind] = {
         service.PARTITION,
         ssd_loss.KIND,
         checkpoint_corrupt.KIND,
+        clock_skew.KIND,
     )
 }
 

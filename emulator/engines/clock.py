@@ -68,15 +68,21 @@ class Timeline:
         """Return once emulated time reaches `emulated_ns` (at once if it has)."""
         if self.clock.now_ns() >= emulated_ns:
             return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._heap, (emulated_ns, next(self._seq), future))
-        if self._heap[0][2] is future:
-            self._arm()
+        future = self.alarm(emulated_ns)
         try:
             await future
         finally:
             if not future.done():
                 future.cancel()  # dropped lazily by _fire
+
+    def alarm(self, emulated_ns: int) -> asyncio.Future[None]:
+        """A future set once emulated time reaches `emulated_ns`: a sleeper that its owner may
+        also wake early by setting it (engines/skewclock.py re-plans its sleepers so)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._heap, (emulated_ns, next(self._seq), future))
+        if self._heap[0][2] is future:
+            self._arm()
+        return future
 
     async def sleep(self, emulated_s: float) -> None:
         await self.sleep_until(self.clock.now_ns() + round(max(0.0, emulated_s) * 1e9))

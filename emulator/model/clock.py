@@ -148,3 +148,36 @@ class Clock:
         self.horizon_wall_s = horizon_wall_s
         self.floor_ns = max(self.floor_ns, before)
         self.version += 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Skew:
+    """A process's clock reading wrong (the clock-skew fault): from the instant `since_ns` of
+    true emulated time it reads `offset_ns` off (a step: positive ahead, negative behind) and
+    runs `drift_ppm` parts per million fast (positive) or slow (negative) from there on.
+
+    Readings and instants convert both ways: what a process with this clock reads at a true
+    instant (`read`), and the true instant at which it reads a given value (`true_of`), which is
+    when a sleeper of that process wakes."""
+
+    offset_ns: int
+    drift_ppm: float
+    since_ns: int
+
+    @property
+    def factor(self) -> float:
+        """Skewed seconds per true second (> 0: the drift bound keeps it so)."""
+        return 1.0 + self.drift_ppm / 1e6
+
+    def read(self, true_ns: int) -> int:
+        """What the skewed clock reads at the true instant `true_ns`."""
+        return true_ns + self.offset_ns + round((true_ns - self.since_ns) * self.drift_ppm / 1e6)
+
+    def true_of(self, skewed_ns: int) -> int:
+        """The first true instant at which the skewed clock reads `skewed_ns` or later."""
+        true = self.since_ns + math.ceil((skewed_ns - self.offset_ns - self.since_ns) / self.factor)
+        while self.read(true) < skewed_ns:  # float rounding: a step or two either way
+            true += 1
+        while self.read(true - 1) >= skewed_ns:
+            true -= 1
+        return true

@@ -291,6 +291,11 @@ class EmulatorLimits:
     # an intermittent-hang's shortest hang and shortest answering gap, emulated: shorter windows
     # would toggle the device (and the fabric's rank fault) faster than any caller could see
     fault_window_min_s: float = fig(0.01, "assumed")
+    # clock-skew's bounds: a host clock an hour off is misconfigured, not skewed (NTP refuses to
+    # step that far by default: its panic threshold is 1000 s); a 10% rate error is a clock
+    # broken beyond any oscillator's tolerance (crystals: tens of ppm), kept for chaos tests
+    clock_skew_max_s: float = fig(3600.0, "assumed")
+    clock_drift_max_ppm: float = fig(100_000.0, "assumed")
     # Issue 9: a chaos tool must survive chaos. Every request is bounded in time and memory.
     operation_max_s: float = fig(3600.0, "assumed")  # emulated seconds one operation may take
     engine_backlog_max_s: float = fig(86_400.0, "assumed")  # emulated work queued on one die
@@ -348,6 +353,10 @@ class ClockProfile:
     # wall: a follower whose stream from the authority (which speaks every lease_s / 4) is silent
     # this long drops it and connects anew (a partition can leave a stream open and dead)
     follower_silence_s: float = fig(10.0, "assumed")
+    # wall: the oldest issue stamp the fabric times a transfer from (at the rate of the moment):
+    # a request's transit is not its transfer's, but a stamp older than any transit is its
+    # sender's wrong clock (clock-skew behind), and would get the transfer done in the past
+    stamp_max_age_s: float = fig(1.0, "assumed")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,6 +27,7 @@ from emulator.engines.device import faults as device_faults
 from emulator.engines.device import make_device, process_budgets
 from emulator.engines.device.engine import DeviceEngine
 from emulator.engines.device.liveness import Liveness
+from emulator.engines.skewclock import LocalClock
 from emulator.model.clock import Clock
 from emulator.model.errors import EmulatorError, NotFoundError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
@@ -245,6 +246,11 @@ class InProcessSupernode:
     def _make_devices(self, keeper: TimeKeeper, peers: Peers) -> None:
         """The hosted devices' engines and servers; the engines reach each other directly."""
         budgets = process_budgets(self.profile)
+        # The host clock its devices stamp with (and clock-skew makes wrong): one for all of a
+        # process that follows the owner's clock (procs, compose: one host); in the process
+        # that owns time (in process: the whole emulator) one per device, since skewing the
+        # owner's own reading would move everything with it (engines/device/clockskew.py).
+        shared = LocalClock(keeper.timeline) if keeper.follower is not None else None
         for d in self.topology.devices:
             if d.id not in self.hosted:
                 continue
@@ -252,7 +258,7 @@ class InProcessSupernode:
                 d,
                 topology=self.topology,
                 profile=self.profile,
-                clock=keeper.timeline,
+                clock=shared or LocalClock(keeper.timeline),
                 peers=peers,
                 budgets=budgets,
                 events=self.events,
@@ -266,7 +272,7 @@ class InProcessSupernode:
         self._siblings.services = LocalServices(self)  # service-kill and -hang go through them
         self.liveness = Liveness(
             self.devices,
-            keeper.timeline,
+            shared or keeper.timeline,  # its beats carry its host's time
             interval_s=self.profile.manager.heartbeat_interval_s,
             process=self.process,
         )

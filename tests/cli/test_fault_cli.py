@@ -97,6 +97,7 @@ def test_every_device_kind_adds_lists_and_clears(running: Path) -> None:
             "--param",
             "hang_s=300",
         ),
+        "dev:n00-npu6:clock-skew": ("clock-skew", "n00-npu6", "--param", "offset_s=-30"),
     }
     for fault_id, args in added.items():
         result = cmemu("fault", "add", *args, *at)
@@ -170,6 +171,10 @@ def test_bad_input_gets_a_message_not_a_traceback(running: Path) -> None:
         (("l1-board", "n00-l1s0"), 1, "an L1 board is a node's"),
         (("l1-board", "n99"), 1, "no node 'n99'"),
         (("thermal-throttle", "n99"), 1, "no node 'n99'"),
+        (("clock-skew", "n00-npu0", "--param", "offset_s=4000"), 2, "within +-3600 s"),
+        (("clock-skew", "n00-npu0", "--param", "drift_ppm=-2e5"), 2, "within +-100000 ppm"),
+        (("clock-skew", "n00-npu0"), 2, "must be set (nothing would skew)"),
+        (("clock-skew", "l2-p0-s0", "--param", "offset_s=1"), 1, "l2-p0-s0"),
     ]
     for args, code, words in cases:
         result = cmemu("fault", "add", *args, *at)

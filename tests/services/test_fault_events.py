@@ -86,3 +86,34 @@ async def test_a_broker_outage_with_a_dead_process_goes_in_once(tmp_path: Path) 
         with pytest.raises(NotFoundError):  # nothing is left active
             await faults.clear(clients, outage.id)
         await clients.close()
+
+
+async def test_a_skewed_devices_events_carry_its_skewed_stamps() -> None:
+    """clock-skew: what `cmemu watch` shows of a device whose clock is 30 s ahead is stamped
+    30 s ahead of the true time (another device's reading, taken around it)."""
+    async with (
+        Broker() as broker,
+        listening(broker.url) as listener,
+        running_supernode("cm-mini", time_scale=10.0, broker=broker.url) as supernode,
+    ):
+        clients = Clients(supernode.topology)
+        witness = clients.device("n00-npu0")
+
+        async def true_ns() -> int:
+            return (await witness.GetTelemetry(device_pb2.GetTelemetryRequest())).emulated_ns
+
+        before = await true_ns()
+        skew = await faults.inject(clients, "clock-skew", "n00-npu3", {"offset_s": 30})
+        hang = await faults.inject(clients, "hang", "n00-npu3")
+        after = await true_ns()
+
+        def of(event: str) -> list[dict[str, object]]:
+            return [p for p in listener.events(event) if p["device"] == "n00-npu3"]
+
+        await listener.wait_for(lambda: any(e["fault"] == "hang" for e in of("fault")))
+        stamped = next(e for e in of("fault") if e["fault"] == "hang")["emulated_ns"]
+        assert isinstance(stamped, int)
+        assert before + 30 * 10**9 <= stamped <= after + 30 * 10**9
+        await faults.clear(clients, hang.id)
+        await faults.clear(clients, skew.id)
+        await clients.close()

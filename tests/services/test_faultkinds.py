@@ -66,7 +66,7 @@ def test_the_catalogue_has_every_kind_with_typed_params() -> None:
         "container-disconnect", "container-netem", "thermal-throttle", "intermittent-hang",
         "link-loss", "optical-module", "l1-board", "service-kill", "service-hang",
         "service-slow", "service-partition", "rack-power-off", "sdc", "ssd-loss",
-        "supernode-partition", "checkpoint-corrupt",
+        "supernode-partition", "checkpoint-corrupt", "clock-skew",
     }  # fmt: skip
     slow = faults.KINDS["slow"].params_from({"compute": "0.25"})
     assert (slow.compute, slow.link) == (0.25, 1.0)

@@ -20,6 +20,8 @@
 - broker-outage: this device's process's event publisher lets go and buffers until it clears.
 - service-down: a service of this device's process is stopped or hung (servicefaults.py).
 - ssd-loss: the SSD tier of the EMS this device's process hosts fails (servicefaults.py).
+- clock-skew: the clock of the device's process (its host) reads wrong by a step and a drift
+  (clockskew.py): its stamps are off, and what it keeps as instants ends early or late.
 
 The data path (issue 20): an NPU's crash, hang, die-down, device-down and compute slowdown are
 carried to the collectives it is a rank of, as a fabric fault of kind rank-down, rank-hung or
@@ -43,6 +45,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from emulator.engines.device.clockskew import ClockSkew
 from emulator.engines.device.faultbase import (
     ALL,
     ActiveFault,
@@ -266,6 +269,7 @@ EFFECTS: dict[str, Effect] = {
     "pool-loss": Crash(on=frozenset({DeviceKind.MEMPOOL}), wipe_always=True),
     SERVICE_DOWN: ServiceDown(),
     "ssd-loss": SsdLoss(),
+    "clock-skew": ClockSkew(),
 }
 """Every kind a device applies itself, by name."""
 

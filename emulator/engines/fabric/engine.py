@@ -197,7 +197,9 @@ class FabricEngine:
             seconds = route.latency_s + tx.size / route.cap if route.cap > 0 else float("inf")
             check_duration(seconds, "the transfer", self.profile)
         now = self.clock.now_ns()
-        issue_ns = tx.issue_ns if 0 < tx.issue_ns <= now else now  # never from the future
+        oldest = now - round(self.clock.clock.rate * self.profile.clock.stamp_max_age_s * 1e9)
+        # never from the future, nor from further back than a transit: a wrong clock's
+        issue_ns = tx.issue_ns if max(0, oldest) < tx.issue_ns <= now else now
         tx = dataclasses.replace(tx, issue_ns=issue_ns)
         # The target checks first (a bad address fails at once, nothing is timed for it) and
         # applies when the flow completes: a transfer that fails applies nothing, and a READ

@@ -5,9 +5,12 @@ judged in emulated time (the streams' beats: engines/device/liveness.py).
   `dies_down` fails, and answers again once a beat no longer lists it. A device in `ecc`
   (uncorrectable memory errors) is degraded: it answers, but what it holds is lost, so it goes
   out of service (an incident detected_by "ecc") until a beat no longer lists it.
-- A device missing from `answering` (hung) fails once `misses_to_fail` heartbeat intervals of
-  its process's own emulated time passed since it last answered: the beats say how much time
-  passed at the device, so the manager's own lag can never look like the device's silence.
+- A device missing from `answering` (hung) fails once `misses_to_fail` heartbeat intervals
+  passed since it last answered, both by its process's stamps and by the manager's own time of
+  receipt: the beats say how much time passed at the device, so the manager's own lag can never
+  look like the device's silence, and the manager's receipt bounds it, so a process whose clock
+  jumps ahead (clock-skew) cannot make a brief hang look long. A clock stepped behind delays
+  the verdict by its step at most (the beats say less time passed), never fails a device.
 - A stream that falls silent for `misses_to_fail` intervals of emulated time (a stopped process)
   fails every device it covers, once a short wall-clock grace confirms the silence (beats the
   manager had not read yet, after a stall of its own, end it); it is then opened again on a new
@@ -55,6 +58,7 @@ class _Stream:
     covers: tuple[str, ...]
     last_beat_ns: int = 0  # the manager's emulated time at the last beat
     answered_ns: dict[str, int] = field(default_factory=dict)  # the process's time, per device
+    answered_here_ns: dict[str, int] = field(default_factory=dict)  # the manager's, the same
     dies_down: set[str] = field(default_factory=set)
     ecc: set[str] = field(default_factory=set)
     beat: asyncio.Event = field(default_factory=asyncio.Event)
@@ -195,7 +199,7 @@ class LivenessWatch:
 
     def _judge(self, stream: _Stream, beat: Beat) -> None:
         self.beats += 1
-        stream.last_beat_ns = self.clock.now_ns()
+        here = stream.last_beat_ns = self.clock.now_ns()
         stream.beat.set()
         unreachable, down, answering = set(beat.unreachable), set(beat.down), set(beat.answering)
         for device in stream.covers:
@@ -205,12 +209,15 @@ class LivenessWatch:
                 self._fail(device, "health", "health: NOT_SERVING")
             elif device in answering:
                 stream.answered_ns[device] = beat.emulated_ns
+                stream.answered_here_ns[device] = here
                 self._answered(device)
-            else:  # hung: judged on the time that passed at the device
+            else:  # hung: judged on the time that passed at the device and here, the shorter
                 since = stream.answered_ns.setdefault(device, beat.emulated_ns)
+                since_here = stream.answered_here_ns.setdefault(device, here)
+                silent = min(beat.emulated_ns - since, here - since_here)
                 self.detector.suspect(device)
-                if beat.emulated_ns - since >= self.silence_ns:
-                    missed = (beat.emulated_ns - since) // self.interval_ns
+                if silent >= self.silence_ns:
+                    missed = silent // self.interval_ns
                     self._fail(device, "heartbeat", f"{missed} heartbeats missed: not answering")
         dies_down = set(beat.dies_down)
         for die in dies_down:

@@ -72,6 +72,33 @@ class IntermittentHangParams:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ClockSkewParams:
+    offset_s: float = param(
+        0.0, "emulated seconds the process's clock reads off: positive ahead, negative behind"
+    )
+    drift_ppm: float = param(
+        0.0, "its rate error from the injection on, parts per million: positive runs fast"
+    )
+
+    def check(self) -> None:
+        limits = DEFAULT_PROFILE.limits
+        if abs(self.offset_s) > limits.clock_skew_max_s:
+            raise invalid(
+                "clock-skew",
+                "offset_s",
+                f"must be within +-{limits.clock_skew_max_s:g} s, got {self.offset_s:g}",
+            )
+        if abs(self.drift_ppm) > limits.clock_drift_max_ppm:
+            raise invalid(
+                "clock-skew",
+                "drift_ppm",
+                f"must be within +-{limits.clock_drift_max_ppm:g} ppm, got {self.drift_ppm:g}",
+            )
+        if self.offset_s == 0 and self.drift_ppm == 0:
+            raise invalid("clock-skew", "offset_s", "or drift_ppm must be set (nothing would skew)")
+
+
+@dataclass(frozen=True, kw_only=True)
 class HbmEccParams:
     region: int = param(
         0, "poison this region id (see ListRegions); 0: use offset/size", AT_LEAST_ZERO
@@ -234,6 +261,7 @@ PARAMS: dict[str, type[Any]] = {
     "slow": SlowParams,
     "thermal-throttle": ThermalThrottleParams,
     "intermittent-hang": IntermittentHangParams,
+    "clock-skew": ClockSkewParams,
     "link-loss": LinkLossParams,
     "optical-module": OpticalModuleParams,
     "l1-board": NoParams,

@@ -12,7 +12,7 @@ import yaml
 from emulator.client.faults import KINDS
 from emulator.model.chaos.scenario import parse_scenario
 from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.faults.catalogue import CrashParams
+from emulator.model.faults.catalogue import ClockSkewParams, CrashParams
 from emulator.runtime.chaos import files
 
 LIBRARY = files.library()
@@ -118,12 +118,16 @@ def test_the_faults_real_supernodes_have_are_scenario_steps(tmp_path: Path) -> N
         "  - {at: 8s, fault: supernode-partition, target: {link: sn0~sn1}}\n"
         "  - {at: 9s, fault: checkpoint-corrupt, target: {job: pretrain}}\n"
         "  - {at: 10s, fault: l1-board, target: {node: n01}}\n"
+        "  - {at: 11s, fault: clock-skew, target: {npu: random}, params: {offset_s: -30},"
+        " duration: 2m}\n"
     )
     steps = files.load(tmp_path / "real.yaml").steps
     assert [type(s.typed_params).__name__ for s in steps] == [
         "ThermalThrottleParams", "LinkLossParams", "IntermittentHangParams", "OpticalModuleParams",
         "CrashParams", "SdcParams", "NoParams", "NoParams", "NoParams", "NoParams",
+        "ClockSkewParams",
     ]  # fmt: skip
+    assert steps[10].typed_params == ClockSkewParams(offset_s=-30.0)
     assert steps[9].target.what == "node"
     assert steps[4].target.what == "rack" and steps[4].typed_params == CrashParams(wipe=False)
     (tmp_path / "bad.yaml").write_text(
@@ -132,6 +136,12 @@ def test_the_faults_real_supernodes_have_are_scenario_steps(tmp_path: Path) -> N
     )
     with pytest.raises(InvalidArgumentError, match=r"rate must be in \(0, 1\)"):
         files.load(tmp_path / "bad.yaml")
+    (tmp_path / "skew.yaml").write_text(
+        "version: 1\nname: skew\nsteps:\n"
+        "  - {at: 1s, fault: clock-skew, target: {npu: random}, params: {drift_ppm: 1e6}}\n"
+    )
+    with pytest.raises(InvalidArgumentError, match="drift_ppm must be within"):
+        files.load(tmp_path / "skew.yaml")
     (tmp_path / "rack.yaml").write_text(
         "version: 1\nname: rack\nsteps:\n  - {at: 1s, fault: rack-power-off, target: {rack: r3}}\n"
     )

@@ -1,0 +1,87 @@
+"""clock-skew: the device's host clock reads wrong, by a step `offset_s` and a rate error
+`drift_ppm`, until cleared.
+
+"One process" is whoever shares the device's LocalClock (engines/skewclock.py), which the
+launcher decides: in procs and compose mode, every device of the device's OS process (a node, or
+one device with `--per device`), and its liveness beats, since they are one host with one clock;
+in process, where the one process owns emulated time and a skew of it would move the whole
+emulator with it (nothing would read wrong against anything), the device alone, as the host it
+would be on its own.
+
+Its effects are those of a real host's wrong clock: every stamp the process gives out (events,
+telemetry, liveness beats, faults' since/until, kernels' and UB transactions' issue stamps) is
+off by the skew; a duration the process keeps as an instant to reach (another fault's until) ends
+early by a step ahead and late by a step behind; and the control plane must not take the wrong
+time for a fault (the manager judges silence on its own receive time). The skew's own duration
+(`--for`) is counted on the skewed clock from the moment it lands. Clearing it steps the clock
+back to the true time (a second step, which again moves what the process keeps)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from emulator.engines.device.faultbase import ALL, ActiveFault
+from emulator.engines.skewclock import LocalClock
+from emulator.model.clock import Skew
+from emulator.model.errors import PreconditionError
+from emulator.model.faults.catalogue import ClockSkewParams
+from emulator.model.topology import DeviceKind
+
+if TYPE_CHECKING:
+    from emulator.engines.device.engine import DeviceEngine
+
+NAME = "clock-skew"
+
+
+def local_clock(engine: DeviceEngine) -> LocalClock:
+    clock = engine.clock
+    if not isinstance(clock, LocalClock):
+        raise PreconditionError(
+            f"{engine.device.id}'s process reads the emulator's clock itself: no host clock of its"
+            " own to skew (its launcher gives none)",
+            field="kind",
+            subject=engine.device.id,
+            reason="NO_LOCAL_CLOCK",
+        )
+    return clock
+
+
+def sharing(engine: DeviceEngine, clock: LocalClock) -> list[DeviceEngine]:
+    """The devices that read `clock`: the skewed process's."""
+    return [e for e in engine.faults.siblings.values() if e.clock is clock] or [engine]
+
+
+@dataclass(frozen=True)
+class ClockSkew:
+    on: frozenset[DeviceKind] = ALL
+
+    async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
+        clock = local_clock(engine)
+        for other in sharing(engine, clock):
+            if other is not engine and NAME in other.faults.active:
+                raise PreconditionError(
+                    f"this process's clock is skewed already, through {other.device.id}",
+                    field="kind",
+                    subject=other.device.id,
+                    reason="FAULT_ALREADY_ACTIVE",
+                )
+        params: ClockSkewParams = fault.params
+        clock.set_skew(
+            Skew(
+                offset_ns=round(params.offset_s * 1e9),
+                drift_ppm=params.drift_ppm,
+                since_ns=clock.true_ns(),
+            )
+        )
+        fault.since_ns = clock.now_ns()  # in the process's (now skewed) time, as it stamps
+        if fault.for_s:
+            fault.until_ns = fault.since_ns + round(fault.for_s * 1e9)
+        for other in sharing(engine, clock):
+            other.health_moved()  # the process's liveness beats with the skewed stamp at once
+
+    async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
+        clock = local_clock(engine)
+        clock.set_skew(None)
+        for other in sharing(engine, clock):
+            other.health_moved()
