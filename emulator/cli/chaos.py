@@ -19,6 +19,7 @@ from xml.etree import ElementTree as ET
 from emulator.cli import argtypes
 from emulator.cli.argtypes import UsageError
 from emulator.model.chaos.pace import ABORTED
+from emulator.model.chaos.scenario import Scenario
 from emulator.model.chaos.timeline import Entry
 from emulator.model.chaos.units import format_s
 from emulator.model.errors import InvalidArgumentError
@@ -26,6 +27,7 @@ from emulator.runtime import state
 from emulator.runtime.chaos import files, kinds
 from emulator.runtime.chaos.run import RunOptions, RunResult
 from emulator.runtime.chaos.runner import run_scenario
+from emulator.runtime.chaos.schedule import Schedule, ScheduledRun, outcome, run_schedule
 
 FAILED = 1
 ABORTED_EXIT = 3
@@ -100,24 +102,26 @@ def to_json(result: RunResult) -> dict[str, Any]:
     }
 
 
-def junit_xml(result: RunResult) -> bytes:
-    """One test case per expectation, in a suite named after the scenario."""
-    checks = result.verdict.checks
-    suite = ET.Element(
-        "testsuite",
-        name=f"chaos.{result.scenario.name}",
-        tests=str(len(checks)),
-        failures=str(sum(not c.ok for c in checks)),
-        time=f"{result.wall_s:.3f}",
-    )
-    for c in checks:
-        case = ET.SubElement(suite, "testcase", classname=f"chaos.{result.scenario.name}",
-                             name=c.name)  # fmt: skip
-        if not c.ok:
-            failure = ET.SubElement(case, "failure", message=f"measured {c.measured}")
-            failure.text = f"expected {c.expected}; measured {c.measured}\n{c.detail}".rstrip()
+def junit_xml(*results: RunResult) -> bytes:
+    """One test case per expectation, in a suite named after the scenario (one suite per run of
+    a schedule, `chaos.NAME.run2` from the second on)."""
     suites = ET.Element("testsuites")
-    suites.append(suite)
+    for i, result in enumerate(results):
+        checks = result.verdict.checks
+        name = f"chaos.{result.scenario.name}" + (f".run{i + 1}" if i else "")
+        suite = ET.SubElement(
+            suites,
+            "testsuite",
+            name=name,
+            tests=str(len(checks)),
+            failures=str(sum(not c.ok for c in checks)),
+            time=f"{result.wall_s:.3f}",
+        )
+        for c in checks:
+            case = ET.SubElement(suite, "testcase", classname=name, name=c.name)
+            if not c.ok:
+                failure = ET.SubElement(case, "failure", message=f"measured {c.measured}")
+                failure.text = f"expected {c.expected}; measured {c.measured}\n{c.detail}".rstrip()
     xml: bytes = ET.tostring(suites, encoding="utf-8", xml_declaration=True)
     return xml
 
@@ -125,8 +129,14 @@ def junit_xml(result: RunResult) -> bytes:
 def _run(args: argparse.Namespace) -> int:
     try:
         scenario = files.load(files.find(args.file))
+        schedule = Schedule(repeat=args.repeat, every_s=args.every)
+        schedule.check()
     except InvalidArgumentError as exc:
         raise UsageError(str(exc)) from exc
+    if args.keep and schedule.repeat > 1:
+        raise UsageError("--keep leaves one run's workloads running: not with --repeat")
+    if schedule.repeat > 1:
+        return _scheduled(args, scenario, schedule)
     path = state.path_from(args.state_file)
     state.read(path)  # no running emulator: say so before anything starts
 
@@ -155,6 +165,54 @@ def _run(args: argparse.Namespace) -> int:
     if result.outcome == ABORTED:
         return ABORTED_EXIT
     return 0 if result.ok else FAILED
+
+
+def _scheduled(args: argparse.Namespace, scenario: Scenario, schedule: Schedule) -> int:
+    """--repeat N [--every DURATION]: the runs in turn, each judged, then one line per run."""
+    path = state.path_from(args.state_file)
+    state.read(path)
+
+    def live(entry: Entry) -> None:
+        if not args.json:
+            print(format_entry(entry), flush=True)
+
+    def started(index: int, seed: int, late_s: float) -> None:
+        if not args.json:
+            late = f"; {format_s(late_s)} late: the run before lasted longer" if late_s else ""
+            print(f"run {index + 1}/{schedule.repeat} of scenario {scenario.name} (seed {seed})"
+                  f"{late}", flush=True)  # fmt: skip
+
+    async def go() -> list[ScheduledRun]:
+        clients = await asyncio.to_thread(state.fault_clients, path)
+        try:
+            options = RunOptions(seed=args.seed, time_scale=args.time_scale)
+            return await run_schedule(clients, scenario, options, schedule, on_entry=live,
+                                      on_start=started)  # fmt: skip
+        finally:
+            await clients.close()
+
+    runs = asyncio.run(go())
+    if args.junit:
+        Path(args.junit).write_bytes(junit_xml(*(r.result for r in runs)))
+    if args.json:
+        doc = [
+            {"run": r.index + 1, "started_s": r.started_s - runs[0].planned_s,
+             "late_s": r.late_s, **to_json(r.result)}
+            for r in runs
+        ]  # fmt: skip
+        print(json.dumps({"ok": outcome(runs) == "ok", "runs": doc}, indent=2))
+    else:
+        for r in runs:
+            print("\n".join(summary_lines(r.result)))
+        print(f"schedule of {scenario.name}: {sum(r.result.ok for r in runs)} of {len(runs)} "
+              "runs passed")  # fmt: skip
+        for r in runs:
+            worst = max((x.recovery_s or 0.0 for x in r.result.recoveries), default=0.0)
+            print(f"  run {r.index + 1}  seed {r.seed:<6} {r.result.outcome:<8} "
+                  f"started +{format_s(r.started_s - runs[0].planned_s)}  "
+                  f"worst recovery {format_s(worst)}")  # fmt: skip
+    verdict = outcome(runs)
+    return 0 if verdict == "ok" else ABORTED_EXIT if verdict == ABORTED else FAILED
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -217,6 +275,21 @@ def chaos_args(
         help="run the steps and traffic at this time scale (at most the emulator's; overrides "
         "the scenario's `time_scale`); the set-up, such as weights loading, runs at the "
         "emulator's own",
+    )
+    run.add_argument(
+        "--repeat",
+        type=argtypes.positive_int,
+        default=1,
+        metavar="N",
+        help="run the scenario N times, the seed one higher each run; exit 0 only when every "
+        "run passes",
+    )
+    run.add_argument(
+        "--every",
+        type=argtypes.seconds,
+        metavar="DURATION",
+        help="with --repeat: start each run this much emulated time after the one before "
+        "started (`1h`); a run that lasts longer delays the next, never overlaps it",
     )
     add_state(run)
     ls = sub.add_parser("ls", help="the fault kinds and the scenarios of the library")
