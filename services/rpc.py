@@ -390,15 +390,24 @@ class HangGate(_ServerInterceptor):
     accepted and never answered, the health Check and Watch included (a heartbeat's deadline
     is how a hung device is found), until the fault clears and the calls proceed. The Device
     service's fault methods (`exempt`) keep answering: the out-of-band management path. With a
-    `delay` (a service-slow fault: an emulated-time sleep) every call waits it out first."""
+    `delay` (a service-slow fault: an emulated-time sleep) every call waits it out first. While
+    `refusing` says why, every call is refused UNAVAILABLE at once (a service killed whose server
+    must keep answering its `exempt` calls: the fabric, which also tells the emulator's time)."""
 
     def __init__(self, exempt: frozenset[str] = frozenset()) -> None:
         self.answering = asyncio.Event()
         self.answering.set()
         self.exempt = frozenset(f"{MANAGEMENT_PREFIX}{m}" for m in exempt)
         self.delay: Callable[[], Awaitable[None]] | None = None
+        self.refusing = ""
 
-    async def _held(self) -> None:
+    def exempt_methods(self, methods: frozenset[str]) -> None:
+        """Full method names (`/cmemu.v1.Fabric/GetClock`) that every state lets through."""
+        self.exempt |= methods
+
+    async def _held(self, context: Context) -> None:
+        if self.refusing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self.refusing)
         await self.answering.wait()
         delay = self.delay
         if delay is not None:
@@ -411,7 +420,7 @@ class HangGate(_ServerInterceptor):
     ) -> _Handler:
         handler = await continuation(handler_call_details)
         if (
-            (self.answering.is_set() and self.delay is None)
+            (self.answering.is_set() and self.delay is None and not self.refusing)
             or handler is None
             or handler_call_details.method in self.exempt
             or handler.request_streaming
@@ -422,7 +431,7 @@ class HangGate(_ServerInterceptor):
             unary = cast(Callable[[Any, Context], Awaitable[Any]], handler.unary_unary)
 
             async def unary_unary(request: Any, context: Context) -> Any:
-                await held()
+                await held(context)
                 return await unary(request, context)
 
             return grpc.unary_unary_rpc_method_handler(
@@ -434,7 +443,7 @@ class HangGate(_ServerInterceptor):
             stream = cast(Callable[[Any, Context], Any], handler.unary_stream)
 
             async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
-                await held()
+                await held(context)
                 produced = stream(request, context)
                 if hasattr(produced, "__aiter__"):
                     async for item in produced:

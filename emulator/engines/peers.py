@@ -272,12 +272,15 @@ async def _now(function: Callable[..., T], *args: object) -> T:
 
 
 class LocalFabric:
-    """The fabric engine of this process, called as the remote fabric would be."""
+    """The fabric engine of this process, called as the remote fabric would be: through its
+    outage (a down fabric service refuses, a hung one never answers; engines/fabric/outage.py)."""
 
     def __init__(self, engine: FabricEngine) -> None:
         self.engine = engine
+        self.outage = engine.outage
 
     async def transfer(self, tx: Transaction, *, deadline_s: float | None) -> Completion:
+        await self.outage.admit(deadline_s)
         return await self.engine.transfer(tx, deadline_s=deadline_s)
 
     async def collective(
@@ -288,15 +291,19 @@ class LocalFabric:
         detail: bool = False,
         deadline_s: float | None = None,
     ) -> CollectiveOutcome:
+        await self.outage.admit(deadline_s)
         return await within(deadline_s, self.engine.collective(ranks, spec, detail=detail))
 
     async def collective_arrivals(self, after_seq: int, *, limit: int = 0) -> ArrivalBatch:
+        await self.outage.admit(None)
         return self.engine.collective_arrivals(after_seq, limit)
 
     async def link_fault(self, spec: FaultSpec) -> FaultSpec:
+        await self.outage.admit(None)
         return self.engine.add_fault(spec)
 
     async def clear_fault(self, fault_id: str) -> None:
+        await self.outage.admit(None)
         self.engine.clear_fault(fault_id)
 
     def follow(

@@ -18,9 +18,10 @@ either (`partition()`: its Link, emulator/engines/manager/link.py), so its detec
 actions see a silent supernode; a service with no such hook has its background work suspended
 instead (every call it would make would be lost).
 
-The fabric is not offered: in process the devices reach its engine directly and it keeps
-emulated time, so stopping its server would not cut them off; a fabric kill needs the procs
-launcher (process-kill of its process).
+The fabric is not stopped but gated: in process the devices reach its engine directly, so its
+Outage (emulator/engines/fabric/outage.py) is what they meet, and its server keeps telling the
+emulator's time (GetClock, SyncClock are exempt from its gate) while refusing (killed) or
+answering nothing (hung, cut off) else.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     from services.host import ServiceHost
 
 log = structlog.get_logger("cmemu.services")
-NOT_OFFERED = frozenset({ServiceKind.FABRIC})
 
 
 class LocalServices:
@@ -51,7 +51,7 @@ class LocalServices:
         self.supernode = supernode
 
     def hosted(self) -> Collection[str]:
-        return [k.value for k in self.supernode.services if k not in NOT_OFFERED]
+        return [k.value for k in self.supernode.services]
 
     def _publish(self, name: str, event: str, **detail: str) -> None:
         sn = self.supernode
@@ -67,6 +67,9 @@ class LocalServices:
             raise PreconditionError(f"this process does not host the {fault.service} service")
         state, host = hosted
         how = _how(fault)
+        if fault.service == ServiceKind.FABRIC.value:
+            await self._fabric(state, host, how, fault.latency_ms)
+            return
         if how == "slow":
             clock = self.supernode.time
             assert clock is not None, "a started supernode keeps time"
@@ -99,6 +102,9 @@ class LocalServices:
             return  # the supernode is stopping: nothing to bring back
         state, host = hosted
         how = _how(fault)
+        if fault.service == ServiceKind.FABRIC.value:
+            await self._fabric(state, host, "", 0.0)
+            return
         if how == "slow":
             host.gate.delay = None
             self._publish(host.name, "service-up", how=how)
@@ -125,6 +131,36 @@ class LocalServices:
                 await back
         log.warning("service back", service=host.name, how=how)
         self._publish(host.name, "service-up", how=how)
+
+    async def _fabric(
+        self, state: ServiceState, host: ServiceHost, how: str, latency_ms: float
+    ) -> None:
+        """The fabric down (`how`) or back (""): its server gated, its clock calls exempt, and
+        the devices of this process, which reach its engine directly, through its Outage."""
+        from emulator.engines.fabric.engine import FabricEngine  # this process hosts it
+
+        assert isinstance(state, FabricEngine)
+        outage, gate = state.outage, host.gate
+        gate.refusing, gate.delay = "", None
+        gate.answering.set()
+        if not how:
+            outage.up()
+            log.warning("service back", service=host.name)
+            self._publish(host.name, "service-up")
+            return
+        delay = None
+        if how == "slow":
+            clock = self.supernode.time
+            assert clock is not None, "a started supernode keeps time"
+            late_s = latency_ms / 1e3
+            delay = gate.delay = lambda: clock.timeline.sleep(late_s)
+        elif how == "kill":
+            gate.refusing = "the fabric service is down (service-kill)"
+        else:
+            gate.answering.clear()  # hang, partition: nothing answered
+        outage.down(how, delay)
+        log.warning("service down", service=host.name, how=how)
+        self._publish(host.name, "service-down", how=how)
 
     async def ssd(self, *, lost: bool) -> None:
         """EMS's SSD tier fails (ssd-loss) or is replaced."""

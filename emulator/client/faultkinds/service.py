@@ -117,14 +117,6 @@ class ServiceKindFault(Typed):
                 subject=self.name,
                 reason="LAUNCHER_UNSUPPORTED",
             )
-        if service.kind is ServiceKind.FABRIC:
-            raise PreconditionError(
-                f"{self.name} of the fabric needs the procs launcher (`cmemu up --mode procs`): "
-                "in process the devices reach its engine directly and it keeps emulated time",
-                field="target",
-                subject=service.id,
-                reason="LAUNCHER_UNSUPPORTED",
-            )
         carrier = clients.topology.devices[CARRIER[service.kind] % len(clients.topology.devices)]
         latency_ms = typed.latency_ms if self.slow else 0.0
         down = ServiceDownParams(

@@ -25,6 +25,7 @@ from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
 from emulator.engines.fabric.collectives import Collectives
 from emulator.engines.fabric.metrics import LinkGroups, fabric_families
+from emulator.engines.fabric.outage import Outage
 from emulator.engines.fabric.types import LinkStat, LinkStats
 from emulator.engines.flows import FlowClock
 from emulator.engines.peers import CollectiveOutcome, Directory, FlowTime
@@ -111,6 +112,7 @@ class FabricEngine:
         self.events = events
         self.graph = LinkGraph(topology, profile)
         self.faults = FaultSet(self.graph)
+        self.outage = Outage()  # its service down, as its callers in this process meet it
         self.flows = FlowClock(
             clock=clock,
             res_cap=self.graph.trunk_cap(),

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cmemu.v1 import device_pb2, fabric_pb2, manager_pb2, router_pb2, scheduler_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, manager_pb2, router_pb2, scheduler_pb2, ub_pb2
 from emulator.cli.chaos import summary_lines
 from emulator.client import faults
 from emulator.client.clients import Clients
@@ -117,17 +117,61 @@ def test_service_kill_of_a_device_or_a_missing_service_is_not_found(chaos: Chaos
         chaos.inject("service-hang", "")
 
 
-def test_the_fabric_in_process_is_refused_naming_the_launcher_that_can(chaos: Chaos) -> None:
-    with pytest.raises(PreconditionError, match="needs the procs launcher") as refused:
-        chaos.inject("service-kill", "fabric")
-    assert refused.value.reason == "LAUNCHER_UNSUPPORTED"
+async def _transfer(c: Clients) -> str:
+    """A real UB write from n00-npu0 into n00-npu1's HBM through the bus: the fabric times it
+    (in process the device reaches the fabric's engine directly, not through its server)."""
+    region = await c.device("n00-npu1").AllocateRegion(
+        device_pb2.AllocateRegionRequest(size=1 << 20, label="fabric down"), timeout=CALL_WALL_S
+    )
+    try:
+        dst = next(d for d in c.topology.devices if d.id == "n00-npu1")
+        tx = ub_pb2.UbTransaction(
+            op=ub_pb2.UB_OP_WRITE,
+            size=1 << 20,
+            size_only=True,
+            dst=ub_pb2.UbAddress(eid=dst.eid, offset=region.offset),
+        )
+        return await _answers(c.bus("n00-npu0").Submit(tx, timeout=CALL_WALL_S))  # fmt: skip
+    finally:
+        await c.device("n00-npu1").FreeRegion(
+            device_pb2.FreeRegionRequest(region_id=region.region_id), timeout=CALL_WALL_S
+        )
+
+
+async def _fabric_up(c: Clients) -> str:
+    return await _answers(
+        c.fabric().ListFaults(fabric_pb2.ListFaultsRequest(), timeout=CALL_WALL_S)
+    )
+
+
+async def _clock_told(c: Clients) -> str:
+    return await _answers(c.fabric().GetClock(fabric_pb2.GetClockRequest(), timeout=CALL_WALL_S))
+
+
+@pytest.mark.parametrize(
+    ("kind", "refused"), [("service-kill", "UNAVAILABLE"), ("service-hang", "DEADLINE_EXCEEDED")]
+)
+def test_the_fabric_down_in_process_cuts_the_data_path_and_keeps_telling_the_time(
+    supernode: RunningSupernode, chaos: Chaos, kind: str, refused: str
+) -> None:
+    """In one process the devices reach the fabric's engine directly: a fabric down must cut
+    them off too (a transfer fails), its server refuses or ignores its callers, and the
+    emulator's time (its clock calls) goes on; cleared, the same transfer succeeds."""
+    assert supernode.call(_transfer) == "ok"
+    fault = chaos.inject(kind, "fabric")
+    assert supernode.call(_transfer) == refused
+    assert supernode.call(_fabric_up) == refused
+    assert supernode.call(_clock_told) == "ok"
+    chaos.clear(fault.id)
+    assert supernode.call(_transfer) == "ok"
+    assert supernode.call(_fabric_up) == "ok"
 
 
 @pytest.mark.parametrize(
     ("service", "code", "reason"),
     [
         ("nope", "INVALID_ARGUMENT", "INVALID_FAULT_PARAM"),
-        ("fabric", "FAILED_PRECONDITION", "SERVICE_NOT_IN_PROCESS"),
+        ("gateway", "FAILED_PRECONDITION", "SERVICE_NOT_IN_PROCESS"),  # one supernode: none
     ],
 )
 def test_the_device_path_refuses_a_bad_service_with_its_reason(
