@@ -267,6 +267,12 @@ async def test_the_manager_keeps_the_devices_of_a_skewed_process_and_sees_its_st
 # --- procs mode: a node's process, one host clock ----------------------------------------------
 
 
+# two processes' clocks, each following the authority, agree to within their sync precision
+# (3.2 emulated ms apart seen in a loaded full-suite run): half a second is far below the 30 s
+# under test, and the reads either side of the skewed one bound it only up to that
+AGREE_NS = S // 2
+
+
 async def _incidents(clients: Clients) -> list[str]:
     listed = await clients.manager().ListIncidents(manager_pb2.ListIncidentsRequest(), timeout=30)
     return [i.device for i in listed.incidents]
@@ -301,9 +307,10 @@ async def test_a_node_process_skewed_in_procs_mode(tmp_path: Path) -> None:
                 before = await _stamp(clients, witness)
                 stamped = await _stamp(clients, device)
                 after = await _stamp(clients, witness)
-                assert before + 30 * S <= stamped <= after + 30 * S, device
+                assert before + 30 * S - AGREE_NS <= stamped <= after + 30 * S + AGREE_NS, device
             before = await _stamp(clients, witness)
-            assert before <= await _stamp(clients, "n00-npu1") <= await _stamp(clients, witness)
+            n00 = await _stamp(clients, "n00-npu1")
+            assert before - AGREE_NS <= n00 <= await _stamp(clients, witness) + AGREE_NS
             again = await _refused(
                 faults.inject(clients, "clock-skew", "n01-npu3", {"offset_s": -5})
             )

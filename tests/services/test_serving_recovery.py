@@ -36,6 +36,9 @@ SPEC = {
     "prefill": {"instances": 1, "npus": 2},
 }
 WAIT_EMULATED_S = 600.0  # a condition must hold within this much emulated time
+# long enough that the decode the test fails an NPU under lasts a wall second at x20: with 60
+# tokens it lasted 0.1 s, and a busy host's poll of the slots held could miss it altogether
+DECODE_TOKENS = 600
 
 
 @dataclass
@@ -167,7 +170,8 @@ async def test_a_failed_decode_npu_is_isolated_served_around_and_restored(
     d = await _deploy(sn, "rec")
     lost = d.npus[0]  # the lowest slots (first to fill) are on its dies
     requests = [
-        asyncio.create_task(_complete(d.base, d.name, f"question {i}", 60)) for i in range(12)
+        asyncio.create_task(_complete(d.base, d.name, f"question {i}", DECODE_TOKENS))
+        for i in range(12)
     ]
     await _until(sn, d.stats, lambda s: s.kv_slots_held >= 8)  # some decode on the lost NPU
     scheduler = sn.clients.scheduler()
@@ -194,7 +198,7 @@ async def test_a_failed_decode_npu_is_isolated_served_around_and_restored(
     after = await _complete(d.base, d.name, "after the restore", 8)
     assert after.finish == "length" and after.tokens == 8
     for o in outcomes:  # finished (perhaps after a retry), or failed where the client saw it
-        assert (o.finish == "length" and o.tokens == 60 and not o.error) or (
+        assert (o.finish == "length" and o.tokens == DECODE_TOKENS and not o.error) or (
             o.finish == "error" and o.error
         ), o
     stats = await d.stats()
