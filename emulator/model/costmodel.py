@@ -157,10 +157,11 @@ def die_port_bytes_per_s(profile: HardwareProfile = DEFAULT_PROFILE) -> float:
 def endpoint_bytes_per_s(kind: DeviceKind, profile: HardwareProfile = DEFAULT_PROFILE) -> float:
     """Reference UB bandwidth at one end of a transfer: an NPU die, a CPU socket, or a memory
     pool (striped over the node's CPUs)."""
-    achieved = {
+    cpu = profile.cpu.ub_bytes_per_s * ub_wire_cost(UbOp.READ, DeviceKind.CPU, profile)
+    achieved = {  # in link bytes (ub_wire_cost): a socket's 160 GB/s is of reads of its memory
         DeviceKind.NPU: ub_efficiency(profile) * die_port_bytes_per_s(profile),
-        DeviceKind.CPU: profile.cpu.ub_bytes_per_s * ub_efficiency(profile),
-        DeviceKind.MEMPOOL: profile.node.cpus * profile.cpu.ub_bytes_per_s * ub_efficiency(profile),
+        DeviceKind.CPU: cpu,
+        DeviceKind.MEMPOOL: profile.node.cpus * cpu,
     }
     return achieved[kind]
 

@@ -140,8 +140,16 @@ class LinkGraph:
         raw: list[float] = []
         eff = ub_efficiency(profile)
         loss = profile.ub.cross_node_bandwidth_loss
+        # A socket's UB ports carry its published 160 GB/s one way as reads of its memory, and
+        # such a read costs ub_wire_cost(READ, CPU) link bytes per payload byte on each trunk it
+        # crosses: its ports are that many link bytes wide, not derated by the dies' port
+        # efficiency (a die's 151 GB/s read of CPU memory is more than 160 x that efficiency).
+        cpu_scale = ub_wire_cost(UbOp.READ, DeviceKind.CPU, profile)
         for link in topology.links:
-            scale = eff * ((1 - loss) if link.kind is LinkKind.L1_L2 else 1.0)
+            if link.kind in (LinkKind.CPU_PORT, LinkKind.POOL):
+                scale = cpu_scale
+            else:
+                scale = eff * ((1 - loss) if link.kind is LinkKind.L1_L2 else 1.0)
             pair = []
             for a, b in ((link.a, link.b), (link.b, link.a)):
                 name = directed_link_id(a, b)

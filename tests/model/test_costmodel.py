@@ -41,15 +41,18 @@ def test_memory_pool_end_is_not_the_bottleneck_for_one_die() -> None:
         assert size / (to_pool / 1e9) == pytest.approx(published, rel=0.001)
 
 
-def test_one_cpu_socket_binds_below_the_pooled_figure() -> None:
-    """A CPU's own DRAM is CPU memory too (its latency), but one socket's 160 GB/s of UB ports
-    at the link efficiency carry less than the published 151 GB/s, which a pool reaches."""
+def test_one_cpu_socket_reaches_the_published_cpu_memory_rows() -> None:
+    """A CPU's own DRAM is CPU memory (its latency and its cost per byte), and one socket's
+    160 GB/s of reads is above one die's published 151 GB/s: a die reads a socket's memory as
+    fast as the pool's (issue 23: it was derated twice, to 123 GB/s). Sharing a socket among
+    dies is the fabric's (tests/model/test_ub_calibration.py)."""
     small = costmodel.ub_transfer_ns(512, src=NPU, dst=DeviceKind.CPU, cross_node=False)
     assert small == pytest.approx(1000, abs=2)
     size = 1 << 30
     to_cpu = costmodel.ub_transfer_ns(size, src=NPU, dst=DeviceKind.CPU, cross_node=False)
     to_pool = costmodel.ub_transfer_ns(size, src=NPU, dst=DeviceKind.MEMPOOL, cross_node=False)
-    assert to_cpu > to_pool
+    assert to_cpu == to_pool
+    assert size / (to_cpu / 1e9) == pytest.approx(151e9, rel=0.01)
 
 
 def test_kernel_roofline() -> None:

@@ -34,6 +34,10 @@ ROWS = [
     (UbOp.WRITE, "n00-npu0.d0", "n00-npu1.d0", 137, 1300),
     (UbOp.READ, "n00-npu0.d0", "n00-mem", 151, 1000),
     (UbOp.WRITE, "n00-npu0.d0", "n00-mem", 110, 1100),
+    # CPU memory at a socket's own EID: the same rows (its ports were derated twice, by the
+    # dies' efficiency and by the cost of CPU memory: 123 and 90 GB/s, issue 23)
+    (UbOp.READ, "n00-npu0.d0", "n00-cpu0", 151, 1000),
+    (UbOp.WRITE, "n00-npu0.d0", "n00-cpu0", 110, 1100),
 ]
 
 
@@ -73,6 +77,29 @@ def test_one_transfer_on_the_fabric_reproduces_each_published_row(
     for size, fabric in ((512, small), (BIG, big)):  # the closed form agrees
         model = ub_transfer_ns(size, src=DeviceKind.NPU, dst=kind, cross_node=False, op=op)
         assert model == pytest.approx(fabric * 1e9, abs=1)
+
+
+def _shared_gb_s(graph: LinkGraph, issuers: list[str], target: str) -> float:
+    """Aggregate GB/s of reads of `target`'s memory by several dies at once."""
+    live = LiveFlows(res_cap=graph.trunk_cap())
+    dst = graph.endpoint(target)
+    for issuer in issuers:
+        route = graph.priced(graph.route(dst, graph.endpoint(issuer)), UbOp.READ, DeviceKind.CPU)
+        live.add(0.0, route.resources, route.cap, float(BIG))
+    ends = [end for _, end in live.advance(100.0)]
+    return len(issuers) * BIG / max(ends) / GB
+
+
+def test_dies_reading_one_socket_share_its_160_gb_s_and_a_pool_spreads_them(
+    mini: LinkGraph,
+) -> None:
+    """One die alone reads a socket's memory at the published 151 GB/s (ROWS); four dies of four
+    NPUs share the socket's 160 GB/s of reads, where the node's pool, striped over its four
+    sockets, gives each its 151."""
+    dies = [f"n00-npu{i}.d0" for i in range(4)]
+    socket = DEFAULT_PROFILE.cpu.ub_bytes_per_s / GB
+    assert _shared_gb_s(mini, dies, "n00-cpu0") == pytest.approx(socket, rel=1e-6)
+    assert _shared_gb_s(mini, dies, "n00-mem") == pytest.approx(4 * 151, rel=1e-6)
 
 
 @pytest.mark.parametrize("row", ROWS)
