@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cmemu.v1 import manager_pb2
+from cmemu.v1 import manager_pb2, scheduler_pb2
 from emulator.cli.chaos import summary_lines
 from emulator.client import faults
 from emulator.client.clients import Clients
@@ -401,3 +401,104 @@ def test_its_twin_the_same_run_with_time_moving_ends_with_its_verdict(
 ) -> None:
     result = _run_limited(supernode, 300.0, hold=False)
     assert result.ok, "\n".join(summary_lines(result))
+
+
+# --- a bound too short, no spares, both replicas, every plane -----------------------------------
+
+CRASH = "{id: crash, at: 5s, fault: crash, target: {npu: random in job %s}}"
+
+
+@pytest.mark.parametrize(("bound", "passes"), [("5s", False), ("10m", True)])
+def test_a_recovery_bound_shorter_than_the_recovery_fails_and_its_twin_passes(
+    chaos: Chaos, tmp_path: Path, bound: str, passes: bool
+) -> None:
+    """The same crash and restore judged against 5 s and against 10 minutes: a restore from a
+    checkpoint on a spare takes tens of emulated seconds, so only the bound decides (the run
+    watches no longer than its bound allows: past 5 s the crash is not restored yet)."""
+    name = f"bound-{bound}"
+    text = _scenario(name, TRAINING % name, CRASH % name, f"  recovered_within: {bound}")
+    result = _run(chaos, tmp_path, text)
+    assert result.ok is passes, "\n".join(summary_lines(result))
+    (crash,) = result.recoveries
+    assert crash.detected
+    if passes:
+        assert crash.status == "recovered" and crash.recovery_s is not None
+        assert crash.recovery_s > 5.0  # so the 5 s bound cannot hold
+    else:
+        assert crash.recovery_s is None or crash.recovery_s > 5.0, crash
+        check = _failed(result)["recovered_within"]
+        assert f"crash (crash {crash.injection.target}): " in check.detail, check.detail
+
+
+def _spares(supernode: RunningSupernode, count: int | None) -> int:
+    """The scheduler's spare target, set to `count` (None: only read); the one before."""
+
+    async def go(c: Clients) -> int:
+        before = await c.scheduler().GetSpares(scheduler_pb2.GetSparesRequest())
+        if count is not None:
+            await c.scheduler().SetSpares(scheduler_pb2.SetSparesRequest(count=count))
+        return int(before.target)
+
+    return supernode.call(go)
+
+
+@OWN  # its unrecoverable incident stays open: the module's other runs assume none
+def test_a_crash_with_no_spare_left_is_unrecoverable_and_fails(
+    supernode: RunningSupernode, chaos: Chaos, tmp_path: Path
+) -> None:
+    """No spare to replace the crashed NPU of a job: the manager's Replace is refused, the
+    incident is unrecoverable, and the verdict says so (its twin with spares: the pair above)."""
+    kept = _spares(supernode, 0)
+    try:
+        name = "no-spares"
+        text = _scenario(name, TRAINING % name, CRASH % name, "  recovered_within: 10m")
+        result = _run(chaos, tmp_path, text)
+    finally:
+        _spares(supernode, kept)
+    assert not result.ok, "\n".join(summary_lines(result))
+    (crash,) = result.recoveries
+    assert crash.unrecoverable and crash.recovery_s is None, crash
+    check = _failed(result)["recovered_within"]
+    assert "unrecoverable" in check.detail, check.detail
+
+
+POOLS = "{id: %s, at: 5s, fault: pool-loss, target: {mempool: %s}, duration: 20s}"
+
+
+@pytest.mark.parametrize(
+    ("pools", "passes"),
+    [pytest.param(("n00-mem", "n01-mem"), False, marks=OWN), (("n00-mem",), True)],
+)
+def test_both_replicas_lost_loses_objects_and_fails_and_one_pool_loses_none(
+    chaos: Chaos, tmp_path: Path, pools: tuple[str, ...], passes: bool
+) -> None:
+    """EMS keeps two copies, one per pool: losing one pool loses nothing (the other copy serves
+    and the sweep copies it again); losing both at once loses what they held."""
+    name = f"pools-{len(pools)}"
+    steps = "\n  - ".join(POOLS % (f"loss{i}", p) for i, p in enumerate(pools))
+    ems = EMS.replace("test/must-fail/", f"test/must-fail/{name}/")
+    result = _run(chaos, tmp_path, _scenario(name, ems, steps, "  lost_objects: 0"))
+    assert result.ok is passes, "\n".join(summary_lines(result))
+    lost = result.observations.lost_objects
+    if passes:
+        assert lost == 0
+    else:
+        assert lost is not None and lost > 0
+        check = _failed(result)["lost_objects"]
+        assert check.measured == f"{lost} of 4", check
+
+
+@OWN
+def test_every_l2_plane_down_and_never_cleared_fails_requests_and_recovery(
+    chaos: Chaos, tmp_path: Path
+) -> None:
+    """All seven L2 sub-planes down for good: requests that cross nodes fail, and nothing
+    detects or clears it, so recovery fails too (the shipped l2-plane-loss, one plane for 3
+    minutes, is its twin: tests/runtime/chaos/test_shipped.py)."""
+    step = "{id: planes, at: 10s, fault: switch-down, target: {plane: random 7}}"
+    expect = "  recovered_within: 10m\n  failed_requests: 0"
+    result = _run(chaos, tmp_path, _scenario("planes", SERVING, step, expect, top=PACED))
+    assert not result.ok, "\n".join(summary_lines(result))
+    failed = _failed(result)
+    assert "failed_requests" in failed and "recovered_within" in failed, failed
+    assert NEVER_DETECTED in failed["recovered_within"].detail
