@@ -126,6 +126,16 @@ def junit_xml(*results: RunResult) -> bytes:
     return xml
 
 
+def _live(args: argparse.Namespace) -> Callable[[Entry], None]:
+    """The timeline as it happens, unless the output is one JSON document."""
+
+    def live(entry: Entry) -> None:
+        if not args.json:
+            print(format_entry(entry), flush=True)
+
+    return live
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         scenario = files.load(files.find(args.file))
@@ -140,9 +150,7 @@ def _run(args: argparse.Namespace) -> int:
     path = state.path_from(args.state_file)
     state.read(path)  # no running emulator: say so before anything starts
 
-    def live(entry: Entry) -> None:
-        if not args.json:
-            print(format_entry(entry), flush=True)
+    live = _live(args)
 
     async def go() -> RunResult:
         clients = await asyncio.to_thread(state.fault_clients, path)
@@ -172,9 +180,7 @@ def _scheduled(args: argparse.Namespace, scenario: Scenario, schedule: Schedule)
     path = state.path_from(args.state_file)
     state.read(path)
 
-    def live(entry: Entry) -> None:
-        if not args.json:
-            print(format_entry(entry), flush=True)
+    live = _live(args)
 
     def started(index: int, seed: int, late_s: float) -> None:
         if not args.json:
