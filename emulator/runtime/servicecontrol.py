@@ -27,7 +27,7 @@ answering nothing (hung, cut off) else.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING
 
 import structlog
@@ -71,10 +71,7 @@ class LocalServices:
             await self._fabric(state, host, how, fault.latency_ms)
             return
         if how == "slow":
-            clock = self.supernode.time
-            assert clock is not None, "a started supernode keeps time"
-            late_s = fault.latency_ms / 1e3
-            host.gate.delay = lambda: clock.timeline.sleep(late_s)
+            host.gate.delay = self._late(fault.latency_ms)
             self._publish(host.name, "service-down", how=how, latency_ms=f"{fault.latency_ms:g}")
             return  # its work goes on: only its answers are late
         if how == "partition":
@@ -132,6 +129,13 @@ class LocalServices:
         log.warning("service back", service=host.name, how=how)
         self._publish(host.name, "service-up", how=how)
 
+    def _late(self, latency_ms: float) -> Callable[[], Awaitable[None]]:
+        """A service-slow delay: `latency_ms` of emulated time before each call."""
+        clock = self.supernode.time
+        assert clock is not None, "a started supernode keeps time"
+        late_s = latency_ms / 1e3
+        return lambda: clock.timeline.sleep(late_s)
+
     async def _fabric(
         self, state: ServiceState, host: ServiceHost, how: str, latency_ms: float
     ) -> None:
@@ -150,10 +154,7 @@ class LocalServices:
             return
         delay = None
         if how == "slow":
-            clock = self.supernode.time
-            assert clock is not None, "a started supernode keeps time"
-            late_s = latency_ms / 1e3
-            delay = gate.delay = lambda: clock.timeline.sleep(late_s)
+            delay = gate.delay = self._late(latency_ms)
         elif how == "kill":
             gate.refusing = "the fabric service is down (service-kill)"
         else:
