@@ -80,19 +80,11 @@ def plot(days: dict[str, DayResult], directory: Path) -> None:
             )
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"a number of tokens/s > 0, not {text!r}")
-    return value
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--peak", type=_positive, default=300_000.0, help="tokens/s at the peak")
+    parser.add_argument(
+        "--peak", type=outputs.positive, default=300_000.0, help="tokens/s at the peak"
+    )
     outputs.add_option(parser)
     args = parser.parse_args()
     started = time.process_time()

@@ -156,3 +156,14 @@ def announce(directory: Path, name: str) -> None:
     """The line every benchmark ends with: what it wrote, where."""
     written = [p for p in (directory / f"{name}.json", directory / f"{name}.png") if p.exists()]
     print("wrote " + " and ".join(str(p) for p in written))
+
+
+def positive(text: str) -> float:
+    """An argparse type: a number > 0 (a usage error otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"a number > 0, not {text!r}")
+    return value

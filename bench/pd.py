@@ -6,6 +6,10 @@ goodput (requests meeting TTFT 2 s and TPOT 50 ms, per second), SLO attainment, 
 dynamic split over time beside the mix it follows. Writes pd.json and pd.png.
 
     python bench/pd.py [--seconds 7200] [--results DIR]   (about 4 s of CPU per hour emulated)
+    python bench/pd.py --live                             (and the live router: bench/pd_live.py)
+
+`--live` adds the live half: dynamic against fixed splits on an in-process cm-mini's router, the
+same policy moving real instances (bench/pd_live.py says how; a few minutes of wall time).
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ try:
     from bench import outputs
 except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
     import outputs  # type: ignore[import-not-found, no-redef]
+
+try:
+    from bench import pd_live
+except ModuleNotFoundError:
+    import pd_live  # type: ignore[import-not-found, no-redef]
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOYMENT = ROOT / "examples/deployments/pd-64.yaml"
@@ -86,10 +95,18 @@ def plot(results: dict[str, PdResult], directory: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=7200.0, help="emulated seconds")
+    parser.add_argument(
+        "--live", action="store_true", help="also dynamic against fixed on the live router"
+    )
+    parser.add_argument(
+        "--live-cycles", type=int, default=1, help="times the live mix repeats (default 1)"
+    )
     outputs.add_option(parser)
     args = parser.parse_args()
     if not args.seconds > 0:
         parser.error("--seconds must be positive")
+    if args.live_cycles < 1:
+        parser.error("--live-cycles must be >= 1")
     started = time.process_time()
     results = run(args.seconds)
     cpu_s = time.process_time() - started
@@ -97,6 +114,10 @@ def main() -> int:
     print(f"cpu_s {cpu_s:.1f}")
     doc: dict[str, object] = {"seconds": args.seconds, "cpu_s": cpu_s}
     doc |= {name: r.to_dict() for name, r in results.items()}
+    if args.live:
+        runs = pd_live.live(args.live_cycles)
+        pd_live.report_live(runs)
+        doc["live"] = {name: r.to_dict() for name, r in runs.items()}
     outputs.write_json(args.results, "pd", doc)
     plot(results, args.results)
     outputs.announce(args.results, "pd")

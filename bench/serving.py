@@ -16,7 +16,11 @@
 6. issue 23's figures (bench/serving_issue23.py): the HBM-bound largest decode batch, the
    SLO-driven operating points at 15/30/50 ms on cm384 and cluster-roce, TTFT over the turns of
    multi-turn conversations with and without EMS, and the routers compared (kv-aware,
-   prefix-aware, round-robin) on the Mooncake trace and on one shared prefix.
+   prefix-aware, round-robin) on the Mooncake trace and on one shared prefix;
+7. issue 24's model-mode figures, from their own benchmarks' runs: dynamic PD against fixed
+   splits on the shifting mix (goodput; bench/pd.py, which also runs the live router with
+   --live) and one emulated day served by day and trained by night (tokens, training steps,
+   switch times; bench/day.py; the live compressed day is bench/day_live.py).
 
     python bench/serving.py [--seconds 300] [--results DIR]
     python bench/serving.py --seconds 5   # short runs (the Mooncake trace runs whole)
@@ -45,9 +49,11 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 try:
-    from bench import outputs, progress, serving_issue23
+    from bench import day, outputs, pd, progress, serving_issue23
 except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
+    import day  # type: ignore[import-not-found, no-redef]
     import outputs  # type: ignore[import-not-found, no-redef]
+    import pd  # type: ignore[import-not-found, no-redef]
     import progress  # type: ignore[import-not-found, no-redef]
     import serving_issue23  # type: ignore[import-not-found, no-redef]
 
@@ -140,6 +146,8 @@ DECODE_CASES = [(0.050, 4096, 256), (0.030, 4096, 256), (0.015, 4096, 256)]
 DECODE_CASES += [(0.050, 1024, 1024), (0.050, 2048, 256)]
 QUICK_DECODE_CASES = [(0.050, 4096, 256), (0.015, 4096, 256)]  # one met, one not
 QUICK_SECONDS, QUICK_TRACE_ROWS = 3.0, 100
+PD_SECONDS, QUICK_PD_SECONDS = 7200.0, 600.0  # the shifting mix: bench/pd.py's default, and less
+DAY_PEAK = 300_000.0  # output tokens/s at the day's peak: bench/day.py's default
 
 
 def decode(
@@ -298,6 +306,14 @@ def main() -> None:
     print("platforms", json.dumps(figures["platforms"], indent=1))
     figures["issue23"] = serving_issue23.collect(rows)
     serving_issue23.show(figures["issue23"])
+    mix = pd.run(QUICK_PD_SECONDS if args.quick else PD_SECONDS)
+    pd.report(mix)
+    days = day.run(DAY_PEAK)
+    day.report(days)
+    figures["issue24"] = {
+        "pd": {name: r.to_dict() for name, r in mix.items()},
+        "day": {name: r.to_dict() for name, r in days.items()},
+    }
     figures["profile"] = {k: getattr(DEFAULT_PROFILE.serving, k) for k in calibrate.FITTED}
     outputs.write_json(args.results, "serving", figures)
     plot(figures, args.results)

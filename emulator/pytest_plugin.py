@@ -338,12 +338,14 @@ class Chaos:
         seed: int | None = None,
         keep: bool = False,
         time_scale: float | None = None,
+        warm: bool = False,
     ) -> RunResult:
         """Run a scenario (a file, a library name, or a parsed Scenario) to its verdict;
         `time_scale` paces its steps and traffic (default: the scenario's own, else the
-        emulator's), so that a set-up such as a weights load can run faster than the judged part."""
+        emulator's), so that a set-up such as a weights load can run faster than the judged part;
+        `warm` starts its deployments warm (weights already in EMS: a shorter set-up)."""
         parsed = scenario if isinstance(scenario, Scenario) else self.load(scenario)
-        options = RunOptions(seed=seed, keep=keep, time_scale=time_scale)
+        options = RunOptions(seed=seed, keep=keep, time_scale=time_scale, warm=warm)
         return self.supernode.call(lambda c: run_scenario(c, parsed, options))
 
     def inject(

@@ -102,12 +102,56 @@ def _free(host: str, port: int) -> bool:
     return True
 
 
+CLAIMS = Path(tempfile.gettempdir()) / "cmemu-port-claims"
+CLAIM_CHUNK = 16  # ports per claim file
+CLAIM_WALL_S = 120.0  # a claim outlives the gap between probing a block and binding it
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _claim(base: int, count: int) -> int | None:
+    """Claim ports [base, base + count) for this process, machine-wide; None when done, else the
+    last port of a chunk another live process claimed less than CLAIM_WALL_S ago (search on
+    past it). A probe finds a block free and its caller binds it seconds later: without the
+    claim, another test session probing meanwhile (another pytest run on the machine, whose
+    xdist slices are this one's) found it free too, and one of the two failed to bind."""
+    CLAIMS.mkdir(exist_ok=True)
+    chunks = range(base // CLAIM_CHUNK, (base + count - 1) // CLAIM_CHUNK + 1)
+    fd = os.open(CLAIMS / ".lock", os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # one claimant at a time: check and write are one step
+        now = time.time()
+        for chunk in chunks:
+            path = CLAIMS / str(chunk)
+            try:
+                pid, at = (float(v) for v in path.read_text().split())
+            except (OSError, ValueError):
+                continue
+            if int(pid) != os.getpid() and now - at < CLAIM_WALL_S and _alive(int(pid)):
+                return (chunk + 1) * CLAIM_CHUNK - 1
+        for chunk in chunks:
+            (CLAIMS / str(chunk)).write_text(f"{os.getpid()} {now}")
+        return None
+    finally:
+        os.close(fd)
+
+
 def _search(count: int, host: str, start: int, stop: int) -> int | None:
     base = start
     while base + count <= stop:
         taken = next((p for p in range(base, base + count) if not _free(host, p)), None)
         if taken is None:
-            return base
+            taken = _claim(base, count)
+            if taken is None:
+                return base
         base = taken + 1
     return None
 
@@ -126,7 +170,9 @@ def free_port_block(
     searched from the bottom; in an xdist worker it is scaled into the worker's own slice (and
     turned by the run's offset), so the regions stay apart as in a plain run. Should the slice
     be full, the whole range is searched (two workers might then race for a port, as any two
-    processes might). The two ports after the block are free too: `cmemu up` puts its embedded
+    processes might). A block found is claimed machine-wide for CLAIM_WALL_S (`_claim`), so
+    that another test process does not find it free before its caller binds it. The two ports
+    after the block are free too: `cmemu up` puts its embedded
     broker and web view there (emulator/runtime/ports.py), so a block of a preset's
     `server_count` holds a whole instance."""
     count += len(EXTRAS)

@@ -12,13 +12,11 @@ from collections.abc import AsyncIterator, Callable
 
 from cmemu.v1 import device_pb2, device_pb2_grpc
 from emulator.client.wire import device as wire
-from emulator.engines.device.engine import DeviceEngine
+from emulator.engines.device.engine import MAX_LABEL, DeviceEngine
 from emulator.engines.device.faults import DEVICE_DOWN
-from emulator.model.errors import InvalidArgumentError, PreconditionError, quote
+from emulator.model.errors import InvalidArgumentError, PreconditionError
 from emulator.model.topology import DeviceKind
 from services.rpc import Context, abort, rpc
-
-MAX_LABEL = 256
 
 KIND_PROTO = {
     DeviceKind.NPU: device_pb2.DEVICE_KIND_NPU,
@@ -62,8 +60,6 @@ class DeviceServicer(device_pb2_grpc.DeviceServicer):
     async def AllocateRegion(
         self, request: device_pb2.AllocateRegionRequest, context: Context
     ) -> device_pb2.Region:
-        if len(request.label) > MAX_LABEL:
-            raise InvalidArgumentError(f"label longer than {MAX_LABEL} characters", field="label")
         region = self.engine.allocate(request.size, request.label)
         return wire.region_proto(region, self.engine.device.eid)
 
@@ -79,32 +75,8 @@ class DeviceServicer(device_pb2_grpc.DeviceServicer):
     async def ListRegions(
         self, request: device_pb2.ListRegionsRequest, context: Context
     ) -> device_pb2.ListRegionsResponse:
-        e = self.engine
-        alloc = e.memory.allocator
-        page_max = e.profile.limits.list_regions_page_max
-        size = min(request.page_size or page_max, page_max)
-        start = 0
-        if request.page_token:
-            if (
-                not (request.page_token.isascii() and request.page_token.isdigit())
-                or len(request.page_token) > 20
-            ):
-                raise InvalidArgumentError(
-                    f"page_token {quote(request.page_token)} is not one this device gave",
-                    field="page_token",
-                    reason="INVALID_PAGE_TOKEN",
-                )
-            start = alloc.index_at(int(request.page_token))
-        page = alloc.regions(start, size + 1)
-        return device_pb2.ListRegionsResponse(
-            regions=[wire.region_proto(r, e.device.eid) for r in page[:size]],
-            capacity_bytes=alloc.capacity,
-            used_bytes=alloc.used,
-            free_bytes=alloc.free,
-            largest_free_bytes=alloc.largest_free,
-            next_page_token=str(page[size].offset) if len(page) > size else "",
-            region_count=alloc.count,
-        )
+        page = self.engine.region_page(request.page_token, request.page_size)
+        return wire.region_page_proto(page, self.engine.device.eid)
 
     @rpc
     async def GetFaultState(

@@ -1,6 +1,6 @@
 """The EMS service: the elastic memory store over the nodes' memory pools.
 
-Protobuf in, the store (services/ems_store/, over the model in emulator/model/ems) in between,
+Protobuf in, the store (emulator/engines/ems/, over the model in emulator/model/ems) in between,
 protobuf out; domain errors become statuses through `rpc`.
 """
 
@@ -12,12 +12,12 @@ from typing import cast
 
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
 from emulator.engines.clock import Timeline
+from emulator.engines.ems import EmsState, Fetched, Stored
 from emulator.engines.events import EventSink
 from emulator.model.ems import ObjectMeta, Tier, check_key, check_kind, object_size
 from emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.topology import Topology
-from services.ems_store import EmsState, Fetched, Stored
 from services.host import ServiceHost
 from services.peers import Peers
 from services.rpc import Context, abort, rpc

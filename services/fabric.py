@@ -16,9 +16,10 @@ from emulator.client.wire import fabric as wire
 from emulator.client.wire import ub as ub_wire
 from emulator.engines.clock import TimeKeeper
 from emulator.engines.fabric.engine import FabricEngine
+from emulator.engines.fabric.usage import link_stats
 from emulator.model.errors import InvalidArgumentError, NotFoundError, OutOfRangeError, blame
 from services.host import ServiceHost
-from services.rpc import Context, abort, rpc
+from services.rpc import Context, abort, rpc, while_reading
 
 SERVICE = "cmemu.v1.Fabric"
 # answered whatever a service fault did to the fabric: the emulator's time is not the fabric's
@@ -123,7 +124,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     async def GetLinkStats(
         self, request: fabric_pb2.LinkStatsRequest, context: Context
     ) -> fabric_pb2.LinkStats:
-        return wire.link_stats_proto(self.engine.link_stats(request.top or DEFAULT_TOP))
+        return wire.link_stats_proto(link_stats(self.engine, request.top or DEFAULT_TOP))
 
     async def WatchLinkStats(
         self, request: fabric_pb2.WatchLinkStatsRequest, context: Context
@@ -134,7 +135,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
             )
         interval = (request.interval_ms or DEFAULT_WATCH_MS) / 1000
         while True:
-            yield wire.link_stats_proto(self.engine.link_stats(request.top or DEFAULT_TOP))
+            yield wire.link_stats_proto(link_stats(self.engine, request.top or DEFAULT_TOP))
             await asyncio.sleep(interval)
 
     @rpc
@@ -167,7 +168,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
 
         reader = asyncio.ensure_future(read())
         try:
-            async for state in authority.watch():
+            async for state in while_reading(reader, authority.watch()):
                 yield wire.segment_proto(state)
         finally:
             reader.cancel()

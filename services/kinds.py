@@ -35,7 +35,6 @@ class DeviceServer:
         device = DeviceServicer(engine, kind.hardware)
         bus = UnifiedBusServicer(engine)
         self.engine = engine
-        self.servicers = {"device": device, "bus": bus}  # for the older by-name calls
         self.host = ServiceHost(
             name=engine.device.id,
             address=engine.device.address,

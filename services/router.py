@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 
 import structlog
 
@@ -26,20 +25,24 @@ from emulator.model.errors import (
     quote,
 )
 from emulator.model.hardware import HardwareProfile
-from emulator.model.instruments import Family, Histogram, MetricType
+from emulator.model.instruments import Family
 from emulator.model.serving.cost import kv_bytes_per_token
 from emulator.model.serving.engine import Engine
 from emulator.model.serving.models import get_model
+from emulator.model.serving.pdpolicy import live_options, unit_rates
 from emulator.model.topology import ServiceKind, Topology
 from services.auth import OPEN
 from services.host import ServiceHost
 from services.peers import Peers
 from services.rpc import Context, rpc
 from services.serving.deploy import LiveDeployment, Provisioner, parse_request, spec_text
-from services.serving.driver import Driver, ServingModel
+from services.serving.driver import Driver
+from services.serving.measures import ServingModel
 from services.serving.openai_http import OpenAiServer
+from services.serving.pdlive import LivePd
 from services.serving.recovery import Recovery
-from services.serving.stats import ServingStats, summarize
+from services.serving.reports import serving_families, usage_report
+from services.serving.stats import summarize
 
 SERVICE = "cmemu.v1.Router"
 log = structlog.get_logger("cmemu.router")
@@ -81,6 +84,8 @@ class RouterState:
         self._tasks: asyncio.TaskGroup | None = None
         self._loading: dict[str, asyncio.Task[None]] = {}
         self._recoveries: dict[str, asyncio.Task[None]] = {}
+        self._watchers: dict[str, asyncio.Task[None]] = {}  # live dynamic PD's deciding loops
+        self._pds: dict[str, LivePd] = {}
         self._closed = asyncio.Event()
         self.host: ServiceHost | None = None  # its token guards the HTTP endpoint too
 
@@ -109,7 +114,8 @@ class RouterState:
                 await self._closed.wait()
             finally:  # streams end (their requests cancelled) before the endpoint stops
                 self._tasks = None
-                for task in [*self._loading.values(), *self._recoveries.values()]:
+                owned = [*self._loading.values(), *self._recoveries.values()]
+                for task in [*owned, *self._watchers.values()]:
                     task.cancel()
                 for live in self.deployments.values():
                     if live.driver is not None:
@@ -225,6 +231,28 @@ class RouterState:
             watching = tasks.create_task(recovery.run(), name=f"recovery-{live.name}")
             self._recoveries[live.name] = watching
             watching.add_done_callback(lambda _: self._recoveries.pop(live.name, None))
+            self._start_pd(live, driver, tasks)
+
+    def _start_pd(self, live: LiveDeployment, driver: Driver, tasks: asyncio.TaskGroup) -> None:
+        """Live dynamic PD (services/serving/pdlive.py), when the deployment asks for it."""
+        options = live_options(live.spec)
+        if options is None:
+            return
+        pd = LivePd(
+            live=live,
+            driver=driver,
+            provisioner=self.provisioner,
+            options=options,
+            rates=unit_rates(live.spec, profile=self.profile),
+            clock=self.clock,
+            profile=self.profile,
+            ems_address=self.ems_address,
+        )
+        live.pd = pd.status
+        self._pds[live.name] = pd
+        deciding = tasks.create_task(pd.run(), name=f"pd-{live.name}")
+        self._watchers[live.name] = deciding
+        deciding.add_done_callback(lambda _: self._watchers.pop(live.name, None))
 
     async def undeploy(self, name: str) -> LiveDeployment:
         live = self.get(name)
@@ -233,11 +261,12 @@ class RouterState:
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
-        watching = self._recoveries.get(name)
-        if watching is not None:
-            watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
+        for task in (self._recoveries.get(name), self._watchers.get(name)):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._pds.pop(name, None)
         if live.driver is not None:
             await live.driver.close()
         await self.provisioner.release(live)
@@ -263,76 +292,15 @@ class RouterState:
 
     def usage(self, tenant: str) -> router_pb2.UsageReport:
         """Each tenant's metered use (NotFoundError for a tenant the endpoint does not know)."""
-        report = router_pb2.UsageReport(at_ns=self.clock.now_ns())
-        if self.http is None:
-            return report
-        meter = self.http.admission.meter
-        if tenant and tenant not in meter.usage:
-            raise NotFoundError(
-                f"no tenant {quote(tenant)}; known: {', '.join(sorted(meter.usage))}",
-                field="tenant",
-                subject=tenant,
-                reason="TENANT_NOT_FOUND",
-            )
-        for name, use in sorted(meter.usage.items()):
-            if tenant and name != tenant:
-                continue
-            t = meter.tenants[name]
-            report.tenants.append(
-                router_pb2.TenantUsage(
-                    tenant=name,
-                    priority=str(t.priority),
-                    requests=use.requests,
-                    prompt_tokens=use.prompt_tokens,
-                    cached_tokens=use.cached_tokens,
-                    completion_tokens=use.completion_tokens,
-                    total_tokens=use.total_tokens,
-                    rejected=use.rejected,
-                    quota_tokens=t.quota_tokens or 0,
-                )
-            )
-        return report
+        meter = self.http.admission.meter if self.http is not None else None
+        return usage_report(meter, self.clock.now_ns(), tenant)
 
     def metrics(self) -> list[Family]:
         """Serving figures for /metrics, per deployment (emulated seconds, tokens)."""
-        drivers = [(n, live.driver) for n, live in self.deployments.items() if live.driver]
-        label = [({"deployment": name}, driver.stats) for name, driver in drivers]
-
-        def hist(name: str, what: str, pick: Callable[[ServingStats], Histogram]) -> Family:
-            samples = [(labels, pick(s).snapshot()) for labels, s in label]
-            return Family(name=name, help=f"{what} (emulated)", type="histogram", samples=samples)
-
-        def count(
-            name: str, what: str, kind: MetricType, pick: Callable[[ServingStats], int]
-        ) -> Family:
-            samples = [(labels, float(pick(s))) for labels, s in label]
-            return Family(name=name, help=what, type=kind, samples=samples)
-
+        drivers = {n: live.driver for n, live in self.deployments.items() if live.driver}
         tenants = self.http.metrics() if self.http is not None else []
-        return [
-            *tenants,
-            hist("cmemu_serving_ttft_seconds", "Time to first token", lambda s: s.ttft_s),
-            hist("cmemu_serving_tpot_seconds", "Time per output token", lambda s: s.tpot_s),
-            hist("cmemu_serving_queueing_seconds", "Arrival to prefill", lambda s: s.queueing_s),
-            count(
-                "cmemu_serving_completion_tokens_total",
-                "Output tokens generated",
-                "counter",
-                lambda s: s.completion_tokens,
-            ),
-            count(
-                "cmemu_serving_requests_finished_total",
-                "Requests finished (completed or cancelled)",
-                "counter",
-                lambda s: len(s.finished),
-            ),
-            count(
-                "cmemu_serving_requests_in_flight",
-                "Requests admitted and not finished",
-                "gauge",
-                lambda s: s.in_flight,
-            ),
-        ]
+        units = {name: pd.units() for name, pd in self._pds.items()}
+        return [*tenants, *serving_families(drivers, units)]
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):

@@ -140,6 +140,7 @@ def _reason_in(details: Iterable[any_pb2.Any]) -> str | None:
 
 Context = grpc.aio.ServicerContext[Any, Any]
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+T = TypeVar("T")
 
 log = structlog.get_logger("cmemu.rpc")
 
@@ -327,13 +328,36 @@ class GuardInterceptor(_ServerInterceptor):
         return handler
 
 
-async def _checked(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
-    """A client stream's messages; one that does not decode ends the call INVALID_ARGUMENT
-    (aborted here, so whichever task reads the stream, the caller gets the status)."""
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A client stream's messages; one that does not decode raises its INVALID_ARGUMENT error,
+    for the handler's own task to end the call with. Never aborted here: a handler may read
+    its stream in a task of its own (SyncClock), and a status sent from that task while the
+    handler's task sends a message raced it (the caller then waited for a status never sent)."""
     async for request in requests:
         if isinstance(request, MalformedRequest):
-            await abort(context, request.error)
+            raise request.error
         yield request
+
+
+async def while_reading(reader: asyncio.Task[None], items: AsyncIterator[T]) -> AsyncIterator[T]:
+    """`items`, ended by the exception of `reader` (a task reading the call's client stream) as
+    soon as it fails, so that the handler's task, the only one that writes to the call, ends it."""
+    step: asyncio.Future[T] | None = None
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(items))
+            if not reader.done():
+                await asyncio.wait({step, reader}, return_when=asyncio.FIRST_COMPLETED)
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                raise cast(BaseException, reader.exception())
+            try:
+                item = await step
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if step is not None:
+            step.cancel()
 
 
 def _guard_client_stream(
@@ -346,9 +370,11 @@ def _guard_client_stream(
 
         async def stream_unary(requests: AsyncIterator[Any], context: Context) -> Any:
             try:
-                return await unary(_checked(requests, context), context)
+                return await unary(_checked(requests), context)
             except grpc.aio.AbortError:
                 raise
+            except EmulatorError as exc:  # a malformed message, read outside any `rpc` handler
+                await abort(context, exc)
             except Exception as exc:
                 await abort(context, internal(exc, rpc=method))
 
@@ -364,10 +390,12 @@ def _guard_client_stream(
             requests: AsyncIterator[Any], context: Context
         ) -> AsyncIterator[Any]:
             try:
-                async for item in stream(_checked(requests, context), context):
+                async for item in stream(_checked(requests), context):
                     yield item
             except grpc.aio.AbortError:
                 raise
+            except EmulatorError as exc:  # a malformed message, read outside any `rpc` handler
+                await abort(context, exc)
             except Exception as exc:
                 await abort(context, internal(exc, rpc=method))
 

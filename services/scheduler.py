@@ -6,6 +6,10 @@ event loop). Each change publishes an event on the scheduler's topic (allocated,
 replaced, failed, healthy, spares) for controllers and the chaos runner to follow, and each
 change of an allocation goes to its WatchAllocations streams: the single source of truth a
 workload watches to stop on a failed NPU and restore onto its replacement.
+
+The scheduler also runs day plans (serve by day, train by night: services/dayplans.py), the one
+thing it does in the background: at nightfall and in the morning a plan moves NPUs between a
+deployment of the router and a training job, through their services.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
 from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
-from emulator.model.errors import EmulatorError
+from emulator.model.errors import EmulatorError, UnavailableError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.naming import parse_supernode, service_id
 from emulator.model.scheduler import (
@@ -29,6 +33,8 @@ from emulator.model.scheduler import (
     check_job,
 )
 from emulator.model.topology import ServiceKind, Topology
+from services.dayplans import DayPlans
+from services.dayplans import message as dayplan_message
 from services.host import ServiceHost
 from services.peers import Peers
 from services.rpc import Context, abort, rpc
@@ -48,6 +54,7 @@ class SchedulerState:
         profile: HardwareProfile,
         clock: Timeline,
         events: EventSink | None = None,
+        peers: Peers | None = None,
     ) -> None:
         self.name = service_id(
             ServiceKind.SCHEDULER.value, supernode=parse_supernode(topology.supernode)
@@ -61,6 +68,15 @@ class SchedulerState:
         self.model = Scheduler(self.inventory, spares=spares)
         # WatchAllocations streams: each a queue and the job it follows ("" = every job)
         self.watchers: dict[asyncio.Queue[scheduler_pb2.AllocationEvent], str] = {}
+        # serve by day, train by night: its plans move NPUs through the router and the
+        # training jobs (None: a scheduler without peers, as a unit test builds one)
+        self.days = (
+            None
+            if peers is None
+            else DayPlans(
+                topology=topology, profile=profile, clock=clock, peers=peers, publish=self.publish
+            )
+        )
 
     def publish(self, event: str, **detail: Any) -> None:
         if self.events is not None:
@@ -77,10 +93,19 @@ class SchedulerState:
                 queue.put_nowait(event)
 
     async def run(self) -> None:
-        """Nothing runs in the background: every change comes from an RPC."""
+        """The day plans' runners, until close(); every other change comes from an RPC."""
+        if self.days is not None:
+            await self.days.run()
 
     async def close(self) -> None:
-        """Nothing to release (idempotent)."""
+        """The day plans end where they are (idempotent)."""
+        if self.days is not None:
+            await self.days.close()
+
+    def day_plans(self) -> DayPlans:
+        if self.days is None:
+            raise UnavailableError("this scheduler runs no day plans (no peers)")
+        return self.days
 
     def message(self, allocation: Allocation) -> scheduler_pb2.Allocation:
         inventory = self.inventory
@@ -260,6 +285,25 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             default_policy=self.model.default_policy,
         )
 
+    @rpc
+    async def StartDayPlan(
+        self, request: scheduler_pb2.StartDayPlanRequest, context: Context
+    ) -> scheduler_pb2.DayPlan:
+        runner = await self.state.day_plans().start(request)
+        return dayplan_message(runner)
+
+    @rpc
+    async def GetDayPlan(
+        self, request: scheduler_pb2.DayPlanRequest, context: Context
+    ) -> scheduler_pb2.DayPlan:
+        return await self.state.day_plans().status(request.name)
+
+    @rpc
+    async def StopDayPlan(
+        self, request: scheduler_pb2.DayPlanRequest, context: Context
+    ) -> scheduler_pb2.DayPlan:
+        return await self.state.day_plans().stop(request.name)
+
 
 def create_scheduler(
     *,
@@ -270,9 +314,11 @@ def create_scheduler(
     peers: Peers,
     events: EventSink | None,
 ) -> tuple[SchedulerState, ServiceHost]:
-    """The scheduler's state and its server (not started). `peers` is unused: the scheduler
-    calls no device; it is part of every service factory's shape."""
-    state = SchedulerState(topology=topology, profile=profile, clock=clock, events=events)
+    """The scheduler's state and its server (not started). `peers` reach the router and the
+    training jobs for the day plans (the scheduler calls no device)."""
+    state = SchedulerState(
+        topology=topology, profile=profile, clock=clock, events=events, peers=peers
+    )
     servicer = SchedulerServicer(state)
     host = ServiceHost(
         name=state.name,

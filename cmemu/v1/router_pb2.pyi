@@ -325,6 +325,7 @@ class Deployment(_message.Message):
     LAST_ISOLATED_NS_FIELD_NUMBER: _builtins.int
     LAST_RESTORED_NS_FIELD_NUMBER: _builtins.int
     HEALTH_FIELD_NUMBER: _builtins.int
+    PD_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     model: _builtins.str
     state: Global___DeploymentState.ValueType
@@ -357,6 +358,12 @@ class Deployment(_message.Message):
         isolated now ("n00-npu3.d1"), restored ones not
         """
 
+    @_builtins.property
+    def pd(self) -> Global___PdStatus:
+        """Live dynamic PD (the deployment's `pd` section; absent when it is fixed): the split now
+        and every switch so far
+        """
+
     def __init__(
         self,
         *,
@@ -373,14 +380,92 @@ class Deployment(_message.Message):
         last_isolated_ns: _builtins.int = ...,
         last_restored_ns: _builtins.int = ...,
         health: _builtins.str = ...,
+        pd: Global___PdStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["weights", b"weights"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pd", b"pd", "weights", b"weights"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ns", b"created_ns", "error", b"error", "failed_dies", b"failed_dies", "health", b"health", "instances", b"instances", "last_isolated_ns", b"last_isolated_ns", "last_restored_ns", b"last_restored_ns", "model", b"model", "name", b"name", "npus", b"npus", "spec_yaml", b"spec_yaml", "state", b"state", "weights", b"weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ns", b"created_ns", "error", b"error", "failed_dies", b"failed_dies", "health", b"health", "instances", b"instances", "last_isolated_ns", b"last_isolated_ns", "last_restored_ns", b"last_restored_ns", "model", b"model", "name", b"name", "npus", b"npus", "pd", b"pd", "spec_yaml", b"spec_yaml", "state", b"state", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Deployment: _TypeAlias = Deployment  # noqa: Y015
+
+@_typing.final
+class PdSwitch(_message.Message):
+    """One switch of live dynamic PD: instances leaving one role for the other. Each drains (takes
+    no new work, finishes what it holds), reloads the weights from EMS, then joins.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AT_NS_FIELD_NUMBER: _builtins.int
+    TO_FIELD_NUMBER: _builtins.int
+    INSTANCES_FIELD_NUMBER: _builtins.int
+    JOINED_NS_FIELD_NUMBER: _builtins.int
+    at_ns: _builtins.int
+    """emulated instant the policy asked for it"""
+    to: _builtins.str
+    """"prefill" or "decode" """
+    joined_ns: _builtins.int
+    """emulated instant the last of them joined (0: not yet)"""
+    @_builtins.property
+    def instances(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the instances moving (each keeps its name)"""
+
+    def __init__(
+        self,
+        *,
+        at_ns: _builtins.int = ...,
+        to: _builtins.str = ...,
+        instances: _abc.Iterable[_builtins.str] | None = ...,
+        joined_ns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_ns", b"at_ns", "instances", b"instances", "joined_ns", b"joined_ns", "to", b"to"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PdSwitch: _TypeAlias = PdSwitch  # noqa: Y015
+
+@_typing.final
+class PdStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    PREFILL_UNITS_FIELD_NUMBER: _builtins.int
+    DECODE_UNITS_FIELD_NUMBER: _builtins.int
+    SWITCHING_UNITS_FIELD_NUMBER: _builtins.int
+    SWITCHES_FIELD_NUMBER: _builtins.int
+    PREFILL_SHARE_FIELD_NUMBER: _builtins.int
+    policy: _builtins.str
+    """"dynamic", ... (emulator/model/serving/pdpolicy.py)"""
+    prefill_units: _builtins.int
+    """instances in the prefill role (retiring ones included)"""
+    decode_units: _builtins.int
+    switching_units: _builtins.int
+    """reloading their weights, in neither role"""
+    prefill_share: _builtins.float
+    """of the demand the policy measured last (unit-seconds)"""
+    @_builtins.property
+    def switches(self) -> _containers.RepeatedCompositeFieldContainer[Global___PdSwitch]: ...
+    def __init__(
+        self,
+        *,
+        policy: _builtins.str = ...,
+        prefill_units: _builtins.int = ...,
+        decode_units: _builtins.int = ...,
+        switching_units: _builtins.int = ...,
+        switches: _abc.Iterable[Global___PdSwitch] | None = ...,
+        prefill_share: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_units", b"decode_units", "policy", b"policy", "prefill_share", b"prefill_share", "prefill_units", b"prefill_units", "switches", b"switches", "switching_units", b"switching_units"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PdStatus: _TypeAlias = PdStatus  # noqa: Y015
 
 @_typing.final
 class DeploymentList(_message.Message):

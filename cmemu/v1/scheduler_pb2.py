@@ -22,57 +22,68 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from cmemu.v1 import training_pb2 as cmemu_dot_v1_dot_training__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63memu/v1/scheduler.proto\x12\x08\x63memu.v1\"v\n\x0f\x41llocateRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04npus\x18\x02 \x01(\r\x12\x13\n\x0bwhole_nodes\x18\x03 \x01(\x08\x12\x11\n\tsame_rack\x18\x04 \x01(\x08\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x0e\n\x06policy\x18\x06 \x01(\t\"T\n\x0c\x41llocatedNpu\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0c\n\x04rack\x18\x03 \x01(\r\x12\x0c\n\x04\x64ies\x18\x04 \x03(\t\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x08\"\xbd\x01\n\nAllocation\x12\x0b\n\x03job\x18\x01 \x01(\t\x12$\n\x04npus\x18\x02 \x03(\x0b\x32\x16.cmemu.v1.AllocatedNpu\x12\r\n\x05nodes\x18\x03 \x03(\t\x12\r\n\x05racks\x18\x04 \x03(\r\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x13\n\x0bwhole_nodes\x18\x07 \x01(\x08\x12\x11\n\tsame_rack\x18\x08 \x01(\x08\x12\x14\n\x0c\x61llocated_ns\x18\t \x01(\x03\"\x1d\n\x0eReleaseRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\",\n\x0fReleaseResponse\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04npus\x18\x02 \x01(\r\"\x18\n\x16ListAllocationsRequest\"\xac\x01\n\x17ListAllocationsResponse\x12)\n\x0b\x61llocations\x18\x01 \x03(\x0b\x32\x14.cmemu.v1.Allocation\x12\x12\n\ntotal_npus\x18\x02 \x01(\r\x12\x11\n\tfree_npus\x18\x03 \x01(\r\x12\x16\n\x0e\x61llocated_npus\x18\x04 \x01(\r\x12\x12\n\nspare_npus\x18\x05 \x01(\r\x12\x13\n\x0b\x66\x61iled_npus\x18\x06 \x01(\r\"#\n\x14GetAllocationRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"F\n\x0eReplaceRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x03npu\x18\x02 \x01(\tH\x00\x12\x0e\n\x04node\x18\x03 \x01(\tH\x00\x42\x08\n\x06target\",\n\x08Replaced\x12\x0f\n\x07old_npu\x18\x01 \x01(\t\x12\x0f\n\x07new_npu\x18\x02 \x01(\t\"a\n\x0fReplaceResponse\x12(\n\nallocation\x18\x01 \x01(\x0b\x32\x14.cmemu.v1.Allocation\x12$\n\x08replaced\x18\x02 \x03(\x0b\x32\x12.cmemu.v1.Replaced\"6\n\x0bMarkRequest\x12\r\n\x03npu\x18\x01 \x01(\tH\x00\x12\x0e\n\x04node\x18\x02 \x01(\tH\x00\x42\x08\n\x06target\"3\n\x0cMarkResponse\x12\x0c\n\x04npus\x18\x01 \x03(\t\x12\x15\n\raffected_jobs\x18\x02 \x03(\t\"\x12\n\x10GetSparesRequest\"!\n\x10SetSparesRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\r\"&\n\x06Spares\x12\x0e\n\x06target\x18\x01 \x01(\r\x12\x0c\n\x04npus\x18\x02 \x03(\t\"\x15\n\x13ListPoliciesRequest\"/\n\nPolicyInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\"V\n\x14ListPoliciesResponse\x12&\n\x08policies\x18\x01 \x03(\x0b\x32\x14.cmemu.v1.PolicyInfo\x12\x16\n\x0e\x64\x65\x66\x61ult_policy\x18\x02 \x01(\t\"&\n\x17WatchAllocationsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"h\n\x0f\x41llocationEvent\x12(\n\nallocation\x18\x01 \x01(\x0b\x32\x14.cmemu.v1.Allocation\x12\x0e\n\x06\x63hange\x18\x02 \x01(\t\x12\x0c\n\x04npus\x18\x03 \x03(\t\x12\r\n\x05\x61t_ns\x18\x04 \x01(\x03\x32\xfb\x05\n\tScheduler\x12;\n\x08\x41llocate\x12\x19.cmemu.v1.AllocateRequest\x1a\x14.cmemu.v1.Allocation\x12>\n\x07Release\x12\x18.cmemu.v1.ReleaseRequest\x1a\x19.cmemu.v1.ReleaseResponse\x12V\n\x0fListAllocations\x12 .cmemu.v1.ListAllocationsRequest\x1a!.cmemu.v1.ListAllocationsResponse\x12\x45\n\rGetAllocation\x12\x1e.cmemu.v1.GetAllocationRequest\x1a\x14.cmemu.v1.Allocation\x12>\n\x07Replace\x12\x18.cmemu.v1.ReplaceRequest\x1a\x19.cmemu.v1.ReplaceResponse\x12;\n\nMarkFailed\x12\x15.cmemu.v1.MarkRequest\x1a\x16.cmemu.v1.MarkResponse\x12<\n\x0bMarkHealthy\x12\x15.cmemu.v1.MarkRequest\x1a\x16.cmemu.v1.MarkResponse\x12\x39\n\tGetSpares\x12\x1a.cmemu.v1.GetSparesRequest\x1a\x10.cmemu.v1.Spares\x12\x39\n\tSetSpares\x12\x1a.cmemu.v1.SetSparesRequest\x1a\x10.cmemu.v1.Spares\x12M\n\x0cListPolicies\x12\x1d.cmemu.v1.ListPoliciesRequest\x1a\x1e.cmemu.v1.ListPoliciesResponse\x12R\n\x10WatchAllocations\x12!.cmemu.v1.WatchAllocationsRequest\x1a\x19.cmemu.v1.AllocationEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63memu/v1/scheduler.proto\x12\x08\x63memu.v1\x1a\x17\x63memu/v1/training.proto\"\xcf\x01\n\x13StartDayPlanRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ndeployment\x18\x02 \x01(\t\x12\x19\n\x11night_decode_npus\x18\x03 \x01(\r\x12(\n\x08training\x18\x04 \x01(\x0b\x32\x16.cmemu.v1.TrainingSpec\x12\r\n\x05night\x18\x05 \x01(\t\x12\x0e\n\x06hour_s\x18\x06 \x01(\x01\x12\x12\n\nstart_hour\x18\x07 \x01(\x01\x12\r\n\x05hours\x18\x08 \x01(\x01\x12\x0f\n\x07\x64rain_s\x18\t \x01(\x01\"\x1e\n\x0e\x44\x61yPlanRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\\\n\tDaySwitch\x12\r\n\x05\x61t_ns\x18\x01 \x01(\x03\x12\x11\n\tplan_hour\x18\x02 \x01(\x01\x12\n\n\x02to\x18\x03 \x01(\t\x12\x13\n\x0b\x64uration_ns\x18\x04 \x01(\x03\x12\x0c\n\x04npus\x18\x05 \x01(\r\"j\n\tDayPeriod\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x10\n\x08start_ns\x18\x02 \x01(\x03\x12\x0e\n\x06\x65nd_ns\x18\x03 \x01(\x03\x12\x15\n\rserved_tokens\x18\x04 \x01(\x04\x12\x16\n\x0etraining_steps\x18\x05 \x01(\x04\"\xa8\x03\n\x07\x44\x61yPlan\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ndeployment\x18\x02 \x01(\t\x12\x14\n\x0ctraining_job\x18\x03 \x01(\t\x12\r\n\x05night\x18\x04 \x01(\t\x12\x0e\n\x06hour_s\x18\x05 \x01(\x01\x12\x12\n\nstart_hour\x18\x06 \x01(\x01\x12\r\n\x05hours\x18\x07 \x01(\x01\x12\r\n\x05state\x18\x08 \x01(\t\x12\x11\n\tplan_hour\x18\t \x01(\x01\x12%\n\x08switches\x18\n \x03(\x0b\x32\x13.cmemu.v1.DaySwitch\x12$\n\x07periods\x18\x0b \x03(\x0b\x32\x13.cmemu.v1.DayPeriod\x12\x19\n\x11served_tokens_day\x18\x0c \x01(\x04\x12\x1b\n\x13served_tokens_night\x18\r \x01(\x04\x12\x16\n\x0etraining_steps\x18\x0e \x01(\x04\x12\x15\n\rtraining_step\x18\x0f \x01(\x04\x12\x12\n\nstarted_ns\x18\x10 \x01(\x03\x12\r\n\x05\x65rror\x18\x11 \x01(\t\x12\x19\n\x11night_decode_npus\x18\x12 \x01(\r\x12\x0f\n\x07\x64rain_s\x18\x13 \x01(\x01\"v\n\x0f\x41llocateRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04npus\x18\x02 \x01(\r\x12\x13\n\x0bwhole_nodes\x18\x03 \x01(\x08\x12\x11\n\tsame_rack\x18\x04 \x01(\x08\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x0e\n\x06policy\x18\x06 \x01(\t\"T\n\x0c\x41llocatedNpu\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0c\n\x04rack\x18\x03 \x01(\r\x12\x0c\n\x04\x64ies\x18\x04 \x03(\t\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x08\"\xbd\x01\n\nAllocation\x12\x0b\n\x03job\x18\x01 \x01(\t\x12$\n\x04npus\x18\x02 \x03(\x0b\x32\x16.cmemu.v1.AllocatedNpu\x12\r\n\x05nodes\x18\x03 \x03(\t\x12\r\n\x05racks\x18\x04 \x03(\r\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x13\n\x0bwhole_nodes\x18\x07 \x01(\x08\x12\x11\n\tsame_rack\x18\x08 \x01(\x08\x12\x14\n\x0c\x61llocated_ns\x18\t \x01(\x03\"\x1d\n\x0eReleaseRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\",\n\x0fReleaseResponse\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04npus\x18\x02 \x01(\r\"\x18\n\x16ListAllocationsRequest\"\xac\x01\n\x17ListAllocationsResponse\x12)\n\x0b\x61llocations\x18\x01 \x03(\x0b\x32\x14.cmemu.v1.Allocation\x12\x12\n\ntotal_npus\x18\x02 \x01(\r\x12\x11\n\tfree_npus\x18\x03 \x01(\r\x12\x16\n\x0e\x61llocated_npus\x18\x04 \x01(\r\x12\x12\n\nspare_npus\x18\x05 \x01(\r\x12\x13\n\x0b\x66\x61iled_npus\x18\x06 \x01(\r\"#\n\x14GetAllocationRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"F\n\x0eReplaceRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x03npu\x18\x02 \x01(\tH\x00\x12\x0e\n\x04node\x18\x03 \x01(\tH\x00\x42\x08\n\x06target\",\n\x08Replaced\x12\x0f\n\x07old_npu\x18\x01 \x01(\t\x12\x0f\n\x07new_npu\x18\x02 \x01(\t\"a\n\x0fReplaceResponse\x12(\n\nallocation\x18\x01 \x01(\x0b\x32\x14.cmemu.v1.Allocation\x12$\n\x08replaced\x18\x02 \x03(\x0b\x32\x12.cmemu.v1.Replaced\"6\n\x0bMarkRequest\x12\r\n\x03npu\x18\x01 \x01(\tH\x00\x12\x0e\n\x04node\x18\x02 \x01(\tH\x00\x42\x08\n\x06target\"3\n\x0cMarkResponse\x12\x0c\n\x04npus\x18\x01 \x03(\t\x12\x15\n\raffected_jobs\x18\x02 \x03(\t\"\x12\n\x10GetSparesRequest\"!\n\x10SetSparesRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\r\"&\n\x06Spares\x12\x0e\n\x06target\x18\x01 \x01(\r\x12\x0c\n\x04npus\x18\x02 \x03(\t\"\x15\n\x13ListPoliciesRequest\"/\n\nPolicyInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\"V\n\x14ListPoliciesResponse\x12&\n\x08policies\x18\x01 \x03(\x0b\x32\x14.cmemu.v1.PolicyInfo\x12\x16\n\x0e\x64\x65\x66\x61ult_policy\x18\x02 \x01(\t\"&\n\x17WatchAllocationsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"h\n\x0f\x41llocationEvent\x12(\n\nallocation\x18\x01 \x01(\x0b\x32\x14.cmemu.v1.Allocation\x12\x0e\n\x06\x63hange\x18\x02 \x01(\t\x12\x0c\n\x04npus\x18\x03 \x03(\t\x12\r\n\x05\x61t_ns\x18\x04 \x01(\x03\x32\xb4\x07\n\tScheduler\x12;\n\x08\x41llocate\x12\x19.cmemu.v1.AllocateRequest\x1a\x14.cmemu.v1.Allocation\x12>\n\x07Release\x12\x18.cmemu.v1.ReleaseRequest\x1a\x19.cmemu.v1.ReleaseResponse\x12V\n\x0fListAllocations\x12 .cmemu.v1.ListAllocationsRequest\x1a!.cmemu.v1.ListAllocationsResponse\x12\x45\n\rGetAllocation\x12\x1e.cmemu.v1.GetAllocationRequest\x1a\x14.cmemu.v1.Allocation\x12>\n\x07Replace\x12\x18.cmemu.v1.ReplaceRequest\x1a\x19.cmemu.v1.ReplaceResponse\x12;\n\nMarkFailed\x12\x15.cmemu.v1.MarkRequest\x1a\x16.cmemu.v1.MarkResponse\x12<\n\x0bMarkHealthy\x12\x15.cmemu.v1.MarkRequest\x1a\x16.cmemu.v1.MarkResponse\x12\x39\n\tGetSpares\x12\x1a.cmemu.v1.GetSparesRequest\x1a\x10.cmemu.v1.Spares\x12\x39\n\tSetSpares\x12\x1a.cmemu.v1.SetSparesRequest\x1a\x10.cmemu.v1.Spares\x12M\n\x0cListPolicies\x12\x1d.cmemu.v1.ListPoliciesRequest\x1a\x1e.cmemu.v1.ListPoliciesResponse\x12R\n\x10WatchAllocations\x12!.cmemu.v1.WatchAllocationsRequest\x1a\x19.cmemu.v1.AllocationEvent0\x01\x12@\n\x0cStartDayPlan\x12\x1d.cmemu.v1.StartDayPlanRequest\x1a\x11.cmemu.v1.DayPlan\x12\x39\n\nGetDayPlan\x12\x18.cmemu.v1.DayPlanRequest\x1a\x11.cmemu.v1.DayPlan\x12:\n\x0bStopDayPlan\x12\x18.cmemu.v1.DayPlanRequest\x1a\x11.cmemu.v1.DayPlanb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cmemu.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ALLOCATEREQUEST']._serialized_start=38
-  _globals['_ALLOCATEREQUEST']._serialized_end=156
-  _globals['_ALLOCATEDNPU']._serialized_start=158
-  _globals['_ALLOCATEDNPU']._serialized_end=242
-  _globals['_ALLOCATION']._serialized_start=245
-  _globals['_ALLOCATION']._serialized_end=434
-  _globals['_RELEASEREQUEST']._serialized_start=436
-  _globals['_RELEASEREQUEST']._serialized_end=465
-  _globals['_RELEASERESPONSE']._serialized_start=467
-  _globals['_RELEASERESPONSE']._serialized_end=511
-  _globals['_LISTALLOCATIONSREQUEST']._serialized_start=513
-  _globals['_LISTALLOCATIONSREQUEST']._serialized_end=537
-  _globals['_LISTALLOCATIONSRESPONSE']._serialized_start=540
-  _globals['_LISTALLOCATIONSRESPONSE']._serialized_end=712
-  _globals['_GETALLOCATIONREQUEST']._serialized_start=714
-  _globals['_GETALLOCATIONREQUEST']._serialized_end=749
-  _globals['_REPLACEREQUEST']._serialized_start=751
-  _globals['_REPLACEREQUEST']._serialized_end=821
-  _globals['_REPLACED']._serialized_start=823
-  _globals['_REPLACED']._serialized_end=867
-  _globals['_REPLACERESPONSE']._serialized_start=869
-  _globals['_REPLACERESPONSE']._serialized_end=966
-  _globals['_MARKREQUEST']._serialized_start=968
-  _globals['_MARKREQUEST']._serialized_end=1022
-  _globals['_MARKRESPONSE']._serialized_start=1024
-  _globals['_MARKRESPONSE']._serialized_end=1075
-  _globals['_GETSPARESREQUEST']._serialized_start=1077
-  _globals['_GETSPARESREQUEST']._serialized_end=1095
-  _globals['_SETSPARESREQUEST']._serialized_start=1097
-  _globals['_SETSPARESREQUEST']._serialized_end=1130
-  _globals['_SPARES']._serialized_start=1132
-  _globals['_SPARES']._serialized_end=1170
-  _globals['_LISTPOLICIESREQUEST']._serialized_start=1172
-  _globals['_LISTPOLICIESREQUEST']._serialized_end=1193
-  _globals['_POLICYINFO']._serialized_start=1195
-  _globals['_POLICYINFO']._serialized_end=1242
-  _globals['_LISTPOLICIESRESPONSE']._serialized_start=1244
-  _globals['_LISTPOLICIESRESPONSE']._serialized_end=1330
-  _globals['_WATCHALLOCATIONSREQUEST']._serialized_start=1332
-  _globals['_WATCHALLOCATIONSREQUEST']._serialized_end=1370
-  _globals['_ALLOCATIONEVENT']._serialized_start=1372
-  _globals['_ALLOCATIONEVENT']._serialized_end=1476
-  _globals['_SCHEDULER']._serialized_start=1479
-  _globals['_SCHEDULER']._serialized_end=2242
+  _globals['_STARTDAYPLANREQUEST']._serialized_start=64
+  _globals['_STARTDAYPLANREQUEST']._serialized_end=271
+  _globals['_DAYPLANREQUEST']._serialized_start=273
+  _globals['_DAYPLANREQUEST']._serialized_end=303
+  _globals['_DAYSWITCH']._serialized_start=305
+  _globals['_DAYSWITCH']._serialized_end=397
+  _globals['_DAYPERIOD']._serialized_start=399
+  _globals['_DAYPERIOD']._serialized_end=505
+  _globals['_DAYPLAN']._serialized_start=508
+  _globals['_DAYPLAN']._serialized_end=932
+  _globals['_ALLOCATEREQUEST']._serialized_start=934
+  _globals['_ALLOCATEREQUEST']._serialized_end=1052
+  _globals['_ALLOCATEDNPU']._serialized_start=1054
+  _globals['_ALLOCATEDNPU']._serialized_end=1138
+  _globals['_ALLOCATION']._serialized_start=1141
+  _globals['_ALLOCATION']._serialized_end=1330
+  _globals['_RELEASEREQUEST']._serialized_start=1332
+  _globals['_RELEASEREQUEST']._serialized_end=1361
+  _globals['_RELEASERESPONSE']._serialized_start=1363
+  _globals['_RELEASERESPONSE']._serialized_end=1407
+  _globals['_LISTALLOCATIONSREQUEST']._serialized_start=1409
+  _globals['_LISTALLOCATIONSREQUEST']._serialized_end=1433
+  _globals['_LISTALLOCATIONSRESPONSE']._serialized_start=1436
+  _globals['_LISTALLOCATIONSRESPONSE']._serialized_end=1608
+  _globals['_GETALLOCATIONREQUEST']._serialized_start=1610
+  _globals['_GETALLOCATIONREQUEST']._serialized_end=1645
+  _globals['_REPLACEREQUEST']._serialized_start=1647
+  _globals['_REPLACEREQUEST']._serialized_end=1717
+  _globals['_REPLACED']._serialized_start=1719
+  _globals['_REPLACED']._serialized_end=1763
+  _globals['_REPLACERESPONSE']._serialized_start=1765
+  _globals['_REPLACERESPONSE']._serialized_end=1862
+  _globals['_MARKREQUEST']._serialized_start=1864
+  _globals['_MARKREQUEST']._serialized_end=1918
+  _globals['_MARKRESPONSE']._serialized_start=1920
+  _globals['_MARKRESPONSE']._serialized_end=1971
+  _globals['_GETSPARESREQUEST']._serialized_start=1973
+  _globals['_GETSPARESREQUEST']._serialized_end=1991
+  _globals['_SETSPARESREQUEST']._serialized_start=1993
+  _globals['_SETSPARESREQUEST']._serialized_end=2026
+  _globals['_SPARES']._serialized_start=2028
+  _globals['_SPARES']._serialized_end=2066
+  _globals['_LISTPOLICIESREQUEST']._serialized_start=2068
+  _globals['_LISTPOLICIESREQUEST']._serialized_end=2089
+  _globals['_POLICYINFO']._serialized_start=2091
+  _globals['_POLICYINFO']._serialized_end=2138
+  _globals['_LISTPOLICIESRESPONSE']._serialized_start=2140
+  _globals['_LISTPOLICIESRESPONSE']._serialized_end=2226
+  _globals['_WATCHALLOCATIONSREQUEST']._serialized_start=2228
+  _globals['_WATCHALLOCATIONSREQUEST']._serialized_end=2266
+  _globals['_ALLOCATIONEVENT']._serialized_start=2268
+  _globals['_ALLOCATIONEVENT']._serialized_end=2372
+  _globals['_SCHEDULER']._serialized_start=2375
+  _globals['_SCHEDULER']._serialized_end=3323
 # @@protoc_insertion_point(module_scope)

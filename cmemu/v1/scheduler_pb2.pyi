@@ -20,6 +20,7 @@ Units, the same in every file of cmemu.v1:
 - Sizes are bytes (`size`, `bytes`, `*_bytes`); bandwidths are decimal GB/s (`*_gb_s`).
 """
 
+from cmemu.v1 import training_pb2 as _training_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -34,6 +35,234 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class StartDayPlanRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DEPLOYMENT_FIELD_NUMBER: _builtins.int
+    NIGHT_DECODE_NPUS_FIELD_NUMBER: _builtins.int
+    TRAINING_FIELD_NUMBER: _builtins.int
+    NIGHT_FIELD_NUMBER: _builtins.int
+    HOUR_S_FIELD_NUMBER: _builtins.int
+    START_HOUR_FIELD_NUMBER: _builtins.int
+    HOURS_FIELD_NUMBER: _builtins.int
+    DRAIN_S_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """the plan; empty: the deployment's name"""
+    deployment: _builtins.str
+    """a deployment of the router, serving now"""
+    night_decode_npus: _builtins.int
+    """its decode NPUs at night; 0: undeployed at night"""
+    night: _builtins.str
+    """the night window in plan hours, START-END ("22-7")"""
+    hour_s: _builtins.float
+    """emulated seconds per plan hour (3600: not compressed)"""
+    start_hour: _builtins.float
+    """the plan clock's hour when the plan starts, 0..24"""
+    hours: _builtins.float
+    """plan hours to run, then the plan ends serving; 0: until stopped"""
+    drain_s: _builtins.float
+    """Emulated seconds a footprint about to be undeployed may take to finish its requests in
+    flight (the router's stats) before it goes; 0: none, they end with it.
+    """
+    @_builtins.property
+    def training(self) -> _training_pb2.TrainingSpec:
+        """the job that trains at night (its name and NPUs at least)"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        deployment: _builtins.str = ...,
+        night_decode_npus: _builtins.int = ...,
+        training: _training_pb2.TrainingSpec | None = ...,
+        night: _builtins.str = ...,
+        hour_s: _builtins.float = ...,
+        start_hour: _builtins.float = ...,
+        hours: _builtins.float = ...,
+        drain_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["training", b"training"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "drain_s", b"drain_s", "hour_s", b"hour_s", "hours", b"hours", "name", b"name", "night", b"night", "night_decode_npus", b"night_decode_npus", "start_hour", b"start_hour", "training", b"training"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartDayPlanRequest: _TypeAlias = StartDayPlanRequest  # noqa: Y015
+
+@_typing.final
+class DayPlanRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DayPlanRequest: _TypeAlias = DayPlanRequest  # noqa: Y015
+
+@_typing.final
+class DaySwitch(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AT_NS_FIELD_NUMBER: _builtins.int
+    PLAN_HOUR_FIELD_NUMBER: _builtins.int
+    TO_FIELD_NUMBER: _builtins.int
+    DURATION_NS_FIELD_NUMBER: _builtins.int
+    NPUS_FIELD_NUMBER: _builtins.int
+    at_ns: _builtins.int
+    """emulated instant the switch began"""
+    plan_hour: _builtins.float
+    """the plan clock then (hours since the plan's day 0 midnight)"""
+    to: _builtins.str
+    """"training" (nightfall) or "serving" (morning)"""
+    duration_ns: _builtins.int
+    """emulated time until the NPUs did their new work"""
+    npus: _builtins.int
+    """NPUs moved (the deployment's day footprint minus its night one)"""
+    def __init__(
+        self,
+        *,
+        at_ns: _builtins.int = ...,
+        plan_hour: _builtins.float = ...,
+        to: _builtins.str = ...,
+        duration_ns: _builtins.int = ...,
+        npus: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_ns", b"at_ns", "duration_ns", b"duration_ns", "npus", b"npus", "plan_hour", b"plan_hour", "to", b"to"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DaySwitch: _TypeAlias = DaySwitch  # noqa: Y015
+
+@_typing.final
+class DayPeriod(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    START_NS_FIELD_NUMBER: _builtins.int
+    END_NS_FIELD_NUMBER: _builtins.int
+    SERVED_TOKENS_FIELD_NUMBER: _builtins.int
+    TRAINING_STEPS_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """"day" or "night" """
+    start_ns: _builtins.int
+    """emulated instant it began (its switch's end)"""
+    end_ns: _builtins.int
+    """0 while it lasts"""
+    served_tokens: _builtins.int
+    """completion tokens the router's usage counted meanwhile"""
+    training_steps: _builtins.int
+    """steps the training job did meanwhile"""
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        start_ns: _builtins.int = ...,
+        end_ns: _builtins.int = ...,
+        served_tokens: _builtins.int = ...,
+        training_steps: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_ns", b"end_ns", "kind", b"kind", "served_tokens", b"served_tokens", "start_ns", b"start_ns", "training_steps", b"training_steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DayPeriod: _TypeAlias = DayPeriod  # noqa: Y015
+
+@_typing.final
+class DayPlan(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DEPLOYMENT_FIELD_NUMBER: _builtins.int
+    TRAINING_JOB_FIELD_NUMBER: _builtins.int
+    NIGHT_FIELD_NUMBER: _builtins.int
+    HOUR_S_FIELD_NUMBER: _builtins.int
+    START_HOUR_FIELD_NUMBER: _builtins.int
+    HOURS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    PLAN_HOUR_FIELD_NUMBER: _builtins.int
+    SWITCHES_FIELD_NUMBER: _builtins.int
+    PERIODS_FIELD_NUMBER: _builtins.int
+    SERVED_TOKENS_DAY_FIELD_NUMBER: _builtins.int
+    SERVED_TOKENS_NIGHT_FIELD_NUMBER: _builtins.int
+    TRAINING_STEPS_FIELD_NUMBER: _builtins.int
+    TRAINING_STEP_FIELD_NUMBER: _builtins.int
+    STARTED_NS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    NIGHT_DECODE_NPUS_FIELD_NUMBER: _builtins.int
+    DRAIN_S_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    deployment: _builtins.str
+    training_job: _builtins.str
+    night: _builtins.str
+    hour_s: _builtins.float
+    start_hour: _builtins.float
+    hours: _builtins.float
+    state: _builtins.str
+    """"day" | "night" | "switching" | "done" (its hours ran) | "stopped" | "failed" (see error)"""
+    plan_hour: _builtins.float
+    """the plan clock now"""
+    served_tokens_day: _builtins.int
+    """completion tokens served in day periods"""
+    served_tokens_night: _builtins.int
+    """... in night periods (the smaller footprint)"""
+    training_steps: _builtins.int
+    """steps done at night, every night together"""
+    training_step: _builtins.int
+    """the job's step now (resumed nights continue it)"""
+    started_ns: _builtins.int
+    error: _builtins.str
+    night_decode_npus: _builtins.int
+    drain_s: _builtins.float
+    @_builtins.property
+    def switches(self) -> _containers.RepeatedCompositeFieldContainer[Global___DaySwitch]: ...
+    @_builtins.property
+    def periods(self) -> _containers.RepeatedCompositeFieldContainer[Global___DayPeriod]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        deployment: _builtins.str = ...,
+        training_job: _builtins.str = ...,
+        night: _builtins.str = ...,
+        hour_s: _builtins.float = ...,
+        start_hour: _builtins.float = ...,
+        hours: _builtins.float = ...,
+        state: _builtins.str = ...,
+        plan_hour: _builtins.float = ...,
+        switches: _abc.Iterable[Global___DaySwitch] | None = ...,
+        periods: _abc.Iterable[Global___DayPeriod] | None = ...,
+        served_tokens_day: _builtins.int = ...,
+        served_tokens_night: _builtins.int = ...,
+        training_steps: _builtins.int = ...,
+        training_step: _builtins.int = ...,
+        started_ns: _builtins.int = ...,
+        error: _builtins.str = ...,
+        night_decode_npus: _builtins.int = ...,
+        drain_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "drain_s", b"drain_s", "error", b"error", "hour_s", b"hour_s", "hours", b"hours", "name", b"name", "night", b"night", "night_decode_npus", b"night_decode_npus", "periods", b"periods", "plan_hour", b"plan_hour", "served_tokens_day", b"served_tokens_day", "served_tokens_night", b"served_tokens_night", "start_hour", b"start_hour", "started_ns", b"started_ns", "state", b"state", "switches", b"switches", "training_job", b"training_job", "training_step", b"training_step", "training_steps", b"training_steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DayPlan: _TypeAlias = DayPlan  # noqa: Y015
 
 @_typing.final
 class AllocateRequest(_message.Message):

@@ -89,6 +89,21 @@ class SchedulerStub:
                 request_serializer=cmemu_dot_v1_dot_scheduler__pb2.WatchAllocationsRequest.SerializeToString,
                 response_deserializer=cmemu_dot_v1_dot_scheduler__pb2.AllocationEvent.FromString,
                 _registered_method=True)
+        self.StartDayPlan = channel.unary_unary(
+                '/cmemu.v1.Scheduler/StartDayPlan',
+                request_serializer=cmemu_dot_v1_dot_scheduler__pb2.StartDayPlanRequest.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_scheduler__pb2.DayPlan.FromString,
+                _registered_method=True)
+        self.GetDayPlan = channel.unary_unary(
+                '/cmemu.v1.Scheduler/GetDayPlan',
+                request_serializer=cmemu_dot_v1_dot_scheduler__pb2.DayPlanRequest.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_scheduler__pb2.DayPlan.FromString,
+                _registered_method=True)
+        self.StopDayPlan = channel.unary_unary(
+                '/cmemu.v1.Scheduler/StopDayPlan',
+                request_serializer=cmemu_dot_v1_dot_scheduler__pb2.DayPlanRequest.SerializeToString,
+                response_deserializer=cmemu_dot_v1_dot_scheduler__pb2.DayPlan.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -174,6 +189,33 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartDayPlan(self, request, context):
+        """Serve by day, train by night, live: on a compressed plan clock (`hour_s` emulated seconds
+        per plan hour) the scheduler shrinks a serving deployment at nightfall (redeployed smaller
+        through the router, or undeployed), starts its training job on the freed NPUs (resumed from
+        its last EMS checkpoint after the first night), and in the morning stops the job with a
+        checkpoint and redeploys the serving footprint (weights warm from EMS). INVALID_ARGUMENT: a
+        bad window, hour, plan name or training spec; NOT_FOUND: an unknown deployment;
+        FAILED_PRECONDITION: a running plan already uses the deployment or the training job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetDayPlan(self, request, context):
+        """A plan's state, its switches and its periods. NOT_FOUND: no such plan.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopDayPlan(self, request, context):
+        """End a plan: at night its job stops with a checkpoint and serving comes back first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -231,6 +273,21 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.WatchAllocations,
                     request_deserializer=cmemu_dot_v1_dot_scheduler__pb2.WatchAllocationsRequest.FromString,
                     response_serializer=cmemu_dot_v1_dot_scheduler__pb2.AllocationEvent.SerializeToString,
+            ),
+            'StartDayPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartDayPlan,
+                    request_deserializer=cmemu_dot_v1_dot_scheduler__pb2.StartDayPlanRequest.FromString,
+                    response_serializer=cmemu_dot_v1_dot_scheduler__pb2.DayPlan.SerializeToString,
+            ),
+            'GetDayPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDayPlan,
+                    request_deserializer=cmemu_dot_v1_dot_scheduler__pb2.DayPlanRequest.FromString,
+                    response_serializer=cmemu_dot_v1_dot_scheduler__pb2.DayPlan.SerializeToString,
+            ),
+            'StopDayPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopDayPlan,
+                    request_deserializer=cmemu_dot_v1_dot_scheduler__pb2.DayPlanRequest.FromString,
+                    response_serializer=cmemu_dot_v1_dot_scheduler__pb2.DayPlan.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -530,6 +587,87 @@ class Scheduler:
             '/cmemu.v1.Scheduler/WatchAllocations',
             cmemu_dot_v1_dot_scheduler__pb2.WatchAllocationsRequest.SerializeToString,
             cmemu_dot_v1_dot_scheduler__pb2.AllocationEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartDayPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cmemu.v1.Scheduler/StartDayPlan',
+            cmemu_dot_v1_dot_scheduler__pb2.StartDayPlanRequest.SerializeToString,
+            cmemu_dot_v1_dot_scheduler__pb2.DayPlan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDayPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cmemu.v1.Scheduler/GetDayPlan',
+            cmemu_dot_v1_dot_scheduler__pb2.DayPlanRequest.SerializeToString,
+            cmemu_dot_v1_dot_scheduler__pb2.DayPlan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopDayPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cmemu.v1.Scheduler/StopDayPlan',
+            cmemu_dot_v1_dot_scheduler__pb2.DayPlanRequest.SerializeToString,
+            cmemu_dot_v1_dot_scheduler__pb2.DayPlan.FromString,
             options,
             channel_credentials,
             insecure,

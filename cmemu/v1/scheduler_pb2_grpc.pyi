@@ -78,6 +78,19 @@ class SchedulerStub:
     """Every change of one job's allocation (or of all, with `job` empty) from now on: the single
     source of truth a workload watches to stop on a failed NPU and restore onto its replacement.
     """
+    StartDayPlan: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.StartDayPlanRequest, _scheduler_pb2.DayPlan]
+    """Serve by day, train by night, live: on a compressed plan clock (`hour_s` emulated seconds
+    per plan hour) the scheduler shrinks a serving deployment at nightfall (redeployed smaller
+    through the router, or undeployed), starts its training job on the freed NPUs (resumed from
+    its last EMS checkpoint after the first night), and in the morning stops the job with a
+    checkpoint and redeploys the serving footprint (weights warm from EMS). INVALID_ARGUMENT: a
+    bad window, hour, plan name or training spec; NOT_FOUND: an unknown deployment;
+    FAILED_PRECONDITION: a running plan already uses the deployment or the training job.
+    """
+    GetDayPlan: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.DayPlanRequest, _scheduler_pb2.DayPlan]
+    """A plan's state, its switches and its periods. NOT_FOUND: no such plan."""
+    StopDayPlan: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.DayPlanRequest, _scheduler_pb2.DayPlan]
+    """End a plan: at night its job stops with a checkpoint and serving comes back first."""
 
 @_typing.type_check_only
 class SchedulerAsyncStub(SchedulerStub):
@@ -112,6 +125,19 @@ class SchedulerAsyncStub(SchedulerStub):
     """Every change of one job's allocation (or of all, with `job` empty) from now on: the single
     source of truth a workload watches to stop on a failed NPU and restore onto its replacement.
     """
+    StartDayPlan: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.StartDayPlanRequest, _scheduler_pb2.DayPlan]  # type: ignore[assignment]
+    """Serve by day, train by night, live: on a compressed plan clock (`hour_s` emulated seconds
+    per plan hour) the scheduler shrinks a serving deployment at nightfall (redeployed smaller
+    through the router, or undeployed), starts its training job on the freed NPUs (resumed from
+    its last EMS checkpoint after the first night), and in the morning stops the job with a
+    checkpoint and redeploys the serving footprint (weights warm from EMS). INVALID_ARGUMENT: a
+    bad window, hour, plan name or training spec; NOT_FOUND: an unknown deployment;
+    FAILED_PRECONDITION: a running plan already uses the deployment or the training job.
+    """
+    GetDayPlan: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.DayPlanRequest, _scheduler_pb2.DayPlan]  # type: ignore[assignment]
+    """A plan's state, its switches and its periods. NOT_FOUND: no such plan."""
+    StopDayPlan: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.DayPlanRequest, _scheduler_pb2.DayPlan]  # type: ignore[assignment]
+    """End a plan: at night its job stops with a checkpoint and serving comes back first."""
 
 class SchedulerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -209,5 +235,36 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
         """Every change of one job's allocation (or of all, with `job` empty) from now on: the single
         source of truth a workload watches to stop on a failed NPU and restore onto its replacement.
         """
+
+    @_abc_1.abstractmethod
+    def StartDayPlan(
+        self,
+        request: _scheduler_pb2.StartDayPlanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.DayPlan, _abc.Awaitable[_scheduler_pb2.DayPlan]]:
+        """Serve by day, train by night, live: on a compressed plan clock (`hour_s` emulated seconds
+        per plan hour) the scheduler shrinks a serving deployment at nightfall (redeployed smaller
+        through the router, or undeployed), starts its training job on the freed NPUs (resumed from
+        its last EMS checkpoint after the first night), and in the morning stops the job with a
+        checkpoint and redeploys the serving footprint (weights warm from EMS). INVALID_ARGUMENT: a
+        bad window, hour, plan name or training spec; NOT_FOUND: an unknown deployment;
+        FAILED_PRECONDITION: a running plan already uses the deployment or the training job.
+        """
+
+    @_abc_1.abstractmethod
+    def GetDayPlan(
+        self,
+        request: _scheduler_pb2.DayPlanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.DayPlan, _abc.Awaitable[_scheduler_pb2.DayPlan]]:
+        """A plan's state, its switches and its periods. NOT_FOUND: no such plan."""
+
+    @_abc_1.abstractmethod
+    def StopDayPlan(
+        self,
+        request: _scheduler_pb2.DayPlanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.DayPlan, _abc.Awaitable[_scheduler_pb2.DayPlan]]:
+        """End a plan: at night its job stops with a checkpoint and serving comes back first."""
 
 def add_SchedulerServicer_to_server(servicer: SchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

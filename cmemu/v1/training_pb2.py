@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63memu/v1/training.proto\x12\x08\x63memu.v1\"\xa9\x01\n\x0cTrainingSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04npus\x18\x02 \x01(\r\x12\r\n\x05model\x18\x03 \x01(\t\x12\r\n\x05steps\x18\x04 \x01(\x04\x12\x18\n\x10\x63heckpoint_every\x18\x05 \x01(\r\x12\x15\n\rdata_parallel\x18\x06 \x01(\r\x12\x17\n\x0f\x65xpert_parallel\x18\x07 \x01(\r\x12\x15\n\rmicro_batches\x18\x08 \x01(\r\"\xac\x02\n\x0bTrainingJob\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x1c\n\x14last_checkpoint_step\x18\x04 \x01(\x04\x12\x0c\n\x04npus\x18\x05 \x03(\t\x12\x10\n\x08restarts\x18\x06 \x01(\r\x12\x12\n\nsteps_lost\x18\x07 \x01(\x04\x12\x0e\n\x06step_s\x18\x08 \x01(\x01\x12\x12\n\nstarted_ns\x18\t \x01(\x03\x12\x17\n\x0flast_failure_ns\x18\n \x01(\x03\x12\x18\n\x10last_restored_ns\x18\x0b \x01(\x03\x12\x0f\n\x07goodput\x18\x0c \x01(\x01\x12\x14\n\x0c\x66\x61iled_steps\x18\r \x01(\x04\x12\"\n\x1alast_corrupt_checkpoint_ns\x18\x0e \x01(\x03\"<\n\x14StartTrainingRequest\x12$\n\x04spec\x18\x01 \x01(\x0b\x32\x16.cmemu.v1.TrainingSpec\"\x1f\n\x0fTrainingRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13ListTrainingRequest\"3\n\x0cTrainingList\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.cmemu.v1.TrainingJob2\xfc\x01\n\x08Training\x12>\n\x05Start\x12\x1e.cmemu.v1.StartTrainingRequest\x1a\x15.cmemu.v1.TrainingJob\x12\x37\n\x03Get\x12\x19.cmemu.v1.TrainingRequest\x1a\x15.cmemu.v1.TrainingJob\x12=\n\x04List\x12\x1d.cmemu.v1.ListTrainingRequest\x1a\x16.cmemu.v1.TrainingList\x12\x38\n\x04Stop\x12\x19.cmemu.v1.TrainingRequest\x1a\x15.cmemu.v1.TrainingJobb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x63memu/v1/training.proto\x12\x08\x63memu.v1\"\xb9\x01\n\x0cTrainingSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04npus\x18\x02 \x01(\r\x12\r\n\x05model\x18\x03 \x01(\t\x12\r\n\x05steps\x18\x04 \x01(\x04\x12\x18\n\x10\x63heckpoint_every\x18\x05 \x01(\r\x12\x15\n\rdata_parallel\x18\x06 \x01(\r\x12\x17\n\x0f\x65xpert_parallel\x18\x07 \x01(\r\x12\x15\n\rmicro_batches\x18\x08 \x01(\r\x12\x0e\n\x06resume\x18\t \x01(\x08\"\xac\x02\n\x0bTrainingJob\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x1c\n\x14last_checkpoint_step\x18\x04 \x01(\x04\x12\x0c\n\x04npus\x18\x05 \x03(\t\x12\x10\n\x08restarts\x18\x06 \x01(\r\x12\x12\n\nsteps_lost\x18\x07 \x01(\x04\x12\x0e\n\x06step_s\x18\x08 \x01(\x01\x12\x12\n\nstarted_ns\x18\t \x01(\x03\x12\x17\n\x0flast_failure_ns\x18\n \x01(\x03\x12\x18\n\x10last_restored_ns\x18\x0b \x01(\x03\x12\x0f\n\x07goodput\x18\x0c \x01(\x01\x12\x14\n\x0c\x66\x61iled_steps\x18\r \x01(\x04\x12\"\n\x1alast_corrupt_checkpoint_ns\x18\x0e \x01(\x03\"<\n\x14StartTrainingRequest\x12$\n\x04spec\x18\x01 \x01(\x0b\x32\x16.cmemu.v1.TrainingSpec\"3\n\x0fTrainingRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ncheckpoint\x18\x02 \x01(\x08\"\x15\n\x13ListTrainingRequest\"3\n\x0cTrainingList\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.cmemu.v1.TrainingJob2\xfc\x01\n\x08Training\x12>\n\x05Start\x12\x1e.cmemu.v1.StartTrainingRequest\x1a\x15.cmemu.v1.TrainingJob\x12\x37\n\x03Get\x12\x19.cmemu.v1.TrainingRequest\x1a\x15.cmemu.v1.TrainingJob\x12=\n\x04List\x12\x1d.cmemu.v1.ListTrainingRequest\x1a\x16.cmemu.v1.TrainingList\x12\x38\n\x04Stop\x12\x19.cmemu.v1.TrainingRequest\x1a\x15.cmemu.v1.TrainingJobb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,17 +32,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cmemu.v1.training_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TRAININGSPEC']._serialized_start=38
-  _globals['_TRAININGSPEC']._serialized_end=207
-  _globals['_TRAININGJOB']._serialized_start=210
-  _globals['_TRAININGJOB']._serialized_end=510
-  _globals['_STARTTRAININGREQUEST']._serialized_start=512
-  _globals['_STARTTRAININGREQUEST']._serialized_end=572
-  _globals['_TRAININGREQUEST']._serialized_start=574
-  _globals['_TRAININGREQUEST']._serialized_end=605
-  _globals['_LISTTRAININGREQUEST']._serialized_start=607
-  _globals['_LISTTRAININGREQUEST']._serialized_end=628
-  _globals['_TRAININGLIST']._serialized_start=630
-  _globals['_TRAININGLIST']._serialized_end=681
-  _globals['_TRAINING']._serialized_start=684
-  _globals['_TRAINING']._serialized_end=936
+  _globals['_TRAININGSPEC']._serialized_end=223
+  _globals['_TRAININGJOB']._serialized_start=226
+  _globals['_TRAININGJOB']._serialized_end=526
+  _globals['_STARTTRAININGREQUEST']._serialized_start=528
+  _globals['_STARTTRAININGREQUEST']._serialized_end=588
+  _globals['_TRAININGREQUEST']._serialized_start=590
+  _globals['_TRAININGREQUEST']._serialized_end=641
+  _globals['_LISTTRAININGREQUEST']._serialized_start=643
+  _globals['_LISTTRAININGREQUEST']._serialized_end=664
+  _globals['_TRAININGLIST']._serialized_start=666
+  _globals['_TRAININGLIST']._serialized_end=717
+  _globals['_TRAINING']._serialized_start=720
+  _globals['_TRAINING']._serialized_end=972
 # @@protoc_insertion_point(module_scope)

@@ -44,6 +44,7 @@ class TrainingSpec(_message.Message):
     DATA_PARALLEL_FIELD_NUMBER: _builtins.int
     EXPERT_PARALLEL_FIELD_NUMBER: _builtins.int
     MICRO_BATCHES_FIELD_NUMBER: _builtins.int
+    RESUME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     npus: _builtins.int
     model: _builtins.str
@@ -58,6 +59,11 @@ class TrainingSpec(_message.Message):
     """0: 1"""
     micro_batches: _builtins.int
     """per step; 0: 1"""
+    resume: _builtins.bool
+    """Continue a stopped job of this name from its last checkpoint (reloaded from EMS after the
+    profile's restart time) instead of step 0; with no earlier job or checkpoint, step 0.
+    FAILED_PRECONDITION: a different NPU count than the checkpoint's.
+    """
     def __init__(
         self,
         *,
@@ -69,10 +75,11 @@ class TrainingSpec(_message.Message):
         data_parallel: _builtins.int = ...,
         expert_parallel: _builtins.int = ...,
         micro_batches: _builtins.int = ...,
+        resume: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_every", b"checkpoint_every", "data_parallel", b"data_parallel", "expert_parallel", b"expert_parallel", "micro_batches", b"micro_batches", "model", b"model", "name", b"name", "npus", b"npus", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_every", b"checkpoint_every", "data_parallel", b"data_parallel", "expert_parallel", b"expert_parallel", "micro_batches", b"micro_batches", "model", b"model", "name", b"name", "npus", b"npus", "resume", b"resume", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -167,15 +174,21 @@ class TrainingRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    checkpoint: _builtins.bool
+    """Stop only: write a checkpoint of the last whole step into EMS first (the job then ends
+    "stopped" once it is written), so a later `resume` loses nothing.
+    """
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
+        checkpoint: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -81,7 +81,8 @@ class TrainingServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Stop(self, request, context):
-        """Stop stepping and release the NPUs (the checkpoints stay in EMS).
+        """Stop stepping and release the NPUs (the checkpoints stay in EMS). Returns at once: the job
+        ends "stopped" when its step (and, asked, its checkpoint) is over.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -53,7 +53,9 @@ class TrainingStub:
     Get: _grpc.UnaryUnaryMultiCallable[_training_pb2.TrainingRequest, _training_pb2.TrainingJob]
     List: _grpc.UnaryUnaryMultiCallable[_training_pb2.ListTrainingRequest, _training_pb2.TrainingList]
     Stop: _grpc.UnaryUnaryMultiCallable[_training_pb2.TrainingRequest, _training_pb2.TrainingJob]
-    """Stop stepping and release the NPUs (the checkpoints stay in EMS)."""
+    """Stop stepping and release the NPUs (the checkpoints stay in EMS). Returns at once: the job
+    ends "stopped" when its step (and, asked, its checkpoint) is over.
+    """
 
 @_typing.type_check_only
 class TrainingAsyncStub(TrainingStub):
@@ -66,7 +68,9 @@ class TrainingAsyncStub(TrainingStub):
     Get: _aio.UnaryUnaryMultiCallable[_training_pb2.TrainingRequest, _training_pb2.TrainingJob]  # type: ignore[assignment]
     List: _aio.UnaryUnaryMultiCallable[_training_pb2.ListTrainingRequest, _training_pb2.TrainingList]  # type: ignore[assignment]
     Stop: _aio.UnaryUnaryMultiCallable[_training_pb2.TrainingRequest, _training_pb2.TrainingJob]  # type: ignore[assignment]
-    """Stop stepping and release the NPUs (the checkpoints stay in EMS)."""
+    """Stop stepping and release the NPUs (the checkpoints stay in EMS). Returns at once: the job
+    ends "stopped" when its step (and, asked, its checkpoint) is over.
+    """
 
 class TrainingServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -100,6 +104,8 @@ class TrainingServicer(metaclass=_abc_1.ABCMeta):
         request: _training_pb2.TrainingRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_training_pb2.TrainingJob, _abc.Awaitable[_training_pb2.TrainingJob]]:
-        """Stop stepping and release the NPUs (the checkpoints stay in EMS)."""
+        """Stop stepping and release the NPUs (the checkpoints stay in EMS). Returns at once: the job
+        ends "stopped" when its step (and, asked, its checkpoint) is over.
+        """
 
 def add_TrainingServicer_to_server(servicer: TrainingServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

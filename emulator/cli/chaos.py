@@ -155,7 +155,9 @@ def _run(args: argparse.Namespace) -> int:
     async def go() -> RunResult:
         clients = await asyncio.to_thread(state.fault_clients, path)
         try:
-            options = RunOptions(seed=args.seed, keep=args.keep, time_scale=args.time_scale)
+            options = RunOptions(
+                seed=args.seed, keep=args.keep, time_scale=args.time_scale, warm=args.warm
+            )
             return await run_scenario(clients, scenario, options, on_entry=live)
         finally:
             await clients.close()
@@ -191,7 +193,7 @@ def _scheduled(args: argparse.Namespace, scenario: Scenario, schedule: Schedule)
     async def go() -> list[ScheduledRun]:
         clients = await asyncio.to_thread(state.fault_clients, path)
         try:
-            options = RunOptions(seed=args.seed, time_scale=args.time_scale)
+            options = RunOptions(seed=args.seed, time_scale=args.time_scale, warm=args.warm)
             return await run_schedule(clients, scenario, options, schedule, on_entry=live,
                                       on_start=started)  # fmt: skip
         finally:
@@ -281,6 +283,12 @@ def chaos_args(
         help="run the steps and traffic at this time scale (at most the emulator's; overrides "
         "the scenario's `time_scale`); the set-up, such as weights loading, runs at the "
         "emulator's own",
+    )
+    run.add_argument(
+        "--warm",
+        action="store_true",
+        help="start the scenario's deployments warm (weights already in EMS, as serve-model "
+        "--warm): a shorter set-up",
     )
     run.add_argument(
         "--repeat",

@@ -7,47 +7,26 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from google.protobuf.json_format import MessageToDict
-
-from cmemu.v1 import ems_pb2, ems_pb2_grpc
+from emulator.cli.output import wire_dict
+from emulator.client.ems import EmsClient, EmsStat, ObjectInfo, ObjectKind
 from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
 from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind
 from emulator.runtime import state
 
-KINDS = {
-    "kv": ems_pb2.OBJECT_KIND_KV_BLOCK,
-    "weights": ems_pb2.OBJECT_KIND_WEIGHTS,
-    "checkpoint": ems_pb2.OBJECT_KIND_CHECKPOINT,
-}
-CHUNK = DEFAULT_PROFILE.ems.chunk_bytes  # a Put's most real bytes, and a PutStream piece
+KINDS = {kind.value: kind for kind in ObjectKind}
+T = TypeVar("T")
 
 
-async def _with_ems(args: argparse.Namespace, call: Any) -> Any:
+async def _with_ems(args: argparse.Namespace, call: Callable[[EmsClient], Awaitable[T]]) -> T:
     clients = state.clients(state.path_from(args.state_file))
     try:
-        stub = ems_pb2_grpc.EmsStub(
-            clients.channel_to(clients.topology.service(ServiceKind.EMS).address)
-        )
-        return await call(stub)
+        return await call(EmsClient(clients))
     finally:
         await clients.close()
-
-
-async def _put_stream(
-    ems: ems_pb2_grpc.EmsAsyncStub, head: ems_pb2.PutRequest, data: bytes
-) -> ems_pb2.PutResponse:
-    async def chunks() -> AsyncIterator[ems_pb2.PutChunk]:
-        yield ems_pb2.PutChunk(head=head)
-        for start in range(0, len(data), CHUNK):
-            yield ems_pb2.PutChunk(data=data[start : start + CHUNK])
-
-    reply: ems_pb2.PutResponse = await ems.PutStream(chunks())
-    return reply
 
 
 def _put(args: argparse.Namespace) -> int:
@@ -57,26 +36,25 @@ def _put(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise InvalidArgumentError(f"cannot read {path}: {exc}") from exc
     limit = DEFAULT_PROFILE.ems.real_object_max_bytes
-    request = ems_pb2.PutRequest(
-        key=args.key, kind=KINDS[args.kind], pinned=args.pinned, device=args.device or ""
-    )
-    data = b""
-    if args.size_only:
-        request.size = size
-    elif size > limit:
+    if not args.size_only and size > limit:
         raise InvalidArgumentError(
             f"{path} has {size} bytes; objects over {limit} bytes are stored size-only: "
             "pass --size-only"
         )
-    elif size > CHUNK:
-        request.size = size
-        data = path.read_bytes()
-    else:
-        request.data = path.read_bytes()
-    if data:
-        reply = asyncio.run(_with_ems(args, lambda ems: _put_stream(ems, request, data)))
-    else:
-        reply = asyncio.run(_with_ems(args, lambda ems: ems.Put(request)))
+    data = b"" if args.size_only else path.read_bytes()
+    reply = asyncio.run(
+        _with_ems(
+            args,
+            lambda ems: ems.put(
+                args.key,
+                data,
+                size=size if args.size_only else 0,
+                kind=KINDS[args.kind],
+                pinned=args.pinned,
+                device=args.device or "",
+            ),
+        )
+    )
     print(
         f"put {reply.key}: {reply.size} bytes on {', '.join(reply.replicas)} in "
         f"{(reply.complete_ns - reply.issue_ns) / 1e3:.1f} us emulated"
@@ -85,25 +63,14 @@ def _put(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _get_stream(
-    ems: ems_pb2_grpc.EmsAsyncStub, request: ems_pb2.GetRequest, size_only: bool
-) -> tuple[bytes, ems_pb2.GetResponse]:
-    """The object's bytes and its closing summary (with `size_only`, the bytes are dropped)."""
-    parts: list[bytes] = []
-    done = ems_pb2.GetResponse()
-    async for chunk in ems.GetStream(request):
-        if not size_only:
-            parts.append(chunk.data)
-        if chunk.HasField("done"):
-            done = chunk.done
-    return b"".join(parts), done
-
-
 def _get(args: argparse.Namespace) -> int:
-    request = ems_pb2.GetRequest(key=args.key, device=args.device or "")
-    data, reply = asyncio.run(
-        _with_ems(args, lambda ems: _get_stream(ems, request, args.size_only))
+    reply = asyncio.run(
+        _with_ems(
+            args,
+            lambda ems: ems.get(args.key, device=args.device or "", keep_data=not args.size_only),
+        )
     )
+    data = reply.data
     summary = (
         f"get {reply.key}: {reply.size} bytes from {reply.served_by} in "
         f"{(reply.complete_ns - reply.issue_ns) / 1e3:.1f} us emulated"
@@ -126,12 +93,47 @@ def _get(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stat(args: argparse.Namespace) -> int:
-    reply = asyncio.run(
-        _with_ems(args, lambda ems: ems.Stat(ems_pb2.StatRequest(pool=args.pool or "")))
+def _stat_dict(s: EmsStat) -> dict[str, Any]:
+    """The figures as cmemu.v1.StatResponse's JSON spells them."""
+    pools = [
+        wire_dict(
+            [
+                ("pool", p.pool),
+                ("healthy", p.healthy),
+                ("objects", p.objects, "int64"),
+                ("bytes", p.bytes, "int64"),
+                ("capacity_bytes", p.capacity_bytes, "int64"),
+            ]
+        )
+        for p in s.pools
+    ]
+    return wire_dict(
+        [
+            ("objects", s.objects, "int64"),
+            ("dram_bytes", s.dram_bytes, "int64"),
+            ("dram_capacity_bytes", s.dram_capacity_bytes, "int64"),
+            ("dram_used_bytes", s.dram_used_bytes, "int64"),
+            ("ssd_objects", s.ssd_objects, "int64"),
+            ("ssd_used_bytes", s.ssd_used_bytes, "int64"),
+            ("ssd_capacity_bytes", s.ssd_capacity_bytes, "int64"),
+            ("replication_factor", s.replication_factor),
+            ("under_replicated", s.under_replicated, "int64"),
+            ("hits", s.hits, "int64"),
+            ("misses", s.misses, "int64"),
+            ("evictions", s.evictions, "int64"),
+            ("corrupt_copies", s.corrupt_copies, "int64"),
+            ("pools", pools),
+            ("recovering", s.recovering),
+            ("pools_listed", s.pools_listed),
+            ("pools_total", s.pools_total),
+        ]
     )
+
+
+def _stat(args: argparse.Namespace) -> int:
+    reply = asyncio.run(_with_ems(args, lambda ems: ems.stat(args.pool or "")))
     if args.json:
-        print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
+        print(json.dumps(_stat_dict(reply), indent=2))
         return 0
     if reply.recovering:
         print(
@@ -149,34 +151,19 @@ def _stat(args: argparse.Namespace) -> int:
     return 0
 
 
-KIND_NAMES = {value: name for name, value in KINDS.items()}
-TIER_NAMES = {ems_pb2.TIER_DRAM: "dram", ems_pb2.TIER_SSD: "ssd"}
-
-
-def _info(o: ems_pb2.ObjectInfo) -> dict[str, Any]:
+def _info(o: ObjectInfo) -> dict[str, Any]:
     return {
         "key": o.key,
         "size": o.size,
-        "kind": KIND_NAMES.get(o.kind, "kv"),
+        "kind": o.kind.value,
         "pinned": o.pinned,
-        "tier": TIER_NAMES.get(o.tier, "?"),
+        "tier": o.tier.value if o.tier is not None else "?",
         "replicas": list(o.replicas),
     }
 
 
-async def _list_all(ems: ems_pb2_grpc.EmsAsyncStub, prefix: str) -> list[ems_pb2.ObjectInfo]:
-    found: list[ems_pb2.ObjectInfo] = []
-    token = ""
-    while True:
-        page = await ems.List(ems_pb2.ListRequest(prefix=prefix, page_token=token))
-        found.extend(page.objects)
-        token = page.next_page_token
-        if not token:
-            return found
-
-
 def _ls(args: argparse.Namespace) -> int:
-    objects = asyncio.run(_with_ems(args, lambda ems: _list_all(ems, args.prefix or "")))
+    objects = asyncio.run(_with_ems(args, lambda ems: ems.list(args.prefix or "")))
     rows = [_info(o) for o in objects]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -191,19 +178,17 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _rm(args: argparse.Namespace) -> int:
-    request = ems_pb2.DeleteRequest(key=args.key)
-    reply = asyncio.run(_with_ems(args, lambda ems: ems.Delete(request)))
-    if not reply.deleted:
+    deleted = asyncio.run(_with_ems(args, lambda ems: ems.delete(args.key)))
+    if not deleted:
         raise NotFoundError(f"no object {args.key!r} to remove")
     print(f"removed {args.key}")
     return 0
 
 
 def _exists(args: argparse.Namespace) -> int:
-    request = ems_pb2.ExistsRequest(key=args.key)
-    reply = asyncio.run(_with_ems(args, lambda ems: ems.Exists(request)))
-    print("yes" if reply.exists else "no")
-    return 0 if reply.exists else 1
+    exists = asyncio.run(_with_ems(args, lambda ems: ems.exists(args.key)))
+    print("yes" if exists else "no")
+    return 0 if exists else 1
 
 
 ACTIONS = {

@@ -19,15 +19,23 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+def _terminal() -> bool:
+    """stderr is a terminal: where progress bars may be drawn (progress.wanted)."""
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args == ["--version"]:
         print(f"cmemu {version()}")
         return 0
-    if "serve" in args:
-        # structlog's console renderer imports rich when it is installed (85 modules, 4.4 MB of
-        # memory per process); `cmemu serve`, hundreds of processes and containers, logs JSON
-        # and never renders with it: an absent rich is what structlog expects to handle
+    if "serve" in args or not _terminal():
+        # structlog's console renderer imports rich when it is installed (85 modules with
+        # pygments, 4.4 MB of memory and about 0.1 s per process); the emulator logs JSON and
+        # never renders with it. Only a progress bar (emulator/cli/progress.py) draws with rich,
+        # and only on a terminal: `cmemu serve` (hundreds of processes and containers) and any
+        # command whose stderr is no terminal (a pipe, a log file, a benchmark, a detached
+        # `cmemu up`) go without it; an absent rich is what structlog expects to handle
         sys.modules.setdefault("rich", None)  # type: ignore[arg-type]
     from emulator.cli.main import main as full
 

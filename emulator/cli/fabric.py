@@ -12,7 +12,6 @@ import json
 import sys
 from typing import Any
 
-from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
 from emulator.cli import progress
 from emulator.cli.argtypes import (
     non_negative_int,
@@ -20,63 +19,52 @@ from emulator.cli.argtypes import (
     positive_size,
     seconds,
 )
-from emulator.client.clients import Clients
-from emulator.model.scaleout import check_ub_within
+from emulator.client.fabric import FabricClient, RouteInfo
+from emulator.engines.fabric.types import LinkStats
+from emulator.model.ub import Op
 from emulator.runtime import state
 
-OPS = {"read": ub_pb2.UB_OP_READ, "write": ub_pb2.UB_OP_WRITE}
+OPS = {"read": Op.READ, "write": Op.WRITE}
 
 
 async def _xfer(args: argparse.Namespace) -> dict[str, Any]:
     every = state.clients(args.state_path)
-    src, dst = every.find(args.src), every.find(args.dst)
-    clients = every.supernode(check_ub_within(src.id, dst.id))  # its fabric times it
     try:
-        region = await clients.device(dst.id).AllocateRegion(
-            device_pb2.AllocateRegionRequest(size=args.bytes, label="cmemu xfer")
+        done = await FabricClient(every).xfer(
+            args.src,
+            args.dst,
+            args.bytes,
+            op=OPS[args.op],
+            src_die=args.src_die,
+            pacing=(lambda route, scale: _bar(route, scale, args)) if progress.wanted() else None,
         )
-        bar = await _bar(clients, args) if progress.wanted() else None
-        try:
-            done = await clients.bus(src.id).Submit(
-                ub_pb2.UbTransaction(
-                    op=OPS[args.op],
-                    dst=ub_pb2.UbAddress(eid=dst.eid, offset=region.offset),
-                    size=args.bytes,
-                    size_only=True,
-                    src_die=args.src_die,
-                )
-            )
-        finally:
-            if bar is not None:
-                bar.close()
-            await clients.device(dst.id).FreeRegion(
-                device_pb2.FreeRegionRequest(region_id=region.region_id)
-            )
     finally:
         await every.close()
-    seconds = (done.complete_ns - done.issue_ns) / 1e9
+    took_s = done.emulated_s
     return {
-        "src": src.id,
-        "dst": dst.id,
+        "src": done.src,
+        "dst": done.dst,
         "op": args.op,
         "bytes": args.bytes,
-        "emulated_us": seconds * 1e6,
-        "bandwidth_GB_s": args.bytes / seconds / 1e9 if seconds > 0 else 0.0,
-        "path": list(done.path),
-        "planes": done.planes,
-        "issue_ns": done.issue_ns,
-        "complete_ns": done.complete_ns,
+        "emulated_us": took_s * 1e6,
+        "bandwidth_GB_s": done.bandwidth_gb_s,
+        "path": list(done.completion.path),
+        "planes": done.completion.planes,
+        "issue_ns": done.completion.issue_ns,
+        "complete_ns": done.completion.complete_ns,
     }
 
 
-async def _bar(clients: Clients, args: argparse.Namespace) -> progress.TimedBar:
+def _bar(
+    route: RouteInfo, time_scale: float, args: argparse.Namespace
+) -> contextlib.closing[progress.TimedBar]:
     """A terminal's bar for a transfer the fabric paces to emulated time: its expected wall
     time from the route's uncontended bandwidth (shown only if it lasts, see progress.py)."""
-    route = await clients.fabric().Route(fabric_pb2.RouteRequest(src=args.src, dst=args.dst))
     emulated_s = route.latency_ns / 1e9 + args.bytes / max(route.max_gb_s * 1e9, 1.0)
-    return progress.TimedBar(
-        f"{args.op} {args.bytes:,} bytes {args.src} -> {args.dst}",
-        emulated_s / clients.topology.time_scale,
+    return contextlib.closing(
+        progress.TimedBar(
+            f"{args.op} {args.bytes:,} bytes {args.src} -> {args.dst}", emulated_s / time_scale
+        )
     )
 
 
@@ -109,21 +97,21 @@ def xfer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object")
 
 
-async def _links(topology_path: Any, top: int) -> fabric_pb2.LinkStats:
+async def _links(topology_path: Any, top: int) -> LinkStats:
     clients = state.clients(topology_path)
     try:
-        return await clients.fabric().GetLinkStats(fabric_pb2.LinkStatsRequest(top=top))
+        return await FabricClient(clients).link_stats(top)
     finally:
         await clients.close()
 
 
-def _rows(stats: fabric_pb2.LinkStats) -> list[dict[str, Any]]:
+def _rows(stats: LinkStats) -> list[dict[str, Any]]:
     return [
         {
             "link": s.link,
             "kind": s.kind,
             "bytes": s.bytes,
-            "capacity_GB_s": s.capacity_gb_s,
+            "capacity_GB_s": s.capacity_bytes_per_s / 1e9,
             "utilization": s.utilization,
             "active_flows": s.active_flows,
             "up": s.up,
@@ -132,7 +120,7 @@ def _rows(stats: fabric_pb2.LinkStats) -> list[dict[str, Any]]:
     ]
 
 
-def _table(stats: fabric_pb2.LinkStats) -> list[str]:
+def _table(stats: LinkStats) -> list[str]:
     lines = [f"{'LINK':<34} {'KIND':<8} {'BYTES':>14} {'GB/s':>7} {'UTIL':>6} {'FLOWS':>5}  UP"]
     for r in _rows(stats):
         lines.append(
@@ -151,12 +139,10 @@ async def _watch_links(args: argparse.Namespace) -> None:
     terminal; frames one after another, or JSON lines, otherwise)."""
     clients = state.clients(state.path_from(args.state_file))
     redraw = sys.stdout.isatty() and not args.json
-    request = fabric_pb2.WatchLinkStatsRequest(
-        top=args.top, interval_ms=max(10, round(args.interval * 1000))
-    )
     frames = 0
+    watch = FabricClient(clients).watch_link_stats(args.top, args.interval)
     try:
-        async for stats in clients.fabric().WatchLinkStats(request):
+        async for stats in watch:
             frames += 1
             if args.json:
                 print(json.dumps({"emulated_ns": stats.emulated_ns, "links": _rows(stats)}))
@@ -171,6 +157,7 @@ async def _watch_links(args: argparse.Namespace) -> None:
             if args.count and frames >= args.count:
                 return
     finally:
+        await watch.aclose()  # ends the stream before its channel closes
         await clients.close()
 
 

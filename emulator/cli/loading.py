@@ -13,7 +13,8 @@ import math
 import time
 from collections.abc import Callable
 
-from cmemu.v1 import router_pb2, router_pb2_grpc
+from emulator.client.deployments import Deployment, DeploymentState
+from emulator.client.router import RouterClient
 
 TARGET_WALL_S = 60.0  # a first try should load within a minute of wall time
 POLL_S = 0.5
@@ -30,7 +31,7 @@ def wall(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
-def advice(d: router_pb2.Deployment, time_scale: float, *, warm: bool) -> list[str]:
+def advice(d: Deployment, time_scale: float, *, warm: bool) -> list[str]:
     """What the load will take, and how to take less."""
     w = d.weights
     load_s = (w.from_ems_ns if w.source == "ems" else w.cold_ns) / 1e9
@@ -56,17 +57,17 @@ def advice(d: router_pb2.Deployment, time_scale: float, *, warm: bool) -> list[s
 
 
 async def wait_serving(
-    router: router_pb2_grpc.RouterAsyncStub,
+    router: RouterClient,
     name: str,
     time_scale: float,
     say: Callable[[str], None],
-) -> router_pb2.Deployment:
+) -> Deployment:
     """Poll until the deployment leaves LOADING; say how far it is now and then."""
     started = time.monotonic()
     shown = started
     while True:
-        d = await router.GetDeployment(router_pb2.GetDeploymentRequest(name=name))
-        if d.state != router_pb2.DEPLOYMENT_STATE_LOADING:
+        d = await router.get(name)
+        if d.state is not DeploymentState.LOADING:
             return d
         now = time.monotonic()
         if now - shown >= SHOW_EVERY_S:

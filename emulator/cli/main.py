@@ -109,6 +109,21 @@ COMMANDS: dict[str, Command] = {
 }  # fmt: skip
 
 
+class _Version(argparse.Action):
+    """argparse's version action, asking the package metadata only when --version is given:
+    the lookup (importlib.metadata, a scan of the path) costs every other command 40 ms."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"cmemu {version()}")  # on stdout, as argparse's own version action prints it
+        parser.exit()
+
+
 def _add_state_arg(p: argparse.ArgumentParser) -> None:
     from emulator.cli import argtypes
 
@@ -149,7 +164,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser, with the arguments of the command `argv` names (all of them when argv is
     None: for documentation and tests)."""
     parser = argparse.ArgumentParser(prog="cmemu", description="CloudMatrix supernode emulator")
-    parser.add_argument("--version", action="version", version=f"cmemu {version()}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     parser.add_argument(
         "--log-level",
         choices=LEVELS,

@@ -6,20 +6,18 @@ import argparse
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-from google.protobuf import json_format
-
-from cmemu.v1 import manager_pb2, manager_pb2_grpc
 from emulator.cli import argtypes
-from emulator.cli.output import Column, print_rows
+from emulator.cli.output import Column, print_rows, wire_dict
+from emulator.client.manager import ManagerClient
+from emulator.engines.manager.status import ManagerStatus, Mode
+from emulator.model.manager.detector import Incident
 from emulator.runtime import state
 
-if TYPE_CHECKING:  # the async stub type exists in the generated .pyi only
-    Stub = manager_pb2_grpc.ClusterManagerAsyncStub
-
-MODES = {"active": manager_pb2.MANAGER_MODE_ACTIVE, "passive": manager_pb2.MANAGER_MODE_PASSIVE}
+MODES = {mode.value: mode for mode in Mode}
 NS = 1e9
+T = TypeVar("T")
 
 
 def manager_args(parser: argparse.ArgumentParser, add_state: Callable[[Any], None]) -> None:
@@ -39,20 +37,57 @@ def manager_args(parser: argparse.ArgumentParser, add_state: Callable[[Any], Non
         add_state(p)
 
 
-async def _with(args: argparse.Namespace, call: Callable[[Stub], Awaitable[Any]]) -> Any:
+async def _with(args: argparse.Namespace, call: Callable[[ManagerClient], Awaitable[T]]) -> T:
     path = state.path_from(args.state_file)
     clients = state.clients(path)
     try:
-        return await call(clients.manager())
+        return await call(ManagerClient(clients))
     finally:
         await clients.close()
 
 
-def _status(reply: manager_pb2.ManagerStatus, as_json: bool) -> None:
+def _status_dict(s: ManagerStatus) -> dict[str, Any]:
+    """The status as cmemu.v1.ManagerStatus's JSON spells it."""
+    return wire_dict(
+        [
+            ("mode", f"MANAGER_MODE_{s.mode.name}"),
+            ("devices_watched", s.devices_watched),
+            ("devices_suspect", s.devices_suspect),
+            ("devices_failed", s.devices_failed),
+            ("heartbeat_interval_s", s.heartbeat_interval_s),
+            ("misses_to_fail", s.misses_to_fail),
+            ("open_incidents", s.open_incidents),
+            ("liveness_streams", s.liveness_streams),
+            ("devices_covered", s.devices_covered),
+        ]
+    )
+
+
+def _incident_dict(i: Incident) -> dict[str, Any]:
+    """The incident as cmemu.v1.Incident's JSON spells it."""
+    return wire_dict(
+        [
+            ("id", i.id),
+            ("device", i.device),
+            ("detected_by", i.detected_by),
+            ("state", i.state),
+            ("fault_ns", i.fault_ns, "int64"),
+            ("detected_ns", i.detected_ns, "int64"),
+            ("isolated_ns", i.isolated_ns, "int64"),
+            ("replaced_ns", i.replaced_ns, "int64"),
+            ("restored_ns", i.restored_ns, "int64"),
+            ("jobs", i.jobs),
+            ("replacements", i.replacements),
+            ("detail", i.detail),
+        ]
+    )
+
+
+def _status(reply: ManagerStatus, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(json_format.MessageToDict(reply, preserving_proto_field_name=True)))
+        print(json.dumps(_status_dict(reply)))
         return
-    mode = manager_pb2.ManagerMode.Name(reply.mode).removeprefix("MANAGER_MODE_").lower()
+    mode = reply.mode.value
     print(
         f"mode {mode}: {reply.devices_watched} devices watched, {reply.devices_suspect} suspect, "
         f"{reply.devices_failed} failed; {reply.open_incidents} open incidents; heartbeat every "
@@ -78,7 +113,7 @@ INCIDENT_COLUMNS: list[Column] = [
 ]
 
 
-def _incident_row(i: manager_pb2.Incident) -> dict[str, Any]:
+def _incident_row(i: Incident) -> dict[str, Any]:
     """Times after the fault when the device said when it began, else after detection."""
     origin = i.fault_ns or i.detected_ns
     return {
@@ -98,18 +133,14 @@ def _incident_row(i: manager_pb2.Incident) -> dict[str, Any]:
 def cmd_manager(args: argparse.Namespace) -> int:
     command = args.manager_command
     if command == "status":
-        reply = asyncio.run(
-            _with(args, lambda s: s.GetStatus(manager_pb2.GetManagerStatusRequest()))
-        )
-        _status(reply, args.json)
+        _status(asyncio.run(_with(args, lambda m: m.status())), args.json)
     elif command == "mode":
-        request = manager_pb2.SetModeRequest(mode=MODES[args.mode])
-        _status(asyncio.run(_with(args, lambda s: s.SetMode(request))), args.json)
+        _status(asyncio.run(_with(args, lambda m: m.set_mode(MODES[args.mode]))), args.json)
     else:
-        request_i = manager_pb2.ListIncidentsRequest(since_ns=round(args.since * NS))
-        found = asyncio.run(_with(args, lambda s: s.ListIncidents(request_i))).incidents
+        since_ns = round(args.since * NS)
+        found = asyncio.run(_with(args, lambda m: m.incidents(since_ns)))
         if args.json:
-            rows = [json_format.MessageToDict(i, preserving_proto_field_name=True) for i in found]
+            rows = [_incident_dict(i) for i in found]
             print(json.dumps(rows, indent=2))
         elif not found:
             print("no incidents")

@@ -10,17 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+if TYPE_CHECKING:  # rich is imported when a bar shows (on a terminal), never before
+    from rich.progress import Progress, TaskID
 
 DELAY_S = 2.0
 TICK_S = 0.1
@@ -63,6 +56,17 @@ class DelayedBar:
     def _show(self) -> None:
         if self._closed:
             return
+        # here, not at the top: a command whose stderr is no terminal never draws a bar and
+        # never imports rich (emulator/cli/entry.py keeps it out of such processes)
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
         self._progress = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),

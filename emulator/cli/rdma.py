@@ -8,11 +8,8 @@ import argparse
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from google.protobuf.json_format import MessageToDict
-
-from cmemu.v1 import gateway_pb2 as pb
 from emulator.cli.argtypes import (
     non_negative_int,
     positive_float,
@@ -21,20 +18,28 @@ from emulator.cli.argtypes import (
     seconds,
     size,
 )
-from emulator.cli.output import Column, print_rows
+from emulator.cli.output import Column, print_rows, wire_dict
+from emulator.client.gateway import RemoteGateway, gateway_of
+from emulator.engines.gateway.types import (
+    GatewayStats,
+    LinkStats,
+    OpRequest,
+    OpResult,
+    Qp,
+    RdmaOp,
+    RouteInfo,
+)
 from emulator.model.naming import parse_id
+from emulator.model.rdmafault import RdmaFault
 from emulator.runtime import state
 
-if TYPE_CHECKING:  # the async stub type exists in the generated .pyi only
-    from cmemu.v1.gateway_pb2_grpc import GatewayAsyncStub
-
-Call = Callable[["GatewayAsyncStub"], Awaitable[Any]]
+Call = Callable[[RemoteGateway], Awaitable[Any]]
 
 
 async def _with_gateway(args: argparse.Namespace, which: int | str | None, call: Call) -> Any:
     clients = state.clients(state.path_from(args.state_file))
     try:
-        return await call(clients.gateway(which))
+        return await call(gateway_of(clients, which))
     finally:
         await clients.close()
 
@@ -43,8 +48,54 @@ def _run(args: argparse.Namespace, call: Call, which: int | str | None = None) -
     return asyncio.run(_with_gateway(args, which if which is not None else args.gateway, call))
 
 
-def _dict(message: Any) -> dict[str, Any]:
-    return MessageToDict(message, preserving_proto_field_name=True)
+def _op_dict(done: OpResult) -> dict[str, Any]:
+    """The completion as cmemu.v1.RdmaCompletion's JSON spells it."""
+    return wire_dict(
+        [
+            ("id", done.id),
+            ("op", f"RDMA_OP_{done.op.name}"),
+            ("qpn", done.qpn),
+            ("src", done.src),
+            ("dst", done.dst),
+            ("size", done.size, "int64"),
+            ("data", done.data, "bytes"),
+            ("issue_ns", done.issue_ns, "int64"),
+            ("complete_ns", done.complete_ns, "int64"),
+            ("path", done.path),
+            ("paths", done.paths),
+        ]
+    )
+
+
+def _stats_dict(got: GatewayStats) -> dict[str, Any]:
+    """The counters as cmemu.v1.GatewayStats's JSON spells them."""
+    return wire_dict(
+        [
+            ("gateway", got.gateway),
+            ("down", got.down),
+            ("qps", got.qps),
+            ("write_ops", got.write_ops, "int64"),
+            ("read_ops", got.read_ops, "int64"),
+            ("send_ops", got.send_ops, "int64"),
+            ("bytes_out", got.bytes_out, "int64"),
+            ("bytes_in", got.bytes_in, "int64"),
+            ("failed_ops", got.failed_ops, "int64"),
+            ("emulated_ns", got.emulated_ns, "int64"),
+        ]
+    )
+
+
+def _route_dict(got: RouteInfo) -> dict[str, Any]:
+    """The route as cmemu.v1.RdmaRouteInfo's JSON spells it."""
+    return wire_dict(
+        [
+            ("path", got.path),
+            ("paths", got.paths),
+            ("switches", got.switches),
+            ("latency_ns", got.latency_ns, "int64"),
+            ("max_gb_s", got.max_gb_s),
+        ]
+    )
 
 
 QP_COLUMNS: list[Column] = [
@@ -72,13 +123,13 @@ FAULT_COLUMNS: list[Column] = [
 ]
 
 
-def _qp_row(q: pb.QueuePair) -> dict[str, Any]:
+def _qp_row(q: Qp) -> dict[str, Any]:
     remote = f"{q.remote_gateway}/{q.remote_qpn} {q.remote_npu}.d{q.remote_die}"
     return {
         "gateway": q.gateway,
         "qpn": q.qpn,
         "local": f"{q.npu}.d{q.die}",
-        "state": pb.QpState.Name(q.state).removeprefix("QP_STATE_"),
+        "state": q.state.name,
         "remote": remote if q.remote_gateway else "-",
         "ops": q.ops,
         "bytes": q.bytes,
@@ -89,27 +140,26 @@ def _qp(args: argparse.Namespace) -> int:
     action = args.qp_action
     if action == "create":
         which = args.gateway if args.gateway is not None else parse_id(args.npu).supernode
-        request = pb.CreateQpRequest(npu=args.npu, die=args.die)
-        made: pb.QueuePair = _run(args, lambda g: g.CreateQp(request), which)
+        made: Qp = _run(args, lambda g: g.create_qp(args.npu, args.die, deadline_s=None), which)
         if args.json:
             print(json.dumps(_qp_row(made), indent=2))
         else:
             print(f"created {made.gateway} qp {made.qpn} on {made.npu}.d{made.die}")
         return 0
     if action == "connect":
-        connect = pb.ConnectQpRequest(
-            qpn=args.qpn, remote_gateway=args.remote_gateway, remote_qpn=args.remote_qpn
+        qp: Qp = _run(
+            args,
+            lambda g: g.connect_qp(args.qpn, args.remote_gateway, args.remote_qpn, deadline_s=None),
         )
-        qp: pb.QueuePair = _run(args, lambda g: g.ConnectQp(connect))
         row = _qp_row(qp)
         print(json.dumps(row, indent=2) if args.json else f"qp {qp.qpn}: RTS to {row['remote']}")
         return 0
     if action == "destroy":
-        gone = _run(args, lambda g: g.DestroyQp(pb.DestroyQpRequest(qpn=args.qpn)))
-        print(f"destroyed qp {gone.qpn}")
+        gone: int = _run(args, lambda g: g.destroy_qp(args.qpn))
+        print(f"destroyed qp {gone}")
         return 0
-    listed: pb.QpList = _run(args, lambda g: g.ListQps(pb.ListQpsRequest()))
-    rows = [_qp_row(q) for q in listed.qps]
+    listed: list[Qp] = _run(args, lambda g: g.list_qps())
+    rows = [_qp_row(q) for q in listed]
     if rows or args.json:
         print_rows(rows, QP_COLUMNS, as_json=args.json)
     else:
@@ -117,20 +167,22 @@ def _qp(args: argparse.Namespace) -> int:
     return 0
 
 
-def _op(name: str) -> Callable[[argparse.Namespace], int]:
+def _op(op: RdmaOp) -> Callable[[argparse.Namespace], int]:
+    name = op.value.capitalize()
+
     def run(args: argparse.Namespace) -> int:
         data = args.data.encode() if getattr(args, "data", None) is not None else b""
-        request = pb.RdmaRequest(
+        request = OpRequest(
             qpn=args.qpn,
             remote_offset=getattr(args, "offset", 0),
             data=data,
             size=args.size or 0,
-            size_only=bool(args.size_only or (not data and name != "Read" and args.size)),
+            size_only=bool(args.size_only or (not data and op is not RdmaOp.READ and args.size)),
         )
-        done: pb.RdmaCompletion = _run(args, lambda g: getattr(g, name)(request))
+        done: OpResult = _run(args, lambda g: g.op(op, request, deadline_s=None))
         took_ns = done.complete_ns - done.issue_ns
         if args.json:
-            out = _dict(done)
+            out = _op_dict(done)
             out["data"] = done.data.decode(errors="replace")
             out["duration_ns"] = took_ns
             print(json.dumps(out, indent=2))
@@ -148,8 +200,8 @@ def _op(name: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    got: pb.GatewayStats = _run(args, lambda g: g.GetStats(pb.GatewayStatsRequest()))
-    out = _dict(got)
+    got: GatewayStats = _run(args, lambda g: g.stats())
+    out = _stats_dict(got)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -162,8 +214,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _links(args: argparse.Namespace) -> int:
-    request = pb.GatewayLinkStatsRequest(top=args.top)
-    got: pb.GatewayLinkStats = _run(args, lambda g: g.GetLinkStats(request))
+    got: LinkStats = _run(args, lambda g: g.link_stats(args.top, deadline_s=None))
     rows = [
         {
             "link": s.link,
@@ -186,10 +237,9 @@ def _links(args: argparse.Namespace) -> int:
 
 
 def _route(args: argparse.Namespace) -> int:
-    request = pb.RdmaRouteRequest(src=args.src, dst=args.dst)
-    got: pb.RdmaRouteInfo = _run(args, lambda g: g.Route(request))
+    got: RouteInfo = _run(args, lambda g: g.route(args.src, args.dst, deadline_s=None))
     if args.json:
-        print(json.dumps(_dict(got), indent=2))
+        print(json.dumps(_route_dict(got), indent=2))
         return 0
     print(" > ".join(got.path))
     print(
@@ -199,31 +249,32 @@ def _route(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fault_row(f: pb.GatewayFault) -> dict[str, Any]:
+def _fault_row(f: RdmaFault) -> dict[str, Any]:
     detail = []
     if f.factor:
         detail.append(f"factor={f.factor:g}")
-    if f.until_ns:
-        detail.append(f"until={f.until_ns / 1e9:.3f}s")
+    if f.until_s:
+        detail.append(f"until={f.until_s:.3f}s")
     return {"id": f.id, "kind": f.kind, "target": f.target, "detail": " ".join(detail)}
 
 
 def _fault(args: argparse.Namespace) -> int:
     action = args.fault_action
     if action == "add":
-        fault = pb.GatewayFault(
+        fault = RdmaFault(
             kind=args.kind, target=args.target or "", factor=args.factor or 0.0, for_s=args.for_s
         )
-        stored: pb.GatewayFault = _run(args, lambda g: g.InjectFault(fault))
+        stored: RdmaFault = _run(args, lambda g: g.inject_fault(fault, deadline_s=None))
         print_rows([_fault_row(stored)], FAULT_COLUMNS, as_json=args.json)
         return 0
     if action == "clear":
-        request = pb.ClearGatewayFaultRequest(id=args.id or "", all=args.all)
-        left: pb.GatewayFaultList = _run(args, lambda g: g.ClearFault(request))
-        print(f"cleared {args.id or 'all'}; {len(left.faults)} left")
+        left: list[RdmaFault] = _run(
+            args, lambda g: g.clear_fault(args.id or "", all=args.all, deadline_s=None)
+        )
+        print(f"cleared {args.id or 'all'}; {len(left)} left")
         return 0
-    listed: pb.GatewayFaultList = _run(args, lambda g: g.ListFaults(pb.ListGatewayFaultsRequest()))
-    rows = [_fault_row(f) for f in listed.faults]
+    listed: list[RdmaFault] = _run(args, lambda g: g.list_faults(deadline_s=None))
+    rows = [_fault_row(f) for f in listed]
     if rows or args.json:
         print_rows(rows, FAULT_COLUMNS, as_json=args.json)
     else:
@@ -233,9 +284,9 @@ def _fault(args: argparse.Namespace) -> int:
 
 ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {
     "qp": _qp,
-    "write": _op("Write"),
-    "read": _op("Read"),
-    "send": _op("Send"),
+    "write": _op(RdmaOp.WRITE),
+    "read": _op(RdmaOp.READ),
+    "send": _op(RdmaOp.SEND),
     "stats": _stats,
     "links": _links,
     "route": _route,

@@ -1,5 +1,5 @@
-"""`cmemu sched alloc|release|ls|spares|replace|policies`: the running emulator's scheduler, from
-the shell. Parsing and printing only: every decision (and every refusal) is the service's."""
+"""`cmemu sched alloc|release|ls|spares|replace|policies|day`: the running emulator's scheduler,
+from the shell. Parsing and printing only: every decision (and every refusal) is the service's."""
 
 from __future__ import annotations
 
@@ -7,27 +7,28 @@ import argparse
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
+from emulator.cli import schedday
 from emulator.cli.argtypes import non_negative_int, positive_int
 from emulator.cli.output import Column, print_rows
+from emulator.client.scheduler import Allocation, SchedulerClient
 from emulator.runtime import state
 
-if TYPE_CHECKING:  # the async stub type exists in the generated .pyi only
-    Stub = scheduler_pb2_grpc.SchedulerAsyncStub
+T = TypeVar("T")
+Call = Callable[[SchedulerClient], Awaitable[T]]
 
 
-async def _with_scheduler(args: argparse.Namespace, call: Callable[[Stub], Awaitable[Any]]) -> Any:
+async def _with_scheduler(args: argparse.Namespace, call: Call[T]) -> T:
     path = state.path_from(args.state_file)
     clients = state.clients(path)
     try:
-        return await call(clients.scheduler())
+        return await call(SchedulerClient(clients))
     finally:
         await clients.close()
 
 
-def _run(args: argparse.Namespace, call: Callable[[Stub], Awaitable[Any]]) -> Any:
+def _run(args: argparse.Namespace, call: Call[T]) -> T:
     return asyncio.run(_with_scheduler(args, call))
 
 
@@ -50,7 +51,7 @@ JOB_COLUMNS: list[Column] = [
 POLICY_COLUMNS: list[Column] = [("name", "POLICY", "<16"), ("description", "DESCRIPTION", "")]
 
 
-def _npu_rows(a: scheduler_pb2.Allocation) -> list[dict[str, Any]]:
+def _npu_rows(a: Allocation) -> list[dict[str, Any]]:
     return [
         {
             "id": n.id,
@@ -63,7 +64,7 @@ def _npu_rows(a: scheduler_pb2.Allocation) -> list[dict[str, Any]]:
     ]
 
 
-def _job_row(a: scheduler_pb2.Allocation) -> dict[str, Any]:
+def _job_row(a: Allocation) -> dict[str, Any]:
     return {
         "job": a.job,
         "npus": len(a.npus),
@@ -77,7 +78,7 @@ def _job_row(a: scheduler_pb2.Allocation) -> dict[str, Any]:
     }
 
 
-def _summary(a: scheduler_pb2.Allocation) -> str:
+def _summary(a: Allocation) -> str:
     racks = ",".join(str(r) for r in a.racks)
     return (
         f"{a.job}: {len(a.npus)} NPUs on {len(a.nodes)} node{'s' * (len(a.nodes) != 1)} "
@@ -86,15 +87,17 @@ def _summary(a: scheduler_pb2.Allocation) -> str:
 
 
 def _alloc(args: argparse.Namespace) -> int:
-    request = scheduler_pb2.AllocateRequest(
-        job=args.job,
-        npus=args.npus,
-        whole_nodes=args.whole_nodes,
-        same_rack=args.same_rack,
-        priority=args.priority,
-        policy=args.policy or "",
+    reply = _run(
+        args,
+        lambda s: s.allocate(
+            args.job,
+            args.npus,
+            whole_nodes=args.whole_nodes,
+            same_rack=args.same_rack,
+            priority=args.priority,
+            policy=args.policy or "",
+        ),
     )
-    reply: scheduler_pb2.Allocation = _run(args, lambda s: s.Allocate(request))
     if args.json:
         print(json.dumps({**_job_row(reply), "detail": _npu_rows(reply)}, indent=2))
         return 0
@@ -104,16 +107,13 @@ def _alloc(args: argparse.Namespace) -> int:
 
 
 def _release(args: argparse.Namespace) -> int:
-    request = scheduler_pb2.ReleaseRequest(job=args.job)
-    reply: scheduler_pb2.ReleaseResponse = _run(args, lambda s: s.Release(request))
+    reply = _run(args, lambda s: s.release(args.job))
     print(f"released {reply.job}: {reply.npus} NPUs")
     return 0
 
 
 def _ls(args: argparse.Namespace) -> int:
-    reply: scheduler_pb2.ListAllocationsResponse = _run(
-        args, lambda s: s.ListAllocations(scheduler_pb2.ListAllocationsRequest())
-    )
+    reply = _run(args, lambda s: s.allocations())
     rows = [_job_row(a) for a in reply.allocations]
     if args.json:
         counts = {
@@ -137,11 +137,7 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _spares(args: argparse.Namespace) -> int:
-    if args.set is None:
-        reply = _run(args, lambda s: s.GetSpares(scheduler_pb2.GetSparesRequest()))
-    else:
-        request = scheduler_pb2.SetSparesRequest(count=args.set)
-        reply = _run(args, lambda s: s.SetSpares(request))
+    reply = _run(args, lambda s: s.spares(args.set))
     if args.json:
         print(json.dumps({"target": reply.target, "npus": list(reply.npus)}, indent=2))
         return 0
@@ -150,33 +146,28 @@ def _spares(args: argparse.Namespace) -> int:
 
 
 def _replace(args: argparse.Namespace) -> int:
-    request = scheduler_pb2.ReplaceRequest(job=args.job)
-    if args.npu:
-        request.npu = args.npu
-    else:
-        request.node = args.node
-    reply: scheduler_pb2.ReplaceResponse = _run(args, lambda s: s.Replace(request))
+    replaced, allocation = _run(
+        args, lambda s: s.replace(args.job, npu=args.npu or "", node=args.node or "")
+    )
     if args.json:
-        swaps = [{"old": r.old_npu, "new": r.new_npu} for r in reply.replaced]
-        print(json.dumps({"replaced": swaps, **_job_row(reply.allocation)}, indent=2))
+        swaps = [{"old": r.old, "new": r.new} for r in replaced]
+        print(json.dumps({"replaced": swaps, **_job_row(allocation)}, indent=2))
         return 0
-    for r in reply.replaced:
-        print(f"replaced {r.old_npu} -> {r.new_npu}")
-    print(_summary(reply.allocation))
+    for r in replaced:
+        print(f"replaced {r.old} -> {r.new}")
+    print(_summary(allocation))
     return 0
 
 
 def _policies(args: argparse.Namespace) -> int:
-    reply: scheduler_pb2.ListPoliciesResponse = _run(
-        args, lambda s: s.ListPolicies(scheduler_pb2.ListPoliciesRequest())
-    )
+    policies = _run(args, lambda s: s.policies())
     rows = [
         {
             "name": p.name,
-            "description": p.description + (" (default)" if p.name == reply.default_policy else ""),
-            "default": p.name == reply.default_policy,
+            "description": p.description + (" (default)" if p.default else ""),
+            "default": p.default,
         }
-        for p in reply.policies
+        for p in policies
     ]
     print_rows(rows, POLICY_COLUMNS, as_json=args.json)
     return 0
@@ -193,6 +184,8 @@ ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def cmd_sched(args: argparse.Namespace) -> int:
+    if args.action == "day":
+        return schedday.cmd_day(args)
     return ACTIONS[args.action](args)
 
 
@@ -227,3 +220,4 @@ def sched_args(
     policies.add_argument("--json", action="store_true")
     for action in (alloc, release, ls, spares, replace, policies):
         add_state(action)
+    schedday.day_args(sub, add_state)

@@ -9,39 +9,37 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import yaml
 
-from cmemu.v1 import router_pb2, router_pb2_grpc
 from emulator.cli import loading
 from emulator.cli.argtypes import UsageError, positive_float, positive_int
 from emulator.cli.output import Column, print_rows
 from emulator.client.clients import Clients
 from emulator.client.clock import followed_time
-from emulator.client.replay import ReplayReport, replay, report
+from emulator.client.deployments import Deployment, DeploymentState
+from emulator.client.router import RouterClient
 from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.serving.deployment import parse_deployment
-from emulator.model.serving.workload import read_mooncake
 from emulator.model.topology import ServiceKind, Topology
 from emulator.runtime import state
 
+if TYPE_CHECKING:  # imported by `replay` alone: its HTTP client, the serving engine's model and
+    # numpy cost every other command here (serve-model, deployments, undeploy) 0.2 CPU s
+    from emulator.client.replay import ReplayReport
+
 T = TypeVar("T")
-STATES = {
-    router_pb2.DEPLOYMENT_STATE_LOADING: "loading",
-    router_pb2.DEPLOYMENT_STATE_SERVING: "serving",
-    router_pb2.DEPLOYMENT_STATE_FAILED: "failed",
-    router_pb2.DEPLOYMENT_STATE_STOPPED: "stopped",
-}
 
 
-async def _with_router(
-    args: argparse.Namespace, call: Callable[[router_pb2_grpc.RouterAsyncStub], Awaitable[T]]
-) -> T:
+def _state(d: Deployment) -> str:
+    return d.state.value if d.state is not None else "?"
+
+
+async def _with_router(args: argparse.Namespace, call: Callable[[RouterClient], Awaitable[T]]) -> T:
     path = state.path_from(args.state_file)
     clients = state.clients(path)
     try:
-        return await call(clients.router())
+        return await call(RouterClient(clients))
     finally:
         await clients.close()
 
@@ -70,18 +68,30 @@ def _endpoint(topology: Topology) -> str:
     return f"http://{http}/v1" if http else "-"
 
 
-def _describe(d: router_pb2.Deployment, topology: Topology) -> None:
-    print(f"deployment {d.name}: {d.model}, {STATES.get(d.state, '?')}, {d.npus} NPUs")
+def _describe(d: Deployment, topology: Topology) -> None:
+    print(f"deployment {d.name}: {d.model}, {_state(d)}, {d.npus} NPUs")
     if d.error:
         print(f"  error: {d.error}")
     for i in d.instances:
         e = i.experts
         npus = f"{i.npus[0]}..{i.npus[-1]}" if len(i.npus) > 1 else ",".join(i.npus)
+        role = f" [{i.role}]" if d.pd is not None else ""  # dynamic PD: its role now
         print(
             f"  {i.id:<10} {len(i.npus):>3} NPUs ({npus}), {i.dies} dies, EP{e.ep}: "
             f"{e.slots_per_die} experts per die ({e.shared} shared, {e.routed} routed, "
-            f"{e.redundant} redundant; {e.policy}, imbalance {e.imbalance:.3f})"
+            f"{e.redundant} redundant; {e.policy}, imbalance {e.imbalance:.3f}){role}"
         )
+    if d.pd is not None:
+        p = d.pd
+        print(
+            f"  dynamic PD ({p.policy}): {_split(d)} prefill:decode"
+            f"{f', {p.switching_units} switching' if p.switching_units else ''}; "
+            f"{len(p.switches)} switch{'es' if len(p.switches) != 1 else ''}"
+        )
+        for switch in p.switches:
+            joined = f"joined {switch.joined_ns / 1e9:.1f} s" if switch.joined_ns else "switching"
+            moved = ", ".join(switch.instances)
+            print(f"    {switch.at_ns / 1e9:.1f} s: {moved} to {switch.to}, {joined}")
     w = d.weights
     if w.bytes:
         print(
@@ -91,11 +101,39 @@ def _describe(d: router_pb2.Deployment, topology: Topology) -> None:
     print(f"  endpoint {_endpoint(topology)} (model {d.name!r})")
 
 
+def _split(d: Deployment) -> str:
+    return f"{d.pd.prefill_units}:{d.pd.decode_units}" if d.pd is not None else "-"
+
+
+def _pd(d: Deployment) -> dict[str, object] | None:
+    """Live dynamic PD's status as JSON (None when the deployment's split is fixed)."""
+    if d.pd is None:
+        return None
+    p = d.pd
+    return {
+        "policy": p.policy,
+        "prefill_units": p.prefill_units,
+        "decode_units": p.decode_units,
+        "switching_units": p.switching_units,
+        "prefill_share": p.prefill_share,
+        "switches": [
+            {
+                "at_ns": w.at_ns,
+                "to": w.to,
+                "instances": list(w.instances),
+                "joined_ns": w.joined_ns,
+            }
+            for w in p.switches
+        ],
+    }
+
+
 def cmd_serve_model(args: argparse.Namespace) -> int:
-    request = router_pb2.DeployRequest(name=args.deployment_name or "")
+    spec_yaml = ""
+    options: dict[str, str] = {}
     if args.deployment:
         try:
-            request.spec_yaml = Path(args.deployment).read_text()
+            spec_yaml = Path(args.deployment).read_text()
         except OSError as exc:
             raise UsageError(f"--deployment: {exc}") from exc
         if args.model or args.decode or args.prefill or args.option:
@@ -103,19 +141,22 @@ def cmd_serve_model(args: argparse.Namespace) -> int:
     else:
         if not args.model:
             raise UsageError("name a MODEL (e.g. deepseek-r1) or give --deployment FILE")
-        request.model = args.model
-        request.decode_npus = args.decode or 0
-        if args.prefill:
-            request.prefill_instances, request.prefill_npus = args.prefill
         for key, value in args.option or []:
-            request.options[key] = value
+            options[key] = value
         if args.placement:
-            request.options["placement"] = args.placement
-    request.warm = args.warm
+            options["placement"] = args.placement
     topology = state.read(state.path_from(args.state_file))
 
-    async def deploy(router: router_pb2_grpc.RouterAsyncStub) -> router_pb2.Deployment:
-        started = await router.Deploy(request)  # returns at once, LOADING: say how long
+    async def deploy(router: RouterClient) -> Deployment:
+        started = await router.deploy(  # returns at once, LOADING: say how long
+            args.deployment_name or "",
+            model="" if args.deployment else args.model,
+            spec_yaml=spec_yaml,
+            decode_npus=0 if args.deployment else args.decode or 0,
+            prefill=None if args.deployment else args.prefill,
+            options=options,
+            warm=args.warm,
+        )
         for line in loading.advice(started, topology.time_scale, warm=args.warm):
             print(line, flush=True)
         if not args.wait:
@@ -126,7 +167,7 @@ def cmd_serve_model(args: argparse.Namespace) -> int:
 
     deployment = asyncio.run(_with_router(args, deploy))
     _describe(deployment, topology)
-    return 0 if deployment.state != router_pb2.DEPLOYMENT_STATE_FAILED else 1
+    return 0 if deployment.state is not DeploymentState.FAILED else 1
 
 
 DEPLOYMENT_COLUMNS: list[Column] = [
@@ -134,25 +175,27 @@ DEPLOYMENT_COLUMNS: list[Column] = [
     ("model", "MODEL", "<14"),
     ("state", "STATE", "<9"),
     ("npus", "NPUS", ">5"),
+    ("split", "P:D", "<5"),
     ("instances", "INSTANCES", ""),
 ]
 
 
 def cmd_deployments(args: argparse.Namespace) -> int:
-    listed = asyncio.run(
-        _with_router(args, lambda r: r.ListDeployments(router_pb2.ListDeploymentsRequest()))
-    )
+    listed = asyncio.run(_with_router(args, lambda r: r.list()))
     rows = [
         {
             "name": d.name,
             "model": d.model,
-            "state": STATES.get(d.state, "?"),
+            "state": _state(d),
             "npus": d.npus,
+            "split": _split(d),
             "instances": ", ".join(f"{i.id}:{len(i.npus)}" for i in d.instances),
+            "roles": {i.id: i.role for i in d.instances},
+            "pd": _pd(d),
             "weights": d.weights.source,
             "error": d.error,
         }
-        for d in listed.deployments
+        for d in listed
     ]
     print_rows(rows, DEPLOYMENT_COLUMNS, as_json=args.json)
     if not args.json:
@@ -161,13 +204,16 @@ def cmd_deployments(args: argparse.Namespace) -> int:
 
 
 def cmd_undeploy(args: argparse.Namespace) -> int:
-    request = router_pb2.UndeployRequest(name=args.deployment_name)
-    gone = asyncio.run(_with_router(args, lambda r: r.Undeploy(request)))
+    gone = asyncio.run(_with_router(args, lambda r: r.undeploy(args.deployment_name)))
     print(f"undeployed {gone.name}: {gone.npus} NPUs released")
     return 0
 
 
 async def _replay(args: argparse.Namespace, text: str) -> ReplayReport:
+    from emulator.client.replay import replay, report
+    from emulator.model.serving.deployment import parse_deployment
+    from emulator.model.serving.workload import read_mooncake
+
     path = state.path_from(args.state_file)
     topology = state.read(path)
     block = DEFAULT_PROFILE.serving.block_tokens
@@ -175,14 +221,13 @@ async def _replay(args: argparse.Namespace, text: str) -> ReplayReport:
     model = args.model
     clients = Clients(topology, state.credentials(path))
     try:
-        router = clients.router()
+        router = RouterClient(clients)
         if model is None:
-            listed = await router.ListDeployments(router_pb2.ListDeploymentsRequest())
-            names = [d.name for d in listed.deployments]
+            names = [d.name for d in await router.list()]
             if len(names) != 1:
                 raise UsageError(f"name the deployment with --model (deployed: {names})")
             model = names[0]
-        deployed = await router.GetDeployment(router_pb2.GetDeploymentRequest(name=model))
+        deployed = await router.get(model)
     finally:
         await clients.close()
     spec = parse_deployment(yaml.safe_load(deployed.spec_yaml))

@@ -17,7 +17,14 @@ from emulator.cli.argtypes import UsageError, seconds
 from emulator.cli.output import Column, print_rows
 from emulator.cli.pd import cmd_pd, pd_args
 from emulator.cli.train import simulate_training_cmd, training_args
-from emulator.model.dayplan import POLICIES, DayParams, DayResult, params_for, simulate_day
+from emulator.model.dayplan import (
+    POLICIES,
+    DayParams,
+    DayResult,
+    params_for,
+    parse_window,
+    simulate_day,
+)
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.overrides import apply_overrides, parse_override
@@ -268,6 +275,10 @@ def _print_report(report: Report) -> None:
     rows.append(("HBM batch per die that fits / peak", hbm))
     if r.hbm_waits or r.hbm_refused:
         rows.append(("waits for HBM / refused", f"{r.hbm_waits} / {r.hbm_refused}"))
+    if r.preemptions:
+        rows.append(
+            ("preempted (recomputed)", f"{r.preemptions} ({r.preempted_tokens:,} tokens again)")
+        )
     rows += [(f"override {name}", f"{value:.6g}") for name, value in r.overrides.items()]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
@@ -313,7 +324,10 @@ def _serving(args: argparse.Namespace) -> int:
             profile=profile,
         )
         decode = dataclasses.replace(
-            deployment.decode, max_batch_per_die=point.batch_per_die, tpot_target_s=args.slo_tpot
+            deployment.decode,
+            max_batch_per_die=point.batch_per_die,
+            tpot_target_s=args.slo_tpot,
+            microbatches=point.microbatches,
         )
         deployment = dataclasses.replace(deployment, decode=decode)
     sim = simulate(deployment, requests, duration_s=duration, profile=profile)
@@ -336,6 +350,7 @@ def _print_point(p: OperatingPoint) -> None:
     )
     print(
         f"  batch per die {p.batch_per_die} (HBM bound {p.hbm_batch_per_die}), "
+        f"{p.microbatches} microbatch{'es' if p.microbatches > 1 else ''}, "
         f"TPOT {p.tpot_s * 1e3:.2f} ms, {p.tokens_per_s_per_npu:,.0f} decode tokens/s per NPU"
     )
     print("the workload run at that batch:")
@@ -376,14 +391,10 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _night(text: str) -> tuple[float, float]:
-    start, sep, end = text.partition("-")
     try:
-        window = (float(start), float(end))
-    except ValueError:
-        window = (-1.0, -1.0)
-    if not sep or not all(0 <= h < 24 for h in window) or window[0] == window[1]:
-        raise UsageError(f"--night: START-END in hours 0-24, e.g. 22-7; got {text!r}")
-    return window
+        return parse_window(text)
+    except InvalidArgumentError as exc:
+        raise UsageError(f"--night: {exc}") from exc
 
 
 def _day(args: argparse.Namespace) -> int:

@@ -22,13 +22,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from cmemu.v1 import fabric_pb2
 from emulator.cli import argtypes
 from emulator.client import faults as fault
 from emulator.client import health
 from emulator.client.clients import Clients
+from emulator.client.fabric import FabricClient
+from emulator.client.status import status_of
+from emulator.model.errors import EmulatorError
 from emulator.runtime import state
 
 STALE_EXIT = 1
@@ -82,8 +82,8 @@ async def _clock(clients: Clients, timeout_s: float) -> dict[str, Any] | None:
     """Where emulated time stands, as the fabric (its owner) says: the asked and the achieved
     scale, the rate now, the stalls cut out (None when the fabric does not answer)."""
     try:
-        info = await clients.fabric().GetClock(fabric_pb2.GetClockRequest(), timeout=timeout_s)
-    except grpc.aio.AioRpcError:
+        info = await FabricClient(clients).clock(deadline_s=timeout_s)
+    except EmulatorError:
         return None
     return {
         "emulated_s": info.emulated_ns / 1e9,
@@ -100,8 +100,8 @@ async def _faults(clients: Clients) -> dict[str, Any]:
     try:
         fabric: list[fault.ActiveFault] | None = await fault.fabric_faults(clients)
         fabric_error = ""
-    except grpc.aio.AioRpcError as exc:
-        fabric, fabric_error = None, f"{exc.code().name}: {exc.details()}"
+    except EmulatorError as exc:
+        fabric, fabric_error = None, f"{status_of(exc).name}: {exc}"
     devices = await fault.device_faults(clients)
     return {"fabric_faults": fabric, "fabric_error": fabric_error, "device_faults": devices}
 

@@ -9,11 +9,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from google.protobuf import json_format
-
-from cmemu.v1 import training_pb2
 from emulator.cli.argtypes import UsageError
-from emulator.cli.output import Column, print_rows
+from emulator.cli.output import Column, print_rows, wire_dict
+from emulator.client.training import TrainingClient, TrainingJob
+from emulator.model.daylive import NightJob
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.training.longrun import DAY_S, simulate_training
 from emulator.runtime import state
@@ -81,11 +80,19 @@ def train_args(parser: argparse.ArgumentParser, add_state: Callable[[Any], None]
     start.add_argument("--data-parallel", type=int, default=0)
     start.add_argument("--expert-parallel", type=int, default=0)
     start.add_argument("--micro-batches", type=int, default=0)
+    start.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from the last checkpoint in EMS of a stopped job of this name",
+    )
     ls = sub.add_parser("ls", help="list the training jobs")
     get = sub.add_parser("get", help="one training job")
     get.add_argument("name")
     stop = sub.add_parser("stop", help="stop a training job and release its NPUs")
     stop.add_argument("name")
+    stop.add_argument(
+        "--checkpoint", action="store_true", help="write a checkpoint of its last step first"
+    )
     for p in (start, ls, get, stop):
         p.add_argument("--json", action="store_true")
         add_state(p)
@@ -104,7 +111,7 @@ COLUMNS: list[Column] = [
 ]
 
 
-def _row(job: training_pb2.TrainingJob) -> dict[str, Any]:
+def _row(job: TrainingJob) -> dict[str, Any]:
     return {
         "name": job.name,
         "state": job.state,
@@ -118,31 +125,52 @@ def _row(job: training_pb2.TrainingJob) -> dict[str, Any]:
     }
 
 
-async def _call(args: argparse.Namespace) -> list[training_pb2.TrainingJob]:
+def _job_dict(job: TrainingJob) -> dict[str, Any]:
+    """The job as cmemu.v1.TrainingJob's JSON spells it."""
+    return wire_dict(
+        [
+            ("name", job.name),
+            ("state", job.state),
+            ("step", job.step, "int64"),
+            ("last_checkpoint_step", job.last_checkpoint_step, "int64"),
+            ("npus", job.npus),
+            ("restarts", job.restarts),
+            ("steps_lost", job.steps_lost, "int64"),
+            ("step_s", job.step_s),
+            ("started_ns", job.started_ns, "int64"),
+            ("last_failure_ns", job.last_failure_ns, "int64"),
+            ("last_restored_ns", job.last_restored_ns, "int64"),
+            ("goodput", job.goodput),
+            ("failed_steps", job.failed_steps, "int64"),
+            ("last_corrupt_checkpoint_ns", job.last_corrupt_checkpoint_ns, "int64"),
+        ]
+    )
+
+
+async def _call(args: argparse.Namespace) -> list[TrainingJob]:
     path = state.path_from(args.state_file)
     clients = state.clients(path)
     try:
-        stub = clients.training()
+        training = TrainingClient(clients)
         command = args.train_command
         if command == "start":
             if args.npus < 1:
                 raise UsageError("--npus must be >= 1")
-            spec = training_pb2.TrainingSpec(
+            job = NightJob(
                 name=args.name,
                 npus=args.npus,
                 model=args.model,
-                steps=args.steps,
                 checkpoint_every=args.checkpoint_every,
                 data_parallel=args.data_parallel,
                 expert_parallel=args.expert_parallel,
                 micro_batches=args.micro_batches,
             )
-            return [await stub.Start(training_pb2.StartTrainingRequest(spec=spec))]
+            return [await training.start(job, steps=args.steps, resume=args.resume)]
         if command == "ls":
-            return list((await stub.List(training_pb2.ListTrainingRequest())).jobs)
+            return await training.list()
         if command == "get":
-            return [await stub.Get(training_pb2.TrainingRequest(name=args.name))]
-        return [await stub.Stop(training_pb2.TrainingRequest(name=args.name))]
+            return [await training.get(args.name)]
+        return [await training.stop(args.name, checkpoint=args.checkpoint)]
     finally:
         await clients.close()
 
@@ -150,7 +178,7 @@ async def _call(args: argparse.Namespace) -> list[training_pb2.TrainingJob]:
 def cmd_train(args: argparse.Namespace) -> int:
     jobs = asyncio.run(_call(args))
     if args.json:
-        rows = [json_format.MessageToDict(j, preserving_proto_field_name=True) for j in jobs]
+        rows = [_job_dict(j) for j in jobs]
         print(json.dumps(rows if args.train_command == "ls" else rows[0], indent=2))
         return 0
     print_rows([_row(j) for j in jobs], COLUMNS, as_json=False)

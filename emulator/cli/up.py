@@ -15,9 +15,14 @@ from typing import Literal
 from emulator.cli import argtypes, progress
 from emulator.cli.instances import check_not_running
 from emulator.cli.serve import stop_event as _stop_event
+from emulator.model.addressplans import (
+    CONTAINER_PORT,
+    DEFAULT_BASE_PORT,
+    DEFAULT_HOST,
+    PROCS_FIRST_OCTET,
+)
 from emulator.model.errors import EmulatorError
 from emulator.model.presets import DEFAULT_PRESET
-from emulator.model.topology import CONTAINER_PORT, DEFAULT_BASE_PORT, DEFAULT_HOST
 from emulator.runtime import composegen, docker, instance, metricserver, ports, state
 from emulator.runtime.image import IMAGE
 from emulator.runtime.procs import Running
@@ -175,7 +180,7 @@ def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
         host=args.host,
         base_port=args.base_port,
         port=args.port,
-        first_octet=args.loopback if args.loopback is not None else 10,
+        first_octet=args.loopback if args.loopback is not None else PROCS_FIRST_OCTET,
         compose_file=compose_file,
         image=args.image,
         project=f"cmemu-{state.instance_name(path)}",

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from cmemu.v1 import router_pb2
+from emulator.client.router import RouterClient, UsageReport
 from emulator.runtime import state
 
 FIELDS = (
@@ -27,16 +27,16 @@ FIELDS = (
 )
 
 
-async def _report(args: argparse.Namespace) -> router_pb2.UsageReport:
+async def _report(args: argparse.Namespace) -> UsageReport:
     path = state.path_from(args.state_file)
     clients = state.clients(path)
     try:
-        return await clients.router().GetUsage(router_pb2.GetUsageRequest(tenant=args.tenant or ""))
+        return await RouterClient(clients).usage(args.tenant or "")
     finally:
         await clients.close()
 
 
-def _rows(report: router_pb2.UsageReport) -> list[dict[str, Any]]:
+def _rows(report: UsageReport) -> list[dict[str, Any]]:
     return [{name: getattr(t, name) for name in FIELDS} for t in report.tenants]
 
 

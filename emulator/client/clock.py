@@ -20,8 +20,9 @@ from emulator.client.credentials import ANONYMOUS, Credentials
 from emulator.client.remote import ClockStream, RemoteFabric
 from emulator.engines.clock import TimeKeeper
 from emulator.model.clock import Clock
+from emulator.model.emulatorprofile import ClockProfile
 from emulator.model.errors import UnavailableError
-from emulator.model.hardware import DEFAULT_PROFILE, ClockProfile
+from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind, Topology
 
 SYNC_WAIT_S = 30.0  # wall: how long the fabric may take to tell its clock

@@ -11,7 +11,6 @@ status names, prefixed with the service's name, as emulator/client/remote.py's p
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from typing import TypeVar
 
 import grpc
@@ -24,19 +23,12 @@ from cmemu.v1 import (
     training_pb2,
     training_pb2_grpc,
 )
-from emulator.client.status import error_from
+from emulator.client.status import reply_of
 from emulator.engines.peers import Marked
 from emulator.model.errors import NotFoundError
 from emulator.model.scheduler.jobs import Replacement
 
 T = TypeVar("T")
-
-
-async def _call(prefix: str, call: Awaitable[T]) -> T:
-    try:
-        return await call
-    except grpc.aio.AioRpcError as exc:
-        raise error_from(exc, prefix) from None
 
 
 def _marked(reply: scheduler_pb2.MarkResponse) -> Marked:
@@ -51,15 +43,15 @@ class RemoteScheduler:
 
     async def mark_failed(self, npu: str) -> Marked:
         request = scheduler_pb2.MarkRequest(npu=npu)
-        return _marked(await _call("scheduler", self._stub.MarkFailed(request)))
+        return _marked(await reply_of("scheduler", self._stub.MarkFailed(request)))
 
     async def mark_healthy(self, npu: str) -> Marked:
         request = scheduler_pb2.MarkRequest(npu=npu)
-        return _marked(await _call("scheduler", self._stub.MarkHealthy(request)))
+        return _marked(await reply_of("scheduler", self._stub.MarkHealthy(request)))
 
     async def replace(self, job: str, npu: str) -> tuple[Replacement, ...]:
         request = scheduler_pb2.ReplaceRequest(job=job, npu=npu)
-        reply = await _call("scheduler", self._stub.Replace(request))
+        reply = await reply_of("scheduler", self._stub.Replace(request))
         return tuple(Replacement(old=r.old_npu, new=r.new_npu) for r in reply.replaced)
 
 
@@ -69,7 +61,7 @@ class RemoteRouter:
 
     async def last_restored_ns(self, deployment: str) -> int:
         request = router_pb2.GetDeploymentRequest(name=deployment)
-        reply = await _call("router", self._stub.GetDeployment(request))
+        reply = await reply_of("router", self._stub.GetDeployment(request))
         return int(reply.last_restored_ns)
 
 
@@ -80,7 +72,7 @@ class RemoteTraining:
     async def last_restored_ns(self, job: str) -> int | None:
         request = training_pb2.TrainingRequest(name=job)
         try:
-            reply = await _call("training", self._stub.Get(request))
+            reply = await reply_of("training", self._stub.Get(request))
         except NotFoundError:
             return None
         return int(reply.last_restored_ns)

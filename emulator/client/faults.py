@@ -57,6 +57,7 @@ from emulator.client.faultkinds.base import (
 )
 from emulator.client.faultkinds.container import ContainerControl, attach_engine
 from emulator.client.faultkinds.process import ProcessTable, attach_processes
+from emulator.client.status import reply_of
 from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
 from emulator.model.naming import LINK, LINK_DIRECTED, parse_id
 
@@ -250,10 +251,12 @@ async def device_faults(clients: Clients) -> list[ActiveFault]:
 
 
 async def fabric_faults(clients: Clients) -> list[ActiveFault]:
-    """Every supernode's fabric's faults."""
+    """Every supernode's fabric's faults (the EmulatorError its status names when a fabric
+    does not answer)."""
     out = []
     for one in every_supernode(clients):
-        listed = await one.fabric().ListFaults(fabric_pb2.ListFaultsRequest(), timeout=5.0)
+        call = one.fabric().ListFaults(fabric_pb2.ListFaultsRequest(), timeout=5.0)
+        listed = await reply_of(None, call)
         out += [fabric.fabric_fault(f) for f in listed.faults]
     return out
 

@@ -60,12 +60,12 @@ def _literal(name: str, value: str) -> bytes:
     return b"\x00" + _length(len(n)) + n + _length(len(v)) + v
 
 
-def request(authority: str, service: str) -> bytes:
+def request(authority: str, service: str, path: str = "/grpc.health.v1.Health/Check") -> bytes:
     """Everything the client sends: preface, SETTINGS, HEADERS, DATA (END_STREAM)."""
     fields = [
         (":method", "POST"),
         (":scheme", "http"),
-        (":path", "/grpc.health.v1.Health/Check"),
+        (":path", path),
         (":authority", authority),
         ("content-type", "application/grpc"),
         ("te", "trailers"),
@@ -112,33 +112,61 @@ def status_of(message: bytes) -> int:
     return 0
 
 
+def split_address(address: str) -> tuple[str, int]:
+    """HOST:PORT (or [V6]:PORT) as a host and a port; ValueError for anything else."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class Reply:
+    """The client's side of the one call, frame by frame (both the blocking probe and the
+    asyncio one of emulator/client/h2async.py feed it): what to answer, and the status once
+    the reply's message is whole."""
+
+    def __init__(self) -> None:
+        self.body = b""
+
+    def on_frame(self, head: bytes, payload: bytes) -> tuple[bytes, int | None]:
+        """(bytes to send back, the served status or None until the reply is whole); raises
+        ProbeError when the call failed."""
+        kind, flags, stream = head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+        if kind == SETTINGS and not flags & ACK:
+            return frame(SETTINGS, ACK, 0), None
+        if kind == PING and not flags & ACK:
+            return frame(PING, ACK, 0, payload), None
+        if kind == GOAWAY:
+            raise ProbeError("the server sent GOAWAY")
+        if kind == RST_STREAM and stream == STREAM:
+            raise ProbeError("the server reset the call")
+        if kind == DATA and stream == STREAM:
+            self.body += payload
+            body = self.body
+            if len(body) >= 5 and len(body) >= 5 + int.from_bytes(body[1:5], "big"):
+                return b"", status_of(body[5 : 5 + int.from_bytes(body[1:5], "big")])
+        if stream == STREAM and flags & END_STREAM:
+            # trailers only: the call failed (e.g. NOT_FOUND for an unknown service)
+            raise ProbeError("the call ended without a reply (a gRPC error status)")
+        return b"", None
+
+
+def length_of(head: bytes) -> int:
+    """The payload length of a frame from its 9-byte head."""
+    return int.from_bytes(head[:3], "big")
+
+
 def check(address: str, service: str = "", timeout_s: float = 2.0) -> int:
     """The served status (1 SERVING, 2 NOT_SERVING, ...) of `service` at HOST:PORT. OSError
     when unreachable, ProbeError when the call fails."""
-    host, _, port = address.rpartition(":")
-    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+    with socket.create_connection(split_address(address), timeout=timeout_s) as sock:
         sock.sendall(request(address, service))
-        body = b""
+        reply = Reply()
         for _ in range(MAX_FRAMES):
             head = _read_exact(sock, 9)
-            length = int.from_bytes(head[:3], "big")
-            kind, flags, stream = head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
-            payload = _read_exact(sock, length)
-            if kind == SETTINGS and not flags & ACK:
-                sock.sendall(frame(SETTINGS, ACK, 0))
-            elif kind == PING and not flags & ACK:
-                sock.sendall(frame(PING, ACK, 0, payload))
-            elif kind == GOAWAY:
-                raise ProbeError("the server sent GOAWAY")
-            elif kind == RST_STREAM and stream == STREAM:
-                raise ProbeError("the server reset the call")
-            elif kind == DATA and stream == STREAM:
-                body += payload
-                if len(body) >= 5 and len(body) >= 5 + int.from_bytes(body[1:5], "big"):
-                    return status_of(body[5 : 5 + int.from_bytes(body[1:5], "big")])
-            if stream == STREAM and flags & END_STREAM:
-                # trailers only: the call failed (e.g. NOT_FOUND for an unknown service)
-                raise ProbeError("the call ended without a reply (a gRPC error status)")
+            answer, status = reply.on_frame(head, _read_exact(sock, length_of(head)))
+            if answer:
+                sock.sendall(answer)
+            if status is not None:
+                return status
         raise ProbeError(f"no reply within {MAX_FRAMES} frames")
 
 

@@ -7,7 +7,7 @@ the training jobs) are in emulator/client/control.py."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TypeVar
 
 import grpc
@@ -21,7 +21,7 @@ from cmemu.v1 import (
     ub_pb2_grpc,
 )
 from emulator.client.channels import Channels
-from emulator.client.status import error_from
+from emulator.client.status import error_from, reply_of
 from emulator.client.wire import device as device_wire
 from emulator.client.wire import fabric as fabric_wire
 from emulator.client.wire import ub as ub_wire
@@ -33,19 +33,12 @@ from emulator.engines.peers import CollectiveOutcome
 from emulator.model.arrivals import ArrivalBatch
 from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.linkfaults import FaultSpec
-from emulator.model.memory import Region
+from emulator.model.memory import Region, RegionPage
 from emulator.model.topology import Device
 from emulator.model.ub import Completion, Transaction
 
 T = TypeVar("T")
 FAULT_CALL_S = 10.0  # wall: a fault call answers at once
-
-
-async def _call(prefix: str | None, call: Awaitable[T]) -> T:
-    try:
-        return await call
-    except grpc.aio.AioRpcError as exc:
-        raise error_from(exc, prefix) from None
 
 
 class RemoteDevice:
@@ -59,39 +52,48 @@ class RemoteDevice:
         self, tx: Transaction, *, check_only: bool, deadline_s: float | None
     ) -> Completion:
         request = ub_wire.transaction_proto(tx, check_only=check_only)
-        done = await _call(self.device.id, self._bus.Deliver(request, timeout=deadline_s))
+        done = await reply_of(self.device.id, self._bus.Deliver(request, timeout=deadline_s))
         return ub_wire.completion(done)
 
     async def submit(self, tx: Transaction, *, deadline_s: float | None) -> Completion:
         request = ub_wire.transaction_proto(tx)
-        done = await _call(self.device.id, self._bus.Submit(request, timeout=deadline_s))
+        done = await reply_of(self.device.id, self._bus.Submit(request, timeout=deadline_s))
         return ub_wire.completion(done)
 
     async def allocate(self, size: int, label: str, *, deadline_s: float | None) -> Region:
         request = device_pb2.AllocateRegionRequest(size=size, label=label)
-        region = await _call(
+        region = await reply_of(
             self.device.id, self._device.AllocateRegion(request, timeout=deadline_s)
         )
         return device_wire.region(region)
 
     async def free(self, region_id: int, *, deadline_s: float | None) -> int:
         request = device_pb2.FreeRegionRequest(region_id=region_id)
-        freed = await _call(self.device.id, self._device.FreeRegion(request, timeout=deadline_s))
+        freed = await reply_of(self.device.id, self._device.FreeRegion(request, timeout=deadline_s))
         return int(freed.freed_bytes)
+
+    async def list_regions(self, page_token: str, *, deadline_s: float | None) -> RegionPage:
+        request = device_pb2.ListRegionsRequest(page_token=page_token)
+        page = await reply_of(self.device.id, self._device.ListRegions(request, timeout=deadline_s))
+        return device_wire.region_page(page)
 
     async def fault_state(self, *, deadline_s: float | None) -> FaultState:
         request = device_pb2.GetFaultStateRequest()
-        state = await _call(self.device.id, self._device.GetFaultState(request, timeout=deadline_s))
+        state = await reply_of(
+            self.device.id, self._device.GetFaultState(request, timeout=deadline_s)
+        )
         return device_wire.fault_state(state)
 
     async def telemetry(self, *, deadline_s: float | None) -> Telemetry:
         request = device_pb2.GetTelemetryRequest()
-        seen = await _call(self.device.id, self._device.GetTelemetry(request, timeout=deadline_s))
+        seen = await reply_of(
+            self.device.id, self._device.GetTelemetry(request, timeout=deadline_s)
+        )
         return device_wire.telemetry(seen)
 
     async def kernel(self, kernel: Kernel, *, deadline_s: float | None) -> KernelResult:
         request = device_wire.kernel_proto(kernel)
-        done = await _call(self.device.id, self._npu.SubmitKernel(request, timeout=deadline_s))
+        done = await reply_of(self.device.id, self._npu.SubmitKernel(request, timeout=deadline_s))
         return device_wire.kernel_result(done)
 
     async def watch_liveness(self) -> AsyncIterator[Beat]:
@@ -135,7 +137,7 @@ class RemoteFabric:
 
     async def transfer(self, tx: Transaction, *, deadline_s: float | None) -> Completion:
         request = ub_wire.transaction_proto(tx)
-        done = await _call(None, self._stub.Transfer(request, timeout=deadline_s))
+        done = await reply_of(None, self._stub.Transfer(request, timeout=deadline_s))
         return ub_wire.completion(done)
 
     async def collective(
@@ -147,24 +149,24 @@ class RemoteFabric:
         deadline_s: float | None = None,
     ) -> CollectiveOutcome:
         request = fabric_wire.collective_request(list(ranks), spec, detail=detail)
-        result = await _call("fabric", self._stub.Collective(request, timeout=deadline_s))
+        result = await reply_of("fabric", self._stub.Collective(request, timeout=deadline_s))
         return fabric_wire.collective_outcome(result)
 
     async def collective_arrivals(self, after_seq: int, *, limit: int = 0) -> ArrivalBatch:
         request = fabric_pb2.ListCollectiveArrivalsRequest(after_seq=after_seq, limit=limit)
-        reply = await _call(
+        reply = await reply_of(
             "fabric", self._stub.ListCollectiveArrivals(request, timeout=FAULT_CALL_S)
         )
         return fabric_wire.arrival_batch(reply)
 
     async def link_fault(self, spec: FaultSpec) -> FaultSpec:
         request = fabric_wire.fault_proto(spec)
-        stored = await _call("fabric", self._stub.InjectFault(request, timeout=FAULT_CALL_S))
+        stored = await reply_of("fabric", self._stub.InjectFault(request, timeout=FAULT_CALL_S))
         return fabric_wire.fault_spec(stored)
 
     async def clear_fault(self, fault_id: str) -> None:
         request = fabric_pb2.ClearFaultRequest(id=fault_id)
-        await _call("fabric", self._stub.ClearFault(request, timeout=FAULT_CALL_S))
+        await reply_of("fabric", self._stub.ClearFault(request, timeout=FAULT_CALL_S))
 
     async def follow(
         self, process: str, wishes: AsyncIterator[tuple[float, float]]

@@ -17,6 +17,9 @@ each metadata value at QUOTE_MAX.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from typing import TypeVar
+
 import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import Message
@@ -76,6 +79,9 @@ ERROR_OF: dict[grpc.StatusCode, type[EmulatorError]] = {
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
 }
 """The class a status comes back as (any other code: InternalError, its reason the code)."""
+
+
+T = TypeVar("T")
 
 
 def status_of(error: EmulatorError) -> grpc.StatusCode:
@@ -174,3 +180,12 @@ def _int(text: str | None) -> int:
         return int(text or 0)
     except ValueError:
         return 0
+
+
+async def reply_of(prefix: str | None, call: Awaitable[T]) -> T:
+    """A call's reply, or the EmulatorError its status reports (`error_from`): the one
+    translation of a remote failure every typed client makes."""
+    try:
+        return await call
+    except grpc.aio.AioRpcError as exc:
+        raise error_from(exc, prefix) from None

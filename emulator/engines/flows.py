@@ -31,6 +31,7 @@ class FlowClock:
         self._cut_message = cut_message  # what a flow whose route a fault cut fails with
         self._waiters: dict[int, tuple[asyncio.Future[float], float]] = {}
         self._closing = False
+        self._closed = ""  # why no flow runs any more (close's message)
         self._changed = asyncio.Event()
 
     def now_s(self) -> float:
@@ -40,7 +41,10 @@ class FlowClock:
         self, resources: Incidence, cap: float, latency_s: float, nbytes: int, start_s: float
     ) -> float:
         """Emulated completion time (seconds) of a flow, returned once the flow has finished:
-        its fluid end on the shared resources plus its route's latency."""
+        its fluid end on the shared resources plus its route's latency. Once closed, refused
+        (a call still arriving while its server stops)."""
+        if self._closing:
+            raise UnavailableError(self._closed)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[float] = loop.create_future()
         flow_id, finished = self.live.add(start_s, resources, cap, float(nbytes))
@@ -95,8 +99,12 @@ class FlowClock:
     def close(self, message: str) -> None:
         """End the clock loop; flows still in flight end UNAVAILABLE with `message`."""
         self._closing = True
+        self._closed = message
         self._changed.set()
         for future, _ in self._waiters.values():
             if not future.done():
                 future.set_exception(UnavailableError(message))
         self._waiters.clear()
+        # their flows go with them: a flow left behind would finish later with nobody waiting
+        # (a KeyError in whichever caller's flow finished it, and that caller's flow lost)
+        self.live.drop_all()

@@ -11,6 +11,10 @@ So a UB transaction in the in-process supernode costs one gRPC call (the client'
 translation each way, and an engine never knows where its peers live. Both raise EmulatorError
 subclasses carrying the google.rpc reason; nothing above this line catches transport errors.
 
+A gateway of the RDMA plane reaches the others (and its own supernode's NPUs) the same way:
+`GatewayPeer`, with `LocalGateway` (emulator/engines/gateway/local.py) for an engine of this
+process.
+
 The control plane's peers (the scheduler, the router, the training jobs, a server's health) are
 what the cluster manager's engine calls (`ControlPlane`); the scheduler and the router have no
 engine yet, so they are reached over gRPC even in one process (a killed or hung scheduler then
@@ -26,8 +30,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from emulator.model.arrivals import ArrivalBatch
 from emulator.model.errors import DeadlineExceededError, EmulatorError, PreconditionError, relayed
-from emulator.model.memory import Region
-from emulator.model.topology import Device
+from emulator.model.memory import Region, RegionPage
+from emulator.model.topology import Device, Service
 from emulator.model.ub import Completion, Transaction
 
 if TYPE_CHECKING:
@@ -36,8 +40,19 @@ if TYPE_CHECKING:
     from emulator.engines.device.liveness import Beat
     from emulator.engines.device.npu import Kernel, KernelResult
     from emulator.engines.fabric.engine import FabricEngine
+    from emulator.engines.gateway.types import (
+        Landing,
+        LinkStats,
+        OpRequest,
+        OpResult,
+        Qp,
+        RdmaOp,
+        RouteInfo,
+        TimedFlow,
+    )
     from emulator.model.collectivespec import CollectiveSpec
     from emulator.model.linkfaults import FaultSpec
+    from emulator.model.rdmafault import RdmaFault
     from emulator.model.scheduler.jobs import Replacement
 
 T = TypeVar("T")
@@ -55,6 +70,10 @@ class DevicePeer(Protocol):
     async def allocate(self, size: int, label: str, *, deadline_s: float | None) -> Region: ...
 
     async def free(self, region_id: int, *, deadline_s: float | None) -> int: ...
+
+    async def list_regions(self, page_token: str, *, deadline_s: float | None) -> RegionPage:
+        """A page of the device's live regions ("" from the start; then the page's token)."""
+        ...
 
     async def fault_state(self, *, deadline_s: float | None) -> FaultState: ...
 
@@ -141,6 +160,65 @@ class Directory(Protocol):
         """Drop what reaches `device` (a channel, with the address it resolved): its name
         answered as another process, so the next call must look it up again."""
         ...
+
+
+class GatewayPeer(Protocol):
+    """A gateway of the RDMA plane, as another gateway (or a KV transfer) calls it. A down
+    gateway refuses what it would refuse over gRPC (GATEWAY_DOWN); errors come back prefixed
+    with the gateway's id, as a relayed status reads."""
+
+    async def create_qp(self, npu: str, die: int, *, deadline_s: float | None) -> Qp: ...
+
+    async def connect_qp(
+        self, qpn: int, remote_gateway: str, remote_qpn: int, *, deadline_s: float | None
+    ) -> Qp: ...
+
+    async def accept_qp(
+        self,
+        qpn: int,
+        *,
+        peer_gateway: str,
+        peer_qpn: int,
+        peer_npu: str,
+        peer_die: int,
+        deadline_s: float | None,
+    ) -> Qp:
+        """Agree to connect one of its queue pairs to the caller's."""
+        ...
+
+    async def op(self, op: RdmaOp, request: OpRequest, *, deadline_s: float | None) -> OpResult:
+        """WRITE, READ or SEND on one of its connected queue pairs."""
+        ...
+
+    async def land(self, landing: Landing, *, deadline_s: float | None) -> bytes:
+        """Check or apply an op on an NPU of its supernode; the bytes a READ brings back."""
+        ...
+
+    async def time_flow(
+        self, src: str, dst: str, size: int, issue_ns: int, *, deadline_s: float | None
+    ) -> TimedFlow:
+        """The plane's timing of a flow (the authority, sn0's gateway, only)."""
+        ...
+
+    async def link_stats(self, top: int, *, deadline_s: float | None) -> LinkStats: ...
+
+    async def route(self, src: str, dst: str, *, deadline_s: float | None) -> RouteInfo: ...
+
+    async def inject_fault(self, fault: RdmaFault, *, deadline_s: float | None) -> RdmaFault: ...
+
+    async def clear_fault(
+        self, fault_id: str, *, all: bool, deadline_s: float | None
+    ) -> list[RdmaFault]: ...
+
+    async def list_faults(self, *, deadline_s: float | None) -> list[RdmaFault]: ...
+
+
+class GatewayDirectory(Protocol):
+    """Every peer of a gateway's engine: its supernode's NPUs and the plane's gateways."""
+
+    def device(self, device: Device) -> DevicePeer: ...
+
+    def gateway(self, gateway: Service) -> GatewayPeer: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -246,6 +324,11 @@ class LocalDevice:
 
     async def free(self, region_id: int, *, deadline_s: float | None) -> int:
         return await self._call("FreeRegion", _now(self.engine.free, region_id), deadline_s)
+
+    async def list_regions(self, page_token: str, *, deadline_s: float | None) -> RegionPage:
+        return await self._call(
+            "ListRegions", _now(self.engine.region_page, page_token, 0), deadline_s
+        )
 
     async def fault_state(self, *, deadline_s: float | None) -> FaultState:
         return await self._call("GetFaultState", _now(self.engine.fault_state), deadline_s)

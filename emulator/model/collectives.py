@@ -21,15 +21,11 @@ from emulator.model.costmodel import (
     moe_overhead_s,
     moe_points,
 )
+from emulator.model.endpoints import Endpoint
 from emulator.model.errors import InvalidArgumentError, OutOfRangeError, UnavailableError
 from emulator.model.flowsim import FlowBatch, simulate, weighted_sum
-from emulator.model.linkgraph import (
-    Endpoint,
-    LinkGraph,
-    RouteKind,
-    flow_plane_caps,
-    l2_plane_caps,
-)
+from emulator.model.linkgraph import LinkGraph
+from emulator.model.routes import RouteKind, base_latency_s, flow_plane_caps, l2_plane_caps
 from emulator.model.topology import DeviceKind
 
 IntArray = npt.NDArray[np.int64]
@@ -143,7 +139,7 @@ assert set(ALGORITHMS) == set(COLLECTIVE_OPS)
 
 class DieFlows:
     """Routes between NPU dies for a whole collective at once. The rules are the link graph's
-    (LinkGraph.port_caps, l2_caps, die_link, base_latency_s, with l2_plane_caps and
+    (LinkGraph.port_caps, l2_caps, die_link, routes.base_latency_s, with l2_plane_caps and
     flow_plane_caps), which LinkGraph.route applies to one pair: here they are applied to
     100,000 pairs in array form. Ceilings depend only on a flow's (source row, destination row,
     node pair), and ranks share few distinct rows (all equal without faults), so each distinct
@@ -191,7 +187,7 @@ class DieFlows:
         # by kind code: 0 sibling dies, 1 same node, 2 across nodes
         self.base_latency = np.array(
             [
-                graph.base_latency_s(kind)
+                base_latency_s(graph.profile, kind)
                 for kind in (RouteKind.SIBLING, RouteKind.SAME_NODE, RouteKind.CROSS_NODE)
             ]
         )

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.model.costmodel import NS, ems_ssd_ns
-from emulator.model.errors import InvalidArgumentError
+from emulator.model.errors import InvalidArgumentError, quote
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.serving.deployment import Deployment
 from emulator.model.serving.operating import operating_point
@@ -181,7 +181,23 @@ class Trainer:
         return self._cache[npus]
 
 
-def _in_window(at_s: float, window: tuple[float, float]) -> bool:
+def parse_window(text: str) -> tuple[float, float]:
+    """A night window `START-END` in hours 0-24 ("22-7" crosses midnight); the calendar policy's
+    and the live plan's one spelling."""
+    start, sep, end = text.partition("-")
+    try:
+        window = (float(start), float(end))
+    except ValueError:
+        window = (-1.0, -1.0)
+    if not sep or not all(0 <= h < 24 for h in window) or window[0] == window[1]:
+        raise InvalidArgumentError(
+            f"night window: START-END in hours 0-24, e.g. 22-7; got {quote(text)}", field="night"
+        )
+    return window
+
+
+def in_window(at_s: float, window: tuple[float, float]) -> bool:
+    """`at_s` into the day (any day: taken modulo 24 hours) falls inside the window."""
     start, end = window
     hour = (at_s / 3600.0) % 24
     return (hour >= start or hour < end) if start > end else start <= hour < end
@@ -194,10 +210,10 @@ def serving_target(at_s: float, p: DayParams, total: int, back_s: float) -> int:
     if p.policy == "serve-only":
         return total
     if p.policy == "calendar":
-        if not _in_window(at_s, p.night):
+        if not in_window(at_s, p.night):
             return total
         rate, k = 0.0, 0  # the peak of what is left of this night
-        while k * p.dt_s < DAY_S and _in_window(at_s + k * p.dt_s, p.night):
+        while k * p.dt_s < DAY_S and in_window(at_s + k * p.dt_s, p.night):
             rate, k = max(rate, demand(at_s + k * p.dt_s, p)), k + 1
     else:
         rate = max(demand(at_s + k * p.dt_s, p) for k in range(int(back_s / p.dt_s) + 2))

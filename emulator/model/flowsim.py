@@ -84,6 +84,8 @@ def maxmin(
         newly |= ~frozen & (flow_cap <= bottleneck * (1 + REL_TOL))
         rate[newly] = bottleneck[newly]
         frozen |= newly
+        if frozen.all():  # the last pass: nothing left to share (an EP320 dispatch's only one)
+            break
         going = newly[f_live]
         spare -= weighted_sum(r_live[going], w_live[going] * rate[f_live[going]], n_res)
         f_live, r_live, w_live = f_live[~going], r_live[~going], w_live[~going]
@@ -233,10 +235,15 @@ class LiveFlows:
     res_rate: FloatArray = field(init=False)
     completed: int = 0
     _next_id: int = 0
+    # the resources the flows in flight cross (where res_rate may be non-zero): a fabric has
+    # thousands of trunks (cm384: 12,672 links) and a UB transaction crosses a handful, so the
+    # rates are computed and the bytes counted over these only, never over every trunk
+    _busy: IntArray = field(init=False)
 
     def __post_init__(self) -> None:
         self.res_bytes = np.zeros(len(self.res_cap))
         self.res_rate = np.zeros(len(self.res_cap))
+        self._busy = np.zeros(0, dtype=np.int64)
 
     def add(
         self, start_s: float, resources: tuple[tuple[int, float], ...], cap: float, nbytes: float
@@ -275,6 +282,11 @@ class LiveFlows:
             self._recompute()
         return finished, stalled
 
+    def drop_all(self) -> None:
+        """End every flow in flight unfinished (their transfers failed)."""
+        self.flows.clear()
+        self._recompute()
+
     def next_event_s(self) -> float | None:
         times = [self.now_s + f.remaining / f.rate for f in self.flows.values() if f.rate > 0]
         return min(times) if times else None
@@ -303,21 +315,50 @@ class LiveFlows:
             return
         for f in self.flows.values():
             f.remaining = max(0.0, f.remaining - f.rate * dt)
-        self.res_bytes += self.res_rate * dt
+        busy = self._busy
+        self.res_bytes[busy] += self.res_rate[busy] * dt
 
     def _recompute(self) -> None:
-        self.res_rate = np.zeros(len(self.res_cap))
+        """The max-min rates of the flows in flight, over the resources they cross renumbered
+        0..k-1 (the same allocation as over every resource: one no flow crosses takes no part)."""
+        self.res_rate[self._busy] = 0.0
         if not self.flows:
+            self._busy = np.zeros(0, dtype=np.int64)
             return
         flows = list(self.flows.values())
+        if len(flows) == 1:  # a flow alone (a UB transaction on a quiet fabric): no arrays
+            self._alone(flows[0])
+            return
         inc_flow = np.array([i for i, f in enumerate(flows) for _ in f.resources], dtype=np.int64)
         inc_res = np.array([r for f in flows for r, _ in f.resources], dtype=np.int64)
         inc_w = np.array([w for f in flows for _, w in f.resources], dtype=np.float64)
         caps = np.array([f.cap for f in flows])
-        rates = maxmin_rates(inc_flow, inc_res, inc_w, self.res_cap, caps)
+        busy, local = np.unique(inc_res, return_inverse=True)
+        rates = maxmin_rates(inc_flow, local, inc_w, self.res_cap[busy], caps)
         for f, r in zip(flows, rates, strict=True):
             f.rate = float(r)
-        self.res_rate = weighted_sum(inc_res, inc_w * rates[inc_flow], len(self.res_cap))
+        self.res_rate[busy] = weighted_sum(local, inc_w * rates[inc_flow], len(busy))
+        self._busy = busy
+
+    def _alone(self, flow: _Flow) -> None:
+        """`maxmin` for one flow: its ceiling, or the tightest resource's capacity over the
+        flow's share of it, whichever is lower."""
+        shares: dict[int, float] = {}
+        for r, w in flow.resources:
+            shares[r] = shares.get(r, 0.0) + w
+        rate = flow.cap
+        for r, w in shares.items():
+            if w > 0:
+                rate = min(rate, max(float(self.res_cap[r]), 0.0) / w)
+        if not math.isfinite(rate):
+            raise UnavailableError("a flow crosses no resource and has no ceiling")
+        flow.rate = rate
+        carried: dict[int, float] = {}
+        for r, w in flow.resources:
+            carried[r] = carried.get(r, 0.0) + w * rate
+        busy = np.fromiter(carried, dtype=np.int64, count=len(carried))
+        self.res_rate[busy] = np.fromiter(carried.values(), dtype=np.float64, count=len(busy))
+        self._busy = busy
 
     def active_per_resource(self) -> npt.NDArray[np.int64]:
         counts = np.zeros(len(self.res_cap), dtype=np.int64)

@@ -16,29 +16,18 @@ meets the L1->L2 link's bandwidth, which is where the calibrated cross-node loss
 
 from __future__ import annotations
 
-import dataclasses
-import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.costmodel import (
-    UbOp,
-    endpoint_latency_s,
-    hop_latency_s,
-    ub_efficiency,
-    ub_latency_s,
-    ub_wire_cost,
-)
+from emulator.model.costmodel import UbOp, ub_efficiency, ub_wire_cost
+from emulator.model.endpoints import Endpoint, build_endpoints, port_tables
 from emulator.model.errors import (
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
-    UnavailableError,
     quote,
 )
 from emulator.model.flowsim import weighted_sum
@@ -53,77 +42,20 @@ from emulator.model.naming import (
     parse_switch,
     trunk_id,
 )
+from emulator.model.routes import Route, find_route
 from emulator.model.topology import Device, DeviceKind, LinkKind, Topology
+from emulator.model.trunks import build_trunks
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-Incidence = tuple[tuple[int, float], ...]  # (trunk index, share of the flow that crosses it)
 ROUTE_CACHE_MAX = 200_000
 
 
-class RouteKind(StrEnum):
-    """What a route crosses, which decides its fixed latency (LinkGraph.base_latency_s)."""
-
-    LOCAL = "local"  # an endpoint to itself: an HBM or DRAM copy
-    SIBLING = "sibling"  # the two dies of one NPU package, over their die-to-die link
-    SAME_NODE = "same-node"  # through one L1 chip on each plane
-    CROSS_NODE = "cross-node"  # L1, L2, L1 on each plane
-
-
-SWITCH_HOPS = {
-    RouteKind.LOCAL: 0,
-    RouteKind.SIBLING: 0,
-    RouteKind.SAME_NODE: 1,
-    RouteKind.CROSS_NODE: 3,
-}
-
-
-def l2_plane_caps(up: FloatArray, down: FloatArray) -> FloatArray:
-    """Per plane, the ceiling of a flow across the L2 tier: one L1->L2 link out of the source
-    node and one L2->L1 link into the destination node, through the best L2 chip live on both
-    (0 where no chip is). Chips on the last axis, planes before; other axes broadcast."""
-    best: FloatArray = np.minimum(up, down).max(axis=-1)
-    return best
-
-
-def flow_plane_caps(
-    src_ports: FloatArray, dst_ports: FloatArray, l2: FloatArray | None = None
-) -> FloatArray:
-    """Per plane, a flow's own ceiling: a plane carries it only where both ends have live ports
-    on it (and, across nodes, the L2 tier connects them: `l2`, from l2_plane_caps). Planes on the
-    last axis; a flow's ceiling is the sum over its planes."""
-    caps: FloatArray = np.minimum(src_ports, dst_ports)
-    return caps if l2 is None else np.minimum(caps, l2)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Endpoint:
-    """Where a flow starts or ends: an NPU die, a CPU, or a memory pool."""
-
-    name: str
-    row: int  # its row in LinkGraph.port_caps()
-    device: Device
-    out: Incidence
-    inn: Incidence
-    out_ports: tuple[tuple[int, ...], ...]  # per plane: the directed links leaving on it
-    in_ports: tuple[tuple[int, ...], ...]
-    local_bytes_per_s: float  # a transfer to itself: HBM or DRAM copy
-
-
-@dataclass(frozen=True, kw_only=True)
-class Route:
-    kind: RouteKind
-    resources: Incidence
-    cap: float  # the flow's own ceiling, bytes/s
-    latency_s: float
-    hops: tuple[str, ...]
-    planes: int
-
-
 class LinkGraph:
-    """The one router: LinkGraph.route for one transfer, and for collectives the same rules in
-    array form (port_caps, l2_caps, die_link, base_latency_s, with l2_plane_caps and
-    flow_plane_caps), which collectives.DieFlows applies to 100,000 pairs at once."""
+    """The one router: LinkGraph.route for one transfer (by the rules of routes.py), and for
+    collectives the same rules in array form (port_caps, l2_caps, die_link, with
+    routes.base_latency_s, l2_plane_caps and flow_plane_caps), which collectives.DieFlows applies
+    to 100,000 pairs at once."""
 
     def __init__(self, topology: Topology, profile: HardwareProfile = DEFAULT_PROFILE) -> None:
         self.topology = topology
@@ -166,8 +98,14 @@ class LinkGraph:
         self.node_row = {node: i for i, node in enumerate(topology.nodes)}
         self._switches = {s.id: parse_switch(s.id) for s in topology.switches}
         self.reset()
-        self._build_trunks()
-        self._build_endpoints()
+        trunks = build_trunks(topology, profile, names=self.names, kinds=self.kinds, ends=self.ends)
+        self.trunk_names, self._trunk_index = trunks.names, trunks.index
+        self.member_link, self.member_trunk = trunks.member_link, trunks.member_trunk
+        self.endpoints = build_endpoints(
+            topology, profile, planes=self.planes, trunk=self.trunk,
+            outgoing=self._ports(trunks.outgoing), incoming=self._ports(trunks.incoming),
+        )  # fmt: skip
+        self._port_cell, self._port_link = port_tables(self.endpoints, self.planes)
         self._build_l2_tables()
 
     # --- live state --------------------------------------------------------------------------
@@ -220,64 +158,6 @@ class LinkGraph:
 
     # --- trunks ------------------------------------------------------------------------------
 
-    def _trunk(self, name: str, members: Iterable[int]) -> int:
-        index = len(self.trunk_names)
-        self.trunk_names.append(name)
-        self._trunk_index[name] = index
-        for m in members:
-            self._member_link.append(m)
-            self._member_trunk.append(index)
-        return index
-
-    def _build_trunks(self) -> None:
-        self.trunk_names: list[str] = []
-        self._trunk_index: dict[str, int] = {}
-        self._member_link: list[int] = []
-        self._member_trunk: list[int] = []
-        outgoing: dict[str, list[int]] = defaultdict(list)
-        incoming: dict[str, list[int]] = defaultdict(list)
-        for i, (a, b) in enumerate(self.ends):
-            outgoing[a].append(i)
-            incoming[b].append(i)
-        for i, name in enumerate(self.names):
-            if self.kinds[i] is LinkKind.DIE_TO_DIE:
-                self._trunk(name, [i])
-        # An endpoint's trunk is its links into the switch layer (a pool's: to its CPUs); a
-        # CPU's link to the pool belongs to the pool's trunk, not to the CPU's UB ports.
-        own = {
-            DeviceKind.NPU: LinkKind.DIE_PORT,
-            DeviceKind.CPU: LinkKind.CPU_PORT,
-            DeviceKind.MEMPOOL: LinkKind.POOL,
-        }
-        endpoints = [
-            (die_id(d.id, die), d.kind)
-            for d in self.topology.of_kind(DeviceKind.NPU)
-            for die in range(self.profile.npu.dies)
-        ] + [(d.id, d.kind) for d in self.topology.devices if d.kind is not DeviceKind.NPU]
-        for ep, kind in endpoints:
-            link_kind = own[kind]
-            self._trunk(
-                trunk_id(ep, "out"), [i for i in outgoing[ep] if self.kinds[i] is link_kind]
-            )
-            self._trunk(trunk_id(ep, "in"), [i for i in incoming[ep] if self.kinds[i] is link_kind])
-        l1_of_node: dict[str, list[str]] = defaultdict(list)
-        for switch in self.topology.switches:
-            if switch.node is not None:
-                l1_of_node[switch.node].append(switch.id)
-        for node in self.topology.nodes:
-            l1s = l1_of_node[node]
-            self._trunk(
-                trunk_id(node, "up"),
-                [i for s in l1s for i in outgoing[s] if self.kinds[i] is LinkKind.L1_L2],
-            )
-            self._trunk(
-                trunk_id(node, "down"),
-                [i for s in l1s for i in incoming[s] if self.kinds[i] is LinkKind.L1_L2],
-            )
-        self.member_link = np.array(self._member_link, dtype=np.int64)
-        self.member_trunk = np.array(self._member_trunk, dtype=np.int64)
-        self._outgoing, self._incoming = outgoing, incoming
-
     def trunk(self, name: str) -> int:
         return self._trunk_index[name]
 
@@ -311,81 +191,19 @@ class LinkGraph:
 
     # --- endpoints -----------------------------------------------------------------------------
 
-    def _plane_of(self, link: int) -> int:
-        """The UB plane of a port: that of the L1 chip at its switch end."""
-        a, b = self.ends[link]
-        switch = self._switches.get(b) or self._switches[a]
-        return switch.plane
-
-    def _ports(self, links: list[int]) -> tuple[tuple[int, ...], ...]:
-        per_plane: list[list[int]] = [[] for _ in range(self.planes)]
-        for i in links:
-            per_plane[self._plane_of(i)].append(i)
-        return tuple(tuple(p) for p in per_plane)
-
-    def _build_endpoints(self) -> None:
-        self.endpoints: dict[str, Endpoint] = {}
-        profile = self.profile
-        port_kinds = (LinkKind.DIE_PORT, LinkKind.CPU_PORT)
-
-        def ports(name: str, table: dict[str, list[int]]) -> tuple[tuple[int, ...], ...]:
-            return self._ports([i for i in table[name] if self.kinds[i] in port_kinds])
-
-        def add(name: str, device: Device, local_bytes_per_s: float) -> None:
-            self.endpoints[name] = Endpoint(
-                name=name,
-                row=len(self.endpoints),
-                device=device,
-                out=((self.trunk(trunk_id(name, "out")), 1.0),),
-                inn=((self.trunk(trunk_id(name, "in")), 1.0),),
-                out_ports=ports(name, self._outgoing),
-                in_ports=ports(name, self._incoming),
-                local_bytes_per_s=local_bytes_per_s,
-            )
-
-        for d in self.topology.devices:
-            if d.kind is DeviceKind.NPU:
-                for die in range(profile.npu.dies):
-                    add(die_id(d.id, die), d, profile.npu.hbm_bytes_per_s_per_die)
-            elif d.kind is DeviceKind.CPU:
-                add(d.id, d, profile.cpu.ub_bytes_per_s)
-        for d in self.topology.of_kind(DeviceKind.MEMPOOL):
-            cpus = [
-                self.endpoints[c.id]
-                for c in self.topology.in_node(d.node)
-                if c.kind is DeviceKind.CPU
-            ]
-            share = 1.0 / len(cpus)
-            self.endpoints[d.id] = Endpoint(
-                name=d.id,
-                row=len(self.endpoints),
-                device=d,
-                out=(
-                    (self.trunk(trunk_id(d.id, "out")), 1.0),
-                    *((c.out[0][0], share) for c in cpus),
-                ),
-                inn=(
-                    (self.trunk(trunk_id(d.id, "in")), 1.0),
-                    *((c.inn[0][0], share) for c in cpus),
-                ),
-                out_ports=tuple(
-                    tuple(i for c in cpus for i in c.out_ports[p]) for p in range(self.planes)
-                ),
-                in_ports=tuple(
-                    tuple(i for c in cpus for i in c.in_ports[p]) for p in range(self.planes)
-                ),
-                local_bytes_per_s=profile.cpu.ub_bytes_per_s * len(cpus),
-            )
-        # every port as (cell: endpoint row * planes + plane, directed link), out and in
-        cells: tuple[list[int], list[int]] = ([], [])
-        links: tuple[list[int], list[int]] = ([], [])
-        for e in self.endpoints.values():
-            for side, table in enumerate((e.out_ports, e.in_ports)):
-                for plane, members in enumerate(table):
-                    cells[side].extend([e.row * self.planes + plane] * len(members))
-                    links[side].extend(members)
-        self._port_cell = [np.array(c, dtype=np.int64) for c in cells]
-        self._port_link = [np.array(x, dtype=np.int64) for x in links]
+    def _ports(self, table: dict[str, list[int]]) -> dict[str, tuple[tuple[int, ...], ...]]:
+        """Each endpoint's UB ports (of `table`'s trunk members) per plane: the plane of the
+        L1 chip at a port's switch end."""
+        kinds = (LinkKind.DIE_PORT, LinkKind.CPU_PORT)
+        out: dict[str, tuple[tuple[int, ...], ...]] = {}
+        for name, links in table.items():
+            per_plane: list[list[int]] = [[] for _ in range(self.planes)]
+            for i in links:
+                if self.kinds[i] in kinds:
+                    a, b = self.ends[i]
+                    per_plane[(self._switches.get(b) or self._switches[a]).plane].append(i)
+            out[name] = tuple(tuple(p) for p in per_plane)
+        return out
 
     def _build_l2_tables(self) -> None:
         """Per node, plane and L2 chip: the directed L1->L2 link (up) and L2->L1 link (down)."""
@@ -401,8 +219,8 @@ class LinkGraph:
             assert node is not None
             table[self.node_row[node], chip.plane, chip.chip] = i
         self._l2_links = (up, down)
-        self._l2_ids = {(s.plane, s.chip): i for i, s in self._switches.items() if s.node is None}
-        self._l1_ids = {
+        self.l2_ids = {(s.plane, s.chip): i for i, s in self._switches.items() if s.node is None}
+        self.l1_ids = {
             (s.node_id, s.plane): i for i, s in self._switches.items() if s.node is not None
         }
 
@@ -467,20 +285,6 @@ class LinkGraph:
             return None
         return self.trunk(self.names[link]), float(self.link_cap()[link])
 
-    def route_kind(self, src: Endpoint, dst: Endpoint) -> RouteKind:
-        if src.name == dst.name:
-            return RouteKind.LOCAL
-        if self.die_link(src, dst) is not None:
-            return RouteKind.SIBLING
-        if src.device.node == dst.device.node:
-            return RouteKind.SAME_NODE
-        return RouteKind.CROSS_NODE
-
-    def base_latency_s(self, kind: RouteKind) -> float:
-        """The fixed latency of a route of this kind, before any added by a fault: the endpoint
-        cost and one hop per switch crossed."""
-        return endpoint_latency_s(self.profile) + SWITCH_HOPS[kind] * hop_latency_s(self.profile)
-
     # --- routes ------------------------------------------------------------------------------
 
     def route(self, src: Endpoint, dst: Endpoint) -> Route:
@@ -491,101 +295,8 @@ class LinkGraph:
         if route is None:
             if len(self._routes) >= ROUTE_CACHE_MAX:
                 self._routes.clear()
-            route = self._routes[key] = self._route(src, dst)
+            route = self._routes[key] = find_route(self, src, dst)
         return route
-
-    def _route(self, src: Endpoint, dst: Endpoint) -> Route:
-        if self.partitioned(src.device.id, dst.device.id):
-            raise UnavailableError(f"{src.device.id} and {dst.device.id} are partitioned")
-        kind = self.route_kind(src, dst)
-        extra = self.trunk_extra_latency()
-        if kind is RouteKind.LOCAL:
-            return Route(
-                kind=kind,
-                resources=(),
-                cap=src.local_bytes_per_s,
-                latency_s=self.base_latency_s(kind),
-                hops=(src.name,),
-                planes=0,
-            )
-        if kind is RouteKind.SIBLING:
-            link = self.die_link(src, dst)
-            assert link is not None
-            trunk, cap = link
-            if cap <= 0:
-                raise UnavailableError(
-                    f"die-to-die link {directed_link_id(src.name, dst.name)} is down"
-                )
-            return Route(
-                kind=kind,
-                resources=((trunk, 1.0),),
-                cap=cap,
-                latency_s=self.base_latency_s(kind) + float(extra[trunk]),
-                hops=(src.name, dst.name),
-                planes=0,
-            )
-        src_node, dst_node = src.device.node, dst.device.node
-        resources = [*src.out]
-        l2: FloatArray | None = None
-        if kind is RouteKind.CROSS_NODE:
-            resources += [(self.uplink_trunk(src_node), 1.0), (self.downlink_trunk(dst_node), 1.0)]
-            up = self.l2_caps()[self.node_row[src_node]]
-            down = self.l2_caps(down=True)[self.node_row[dst_node]]
-            l2 = l2_plane_caps(up, down)
-        resources += dst.inn
-        per_plane = flow_plane_caps(
-            self.port_caps()[src.row], self.port_caps(inbound=True)[dst.row], l2
-        )
-        usable = np.flatnonzero(per_plane > 0)
-        if not len(usable):
-            raise UnavailableError(f"no live UB plane connects {src.name} and {dst.name}")
-        first = int(usable[0])
-        hops: tuple[str, ...]
-        if kind is RouteKind.SAME_NODE:
-            hops = (src.name, self._l1_ids[(src_node, first)], dst.name)
-        else:
-            # ECMP: a flow is hashed to one of the plane's L2 chips live on both sides
-            both = np.minimum(up[first], down[first])
-            common = np.flatnonzero(both > 0)
-            pick = zlib.crc32(directed_link_id(src.name, dst.name).encode()) % len(common)
-            hops = (
-                src.name,
-                self._l1_ids[(src_node, first)],
-                self._l2_ids[(first, int(common[pick]))],
-                self._l1_ids[(dst_node, first)],
-                dst.name,
-            )
-        latency = self.base_latency_s(kind) + float(sum(extra[t] for t, _ in resources))
-        return Route(
-            kind=kind,
-            resources=tuple(resources),
-            cap=float(per_plane.sum()),
-            latency_s=latency,
-            hops=hops,
-            planes=len(usable),
-        )
-
-    def priced(self, route: Route, op: UbOp, target: DeviceKind) -> Route:
-        """The route as one transaction sees it: routes (and collectives) are priced as the
-        reference NPU -> NPU read; a transaction of another op, or against CPU memory, takes
-        its own latency and occupies every trunk it crosses at its own cost per byte
-        (costmodel.ub_wire_cost), so that alone it achieves its calibrated bandwidth."""
-        cost = ub_wire_cost(op, target, self.profile)
-        extra = ub_latency_s(op, target, self.profile) - ub_latency_s(profile=self.profile)
-        if cost == 1.0 and extra == 0.0:
-            return route
-        return dataclasses.replace(
-            route,
-            resources=tuple((t, w * cost) for t, w in route.resources),
-            cap=route.cap / cost,
-            latency_s=route.latency_s + extra,
-        )
-
-    def check_reachable(self, route: Route) -> None:
-        caps = self.trunk_cap()
-        dead = [self.trunk_names[t] for t, _ in route.resources if caps[t] <= 0]
-        if dead:
-            raise UnavailableError(f"no capacity left on {', '.join(dead)}")
 
 
 def validate_ranks(graph: LinkGraph, ranks: Iterable[str]) -> list[Endpoint]:

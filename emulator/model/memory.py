@@ -36,6 +36,20 @@ class Region:
         return self.offset + self.size
 
 
+@dataclass(frozen=True, kw_only=True)
+class RegionPage:
+    """One page of a device's live regions by address, with what its memory holds in all: what a
+    pool's listing says (EMS rebuilds its index from the labels)."""
+
+    regions: tuple[Region, ...]
+    next_page_token: str  # "" on the last page
+    capacity_bytes: int
+    used_bytes: int
+    free_bytes: int
+    largest_free_bytes: int
+    region_count: int
+
+
 class StoreBudget:
     """The real bytes every PageStore of one process holds together, against one cap
     (EmulatorLimits.process_stored_bytes_cap): devices in one process share its memory."""

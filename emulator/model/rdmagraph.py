@@ -37,6 +37,7 @@ from emulator.model.naming import (
     parse_switch,
     supernode_id,
 )
+from emulator.model.rdmafault import RdmaFault
 from emulator.model.topology import LinkKind, ScaleOut
 
 FloatArray = npt.NDArray[np.float64]
@@ -254,20 +255,6 @@ class RdmaGraph:
 
 
 # --- faults --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class RdmaFault:
-    kind: str
-    target: str
-    factor: float = 0.0  # the slow kinds: remaining share of bandwidth, in (0, 1)
-    for_s: float = 0.0  # emulated seconds until it clears itself; 0: until cleared
-    since_s: float = 0.0
-    id: str = ""
-
-    @property
-    def until_s(self) -> float:
-        return self.since_s + self.for_s if self.for_s else 0.0
 
 
 class RdmaFaultKind(Protocol):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
+from emulator.model.addressplans import AddressPlan, PortPlan
 from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.naming import (
@@ -28,11 +29,9 @@ from emulator.model.naming import (
 )
 from emulator.model.presets import Preset, get_preset
 from emulator.model.topology import (
-    AddressPlan,
     DeviceKind,
     Link,
     LinkKind,
-    PortPlan,
     ScaleOut,
     ServiceKind,
     Switch,

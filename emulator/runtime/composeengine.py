@@ -38,8 +38,9 @@ from emulator.client import health
 from emulator.client.clients import Clients
 from emulator.client.credentials import Credentials
 from emulator.model.address import parse_address
+from emulator.model.addressplans import ENGINE_FIRST_OCTET, loopback_ip
 from emulator.model.errors import InvalidArgumentError, PreconditionError, UnavailableError
-from emulator.model.topology import ServiceKind, Topology, loopback_ip
+from emulator.model.topology import ServiceKind, Topology
 from emulator.runtime import composerun, image
 from emulator.runtime.composegen import MOSQUITTO_QUEUES, MQTT_PORT
 from emulator.runtime.deaths import death_reporter
@@ -54,7 +55,6 @@ from emulator.runtime.serve import clock_from_fabric, read_document
 
 log = structlog.get_logger("cmemu.composeengine")
 ENGINE_FILE = "engine-compose.yaml"
-ENGINE_FIRST_OCTET = 62  # 127.62.x.y: apart from procs (10) and --from-compose (60)
 HOST_MQTT_PORT = 1884  # the broker's listener for the host's readers (with the same login)
 MOSQUITTO_CONF_IN_CONTAINER = "/mosquitto/config/mosquitto.conf"
 INSTANCE_LABEL = "io.cmemu.instance"

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from emulator.model.address import port_of
+from emulator.model.addressplans import METRICS_PORT, DnsPlan
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.scaleout import build_cluster
-from emulator.model.topology import METRICS_PORT, DnsPlan, Service, ServiceKind, Topology
+from emulator.model.topology import Service, ServiceKind, Topology
 from emulator.runtime.registry import DEVICE_WAVE, spec_of
 from emulator.runtime.security import MQTT_USER, mqtt_password, new_token, read_token, write_secret
 from emulator.runtime.serve import PER, ServeKind, serve_argv

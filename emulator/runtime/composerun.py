@@ -22,8 +22,9 @@ from typing import Any
 
 import yaml
 
+from emulator.model.addressplans import COMPOSE_FIRST_OCTET, loopback_ip
 from emulator.model.errors import InvalidArgumentError, PreconditionError
-from emulator.model.topology import Topology, loopback_ip
+from emulator.model.topology import Topology
 from emulator.runtime.composegen import (
     MOSQUITTO_PASSWD_IN_CONTAINER,
     MOSQUITTO_QUEUES,
@@ -37,7 +38,6 @@ from emulator.runtime.security import TOKEN_ENV, read_token, write_secret
 from emulator.runtime.serve import BROKER_ENV
 
 SECRETS_DIR = "/run/secrets"
-COMPOSE_FIRST_OCTET = 60  # 127.60.x.y: apart from process mode's 127.10.x.y
 
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([-?])([^}]*))?\}")
 

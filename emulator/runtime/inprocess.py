@@ -18,21 +18,18 @@ from types import TracebackType
 from typing import TYPE_CHECKING, cast
 
 import structlog
-from google.protobuf.json_format import MessageToDict
 
 from emulator.client import health
-from emulator.client.wire.device import telemetry_proto
 from emulator.engines.clock import TimeKeeper
 from emulator.engines.device import faults as device_faults
-from emulator.engines.device import make_device, process_budgets
 from emulator.engines.device.engine import DeviceEngine
 from emulator.engines.device.liveness import Liveness
-from emulator.engines.skewclock import LocalClock
 from emulator.model.clock import Clock
 from emulator.model.errors import EmulatorError, NotFoundError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.topology import ServiceKind, Topology
 from emulator.runtime import heap
+from emulator.runtime.devicehost import host_devices
 from emulator.runtime.events import EventBus
 from emulator.runtime.memdebug import MemDebug
 from emulator.runtime.metricserver import MetricsServer, open_metrics
@@ -45,14 +42,15 @@ from emulator.runtime.registry import (
 from emulator.runtime.security import NONE as NO_SECURITY
 from emulator.runtime.security import Security
 from emulator.runtime.servicecontrol import LocalServices
+from emulator.runtime.telemetry import publish_telemetry
 from services.auth import OPEN
 from services.host import ServiceHost
 from services.kinds import DeviceServer
 from services.peers import Peers
 
 if TYPE_CHECKING:  # imported by the processes that host them (runtime/registry.py)
+    from emulator.engines.ems import EmsState
     from emulator.engines.fabric.engine import FabricEngine
-    from services.ems import EmsState
 
 log = structlog.get_logger("cmemu.inprocess")
 
@@ -234,7 +232,14 @@ class InProcessSupernode:
     def _background(self, tasks: asyncio.TaskGroup) -> None:
         """What runs while the servers serve: telemetry, heap trimming, the memory probe."""
         if self.events is not None and self.devices:
-            tasks.create_task(self._telemetry_loop(), name="telemetry")
+            telemetry = publish_telemetry(
+                list(self.devices.values()),
+                events=self.events,
+                clock=self._clock,
+                limits=self.profile.limits,
+                stopping=self._stopping,
+            )
+            tasks.create_task(telemetry, name="telemetry")
         tasks.create_task(
             heap.trim_every(self.profile.limits.heap_trim_interval_s, self._stopping),
             name="heap-trim",
@@ -244,38 +249,13 @@ class InProcessSupernode:
             probe.start(tasks, self._stopping)
 
     def _make_devices(self, keeper: TimeKeeper, peers: Peers) -> None:
-        """The hosted devices' engines and servers; the engines reach each other directly."""
-        budgets = process_budgets(self.profile)
-        # The host clock its devices stamp with (and clock-skew makes wrong): one for all of a
-        # process that follows the owner's clock (procs, compose: one host); in the process
-        # that owns time (in process: the whole emulator) one per device, since skewing the
-        # owner's own reading would move everything with it (engines/device/clockskew.py).
-        shared = LocalClock(keeper.timeline) if keeper.follower is not None else None
-        for d in self.topology.devices:
-            if d.id not in self.hosted:
-                continue
-            engine = make_device(
-                d,
-                topology=self.topology,
-                profile=self.profile,
-                clock=shared or LocalClock(keeper.timeline),
-                peers=peers,
-                budgets=budgets,
-                events=self.events,
-            )
-            server = DeviceServer(engine)
-            peers.host_device(engine, server.servicers)
-            self.devices[d.id] = engine
-            self._servers[d.id] = server
-        # a crashed device's faults go through its siblings (emulator/engines/device/faults.py)
-        self._siblings = device_faults.join(self.devices)
+        made = host_devices(
+            self.topology, self.hosted, profile=self.profile, keeper=keeper, peers=peers,
+            events=self.events, process=self.process,
+        )  # fmt: skip
+        self.devices, self._servers, self.liveness = made.engines, made.servers, made.liveness
+        self._siblings = made.siblings
         self._siblings.services = LocalServices(self)  # service-kill and -hang go through them
-        self.liveness = Liveness(
-            self.devices,
-            shared or keeper.timeline,  # its beats carry its host's time
-            interval_s=self.profile.manager.heartbeat_interval_s,
-            process=self.process,
-        )
         self._hosts = [x.host for x in self._servers.values()]
 
     def _make_services(self, keeper: TimeKeeper, peers: Peers) -> dict[ServiceKind, ServiceContext]:
@@ -320,44 +300,6 @@ class InProcessSupernode:
         now = self._clock.now_ns()
         for host in self._hosts:
             self.events.event(host.name, event, now, address=host.address, **detail)
-
-    async def _telemetry_loop(self) -> None:
-        """Every device's telemetry, every telemetry interval of emulated time, spread over the
-        interval in small batches; ends when the supernode stops. One process publishes at most
-        telemetry_max_per_s samples a second: past that (thousands of devices in one process, or
-        a fast time_scale) the interval stretches rather than the process drowning in MQTT."""
-        assert self.events is not None
-        limits = self.profile.limits
-        engines = list(self.devices.values())
-        batch = 64
-        batches = max(1, -(-len(engines) // batch))
-        # a stop before this task first ran has emptied the devices: nothing to wait for
-        while engines and not self._stopping.is_set():
-            interval = max(
-                self._clock.clock.wall_delay_s(limits.telemetry_interval_s),
-                len(engines) / limits.telemetry_max_per_s,
-            )
-            for start in range(0, len(engines), batch):
-                if await self._stopped_within(interval / batches):
-                    return
-                for engine in engines[start : start + batch]:
-                    if engine.silent:  # crashed or hung: a dead agent reports nothing
-                        continue
-                    try:
-                        sample = MessageToDict(
-                            telemetry_proto(engine.telemetry()), preserving_proto_field_name=True
-                        )
-                    except Exception:  # one device's bad sample must not end everyone's
-                        log.exception("telemetry sample failed", device=engine.device.id)
-                        continue
-                    self.events.telemetry(engine.device.id, sample)
-
-    async def _stopped_within(self, wall_s: float) -> bool:
-        """Wait up to wall_s; True as soon as the supernode is stopping."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wall_s):
-                await self._stopping.wait()
-        return self._stopping.is_set()
 
     async def _verify_serving(self) -> None:
         """Ask every hosted server over gRPC, as a client would: starting is not serving."""

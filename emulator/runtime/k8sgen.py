@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import base64
 import gzip
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from emulator.model.address import port_of
+from emulator.model.addressplans import METRICS_PORT
 from emulator.model.errors import InvalidArgumentError
-from emulator.model.topology import METRICS_PORT, DeviceKind, ServiceKind, Topology
+from emulator.model.topology import Topology
 from emulator.runtime.composegen import (
     EMS_SSD_IN_CONTAINER,
     MEM_LIMITS,
@@ -48,7 +46,7 @@ from emulator.runtime.composegen import (
     compose_topologies,
     mosquitto_passwd_line,
 )
-from emulator.runtime.registry import DEVICE_WAVE, spec_of
+from emulator.runtime.k8spods import Workload, quantity, workloads
 from emulator.runtime.security import (
     MQTT_USER,
     MQTT_USER_ENV,
@@ -57,7 +55,7 @@ from emulator.runtime.security import (
     new_token,
     write_secret,
 )
-from emulator.runtime.serve import BROKER_ENV, Per, ServeKind, serve_argv
+from emulator.runtime.serve import BROKER_ENV, Per, serve_argv
 
 API_MIN_VERSION = "1.27"  # native gRPC probes are GA from 1.27
 DEFAULT_NAMESPACE = "cmemu"
@@ -100,78 +98,6 @@ STARTUP_FAILURES = 90  # EMS rebuilds its index NOT_SERVING first: 3 minutes to 
 WAIT_SCRIPT = (
     'for a in "$@"; do until cmemu probe --timeout 1 "$a" >/dev/null 2>&1; do sleep 1; done; done'
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Workload:
-    """One pod's worth: what it serves, how it starts, when."""
-
-    name: str
-    topology: Topology
-    kind: ServeKind
-    hosts: tuple[str, ...]  # the device or service ids it serves
-    ports: tuple[tuple[str, int], ...]  # (id, gRPC port) of each
-    http_port: int | None
-    wave: int
-    memory_limit: str
-    needs: tuple[str, ...]  # addresses its init container waits for
-    keeps_files: bool = False
-
-
-def _port(address: str) -> int:
-    return port_of(address)
-
-
-def _quantity(compose_mem: str) -> str:
-    """A compose mem_limit ("256m", "2g": binary units) as a Kubernetes quantity."""
-    units = {"k": "Ki", "m": "Mi", "g": "Gi"}
-    number, unit = compose_mem[:-1], compose_mem[-1].lower()
-    if unit not in units or not number.isdigit():
-        raise InvalidArgumentError(f"memory limit {compose_mem!r}: want a number and k, m or g")
-    return f"{number}{units[unit]}"
-
-
-def _workloads(supernodes: tuple[Topology, ...], per: Per) -> Iterator[Workload]:
-    first_fabric = supernodes[0].service(ServiceKind.FABRIC)
-    for topology in supernodes:
-        fabric = topology.service(ServiceKind.FABRIC)
-        pools = tuple(d.address for d in topology.of_kind(DeviceKind.MEMPOOL))
-        groups = (
-            [[d] for d in topology.devices]
-            if per == "device"
-            else [topology.in_node(node) for node in topology.nodes]
-        )
-        for group in groups:
-            yield Workload(
-                name=group[0].id if per == "device" else group[0].node,
-                topology=topology,
-                kind="device" if per == "device" else "node",
-                hosts=tuple(d.id for d in group),
-                ports=tuple((d.id, _port(d.address)) for d in group),
-                http_port=None,
-                wave=DEVICE_WAVE,
-                memory_limit=_quantity(MEM_LIMITS[per]),
-                needs=(fabric.address,),
-            )
-        for service in topology.services:
-            spec = spec_of(service.kind)
-            needs = [x.address for x in topology.services if spec_of(x.kind).wave < spec.wave]
-            if spec.after_pools:  # its state is rebuilt from the memory pools
-                needs += pools
-            if service.kind is ServiceKind.FABRIC and service.id != first_fabric.id:
-                needs.append(first_fabric.address)  # it takes sn0's clock
-            yield Workload(
-                name=service.id,
-                topology=topology,
-                kind="service",
-                hosts=(service.id,),
-                ports=((service.id, _port(service.address)),),
-                http_port=_port(service.http_address) if service.http_address else None,
-                wave=spec.wave,
-                memory_limit=_quantity(spec.mem_limit),
-                needs=tuple(needs),
-                keeps_files=spec.keeps_files,
-            )
 
 
 def _meta(name: str, namespace: str, labels: dict[str, str], **extra: Any) -> dict[str, Any]:
@@ -340,7 +266,7 @@ def _broker_objects(namespace: str) -> list[dict[str, Any]]:
                     "tcpSocket": {"port": MQTT_PORT},
                     "periodSeconds": PROBE_PERIOD_S,
                 },
-                "resources": _resources(BROKER, _quantity(MEM_LIMITS[BROKER])),
+                "resources": _resources(BROKER, quantity(MEM_LIMITS[BROKER])),
                 "volumeMounts": [
                     {"name": "conf", "mountPath": conf_path, "subPath": "mosquitto.conf"},
                     {
@@ -456,12 +382,10 @@ def generate(
         NAMESPACE_FILE: _text(command, "The namespace.", [_namespace(namespace)]),
         BROKER_FILE: _text(command, "The MQTT broker.", _broker_objects(namespace)),
     }
-    workloads = list(_workloads(supernodes, per))
+    pods = list(workloads(supernodes, per))
     for topology in supernodes:
         objects = [_topology_config_map(topology, namespace)]
-        ours = sorted(
-            (w for w in workloads if w.topology is topology), key=lambda w: (w.wave, w.name)
-        )
+        ours = sorted((w for w in pods if w.topology is topology), key=lambda w: (w.wave, w.name))
         for w in ours:
             objects.append(_deployment(w, namespace, image))
             objects += [_headless(host, w, port, namespace) for host, port in w.ports]

@@ -22,15 +22,15 @@ from typing import Any
 
 import yaml
 
+from emulator.model.addressplans import K8S_FIRST_OCTET, loopback_ip
 from emulator.model.errors import InvalidArgumentError
-from emulator.model.topology import Topology, loopback_ip
+from emulator.model.topology import Topology
 from emulator.runtime.composerun import BROKER_IMAGES, IMAGES, Rehost, private_path
 from emulator.runtime.k8sgen import WAVE_ANNOTATION
 from emulator.runtime.procs import ProcSpec
 from emulator.runtime.security import TOKEN_ENV, read_token, write_secret
 from emulator.runtime.serve import BROKER_ENV, GZIP_MAGIC
 
-K8S_FIRST_OCTET = 70  # 127.70.x.y: apart from process mode's and compose's
 MANIFEST_SUFFIXES = (".yaml", ".yml")
 PASSIVE_KINDS = frozenset({"Namespace", "ConfigMap", "Secret", "Service"})  # nothing to run
 TOPOLOGY_SUFFIXES = (".json", ".json.gz")  # a ConfigMap key holding a topology document

@@ -13,21 +13,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from emulator.model.addressplans import (
+    CONTAINER_PORT,
+    DEFAULT_BASE_PORT,
+    DEFAULT_HOST,
+    ENGINE_FIRST_OCTET,
+    PROCS_FIRST_OCTET,
+    AddressPlan,
+    LoopbackPlan,
+    PortPlan,
+)
 from emulator.model.errors import EmulatorError, InvalidArgumentError, UnknownNameError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.presets import DEFAULT_PRESET, get_preset
 from emulator.model.scaleout import build_cluster
 from emulator.model.tenants import Keys
-from emulator.model.topology import (
-    CONTAINER_PORT,
-    DEFAULT_BASE_PORT,
-    DEFAULT_HOST,
-    AddressPlan,
-    LoopbackPlan,
-    PortPlan,
-    Topology,
-)
-from emulator.runtime.composeengine import ENGINE_FIRST_OCTET
+from emulator.model.topology import Topology
 from emulator.runtime.events import parse_broker_url
 from emulator.runtime.image import IMAGE
 from emulator.runtime.serve import PER, Per
@@ -41,6 +42,25 @@ ADDRESSING: tuple[Addressing, ...] = ("ports", "loopback")
 EMBEDDED = "embedded"  # broker: an MQTT broker in this process, for this run
 NO_BROKER = "none"  # broker: no MQTT at all
 CMEMU = str(Path(sys.executable).parent / "cmemu")
+
+
+_LAST_BUILT: list[tuple[tuple[str, AddressPlan, float], HardwareProfile, tuple[Topology, ...]]] = []
+
+
+def _built(
+    preset: str, plan: AddressPlan, time_scale: float, profile: HardwareProfile
+) -> tuple[Topology, ...]:
+    """build_cluster, remembered for the last arguments: a launch asks for its documents
+    twice (the port block before it starts, the launcher when it starts) and cm384's take a
+    tenth of a second to build. The documents are frozen, so sharing them is safe; the profile
+    is compared by identity (it holds mappings and cannot be hashed)."""
+    key = (preset, plan, time_scale)
+    for known, known_profile, built in _LAST_BUILT:
+        if known == key and known_profile is profile:
+            return built
+    built = build_cluster(preset, plan=plan, time_scale=time_scale, profile=profile)
+    _LAST_BUILT[:] = [(key, profile, built)]
+    return built
 
 
 class StartInterrupted(EmulatorError):
@@ -62,7 +82,7 @@ class LaunchOptions:
     host: str = DEFAULT_HOST  # ports: the address every server binds
     base_port: int = DEFAULT_BASE_PORT  # ports: the first server's port; the others follow
     port: int = CONTAINER_PORT  # loopback: every server's port
-    first_octet: int = 10  # loopback: 127.<first_octet>.x.y upwards
+    first_octet: int = PROCS_FIRST_OCTET  # loopback: 127.<first_octet>.x.y upwards
     compose_file: Path | None = None  # compose, docker: the file whose services run
     image: str = IMAGE  # docker: the emulator's image (`cmemu image build`)
     project: str | None = None  # docker: the compose project (default cmemu-<pid>)
@@ -127,9 +147,7 @@ class LaunchOptions:
     def supernodes(self) -> tuple[Topology, ...]:
         """The topology documents of the preset's supernodes (one unless it is `<base>x<N>`)
         with these addresses (not for compose, whose file carries its own)."""
-        supernodes = build_cluster(
-            self.preset, plan=self.plan, time_scale=self.time_scale, profile=self.profile
-        )
+        supernodes = _built(self.preset, self.plan, self.time_scale, self.profile)
         if not self.dilation:
             supernodes = tuple(dataclasses.replace(t, dilation=False) for t in supernodes)
         limit = self.profile.limits.live_supernodes_max

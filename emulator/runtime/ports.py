@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from emulator.model.address import parse_address
+from emulator.model.addressplans import LoopbackPlan, PortPlan
 from emulator.model.errors import AddressError, AddressInUseError, InvalidArgumentError
-from emulator.model.topology import LoopbackPlan, PortPlan, Topology, metrics_address
+from emulator.model.topology import Topology, metrics_address
 from emulator.runtime.launchoptions import EMBEDDED, LaunchOptions
 from emulator.runtime.metricserver import first_server
 from emulator.runtime.procslaunch import proc_waves

@@ -131,7 +131,7 @@ def _fabric(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
 
 
 async def _ems_rebuild(state: ServiceState, ctx: ServiceContext) -> None:
-    from services.ems import EmsState  # imported by the process hosting it
+    from emulator.engines.ems import EmsState  # imported by the process hosting it
 
     assert isinstance(state, EmsState)
     await state.rebuild(ctx.rebuild_wait_s)

@@ -165,7 +165,7 @@ class LocalServices:
 
     async def ssd(self, *, lost: bool) -> None:
         """EMS's SSD tier fails (ssd-loss) or is replaced."""
-        from services.ems_store import EmsState  # imported by the process hosting it
+        from emulator.engines.ems import EmsState  # imported by the process hosting it
 
         hosted = self._hosted(ServiceKind.EMS.value)
         if hosted is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,14 +29,21 @@ from cmemu.v1 import (
 )
 from emulator.model.errors import EmulatorError, InvalidArgumentError, quote
 from emulator.model.hardware import HardwareProfile
-from emulator.model.serving.deployment import Deployment, instance_dies, parse_deployment
+from emulator.model.serving.deployment import (
+    Deployment,
+    PdSpec,
+    instance_dies,
+    parse_deployment,
+)
 from emulator.model.serving.experts import imbalance
 from emulator.model.serving.models import get_model
+from emulator.model.serving.pdpolicy import live_options, unit_rates
 from emulator.model.serving.placement import ExpertPlacement, layout, place, remap
 from emulator.model.topology import Topology
 from services.peers import Peers
 from services.rpc import RemoteError
-from services.serving.driver import Driver, LiveInstance
+from services.serving.driver import Driver
+from services.serving.measures import LiveInstance
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,46}[a-z0-9])?$")
 LIVE_PLATFORM = "cm384"  # the live supernode is UB everywhere; cluster-roce is model mode only
@@ -109,6 +117,9 @@ def parse_request(
             field="preset",
         )
     deployment = parse_deployment(doc, profile)
+    options = live_options(deployment)
+    if options is not None:  # its rates come from the cost model: one that cannot fails now
+        unit_rates(deployment, profile=profile).decode(profile.serving.block_tokens, 2)
     if deployment.platform != LIVE_PLATFORM:
         raise InvalidArgumentError(
             f"platform {deployment.platform!r} runs in model mode only (cmemu simulate); "
@@ -183,6 +194,7 @@ class LiveDeployment:
     weights_source: str = ""
     loaded_ns: int = 0
     driver: Driver | None = None
+    pd: Callable[[], router_pb2.PdStatus] | None = None  # live dynamic PD's status, when on
 
     def message(self) -> router_pb2.Deployment:
         msg = router_pb2.Deployment(
@@ -215,11 +227,13 @@ class LiveDeployment:
                 )
             )
         if driver is not None:
-            h = driver.health()
+            h = driver.isolation.health()
             msg.failed_dies.extend(h.failed_dies)
             msg.last_isolated_ns = h.last_isolated_ns
             msg.last_restored_ns = h.last_restored_ns
             msg.health = h.health
+        if self.pd is not None:
+            msg.pd.CopyFrom(self.pd())
         if self.weights is not None:
             msg.weights.CopyFrom(
                 router_pb2.WeightLoading(
@@ -248,7 +262,10 @@ def _experts(p: ExpertPlacement, charged: float) -> router_pb2.ExpertSummary:
 
 def spec_text(deployment: Deployment) -> str:
     """The deployment as a YAML document (what `--deployment FILE` takes)."""
-    return yaml.safe_dump({"version": 1, **asdict(deployment)}, sort_keys=False)
+    doc = asdict(deployment)
+    if deployment.pd == PdSpec():  # off: the document as it was before live dynamic PD
+        del doc["pd"]
+    return yaml.safe_dump({"version": 1, **doc}, sort_keys=False)
 
 
 def remote(exc: grpc.aio.AioRpcError, what: str) -> RemoteError:
@@ -307,39 +324,44 @@ class Provisioner:
     def _place(self, live: LiveDeployment) -> None:
         """Each instance's experts over its expert-parallel group (its first `ep` dies), and
         the imbalance the engine's cost model charges for that placement."""
+        for inst in live.instances:
+            self.place(live, inst)
+
+    def place(self, live: LiveDeployment, inst: LiveInstance) -> None:
+        """One instance's experts, for the role it has now."""
         model = get_model(live.spec.model)
         s = self.profile.serving
         histogram = zipf(model.routed_experts, s.expert_load_zipf)
-        for inst in live.instances:
-            decode = live.roles[inst.id] == "decode"
-            ep = live.spec.decode_ep(self.profile) if decode else live.spec.prefill_ep(self.profile)
-            shape = layout(
-                dies=ep,
-                routed_experts=model.routed_experts,
-                shared_fraction=s.shared_slot_fraction,
-                redundant_fraction=s.redundant_slot_fraction,
-            )
-            live.placements[inst.id] = place(
-                shape, inst.dies[:ep], policy=live.spec.placement, histogram=histogram
-            )
-            live.imbalance[inst.id] = imbalance(model, ep, live.spec.placement, self.profile)
+        decode = live.roles[inst.id] == "decode"
+        ep = live.spec.decode_ep(self.profile) if decode else live.spec.prefill_ep(self.profile)
+        shape = layout(
+            dies=ep,
+            routed_experts=model.routed_experts,
+            shared_fraction=s.shared_slot_fraction,
+            redundant_fraction=s.redundant_slot_fraction,
+        )
+        live.placements[inst.id] = place(
+            shape, inst.dies[:ep], policy=live.spec.placement, histogram=histogram
+        )
+        live.imbalance[inst.id] = imbalance(model, ep, live.spec.placement, self.profile)
 
     async def _kv_regions(self, live: LiveDeployment) -> None:
         """A KV region (one die's HBM) on each decode NPU, where prefill KV caches land."""
-        size = self.profile.npu.hbm_bytes_per_die
         for k, inst in enumerate(live.instances):
-            if live.roles[inst.id] != "decode":
-                continue
-            offsets = []
-            for npu in inst.npus:
-                region = await self.peers.device(npu).allocate(
-                    size, f"kv/{live.name}", deadline_s=DEVICE_DEADLINE_S
-                )
-                live.regions.append((npu.id, region.region_id))
-                offsets.append(region.offset)
-            live.instances[k] = LiveInstance(
-                id=inst.id, npus=inst.npus, dies=inst.dies, kv_offsets=tuple(offsets)
+            if live.roles[inst.id] == "decode":
+                live.instances[k] = await self.kv_region(live, inst)
+
+    async def kv_region(self, live: LiveDeployment, inst: LiveInstance) -> LiveInstance:
+        """`inst` with a KV region on each of its NPUs (recorded in `live.regions`)."""
+        size = self.profile.npu.hbm_bytes_per_die
+        offsets = []
+        for npu in inst.npus:
+            region = await self.peers.device(npu).allocate(
+                size, f"kv/{live.name}", deadline_s=DEVICE_DEADLINE_S
             )
+            live.regions.append((npu.id, region.region_id))
+            offsets.append(region.offset)
+        return LiveInstance(id=inst.id, npus=inst.npus, dies=inst.dies, kv_offsets=tuple(offsets))
 
     async def plan_weights(self, live: LiveDeployment) -> None:
         """Which source the weights load from: EMS when every shard is cached, else cold."""

@@ -39,13 +39,14 @@ from emulator.model.instruments import SERVING_BUCKETS_S, Family, Histogram
 from emulator.model.serving.models import get_model
 from emulator.model.serving.tokens import VOCAB
 from emulator.model.tenants import Keys, Priority, Tenant
-from services.serving.driver import Driver, Stream
+from services.serving.driver import Driver
 from services.serving.endpoint import outputs
 from services.serving.endpoint.admission import Admission, Ticket
 from services.serving.endpoint.asks import Ask, Parser
 from services.serving.endpoint.errors import HttpError, from_domain
 from services.serving.endpoint.limits import read_json
 from services.serving.endpoint.responses import CHAT, COMPLETIONS, Answer, Reply, Shape
+from services.serving.streams import Stream
 from services.serving.tokenizer import Loaded, Tokenizer, load_tokenizer, output_ids
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -37,7 +37,8 @@ from services.serving.deploy import (
     Provisioner,
     weight_plan,
 )
-from services.serving.driver import Driver, LiveInstance
+from services.serving.driver import Driver
+from services.serving.measures import LiveInstance
 
 log = structlog.get_logger("cmemu.router")
 
@@ -155,21 +156,21 @@ class Recovery:
         held = [d.id for d in driver.instances[instance].npus]
         now = {n.id: n for n in allocation.npus}
         failed = [n for n in held if n in now and now[n].failed]
-        for npu in driver.isolate(failed, SCHEDULER, self.job):
+        for npu in driver.isolation.isolate(failed, SCHEDULER, self.job):
             self.causes[npu] = SCHEDULER
         gone = sorted(n for n in held if n not in now)
         fresh = sorted(n for n in now if n not in held and n not in self._restoring)
         for old, new in zip(gone, fresh, strict=False):
-            for npu in driver.isolate([old], REPLACED, self.job):
+            for npu in driver.isolation.isolate([old], REPLACED, self.job):
                 self.causes[npu] = REPLACED
             self._start_restore(instance, old, new)
         for npu in held:  # back in service in place: the controller marked it healthy
             back = npu in now and not now[npu].failed and self.causes.get(npu) == SCHEDULER
-            if back and npu not in driver.recovering:
+            if back and npu not in driver.isolation.recovering:
                 self._start_restore(instance, npu, npu)
 
     def _start_restore(self, instance: str, old: str, new: str) -> None:
-        self.driver.recovering.add(old)
+        self.driver.isolation.recovering.add(old)
         self._restoring.add(new)
         task = asyncio.get_running_loop().create_task(
             self._restore(instance, old, new), name=f"{self.live.name}-restore-{new}"
@@ -192,12 +193,12 @@ class Recovery:
                 npu=new,
                 error=str(exc),
             )
-            self.driver.recovering.discard(old)
+            self.driver.isolation.recovering.discard(old)
             self._restoring.discard(new)
             return
         ready_s = started_s + load_s
         await self.clock.sleep_until(round(ready_s * 1e9))
-        self.driver.restore(old, device, offset, ready_s, self.job)
+        self.driver.isolation.restore(old, device, offset, ready_s, self.job)
         self.causes.pop(old, None)
         self._restoring.discard(new)
 
@@ -256,7 +257,7 @@ class Recovery:
         down, or all of it), and the NPUs it ran on that do not answer."""
         npu = dead.split(".", 1)[0]
         if npu and npu in {d.id for d in self.driver.pairs(plan)}:
-            for taken in self.driver.isolate([npu], UNANSWERED, self.job):
+            for taken in self.driver.isolation.isolate([npu], UNANSWERED, self.job):
                 self.causes[taken] = UNANSWERED
                 log.warning("isolated an NPU with a dead rank", deployment=name, npu=taken)
         devices = [d for d in self.driver.pairs(plan) if d.id not in self._probing]
@@ -266,7 +267,7 @@ class Recovery:
         finally:
             self._probing.difference_update(d.id for d in devices)
         down = [d.id for d, ok in zip(devices, answers, strict=True) if not ok]
-        for npu in self.driver.isolate(down, UNANSWERED, self.job):
+        for npu in self.driver.isolation.isolate(down, UNANSWERED, self.job):
             self.causes[npu] = UNANSWERED
             log.warning("isolated an NPU that stopped answering", deployment=name, npu=npu)
 
@@ -274,9 +275,9 @@ class Recovery:
         """NPUs isolated for not answering come back in place once they answer (unless the
         scheduler failed them meanwhile: then its replacement brings them back)."""
         for npu, cause in list(self.causes.items()):
-            if cause != UNANSWERED or npu in self.driver.recovering:
+            if cause != UNANSWERED or npu in self.driver.isolation.recovering:
                 continue
-            found = self.driver.locate(npu)
+            found = self.driver.isolation.locate(npu)
             if found is None:
                 continue
             if await self._answers(self.topology.device(npu)):

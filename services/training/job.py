@@ -16,26 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
 
 import grpc
 import structlog
 
-from cmemu.v1 import (
-    ems_pb2,
-    ems_pb2_grpc,
-    fabric_pb2,
-    fabric_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
-    training_pb2,
-)
+from cmemu.v1 import fabric_pb2, scheduler_pb2
 from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
 from emulator.model.hardware import HardwareProfile
-from emulator.model.training import checkpoint
-from emulator.model.training.job import FAILED, FINISHED, RECOVERING, STOPPED, JobProgress
-from emulator.model.training.spec import TrainingShape
+from emulator.model.training.job import FAILED, FINISHED, RECOVERING, STOPPED
 from emulator.model.training.step import (
     gradient_buckets,
     groups,
@@ -43,10 +32,11 @@ from emulator.model.training.step import (
     step_time,
 )
 from services.rpc import RemoteError
+from services.training.checkpoints import Checkpoints
+from services.training.live import Endpoints, LiveJob
 
 log = structlog.get_logger("cmemu.training")
 NS = 1_000_000_000
-CHECKPOINT_KIND = ems_pb2.OBJECT_KIND_CHECKPOINT
 STEP_FAILURES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 """What a dead (UNAVAILABLE) or hung (DEADLINE_EXCEEDED) rank does to a step's collectives."""
 OPS = {
@@ -54,58 +44,6 @@ OPS = {
     "moe-dispatch": fabric_pb2.COLLECTIVE_OP_MOE_DISPATCH,
     "moe-combine": fabric_pb2.COLLECTIVE_OP_MOE_COMBINE,
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class Endpoints:
-    scheduler: scheduler_pb2_grpc.SchedulerAsyncStub
-    ems: ems_pb2_grpc.EmsAsyncStub
-    fabric: fabric_pb2_grpc.FabricAsyncStub
-
-
-@dataclass(kw_only=True)
-class LiveJob:
-    shape: TrainingShape
-    progress: JobProgress
-    allocation: scheduler_pb2.Allocation = field(default_factory=scheduler_pb2.Allocation)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    # the checkpoints kept in EMS, oldest first: (step, its objects' keys, the manifest's last)
-    checkpoints: list[tuple[int, list[str]]] = field(default_factory=list)
-    # set by a "failed" or "replaced" change: the job lost an NPU, even when the replacement
-    # shows before the job looks (its state on that NPU is gone either way)
-    interrupted: bool = False
-
-    @property
-    def failed_npus(self) -> list[str]:
-        return [n.id for n in self.allocation.npus if n.failed]
-
-    @property
-    def needs_recovery(self) -> bool:
-        return self.interrupted or bool(self.failed_npus)
-
-    @property
-    def dies(self) -> list[str]:
-        return [d for n in self.allocation.npus for d in n.dies]
-
-    def message(self, now_ns: int) -> training_pb2.TrainingJob:
-        p = self.progress
-        return training_pb2.TrainingJob(
-            name=p.name,
-            state=p.state,
-            step=p.step,
-            last_checkpoint_step=p.last_checkpoint_step,
-            npus=[n.id for n in self.allocation.npus],
-            restarts=p.restarts,
-            steps_lost=p.steps_lost,
-            step_s=p.step_s,
-            started_ns=p.started_ns,
-            last_failure_ns=p.last_failure_ns,
-            last_restored_ns=p.last_restored_ns,
-            goodput=p.goodput(now_ns),
-            failed_steps=p.failed_steps,
-            last_corrupt_checkpoint_ns=p.last_corrupt_checkpoint_ns,
-        )
 
 
 class JobRunner:
@@ -127,6 +65,10 @@ class JobRunner:
         self.ep = endpoints
         self.events = events
         self.topic = topic
+        self.checkpoints = Checkpoints(
+            job, ems=endpoints.ems, clock=clock, profile=profile,
+            publish=self.publish, sleep=self.sleep,
+        )  # fmt: skip
 
     def publish(self, event: str, **detail: object) -> None:
         if self.events is not None:
@@ -153,6 +95,8 @@ class JobRunner:
             async with asyncio.TaskGroup() as tasks:
                 watcher = tasks.create_task(self.watch())
                 await self.refresh()
+                if job.resuming and job.checkpoints:
+                    await self.resume()
                 p.running(await self.first_step_s())
                 self.publish("training-started", npus=[n.id for n in job.allocation.npus])
                 await self.loop()
@@ -169,6 +113,8 @@ class JobRunner:
         job, p = self.job, self.job.progress
         while True:
             if job.stopping.is_set():
+                if job.final_checkpoint and p.step > p.last_checkpoint_step:
+                    await self.checkpoints.write(final=True)
                 p.end(STOPPED, self.clock.now_ns())
                 self.publish("training-stopped", step=p.step)
                 return
@@ -184,60 +130,17 @@ class JobRunner:
             if not await self.step_ended():
                 continue
             if p.step_done():
-                await self.checkpoint()
+                await self.checkpoints.write()
 
-    async def checkpoint(self) -> None:
-        """Each NPU's shard as size-only CHECKPOINT objects; the previous checkpoint's objects
-        go once this one is whole. The job waits for the slowest write (emulated)."""
+    async def resume(self) -> None:
+        """A resumed job (a night of serve-by-day, train-by-night): the profile's restart time,
+        then its last checkpoint reloaded from EMS onto its NPUs, as a recovery does."""
         job, p = self.job, self.job.progress
-        step = p.step
-        npus = [n.id for n in job.allocation.npus]
-        shards = checkpoint.shards(p.name, step, job.shape, self.profile)
-        longest = 0
-        try:
-            for shard in shards:
-                put = await self.ep.ems.Put(
-                    ems_pb2.PutRequest(
-                        key=shard.key,
-                        size=shard.size,
-                        kind=CHECKPOINT_KIND,
-                        device=npus[shard.npu_index],
-                    )
-                )
-                longest = max(longest, put.complete_ns - put.issue_ns)
-        except grpc.aio.AioRpcError as exc:
-            # A writer died before the controller noticed: this checkpoint does not count, and
-            # the job goes on until its allocation shows the failure (the shards written stay
-            # as garbage under a step that is never recorded).
-            self.publish(
-                "checkpoint-failed", step=step, error=f"{exc.code().name}: {exc.details()}"
-            )
-            return
-        if not await self.sleep(longest / NS):
-            return  # a failure during the write: this checkpoint does not count
-        keys = [s.key for s in shards]
-        manifest = checkpoint.manifest_key(p.name, step)
-        try:  # written last: a checkpoint is whole once its manifest is in
-            await self.ep.ems.Put(
-                ems_pb2.PutRequest(
-                    key=manifest,
-                    data=checkpoint.manifest(p.name, step, keys),
-                    kind=CHECKPOINT_KIND,
-                    device=npus[0],
-                )
-            )
-        except grpc.aio.AioRpcError as exc:
-            self.publish(
-                "checkpoint-failed", step=step, error=f"{exc.code().name}: {exc.details()}"
-            )
-            return
-        job.checkpoints.append((step, [*keys, manifest]))
-        p.checkpointed(step)
-        kept = max(1, self.profile.training.checkpoints_kept)
-        while len(job.checkpoints) > kept:
-            _, old = job.checkpoints.pop(0)
-            await self.ep.ems.BatchDelete(ems_pb2.BatchDeleteRequest(keys=old))
-        self.publish("checkpoint", step=step, bytes=sum(s.size for s in shards))
+        await self.clock.sleep(self.profile.training.restart_s)
+        await self.checkpoints.reload()
+        p.last_restored_ns = self.clock.now_ns()
+        self.publish("training-resumed", step=p.step)
+        job.resuming = False
 
     async def recover(self) -> None:
         job, p = self.job, self.job.progress
@@ -253,7 +156,7 @@ class JobRunner:
         if job.stopping.is_set():
             return
         await self.sleep(self.profile.training.restart_s)
-        await self.reload()
+        await self.checkpoints.reload()
         if job.needs_recovery:
             return  # failed again while restarting: recover again
         replacements = [n.id for n in job.allocation.npus if n.id not in set(p.npus)]
@@ -263,56 +166,6 @@ class JobRunner:
         p.restored(self.clock.now_ns(), step_s)
         p.npus = [n.id for n in job.allocation.npus]
         self.publish("restored", npus=replacements, step=p.step, restarts=p.restarts)
-
-    async def reload(self) -> None:
-        """Read the latest checkpoint that verifies back from EMS onto the (new) NPUs (the
-        slowest Get). Its manifest first: one that fails its checksum (DATA_LOSS) or is gone
-        (NOT_FOUND) is dropped, published (`checkpoint-corrupt`), and the one before is tried,
-        losing the steps between them; with none left the job starts over from step 0."""
-        job, p = self.job, self.job.progress
-        npus = [n.id for n in job.allocation.npus]
-        while job.checkpoints:
-            step, keys = job.checkpoints[-1]
-            try:
-                got = await self.ep.ems.Get(ems_pb2.GetRequest(key=keys[-1], device=npus[0]))
-                shards = checkpoint.manifest_keys(got.data, p.name, step)
-            except grpc.aio.AioRpcError as exc:
-                if job.needs_recovery:
-                    return  # a new NPU failed too: recover again
-                if exc.code() not in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.NOT_FOUND):
-                    raise
-                await self._drop_latest(f"{exc.code().name}: {exc.details()}")
-                continue
-            except ValueError as exc:  # bytes that verify but are no manifest of this one
-                await self._drop_latest(f"not its manifest: {exc}")
-                continue
-            await self._load(shards, npus)
-            return
-
-    async def _drop_latest(self, error: str) -> None:
-        """The latest checkpoint did not verify: gone, and the job rewound to the one before."""
-        job, p = self.job, self.job.progress
-        step, keys = job.checkpoints.pop()
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            await self.ep.ems.BatchDelete(ems_pb2.BatchDeleteRequest(keys=keys))
-        back = job.checkpoints[-1][0] if job.checkpoints else 0
-        lost = p.fell_back(back, self.clock.now_ns())
-        log.warning("checkpoint corrupt", job=p.name, step=step, error=error)
-        self.publish("checkpoint-corrupt", step=step, fallback_step=back, steps_lost=lost,
-                     error=error)  # fmt: skip
-
-    async def _load(self, keys: list[str], npus: list[str]) -> None:
-        longest = 0
-        for key in keys:
-            index = int(key.rsplit("/", 1)[1].split("-")[0])
-            try:
-                got = await self.ep.ems.Get(ems_pb2.GetRequest(key=key, device=npus[index]))
-            except grpc.aio.AioRpcError:
-                if self.job.needs_recovery:
-                    return  # a new NPU failed too: recover again
-                raise
-            longest = max(longest, got.complete_ns - got.issue_ns)
-        await self.sleep(longest / NS)
 
     async def refresh(self) -> None:
         job = self.job

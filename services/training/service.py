@@ -4,6 +4,7 @@ cluster manager hosts it on its server but never tells a job anything)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import grpc
 
@@ -17,16 +18,21 @@ from cmemu.v1 import (
 )
 from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
-from emulator.model.errors import NotFoundError, PreconditionError, UnavailableError, quote
+from emulator.engines.tasks import TaskOwner
+from emulator.model.errors import NotFoundError, PreconditionError, quote
 from emulator.model.hardware import HardwareProfile
 from emulator.model.topology import ServiceKind, Topology
 from emulator.model.training.job import ENDED, JobProgress
 from emulator.model.training.spec import shape_of
 from services.peers import Peers
 from services.rpc import Context, RemoteError, rpc
-from services.training.job import Endpoints, JobRunner, LiveJob
+from services.training.job import JobRunner
+from services.training.live import Endpoints, LiveJob
 
 SERVICE = "cmemu.v1.Training"
+
+
+RELEASE_WAIT_WALL_S = 10.0  # an ended job's runner giving its NPUs back (one RPC)
 
 
 class TrainingState:
@@ -54,24 +60,16 @@ class TrainingState:
             ),
         )
         self.jobs: dict[str, LiveJob] = {}
-        self._tasks: asyncio.TaskGroup | None = None
-        self._runners: set[asyncio.Task[None]] = set()
-        self._closed = asyncio.Event()
+        self.tasks = TaskOwner("the training service is not running")
+        self._runner_of: dict[str, asyncio.Task[None]] = {}  # each job name's latest runner
 
     async def run(self) -> None:
         """Own the jobs' runners until close(): then they end where they are (their NPUs stay
         allocated, the scheduler stopping with them)."""
-        async with asyncio.TaskGroup() as tasks:
-            self._tasks = tasks
-            try:
-                await self._closed.wait()
-            finally:
-                self._tasks = None
-                for task in list(self._runners):
-                    task.cancel()
+        await self.tasks.run()
 
     async def close(self) -> None:
-        self._closed.set()
+        await self.tasks.close()
 
     def get(self, name: str) -> LiveJob:
         job = self.jobs.get(name)
@@ -85,9 +83,7 @@ class TrainingState:
         return job
 
     async def start(self, spec: training_pb2.TrainingSpec) -> LiveJob:
-        tasks = self._tasks
-        if tasks is None:
-            raise UnavailableError("the training service is not running", retry_after_s=1.0)
+        self.tasks.require_running()
         shape = shape_of(
             name=spec.name,
             npus=spec.npus,
@@ -107,6 +103,17 @@ class TrainingState:
                 subject=shape.name,
                 reason="JOB_EXISTS",
             )
+        earlier = old.checkpoints if spec.resume and old is not None else []
+        if earlier and old is not None and old.shape.npus != shape.npus:
+            raise PreconditionError(
+                f"training job {shape.name!r} checkpointed on {old.shape.npus} NPUs; resume it "
+                f"on as many (asked {shape.npus})",
+                field="npus",
+                subject=shape.name,
+                reason="RESUME_MISMATCH",
+            )
+        if old is not None:
+            await self._given_back(shape.name)
         try:
             allocation = await self.endpoints.scheduler.Allocate(
                 scheduler_pb2.AllocateRequest(job=shape.name, npus=shape.npus)
@@ -122,7 +129,12 @@ class TrainingState:
                 started_ns=self.clock.now_ns(),
             ),
             allocation=allocation,
+            checkpoints=list(earlier),
+            resuming=bool(earlier),
         )
+        if earlier:  # it goes on from its last checkpoint (reload() rewinds further if need be)
+            step = earlier[-1][0]
+            job.progress.step = job.progress.last_checkpoint_step = step
         self.jobs[shape.name] = job
         runner = JobRunner(
             job,
@@ -132,10 +144,22 @@ class TrainingState:
             events=self.events,
             topic=self.topic,
         )
-        task = tasks.create_task(runner.run(), name=f"training-{shape.name}")
-        self._runners.add(task)
-        task.add_done_callback(self._runners.discard)
+        self._runner_of[shape.name] = self.tasks.spawn(runner.run(), name=f"training-{shape.name}")
         return job
+
+    async def _given_back(self, name: str) -> None:
+        """An ended job's NPUs, back with the scheduler before its name starts again: its
+        runner releases them as it ends, after its state already says so (a start right after
+        a stop found them still held: FAILED_PRECONDITION), and a release the scheduler did not
+        answer (a partition) left them held for good. So: its runner's end is awaited (bounded),
+        then whatever the scheduler still holds under that name is released (NOT_FOUND: none)."""
+        runner = self._runner_of.get(name)
+        if runner is not None and not runner.done():
+            await asyncio.wait({runner}, timeout=RELEASE_WAIT_WALL_S)
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.endpoints.scheduler.Release(
+                scheduler_pb2.ReleaseRequest(job=name), timeout=RELEASE_WAIT_WALL_S
+            )
 
     async def last_restored_ns(self, job: str) -> int | None:
         """The cluster manager's TrainingPeer (emulator/engines/peers.py), answered directly:
@@ -143,8 +167,9 @@ class TrainingState:
         live = self.jobs.get(job)
         return None if live is None else live.progress.last_restored_ns
 
-    async def stop(self, name: str) -> LiveJob:
+    async def stop(self, name: str, *, checkpoint: bool = False) -> LiveJob:
         job = self.get(name)
+        job.final_checkpoint = job.final_checkpoint or checkpoint
         job.stopping.set()
         job.changed.set()
         return job
@@ -180,4 +205,6 @@ class TrainingServicer(training_pb2_grpc.TrainingServicer):
     async def Stop(
         self, request: training_pb2.TrainingRequest, context: Context
     ) -> training_pb2.TrainingJob:
-        return (await self.state.stop(request.name)).message(self._now())
+        return (await self.state.stop(request.name, checkpoint=request.checkpoint)).message(
+            self._now()
+        )

@@ -60,7 +60,9 @@ SLOW = [  # each over 5 s: together they would take this file past 20 s
         ("--preset", "cm-mini", "--events", "100"),
         frozenset({"modes", "mqtt_events_per_s"}),
     ),
-    Quick("serving", ("--quick",), frozenset({"speed", "decode", "prefix", "platforms"})),
+    Quick(
+        "serving", ("--quick",), frozenset({"speed", "decode", "prefix", "platforms", "issue24"})
+    ),
     Quick(
         "serving_live", ("--streams", "1", "--repeat", "1"), frozenset({"saturation", "realtime"})
     ),
@@ -71,6 +73,11 @@ SLOW = [  # each over 5 s: together they would take this file past 20 s
     ),
     Quick("scaleout", ("--quick",), frozenset({"series", "validation", "wall_s"})),
     Quick("day", (), frozenset({"serve-only", "calendar", "load", "cpu_s"})),
+    Quick(
+        "day_live",
+        ("--hours", "3", "--start-hour", "21", "--hour-s", "30", "--streams", "1"),
+        frozenset({"plan", "client", "wall_s"}),
+    ),
     Quick("pd", ("--seconds", "600"), frozenset({"dynamic", "fixed 3:1", "cpu_s", "seconds"})),
 ]
 
@@ -128,6 +135,8 @@ def test_a_slower_benchmark_writes_json_and_a_png(quick: Quick, tmp_path: Path) 
         ("fabric", ("--runs", "0")),
         ("scaleout", ("--expert-parallel", "0")),
         ("day", ("--peak", "0")),
+        ("day_live", ("--streams", "0")),
+        ("day_live", ("--hour-s", "0")),
         ("scenarios", ("--seeds", "0")),
         ("scenarios", ("--only", "no-such-scenario")),
     ],

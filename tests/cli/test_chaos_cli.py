@@ -48,13 +48,16 @@ def test_chaos_run_prints_the_timeline_and_judges(tmp_path: Path) -> None:
     base = free_port_block(server_count(build("cm-mini")))
     (tmp_path / "holds.yaml").write_text(HOLDS)
     (tmp_path / "fails.yaml").write_text(FAILS)
+    # time scale 40: every bound here is emulated time (the clock dilates on a busy host), and a
+    # run that could not keep pace is ABORTED, no verdict, and run again (_judged)
     with testing.cmemu_up(
-        state_file, "--preset", "cm-mini", "--base-port", str(base), "--time-scale", "20",
+        state_file, "--preset", "cm-mini", "--base-port", str(base), "--time-scale", "40",
         "--broker", "none", timeout_s=60, quiet=True,
     ):  # fmt: skip
         state = ("--state-file", str(state_file))
         junit = tmp_path / "out.xml"
-        run = _judged(str(tmp_path / "holds.yaml"), "--junit", str(junit), *state, timeout=300)
+        run = _judged(str(tmp_path / "holds.yaml"), "--junit", str(junit), "--warm", *state,
+                      timeout=300)  # fmt: skip
         assert run.returncode == 0, run.stdout + run.stderr
         assert "fault" in run.stdout and "cleared" in run.stdout
         assert "PASS recovered_within" in run.stdout and "PASS lost_objects" in run.stdout
@@ -64,8 +67,8 @@ def test_chaos_run_prints_the_timeline_and_judges(tmp_path: Path) -> None:
         cases = [c.get("name") for c in suite.iter("testcase")]
         assert cases == ["faults_injected", "recovered_within", "lost_objects"]
 
-        run = run_cmemu("chaos", "run", str(tmp_path / "fails.yaml"), "--json", "--junit",
-                        str(junit), *state, timeout=300)  # fmt: skip
+        run = _judged(str(tmp_path / "fails.yaml"), "--json", "--junit", str(junit), *state,
+                      timeout=300)  # fmt: skip
         assert run.returncode == 1, run.stdout + run.stderr
         doc = json.loads(run.stdout)
         assert doc["ok"] is False and doc["scenario"] == "cli-fails"
@@ -80,19 +83,20 @@ def test_chaos_run_prints_the_timeline_and_judges(tmp_path: Path) -> None:
         run = run_cmemu("chaos", "run", str(tmp_path / "holds.yaml"), "--seed", "-1", *state)
         assert run.returncode == 2 and "seed" in run.stderr
 
-        # a schedule: two runs, the second 5 emulated minutes after the first started (which
-        # ends well before: early), its seed one higher; each judged, JSON per run
-        run = _judged(str(tmp_path / "holds.yaml"), "--repeat", "2", "--every", "5m", "--seed",
+        # a schedule: two runs, the second 150 emulated s after the first started (which ends
+        # before: early, once its 10 s cut is cleared and 60 s settled), its seed one higher;
+        # each judged, JSON per run
+        run = _judged(str(tmp_path / "holds.yaml"), "--repeat", "2", "--every", "150s", "--seed",
                       "7", "--json", *state, timeout=600)  # fmt: skip
         assert run.returncode == 0, run.stdout + run.stderr
         doc = json.loads(run.stdout)
         assert doc["ok"] is True and [r["run"] for r in doc["runs"]] == [1, 2]
         assert [r["seed"] for r in doc["runs"]] == [7, 8]
-        assert doc["runs"][1]["started_s"] >= 300.0  # emulated: it waited for its instant
+        assert doc["runs"][1]["started_s"] >= 150.0  # emulated: it waited for its instant
         assert doc["runs"][1]["late_s"] == 0.0
         # its twin: a scenario that fails fails the schedule, every run in the JUnit file
-        run = run_cmemu("chaos", "run", str(tmp_path / "fails.yaml"), "--repeat", "2",
-                        "--junit", str(junit), *state, timeout=600)  # fmt: skip
+        run = _judged(str(tmp_path / "fails.yaml"), "--repeat", "2", "--junit", str(junit),
+                      *state, timeout=600)  # fmt: skip
         assert run.returncode == 1, run.stdout + run.stderr
         assert "schedule of cli-fails: 0 of 2 runs passed" in run.stdout
         names = [s.get("name") for s in ET.parse(junit).getroot().iter("testsuite")]

@@ -202,7 +202,8 @@ def test_a_rack_and_the_ssd_tier_add_list_and_clear(running: Path) -> None:
     ):
         refused = cmemu("fault", "add", "rack-power-off", bad, *at)
         assert refused.returncode == code and words in refused.stderr, refused.stderr
-    timed = cmemu("fault", "add", "rack-power-off", "rack00", "--for", "60", *at)
+    # 20 emulated s: 2 wall s at this module's time scale (nothing here looks at it while down)
+    timed = cmemu("fault", "add", "rack-power-off", "rack00", "--for", "20", *at)
     assert timed.returncode == 0, timed.stderr
     assert "rack:rack00" in timed.stdout and "clears itself at" in timed.stdout
     _poll_emulated(
@@ -219,7 +220,11 @@ def test_process_pause_and_kill_in_procs_mode(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     at = ("--state-file", str(state_file))
     base = free_port_block(MINI_PORTS)
-    args = ("--preset", "cm-mini", "--base-port", str(base), "--mode", "procs", "--per", "node")
+    # time scale 4: the manager's detection (3 missed heartbeats 5 emulated s apart) and the
+    # return to `restored` are emulated time, a few wall s here; its heartbeat deadline is never
+    # under 0.5 wall s (profile.manager), so a loaded host's stalls fail no healthy device
+    args = ("--preset", "cm-mini", "--base-port", str(base), "--mode", "procs", "--per", "node",
+            "--time-scale", "4")  # fmt: skip
     with cmemu_up(state_file, *args, timeout_s=120, quiet=True):
         doc = json.loads(state_file.read_text())
         processes = doc["launcher"]["processes"]

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from cmemu.v1 import router_pb2
 from emulator.cli.loading import advice, wall
+from emulator.client.deployments import Deployment, deployment
 
 
-def _deployment(source: str) -> router_pb2.Deployment:
+def _deployment(source: str) -> Deployment:
     weights = router_pb2.WeightLoading(
         bytes=671_000_000_000, source=source, cold_ns=2240 * 10**9, from_ems_ns=280 * 10**9
     )
-    return router_pb2.Deployment(name="deepseek-r1", weights=weights)
+    return deployment(router_pb2.Deployment(name="deepseek-r1", weights=weights))
 
 
 def test_a_long_cold_load_offers_a_warm_start_and_a_time_scale() -> None:

@@ -87,8 +87,10 @@ def test_transfer_bar_on_a_terminal_only(tmp_path: Path) -> None:
     state = tmp_path / "x.json"
     port = free_port_block(MINI_PORTS)
     up = ("--preset", "cm-mini", "--base-port", str(port), "--broker", "none", "--ui", "none")
-    # 100 GB at about 134 GB/s is 0.75 s emulated: 7.5 s of wall time at time scale 0.1
-    with cmemu_up(state, *up, "--time-scale", "0.1", quiet=True):
+    # 100 GB at about 134 GB/s is 0.75 s emulated: 3.75 s of wall time at time scale 0.2, at
+    # least (a busy host only dilates emulated time), past the bar's delay (progress.DELAY_S, 2 s)
+    # in the terminal, so that the piped run's missing bar is one that would have been drawn
+    with cmemu_up(state, *up, "--time-scale", "0.2", quiet=True):
         xfer = ["xfer", "n00-npu0", "n01-npu3", "--bytes", "100GB", "--state-file", str(state)]
         shown = in_terminal([CMEMU, *xfer], stop_when=lambda out: False, timeout_s=120)
         assert "write 100000000000 bytes n00-npu0 -> n01-npu3" in shown  # the result line

@@ -8,7 +8,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+from cmemu.v1 import router_pb2
 from emulator import testing
+from emulator.cli import serving
+from emulator.client.deployments import deployment
 from emulator.model.topology import ServiceKind, build, server_count
 from emulator.runtime import state
 from emulator.testing import free_port_block, run_cmemu
@@ -56,6 +61,17 @@ def _check_usage(flags: tuple[str, ...]) -> None:
     assert nobody.returncode == 1 and "TENANT_NOT_FOUND" in nobody.stderr
 
 
+def _check_pd_refused(flags: tuple[str, ...]) -> None:
+    """Live dynamic PD on units whose dies cannot hold the weights: refused at deploy."""
+    pd = cmemu(
+        "serve-model", "deepseek-r1", "--decode", "2", "--prefill", "2x2", "--as", "pd",
+        "--option", "pd=dynamic", *flags,
+    )  # fmt: skip
+    # a 2-NPU unit cannot hold DeepSeek-R1's weights: the cost model cannot rate it
+    assert pd.returncode == 1 and "INVALID_ARGUMENT" in pd.stderr
+    assert "do not fit its HBM" in pd.stderr
+
+
 def test_serve_replay_undeploy(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     base = free_port_block(server_count(build("cm-mini")))
@@ -81,6 +97,7 @@ def test_serve_replay_undeploy(tmp_path: Path) -> None:
         assert listed.returncode == 0 and "tiny" in listed.stdout and "serving" in listed.stdout
         rows = json.loads(cmemu("deployments", "--json", *flags).stdout)
         assert [(r["name"], r["state"], r["npus"]) for r in rows] == [("tiny", "serving", 4)]
+        assert rows[0]["split"] == "-" and rows[0]["pd"] is None  # no live dynamic PD
 
         trace = tmp_path / "trace.jsonl"
         _trace(trace)
@@ -103,6 +120,7 @@ def test_serve_replay_undeploy(tmp_path: Path) -> None:
 
         huge = cmemu("serve-model", "deepseek-r1", "--decode", "15", "--prefill", "1x4", *flags)
         assert huge.returncode == 1 and "RESOURCE_EXHAUSTED" in huge.stderr
+        _check_pd_refused(flags)
         twice = cmemu("serve-model", "deepseek-r1", "--decode", "2", "--as", "tiny", *flags)
         assert twice.returncode == 1 and "FAILED_PRECONDITION" in twice.stderr
 
@@ -134,3 +152,25 @@ def test_usage_errors(tmp_path: Path) -> None:
     ):
         result = cmemu(*argv)
         assert result.returncode == 2, (argv, result.stderr)
+
+
+def test_a_dynamic_pd_deployment_is_described_with_its_split_and_switches(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    d = router_pb2.Deployment(name="pd", model="deepseek-r1", npus=6)
+    d.instances.add(id="prefill-0", role="decode", npus=["n0", "n1"], dies=4)
+    d.instances.add(id="prefill-1", role="prefill", npus=["n2", "n3"], dies=4)
+    d.pd.policy = "dynamic"
+    d.pd.prefill_units, d.pd.decode_units, d.pd.switching_units = 1, 1, 1
+    d.pd.switches.add(
+        at_ns=33_100_000_000, to="decode", instances=["prefill-0"], joined_ns=37_700_000_000
+    )
+    d.pd.switches.add(at_ns=61_000_000_000, to="prefill", instances=["decode-0"])
+    described = deployment(d)  # as the typed router client returns it
+    serving._describe(described, build("cm-mini"))
+    out = capsys.readouterr().out
+    assert "[decode]" in out and "[prefill]" in out  # each instance's role now
+    assert "dynamic PD (dynamic): 1:1 prefill:decode, 1 switching; 2 switches" in out
+    assert "33.1 s: prefill-0 to decode, joined 37.7 s" in out
+    assert "61.0 s: decode-0 to prefill, switching" in out
+    assert serving._pd(described)["switches"][0]["instances"] == ["prefill-0"]  # type: ignore[index]

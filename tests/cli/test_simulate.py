@@ -188,10 +188,11 @@ def test_slo_tpot_prints_the_operating_point_and_runs_at_it() -> None:
     done = run_cmemu(*args, "--duration", "2", "--slo-tpot", "50ms")
     assert done.returncode == 0, done.stderr
     assert "operating point at TPOT <= 50 ms (4,096 + 256 tokens per request)" in done.stdout
-    assert "batch per die 49 (HBM bound 306), TPOT 49.68 ms" in done.stdout
+    assert "batch per die 49 (HBM bound 306), 2 microbatches, TPOT 49.68 ms" in done.stdout
     doc = json.loads(run_cmemu(*args, "--duration", "2", "--slo-tpot", "0.03s", "--json").stdout)
     point = doc["operating_point"]
     assert point["tpot_s"] <= 0.03 and 0 < point["batch_per_die"] < 48
+    assert point["microbatches"] == 1  # a small batch: a second would only re-read the weights
     assert doc["batch_per_die_max"] <= point["batch_per_die"]  # the run never exceeds it
 
 

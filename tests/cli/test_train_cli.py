@@ -26,6 +26,11 @@ def test_simulate_training_prints_goodput_and_recovery_times() -> None:
     assert too_many.returncode == 1 and "npus must be 1..16" in too_many.stderr
 
 
+# a bound that only ends a hung test: each poll is a `cmemu` process of its own, which takes
+# seconds on a loaded host (60 s once failed at a load average of 8 with nothing wrong)
+HANG_GUARD_S = 600.0
+
+
 def test_train_and_manager_against_a_running_supernode(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     base = free_port_block(server_count(build("cm-mini")))
@@ -45,7 +50,7 @@ def test_train_and_manager_against_a_running_supernode(tmp_path: Path) -> None:
         assert ok("manager", "incidents") == "no incidents\n"
         started = json.loads(ok("train", "start", "t1", "--npus", "2", "--steps", "3", "--json"))
         assert started["name"] == "t1" and len(started["npus"]) == 2
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_GUARD_S
         while json.loads(ok("train", "get", "t1", "--json"))["state"] != "finished":
             assert time.monotonic() < deadline, "the job never finished"
             time.sleep(0.2)
@@ -55,5 +60,22 @@ def test_train_and_manager_against_a_running_supernode(tmp_path: Path) -> None:
         assert again.returncode == 1 and "INVALID_ARGUMENT" in again.stderr
         missing = run_cmemu("train", "get", "nope", *state)
         assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+        # stopped with a checkpoint of its last step, resumed from it (a day plan's night)
+        ok("train", "start", "t2", "--npus", "2", "--checkpoint-every", "100")
+        deadline = time.monotonic() + HANG_GUARD_S
+        while json.loads(ok("train", "get", "t2", "--json")).get("step", "0") == "0":
+            assert time.monotonic() < deadline, "the job never stepped"
+            time.sleep(0.2)
+        ok("train", "stop", "t2", "--checkpoint")
+        while (job := json.loads(ok("train", "get", "t2", "--json")))["state"] != "stopped":
+            assert time.monotonic() < deadline, "the job never stopped"
+            time.sleep(0.2)
+        assert job["last_checkpoint_step"] == job["step"]
+        mismatch = run_cmemu("train", "start", "t2", "--npus", "4", "--resume", *state)
+        assert mismatch.returncode == 1 and "RESUME_MISMATCH" in mismatch.stderr
+        resumed = json.loads(ok("train", "start", "t2", "--npus", "2", "--resume", "--json"))
+        assert resumed["step"] == job["step"]
+        ok("train", "stop", "t2")
         usage = run_cmemu("manager", "mode", "sideways", *state)
         assert usage.returncode == 2

@@ -21,7 +21,7 @@ from emulator.engines.clock import (
     fastest_rate,
 )
 from emulator.model.clock import Clock, Segment
-from emulator.model.hardware import ClockProfile
+from emulator.model.emulatorprofile import ClockProfile
 
 PROFILE = ClockProfile()
 

@@ -69,14 +69,39 @@ async def test_a_step_ahead_ends_a_sleep_early_and_a_step_behind_late() -> None:
     assert timeline.now_ns() - start >= 5 * S
 
 
-async def test_a_drifting_clock_wakes_its_sleepers_by_its_own_rate() -> None:
+async def _race(drift_ppm: float | None) -> tuple[list[str], int]:
+    """A 110 s sleep on a LocalClock beside a 105 s one on the true timeline, both begun
+    together: the order they wake in (the timeline wakes its sleepers in emulated order, so a
+    busy host that wakes both late cannot swap them), and how long the first took, true."""
     timeline = Timeline(Clock(time_scale=50.0))
     local = LocalClock(timeline)
-    skew = Skew(offset_ns=0, drift_ppm=100_000.0, since_ns=timeline.now_ns())
-    local.set_skew(skew)
     start = timeline.now_ns()
-    await local.sleep(110.0)  # 10% fast: 110 skewed seconds are 100 true ones (2 s wall)
-    true = timeline.now_ns() - start
-    assert local.now_ns() - skew.read(start) >= 110 * S
-    # unskewed it would be 110: the bound leaves 100 ms of wall lateness to a busy loop
-    assert 100 * S - 1 <= true < 105 * S, true / S
+    if drift_ppm is not None:
+        local.set_skew(Skew(offset_ns=0, drift_ppm=drift_ppm, since_ns=start))
+    woke: list[str] = []
+    took: list[int] = []
+
+    async def skewed() -> None:
+        await local.sleep_until(local.now_ns() + 110 * S)
+        woke.append("local 110 s")
+        took.append(timeline.now_ns() - start)
+
+    async def true() -> None:
+        await timeline.sleep_until(start + 105 * S)
+        woke.append("true 105 s")
+
+    await asyncio.gather(skewed(), true())
+    return woke, took[0]
+
+
+async def test_a_drifting_clock_wakes_its_sleepers_by_its_own_rate() -> None:
+    """10% fast: 110 of its seconds are 100 true ones, so it wakes before a true 105 s sleep."""
+    woke, true = await _race(100_000.0)
+    assert woke == ["local 110 s", "true 105 s"]
+    assert true >= 100 * S - 1, true / S
+
+
+async def test_its_twin_an_exact_clock_sleeps_its_110_true_seconds() -> None:
+    woke, true = await _race(None)
+    assert woke == ["true 105 s", "local 110 s"]
+    assert true >= 110 * S, true / S

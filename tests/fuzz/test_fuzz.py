@@ -26,7 +26,8 @@ from cmemu.v1 import (
     ub_pb2,
 )
 from emulator.engines.device.faults import EFFECTS
-from emulator.model.hardware import DEFAULT_PROFILE, EmulatorLimits
+from emulator.model.emulatorprofile import EmulatorLimits
+from emulator.model.hardware import DEFAULT_PROFILE
 from tests.fuzz.harness import (
     FuzzTarget,
     Hints,

@@ -11,8 +11,9 @@ from emulator.model.collectives import DieFlows, Phase, run_collective
 from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.linkfaults import FaultSet, FaultSpec
-from emulator.model.linkgraph import LinkGraph, RouteKind, validate_ranks
+from emulator.model.linkgraph import LinkGraph, validate_ranks
 from emulator.model.naming import directed_link_id, l2_switch_id, link_id
+from emulator.model.routes import RouteKind
 from emulator.model.topology import build
 
 FAULTS: dict[str, list[FaultSpec]] = {
@@ -143,8 +144,8 @@ def test_a_collective_larger_than_the_memory_of_its_ranks_is_out_of_range(
 def test_a_collective_longer_than_the_ceiling_is_refused() -> None:
     import dataclasses
 
+    from emulator.model.emulatorprofile import EmulatorLimits
     from emulator.model.errors import OutOfRangeError
-    from emulator.model.hardware import EmulatorLimits
 
     profile = dataclasses.replace(DEFAULT_PROFILE, limits=EmulatorLimits(operation_max_s=1e-3))
     graph = LinkGraph(build("cm-mini", profile=profile), profile)

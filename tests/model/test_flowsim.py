@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from emulator.model.errors import UnavailableError
-from emulator.model.flowsim import FlowBatch, LiveFlows, maxmin_rates, simulate
+from emulator.model.flowsim import FlowBatch, LiveFlows, maxmin_rates, simulate, weighted_sum
 
 
 def _inc(flows: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -162,3 +162,62 @@ def test_pair_bytes_all_to_all_of_64_dies_needs_few_rate_computations() -> None:
     assert batch.size == 4032
     result = simulate(batch, graph.trunk_cap())
     assert result.recomputations <= 400  # exact: one per flow, about 4,000
+
+
+class _EveryResource(LiveFlows):
+    """LiveFlows as it was: max-min over every resource of the fabric at each change."""
+
+    def _progress(self, dt: float) -> None:
+        if dt <= 0:
+            return
+        for f in self.flows.values():
+            f.remaining = max(0.0, f.remaining - f.rate * dt)
+        self.res_bytes += self.res_rate * dt
+
+    def _recompute(self) -> None:
+        self.res_rate = np.zeros(len(self.res_cap))
+        if not self.flows:
+            return
+        flows = list(self.flows.values())
+        inc_flow, inc_res, inc_w = _inc([list(f.resources) for f in flows])
+        rates = maxmin_rates(
+            inc_flow, inc_res, inc_w, self.res_cap, np.array([f.cap for f in flows])
+        )
+        for f, r in zip(flows, rates, strict=True):
+            f.rate = float(r)
+        self.res_rate = weighted_sum(inc_res, inc_w * rates[inc_flow], len(self.res_cap))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_live_flows_over_the_busy_resources_time_as_over_every_resource(seed: int) -> None:
+    """LiveFlows computes over the resources its flows cross (one flow alone: without arrays):
+    the same completions, rates and bytes per resource as max-min over all of them, with a flow
+    crossing one resource twice, resources of no capacity (links down) and a capacity change."""
+    rng = np.random.default_rng(seed)
+    n_res = 400
+    cap = rng.uniform(1e9, 50e9, n_res)
+    cap[rng.choice(n_res, 3, replace=False)] = 0.0
+    fast, slow = LiveFlows(res_cap=cap.copy()), _EveryResource(res_cap=cap.copy())
+    now = 0.0
+    for step in range(60):
+        k = int(rng.integers(1, 5))
+        picked = zip(rng.choice(n_res, k), rng.uniform(0.2, 1.0, k), strict=True)
+        resources = tuple((int(r), float(w)) for r, w in picked)
+        if rng.random() < 0.2:
+            resources += (resources[0],)  # the same trunk twice
+        now += float(rng.uniform(0, 2e-3))
+        flow = (now, resources, float(rng.uniform(5e9, 80e9)), float(rng.uniform(1e3, 1e8)))
+        assert fast.add(*flow) == slow.add(*flow)
+        if step == 30:  # a fault: a busy trunk loses most of its capacity
+            cut = cap.copy()
+            cut[resources[0][0]] *= 0.1
+            assert fast.set_capacities(cut.copy(), now) == slow.set_capacities(cut.copy(), now)
+        assert [f.rate for f in fast.flows.values()] == pytest.approx(
+            [f.rate for f in slow.flows.values()], rel=1e-12, abs=0.0
+        )
+        assert fast.res_rate == pytest.approx(slow.res_rate, rel=1e-12, abs=1e-6)
+    assert fast.advance(now + 10.0) == slow.advance(now + 10.0)
+    assert fast.res_bytes == pytest.approx(slow.res_bytes, rel=1e-9, abs=1e-3)
+    assert fast.res_bytes.sum() > 0
+    assert fast.flows.keys() == slow.flows.keys()  # only flows over a dead trunk are left
+    assert all(f.rate == 0 for f in fast.flows.values())

@@ -18,7 +18,8 @@ from emulator.model.errors import (
     UnavailableError,
 )
 from emulator.model.linkfaults import FAULT_KINDS, FaultSet, FaultSpec
-from emulator.model.linkgraph import LinkGraph, Route, validate_ranks
+from emulator.model.linkgraph import LinkGraph, validate_ranks
+from emulator.model.routes import Route
 from emulator.model.topology import DeviceKind, build
 
 GB = 1e9

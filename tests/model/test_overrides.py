@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from emulator.model.errors import InvalidArgumentError, UnknownNameError
-from emulator.model.hardware import DEFAULT_PROFILE, GiB
+from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.overrides import apply_overrides, changed, parse_override
+from emulator.model.provenance import GiB
 from emulator.model.serving.deployment import parse_deployment, profile_of
 
 

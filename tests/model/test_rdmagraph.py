@@ -11,7 +11,8 @@ import pytest
 from emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from emulator.model.flowsim import LiveFlows
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.rdmagraph import RDMA_FAULT_KINDS, RdmaFault, RdmaFaultSet, RdmaGraph
+from emulator.model.rdmafault import RdmaFault
+from emulator.model.rdmagraph import RDMA_FAULT_KINDS, RdmaFaultSet, RdmaGraph
 from emulator.model.scaleout import build_cluster, leaf_spine_bytes_per_s
 
 SO = DEFAULT_PROFILE.scaleout

@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from emulator.model.addressplans import LoopbackPlan
 from emulator.model.errors import InvalidArgumentError, NotFoundError, UnknownNameError
 from emulator.model.hardware import DEFAULT_PROFILE, ScaleOutProfile
 from emulator.model.naming import Tier, parse_id, parse_switch
@@ -21,7 +22,6 @@ from emulator.model.topology import (
     DNS_LABEL,
     RDMA_LINKS,
     LinkKind,
-    LoopbackPlan,
     ServiceKind,
     Topology,
     build,

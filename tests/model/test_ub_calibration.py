@@ -24,6 +24,7 @@ from emulator.model.errors import OutOfRangeError
 from emulator.model.flowsim import LiveFlows
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.linkgraph import LinkGraph
+from emulator.model.routes import priced
 from emulator.model.topology import DeviceKind, build
 
 GB = 1e9
@@ -57,7 +58,7 @@ def _fabric_s(graph: LinkGraph, op: UbOp, issuer: str, target: str, size: int) -
     flow; the completion instant plus the route's latency."""
     src, dst = graph.endpoint(issuer), graph.endpoint(target)
     data_from, data_to = (dst, src) if op is UbOp.READ else (src, dst)
-    route = graph.priced(graph.route(data_from, data_to), op, dst.device.kind)
+    route = priced(graph.route(data_from, data_to), op, dst.device.kind, graph.profile)
     live = LiveFlows(res_cap=graph.trunk_cap())
     live.add(0.0, route.resources, route.cap, float(size))
     ((_, fluid_end_s),) = live.advance(10.0)
@@ -84,7 +85,9 @@ def _shared_gb_s(graph: LinkGraph, issuers: list[str], target: str) -> float:
     live = LiveFlows(res_cap=graph.trunk_cap())
     dst = graph.endpoint(target)
     for issuer in issuers:
-        route = graph.priced(graph.route(dst, graph.endpoint(issuer)), UbOp.READ, DeviceKind.CPU)
+        route = priced(
+            graph.route(dst, graph.endpoint(issuer)), UbOp.READ, DeviceKind.CPU, graph.profile
+        )
         live.add(0.0, route.resources, route.cap, float(BIG))
     ends = [end for _, end in live.advance(100.0)]
     return len(issuers) * BIG / max(ends) / GB
@@ -128,14 +131,16 @@ def test_writes_cost_link_capacity_not_just_a_ceiling(mini: LinkGraph) -> None:
     live = LiveFlows(res_cap=mini.trunk_cap())
     for issuer in ("n00-npu1.d0", "n00-npu2.d0"):
         route = mini.route(mini.endpoint(issuer), target)
-        priced = mini.priced(route, UbOp.WRITE, DeviceKind.NPU)
-        assert priced.cap == pytest.approx(route.cap * 137 / 167)
-        live.add(0.0, priced.resources, priced.cap, float(BIG))
+        write = priced(route, UbOp.WRITE, DeviceKind.NPU, mini.profile)
+        assert write.cap == pytest.approx(route.cap * 137 / 167)
+        live.add(0.0, write.resources, write.cap, float(BIG))
     rates = [f.rate for f in live.flows.values()]
     assert sum(rates) == pytest.approx(137 * GB) and rates[0] == pytest.approx(rates[1])
     assert ub_wire_cost(UbOp.WRITE) == pytest.approx(167 / 137)
     same = mini.route(mini.endpoint("n00-npu1.d0"), target)
-    assert mini.priced(same, UbOp.READ, DeviceKind.NPU) is same  # the reference is unchanged
+    assert (
+        priced(same, UbOp.READ, DeviceKind.NPU, mini.profile) is same
+    )  # the reference is unchanged
 
 
 def test_the_fabric_collective_reproduces_both_moe_points(cm384: LinkGraph) -> None:

@@ -213,14 +213,13 @@ async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  #
             assert code != 0  # its published port went with its network
             await clear(sn.clients, cut.id)
             await clear(sn.clients, killed.id)  # started again
-            # The restarted one comes back (a bound only): it follows the fabric's time from its
-            # first segment (it once read a guess from the epoch, ahead of dilated time, and
+            # Both come back (a bound only). The restarted one follows the fabric's time from
+            # its first segment (it once read a guess from the epoch, ahead of dilated time, and
             # stood still there, failed by silence every few wall s until isolated). The
-            # reconnected one is not awaited: it stayed isolated in one engine run of two (the
-            # manager's liveness stream to it never beat again after the reconnect, a known gap
-            # README states; the incident restored under MarkFailed in flight is fixed and
-            # tested in tests/engines/manager/test_actions.py).
+            # reconnected one's liveness stream is opened again and beats (it once stayed
+            # isolated: see emulator/engines/manager/liveness.py, FIRST_BEAT_WALL_S).
             await _incident_for(sn, "n01-npu3", state="restored", within_s=180.0)
+            await _incident_for(sn, "n00-npu5", state="restored", within_s=180.0)
             # The storm below partitions a pool and holds its recovery to 10 emulated minutes.
 
             # a fault kind the emulator cannot apply says why, and nothing changes

@@ -18,16 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, fabric_pb2, npu_pb2, ub_pb2
 from emulator.client.clients import Clients
+from emulator.model.addressplans import METRICS_PORT, LoopbackPlan
 from emulator.model.errors import AddressInUseError, InvalidArgumentError
 from emulator.model.instruments import LATENCY_BUCKETS_S, Family, Histogram
-from emulator.model.topology import (
-    METRICS_PORT,
-    LoopbackPlan,
-    ServiceKind,
-    build,
-    metrics_address,
-    server_count,
-)
+from emulator.model.topology import ServiceKind, build, metrics_address, server_count
 from emulator.runtime import exposition
 from emulator.runtime.metrics import Families
 from emulator.runtime.metricserver import endpoints

@@ -18,7 +18,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cmemu.v1 import device_pb2, device_pb2_grpc, fabric_pb2, fabric_pb2_grpc
+from cmemu.v1 import device_pb2, device_pb2_grpc, ems_pb2, ems_pb2_grpc, fabric_pb2, fabric_pb2_grpc
+from emulator.model.topology import ServiceKind
+from emulator.runtime import state
 from emulator.testing import (
     CMEMU,
     MINI_DEVICES,
@@ -263,28 +265,58 @@ def test_without_an_epoch_every_process_takes_the_fabrics(tmp_path: Path) -> Non
             p.wait(timeout=30)
 
 
+def _ems_puts(state_file: Path, objects: dict[str, bytes], device: str) -> None:
+    """Each object Put (its bytes inline, as `cmemu ems put` sends objects this small) from
+    `device`, through one client: the CLI's own runs are tests/cli/test_ems_cli.py's."""
+
+    async def go() -> None:
+        clients = state.clients(state_file)
+        try:
+            ems = ems_pb2_grpc.EmsStub(
+                clients.channel_to(clients.topology.service(ServiceKind.EMS).address)
+            )
+            for key, data in objects.items():
+                await ems.Put(ems_pb2.PutRequest(key=key, data=data, device=device))
+        finally:
+            await clients.close()
+
+    asyncio.run(go())
+
+
+def _ems_gets(state_file: Path, keys: list[str]) -> dict[str, bytes]:
+    """Each object's bytes read back (GetStream, as `cmemu ems get`), through one client."""
+
+    async def go() -> dict[str, bytes]:
+        clients = state.clients(state_file)
+        try:
+            ems = ems_pb2_grpc.EmsStub(
+                clients.channel_to(clients.topology.service(ServiceKind.EMS).address)
+            )
+            got = {}
+            for key in keys:
+                chunks = [c.data async for c in ems.GetStream(ems_pb2.GetRequest(key=key))]
+                got[key] = b"".join(chunks)
+            return got
+        finally:
+            await clients.close()
+
+    return asyncio.run(go())
+
+
 @pytest.mark.xdist_group("loopback-procs")  # 127.10.x.y, procs mode's: see tests/conftest.py
 def test_ems_loses_nothing_when_a_pool_dies_or_ems_restarts(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     with up(state_file, "--preset", "cm-mini", "--mode", "procs", "--per", "node"):
         state = ["--state-file", str(state_file)]
-        objects = {}
-        for i in range(8):
-            path = tmp_path / f"obj{i}"
-            path.write_bytes(bytes([i]) * (1000 + i))
-            objects[f"key-{i}"] = path
-            put = run("ems", "put", f"key-{i}", str(path), "--device", "n01-npu1", *state)
-            assert put.returncode == 0, put.stderr
+        objects = {f"key-{i}": bytes([i]) * (1000 + i) for i in range(8)}
+        _ems_puts(state_file, objects, "n01-npu1")  # each Put raises on a failure
         pid_of = {
             " ".join(Path(f"/proc/{p}/cmdline").read_text().split("\0")): p
             for p in serve_processes(tmp_path)
         }
         node = next(p for cmd, p in pid_of.items() if "--node n00" in cmd)
         os.kill(node, signal.SIGKILL)  # node n00's pool dies with every copy it held
-        for key, path in objects.items():
-            got = run("ems", "get", key, "-o", str(tmp_path / "out"), *state)
-            assert got.returncode == 0, got.stderr
-            assert (tmp_path / "out").read_bytes() == path.read_bytes()
+        assert _ems_gets(state_file, list(objects)) == objects
 
         ems_cmd, ems_pid = next((c, p) for c, p in pid_of.items() if "--service ems" in c)
         os.kill(ems_pid, signal.SIGKILL)  # EMS dies with all its metadata
@@ -303,10 +335,7 @@ def test_ems_loses_nothing_when_a_pool_dies_or_ems_restarts(tmp_path: Path) -> N
                 time.sleep(0.2)
             stat = json.loads(run("ems", "stat", "--json", *state).stdout)
             assert int(stat["objects"]) == 8  # rebuilt from the surviving pool's region labels
-            for key, path in objects.items():
-                got = run("ems", "get", key, "-o", str(tmp_path / "out"), *state)
-                assert got.returncode == 0, got.stderr
-                assert (tmp_path / "out").read_bytes() == path.read_bytes()
+            assert _ems_gets(state_file, list(objects)) == objects
         finally:
             restarted.send_signal(signal.SIGTERM)
             restarted.wait(timeout=30)

@@ -2,7 +2,9 @@
 in a subprocess as a user's project runs it: the port range and the default preset come from the
 command line or the ini file (the command line wins), bad values are usage errors that say where
 they came from, and `fresh="test"` / `fresh="module"` give a test or a module an emulator of its
-own, stopped after it, while tests that ask for nothing share one."""
+own, stopped after it, while tests that ask for nothing share one. The refusals (usage errors, an
+unknown lifetime) start no emulator and run in this process: the plugin keeps what it configures
+in the run's own config (its stash), so nothing leaks into this worker."""
 
 from __future__ import annotations
 
@@ -68,7 +70,9 @@ def test_bad_options_are_usage_errors_saying_where_they_came_from(
 ) -> None:
     pytester.makeini(f"[pytest]\n{ini}\n")
     pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
-    result = pytester.runpytest_subprocess(*args)
+    # in this process: a usage error boots nothing, and a second interpreter importing pytest's
+    # plugins and the emulator is most of what a subprocess run would cost
+    result = pytester.runpytest_inprocess(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr.str(), result.stderr.str()
 
@@ -83,7 +87,7 @@ def test_it(supernode):
     pass
 """
     )
-    result = pytester.runpytest_subprocess()
+    result = pytester.runpytest_inprocess()  # refused before any emulator starts
     assert _outcome(result) == {"errors": 1}
     result.stdout.fnmatch_lines(
         ["*test_fresh.py::test_it: supernode(fresh='sometimes'): one of session, module, test*"]
@@ -173,8 +177,9 @@ def test_a_test_or_a_module_gets_an_emulator_of_its_own_when_it_asks(
     assert _outcome(result) == {"passed": 7}, result.stdout.str()
     seen = json.loads(log.read_text())
     assert len({v["pid"] for v in seen.values()}) == 5  # shared, module a, own x2, module b
-    # the twin: the same assertions fail when the lifetimes are not what they say
+    # the twin: the same assertions fail when the lifetimes are not what they say (module a's
+    # own tests, the ones twisted: module b would boot one more emulator to pass as before)
     log.unlink()
     pytester.makepyfile(test_a=MODULE_A.replace('fresh="test"', 'fresh="module"'))
-    twisted = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:xdist")
+    twisted = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:xdist", "test_a.py")
     assert _outcome(twisted)["failed"] >= 2, twisted.stdout.str()

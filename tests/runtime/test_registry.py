@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from emulator.model.topology import LoopbackPlan, ServiceKind, build
+from emulator.model.addressplans import LoopbackPlan
+from emulator.model.topology import ServiceKind, build
 from emulator.runtime.composegen import generate
 from emulator.runtime.procslaunch import proc_waves
 from emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS, WAVES

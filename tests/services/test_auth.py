@@ -16,7 +16,15 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import cmemu.v1
-from cmemu.v1 import device_pb2, device_pb2_grpc, fabric_pb2, fabric_pb2_grpc, ub_pb2
+from cmemu.v1 import (
+    device_pb2,
+    device_pb2_grpc,
+    fabric_pb2,
+    fabric_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    ub_pb2,
+)
 from emulator.client.clients import Clients
 from emulator.client.credentials import Credentials
 from emulator.client.errors import decode
@@ -149,6 +157,22 @@ async def test_writes_need_the_token_reads_do_not(guarded: Supernode) -> None:
             health = health_pb2_grpc.HealthStub(channel)
             reply = await health.Check(health_pb2.HealthCheckRequest())
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_day_plans_need_the_token_their_status_does_not(guarded: Supernode) -> None:
+    async with Credentials().channel(guarded.address("scheduler")) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        request = scheduler_pb2.DayPlanRequest(name="chat")
+        for call in (
+            stub.StartDayPlan(scheduler_pb2.StartDayPlanRequest(deployment="chat")),
+            stub.StopDayPlan(request),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call
+            assert _code(caught.value) == (grpc.StatusCode.UNAUTHENTICATED, "TOKEN_MISSING")
+        with pytest.raises(grpc.aio.AioRpcError) as caught:  # read: open, and no such plan
+            await stub.GetDayPlan(request)
+        assert _code(caught.value) == (grpc.StatusCode.NOT_FOUND, "PLAN_NOT_FOUND")
 
 
 async def test_the_fabric_guards_faults_and_streams_reads(guarded: Supernode) -> None:

@@ -270,6 +270,7 @@ async def test_an_unexpected_exception_is_internal_and_logged(
 ) -> None:
     from emulator.engines.fabric.engine import FabricEngine
     from emulator.engines.fabric.types import LinkStats
+    from services import fabric as fabric_service
     from services import rpc as rpc_module
 
     logged: list[tuple[str, str, dict[str, Any]]] = []
@@ -281,10 +282,10 @@ async def test_an_unexpected_exception_is_internal_and_logged(
         def info(self, event: str, **fields: Any) -> None:
             logged.append(("info", event, fields))
 
-    def broken(self: FabricEngine, top: int) -> LinkStats:
+    def broken(engine: FabricEngine, top: int) -> LinkStats:
         raise ZeroDivisionError("a bug of ours")
 
-    monkeypatch.setattr(FabricEngine, "link_stats", broken)
+    monkeypatch.setattr(fabric_service, "link_stats", broken)  # what the servicer calls
     monkeypatch.setattr(rpc_module, "log", Recorder())
     got = await _details(clients.fabric().GetLinkStats(fabric_pb2.LinkStatsRequest()))
     assert got.code is grpc.StatusCode.INTERNAL

@@ -15,13 +15,13 @@ import pytest
 from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, ub_pb2
 from emulator.client.clock import held_time
 from emulator.client.errors import decode
+from emulator.engines.ems import EmsState
 from emulator.model.costmodel import UbOp, ub_point
 from emulator.model.ems import prefix_keys
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.topology import DeviceKind, ServiceKind
 from emulator.runtime.supernode import LaunchOptions, Supernode
 from emulator.testing import Clients, running_supernode
-from services.ems_store import EmsState
 
 # A bound on a hang, not a timing: the checks run on emulated time, which a busy host slows
 HANG_S = 180

@@ -24,7 +24,7 @@ from emulator.model.scaleout import build_cluster
 from emulator.model.topology import build
 from emulator.testing import EventRecorder, free_port_block
 from services.auth import ServerSecurity
-from services.gateway import GatewayState, create_gateway
+from services.gateway import GatewayEngine, create_gateway
 from services.peers import Peers
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ TOKEN = "gw-s3cret"
 class Served:
     stub: GatewayAsyncStub
     anonymous: GatewayAsyncStub
-    state: GatewayState
+    state: GatewayEngine
     events: EventRecorder
 
 
@@ -78,7 +78,7 @@ async def served() -> AsyncIterator[Served]:
 
 async def test_a_topology_without_the_plane_has_no_gateway() -> None:
     with pytest.raises(PreconditionError, match="no RDMA scale-out plane"):
-        GatewayState(
+        GatewayEngine(
             topology=build("cm-mini"),
             profile=DEFAULT_PROFILE,
             clock=Timeline(Clock()),

@@ -13,8 +13,9 @@ import pytest
 
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
 from emulator.client.errors import ErrorDetails, decode
+from emulator.model.emulatorprofile import EmulatorLimits
 from emulator.model.errors import AddressError
-from emulator.model.hardware import DEFAULT_PROFILE, EmulatorLimits
+from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.runtime.supernode import Supernode
 from emulator.testing import Clients, running_supernode
 from services.auth import ServerSecurity

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from cmemu.v1 import device_pb2, manager_pb2, router_pb2, scheduler_pb2
+from emulator.model.address import parse_address
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind
 from emulator.runtime.supernode import EMBEDDED, Supernode
@@ -146,16 +147,20 @@ async def quiet() -> AsyncIterator[Supernode]:
         yield sn
 
 
-async def _events(sn: Supernode, into: list[dict[str, Any]], ready: asyncio.Event) -> None:
+async def router_events(
+    sn: Supernode, into: list[dict[str, Any]], ready: asyncio.Event, names: Collection[str]
+) -> None:
+    """The router's events named `names`, appended to `into` as they come (set `ready` once
+    subscribed); until cancelled."""
     assert sn.broker is not None
-    host, port = sn.broker.removeprefix("mqtt://").split(":")
-    async with aiomqtt.Client(host, int(port)) as mqtt:
+    broker = parse_address(sn.broker.removeprefix("mqtt://"), what="broker")
+    async with aiomqtt.Client(broker.host, broker.port) as mqtt:
         await mqtt.subscribe(f"cmemu/{sn.topology.supernode}/router/events", qos=1)
         ready.set()
         async for message in mqtt.messages:
             assert isinstance(message.payload, bytes)
             payload = json.loads(message.payload)
-            if payload["event"] in ("isolated", "restored"):
+            if payload["event"] in names:
                 into.append(payload)
 
 
@@ -165,7 +170,7 @@ async def test_a_failed_decode_npu_is_isolated_served_around_and_restored(
     sn = supernode
     events: list[dict[str, Any]] = []
     ready = asyncio.Event()
-    listening = asyncio.create_task(_events(sn, events, ready))
+    listening = asyncio.create_task(router_events(sn, events, ready, ("isolated", "restored")))
     await ready.wait()
     d = await _deploy(sn, "rec")
     lost = d.npus[0]  # the lowest slots (first to fill) are on its dies

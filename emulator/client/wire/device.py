@@ -8,7 +8,7 @@ from emulator.engines.device.faultbase import ActiveFault
 from emulator.engines.device.liveness import Beat
 from emulator.engines.device.npu import Kernel, KernelResult
 from emulator.model.errors import InvalidArgumentError
-from emulator.model.memory import Region
+from emulator.model.memory import Region, RegionPage
 
 
 def region_proto(region: Region, eid: int) -> device_pb2.Region:
@@ -23,6 +23,30 @@ def region_proto(region: Region, eid: int) -> device_pb2.Region:
 
 def region(m: device_pb2.Region) -> Region:
     return Region(region_id=m.region_id, offset=m.offset, size=m.size, label=m.label)
+
+
+def region_page_proto(page: RegionPage, eid: int) -> device_pb2.ListRegionsResponse:
+    return device_pb2.ListRegionsResponse(
+        regions=[region_proto(r, eid) for r in page.regions],
+        capacity_bytes=page.capacity_bytes,
+        used_bytes=page.used_bytes,
+        free_bytes=page.free_bytes,
+        largest_free_bytes=page.largest_free_bytes,
+        next_page_token=page.next_page_token,
+        region_count=page.region_count,
+    )
+
+
+def region_page(m: device_pb2.ListRegionsResponse) -> RegionPage:
+    return RegionPage(
+        regions=tuple(region(r) for r in m.regions),
+        next_page_token=m.next_page_token,
+        capacity_bytes=m.capacity_bytes,
+        used_bytes=m.used_bytes,
+        free_bytes=m.free_bytes,
+        largest_free_bytes=m.largest_free_bytes,
+        region_count=m.region_count,
+    )
 
 
 def fault_state_proto(f: FaultState) -> device_pb2.FaultState:

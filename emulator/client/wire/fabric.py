@@ -207,3 +207,25 @@ def arrival_batch(reply: fabric_pb2.CollectiveArrivals) -> ArrivalBatch:
         last_seq=reply.last_seq,
         dropped=reply.dropped,
     )  # fmt: skip
+
+
+def link_stats(m: fabric_pb2.LinkStats) -> LinkStats:
+    """The inverse of `link_stats_proto` (capacity back in bytes per second: GB/s * 1e9 / 1e9
+    gives the wire's double back exactly, so a reader printing GB/s prints what was sent)."""
+    return LinkStats(
+        emulated_ns=m.emulated_ns,
+        links=tuple(
+            LinkStat(
+                link=s.link,
+                kind=s.kind,
+                capacity_bytes_per_s=s.capacity_gb_s * 1e9,
+                bytes=s.bytes,
+                utilization=s.utilization,
+                active_flows=s.active_flows,
+                up=s.up,
+            )
+            for s in m.links
+        ),
+        active_flows=m.active_flows,
+        completed_flows=m.completed_flows,
+    )

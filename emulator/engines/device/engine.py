@@ -21,14 +21,16 @@ from emulator.engines.peers import Directory
 from emulator.model.errors import (
     RETRY_AFTER_S,
     DataLossError,
+    InvalidArgumentError,
     NotFoundError,
     UnavailableError,
     blame,
+    quote,
 )
 from emulator.model.faults.memory import Corruption, Poison
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import Histogram
-from emulator.model.memory import DeviceMemory, QueueBudget, Region
+from emulator.model.memory import DeviceMemory, QueueBudget, Region, RegionPage
 from emulator.model.naming import die_id
 from emulator.model.topology import Device, Topology
 from emulator.model.ub import Message
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
     from emulator.engines.device.ub import Bus
 
 U64_MAX = 2**64 - 1
+MAX_LABEL = 256  # characters of a region's label (and of a fault's reason)
 
 MANAGEMENT = frozenset({"SetFaultState", "InjectFault", "ClearFault", "ListFaults"})
 """Device methods that model the out-of-band management path (a BMC): they keep answering
@@ -297,6 +300,8 @@ class DeviceEngine:
     # --- memory ------------------------------------------------------------------------------
 
     def allocate(self, size: int, label: str) -> Region:
+        if len(label) > MAX_LABEL:  # before health, as the servicer checked its request
+            raise InvalidArgumentError(f"label longer than {MAX_LABEL} characters", field="label")
         self.require_healthy()
         with blame(field="size", subject=self.device.id):
             region = self.memory.allocate(size, label)
@@ -313,6 +318,33 @@ class DeviceEngine:
             on=NotFoundError,
         ):
             return self.memory.free(region_id).size
+
+    def region_page(self, page_token: str, page_size: int) -> RegionPage:
+        """A page of the live regions by address, from `page_token` (one this device gave: the
+        offset of the page's first region; "" from the start), at most `page_size` of them (0,
+        or past the profile's cap: the cap). No health check: a faulted pool still lists."""
+        alloc = self.memory.allocator
+        page_max = self.profile.limits.list_regions_page_max
+        size = min(page_size or page_max, page_max)
+        start = 0
+        if page_token:
+            if not (page_token.isascii() and page_token.isdigit()) or len(page_token) > 20:
+                raise InvalidArgumentError(
+                    f"page_token {quote(page_token)} is not one this device gave",
+                    field="page_token",
+                    reason="INVALID_PAGE_TOKEN",
+                )
+            start = alloc.index_at(int(page_token))
+        page = alloc.regions(start, size + 1)
+        return RegionPage(
+            regions=tuple(page[:size]),
+            next_page_token=str(page[size].offset) if len(page) > size else "",
+            capacity_bytes=alloc.capacity,
+            used_bytes=alloc.used,
+            free_bytes=alloc.free,
+            largest_free_bytes=alloc.largest_free,
+            region_count=alloc.count,
+        )
 
     # --- what it reports ---------------------------------------------------------------------
 

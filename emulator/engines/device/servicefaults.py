@@ -85,7 +85,7 @@ class ServiceDown:
 @dataclass(frozen=True)
 class SsdLoss:
     """EMS's SSD tier fails (its objects that were only there are gone) until cleared: new
-    drives, empty (services/ems_store EmsState.lose_ssd)."""
+    drives, empty (emulator/engines/ems EmsState.lose_ssd)."""
 
     on: frozenset[DeviceKind] = ALL
 

@@ -18,9 +18,10 @@ import numpy.typing as npt
 
 from emulator.model.collectives import CollectiveTiming, run_collective
 from emulator.model.collectivespec import CollectiveSpec
+from emulator.model.emulatorprofile import EmulatorLimits
+from emulator.model.endpoints import Endpoint
 from emulator.model.errors import RETRY_AFTER_S, CapacityError
-from emulator.model.hardware import EmulatorLimits
-from emulator.model.linkgraph import Endpoint, LinkGraph
+from emulator.model.linkgraph import LinkGraph
 
 # at most this many timings kept, holding at most this many flows together (about 40 bytes each)
 MEMO_ENTRIES = 16

@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -26,13 +25,13 @@ from emulator.engines.events import EventSink
 from emulator.engines.fabric.collectives import Collectives
 from emulator.engines.fabric.metrics import LinkGroups, fabric_families
 from emulator.engines.fabric.outage import Outage
-from emulator.engines.fabric.types import LinkStat, LinkStats
 from emulator.engines.flows import FlowClock
 from emulator.engines.peers import CollectiveOutcome, Directory, FlowTime
 from emulator.model.arrivals import ArrivalBatch, ArrivalLog
 from emulator.model.collectives import CollectiveTiming
 from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.costmodel import check_duration
+from emulator.model.endpoints import Endpoint
 from emulator.model.errors import (
     RETRY_AFTER_S,
     InvalidArgumentError,
@@ -43,12 +42,12 @@ from emulator.model.errors import (
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import Family
 from emulator.model.linkfaults import FaultSet, FaultSpec, RankState
-from emulator.model.linkgraph import Endpoint, LinkGraph, Route, validate_ranks
+from emulator.model.linkgraph import LinkGraph, validate_ranks
+from emulator.model.routes import Route, check_reachable, priced
 from emulator.model.topology import Device, DeviceKind, Topology
 from emulator.model.ub import Completion, Op, Transaction, normalize
 
 FloatArray = npt.NDArray[np.float64]
-U64_MAX = 2**64 - 1
 
 
 def route_cut(subject: str | None) -> contextlib.AbstractContextManager[None]:
@@ -56,19 +55,6 @@ def route_cut(subject: str | None) -> contextlib.AbstractContextManager[None]:
     return blame(
         subject=subject, reason="ROUTE_CUT", retry_after_s=RETRY_AFTER_S, on=UnavailableError
     )
-
-
-@dataclass(frozen=True, kw_only=True)
-class LinkUsage:
-    """Per member link (LinkGraph.member_link order): what it carried, its rate and live
-    capacity; per trunk: utilisation and active flows. One computation for GetLinkStats and
-    the metrics collector."""
-
-    member_bytes: FloatArray
-    member_rate: FloatArray
-    trunk_utilization: FloatArray
-    trunk_active: npt.NDArray[np.int64]
-    link_cap: FloatArray
 
 
 def _flow_times(ranks: Sequence[Endpoint], timing: CollectiveTiming) -> tuple[FlowTime, ...]:
@@ -89,6 +75,27 @@ def _flow_times(ranks: Sequence[Endpoint], timing: CollectiveTiming) -> tuple[Fl
             strict=True,
         )
     )
+
+
+def _source(graph: LinkGraph, device: Device, die: int) -> Endpoint:
+    """Where a transfer a device issues starts: the NPU's die it names, or the device."""
+    if device.kind is DeviceKind.NPU:
+        return graph.npu_die(device, die)
+    if die:
+        raise InvalidArgumentError(
+            f"src_die applies to NPUs; {device.id} is a {device.kind.value}",
+            field="src_die",
+            subject=device.id,
+        )
+    return graph.endpoint(device.id)
+
+
+def _target(graph: LinkGraph, device: Device, offset: int) -> Endpoint:
+    """An NPU's UB address space is its dies' HBM one after the other."""
+    npu = graph.profile.npu
+    if device.kind is DeviceKind.NPU:
+        return graph.npu_die(device, min(offset // npu.hbm_bytes_per_die, npu.dies - 1))
+    return graph.endpoint(device.id)
 
 
 class FabricEngine:
@@ -136,26 +143,6 @@ class FabricEngine:
         if self.events is not None:
             self.events.event(self.name, event, self.clock.now_ns(), **detail)
 
-    # --- endpoints -----------------------------------------------------------------------------
-
-    def source(self, device: Device, die: int) -> Endpoint:
-        if device.kind is DeviceKind.NPU:
-            return self.graph.npu_die(device, die)
-        if die:
-            raise InvalidArgumentError(
-                f"src_die applies to NPUs; {device.id} is a {device.kind.value}",
-                field="src_die",
-                subject=device.id,
-            )
-        return self.graph.endpoint(device.id)
-
-    def target(self, device: Device, offset: int) -> Endpoint:
-        """An NPU's UB address space is its dies' HBM one after the other."""
-        if device.kind is DeviceKind.NPU:
-            die = min(offset // self.profile.npu.hbm_bytes_per_die, self.profile.npu.dies - 1)
-            return self.graph.npu_die(device, die)
-        return self.graph.endpoint(device.id)
-
     # --- transfers -----------------------------------------------------------------------------
 
     async def transfer(self, request: Transaction, *, deadline_s: float | None) -> Completion:
@@ -175,14 +162,14 @@ class FabricEngine:
         ):
             dst = topology.by_eid(tx.dst_eid)
         with blame(field="src_die", subject=src.id):
-            issuer = self.source(src, tx.src_die)
-        target = self.target(dst, tx.dst_offset)
+            issuer = _source(self.graph, src, tx.src_die)
+        target = _target(self.graph, dst, tx.dst_offset)
         # the flow is the data: a READ's bytes travel from the target back to the issuer
         data_from, data_to = (target, issuer) if tx.op is Op.READ else (issuer, target)
         graph = self.graph
         with route_cut(f"{src.id}>{dst.id}"):
             route = graph.route(data_from, data_to)
-            graph.check_reachable(route)
+            check_reachable(graph, route)
         # The other way (a READ's request, a write's acknowledgement) can be cut alone, by a
         # one-way partition: a request that never arrives changes nothing; an acknowledgement
         # that never returns leaves the data delivered and the issuer told it failed.
@@ -194,7 +181,7 @@ class FabricEngine:
                 reason="ROUTE_CUT",
                 retry_after_s=RETRY_AFTER_S,
             )
-        route = graph.priced(route, tx.op.priced, dst.kind)  # the op, the target's memory
+        route = priced(route, tx.op.priced, dst.kind, graph.profile)  # the op, the target's memory
         with blame(field="size"):
             seconds = route.latency_s + tx.size / route.cap if route.cap > 0 else float("inf")
             check_duration(seconds, "the transfer", self.profile)
@@ -403,55 +390,3 @@ class FabricEngine:
         self._faults_moved.set()
         self.collectives.close()
         self.flows.close("the fabric is stopping")
-
-    # --- statistics ----------------------------------------------------------------------------
-
-    def usage(self) -> LinkUsage:
-        """What every link carries, up to the present."""
-        self.flows.sync()
-        g = self.graph
-        live = self.flows.live
-        trunk_cap = g.trunk_cap()
-        link_cap = g.link_cap()
-        share = np.divide(
-            link_cap[g.member_link],
-            trunk_cap[g.member_trunk],
-            out=np.zeros(len(g.member_link)),
-            where=trunk_cap[g.member_trunk] > 0,
-        )
-        trunk_bytes = live.res_bytes + self.collectives.carried
-        return LinkUsage(
-            member_bytes=trunk_bytes[g.member_trunk] * share,
-            member_rate=live.res_rate[g.member_trunk] * share,
-            trunk_utilization=np.divide(
-                live.res_rate, trunk_cap, out=np.zeros(len(trunk_cap)), where=trunk_cap > 0
-            ),
-            trunk_active=live.active_per_resource(),
-            link_cap=link_cap,
-        )
-
-    def link_stats(self, top: int) -> LinkStats:
-        """The `top` links that carried the most bytes."""
-        g = self.graph
-        u = self.usage()
-        order = np.argsort(-u.member_bytes, kind="stable")[:top]
-        links = []
-        for m in order:
-            link, trunk = int(g.member_link[m]), int(g.member_trunk[m])
-            links.append(
-                LinkStat(
-                    link=g.names[link],
-                    kind=g.kinds[link].value,
-                    capacity_bytes_per_s=float(u.link_cap[link]),
-                    bytes=min(int(u.member_bytes[m]), U64_MAX),
-                    utilization=float(u.trunk_utilization[trunk]),
-                    active_flows=int(u.trunk_active[trunk]),
-                    up=bool(g.up[link]),
-                )
-            )
-        return LinkStats(
-            emulated_ns=self.clock.now_ns(),
-            links=tuple(links),
-            active_flows=len(self.flows.live.flows),
-            completed_flows=self.flows.live.completed,
-        )

@@ -1,6 +1,6 @@
 """What the fabric shows at /metrics, per UB plane and link kind: bytes carried, utilisation,
 capacity and links down, flows in flight and completed, collectives in progress, faults by kind.
-Computed from the engine's one `usage()` (the same as GetLinkStats), grouped here."""
+Computed from the one link_usage (fabric/usage.py, the same as GetLinkStats), grouped here."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from emulator.engines.fabric.usage import link_usage
 from emulator.model.instruments import Family, Value
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class LinkGroups:
 
 def fabric_families(fabric: FabricEngine, groups: LinkGroups) -> list[Family]:
     g = fabric.graph
-    u = fabric.usage()
+    u = link_usage(fabric)
     n = len(groups.keys)
     of_member = groups.of_link[g.member_link]
     carried = np.bincount(of_member, weights=u.member_bytes, minlength=n)

@@ -29,7 +29,7 @@ from emulator.engines.peers import (
 )
 from emulator.model.arrivals import ArrivalBatch
 from emulator.model.errors import UnavailableError
-from emulator.model.memory import Region
+from emulator.model.memory import Region, RegionPage
 from emulator.model.topology import Device
 from emulator.model.ub import Completion, Transaction
 
@@ -99,6 +99,10 @@ class SeveredDevice:
     async def free(self, region_id: int, *, deadline_s: float | None) -> int:
         await self.link.check(deadline_s, self.name)
         return await self.inner.free(region_id, deadline_s=deadline_s)
+
+    async def list_regions(self, page_token: str, *, deadline_s: float | None) -> RegionPage:
+        await self.link.check(deadline_s, self.name)
+        return await self.inner.list_regions(page_token, deadline_s=deadline_s)
 
     async def fault_state(self, *, deadline_s: float | None) -> FaultState:
         await self.link.check(deadline_s, self.name)

@@ -16,6 +16,11 @@ judged in emulated time (the streams' beats: engines/device/liveness.py).
   manager had not read yet, after a stall of its own, end it); it is then opened again on a new
   connection, and again every `REOPENED_WALL_S` until a beat comes (a partitioned container's
   return is seen within seconds of it).
+- An open that brings no first beat within `FIRST_BEAT_WALL_S` of wall time (a beat comes at
+  once on an open, whatever emulated time does) hangs, and is dropped and opened again on a new
+  connection; a cancelled read that does not end is abandoned with its channel. Neither is a
+  verdict on the device, and neither waits on emulated time (which a restart elsewhere may be
+  holding), so a stream that came back is always followed again.
 - A stream that breaks (a killed process, or the device it was opened through crashed) is
   opened again through another device it covers; each device that refuses the connection fails
   as unreachable.
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from asyncio import FIRST_COMPLETED
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -50,6 +56,12 @@ CONFIRM_WALL_S = 1.0  # wall grace before a silent stream fails its devices
 # opened again: an open can hang (a connection made as a partition ends, a call waiting for a
 # channel that will not connect), and nothing else would ever end it.
 REOPENED_WALL_S = 5.0
+# A stream's first beat comes as soon as it is opened (engines/device/liveness.py), whatever
+# emulated time does: an open that brings none within this much wall time hangs (a connection
+# made as a partition ends, a name looked up while its container was away) and is dropped and
+# opened again on a new connection, the bound doubling (to 16x) while opens keep hanging, so
+# a host too slow for it still gets its stream. Failing nothing: only silence and refusals do.
+FIRST_BEAT_WALL_S = 5.0
 UNREACHABLE = "PEER_UNREACHABLE"
 
 
@@ -64,6 +76,20 @@ class _Stream:
     beat: asyncio.Event = field(default_factory=asyncio.Event)
     opened: asyncio.Event = field(default_factory=asyncio.Event)
     reset: asyncio.Event = field(default_factory=asyncio.Event)  # silent: drop its connection
+    hung_opens: int = 0  # opens in a row that brought no first beat
+    refused: int = 0  # opens in a row that ended with an error before a beat
+
+
+def _log_ended(stream: _Stream, through: str, exc: EmulatorError, *, answered: bool) -> None:
+    """A stream that ended with the peer's error. One that keeps being refused before a beat is
+    told of at info at its 1st, 10th and every 100th refusal in a row (not every half second):
+    what keeps a device away (a name not found, a connection refused) is what an operator needs."""
+    stream.refused = 0 if answered else stream.refused + 1
+    if stream.refused in (1, 10) or (stream.refused and stream.refused % 100 == 0):
+        log.info("liveness stream refused", through=through, opens=stream.refused,
+                 error=str(exc)[:300])  # fmt: skip
+    else:
+        log.debug("liveness stream ended", through=through, error=str(exc)[:200])
 
 
 class LivenessWatch:
@@ -98,6 +124,8 @@ class LivenessWatch:
         self.covered: dict[str, _Stream] = {}
         self.beats = 0  # beats received
         self.streams = 0  # streams opened
+        self.hung_opens = 0  # opens dropped for bringing no first beat (FIRST_BEAT_WALL_S)
+        self._abandoned: set[asyncio.Future[None]] = set()  # reads that outlived their cancel
 
     async def run(self) -> None:
         """Open a stream for the first device no stream covers, until every one is covered;
@@ -153,13 +181,22 @@ class LivenessWatch:
         reading = asyncio.ensure_future(read())
         resetting = asyncio.ensure_future(stream.reset.wait())
         try:
-            await asyncio.wait({reading, resetting}, return_when=asyncio.FIRST_COMPLETED)
+            either = {reading, resetting}
+            first = FIRST_BEAT_WALL_S * 2 ** min(stream.hung_opens, 4)
+            done, _ = await asyncio.wait(either, timeout=first, return_when=FIRST_COMPLETED)
+            if not done and not answered[0]:  # opened, and not even its first beat came
+                stream.hung_opens += 1
+                self.hung_opens += 1
+                log.info("liveness stream open hung: reopened", through=through, after_s=first)
+            elif not done:
+                stream.hung_opens = 0
+                await asyncio.wait(either, return_when=FIRST_COMPLETED)
         finally:
             resetting.cancel()
             if not reading.done():
                 reading.cancel()
-                await asyncio.wait({reading})
-        if reading.cancelled():  # silent: open it anew, on a new connection
+                await self._abandon(reading)
+        if not reading.done() or reading.cancelled():  # silent: anew, on a new connection
             await self.peers.forget(device)
             return answered[0]
         exc = reading.exception()
@@ -167,14 +204,26 @@ class LivenessWatch:
             if (exc.reason == UNREACHABLE or answered[0]) and not self._cut_off():
                 what = "broken" if answered[0] else "refused"
                 self._fail(through, "health", f"liveness stream {what}: {exc.reason}")
-            log.debug("liveness stream ended", through=through, error=str(exc)[:200])
+            _log_ended(stream, through, exc, answered=answered[0])
             if exc.reason == UNREACHABLE:
                 # the next try on a new channel: one that failed to look a partitioned
                 # container's name up backs off up to 120 s before it looks again (ClockStream)
                 await self.peers.forget(device)
-        elif exc is not None:
-            raise exc
+        elif exc is not None:  # not the peer's answer: one stream's bug ends no detection
+            log.error("liveness stream failed", through=through, exc_info=exc)
+            await self.peers.forget(device)
+            await asyncio.sleep(REOPEN_WALL_S)
         return answered[0]
+
+    async def _abandon(self, reading: asyncio.Future[None]) -> None:
+        """Wait a bounded while for a cancelled read to end. A read parked in a call whose
+        connection is gone may not end until its channel is closed (which the caller does
+        next): waiting for it unbounded would never open the stream again."""
+        await asyncio.wait({reading}, timeout=FIRST_BEAT_WALL_S)
+        if not reading.done():
+            log.info("liveness read did not end when cancelled: its channel is closed")
+            self._abandoned.add(reading)
+            reading.add_done_callback(self._abandoned.discard)
 
     async def _elsewhere(self, through: str, beat: Beat) -> None:
         """A stream opened through `through` answered for other devices: a container that came

@@ -33,6 +33,12 @@ def manager_families(engine: ManagerEngine) -> Iterator[Family]:
         samples=[({}, float(watch.streams))],
     )
     yield Family(
+        name="cmemu_manager_liveness_hung_opens_total",
+        help="Liveness stream opens dropped for bringing no first beat in time (hung connections)",
+        type="counter",
+        samples=[({}, float(watch.hung_opens))],
+    )
+    yield Family(
         name="cmemu_manager_devices",
         help="Devices the cluster manager watches, by detection state",
         type="gauge",

@@ -4,8 +4,8 @@ every fault in is cleared at once, nothing more is injected, and the run fails s
 bound it crossed and when. A blast that grows past what the team agreed to risk ends there,
 instead of running its schedule to the end on a system already down.
 
-Pure: the runner (emulator/runtime/chaos/runner.py) asks `crossed` after each poll of the
-workloads and the manager."""
+Pure: a run's observer (emulator/runtime/chaos/observer.py) asks `crossed` after each poll
+of the workloads and the manager."""
 
 from __future__ import annotations
 

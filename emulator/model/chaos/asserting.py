@@ -17,11 +17,6 @@ from emulator.model.chaos.recovery import Recovery
 from emulator.model.chaos.units import duration_s, format_s
 
 
-def _label(r: Recovery) -> str:
-    i = r.injection
-    return f"{i.label} ({i.kind} {i.target})" if i.target else f"{i.label} ({i.kind})"
-
-
 @dataclass(frozen=True)
 class FaultRecoveries:
     """The recoveries a name picked (never empty)."""
@@ -45,9 +40,9 @@ class FaultRecoveries:
         for r in self.recoveries:
             took = r.recovery_s
             if took is None:
-                problems.append(f"{_label(r)}: not recovered ({r.phases()})")
+                problems.append(f"{r.name}: not recovered ({r.phases()})")
             elif took > limit:
-                problems.append(f"{_label(r)}: recovered in {format_s(took)} ({r.phases()})")
+                problems.append(f"{r.name}: recovered in {format_s(took)} ({r.phases()})")
         if problems:
             within = f"not recovered within {format_s(limit)}"
             raise AssertionError(f"fault {self.name!r} {within}: " + "; ".join(problems))
@@ -62,12 +57,12 @@ class FaultRecoveries:
         problems, worst = [], 0.0
         for r in self.recoveries:
             if r.detected_ns is None:
-                problems.append(f"{_label(r)}: {r.status or 'never detected'}")
+                problems.append(f"{r.name}: {r.status or 'never detected'}")
                 continue
             took = max(0, r.detected_ns - r.injection.at_ns) / 1e9
             worst = max(worst, took)
             if took > limit:
-                problems.append(f"{_label(r)}: detected after {format_s(took)}")
+                problems.append(f"{r.name}: detected after {format_s(took)}")
         if problems:
             within = f"not detected within {format_s(limit)}"
             raise AssertionError(f"fault {self.name!r} {within}: " + "; ".join(problems))

@@ -81,6 +81,12 @@ class Recovery:
         return self.detected_ns is not None
 
     @property
+    def name(self) -> str:
+        """The fault as checks name it: its step's label, kind and target."""
+        i = self.injection
+        return f"{i.label} ({i.kind} {i.target})" if i.target else f"{i.label} ({i.kind})"
+
+    @property
     def affected(self) -> bool:
         return bool(self.incidents or self.workloads)
 

@@ -30,62 +30,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.model.chaos.abort import Abort
+from emulator.model.chaos.fields import (
+    integer,
+    label,
+    listed,
+    mapping,
+    number,
+    only,
+    required,
+    string,
+)
 from emulator.model.chaos.selectors import Selector, parse_selector
-from emulator.model.chaos.units import bad, count_or_rate, duration_s, format_s, size_bytes
+from emulator.model.chaos.units import bad, count_or_rate, duration_s, format_s
+from emulator.model.chaos.workloads import (
+    Workloads,
+    parse_workloads,
+)
 from emulator.model.errors import InvalidArgumentError, UnknownNameError, quote
 
 VERSION = 1
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _STEP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ParamsCheck = Callable[[Mapping[str, Any]], object]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServingLoad:
-    """Background requests to a deployment's OpenAI endpoint while the scenario runs: failures
-    and SLOs are judged on them."""
-
-    rate_per_s: float = 1.0  # emulated seconds
-    input_tokens: int = 512
-    output_tokens: int = 16
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServingWorkload:
-    name: str
-    spec: Mapping[str, Any]  # the deployment document (examples/deployments/*.yaml)
-    load: ServingLoad | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainingWorkload:
-    """A cmemu.v1.Training job (TrainingSpec's fields)."""
-
-    name: str
-    npus: int
-    model: str = "deepseek-r1"
-    steps: int = 1_000_000
-    checkpoint_every: int = 100
-    data_parallel: int = 0
-    expert_parallel: int = 0
-    micro_batches: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class EmsWorkload:
-    """Objects put into EMS before the first fault and read back at the end: `lost_objects`."""
-
-    objects: int
-    size: int
-    kind: str = "kv"
-    prefix: str = "chaos/"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Workloads:
-    serving: tuple[ServingWorkload, ...] = ()
-    training: tuple[TrainingWorkload, ...] = ()
-    ems: EmsWorkload | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +106,9 @@ BLAST_RADII = ("targeted",)  # targeted: no incident on a device no step targete
 @dataclass(frozen=True, kw_only=True)
 class Expectations:
     recovered_within_s: float | None = None
+    # every fault a detector is for (not tolerated, not the control plane's) detected this soon:
+    # a fault nothing detected but the scenario cleared passes recovered_within, not this
+    detected_within_s: float | None = None
     lost_objects: int | None = None
     failed_requests: int | None = None
     failed_rate: float | None = None
@@ -177,164 +145,22 @@ class Scenario:
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def _mapping(raw: object, path: str) -> dict[str, Any]:
-    if not isinstance(raw, Mapping):
-        raise bad(path, f"expected a mapping, got {quote(raw)}")
-    return {str(k): v for k, v in raw.items()}
-
-
-def _only(body: Mapping[str, Any], known: Sequence[str], path: str) -> None:
-    unknown = sorted(set(body) - set(known))
-    if unknown:
-        where = f"{path}.{unknown[0]}" if path else unknown[0]
-        raise bad(where, f"unknown field {quote(unknown[0])}; known: {', '.join(known)}")
-
-
-def _required(body: Mapping[str, Any], key: str, path: str) -> Any:
-    if key not in body:
-        raise bad(path or "(top)", f"missing required field {quote(key)}")
-    return body[key]
-
-
-def _int(raw: object, path: str, *, minimum: int = 0) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < minimum:
-        raise bad(path, f"expected an integer >= {minimum}, got {quote(raw)}")
-    return raw
-
-
-def _number(raw: object, path: str, *, minimum: float = 0.0, maximum: float | None = None) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        raise bad(path, f"expected a number, got {quote(raw)}")
-    if raw < minimum or (maximum is not None and raw > maximum):
-        top = f" and <= {maximum:g}" if maximum is not None else ""
-        raise bad(path, f"expected a number >= {minimum:g}{top}, got {raw!r}")
-    return float(raw)
-
-
 def _scale(raw: object) -> float:
-    scale = _number(raw, "time_scale")
+    scale = number(raw, "time_scale")
     if scale <= 0 or scale == float("inf"):
         raise bad("time_scale", f"expected a number > 0, got {raw!r}")
     return scale
 
 
 def _abort(raw: object) -> Abort:
-    body = _mapping(raw, "abort")
-    _only(body, ("failed_requests", "open_incidents"), "abort")
+    body = mapping(raw, "abort")
+    only(body, ("failed_requests", "open_incidents"), "abort")
     if not body:
         raise bad("abort", "name failed_requests or open_incidents (or both)")
-    return Abort(**{k: _int(v, f"abort.{k}") for k, v in body.items()})
-
-
-def _str(raw: object, path: str) -> str:
-    if not isinstance(raw, str):
-        raise bad(path, f"expected a string, got {quote(raw)}")
-    return raw
-
-
-def _name(raw: object, path: str) -> str:
-    text = _str(raw, path)
-    if not _NAME.match(text):
-        raise bad(path, f"a name is a DNS label (a-z, 0-9, '-', at most 63), got {quote(text)}")
-    return text
-
-
-def _list(raw: object, path: str) -> list[Any]:
-    if not isinstance(raw, list):
-        raise bad(path, f"expected a list, got {quote(raw)}")
-    return raw
+    return Abort(**{k: integer(v, f"abort.{k}") for k, v in body.items()})
 
 
 # --- sections ----------------------------------------------------------------------------------
-
-
-def _load(raw: object, path: str) -> ServingLoad:
-    body = _mapping(raw, path)
-    _only(body, ("rate_per_s", "input_tokens", "output_tokens"), path)
-    d = ServingLoad()
-    return ServingLoad(
-        rate_per_s=_number(body.get("rate_per_s", d.rate_per_s), f"{path}.rate_per_s",
-                           minimum=1e-6),
-        input_tokens=_int(body.get("input_tokens", d.input_tokens), f"{path}.input_tokens",
-                          minimum=1),
-        output_tokens=_int(body.get("output_tokens", d.output_tokens), f"{path}.output_tokens",
-                           minimum=2),
-    )  # fmt: skip
-
-
-def _serving(raw: object, path: str, documents: Mapping[str, Mapping[str, Any]]) -> ServingWorkload:
-    body = _mapping(raw, path)
-    _only(body, ("name", "deployment", "spec", "load"), path)
-    name = _name(_required(body, "name", path), f"{path}.name")
-    if ("deployment" in body) == ("spec" in body):
-        raise bad(
-            path,
-            "give the deployment as a file (deployment: PATH) or inline (spec: {...}), exactly one",
-        )
-    if "spec" in body:
-        spec = _mapping(body["spec"], f"{path}.spec")
-    else:
-        ref = _str(body["deployment"], f"{path}.deployment")
-        if ref not in documents:
-            raise bad(f"{path}.deployment", f"deployment file {quote(ref)} was not loaded")
-        spec = dict(documents[ref])
-    load = _load(body["load"], f"{path}.load") if "load" in body else None
-    return ServingWorkload(name=name, spec=spec, load=load)
-
-
-def _training(raw: object, path: str) -> TrainingWorkload:
-    body = _mapping(raw, path)
-    known = tuple(TrainingWorkload.__dataclass_fields__)
-    _only(body, known, path)
-    name = _name(_required(body, "name", path), f"{path}.name")
-    d = TrainingWorkload(name=name, npus=1)
-    ints = {
-        k: _int(
-            body.get(k, getattr(d, k)),
-            f"{path}.{k}",
-            minimum=1 if k in ("npus", "steps", "checkpoint_every") else 0,
-        )
-        for k in ("steps", "checkpoint_every", "data_parallel", "expert_parallel", "micro_batches")
-    }
-    return TrainingWorkload(
-        name=name,
-        npus=_int(_required(body, "npus", path), f"{path}.npus", minimum=1),
-        model=_str(body.get("model", d.model), f"{path}.model"),
-        **ints,
-    )
-
-
-def _ems(raw: object, path: str) -> EmsWorkload:
-    body = _mapping(raw, path)
-    _only(body, ("objects", "size", "kind", "prefix"), path)
-    kind = _str(body.get("kind", "kv"), f"{path}.kind")
-    if kind not in ("kv", "weights", "checkpoint"):
-        raise bad(f"{path}.kind", f"expected kv, weights or checkpoint, got {quote(kind)}")
-    return EmsWorkload(
-        objects=_int(_required(body, "objects", path), f"{path}.objects", minimum=1),
-        size=size_bytes(_required(body, "size", path), f"{path}.size"),
-        kind=kind,
-        prefix=_str(body.get("prefix", "chaos/"), f"{path}.prefix"),
-    )
-
-
-def _workloads(raw: object, documents: Mapping[str, Mapping[str, Any]]) -> Workloads:
-    body = _mapping(raw, "workloads")
-    _only(body, ("serving", "training", "ems"), "workloads")
-    serving = tuple(
-        _serving(item, f"workloads.serving[{i}]", documents)
-        for i, item in enumerate(_list(body.get("serving", []), "workloads.serving"))
-    )
-    training = tuple(
-        _training(item, f"workloads.training[{i}]")
-        for i, item in enumerate(_list(body.get("training", []), "workloads.training"))
-    )
-    names = [w.name for w in serving] + [w.name for w in training]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup is not None:
-        raise bad("workloads", f"two workloads are named {quote(dup)}")
-    ems = _ems(body["ems"], "workloads.ems") if "ems" in body else None
-    return Workloads(serving=serving, training=training, ems=ems)
 
 
 STEP_FIELDS = ("id", "at", "after", "delay", "fault", "target", "params", "duration", "repeat",
@@ -343,15 +169,15 @@ STEP_FIELDS = ("id", "at", "after", "delay", "fault", "target", "params", "durat
 
 def _step(raw: object, index: int, kinds: Mapping[str, ParamsCheck] | None) -> Step:
     path = f"steps[{index}]"
-    body = _mapping(raw, path)
-    _only(body, STEP_FIELDS, path)
-    step_id = _str(body.get("id", f"step-{index + 1}"), f"{path}.id")
+    body = mapping(raw, path)
+    only(body, STEP_FIELDS, path)
+    step_id = string(body.get("id", f"step-{index + 1}"), f"{path}.id")
     if not _STEP_ID.match(step_id):
         raise bad(
             f"{path}.id", f"a step id is letters, digits, '.', '_', '-', got {quote(step_id)}"
         )
-    fault = _str(_required(body, "fault", path), f"{path}.fault")
-    params = _mapping(body.get("params", {}), f"{path}.params")
+    fault = string(required(body, "fault", path), f"{path}.fault")
+    params = mapping(body.get("params", {}), f"{path}.params")
     typed: object = None
     if kinds is not None:
         if fault not in kinds:
@@ -373,12 +199,12 @@ def _step(raw: object, index: int, kinds: Mapping[str, ParamsCheck] | None) -> S
         raise bad(f"{path}.delay", "delay goes with after: (at: already is a time)")
     repeat = None
     if "repeat" in body:
-        rbody = _mapping(body["repeat"], f"{path}.repeat")
-        _only(rbody, ("count", "every"), f"{path}.repeat")
+        rbody = mapping(body["repeat"], f"{path}.repeat")
+        only(rbody, ("count", "every"), f"{path}.repeat")
         repeat = Repeat(
-            count=_int(_required(rbody, "count", f"{path}.repeat"), f"{path}.repeat.count",
+            count=integer(required(rbody, "count", f"{path}.repeat"), f"{path}.repeat.count",
                        minimum=1),
-            every_s=duration_s(_required(rbody, "every", f"{path}.repeat"),
+            every_s=duration_s(required(rbody, "every", f"{path}.repeat"),
                                f"{path}.repeat.every", allow_zero=False),
         )  # fmt: skip
     tolerated = body.get("tolerated", False)
@@ -387,11 +213,11 @@ def _step(raw: object, index: int, kinds: Mapping[str, ParamsCheck] | None) -> S
     return Step(
         id=step_id,
         fault=fault,
-        target=parse_selector(_required(body, "target", path), f"{path}.target"),
+        target=parse_selector(required(body, "target", path), f"{path}.target"),
         params=params,
         typed_params=typed,
         at_s=duration_s(body["at"], f"{path}.at") if "at" in body else None,
-        after=_str(body["after"], f"{path}.after") if "after" in body else None,
+        after=string(body["after"], f"{path}.after") if "after" in body else None,
         delay_s=duration_s(body.get("delay", 0), f"{path}.delay"),
         duration_s=(duration_s(body["duration"], f"{path}.duration", allow_zero=False)
                     if "duration" in body else None),
@@ -426,44 +252,45 @@ def _check_order(steps: Sequence[Step]) -> None:
 
 def _expect(raw: object) -> Expectations:
     path = "expect"
-    body = _mapping(raw, path)
-    known = ("recovered_within", "lost_objects", "failed_requests", "dropped_requests", "slo",
-             "training_progress", "unrecoverable", "blast_radius", "steady_state")  # fmt: skip
-    _only(body, known, path)
+    body = mapping(raw, path)
+    known = ("recovered_within", "detected_within", "lost_objects", "failed_requests",
+             "dropped_requests", "slo", "training_progress", "unrecoverable", "blast_radius",
+             "steady_state")  # fmt: skip
+    only(body, known, path)
     failed: tuple[int | None, float | None] = (None, None)
     if "failed_requests" in body:
         failed = count_or_rate(body["failed_requests"], f"{path}.failed_requests")
     slo = None
     if "slo" in body:
-        sbody = _mapping(body["slo"], f"{path}.slo")
-        _only(sbody, ("tpot_ms", "ttft_ms"), f"{path}.slo")
+        sbody = mapping(body["slo"], f"{path}.slo")
+        only(sbody, ("tpot_ms", "ttft_ms"), f"{path}.slo")
         if not sbody:
             raise bad(f"{path}.slo", "name tpot_ms or ttft_ms (or both)")
-        slo = Slo(**{k: _number(v, f"{path}.slo.{k}", minimum=1e-9) for k, v in sbody.items()})
+        slo = Slo(**{k: number(v, f"{path}.slo.{k}", minimum=1e-9) for k, v in sbody.items()})
     progress = None
     if "training_progress" in body:
         tp = f"{path}.training_progress"
-        tbody = _mapping(body["training_progress"], tp)
-        _only(tbody, ("min_goodput", "max_steps_lost", "max_restarts", "progressing"), tp)
+        tbody = mapping(body["training_progress"], tp)
+        only(tbody, ("min_goodput", "max_steps_lost", "max_restarts", "progressing"), tp)
         progressing = tbody.get("progressing", True)
         if not isinstance(progressing, bool):
             raise bad(f"{tp}.progressing", f"expected true or false, got {quote(progressing)}")
         progress = TrainingProgress(
-            min_goodput=(_number(tbody["min_goodput"], f"{tp}.min_goodput", maximum=1.0)
+            min_goodput=(number(tbody["min_goodput"], f"{tp}.min_goodput", maximum=1.0)
                          if "min_goodput" in tbody else None),
-            max_steps_lost=(_int(tbody["max_steps_lost"], f"{tp}.max_steps_lost")
+            max_steps_lost=(integer(tbody["max_steps_lost"], f"{tp}.max_steps_lost")
                             if "max_steps_lost" in tbody else None),
-            max_restarts=(_int(tbody["max_restarts"], f"{tp}.max_restarts")
+            max_restarts=(integer(tbody["max_restarts"], f"{tp}.max_restarts")
                           if "max_restarts" in tbody else None),
             progressing=progressing,
         )  # fmt: skip
 
     def count(key: str) -> int | None:
-        return _int(body[key], f"{path}.{key}") if key in body else None
+        return integer(body[key], f"{path}.{key}") if key in body else None
 
     radius = None
     if "blast_radius" in body:
-        radius = _str(body["blast_radius"], f"{path}.blast_radius")
+        radius = string(body["blast_radius"], f"{path}.blast_radius")
         if radius not in BLAST_RADII:
             raise bad(
                 f"{path}.blast_radius",
@@ -472,16 +299,19 @@ def _expect(raw: object) -> Expectations:
     steady = None
     if "steady_state" in body:
         sp = f"{path}.steady_state"
-        sbody = _mapping(body["steady_state"], sp)
-        _only(sbody, ("failed_requests", "open_incidents"), sp)
+        sbody = mapping(body["steady_state"], sp)
+        only(sbody, ("failed_requests", "open_incidents"), sp)
         if not sbody:
             raise bad(sp, "name failed_requests or open_incidents (or both)")
-        steady = SteadyState(**{k: _int(v, f"{sp}.{k}") for k, v in sbody.items()})
+        steady = SteadyState(**{k: integer(v, f"{sp}.{k}") for k, v in sbody.items()})
 
     return Expectations(
         recovered_within_s=(duration_s(body["recovered_within"], f"{path}.recovered_within",
                                        allow_zero=False)
                             if "recovered_within" in body else None),
+        detected_within_s=(duration_s(body["detected_within"], f"{path}.detected_within",
+                                      allow_zero=False)
+                           if "detected_within" in body else None),
         lost_objects=count("lost_objects"),
         failed_requests=failed[0],
         failed_rate=failed[1],
@@ -507,14 +337,14 @@ def parse_scenario(
     """A Scenario from its YAML document. `kinds` maps each fault kind to its params_from (None:
     the kinds and their parameters are not checked here); `documents` holds the deployment files
     the document names, already read (`deployment_refs` lists them)."""
-    body = _mapping(raw, "(top)")
-    _only(body, TOP_FIELDS, "")
-    version = _required(body, "version", "")
+    body = mapping(raw, "(top)")
+    only(body, TOP_FIELDS, "")
+    version = required(body, "version", "")
     if version != VERSION:
         raise bad("version", f"scenario version {version!r} unsupported; expected {VERSION}")
-    workloads = _workloads(body.get("workloads", {}), documents or {})
+    workloads = parse_workloads(body.get("workloads", {}), documents or {})
     steps = tuple(
-        _step(item, i, kinds) for i, item in enumerate(_list(body.get("steps", []), "steps"))
+        _step(item, i, kinds) for i, item in enumerate(listed(body.get("steps", []), "steps"))
     )
     _check_order(steps)
     expect = _expect(body.get("expect", {}))
@@ -524,10 +354,10 @@ def parse_scenario(
     if limit is not None:
         _check_within(steps, limit)
     return Scenario(
-        name=_name(_required(body, "name", ""), "name"),
-        description=_str(body.get("description", ""), "description"),
-        preset=_str(body["preset"], "preset") if "preset" in body else None,
-        seed=_int(body.get("seed", 0), "seed"),
+        name=label(required(body, "name", ""), "name"),
+        description=string(body.get("description", ""), "description"),
+        preset=string(body["preset"], "preset") if "preset" in body else None,
+        seed=integer(body.get("seed", 0), "seed"),
         duration_s=limit,
         time_scale=_scale(body["time_scale"]) if "time_scale" in body else None,
         abort=_abort(body["abort"]) if "abort" in body else None,

@@ -11,7 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from emulator.model.chaos.observed import IncidentRecord, Observations, RequestSample
-from emulator.model.chaos.recovery import CONTROL_PLANE_KINDS, Recovery, cause_of, misses
+from emulator.model.chaos.recovery import (
+    CONTROL_PLANE_KINDS,
+    NEVER_DETECTED,
+    Recovery,
+    cause_of,
+    misses,
+)
 from emulator.model.chaos.scenario import Expectations
 from emulator.model.chaos.units import format_s
 
@@ -85,6 +91,40 @@ def _recovered(e: Expectations, obs: Observations, recs: list[Recovery]) -> Chec
             + (r.status if r.recovery_s is None else f"took {format_s(r.recovery_s)}")
             + (f" ({r.phases()})" if r.detected else "")
             for r in late
+        ),
+    )
+
+
+def _detected(e: Expectations, obs: Observations, recs: list[Recovery]) -> Check | None:
+    """Every fault a detector is for was detected within the bound (time to detect, from its
+    injection). A fault the scenario cleared before anything noticed it is over for
+    recovered_within ("never detected (over when cleared)"); here it fails: the control plane
+    under test never saw it. A killed or hung service is judged apart (nothing detects it: it
+    is back when cleared), and so is a tolerated fault (its SLO throughout instead)."""
+    if e.detected_within_s is None:
+        return None
+    limit = e.detected_within_s
+    judged = [r for r in recs if not r.tolerated and r.injection.kind not in CONTROL_PLANE_KINDS]
+    times = [
+        (r, max(0, r.detected_ns - r.injection.at_ns) / 1e9)
+        for r in judged
+        if r.detected_ns is not None
+    ]
+    never = [r for r in judged if r.detected_ns is None]
+    late = [(r, t) for r, t in times if t > limit]
+    measured = f"worst {format_s(max(t for _, t in times))}" if times else "nothing detected"
+    if not judged:
+        measured = "no fault a detector is for"
+    if never:
+        measured += f", {len(never)} never detected"
+    return Check(
+        name="detected_within",
+        ok=bool(judged) and not never and not late,
+        expected=f"<= {format_s(limit)} emulated, every fault not tolerated",
+        measured=measured,
+        detail="; ".join(
+            [f"{r.name}: {r.status or NEVER_DETECTED}" for r in never]
+            + [f"{r.name}: detected after {format_s(t)}" for r, t in late]
         ),
     )
 
@@ -373,6 +413,7 @@ def _aborted(e: Expectations, obs: Observations, recs: list[Recovery]) -> Check 
 JUDGES: dict[str, _Judge] = {
     "faults_injected": _injected,
     "recovered_within": _recovered,
+    "detected_within": _detected,
     "tolerated": _tolerated,
     "lost_objects": _lost,
     "failed_requests": _failed,

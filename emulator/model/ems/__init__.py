@@ -1,6 +1,6 @@
 """The elastic memory store's core: keys, the hash ring, the object index, placement, figures.
 
-No I/O here. The service (services/ems_store/) moves the bytes over UB and keeps this in step.
+No I/O here. The engine (emulator/engines/ems/) moves the bytes over UB and keeps this in step.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from emulator.model.errors import (
 from emulator.model.scheduler.inventory import Inventory
 from emulator.model.scheduler.jobs import Allocation, JobRequest, Replacement, check_job
 from emulator.model.scheduler.policies import DEFAULT_POLICY, FreeNode, get_policy, place
+from emulator.model.scheduler.spares import SparePool
 
 
 class Scheduler:
@@ -44,9 +45,8 @@ class Scheduler:
         self._free: dict[str, set[str]] = {n.id: set(n.npus) for n in inventory.nodes}
         self._owner: dict[str, str] = {}
         self._jobs: dict[str, Allocation] = {}
-        self._spares: set[str] = set()
         self._failed: set[str] = set()
-        self._spare_target = 0
+        self._spares = SparePool(inventory, free=self._free, order=self._order)
         self._per_node = max(len(n.npus) for n in inventory.nodes)
         self._per_rack_npus = max(Counter(n.rack for n in inventory.nodes for _ in n.npus).values())
         self.set_spares(spares)
@@ -55,11 +55,11 @@ class Scheduler:
 
     @property
     def spares(self) -> list[str]:
-        return self._sorted(self._spares)
+        return self._sorted(self._spares.npus)
 
     @property
     def spare_target(self) -> int:
-        return self._spare_target
+        return self._spares.target
 
     @property
     def failed(self) -> list[str]:
@@ -254,14 +254,15 @@ class Scheduler:
         if len(old) > len(self._spares):
             raise CapacityError(
                 f"spare NPUs to replace {len(old)} of job {quote(job)}: too few left "
-                f"(target {self._spare_target}; SetSpares reserves more as NPUs come free)",
+                f"(target {self._spares.target}; SetSpares reserves more as NPUs come free)",
                 len(old),
                 len(self._spares),
                 unit="spare NPUs",
                 subject=job,
                 reason="NO_SPARES",
             )
-        swaps = [Replacement(old=p, new=self._nearest_spare(p, job)) for p in old]
+        used = {self.inventory.node_of(p) for p, j in self._owner.items() if j == job}
+        swaps = [Replacement(old=p, new=self._spares.take_nearest(p, used)) for p in old]
         for swap in swaps:
             self._spares.discard(swap.new)
             del self._owner[swap.old]
@@ -278,20 +279,6 @@ class Scheduler:
         self._refill()
         return allocation, swaps
 
-    def _nearest_spare(self, npu: str, job: str) -> str:
-        """The same node, else the same rack; among equals a node the job already uses."""
-        node, rack = self.inventory.node_of(npu), self.inventory.rack_of(npu)
-        used = {self.inventory.node_of(p) for p, j in self._owner.items() if j == job}
-
-        def distance(spare: str) -> tuple[int, int, int]:
-            there = self.inventory.node_of(spare)
-            near = 0 if there == node else 1 if self.inventory.rack_of(spare) == rack else 2
-            return (near, there not in used, self._order[spare])
-
-        best = min(self._spares, key=distance)
-        self._spares.discard(best)  # not handed out twice within one replacement
-        return best
-
     # --- spares --------------------------------------------------------------------------------
 
     def set_spares(self, count: int) -> None:
@@ -307,36 +294,10 @@ class Scheduler:
                 field="count",
                 reason="NO_ROOM",
             )
-        self._spare_target = count
-        while len(self._spares) > count:
-            self._drop_spare()
-        self._refill()
+        self._spares.retarget(count)
 
     def _refill(self) -> None:
-        while len(self._spares) < self._spare_target and self.free_count:
-            self._add_spare()
-
-    def _per_rack(self) -> Counter[int]:
-        return Counter(self.inventory.rack_of(p) for p in self._spares)
-
-    def _add_spare(self) -> None:
-        """In the rack with the fewest spares, from its most used node (its last NPU): spares
-        spread over racks, and no whole node is broken while a fragment can serve."""
-        have = self._per_rack()
-        candidates = [n for n in self.inventory.nodes if self._free[n.id]]
-        node = min(
-            candidates,
-            key=lambda n: (have[n.rack], n.rack, len(self._free[n.id]), -self._order[n.npus[0]]),
-        )
-        npu = self._sorted(self._free[node.id])[-1]
-        self._free[node.id].discard(npu)
-        self._spares.add(npu)
-
-    def _drop_spare(self) -> None:
-        have = self._per_rack()
-        npu = max(self._spares, key=lambda p: (have[self.inventory.rack_of(p)], self._order[p]))
-        self._spares.discard(npu)
-        self._free[self.inventory.node_of(npu)].add(npu)
+        self._spares.refill()
 
     # --- helpers -------------------------------------------------------------------------------
 

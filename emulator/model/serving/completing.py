@@ -3,11 +3,14 @@ its end does to its requests (tokens, finishes, the next stage; or, reported fai
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from emulator.model.serving import cost
 from emulator.model.serving.engine_state import EngineState
 from emulator.model.serving.instances import (
+    DecodeInstance,
     Stage,
     Step,
 )
@@ -190,3 +193,28 @@ class Completing(EngineState):
             rid = inst.ids[slot]
             inst.release(slot)
             self._finish(rid, end_s, int(inst.emitted[slot]))
+        if self._on_demand and inst.kv_budget is not None:
+            self._grow(inst)
+
+    def _grow(self, inst: DecodeInstance) -> None:
+        """On-demand admission: every request in the batch now holds its context so far and the
+        next step's tokens; where a die's budget is exceeded its newest requests are preempted
+        (recomputed: their KV dropped, prefilled again over their prompt and the tokens they had
+        emitted, then decode on from there, as vLLM's recompute preemption does)."""
+        active = inst.active
+        context = (inst.context + inst.emitted + math.ceil(self._tokens_per_step)).astype(
+            np.float64
+        )
+        need = np.where(active, self.memory.request_bytes(context), inst.need)
+        for slot in inst.grow(need):
+            rid = inst.ids[slot]
+            req = self._reqs[rid]
+            req.resume = int(inst.emitted[slot])
+            self.stats.preemptions += 1
+            self.stats.preempted_tokens += int(inst.context[slot]) + req.resume
+            inst.release(slot)
+            req.stage, req.decode, req.slot = Stage.NEW, "", -1
+            self._new.append(rid)
+            self._slots_dirty = True
+        inst.kv_peak = max(inst.kv_peak, float(inst.kv_used.max(initial=0.0)))
+        self.stats.kv_peak_bytes = max(self.stats.kv_peak_bytes, inst.kv_peak)

@@ -42,6 +42,7 @@ PLATFORMS: dict[str, Platform] = {
 }
 ROUTERS = ("kv-aware", "prefix-aware", "round-robin")  # policies: emulator/model/serving/router.py
 PLACEMENTS = ("static", "eplb", "ideal")  # ideal: every die carries the mean load
+ADMISSIONS = ("reserve", "on-demand")  # decode HBM admission: emulator/model/serving/hbm.py
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +54,9 @@ class DecodeSpec:
     tpot_target_s: float = 0.05  # the SLO goodput is counted against
     mtp: bool = True
     microbatches: int = 2
+    # reserve: a request holds the HBM of its final context from the start (never preempted);
+    # on-demand: of its context so far, growing per token, the newest preempted to make room
+    admission: str = "reserve"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +67,19 @@ class PrefillSpec:
     batch_tokens: int = 16384
     microbatches: int = 2
     ttft_target_s: float = 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PdSpec:
+    """Dynamic PD on the live router (`pd: dynamic`, or a mapping of these): the policy that
+    moves instances between prefill and decode (emulator/model/serving/pdpolicy.py, POLICIES)
+    and its figures, as `cmemu simulate pd` takes them. `fixed` keeps the split deployed."""
+
+    policy: str = "fixed"
+    interval_s: float = 30.0  # how often the policy decides
+    window_s: float = 120.0  # the arrivals the demand is measured over
+    horizon_s: float = 1800.0  # how long a new split is expected to serve
+    headroom: float = 0.2  # capacity kept above the demand, per role
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +110,7 @@ class Deployment:
     output: Distribution = field(default_factory=_natural_output)
     # hardware figures overridden for a what-if study (dotted name: value); model mode only
     hardware: dict[str, float] = field(default_factory=dict)
+    pd: PdSpec = field(default_factory=PdSpec)  # live dynamic PD (off: fixed)
 
     def decode_dies(self, profile: HardwareProfile = DEFAULT_PROFILE) -> int:
         return self.decode.npus * profile.npu.dies
@@ -160,7 +178,9 @@ def parse_deployment(
             f"deployment version {version!r} unsupported; expected {SUPPORTED_VERSION}",
             field="version",
         )
-    sections = {"decode": DecodeSpec, "prefill": PrefillSpec, "ems": EmsSpec}
+    sections = {"decode": DecodeSpec, "prefill": PrefillSpec, "ems": EmsSpec, "pd": PdSpec}
+    if isinstance(body.get("pd"), str):  # `pd: dynamic`: the policy, its figures the defaults
+        body["pd"] = {"policy": body["pd"]}
     known = set(Deployment.__dataclass_fields__)
     unknown = sorted(set(body) - known)
     if unknown:
@@ -221,6 +241,7 @@ def check_deployment(d: Deployment, profile: HardwareProfile) -> None:
         "platform": (d.platform, list(PLATFORMS)),
         "router": (d.router, ROUTERS),
         "placement": (d.placement, PLACEMENTS),
+        "decode.admission": (d.decode.admission, ADMISSIONS),
     }
     for name, (value, known) in tables.items():
         if value not in known:
@@ -244,6 +265,23 @@ def check_deployment(d: Deployment, profile: HardwareProfile) -> None:
     _positive(d.prefill.batch_tokens, "prefill.batch_tokens")
     _positive(d.prefill.ttft_target_s, "prefill.ttft_target_s")
     _positive(d.ems.capacity_bytes, "ems.capacity_bytes", zero_ok=True)
+    _check_pd(d.pd)
+
+
+def _check_pd(pd: PdSpec) -> None:
+    from emulator.model.serving.pdpolicy import POLICIES  # (pdpolicy imports this module)
+
+    if pd.policy not in POLICIES:
+        raise InvalidArgumentError(  # a bad field of the document, as a bad `decode.npus` is
+            f"unknown pd.policy {pd.policy!r}; known: {', '.join(sorted(POLICIES))}",
+            field="pd.policy",
+        )
+    for name in ("interval_s", "window_s", "horizon_s"):
+        _positive(getattr(pd, name), f"pd.{name}")
+    if not pd.headroom >= 0:
+        raise InvalidArgumentError(
+            f"pd.headroom must be >= 0, got {pd.headroom}", field="pd.headroom"
+        )
 
 
 def layout(d: Deployment, npus: Sequence[str]) -> dict[str, tuple[str, ...]]:

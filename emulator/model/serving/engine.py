@@ -82,6 +82,7 @@ from emulator.model.serving.plans import (
     TokenEvent,
     rank_dies,
 )
+from emulator.model.serving.roles import Roles
 from emulator.model.serving.starting import Starting
 
 __all__ = [
@@ -105,7 +106,7 @@ __all__ = [
 _INF = float("inf")
 
 
-class Engine(Faults, Completing, Starting):
+class Engine(Roles, Faults, Completing, Starting):
     """See the module docstring. Not thread-safe; one caller drives it.
 
     `stream_tokens=False` emits only each request's first token and its finish (what a report
@@ -138,7 +139,7 @@ class Engine(Faults, Completing, Starting):
             )
         if self._router.after_lookup and self.deployment.ems.enabled and request.block_keys:
             # routed once the lookup has said what EMS holds: any instance in service for now
-            home = next((p.name for p in self._prefills.values() if not p.lost), None)
+            home = next((p.name for p in self._prefills.values() if p.taking), None)
         else:
             home = self._route_prefill(request)
         self.stats.submitted += 1

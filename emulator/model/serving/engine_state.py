@@ -5,6 +5,7 @@ them, faults.py takes dies out and back)."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
@@ -56,7 +57,9 @@ class EngineState:
         self._prefill_dies = d.prefill_dies(profile)
         self._decode_ep = d.decode_ep(profile)
         self._prefill_ep = d.prefill_ep(profile)
-        experts = placement(self.model, self._decode_ep, d.placement, profile)
+        experts = self._decode_experts = placement(
+            self.model, self._decode_ep, d.placement, profile
+        )
         self._decode_imbalance = 1.0 if d.placement == "ideal" else max(1.0, experts.imbalance)
         prefill_experts = placement(self.model, self._prefill_ep, d.placement, profile)
         self._prefill_imbalance = (
@@ -71,6 +74,10 @@ class EngineState:
         # to its HBM; the report says so (Report.hbm_weights_fit)
         budget = self.memory.free_bytes if self.memory.free_bytes > 0 else None
         self._kv_budget = budget
+        # on-demand admission (hbm.py): a request holds its context so far plus what the next
+        # step adds, grown after every step; `reserve` holds its final context from the start
+        self._on_demand = d.decode.admission == "on-demand"
+        self._lookahead = math.ceil(self._tokens_per_step) + 1
         self._decodes = {
             i: DecodeInstance(
                 i,
@@ -136,7 +143,7 @@ class EngineState:
                 cached=p.cache.peek(keys) if peek else 0,
             )
             for p in self._prefills.values()
-            if not p.lost
+            if p.taking
         ]
         if not loads:
             return None
@@ -146,7 +153,8 @@ class EngineState:
     def _enqueue(self, req: Tracked, now_s: float) -> None:
         """Queue a request on its prefill instance (another one when that one lost a die; with
         none in service it fails)."""
-        if self._prefills[req.prefill].lost:
+        first = self._prefills.get(req.prefill)  # gone when it changed role meanwhile
+        if first is None or not first.taking:
             home = self._route_prefill(req.request)
             if home is None:
                 self._fail(req, now_s, "no prefill instance is in service")
@@ -210,14 +218,14 @@ class EngineState:
 
     def _unavailable(self) -> str | None:
         """Why no request can be served now (None: it can)."""
-        if all(p.lost for p in self._prefills.values()):
+        if not any(p.taking for p in self._prefills.values()):
             return "no prefill instance is in service (a lost die is replaced)"
         if not self._decoding():
             return NO_DECODE
         return None
 
     def _decoding(self) -> bool:
-        return any(d.capacity > 0 and d.ep > 0 for d in self._decodes.values())
+        return any(d.capacity > 0 and d.ep > 0 and not d.retiring for d in self._decodes.values())
 
     def _finish(self, rid: str, end_s: float, tokens: int) -> None:
         self._reqs.pop(rid, None)

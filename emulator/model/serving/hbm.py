@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
 
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
@@ -25,6 +29,7 @@ from emulator.model.serving.deployment import Deployment
 from emulator.model.serving.models import ModelShape, get_model
 
 GB = 1e9
+Tokens = TypeVar("Tokens", float, "npt.NDArray[np.float64]")
 
 
 def weight_bytes_per_die(
@@ -75,8 +80,9 @@ class DieMemory:
         """What is left for KV caches and activations (negative: the weights do not fit)."""
         return self.hbm_bytes - self.weights_bytes - self.reserved_bytes
 
-    def request_bytes(self, context_tokens: float) -> float:
-        """One request of `context_tokens` (prompt + output) in the batch."""
+    def request_bytes(self, context_tokens: Tokens) -> Tokens:
+        """One request of `context_tokens` (prompt + output) in the batch (or, elementwise, one
+        per element of an array of contexts)."""
         activations = self.tokens_per_request * self.activation_bytes_per_token
         return context_tokens * self.kv_bytes_per_token + activations
 

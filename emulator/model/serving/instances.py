@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
+import numpy.typing as npt
 
 from emulator.model.serving.placement import ExpertPlacement, Remap, remap
 from emulator.model.serving.plans import Request, StepPlan
@@ -60,6 +61,7 @@ class Step:
 
 
 NO_DECODE = "no decode instance is in service (its dies are lost)"
+NONE = np.iinfo(np.int64).max  # a die with no free slot
 
 
 class DecodeInstance:
@@ -96,15 +98,19 @@ class DecodeInstance:
         self.credit = np.zeros(n, dtype=np.float64)
         self.per_die = np.zeros(dies, dtype=np.int64)
         self.need = np.zeros(n, dtype=np.float64)  # HBM bytes each slot's request holds
+        self.admitted = np.zeros(n, dtype=np.int64)  # order of joining: the newest preempted first
+        self._joins = 0
         self.kv_used = np.zeros(dies, dtype=np.float64)
         self.kv_peak = 0.0  # the most HBM bytes one die's requests held
-        # lowest level first, so that filling keeps the dies even
-        self.free: list[int] = list(range(n))
-        heapq.heapify(self.free)
+        # each die's free slots, lowest level first, and each die's lowest free slot (NONE: no
+        # free slot): the lowest of them is taken, so that filling keeps the dies even
+        self._free: list[list[int]] = [list(range(d, n, dies)) for d in range(dies)]
+        self._lowest = np.arange(dies, dtype=np.int64)
         self.reserved = 0  # slots taken by transfers in flight or joined
         self.n_active = 0
         self.busy: int | None = None
         self.joining: list[int] = []
+        self.retiring = False  # changing role (roles.py): takes no new request, finishes its own
 
     @property
     def capacity(self) -> int:
@@ -118,33 +124,31 @@ class DecodeInstance:
     def ep(self) -> int:
         return self.ep0 - sum(1 for d in self.lost if d < self.ep0)
 
-    def fits(self, need: float) -> bool:
-        """Whether some die in service has a free slot and `need` bytes of HBM left."""
-        if not self.free:
-            return False
-        if self.kv_budget is None:
-            return True
-        room = (self.per_die < self.slots_per_die) & (self.kv_used + need <= self.kv_budget)
-        if self.lost:
-            room[list(self.lost)] = False
-        return bool(room.any())
+    def fits(self, need: float, headroom: float = 0.0) -> bool:
+        """Whether some die in service has a free slot and `need` bytes of HBM left (and
+        `headroom` more beside them)."""
+        return bool(self._room(need, headroom).any())
 
-    def take(self, need: float = 0.0) -> int:
+    def _room(self, need: float, headroom: float) -> npt.NDArray[np.bool_]:
+        """Per die: a free slot, and the HBM for `need` and `headroom` beside what it holds."""
+        room: npt.NDArray[np.bool_] = self._lowest != NONE
+        if self.kv_budget is not None:
+            room &= self.kv_used + need + headroom <= self.kv_budget
+        return room
+
+    def take(self, need: float = 0.0, headroom: float = 0.0) -> int:
         """The lowest free slot (so filling keeps the dies level) on a die with `need` bytes of
-        HBM left: the caller checked `fits(need)`."""
-        slot = self.free[0]
-        die = slot % self.dies
-        if self.kv_budget is None or self.kv_used[die] + need <= self.kv_budget:
-            heapq.heappop(self.free)
-        else:  # the lowest slot's die is full: the lowest slot on a die with room
-            free = np.fromiter(self.free, dtype=np.int64, count=len(self.free))
-            ok = self.kv_used[free % self.dies] + need <= self.kv_budget
-            slot = int(free[ok].min())
-            die = slot % self.dies
-            self.free.remove(slot)
-            heapq.heapify(self.free)
+        HBM left and `headroom` beside them: the caller checked `fits(need, headroom)`."""
+        die = int(self._lowest.argmin())  # the lowest free slot's die, when it has the room
+        budget = self.kv_budget
+        if budget is not None and self.kv_used[die] + need + headroom > budget:
+            die = int(np.where(self._room(need, headroom), self._lowest, NONE).argmin())
+        slot = heapq.heappop(self._free[die])
+        self._lowest[die] = self._free[die][0] if self._free[die] else NONE
         self.reserved += 1
         self.per_die[die] += 1
+        self._joins += 1
+        self.admitted[slot] = self._joins
         self.need[slot] = need
         self.kv_used[die] += need
         self.kv_peak = max(self.kv_peak, float(self.kv_used[die]))
@@ -160,13 +164,45 @@ class DecodeInstance:
         self.need[slot] = 0.0
         self.reserved -= 1
         if slot % self.dies not in self.lost:
-            heapq.heappush(self.free, slot)
+            self._give_back(slot)
+
+    def _give_back(self, slot: int) -> None:
+        die = slot % self.dies
+        heapq.heappush(self._free[die], slot)
+        self._lowest[die] = self._free[die][0]
+
+    def grow(self, need: np.ndarray) -> list[int]:
+        """On-demand admission: each slot now holds `need` bytes (its context so far and the next
+        step's tokens). The slots to preempt so that every die fits its budget again: on each
+        die over it, its newest requests first (as vLLM preempts), never one of those still
+        joining (their KV is on its way). Their bytes stay counted until the caller releases
+        them."""
+        self.need[:] = need
+        dies = np.arange(len(self.need)) % self.dies
+        self.kv_used = np.bincount(dies, weights=self.need, minlength=self.dies).astype(np.float64)
+        if self.kv_budget is None:
+            return []
+        over = self.kv_used - self.kv_budget  # per die: what must go (> 0)
+        if not (over > 0).any():
+            return []
+        slots = np.flatnonzero(self.active & (over[dies] > 0))
+        if slots.size == 0:  # only requests still joining there: they wait their turn
+            return []
+        slots = slots[np.lexsort((-self.admitted[slots], slots % self.dies))]  # die, newest
+        die = slots % self.dies
+        held = np.cumsum(self.need[slots])
+        starts = np.r_[0, np.flatnonzero(np.diff(die)) + 1]  # each die's first in `slots`
+        before = held - self.need[slots]  # what the newer ones of its die free up
+        before -= np.repeat(before[starts], np.diff(np.r_[starts, slots.size]))
+        victims: list[int] = slots[before < over[die]].tolist()
+        return victims
 
     def lose(self, dies: Collection[int]) -> list[int]:
         """Take dies out: their free slots go, the slots held there are returned (to requeue)."""
         self.lost |= set(dies)
-        self.free = [s for s in self.free if s % self.dies not in self.lost]
-        heapq.heapify(self.free)
+        for die in dies:
+            self._free[die] = []
+            self._lowest[die] = NONE
         held = [s for s in range(len(self.ids)) if self.ids[s] and s % self.dies in dies]
         self._remap()
         return held
@@ -176,7 +212,7 @@ class DecodeInstance:
         self.lost -= back
         for s in range(len(self.ids)):
             if s % self.dies in back and not self.ids[s]:
-                heapq.heappush(self.free, s)
+                self._give_back(s)
         self._remap()
 
     def _remap(self) -> None:
@@ -197,3 +233,9 @@ class PrefillInstance:
     busy: int | None = None
     busy_tokens: int = 0  # the batch in flight's
     lost: set[int] = field(default_factory=set)  # isolated dies: no batches until restored
+    retiring: bool = False  # changing role (roles.py): takes no new prompt, finishes its own
+
+    @property
+    def taking(self) -> bool:
+        """Whether new prompts may be routed here."""
+        return not self.lost and not self.retiring

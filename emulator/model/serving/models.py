@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emulator.model.errors import UnknownNameError
-from emulator.model.hardware import fig
+from emulator.model.provenance import fig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,11 +31,11 @@ from emulator.model.errors import InvalidArgumentError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.serving.deployment import Deployment
 from emulator.model.serving.pdpolicy import (
-    POLICIES,
-    Demand,
+    DemandMeter,
     PdOptions,
     UnitRates,
     check_options,
+    next_move,
     unit_rates,
 )
 from emulator.model.serving.plans import Request
@@ -152,7 +152,7 @@ class _Run:
         self.held = 0.0  # decode units' worth of slots held
         self.first: dict[int, float] = {}  # first token times
         self.work: dict[int, tuple[float, float, float]] = {}  # prefill s, decode share, hold s
-        self.recent: deque[tuple[float, float, float]] = deque()  # arrival, prefill s, slot s
+        self.meter = DemandMeter(o)
 
     def push(self, t: float, kind: _Ev, subject: int = 0) -> None:
         self.order += 1
@@ -194,7 +194,7 @@ class _Run:
         req = self.reqs[i]
         share, hold = self.r.decode(req.input_tokens, req.output_tokens)
         self.work[i] = (self.r.prefill_s(req.input_tokens), share, hold)
-        self.recent.append((t, self.work[i][0], share * hold))
+        self.meter.arrive(t, self.work[i][0], share * hold)
         self.queue.append(i)
         self._start_prefills(t)
 
@@ -264,37 +264,27 @@ class _Run:
             self._start_decodes(t)
         self.result.switches[k] = PdSwitch(switch.at_s, switch.to, switch.units, t)
 
-    def _demand(self, t: float) -> Demand:
-        window = self.o.window_s
-        while self.recent and self.recent[0][0] < t - window:
-            self.recent.popleft()
-        span = min(window, t) or 1.0
-        prefill_s = sum(x[1] for x in self.recent) + sum(self.work[i][0] for i in self.queue) * (
-            span / self.o.horizon_s
-        )
-        unit_s = sum(x[2] for x in self.recent) + sum(
-            self.work[i][1] * self.work[i][2] for i in self.waiting
-        ) * (span / self.o.horizon_s)
-        return Demand(
-            prefill_units=prefill_s / span,
-            decode_units=unit_s / span,
-            requests_per_s=len(self.recent) / span,
-        )
-
     def _decide(self, t: float) -> None:
-        demand = self._demand(t)
+        waiting_prefill = sum(self.work[i][0] for i in self.queue)
+        waiting_slots = sum(self.work[i][1] * self.work[i][2] for i in self.waiting)
+        demand = self.meter.demand(t, waiting_prefill, waiting_slots)
         p, d = self.prefill_units, self.decode_units
         self.result.trace.append(Sample(t, p, d, self.switching, demand.prefill_share))
-        if self.draining or self.leaving_prefill or not self.recent:
+        if self.draining or self.leaving_prefill or not self.meter.recent:
             return  # units still finishing their old role's work, or nothing measured yet
-        # units on their way count in the role they go to; a switch is never reversed midway
         going = self.result.switches[-1].to if self.switching else ""
-        p_to = p + (self.switching if going == "prefill" else 0)
-        want = POLICIES[self.o.policy](p_to, self.r.units, demand, self.o, self.r.load_s)
-        to = "decode" if want < p_to else "prefill"
-        if want == p_to or (going and to != going):
+        move = next_move(
+            p,
+            self.r.units,
+            going=going,
+            switching=self.switching,
+            demand=demand,
+            o=self.o,
+            load_s=self.r.load_s,
+        )
+        if move is None:
             return
-        moving = abs(want - p_to)
+        to, moving = move
         self.result.switches.append(PdSwitch(t, to, moving))
         self.unlaunched.extend([len(self.result.switches) - 1] * moving)
         if to == "decode":

@@ -22,6 +22,7 @@ the horizon nothing ever pays, and a split that is already right gains nothing: 
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -189,6 +190,58 @@ def _dynamic(p: int, total: int, demand: Demand, o: PdOptions, load_s: float) ->
 POLICIES: dict[str, Policy] = {"fixed": _fixed, "dynamic": _dynamic}
 
 
+class DemandMeter:
+    """The arrivals of the last `window_s` (each with its prefill seconds and decode
+    unit-seconds) and what they ask of each role: what the model-mode simulation and the live
+    router both measure, so the policy sees the same thing in both."""
+
+    def __init__(self, o: PdOptions) -> None:
+        self.o = o
+        self.recent: deque[tuple[float, float, float]] = deque()  # arrival, prefill s, slot s
+
+    def arrive(self, t: float, prefill_s: float, slot_s: float) -> None:
+        self.recent.append((t, prefill_s, slot_s))
+
+    def demand(
+        self, t: float, waiting_prefill_s: float = 0.0, waiting_slot_s: float = 0.0
+    ) -> Demand:
+        """The demand at `t`: the window's arrivals per second, plus the work waiting (prompts
+        not prefilled yet, prefilled requests without a decode slot) cleared over `horizon_s`."""
+        window = self.o.window_s
+        while self.recent and self.recent[0][0] < t - window:
+            self.recent.popleft()
+        span = min(window, t) or 1.0
+        clear = span / self.o.horizon_s
+        prefill_s = sum(x[1] for x in self.recent) + waiting_prefill_s * clear
+        unit_s = sum(x[2] for x in self.recent) + waiting_slot_s * clear
+        return Demand(
+            prefill_units=prefill_s / span,
+            decode_units=unit_s / span,
+            requests_per_s=len(self.recent) / span,
+        )
+
+
+def next_move(
+    prefill: int,
+    units: int,
+    *,
+    going: str,
+    switching: int,
+    demand: Demand,
+    o: PdOptions,
+    load_s: float,
+) -> tuple[str, int] | None:
+    """The switch the policy asks for now, as (role the units go to, how many), or None. Units
+    on their way (`switching` of them, going to role `going`, "" for none) count in their new
+    role, and a switch is never reversed midway: a move the other way waits until they joined."""
+    p_to = prefill + (switching if going == "prefill" else 0)
+    want = POLICIES[o.policy](p_to, units, demand, o, load_s)
+    to = "decode" if want < p_to else "prefill"
+    if want == p_to or (going and to != going):
+        return None
+    return to, abs(want - p_to)
+
+
 def check_options(o: PdOptions, units: int) -> None:
     """Every option in range for a deployment of `units` units."""
     if o.policy not in POLICIES:
@@ -208,3 +261,27 @@ def check_options(o: PdOptions, units: int) -> None:
             raise InvalidArgumentError(f"{name} must be > 0, got {getattr(o, name)}", field=name)
     if not o.headroom >= 0:
         raise InvalidArgumentError(f"headroom must be >= 0, got {o.headroom}", field="headroom")
+
+
+def live_options(d: Deployment) -> PdOptions | None:
+    """A live deployment's dynamic PD (its `pd` section), checked; None when it is `fixed`
+    (nothing runs: the deployment serves as deployed). The live router moves whole instances,
+    so a decode instance must be one unit (`decode.npus == prefill.npus`)."""
+    pd = d.pd
+    if pd.policy == "fixed":
+        return None
+    if d.decode.npus != d.prefill.npus:
+        raise InvalidArgumentError(
+            f"live dynamic PD moves whole instances between the roles: decode.npus "
+            f"({d.decode.npus}) must equal prefill.npus ({d.prefill.npus})",
+            field="pd.policy",
+        )
+    o = PdOptions(
+        policy=pd.policy,
+        interval_s=pd.interval_s,
+        window_s=pd.window_s,
+        horizon_s=pd.horizon_s,
+        headroom=pd.headroom,
+    )
+    check_options(o, d.decode.instances + d.prefill.instances)
+    return o

@@ -170,4 +170,6 @@ class EngineStats:
     hbm_waits: int = 0  # times a prefilled request waited for HBM while decode slots were free
     hbm_refused: int = 0  # requests whose KV cache alone exceeds a decode die's HBM: ERROR
     kv_peak_bytes: float = 0.0  # the most HBM one decode die's requests held (KV, activations)
+    preemptions: int = 0  # on-demand admission: requests put out of decode to make room
+    preempted_tokens: int = 0  # their context (prompt and output so far), prefilled again
     batch_histogram: dict[int, int] = field(default_factory=dict)  # busiest die's batch: steps

@@ -121,6 +121,10 @@ class Report:
     hbm_bytes_per_die: float = 0.0
     hbm_waits: int = 0
     hbm_refused: int = 0
+    # on-demand admission (decode.admission): requests preempted to make room, and the tokens of
+    # context their prefill computed again
+    preemptions: int = 0
+    preempted_tokens: int = 0
     # hardware figures that differ from the default profile (a what-if study): name: value
     overrides: dict[str, float] = field(default_factory=dict)
     # multi-turn conversations (workload `turns`): TTFT p50 of each turn, the first first
@@ -209,4 +213,6 @@ def _hbm(stats: EngineStats, d: Deployment, profile: HardwareProfile) -> dict[st
         "hbm_bytes_per_die": memory.hbm_bytes,
         "hbm_waits": stats.hbm_waits,
         "hbm_refused": stats.hbm_refused,
+        "preemptions": stats.preemptions,
+        "preempted_tokens": stats.preempted_tokens,
     }

@@ -143,15 +143,19 @@ class Starting(EngineState):
         while self._waiting:
             req = self._reqs[self._waiting[0]]
             r = req.request
-            need = self.memory.request_bytes(r.input_tokens + r.output_tokens)
+            final = need = self.memory.request_bytes(r.input_tokens + r.output_tokens)
             budget = self._kv_budget
-            if budget is not None and need > budget:  # no die could ever hold it: an error
+            headroom = 0.0
+            if self._on_demand and budget is not None:  # its context so far, and room to grow
+                need = self.memory.request_bytes(r.input_tokens + req.resume + self._lookahead)
+                headroom = budget * self.profile.serving.admission_watermark
+            if budget is not None and final > budget:  # no die could ever hold it: an error
                 self._waiting.popleft()
                 self.stats.hbm_refused += 1
                 self._fail(
                     req,
                     now_s,
-                    f"its KV cache ({need / GB:.1f} GB for {r.input_tokens + r.output_tokens} "
+                    f"its KV cache ({final / GB:.1f} GB for {r.input_tokens + r.output_tokens} "
                     f"tokens) exceeds a decode die's free HBM ({budget / GB:.1f} GB)",
                     req.resume + 1,
                 )
@@ -160,18 +164,20 @@ class Starting(EngineState):
                 Load(
                     instance=d.name,
                     queued=d.reserved,
-                    free=d.capacity - d.reserved if d.fits(need) else 0,
+                    free=d.capacity - d.reserved
+                    if d.fits(need, headroom) and not d.retiring
+                    else 0,
                 )
                 for d in self._decodes.values()
             ]
             target = self._router.decode(loads, self._route_state)
             if target is None:
-                if any(d.capacity > d.reserved for d in self._decodes.values()):
+                if any(d.capacity > d.reserved and not d.retiring for d in self._decodes.values()):
                     self.stats.hbm_waits += 1
                 break
             rid = self._waiting.popleft()
             inst = self._decodes[target]
-            slot = inst.take(need)
+            slot = inst.take(need, headroom)
             self.stats.kv_peak_bytes = max(self.stats.kv_peak_bytes, inst.kv_peak)
             inst.ids[slot] = rid
             inst.emitted[slot] = req.resume + 1

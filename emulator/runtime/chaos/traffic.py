@@ -12,7 +12,7 @@ import aiohttp
 
 from emulator.engines.clock import Timeline
 from emulator.model.chaos.observed import RequestSample
-from emulator.model.chaos.scenario import ServingLoad
+from emulator.model.chaos.workloads import ServingLoad
 
 REQUEST_TIMEOUT_S = 600.0  # wall: a request the emulator never answers is failed, not waited on
 VOCAB_SPAN = 30_000

@@ -19,11 +19,13 @@ import yaml
 from cmemu.v1 import ems_pb2, ems_pb2_grpc, router_pb2, training_pb2
 from emulator.client.clients import Clients
 from emulator.model.chaos.observed import CORRUPT_CHECKPOINT, TrainingRecord, WorkloadEvent
-from emulator.model.chaos.scenario import EmsWorkload, Scenario
+from emulator.model.chaos.scenario import Scenario
 from emulator.model.chaos.selectors import Placement
+from emulator.model.chaos.workloads import EmsWorkload
 from emulator.model.errors import PreconditionError
 from emulator.model.naming import device_of
 from emulator.model.topology import ServiceKind
+from emulator.model.training.job import ENDED
 
 EMS_KIND = {
     "kv": ems_pb2.OBJECT_KIND_KV_BLOCK,
@@ -34,6 +36,7 @@ INLINE_BYTES_MAX = 4096  # objects up to this size carry real bytes (checked on 
 # a status call's wall deadline: a hung or partitioned service (the manager hosts the training
 # jobs) answers nothing, and the runner must go on (noted, asked again at the next poll)
 STATUS_WALL_S = 5.0
+STOP_WALL_S, STOP_POLL_WALL_S = 60.0, 0.2  # a run's jobs ending at its end (wall: a bound)
 STATE_NAMES = {
     router_pb2.DEPLOYMENT_STATE_LOADING: "loading",
     router_pb2.DEPLOYMENT_STATE_SERVING: "serving",
@@ -60,6 +63,7 @@ class _Seen:
 class Workloads:
     clients: Clients
     scenario: Scenario
+    warm: bool = False  # deployments start warm: their weights staged in EMS (RunOptions.warm)
     started: list[str] = field(default_factory=list)
     training_start: dict[str, int] = field(default_factory=dict)
     # each training job's step when its last restore was seen: it is back once it passes it
@@ -78,7 +82,7 @@ class Workloads:
             # a scenario runs on whichever supernode is up: its deployment is for that preset
             document = {**s.spec, "preset": self.clients.topology.preset}
             request = router_pb2.DeployRequest(
-                name=s.name, spec_yaml=yaml.safe_dump(document), wait=True
+                name=s.name, spec_yaml=yaml.safe_dump(document), wait=True, warm=self.warm
             )
             deployed = await router.Deploy(request)
             self.started.append(f"serving:{s.name}")
@@ -272,11 +276,7 @@ class Workloads:
             if kind == "serving":
                 calls.append(self.clients.router().Undeploy(router_pb2.UndeployRequest(name=name)))
             else:
-                calls.append(
-                    self.clients.training().Stop(
-                        training_pb2.TrainingRequest(name=name), timeout=STATUS_WALL_S
-                    )
-                )
+                calls.append(self._stopped(name))
         ems = self.scenario.workloads.ems
         if ems is not None:
             stub = self._ems()
@@ -284,3 +284,22 @@ class Workloads:
                       for i in range(ems.objects)]  # fmt: skip
         await asyncio.gather(*calls, return_exceptions=True)
         self.started.clear()
+
+    async def _stopped(self, name: str) -> None:
+        """A job of the run stopped for good before the run returns, so that a next run may
+        start one of the same name: a Stop the training service did not answer (its server just
+        back from a fault, under load) is sent again, and the job is followed until it has ended
+        (a recovering one ends once it sees the stop), within STOP_WALL_S."""
+        request = training_pb2.TrainingRequest(name=name)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + STOP_WALL_S
+        while loop.time() < until:
+            try:
+                job = await self.clients.training().Stop(request, timeout=STATUS_WALL_S)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.NOT_FOUND:
+                    return
+            else:
+                if job.state in ENDED:
+                    return
+            await asyncio.sleep(STOP_POLL_WALL_S)

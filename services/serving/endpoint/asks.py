@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from emulator.model.emulatorprofile import EmulatorLimits
 from emulator.model.errors import quote
-from emulator.model.hardware import EmulatorLimits
 from services.serving.endpoint.errors import bad, too_large
 from services.serving.endpoint.limits import utf8_len
 from services.serving.endpoint.outputs import Lengths

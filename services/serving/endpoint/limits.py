@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from emulator.model.hardware import EmulatorLimits
+from emulator.model.emulatorprofile import EmulatorLimits
 from services.serving.endpoint.errors import bad, too_large
 
 

@@ -31,12 +31,12 @@ from aiohttp import web
 from emulator.model.clock import Clock
 from emulator.model.instruments import Histogram
 from emulator.model.serving.engine import FinishEvent, FinishReason, TokenEvent
-from services.serving.driver import Stream
 from services.serving.endpoint import outputs
 from services.serving.endpoint.asks import Ask
 from services.serving.endpoint.errors import HttpError, failed_error
 from services.serving.endpoint.outputs import Choice
 from services.serving.stats import RequestMetrics
+from services.serving.streams import Stream
 from services.serving.tokenizer import Tokenizer
 
 RETRY_AFTER_S = 1  # the hint a failed request's 503 carries

@@ -67,6 +67,44 @@ def test_its_twin_cleared_by_the_scenario_is_over_at_the_clearance_and_says_so()
     assert "1 never detected (over when cleared)" in check.measured
 
 
+def test_a_fault_cleared_before_anything_detected_it_fails_detected_within() -> None:
+    """recovered_within lets it pass as over when cleared; detected_within does not."""
+    obs = Observations(start_ns=0, end_ns=800 * S, injections=[_slow(cleared_s=160)],
+                       requests=_requests(0, 800), loaded=("chat",))  # fmt: skip
+    expect = Expectations(recovered_within_s=600, detected_within_s=30)
+    assert _check(expect, obs, "recovered_within").ok
+    check = _check(expect, obs, "detected_within")
+    assert not check.ok
+    assert check.measured == "nothing detected, 1 never detected"
+    assert check.detail == "slow (slow n00-npu5): never detected; over when the scenario cleared it"
+
+
+def _detected_obs(detected_s: int) -> Observations:
+    incident = IncidentRecord(id="i1", device="n00-npu5", state="restored", detected_by="tpot",
+                              detected_ns=detected_s * S, isolated_ns=detected_s * S,
+                              restored_ns=300 * S)  # fmt: skip
+    return Observations(start_ns=0, end_ns=800 * S, injections=[_slow(cleared_s=400)],
+                        requests=_requests(0, 800), loaded=("chat",),
+                        incidents=[incident])  # fmt: skip
+
+
+def test_its_twin_detected_in_time_passes_and_one_detected_late_fails() -> None:
+    expect = Expectations(detected_within_s=30)
+    check = _check(expect, _detected_obs(120), "detected_within")
+    assert check.ok, check
+    assert check.measured == "worst 20.0s"
+    late = _check(expect, _detected_obs(140), "detected_within")
+    assert not late.ok
+    assert late.detail == "slow (slow n00-npu5): detected after 40.0s"
+
+
+def test_detected_within_with_only_tolerated_faults_has_nothing_to_judge_and_fails() -> None:
+    obs = Observations(start_ns=0, end_ns=800 * S, injections=[_slow(tolerated=True)],
+                       requests=_requests(0, 800), loaded=("chat",))  # fmt: skip
+    check = _check(Expectations(detected_within_s=30), obs, "detected_within")
+    assert not check.ok and check.measured == "no fault a detector is for"
+
+
 def _corrupt() -> Injection:
     return Injection(label="rot", kind="checkpoint-corrupt", target="pretrain", devices=(),
                      at_ns=100 * S)  # fmt: skip
@@ -276,10 +314,11 @@ def _doc(**extra: Any) -> dict[str, Any]:
 
 def test_the_loader_reads_the_new_fields() -> None:
     steady = {"failed_requests": 0, "open_incidents": 1}
-    expect = {"blast_radius": "targeted", "steady_state": steady}
+    expect = {"blast_radius": "targeted", "steady_state": steady, "detected_within": "30s"}
     s = parse_scenario(_doc(tolerated=True, duration="2m", expect=expect))
     assert s.steps[0].tolerated and s.expect.blast_radius == "targeted"
     assert s.expect.steady_state == SteadyState(failed_requests=0, open_incidents=1)
+    assert s.expect.detected_within_s == 30.0
 
 
 @pytest.mark.parametrize(
@@ -296,6 +335,7 @@ def test_the_loader_reads_the_new_fields() -> None:
             "expect.blast_radius: expected one of targeted, got 'everywhere'",
         ),
         (_doc(expect={"steady_state": {}}), "expect.steady_state: name failed_requests"),
+        (_doc(expect={"detected_within": "0s"}), "expect.detected_within"),
         (
             _doc(expect={"steady_state": {"healthy": True}}),
             "expect.steady_state.healthy: unknown field",

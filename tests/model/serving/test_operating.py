@@ -3,6 +3,7 @@ meets a target; the published row comes out at 50 ms; a target no batch meets is
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,12 @@ from emulator.model.errors import InvalidArgumentError, PreconditionError
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.overrides import apply_overrides
 from emulator.model.serving.deployment import Deployment, parse_deployment
-from emulator.model.serving.operating import DecodeCurve, OperatingPoint, operating_point
+from emulator.model.serving.operating import (
+    DecodeCurve,
+    OperatingPoint,
+    operating_point,
+    point_on,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -42,9 +48,24 @@ def test_the_published_row_at_50_ms() -> None:
 def test_a_tighter_target_takes_a_smaller_batch() -> None:
     at50 = _point(_published(), 0.050)
     at30 = _point(_published(), 0.030)
-    assert at30.batch_per_die < at50.batch_per_die / 3
+    assert at30.batch_per_die < at50.batch_per_die / 2
     assert at30.tpot_s <= 0.030
-    assert at30.tokens_per_s_per_npu < at50.tokens_per_s_per_npu / 2
+    assert at30.tokens_per_s_per_npu < at50.tokens_per_s_per_npu * 0.7
+
+
+def test_the_target_picks_the_microbatches_too() -> None:
+    """Two microbatches hide the collectives at 50 ms; at 30 ms the batch is small and one is
+    faster (a second re-reads every weight): the point takes the faster, the twin of each
+    forced to the other count carries fewer tokens at the same target."""
+    for target, best in ((0.050, 2), (0.030, 1)):
+        point = _point(_published(), target)
+        assert point.microbatches == best and point.tpot_s <= target
+        d = _published()
+        forced = dataclasses.replace(d, decode=dataclasses.replace(d.decode, microbatches=3 - best))
+        curve = DecodeCurve(forced, prompt_tokens=4096, output_tokens=256)
+        other = point_on(curve, target)
+        assert other.microbatches == 3 - best
+        assert other.tokens_per_s_per_npu < point.tokens_per_s_per_npu * 0.97
 
 
 def test_a_target_no_batch_meets_is_refused_with_the_lowest_tpot() -> None:

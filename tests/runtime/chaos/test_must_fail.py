@@ -8,6 +8,7 @@ high time scale, so each takes seconds of wall time on an idle machine."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from emulator.client.clients import Clients
 from emulator.client.clock import held_time
 from emulator.model.chaos.recovery import CLEARED_UNDETECTED, NEVER_DETECTED
 from emulator.model.chaos.timeline import Entry
-from emulator.model.chaos.verdict import STEADY_BEFORE, Check
+from emulator.model.chaos.verdict import STEADY_BEFORE, Check, judge
 from emulator.model.errors import DeadlineExceededError, InvalidArgumentError
 from emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
 from emulator.runtime.chaos import files, kinds
@@ -44,7 +45,7 @@ def _scenario(name: str, workloads: str, step: str, expect: str, *, top: str = "
 def _run(chaos: Chaos, tmp_path: Path, text: str) -> RunResult:
     path = tmp_path / "scenario.yaml"
     path.write_text(text)
-    return chaos.run(path)
+    return chaos.run(path, warm=True)  # deployments from EMS: the set-up is not what is judged
 
 
 def _failed(result: RunResult) -> dict[str, Check]:
@@ -57,6 +58,13 @@ def _open_incidents(supernode: RunningSupernode) -> list[str]:
         return [f"{i.id} {i.device} {i.state}" for i in reply.incidents if i.state != "restored"]
 
     return supernode.call(listed)
+
+
+def _detection(result: RunResult, within_s: float) -> Check:
+    """The run's own observations judged again with `detected_within` added."""
+    expect = dataclasses.replace(result.scenario.expect, detected_within_s=within_s)
+    checks = judge(expect, result.observations, result.recoveries).checks
+    return next(c for c in checks if c.name == "detected_within")
 
 
 def _settled(supernode: RunningSupernode, wait_for: WaitFor) -> None:
@@ -96,6 +104,9 @@ def test_its_twin_cleared_by_the_scenario_passes_and_says_it_was_never_detected(
     assert rec.status == CLEARED_UNDETECTED and rec.detected_ns is None
     assert rec.recovery_s is not None and 10 <= rec.recovery_s < 60
     assert result.fault("slow").recovered_within(60) == rec.recovery_s
+    # but the control plane never saw it: `detected_within` fails it (its twin: the straggler)
+    detection = _detection(result, 180)
+    assert not detection.ok and detection.detail == f"slow (slow n01-npu3): {CLEARED_UNDETECTED}"
 
 
 # --- a gray failure the manager finds: a slow NPU in a training job, never cleared ---------------
@@ -128,6 +139,7 @@ def test_a_slow_npu_in_a_job_found_as_a_straggler_is_isolated_and_recovers(
     assert rec.detected_ns is not None and rec.isolated_ns is not None
     assert rec.workloads == ("straggled",) and rec.status == "recovered"
     assert result.fault("slow").recovered_within("3m") == rec.recovery_s
+    assert _detection(result, 180).ok, _detection(result, 180)  # detected as a straggler in time
     _settled(supernode, wait_for)
 
 
@@ -170,12 +182,15 @@ TPOT_SLO = "  slo: {tpot_ms: 100}"
 # each on an emulator of its own (the plugin's fresh="test"): a serving run after many runs on
 # one emulator has been seen to hold its load generator on a busy host (the runner's followed
 # clock stopped moving), so these heavier runs do not queue behind the module's others. The
-# emulator runs at x50, so the deployment's 640 emulated s of cold weights load take 13 wall s;
+# emulator runs at x50 and the deployment starts warm, so its 80 emulated s of weights loading
+# from EMS (640 cold) take a few wall s;
 # the scenario's steps and traffic at x5 (its `time_scale`): a live decode step's own wall-clock
 # work (its gRPC collectives, a few ms) counts x the scale in emulated TPOT, and at x50 on a
 # loaded CI host the healthy TPOT was 195-230 ms instead of 75 (the slow NPU's 230 ms stays
-# far above the SLO at any scale)
-PACED = "duration: 2m\ntime_scale: 5\n"
+# far above the SLO at any scale). A minute is enough: each check here is over before it (the
+# fault goes in at 10 or 20 s, a request a second; a fault never recovered is late whenever the
+# run ends), and a minute at x5 is 12 wall s
+PACED = "duration: 1m\ntime_scale: 5\n"
 OWN = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=50, fresh="test")
 
 
@@ -451,7 +466,11 @@ def test_a_crash_with_no_spare_left_is_unrecoverable_and_fails(
     kept = _spares(supernode, 0)
     try:
         name = "no-spares"
-        text = _scenario(name, TRAINING % name, CRASH % name, "  recovered_within: 10m")
+        # observed 2 minutes, not the bound's 10 (its horizon otherwise): the Replace the
+        # manager asks once it has found the crash (three missed heartbeats, 15 s) is refused at
+        # once, and an unrecoverable fault is late whenever the run ends
+        text = _scenario(name, TRAINING % name, CRASH % name, "  recovered_within: 10m",
+                         top="duration: 2m\n")  # fmt: skip
         result = _run(chaos, tmp_path, text)
     finally:
         _spares(supernode, kept)

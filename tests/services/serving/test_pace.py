@@ -9,11 +9,11 @@ import json
 
 from emulator.model.clock import Clock
 from emulator.model.serving.engine import FinishEvent, FinishReason, Request, TokenEvent
-from services.serving.driver import Stream
 from services.serving.endpoint.asks import Ask
 from services.serving.endpoint.outputs import Choice
 from services.serving.endpoint.responses import COMPLETIONS, Answer, Reply
 from services.serving.stats import RequestMetrics
+from services.serving.streams import Stream
 from services.serving.tokenizer import load_tokenizer
 
 TOLERANCE_S = 0.05

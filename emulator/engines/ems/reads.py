@@ -9,12 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
-import grpc
-
-from cmemu.v1 import ub_pb2
+from emulator.engines.ems.store import UNREACHABLE, Store, log
 from emulator.model.costmodel import ems_ssd_ns
 from emulator.model.ems import (
     TRAILER_HEAD_BYTES,
@@ -40,10 +38,15 @@ from emulator.model.errors import (
 )
 from emulator.model.memory import NOT_ALLOCATED
 from emulator.model.topology import Device
-from services.ems_store.store import UNREACHABLE, Store, log
-from services.rpc import RemoteError
+from emulator.model.ub import Op
 
 CHECKSUM_MISMATCH = "CHECKSUM_MISMATCH"  # every copy read failed the CRC-32 kept at put
+
+
+class CorruptCopy(DataLossError):
+    """A copy's bytes (or its chunk table) fail their checksum here: the next copy may serve. A
+    DataLossError a pool itself answers (an uncorrectable ECC error) is not this, and ends the
+    read as it did over gRPC."""
 
 
 @dataclass(kw_only=True)
@@ -185,13 +188,13 @@ class Reads:
                 while position < len(pieces):
                     start, length = pieces[position]
                     done = await store.transfer(
-                        issuer, ub_pb2.UB_OP_READ, pool=pool, replica=replica, size=length,
+                        issuer, Op.READ, pool=pool, replica=replica, size=length,
                         offset=start, size_only=not meta.real,
                     )  # fmt: skip
                     if meta.real and zlib.crc32(done.data) != (
                         meta.crcs[position] if meta.crcs is not None else meta.crc
                     ):
-                        raise DataLossError(
+                        raise CorruptCopy(
                             f"chunk {position} of {quote(meta.key)} on {pool} fails its CRC-32"
                         )
                     reading.timing.issue_ns = reading.timing.issue_ns or done.issue_ns
@@ -202,26 +205,26 @@ class Reads:
                     if meta.real:
                         yield done.data
                 return
-            except RemoteError as exc:
-                if exc.code is grpc.StatusCode.FAILED_PRECONDITION and exc.reason == NOT_ALLOCATED:
+            except CorruptCopy as exc:
+                reading.corrupt_copies += 1
+                store.counters.corrupt += 1
+                if self._drop(meta, pool, "DATA_LOSS on a copy; reading another"):
+                    with contextlib.suppress(EmulatorError):
+                        await store.free_region(pool, replica.region_id)
+                store.publish("corrupt-copy", key=meta.key, copy=pool, detail=str(exc),
+                              copies_left=len(meta.replicas))  # fmt: skip
+            except EmulatorError as exc:  # the pool's or the issuer's answer
+                if isinstance(exc, PreconditionError) and exc.reason == NOT_ALLOCATED:
                     # its pool came back empty (a pool-loss, a wiped restart) and the sweep has
                     # not reconciled it yet: this copy is gone, the next may serve
                     reading.gone_copies += 1
                     self._drop(meta, pool, "a copy's region is gone; reading another")
                     continue
-                if exc.code not in UNREACHABLE:
+                if not isinstance(exc, UNREACHABLE):
                     raise
                 if requester is not None:
                     await self._check_reader(requester, exc)
                 unavailable.append(pool)
-            except DataLossError as exc:
-                reading.corrupt_copies += 1
-                store.counters.corrupt += 1
-                if self._drop(meta, pool, "DATA_LOSS on a copy; reading another"):
-                    with contextlib.suppress(RemoteError):
-                        await store.free_region(pool, replica.region_id)
-                store.publish("corrupt-copy", key=meta.key, copy=pool, detail=str(exc),
-                              copies_left=len(meta.replicas))  # fmt: skip
         raise _no_copy(meta, reading, unavailable)
 
     def _drop(self, meta: ObjectMeta, pool: str, why: str) -> bool:
@@ -241,22 +244,24 @@ class Reads:
         chunk_bytes = meta.chunk_bytes
         if not chunk_bytes:
             head = await self.store.transfer(
-                issuer, ub_pb2.UB_OP_READ, pool=pool, replica=replica, size=TRAILER_HEAD_BYTES,
+                issuer, Op.READ, pool=pool, replica=replica, size=TRAILER_HEAD_BYTES,
                 offset=meta.size,
             )  # fmt: skip
-            chunk_bytes = decode_trailer_head(head.data, meta.size)
+            with _corrupt():
+                chunk_bytes = decode_trailer_head(head.data, meta.size)
         done = await self.store.transfer(
-            issuer, ub_pb2.UB_OP_READ, pool=pool, replica=replica,
+            issuer, Op.READ, pool=pool, replica=replica,
             size=trailer_bytes(meta.size, chunk_bytes), offset=meta.size,
         )  # fmt: skip
-        return decode_trailer(done.data, meta.crc, meta.size)
+        with _corrupt():
+            return decode_trailer(done.data, meta.crc, meta.size)
 
-    async def _check_reader(self, reader: Device, cause: RemoteError) -> None:
+    async def _check_reader(self, reader: Device, cause: EmulatorError) -> None:
         """A read that failed for want of a reachable device: blame the reader when it is the
         one that is down, not the copies."""
         try:
             fault = await self.store.fault_state(reader)
-        except RemoteError as exc:
+        except EmulatorError as exc:
             why = f"unreachable: {exc}"
         else:
             if not fault.faulted:
@@ -269,6 +274,15 @@ class Reads:
             reason="READER_UNAVAILABLE",
             retry_after_s=RETRY_AFTER_S,
         ) from cause
+
+
+@contextlib.contextmanager
+def _corrupt() -> Iterator[None]:
+    """A chunk table that fails its checks, read from a copy, is that copy's corruption."""
+    try:
+        yield
+    except DataLossError as exc:
+        raise CorruptCopy(str(exc)) from exc
 
 
 def _no_copy(meta: ObjectMeta, reading: Reading, unavailable: list[str]) -> EmulatorError:

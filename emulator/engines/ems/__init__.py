@@ -17,7 +17,9 @@ replaced), and one that answers again is reconciled (settled once it has freed w
 The parts, one module each, share `Store` (store.py: the state and the way to a pool): the write
 path (writes.py), the read path (reads.py), tombstones and abort markers (markers.py), the
 rebuild and the sweep (recovery.py), and the SSD tier (ssd.py). `EmsState` joins them for the
-servicer (services/ems.py) and answers the index queries itself.
+servicer (services/ems.py, which only translates protobuf and maps errors) and answers the
+index queries itself. Pools and devices are reached through their typed peers (`Devices`), so
+the store is wire-free: domain types in and out, EmulatorErrors whichever process a pool is in.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from emulator.engines.clock import Timeline
+from emulator.engines.ems.markers import Markers
+from emulator.engines.ems.reads import Fetched, Reading, Reads
+from emulator.engines.ems.recovery import Recovery
+from emulator.engines.ems.store import Devices, Store, log
+from emulator.engines.ems.writes import Stored, Writes
 from emulator.engines.events import EventSink
 from emulator.model.ems import (
     ObjectMeta,
@@ -40,14 +47,8 @@ from emulator.model.ems import (
 )
 from emulator.model.hardware import HardwareProfile
 from emulator.model.topology import Topology
-from services.ems_store.markers import Markers
-from services.ems_store.reads import Fetched, Reading, Reads
-from services.ems_store.recovery import Recovery
-from services.ems_store.store import Store, log
-from services.ems_store.writes import Stored, Writes
-from services.peers import Peers
 
-__all__ = ["EmsState", "Fetched", "Reading", "Stored"]
+__all__ = ["Devices", "EmsState", "Fetched", "Reading", "Stored"]
 
 
 class EmsState(Store):
@@ -59,7 +60,7 @@ class EmsState(Store):
         topology: Topology,
         profile: HardwareProfile,
         clock: Timeline,
-        peers: Peers,
+        peers: Devices,
         ssd_dir: Path,
         events: EventSink | None = None,
     ) -> None:

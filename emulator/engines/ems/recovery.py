@@ -9,6 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from emulator.engines.ems.markers import Markers
+from emulator.engines.ems.reads import Reads
+from emulator.engines.ems.store import Store, log
+from emulator.engines.ems.writes import Writes
 from emulator.model.ems import (
     REBUILD_POLL_S,
     Health,
@@ -21,11 +25,6 @@ from emulator.model.ems import (
 )
 from emulator.model.errors import EmulatorError
 from emulator.model.topology import Device
-from services.ems_store.markers import Markers
-from services.ems_store.reads import Reads
-from services.ems_store.store import Store, log
-from services.ems_store.writes import Writes
-from services.rpc import RemoteError
 
 
 class Recovery:
@@ -162,7 +161,7 @@ class Recovery:
             per pool per sweep when the pool shares this process."""
             try:
                 fault = await store.fault_state(pool)
-            except RemoteError:
+            except EmulatorError:
                 return pool.id, False
             return pool.id, not fault.faulted
 

@@ -1,4 +1,4 @@
-"""The SSD tier's files (services/ems_store/ssd.py): what a restarted EMS loads back, and the
+"""The SSD tier's files (emulator/engines/ems/ssd.py): what a restarted EMS loads back, and the
 drives lost (ssd-loss) and replaced."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
+from emulator.engines.ems.ssd import SsdTier
 from emulator.model.ems import ObjectMeta, Tier
-from services.ems_store.ssd import SsdTier
 
 
 def _meta(key: str, data: bytes) -> ObjectMeta:

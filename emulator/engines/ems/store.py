@@ -1,21 +1,23 @@
 """What every part of EMS's store shares: the memory pools, where copies go (the placement), the
-SSD tier, the counters and the lock, and the one way a pool or device is reached (a method of it,
-in this process directly, else over gRPC). The write and read paths, the tombstones and the
-sweep (the other modules of this package) each take this, not each other's internals.
+SSD tier, the counters and the lock, and the one way a pool or device is reached (its typed peer,
+emulator/engines/peers.py `DevicePeer`: the device's engine in this process, else the gRPC
+client; both raise EmulatorErrors). The write and read paths, the tombstones and the sweep (the
+other modules of this package) each take this, not each other's internals.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-import grpc
 import structlog
 
-from cmemu.v1 import device_pb2, ub_pb2
 from emulator.engines.clock import Timeline
+from emulator.engines.ems.ssd import SsdTier
 from emulator.engines.events import EventSink
+from emulator.engines.peers import DevicePeer
 from emulator.model.ems import (
     Counters,
     HashRing,
@@ -31,21 +33,39 @@ from emulator.model.ems import (
     spans,
     trailer_bytes,
 )
-from emulator.model.errors import RETRY_AFTER_S, UnavailableError
+from emulator.model.errors import (
+    RETRY_AFTER_S,
+    DeadlineExceededError,
+    EmulatorError,
+    NotFoundError,
+    UnavailableError,
+)
 from emulator.model.hardware import HardwareProfile
+from emulator.model.memory import Region
 from emulator.model.topology import Device, DeviceKind, Topology
-from services.ems_store.ssd import SsdTier
-from services.peers import Peers
-from services.rpc import RemoteError
+from emulator.model.ub import Completion, Op, Transaction
+
+if TYPE_CHECKING:
+    from emulator.engines.device.engine import FaultState
+
+T = TypeVar("T")
 
 MIN_PAUSE_S = 0.01  # wall floor of a periodic pause: a fast time_scale stretches the period
 IO_TIMEOUT_S = 20.0  # wall seconds one UB transaction of EMS may take: a stalled pool is passed by
 # (a bound on a hang: the transaction waits in emulated time, which a busy host slows; at 5 s a
 # loaded machine failed whole weight loads with DEADLINE_EXCEEDED)
+CALL_TIMEOUT_S = 5.0  # wall seconds a region's allocation or free may take
 PROBE_TIMEOUT_S = 1.0  # wall seconds a sweep waits for a pool's answer
-UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+UNREACHABLE: tuple[type[EmulatorError], ...] = (UnavailableError, DeadlineExceededError)
 # lazy: `.bind()` here would build the logger at import, before logging is configured (stdout)
 log = structlog.get_logger("cmemu.ems", device="ems")
+
+
+class Devices(Protocol):
+    """How the store reaches a pool or a device (services/peers.py `Peers` is one): the runtime
+    decides whether it is a direct call or a gRPC one."""
+
+    def device(self, device: Device) -> DevicePeer: ...
 
 
 def region_size(meta: ObjectMeta) -> int:
@@ -61,7 +81,7 @@ class Store:
         topology: Topology,
         profile: HardwareProfile,
         clock: Timeline,
-        peers: Peers,
+        peers: Devices,
         ssd_dir: Path,
         events: EventSink | None = None,
     ) -> None:
@@ -124,32 +144,19 @@ class Store:
 
     # --- device access -------------------------------------------------------------------------
 
-    async def call(
-        self,
-        device: Device,
-        service: str,
-        method: str,
-        request: Any,
-        deadline_s: float | None = None,
-    ) -> Any:
-        """A method of a device (in this process directly, else over gRPC); a pool that does not
-        answer is suspect at once, ahead of the next sweep."""
-        call = self.peers.device_call if service == "device" else self.peers.bus_call
+    async def _reached(self, device: Device, call: Awaitable[T]) -> T:
+        """A call to a device's peer; a pool that does not answer is suspect at once, ahead of
+        the next sweep."""
         try:
-            if deadline_s is None:
-                return await call(device, method, request)
-            return await call(device, method, request, deadline_s)
-        except RemoteError as exc:
-            if exc.code in UNREACHABLE and device.id in self.pools:
+            return await call
+        except EmulatorError as exc:
+            if isinstance(exc, UNREACHABLE) and device.id in self.pools:
                 self.suspect(device.id)
             raise
 
-    async def fault_state(self, device: Device) -> device_pb2.FaultState:
+    async def fault_state(self, device: Device) -> FaultState:
         """A device's fault state, within a probe's wait (no suspicion: the caller judges)."""
-        state: device_pb2.FaultState = await self.peers.device_call(
-            device, "GetFaultState", device_pb2.GetFaultStateRequest(), PROBE_TIMEOUT_S
-        )
-        return state
+        return await self.peers.device(device).fault_state(deadline_s=PROBE_TIMEOUT_S)
 
     def suspect(self, pool: str) -> None:
         if self.placement.suspect(pool, self.clock.now_ns()):
@@ -158,7 +165,7 @@ class Store:
     async def transfer(
         self,
         issuer: Device,
-        op: ub_pb2.UbOp.ValueType,
+        op: Op,
         *,
         pool: str,
         replica: Replica,
@@ -166,16 +173,17 @@ class Store:
         offset: int = 0,
         data: bytes = b"",
         size_only: bool = False,
-    ) -> ub_pb2.UbCompletion:
-        tx = ub_pb2.UbTransaction(
+    ) -> Completion:
+        tx = Transaction(
             op=op,
-            dst=ub_pb2.UbAddress(eid=self.pools[pool].eid, offset=replica.offset + offset),
+            dst_eid=self.pools[pool].eid,
+            dst_offset=replica.offset + offset,
             size=size,
-            data=data if op == ub_pb2.UB_OP_WRITE and not size_only else b"",
+            data=data if op is Op.WRITE and not size_only else b"",
             size_only=size_only,
         )
-        completion: ub_pb2.UbCompletion = await self.call(issuer, "bus", "Submit", tx, IO_TIMEOUT_S)
-        return completion
+        peer = self.peers.device(issuer)
+        return await self._reached(issuer, peer.submit(tx, deadline_s=IO_TIMEOUT_S))
 
     async def write_copy(
         self, issuer: Device, pool: str, replica: Replica, meta: ObjectMeta, data: bytes
@@ -184,8 +192,7 @@ class Store:
         timing = Timing()
         if not meta.real:
             done = await self.transfer(
-                issuer, ub_pb2.UB_OP_WRITE, pool=pool, replica=replica, size=meta.size,
-                size_only=True,
+                issuer, Op.WRITE, pool=pool, replica=replica, size=meta.size, size_only=True,
             )  # fmt: skip
             timing.add(done.issue_ns, done.complete_ns)
             return timing
@@ -196,7 +203,7 @@ class Store:
         elapsed = 0
         for offset, piece in pieces:
             done = await self.transfer(
-                issuer, ub_pb2.UB_OP_WRITE, pool=pool, replica=replica, size=len(piece),
+                issuer, Op.WRITE, pool=pool, replica=replica, size=len(piece),
                 offset=offset, data=piece,
             )  # fmt: skip
             timing.issue_ns = timing.issue_ns or done.issue_ns
@@ -208,22 +215,21 @@ class Store:
         region = await self.allocate(pool, region_size(meta), encode_label(meta))
         return Replica(region_id=region.region_id, offset=region.offset)
 
-    async def allocate(self, pool: str, size: int, label: str) -> device_pb2.Region:
-        request = device_pb2.AllocateRegionRequest(size=size, label=label)
-        region: device_pb2.Region = await self.call(
-            self.pools[pool], "device", "AllocateRegion", request
-        )
-        return region
+    async def allocate(self, pool: str, size: int, label: str) -> Region:
+        device = self.pools[pool]
+        peer = self.peers.device(device)
+        return await self._reached(device, peer.allocate(size, label, deadline_s=CALL_TIMEOUT_S))
 
     async def free_region(self, pool: str, region_id: int) -> bool:
         """Give a region back; False when the pool cannot be told now (it is not up)."""
         if self.placement.health[pool] is not Health.UP:
             return False
+        device = self.pools[pool]
         try:
-            request = device_pb2.FreeRegionRequest(region_id=region_id)
-            await self.call(self.pools[pool], "device", "FreeRegion", request)
-        except RemoteError as exc:
-            return exc.code is grpc.StatusCode.NOT_FOUND  # gone already
+            peer = self.peers.device(device)
+            await self._reached(device, peer.free(region_id, deadline_s=CALL_TIMEOUT_S))
+        except EmulatorError as exc:
+            return isinstance(exc, NotFoundError)  # gone already
         return True
 
     async def free_all(self, regions: dict[str, int]) -> bool:
@@ -237,15 +243,11 @@ class Store:
         """Every region of a pool, page by page; None when the pool does not answer."""
         listed: list[Listed] = []
         token = ""
+        peer = self.peers.device(pool)
         while True:
             try:
-                found = await self.peers.device_call(
-                    pool,
-                    "ListRegions",
-                    device_pb2.ListRegionsRequest(page_token=token),
-                    PROBE_TIMEOUT_S * 5,
-                )
-            except RemoteError:
+                found = await peer.list_regions(token, deadline_s=PROBE_TIMEOUT_S * 5)
+            except EmulatorError:
                 return None
             listed += [Listed(r.region_id, r.offset, r.label) for r in found.regions]
             token = found.next_page_token

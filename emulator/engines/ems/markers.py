@@ -8,9 +8,9 @@ pool it is owed to has been reconciled.
 
 from __future__ import annotations
 
+from emulator.engines.ems.store import Store, log
 from emulator.model.ems import Aborted, Tombstone, encode_abort, encode_tombstone
-from services.ems_store.store import Store, log
-from services.rpc import RemoteError
+from emulator.model.errors import EmulatorError
 
 
 class Markers:
@@ -55,7 +55,7 @@ class Markers:
             old = regions.get(pool)
             try:
                 region = await self.store.allocate(pool, 1, label)
-            except RemoteError:
+            except EmulatorError:
                 log.exception("marker not written", key=key, label=label, pool=pool)
                 continue
             regions[pool] = region.region_id

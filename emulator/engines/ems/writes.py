@@ -11,6 +11,9 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from emulator.engines.ems.markers import Markers
+from emulator.engines.ems.reads import Reads
+from emulator.engines.ems.store import Store, log
 from emulator.model.ems import (
     Health,
     ObjectMeta,
@@ -21,9 +24,6 @@ from emulator.model.ems import (
     chunk_crcs,
     encode_trailer,
 )
-from services.ems_store.markers import Markers
-from services.ems_store.reads import Reads
-from services.ems_store.store import Store, log
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,8 +4,8 @@ There is ONE for the whole plane, as the UB plane of a supernode has one fabric:
 sharing is a property of every flow crossing a link at once, so the flows of every gateway must
 be shared in one place. Splitting them (each gateway timing its own) would give two flows that
 meet on a core switch each the whole link. So the sn0 gateway times every flow of the plane and
-holds the plane's faults; the other gateways ask it over gRPC (Gateway.TimeFlow) and keep their
-own queue pairs, NPUs, statistics and gateway-down fault.
+holds the plane's faults; the other gateways ask it (`GatewayPeer.time_flow`, over gRPC from another
+process) and keep their own queue pairs, NPUs, statistics and gateway-down fault.
 
 The flows run on the same live-flow clock as the fabric's (emulator/engines/flows.py).
 """
@@ -15,13 +15,14 @@ from __future__ import annotations
 import numpy as np
 import structlog
 
-from cmemu.v1 import gateway_pb2
 from emulator.engines.clock import Timeline
 from emulator.engines.flows import FlowClock
+from emulator.engines.gateway.types import LinkStat, LinkStats
 from emulator.model.costmodel import check_duration
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import Family
-from emulator.model.rdmagraph import RdmaFault, RdmaFaultSet, RdmaGraph, RdmaRoute
+from emulator.model.rdmafault import RdmaFault
+from emulator.model.rdmagraph import RdmaFaultSet, RdmaGraph, RdmaRoute
 from emulator.model.topology import ScaleOut
 
 U64_MAX = 2**64 - 1
@@ -104,17 +105,17 @@ class PlaneAuthority:
 
     # --- statistics ----------------------------------------------------------------------------
 
-    def link_stats(self, top: int, authority: str) -> gateway_pb2.GatewayLinkStats:
+    def link_stats(self, top: int, authority: str) -> LinkStats:
         self.flows.sync()
         g, live = self.graph, self.flows.live
         cap = g.link_cap()
         utilization = np.divide(live.res_rate, cap, out=np.zeros(len(cap)), where=cap > 0)
         active = live.active_per_resource()
         order = np.argsort(-live.res_bytes, kind="stable")[:top]
-        return gateway_pb2.GatewayLinkStats(
+        return LinkStats(
             emulated_ns=self.clock.now_ns(),
-            links=[
-                gateway_pb2.GatewayLinkStat(
+            links=tuple(
+                LinkStat(
                     link=g.names[i],
                     kind=g.kinds[i].value,
                     capacity_gb_s=float(cap[i]) / 1e9,
@@ -124,7 +125,7 @@ class PlaneAuthority:
                     up=bool(g.up[i]),
                 )
                 for i in (int(x) for x in order)
-            ],
+            ),
             active_flows=len(live.flows),
             completed_flows=live.completed,
             authority=authority,

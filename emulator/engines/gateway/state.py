@@ -1,17 +1,22 @@
-"""The state of a scale-out RDMA gateway: its queue pairs, its counters, its gateway-down fault
-and, on sn0, the plane's timing authority (services/gateway_plane.py); and the checks of its
-requests' shapes. The RPCs over it are services/gateway.py's."""
+"""The state of a scale-out RDMA gateway: who it is, its queue pairs, its counters, its
+gateway-down fault and, on sn0, the plane's timing authority (plane.py); the checks of the ids
+its requests name; the clock that expires its faults; its metrics. What it does with them is
+engine.py's."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 
-from cmemu.v1 import gateway_pb2, ub_pb2
 from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
+from emulator.engines.gateway.plane import PlaneAuthority
+from emulator.engines.gateway.types import AUTHORITY, Qp, RdmaOp
+from emulator.engines.peers import GatewayDirectory, GatewayPeer
 from emulator.model.errors import (
     RETRY_AFTER_S,
     InvalidArgumentError,
@@ -23,59 +28,23 @@ from emulator.model.errors import (
 )
 from emulator.model.hardware import HardwareProfile
 from emulator.model.instruments import Family
-from emulator.model.naming import die_id, parse_endpoint, service_id
-from emulator.model.rdmagraph import RdmaFault
-from emulator.model.topology import Device, DeviceKind, ServiceKind, Topology
-from services.gateway_plane import PlaneAuthority
-from services.host import ServiceHost
-from services.peers import Peers
+from emulator.model.naming import parse_endpoint, service_id
+from emulator.model.rdmafault import RdmaFault
+from emulator.model.topology import Device, DeviceKind, Service, ServiceKind, Topology
 
-AUTHORITY = 0  # the supernode whose gateway times the plane
-DEFAULT_TOP = 20
-PEER_TIMEOUT_S = 30.0  # wall seconds a gateway waits for a peer's agreement or check
-GATEWAY_DOWN = "gateway-down"
-OP_NAME: dict[gateway_pb2.RdmaOp.ValueType, str] = {
-    gateway_pb2.RDMA_OP_WRITE: "write",
-    gateway_pb2.RDMA_OP_READ: "read",
-    gateway_pb2.RDMA_OP_SEND: "send",
-}
-UB_OP: dict[gateway_pb2.RdmaOp.ValueType, ub_pb2.UbOp.ValueType] = {
-    gateway_pb2.RDMA_OP_WRITE: ub_pb2.UB_OP_WRITE,
-    gateway_pb2.RDMA_OP_READ: ub_pb2.UB_OP_READ,
-    gateway_pb2.RDMA_OP_SEND: ub_pb2.UB_OP_SEND,
-}
-MANAGEMENT = frozenset({"InjectFault", "ClearFault", "ListFaults", "GetStats", "TimeFlow"})
-"""What a down gateway still answers: its fault control and statistics, and (sn0) the plane's
-timing, which the other gateways' traffic needs whatever state sn0's own NPUs are in."""
+OP_NAMES = tuple(op.value for op in RdmaOp)
 
 
-@dataclass
-class Qp:
-    qpn: int
-    npu: str
-    die: int
-    created_ns: int
-    state: gateway_pb2.QpState.ValueType = gateway_pb2.QP_STATE_INIT
-    remote_gateway: str = ""
-    remote_qpn: int = 0
-    remote_npu: str = ""
-    remote_die: int = 0
-    ops: int = 0
-    bytes: int = 0
+class Health(Protocol):
+    """What a gateway asks of the server that hosts it: NOT_SERVING while it is down."""
 
-    @property
-    def local_die(self) -> str:
-        return die_id(self.npu, self.die)
-
-    @property
-    def remote(self) -> str:
-        return die_id(self.remote_npu, self.remote_die)
+    async def set_serving(self, serving: bool) -> None: ...
 
 
 @dataclass
 class Counters:
-    ops: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OP_NAME.values(), 0))
-    op_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OP_NAME.values(), 0))
+    ops: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OP_NAMES, 0))
+    op_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OP_NAMES, 0))
     bytes_in: int = 0
     failed: int = 0
 
@@ -89,7 +58,7 @@ class GatewayState:
         topology: Topology,
         profile: HardwareProfile,
         clock: Timeline,
-        peers: Peers,
+        peers: GatewayDirectory,
         events: EventSink | None = None,
     ) -> None:
         if topology.scaleout is None:
@@ -114,7 +83,7 @@ class GatewayState:
         self._next_qpn = 1
         self.counters = Counters()
         self.down: RdmaFault | None = None  # the gateway-down fault, when injected
-        self.host: ServiceHost | None = None
+        self.server: Health | None = None
         self._faults_moved = asyncio.Event()
         self._closing = False
         self.log = structlog.get_logger("cmemu.gateway").bind(device=self.name)
@@ -184,39 +153,40 @@ class GatewayState:
             )
         return found
 
-    def gateway_index(self, gateway: str, *, field: str) -> int:
+    def gateway(self, gateway: str, *, field: str) -> Service:
         """A gateway of the plane by id ("sn1-gw")."""
+        for service in self.plane.gateways:
+            if service.id == gateway:
+                return service
         ids = [g.id for g in self.plane.gateways]
-        if gateway not in ids:
-            raise NotFoundError(
-                f"no gateway {quote(gateway)} on the plane; gateways: {', '.join(ids)}",
-                field=field,
-                subject=gateway,
-                reason="GATEWAY_NOT_FOUND",
-            )
-        return ids.index(gateway)
-
-    def message(self, qp: Qp) -> gateway_pb2.QueuePair:
-        return gateway_pb2.QueuePair(
-            gateway=self.name,
-            qpn=qp.qpn,
-            npu=qp.npu,
-            die=qp.die,
-            state=qp.state,
-            remote_gateway=qp.remote_gateway,
-            remote_qpn=qp.remote_qpn,
-            remote_npu=qp.remote_npu,
-            remote_die=qp.remote_die,
-            created_ns=qp.created_ns,
-            ops=qp.ops,
-            bytes=qp.bytes,
+        raise NotFoundError(
+            f"no gateway {quote(gateway)} on the plane; gateways: {', '.join(ids)}",
+            field=field,
+            subject=gateway,
+            reason="GATEWAY_NOT_FOUND",
         )
 
+    def peer(self, gateway: str) -> GatewayPeer:
+        """Another gateway of the plane by id, or this one called as the others call it."""
+        if gateway == self.name:
+            return self.as_peer()
+        return self.peers.gateway(self.gateway(gateway, field="remote_gateway"))
+
+    def as_peer(self) -> GatewayPeer:
+        """This gateway as its peers see it (the engine's, engine.py)."""
+        raise NotImplementedError
+
     def create(self, device: Device, die: int) -> Qp:
-        qp = Qp(qpn=self._next_qpn, npu=device.id, die=die, created_ns=self.clock.now_ns())
+        qp = Qp(
+            gateway=self.name,
+            qpn=self._next_qpn,
+            npu=device.id,
+            die=die,
+            created_ns=self.clock.now_ns(),
+        )
         self._next_qpn += 1
         self.qps[qp.qpn] = qp
-        return qp
+        return dataclasses.replace(qp)
 
     # --- the background: fault expiry ----------------------------------------------------------
 
@@ -248,8 +218,8 @@ class GatewayState:
 
     async def set_down(self, fault: RdmaFault | None) -> None:
         self.down = fault
-        if self.host is not None:
-            await self.host.set_serving(fault is None)
+        if self.server is not None:
+            await self.server.set_serving(fault is None)
         self.faults_moved()
 
     def metrics(self) -> list[Family]:
@@ -304,45 +274,3 @@ class GatewayState:
         self._faults_moved.set()
         if self.authority is not None:
             self.authority.close()
-
-
-def fault_proto(fault: RdmaFault) -> gateway_pb2.GatewayFault:
-    return gateway_pb2.GatewayFault(
-        id=fault.id,
-        kind=fault.kind,
-        target=fault.target,
-        factor=fault.factor,
-        for_s=fault.for_s,
-        since_ns=round(fault.since_s * 1e9),
-        until_ns=round(fault.until_s * 1e9),
-    )
-
-
-def shape(
-    op: gateway_pb2.RdmaOp.ValueType, request: gateway_pb2.RdmaRequest, inline_max: int
-) -> int:
-    """The size an op moves, its request's shape checked (never touches state)."""
-    if request.data and op == gateway_pb2.RDMA_OP_READ:
-        raise InvalidArgumentError("a READ carries no data; give size", field="data")
-    if request.data and request.size_only:
-        raise InvalidArgumentError("data and size_only are exclusive", field="size_only")
-    size = request.size
-    if request.data:
-        if size not in (0, len(request.data)):
-            raise InvalidArgumentError(
-                f"size {size} differs from len(data) {len(request.data)}", field="size"
-            )
-        size = len(request.data)
-    if size == 0:
-        raise InvalidArgumentError("size must be > 0 (or data non-empty)", field="size")
-    if op != gateway_pb2.RDMA_OP_READ and not request.data and not request.size_only:
-        raise InvalidArgumentError(
-            "WRITE and SEND carry data, or set size_only for a bulk transfer", field="data"
-        )
-    if not request.size_only and size > inline_max:
-        raise InvalidArgumentError(
-            f"{size} bytes exceed the {inline_max}-byte inline payload limit; use size_only",
-            field="size",
-            reason="PAYLOAD_TOO_LARGE",
-        )
-    return size

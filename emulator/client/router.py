@@ -1,0 +1,111 @@
+"""The router of a running emulator as a program (or `cmemu serve-model|deployments|undeploy|
+usage`) calls it: deploy, get, list and undeploy deployments (emulator/client/deployments.py),
+and what each tenant of the OpenAI endpoint used, with plain values in and out. Every failure is
+the EmulatorError its status names, the server's message unprefixed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cmemu.v1 import router_pb2, router_pb2_grpc
+from emulator.client.clients import Clients
+from emulator.client.deployments import Deployment, deployment
+from emulator.client.status import reply_of
+from emulator.model.errors import InvalidArgumentError
+from emulator.model.topology import ServiceKind
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantUsage:
+    """A tenant's sums of its responses' `usage` (see cmemu.v1.TenantUsage)."""
+
+    tenant: str
+    priority: str  # online | near-line | offline
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int  # of the prompt tokens: found in the EMS prefix cache
+    completion_tokens: int
+    total_tokens: int
+    rejected: int  # refused by a rate limit or the quota (HTTP 429)
+    quota_tokens: int  # 0: no quota
+
+
+@dataclass(frozen=True, kw_only=True)
+class UsageReport:
+    tenants: tuple[TenantUsage, ...]
+    at_ns: int  # the emulated instant of the report
+
+
+class RouterClient:
+    """The router of `clients`' supernode, over its channels (not closed here)."""
+
+    def __init__(self, clients: Clients) -> None:
+        address = clients.topology.service(ServiceKind.ROUTER).address
+        self._stub = router_pb2_grpc.RouterStub(clients.channel_to(address))
+
+    async def deploy(
+        self,
+        name: str = "",
+        *,
+        model: str = "",
+        spec_yaml: str = "",
+        decode_npus: int = 0,
+        prefill: tuple[int, int] | None = None,
+        options: Mapping[str, str] | None = None,
+        warm: bool = False,
+    ) -> Deployment:
+        """Deploy a model (its shape from `decode_npus`, `prefill` (K instances of M NPUs) and
+        `options`) or a whole `spec_yaml` document. Returns at once, LOADING: follow it with
+        `get`. `warm`: its weights already in EMS."""
+        if spec_yaml and (model or decode_npus or prefill or options):
+            raise InvalidArgumentError(
+                "spec_yaml replaces model, decode_npus, prefill and options", field="spec_yaml"
+            )
+        request = router_pb2.DeployRequest(name=name, warm=warm)
+        if spec_yaml:
+            request.spec_yaml = spec_yaml
+        else:
+            request.model = model
+            request.decode_npus = decode_npus
+            if prefill is not None:
+                request.prefill_instances, request.prefill_npus = prefill
+            for key, value in (options or {}).items():
+                request.options[key] = value
+        return deployment(await reply_of(None, self._stub.Deploy(request)))
+
+    async def get(self, name: str) -> Deployment:
+        request = router_pb2.GetDeploymentRequest(name=name)
+        return deployment(await reply_of(None, self._stub.GetDeployment(request)))
+
+    async def list(self) -> list[Deployment]:
+        request = router_pb2.ListDeploymentsRequest()
+        listed = await reply_of(None, self._stub.ListDeployments(request))
+        return [deployment(d) for d in listed.deployments]
+
+    async def undeploy(self, name: str) -> Deployment:
+        """Stop a deployment and release its NPUs: the deployment as it was left."""
+        request = router_pb2.UndeployRequest(name=name)
+        return deployment(await reply_of(None, self._stub.Undeploy(request)))
+
+    async def usage(self, tenant: str = "") -> UsageReport:
+        """Every tenant's usage, or `tenant`'s only."""
+        request = router_pb2.GetUsageRequest(tenant=tenant)
+        m = await reply_of(None, self._stub.GetUsage(request))
+        return UsageReport(
+            tenants=tuple(
+                TenantUsage(
+                    tenant=t.tenant,
+                    priority=t.priority,
+                    requests=t.requests,
+                    prompt_tokens=t.prompt_tokens,
+                    cached_tokens=t.cached_tokens,
+                    completion_tokens=t.completion_tokens,
+                    total_tokens=t.total_tokens,
+                    rejected=t.rejected,
+                    quota_tokens=t.quota_tokens,
+                )
+                for t in m.tenants
+            ),
+            at_ns=m.at_ns,
+        )

@@ -1,0 +1,167 @@
+"""The scheduler of a running emulator as a program (or `cmemu sched`) calls it: allocate,
+release, list, replace, spares and policies, with plain values in and out (the day plans:
+emulator/client/dayplan.py). Every decision and refusal is the scheduler's; a refusal is the
+EmulatorError its status names, the server's message unprefixed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
+from emulator.client.clients import Clients
+from emulator.client.status import reply_of
+from emulator.model.errors import InvalidArgumentError
+from emulator.model.scheduler.jobs import Replacement
+from emulator.model.topology import ServiceKind
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllocatedNpu:
+    id: str
+    node: str
+    rack: int
+    dies: tuple[str, ...]  # the ranks of a collective
+    failed: bool  # reported failed since it was allocated: replace it
+
+
+@dataclass(frozen=True, kw_only=True)
+class Allocation:
+    job: str
+    npus: tuple[AllocatedNpu, ...]  # in id order
+    nodes: tuple[str, ...]
+    racks: tuple[int, ...]
+    policy: str  # the policy that placed it
+    priority: int
+    whole_nodes: bool
+    same_rack: bool
+    allocated_ns: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Released:
+    job: str
+    npus: int  # given back, failed ones included
+
+
+@dataclass(frozen=True, kw_only=True)
+class Occupancy:
+    """Every allocation, in the order they were made, and the NPUs' counts."""
+
+    allocations: tuple[Allocation, ...]
+    total_npus: int
+    free_npus: int
+    allocated_npus: int
+    spare_npus: int
+    failed_npus: int  # out of service, allocated or not
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spares:
+    target: int  # how many are kept, as far as free NPUs allow
+    npus: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    name: str
+    description: str
+    default: bool
+
+
+class SchedulerClient:
+    """The scheduler of `clients`' supernode, over its channels (not closed here)."""
+
+    def __init__(self, clients: Clients) -> None:
+        address = clients.topology.service(ServiceKind.SCHEDULER).address
+        self._stub = scheduler_pb2_grpc.SchedulerStub(clients.channel_to(address))
+
+    async def allocate(
+        self,
+        job: str,
+        npus: int,
+        *,
+        whole_nodes: bool = False,
+        same_rack: bool = False,
+        priority: int = 0,
+        policy: str = "",
+    ) -> Allocation:
+        """Whole NPUs for `job` (refused, never partly granted, when they do not fit)."""
+        if npus < 1:
+            raise InvalidArgumentError(f"npus must be >= 1, got {npus}", field="npus")
+        request = scheduler_pb2.AllocateRequest(
+            job=job,
+            npus=npus,
+            whole_nodes=whole_nodes,
+            same_rack=same_rack,
+            priority=priority,
+            policy=policy,
+        )
+        return _allocation(await reply_of(None, self._stub.Allocate(request)))
+
+    async def release(self, job: str) -> Released:
+        """Give a job's NPUs back (its failed ones stay out of service)."""
+        reply = await reply_of(None, self._stub.Release(scheduler_pb2.ReleaseRequest(job=job)))
+        return Released(job=reply.job, npus=reply.npus)
+
+    async def allocations(self) -> Occupancy:
+        request = scheduler_pb2.ListAllocationsRequest()
+        m = await reply_of(None, self._stub.ListAllocations(request))
+        return Occupancy(
+            allocations=tuple(_allocation(a) for a in m.allocations),
+            total_npus=m.total_npus,
+            free_npus=m.free_npus,
+            allocated_npus=m.allocated_npus,
+            spare_npus=m.spare_npus,
+            failed_npus=m.failed_npus,
+        )
+
+    async def replace(
+        self, job: str, *, npu: str = "", node: str = ""
+    ) -> tuple[tuple[Replacement, ...], Allocation]:
+        """Swap one NPU of `job`, or all it holds in `node`, for spares (all or nothing): the
+        swaps and the allocation after."""
+        if bool(npu) == bool(node):
+            raise InvalidArgumentError("replace one npu or one node (exactly one)", field="target")
+        request = scheduler_pb2.ReplaceRequest(job=job)
+        if npu:
+            request.npu = npu
+        else:
+            request.node = node
+        m = await reply_of(None, self._stub.Replace(request))
+        swaps = tuple(Replacement(old=r.old_npu, new=r.new_npu) for r in m.replaced)
+        return swaps, _allocation(m.allocation)
+
+    async def spares(self, count: int | None = None) -> Spares:
+        """The spare NPUs; with `count`, first reserve that many (fewer frees some)."""
+        if count is None:
+            m = await reply_of(None, self._stub.GetSpares(scheduler_pb2.GetSparesRequest()))
+        elif count < 0:
+            raise InvalidArgumentError(f"count must be >= 0, got {count}", field="count")
+        else:
+            request = scheduler_pb2.SetSparesRequest(count=count)
+            m = await reply_of(None, self._stub.SetSpares(request))
+        return Spares(target=m.target, npus=tuple(m.npus))
+
+    async def policies(self) -> list[Policy]:
+        m = await reply_of(None, self._stub.ListPolicies(scheduler_pb2.ListPoliciesRequest()))
+        return [
+            Policy(name=p.name, description=p.description, default=p.name == m.default_policy)
+            for p in m.policies
+        ]
+
+
+def _allocation(m: scheduler_pb2.Allocation) -> Allocation:
+    return Allocation(
+        job=m.job,
+        npus=tuple(
+            AllocatedNpu(id=n.id, node=n.node, rack=n.rack, dies=tuple(n.dies), failed=n.failed)
+            for n in m.npus
+        ),
+        nodes=tuple(m.nodes),
+        racks=tuple(m.racks),
+        policy=m.policy,
+        priority=m.priority,
+        whole_nodes=m.whole_nodes,
+        same_rack=m.same_rack,
+        allocated_ns=m.allocated_ns,
+    )

@@ -1,0 +1,63 @@
+"""The typed EMS client (emulator/client/ems.py) against a real cm-mini in this process: real
+bytes round-trip (one Put, and the streamed path past one chunk), a size-only object keeps its
+size, listing, stat and delete answer plain values, and refusals are EmulatorErrors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from emulator.client.ems import CHUNK, EmsClient, ObjectKind
+from emulator.model.ems.index import Tier
+from emulator.model.errors import InvalidArgumentError, NotFoundError
+from emulator.runtime.supernode import Supernode
+from emulator.testing import running_supernode
+
+
+@pytest.fixture(scope="module")
+async def mini() -> AsyncIterator[Supernode]:
+    async with running_supernode("cm-mini") as supernode:
+        yield supernode
+
+
+async def test_real_bytes_round_trip_by_put_and_by_stream(mini: Supernode) -> None:
+    ems = EmsClient(mini.clients)
+    small = b"hello ems"
+    big = bytes(range(256)) * (CHUNK // 256 * 2 + 3)  # past one chunk: PutStream
+    put = await ems.put("rt-small", small, kind=ObjectKind.WEIGHTS, pinned=True)
+    assert (put.key, put.size) == ("rt-small", len(small)) and put.replicas
+    assert put.complete_ns > put.issue_ns
+    assert (await ems.put("rt-big", big)).size == len(big)
+    assert (await ems.get("rt-small")).data == small
+    got = await ems.get("rt-big", device="n00-npu0")
+    assert got.data == big and got.size == len(big) and got.served_by
+    assert (await ems.get("rt-big", keep_data=False)).data == b""
+    listed = {o.key: o for o in await ems.list("rt-")}
+    assert set(listed) == {"rt-small", "rt-big"}
+    assert listed["rt-small"].kind is ObjectKind.WEIGHTS and listed["rt-small"].pinned
+    assert listed["rt-big"].tier is Tier.DRAM
+
+
+async def test_size_only_objects_stat_and_delete(mini: Supernode) -> None:
+    ems = EmsClient(mini.clients)
+    await ems.put("so-1", size=1 << 30)
+    got = await ems.get("so-1")
+    assert (got.size, got.data) == (1 << 30, b"")
+    stat = await ems.stat()
+    assert stat.objects >= 1 and stat.replication_factor >= 1 and stat.pools
+    assert not stat.recovering and stat.pools_listed == stat.pools_total
+    assert await ems.exists("so-1")
+    assert await ems.delete("so-1")
+    assert not await ems.exists("so-1") and not await ems.delete("so-1")
+
+
+async def test_refusals_are_emulator_errors(mini: Supernode) -> None:
+    ems = EmsClient(mini.clients)
+    with pytest.raises(NotFoundError) as missing:
+        await ems.get("no-such-key")
+    assert "no-such-key" in str(missing.value)
+    with pytest.raises(InvalidArgumentError):
+        await ems.put("mismatch", b"abc", size=5)
+    with pytest.raises(NotFoundError):
+        await ems.stat("no-such-pool")

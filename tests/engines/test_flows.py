@@ -1,0 +1,59 @@
+"""The live-flow clock (emulator/engines/flows.py) at its edges: a flow in flight when the clock
+closes fails UNAVAILABLE and goes with it, and a flow that arrives after the close is refused
+the same way; neither leaves a flow that would later finish with nobody waiting (once a KeyError
+in another caller's transfer). The twin: flows on an open clock finish, each at its time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from emulator.engines.clock import Timeline
+from emulator.engines.flows import FlowClock
+from emulator.model.clock import Clock
+from emulator.model.errors import UnavailableError
+
+GB = 1e9
+
+
+def _clock() -> FlowClock:
+    return FlowClock(
+        clock=Timeline(Clock(time_scale=1000.0)), res_cap=np.array([GB]), cut_message="cut"
+    )
+
+
+async def test_flows_share_the_link_and_finish_in_order() -> None:
+    flows = _clock()
+    runner = asyncio.create_task(flows.run())
+    try:
+        start = flows.now_s()
+        small = asyncio.create_task(flows.run_flow(((0, 1.0),), GB, 0.0, int(0.5 * GB), start))
+        big = asyncio.create_task(flows.run_flow(((0, 1.0),), GB, 0.0, int(1.5 * GB), start))
+        done_small, done_big = await asyncio.gather(small, big)
+        # shared max-min: 0.5 GB each for 1 s, then the big one alone for its last 0.5 GB
+        assert done_small == pytest.approx(start + 1.0, rel=1e-6)
+        assert done_big == pytest.approx(start + 2.0, rel=1e-6)
+        assert not flows.live.flows
+    finally:
+        flows.close("stopping")
+        await runner
+
+
+async def test_a_closed_clock_fails_its_flows_drops_them_and_refuses_new_ones() -> None:
+    flows = _clock()
+    runner = asyncio.create_task(flows.run())
+    start = flows.now_s()
+    flying = asyncio.create_task(flows.run_flow(((0, 1.0),), GB, 0.0, int(1e6 * GB), start))
+    await asyncio.sleep(0)  # it is in flight
+    assert len(flows.live.flows) == 1
+    flows.close("the fabric is stopping")
+    await runner
+    with pytest.raises(UnavailableError, match="the fabric is stopping"):
+        await flying
+    assert not flows.live.flows  # gone with it: nothing finishes later for nobody
+    with pytest.raises(UnavailableError, match="the fabric is stopping"):
+        async with asyncio.timeout(30):  # a hang guard only: it is refused at once
+            await flows.run_flow(((0, 1.0),), GB, 0.0, 1000, flows.now_s())
+    flows.sync()  # nothing left to finish, and no KeyError
