@@ -295,12 +295,20 @@ async def test_a_device_back_while_it_is_being_isolated_is_restored(back: bool) 
     device answers again while the manager's MarkFailed is still in flight (held here by a hung
     scheduler), and its incident, restored then, stays restored once the isolation ends; it
     was overwritten with `isolated`, and nothing ever moved it on. The twin: a device still
-    down when the isolation ends stays isolated."""
-    async with running_supernode("cm-mini", time_scale=SCALE) as sn:
+    down when the isolation ends stays isolated.
+
+    The device comes back only once the manager has published the incident: that is when it
+    has decided to act (the incident is listed as soon as it is detected, before the manager
+    looks at it; a device back by then is never acted on, rightly, and is not this case)."""
+    async with (
+        running_supernode("cm-mini", time_scale=SCALE, broker=EMBEDDED) as sn,
+        listening(sn.topology.broker or "") as events,
+    ):
         clients = sn.clients
         victim = "n00-npu5"
         hung = await faults.inject(clients, "service-hang", "scheduler")
         await down(clients, victim)
+        await events.wait_for(lambda: events.named("manager", "incident"), within_s=600)
         await until(incidents(clients), lambda xs: any(i.device == victim for i in xs))
         if back:
             await down(clients, victim, faulted=False)
