@@ -20,8 +20,9 @@ from emulator.client.channels import SERVER_KEEPALIVE_OPTIONS
 from emulator.model.address import parse_address
 from emulator.model.errors import AddressError, AddressInUseError, InvalidArgumentError
 from services.auth import OPEN, ServerSecurity
+from services.hanggate import HangGate
 from services.reflection import enable_reflection
-from services.rpc import GUARD, HangGate
+from services.rpc import GUARD
 
 DEVICE_MANAGEMENT = frozenset(
     {"SetFaultState", "InjectFault", "ClearFault", "ListFaults", "WatchLiveness"}

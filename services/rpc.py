@@ -267,10 +267,17 @@ else:  # generic in grpc-stubs only
     _Handler = grpc.RpcMethodHandler
 
 
+_GUARDED_MAX = 16384  # guarded handlers kept (every method of every server of a process)
+
+
 class GuardInterceptor(_ServerInterceptor):
     """On every server: corrupt bodies become INVALID_ARGUMENT (a unary request, or any message
     of a client stream), and any exception a handler lets through (one not under `rpc`, a
-    stream) is logged and answered INTERNAL."""
+    stream) is logged and answered INTERNAL. Each method's guarded handler is made once and
+    kept (holding the handler, so its id names it): not one handler and closure per call."""
+
+    def __init__(self) -> None:
+        self._guarded: dict[tuple[int, str], tuple[_Handler, _Handler]] = {}
 
     async def intercept_service(
         self,
@@ -281,51 +288,64 @@ class GuardInterceptor(_ServerInterceptor):
         if handler is None:
             return handler
         method = handler_call_details.method
-        deserializer = _safe(handler.request_deserializer)
-        if handler.request_streaming:
-            return _guard_client_stream(handler, deserializer, method)
-        if handler.unary_unary is not None:
-            unary = cast(Callable[[Any, Context], Awaitable[Any]], handler.unary_unary)
+        key = (id(handler), method)
+        held = self._guarded.get(key)
+        if held is not None and held[0] is handler:
+            return held[1]
+        if len(self._guarded) >= _GUARDED_MAX:  # servers come and go (tests start thousands)
+            self._guarded.clear()
+        guarded = _guard(handler, method)
+        self._guarded[key] = (handler, guarded)
+        return guarded
 
-            async def unary_unary(request: Any, context: Context) -> Any:
-                if isinstance(request, MalformedRequest):
-                    await abort(context, request.error)
-                try:
-                    return await unary(request, context)
-                except grpc.aio.AbortError:
-                    raise
-                except Exception as exc:
-                    await abort(context, internal(exc, rpc=method))
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary,
-                request_deserializer=deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            stream = cast(Callable[[Any, Context], Any], handler.unary_stream)
+def _guard(handler: _Handler, method: str) -> _Handler:
+    """`handler` (of `method`) as GuardInterceptor serves it."""
+    deserializer = _safe(handler.request_deserializer)
+    if handler.request_streaming:
+        return _guard_client_stream(handler, deserializer, method)
+    if handler.unary_unary is not None:
+        unary = cast(Callable[[Any, Context], Awaitable[Any]], handler.unary_unary)
 
-            async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
-                if isinstance(request, MalformedRequest):
-                    await abort(context, request.error)
-                try:
-                    produced = stream(request, context)
-                    if hasattr(produced, "__aiter__"):
-                        async for item in produced:
-                            yield item
-                    else:  # a handler that writes with context.write (grpc health's Watch)
-                        await produced
-                except grpc.aio.AbortError:
-                    raise
-                except Exception as exc:
-                    await abort(context, internal(exc, rpc=method))
+        async def unary_unary(request: Any, context: Context) -> Any:
+            if isinstance(request, MalformedRequest):
+                await abort(context, request.error)
+            try:
+                return await unary(request, context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await abort(context, internal(exc, rpc=method))
 
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream,
-                request_deserializer=deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return grpc.unary_unary_rpc_method_handler(
+            unary_unary,
+            request_deserializer=deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    if handler.unary_stream is not None:
+        stream = cast(Callable[[Any, Context], Any], handler.unary_stream)
+
+        async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
+            if isinstance(request, MalformedRequest):
+                await abort(context, request.error)
+            try:
+                produced = stream(request, context)
+                if hasattr(produced, "__aiter__"):
+                    async for item in produced:
+                        yield item
+                else:  # a handler that writes with context.write (grpc health's Watch)
+                    await produced
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await abort(context, internal(exc, rpc=method))
+
+        return grpc.unary_stream_rpc_method_handler(
+            unary_stream,
+            request_deserializer=deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    return handler
 
 
 async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -408,80 +428,3 @@ def _guard_client_stream(
 
 
 GUARD = GuardInterceptor()
-
-
-MANAGEMENT_PREFIX = "/cmemu.v1.Device/"
-
-
-class HangGate(_ServerInterceptor):
-    """One per device server: while `answering` is clear (a `hang` fault) every call is
-    accepted and never answered, the health Check and Watch included (a heartbeat's deadline
-    is how a hung device is found), until the fault clears and the calls proceed. The Device
-    service's fault methods (`exempt`) keep answering: the out-of-band management path. With a
-    `delay` (a service-slow fault: an emulated-time sleep) every call waits it out first. While
-    `refusing` says why, every call is refused UNAVAILABLE at once (a service killed whose server
-    must keep answering its `exempt` calls: the fabric, which also tells the emulator's time)."""
-
-    def __init__(self, exempt: frozenset[str] = frozenset()) -> None:
-        self.answering = asyncio.Event()
-        self.answering.set()
-        self.exempt = frozenset(f"{MANAGEMENT_PREFIX}{m}" for m in exempt)
-        self.delay: Callable[[], Awaitable[None]] | None = None
-        self.refusing = ""
-
-    def exempt_methods(self, methods: frozenset[str]) -> None:
-        """Full method names (`/cmemu.v1.Fabric/GetClock`) that every state lets through."""
-        self.exempt |= methods
-
-    async def _held(self, context: Context) -> None:
-        if self.refusing:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, self.refusing)
-        await self.answering.wait()
-        delay = self.delay
-        if delay is not None:
-            await delay()
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[_Handler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> _Handler:
-        handler = await continuation(handler_call_details)
-        if (
-            (self.answering.is_set() and self.delay is None and not self.refusing)
-            or handler is None
-            or handler_call_details.method in self.exempt
-            or handler.request_streaming
-        ):
-            return handler
-        held = self._held
-        if handler.unary_unary is not None:
-            unary = cast(Callable[[Any, Context], Awaitable[Any]], handler.unary_unary)
-
-            async def unary_unary(request: Any, context: Context) -> Any:
-                await held(context)
-                return await unary(request, context)
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            stream = cast(Callable[[Any, Context], Any], handler.unary_stream)
-
-            async def unary_stream(request: Any, context: Context) -> AsyncIterator[Any]:
-                await held(context)
-                produced = stream(request, context)
-                if hasattr(produced, "__aiter__"):
-                    async for item in produced:
-                        yield item
-                else:
-                    await produced
-
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler

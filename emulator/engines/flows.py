@@ -33,6 +33,7 @@ class FlowClock:
         self._closing = False
         self._closed = ""  # why no flow runs any more (close's message)
         self._changed = asyncio.Event()
+        self._settling = False  # a _settle is scheduled
 
     def now_s(self) -> float:
         return self.clock.now_ns() / 1e9
@@ -60,8 +61,29 @@ class FlowClock:
                 future.set_result(fluid_end_s + latency_s)
 
     def _wake(self) -> None:
-        """Tell the clock loop that the next event may have moved."""
-        self._changed.set()
+        """The next event may have moved: settle the flows once this round of the event loop is
+        done (every flow that arrived in it is in by then, so flows issued together share)."""
+        if self._settling:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop runs (a caller outside one): the clock loop settles
+            self._changed.set()
+            return
+        self._settling = True
+        loop.call_soon(self._settle)
+
+    def _settle(self) -> None:
+        """Bring the flows up to the present: a small flow (a UB transaction) has ended by then,
+        and its caller is answered with no round of the clock loop (its tasks, futures and
+        timer cost more than the transaction). The loop is woken only for what is still in
+        flight; with nothing left, a wake it had scheduled finds nothing to do."""
+        self._settling = False
+        if self._closing:
+            return
+        self.sync()
+        if self.live.flows:
+            self._changed.set()
 
     async def run(self) -> None:
         """Wait until the next flow completes or the flows change, bring the flows up to the

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import errno
 import socket
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from types import TracebackType
 
 QUOTE_MAX = 200
 """At most this many characters of any input are echoed in a message, a log field or metadata."""
@@ -90,21 +90,45 @@ class EmulatorError(Exception):
             self.retry_after_s = retry_after_s
 
 
-@contextmanager
-def blame(
-    *,
-    field: str | None = None,
-    subject: str | None = None,
-    reason: str | None = None,
-    retry_after_s: float | None = None,
-    on: type[EmulatorError] | tuple[type[EmulatorError], ...] = EmulatorError,
-) -> Iterator[None]:
-    """Annotate (see EmulatorError.annotate) every error of class `on` raised inside the block."""
-    try:
-        yield
-    except on as exc:
-        exc.annotate(field=field, subject=subject, reason=reason, retry_after_s=retry_after_s)
-        raise
+class blame:
+    """Annotate (see EmulatorError.annotate) every error of class `on` raised inside the block.
+    A class, not a generator: every UB transaction enters several, and a generator-based
+    context manager costs a generator and its frame each time."""
+
+    __slots__ = ("field", "on", "reason", "retry_after_s", "subject")
+
+    def __init__(
+        self,
+        *,
+        field: str | None = None,
+        subject: str | None = None,
+        reason: str | None = None,
+        retry_after_s: float | None = None,
+        on: type[EmulatorError] | tuple[type[EmulatorError], ...] = EmulatorError,
+    ) -> None:
+        self.field = field
+        self.subject = subject
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+        self.on = on
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc is not None and isinstance(exc, self.on):
+            exc.annotate(
+                field=self.field,
+                subject=self.subject,
+                reason=self.reason,
+                retry_after_s=self.retry_after_s,
+            )
+        # None: the error (annotated or not) goes on as raised
 
 
 class InvalidArgumentError(EmulatorError):

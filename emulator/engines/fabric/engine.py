@@ -189,7 +189,8 @@ class FabricEngine:
         oldest = now - round(self.clock.clock.rate * self.profile.clock.stamp_max_age_s * 1e9)
         # never from the future, nor from further back than a transit: a wrong clock's
         issue_ns = tx.issue_ns if max(0, oldest) < tx.issue_ns <= now else now
-        tx = dataclasses.replace(tx, issue_ns=issue_ns)
+        if issue_ns != tx.issue_ns:  # a copy only when the stamp changes (not on the hot path)
+            tx = dataclasses.replace(tx, issue_ns=issue_ns)
         # The target checks first (a bad address fails at once, nothing is timed for it) and
         # applies when the flow completes: a transfer that fails applies nothing, and a READ
         # returns the bytes as of its completion.

@@ -32,5 +32,16 @@ class HashRing:
                 yield pool
 
     def owners(self, key: str, count: int, *, usable: Iterable[str] | None = None) -> list[str]:
+        """The first `count` pools of the key's walk among `usable`: the walk stops there (a
+        put's placement; cm384's ring has thousands of points, walked whole it cost most of a
+        Put)."""
         allowed = set(self.pools if usable is None else usable)
-        return [p for p in self.walk(key) if p in allowed][:count]
+        found: list[str] = []
+        if count <= 0:
+            return found
+        for pool in self.walk(key):
+            if pool in allowed:
+                found.append(pool)
+                if len(found) == count:
+                    break
+        return found
