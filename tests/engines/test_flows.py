@@ -57,3 +57,30 @@ async def test_a_closed_clock_fails_its_flows_drops_them_and_refuses_new_ones() 
         async with asyncio.timeout(30):  # a hang guard only: it is refused at once
             await flows.run_flow(((0, 1.0),), GB, 0.0, 1000, flows.now_s())
     flows.sync()  # nothing left to finish, and no KeyError
+
+
+async def test_a_flow_that_has_ended_is_answered_without_the_clock_loop() -> None:
+    """Settled at the end of the loop round it arrived in (no round of the clock loop, which
+    is not even running here): a UB transaction's flow ends within nanoseconds."""
+    flows = _clock()
+    try:
+        start = flows.now_s() - 1.0  # issued a second ago: over by any reading of the clock
+        done = await flows.run_flow(((0, 1.0),), GB, 0.0, 64, start)
+        assert done == pytest.approx(start + 64 / GB) and not flows.live.flows
+    finally:
+        flows.close("stopping")
+
+
+async def test_a_flow_still_in_flight_waits_for_the_clock_loop() -> None:
+    """The twin: a flow not over at the settle (a million emulated seconds) is left to the
+    clock loop, and none is running, so it is still waiting after many loop rounds."""
+    flows = _clock()
+    try:
+        task = asyncio.create_task(flows.run_flow(((0, 1.0),), GB, 0.0, 10**18, flows.now_s()))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not task.done() and len(flows.live.flows) == 1
+    finally:
+        flows.close("stopping")
+    with pytest.raises(UnavailableError):
+        await task
