@@ -24,7 +24,8 @@ from emulator.model.costmodel import (
 )
 from emulator.model.endpoints import Endpoint
 from emulator.model.errors import InvalidArgumentError, OutOfRangeError, UnavailableError
-from emulator.model.flowsim import Crossings, FlowBatch, simulate, weighted_sum
+from emulator.model.fairshare import Crossings, weighted_sum
+from emulator.model.flowsim import FlowBatch, simulate
 from emulator.model.linkgraph import LinkGraph
 from emulator.model.routes import RouteKind, base_latency_s, flow_plane_caps, l2_plane_caps
 from emulator.model.topology import DeviceKind
@@ -216,14 +217,8 @@ class DieFlows:
         if last is None or not (_same(last[0], src) and _same(last[1], dst)):
             last = self._last = (src, dst, self._route(src, dst))
         routes = last[2]
-        return FlowBatch(
-            inc_flow=routes.inc_flow,
-            inc_res=routes.inc_res,
-            inc_w=routes.inc_w,
-            flow_cap=routes.flow_cap,
-            nbytes=nbytes,
-            latency_s=routes.latency_s,
-            crossings=routes.crossings,
+        return FlowBatch.crossing(
+            routes.crossings, flow_cap=routes.flow_cap, nbytes=nbytes, latency_s=routes.latency_s
         )
 
     def _route(self, src: IntArray, dst: IntArray) -> PairRoutes:
@@ -267,11 +262,7 @@ class DieFlows:
             raise UnavailableError(
                 f"no live UB plane between ranks {int(src[dead])} and {int(dst[dead])}"
             )
-        slot, flow = np.nonzero(crossed)
         return PairRoutes(
-            inc_flow=flow.astype(np.int64),
-            inc_res=res[slot, flow],
-            inc_w=np.ones(len(flow)),
             flow_cap=cap,
             latency_s=latency,
             crossings=Crossings(res, crossed.astype(np.float64)),
@@ -282,9 +273,6 @@ class DieFlows:
 class PairRoutes:
     """The routes of a set of (source, destination) pairs, as FlowBatch takes them."""
 
-    inc_flow: IntArray
-    inc_res: IntArray
-    inc_w: FloatArray
     flow_cap: FloatArray
     latency_s: FloatArray
     crossings: Crossings

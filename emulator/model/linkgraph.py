@@ -32,7 +32,7 @@ from emulator.model.errors import (
     OutOfRangeError,
     quote,
 )
-from emulator.model.flowsim import weighted_sum
+from emulator.model.fairshare import weighted_sum
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.naming import (
     DieName,
