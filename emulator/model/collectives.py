@@ -262,11 +262,10 @@ class DieFlows:
             raise UnavailableError(
                 f"no live UB plane between ranks {int(src[dead])} and {int(dst[dead])}"
             )
-        return PairRoutes(
-            flow_cap=cap,
-            latency_s=latency,
-            crossings=Crossings(res, crossed.astype(np.float64)),
-        )
+        w = crossed.astype(np.float64)
+        for kept in (cap, latency, res, w):  # shared by every batch between these pairs
+            kept.flags.writeable = False
+        return PairRoutes(flow_cap=cap, latency_s=latency, crossings=Crossings(res, w))
 
 
 @dataclass(frozen=True, kw_only=True)

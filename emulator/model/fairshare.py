@@ -73,11 +73,14 @@ class Crossings:
 
 @dataclass(frozen=True)
 class Solvable:
-    """Crossings with the padding pointing at resource n_res, a spare one of infinite capacity
-    that no flow uses (the solver's arrays have n_res + 1 resources), and each resource's sum of
-    shares over every flow (its load: the first pass's, and the bytes it carries when every flow
-    moves the same)."""
+    """Crossings over the resources some flow crosses (`busy`, renumbered 0..k-1: a 64-die
+    collective on cm384 crosses a few hundred of its 2,880 trunks, and every pass costs per
+    resource too), with the padding pointing at resource k, a spare one of infinite capacity
+    that no flow uses (the solver's arrays have k + 1 resources: `caps`), and each resource's
+    sum of shares over every flow (its load: the first pass's, and the bytes it carries when
+    every flow moves the same)."""
 
+    busy: IntArray
     rows: IntArray
     flat: IntArray
     w: FloatArray
@@ -86,10 +89,31 @@ class Solvable:
 
     @classmethod
     def of(cls, crossings: Crossings, n_res: int) -> Solvable:
-        rows: IntArray = np.where(crossings.res < 0, n_res, crossings.res)
+        crossed = np.zeros(n_res + 1, dtype=bool)
+        crossed[crossings.res] = True  # the padding (-1) marks the spare last one
+        busy = np.flatnonzero(crossed[:n_res])
+        local = np.full(n_res + 1, len(busy), dtype=np.int64)  # the padding: local[-1]
+        local[busy] = np.arange(len(busy))
+        rows: IntArray = local[crossings.res]
         flat, w_flat = rows.ravel(), crossings.w.ravel()
-        load = weighted_sum(flat, w_flat, n_res + 1)
-        return cls(rows, flat, crossings.w, w_flat, load)
+        load = weighted_sum(flat, w_flat, len(busy) + 1)
+        return cls(busy, rows, flat, crossings.w, w_flat, load)
+
+    def caps(self, res_cap: FloatArray) -> FloatArray:
+        """The capacities of the busy resources, and the padding's (infinite)."""
+        return np.append(res_cap[self.busy].astype(np.float64), np.inf)
+
+    def carried(self, per_flow: FloatArray) -> FloatArray:
+        """Per busy resource, the sum of each flow's `per_flow` times its share."""
+        if len(per_flow) and per_flow.min() == per_flow.max():  # alike (a mesh): the load's
+            return self.load * float(per_flow[0])
+        return weighted_sum(self.flat, (self.w * per_flow).ravel(), len(self.load))
+
+    def spread(self, local: FloatArray, n_res: int) -> FloatArray:
+        """Per busy resource (and the padding) -> per resource of all n_res (0 elsewhere)."""
+        out = np.zeros(n_res)
+        out[self.busy] = local[:-1]
+        return out
 
 
 def maxmin_rates(
@@ -111,22 +135,19 @@ def maxmin(
     flow_cap: FloatArray,
 ) -> tuple[FloatArray, FloatArray]:
     """Rates, and what each resource has left over (about 0 where it is a bottleneck)."""
-    n_res = len(res_cap)
-    crossings = Crossings.of(inc_flow, inc_res, inc_w, len(flow_cap))
-    rate, left = fill(
-        crossings.solvable(n_res),
-        np.append(res_cap.astype(np.float64), np.inf),
-        flow_cap,
-        np.ones(len(flow_cap), dtype=bool),
-    )
-    return rate, left[:n_res]
+    flows = Crossings.of(inc_flow, inc_res, inc_w, len(flow_cap)).solvable(len(res_cap))
+    cap = flows.caps(res_cap)
+    rate, left = fill(flows, cap, flow_cap, np.ones(len(flow_cap), dtype=bool))
+    residual = res_cap.astype(np.float64)  # a copy: what no flow crosses keeps all of it
+    residual[flows.busy] = left[:-1]
+    return rate, residual
 
 
 def fill(
     flows: Solvable, cap: FloatArray, flow_cap: FloatArray, live: BoolArray
 ) -> tuple[FloatArray, FloatArray]:
-    """Max-min rates of the `live` flows (the others get 0) over resources of capacity `cap`
-    (the last one the padding's: Solvable), and what each resource has left over.
+    """Max-min rates of the `live` flows (the others get 0) over the busy resources of capacity
+    `cap` (Solvable.caps: the last one the padding's), and what each has left over.
 
     Progressive filling, with every bottleneck that is already decided frozen in the same pass:
     a resource's fill level (what its unfrozen flows would each get if it saturated, after the
@@ -135,41 +156,48 @@ def fill(
     at that level whatever else happens, and a flow whose ceiling is below the level of all its
     resources ends at its ceiling. Freezing all of those at once gives the same allocation as
     raising one common level, in as many passes as the bottlenecks have levels of dependency
-    rather than one pass per distinct rate. A frozen flow takes no part: its shares count as 0
-    and its bottleneck as infinite.
+    rather than one pass per distinct rate. The frozen flows' columns are dropped after each
+    pass, so later passes (and the recomputations of a batch whose flows complete one by one)
+    cost what is left to share, not the whole batch.
     """
-    n_flows, n_slots = len(flow_cap), len(cap)
-    rows, flat, w = flows.rows, flows.flat, flows.w
-    rate = np.zeros(n_flows)
+    n_slots = len(cap)
+    rate = np.zeros(len(flow_cap))
     spare = cap.copy()
-    frozen = ~live
-    everyone = bool(live.all())
-    w_live = w if everyone else np.where(frozen, 0.0, w)
-    while not frozen.all():
-        if everyone:  # the first pass over every flow: their load, known
-            wsum, everyone = flows.load, False
-        else:
-            wsum = weighted_sum(flat, w_live.ravel(), n_slots)
+    if live.all():  # the first pass's load is known
+        idx, rows, w, ceiling, wsum = None, flows.rows, flows.w, flow_cap, flows.load
+    else:
+        idx = np.flatnonzero(live)
+        rows, w, ceiling = flows.rows[:, idx], flows.w[:, idx], flow_cap[idx]
+        wsum = weighted_sum(rows.ravel(), w.ravel(), n_slots)
+    live_rows, live_w = rows, w  # every live flow's, for what they carry in the end
+    left = np.arange(len(ceiling))  # the unfrozen flows, as columns of the live ones
+    live_rate = np.zeros(len(ceiling))
+    while left.size:
         used = wsum > 0
         level = np.full(n_slots, np.inf)
         level[used] = np.maximum(spare[used], 0.0) / wsum[used]
         levels = np.take(level, rows)
-        bottleneck = np.minimum(flow_cap, levels.min(axis=0))  # each flow: its lowest level
-        bottleneck[frozen] = np.inf
-        if not np.isfinite(bottleneck[~frozen]).all():
+        bottleneck = np.minimum(ceiling, levels.min(axis=0))  # each flow: its lowest level
+        if not np.isfinite(bottleneck).all():
             raise UnavailableError("a flow crosses no resource and has no ceiling")
         # a resource is decided when no flow of it has a lower bottleneck (up to REL_TOL)
         limit = bottleneck * (1 + REL_TOL)
         blocked = np.zeros(n_slots, dtype=bool)
         blocked[rows[levels > limit]] = True
         decided = used & ~blocked
-        newly = ~frozen & (np.take(decided, rows).any(axis=0) | (flow_cap <= limit))
-        rate[newly] = bottleneck[newly]
-        frozen |= newly
-        if frozen.all():  # the last pass: nothing left to share (an EP320 dispatch's only one)
+        newly = np.take(decided, rows).any(axis=0) | (ceiling <= limit)
+        live_rate[left[newly]] = bottleneck[newly]
+        if newly.all():  # the last pass: nothing left to share (an EP320 dispatch's only one)
             break
-        going = w_live[:, newly] * rate[newly]
-        spare -= weighted_sum(rows[:, newly].ravel(), going.ravel(), n_slots)
-        w_live = np.where(frozen, 0.0, w_live)
-    carried = weighted_sum(flat, (w * rate).ravel(), n_slots)
+        go, stay = np.flatnonzero(newly), np.flatnonzero(~newly)  # (columns: by index, faster)
+        going = w.take(go, axis=1) * bottleneck[go]
+        spare -= weighted_sum(rows.take(go, axis=1).ravel(), going.ravel(), n_slots)
+        left, ceiling = left[stay], ceiling[stay]
+        rows, w = rows.take(stay, axis=1), w.take(stay, axis=1)
+        wsum = weighted_sum(rows.ravel(), w.ravel(), n_slots)
+    carried = weighted_sum(live_rows.ravel(), (live_w * live_rate).ravel(), n_slots)
+    if idx is None:
+        rate = live_rate
+    else:
+        rate[idx] = live_rate
     return rate, cap - carried

@@ -136,20 +136,18 @@ def simulate(batch: FlowBatch, res_cap: FloatArray, *, rel_tol: float = SIM_REL_
     n, n_res = batch.size, len(res_cap)
     flows = batch.matrix.solvable(n_res)
     rows = flows.rows
-    cap = np.append(res_cap.astype(np.float64), np.inf)  # the padding's resource: see fill
+    cap = flows.caps(res_cap)  # of the resources the flows cross, renumbered: see Solvable
+    n_busy = len(flows.busy)
     remaining = batch.nbytes.astype(np.float64).copy()
     fluid_end = np.zeros(n)
     done = remaining <= 0
     now = 0.0
     events = 0
     recomputations = 0
-    if n and batch.nbytes.min() == batch.nbytes.max():  # alike (a mesh): no pass over flows
-        res_bytes = flows.load[:n_res] * float(batch.nbytes[0])
-    else:
-        res_bytes = weighted_sum(flows.flat, (flows.w * batch.nbytes).ravel(), n_res + 1)[:n_res]
+    res_bytes = flows.spread(flows.carried(batch.nbytes), n_res)
     rate = np.zeros(n)
     old_rate, lag = rate, np.zeros(n)
-    saturated = np.zeros(n_res + 1, dtype=bool)
+    saturated = np.zeros(n_busy + 1, dtype=bool)
     stale = True
     while not done.all():
         active = ~done
@@ -159,7 +157,7 @@ def simulate(batch: FlowBatch, res_cap: FloatArray, *, rel_tol: float = SIM_REL_
             if (rate[active] <= 0).any():
                 raise UnavailableError("some flows have no bandwidth left on their route")
             saturated = residual <= 1e-6 * cap
-            saturated[n_res] = False
+            saturated[n_busy] = False
             # The batch's completions changed these rates at their mean instant, not at its end:
             # credit (or debit) the survivors with the difference since then.
             if events:  # (the first computation has no batch behind it)
@@ -182,7 +180,7 @@ def simulate(batch: FlowBatch, res_cap: FloatArray, *, rel_tol: float = SIM_REL_
             break
         # Rates change only if a finished flow released a saturated resource that a remaining
         # flow crosses; otherwise the max-min allocation of the others is the same.
-        released = np.zeros(n_res + 1, dtype=bool)
+        released = np.zeros(n_busy + 1, dtype=bool)
         released[rows[:, np.flatnonzero(finishing)]] = True
         released &= saturated
         stale = bool(released.any()) and bool((np.take(released, rows).any(axis=0) & ~done).any())
