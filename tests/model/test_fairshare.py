@@ -20,7 +20,7 @@ from emulator.model.collectives import ALGORITHMS, DieFlows, moe_ranks, run_coll
 from emulator.model.collectivespec import CollectiveSpec
 from emulator.model.costmodel import moe_bytes_per_token
 from emulator.model.endpoints import Endpoint
-from emulator.model.fairshare import Crossings, maxmin
+from emulator.model.fairshare import Crossings, fill, maxmin
 from emulator.model.flowsim import SIM_REL_TOL, FlowBatch, weighted_sum
 from emulator.model.linkfaults import FaultSet, FaultSpec
 from emulator.model.linkgraph import LinkGraph, validate_ranks
@@ -229,7 +229,7 @@ def test_crossings_hold_the_incidences_they_were_built_from() -> None:
     assert back == set(zip(inc_flow.tolist(), inc_res.tolist(), inc_w.tolist(), strict=True))
 
 
-def test_maxmin_agrees_with_the_incidence_list_solver_on_random_flows() -> None:
+def test_fill_agrees_with_the_incidence_list_solver_on_random_flows() -> None:
     rng = np.random.default_rng(3)
     for _ in range(20):
         n_flows, n_res = int(rng.integers(1, 60)), int(rng.integers(1, 12))
@@ -241,7 +241,11 @@ def test_maxmin_agrees_with_the_incidence_list_solver_on_random_flows() -> None:
         flow_cap = np.where(rng.random(n_flows) < 0.3, rng.uniform(0.1, 2.0, n_flows), np.inf)
         order = rng.permutation(len(inc_flow))  # any order of incidences
         args = inc_flow[order], inc_res[order], inc_w[order], res_cap, flow_cap
-        rate, left = maxmin(*args)
+        flows = Crossings.of(*args[:3], n_flows).solvable(n_res)
+        rate, busy_left = fill(flows, flows.caps(res_cap), flow_cap, np.ones(n_flows, bool))
+        left = res_cap.copy()
+        left[flows.busy] = busy_left[:-1]
         old_rate, old_left = _old_maxmin(*args)
+        np.testing.assert_allclose(maxmin(*args)[0], old_rate, rtol=1e-9)
         np.testing.assert_allclose(rate, old_rate, rtol=1e-9)
         np.testing.assert_allclose(left, old_left, rtol=1e-9, atol=1e-9)
