@@ -8,6 +8,7 @@ rank at once), registered by name in ALGORITHMS.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -23,7 +24,8 @@ from emulator.model.costmodel import (
 )
 from emulator.model.endpoints import Endpoint
 from emulator.model.errors import InvalidArgumentError, OutOfRangeError, UnavailableError
-from emulator.model.flowsim import FlowBatch, simulate, weighted_sum
+from emulator.model.fairshare import Crossings, weighted_sum
+from emulator.model.flowsim import FlowBatch, simulate
 from emulator.model.linkgraph import LinkGraph
 from emulator.model.routes import RouteKind, base_latency_s, flow_plane_caps, l2_plane_caps
 from emulator.model.topology import DeviceKind
@@ -58,10 +60,16 @@ class CollectiveTiming:
         return self.transfer_s + self.overhead_s
 
 
+@functools.lru_cache(maxsize=8)
 def _pairs(n: int) -> tuple[IntArray, IntArray]:
+    """Every ordered pair of distinct ranks: shared by every phase over n ranks (read-only),
+    so that DieFlows knows the pairs it routed last by identity."""
     src, dst = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
     mask = src != dst
-    return src[mask].astype(np.int64), dst[mask].astype(np.int64)
+    pairs = src[mask].astype(np.int64), dst[mask].astype(np.int64)
+    for a in pairs:
+        a.flags.writeable = False
+    return pairs
 
 
 def _mesh(n: int, per_pair: float) -> Phase:
@@ -198,12 +206,23 @@ class DieFlows:
                 raise UnavailableError(
                     f"ranks span a partition: {sorted(sides[0])[0]} / {sorted(sides[1])[0]}"
                 )
+        self._last: tuple[IntArray, IntArray, PairRoutes] | None = None
 
     def batch(self, phase: Phase) -> FlowBatch:
-        keep = phase.nbytes > 0
-        src, dst, nbytes = phase.src[keep], phase.dst[keep], phase.nbytes[keep]
+        """The phase's flows of more than 0 bytes, with their routes. The routes of the last
+        set of pairs are kept: an all-reduce's two phases, and a MoE layer's dispatch after
+        dispatch, move different bytes between the same pairs."""
+        src, dst, nbytes = _moving(phase)
+        last = self._last
+        if last is None or not (_same(last[0], src) and _same(last[1], dst)):
+            last = self._last = (src, dst, self._route(src, dst))
+        routes = last[2]
+        return FlowBatch.crossing(
+            routes.crossings, flow_cap=routes.flow_cap, nbytes=nbytes, latency_s=routes.latency_s
+        )
+
+    def _route(self, src: IntArray, dst: IntArray) -> PairRoutes:
         n = len(src)
-        flows = np.arange(n, dtype=np.int64)
         sib = np.zeros(n, dtype=bool)
         sib_caps: list[tuple[int, int, float]] = []
         for f in np.flatnonzero(self.npu[src] == self.npu[dst]).tolist():
@@ -223,35 +242,51 @@ class DieFlows:
             ],
             self.same_table[out_of, in_of],
         )
-        inc_flow = [flows[~sib], flows[~sib], flows[cross], flows[cross]]
-        inc_res = [
-            self.out[src[~sib]],
-            self.inn[dst[~sib]],
-            self.up[self.node[src[cross]]],
-            self.down[self.node[dst[cross]]],
-        ]
+        # one row per slot (Crossings): the die's ports out and in, then across nodes the
+        # source node's uplinks and the destination node's downlinks; a sibling flow crosses
+        # its die-to-die link only
+        res = np.full((4, n), -1, dtype=np.int64)
+        res[0, ~sib] = self.out[src[~sib]]
+        res[1, ~sib] = self.inn[dst[~sib]]
+        res[2, cross] = self.up[self.node[src[cross]]]
+        res[3, cross] = self.down[self.node[dst[cross]]]
         if sib_caps:
             f_sib, trunk, d2d_cap = (np.array(c) for c in zip(*sib_caps, strict=True))
-            inc_flow.append(f_sib.astype(np.int64))
-            inc_res.append(trunk.astype(np.int64))
-            cap[f_sib] = d2d_cap
-        all_flow = np.concatenate(inc_flow)
-        all_res = np.concatenate(inc_res)
-        if self.extra.any():
-            latency = latency + weighted_sum(all_flow, self.extra[all_res], n)
+            res[0, f_sib.astype(np.int64)] = trunk.astype(np.int64)
+            cap[f_sib.astype(np.int64)] = d2d_cap
+        crossed = res >= 0
+        if self.extra.any():  # summed slot by slot: a flow's trunks in the order above
+            latency = latency + np.where(crossed, self.extra[res], 0.0).sum(axis=0)
         if (cap <= 0).any():
             dead = int(np.flatnonzero(cap <= 0)[0])
             raise UnavailableError(
                 f"no live UB plane between ranks {int(src[dead])} and {int(dst[dead])}"
             )
-        return FlowBatch(
-            inc_flow=all_flow,
-            inc_res=all_res,
-            inc_w=np.ones(len(all_flow)),
-            flow_cap=cap,
-            nbytes=nbytes,
-            latency_s=latency,
-        )
+        w = crossed.astype(np.float64)
+        for kept in (cap, latency, res, w):  # shared by every batch between these pairs
+            kept.flags.writeable = False
+        return PairRoutes(flow_cap=cap, latency_s=latency, crossings=Crossings(res, w))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairRoutes:
+    """The routes of a set of (source, destination) pairs, as FlowBatch takes them."""
+
+    flow_cap: FloatArray
+    latency_s: FloatArray
+    crossings: Crossings
+
+
+def _moving(phase: Phase) -> tuple[IntArray, IntArray, FloatArray]:
+    """The phase's flows of more than 0 bytes (all of them, as they are, in a mesh)."""
+    keep = phase.nbytes > 0
+    if keep.all():
+        return phase.src, phase.dst, phase.nbytes
+    return phase.src[keep], phase.dst[keep], phase.nbytes[keep]
+
+
+def _same(a: IntArray, b: IntArray) -> bool:
+    return a is b or np.array_equal(a, b)
 
 
 def _distinct(rows: FloatArray) -> tuple[FloatArray, IntArray]:
@@ -296,7 +331,9 @@ def run_collective(
         )
     for phase in phases:
         _check_memory(phase, len(ranks), profile.npu.hbm_bytes_per_die)
-    routes = DieFlows(graph, ranks)
+    routes = graph.memo(
+        ("collective routes", tuple(e.name for e in ranks)), lambda: DieFlows(graph, ranks)
+    )
     caps = graph.trunk_cap()
     start = 0.0
     res_bytes = np.zeros(len(caps))
@@ -306,11 +343,9 @@ def run_collective(
         if batch.size == 0:
             continue
         result = simulate(batch, caps)
-        keep = phase.nbytes > 0
+        src, dst, _ = _moving(phase)
         gb_s = batch.nbytes / np.maximum(result.fluid_end_s, 1e-30) / 1e9
-        parts.append(
-            (phase.src[keep], phase.dst[keep], batch.nbytes, start + result.complete_s, gb_s)
-        )
+        parts.append((src, dst, batch.nbytes, start + result.complete_s, gb_s))
         start += float(result.complete_s.max())
         res_bytes += result.res_bytes
     if not parts:

@@ -19,93 +19,91 @@ import numpy as np
 import numpy.typing as npt
 
 from emulator.model.errors import UnavailableError
+from emulator.model.fairshare import (
+    REL_TOL,
+    Crossings,
+    Incidences,
+    fill,
+    maxmin_rates,
+    weighted_sum,
+)
+
+__all__ = [  # and, from fairshare.py, the max-min solver flowsim's users have always imported here
+    "SIM_REL_TOL",
+    "BatchResult",
+    "FlowBatch",
+    "LiveFlows",
+    "maxmin_rates",
+    "simulate",
+    "weighted_sum",
+]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-REL_TOL = 1e-9
 SIM_REL_TOL = 1e-2  # simulate's batching of completions: see simulate
 TIME_EPS_S = 1e-12  # below this a remainder is float noise: emulated time cannot even resolve it
 
 
-def weighted_sum(index: IntArray, weights: FloatArray, size: int) -> FloatArray:
-    """Per-bucket sums (np.bincount with weights, typed as the float array it is)."""
-    return np.bincount(index, weights=weights, minlength=size).astype(np.float64, copy=False)
-
-
-def maxmin_rates(
-    inc_flow: IntArray,
-    inc_res: IntArray,
-    inc_w: FloatArray,
-    res_cap: FloatArray,
-    flow_cap: FloatArray,
-) -> FloatArray:
-    """Weighted max-min fair rates of len(flow_cap) flows over resources of capacity res_cap."""
-    return maxmin(inc_flow, inc_res, inc_w, res_cap, flow_cap)[0]
-
-
-def maxmin(
-    inc_flow: IntArray,
-    inc_res: IntArray,
-    inc_w: FloatArray,
-    res_cap: FloatArray,
-    flow_cap: FloatArray,
-) -> tuple[FloatArray, FloatArray]:
-    """Rates, and what each resource has left over (about 0 where it is a bottleneck).
-
-    Progressive filling, with every bottleneck that is already decided frozen in the same pass:
-    a resource's fill level (what its unfrozen flows would each get if it saturated, after the
-    frozen flows' use) only rises as flows freeze elsewhere, at lower rates than it. So a resource
-    whose level is the lowest of every resource its flows cross (and of their ceilings) saturates
-    at that level whatever else happens, and a flow whose ceiling is below the level of all its
-    resources ends at its ceiling. Freezing all of those at once gives the same allocation as
-    raising one common level, in as many passes as the bottlenecks have levels of dependency
-    rather than one pass per distinct rate.
-    """
-    n_flows, n_res = len(flow_cap), len(res_cap)
-    cap = res_cap.astype(np.float64)
-    spare = cap.copy()
-    rate = np.zeros(n_flows)
-    frozen = np.zeros(n_flows, dtype=bool)
-    f_live, r_live, w_live = inc_flow, inc_res, inc_w  # the incidences of unfrozen flows
-    while not frozen.all():
-        wsum = weighted_sum(r_live, w_live, n_res)
-        used = wsum > 0
-        level = np.full(n_res, np.inf)
-        level[used] = np.maximum(spare[used], 0.0) / wsum[used]
-        bottleneck = np.where(frozen, np.inf, flow_cap)  # each unfrozen flow: its lowest level
-        np.minimum.at(bottleneck, f_live, level[r_live])
-        if not np.isfinite(bottleneck[~frozen]).all():
-            raise UnavailableError("a flow crosses no resource and has no ceiling")
-        lowest = np.full(n_res, np.inf)  # each resource: the lowest bottleneck of its flows
-        np.minimum.at(lowest, r_live, bottleneck[f_live])
-        decided = used & (level <= lowest * (1 + REL_TOL))
-        newly = np.zeros(n_flows, dtype=bool)
-        newly[f_live[decided[r_live]]] = True
-        newly |= ~frozen & (flow_cap <= bottleneck * (1 + REL_TOL))
-        rate[newly] = bottleneck[newly]
-        frozen |= newly
-        if frozen.all():  # the last pass: nothing left to share (an EP320 dispatch's only one)
-            break
-        going = newly[f_live]
-        spare -= weighted_sum(r_live[going], w_live[going] * rate[f_live[going]], n_res)
-        f_live, r_live, w_live = f_live[~going], r_live[~going], w_live[~going]
-    return rate, cap - weighted_sum(inc_res, inc_w * rate[inc_flow], n_res)
-
-
-@dataclass
 class FlowBatch:
-    """Flows in columnar form: incidences (flow, resource, share) and per-flow bytes and ceiling."""
+    """Flows in columnar form: per flow its bytes, ceiling and latency, and what it crosses, as
+    incidences (flow, resource, share) or as Crossings, each derived from the other when first
+    asked for (simulate works on Crossings; collectives.DieFlows builds them directly)."""
 
-    inc_flow: IntArray
-    inc_res: IntArray
-    inc_w: FloatArray
-    flow_cap: FloatArray
-    nbytes: FloatArray
-    latency_s: FloatArray
+    def __init__(  # noqa: PLR0917 - positional, as when it was a dataclass (its callers)
+        self,
+        inc_flow: IntArray,
+        inc_res: IntArray,
+        inc_w: FloatArray,
+        flow_cap: FloatArray,
+        nbytes: FloatArray,
+        latency_s: FloatArray,
+    ) -> None:
+        self._inc: Incidences | None = (inc_flow, inc_res, inc_w)
+        self._crossings: Crossings | None = None
+        self.flow_cap, self.nbytes, self.latency_s = flow_cap, nbytes, latency_s
+
+    @classmethod
+    def crossing(
+        cls,
+        crossings: Crossings,
+        *,
+        flow_cap: FloatArray,
+        nbytes: FloatArray,
+        latency_s: FloatArray,
+    ) -> FlowBatch:
+        batch = cls.__new__(cls)
+        batch._inc, batch._crossings = None, crossings
+        batch.flow_cap, batch.nbytes, batch.latency_s = flow_cap, nbytes, latency_s
+        return batch
 
     @property
     def size(self) -> int:
         return len(self.nbytes)
+
+    @property
+    def matrix(self) -> Crossings:
+        if self._crossings is None:
+            assert self._inc is not None  # one of the two is always given
+            self._crossings = Crossings.of(*self._inc, self.size)
+        return self._crossings
+
+    @property
+    def incidences(self) -> Incidences:
+        if self._inc is None:
+            self._inc = self.matrix.incidences()
+        return self._inc
+
+    @property
+    def inc_flow(self) -> IntArray:
+        return self.incidences[0]
+
+    @property
+    def inc_res(self) -> IntArray:
+        return self.incidences[1]
+
+    @property
+    def inc_w(self) -> FloatArray:
+        return self.incidences[2]
 
 
 @dataclass
@@ -135,45 +133,35 @@ def simulate(batch: FlowBatch, res_cap: FloatArray, *, rel_tol: float = SIM_REL_
     Also: a completion that releases no saturated resource crossed by a remaining flow leaves
     the allocation unchanged and costs no recomputation.
     """
-    n = batch.size
+    n, n_res = batch.size, len(res_cap)
+    flows = batch.matrix.solvable(n_res)
+    rows = flows.rows
+    cap = flows.caps(res_cap)  # of the resources the flows cross, renumbered: see Solvable
+    n_busy = len(flows.busy)
     remaining = batch.nbytes.astype(np.float64).copy()
     fluid_end = np.zeros(n)
     done = remaining <= 0
     now = 0.0
     events = 0
     recomputations = 0
-    res_bytes = weighted_sum(
-        batch.inc_res, batch.inc_w * batch.nbytes[batch.inc_flow], len(res_cap)
-    )
+    res_bytes = flows.spread(flows.carried(batch.nbytes), n_res)
     rate = np.zeros(n)
     old_rate, lag = rate, np.zeros(n)
-    saturated = np.zeros(len(res_cap), dtype=bool)
+    saturated = np.zeros(n_busy + 1, dtype=bool)
     stale = True
     while not done.all():
         active = ~done
         if stale:
             recomputations += 1
-            if active.all():
-                rate, residual = maxmin(
-                    batch.inc_flow, batch.inc_res, batch.inc_w, res_cap, batch.flow_cap
-                )
-            else:
-                keep = active[batch.inc_flow]
-                index = np.cumsum(active) - 1  # renumber the active flows 0..k-1
-                rate = np.zeros(n)
-                rate[active], residual = maxmin(
-                    index[batch.inc_flow[keep]],
-                    batch.inc_res[keep],
-                    batch.inc_w[keep],
-                    res_cap,
-                    batch.flow_cap[active],
-                )
+            rate, residual = fill(flows, cap, batch.flow_cap, active)
             if (rate[active] <= 0).any():
                 raise UnavailableError("some flows have no bandwidth left on their route")
-            saturated = residual <= 1e-6 * res_cap
+            saturated = residual <= 1e-6 * cap
+            saturated[n_busy] = False
             # The batch's completions changed these rates at their mean instant, not at its end:
             # credit (or debit) the survivors with the difference since then.
-            remaining = np.maximum(remaining - (rate - old_rate) * lag, 0.0)
+            if events:  # (the first computation has no batch behind it)
+                remaining = np.maximum(remaining - (rate - old_rate) * lag, 0.0)
         finish_in = np.full(n, np.inf)
         finish_in[active] = remaining[active] / rate[active]
         first = float(finish_in.min())
@@ -188,12 +176,14 @@ def simulate(batch: FlowBatch, res_cap: FloatArray, *, rel_tol: float = SIM_REL_
         remaining[finishing] = 0.0
         done |= finishing
         events += 1
+        if done.all():
+            break
         # Rates change only if a finished flow released a saturated resource that a remaining
         # flow crosses; otherwise the max-min allocation of the others is the same.
-        released = np.zeros(len(res_cap), dtype=bool)
-        released[batch.inc_res[finishing[batch.inc_flow]]] = True
+        released = np.zeros(n_busy + 1, dtype=bool)
+        released[rows[:, np.flatnonzero(finishing)]] = True
         released &= saturated
-        stale = bool(released.any()) and bool(released[batch.inc_res[~done[batch.inc_flow]]].any())
+        stale = bool(released.any()) and bool((np.take(released, rows).any(axis=0) & ~done).any())
     return BatchResult(
         fluid_end_s=fluid_end,
         complete_s=fluid_end + batch.latency_s,

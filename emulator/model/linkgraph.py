@@ -16,8 +16,10 @@ meets the L1->L2 link's bandwidth, which is where the calibrated cross-node loss
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+import threading
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +32,7 @@ from emulator.model.errors import (
     OutOfRangeError,
     quote,
 )
-from emulator.model.flowsim import weighted_sum
+from emulator.model.fairshare import weighted_sum
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.naming import (
     DieName,
@@ -49,6 +51,8 @@ from emulator.model.trunks import build_trunks
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 ROUTE_CACHE_MAX = 200_000
+MEMO_MAX = 4  # derived structures kept per live state (collectives.DieFlows: some MB each)
+T = TypeVar("T")
 
 
 class LinkGraph:
@@ -97,6 +101,7 @@ class LinkGraph:
         self.base_cap = np.array(raw)
         self.node_row = {node: i for i, node in enumerate(topology.nodes)}
         self._switches = {s.id: parse_switch(s.id) for s in topology.switches}
+        self._memo_lock = threading.Lock()
         self.reset()
         trunks = build_trunks(topology, profile, names=self.names, kinds=self.kinds, ends=self.ends)
         self.trunk_names, self._trunk_index = trunks.names, trunks.index
@@ -125,11 +130,30 @@ class LinkGraph:
         self.version += 1
         self._cache: dict[str, FloatArray] = {}
         self._routes: dict[tuple[str, str], Route] = {}
+        self._memo: OrderedDict[Hashable, Any] = OrderedDict()
 
     def _derived(self, name: str, compute: Callable[[], FloatArray]) -> FloatArray:
         if name not in self._cache:
             self._cache[name] = compute()
         return self._cache[name]
+
+    def memo(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """What `compute` derives from the live state, kept until it changes (the last MEMO_MAX
+        keys): the routes of a collective's ranks (collectives.DieFlows), which the fabric's
+        collective threads ask for while its event loop may inject a fault. So the store is the
+        one of the state the computation began in: one invalidated meanwhile is dropped with it."""
+        store = self._memo
+        with self._memo_lock:
+            found = store.get(key)
+            if found is not None:
+                store.move_to_end(key)
+                return found  # type: ignore[no-any-return]
+        value = compute()
+        with self._memo_lock:
+            store[key] = value
+            while len(store) > MEMO_MAX:
+                store.popitem(last=False)
+        return value
 
     def link_cap(self) -> FloatArray:
         return self._derived("link_cap", lambda: self.base_cap * self.factor * self.up)
