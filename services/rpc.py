@@ -58,8 +58,10 @@ def status_of(error: EmulatorError) -> grpc.StatusCode:
 def status_line(exc: BaseException) -> str:
     """An error as one status line (`CODE: message`), whether a server or this process raised
     it: for notes and logs that must say what went wrong without a traceback."""
-    if isinstance(exc, EmulatorError):
-        return f"{status_of(exc).name}: {exc}"
+    if isinstance(exc, RemoteError):
+        return f"{exc.code.name}: {exc}"
+    if isinstance(exc, EmulatorError):  # one a typed client read back keeps its status's code
+        return f"{client_status.code_name(exc)}: {exc}"
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {decode(exc).message or exc.details()}"
     return f"{type(exc).__name__}: {exc}"

@@ -109,7 +109,10 @@ class EmsClient:
     """The EMS of `clients`' supernode, over its channels (not closed here: the caller owns
     them)."""
 
-    def __init__(self, clients: Clients) -> None:
+    def __init__(self, clients: Clients, *, timeout_s: float | None = None) -> None:
+        """`timeout_s`: every call's wall deadline (None: none), for a caller that must go on
+        when the service hangs (the chaos runner's status polls)."""
+        self._timeout_s = timeout_s
         address = clients.topology.service(ServiceKind.EMS).address
         self._stub = ems_pb2_grpc.EmsStub(clients.channel_to(address))
 
@@ -131,18 +134,24 @@ class EmsClient:
         head = ems_pb2.PutRequest(key=key, kind=WIRE_KIND[kind], pinned=pinned, device=device)
         if len(data) > CHUNK:
             head.size = len(data)
-            return _put(await reply_of(None, self._stub.PutStream(_chunks(head, data))))
+            return _put(
+                await reply_of(
+                    None, self._stub.PutStream(_chunks(head, data), timeout=self._timeout_s)
+                )
+            )
         if data:
             head.data = data
         else:
             head.size = size
-        return _put(await reply_of(None, self._stub.Put(head)))
+        return _put(await reply_of(None, self._stub.Put(head, timeout=self._timeout_s)))
 
     async def get(self, key: str, *, device: str = "", keep_data: bool = True) -> Got:
         """An object's bytes (dropped as they come when not `keep_data`) and its timing."""
         parts: list[bytes] = []
         done = ems_pb2.GetResponse()
-        stream = self._stub.GetStream(ems_pb2.GetRequest(key=key, device=device))
+        stream = self._stub.GetStream(
+            ems_pb2.GetRequest(key=key, device=device), timeout=self._timeout_s
+        )
         try:
             async for chunk in stream:
                 if keep_data:
@@ -164,7 +173,11 @@ class EmsClient:
 
     async def stat(self, pool: str = "") -> EmsStat:
         """The store's use; with `pool`, that memory pool's only."""
-        return _stat(await reply_of(None, self._stub.Stat(ems_pb2.StatRequest(pool=pool))))
+        return _stat(
+            await reply_of(
+                None, self._stub.Stat(ems_pb2.StatRequest(pool=pool), timeout=self._timeout_s)
+            )
+        )
 
     async def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every stored object whose key starts with `prefix`, in key order (all pages)."""
@@ -172,7 +185,7 @@ class EmsClient:
         token = ""
         while True:
             request = ems_pb2.ListRequest(prefix=prefix, page_token=token)
-            page = await reply_of(None, self._stub.List(request))
+            page = await reply_of(None, self._stub.List(request, timeout=self._timeout_s))
             found.extend(_info(o) for o in page.objects)
             token = page.next_page_token
             if not token:
@@ -180,11 +193,15 @@ class EmsClient:
 
     async def delete(self, key: str) -> bool:
         """Remove an object: whether there was one."""
-        reply = await reply_of(None, self._stub.Delete(ems_pb2.DeleteRequest(key=key)))
+        reply = await reply_of(
+            None, self._stub.Delete(ems_pb2.DeleteRequest(key=key), timeout=self._timeout_s)
+        )
         return bool(reply.deleted)
 
     async def exists(self, key: str) -> bool:
-        reply = await reply_of(None, self._stub.Exists(ems_pb2.ExistsRequest(key=key)))
+        reply = await reply_of(
+            None, self._stub.Exists(ems_pb2.ExistsRequest(key=key), timeout=self._timeout_s)
+        )
         return bool(reply.exists)
 
 

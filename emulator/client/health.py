@@ -21,12 +21,20 @@ def status_name(status: int) -> str:
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(status))
 
 
-async def check(channel: grpc.aio.Channel, service: str = "", timeout_s: float = 2.0) -> str:
+async def check(
+    channel: grpc.aio.Channel,
+    service: str = "",
+    timeout_s: float = 2.0,
+    *,
+    wait_for_ready: bool = False,
+) -> str:
     """The health status name of `service`; raises the EmulatorError its status names when the
-    call fails (UnavailableError for a server that does not answer)."""
+    call fails (UnavailableError for a server that does not answer). `wait_for_ready`: a
+    server not listening yet is waited for (within `timeout_s`), not failed at once."""
     stub = health_pb2_grpc.HealthStub(channel)
     request = health_pb2.HealthCheckRequest(service=service)
-    response = await reply_of(None, stub.Check(request, timeout=timeout_s))
+    call = stub.Check(request, timeout=timeout_s, wait_for_ready=wait_for_ready)
+    response = await reply_of(None, call)
     return status_name(response.status)
 
 
