@@ -122,10 +122,11 @@ class FabricClient:
             dilation=m.dilation,
         )
 
-    async def link_stats(self, top: int) -> LinkStats:
+    async def link_stats(self, top: int, *, deadline_s: float | None = None) -> LinkStats:
         """The `top` busiest directed links (0: the fabric's default, 20)."""
         request = fabric_pb2.LinkStatsRequest(top=_top(top))
-        return wire.link_stats(await reply_of(None, self._clients.fabric().GetLinkStats(request)))
+        call = self._clients.fabric().GetLinkStats(request, timeout=deadline_s)
+        return wire.link_stats(await reply_of(None, call))
 
     async def watch_link_stats(
         self, top: int, interval_s: float
