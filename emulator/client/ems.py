@@ -185,10 +185,10 @@ class EmsClient:
             complete_ns=done.complete_ns,
         )
 
-    async def load(self, key: str, *, device: str) -> Got:
-        """An object read into `device` in one call (a serving NPU loading a weights shard, a
-        training NPU its checkpoint shard): the EMS times the transfer to `device`. Its bytes
-        come too (a size-only object has none)."""
+    async def load(self, key: str, *, device: str = "") -> Got:
+        """An object read in one call, into `device` (a serving NPU loading a weights shard, a
+        training NPU its checkpoint shard: the EMS times the transfer to it; "": none). Its
+        bytes come too, for an object of at most one chunk (a size-only object has none)."""
         request = ems_pb2.GetRequest(key=key, device=device)
         m = await reply_of(None, self._stub.Get(request, timeout=self._timeout_s))
         return Got(

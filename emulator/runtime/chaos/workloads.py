@@ -132,7 +132,7 @@ class Workloads:
         for i in range(ems.objects):
             inline = ems.size <= INLINE_BYTES_MAX
             try:
-                got = await client.get(f"{ems.prefix}{i}", keep_data=inline)
+                got = await client.load(f"{ems.prefix}{i}", device="")
             except EmulatorError:
                 lost += 1
                 continue
