@@ -12,7 +12,12 @@ import pytest
 from emulator.client import faults
 from emulator.client.ems import CHUNK, EmsClient, ObjectKind
 from emulator.model.ems.index import Tier
-from emulator.model.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
+from emulator.model.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+)
 from emulator.model.topology import ServiceKind
 from emulator.runtime.supernode import Supernode
 from emulator.testing import running_supernode
@@ -85,7 +90,7 @@ async def test_a_prefix_nothing_holds_matches_nothing(mini: Supernode) -> None:
     ems = EmsClient(mini.clients)
     match = await ems.match_prefix(list(range(256)), block_tokens=128, namespace="nobody")
     assert (match.matched_blocks, match.matched_tokens, match.keys) == (0, 0, ())
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(OutOfRangeError, match="block_tokens must be"):
         await ems.match_prefix(list(range(256)), block_tokens=7)
 
 
