@@ -35,15 +35,13 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from emulator.client import status as client_status
-from emulator.client.errors import decode, status_in
+from emulator.client.errors import status_in
 from emulator.client.status import MESSAGE_MAX
 from emulator.model.errors import (
     QUOTE_MAX,
-    RETRY_AFTER_S,
     EmulatorError,
     InternalError,
     InvalidArgumentError,
-    UnavailableError,
     shorten,
 )
 
@@ -55,13 +53,19 @@ def status_of(error: EmulatorError) -> grpc.StatusCode:
     return client_status.status_of(error)
 
 
+def code_name(error: EmulatorError) -> str:
+    """The name of the status an error reports: a relayed one's own, one a typed client read
+    back its status's (UNIMPLEMENTED included), else its class's."""
+    if isinstance(error, RemoteError):
+        return error.code.name
+    return client_status.code_name(error)
+
+
 def status_line(exc: BaseException) -> str:
     """An error as one status line (`CODE: message`), whether a server or this process raised
     it: for notes and logs that must say what went wrong without a traceback."""
     if isinstance(exc, EmulatorError):
-        return f"{status_of(exc).name}: {exc}"
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {decode(exc).message or exc.details()}"
+        return f"{code_name(exc)}: {exc}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -107,26 +111,10 @@ class RemoteError(EmulatorError):
 
     @classmethod
     def from_error(cls, error: EmulatorError, prefix: str) -> RemoteError:
-        """An error of an in-process peer, as the status it would have sent."""
-        return cls(status_of(error), f"{prefix}: {error}", details_of(error))
-
-    @classmethod
-    def from_rpc_error(cls, error: grpc.aio.AioRpcError, prefix: str | None) -> RemoteError:
-        """A status received from a gRPC peer, its details (the trailer) kept. An UNAVAILABLE
-        without details came from the transport, not from the peer: the peer is unreachable,
-        which a retry can outlast (reason PEER_UNREACHABLE, with a RetryInfo)."""
-        message = f"{prefix}: " if prefix else ""
-        message += error.details() or error.code().name
-        details = details_from_metadata(error.trailing_metadata())
-        if not details and error.code() is grpc.StatusCode.UNAVAILABLE:
-            unreachable = UnavailableError(
-                message,
-                subject=prefix or "fabric",
-                reason="PEER_UNREACHABLE",
-                retry_after_s=RETRY_AFTER_S,
-            )
-            details = details_of(unreachable)
-        return cls(error.code(), message, details)
+        """An error of a peer (one in this process, or a remote one a typed client read back
+        from its status: its code kept, UNIMPLEMENTED included), as the status it sent."""
+        code = grpc.StatusCode[code_name(error)]
+        return cls(code, f"{prefix}: {error}", details_of(error))
 
 
 def _reason_in(details: Iterable[any_pb2.Any]) -> str | None:

@@ -9,12 +9,12 @@ import json
 import sys
 from pathlib import Path
 
-import grpc
-
 from emulator.cli import argtypes
 from emulator.cli.output import Column, print_rows
 from emulator.client import health
 from emulator.client.credentials import Credentials
+from emulator.client.status import code_name
+from emulator.model.errors import EmulatorError, NotFoundError
 from emulator.model.hardware import figures
 from emulator.model.presets import load_presets
 from emulator.model.topology import DeviceKind, ServiceKind, Topology, summary
@@ -56,11 +56,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 args.address, args.service, args.timeout, credentials=Credentials(ca_pem=ca)
             )
         )
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() is grpc.StatusCode.NOT_FOUND:
-            print(f"{args.address}: no health status for service {args.service!r}", file=sys.stderr)
-            return PROBE_NOT_SERVING
-        print(f"{args.address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+    except NotFoundError:
+        print(f"{args.address}: no health status for service {args.service!r}", file=sys.stderr)
+        return PROBE_NOT_SERVING
+    except EmulatorError as exc:
+        print(f"{args.address}: {code_name(exc)}: {exc}", file=sys.stderr)
         return PROBE_UNREACHABLE
     print(status)
     return 0 if status == "SERVING" else PROBE_NOT_SERVING

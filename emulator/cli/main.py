@@ -189,13 +189,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """Run the parsed command; errors become messages and exit codes."""
-    import grpc
-
     from emulator.cli import argtypes
-    from emulator.client.errors import describe as describe_error
     from emulator.model.errors import EmulatorError
     from emulator.runtime.logs import configure_logging
-    from services.rpc import status_of
+    from services.rpc import code_name
 
     configure_logging(args.log_level or ("info" if args.command in SERVER_COMMANDS else "warning"))
     try:
@@ -205,12 +202,11 @@ def _run(args: argparse.Namespace) -> int:
     except argtypes.UsageError as exc:
         print(f"cmemu {args.command}: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    except EmulatorError as exc:  # raised here, not by a server: the status it would have been
-        reason = f" ({exc.reason})" if exc.reason != status_of(exc).name else ""
-        print(f"cmemu {args.command}: {status_of(exc).name}{reason}: {exc}", file=sys.stderr)
-        return 1
-    except grpc.aio.AioRpcError as exc:  # e.g. "NOT_FOUND (DEVICE_NOT_FOUND): no device ..."
-        print(f"cmemu {args.command}: {describe_error(exc)}", file=sys.stderr)
+    except EmulatorError as exc:  # raised here, or a server's status a typed client read back:
+        # e.g. "NOT_FOUND (DEVICE_NOT_FOUND): no device ...", "UNAVAILABLE (PEER_UNREACHABLE): ..."
+        status = code_name(exc)
+        reason = f" ({exc.reason})" if exc.reason != status else ""
+        print(f"cmemu {args.command}: {status}{reason}: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # the reader went away (`cmemu ls | head -1`): no traceback, nothing more to flush

@@ -1,5 +1,6 @@
 """The elastic memory store (EMS) of a running emulator as a program (or `cmemu ems`) calls it:
-put, get, stat, list, delete and exists, with plain values in and out.
+put, get, stat, list, delete and exists (and the batch and prefix calls the serving router makes),
+with plain values in and out.
 
 A put of more real bytes than one chunk goes by PutStream, a get always by GetStream (so any
 object reads back whatever its size); both are all or nothing on the server. Every failure is
@@ -8,7 +9,7 @@ the EmulatorError its status names, the server's message unprefixed (emulator/cl
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -64,6 +65,13 @@ class Got:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrefixMatch:
+    matched_blocks: int
+    matched_tokens: int
+    keys: tuple[str, ...]  # the matched blocks'
+
+
+@dataclass(frozen=True, kw_only=True)
 class ObjectInfo:
     key: str
     size: int
@@ -109,9 +117,18 @@ class EmsClient:
     """The EMS of `clients`' supernode, over its channels (not closed here: the caller owns
     them)."""
 
-    def __init__(self, clients: Clients) -> None:
-        address = clients.topology.service(ServiceKind.EMS).address
-        self._stub = ems_pb2_grpc.EmsStub(clients.channel_to(address))
+    def __init__(
+        self, clients: Clients | grpc.aio.Channel, *, timeout_s: float | None = None
+    ) -> None:
+        """`clients`' EMS, or the one at the other end of a channel (a service's own, shared
+        channel: services/peers.py). `timeout_s`: every call's wall deadline (None: none), for
+        a caller that must go on when the service hangs (the chaos runner's status polls)."""
+        self._timeout_s = timeout_s
+        if isinstance(clients, grpc.aio.Channel):
+            channel = clients
+        else:
+            channel = clients.channel_to(clients.topology.service(ServiceKind.EMS).address)
+        self._stub = ems_pb2_grpc.EmsStub(channel)
 
     async def put(
         self,
@@ -131,18 +148,24 @@ class EmsClient:
         head = ems_pb2.PutRequest(key=key, kind=WIRE_KIND[kind], pinned=pinned, device=device)
         if len(data) > CHUNK:
             head.size = len(data)
-            return _put(await reply_of(None, self._stub.PutStream(_chunks(head, data))))
+            return _put(
+                await reply_of(
+                    None, self._stub.PutStream(_chunks(head, data), timeout=self._timeout_s)
+                )
+            )
         if data:
             head.data = data
         else:
             head.size = size
-        return _put(await reply_of(None, self._stub.Put(head)))
+        return _put(await reply_of(None, self._stub.Put(head, timeout=self._timeout_s)))
 
     async def get(self, key: str, *, device: str = "", keep_data: bool = True) -> Got:
         """An object's bytes (dropped as they come when not `keep_data`) and its timing."""
         parts: list[bytes] = []
         done = ems_pb2.GetResponse()
-        stream = self._stub.GetStream(ems_pb2.GetRequest(key=key, device=device))
+        stream = self._stub.GetStream(
+            ems_pb2.GetRequest(key=key, device=device), timeout=self._timeout_s
+        )
         try:
             async for chunk in stream:
                 if keep_data:
@@ -162,9 +185,62 @@ class EmsClient:
             complete_ns=done.complete_ns,
         )
 
+    async def load(self, key: str, *, device: str = "") -> Got:
+        """An object read in one call, into `device` (a serving NPU loading a weights shard, a
+        training NPU its checkpoint shard: the EMS times the transfer to it; "": none). Its
+        bytes come too, for an object of at most one chunk (a size-only object has none)."""
+        request = ems_pb2.GetRequest(key=key, device=device)
+        m = await reply_of(None, self._stub.Get(request, timeout=self._timeout_s))
+        return Got(
+            key=m.key,
+            data=m.data,
+            size=m.size,
+            served_by=m.served_by,
+            issue_ns=m.issue_ns,
+            complete_ns=m.complete_ns,
+        )
+
+    async def put_sizes(
+        self, keys: Sequence[str], *, size: int, kind: ObjectKind, device: str = ""
+    ) -> list[Put]:
+        """Size-only objects of `size` bytes each, in one call (a prompt's new KV blocks)."""
+        items = [
+            ems_pb2.PutRequest(key=k, size=size, kind=WIRE_KIND[kind], device=device) for k in keys
+        ]
+        request = ems_pb2.BatchPutRequest(items=items)
+        reply = await reply_of(None, self._stub.BatchPut(request, timeout=self._timeout_s))
+        return [_put(m) for m in reply.items]
+
+    async def delete_many(self, keys: Sequence[str]) -> None:
+        """Remove objects in one call (one already gone is no error)."""
+        request = ems_pb2.BatchDeleteRequest(keys=list(keys))
+        await reply_of(None, self._stub.BatchDelete(request, timeout=self._timeout_s))
+
+    async def exist(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each key is stored, in one call, in the order asked."""
+        request = ems_pb2.BatchExistsRequest(keys=list(keys))
+        reply = await reply_of(None, self._stub.BatchExists(request, timeout=self._timeout_s))
+        return list(reply.exists)
+
+    async def match_prefix(
+        self, tokens: Sequence[int], *, block_tokens: int, namespace: str = ""
+    ) -> PrefixMatch:
+        """How much of a prompt's prefix EMS holds the KV blocks of."""
+        request = ems_pb2.PrefixRequest(
+            tokens=tokens, block_tokens=block_tokens, namespace=namespace
+        )
+        m = await reply_of(None, self._stub.MatchPrefix(request, timeout=self._timeout_s))
+        return PrefixMatch(
+            matched_blocks=m.matched_blocks, matched_tokens=m.matched_tokens, keys=tuple(m.keys)
+        )
+
     async def stat(self, pool: str = "") -> EmsStat:
         """The store's use; with `pool`, that memory pool's only."""
-        return _stat(await reply_of(None, self._stub.Stat(ems_pb2.StatRequest(pool=pool))))
+        return _stat(
+            await reply_of(
+                None, self._stub.Stat(ems_pb2.StatRequest(pool=pool), timeout=self._timeout_s)
+            )
+        )
 
     async def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every stored object whose key starts with `prefix`, in key order (all pages)."""
@@ -172,7 +248,7 @@ class EmsClient:
         token = ""
         while True:
             request = ems_pb2.ListRequest(prefix=prefix, page_token=token)
-            page = await reply_of(None, self._stub.List(request))
+            page = await reply_of(None, self._stub.List(request, timeout=self._timeout_s))
             found.extend(_info(o) for o in page.objects)
             token = page.next_page_token
             if not token:
@@ -180,11 +256,15 @@ class EmsClient:
 
     async def delete(self, key: str) -> bool:
         """Remove an object: whether there was one."""
-        reply = await reply_of(None, self._stub.Delete(ems_pb2.DeleteRequest(key=key)))
+        reply = await reply_of(
+            None, self._stub.Delete(ems_pb2.DeleteRequest(key=key), timeout=self._timeout_s)
+        )
         return bool(reply.deleted)
 
     async def exists(self, key: str) -> bool:
-        reply = await reply_of(None, self._stub.Exists(ems_pb2.ExistsRequest(key=key)))
+        reply = await reply_of(
+            None, self._stub.Exists(ems_pb2.ExistsRequest(key=key), timeout=self._timeout_s)
+        )
         return bool(reply.exists)
 
 

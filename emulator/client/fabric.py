@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from cmemu.v1 import device_pb2, fabric_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, fabric_pb2_grpc
 from emulator.client.clients import Clients
 from emulator.client.status import error_from, reply_of
 from emulator.client.wire import fabric as wire
@@ -95,10 +95,18 @@ class FabricClient:
         request = fabric_pb2.RouteRequest(src=src, dst=dst)
         return _route(await reply_of(None, self._clients.fabric().Route(request)))
 
-    async def clock(self, *, deadline_s: float | None = None) -> ClockInfo:
-        """Where emulated time stands (DeadlineExceededError after `deadline_s` wall seconds)."""
+    async def clock(
+        self, *, deadline_s: float | None = None, address: str | None = None
+    ) -> ClockInfo:
+        """Where emulated time stands (DeadlineExceededError after `deadline_s` wall seconds);
+        `address`: another fabric's (sn0's, whose epoch the other supernodes take)."""
         request = fabric_pb2.GetClockRequest()
-        m = await reply_of(None, self._clients.fabric().GetClock(request, timeout=deadline_s))
+        fabric = (
+            self._clients.fabric()
+            if address is None
+            else fabric_pb2_grpc.FabricStub(self._clients.channel_to(address))
+        )
+        m = await reply_of(None, fabric.GetClock(request, timeout=deadline_s))
         return ClockInfo(
             epoch_wall_s=m.epoch_wall_s,
             time_scale=m.time_scale,
@@ -114,10 +122,11 @@ class FabricClient:
             dilation=m.dilation,
         )
 
-    async def link_stats(self, top: int) -> LinkStats:
+    async def link_stats(self, top: int, *, deadline_s: float | None = None) -> LinkStats:
         """The `top` busiest directed links (0: the fabric's default, 20)."""
         request = fabric_pb2.LinkStatsRequest(top=_top(top))
-        return wire.link_stats(await reply_of(None, self._clients.fabric().GetLinkStats(request)))
+        call = self._clients.fabric().GetLinkStats(request, timeout=deadline_s)
+        return wire.link_stats(await reply_of(None, call))
 
     async def watch_link_stats(
         self, top: int, interval_s: float

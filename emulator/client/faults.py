@@ -19,8 +19,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from cmemu.v1 import device_pb2, fabric_pb2
 from emulator.client.clients import Clients
 from emulator.client.faultkinds import (
@@ -229,7 +227,7 @@ async def device_faults(clients: Clients) -> list[ActiveFault]:
     found: dict[str, ActiveFault] = {}
 
     def ask(device: str) -> Callable[[], Awaitable[device_pb2.DeviceFaultList]]:
-        return lambda: clients.device(device).ListFaults(request, timeout=5.0)
+        return lambda: reply_of(None, clients.device(device).ListFaults(request, timeout=5.0))
 
     first = True
     while uncovered:
@@ -280,10 +278,7 @@ async def _clear_node(clients: Clients, node: str) -> None:
         *(clear_device(clients, d, "crash") for d in devices), return_exceptions=True
     )
     errors = [
-        r
-        for r in results
-        if isinstance(r, BaseException)
-        and not (isinstance(r, grpc.aio.AioRpcError) and r.code() is grpc.StatusCode.NOT_FOUND)
+        r for r in results if isinstance(r, BaseException) and not isinstance(r, NotFoundError)
     ]
     if errors:
         raise errors[0]
@@ -293,18 +288,17 @@ async def _clear_node(clients: Clients, node: str) -> None:
 
 async def _clear_device_fault(clients: Clients, fault_id: str) -> None:
     device, kind = parse_device_fault(fault_id) or ("", "")
+    owner = of_target(clients, device)
+    owner.topology.device(device)  # an unknown device is its own NotFoundError, not the fault's
     try:
-        await clear_device(of_target(clients, device), device, kind)
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() is grpc.StatusCode.NOT_FOUND:
-            raise NotFoundError(
-                f"no fault {quote(fault_id)}: {device} is not faulted that way"
-                " (see `cmemu fault ls`)",
-                field="id",
-                subject=fault_id,
-                reason="FAULT_NOT_FOUND",
-            ) from None
-        raise
+        await clear_device(owner, device, kind)
+    except NotFoundError:
+        raise NotFoundError(
+            f"no fault {quote(fault_id)}: {device} is not faulted that way (see `cmemu fault ls`)",
+            field="id",
+            subject=fault_id,
+            reason="FAULT_NOT_FOUND",
+        ) from None
 
 
 async def _clear_throttle(clients: Clients, fault_id: str) -> None:
@@ -350,14 +344,14 @@ async def clear(clients: Clients, fault_id: str) -> None:
 async def _clear_fabric_fault(clients: Clients, fault_id: str) -> None:
     """A fabric fault's id names no supernode: the fabric that holds it clears it."""
     fabrics = every_supernode(clients)
+    request = fabric_pb2.ClearFaultRequest(id=fault_id)
     for one in fabrics[:-1]:
         try:
-            await one.fabric().ClearFault(fabric_pb2.ClearFaultRequest(id=fault_id))
+            await reply_of(None, one.fabric().ClearFault(request))
             return
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() is not grpc.StatusCode.NOT_FOUND:
-                raise
-    await fabrics[-1].fabric().ClearFault(fabric_pb2.ClearFaultRequest(id=fault_id))
+        except NotFoundError:
+            pass
+    await reply_of(None, fabrics[-1].fabric().ClearFault(request))
 
 
 remove = clear  # the name `cmemu fault rm` and older callers use
@@ -374,13 +368,10 @@ async def remove_all(clients: Clients) -> list[ActiveFault]:
     others = [*devices, *rdma, *process.listed(clients), *containers]
     if on_fabric:
         for one in every_supernode(clients):
-            await one.fabric().ClearFault(fabric_pb2.ClearFaultRequest(all=True))
+            await reply_of(None, one.fabric().ClearFault(fabric_pb2.ClearFaultRequest(all=True)))
     results = await asyncio.gather(*(clear(clients, f.id) for f in others), return_exceptions=True)
     for r in results:  # a fault whose duration ended meanwhile is not an error
-        if isinstance(r, BaseException) and not (
-            isinstance(r, NotFoundError)
-            or (isinstance(r, grpc.aio.AioRpcError) and r.code() is grpc.StatusCode.NOT_FOUND)
-        ):
+        if isinstance(r, BaseException) and not isinstance(r, NotFoundError):
             raise r
     return [*on_fabric, *others]
 

@@ -11,7 +11,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from emulator.client import h2async
 from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.model.errors import UnavailableError
+from emulator.client.status import code_name, reply_of
+from emulator.model.errors import DeadlineExceededError, EmulatorError, UnavailableError
 
 UNREACHABLE = "UNREACHABLE"
 
@@ -20,10 +21,20 @@ def status_name(status: int) -> str:
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(status))
 
 
-async def check(channel: grpc.aio.Channel, service: str = "", timeout_s: float = 2.0) -> str:
-    """The health status name of `service`; raises grpc.aio.AioRpcError when the call fails."""
+async def check(
+    channel: grpc.aio.Channel,
+    service: str = "",
+    timeout_s: float = 2.0,
+    *,
+    wait_for_ready: bool = False,
+) -> str:
+    """The health status name of `service`; raises the EmulatorError its status names when the
+    call fails (UnavailableError for a server that does not answer). `wait_for_ready`: a
+    server not listening yet is waited for (within `timeout_s`), not failed at once."""
     stub = health_pb2_grpc.HealthStub(channel)
-    response = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+    request = health_pb2.HealthCheckRequest(service=service)
+    call = stub.Check(request, timeout=timeout_s, wait_for_ready=wait_for_ready)
+    response = await reply_of(None, call)
     return status_name(response.status)
 
 
@@ -32,13 +43,13 @@ async def serving(channel: grpc.aio.Channel, timeout_s: float) -> bool:
     failed call (stopped, hung, cut off): the question is only whether it serves."""
     try:
         return await check(channel, "", timeout_s) == "SERVING"
-    except grpc.aio.AioRpcError:
+    except EmulatorError:
         return False
 
 
-DOWN_CODES = {
-    grpc.StatusCode.UNAVAILABLE: UNREACHABLE,  # nothing answers: crashed, stopped, cut off
-    grpc.StatusCode.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",  # accepted, never answered: hung
+DOWN_CODES: dict[type[EmulatorError], str] = {
+    UnavailableError: UNREACHABLE,  # nothing answers: crashed, stopped, cut off
+    DeadlineExceededError: "DEADLINE_EXCEEDED",  # accepted, never answered: hung
 }
 """What a failed check says of the device's health; any other failure is the caller's (an
 unknown service name: NOT_FOUND) and raises."""
@@ -50,8 +61,8 @@ async def status(channel: grpc.aio.Channel, service: str = "", timeout_s: float 
     asked to learn that, as `cmemu ls` shows it); raises for another failure."""
     try:
         return await check(channel, service, timeout_s)
-    except grpc.aio.AioRpcError as exc:
-        down = DOWN_CODES.get(exc.code())
+    except EmulatorError as exc:
+        down = DOWN_CODES.get(type(exc))
         if down is None:
             raise
         return down
@@ -84,9 +95,9 @@ async def check_many(
                 return address, await check_address(
                     address, timeout_s=timeout_s, credentials=credentials
                 )
-            except grpc.aio.AioRpcError as exc:
-                code = exc.code()
-                return address, UNREACHABLE if code is grpc.StatusCode.UNAVAILABLE else code.name
+            except EmulatorError as exc:
+                name = code_name(exc)
+                return address, UNREACHABLE if name == "UNAVAILABLE" else name
 
     return dict(await asyncio.gather(*(one(a) for a in addresses)))
 

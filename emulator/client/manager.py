@@ -23,18 +23,21 @@ MODE_OF = {wire: mode for mode, wire in WIRE_MODE.items()}
 class ManagerClient:
     """The manager of `clients`' supernode, over its channels (not closed here)."""
 
-    def __init__(self, clients: Clients) -> None:
+    def __init__(self, clients: Clients, *, timeout_s: float | None = None) -> None:
+        """`timeout_s`: every call's wall deadline (None: none), for a caller that must go on
+        when the service hangs (the chaos runner's status polls)."""
+        self._timeout_s = timeout_s
         address = clients.topology.service(ServiceKind.MANAGER).address
         self._stub = manager_pb2_grpc.ClusterManagerStub(clients.channel_to(address))
 
     async def status(self) -> ManagerStatus:
         request = manager_pb2.GetManagerStatusRequest()
-        return _status(await reply_of(None, self._stub.GetStatus(request)))
+        return _status(await reply_of(None, self._stub.GetStatus(request, timeout=self._timeout_s)))
 
     async def set_mode(self, mode: Mode) -> ManagerStatus:
         """Active (detect, isolate, replace) or passive (detect and record): the status after."""
         request = manager_pb2.SetModeRequest(mode=WIRE_MODE[mode])
-        return _status(await reply_of(None, self._stub.SetMode(request)))
+        return _status(await reply_of(None, self._stub.SetMode(request, timeout=self._timeout_s)))
 
     async def incidents(self, since_ns: int = 0) -> list[Incident]:
         """The incidents detected after `since_ns` (emulated), with their timelines."""
@@ -43,7 +46,7 @@ class ManagerClient:
                 f"since must not be negative, got {since_ns}", field="since_ns"
             )
         request = manager_pb2.ListIncidentsRequest(since_ns=since_ns)
-        reply = await reply_of(None, self._stub.ListIncidents(request))
+        reply = await reply_of(None, self._stub.ListIncidents(request, timeout=self._timeout_s))
         return [_incident(i) for i in reply.incidents]
 
 

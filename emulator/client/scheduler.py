@@ -6,10 +6,13 @@ EmulatorError its status names, the server's message unprefixed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import grpc
 
 from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
 from emulator.client.clients import Clients
-from emulator.client.status import reply_of
+from emulator.client.status import error_from, reply_of
 from emulator.model.errors import InvalidArgumentError
 from emulator.model.scheduler.jobs import Replacement
 from emulator.model.topology import ServiceKind
@@ -35,6 +38,14 @@ class Allocation:
     whole_nodes: bool
     same_rack: bool
     allocated_ns: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllocationChange:
+    change: str  # allocated | failed | replaced | released
+    allocation: Allocation  # after the change (the last one held, for "released")
+    npus: tuple[str, ...]  # the NPUs concerned (failed ones; for "replaced" the new ones)
+    at_ns: int  # emulated instant of the change
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,9 +82,28 @@ class Policy:
 class SchedulerClient:
     """The scheduler of `clients`' supernode, over its channels (not closed here)."""
 
-    def __init__(self, clients: Clients) -> None:
-        address = clients.topology.service(ServiceKind.SCHEDULER).address
-        self._stub = scheduler_pb2_grpc.SchedulerStub(clients.channel_to(address))
+    def __init__(self, clients: Clients | grpc.aio.Channel) -> None:
+        """`clients`' scheduler, or the one at the other end of a channel (a service's own,
+        shared channel: services/peers.py)."""
+        if isinstance(clients, grpc.aio.Channel):
+            channel = clients
+        else:
+            channel = clients.channel_to(clients.topology.service(ServiceKind.SCHEDULER).address)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(channel)
+
+    async def allocation(self, job: str) -> Allocation:
+        """One job's allocation (NotFoundError for none)."""
+        request = scheduler_pb2.GetAllocationRequest(job=job)
+        return _allocation(await reply_of(None, self._stub.GetAllocation(request)))
+
+    def watch(self, job: str = "") -> AllocationChanges:
+        """Each change of an allocation (of `job`; empty: every job), as it happens, until
+        the stream ends; a broken stream is the EmulatorError its status names (UNIMPLEMENTED:
+        an InternalError of that reason, from a scheduler without the stream). The stream
+        opens here, before the first item is asked for: a caller may read the state it
+        follows in between without missing a change."""
+        request = scheduler_pb2.WatchAllocationsRequest(job=job)
+        return AllocationChanges(self._stub.WatchAllocations(request))
 
     async def allocate(
         self,
@@ -148,6 +178,33 @@ class SchedulerClient:
             Policy(name=p.name, description=p.description, default=p.name == m.default_policy)
             for p in m.policies
         ]
+
+
+class AllocationChanges:
+    """An open WatchAllocations stream: iterate it for the changes; `cancel` it when done (the
+    stream stays open until then, or until it ends)."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall[Any, scheduler_pb2.AllocationEvent]) -> None:
+        self._call = call
+        self._events = aiter(call)
+
+    def __aiter__(self) -> AllocationChanges:
+        return self
+
+    async def __anext__(self) -> AllocationChange:
+        try:
+            event = await anext(self._events)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from(exc) from None
+        return AllocationChange(
+            change=event.change,
+            allocation=_allocation(event.allocation),
+            npus=tuple(event.npus),
+            at_ns=event.at_ns,
+        )
+
+    def cancel(self) -> None:
+        self._call.cancel()
 
 
 def _allocation(m: scheduler_pb2.Allocation) -> Allocation:

@@ -26,7 +26,7 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from emulator.client.errors import DOMAIN, decode
+from emulator.client.errors import DOMAIN, ErrorDetails, decode
 from emulator.model.errors import (
     QUOTE_MAX,
     RETRY_AFTER_S,
@@ -90,6 +90,31 @@ def status_of(error: EmulatorError) -> grpc.StatusCode:
         if cls in STATUS_OF:
             return STATUS_OF[cls]
     return grpc.StatusCode.INTERNAL
+
+
+def code_name(error: EmulatorError) -> str:
+    """The name of the status `error` reports, or came back from (`error_from` keeps a code it
+    has no class for, UNKNOWN or UNIMPLEMENTED, as an InternalError's reason)."""
+    if isinstance(error, InternalError) and error.reason in grpc.StatusCode.__members__:
+        return error.reason
+    return status_of(error).name
+
+
+def error_details(error: EmulatorError) -> ErrorDetails:
+    """What the status that reports `error` says, as `decode` reads one: so a caller that
+    branches on code and reason reads an in-process error and a remote one alike."""
+    metadata = error_metadata(error)
+    return ErrorDetails(
+        code=grpc.StatusCode[code_name(error)],
+        message=str(error),
+        reason=error.reason,
+        domain=DOMAIN,
+        metadata=metadata,
+        violations=((error.field or "", str(error)),)
+        if status_of(error) is grpc.StatusCode.INVALID_ARGUMENT
+        else (),
+        retry_after_s=error.retry_after_s,
+    )
 
 
 def _pack(message: Message) -> any_pb2.Any:

@@ -38,7 +38,10 @@ class TrainingJob:
 class TrainingClient:
     """The training jobs of `clients`' supernode, over its channels (not closed here)."""
 
-    def __init__(self, clients: Clients) -> None:
+    def __init__(self, clients: Clients, *, timeout_s: float | None = None) -> None:
+        """`timeout_s`: every call's wall deadline (None: none), for a caller that must go on
+        when the service hangs (the chaos runner's status polls)."""
+        self._timeout_s = timeout_s
         address = clients.topology.service(ServiceKind.MANAGER).address
         self._stub = training_pb2_grpc.TrainingStub(clients.channel_to(address))
 
@@ -53,21 +56,23 @@ class TrainingClient:
         spec.steps = steps
         spec.resume = resume
         request = training_pb2.StartTrainingRequest(spec=spec)
-        return _job(await reply_of(None, self._stub.Start(request)))
+        return _job(await reply_of(None, self._stub.Start(request, timeout=self._timeout_s)))
 
     async def list(self) -> list[TrainingJob]:
-        reply = await reply_of(None, self._stub.List(training_pb2.ListTrainingRequest()))
+        reply = await reply_of(
+            None, self._stub.List(training_pb2.ListTrainingRequest(), timeout=self._timeout_s)
+        )
         return [_job(j) for j in reply.jobs]
 
     async def get(self, name: str) -> TrainingJob:
         """A job by name (NotFoundError for none)."""
         request = training_pb2.TrainingRequest(name=name)
-        return _job(await reply_of(None, self._stub.Get(request)))
+        return _job(await reply_of(None, self._stub.Get(request, timeout=self._timeout_s)))
 
     async def stop(self, name: str, *, checkpoint: bool = False) -> TrainingJob:
         """Stop a job and release its NPUs; `checkpoint` writes one of its last step first."""
         request = training_pb2.TrainingRequest(name=name, checkpoint=checkpoint)
-        return _job(await reply_of(None, self._stub.Stop(request)))
+        return _job(await reply_of(None, self._stub.Stop(request, timeout=self._timeout_s)))
 
 
 def _job(m: training_pb2.TrainingJob) -> TrainingJob:

@@ -15,12 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import grpc
-
-from cmemu.v1 import fabric_pb2, fabric_pb2_grpc
 from emulator.client.clients import Clients
 from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from emulator.client.fabric import ClockInfo, FabricClient
+from emulator.client.status import code_name
+from emulator.model.errors import (
+    EmulatorError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+)
 from emulator.model.naming import parse_service
 from emulator.model.topology import ServiceKind, Topology
 from emulator.runtime.inprocess import InProcessSupernode
@@ -101,24 +105,22 @@ def _env_epoch() -> float | None:
 
 async def clock_from_fabric(
     clients: Clients, wait_s: float, address: str | None = None
-) -> fabric_pb2.ClockInfo:
+) -> ClockInfo:
     """The clock of the fabric at `address` (default: the topology's own), asked until it
     answers (it may still be starting), for `wait_s`."""
     address = address or clients.topology.service(ServiceKind.FABRIC).address
-    fabric = fabric_pb2_grpc.FabricStub(clients.channel_to(address))
+    fabric = FabricClient(clients)
     deadline = time.monotonic() + wait_s
     while True:
         left = deadline - time.monotonic()
         try:
-            return await fabric.GetClock(
-                fabric_pb2.GetClockRequest(), timeout=max(0.1, min(2.0, left))
-            )
-        except grpc.aio.AioRpcError as exc:
+            return await fabric.clock(deadline_s=max(0.1, min(2.0, left)), address=address)
+        except EmulatorError as exc:
             if time.monotonic() >= deadline:
                 raise UnavailableError(
                     f"no epoch: the topology has none, ${EPOCH_ENV} is unset, and the fabric "
                     f"at {address} did not tell its clock within {wait_s:g} s "
-                    f"({exc.code().name}: {exc.details()})"
+                    f"({code_name(exc)}: {exc})"
                 ) from None
         await asyncio.sleep(CLOCK_RETRY_S)
 

@@ -17,17 +17,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import grpc
 import yaml
 
-from cmemu.v1 import (
-    ems_pb2,
-    ems_pb2_grpc,
-    router_pb2,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
-)
-from emulator.model.errors import EmulatorError, InvalidArgumentError, quote
+from cmemu.v1 import router_pb2
+from emulator.client.ems import EmsClient, ObjectKind
+from emulator.client.scheduler import SchedulerClient
+from emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError, quote
 from emulator.model.hardware import HardwareProfile
 from emulator.model.serving.deployment import (
     Deployment,
@@ -47,7 +42,7 @@ from services.serving.measures import LiveInstance
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,46}[a-z0-9])?$")
 LIVE_PLATFORM = "cm384"  # the live supernode is UB everywhere; cluster-roce is model mode only
-WEIGHTS_KIND = ems_pb2.OBJECT_KIND_WEIGHTS
+WEIGHTS_KIND = ObjectKind.WEIGHTS
 DEVICE_DEADLINE_S = 5.0  # a region allocated or given back on an NPU: a hung one is given up on
 
 
@@ -268,8 +263,9 @@ def spec_text(deployment: Deployment) -> str:
     return yaml.safe_dump({"version": 1, **doc}, sort_keys=False)
 
 
-def remote(exc: grpc.aio.AioRpcError, what: str) -> RemoteError:
-    return RemoteError.from_rpc_error(exc, what)
+def remote(exc: EmulatorError, what: str) -> RemoteError:
+    """A peer service's refusal, as this service relays it: its status, prefixed with who."""
+    return RemoteError.from_error(exc, what)
 
 
 class Provisioner:
@@ -287,8 +283,8 @@ class Provisioner:
         self.topology = topology
         self.profile = profile
         self.peers = peers
-        self.scheduler = scheduler_pb2_grpc.SchedulerStub(peers.channel(scheduler_address))
-        self.ems = ems_pb2_grpc.EmsStub(peers.channel(ems_address))
+        self.scheduler = SchedulerClient(peers.channel(scheduler_address))
+        self.ems = EmsClient(peers.channel(ems_address))
 
     async def allocate(self, live: LiveDeployment) -> None:
         """Every instance's NPUs, all or nothing (a refusal gives back what was taken)."""
@@ -300,10 +296,8 @@ class Provisioner:
             for instance, role, npus in sizes:
                 job = f"{live.name}.{instance}"
                 try:
-                    allocation = await self.scheduler.Allocate(
-                        scheduler_pb2.AllocateRequest(job=job, npus=npus)
-                    )
-                except grpc.aio.AioRpcError as exc:
+                    allocation = await self.scheduler.allocate(job, npus)
+                except EmulatorError as exc:
                     raise remote(exc, f"scheduler ({instance}: {npus} NPUs)") from exc
                 live.allocations[instance] = job
                 devices = tuple(self.topology.device(n.id) for n in allocation.npus)
@@ -368,42 +362,34 @@ class Provisioner:
         plan = live.weights = weight_plan(live.spec, self.profile)
         keys = [k for k, _ in plan.shards]
         try:
-            present = await self.ems.BatchExists(ems_pb2.BatchExistsRequest(keys=keys))
-        except grpc.aio.AioRpcError as exc:
+            present = await self.ems.exist(keys)
+        except EmulatorError as exc:
             raise remote(exc, "ems") from exc
-        live.weights_source = "ems" if all(present.exists) else "cold"
+        live.weights_source = "ems" if all(present) else "cold"
 
     async def stage_weights(self, live: LiveDeployment) -> None:
         """A warm start: every shard into EMS now, as if cached by an earlier load (size-only
         objects; the time an earlier load took is not this deployment's)."""
         plan = weight_plan(live.spec, self.profile)
         source = live.instances[0].npus[0].id
-        items = [
-            ems_pb2.PutRequest(key=key, size=size, kind=WEIGHTS_KIND, device=source)
-            for key, size in plan.shards
-        ]
         try:
-            for item in items:  # one at a time: each is a whole pool's worth of writes
-                await self.ems.Put(item)
-        except grpc.aio.AioRpcError as exc:
+            for key, size in plan.shards:  # one at a time: each is a whole pool's worth of writes
+                await self.ems.put(key, size=size, kind=WEIGHTS_KIND, device=source)
+        except EmulatorError as exc:
             raise remote(exc, "ems (weights)") from exc
 
     async def load_weights(self, live: LiveDeployment) -> float:
         """Cache the shards EMS lacks (a cold load fills it); the emulated loading time."""
         plan = live.weights
         assert plan is not None
-        present = await self.ems.BatchExists(
-            ems_pb2.BatchExistsRequest(keys=[k for k, _ in plan.shards])
-        )
+        present = await self.ems.exist([k for k, _ in plan.shards])
         source = live.instances[0].npus[0].id
-        for (key, size), there in zip(plan.shards, present.exists, strict=True):
+        for (key, size), there in zip(plan.shards, present, strict=True):
             if there:
                 continue
             try:  # one at a time: each is a whole pool's worth of writes
-                await self.ems.Put(
-                    ems_pb2.PutRequest(key=key, size=size, kind=WEIGHTS_KIND, device=source)
-                )
-            except grpc.aio.AioRpcError as exc:
+                await self.ems.put(key, size=size, kind=WEIGHTS_KIND, device=source)
+            except EmulatorError as exc:
                 raise remote(exc, "ems (weights)") from exc
         return plan.cold_s if live.weights_source == "cold" else plan.from_ems_s
 
@@ -417,8 +403,9 @@ class Provisioner:
         live.regions.clear()
         for job in live.allocations.values():
             try:
-                await self.scheduler.Release(scheduler_pb2.ReleaseRequest(job=job))
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() is not grpc.StatusCode.NOT_FOUND:
-                    raise remote(exc, "scheduler") from exc
+                await self.scheduler.release(job)
+            except NotFoundError:
+                pass
+            except EmulatorError as exc:
+                raise remote(exc, "scheduler") from exc
         live.allocations.clear()

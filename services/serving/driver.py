@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from cmemu.v1 import ems_pb2, ems_pb2_grpc
+from cmemu.v1 import ems_pb2
+from emulator.client.ems import EmsClient
 from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
 from emulator.engines.gateway.kv import KvOverRdma
@@ -122,7 +123,7 @@ class Driver:
             instances=self.instances,
             streams=self.streams,
             stats=self.stats,
-            ems=ems_pb2_grpc.EmsStub(peers.channel(ems_address)),
+            ems=EmsClient(peers.channel(ems_address)),
             peers=peers,
             kv_rdma=KvOverRdma.of(peers),  # prefill -> decode over RDMA, when there is a plane
             spawn=self._spawn,

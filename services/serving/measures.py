@@ -16,13 +16,13 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import grpc
 import structlog
 
-from cmemu.v1 import ems_pb2, ems_pb2_grpc
+from emulator.client.ems import EmsClient, ObjectKind
 from emulator.engines.gateway.kv import KvOverRdma
 from emulator.engines.peers import CollectiveOutcome
 from emulator.model.collectivespec import CollectiveSpec
+from emulator.model.errors import EmulatorError
 from emulator.model.serving.engine import PlanKind, StepPlan, StepResult, rank_dies
 from emulator.model.topology import Device
 from emulator.model.ub import Op, Transaction
@@ -31,7 +31,7 @@ from services.serving.stats import RequestMetrics, ServingStats
 
 log = structlog.get_logger("cmemu.router")
 
-KV_BLOCK_KIND = ems_pb2.OBJECT_KIND_KV_BLOCK
+KV_BLOCK_KIND = ObjectKind.KV
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +75,7 @@ class Measures:
         instances: Mapping[str, LiveInstance],
         streams: Mapping[str, Requested],
         stats: ServingStats,
-        ems: ems_pb2_grpc.EmsAsyncStub,
+        ems: EmsClient,
         peers: Peers,
         kv_rdma: KvOverRdma | None,
         spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]],
@@ -102,10 +102,8 @@ class Measures:
         stream = self.streams.get(request_id)
         if stream is None:
             return StepResult(lookup_s=self.model.lookup_s)
-        reply: ems_pb2.MatchPrefixResponse = await self.ems.MatchPrefix(
-            ems_pb2.PrefixRequest(
-                tokens=stream.tokens, block_tokens=self.model.block_tokens, namespace=self.name
-            )
+        reply = await self.ems.match_prefix(
+            stream.tokens, block_tokens=self.model.block_tokens, namespace=self.name
         )
         hit = min(reply.matched_tokens, len(stream.tokens))
         stream.metrics.prefix_hit_tokens = hit
@@ -167,13 +165,10 @@ class Measures:
         """The prompt's new KV blocks into EMS, from the prefill NPU (not on the critical path:
         a failure costs only future hits)."""
         size = self.model.block_tokens * self.model.kv_bytes_per_token
-        items = [
-            ems_pb2.PutRequest(key=k, size=size, kind=KV_BLOCK_KIND, device=device) for k in keys
-        ]
         try:
-            await self.ems.BatchPut(ems_pb2.BatchPutRequest(items=items))
-        except grpc.aio.AioRpcError as exc:
-            log.warning("storing KV blocks failed", deployment=self.name, error=exc.details())
+            await self.ems.put_sizes(keys, size=size, kind=KV_BLOCK_KIND, device=device)
+        except EmulatorError as exc:
+            log.warning("storing KV blocks failed", deployment=self.name, error=str(exc))
 
     def pairs(self, plan: StepPlan) -> list[Device]:
         """The NPUs a failed plan ran on (what to probe)."""

@@ -31,12 +31,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-import grpc
 import structlog
 
-from cmemu.v1 import ems_pb2, ems_pb2_grpc, router_pb2
+from cmemu.v1 import router_pb2
+from emulator.client.ems import EmsClient
 from emulator.engines.clock import Timeline
-from emulator.model.errors import EmulatorError
+from emulator.model.errors import EmulatorError, NotFoundError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.serving.pdpolicy import DemandMeter, PdOptions, UnitRates, next_move
 from emulator.model.serving.plans import Request
@@ -89,7 +89,7 @@ class LivePd:
         self.rates = rates
         self.clock = clock
         self.profile = profile
-        self.ems = ems_pb2_grpc.EmsStub(driver.peers.channel(ems_address))
+        self.ems = EmsClient(driver.peers.channel(ems_address))
         self.meter = DemandMeter(options)
         self.switches: list[Switch] = []
         self.retiring: dict[str, str] = {}  # instance: the role it goes to, while it drains
@@ -243,17 +243,15 @@ class LivePd:
         cold = False
         for key, size in weight_plan(self.live.spec, self.profile).shards:
             try:
-                await self.ems.Get(ems_pb2.GetRequest(key=key, device=device))
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() is not grpc.StatusCode.NOT_FOUND:
-                    raise remote(exc, "ems (weights)") from exc
+                await self.ems.load(key, device=device)
+            except NotFoundError:
                 cold = True
                 try:
-                    await self.ems.Put(
-                        ems_pb2.PutRequest(key=key, size=size, kind=WEIGHTS_KIND, device=device)
-                    )
-                except grpc.aio.AioRpcError as put_exc:
+                    await self.ems.put(key, size=size, kind=WEIGHTS_KIND, device=device)
+                except EmulatorError as put_exc:
                     raise remote(put_exc, "ems (weights)") from put_exc
+            except EmulatorError as exc:
+                raise remote(exc, "ems (weights)") from exc
         return self.profile.serving.cache_cold_s if cold else self.rates.load_s
 
     def _join(self, name: str, to: str, at_s: float) -> None:

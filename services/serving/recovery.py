@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import grpc
 import structlog
 
-from cmemu.v1 import ems_pb2, scheduler_pb2, scheduler_pb2_grpc
+from emulator.client.scheduler import Allocation, SchedulerClient
+from emulator.client.status import code_name
 from emulator.engines.clock import Timeline
-from emulator.model.errors import EmulatorError
+from emulator.model.errors import EmulatorError, NotFoundError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.serving.engine import StepPlan
 from emulator.model.topology import Device, Topology
@@ -69,7 +69,7 @@ class Recovery:
         self.profile = profile
         self.clock = clock
         self.peers = peers
-        self.scheduler: scheduler_pb2_grpc.SchedulerAsyncStub = provisioner.scheduler
+        self.scheduler: SchedulerClient = provisioner.scheduler
         self.instances = {job: inst for inst, job in live.allocations.items()}
         self.causes: dict[str, str] = {}  # isolated npu: why
         self.streaming = False
@@ -103,21 +103,22 @@ class Recovery:
         """The allocation stream; on UNIMPLEMENTED polling takes over (in `_tick`) for good."""
         while True:
             try:
-                call = self.scheduler.WatchAllocations(scheduler_pb2.WatchAllocationsRequest())
-                self.streaming = True
-                await self._poll()  # what changed before the stream opened
-                async for event in call:
-                    instance = self.instances.get(event.allocation.job)
-                    if instance is not None:
-                        await self._reconcile(instance, event.allocation)
-            except grpc.aio.AioRpcError as exc:
+                changes = self.scheduler.watch()
+                try:
+                    self.streaming = True
+                    await self._poll()  # what changed before the stream opened
+                    async for event in changes:
+                        instance = self.instances.get(event.allocation.job)
+                        if instance is not None:
+                            await self._reconcile(instance, event.allocation)
+                finally:
+                    changes.cancel()
+            except EmulatorError as exc:
                 self.streaming = False
-                if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                if code_name(exc) == "UNIMPLEMENTED":
                     log.info("no allocation stream; polling", deployment=self.live.name)
                     return
-                log.warning(
-                    "allocation stream broke", deployment=self.live.name, error=exc.details()
-                )
+                log.warning("allocation stream broke", deployment=self.live.name, error=str(exc))
             except Exception:  # never take the router down: polling goes on
                 log.exception("allocation watch failed", deployment=self.live.name)
             self.streaming = False
@@ -132,7 +133,7 @@ class Recovery:
                 if not self.streaming:
                     await self._poll()
                 await self._reprobe()
-            except (grpc.aio.AioRpcError, EmulatorError) as exc:
+            except EmulatorError as exc:
                 log.warning("recovery tick failed", deployment=self.live.name, error=str(exc))
             except Exception:  # never take the router down
                 log.exception("recovery tick failed", deployment=self.live.name)
@@ -140,18 +141,14 @@ class Recovery:
     async def _poll(self) -> None:
         for job, instance in list(self.instances.items()):
             try:
-                allocation = await self.scheduler.GetAllocation(
-                    scheduler_pb2.GetAllocationRequest(job=job)
-                )
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() is grpc.StatusCode.NOT_FOUND:
-                    continue
-                raise
+                allocation = await self.scheduler.allocation(job)
+            except NotFoundError:
+                continue
             await self._reconcile(instance, allocation)
 
     # --- what the allocation says ---------------------------------------------------------------
 
-    async def _reconcile(self, instance: str, allocation: scheduler_pb2.Allocation) -> None:
+    async def _reconcile(self, instance: str, allocation: Allocation) -> None:
         driver = self.driver
         held = [d.id for d in driver.instances[instance].npus]
         now = {n.id: n for n in allocation.npus}
@@ -206,16 +203,13 @@ class Recovery:
         """The instance's share of the weights from EMS (cold for shards EMS lost, which are
         cached again): emulated seconds, the published model-caching point over its instances."""
         plan = self.live.weights or weight_plan(self.live.spec, self.profile)
-        present = await self.provisioner.ems.BatchExists(
-            ems_pb2.BatchExistsRequest(keys=[k for k, _ in plan.shards])
-        )
-        for (key, size), there in zip(plan.shards, present.exists, strict=True):
+        ems = self.provisioner.ems
+        present = await ems.exist([k for k, _ in plan.shards])
+        for (key, size), there in zip(plan.shards, present, strict=True):
             if not there:
-                await self.provisioner.ems.Put(
-                    ems_pb2.PutRequest(key=key, size=size, kind=WEIGHTS_KIND, device=npu)
-                )
+                await ems.put(key, size=size, kind=WEIGHTS_KIND, device=npu)
         s = self.profile.serving
-        whole = s.cache_from_ems_s if all(present.exists) else s.cache_cold_s
+        whole = s.cache_from_ems_s if all(present) else s.cache_cold_s
         return whole / s.cache_instances
 
     async def _kv_region(self, instance: str, old: str, device: Device) -> int | None:
@@ -282,7 +276,5 @@ class Recovery:
                 continue
             if await self._answers(self.topology.device(npu)):
                 self.causes[npu] = SCHEDULER  # restored like one the controller healed
-                allocation = await self.scheduler.GetAllocation(
-                    scheduler_pb2.GetAllocationRequest(job=self.job(found[0]))
-                )
+                allocation = await self.scheduler.allocation(self.job(found[0]))
                 await self._reconcile(found[0], allocation)

@@ -11,18 +11,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable
 
-import grpc
 import structlog
 
-from cmemu.v1 import ems_pb2, ems_pb2_grpc
+from emulator.client.ems import EmsClient, ObjectKind
 from emulator.engines.clock import Timeline
+from emulator.model.errors import DataLossError, EmulatorError, NotFoundError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.training import checkpoint
+from services.rpc import status_line
 from services.training.live import LiveJob
 
 log = structlog.get_logger("cmemu.training")
 NS = 1_000_000_000
-CHECKPOINT_KIND = ems_pb2.OBJECT_KIND_CHECKPOINT
+CHECKPOINT_KIND = ObjectKind.CHECKPOINT
 
 
 class Checkpoints:
@@ -33,7 +34,7 @@ class Checkpoints:
         self,
         job: LiveJob,
         *,
-        ems: ems_pb2_grpc.EmsAsyncStub,
+        ems: EmsClient,
         clock: Timeline,
         profile: HardwareProfile,
         publish: Callable[..., None],
@@ -57,22 +58,18 @@ class Checkpoints:
         longest = 0
         try:
             for shard in shards:
-                put = await self.ems.Put(
-                    ems_pb2.PutRequest(
-                        key=shard.key,
-                        size=shard.size,
-                        kind=CHECKPOINT_KIND,
-                        device=npus[shard.npu_index],
-                    )
+                put = await self.ems.put(
+                    shard.key,
+                    size=shard.size,
+                    kind=CHECKPOINT_KIND,
+                    device=npus[shard.npu_index],
                 )
                 longest = max(longest, put.complete_ns - put.issue_ns)
-        except grpc.aio.AioRpcError as exc:
+        except EmulatorError as exc:
             # A writer died before the controller noticed: this checkpoint does not count, and
             # the job goes on until its allocation shows the failure (the shards written stay
             # as garbage under a step that is never recorded).
-            self.publish(
-                "checkpoint-failed", step=step, error=f"{exc.code().name}: {exc.details()}"
-            )
+            self.publish("checkpoint-failed", step=step, error=status_line(exc))
             return
         if final:
             await self.clock.sleep(longest / NS)
@@ -81,25 +78,21 @@ class Checkpoints:
         keys = [s.key for s in shards]
         manifest = checkpoint.manifest_key(p.name, step)
         try:  # written last: a checkpoint is whole once its manifest is in
-            await self.ems.Put(
-                ems_pb2.PutRequest(
-                    key=manifest,
-                    data=checkpoint.manifest(p.name, step, keys),
-                    kind=CHECKPOINT_KIND,
-                    device=npus[0],
-                )
+            await self.ems.put(
+                manifest,
+                checkpoint.manifest(p.name, step, keys),
+                kind=CHECKPOINT_KIND,
+                device=npus[0],
             )
-        except grpc.aio.AioRpcError as exc:
-            self.publish(
-                "checkpoint-failed", step=step, error=f"{exc.code().name}: {exc.details()}"
-            )
+        except EmulatorError as exc:
+            self.publish("checkpoint-failed", step=step, error=status_line(exc))
             return
         job.checkpoints.append((step, [*keys, manifest]))
         p.checkpointed(step)
         kept = max(1, self.profile.training.checkpoints_kept)
         while len(job.checkpoints) > kept:
             _, old = job.checkpoints.pop(0)
-            await self.ems.BatchDelete(ems_pb2.BatchDeleteRequest(keys=old))
+            await self.ems.delete_many(old)
         self.publish("checkpoint", step=step, bytes=sum(s.size for s in shards))
 
     async def reload(self) -> None:
@@ -112,14 +105,14 @@ class Checkpoints:
         while job.checkpoints:
             step, keys = job.checkpoints[-1]
             try:
-                got = await self.ems.Get(ems_pb2.GetRequest(key=keys[-1], device=npus[0]))
+                got = await self.ems.load(keys[-1], device=npus[0])
                 shards = checkpoint.manifest_keys(got.data, p.name, step)
-            except grpc.aio.AioRpcError as exc:
+            except EmulatorError as exc:
                 if job.needs_recovery:
                     return  # a new NPU failed too: recover again
-                if exc.code() not in (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.NOT_FOUND):
+                if not isinstance(exc, DataLossError | NotFoundError):
                     raise
-                await self._drop_latest(f"{exc.code().name}: {exc.details()}")
+                await self._drop_latest(status_line(exc))
                 continue
             except ValueError as exc:  # bytes that verify but are no manifest of this one
                 await self._drop_latest(f"not its manifest: {exc}")
@@ -131,8 +124,8 @@ class Checkpoints:
         """The latest checkpoint did not verify: gone, and the job rewound to the one before."""
         job, p = self.job, self.job.progress
         step, keys = job.checkpoints.pop()
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            await self.ems.BatchDelete(ems_pb2.BatchDeleteRequest(keys=keys))
+        with contextlib.suppress(EmulatorError):
+            await self.ems.delete_many(keys)
         back = job.checkpoints[-1][0] if job.checkpoints else 0
         lost = p.fell_back(back, self.clock.now_ns())
         log.warning("checkpoint corrupt", job=p.name, step=step, error=error)
@@ -144,8 +137,8 @@ class Checkpoints:
         for key in keys:
             index = int(key.rsplit("/", 1)[1].split("-")[0])
             try:
-                got = await self.ems.Get(ems_pb2.GetRequest(key=key, device=npus[index]))
-            except grpc.aio.AioRpcError:
+                got = await self.ems.load(key, device=npus[index])
+            except EmulatorError:
                 if self.job.needs_recovery:
                     return  # a new NPU failed too: recover again
                 raise

@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import grpc
 import structlog
 
-from cmemu.v1 import fabric_pb2, scheduler_pb2
 from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
+from emulator.model.collectivespec import CollectiveSpec
+from emulator.model.errors import DeadlineExceededError, EmulatorError, UnavailableError
 from emulator.model.hardware import HardwareProfile
 from emulator.model.training.job import FAILED, FINISHED, RECOVERING, STOPPED
 from emulator.model.training.step import (
@@ -31,19 +31,14 @@ from emulator.model.training.step import (
     moe_tokens_per_rank,
     step_time,
 )
-from services.rpc import RemoteError
+from services.rpc import status_line
 from services.training.checkpoints import Checkpoints
 from services.training.live import Endpoints, LiveJob
 
 log = structlog.get_logger("cmemu.training")
 NS = 1_000_000_000
-STEP_FAILURES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+STEP_FAILURES = (UnavailableError, DeadlineExceededError)
 """What a dead (UNAVAILABLE) or hung (DEADLINE_EXCEEDED) rank does to a step's collectives."""
-OPS = {
-    "all-reduce": fabric_pb2.COLLECTIVE_OP_ALL_REDUCE,
-    "moe-dispatch": fabric_pb2.COLLECTIVE_OP_MOE_DISPATCH,
-    "moe-combine": fabric_pb2.COLLECTIVE_OP_MOE_COMBINE,
-}
 
 
 class JobRunner:
@@ -101,13 +96,13 @@ class JobRunner:
                 self.publish("training-started", npus=[n.id for n in job.allocation.npus])
                 await self.loop()
                 watcher.cancel()
-        except* (RemoteError, grpc.aio.AioRpcError) as group:
+        except* EmulatorError as group:
             error = str(group.exceptions[0])
             log.warning("training job failed", job=p.name, error=error)
             p.end(FAILED, self.clock.now_ns(), error)
             self.publish("training-failed", error=error)
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            await self.ep.scheduler.Release(scheduler_pb2.ReleaseRequest(job=p.name))
+        with contextlib.suppress(EmulatorError):
+            await self.ep.scheduler.release(p.name)
 
     async def loop(self) -> None:
         job, p = self.job, self.job.progress
@@ -169,20 +164,16 @@ class JobRunner:
 
     async def refresh(self) -> None:
         job = self.job
-        job.allocation = await self.ep.scheduler.GetAllocation(
-            scheduler_pb2.GetAllocationRequest(job=job.progress.name)
-        )
+        job.allocation = await self.ep.scheduler.allocation(job.progress.name)
         job.progress.npus = [n.id for n in job.allocation.npus]
         job.changed.set()
 
     async def watch(self) -> None:
         """Follow the allocation: the scheduler is the single source of truth."""
         job = self.job
-        stream = self.ep.scheduler.WatchAllocations(
-            scheduler_pb2.WatchAllocationsRequest(job=job.progress.name)
-        )
+        changes = self.ep.scheduler.watch(job.progress.name)
         try:
-            async for event in stream:
+            async for event in changes:
                 if event.change == "released":
                     continue
                 job.allocation = event.allocation
@@ -190,7 +181,7 @@ class JobRunner:
                     job.interrupted = True
                 job.changed.set()
         finally:
-            stream.cancel()
+            changes.cancel()
 
     async def first_step_s(self) -> float:
         """The first step's duration on the current NPUs; while a rank is dead or hung, each
@@ -198,9 +189,7 @@ class JobRunner:
         while True:
             try:
                 return await self.step_s()
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in STEP_FAILURES:
-                    raise
+            except STEP_FAILURES as exc:
                 self.step_failed(exc)
             if not await self.sleep(self.profile.training.step_retry_s):
                 return self.job.progress.step_s  # recovering or stopping: the loop decides
@@ -211,19 +200,17 @@ class JobRunner:
         `step_retry_s`, or recovery once the allocation shows the failure)."""
         try:
             step_s = await self.step_s()
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() not in STEP_FAILURES:
-                raise
+        except STEP_FAILURES as exc:
             self.step_failed(exc)
             await self.sleep(self.profile.training.step_retry_s)
             return False
         self.job.progress.step_s = step_s
         return True
 
-    def step_failed(self, exc: grpc.aio.AioRpcError) -> None:
+    def step_failed(self, exc: EmulatorError) -> None:
         p = self.job.progress
         p.failed_steps += 1
-        error = f"{exc.code().name}: {exc.details()}"
+        error = status_line(exc)
         log.warning("training step failed", job=p.name, step=p.step + 1, error=error)
         self.publish("step-failed", step=p.step + 1, error=error)
 
@@ -260,10 +247,8 @@ class JobRunner:
         """(seconds, the slowest rank's compute share) of one collective."""
         if len(ranks) < 2 or not (size or tokens):
             return 0.0, 1.0
-        result = await self.ep.fabric.Collective(
-            fabric_pb2.CollectiveRequest(
-                op=OPS[op], ranks=list(ranks), bytes=size, tokens_per_rank=tokens
-            ),
-            timeout=self.deadline_wall_s(),
+        spec = CollectiveSpec(op=op, bytes=size, tokens_per_rank=tokens)
+        result = await self.ep.fabric().collective(
+            list(ranks), spec, deadline_s=self.deadline_wall_s()
         )
         return float(result.duration_ns) / NS, result.compute_share or 1.0

@@ -5,31 +5,46 @@ checkpoints it keeps in EMS, and the events that cut its sleeps short."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cmemu.v1 import (
-    ems_pb2_grpc,
-    fabric_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
-    training_pb2,
-)
+from cmemu.v1 import training_pb2
+from emulator.client.ems import EmsClient
+from emulator.client.scheduler import Allocation, SchedulerClient
+from emulator.engines.peers import FabricPeer
 from emulator.model.training.job import JobProgress
 from emulator.model.training.spec import TrainingShape
+
+NO_ALLOCATION = Allocation(
+    job="",
+    npus=(),
+    nodes=(),
+    racks=(),
+    policy="",
+    priority=0,
+    whole_nodes=False,
+    same_rack=False,
+    allocated_ns=0,
+)
+"""A job's allocation before the scheduler granted one."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Endpoints:
-    scheduler: scheduler_pb2_grpc.SchedulerAsyncStub
-    ems: ems_pb2_grpc.EmsAsyncStub
-    fabric: fabric_pb2_grpc.FabricAsyncStub
+    """The services a job calls: each raises the EmulatorError its status names."""
+
+    scheduler: SchedulerClient
+    ems: EmsClient
+    # the fabric's engine when this process hosts it, else its client; asked at each call (the
+    # runtime may host the fabric here after the service was built)
+    fabric: Callable[[], FabricPeer]
 
 
 @dataclass(kw_only=True)
 class LiveJob:
     shape: TrainingShape
     progress: JobProgress
-    allocation: scheduler_pb2.Allocation = field(default_factory=scheduler_pb2.Allocation)
+    allocation: Allocation = field(default_factory=lambda: NO_ALLOCATION)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     # the checkpoints kept in EMS, oldest first: (step, its objects' keys, the manifest's last)

@@ -6,20 +6,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import grpc
-
 from cmemu.v1 import (
-    ems_pb2_grpc,
-    fabric_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
     training_pb2,
     training_pb2_grpc,
 )
+from emulator.client.ems import EmsClient
+from emulator.client.scheduler import SchedulerClient
 from emulator.engines.clock import Timeline
 from emulator.engines.events import EventSink
 from emulator.engines.tasks import TaskOwner
-from emulator.model.errors import NotFoundError, PreconditionError, quote
+from emulator.model.errors import EmulatorError, NotFoundError, PreconditionError, quote
 from emulator.model.hardware import HardwareProfile
 from emulator.model.topology import ServiceKind, Topology
 from emulator.model.training.job import ENDED, JobProgress
@@ -51,13 +47,11 @@ class TrainingState:
         self.events = events
         self.topic = topic
         self.endpoints = Endpoints(
-            scheduler=scheduler_pb2_grpc.SchedulerStub(
+            scheduler=SchedulerClient(
                 peers.channel(topology.service(ServiceKind.SCHEDULER).address)
             ),
-            ems=ems_pb2_grpc.EmsStub(peers.channel(topology.service(ServiceKind.EMS).address)),
-            fabric=fabric_pb2_grpc.FabricStub(
-                peers.channel(topology.service(ServiceKind.FABRIC).address)
-            ),
+            ems=EmsClient(peers.channel(topology.service(ServiceKind.EMS).address)),
+            fabric=peers.fabric,
         )
         self.jobs: dict[str, LiveJob] = {}
         self.tasks = TaskOwner("the training service is not running")
@@ -115,11 +109,9 @@ class TrainingState:
         if old is not None:
             await self._given_back(shape.name)
         try:
-            allocation = await self.endpoints.scheduler.Allocate(
-                scheduler_pb2.AllocateRequest(job=shape.name, npus=shape.npus)
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise RemoteError.from_rpc_error(exc, "scheduler") from exc
+            allocation = await self.endpoints.scheduler.allocate(shape.name, shape.npus)
+        except EmulatorError as exc:
+            raise RemoteError.from_error(exc, "scheduler") from exc
         job = LiveJob(
             shape=shape,
             progress=JobProgress(
@@ -156,10 +148,9 @@ class TrainingState:
         runner = self._runner_of.get(name)
         if runner is not None and not runner.done():
             await asyncio.wait({runner}, timeout=RELEASE_WAIT_WALL_S)
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            await self.endpoints.scheduler.Release(
-                scheduler_pb2.ReleaseRequest(job=name), timeout=RELEASE_WAIT_WALL_S
-            )
+        with contextlib.suppress(EmulatorError, TimeoutError):
+            async with asyncio.timeout(RELEASE_WAIT_WALL_S):
+                await self.endpoints.scheduler.release(name)
 
     async def last_restored_ns(self, job: str) -> int | None:
         """The cluster manager's TrainingPeer (emulator/engines/peers.py), answered directly:

@@ -16,6 +16,8 @@ import pytest
 
 from emulator import testing
 from emulator.client import health
+from emulator.client.status import code_name
+from emulator.model.errors import EmulatorError
 from emulator.testing import MINI_PORTS, MINI_SERVERS, free_port_block, run_cmemu
 
 cmemu = run_cmemu
@@ -79,8 +81,8 @@ def test_health_turns_not_serving_before_the_servers_stop(tmp_path: Path) -> Non
                 while not seen or seen[-1] == "SERVING":
                     try:
                         seen.append(await health.check(channel, timeout_s=30))
-                    except grpc.aio.AioRpcError as exc:
-                        seen.append(exc.code().name)
+                    except EmulatorError as exc:
+                        seen.append(code_name(exc))
             return seen
 
         seen = asyncio.run(watch())

@@ -271,3 +271,22 @@ def _first_link(state_file: Path) -> str:
     doc = json.loads(state_file.read_text())
     link = doc["links"][0]
     return f"{link['a']}~{link['b']}"
+
+
+def test_a_service_that_is_down_is_a_message_and_exit_1_not_a_traceback(running: Path) -> None:
+    """The typed clients raise one error type for a server that does not answer: the CLI says
+    UNAVAILABLE and exits 1 (beside it, the same command while the service is up exits 0)."""
+    at = ("--state-file", str(running))
+    up = cmemu("ems", "ls", *at)
+    assert up.returncode == 0, up.stderr
+    killed = cmemu("fault", "add", "service-kill", "ems", *at)
+    assert killed.returncode == 0, killed.stderr
+    fault_id = killed.stdout.split()[1].rstrip(":")
+    try:
+        down = cmemu("ems", "ls", *at)
+        assert down.returncode == 1, down.stderr
+        assert down.stderr.startswith("cmemu ems: UNAVAILABLE"), down.stderr
+        assert "Traceback" not in down.stderr
+    finally:
+        assert cmemu("fault", "rm", fault_id, *at).returncode == 0
+    _poll(lambda: cmemu("ems", "ls", *at).returncode == 0)

@@ -4,13 +4,21 @@ size, listing, stat and delete answer plain values, and refusals are EmulatorErr
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 
+from emulator.client import faults
 from emulator.client.ems import CHUNK, EmsClient, ObjectKind
 from emulator.model.ems.index import Tier
-from emulator.model.errors import InvalidArgumentError, NotFoundError
+from emulator.model.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+)
+from emulator.model.topology import ServiceKind
 from emulator.runtime.supernode import Supernode
 from emulator.testing import running_supernode
 
@@ -61,3 +69,47 @@ async def test_refusals_are_emulator_errors(mini: Supernode) -> None:
         await ems.put("mismatch", b"abc", size=5)
     with pytest.raises(NotFoundError):
         await ems.stat("no-such-pool")
+
+
+async def test_batch_calls_and_a_one_call_load(mini: Supernode) -> None:
+    ems = EmsClient(mini.clients)
+    puts = await ems.put_sizes(["b-1", "b-2"], size=4096, kind=ObjectKind.KV, device="n00-npu0")
+    assert [(p.key, p.size) for p in puts] == [("b-1", 4096), ("b-2", 4096)]
+    assert await ems.exist(["b-1", "b-none", "b-2"]) == [True, False, True]
+    await ems.put("b-manifest", b"the shards", kind=ObjectKind.CHECKPOINT)
+    got = await ems.load("b-manifest", device="n00-npu0")
+    assert (got.data, got.size) == (b"the shards", 10) and got.complete_ns >= got.issue_ns
+    assert (await ems.load("b-1")).data == b""  # size-only
+    await ems.delete_many(["b-1", "b-2", "b-manifest"])
+    assert await ems.exist(["b-1", "b-2", "b-manifest"]) == [False, False, False]
+    with pytest.raises(NotFoundError):
+        await ems.load("b-manifest")
+
+
+async def test_a_prefix_nothing_holds_matches_nothing(mini: Supernode) -> None:
+    ems = EmsClient(mini.clients)
+    match = await ems.match_prefix(list(range(256)), block_tokens=128, namespace="nobody")
+    assert (match.matched_blocks, match.matched_tokens, match.keys) == (0, 0, ())
+    with pytest.raises(OutOfRangeError, match="block_tokens must be"):
+        await ems.match_prefix(list(range(256)), block_tokens=7)
+
+
+async def test_over_a_channel_and_a_wall_deadline(mini: Supernode) -> None:
+    """A service's own channel serves as well as the launch's clients; `timeout_s` ends a call
+    the EMS does not answer (service-hang) as DeadlineExceededError, and only such a call."""
+    address = mini.clients.topology.service(ServiceKind.EMS).address
+    ems = EmsClient(mini.clients.channel_to(address), timeout_s=2.0)
+    assert (await ems.stat()).pools
+    hang = await faults.inject(mini.clients, "service-hang", "ems")
+    try:
+        with pytest.raises(DeadlineExceededError):
+            await ems.stat()
+    finally:
+        await faults.clear(mini.clients, hang.id)
+    async with asyncio.timeout(60):  # a bound only: the EMS answers again once cleared
+        while True:
+            try:
+                await ems.stat()
+                break
+            except DeadlineExceededError:
+                await asyncio.sleep(0.1)

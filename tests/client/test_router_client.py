@@ -53,3 +53,9 @@ async def test_deploy_get_list_undeploy(mini: Supernode) -> None:
 async def test_a_spec_with_a_shape_is_refused_before_any_call(mini: Supernode) -> None:
     with pytest.raises(InvalidArgumentError):
         await RouterClient(mini.clients).deploy(spec_yaml="model: x", model="deepseek-r1")
+
+
+async def test_the_serving_aggregates_as_plain_values(mini: Supernode) -> None:
+    stats = await RouterClient(mini.clients, timeout_s=30.0).stats()
+    assert stats.requests_dropped == 0 and stats.requests_failed == 0
+    assert stats.ttft.count == stats.requests_completed and stats.ttft.p50_ns >= 0

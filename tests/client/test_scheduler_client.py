@@ -4,12 +4,13 @@ process: allocate, list, replace, spares, policies and release as plain values; 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 
 from emulator.client.dayplan import day_plan
-from emulator.client.scheduler import SchedulerClient
+from emulator.client.scheduler import AllocationChange, SchedulerClient
 from emulator.model.errors import InvalidArgumentError, NotFoundError
 from emulator.runtime.supernode import Supernode
 from emulator.testing import running_supernode
@@ -56,3 +57,40 @@ async def test_an_unknown_day_plan_is_not_found(mini: Supernode) -> None:
     with pytest.raises(NotFoundError) as unknown:
         await day_plan(mini.clients, "no-such-plan")
     assert str(unknown.value).startswith("scheduler: ")  # as `cmemu sched day` always said
+
+
+async def test_one_allocation_and_its_changes_as_they_happen(mini: Supernode) -> None:
+    sched = SchedulerClient(mini.clients)
+    changes = sched.watch("job-w")
+    seen: list[AllocationChange] = []
+    released = asyncio.Event()
+
+    async def follow() -> None:
+        async for change in changes:
+            seen.append(change)
+            if change.change == "released":
+                released.set()
+
+    follower = asyncio.get_running_loop().create_task(follow())
+    try:
+        async with asyncio.timeout(60):  # a bound only: the watch registers when it will
+            while not any(c.change == "allocated" for c in seen):
+                made = await sched.allocate("job-w", 1)
+                assert (await sched.allocation("job-w")).npus == made.npus
+                await sched.release("job-w")
+                await asyncio.sleep(0.05)
+            await released.wait()
+    finally:
+        changes.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+    first = next(c for c in seen if c.change == "allocated")
+    assert first.allocation.job == "job-w" and len(first.allocation.npus) == 1
+    assert first.at_ns > 0 and all(c.allocation.job == "job-w" for c in seen)
+    with pytest.raises(NotFoundError):
+        await sched.allocation("job-w")
+    bad = sched.watch("bad name!")  # a malformed job: the stream's status, as the error type
+    try:
+        with pytest.raises(InvalidArgumentError):
+            await anext(bad)
+    finally:
+        bad.cancel()

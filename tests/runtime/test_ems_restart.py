@@ -19,6 +19,7 @@ import pytest
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
 from emulator.client import health
 from emulator.client.errors import decode
+from emulator.model.errors import EmulatorError
 from emulator.model.topology import DeviceKind
 from emulator.runtime import state
 from tests.runtime.test_procs import serve_processes, up
@@ -48,7 +49,7 @@ async def _through_recovery(
                 # Stat after a SERVING answer cannot say recovering
                 said = await health.check(channel, timeout_s=10)
                 stats.append(await ems.Stat(ems_pb2.StatRequest(), timeout=10))
-            except grpc.aio.AioRpcError:
+            except (EmulatorError, grpc.aio.AioRpcError):  # health typed, Stat raw
                 await asyncio.sleep(0.1)  # not listening yet
                 continue
             recovered = not stats[-1].recovering

@@ -16,7 +16,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cmemu.v1 import device_pb2, fabric_pb2, npu_pb2, ub_pb2
 from emulator.client import faults
 from emulator.client.errors import ErrorDetails, decode
-from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
+from emulator.client.status import error_details
+from emulator.model.errors import (
+    EmulatorError,
+    InvalidArgumentError,
+    NotFoundError,
+    PreconditionError,
+)
 from emulator.runtime.supernode import Supernode
 from emulator.testing import Clients, running_supernode
 
@@ -31,10 +37,15 @@ async def mini() -> AsyncIterator[Supernode]:
 
 
 async def _refused(call: Awaitable[Any]) -> ErrorDetails:
-    with pytest.raises(grpc.aio.AioRpcError) as err:
+    """What a refused call's status says: a raw stub's AioRpcError, or the EmulatorError a
+    typed client (faults.inject) raises for it."""
+    with pytest.raises((grpc.aio.AioRpcError, EmulatorError)) as err:
         async with asyncio.timeout(30):  # a bound only: a busy host answers late
             await call
-    return decode(err.value)
+    if isinstance(err.value, grpc.aio.AioRpcError):
+        return decode(err.value)
+    assert isinstance(err.value, EmulatorError)
+    return error_details(err.value)
 
 
 async def _until(predicate: Any, timeout_s: float = 300.0) -> None:

@@ -19,6 +19,8 @@ from cmemu.v1 import gateway_pb2 as pb
 from emulator.client import faults, health
 from emulator.client.clock import held_time
 from emulator.client.errors import decode
+from emulator.client.status import error_details
+from emulator.model.errors import EmulatorError
 from emulator.model.flowsim import LiveFlows
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.rdmagraph import RdmaGraph
@@ -72,9 +74,14 @@ async def _region(clients: Clients, npu: str = DST, size: int = 1 << 20) -> int:
 
 
 async def _fails(call: object) -> tuple[grpc.StatusCode, str | None, str]:
-    with pytest.raises(grpc.aio.AioRpcError) as err:
+    """A raw stub's status, or the EmulatorError a typed client (faults) raises for one."""
+    with pytest.raises((grpc.aio.AioRpcError, EmulatorError)) as err:
         await call  # type: ignore[misc]
-    info = decode(err.value)
+    if isinstance(err.value, EmulatorError):
+        info = error_details(err.value)
+    else:
+        assert isinstance(err.value, grpc.aio.AioRpcError)
+        info = decode(err.value)
     return info.code, info.reason, info.message
 
 

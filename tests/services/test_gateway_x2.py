@@ -15,6 +15,8 @@ from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
 from cmemu.v1 import gateway_pb2 as pb
 from emulator.client import faults, health
 from emulator.client.errors import decode
+from emulator.client.status import error_details
+from emulator.model.errors import EmulatorError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.scaleout import build_cluster
 from emulator.model.topology import server_count
@@ -48,9 +50,14 @@ async def clients(x2: Supernode) -> AsyncIterator[Clients]:
 
 
 async def _fails(call: object) -> tuple[grpc.StatusCode, str | None]:
-    with pytest.raises(grpc.aio.AioRpcError) as err:
+    """A raw stub's status, or the EmulatorError a typed client (faults) raises for one."""
+    with pytest.raises((grpc.aio.AioRpcError, EmulatorError)) as err:
         await call  # type: ignore[misc]
-    info = decode(err.value)
+    if isinstance(err.value, EmulatorError):
+        info = error_details(err.value)
+    else:
+        assert isinstance(err.value, grpc.aio.AioRpcError)
+        info = decode(err.value)
     return info.code, info.reason
 
 

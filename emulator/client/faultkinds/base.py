@@ -14,12 +14,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-import grpc
-
 from cmemu.v1 import device_pb2
 from emulator.client.clients import Clients
-from emulator.client.errors import decode
-from emulator.model.errors import NotFoundError, quote
+from emulator.client.status import reply_of
+from emulator.model.errors import EmulatorError, NotFoundError, quote
 from emulator.model.faults.params import params_from, params_text
 
 if TYPE_CHECKING:
@@ -148,14 +146,15 @@ async def via(
     *,
     others_first: bool = False,
 ) -> T:
-    """`call` on the first of `device`'s proxies that can answer for it."""
-    last: grpc.aio.AioRpcError | None = None
+    """`call` on the first of `device`'s proxies that can answer for it; the EmulatorError its
+    status names when none can (an unreachable proxy's UNAVAILABLE without details comes back as
+    PEER_UNREACHABLE, so a fallback reason covers it)."""
+    last: EmulatorError | None = None
     for proxy in proxies(clients, device, others_first=others_first):
         try:
-            return await call(clients.device(proxy))
-        except grpc.aio.AioRpcError as exc:
-            unreachable = exc.code() is grpc.StatusCode.UNAVAILABLE and not decode(exc).reason
-            if not (unreachable or decode(exc).reason in FALLBACK_REASONS):
+            return await reply_of(None, call(clients.device(proxy)))
+        except EmulatorError as exc:
+            if exc.reason not in FALLBACK_REASONS:
                 raise
             last = exc
     assert last is not None

@@ -11,11 +11,10 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from cmemu.v1 import device_pb2
 from emulator.client.clients import Clients
 from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, via
+from emulator.client.status import reply_of
 from emulator.model.errors import NotFoundError
 from emulator.model.faults.catalogue import NoParams
 from emulator.model.faults.params import params_text
@@ -58,11 +57,14 @@ class BrokerOutage(Typed):
         hosts = await _hosts(clients)
         stored = await asyncio.gather(
             *(
-                clients.device(h).InjectFault(
-                    device_pb2.FaultState(
-                        kind=self.name, params=params_text(typed), for_s=duration_s or 0.0
+                reply_of(
+                    None,
+                    clients.device(h).InjectFault(
+                        device_pb2.FaultState(
+                            kind=self.name, params=params_text(typed), for_s=duration_s or 0.0
+                        ),
+                        timeout=CALL_TIMEOUT_S,
                     ),
-                    timeout=CALL_TIMEOUT_S,
                 )
                 for h in hosts
             )
@@ -81,13 +83,16 @@ async def clear(clients: Clients) -> None:
     cleared = 0
     for host in await _hosts(clients):
         try:
-            await clients.device(host).ClearFault(
-                device_pb2.ClearDeviceFaultRequest(kind="broker-outage"), timeout=CALL_TIMEOUT_S
+            await reply_of(
+                None,
+                clients.device(host).ClearFault(
+                    device_pb2.ClearDeviceFaultRequest(kind="broker-outage"),
+                    timeout=CALL_TIMEOUT_S,
+                ),
             )
             cleared += 1
-        except grpc.aio.AioRpcError as exc:  # a process whose outage already ended
-            if exc.code() is not grpc.StatusCode.NOT_FOUND:
-                raise
+        except NotFoundError:  # a process whose outage already ended
+            pass
     if not cleared:
         raise NotFoundError(
             "no broker outage is active", subject=BROKER_ID, reason="FAULT_NOT_FOUND"

@@ -15,9 +15,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
-from cmemu.v1 import device_pb2, training_pb2
+from cmemu.v1 import device_pb2
 from emulator.client.clients import Clients
 from emulator.client.faultkinds.base import (
     ActiveFault,
@@ -27,6 +25,8 @@ from emulator.client.faultkinds.base import (
     spanning,
 )
 from emulator.client.faultkinds.sdc import KIND as SDC
+from emulator.client.status import reply_of
+from emulator.client.training import TrainingClient
 from emulator.model.errors import NotFoundError, PreconditionError, quote
 from emulator.model.faults.catalogue import NoParams, SdcParams
 from emulator.model.topology import DeviceKind
@@ -39,7 +39,10 @@ async def _copies(clients: Clients, key: str) -> list[tuple[str, int]]:
     """(pool, region id) of every copy of `key` the pools hold."""
     pools = [d.id for d in clients.topology.devices if d.kind is DeviceKind.MEMPOOL]
     listed = await asyncio.gather(
-        *(clients.device(p).ListRegions(device_pb2.ListRegionsRequest()) for p in pools),
+        *(
+            reply_of(None, clients.device(p).ListRegions(device_pb2.ListRegionsRequest()))
+            for p in pools
+        ),
         return_exceptions=True,
     )
     return [
@@ -59,7 +62,7 @@ class CheckpointCorrupt(Typed):
         self, clients: Clients, target: str, params: Any, duration_s: float | None
     ) -> ActiveFault:
         self.typed(params)
-        job = await clients.training().Get(training_pb2.TrainingRequest(name=target))
+        job = await TrainingClient(clients).get(target)
         step = job.last_checkpoint_step
         if not step:
             raise PreconditionError(
@@ -101,10 +104,6 @@ async def clear(clients: Clients, fault_id: str) -> None:
     for pool in pools:
         try:
             await clear_device(clients, pool, SDC.name)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() is not grpc.StatusCode.NOT_FOUND:
-                raise
-            missing += 1
         except NotFoundError:
             missing += 1
     if missing == len(pools):

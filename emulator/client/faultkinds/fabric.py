@@ -14,6 +14,7 @@ from typing import Any
 from cmemu.v1 import fabric_pb2
 from emulator.client.clients import Clients
 from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed
+from emulator.client.status import reply_of
 from emulator.model.faults.catalogue import (
     LinkDegradedParams,
     LinkFlapParams,
@@ -85,12 +86,10 @@ class FabricKind(Typed):
         self, clients: Clients, target: str, params: Any, duration_s: float | None
     ) -> ActiveFault:
         typed = self.typed(params)
-        stored = await clients.fabric().InjectFault(
-            fabric_pb2.FabricFault(
-                kind=self.name, target=target, for_s=duration_s or 0.0, **FIELDS[type(typed)](typed)
-            ),
-            timeout=CALL_TIMEOUT_S,
+        fault = fabric_pb2.FabricFault(
+            kind=self.name, target=target, for_s=duration_s or 0.0, **FIELDS[type(typed)](typed)
         )
+        stored = await reply_of(None, clients.fabric().InjectFault(fault, timeout=CALL_TIMEOUT_S))
         return fabric_fault(stored)
 
 

@@ -10,11 +10,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from cmemu.v1 import gateway_pb2
 from emulator.client.clients import Clients
 from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, not_found
+from emulator.client.status import reply_of
+from emulator.model.errors import NotFoundError
 from emulator.model.faults.catalogue import LinkDegradedParams, NoParams
 
 PREFIX = "rdma:"
@@ -47,15 +47,14 @@ class GatewayKind(Typed):
         self, clients: Clients, target: str, params: Any, duration_s: float | None
     ) -> ActiveFault:
         typed = self.typed(params)
-        stored = await clients.gateway(target if self.wire == "gateway-down" else None).InjectFault(
-            gateway_pb2.GatewayFault(
-                kind=self.wire,
-                target=target,
-                factor=getattr(typed, "factor", 0.0),
-                for_s=duration_s or 0.0,
-            ),
-            timeout=CALL_TIMEOUT_S,
+        gateway = clients.gateway(target if self.wire == "gateway-down" else None)
+        fault = gateway_pb2.GatewayFault(
+            kind=self.wire,
+            target=target,
+            factor=getattr(typed, "factor", 0.0),
+            for_s=duration_s or 0.0,
         )
+        stored = await reply_of(None, gateway.InjectFault(fault, timeout=CALL_TIMEOUT_S))
         return gateway_fault(stored)
 
 
@@ -138,12 +137,9 @@ async def clear(clients: Clients, fault_id: str) -> None:
     """Clear a fault by its `rdma:` id, at the gateway that holds it."""
     own = fault_id.removeprefix(PREFIX)
     which = own.removesuffix(DOWN_SUFFIX) if own.endswith(DOWN_SUFFIX) else None
+    gateway = clients.gateway(which)
+    request = gateway_pb2.ClearGatewayFaultRequest(id=own)
     try:
-        gateway = clients.gateway(which)
-        await gateway.ClearFault(
-            gateway_pb2.ClearGatewayFaultRequest(id=own), timeout=CALL_TIMEOUT_S
-        )
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() is grpc.StatusCode.NOT_FOUND:
-            raise not_found(fault_id) from None
-        raise
+        await reply_of(None, gateway.ClearFault(request, timeout=CALL_TIMEOUT_S))
+    except NotFoundError:
+        raise not_found(fault_id) from None

@@ -13,11 +13,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import grpc
-
 from cmemu.v1 import device_pb2
 from emulator.client.clients import Clients
-from emulator.client.errors import decode
 from emulator.client.faultkinds.base import (
     CALL_TIMEOUT_S,
     FALLBACK_REASONS,
@@ -28,7 +25,8 @@ from emulator.client.faultkinds.base import (
     not_found,
     spanning,
 )
-from emulator.model.errors import PreconditionError
+from emulator.client.status import reply_of
+from emulator.model.errors import EmulatorError, NotFoundError, PreconditionError
 from emulator.model.faults.catalogue import CrashParams
 from emulator.model.faults.params import params_text
 from emulator.model.racks import rack_devices
@@ -102,9 +100,9 @@ async def _call(
     device itself where the proxy cannot answer for it (another process: NOT_IN_PROCESS)."""
     for via_device in dict.fromkeys([proxy, device]):
         try:
-            return device_fault(await call(clients.device(via_device)))
-        except grpc.aio.AioRpcError as exc:
-            if via_device == device or decode(exc).reason not in FALLBACK_REASONS:
+            return device_fault(await reply_of(None, call(clients.device(via_device))))
+        except EmulatorError as exc:
+            if via_device == device or exc.reason not in FALLBACK_REASONS:
                 raise
     raise AssertionError("unreachable: the device itself is the last proxy")
 
@@ -130,9 +128,7 @@ async def clear(clients: Clients, fault_id: str) -> None:
     )
     errors = [r for r in results if isinstance(r, BaseException)]
     for error in errors:
-        if not (
-            isinstance(error, grpc.aio.AioRpcError) and error.code() is grpc.StatusCode.NOT_FOUND
-        ):
+        if not isinstance(error, NotFoundError):
             raise error
     if len(errors) == len(devices):
         raise not_found(fault_id)

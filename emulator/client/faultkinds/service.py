@@ -29,14 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from cmemu.v1 import device_pb2
 from emulator.client.clients import Clients
-from emulator.client.errors import decode
 from emulator.client.faultkinds import container, process
 from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, device_fault, via
-from emulator.model.errors import NotFoundError, PreconditionError, quote
+from emulator.model.errors import EmulatorError, NotFoundError, PreconditionError, quote
 from emulator.model.faults.catalogue import NoParams, ServiceDownParams, ServiceSlowParams
 from emulator.model.faults.params import params_text
 from emulator.model.topology import Service, ServiceKind
@@ -132,8 +129,8 @@ class ServiceKindFault(Typed):
             stored = await via(
                 clients, carrier.id, lambda stub: stub.InjectFault(request, timeout=CALL_TIMEOUT_S)
             )
-        except grpc.aio.AioRpcError as exc:
-            if decode(exc).reason != "FAULT_ALREADY_ACTIVE":
+        except EmulatorError as exc:
+            if exc.reason != "FAULT_ALREADY_ACTIVE":
                 raise
             raise PreconditionError(
                 f"the {service.id} service is down already (service-kill, -hang or -slow "

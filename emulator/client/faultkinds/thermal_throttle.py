@@ -11,8 +11,6 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from emulator.client.clients import Clients
 from emulator.client.faultkinds.base import (
     ActiveFault,
@@ -23,11 +21,11 @@ from emulator.client.faultkinds.base import (
     spanning,
 )
 from emulator.client.faultkinds.node_power_off import NODE_PREFIX, node_devices
+from emulator.model.errors import NotFoundError
 from emulator.model.faults.catalogue import ThermalThrottleParams
 from emulator.model.naming import node_id, parse_device
 from emulator.model.topology import DeviceKind as Hardware
 
-NOT_FOUND = grpc.StatusCode.NOT_FOUND
 NAME = "thermal-throttle"
 SUFFIX = f":{NAME}"
 PER_NPU = DeviceKind(name=NAME, help="", params=ThermalThrottleParams, target="an NPU id")
@@ -90,7 +88,7 @@ async def clear(clients: Clients, fault_id: str) -> None:
     )
     errors = [r for r in results if isinstance(r, BaseException)]
     for error in errors:
-        if not (isinstance(error, grpc.aio.AioRpcError) and error.code() is NOT_FOUND):
+        if not isinstance(error, NotFoundError):
             raise error
     if len(errors) == len(npus):
         raise not_found(fault_id)

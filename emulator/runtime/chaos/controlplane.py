@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from emulator.client import health
 from emulator.client.clients import Clients
+from emulator.client.status import code_name
 from emulator.model.chaos.observed import Injection
 from emulator.model.chaos.recovery import CONTROL_PLANE_KINDS
+from emulator.model.errors import EmulatorError
 
 BACK_WALL_S = 10.0  # wall: how long a service brought back may take to answer
 
@@ -37,13 +37,11 @@ async def answering(clients: Clients, services: list[str]) -> list[str]:
         )
         if address is None:
             return ""
-        stub = health_pb2_grpc.HealthStub(clients.channel_to(address))
+        channel = clients.channel_to(address)
         try:
-            await stub.Check(
-                health_pb2.HealthCheckRequest(), timeout=BACK_WALL_S, wait_for_ready=True
-            )
-        except grpc.aio.AioRpcError as exc:
-            return f"{name} did not answer once brought back: {exc.code().name}"
+            await health.check(channel, timeout_s=BACK_WALL_S, wait_for_ready=True)
+        except EmulatorError as exc:
+            return f"{name} did not answer once brought back: {code_name(exc)}"
         return ""
 
     notes = await asyncio.gather(*(one(s) for s in dict.fromkeys(services)))

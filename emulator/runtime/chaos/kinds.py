@@ -5,8 +5,6 @@ it when the scenario is parsed, before anything runs."""
 
 from __future__ import annotations
 
-import grpc
-
 from emulator.client import faults
 from emulator.client.clients import Clients
 from emulator.model.chaos.scenario import ParamsCheck
@@ -37,6 +35,3 @@ async def clear(clients: Clients, fault_id: str) -> None:
         await faults.clear(clients, fault_id)
     except NotFoundError:
         return
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() != grpc.StatusCode.NOT_FOUND:
-            raise

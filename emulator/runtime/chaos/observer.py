@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import grpc
-
-from cmemu.v1 import manager_pb2
 from emulator.client.clients import Clients
+from emulator.client.manager import ManagerClient
 from emulator.engines.clock import Timeline
 from emulator.model.chaos.abort import crossed
 from emulator.model.chaos.observed import IncidentRecord, Observations
@@ -22,6 +20,8 @@ from emulator.model.chaos.recovery import recoveries
 from emulator.model.chaos.scenario import Scenario
 from emulator.model.chaos.timeline import Entry, build_timeline
 from emulator.model.chaos.verdict import steady_before
+from emulator.model.errors import EmulatorError
+from emulator.model.manager.detector import Incident
 from emulator.model.topology import ServiceKind
 from emulator.runtime.chaos.traffic import Traffic
 from emulator.runtime.chaos.workloads import STATUS_WALL_S, Workloads
@@ -48,6 +48,9 @@ class Observer:
         self._clock = clock  # the emulator's time, followed once the run starts
         self.on_entry = on_entry
         self.has_manager = any(s.kind == ServiceKind.MANAGER for s in clients.topology.services)
+        self._manager = (
+            ManagerClient(clients, timeout_s=STATUS_WALL_S) if self.has_manager else None
+        )
         loads = scenario.workloads
         self.obs = Observations(
             start_ns=0,
@@ -72,17 +75,14 @@ class Observer:
     async def poll_once(self) -> None:
         try:
             self.obs.events += await self.workloads.poll()
-        except grpc.aio.AioRpcError as exc:
+        except EmulatorError as exc:
             self.note(f"workload status: {status_line(exc)}")
-        if self.has_manager:
+        if self._manager is not None:
             try:
-                listed = await self.clients.manager().ListIncidents(
-                    manager_pb2.ListIncidentsRequest(since_ns=self.obs.start_ns),
-                    timeout=STATUS_WALL_S,
-                )
+                listed = await self._manager.incidents(since_ns=self.obs.start_ns)
                 aliases = self.workloads.aliases
-                self.obs.incidents = [_incident(i, aliases) for i in listed.incidents]
-            except grpc.aio.AioRpcError as exc:
+                self.obs.incidents = [_record(i, aliases) for i in listed]
+            except EmulatorError as exc:
                 self.note(f"cluster manager: {status_line(exc)}")
         else:
             self.note("no cluster manager in this emulator: no incidents observed")
@@ -107,14 +107,12 @@ class Observer:
             return True
         await self.poll_once()
         self.obs.steady_ns = self._clock().now_ns()
-        if self.has_manager:
+        if self._manager is not None:
             try:
-                listed = await self.clients.manager().ListIncidents(
-                    manager_pb2.ListIncidentsRequest(since_ns=0), timeout=STATUS_WALL_S
-                )
+                listed = await self._manager.incidents(since_ns=0)
                 aliases = self.workloads.aliases
-                self.obs.open_before = [_incident(i, aliases) for i in listed.incidents]
-            except grpc.aio.AioRpcError as exc:
+                self.obs.open_before = [_record(i, aliases) for i in listed]
+            except EmulatorError as exc:
                 self.note(f"cluster manager: {status_line(exc)}")
         check = steady_before(self.scenario.expect, self.obs)
         if check is not None and not check.ok:
@@ -126,7 +124,7 @@ class Observer:
     async def training_back(self) -> bool:
         try:
             return await self.workloads.training_back()
-        except grpc.aio.AioRpcError as exc:
+        except EmulatorError as exc:
             self.note(f"training status: {status_line(exc)}")
             return False
 
@@ -144,7 +142,7 @@ class Observer:
         if self.scenario.workloads.training:
             try:
                 self.obs.training = await self.workloads.training_records()
-            except grpc.aio.AioRpcError as exc:  # the manager that hosts them is down
+            except EmulatorError as exc:  # the manager that hosts them is down
                 self.note(f"training records: {status_line(exc)}")
         ems = self.scenario.workloads.ems
         if ems is not None:
@@ -163,8 +161,9 @@ class Observer:
                 self.on_entry(entry)
 
 
-def _incident(i: manager_pb2.Incident, aliases: dict[str, str]) -> IncidentRecord:
-    """An incident, its jobs named as the scenario names its workloads."""
+def _record(i: Incident, aliases: dict[str, str]) -> IncidentRecord:
+    """An incident as the manager's client reads it (emulator/client/manager.py), its jobs named
+    as the scenario names its workloads."""
     return IncidentRecord(
         id=i.id,
         device=i.device,

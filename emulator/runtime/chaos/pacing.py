@@ -13,13 +13,12 @@ import math
 import time
 from collections.abc import Callable, Iterable
 
-import grpc
-
-from cmemu.v1 import fabric_pb2
 from emulator.client.clients import Clients
+from emulator.client.fabric import FabricClient
 from emulator.engines.clock import TimeKeeper
 from emulator.model.chaos.observed import Injection
 from emulator.model.chaos.pace import Pace, PaceWindow
+from emulator.model.errors import EmulatorError
 from emulator.model.hardware import DEFAULT_PROFILE
 from services.rpc import status_line
 
@@ -52,8 +51,8 @@ async def hold_pace(
 async def pace_window(clients: Clients, note: Callable[[str], None]) -> PaceWindow | None:
     """The fabric's clock at the scenario's start (None, noted, when it does not answer)."""
     try:
-        info = await clients.fabric().GetClock(fabric_pb2.GetClockRequest(), timeout=CLOCK_WALL_S)
-    except grpc.aio.AioRpcError as exc:
+        info = await FabricClient(clients).clock(deadline_s=CLOCK_WALL_S)
+    except EmulatorError as exc:
         note(f"the fabric's clock: {status_line(exc)}")
         return None
     return PaceWindow(
@@ -76,8 +75,8 @@ async def achieved_pace(
     if window is None:
         return None
     try:
-        info = await clients.fabric().GetClock(fabric_pb2.GetClockRequest(), timeout=CLOCK_WALL_S)
-    except grpc.aio.AioRpcError as exc:
+        info = await FabricClient(clients).clock(deadline_s=CLOCK_WALL_S)
+    except EmulatorError as exc:
         note(f"the fabric's clock: {status_line(exc)}")
         return None
     wall = max(time.time() - window.start_wall_s, 1e-9)

@@ -16,8 +16,6 @@ import random
 import time
 from collections.abc import Callable
 
-import grpc
-
 from emulator.client.clients import Clients
 from emulator.client.clock import followed_time
 from emulator.engines.clock import TimeKeeper, Timeline
@@ -228,7 +226,7 @@ class Runner:
         (a training job's placement is the manager's to tell: a scenario may have killed it)."""
         try:
             return await self.workloads.placement()
-        except grpc.aio.AioRpcError as exc:
+        except EmulatorError as exc:
             self.observer.note(
                 f"where the workloads run: {status_line(exc)}; the last placement is used"
             )
@@ -255,7 +253,7 @@ class Runner:
                         self.clients, step.fault, target, step.typed_params, step.duration_s
                     )
                     fault_id = fault.id
-                except (EmulatorError, grpc.aio.AioRpcError) as exc:
+                except EmulatorError as exc:
                     why = status_line(exc)
             return Injection(
                 label=p.label,
@@ -283,7 +281,7 @@ class Runner:
                 continue
             try:
                 await kinds.clear(self.clients, inj.fault_id)
-            except (EmulatorError, grpc.aio.AioRpcError) as exc:
+            except EmulatorError as exc:
                 self.obs.notes.append(f"clearing {inj.fault_id}: {status_line(exc)}")
             if not record:
                 continue

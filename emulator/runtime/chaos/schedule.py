@@ -17,8 +17,8 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cmemu.v1 import fabric_pb2
 from emulator.client.clients import Clients
+from emulator.client.fabric import FabricClient
 from emulator.model.chaos.pace import ABORTED
 from emulator.model.chaos.scenario import Scenario
 from emulator.model.chaos.timeline import Entry
@@ -68,7 +68,7 @@ def outcome(runs: list[ScheduledRun]) -> str:
 
 async def emulated_s(clients: Clients) -> tuple[float, float]:
     """The fabric's emulated time and its rate now (emulated seconds per wall second)."""
-    info = await clients.fabric().GetClock(fabric_pb2.GetClockRequest(), timeout=CLOCK_WALL_S)
+    info = await FabricClient(clients).clock(deadline_s=CLOCK_WALL_S)
     return info.emulated_ns / 1e9, info.rate
 
 

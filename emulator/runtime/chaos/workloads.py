@@ -2,8 +2,8 @@
 jobs (Training/Start), EMS objects (Ems/Put); where they run (for the selectors); their status
 as isolation and restore events (for the timeline); and their removal at the end.
 
-Status fields that a deployment or job may not have (an emulator older than the recovery loop)
-read as zero: the runner then notes what it could not observe instead of failing on it."""
+Every call goes through the typed clients (emulator/client/), so a failure is one EmulatorError
+type whatever the service; status polls carry a wall deadline (STATUS_WALL_S)."""
 
 from __future__ import annotations
 
@@ -11,42 +11,29 @@ import asyncio
 import zlib
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
 
-import grpc
 import yaml
 
-from cmemu.v1 import ems_pb2, ems_pb2_grpc, router_pb2, training_pb2
 from emulator.client.clients import Clients
+from emulator.client.deployments import DeploymentState
+from emulator.client.ems import EmsClient, ObjectKind
+from emulator.client.router import RouterClient
+from emulator.client.training import TrainingClient
 from emulator.model.chaos.observed import CORRUPT_CHECKPOINT, TrainingRecord, WorkloadEvent
 from emulator.model.chaos.scenario import Scenario
 from emulator.model.chaos.selectors import Placement
 from emulator.model.chaos.workloads import EmsWorkload
-from emulator.model.errors import PreconditionError
+from emulator.model.daylive import NightJob
+from emulator.model.errors import EmulatorError, NotFoundError, PreconditionError
 from emulator.model.naming import device_of
 from emulator.model.topology import ServiceKind
 from emulator.model.training.job import ENDED
 
-EMS_KIND = {
-    "kv": ems_pb2.OBJECT_KIND_KV_BLOCK,
-    "weights": ems_pb2.OBJECT_KIND_WEIGHTS,
-    "checkpoint": ems_pb2.OBJECT_KIND_CHECKPOINT,
-}
 INLINE_BYTES_MAX = 4096  # objects up to this size carry real bytes (checked on the way back)
 # a status call's wall deadline: a hung or partitioned service (the manager hosts the training
 # jobs) answers nothing, and the runner must go on (noted, asked again at the next poll)
 STATUS_WALL_S = 5.0
 STOP_WALL_S, STOP_POLL_WALL_S = 60.0, 0.2  # a run's jobs ending at its end (wall: a bound)
-STATE_NAMES = {
-    router_pb2.DEPLOYMENT_STATE_LOADING: "loading",
-    router_pb2.DEPLOYMENT_STATE_SERVING: "serving",
-    router_pb2.DEPLOYMENT_STATE_FAILED: "failed",
-    router_pb2.DEPLOYMENT_STATE_STOPPED: "stopped",
-}
-
-
-def _ns(message: object, name: str) -> int:
-    return int(getattr(message, name, 0) or 0)
 
 
 @dataclass(kw_only=True)
@@ -77,34 +64,30 @@ class Workloads:
     async def start(self) -> None:
         """Every workload of the scenario, running (deployments serving) when this returns."""
         w = self.scenario.workloads
-        router = self.clients.router()
+        router = RouterClient(self.clients)
         for s in w.serving:
             # a scenario runs on whichever supernode is up: its deployment is for that preset
             document = {**s.spec, "preset": self.clients.topology.preset}
-            request = router_pb2.DeployRequest(
-                name=s.name, spec_yaml=yaml.safe_dump(document), wait=True, warm=self.warm
+            deployed = await router.deploy(
+                s.name, spec_yaml=yaml.safe_dump(document), wait=True, warm=self.warm
             )
-            deployed = await router.Deploy(request)
             self.started.append(f"serving:{s.name}")
-            if deployed.state != router_pb2.DEPLOYMENT_STATE_SERVING:
-                raise PreconditionError(
-                    f"deployment {s.name} is {STATE_NAMES.get(deployed.state, '?')}: "
-                    f"{deployed.error}"
-                )
+            if deployed.state is not DeploymentState.SERVING:
+                state = deployed.state.value if deployed.state is not None else "?"
+                raise PreconditionError(f"deployment {s.name} is {state}: {deployed.error}")
         if w.training:
             self._need(ServiceKind.MANAGER, "training workloads")
         for t in w.training:
-            spec = training_pb2.TrainingSpec(
+            spec = NightJob(
                 name=t.name,
                 npus=t.npus,
                 model=t.model,
-                steps=t.steps,
                 checkpoint_every=t.checkpoint_every,
                 data_parallel=t.data_parallel,
                 expert_parallel=t.expert_parallel,
                 micro_batches=t.micro_batches,
             )
-            job = await self.clients.training().Start(training_pb2.StartTrainingRequest(spec=spec))
+            job = await TrainingClient(self.clients).start(spec, steps=t.steps)
             self.started.append(f"training:{t.name}")
             self.training_start[t.name] = job.step
         if w.ems is not None:
@@ -116,9 +99,13 @@ class Workloads:
                 f"{what} need the {kind.value} service, which this emulator lacks"
             )
 
-    def _ems(self) -> ems_pb2_grpc.EmsAsyncStub:
-        address = self.clients.topology.service(ServiceKind.EMS).address
-        return ems_pb2_grpc.EmsStub(self.clients.channel_to(address))
+    def _router(self) -> RouterClient:
+        """The router, each call within STATUS_WALL_S."""
+        return RouterClient(self.clients, timeout_s=STATUS_WALL_S)
+
+    def _training(self) -> TrainingClient:
+        """The training jobs, each call within STATUS_WALL_S."""
+        return TrainingClient(self.clients, timeout_s=STATUS_WALL_S)
 
     @staticmethod
     def _payload(ems: EmsWorkload, i: int) -> bytes:
@@ -126,31 +113,29 @@ class Workloads:
         return bytes((seed + j * 31) % 256 for j in range(ems.size))
 
     async def _put_objects(self, ems: EmsWorkload) -> None:
-        stub = self._ems()
+        client = EmsClient(self.clients)
         for i in range(ems.objects):
             inline = ems.size <= INLINE_BYTES_MAX
-            await stub.Put(
-                ems_pb2.PutRequest(
-                    key=f"{ems.prefix}{i}",
-                    data=self._payload(ems, i) if inline else b"",
-                    size=0 if inline else ems.size,
-                    kind=EMS_KIND[ems.kind],
-                )
+            await client.put(
+                f"{ems.prefix}{i}",
+                self._payload(ems, i) if inline else b"",
+                size=0 if inline else ems.size,
+                kind=ObjectKind(ems.kind),
             )
 
     async def lost_objects(self) -> int:
         """Objects put before the first fault that are gone or changed now."""
         ems = self.scenario.workloads.ems
         assert ems is not None
-        stub = self._ems()
+        client = EmsClient(self.clients)
         lost = 0
         for i in range(ems.objects):
+            inline = ems.size <= INLINE_BYTES_MAX
             try:
-                got = await stub.Get(ems_pb2.GetRequest(key=f"{ems.prefix}{i}"))
-            except grpc.aio.AioRpcError:
+                got = await client.load(f"{ems.prefix}{i}", device="")
+            except EmulatorError:
                 lost += 1
                 continue
-            inline = ems.size <= INLINE_BYTES_MAX
             if got.size != ems.size or (inline and got.data != self._payload(ems, i)):
                 lost += 1
         return lost
@@ -160,9 +145,7 @@ class Workloads:
     async def placement(self) -> Placement:
         deployments: dict[str, dict[str, list[str]]] = {}
         for s in self.scenario.workloads.serving:
-            d = await self.clients.router().GetDeployment(
-                router_pb2.GetDeploymentRequest(name=s.name), timeout=STATUS_WALL_S
-            )
+            d = await self._router().get(s.name)
             roles: dict[str, list[str]] = {}
             for inst in d.instances:
                 roles.setdefault(inst.role, []).extend(inst.npus)
@@ -171,10 +154,7 @@ class Workloads:
             deployments[s.name] = roles
         jobs: dict[str, list[str]] = {}
         for t in self.scenario.workloads.training:
-            job = await self.clients.training().Get(
-                training_pb2.TrainingRequest(name=t.name), timeout=STATUS_WALL_S
-            )
-            jobs[t.name] = list(job.npus)
+            jobs[t.name] = list((await self._training().get(t.name)).npus)
         return Placement(deployments=deployments, jobs=jobs)
 
     # --- status as events ----------------------------------------------------------------------
@@ -199,17 +179,11 @@ class Workloads:
         """New isolation and restore events since the last poll."""
         out: list[WorkloadEvent] = []
         for s in self.scenario.workloads.serving:
-            d: Any = await self.clients.router().GetDeployment(
-                router_pb2.GetDeploymentRequest(name=s.name), timeout=STATUS_WALL_S
-            )
-            failed = tuple(sorted({device_of(die) for die in getattr(d, "failed_dies", ())}))
-            health = str(getattr(d, "health", ""))
-            out += self._changes(s.name, _ns(d, "last_isolated_ns"), _ns(d, "last_restored_ns"),
-                                 failed, health)  # fmt: skip
+            d = await self._router().get(s.name)
+            failed = tuple(sorted({device_of(die) for die in d.failed_dies}))
+            out += self._changes(s.name, d.last_isolated_ns, d.last_restored_ns, failed, d.health)
         for t in self.scenario.workloads.training:
-            job = await self.clients.training().Get(
-                training_pb2.TrainingRequest(name=t.name), timeout=STATUS_WALL_S
-            )
+            job = await self._training().get(t.name)
             before = self._seen.get(t.name)
             npus = before.npus if before and before.npus else tuple(job.npus)
             changes = self._changes(t.name, job.last_failure_ns, job.last_restored_ns, npus,
@@ -232,25 +206,18 @@ class Workloads:
         back, not only its devices (a run that ends at the restore cannot tell a job that
         resumes from one that never steps again)."""
         for name, step in self.restored_at_step.items():
-            job = await self.clients.training().Get(
-                training_pb2.TrainingRequest(name=name), timeout=STATUS_WALL_S
-            )
+            job = await self._training().get(name)
             if job.state == "running" and job.step <= step:
                 return False
         return True
 
     async def dropped_requests(self) -> int:
-        stats: Any = await self.clients.router().GetStats(
-            router_pb2.GetStatsRequest(), timeout=STATUS_WALL_S
-        )
-        return int(getattr(stats, "requests_dropped", 0))
+        return (await self._router().stats()).requests_dropped
 
     async def training_records(self) -> list[TrainingRecord]:
         out = []
         for t in self.scenario.workloads.training:
-            job = await self.clients.training().Get(
-                training_pb2.TrainingRequest(name=t.name), timeout=STATUS_WALL_S
-            )
+            job = await self._training().get(t.name)
             out.append(
                 TrainingRecord(
                     name=t.name,
@@ -274,14 +241,13 @@ class Workloads:
         for started in reversed(self.started):
             kind, _, name = started.partition(":")
             if kind == "serving":
-                calls.append(self.clients.router().Undeploy(router_pb2.UndeployRequest(name=name)))
+                calls.append(RouterClient(self.clients).undeploy(name))
             else:
                 calls.append(self._stopped(name))
         ems = self.scenario.workloads.ems
         if ems is not None:
-            stub = self._ems()
-            calls += [stub.Delete(ems_pb2.DeleteRequest(key=f"{ems.prefix}{i}"))
-                      for i in range(ems.objects)]  # fmt: skip
+            client = EmsClient(self.clients)
+            calls += [client.delete(f"{ems.prefix}{i}") for i in range(ems.objects)]
         await asyncio.gather(*calls, return_exceptions=True)
         self.started.clear()
 
@@ -290,15 +256,15 @@ class Workloads:
         start one of the same name: a Stop the training service did not answer (its server just
         back from a fault, under load) is sent again, and the job is followed until it has ended
         (a recovering one ends once it sees the stop), within STOP_WALL_S."""
-        request = training_pb2.TrainingRequest(name=name)
         loop = asyncio.get_running_loop()
         until = loop.time() + STOP_WALL_S
         while loop.time() < until:
             try:
-                job = await self.clients.training().Stop(request, timeout=STATUS_WALL_S)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() is grpc.StatusCode.NOT_FOUND:
-                    return
+                job = await self._training().stop(name)
+            except NotFoundError:
+                return
+            except EmulatorError:
+                pass
             else:
                 if job.state in ENDED:
                     return

@@ -32,12 +32,18 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cmemu.v1 import device_pb2, fabric_pb2, router_pb2
+from cmemu.v1 import fabric_pb2
 from emulator.client import h2async
 from emulator.client.clients import Clients
+from emulator.client.fabric import FabricClient
 from emulator.client.h2probe import ProbeError
 from emulator.client.health import UNREACHABLE, status_name
-from emulator.model.errors import NotFoundError
+from emulator.client.remote import RemoteDevice
+from emulator.client.router import RouterClient
+from emulator.client.servingstats import ServingStats
+from emulator.client.status import code_name, error_from, reply_of
+from emulator.engines.fabric.types import LinkStat
+from emulator.model.errors import EmulatorError
 from emulator.model.naming import DeviceKind
 from emulator.model.topology import ServiceKind, Topology
 from emulator.runtime.events import parse_broker_url, subscriber, topic
@@ -144,7 +150,7 @@ class Collector:
         while not self._closing:
             try:
                 await feed(*args)
-            except (grpc.aio.AioRpcError, aiomqtt.MqttError, OSError, NotFoundError) as exc:
+            except (EmulatorError, aiomqtt.MqttError, OSError) as exc:
                 if name != "health":  # a device's own failure shows as its die's colour
                     self.machine.set_source(name, status_line(exc))
                     log.debug("webview feed failed", feed=name, error=status_line(exc))
@@ -177,9 +183,9 @@ class Collector:
         try:
             async for reply in stub.Watch(health_pb2.HealthCheckRequest(service="")):
                 await self._health_is(device, status_name(reply.status))
-        except grpc.aio.AioRpcError:
+        except grpc.aio.AioRpcError as exc:
             await self._health_is(device, UNREACHABLE)
-            raise
+            raise error_from(exc) from None
 
     async def _health_is(self, device: str, health: str) -> None:
         before = self.machine.devices[device].get("health")
@@ -194,11 +200,12 @@ class Collector:
         else:
             self.machine.update_device(device, reason="")
 
+    def _device(self, device: str) -> RemoteDevice:
+        return RemoteDevice(self.clients.channel(device), self.clients.find(device))
+
     async def _fault_reason(self, device: str) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            state = await self.clients.device(device).GetFaultState(
-                device_pb2.GetFaultStateRequest(), timeout=self.rates.call_timeout_s
-            )
+        with contextlib.suppress(EmulatorError):
+            state = await self._device(device).fault_state(deadline_s=self.rates.call_timeout_s)
             self.machine.update_device(device, reason=state.reason if state.faulted else "")
 
     async def _telemetry(self) -> None:
@@ -216,10 +223,8 @@ class Collector:
 
     async def _one_telemetry(self, device: str) -> None:
         try:
-            t = await self.clients.device(device).GetTelemetry(
-                device_pb2.GetTelemetryRequest(), timeout=self.rates.call_timeout_s
-            )
-        except grpc.aio.AioRpcError:
+            t = await self._device(device).telemetry(deadline_s=self.rates.call_timeout_s)
+        except EmulatorError:
             return  # its health says why
         self.machine.update_device(
             device,
@@ -230,22 +235,22 @@ class Collector:
 
     async def _links(self) -> None:
         r = self.rates
-        request = fabric_pb2.WatchLinkStatsRequest(
-            top=r.top_links, interval_ms=int(r.links_interval_s * 1000)
-        )
-        async for stats in self.clients.fabric().WatchLinkStats(request):
-            self.machine.set_section(
-                "links", [_link_json(s) for s in stats.links if s.bytes or s.utilization]
-            )
-            self._ok("links")
+        fabric = FabricClient(self.clients)
+        watch = fabric.watch_link_stats(r.top_links, r.links_interval_s)
+        async with contextlib.aclosing(watch) as tables:
+            async for stats in tables:
+                self.machine.set_section(
+                    "links", [_link_json(s) for s in stats.links if s.bytes or s.utilization]
+                )
+                self._ok("links")
 
     async def _planes(self) -> None:
         r = self.rates
         directed = 2 * len(self.topology.links)
         period = max(r.planes_min_interval_s, directed / r.links_per_plane_second)
         while True:
-            stats = await self.clients.fabric().GetLinkStats(
-                fabric_pb2.LinkStatsRequest(top=directed), timeout=r.call_timeout_s
+            stats = await FabricClient(self.clients).link_stats(
+                directed, deadline_s=r.call_timeout_s
             )
             samples = [_sample(s) for s in stats.links]
             self.machine.set_section("planes", plane_utilisation(samples, self.machine.planes))
@@ -254,9 +259,10 @@ class Collector:
 
     async def _faults(self) -> None:
         while True:
-            listed = await self.clients.fabric().ListFaults(
+            call = self.clients.fabric().ListFaults(
                 fabric_pb2.ListFaultsRequest(), timeout=self.rates.call_timeout_s
             )
+            listed = await reply_of(None, call)
             fabric = [{"id": f.id, "kind": f.kind, "target": f.target} for f in listed.faults]
             devices = [
                 {
@@ -275,11 +281,11 @@ class Collector:
     async def _serving(self) -> None:
         while True:
             try:
-                stats = await self.clients.router().GetStats(
-                    router_pb2.GetStatsRequest(), timeout=self.rates.call_timeout_s
-                )
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.NOT_FOUND):
+                stats = await RouterClient(
+                    self.clients, timeout_s=self.rates.call_timeout_s
+                ).stats()
+            except EmulatorError as exc:
+                if code_name(exc) not in ("UNIMPLEMENTED", "NOT_FOUND"):
                     raise
                 self.machine.set_section("serving", None)
                 self.machine.set_source("serving", "none")
@@ -329,11 +335,11 @@ def _has(topology: Topology, kind: ServiceKind) -> bool:
     return any(x.kind is kind for x in topology.services)
 
 
-def _sample(s: fabric_pb2.LinkStat) -> LinkSample:
+def _sample(s: LinkStat) -> LinkSample:
     return LinkSample(
         link=s.link,
         kind=s.kind,
-        capacity_gb_s=s.capacity_gb_s,
+        capacity_gb_s=s.capacity_bytes_per_s / 1e9,
         bytes=s.bytes,
         utilization=s.utilization,
         active_flows=s.active_flows,
@@ -341,19 +347,19 @@ def _sample(s: fabric_pb2.LinkStat) -> LinkSample:
     )
 
 
-def _link_json(s: fabric_pb2.LinkStat) -> Json:
+def _link_json(s: LinkStat) -> Json:
     return {
         "link": s.link,
         "kind": s.kind,
         "bytes": s.bytes,
         "utilization": round(s.utilization, 4),
-        "capacity_gb_s": round(s.capacity_gb_s, 3),
+        "capacity_gb_s": round(s.capacity_bytes_per_s / 1e9, 3),
         "active_flows": s.active_flows,
         "up": s.up,
     }
 
 
-def _serving_json(s: router_pb2.ServingStats) -> Json | None:
+def _serving_json(s: ServingStats) -> Json | None:
     """The router's aggregates, or None while nothing is deployed or served."""
     if not (s.kv_slots or s.requests_completed or s.requests_in_flight):
         return None
