@@ -24,12 +24,21 @@ from emulator.model.chaos.scenario import Scenario
 from emulator.model.chaos.selectors import Placement
 from emulator.model.chaos.workloads import EmsWorkload
 from emulator.model.daylive import NightJob
-from emulator.model.errors import EmulatorError, NotFoundError, PreconditionError
+from emulator.model.errors import (
+    CapacityError,
+    DeadlineExceededError,
+    EmulatorError,
+    NotFoundError,
+    PreconditionError,
+    UnavailableError,
+)
 from emulator.model.naming import device_of
 from emulator.model.topology import ServiceKind
 from emulator.model.training.job import ENDED
 
 INLINE_BYTES_MAX = 4096  # objects up to this size carry real bytes (checked on the way back)
+LOST_RETRIES = 10  # tries of an object that the store refuses for now (see lost_objects)
+LOST_RETRY_S = 0.5  # wall seconds between them, unless the refusal says how long
 # a status call's wall deadline: a hung or partitioned service (the manager hosts the training
 # jobs) answers nothing, and the runner must go on (noted, asked again at the next poll)
 STATUS_WALL_S = 5.0
@@ -124,20 +133,32 @@ class Workloads:
             )
 
     async def lost_objects(self) -> int:
-        """Objects put before the first fault that are gone or changed now."""
+        """Objects put before the first fault that are gone or changed now: the store says
+        so (NOT_FOUND, DATA_LOSS) or answers other bytes. A refusal that says to retry (a
+        store still rebuilding its index, a copy's pool still coming back: UNAVAILABLE,
+        RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED on a busy host) is asked again, and counts as
+        lost only if it lasts LOST_RETRIES tries (an object nobody can read is lost to its
+        users); any other error is counted as well, as before."""
         ems = self.scenario.workloads.ems
         assert ems is not None
         client = EmsClient(self.clients)
         lost = 0
         for i in range(ems.objects):
             inline = ems.size <= INLINE_BYTES_MAX
-            try:
-                got = await client.load(f"{ems.prefix}{i}", device="")
-            except EmulatorError:
-                lost += 1
-                continue
-            if got.size != ems.size or (inline and got.data != self._payload(ems, i)):
-                lost += 1
+            for attempt in range(LOST_RETRIES):
+                try:
+                    got = await client.load(f"{ems.prefix}{i}", device="")
+                except (UnavailableError, CapacityError, DeadlineExceededError) as exc:
+                    if attempt + 1 < LOST_RETRIES:
+                        await asyncio.sleep(exc.retry_after_s or LOST_RETRY_S)
+                        continue
+                    lost += 1
+                except EmulatorError:  # NOT_FOUND, DATA_LOSS: gone
+                    lost += 1
+                else:
+                    if got.size != ems.size or (inline and got.data != self._payload(ems, i)):
+                        lost += 1
+                break
         return lost
 
     # --- where they run ------------------------------------------------------------------------
