@@ -37,8 +37,8 @@ from emulator.model.topology import ServiceKind
 from emulator.model.training.job import ENDED
 
 INLINE_BYTES_MAX = 4096  # objects up to this size carry real bytes (checked on the way back)
-LOST_RETRIES = 10  # tries of an object that the store refuses for now (see lost_objects)
-LOST_RETRY_S = 0.5  # wall seconds between them, unless the refusal says how long
+LOST_WAIT_S = 10.0  # wall seconds the objects' check waits out a store that refuses for now
+LOST_RETRY_S = 0.5  # ... asking again this often (sooner when the refusal says so)
 # a status call's wall deadline: a hung or partitioned service (the manager hosts the training
 # jobs) answers nothing, and the runner must go on (noted, asked again at the next poll)
 STATUS_WALL_S = 5.0
@@ -132,25 +132,27 @@ class Workloads:
                 kind=ObjectKind(ems.kind),
             )
 
-    async def lost_objects(self) -> int:
+    async def lost_objects(self, *, wait_s: float = LOST_WAIT_S) -> int:
         """Objects put before the first fault that are gone or changed now: the store says
-        so (NOT_FOUND, DATA_LOSS) or answers other bytes. A refusal that says to retry (a
-        store still rebuilding its index, a copy's pool still coming back: UNAVAILABLE,
-        RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED on a busy host) is asked again, and counts as
-        lost only if it lasts LOST_RETRIES tries (an object nobody can read is lost to its
-        users); any other error is counted as well, as before."""
+        so (NOT_FOUND, DATA_LOSS) or answers other bytes. A refusal that says to try again (a
+        store still rebuilding its index or restarting, a busy host's deadline: UNAVAILABLE,
+        RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED) is asked again for up to `wait_s` wall
+        seconds in all, and counts as lost only after that (an object nobody can read is lost
+        to its users); any other error counts as well, as before."""
         ems = self.scenario.workloads.ems
         assert ems is not None
         client = EmsClient(self.clients)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + wait_s
         lost = 0
         for i in range(ems.objects):
             inline = ems.size <= INLINE_BYTES_MAX
-            for attempt in range(LOST_RETRIES):
+            while True:
                 try:
                     got = await client.load(f"{ems.prefix}{i}", device="")
                 except (UnavailableError, CapacityError, DeadlineExceededError) as exc:
-                    if attempt + 1 < LOST_RETRIES:
-                        await asyncio.sleep(exc.retry_after_s or LOST_RETRY_S)
+                    if loop.time() < give_up:
+                        await asyncio.sleep(min(exc.retry_after_s or LOST_RETRY_S, LOST_RETRY_S))
                         continue
                     lost += 1
                 except EmulatorError:  # NOT_FOUND, DATA_LOSS: gone
