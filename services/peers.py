@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from emulator.client import health
-from emulator.client.channels import Channels
-from emulator.client.control import RemoteRouter, RemoteScheduler, RemoteTraining
-from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.client.remote import ClockStream, RemoteDevice, RemoteFabric
-from emulator.engines.device.engine import DeviceEngine
-from emulator.engines.gateway.local import LocalGateway
-from emulator.engines.peers import (
+from cmemu.emulator.client import health
+from cmemu.emulator.client.channels import Channels
+from cmemu.emulator.client.control import RemoteRouter, RemoteScheduler, RemoteTraining
+from cmemu.emulator.client.credentials import ANONYMOUS, Credentials
+from cmemu.emulator.client.remote import ClockStream, RemoteDevice, RemoteFabric
+from cmemu.emulator.engines.device.engine import DeviceEngine
+from cmemu.emulator.engines.gateway.local import LocalGateway
+from cmemu.emulator.engines.peers import (
     DevicePeer,
     FabricPeer,
     GatewayPeer,
@@ -37,11 +37,11 @@ from emulator.engines.peers import (
     SchedulerPeer,
     TrainingPeer,
 )
-from emulator.model.topology import Device, Service, ServiceKind, Topology
+from cmemu.emulator.model.topology import Device, Service, ServiceKind, Topology
 
 if TYPE_CHECKING:  # hosted in the fabric's process only (numpy): not every process imports it
-    from emulator.engines.fabric.engine import FabricEngine
-    from emulator.engines.gateway.engine import GatewayEngine
+    from cmemu.emulator.engines.fabric.engine import FabricEngine
+    from cmemu.emulator.engines.gateway.engine import GatewayEngine
 
 
 class Peers:
@@ -101,7 +101,9 @@ class Peers:
     def gateway(self, gateway: Service) -> GatewayPeer:
         known = self._gateways.get(gateway.id)
         if known is None:
-            from emulator.client.gateway import RemoteGateway  # numpy: gateways' processes only
+            from cmemu.emulator.client.gateway import (
+                RemoteGateway,  # numpy: gateways' processes only
+            )
 
             known = self._gateways[gateway.id] = RemoteGateway(
                 self.channel(gateway.address), gateway.id

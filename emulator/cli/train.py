@@ -9,13 +9,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from emulator.cli.argtypes import UsageError
-from emulator.cli.output import Column, print_rows, wire_dict
-from emulator.client.training import TrainingClient, TrainingJob
-from emulator.model.daylive import NightJob
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.training.longrun import DAY_S, simulate_training
-from emulator.runtime import state
+from cmemu.emulator.cli.argtypes import UsageError
+from cmemu.emulator.cli.output import Column, print_rows, wire_dict
+from cmemu.emulator.client.training import TrainingClient, TrainingJob
+from cmemu.emulator.model.daylive import NightJob
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.training.longrun import DAY_S, simulate_training
+from cmemu.emulator.runtime import state
 
 # --- model mode ----------------------------------------------------------------------------------
 

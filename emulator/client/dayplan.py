@@ -14,6 +14,10 @@ from typing import TypeVar
 
 import grpc
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.model.daylive import NightJob, Switch
+from cmemu.emulator.model.errors import NotFoundError
 from cmemu.v1 import (
     router_pb2,
     router_pb2_grpc,
@@ -21,10 +25,6 @@ from cmemu.v1 import (
     training_pb2,
     training_pb2_grpc,
 )
-from emulator.client.clients import Clients
-from emulator.client.status import reply_of
-from emulator.model.daylive import NightJob, Switch
-from emulator.model.errors import NotFoundError
 
 T = TypeVar("T")
 

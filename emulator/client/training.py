@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.dayplan import training_spec
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.model.daylive import NightJob
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.topology import ServiceKind
 from cmemu.v1 import training_pb2, training_pb2_grpc
-from emulator.client.clients import Clients
-from emulator.client.dayplan import training_spec
-from emulator.client.status import reply_of
-from emulator.model.daylive import NightJob
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.topology import ServiceKind
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,8 +21,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
-from emulator.engines.clock import Timeline
-from emulator.model.daylive import (
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.daylive import (
     DAY,
     DONE,
     FAILED,
@@ -37,7 +37,7 @@ from emulator.model.daylive import (
     Switch,
     night_spec,
 )
-from emulator.model.errors import EmulatorError, NotFoundError, UnavailableError
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError, UnavailableError
 
 POLL_S = 1.0  # emulated seconds between two looks at a job that is starting or stopping
 JOB_STARTED = "running"

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from emulator.model.dayplan import in_window, parse_window
-from emulator.model.errors import InvalidArgumentError, quote
+from cmemu.emulator.model.dayplan import in_window, parse_window
+from cmemu.emulator.model.errors import InvalidArgumentError, quote
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,46}[a-z0-9])?$")
 DAY, NIGHT, SWITCHING, DONE, STOPPED, FAILED = (

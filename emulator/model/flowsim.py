@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.errors import UnavailableError
-from emulator.model.fairshare import (
+from cmemu.emulator.model.errors import UnavailableError
+from cmemu.emulator.model.fairshare import (
     REL_TOL,
     Crossings,
     Incidences,

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from emulator.client.training import TrainingClient
-from emulator.model.daylive import NightJob
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
+from cmemu.emulator.client.training import TrainingClient
+from cmemu.emulator.model.daylive import NightJob
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from emulator.model.daylive import NightJob, Period, night_spec, plan_spec
-from emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.daylive import NightJob, Period, night_spec, plan_spec
+from cmemu.emulator.model.errors import InvalidArgumentError
 
 JOB = NightJob(name="nightly", npus=2)
 

@@ -20,14 +20,19 @@ from typing import Any
 import aiohttp
 import pytest
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.naming import die_id
-from emulator.model.topology import DeviceKind, Topology, build, server_count
-from emulator.runtime import state
-from emulator.runtime.webview import Machine, parse_address
-from emulator.runtime.webview.snapshot import LinkSample, layout, plane_of_links, plane_utilisation
-from emulator.testing import MINI_PORTS, cmemu_up, free_port_block, next_sse_event, run_cmemu
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.naming import die_id
+from cmemu.emulator.model.topology import DeviceKind, Topology, build, server_count
+from cmemu.emulator.runtime import state
+from cmemu.emulator.runtime.webview import Machine, parse_address
+from cmemu.emulator.runtime.webview.snapshot import (
+    LinkSample,
+    layout,
+    plane_of_links,
+    plane_utilisation,
+)
+from cmemu.emulator.testing import MINI_PORTS, cmemu_up, free_port_block, next_sse_event, run_cmemu
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from emulator.model.chaos.fields import (
+from cmemu.emulator.model.chaos.fields import (
     integer,
     label,
     listed,
@@ -18,8 +18,8 @@ from emulator.model.chaos.fields import (
     required,
     string,
 )
-from emulator.model.chaos.units import bad, size_bytes
-from emulator.model.errors import quote
+from cmemu.emulator.model.chaos.units import bad, size_bytes
+from cmemu.emulator.model.errors import quote
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving.models import ModelShape, get_model
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving.models import ModelShape, get_model
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,46}[a-z0-9])?$")
 
