@@ -24,8 +24,8 @@ from typing import Any
 import aiohttp
 
 from cmemu.emulator.client.dayplan import day_plan, start_day_plan
-from cmemu.emulator.model.daylive import NightJob
 from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.model.training.spec import TrainingSpec
 from cmemu.emulator.runtime.logs import configure_logging
 from cmemu.emulator.runtime.supernode import Supernode
 from cmemu.emulator.testing import running_supernode
@@ -73,7 +73,7 @@ async def _day(sn: Supernode, args: argparse.Namespace) -> dict[str, Any]:
     await start_day_plan(
         sn.clients,
         deployment="chat",
-        job=NightJob(name="nightly", npus=8),
+        job=TrainingSpec(name="nightly", npus=8),
         night="22-7",
         hour_s=args.hour_s,
         start_hour=args.start_hour,

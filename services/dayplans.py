@@ -11,7 +11,7 @@ from cmemu.emulator.client.dayplan import RemoteDayServing, RemoteDayTraining
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.dayplan import DayRunner
 from cmemu.emulator.engines.tasks import TaskOwner
-from cmemu.emulator.model.daylive import DAY, NIGHT, NightJob, PlanStatus, plan_spec
+from cmemu.emulator.model.daylive import DAY, NIGHT, PlanStatus, plan_spec
 from cmemu.emulator.model.errors import (
     InvalidArgumentError,
     NotFoundError,
@@ -20,7 +20,7 @@ from cmemu.emulator.model.errors import (
 )
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.topology import ServiceKind, Topology
-from cmemu.emulator.model.training.spec import shape_of
+from cmemu.emulator.model.training.spec import TrainingSpec, shape_of
 from cmemu.services.peers import Peers
 from cmemu.v1 import scheduler_pb2
 
@@ -81,7 +81,7 @@ class DayPlans:
         spec = plan_spec(
             name=request.name,
             deployment=request.deployment,
-            job=NightJob(
+            job=TrainingSpec(
                 name=t.name,
                 npus=t.npus,
                 model=t.model,

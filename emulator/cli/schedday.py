@@ -19,7 +19,7 @@ from cmemu.emulator.cli.argtypes import (
 from cmemu.emulator.cli.output import wire_dict
 from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.dayplan import DayPlan, day_plan, start_day_plan, stop_day_plan
-from cmemu.emulator.model.daylive import NightJob
+from cmemu.emulator.model.training.spec import TrainingSpec
 from cmemu.emulator.runtime import state
 
 NS = 1e9
@@ -38,7 +38,7 @@ def _run(args: argparse.Namespace, call: Callable[[Clients], Awaitable[Any]]) ->
 
 
 def _start(args: argparse.Namespace) -> int:
-    job = NightJob(
+    job = TrainingSpec(
         name=args.job,
         npus=args.job_npus,
         model=args.model or "",

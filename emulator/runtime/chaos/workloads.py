@@ -23,7 +23,6 @@ from cmemu.emulator.model.chaos.observed import CORRUPT_CHECKPOINT, TrainingReco
 from cmemu.emulator.model.chaos.scenario import Scenario
 from cmemu.emulator.model.chaos.selectors import Placement
 from cmemu.emulator.model.chaos.workloads import EmsWorkload
-from cmemu.emulator.model.daylive import NightJob
 from cmemu.emulator.model.errors import (
     CapacityError,
     DeadlineExceededError,
@@ -87,16 +86,7 @@ class Workloads:
         if w.training:
             self._need(ServiceKind.MANAGER, "training workloads")
         for t in w.training:
-            spec = NightJob(
-                name=t.name,
-                npus=t.npus,
-                model=t.model,
-                checkpoint_every=t.checkpoint_every,
-                data_parallel=t.data_parallel,
-                expert_parallel=t.expert_parallel,
-                micro_batches=t.micro_batches,
-            )
-            job = await TrainingClient(self.clients).start(spec, steps=t.steps)
+            job = await TrainingClient(self.clients).start(t)
             self.started.append(f"training:{t.name}")
             self.training_start[t.name] = job.step
         if w.ems is not None:
