@@ -9,7 +9,8 @@ A buffer kept per thread and name is faulted in once and written with `out=` aft
 Rules for callers: a scratch array is only valid until the same thread asks for the same name
 again, so it must never escape the function that took it (results are fresh arrays), and one
 name serves one purpose. Buffers only grow, up to SCRATCH_MAX_BYTES each; a larger request gets
-a fresh array, as its computation dwarfs the cost of faulting its pages in.
+a fresh array, as its computation dwarfs the cost of faulting its pages in, and so does a small
+one (SCRATCH_MIN_ITEMS).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import numpy as np
 import numpy.typing as npt
 
 SCRATCH_MAX_BYTES = 32 << 20  # per buffer: an EP320 dispatch's largest is 3.3 MB
+# below this many items an array is fresh: malloc serves it from the heap, without page faults,
+# in less time than finding a buffer takes (a fill of a few thousand flows makes ~30 passes)
+SCRATCH_MIN_ITEMS = 8192
 ScalarT = TypeVar("ScalarT", bound=np.generic)
 
 
@@ -35,11 +39,14 @@ _buffers = _Buffers()
 
 def scratch(name: str, shape: tuple[int, ...], dtype: type[ScalarT]) -> npt.NDArray[ScalarT]:
     """An uninitialised array of `shape`, this thread's buffer `name` (see the module's rules)."""
-    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    count = math.prod(shape)
+    if count < SCRATCH_MIN_ITEMS:  # small (the later passes of a fill): fresh is cheaper
+        return np.empty(shape, dtype=dtype)
+    nbytes = count * np.dtype(dtype).itemsize
     if nbytes > SCRATCH_MAX_BYTES:
         return np.empty(shape, dtype=dtype)
     buffer = _buffers.by_name.get(name)
     if buffer is None or buffer.nbytes < nbytes:
-        buffer = _buffers.by_name[name] = np.empty(max(nbytes, 1), dtype=np.uint8)
+        buffer = _buffers.by_name[name] = np.empty(nbytes, dtype=np.uint8)
     view: Any = buffer[:nbytes].view(dtype).reshape(shape)
     return view  # type: ignore[no-any-return]
