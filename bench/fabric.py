@@ -32,13 +32,13 @@ from pathlib import Path
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.costmodel import UbOp, moe_points, ub_point
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import DeviceKind, Topology, build, server_count
+from cmemu.emulator.runtime import state
+from cmemu.emulator.testing import calls_per_second, cmemu_up, free_port_block
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
-from emulator.client.clients import Clients
-from emulator.model.costmodel import UbOp, moe_points, ub_point
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import DeviceKind, Topology, build, server_count
-from emulator.runtime import state
-from emulator.testing import calls_per_second, cmemu_up, free_port_block
 
 try:
     from bench import outputs

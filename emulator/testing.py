@@ -24,13 +24,13 @@ from typing import Any, Literal
 
 import aiohttp
 
-from emulator.client.clients import Clients
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.scaleout import build_cluster
-from emulator.model.tenants import Keys
-from emulator.model.topology import build, server_count
-from emulator.runtime.ports import EXTRAS
-from emulator.runtime.supernode import CMEMU, NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.model.tenants import Keys
+from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.runtime.ports import EXTRAS
+from cmemu.emulator.runtime.supernode import CMEMU, NO_BROKER, LaunchOptions, Supernode
 
 __all__ = [
     "CMEMU",

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from emulator.client import health
-from emulator.client.channels import Channels
-from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.client.remote import ClockStream, RemoteDevice, RemoteFabric
-from emulator.engines.device.engine import DeviceEngine
-from emulator.engines.peers import (
+from cmemu.emulator.client import health
+from cmemu.emulator.client.channels import Channels
+from cmemu.emulator.client.credentials import ANONYMOUS, Credentials
+from cmemu.emulator.client.remote import ClockStream, RemoteDevice, RemoteFabric
+from cmemu.emulator.engines.device.engine import DeviceEngine
+from cmemu.emulator.engines.peers import (
     DevicePeer,
     FabricPeer,
     GatewayPeer,
@@ -35,12 +35,12 @@ from emulator.engines.peers import (
     SchedulerPeer,
     TrainingPeer,
 )
-from emulator.model.topology import Device, Service, ServiceKind, Topology
+from cmemu.emulator.model.topology import Device, Service, ServiceKind, Topology
 
 if TYPE_CHECKING:  # hosted in the fabric's process only (numpy): not every process imports it
-    from emulator.client.control import RemoteRouter, RemoteScheduler
-    from emulator.engines.fabric.engine import FabricEngine
-    from emulator.engines.gateway.engine import GatewayEngine
+    from cmemu.emulator.client.control import RemoteRouter, RemoteScheduler
+    from cmemu.emulator.engines.fabric.engine import FabricEngine
+    from cmemu.emulator.engines.gateway.engine import GatewayEngine
 
 
 class Peers:
@@ -95,14 +95,16 @@ class Peers:
 
     def host_gateway(self, engine: GatewayEngine) -> None:
         """A gateway engine of this process: called directly by whoever asks it here."""
-        from emulator.engines.gateway.local import LocalGateway  # a gateway's process only
+        from cmemu.emulator.engines.gateway.local import LocalGateway  # a gateway's process only
 
         self._gateways[engine.name] = LocalGateway(engine)
 
     def gateway(self, gateway: Service) -> GatewayPeer:
         known = self._gateways.get(gateway.id)
         if known is None:
-            from emulator.client.gateway import RemoteGateway  # numpy: gateways' processes only
+            from cmemu.emulator.client.gateway import (
+                RemoteGateway,  # numpy: gateways' processes only
+            )
 
             known = self._gateways[gateway.id] = RemoteGateway(
                 self.channel(gateway.address), gateway.id
@@ -119,14 +121,14 @@ class Peers:
         if self._scheduler is None:
             # the control plane's clients (their stubs, the scheduler's model): imported by
             # the processes that call it, not by every device's (issue 18: a device's PSS)
-            from emulator.client.control import RemoteScheduler
+            from cmemu.emulator.client.control import RemoteScheduler
 
             self._scheduler = RemoteScheduler(self.channel(self._address(ServiceKind.SCHEDULER)))
         return self._scheduler
 
     def router(self) -> RouterPeer:
         if self._router is None:
-            from emulator.client.control import RemoteRouter
+            from cmemu.emulator.client.control import RemoteRouter
 
             self._router = RemoteRouter(self.channel(self._address(ServiceKind.ROUTER)))
         return self._router
@@ -134,7 +136,7 @@ class Peers:
     def training(self) -> TrainingPeer:
         if self._training is not None:
             return self._training
-        from emulator.client.control import RemoteTraining
+        from cmemu.emulator.client.control import RemoteTraining
 
         return RemoteTraining(self.channel(self._address(ServiceKind.MANAGER)))
 

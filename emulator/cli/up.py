@@ -12,26 +12,26 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from emulator.cli import argtypes, progress
-from emulator.cli.instances import check_not_running
-from emulator.cli.serve import stop_event as _stop_event
-from emulator.model.addressplans import (
+from cmemu.emulator.cli import argtypes, progress
+from cmemu.emulator.cli.instances import check_not_running
+from cmemu.emulator.cli.serve import stop_event as _stop_event
+from cmemu.emulator.model.addressplans import (
     CONTAINER_PORT,
     DEFAULT_BASE_PORT,
     DEFAULT_HOST,
     PROCS_FIRST_OCTET,
 )
-from emulator.model.errors import EmulatorError
-from emulator.model.presets import DEFAULT_PRESET
-from emulator.runtime import composegen, docker, instance, metricserver, ports, state
-from emulator.runtime.image import IMAGE
-from emulator.runtime.procs import Running
-from emulator.runtime.security import Security, read_keys
-from emulator.runtime.serve import (
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.presets import DEFAULT_PRESET
+from cmemu.emulator.runtime import composegen, docker, instance, metricserver, ports, state
+from cmemu.emulator.runtime.image import IMAGE
+from cmemu.emulator.runtime.procs import Running
+from cmemu.emulator.runtime.security import Security, read_keys
+from cmemu.emulator.runtime.serve import (
     PER,
     Per,
 )
-from emulator.runtime.supernode import (
+from cmemu.emulator.runtime.supernode import (
     ADDRESSING,
     EMBEDDED,
     MODES,
@@ -40,10 +40,10 @@ from emulator.runtime.supernode import (
     StartInterrupted,
     Supernode,
 )
-from emulator.runtime.tls import TlsFiles
-from emulator.runtime.webview import AUTO as UI_AUTO
-from emulator.runtime.webview import NONE as UI_NONE
-from emulator.runtime.webview import parse_address
+from cmemu.emulator.runtime.tls import TlsFiles
+from cmemu.emulator.runtime.webview import AUTO as UI_AUTO
+from cmemu.emulator.runtime.webview import NONE as UI_NONE
+from cmemu.emulator.runtime.webview import parse_address
 
 DEFAULT_READY_TIMEOUT_S = 180.0
 
@@ -282,7 +282,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         guard.check_bind("the web view", ui)
     ports.check_free(block)
     if args.detach:
-        from emulator.cli.detach import up_detached
+        from cmemu.emulator.cli.detach import up_detached
 
         code: int = up_detached(_argv_without_detach(), path, args.ready_timeout + 30.0)
         return code

@@ -11,6 +11,12 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from cmemu.emulator.client import health
+from cmemu.emulator.client.channels import Channels
+from cmemu.emulator.client.credentials import ANONYMOUS, Credentials
+from cmemu.emulator.model.errors import NotFoundError, quote
+from cmemu.emulator.model.scaleout import supernode_of
+from cmemu.emulator.model.topology import Device, ServiceKind, Topology
 from cmemu.v1 import (
     cpu_pb2_grpc,
     device_pb2_grpc,
@@ -19,12 +25,6 @@ from cmemu.v1 import (
     npu_pb2_grpc,
     ub_pb2_grpc,
 )
-from emulator.client import health
-from emulator.client.channels import Channels
-from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.model.errors import NotFoundError, quote
-from emulator.model.scaleout import supernode_of
-from emulator.model.topology import Device, ServiceKind, Topology
 
 if TYPE_CHECKING:
     from cmemu.v1 import (

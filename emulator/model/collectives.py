@@ -15,20 +15,20 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.collectivespec import COLLECTIVE_OPS, CollectiveSpec
-from emulator.model.costmodel import (
+from cmemu.emulator.model.collectivespec import COLLECTIVE_OPS, CollectiveSpec
+from cmemu.emulator.model.costmodel import (
     check_duration,
     moe_bytes_per_token,
     moe_overhead_s,
     moe_points,
 )
-from emulator.model.endpoints import Endpoint
-from emulator.model.errors import InvalidArgumentError, OutOfRangeError, UnavailableError
-from emulator.model.fairshare import Crossings, weighted_sum
-from emulator.model.flowsim import FlowBatch, simulate
-from emulator.model.linkgraph import LinkGraph
-from emulator.model.routes import RouteKind, base_latency_s, flow_plane_caps, l2_plane_caps
-from emulator.model.topology import DeviceKind
+from cmemu.emulator.model.endpoints import Endpoint
+from cmemu.emulator.model.errors import InvalidArgumentError, OutOfRangeError, UnavailableError
+from cmemu.emulator.model.fairshare import Crossings, weighted_sum
+from cmemu.emulator.model.flowsim import FlowBatch, simulate
+from cmemu.emulator.model.linkgraph import LinkGraph
+from cmemu.emulator.model.routes import RouteKind, base_latency_s, flow_plane_caps, l2_plane_caps
+from cmemu.emulator.model.topology import DeviceKind
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]

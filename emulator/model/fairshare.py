@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.errors import UnavailableError
-from emulator.model.scratch import scratch
+from cmemu.emulator.model.errors import UnavailableError
+from cmemu.emulator.model.scratch import scratch
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

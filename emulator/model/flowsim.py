@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.errors import UnavailableError
-from emulator.model.fairshare import (
+from cmemu.emulator.model.errors import UnavailableError
+from cmemu.emulator.model.fairshare import (
     REL_TOL,
     Crossings,
     Incidences,
@@ -27,7 +27,7 @@ from emulator.model.fairshare import (
     maxmin_rates,
     weighted_sum,
 )
-from emulator.model.scratch import scratch
+from cmemu.emulator.model.scratch import scratch
 
 __all__ = [  # and, from fairshare.py, the max-min solver flowsim's users have always imported here
     "SIM_REL_TOL",

@@ -27,13 +27,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from emulator.model.errors import EmulatorError
-from emulator.runtime import metricserver, ports, state
-from emulator.runtime.procs import Running
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.runtime.taskdump import print_tasks
-from emulator.runtime.webview import NONE as UI_NONE
-from emulator.runtime.webview import WebView
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.runtime import metricserver, ports, state
+from cmemu.emulator.runtime.procs import Running
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.runtime.taskdump import print_tasks
+from cmemu.emulator.runtime.webview import NONE as UI_NONE
+from cmemu.emulator.runtime.webview import WebView
 
 WEBVIEW_STOP_S = 5.0  # its feeds, streams and HTTP server
 STOP_REPORT_S = 20.0  # a stop still going after the drain and this long says what it waits for

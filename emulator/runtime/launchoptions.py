@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from emulator.model.addressplans import (
+from cmemu.emulator.model.addressplans import (
     CONTAINER_PORT,
     DEFAULT_BASE_PORT,
     DEFAULT_HOST,
@@ -23,16 +23,16 @@ from emulator.model.addressplans import (
     LoopbackPlan,
     PortPlan,
 )
-from emulator.model.errors import EmulatorError, InvalidArgumentError, UnknownNameError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.presets import DEFAULT_PRESET, get_preset
-from emulator.model.scaleout import build_cluster
-from emulator.model.tenants import Keys
-from emulator.model.topology import Topology
-from emulator.runtime.events import parse_broker_url
-from emulator.runtime.image import IMAGE
-from emulator.runtime.serve import PER, Per
-from emulator.runtime.tls import TlsFiles
+from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError, UnknownNameError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.presets import DEFAULT_PRESET, get_preset
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.model.tenants import Keys
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.runtime.events import parse_broker_url
+from cmemu.emulator.runtime.image import IMAGE
+from cmemu.emulator.runtime.serve import PER, Per
+from cmemu.emulator.runtime.tls import TlsFiles
 
 Mode = Literal["inprocess", "procs", "compose", "k8s", "docker"]
 Progress = Callable[[str, int, int], None]

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import fabric_pb2, manager_pb2
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.testing import running_supernode
 
 pytestmark = pytest.mark.slow
 SCALE = 20.0

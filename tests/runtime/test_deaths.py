@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
 from tests.runtime.test_mqtt import listening
 
 pytestmark = pytest.mark.slow

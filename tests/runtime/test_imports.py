@@ -11,10 +11,10 @@ import signal
 import sys
 from pathlib import Path
 
-from emulator.client import h2probe
-from emulator.model.topology import metrics_address
-from emulator.runtime.supernode import LaunchOptions
-from emulator.testing import free_port_block, launch_ports
+from cmemu.emulator.client import h2probe
+from cmemu.emulator.model.topology import metrics_address
+from cmemu.emulator.runtime.supernode import LaunchOptions
+from cmemu.emulator.testing import free_port_block, launch_ports
 
 HEAVY = ("numpy", "aiohttp", "prometheus_client", "matplotlib", "jsonschema")
 # and no client of the control plane it never calls, nor the heap report's XML (a device's PSS)
@@ -23,8 +23,8 @@ UNCALLED = (
     "cmemu.v1.scheduler_pb2_grpc",
     "cmemu.v1.training_pb2_grpc",
     "cmemu.v1.gateway_pb2_grpc",
-    "emulator.client.control",
-    "emulator.model.scheduler",
+    "cmemu.emulator.client.control",
+    "cmemu.emulator.model.scheduler",
     "xml.etree.ElementTree",
 )
 
@@ -38,7 +38,7 @@ async def test_a_device_process_imports_only_what_it_serves(tmp_path: Path) -> N
     path.write_text(topology.to_json())
     device = topology.device("n00-npu3")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-X", "importtime", "-m", "emulator.cli.entry",
+        sys.executable, "-X", "importtime", "-m", "cmemu.emulator.cli.entry",
         "serve", "--topology", str(path), "--device", device.id,
         env={**os.environ, "CMEMU_EPOCH": "1.0"},
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from emulator.runtime import instance, state
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions
-from emulator.testing import free_port_block, launch_ports, run_cmemu
+from cmemu.emulator.runtime import instance, state
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions
+from cmemu.emulator.testing import free_port_block, launch_ports, run_cmemu
 
 
 def _options() -> LaunchOptions:

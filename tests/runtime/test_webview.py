@@ -20,16 +20,20 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cmemu.v1 import fabric_pb2
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.naming import die_id
-from emulator.model.topology import DeviceKind, Topology, build, server_count
-from emulator.runtime import state
-from emulator.runtime.webview import Machine, WebView, parse_address
-from emulator.runtime.webview.collector import IDLE, Rates
-from emulator.runtime.webview.snapshot import LinkSample, layout, plane_of_links, plane_utilisation
-from emulator.testing import (
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.naming import die_id
+from cmemu.emulator.model.topology import DeviceKind, Topology, build, server_count
+from cmemu.emulator.runtime import state
+from cmemu.emulator.runtime.webview import Machine, WebView, parse_address
+from cmemu.emulator.runtime.webview.collector import IDLE, Rates
+from cmemu.emulator.runtime.webview.snapshot import (
+    LinkSample,
+    layout,
+    plane_of_links,
+    plane_utilisation,
+)
+from cmemu.emulator.testing import (
     MINI_PORTS,
     cmemu_up,
     free_port_block,
@@ -37,6 +41,7 @@ from emulator.testing import (
     run_cmemu,
     running_supernode,
 )
+from cmemu.v1 import fabric_pb2
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

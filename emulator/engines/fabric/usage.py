@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from emulator.engines.fabric.types import LinkStat, LinkStats
+from cmemu.emulator.engines.fabric.types import LinkStat, LinkStats
 
 if TYPE_CHECKING:
-    from emulator.engines.fabric.engine import FabricEngine
+    from cmemu.emulator.engines.fabric.engine import FabricEngine
 
 FloatArray = npt.NDArray[np.float64]
 U64_MAX = 2**64 - 1

@@ -34,23 +34,29 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cmemu.emulator.client import h2async
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.fabric import FabricClient
+from cmemu.emulator.client.h2probe import ProbeError
+from cmemu.emulator.client.health import UNREACHABLE, status_name
+from cmemu.emulator.client.remote import RemoteDevice
+from cmemu.emulator.client.router import RouterClient
+from cmemu.emulator.client.servingstats import ServingStats
+from cmemu.emulator.client.status import code_name, error_from, reply_of
+from cmemu.emulator.engines.fabric.types import LinkStat
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.naming import DeviceKind
+from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.runtime.events import parse_broker_url, subscriber, topic
+from cmemu.emulator.runtime.webview.snapshot import (
+    SERVING,
+    Json,
+    LinkSample,
+    Machine,
+    plane_utilisation,
+)
+from cmemu.services.rpc import status_line
 from cmemu.v1 import fabric_pb2
-from emulator.client import h2async
-from emulator.client.clients import Clients
-from emulator.client.fabric import FabricClient
-from emulator.client.h2probe import ProbeError
-from emulator.client.health import UNREACHABLE, status_name
-from emulator.client.remote import RemoteDevice
-from emulator.client.router import RouterClient
-from emulator.client.servingstats import ServingStats
-from emulator.client.status import code_name, error_from, reply_of
-from emulator.engines.fabric.types import LinkStat
-from emulator.model.errors import EmulatorError
-from emulator.model.naming import DeviceKind
-from emulator.model.topology import ServiceKind, Topology
-from emulator.runtime.events import parse_broker_url, subscriber, topic
-from emulator.runtime.webview.snapshot import SERVING, Json, LinkSample, Machine, plane_utilisation
-from services.rpc import status_line
 
 log = structlog.get_logger("cmemu.webview")
 Listener = Callable[[Json], None]

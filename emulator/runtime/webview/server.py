@@ -22,13 +22,13 @@ from types import TracebackType
 import structlog
 from aiohttp import web
 
-from emulator.client.clients import Clients
-from emulator.model.address import join_address
-from emulator.model.address import parse_address as parse_host_port
-from emulator.model.errors import InvalidArgumentError, bind_error
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.runtime.webview.collector import Collector, Rates
-from emulator.runtime.webview.snapshot import Json, Machine
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.address import join_address
+from cmemu.emulator.model.address import parse_address as parse_host_port
+from cmemu.emulator.model.errors import InvalidArgumentError, bind_error
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.runtime.webview.collector import Collector, Rates
+from cmemu.emulator.runtime.webview.snapshot import Json, Machine
 
 log = structlog.get_logger("cmemu.webview")
 DEFAULT_HOST = "127.0.0.1"
@@ -59,7 +59,7 @@ def parse_address(text: str) -> tuple[str, int]:
 
 async def _read_static() -> dict[str, bytes]:
     def read() -> dict[str, bytes]:
-        base = resources.files("emulator.runtime.webview") / "static"
+        base = resources.files("cmemu.emulator.runtime.webview") / "static"
         return {name: (base / name).read_bytes() for name in STATIC}
 
     return await asyncio.to_thread(read)
