@@ -16,6 +16,7 @@ Writes bench/results/fabric.json and bench/results/fabric.png (model / published
 
     python bench/fabric.py [--seconds 5] [--concurrency 32] [--results DIR]
     python bench/fabric.py --seconds 0.5 --runs 1 --concurrency 4   # the quickest (still cm384)
+    python bench/fabric.py --only ep320 --runs 15   # the EP320 rows alone
 """
 
 from __future__ import annotations
@@ -252,6 +253,9 @@ async def main_async(args: argparse.Namespace, path: Path) -> dict[str, object]:
     clients = Clients(topology)
     out: dict[str, object] = {}
     try:
+        if args.only == "ep320":
+            await ep320(clients, args.runs, out)
+            return out
         await throughput(topology, clients, args.seconds, args.concurrency)
         await ep320(clients, args.runs, out)
         await pair_a2a_64(clients, min(3, args.runs))  # about 1 CPU s each: --runs 1 runs one
@@ -270,6 +274,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument(
+        "--only",
+        choices=["ep320"],
+        help="run only this row (no results written): to alternate runs of two trees quickly",
+    )
     outputs.add_option(parser)
     args = parser.parse_args()
     if args.seconds <= 0 or args.concurrency < 1 or args.runs < 1:
@@ -280,6 +289,8 @@ def main() -> int:
         with cmemu_up(path, "--preset", "cm384", "--base-port", str(base), quiet=True):
             print("cm384 in one process (cmemu up); client in this process")
             out = asyncio.run(main_async(args, path))
+    if args.only:
+        return 0
     outputs.write_json(args.results, "fabric", out)
     plot(out, args.results)
     outputs.announce(args.results, "fabric")

@@ -25,14 +25,23 @@ from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.emulator.model.naming import die_id
 from cmemu.emulator.model.topology import DeviceKind, Topology, build, server_count
 from cmemu.emulator.runtime import state
-from cmemu.emulator.runtime.webview import Machine, parse_address
+from cmemu.emulator.runtime.webview import Machine, WebView, parse_address
+from cmemu.emulator.runtime.webview.collector import IDLE, Rates
 from cmemu.emulator.runtime.webview.snapshot import (
     LinkSample,
     layout,
     plane_of_links,
     plane_utilisation,
 )
-from cmemu.emulator.testing import MINI_PORTS, cmemu_up, free_port_block, next_sse_event, run_cmemu
+from cmemu.emulator.testing import (
+    MINI_PORTS,
+    cmemu_up,
+    free_port_block,
+    next_sse_event,
+    run_cmemu,
+    running_supernode,
+)
+from cmemu.v1 import fabric_pb2
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -439,3 +448,40 @@ def test_every_die_and_a_fault_in_big_and_process_modes(
                 device in x.text for x in d.find_elements("css selector", "#events li.ev-fault")
             )
         )
+
+
+# --- what the view asks of the fabric ---------------------------------------------------------
+
+
+async def test_the_link_feeds_ask_the_fabric_only_while_a_page_is_open() -> None:
+    """Issue 18: the L2 sub-plane feed's full link list (cm384: 25,000 links every 8.4 s) cost
+    the server 14-20% of its CPU in bursts, with no page open. Counted at the fabric of a real
+    in-process supernode: no link-stats table while no page listens, however fast the feeds; a
+    page (an /events stream) gets the planes (a link cut shows on its plane); once it closes,
+    the asking stops."""
+    fast = Rates(links_interval_s=0.05, planes_min_interval_s=0.05, publish_interval_s=0.05)
+    async with running_supernode("cm-mini") as sn:
+        fabric = sn.local.fabric
+        assert fabric is not None
+        planes = plane_of_links(sn.topology)
+        cut = next(x for x in sn.topology.links if planes.get(f"{x.a}>{x.b}") == 3)
+        async with WebView(sn.clients, rates=fast) as view, aiohttp.ClientSession() as session:
+            await asyncio.sleep(1.0)  # 20 periods of either feed
+            assert fabric.link_tables == 0
+            async with session.get(view.url + "api/snapshot") as response:
+                idle = (await response.json())["sources"]
+            assert idle["planes"] == idle["links"] == IDLE
+            await sn.clients.fabric().InjectFault(
+                fabric_pb2.FabricFault(kind="link-down", target=f"{cut.a}~{cut.b}")
+            )
+            async with session.get(view.url + "events") as response:
+                while True:
+                    _, data = await asyncio.wait_for(next_sse_event(response), 30)
+                    if data.get("planes", {}).get("3", {}).get("links_down") == 2:  # both ways
+                        break
+            assert fabric.link_tables > 0
+            assert data["planes"]["0"]["links_down"] == 0
+            await asyncio.sleep(0.5)  # the page's stream ended: the feeds' last tables
+            asked = fabric.link_tables
+            await asyncio.sleep(1.0)
+            assert fabric.link_tables == asked

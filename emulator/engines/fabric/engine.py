@@ -127,6 +127,9 @@ class FabricEngine:
         )
         self.collectives = Collectives(self.graph, profile.limits)
         self.arrivals = ArrivalLog(profile.limits.collective_arrivals_kept)
+        # link-stats tables computed (GetLinkStats, each WatchLinkStats table): what watching
+        # the links costs, seen in /metrics (a web view with no page open asks for none)
+        self.link_tables = 0
         self._closing = False
         self._faults_moved = asyncio.Event()  # the fault clock re-plans
         self._ranks_moved = asyncio.Event()  # set and replaced when any fault changes

@@ -90,6 +90,12 @@ def fabric_families(fabric: FabricEngine, groups: LinkGroups) -> list[Family]:
             samples=[({}, live.completed)],
         ),
         Family(
+            name="cmemu_fabric_link_stats_total",
+            help="Link-stats tables computed (GetLinkStats, WatchLinkStats): what watching costs",
+            type="counter",
+            samples=[({}, fabric.link_tables)],
+        ),
+        Family(
             name="cmemu_fabric_collectives_in_progress",
             help="Collectives being timed or waiting for a worker",
             type="gauge",

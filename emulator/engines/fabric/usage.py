@@ -61,6 +61,7 @@ def link_usage(fabric: FabricEngine) -> LinkUsage:
 
 def link_stats(fabric: FabricEngine, top: int) -> LinkStats:
     """The `top` links that carried the most bytes."""
+    fabric.link_tables += 1
     g = fabric.graph
     u = link_usage(fabric)
     order = np.argsort(-u.member_bytes, kind="stable")[:top]

@@ -1,6 +1,8 @@
 """The web view's HTTP side (aiohttp): one static page, its script and style, the machine as JSON
 (`/api/snapshot`) and its changes as server-sent events (`/events`: a `snapshot` event with
-everything, then a `diff` event per change, coalesced by the collector).
+everything, then a `diff` event per change, coalesced by the collector). The link feeds (the
+busiest links, the L2 sub-planes) run only while some page holds `/events` open; a snapshot
+taken with none open has their last values, and their `sources` say they idle.
 
 `WebView` is what a launcher opens: the collector and the server together, over the
 supernode's public interfaces (its topology and typed clients), in any launch mode. Plain HTTP
@@ -123,6 +125,9 @@ class WebView:
             handle_signals=False,
             shutdown_timeout=1.0,
             keepalive_timeout=self.idle_s,
+            # a page that goes away ends its stream at once, not at the next write (a keepalive
+            # comes every 15 s): the link feeds run only while some page listens
+            handler_cancellation=True,
         )
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_port=False, ssl_context=self._ssl)
