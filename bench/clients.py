@@ -43,8 +43,10 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from cmemu.v1 import router_pb2
+from emulator.model.addressplans import PortPlan
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.topology import ServiceKind, build, server_count
+from emulator.runtime.launchmodes import InProcess
 from emulator.runtime.logs import configure_logging
 from emulator.runtime.metricserver import supernode_endpoints
 from emulator.runtime.supernode import LaunchOptions, Supernode
@@ -293,7 +295,7 @@ async def measure(
 ) -> list[Verdict]:
     options = LaunchOptions(
         preset="cm-mini",
-        base_port=free_port_block(server_count(build("cm-mini"))),
+        mode=InProcess(plan=PortPlan(base_port=free_port_block(server_count(build("cm-mini"))))),
         time_scale=time_scale,
         profile=PROFILE,
         broker="none",

@@ -34,6 +34,7 @@ from typing import Any
 
 from emulator.runtime import composegen, image
 from emulator.runtime.docker import PROJECT_LABEL, DockerEngine, docker
+from emulator.runtime.launchmodes import Docker
 from emulator.runtime.logs import configure_logging
 from emulator.runtime.serve import Per
 from emulator.runtime.supernode import LaunchOptions, Supernode
@@ -147,12 +148,13 @@ async def measure(run: Run, idle_s: float, tmp: Path) -> Run:
         phases.setdefault(what.split(" (", maxsplit=1)[0], time.monotonic() - started)
 
     options = LaunchOptions(
-        mode="docker",
         preset=run.preset,
-        per=run.per,
-        project=f"cmemu-bench-{os.getpid()}",
-        engine_octet=OCTET,
-        run_dir=tmp / f"{run.preset}-{run.per}",
+        mode=Docker(
+            per=run.per,
+            project=f"cmemu-bench-{os.getpid()}",
+            engine_octet=OCTET,
+            run_dir=tmp / f"{run.preset}-{run.per}",
+        ),
         ready_timeout_s=1800.0,
         progress=progress,
     )

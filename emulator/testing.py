@@ -25,12 +25,13 @@ from typing import Any, Literal
 import aiohttp
 
 from emulator.client.clients import Clients
+from emulator.model.addressplans import PortPlan
 from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from emulator.model.scaleout import build_cluster
 from emulator.model.tenants import Keys
 from emulator.model.topology import build, server_count
 from emulator.runtime.ports import EXTRAS
-from emulator.runtime.supernode import CMEMU, NO_BROKER, LaunchOptions, Supernode
+from emulator.runtime.supernode import CMEMU, NO_BROKER, InProcess, LaunchOptions, Supernode
 
 __all__ = [
     "CMEMU",
@@ -231,7 +232,7 @@ async def running_supernode(
     base = free_port_block(launch_ports(preset, profile))
     options = LaunchOptions(
         preset=preset,
-        base_port=base,
+        mode=InProcess(plan=PortPlan(base_port=base)),
         time_scale=time_scale,
         profile=profile,
         broker=broker,

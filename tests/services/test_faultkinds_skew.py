@@ -20,9 +20,11 @@ from emulator.engines.clock import Timeline
 from emulator.engines.device.liveness import Liveness
 from emulator.engines.manager.liveness import LivenessWatch
 from emulator.engines.skewclock import LocalClock
+from emulator.model.addressplans import LoopbackPlan
 from emulator.model.errors import EmulatorError, InvalidArgumentError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.manager.detector import FAILED, SUSPECT, Detector, Incident
+from emulator.runtime.launchmodes import Procs
 from emulator.runtime.supernode import LaunchOptions, Supernode
 from emulator.testing import Clients, running_supernode
 from services.peers import Peers
@@ -288,11 +290,8 @@ async def test_a_node_process_skewed_in_procs_mode(tmp_path: Path) -> None:
     process, fails none of them (one hung when the clock jumps included), and time goes on."""
     options = LaunchOptions(
         preset="cm-mini",
-        mode="procs",
-        per="node",
+        mode=Procs(per="node", plan=LoopbackPlan(first_octet=52), run_dir=tmp_path / "run"),
         time_scale=5.0,
-        first_octet=52,
-        run_dir=tmp_path / "run",
     )
     async with Supernode.start(options) as sn:
         clients = Clients(sn.topology)

@@ -16,10 +16,12 @@ from cmemu.v1 import gateway_pb2 as pb
 from emulator.client import faults, health
 from emulator.client.errors import decode
 from emulator.client.status import error_details
+from emulator.model.addressplans import PortPlan
 from emulator.model.errors import EmulatorError
 from emulator.model.hardware import DEFAULT_PROFILE
 from emulator.model.scaleout import build_cluster
 from emulator.model.topology import server_count
+from emulator.runtime.launchmodes import InProcess
 from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
 from emulator.testing import Clients, free_port_block
 
@@ -36,7 +38,10 @@ async def x2() -> AsyncIterator[Supernode]:
     # a port block for every supernode's servers (running_supernode's counts one supernode)
     ports = sum(server_count(t) for t in build_cluster(PRESET))
     options = LaunchOptions(
-        preset=PRESET, base_port=free_port_block(ports), broker=NO_BROKER, drain_s=0.0
+        preset=PRESET,
+        mode=InProcess(plan=PortPlan(base_port=free_port_block(ports))),
+        broker=NO_BROKER,
+        drain_s=0.0,
     )
     async with Supernode.start(options) as supernode:
         yield supernode
