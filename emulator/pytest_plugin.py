@@ -14,7 +14,7 @@ Fixtures:
   awaitable bool) until it holds, failing the test once the deadline passes in EMULATED time.
 
 Options (command line, or the ini file: `cmemu_ports = 22000-32000`, `cmemu_preset = cm-mini`):
-`--cmemu-ports FROM-TO`, the ports an in-process or compose launch's block is searched in (a
+`--cmemu-ports FROM-TO`, the ports an in-process launch's block is searched in (a
 slice of them per xdist worker); `--cmemu-preset NAME`, the preset when a test names none.
 
 A run's result answers per-fault bounds in one line: `result.fault("crash").recovered_within(300)`
