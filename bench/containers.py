@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emulator.runtime import composegen, image
-from emulator.runtime.docker import PROJECT_LABEL, DockerEngine, docker
-from emulator.runtime.launchmodes import Docker
-from emulator.runtime.logs import configure_logging
-from emulator.runtime.serve import Per
-from emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.runtime import composegen, image
+from cmemu.emulator.runtime.docker import PROJECT_LABEL, DockerEngine, docker
+from cmemu.emulator.runtime.launchmodes import Docker
+from cmemu.emulator.runtime.logs import configure_logging
+from cmemu.emulator.runtime.serve import Per
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
 
 try:
     from bench import outputs

@@ -31,13 +31,13 @@ from typing import Any
 
 import aiomqtt
 
-from emulator.runtime.broker import Broker
-from emulator.runtime.events import EventBus
-from emulator.runtime.launchmodes import Procs
-from emulator.runtime.logs import configure_logging
-from emulator.runtime.serve import Per
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import free_port_block
+from cmemu.emulator.runtime.broker import Broker
+from cmemu.emulator.runtime.events import EventBus
+from cmemu.emulator.runtime.launchmodes import Procs
+from cmemu.emulator.runtime.logs import configure_logging
+from cmemu.emulator.runtime.serve import Per
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.testing import free_port_block
 
 try:
     from bench import outputs, progress

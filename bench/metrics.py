@@ -19,13 +19,13 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.metrics import SupernodeCollector
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.testing import free_port_block
 from cmemu.v1 import device_pb2, ub_pb2
-from emulator.model.addressplans import PortPlan
-from emulator.model.topology import build, server_count
-from emulator.runtime.launchmodes import InProcess
-from emulator.runtime.metrics import SupernodeCollector
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import free_port_block
 
 try:
     from bench import outputs

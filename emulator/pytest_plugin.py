@@ -44,17 +44,17 @@ from typing import Any, TypeVar
 
 import pytest
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faults import ActiveFault
+from cmemu.emulator.model.chaos.scenario import Scenario
+from cmemu.emulator.model.presets import load_presets
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.runtime import state
+from cmemu.emulator.runtime.chaos import files, kinds
+from cmemu.emulator.runtime.chaos.run import RunOptions, RunResult
+from cmemu.emulator.runtime.chaos.runner import run_scenario
+from cmemu.emulator.testing import SEARCH_FROM, SEARCH_TO, free_port_block, launch_ports
 from cmemu.v1 import fabric_pb2
-from emulator.client.clients import Clients
-from emulator.client.faults import ActiveFault
-from emulator.model.chaos.scenario import Scenario
-from emulator.model.presets import load_presets
-from emulator.model.topology import Topology
-from emulator.runtime import state
-from emulator.runtime.chaos import files, kinds
-from emulator.runtime.chaos.run import RunOptions, RunResult
-from emulator.runtime.chaos.runner import run_scenario
-from emulator.testing import SEARCH_FROM, SEARCH_TO, free_port_block, launch_ports
 
 T = TypeVar("T")
 CMEMU = str(Path(sys.executable).parent / "cmemu")

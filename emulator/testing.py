@@ -25,15 +25,15 @@ from typing import Any, Literal
 
 import aiohttp
 
-from emulator.client.clients import Clients
-from emulator.model.addressplans import PortPlan
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.scaleout import build_cluster
-from emulator.model.tenants import Keys
-from emulator.model.topology import build, server_count
-from emulator.runtime.ports import EXTRAS
-from emulator.runtime.state import Instance
-from emulator.runtime.supernode import CMEMU, NO_BROKER, InProcess, LaunchOptions, Supernode
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.model.tenants import Keys
+from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.runtime.ports import EXTRAS
+from cmemu.emulator.runtime.state import Instance
+from cmemu.emulator.runtime.supernode import CMEMU, NO_BROKER, InProcess, LaunchOptions, Supernode
 
 __all__ = [
     "CMEMU",
@@ -264,7 +264,7 @@ def hosted_instance(
     exit the stop `instance.attach(...).stop()` asks, and the thread ends."""
     import threading
 
-    from emulator.runtime import instance, state
+    from cmemu.emulator.runtime import instance, state
 
     ready = threading.Event()
     started: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []

@@ -12,21 +12,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.manager.engine import ManagerEngine
+from cmemu.emulator.engines.manager.status import ManagerStatus, Mode
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.instruments import Family
+from cmemu.emulator.model.manager.detector import Incident
+from cmemu.emulator.model.topology import Topology
+from cmemu.services.host import ServiceHost
+from cmemu.services.peers import Peers
+from cmemu.services.rpc import Context, rpc
+from cmemu.services.training.service import SERVICE as TRAINING_SERVICE
+from cmemu.services.training.service import TrainingServicer, TrainingState
 from cmemu.v1 import manager_pb2, manager_pb2_grpc, training_pb2_grpc
-from emulator.engines.clock import Timeline
-from emulator.engines.events import EventSink
-from emulator.engines.manager.engine import ManagerEngine
-from emulator.engines.manager.status import ManagerStatus, Mode
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import HardwareProfile
-from emulator.model.instruments import Family
-from emulator.model.manager.detector import Incident
-from emulator.model.topology import Topology
-from services.host import ServiceHost
-from services.peers import Peers
-from services.rpc import Context, rpc
-from services.training.service import SERVICE as TRAINING_SERVICE
-from services.training.service import TrainingServicer, TrainingState
 
 SERVICE = "cmemu.v1.ClusterManager"
 TRAINING_TOPIC = "training"  # the training jobs' events: cmemu/<supernode>/training/events

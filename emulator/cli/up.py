@@ -10,33 +10,33 @@ import sys
 import time
 from pathlib import Path
 
-from emulator.cli import argtypes, progress, upmodes
-from emulator.cli.instances import check_not_running
-from emulator.cli.serve import stop_event as _stop_event
-from emulator.model.addressplans import (
+from cmemu.emulator.cli import argtypes, progress, upmodes
+from cmemu.emulator.cli.instances import check_not_running
+from cmemu.emulator.cli.serve import stop_event as _stop_event
+from cmemu.emulator.model.addressplans import (
     CONTAINER_PORT,
     DEFAULT_BASE_PORT,
     DEFAULT_HOST,
 )
-from emulator.model.errors import EmulatorError
-from emulator.model.presets import DEFAULT_PRESET
-from emulator.runtime import composegen, instance, metricserver, ports, state
-from emulator.runtime.image import IMAGE
-from emulator.runtime.procs import Running
-from emulator.runtime.security import Security
-from emulator.runtime.serve import (
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.presets import DEFAULT_PRESET
+from cmemu.emulator.runtime import composegen, instance, metricserver, ports, state
+from cmemu.emulator.runtime.image import IMAGE
+from cmemu.emulator.runtime.procs import Running
+from cmemu.emulator.runtime.security import Security
+from cmemu.emulator.runtime.serve import (
     PER,
 )
-from emulator.runtime.supernode import (
+from cmemu.emulator.runtime.supernode import (
     ADDRESSING,
     MODES,
     LaunchOptions,
     StartInterrupted,
     Supernode,
 )
-from emulator.runtime.webview import AUTO as UI_AUTO
-from emulator.runtime.webview import NONE as UI_NONE
-from emulator.runtime.webview import parse_address
+from cmemu.emulator.runtime.webview import AUTO as UI_AUTO
+from cmemu.emulator.runtime.webview import NONE as UI_NONE
+from cmemu.emulator.runtime.webview import parse_address
 
 DEFAULT_READY_TIMEOUT_S = 180.0
 
@@ -183,7 +183,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         guard.check_bind("the web view", ui)
     ports.check_free(block)
     if args.detach:
-        from emulator.cli.detach import up_detached
+        from cmemu.emulator.cli.detach import up_detached
 
         code: int = up_detached(_argv_without_detach(), path, args.ready_timeout + 30.0)
         return code

@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from emulator.cli import argtypes
-from emulator.model.addressplans import (
+from cmemu.emulator.cli import argtypes
+from cmemu.emulator.model.addressplans import (
     CONTAINER_PORT,
     DEFAULT_BASE_PORT,
     DEFAULT_HOST,
@@ -19,13 +19,13 @@ from emulator.model.addressplans import (
     LoopbackPlan,
     PortPlan,
 )
-from emulator.model.errors import EmulatorError
-from emulator.runtime import composegen, docker, state
-from emulator.runtime.image import IMAGE
-from emulator.runtime.launchmodes import Compose, Docker, InProcess, K8s, ModeOptions, Procs
-from emulator.runtime.security import read_keys
-from emulator.runtime.supernode import EMBEDDED, LaunchOptions
-from emulator.runtime.tls import TlsFiles
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.runtime import composegen, docker, state
+from cmemu.emulator.runtime.image import IMAGE
+from cmemu.emulator.runtime.launchmodes import Compose, Docker, InProcess, K8s, ModeOptions, Procs
+from cmemu.emulator.runtime.security import read_keys
+from cmemu.emulator.runtime.supernode import EMBEDDED, LaunchOptions
+from cmemu.emulator.runtime.tls import TlsFiles
 
 # the flags that place servers, as `cmemu up` spells them (argparse's dest, flag)
 _PLACING = (("addressing", "--addressing"), ("host", "--host"), ("base_port", "--base-port"),

@@ -15,6 +15,10 @@ from typing import TypeVar
 
 import grpc
 
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.engines.peers import Marked
+from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.model.scheduler.jobs import Replacement
 from cmemu.v1 import (
     router_pb2,
     router_pb2_grpc,
@@ -23,10 +27,6 @@ from cmemu.v1 import (
     training_pb2,
     training_pb2_grpc,
 )
-from emulator.client.status import reply_of
-from emulator.engines.peers import Marked
-from emulator.model.errors import NotFoundError
-from emulator.model.scheduler.jobs import Replacement
 
 T = TypeVar("T")
 

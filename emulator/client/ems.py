@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import grpc
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.status import error_from, reply_of
+from cmemu.emulator.model.ems.index import Tier
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
-from emulator.client.clients import Clients
-from emulator.client.status import error_from, reply_of
-from emulator.model.ems.index import Tier
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind
 
 CHUNK = DEFAULT_PROFILE.ems.chunk_bytes  # a Put's most real bytes, and a PutStream piece
 

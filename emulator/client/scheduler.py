@@ -10,12 +10,12 @@ from typing import Any
 
 import grpc
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.status import error_from, reply_of
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.scheduler.jobs import Replacement
+from cmemu.emulator.model.topology import ServiceKind
 from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
-from emulator.client.clients import Clients
-from emulator.client.status import error_from, reply_of
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.scheduler.jobs import Replacement
-from emulator.model.topology import ServiceKind
 
 
 @dataclass(frozen=True, kw_only=True)

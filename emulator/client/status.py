@@ -26,8 +26,8 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from emulator.client.errors import DOMAIN, ErrorDetails, decode
-from emulator.model.errors import (
+from cmemu.emulator.client.errors import DOMAIN, ErrorDetails, decode
+from cmemu.emulator.model.errors import (
     QUOTE_MAX,
     RETRY_AFTER_S,
     AddressError,

@@ -28,19 +28,24 @@ import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from emulator.model.arrivals import ArrivalBatch
-from emulator.model.errors import DeadlineExceededError, EmulatorError, PreconditionError, relayed
-from emulator.model.memory import Region, RegionPage
-from emulator.model.topology import Device, Service
-from emulator.model.ub import Completion, Transaction
+from cmemu.emulator.model.arrivals import ArrivalBatch
+from cmemu.emulator.model.errors import (
+    DeadlineExceededError,
+    EmulatorError,
+    PreconditionError,
+    relayed,
+)
+from cmemu.emulator.model.memory import Region, RegionPage
+from cmemu.emulator.model.topology import Device, Service
+from cmemu.emulator.model.ub import Completion, Transaction
 
 if TYPE_CHECKING:
-    from emulator.engines.clock import ClockState
-    from emulator.engines.device.engine import DeviceEngine, FaultState, Telemetry
-    from emulator.engines.device.liveness import Beat
-    from emulator.engines.device.npu import Kernel, KernelResult
-    from emulator.engines.fabric.engine import FabricEngine
-    from emulator.engines.gateway.types import (
+    from cmemu.emulator.engines.clock import ClockState
+    from cmemu.emulator.engines.device.engine import DeviceEngine, FaultState, Telemetry
+    from cmemu.emulator.engines.device.liveness import Beat
+    from cmemu.emulator.engines.device.npu import Kernel, KernelResult
+    from cmemu.emulator.engines.fabric.engine import FabricEngine
+    from cmemu.emulator.engines.gateway.types import (
         Landing,
         LinkStats,
         OpRequest,
@@ -50,10 +55,10 @@ if TYPE_CHECKING:
         RouteInfo,
         TimedFlow,
     )
-    from emulator.model.collectivespec import CollectiveSpec
-    from emulator.model.linkfaults import FaultSpec
-    from emulator.model.rdmafault import RdmaFault
-    from emulator.model.scheduler.jobs import Replacement
+    from cmemu.emulator.model.collectivespec import CollectiveSpec
+    from cmemu.emulator.model.linkfaults import FaultSpec
+    from cmemu.emulator.model.rdmafault import RdmaFault
+    from cmemu.emulator.model.scheduler.jobs import Replacement
 
 T = TypeVar("T")
 

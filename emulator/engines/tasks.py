@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from emulator.model.errors import UnavailableError
+from cmemu.emulator.model.errors import UnavailableError
 
 
 class TaskOwner:

@@ -255,7 +255,7 @@ def bind_error(who: str, address: str, exc: OSError) -> EmulatorError:
     so that a typo in a host name does not send anyone hunting for the process on a port."""
     if exc.errno == errno.EADDRINUSE:
         return AddressInUseError(who, address)
-    from emulator.model.address import host_of  # it reports with these errors
+    from cmemu.emulator.model.address import host_of  # it reports with these errors
 
     host = host_of(address)
     if isinstance(exc, socket.gaierror):

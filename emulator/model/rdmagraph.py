@@ -26,9 +26,9 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError, quote
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.naming import (
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError, quote
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.naming import (
     Tier,
     directed_link_id,
     link_id,
@@ -37,8 +37,8 @@ from emulator.model.naming import (
     parse_switch,
     supernode_id,
 )
-from emulator.model.rdmafault import RdmaFault
-from emulator.model.topology import LinkKind, ScaleOut
+from cmemu.emulator.model.rdmafault import RdmaFault
+from cmemu.emulator.model.topology import LinkKind, ScaleOut
 
 FloatArray = npt.NDArray[np.float64]
 Incidence = tuple[tuple[int, float], ...]

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from emulator.client.clients import Clients
-from emulator.client.credentials import Credentials
-from emulator.model.errors import NotFoundError, UnavailableError
-from emulator.model.topology import Topology
-from emulator.runtime import state
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.credentials import Credentials
+from cmemu.emulator.model.errors import NotFoundError, UnavailableError
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.runtime import state
 
 STOP_TIMEOUT_S = 60.0  # as `cmemu down`'s default
 _POLL_S = 0.02  # how often a stop looks whether the state file is gone

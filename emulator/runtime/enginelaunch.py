@@ -14,16 +14,16 @@ from pathlib import Path
 
 import structlog
 
-from emulator.client.clients import Clients
-from emulator.runtime import composeengine, composegen
-from emulator.runtime.composeengine import EngineRun
-from emulator.runtime.docker import DockerEngine
-from emulator.runtime.launchoptions import Docker, LaunchOptions, StartInterrupted, report
-from emulator.runtime.launchsetup import make_run_dir
-from emulator.runtime.procs import Running
-from emulator.runtime.security import MQTT_USER, Security, read_token
-from emulator.runtime.stopping import unless_stopped
-from emulator.runtime.supernode import Supernode
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.runtime import composeengine, composegen
+from cmemu.emulator.runtime.composeengine import EngineRun
+from cmemu.emulator.runtime.docker import DockerEngine
+from cmemu.emulator.runtime.launchoptions import Docker, LaunchOptions, StartInterrupted, report
+from cmemu.emulator.runtime.launchsetup import make_run_dir
+from cmemu.emulator.runtime.procs import Running
+from cmemu.emulator.runtime.security import MQTT_USER, Security, read_token
+from cmemu.emulator.runtime.stopping import unless_stopped
+from cmemu.emulator.runtime.supernode import Supernode
 
 log = structlog.get_logger("cmemu.enginelaunch")
 CREATE_S_PER_CONTAINER = 2.0

@@ -28,14 +28,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emulator.model.errors import EmulatorError, InvalidArgumentError
-from emulator.runtime import metricserver, ports, state
-from emulator.runtime.attach import HOSTED, Attached, StaleInstanceError, attach
-from emulator.runtime.procs import Running
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.runtime.taskdump import print_tasks
-from emulator.runtime.webview import NONE as UI_NONE
-from emulator.runtime.webview import WebView
+from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError
+from cmemu.emulator.runtime import metricserver, ports, state
+from cmemu.emulator.runtime.attach import HOSTED, Attached, StaleInstanceError, attach
+from cmemu.emulator.runtime.procs import Running
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.runtime.taskdump import print_tasks
+from cmemu.emulator.runtime.webview import NONE as UI_NONE
+from cmemu.emulator.runtime.webview import WebView
 
 __all__ = ["Attached", "Hosted", "StaleInstanceError", "attach", "stale_removed", "start"]
 

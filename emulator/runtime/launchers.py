@@ -12,11 +12,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import assert_never
 
-from emulator.client.clients import Clients
-from emulator.engines.clock import TimeKeeper
-from emulator.model.clock import Clock
-from emulator.runtime.inprocess import InProcessSupernode
-from emulator.runtime.launchoptions import (
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.engines.clock import TimeKeeper
+from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.runtime.inprocess import InProcessSupernode
+from cmemu.emulator.runtime.launchoptions import (
     Compose,
     Docker,
     InProcess,
@@ -26,10 +26,10 @@ from emulator.runtime.launchoptions import (
     StartInterrupted,
     report,
 )
-from emulator.runtime.launchsetup import broker_for, security_for, servers_of
-from emulator.runtime.procs import Running
-from emulator.runtime.procslaunch import launch_compose, launch_k8s, launch_procs
-from emulator.runtime.supernode import Supernode
+from cmemu.emulator.runtime.launchsetup import broker_for, security_for, servers_of
+from cmemu.emulator.runtime.procs import Running
+from cmemu.emulator.runtime.procslaunch import launch_compose, launch_k8s, launch_procs
+from cmemu.emulator.runtime.supernode import Supernode
 
 
 @contextlib.asynccontextmanager
@@ -134,7 +134,7 @@ async def _docker(
 ) -> AsyncIterator[Supernode]:
     """Compose through the Docker engine (emulator/runtime/enginelaunch.py, which builds on
     this module)."""
-    from emulator.runtime import enginelaunch
+    from cmemu.emulator.runtime import enginelaunch
 
     async with enginelaunch.launch(options, mode, stop, on_death) as sn:
         yield sn

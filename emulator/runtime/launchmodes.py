@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from emulator.model.addressplans import (
+from cmemu.emulator.model.addressplans import (
     ENGINE_FIRST_OCTET,
     LoopbackPlan,
     PortPlan,
 )
-from emulator.model.errors import InvalidArgumentError, UnknownNameError
-from emulator.runtime.image import IMAGE
-from emulator.runtime.serve import PER, Per
+from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError
+from cmemu.emulator.runtime.image import IMAGE
+from cmemu.emulator.runtime.serve import PER, Per
 
 Mode = Literal["inprocess", "procs", "compose", "k8s", "docker"]
 Addressing = Literal["ports", "loopback"]

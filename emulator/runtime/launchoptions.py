@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from emulator.model.addressplans import AddressPlan, PortPlan
-from emulator.model.errors import EmulatorError, InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.presets import DEFAULT_PRESET, get_preset
-from emulator.model.scaleout import build_cluster
-from emulator.model.tenants import Keys
-from emulator.model.topology import Topology
-from emulator.runtime.events import parse_broker_url
-from emulator.runtime.launchmodes import (
+from cmemu.emulator.model.addressplans import AddressPlan, PortPlan
+from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.presets import DEFAULT_PRESET, get_preset
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.model.tenants import Keys
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.runtime.events import parse_broker_url
+from cmemu.emulator.runtime.launchmodes import (
     ADDRESSING,
     MODE_TYPES,
     MODES,
@@ -35,7 +35,7 @@ from emulator.runtime.launchmodes import (
     ModeOptions,
     Procs,
 )
-from emulator.runtime.tls import TlsFiles
+from cmemu.emulator.runtime.tls import TlsFiles
 
 __all__ = [
     "ADDRESSING",

@@ -11,13 +11,13 @@ import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from emulator.model.address import join_address, parse_address
-from emulator.model.errors import bind_error
-from emulator.model.topology import Topology
-from emulator.runtime import tls
-from emulator.runtime.broker import Broker
-from emulator.runtime.launchoptions import EMBEDDED, NO_BROKER, LaunchOptions
-from emulator.runtime.security import MQTT_USER, Security
+from cmemu.emulator.model.address import join_address, parse_address
+from cmemu.emulator.model.errors import bind_error
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.runtime import tls
+from cmemu.emulator.runtime.broker import Broker
+from cmemu.emulator.runtime.launchoptions import EMBEDDED, NO_BROKER, LaunchOptions
+from cmemu.emulator.runtime.security import MQTT_USER, Security
 
 EMBEDDED_BROKER_HOST = "127.0.0.1"
 

@@ -22,13 +22,13 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from emulator.model.address import parse_address
-from emulator.model.addressplans import LoopbackPlan, PortPlan
-from emulator.model.errors import AddressError, AddressInUseError, InvalidArgumentError
-from emulator.model.topology import Topology, metrics_address
-from emulator.runtime.launchoptions import EMBEDDED, InProcess, LaunchOptions, Procs
-from emulator.runtime.metricserver import first_server
-from emulator.runtime.procslaunch import proc_waves
+from cmemu.emulator.model.address import parse_address
+from cmemu.emulator.model.addressplans import LoopbackPlan, PortPlan
+from cmemu.emulator.model.errors import AddressError, AddressInUseError, InvalidArgumentError
+from cmemu.emulator.model.topology import Topology, metrics_address
+from cmemu.emulator.runtime.launchoptions import EMBEDDED, InProcess, LaunchOptions, Procs
+from cmemu.emulator.runtime.metricserver import first_server
+from cmemu.emulator.runtime.procslaunch import proc_waves
 
 EXTRAS = ("the embedded broker", "the web view")  # after the servers, in this order
 PROC = Path("/proc")

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from emulator.client import health
-from emulator.client.clients import Clients
-from emulator.client.clock import followed_time
-from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.engines.clock import TimeKeeper
-from emulator.model.topology import ServiceKind, Topology
-from emulator.runtime import composerun, k8srun
-from emulator.runtime.deaths import death_reporter
-from emulator.runtime.launchoptions import (
+from cmemu.emulator.client import health
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.clock import followed_time
+from cmemu.emulator.client.credentials import ANONYMOUS, Credentials
+from cmemu.emulator.engines.clock import TimeKeeper
+from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.runtime import composerun, k8srun
+from cmemu.emulator.runtime.deaths import death_reporter
+from cmemu.emulator.runtime.launchoptions import (
     CMEMU,
     EMBEDDED,
     Compose,
@@ -34,13 +34,13 @@ from emulator.runtime.launchoptions import (
     StartInterrupted,
     report,
 )
-from emulator.runtime.launchsetup import broker_for, make_run_dir, security_for
-from emulator.runtime.procs import ProcSpec, Running, Supervisor
-from emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS, WAVES
-from emulator.runtime.security import NONE as NO_SECURITY
-from emulator.runtime.security import Security
-from emulator.runtime.serve import Per, ServeKind, clock_from_fabric, serve_argv
-from emulator.runtime.supernode import Launcher, Supernode
+from cmemu.emulator.runtime.launchsetup import broker_for, make_run_dir, security_for
+from cmemu.emulator.runtime.procs import ProcSpec, Running, Supervisor
+from cmemu.emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS, WAVES
+from cmemu.emulator.runtime.security import NONE as NO_SECURITY
+from cmemu.emulator.runtime.security import Security
+from cmemu.emulator.runtime.serve import Per, ServeKind, clock_from_fabric, serve_argv
+from cmemu.emulator.runtime.supernode import Launcher, Supernode
 
 PROCS_LOG_LEVEL = "warning"  # a process's own log: its warnings and errors
 FABRIC_CLOCK_WAIT_S = 10.0  # it answers SERVING by then: its clock answers at once

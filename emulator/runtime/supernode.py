@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from emulator.client.clients import Clients
-from emulator.client.credentials import Credentials
-from emulator.engines.clock import TimeKeeper
-from emulator.model.errors import PreconditionError
-from emulator.model.topology import Topology
-from emulator.runtime.docker import DockerEngine
-from emulator.runtime.inprocess import InProcessSupernode
-from emulator.runtime.launchoptions import (
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.credentials import Credentials
+from cmemu.emulator.engines.clock import TimeKeeper
+from cmemu.emulator.model.errors import PreconditionError
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.runtime.docker import DockerEngine
+from cmemu.emulator.runtime.inprocess import InProcessSupernode
+from cmemu.emulator.runtime.launchoptions import (
     ADDRESSING,
     CMEMU,
     EMBEDDED,
@@ -50,9 +50,9 @@ from emulator.runtime.launchoptions import (
     Progress,
     StartInterrupted,
 )
-from emulator.runtime.procs import Running, Supervisor
-from emulator.runtime.security import NONE as NO_SECURITY
-from emulator.runtime.security import Security
+from cmemu.emulator.runtime.procs import Running, Supervisor
+from cmemu.emulator.runtime.security import NONE as NO_SECURITY
+from cmemu.emulator.runtime.security import Security
 
 M = TypeVar("M", bound=ModeOptions)
 
@@ -156,7 +156,7 @@ class Supernode:
         """Start the supernode; the context yields once every server answers SERVING over gRPC
         and stops everything on exit. `stop`, set while starting, aborts the start
         (StartInterrupted); `on_death` hears of every process that exits on its own."""
-        from emulator.runtime.launchers import start  # they build Supernodes: no cycle
+        from cmemu.emulator.runtime.launchers import start  # they build Supernodes: no cycle
 
         return start(options, stop=stop or asyncio.Event(), on_death=on_death)
 

@@ -6,24 +6,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from cmemu.emulator.client.ems import EmsClient
+from cmemu.emulator.client.scheduler import SchedulerClient
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.tasks import TaskOwner
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError, PreconditionError, quote
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.model.training.job import ENDED, JobProgress
+from cmemu.emulator.model.training.spec import shape_of
+from cmemu.services.peers import Peers
+from cmemu.services.rpc import Context, RemoteError, rpc
+from cmemu.services.training.job import JobRunner
+from cmemu.services.training.live import Endpoints, LiveJob
 from cmemu.v1 import (
     training_pb2,
     training_pb2_grpc,
 )
-from emulator.client.ems import EmsClient
-from emulator.client.scheduler import SchedulerClient
-from emulator.engines.clock import Timeline
-from emulator.engines.events import EventSink
-from emulator.engines.tasks import TaskOwner
-from emulator.model.errors import EmulatorError, NotFoundError, PreconditionError, quote
-from emulator.model.hardware import HardwareProfile
-from emulator.model.topology import ServiceKind, Topology
-from emulator.model.training.job import ENDED, JobProgress
-from emulator.model.training.spec import shape_of
-from services.peers import Peers
-from services.rpc import Context, RemoteError, rpc
-from services.training.job import JobRunner
-from services.training.live import Endpoints, LiveJob
 
 SERVICE = "cmemu.v1.Training"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator.client.faults import KINDS
-from emulator.testing import cmemu_up, run_cmemu
+from cmemu.emulator.client.faults import KINDS
+from cmemu.emulator.testing import cmemu_up, run_cmemu
 from tests.cli.test_cli import mini_up
 
 cmemu = run_cmemu

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from emulator.cli.main import build_parser
-from emulator.cli.upmodes import launch_options
-from emulator.model.addressplans import LoopbackPlan, PortPlan
-from emulator.runtime.launchmodes import Compose, InProcess, K8s, Procs
-from emulator.testing import run_cmemu
+from cmemu.emulator.cli.main import build_parser
+from cmemu.emulator.cli.upmodes import launch_options
+from cmemu.emulator.model.addressplans import LoopbackPlan, PortPlan
+from cmemu.emulator.runtime.launchmodes import Compose, InProcess, K8s, Procs
+from cmemu.emulator.testing import run_cmemu
 
 
 @pytest.mark.parametrize(

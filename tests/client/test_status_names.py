@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import grpc
 
-from emulator.client.status import code_name, error_details, error_from
-from emulator.model.errors import InternalError, NotFoundError, UnavailableError
-from services.rpc import RemoteError, status_line
+from cmemu.emulator.client.status import code_name, error_details, error_from
+from cmemu.emulator.model.errors import InternalError, NotFoundError, UnavailableError
+from cmemu.services.rpc import RemoteError, status_line
 
 
 def _status(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:

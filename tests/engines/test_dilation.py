@@ -17,11 +17,11 @@ from contextlib import contextmanager
 
 import pytest
 
+from cmemu.emulator.model.addressplans import LoopbackPlan
+from cmemu.emulator.runtime.launchmodes import Procs
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import fabric_pb2, manager_pb2
-from emulator.model.addressplans import LoopbackPlan
-from emulator.runtime.launchmodes import Procs
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.testing import running_supernode
 
 pytestmark = pytest.mark.slow
 SCALE = 20.0

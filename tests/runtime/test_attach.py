@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.runtime import instance, state
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions
+from cmemu.emulator.testing import MINI_PORTS, cmemu_up, free_port_block
 from cmemu.v1 import device_pb2
-from emulator.client import faults
-from emulator.model.addressplans import PortPlan
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.runtime import instance, state
-from emulator.runtime.launchmodes import InProcess
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions
-from emulator.testing import MINI_PORTS, cmemu_up, free_port_block
 
 TOKEN = "attach-test-token"
 

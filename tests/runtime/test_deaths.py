@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from emulator.model.addressplans import LoopbackPlan
-from emulator.runtime.launchmodes import Compose, Procs
-from emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.model.addressplans import LoopbackPlan
+from cmemu.emulator.runtime.launchmodes import Compose, Procs
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
 from tests.runtime.test_mqtt import listening
 
 pytestmark = pytest.mark.slow

@@ -22,18 +22,18 @@ from typing import TypeVar
 import grpc
 import pytest
 
+from cmemu.emulator.client.faults import attach_engine, clear, inject
+from cmemu.emulator.model.chaos.pace import ABORTED, FAIL, PASS
+from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.runtime import image
+from cmemu.emulator.runtime.chaos import files
+from cmemu.emulator.runtime.chaos.run import RunOptions, RunResult
+from cmemu.emulator.runtime.chaos.runner import run_scenario
+from cmemu.emulator.runtime.docker import PROJECT_LABEL, engine_answers
+from cmemu.emulator.runtime.launchmodes import Docker
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.testing import grpcurl
 from cmemu.v1 import ems_pb2, ems_pb2_grpc, manager_pb2
-from emulator.client.faults import attach_engine, clear, inject
-from emulator.model.chaos.pace import ABORTED, FAIL, PASS
-from emulator.model.errors import NotFoundError
-from emulator.runtime import image
-from emulator.runtime.chaos import files
-from emulator.runtime.chaos.run import RunOptions, RunResult
-from emulator.runtime.chaos.runner import run_scenario
-from emulator.runtime.docker import PROJECT_LABEL, engine_answers
-from emulator.runtime.launchmodes import Docker
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.testing import grpcurl
 from tests.runtime.test_mqtt import listening
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback-docker")]

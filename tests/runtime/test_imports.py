@@ -11,12 +11,12 @@ import signal
 import sys
 from pathlib import Path
 
-from emulator.client import h2probe
-from emulator.model.addressplans import PortPlan
-from emulator.model.topology import metrics_address
-from emulator.runtime.launchmodes import Procs
-from emulator.runtime.supernode import LaunchOptions
-from emulator.testing import free_port_block, launch_ports
+from cmemu.emulator.client import h2probe
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.topology import metrics_address
+from cmemu.emulator.runtime.launchmodes import Procs
+from cmemu.emulator.runtime.supernode import LaunchOptions
+from cmemu.emulator.testing import free_port_block, launch_ports
 
 HEAVY = ("numpy", "aiohttp", "prometheus_client", "matplotlib", "jsonschema")
 
@@ -30,7 +30,7 @@ async def test_a_device_process_imports_only_what_it_serves(tmp_path: Path) -> N
     path.write_text(topology.to_json())
     device = topology.device("n00-npu3")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-X", "importtime", "-m", "emulator.cli.entry",
+        sys.executable, "-X", "importtime", "-m", "cmemu.emulator.cli.entry",
         "serve", "--topology", str(path), "--device", device.id,
         env={**os.environ, "CMEMU_EPOCH": "1.0"},
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from emulator.model.addressplans import PortPlan
-from emulator.runtime import instance, state
-from emulator.runtime.launchmodes import InProcess
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions
-from emulator.testing import free_port_block, launch_ports, run_cmemu
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.runtime import instance, state
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions
+from cmemu.emulator.testing import free_port_block, launch_ports, run_cmemu
 
 
 def _options() -> LaunchOptions:

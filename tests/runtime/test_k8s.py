@@ -16,14 +16,14 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.topology import DNS_LABEL, ServiceKind, Topology
+from cmemu.emulator.runtime import composegen, k8sgen, k8srun
+from cmemu.emulator.runtime.launchmodes import K8s
+from cmemu.emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS
+from cmemu.emulator.runtime.serve import read_document
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
 from cmemu.v1 import device_pb2
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.topology import DNS_LABEL, ServiceKind, Topology
-from emulator.runtime import composegen, k8sgen, k8srun
-from emulator.runtime.launchmodes import K8s
-from emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS
-from emulator.runtime.serve import read_document
-from emulator.runtime.supernode import LaunchOptions, Supernode
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 GOLDEN_PRESETS = ["cm-mini", "cm-minix2"]

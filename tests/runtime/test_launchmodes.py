@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from emulator.model.addressplans import LoopbackPlan, PortPlan
-from emulator.model.errors import InvalidArgumentError, UnknownNameError
-from emulator.runtime.launchmodes import Compose, Docker, InProcess, K8s, Procs
-from emulator.runtime.supernode import LaunchOptions
+from cmemu.emulator.model.addressplans import LoopbackPlan, PortPlan
+from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError
+from cmemu.emulator.runtime.launchmodes import Compose, Docker, InProcess, K8s, Procs
+from cmemu.emulator.runtime.supernode import LaunchOptions
 
 
 @pytest.mark.parametrize(

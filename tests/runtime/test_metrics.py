@@ -16,19 +16,19 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.addressplans import METRICS_PORT, LoopbackPlan, PortPlan
+from cmemu.emulator.model.errors import AddressInUseError, InvalidArgumentError
+from cmemu.emulator.model.instruments import LATENCY_BUCKETS_S, Family, Histogram
+from cmemu.emulator.model.topology import ServiceKind, build, metrics_address, server_count
+from cmemu.emulator.runtime import exposition
+from cmemu.emulator.runtime.launchmodes import InProcess, Procs
+from cmemu.emulator.runtime.metrics import Families
+from cmemu.emulator.runtime.metricserver import endpoints
+from cmemu.emulator.runtime.registry import SERVICE_SPECS
+from cmemu.emulator.runtime.supernode import EMBEDDED, NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.testing import cmemu_up, free_port_block, run_cmemu, running_supernode
 from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, fabric_pb2, npu_pb2, ub_pb2
-from emulator.client.clients import Clients
-from emulator.model.addressplans import METRICS_PORT, LoopbackPlan, PortPlan
-from emulator.model.errors import AddressInUseError, InvalidArgumentError
-from emulator.model.instruments import LATENCY_BUCKETS_S, Family, Histogram
-from emulator.model.topology import ServiceKind, build, metrics_address, server_count
-from emulator.runtime import exposition
-from emulator.runtime.launchmodes import InProcess, Procs
-from emulator.runtime.metrics import Families
-from emulator.runtime.metricserver import endpoints
-from emulator.runtime.registry import SERVICE_SPECS
-from emulator.runtime.supernode import EMBEDDED, NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import cmemu_up, free_port_block, run_cmemu, running_supernode
 
 KIB = 1024
 

@@ -18,15 +18,14 @@ from typing import Any
 import aiomqtt
 import pytest
 
-from cmemu.v1 import device_pb2, fabric_pb2
-from emulator.model.addressplans import PortPlan
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.runtime.broker import Broker, topic_matches
-from emulator.runtime.composegen import MOSQUITTO_QUEUES
-from emulator.runtime.events import EventBus
-from emulator.runtime.launchmodes import InProcess
-from emulator.runtime.supernode import LaunchOptions
-from emulator.testing import (
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.runtime.broker import Broker, topic_matches
+from cmemu.emulator.runtime.composegen import MOSQUITTO_QUEUES
+from cmemu.emulator.runtime.events import EventBus
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.supernode import LaunchOptions
+from cmemu.emulator.testing import (
     CMEMU,
     MINI_PORTS,
     MINI_SERVERS,
@@ -35,6 +34,7 @@ from emulator.testing import (
     hosted_instance,
     running_supernode,
 )
+from cmemu.v1 import device_pb2, fabric_pb2
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 BROKER_PORTS = 31000

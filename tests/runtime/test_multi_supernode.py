@@ -9,15 +9,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from cmemu.emulator.client import health
+from cmemu.emulator.model.addressplans import LoopbackPlan
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime import composegen
+from cmemu.emulator.runtime.launchmodes import Compose, Procs
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.testing import free_port_block, launch_ports, running_supernode
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
-from emulator.client import health
-from emulator.model.addressplans import LoopbackPlan
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.topology import ServiceKind
-from emulator.runtime import composegen
-from emulator.runtime.launchmodes import Compose, Procs
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import free_port_block, launch_ports, running_supernode
 
 PRESET = "cm-minix2"
 

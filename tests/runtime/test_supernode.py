@@ -9,25 +9,25 @@ from pathlib import Path
 
 import pytest
 
-from cmemu.v1 import device_pb2, fabric_pb2
-from emulator.client import health
-from emulator.model.addressplans import LoopbackPlan, PortPlan
-from emulator.model.errors import (
+from cmemu.emulator.client import health
+from cmemu.emulator.model.addressplans import LoopbackPlan, PortPlan
+from cmemu.emulator.model.errors import (
     InvalidArgumentError,
     PreconditionError,
     UnavailableError,
     UnknownNameError,
 )
-from emulator.runtime.launchmodes import Compose, InProcess, Procs
-from emulator.runtime.procs import Running
-from emulator.runtime.procslaunch import proc_waves
-from emulator.runtime.supernode import (
+from cmemu.emulator.runtime.launchmodes import Compose, InProcess, Procs
+from cmemu.emulator.runtime.procs import Running
+from cmemu.emulator.runtime.procslaunch import proc_waves
+from cmemu.emulator.runtime.supernode import (
     NO_BROKER,
     LaunchOptions,
     StartInterrupted,
     Supernode,
 )
-from emulator.testing import MINI_PORTS, free_port_block
+from cmemu.emulator.testing import MINI_PORTS, free_port_block
+from cmemu.v1 import device_pb2, fabric_pb2
 
 COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
 

@@ -20,17 +20,22 @@ from typing import Any
 import aiohttp
 import pytest
 
-from emulator.model.addressplans import LoopbackPlan, PortPlan
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.naming import die_id
-from emulator.model.topology import DeviceKind, Topology, build, server_count
-from emulator.runtime import state
-from emulator.runtime.launchmodes import InProcess, Procs
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions
-from emulator.runtime.webview import Machine, parse_address
-from emulator.runtime.webview.snapshot import LinkSample, layout, plane_of_links, plane_utilisation
-from emulator.testing import (
+from cmemu.emulator.model.addressplans import LoopbackPlan, PortPlan
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.naming import die_id
+from cmemu.emulator.model.topology import DeviceKind, Topology, build, server_count
+from cmemu.emulator.runtime import state
+from cmemu.emulator.runtime.launchmodes import InProcess, Procs
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions
+from cmemu.emulator.runtime.webview import Machine, parse_address
+from cmemu.emulator.runtime.webview.snapshot import (
+    LinkSample,
+    layout,
+    plane_of_links,
+    plane_utilisation,
+)
+from cmemu.emulator.testing import (
     MINI_PORTS,
     cmemu_up,
     free_port_block,

@@ -16,6 +16,17 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import cmemu.v1
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.credentials import Credentials
+from cmemu.emulator.client.errors import decode
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.runtime import composegen
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.security import mqtt_password
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.testing import CMEMU, free_port_block, grpcurl
+from cmemu.services import auth
 from cmemu.v1 import (
     device_pb2,
     device_pb2_grpc,
@@ -25,17 +36,6 @@ from cmemu.v1 import (
     scheduler_pb2_grpc,
     ub_pb2,
 )
-from emulator.client.clients import Clients
-from emulator.client.credentials import Credentials
-from emulator.client.errors import decode
-from emulator.model.addressplans import PortPlan
-from emulator.model.topology import build, server_count
-from emulator.runtime import composegen
-from emulator.runtime.launchmodes import InProcess
-from emulator.runtime.security import mqtt_password
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import CMEMU, free_port_block, grpcurl
-from services import auth
 
 TOKEN = "s3cret-token"
 

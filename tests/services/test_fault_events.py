@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.model.addressplans import LoopbackPlan
+from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.runtime.broker import Broker
+from cmemu.emulator.runtime.launchmodes import Procs
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import device_pb2
-from emulator.client import faults
-from emulator.model.addressplans import LoopbackPlan
-from emulator.model.errors import NotFoundError
-from emulator.runtime.broker import Broker
-from emulator.runtime.launchmodes import Procs
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.testing import Clients, running_supernode
 from tests.runtime.test_mqtt import listening
 
 

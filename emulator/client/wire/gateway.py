@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from cmemu.v1 import gateway_pb2
-from emulator.engines.gateway.types import (
+from cmemu.emulator.engines.gateway.types import (
     GatewayStats,
     Landing,
     LinkStat,
@@ -17,8 +16,9 @@ from emulator.engines.gateway.types import (
     RouteInfo,
     TimedFlow,
 )
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.rdmafault import RdmaFault
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.rdmafault import RdmaFault
+from cmemu.v1 import gateway_pb2
 
 OP_OF = {
     gateway_pb2.RDMA_OP_WRITE: RdmaOp.WRITE,
