@@ -24,7 +24,9 @@ from pathlib import Path
 
 import grpc
 
+from cmemu.emulator.model.addressplans import PortPlan
 from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.runtime.launchmodes import Procs
 from cmemu.emulator.testing import cmemu_up, free_port_block, launch_ports
 
 try:
@@ -116,7 +118,7 @@ def device_process_pss_mb(settle_s: float = 2.0) -> float:
 
     servers = launch_ports("cm-mini")
     base = free_port_block(servers + 1)
-    options = LaunchOptions(preset="cm-mini", mode="procs", addressing="ports", base_port=base)
+    options = LaunchOptions(preset="cm-mini", mode=Procs(plan=PortPlan(base_port=base)))
     topology = dataclasses.replace(options.topology(), metrics_port=base + servers)
     device = topology.device("n00-npu3")
     cmemu = str(Path(sys.executable).parent / "cmemu")

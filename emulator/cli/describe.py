@@ -26,15 +26,12 @@ PROBE_NOT_SERVING = 4
 
 def _topology_from_args(args: argparse.Namespace) -> tuple[Topology, ...]:
     """The documents of every supernode of the preset (one, but for `<base>x<N>`)."""
-    from cmemu.emulator.runtime.supernode import LaunchOptions
+    from cmemu.emulator.cli.upmodes import plan_of
+    from cmemu.emulator.runtime.supernode import InProcess, LaunchOptions
 
+    plan = plan_of(args, loopback_default=False, strict=False)
     return LaunchOptions(
-        preset=args.preset,
-        addressing=args.addressing,
-        host=args.host,
-        base_port=args.base_port,
-        port=args.port,
-        time_scale=args.time_scale,
+        preset=args.preset, mode=InProcess(plan=plan), time_scale=args.time_scale
     ).supernodes()
 
 

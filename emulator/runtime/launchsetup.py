@@ -88,8 +88,9 @@ async def security_for(
         )
 
 
-async def make_run_dir(options: LaunchOptions) -> Path:
-    if options.run_dir is None:
+async def make_run_dir(run_dir: Path | None) -> Path:
+    """The mode's run directory, made; a temporary one when it names none."""
+    if run_dir is None:
         return Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="cmemu-run-"))
-    await asyncio.to_thread(options.run_dir.mkdir, parents=True, exist_ok=True)
-    return options.run_dir
+    await asyncio.to_thread(run_dir.mkdir, parents=True, exist_ok=True)
+    return run_dir

@@ -196,7 +196,7 @@ def supernode_endpoints(sn: Supernode) -> dict[str, str]:
         processes: dict[str, Collection[str]]
         if sn.supervisor is None:
             processes = {topology.supernode: servers}
-        elif sn.options.mode == "compose":  # the compose file's processes name no servers
+        elif sn.options.mode.name == "compose":  # the compose file's processes name no servers
             processes = {server: (server,) for server in servers}
         else:
             mine = set(servers)

@@ -1,6 +1,6 @@
 """The typed launch API: one call starts a supernode in any mode and stops all of it on exit.
 
-    async with Supernode.start(LaunchOptions(preset="cm384", mode="procs", per="node")) as sn:
+    async with Supernode.start(LaunchOptions(preset="cm384", mode=Procs(per="node"))) as sn:
         await sn.clients.device("n00-npu0").GetInfo(...)
 
 Every mode consumes one topology document; they differ only in where the servers run:
@@ -11,8 +11,9 @@ Every mode consumes one topology document; they differ only in where the servers
 - k8s: exactly the containers of Kubernetes manifests (`cmemu k8s`), as local processes.
 The CLI, the benchmarks and the tests are thin users of it.
 
-The options are in launchoptions.py; the launchers (launchers.py, procslaunch.py,
-enginelaunch.py) build the running Supernode this module describes.
+The options are in launchoptions.py (one typed class per mode: launchmodes.py); the launchers
+(launchers.py, procslaunch.py, enginelaunch.py) build the running Supernode this module
+describes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.credentials import Credentials
@@ -37,14 +39,22 @@ from cmemu.emulator.runtime.launchoptions import (
     MODES,
     NO_BROKER,
     Addressing,
+    Compose,
+    Docker,
+    InProcess,
+    K8s,
     LaunchOptions,
     Mode,
+    ModeOptions,
+    Procs,
     Progress,
     StartInterrupted,
 )
 from cmemu.emulator.runtime.procs import Running, Supervisor
 from cmemu.emulator.runtime.security import NONE as NO_SECURITY
 from cmemu.emulator.runtime.security import Security
+
+M = TypeVar("M", bound=ModeOptions)
 
 __all__ = [
     "ADDRESSING",
@@ -53,9 +63,15 @@ __all__ = [
     "MODES",
     "NO_BROKER",
     "Addressing",
+    "Compose",
+    "Docker",
+    "InProcess",
+    "K8s",
     "LaunchOptions",
     "Launcher",
     "Mode",
+    "ModeOptions",
+    "Procs",
     "Progress",
     "StartInterrupted",
     "Supernode",
@@ -104,14 +120,7 @@ class Supernode:
     @property
     def mode(self) -> str:
         """What `cmemu status` shows: the mode and its flavour."""
-        o = self.options
-        return {
-            "inprocess": "inprocess",
-            "procs": f"procs per {o.per}",
-            "compose": f"compose {o.compose_file}",
-            "k8s": f"k8s {o.k8s_dir}",
-            "docker": f"docker {o.compose_file or f'{o.preset} per {o.per}'}",
-        }[o.mode]
+        return self.options.mode.describe(self.options.preset)
 
     @property
     def local(self) -> InProcessSupernode:
@@ -153,6 +162,8 @@ class Supernode:
 
 
 Launcher = Callable[
-    [LaunchOptions, asyncio.Event, Callable[[Running], None] | None],
+    [LaunchOptions, M, asyncio.Event, Callable[[Running], None] | None],
     AbstractAsyncContextManager[Supernode],
 ]
+"""A mode's launcher: the options, the mode's own (`options.mode`, typed), the stop event and
+who hears of a process's death."""

@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 from cmemu.emulator.client import h2probe
+from cmemu.emulator.model.addressplans import PortPlan
 from cmemu.emulator.model.topology import metrics_address
+from cmemu.emulator.runtime.launchmodes import Procs
 from cmemu.emulator.runtime.supernode import LaunchOptions
 from cmemu.emulator.testing import free_port_block, launch_ports
 
@@ -32,7 +34,7 @@ UNCALLED = (
 async def test_a_device_process_imports_only_what_it_serves(tmp_path: Path) -> None:
     servers = launch_ports("cm-mini")
     base = free_port_block(servers + 1)  # and the port after them: the process's /metrics
-    options = LaunchOptions(preset="cm-mini", mode="procs", addressing="ports", base_port=base)
+    options = LaunchOptions(preset="cm-mini", mode=Procs(plan=PortPlan(base_port=base)))
     topology = dataclasses.replace(options.topology(), metrics_port=base + servers)
     path = tmp_path / "topology.json"
     path.write_text(topology.to_json())

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from cmemu.emulator.model.addressplans import PortPlan
 from cmemu.emulator.runtime import instance, state
+from cmemu.emulator.runtime.launchmodes import InProcess
 from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions
 from cmemu.emulator.testing import free_port_block, launch_ports, run_cmemu
 
@@ -19,7 +21,7 @@ from cmemu.emulator.testing import free_port_block, launch_ports, run_cmemu
 def _options() -> LaunchOptions:
     return LaunchOptions(
         preset="cm-mini",
-        base_port=free_port_block(launch_ports("cm-mini")),
+        mode=InProcess(plan=PortPlan(base_port=free_port_block(launch_ports("cm-mini")))),
         broker=NO_BROKER,
         drain_s=0.0,
         token="instance-test-token",

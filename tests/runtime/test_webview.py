@@ -20,11 +20,14 @@ from typing import Any
 import aiohttp
 import pytest
 
+from cmemu.emulator.model.addressplans import LoopbackPlan, PortPlan
 from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.emulator.model.naming import die_id
 from cmemu.emulator.model.topology import DeviceKind, Topology, build, server_count
 from cmemu.emulator.runtime import state
+from cmemu.emulator.runtime.launchmodes import InProcess, Procs
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions
 from cmemu.emulator.runtime.webview import Machine, WebView, parse_address
 from cmemu.emulator.runtime.webview.collector import IDLE, Rates
 from cmemu.emulator.runtime.webview.snapshot import (
@@ -37,6 +40,7 @@ from cmemu.emulator.testing import (
     MINI_PORTS,
     cmemu_up,
     free_port_block,
+    hosted_instance,
     next_sse_event,
     run_cmemu,
     running_supernode,
@@ -189,16 +193,15 @@ def test_bad_ui_option_is_a_usage_error(tmp_path: Path) -> None:
 # --- a real cmemu up ------------------------------------------------------------------------
 
 
-def _up(tmp: Path, *args: str, timeout_s: float = 120.0) -> Iterator[state.Instance]:
-    path = tmp / "wv.json"
-    port = free_port_block(MINI_PORTS)
-    with cmemu_up(path, "--base-port", str(port), *args, quiet=True, timeout_s=timeout_s):
-        yield state.read_instance(path)
-
-
 @pytest.fixture(scope="module")
 def mini(tmp_path_factory: pytest.TempPathFactory) -> Iterator[state.Instance]:
-    yield from _up(tmp_path_factory.mktemp("webview"), "--preset", "cm-mini", "--broker", "none")
+    """cm-mini with its web view, hosted in this process (no CLI between: the page, the CLI's
+    faults and the browser attach to it by its state file)."""
+    path = tmp_path_factory.mktemp("webview") / "wv.json"
+    plan = PortPlan(base_port=free_port_block(MINI_PORTS))
+    options = LaunchOptions(preset="cm-mini", mode=InProcess(plan=plan), broker=NO_BROKER)
+    with hosted_instance(options, path, ui="127.0.0.1:0", timeout_s=120.0) as instance:
+        yield instance
 
 
 @pytest.fixture(scope="module")
@@ -412,28 +415,30 @@ def test_status_and_summary_show_the_url(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("preset", "args"),
+    ("preset", "procs"),
     [
-        ("cm384", ()),
+        ("cm384", False),
         pytest.param(
             "cm-mini",
-            ("--mode", "procs", "--metrics", "none"),
+            True,
             marks=pytest.mark.xdist_group("loopback-procs"),  # see tests/conftest.py
         ),
     ],
     ids=["cm384-inprocess", "cm-mini-procs"],
 )
 def test_every_die_and_a_fault_in_big_and_process_modes(
-    browser: Any, tmp_path: Path, preset: str, args: tuple[str, ...]
+    browser: Any, tmp_path: Path, preset: str, procs: bool
 ) -> None:
     from selenium.webdriver.support.ui import WebDriverWait
 
     path = tmp_path / f"{preset}.json"
     topology = build(preset)
-    port = free_port_block(server_count(topology))  # --mode procs: the port of every device
-    where = ("--port", str(port)) if "procs" in args else ("--base-port", str(port))
-    with cmemu_up(path, "--preset", preset, *where, *args, quiet=True, timeout_s=300):
-        instance = state.read_instance(path)
+    port = free_port_block(server_count(topology))  # procs: the port of every device
+    mode = (
+        Procs(plan=LoopbackPlan(port=port)) if procs else InProcess(plan=PortPlan(base_port=port))
+    )
+    options = LaunchOptions(preset=preset, mode=mode, metrics=not procs)
+    with hosted_instance(options, path, ui="127.0.0.1:0", timeout_s=300) as instance:
         _open(browser, instance)
         assert len(_dies_in_page(browser)) == 2 * len(topology.of_kind(DeviceKind.NPU))
         device = topology.of_kind(DeviceKind.NPU)[-1].id

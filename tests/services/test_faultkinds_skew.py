@@ -19,9 +19,11 @@ from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.device.liveness import Liveness
 from cmemu.emulator.engines.manager.liveness import LivenessWatch
 from cmemu.emulator.engines.skewclock import LocalClock
+from cmemu.emulator.model.addressplans import LoopbackPlan
 from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.emulator.model.manager.detector import FAILED, SUSPECT, Detector, Incident
+from cmemu.emulator.runtime.launchmodes import Procs
 from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
 from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.services.peers import Peers
@@ -288,11 +290,8 @@ async def test_a_node_process_skewed_in_procs_mode(tmp_path: Path) -> None:
     process, fails none of them (one hung when the clock jumps included), and time goes on."""
     options = LaunchOptions(
         preset="cm-mini",
-        mode="procs",
-        per="node",
+        mode=Procs(per="node", plan=LoopbackPlan(first_octet=52), run_dir=tmp_path / "run"),
         time_scale=5.0,
-        first_octet=52,
-        run_dir=tmp_path / "run",
     )
     async with Supernode.start(options) as sn:
         clients = Clients(sn.topology)
