@@ -266,8 +266,12 @@ class TrainingPeer(Protocol):
         ...
 
 
-class AllocationWatch(AsyncIterator[AllocationChange], Protocol):
+class AllocationWatch(Protocol):
     """An open stream of an allocation's changes: iterate it; `cancel` it when done."""
+
+    def __aiter__(self) -> AllocationWatch: ...
+
+    async def __anext__(self) -> AllocationChange: ...
 
     def cancel(self) -> None: ...
 
