@@ -23,6 +23,7 @@ from cmemu.emulator.engines.peers import LocalFabric
 from cmemu.emulator.engines.training.engine import TrainingEngine
 from cmemu.emulator.engines.training.live import Endpoints, LiveJob
 from cmemu.emulator.model.errors import (
+    EmulatorError,
     InvalidArgumentError,
     NotFoundError,
     PreconditionError,
@@ -116,11 +117,11 @@ async def test_refusals_are_emulator_errors_with_their_reasons(mini: Supernode) 
             await engine.start(TrainingSpec(name="Not A Name", npus=1))
         assert bad.value.field == "name"
         # the scheduler's refusal, relayed: its class and reason, prefixed with who said it
-        with pytest.raises(Exception) as direct:
+        with pytest.raises(EmulatorError) as direct:
             await SchedulerClient(mini.clients).allocate("e-huge", 10_000)
         with pytest.raises(type(direct.value)) as refused:
             await engine.start(TrainingSpec(name="e-huge", npus=10_000))
-        assert refused.value.reason == getattr(direct.value, "reason", None)
+        assert refused.value.reason == direct.value.reason
         assert str(refused.value) == f"scheduler: {direct.value}"
         assert "e-huge" not in engine.jobs and await released(mini, "e-huge")
         job = await engine.start(TrainingSpec(name="e-twice", npus=1))
