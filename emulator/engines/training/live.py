@@ -17,8 +17,8 @@ from cmemu.emulator.model.training.spec import TrainingShape
 
 @dataclass(frozen=True, kw_only=True)
 class Endpoints:
-    """The services a job calls, as their peers (engines/peers.py): each raises the
-    EmulatorError its status names."""
+    """The services a job calls, as their peers (engines/peers.py): a refusal or an
+    unreachable service is an EmulatorError, wherever the service lives."""
 
     scheduler: JobScheduler
     ems: ObjectStore
