@@ -4,7 +4,7 @@ the SchedulerPeer, RouterPeer and TrainingPeer protocols (emulator/engines/peers
 The scheduler and the router have no engine yet, so these are the only implementations of
 theirs (the manager reaches them over gRPC even in one process, which keeps a killed or hung
 scheduler looking the same to it whichever launcher runs it). The training jobs live on the
-manager's own server: their state answers directly there (services/training/service.py), and
+manager's own server: their engine answers directly there (emulator/engines/training/), and
 `RemoteTraining` is for a caller in another process. A failed call raises the EmulatorError its
 status names, prefixed with the service's name, as emulator/client/remote.py's peers do.
 """

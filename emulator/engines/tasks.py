@@ -32,6 +32,11 @@ class TaskOwner:
     async def close(self) -> None:
         self._closed.set()
 
+    @property
+    def running(self) -> bool:
+        """run() owns the tasks: a start is taken."""
+        return self._group is not None
+
     def require_running(self) -> None:
         """Refuse a start, UNAVAILABLE and worth retrying, while nothing owns the tasks."""
         if self._group is None:

@@ -1,6 +1,7 @@
-"""A live training job's state, shared by its runner (job.py), its checkpoints
-(checkpoints.py) and the service (service.py): the allocation the scheduler gave it, the
-checkpoints it keeps in EMS, and the events that cut its sleeps short."""
+"""A live training job's state, shared by its runner (runner.py), its checkpoints
+(checkpoints.py) and the jobs table (engine.py): the allocation the scheduler gave it, the
+checkpoints it keeps in EMS, and the events that cut its sleeps short. Domain values only: the
+service (services/training/) reports a job from its `progress` and `allocation`."""
 
 from __future__ import annotations
 
@@ -8,33 +9,19 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cmemu.emulator.client.ems import EmsClient
-from cmemu.emulator.client.scheduler import Allocation, SchedulerClient
-from cmemu.emulator.engines.peers import FabricPeer
+from cmemu.emulator.engines.peers import FabricPeer, JobScheduler, ObjectStore
+from cmemu.emulator.model.scheduler.grants import NO_ALLOCATION, Allocation
 from cmemu.emulator.model.training.job import JobProgress
 from cmemu.emulator.model.training.spec import TrainingShape
-from cmemu.v1 import training_pb2
-
-NO_ALLOCATION = Allocation(
-    job="",
-    npus=(),
-    nodes=(),
-    racks=(),
-    policy="",
-    priority=0,
-    whole_nodes=False,
-    same_rack=False,
-    allocated_ns=0,
-)
-"""A job's allocation before the scheduler granted one."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Endpoints:
-    """The services a job calls: each raises the EmulatorError its status names."""
+    """The services a job calls, as their peers (engines/peers.py): a refusal or an
+    unreachable service is an EmulatorError, wherever the service lives."""
 
-    scheduler: SchedulerClient
-    ems: EmsClient
+    scheduler: JobScheduler
+    ems: ObjectStore
     # the fabric's engine when this process hosts it, else its client; asked at each call (the
     # runtime may host the fabric here after the service was built)
     fabric: Callable[[], FabricPeer]
@@ -42,6 +29,9 @@ class Endpoints:
 
 @dataclass(kw_only=True)
 class LiveJob:
+    """One job as it runs: what it was asked (`shape`), how far it is (`progress`), the NPUs it
+    holds now, and what its runner waits on."""
+
     shape: TrainingShape
     progress: JobProgress
     allocation: Allocation = field(default_factory=lambda: NO_ALLOCATION)
@@ -66,22 +56,3 @@ class LiveJob:
     @property
     def dies(self) -> list[str]:
         return [d for n in self.allocation.npus for d in n.dies]
-
-    def message(self, now_ns: int) -> training_pb2.TrainingJob:
-        p = self.progress
-        return training_pb2.TrainingJob(
-            name=p.name,
-            state=p.state,
-            step=p.step,
-            last_checkpoint_step=p.last_checkpoint_step,
-            npus=[n.id for n in self.allocation.npus],
-            restarts=p.restarts,
-            steps_lost=p.steps_lost,
-            step_s=p.step_s,
-            started_ns=p.started_ns,
-            last_failure_ns=p.last_failure_ns,
-            last_restored_ns=p.last_restored_ns,
-            goodput=p.goodput(now_ns),
-            failed_steps=p.failed_steps,
-            last_corrupt_checkpoint_ns=p.last_corrupt_checkpoint_ns,
-        )

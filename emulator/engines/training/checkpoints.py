@@ -1,7 +1,7 @@
 """A training job's checkpoints in EMS: writing one (every NPU's shard, then the manifest that
 makes it whole) and reading the latest that verifies back after a failure or a resume.
 
-Kept apart from the runner (job.py), which decides *when* to checkpoint and reload; this is
+Kept apart from the runner (runner.py), which decides *when* to checkpoint and reload; this is
 *how*, against EMS's Put/Get/BatchDelete, including what a corrupt or lost checkpoint costs:
 the job falls back to the one before and loses the steps between them.
 """
@@ -13,13 +13,13 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from cmemu.emulator.client.ems import EmsClient, ObjectKind
 from cmemu.emulator.engines.clock import Timeline
-from cmemu.emulator.model.errors import DataLossError, EmulatorError, NotFoundError
+from cmemu.emulator.engines.peers import ObjectStore
+from cmemu.emulator.engines.training.live import LiveJob
+from cmemu.emulator.model.ems.objects import ObjectKind
+from cmemu.emulator.model.errors import DataLossError, EmulatorError, NotFoundError, error_line
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.training import checkpoint
-from cmemu.services.rpc import status_line
-from cmemu.services.training.live import LiveJob
 
 log = structlog.get_logger("cmemu.training")
 NS = 1_000_000_000
@@ -34,7 +34,7 @@ class Checkpoints:
         self,
         job: LiveJob,
         *,
-        ems: EmsClient,
+        ems: ObjectStore,
         clock: Timeline,
         profile: HardwareProfile,
         publish: Callable[..., None],
@@ -69,7 +69,7 @@ class Checkpoints:
             # A writer died before the controller noticed: this checkpoint does not count, and
             # the job goes on until its allocation shows the failure (the shards written stay
             # as garbage under a step that is never recorded).
-            self.publish("checkpoint-failed", step=step, error=status_line(exc))
+            self.publish("checkpoint-failed", step=step, error=error_line(exc))
             return
         if final:
             await self.clock.sleep(longest / NS)
@@ -85,7 +85,7 @@ class Checkpoints:
                 device=npus[0],
             )
         except EmulatorError as exc:
-            self.publish("checkpoint-failed", step=step, error=status_line(exc))
+            self.publish("checkpoint-failed", step=step, error=error_line(exc))
             return
         job.checkpoints.append((step, [*keys, manifest]))
         p.checkpointed(step)
@@ -112,7 +112,7 @@ class Checkpoints:
                     return  # a new NPU failed too: recover again
                 if not isinstance(exc, DataLossError | NotFoundError):
                     raise
-                await self._drop_latest(status_line(exc))
+                await self._drop_latest(error_line(exc))
                 continue
             except ValueError as exc:  # bytes that verify but are no manifest of this one
                 await self._drop_latest(f"not its manifest: {exc}")

@@ -21,8 +21,15 @@ import structlog
 
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.training.checkpoints import Checkpoints
+from cmemu.emulator.engines.training.live import Endpoints, LiveJob
 from cmemu.emulator.model.collectivespec import CollectiveSpec
-from cmemu.emulator.model.errors import DeadlineExceededError, EmulatorError, UnavailableError
+from cmemu.emulator.model.errors import (
+    DeadlineExceededError,
+    EmulatorError,
+    UnavailableError,
+    error_line,
+)
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.training.job import FAILED, FINISHED, RECOVERING, STOPPED
 from cmemu.emulator.model.training.step import (
@@ -31,9 +38,6 @@ from cmemu.emulator.model.training.step import (
     moe_tokens_per_rank,
     step_time,
 )
-from cmemu.services.rpc import status_line
-from cmemu.services.training.checkpoints import Checkpoints
-from cmemu.services.training.live import Endpoints, LiveJob
 
 log = structlog.get_logger("cmemu.training")
 NS = 1_000_000_000
@@ -210,7 +214,7 @@ class JobRunner:
     def step_failed(self, exc: EmulatorError) -> None:
         p = self.job.progress
         p.failed_steps += 1
-        error = status_line(exc)
+        error = error_line(exc)
         log.warning("training step failed", job=p.name, step=p.step + 1, error=error)
         self.publish("step-failed", step=p.step + 1, error=error)
 
