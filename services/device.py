@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator, Callable
 
 from cmemu.v1 import device_pb2, device_pb2_grpc
 from emulator.client.wire import device as wire
+from emulator.client.wire import faultparams
 from emulator.engines.device.engine import MAX_LABEL, DeviceEngine
 from emulator.engines.device.faults import DEVICE_DOWN
 from emulator.model.errors import InvalidArgumentError, PreconditionError
+from emulator.model.faults.catalogue import DEVICE_PARAMS
 from emulator.model.topology import DeviceKind
 from services.rpc import Context, abort, rpc
 
@@ -101,7 +103,10 @@ class DeviceServicer(device_pb2_grpc.DeviceServicer):
     ) -> device_pb2.FaultState:
         target = self.engine.faults.target(request.device)
         fault = await target.faults.inject(
-            request.kind, request.params, request.for_s, by_itself=target is self.engine
+            request.kind,
+            faultparams.unpack(request, DEVICE_PARAMS),
+            request.for_s,
+            by_itself=target is self.engine,
         )
         return wire.active_fault_proto(fault, target.device.id)
 

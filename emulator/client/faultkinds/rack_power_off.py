@@ -26,9 +26,9 @@ from emulator.client.faultkinds.base import (
     spanning,
 )
 from emulator.client.status import reply_of
+from emulator.client.wire.device import fault_request
 from emulator.model.errors import EmulatorError, NotFoundError, PreconditionError
 from emulator.model.faults.catalogue import CrashParams
-from emulator.model.faults.params import params_text
 from emulator.model.racks import rack_devices
 
 if TYPE_CHECKING:
@@ -59,12 +59,9 @@ class RackPowerOff(Typed):
         # off), or, for a rack that is the whole supernode, its first device, crashed last
         outside = next((d.id for d in clients.topology.devices if d.id not in set(devices)), "")
         proxy = outside or devices[0]
-        text = params_text(typed)
 
         def crash(device: str) -> Awaitable[ActiveFault]:
-            request = device_pb2.FaultState(
-                kind=CRASH, params=text, for_s=duration_s or 0.0, device=device
-            )
+            request = fault_request(CRASH, typed, for_s=duration_s, device=device)
             return _call(
                 clients, device, proxy, lambda s: s.InjectFault(request, timeout=CALL_TIMEOUT_S)
             )

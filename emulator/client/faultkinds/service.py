@@ -33,9 +33,10 @@ from cmemu.v1 import device_pb2
 from emulator.client.clients import Clients
 from emulator.client.faultkinds import container, process
 from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, device_fault, via
+from emulator.client.wire import faultparams
+from emulator.client.wire.device import fault_request
 from emulator.model.errors import EmulatorError, NotFoundError, PreconditionError, quote
 from emulator.model.faults.catalogue import NoParams, ServiceDownParams, ServiceSlowParams
-from emulator.model.faults.params import params_text
 from emulator.model.topology import Service, ServiceKind
 
 DEVICE_KIND = "service-down"
@@ -122,9 +123,7 @@ class ServiceKindFault(Typed):
             latency_ms=latency_ms,
             partition=self.partition,
         )
-        request = device_pb2.FaultState(
-            kind=DEVICE_KIND, params=params_text(down), for_s=duration_s or 0.0, device=carrier.id
-        )
+        request = fault_request(DEVICE_KIND, down, for_s=duration_s, device=carrier.id)
         try:
             stored = await via(
                 clients, carrier.id, lambda stub: stub.InjectFault(request, timeout=CALL_TIMEOUT_S)
@@ -183,7 +182,7 @@ def listed(state: device_pb2.FaultState, clients: Clients) -> ActiveFault:
     not the `service-down` of the device that carries it in process (its id stays the carrier's:
     `cmemu fault rm` takes it)."""
     fault = device_fault(state)
-    params = state.params
+    params = faultparams.params_text(state)
     kind = (
         PARTITION.name
         if params.get("partition") == "true"

@@ -17,6 +17,7 @@ from cmemu.v1 import device_pb2
 from emulator.client.clients import Clients
 from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, device_fault, via
 from emulator.client.faultkinds.service import CARRIER, mode_of, service_of
+from emulator.client.wire.device import fault_request
 from emulator.model.errors import InvalidArgumentError, PreconditionError, quote
 from emulator.model.faults.catalogue import NoParams
 from emulator.model.topology import ServiceKind
@@ -55,7 +56,7 @@ class SsdLoss(Typed):
             )
         devices = clients.topology.devices
         carrier = devices[CARRIER[ServiceKind.EMS] % len(devices)].id
-        request = device_pb2.FaultState(kind=NAME, for_s=duration_s or 0.0, device=carrier)
+        request = fault_request(NAME, self.typed(params), for_s=duration_s, device=carrier)
         stored = await via(
             clients, carrier, lambda stub: stub.InjectFault(request, timeout=CALL_TIMEOUT_S)
         )

@@ -1,0 +1,86 @@
+"""A fault kind's typed parameters <-> the `oneof params` of its fault message, by field name.
+
+Each kind's parameters are one frozen dataclass (emulator/model/faults/catalogue.py) and one
+message of the same name, fields and types (protos/cmemu/v1/faultparams.proto), carried in the
+fault message's oneof field named after the kind (`hbm-ecc` -> `hbm_ecc`). One conversion serves
+every fault message (Device's FaultState, FabricFault, GatewayFault) at both ends: the client
+packs what it typed, the servicer unpacks what arrived. Unpacking validates once, in the domain
+(`params_from`: each field's range and the dataclass's own `check`), so a bad value is an
+InvalidArgumentError naming the field (`params.factor`) and becomes INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Protocol, TypeVar
+
+from emulator.model.errors import InvalidArgumentError, quote
+from emulator.model.faults.params import params_from
+
+ONEOF = "params"
+
+
+class FaultMessage(Protocol):
+    """What the fault messages share: a kind and a `oneof params`."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def WhichOneof(self, oneof_group: Any) -> Any: ...
+
+
+M = TypeVar("M")
+
+
+def field_of(kind: str) -> str:
+    """The oneof field a kind's parameters travel in."""
+    return kind.replace("-", "_")
+
+
+def pack(message: M, kind: str, params: object | None) -> M:
+    """`message` with `params` (a params dataclass, or None for none) in `kind`'s oneof field,
+    every field set: the receiver sees what was typed, defaults included."""
+    if params is None:
+        return message
+    sub = getattr(message, field_of(kind))
+    sub.SetInParent()  # a kind without parameters still says which it is
+    for f in dataclasses.fields(params):  # type: ignore[arg-type]
+        setattr(sub, f.name, getattr(params, f.name))
+    return message
+
+
+def raw_params(message: FaultMessage) -> dict[str, object]:
+    """The fields the sender set in the message's oneof, by name ({} when none is set)."""
+    which = message.WhichOneof(ONEOF)
+    if which is None:
+        return {}
+    return {f.name: value for f, value in getattr(message, which).ListFields()}
+
+
+def params_text(message: FaultMessage) -> dict[str, str]:
+    """The set fields as text (`wipe=true`), for a listing's detail."""
+    return {
+        name: ("true" if value else "false") if isinstance(value, bool) else f"{value}"
+        for name, value in raw_params(message).items()
+    }
+
+
+def unpack(message: FaultMessage, table: Mapping[str, type[Any]]) -> Any | None:
+    """The typed parameters of `message.kind` from its oneof; None for a kind `table` does not
+    hold (the domain names it an unknown kind). InvalidArgumentError for another kind's oneof
+    field, an unknown field, a required field left out or a value out of its range."""
+    kind = message.kind
+    cls = table.get(kind)
+    if cls is None:
+        return None
+    which = message.WhichOneof(ONEOF)
+    expected = field_of(kind)
+    if which is not None and which != expected:
+        raise InvalidArgumentError(
+            f"{kind}: its parameters go in {quote(expected)}, not {quote(which)}",
+            field=which,
+            subject=kind,
+            reason="WRONG_FAULT_PARAMS",
+        )
+    return params_from(cls, raw_params(message), kind=kind)

@@ -1,0 +1,72 @@
+"""A fabric fault's typed parameters <-> the link graph's fault record (FaultSpec).
+
+The catalogue states each fabric kind's parameters as a dataclass (FABRIC_PARAMS); the link
+graph's kinds (emulator/model/linkfaults.py) read a flat FaultSpec, in the graph's units
+(seconds, tuples of ids). These two functions are the one place the two meet, used by the wire
+layer at both ends and by in-process callers alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from emulator.model.faults.catalogue import (
+    FABRIC_PARAMS,
+    LinkFlapParams,
+    LinkLatencyParams,
+    LinkLossParams,
+    OpticalModuleParams,
+    PartitionParams,
+)
+from emulator.model.linkfaults import FaultSpec
+
+
+def _sides(text: str) -> tuple[str, ...]:
+    return tuple(s for s in (x.strip() for x in text.split(",")) if s)
+
+
+Convert = Callable[[Any], dict[str, Any]]
+TO_SPEC: dict[type[Any], Convert] = {
+    LinkLatencyParams: lambda p: {"added_latency_s": p.latency_us / 1e6},
+    LinkFlapParams: lambda p: {"period_s": p.period_s, "duty": p.duty},
+    PartitionParams: lambda p: {
+        "side_a": _sides(p.side_a),
+        "side_b": _sides(p.side_b),
+        "one_way": p.one_way,
+    },
+    LinkLossParams: lambda p: {"loss_rate": p.rate},
+    OpticalModuleParams: lambda p: {"module": p.module},
+}
+"""The params whose fields are not FaultSpec's own (others: none, or `factor`)."""
+FROM_SPEC: dict[type[Any], Convert] = {
+    LinkLatencyParams: lambda s: {"latency_us": s.added_latency_s * 1e6},
+    LinkFlapParams: lambda s: {"period_s": s.period_s, "duty": s.duty},
+    PartitionParams: lambda s: {
+        "side_a": ",".join(s.side_a),
+        "side_b": ",".join(s.side_b),
+        "one_way": s.one_way,
+    },
+    LinkLossParams: lambda s: {"rate": s.loss_rate},
+    OpticalModuleParams: lambda s: {"module": s.module},
+}
+
+
+def _factor(obj: Any) -> dict[str, Any]:
+    """link-degraded, ports-degraded, rank-slow: a `factor` on both sides; others: nothing."""
+    return {"factor": obj.factor} if hasattr(obj, "factor") else {}
+
+
+def spec_fields(params: object) -> dict[str, Any]:
+    """A kind's typed parameters as FaultSpec fields."""
+    return TO_SPEC.get(type(params), _factor)(params)
+
+
+def spec_params(spec: FaultSpec) -> Any | None:
+    """The typed parameters a FaultSpec of a known kind was made from (None for another kind)."""
+    cls = FABRIC_PARAMS.get(spec.kind)
+    if cls is None:
+        return None
+    if cls in FROM_SPEC:
+        return cls(**FROM_SPEC[cls](spec))
+    return cls(**_factor(spec)) if "factor" in cls.__dataclass_fields__ else cls()
