@@ -170,7 +170,7 @@ def optical_module_links(graph: LinkGraph, switch_id: str, module: int) -> list[
     if not 0 <= module < modules:
         raise InvalidArgumentError(
             f"{switch_id} has optical modules 0 to {modules - 1}, not {module}",
-            field="module",
+            field="params.module",
             subject=switch_id,
         )
     return uplinks[module * per : (module + 1) * per]

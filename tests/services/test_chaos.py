@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, fabric_pb2, npu_pb2, ub_pb2
+from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, fabric_pb2, faultparams_pb2, npu_pb2, ub_pb2
 from emulator.client.errors import ErrorDetails, decode
 from emulator.client.status import MESSAGE_MAX
 from emulator.model.errors import QUOTE_MAX
@@ -171,7 +171,10 @@ async def test_long_names_are_quoted_short(clients: Clients) -> None:
         fabric.InjectFault(fabric_pb2.FabricFault(kind="switch-down", target=HUGE)),
         fabric.InjectFault(fabric_pb2.FabricFault(kind=HUGE, target="x")),
         fabric.InjectFault(
-            fabric_pb2.FabricFault(kind="partition", side_a=[HUGE], side_b=["n00-npu0"])
+            fabric_pb2.FabricFault(
+                kind="partition",
+                partition=faultparams_pb2.PartitionParams(side_a=HUGE, side_b="n00-npu0"),
+            )
         ),
         fabric.ClearFault(fabric_pb2.ClearFaultRequest(id=HUGE)),
         fabric.Collective(

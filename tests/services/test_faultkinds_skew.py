@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cmemu.v1 import device_pb2, fabric_pb2, manager_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, manager_pb2
 from emulator.client import faults
 from emulator.engines.clock import Timeline
 from emulator.engines.device.liveness import Liveness
@@ -147,7 +147,9 @@ async def test_bad_skews_and_targets_are_refused(clients: Clients) -> None:
         assert (err.value.field or "").startswith("params."), params
     raw = await _refused(
         clients.device(SKEWED).InjectFault(
-            device_pb2.FaultState(kind="clock-skew", params={"offset_s": "1e9"})
+            device_pb2.FaultState(
+                kind="clock-skew", clock_skew=faultparams_pb2.ClockSkewParams(offset_s=1e9)
+            )
         )
     )
     assert (raw.code, raw.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FAULT_PARAM")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
-from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, ub_pb2
 from cmemu.v1 import gateway_pb2 as pb
 from emulator.client import faults, health
 from emulator.client.clock import held_time
@@ -196,7 +196,11 @@ async def test_a_slowed_port_slows_the_flow(gw: GatewayAsyncStub, clients: Clien
     a, _ = await _pair(gw, "n00-npu7", "n01-npu1")
     offset = await _region(clients, "n01-npu1", 8 << 20)
     fault = await gw.InjectFault(
-        pb.GatewayFault(kind="link-slow", target="n00-npu7.d0~n00-leaf", factor=0.5)
+        pb.GatewayFault(
+            kind="link-slow",
+            target="n00-npu7.d0~n00-leaf",
+            link_slow=faultparams_pb2.LinkDegradedParams(factor=0.5),
+        )
     )
     try:
         size = 8 << 20

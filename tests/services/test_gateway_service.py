@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
+from cmemu.v1 import faultparams_pb2, gateway_pb2_grpc
 from cmemu.v1 import gateway_pb2 as pb
-from cmemu.v1 import gateway_pb2_grpc
 from emulator.client.channels import Channels
 from emulator.client.credentials import Credentials
 from emulator.client.errors import decode
@@ -109,7 +109,11 @@ async def test_events_of_connections_and_faults(served: Served) -> None:
     (connected,) = served.events.named("qp-connected")
     assert connected["local"] == "n00-npu1.d0" and connected["remote_die"] == "n01-npu1.d1"
     fault = await gw.InjectFault(
-        pb.GatewayFault(kind="link-slow", target="n00-leaf~spine1", factor=0.5)
+        pb.GatewayFault(
+            kind="link-slow",
+            target="n00-leaf~spine1",
+            link_slow=faultparams_pb2.LinkDegradedParams(factor=0.5),
+        )
     )
     injected = served.events.named("fault-injected")[-1]
     assert (injected["fault"], injected["kind"], injected["target"]) == (

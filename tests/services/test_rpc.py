@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from cmemu.v1 import device_pb2, fabric_pb2, npu_pb2, ub_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, npu_pb2, ub_pb2
 from emulator.client.errors import DOMAIN, ErrorDetails, decode, describe
 from emulator.model.errors import (
     RETRY_AFTER_S,
@@ -143,7 +143,10 @@ async def test_a_faulted_device_is_retryable_directly_and_through_the_fabric(
 async def test_a_route_cut_by_a_fault_is_retryable(clients: Clients) -> None:
     fabric = clients.fabric()
     cut = await fabric.InjectFault(
-        fabric_pb2.FabricFault(kind="partition", side_a=["n00-npu6"], side_b=["n01-npu5"])
+        fabric_pb2.FabricFault(
+            kind="partition",
+            partition=faultparams_pb2.PartitionParams(side_a="n00-npu6", side_b="n01-npu5"),
+        )
     )
     try:
         route = fabric_pb2.RouteRequest(src="n00-npu6", dst="n01-npu5")
