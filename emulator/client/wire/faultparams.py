@@ -12,8 +12,11 @@ InvalidArgumentError naming the field (`params.factor`) and becomes INVALID_ARGU
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from typing import Any, Protocol, TypeVar
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from emulator.model.errors import InvalidArgumentError, quote
 from emulator.model.faults.params import params_from
@@ -84,3 +87,65 @@ def unpack(message: FaultMessage, table: Mapping[str, type[Any]]) -> Any | None:
             reason="WRONG_FAULT_PARAMS",
         )
     return params_from(cls, raw_params(message), kind=kind)
+
+
+_WIRE_TYPES: dict[type[Any], frozenset[int]] = {
+    bool: frozenset({FieldDescriptor.TYPE_BOOL}),
+    int: frozenset(
+        {
+            FieldDescriptor.TYPE_INT32,
+            FieldDescriptor.TYPE_INT64,
+            FieldDescriptor.TYPE_UINT32,
+            FieldDescriptor.TYPE_UINT64,
+            FieldDescriptor.TYPE_SINT32,
+            FieldDescriptor.TYPE_SINT64,
+        }
+    ),
+    float: frozenset({FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT}),
+    str: frozenset({FieldDescriptor.TYPE_STRING}),
+}
+"""The wire types a dataclass field's type may travel as."""
+_TYPE_NAMES = {
+    value: name.removeprefix("TYPE_").lower()
+    for name, value in vars(FieldDescriptor).items()
+    if name.startswith("TYPE_")
+}
+
+
+def drift(table: Mapping[str, type[Any]], fault: Descriptor) -> list[str]:
+    """How the kinds of `table` and the `oneof params` of the fault message `fault` disagree
+    (empty when they agree): a kind without its oneof field or a field without its kind, a
+    message not named as the dataclass, a field missing on either side, of an incompatible
+    type, repeated, or without presence (a default could not be told from a value)."""
+    problems: list[str] = []
+    oneof = fault.oneofs_by_name[ONEOF]
+    fields = {f.name: f for f in oneof.fields}
+    wanted = {field_of(kind): kind for kind in table}
+    problems += [f"{fault.name}: no oneof field {name} for {k}" for name, k in wanted.items()
+                 if name not in fields]  # fmt: skip
+    problems += [f"{fault.name}: oneof field {n} is no kind's" for n in fields if n not in wanted]
+    for name, kind in wanted.items():
+        message = fields[name].message_type if name in fields else None
+        if name in fields and message is None:
+            problems.append(f"{fault.name}: oneof field {name} is no message")
+        elif message is not None:
+            problems += _message_drift(table[kind], message, kind)
+    return problems
+
+
+def _message_drift(cls: type[Any], message: Descriptor, kind: str) -> list[str]:
+    where = f"{kind} ({cls.__name__} / {message.name})"
+    problems = [] if message.name == cls.__name__ else [f"{where}: named differently"]
+    hints = typing.get_type_hints(cls)
+    ours = {f.name for f in dataclasses.fields(cls)}
+    theirs = {f.name: f for f in message.fields}
+    problems += [f"{where}: {n} has no wire field" for n in sorted(ours - set(theirs))]
+    problems += [f"{where}: wire field {n} is no parameter" for n in sorted(set(theirs) - ours)]
+    for name in sorted(ours & set(theirs)):
+        f = theirs[name]
+        if f.type not in _WIRE_TYPES.get(hints[name], frozenset()):
+            wire = _TYPE_NAMES.get(f.type, str(f.type))
+            problems.append(f"{where}: {name} is {hints[name].__name__} but {wire} on the wire")
+        if f.is_repeated or not f.has_presence:
+            problems.append(f"{where}: {name} must be a single optional field")
+    return problems
