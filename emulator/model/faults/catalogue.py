@@ -3,6 +3,12 @@
 A field's metadata carries its help and its range (emulator/model/faults/params.py checks it);
 a `check()` method holds the rules that span fields. Shares (`compute`, `link`, `factor`) are
 what remains of a rate, in (0, 1], like the fabric's link-degraded factor: 0.5 is half speed.
+
+On the wire each dataclass is a message of the same name, fields and types
+(protos/cmemu/v1/faultparams.proto), in the `oneof params` of the fault message of whoever
+applies the kind: DEVICE_PARAMS (Device's FaultState), FABRIC_PARAMS (FabricFault),
+GATEWAY_PARAMS (GatewayFault); emulator/client/wire/faultparams.py converts, and checks that the
+two agree.
 """
 
 from __future__ import annotations
