@@ -2,8 +2,8 @@
 
 The catalogue states each fabric kind's parameters as a dataclass (FABRIC_PARAMS); the link
 graph's kinds (emulator/model/linkfaults.py) read a flat FaultSpec, in the graph's units
-(seconds, tuples of ids). These two functions are the one place the two meet, used by the wire
-layer at both ends and by in-process callers alike.
+(seconds, tuples of ids). `spec_fields` and `spec_params` (the link graph's, which checks
+them) are where the two meet, used by the wire layer at both ends and in process alike.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 from emulator.model.faults.catalogue import (
-    FABRIC_PARAMS,
     LinkFlapParams,
     LinkLatencyParams,
     LinkLossParams,
     OpticalModuleParams,
     PartitionParams,
 )
-from emulator.model.linkfaults import FaultSpec
+from emulator.model.linkfaults import FaultSpec, spec_params
+
+__all__ = ["FaultSpec", "spec_fields", "spec_params"]
 
 
 def _sides(text: str) -> tuple[str, ...]:
@@ -39,17 +40,6 @@ TO_SPEC: dict[type[Any], Convert] = {
     OpticalModuleParams: lambda p: {"module": p.module},
 }
 """The params whose fields are not FaultSpec's own (others: none, or `factor`)."""
-FROM_SPEC: dict[type[Any], Convert] = {
-    LinkLatencyParams: lambda s: {"latency_us": s.added_latency_s * 1e6},
-    LinkFlapParams: lambda s: {"period_s": s.period_s, "duty": s.duty},
-    PartitionParams: lambda s: {
-        "side_a": ",".join(s.side_a),
-        "side_b": ",".join(s.side_b),
-        "one_way": s.one_way,
-    },
-    LinkLossParams: lambda s: {"rate": s.loss_rate},
-    OpticalModuleParams: lambda s: {"module": s.module},
-}
 
 
 def _factor(obj: Any) -> dict[str, Any]:
@@ -60,13 +50,3 @@ def _factor(obj: Any) -> dict[str, Any]:
 def spec_fields(params: object) -> dict[str, Any]:
     """A kind's typed parameters as FaultSpec fields."""
     return TO_SPEC.get(type(params), _factor)(params)
-
-
-def spec_params(spec: FaultSpec) -> Any | None:
-    """The typed parameters a FaultSpec of a known kind was made from (None for another kind)."""
-    cls = FABRIC_PARAMS.get(spec.kind)
-    if cls is None:
-        return None
-    if cls in FROM_SPEC:
-        return cls(**FROM_SPEC[cls](spec))
-    return cls(**_factor(spec)) if "factor" in cls.__dataclass_fields__ else cls()
