@@ -31,9 +31,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from emulator.model.errors import CapacityError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.scheduler import POLICIES, Inventory, JobRequest, PendingQueue, Scheduler
+from cmemu.emulator.model.errors import CapacityError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.scheduler import POLICIES, Inventory, JobRequest, PendingQueue, Scheduler
 
 try:
     from bench import outputs, progress

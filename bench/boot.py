@@ -24,8 +24,10 @@ from pathlib import Path
 
 import grpc
 
-from emulator.model.scaleout import build_cluster
-from emulator.testing import cmemu_up, free_port_block, launch_ports
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.runtime.launchmodes import Procs
+from cmemu.emulator.testing import cmemu_up, free_port_block, launch_ports
 
 try:
     from bench import outputs, progress
@@ -111,12 +113,12 @@ def device_process_pss_mb(settle_s: float = 2.0) -> float:
     container per device runs), serving, on this host: started on a free block of ports with an
     epoch given, beside the fabric's process it follows emulated time from (alone it would wait
     for the fabric before it starts), measured once it answers, stopped."""
+    from cmemu.emulator.runtime.supernode import LaunchOptions
     from cmemu.v1 import device_pb2, device_pb2_grpc
-    from emulator.runtime.supernode import LaunchOptions
 
     servers = launch_ports("cm-mini")
     base = free_port_block(servers + 1)
-    options = LaunchOptions(preset="cm-mini", mode="procs", addressing="ports", base_port=base)
+    options = LaunchOptions(preset="cm-mini", mode=Procs(plan=PortPlan(base_port=base)))
     topology = dataclasses.replace(options.topology(), metrics_port=base + servers)
     device = topology.device("n00-npu3")
     cmemu = str(Path(sys.executable).parent / "cmemu")

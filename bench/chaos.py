@@ -32,14 +32,14 @@ from typing import Any
 
 import matplotlib
 
-from emulator.model.chaos.observed import RequestSample
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.training.longrun import simulate_training
-from emulator.runtime.chaos import files
-from emulator.runtime.chaos.run import RunOptions, RunResult
-from emulator.runtime.chaos.runner import run_scenario
-from emulator.runtime.logs import configure_logging
-from emulator.testing import running_supernode
+from cmemu.emulator.model.chaos.observed import RequestSample
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.training.longrun import simulate_training
+from cmemu.emulator.runtime.chaos import files
+from cmemu.emulator.runtime.chaos.run import RunOptions, RunResult
+from cmemu.emulator.runtime.chaos.runner import run_scenario
+from cmemu.emulator.runtime.logs import configure_logging
+from cmemu.emulator.testing import running_supernode
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

@@ -42,14 +42,16 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind, build, server_count
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.logs import configure_logging
+from cmemu.emulator.runtime.metricserver import supernode_endpoints
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.testing import free_port_block
+from cmemu.services.serving.tokenizer import deepseek_directory, load_tokenizer
 from cmemu.v1 import router_pb2
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind, build, server_count
-from emulator.runtime.logs import configure_logging
-from emulator.runtime.metricserver import supernode_endpoints
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.testing import free_port_block
-from services.serving.tokenizer import deepseek_directory, load_tokenizer
 
 try:
     from bench import outputs
@@ -293,7 +295,7 @@ async def measure(
 ) -> list[Verdict]:
     options = LaunchOptions(
         preset="cm-mini",
-        base_port=free_port_block(server_count(build("cm-mini"))),
+        mode=InProcess(plan=PortPlan(base_port=free_port_block(server_count(build("cm-mini"))))),
         time_scale=time_scale,
         profile=PROFILE,
         broker="none",

@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emulator.runtime import composegen, image
-from emulator.runtime.docker import PROJECT_LABEL, DockerEngine, docker
-from emulator.runtime.logs import configure_logging
-from emulator.runtime.serve import Per
-from emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.runtime import composegen, image
+from cmemu.emulator.runtime.docker import PROJECT_LABEL, DockerEngine, docker
+from cmemu.emulator.runtime.launchmodes import Docker
+from cmemu.emulator.runtime.logs import configure_logging
+from cmemu.emulator.runtime.serve import Per
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
 
 try:
     from bench import outputs
@@ -147,12 +148,13 @@ async def measure(run: Run, idle_s: float, tmp: Path) -> Run:
         phases.setdefault(what.split(" (", maxsplit=1)[0], time.monotonic() - started)
 
     options = LaunchOptions(
-        mode="docker",
         preset=run.preset,
-        per=run.per,
-        project=f"cmemu-bench-{os.getpid()}",
-        engine_octet=OCTET,
-        run_dir=tmp / f"{run.preset}-{run.per}",
+        mode=Docker(
+            per=run.per,
+            project=f"cmemu-bench-{os.getpid()}",
+            engine_octet=OCTET,
+            run_dir=tmp / f"{run.preset}-{run.per}",
+        ),
         ready_timeout_s=1800.0,
         progress=progress,
     )

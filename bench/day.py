@@ -17,8 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from emulator.model.dayplan import POLICIES, DayResult, params_for, simulate_day
-from emulator.model.serving.deployment import parse_deployment, profile_of
+from cmemu.emulator.model.dayplan import POLICIES, DayResult, params_for, simulate_day
+from cmemu.emulator.model.serving.deployment import parse_deployment, profile_of
 
 try:
     from bench import outputs

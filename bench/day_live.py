@@ -23,13 +23,13 @@ from typing import Any
 
 import aiohttp
 
+from cmemu.emulator.client.dayplan import day_plan, start_day_plan
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.model.training.spec import TrainingSpec
+from cmemu.emulator.runtime.logs import configure_logging
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import router_pb2
-from emulator.client.dayplan import day_plan, start_day_plan
-from emulator.model.daylive import NightJob
-from emulator.model.topology import ServiceKind
-from emulator.runtime.logs import configure_logging
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
 
 try:
     from bench import outputs
@@ -73,7 +73,7 @@ async def _day(sn: Supernode, args: argparse.Namespace) -> dict[str, Any]:
     await start_day_plan(
         sn.clients,
         deployment="chat",
-        job=NightJob(name="nightly", npus=8),
+        job=TrainingSpec(name="nightly", npus=8),
         night="22-7",
         hour_s=args.hour_s,
         start_hour=args.start_hour,

@@ -31,12 +31,13 @@ from typing import Any
 
 import aiomqtt
 
-from emulator.runtime.broker import Broker
-from emulator.runtime.events import EventBus
-from emulator.runtime.logs import configure_logging
-from emulator.runtime.serve import Per
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import free_port_block
+from cmemu.emulator.runtime.broker import Broker
+from cmemu.emulator.runtime.events import EventBus
+from cmemu.emulator.runtime.launchmodes import Procs
+from cmemu.emulator.runtime.logs import configure_logging
+from cmemu.emulator.runtime.serve import Per
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.testing import free_port_block
 
 try:
     from bench import outputs, progress
@@ -67,7 +68,7 @@ def pss_mb(root: int) -> float:
 async def boot(preset: str, per: Per) -> dict[str, Any]:
     """Seconds to all-SERVING, total PSS and processes of one process-mode supernode, started
     through the typed launch API exactly as `cmemu up --mode procs` starts it."""
-    options = LaunchOptions(preset=preset, mode="procs", per=per, broker=NO_BROKER)
+    options = LaunchOptions(preset=preset, mode=Procs(per=per), broker=NO_BROKER)
     started = time.perf_counter()
     async with Supernode.start(options) as sn:
         seconds = time.perf_counter() - started

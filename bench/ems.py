@@ -32,12 +32,12 @@ from typing import Any
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind, Topology, build, server_count
+from cmemu.emulator.runtime import state
+from cmemu.emulator.testing import calls_per_second, cmemu_up, free_port_block
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
-from emulator.client.clients import Clients
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind, Topology, build, server_count
-from emulator.runtime import state
-from emulator.testing import calls_per_second, cmemu_up, free_port_block
 
 try:
     from bench import outputs, progress

@@ -16,6 +16,7 @@ Writes bench/results/fabric.json and bench/results/fabric.png (model / published
 
     python bench/fabric.py [--seconds 5] [--concurrency 32] [--results DIR]
     python bench/fabric.py --seconds 0.5 --runs 1 --concurrency 4   # the quickest (still cm384)
+    python bench/fabric.py --only ep320 --runs 15   # the EP320 rows alone
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ from pathlib import Path
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.costmodel import UbOp, moe_points, ub_point
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import DeviceKind, Topology, build, server_count
+from cmemu.emulator.runtime import state
+from cmemu.emulator.testing import calls_per_second, cmemu_up, free_port_block
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
-from emulator.client.clients import Clients
-from emulator.model.costmodel import UbOp, moe_points, ub_point
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import DeviceKind, Topology, build, server_count
-from emulator.runtime import state
-from emulator.testing import calls_per_second, cmemu_up, free_port_block
 
 try:
     from bench import outputs
@@ -252,6 +253,9 @@ async def main_async(args: argparse.Namespace, path: Path) -> dict[str, object]:
     clients = Clients(topology)
     out: dict[str, object] = {}
     try:
+        if args.only == "ep320":
+            await ep320(clients, args.runs, out)
+            return out
         await throughput(topology, clients, args.seconds, args.concurrency)
         await ep320(clients, args.runs, out)
         await pair_a2a_64(clients, min(3, args.runs))  # about 1 CPU s each: --runs 1 runs one
@@ -270,6 +274,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument(
+        "--only",
+        choices=["ep320"],
+        help="run only this row (no results written): to alternate runs of two trees quickly",
+    )
     outputs.add_option(parser)
     args = parser.parse_args()
     if args.seconds <= 0 or args.concurrency < 1 or args.runs < 1:
@@ -280,6 +289,8 @@ def main() -> int:
         with cmemu_up(path, "--preset", "cm384", "--base-port", str(base), quiet=True):
             print("cm384 in one process (cmemu up); client in this process")
             out = asyncio.run(main_async(args, path))
+    if args.only:
+        return 0
     outputs.write_json(args.results, "fabric", out)
     plot(out, args.results)
     outputs.announce(args.results, "fabric")

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.testing import calls_per_second, running_supernode
 from cmemu.v1 import npu_pb2
-from emulator.client import faults
-from emulator.client.clients import Clients
-from emulator.testing import calls_per_second, running_supernode
 
 RESULTS = Path(__file__).parent / "results"
 KERNEL = npu_pb2.Kernel(flops=1e6, precision=npu_pb2.PRECISION_BF16)

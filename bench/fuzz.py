@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from emulator.runtime.logs import configure_logging  # noqa: E402
+from cmemu.emulator.runtime.logs import configure_logging  # noqa: E402
 from tests.fuzz import test_fuzz as suite  # noqa: E402
 from tests.fuzz.harness import corrupt_bodies, fuzz_target, methods  # noqa: E402
 

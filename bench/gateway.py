@@ -25,14 +25,16 @@ from typing import Any
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.model.topology import server_count
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.testing import calls_per_second, free_port_block
 from cmemu.v1 import device_pb2
 from cmemu.v1 import gateway_pb2 as pb
-from emulator.client.clients import Clients
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.scaleout import build_cluster
-from emulator.model.topology import server_count
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import calls_per_second, free_port_block
 
 try:
     from bench import outputs
@@ -126,7 +128,10 @@ async def ops_per_second(clients: Clients, seconds: float, concurrency: int) -> 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     ports = sum(server_count(t) for t in build_cluster(PRESET))
     options = LaunchOptions(
-        preset=PRESET, base_port=free_port_block(ports), broker=NO_BROKER, drain_s=0.0
+        preset=PRESET,
+        mode=InProcess(plan=PortPlan(base_port=free_port_block(ports))),
+        broker=NO_BROKER,
+        drain_s=0.0,
     )
     async with Supernode.start(options) as sn:
         clients = Clients(sn.supernodes[0], supernodes=sn.supernodes)

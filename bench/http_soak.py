@@ -32,14 +32,16 @@ from typing import Any
 
 import aiohttp
 
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.tenants import parse_keys
+from cmemu.emulator.model.topology import ServiceKind, build, server_count
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.logs import configure_logging
+from cmemu.emulator.runtime.metricserver import supernode_endpoints
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.testing import free_port_block
 from cmemu.v1 import router_pb2
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.tenants import parse_keys
-from emulator.model.topology import ServiceKind, build, server_count
-from emulator.runtime.logs import configure_logging
-from emulator.runtime.metricserver import supernode_endpoints
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.testing import free_port_block
 
 try:
     from bench import hostile_http, outputs
@@ -189,7 +191,7 @@ def _tenant_headers(rng: random.Random) -> dict[str, str]:
 async def soak(seconds: float, streams: int, hostile: int, seed: int) -> dict[str, Any]:
     options = LaunchOptions(
         preset="cm-mini",
-        base_port=free_port_block(server_count(build("cm-mini"))),
+        mode=InProcess(plan=PortPlan(base_port=free_port_block(server_count(build("cm-mini"))))),
         profile=PROFILE,
         broker="none",
         drain_s=0.0,

@@ -24,10 +24,10 @@ from typing import Any
 import aiohttp
 import yaml
 
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.logs import configure_logging
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import fabric_pb2, manager_pb2, router_pb2, scheduler_pb2
-from emulator.model.topology import ServiceKind
-from emulator.runtime.logs import configure_logging
-from emulator.testing import running_supernode
 
 try:
     from bench import outputs

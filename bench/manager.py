@@ -21,14 +21,14 @@ import dataclasses
 import time
 from typing import Any
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.engines.manager.engine import ManagerEngine
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
+from cmemu.services.manager import ManagerService
 from cmemu.v1 import manager_pb2, scheduler_pb2
-from emulator.client import faults
-from emulator.engines.manager.engine import ManagerEngine
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.topology import ServiceKind
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
-from services.manager import ManagerService
 
 try:
     from bench import outputs

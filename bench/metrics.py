@@ -19,11 +19,13 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.metrics import SupernodeCollector
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.testing import free_port_block
 from cmemu.v1 import device_pb2, ub_pb2
-from emulator.model.topology import build, server_count
-from emulator.runtime.metrics import SupernodeCollector
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import free_port_block
 
 try:
     from bench import outputs
@@ -50,7 +52,9 @@ async def _load(sn: Supernode) -> None:
 
 async def one_preset(preset: str, scrapes: int) -> dict[str, float]:
     base = free_port_block(server_count(build(preset)))
-    options = LaunchOptions(preset=preset, base_port=base, broker=NO_BROKER, drain_s=0.0)
+    options = LaunchOptions(
+        preset=preset, mode=InProcess(plan=PortPlan(base_port=base)), broker=NO_BROKER, drain_s=0.0
+    )
     async with Supernode.start(options) as sn, aiohttp.ClientSession() as session:
         await _load(sn)
         assert sn.local.metrics is not None

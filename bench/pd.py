@@ -20,10 +20,10 @@ from pathlib import Path
 
 import yaml
 
-from emulator.model.serving.deployment import parse_deployment
-from emulator.model.serving.pd import PdResult, run_pd
-from emulator.model.serving.pdpolicy import PdOptions, unit_rates
-from emulator.model.serving.workload import generate, parse_workload
+from cmemu.emulator.model.serving.deployment import parse_deployment
+from cmemu.emulator.model.serving.pd import PdResult, run_pd
+from cmemu.emulator.model.serving.pdpolicy import PdOptions, unit_rates
+from cmemu.emulator.model.serving.workload import generate, parse_workload
 
 try:
     from bench import outputs

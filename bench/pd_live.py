@@ -25,13 +25,13 @@ from typing import Any
 
 import aiohttp
 
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.logs import configure_logging
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import router_pb2
-from emulator.engines.clock import Timeline
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind
-from emulator.runtime.logs import configure_logging
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
 
 PROFILE = replace(
     DEFAULT_PROFILE,

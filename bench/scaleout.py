@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from emulator.model.errors import EmulatorError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.scaleout import build_cluster
-from emulator.model.training.scaleout import (
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.model.training.scaleout import (
     CROSS_ALGORITHMS,
     ScaleOutStep,
     cross_allreduce,

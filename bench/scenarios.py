@@ -25,12 +25,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from emulator.cli.chaos import summary_lines
-from emulator.client.clients import Clients
-from emulator.pytest_plugin import start_supernode
-from emulator.runtime.chaos import files
-from emulator.runtime.chaos.run import RunOptions, RunResult
-from emulator.runtime.chaos.runner import run_scenario
+from cmemu.emulator.cli.chaos import summary_lines
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.pytest_plugin import start_supernode
+from cmemu.emulator.runtime.chaos import files
+from cmemu.emulator.runtime.chaos.run import RunOptions, RunResult
+from cmemu.emulator.runtime.chaos.runner import run_scenario
 
 try:
     from bench import outputs

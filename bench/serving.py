@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.serving import calibrate
-from emulator.model.serving.deployment import Deployment, parse_deployment
-from emulator.model.serving.des import simulate
-from emulator.model.serving.workload import generate, parse_workload
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.serving import calibrate
+from cmemu.emulator.model.serving.deployment import Deployment, parse_deployment
+from cmemu.emulator.model.serving.des import simulate
+from cmemu.emulator.model.serving.workload import generate, parse_workload
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from emulator.model.errors import PreconditionError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.serving.deployment import Deployment, parse_deployment
-from emulator.model.serving.des import Simulation, simulate
-from emulator.model.serving.engine import Request
-from emulator.model.serving.hbm import die_memory
-from emulator.model.serving.models import get_model
-from emulator.model.serving.operating import operating_point
-from emulator.model.serving.workload import generate, parse_workload, read_mooncake
+from cmemu.emulator.model.errors import PreconditionError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.serving.deployment import Deployment, parse_deployment
+from cmemu.emulator.model.serving.des import Simulation, simulate
+from cmemu.emulator.model.serving.engine import Request
+from cmemu.emulator.model.serving.hbm import die_memory
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.serving.operating import operating_point
+from cmemu.emulator.model.serving.workload import generate, parse_workload, read_mooncake
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -34,13 +34,15 @@ from typing import Any
 
 import aiohttp
 
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind, build, server_count
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.logs import configure_logging
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.testing import free_port_block
 from cmemu.v1 import router_pb2
-from emulator.model.clock import Clock
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind, build, server_count
-from emulator.runtime.logs import configure_logging
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.testing import free_port_block
 
 try:
     from bench import outputs, progress
@@ -113,7 +115,7 @@ async def _serve(time_scale: float, counts: list[int], repeat: int) -> list[dict
     client a separate process."""
     options = LaunchOptions(
         preset="cm-mini",
-        base_port=free_port_block(server_count(build("cm-mini"))),
+        mode=InProcess(plan=PortPlan(base_port=free_port_block(server_count(build("cm-mini"))))),
         time_scale=time_scale,
         profile=PROFILE,
         broker="none",

@@ -26,12 +26,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from emulator.model.chaos.units import format_s
-from emulator.runtime.chaos import files
-from emulator.runtime.chaos.run import RunResult
-from emulator.runtime.chaos.runner import run_scenario
-from emulator.runtime.logs import configure_logging
-from emulator.testing import running_supernode
+from cmemu.emulator.model.chaos.units import format_s
+from cmemu.emulator.runtime.chaos import files
+from cmemu.emulator.runtime.chaos.run import RunResult
+from cmemu.emulator.runtime.chaos.runner import run_scenario
+from cmemu.emulator.runtime.logs import configure_logging
+from cmemu.emulator.testing import running_supernode
 
 try:
     from bench import outputs

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from emulator.client import faults
-from emulator.client.clients import Clients
-from emulator.model.naming import DeviceKind
-from emulator.model.topology import build, server_count
-from emulator.runtime import state
-from emulator.testing import cmemu_up, free_port_block, next_sse_event
+from cmemu.emulator.client import faults
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.naming import DeviceKind
+from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.runtime import state
+from cmemu.emulator.testing import cmemu_up, free_port_block, next_sse_event
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -14,7 +14,7 @@ Fixtures:
   awaitable bool) until it holds, failing the test once the deadline passes in EMULATED time.
 
 Options (command line, or the ini file: `cmemu_ports = 22000-32000`, `cmemu_preset = cm-mini`):
-`--cmemu-ports FROM-TO`, the ports an in-process or compose launch's block is searched in (a
+`--cmemu-ports FROM-TO`, the ports an in-process launch's block is searched in (a
 slice of them per xdist worker); `--cmemu-preset NAME`, the preset when a test names none.
 
 A run's result answers per-fault bounds in one line: `result.fault("crash").recovered_within(300)`
@@ -44,17 +44,17 @@ from typing import Any, TypeVar
 
 import pytest
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faults import ActiveFault
+from cmemu.emulator.model.chaos.scenario import Scenario
+from cmemu.emulator.model.presets import load_presets
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.runtime import state
+from cmemu.emulator.runtime.chaos import files, kinds
+from cmemu.emulator.runtime.chaos.run import RunOptions, RunResult
+from cmemu.emulator.runtime.chaos.runner import run_scenario
+from cmemu.emulator.testing import SEARCH_FROM, SEARCH_TO, free_port_block, launch_ports
 from cmemu.v1 import fabric_pb2
-from emulator.client.clients import Clients
-from emulator.client.faults import ActiveFault
-from emulator.model.chaos.scenario import Scenario
-from emulator.model.presets import load_presets
-from emulator.model.topology import Topology
-from emulator.runtime import state
-from emulator.runtime.chaos import files, kinds
-from emulator.runtime.chaos.run import RunOptions, RunResult
-from emulator.runtime.chaos.runner import run_scenario
-from emulator.testing import SEARCH_FROM, SEARCH_TO, free_port_block, launch_ports
 
 T = TypeVar("T")
 CMEMU = str(Path(sys.executable).parent / "cmemu")
@@ -209,7 +209,7 @@ def start_supernode(
 ) -> RunningSupernode:
     """`cmemu up` in the background, returned once its state file says every server SERVES;
     with `broker`, beside its own MQTT broker (what `cmemu up` starts by default); its ports a
-    free block within `ports` (in-process and compose modes)."""
+    free block within `ports` (in-process mode; the others place their own)."""
     state_file = directory / f"{name or f'{preset}-{mode}-{time_scale:g}'}.json"
     args = [CMEMU, "--log-level", "warning", "up", "--preset", preset, "--mode", mode,
             "--time-scale", f"{time_scale:g}", "--state-file", str(state_file)]  # fmt: skip
@@ -217,7 +217,7 @@ def start_supernode(
         args += ["--broker", "none"]
     if mode == "procs":
         args += ["--per", per]
-    else:  # ports: a free block, so that sessions and other emulators do not clash
+    elif mode == "inprocess":  # ports: a free block, so sessions and emulators do not clash
         base = free_port_block(launch_ports(preset), search=ports)
         args += ["--base-port", str(base)]
     env = {**os.environ, "CMEMU_STATE_DIR": str(directory)}

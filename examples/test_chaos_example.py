@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator.cli.chaos import summary_lines
-from emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
+from cmemu.emulator.cli.chaos import summary_lines
+from cmemu.emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
 
 pytestmark = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=20)
 

@@ -27,10 +27,10 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from emulator.client.errors import DOMAIN
-from emulator.model.address import host_of
-from emulator.model.errors import PreconditionError
-from emulator.model.tenants import Keys
+from cmemu.emulator.client.errors import DOMAIN
+from cmemu.emulator.model.address import host_of
+from cmemu.emulator.model.errors import PreconditionError
+from cmemu.emulator.model.tenants import Keys
 
 if TYPE_CHECKING:  # generic in the stubs only
     _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from cmemu.emulator.engines.device.engine import DeviceEngine
+from cmemu.emulator.model.topology import DeviceKind
+from cmemu.services.host import Register
+from cmemu.services.kindspec import KindSpec
+from cmemu.services.rpc import Context, rpc
 from cmemu.v1 import cpu_pb2, cpu_pb2_grpc, device_pb2
-from emulator.engines.device.engine import DeviceEngine
-from emulator.model.topology import DeviceKind
-from services.host import Register
-from services.kindspec import KindSpec
-from services.rpc import Context, rpc
 
 SERVICE = "cmemu.v1.Cpu"
 

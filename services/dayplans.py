@@ -7,22 +7,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from cmemu.v1 import scheduler_pb2
-from emulator.client.dayplan import RemoteDayServing, RemoteDayTraining
-from emulator.engines.clock import Timeline
-from emulator.engines.dayplan import DayRunner
-from emulator.engines.tasks import TaskOwner
-from emulator.model.daylive import DAY, NIGHT, NightJob, PlanStatus, plan_spec
-from emulator.model.errors import (
+from cmemu.emulator.client.dayplan import RemoteDayServing, RemoteDayTraining
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.dayplan import DayRunner
+from cmemu.emulator.engines.tasks import TaskOwner
+from cmemu.emulator.model.daylive import DAY, NIGHT, PlanStatus, plan_spec
+from cmemu.emulator.model.errors import (
     InvalidArgumentError,
     NotFoundError,
     PreconditionError,
     quote,
 )
-from emulator.model.hardware import HardwareProfile
-from emulator.model.topology import ServiceKind, Topology
-from emulator.model.training.spec import shape_of
-from services.peers import Peers
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.model.training.spec import TrainingSpec, shape_of
+from cmemu.services.peers import Peers
+from cmemu.v1 import scheduler_pb2
 
 
 class DayPlans:
@@ -81,7 +81,7 @@ class DayPlans:
         spec = plan_spec(
             name=request.name,
             deployment=request.deployment,
-            job=NightJob(
+            job=TrainingSpec(
                 name=t.name,
                 npus=t.npus,
                 model=t.model,

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
+from cmemu.emulator.client.wire import device as wire
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.engines.device.engine import MAX_LABEL, DeviceEngine
+from cmemu.emulator.engines.device.faults import DEVICE_DOWN
+from cmemu.emulator.model.errors import InvalidArgumentError, PreconditionError
+from cmemu.emulator.model.faults.catalogue import DEVICE_PARAMS
+from cmemu.emulator.model.topology import DeviceKind
+from cmemu.services.rpc import Context, abort, rpc
 from cmemu.v1 import device_pb2, device_pb2_grpc
-from emulator.client.wire import device as wire
-from emulator.client.wire import faultparams
-from emulator.engines.device.engine import MAX_LABEL, DeviceEngine
-from emulator.engines.device.faults import DEVICE_DOWN
-from emulator.model.errors import InvalidArgumentError, PreconditionError
-from emulator.model.faults.catalogue import DEVICE_PARAMS
-from emulator.model.topology import DeviceKind
-from services.rpc import Context, abort, rpc
 
 KIND_PROTO = {
     DeviceKind.NPU: device_pb2.DEVICE_KIND_NPU,

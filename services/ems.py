@@ -10,17 +10,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import cast
 
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.ems import EmsState, Fetched, Stored
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.model.ems import ObjectMeta, Tier, check_key, check_kind, object_size
+from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.topology import Topology
+from cmemu.services.host import ServiceHost
+from cmemu.services.peers import Peers
+from cmemu.services.rpc import Context, abort, rpc
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
-from emulator.engines.clock import Timeline
-from emulator.engines.ems import EmsState, Fetched, Stored
-from emulator.engines.events import EventSink
-from emulator.model.ems import ObjectMeta, Tier, check_key, check_kind, object_size
-from emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError
-from emulator.model.hardware import HardwareProfile
-from emulator.model.topology import Topology
-from services.host import ServiceHost
-from services.peers import Peers
-from services.rpc import Context, abort, rpc
 
 __all__ = ["SERVICE", "EmsServicer", "EmsState", "create_ems"]
 

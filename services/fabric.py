@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from cmemu.emulator.client.wire import fabric as wire
+from cmemu.emulator.client.wire import ub as ub_wire
+from cmemu.emulator.engines.clock import TimeKeeper
+from cmemu.emulator.engines.fabric.engine import FabricEngine
+from cmemu.emulator.engines.fabric.usage import link_stats
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, OutOfRangeError, blame
+from cmemu.services.host import ServiceHost
+from cmemu.services.rpc import Context, abort, rpc, while_reading
 from cmemu.v1 import fabric_pb2, fabric_pb2_grpc, ub_pb2
-from emulator.client.wire import fabric as wire
-from emulator.client.wire import ub as ub_wire
-from emulator.engines.clock import TimeKeeper
-from emulator.engines.fabric.engine import FabricEngine
-from emulator.engines.fabric.usage import link_stats
-from emulator.model.errors import InvalidArgumentError, NotFoundError, OutOfRangeError, blame
-from services.host import ServiceHost
-from services.rpc import Context, abort, rpc, while_reading
 
 SERVICE = "cmemu.v1.Fabric"
 # answered whatever a service fault did to the fabric: the emulator's time is not the fabric's

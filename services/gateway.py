@@ -7,17 +7,17 @@ ask of this one.
 
 from __future__ import annotations
 
+from cmemu.emulator.client.wire import gateway as wire
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.gateway.engine import GatewayEngine
+from cmemu.emulator.engines.gateway.types import RdmaOp
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.topology import Topology
+from cmemu.services.host import ServiceHost
+from cmemu.services.peers import Peers
+from cmemu.services.rpc import Context, rpc
 from cmemu.v1 import gateway_pb2, gateway_pb2_grpc
-from emulator.client.wire import gateway as wire
-from emulator.engines.clock import Timeline
-from emulator.engines.events import EventSink
-from emulator.engines.gateway.engine import GatewayEngine
-from emulator.engines.gateway.types import RdmaOp
-from emulator.model.hardware import HardwareProfile
-from emulator.model.topology import Topology
-from services.host import ServiceHost
-from services.peers import Peers
-from services.rpc import Context, rpc
 
 __all__ = ["SERVICE", "GatewayEngine", "GatewayServicer", "create_gateway"]
 

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import grpc
 
-from services.rpc import Context, _Handler, _ServerInterceptor
+from cmemu.services.rpc import Context, _Handler, _ServerInterceptor
 
 MANAGEMENT_PREFIX = "/cmemu.v1.Device/"
 

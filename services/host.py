@@ -16,13 +16,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from emulator.client.channels import SERVER_KEEPALIVE_OPTIONS
-from emulator.model.address import parse_address
-from emulator.model.errors import AddressError, AddressInUseError, InvalidArgumentError
-from services.auth import OPEN, ServerSecurity
-from services.hanggate import HangGate
-from services.reflection import enable_reflection
-from services.rpc import GUARD
+from cmemu.emulator.client.channels import SERVER_KEEPALIVE_OPTIONS
+from cmemu.emulator.model.address import parse_address
+from cmemu.emulator.model.errors import AddressError, AddressInUseError, InvalidArgumentError
+from cmemu.services.auth import OPEN, ServerSecurity
+from cmemu.services.hanggate import HangGate
+from cmemu.services.reflection import enable_reflection
+from cmemu.services.rpc import GUARD
 
 DEVICE_MANAGEMENT = frozenset(
     {"SetFaultState", "InjectFault", "ClearFault", "ListFaults", "WatchLiveness"}

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from cmemu.emulator.engines.device.engine import DeviceEngine, die_name
+from cmemu.emulator.model.topology import DeviceKind
+from cmemu.services import cpu, mempool, npu
+from cmemu.services.device import DeviceServicer
+from cmemu.services.host import NOT_SERVING, SERVING, ServiceHost
+from cmemu.services.kindspec import KindSpec
+from cmemu.services.ub import UnifiedBusServicer
 from cmemu.v1 import device_pb2_grpc, ub_pb2_grpc
-from emulator.engines.device.engine import DeviceEngine, die_name
-from emulator.model.topology import DeviceKind
-from services import cpu, mempool, npu
-from services.device import DeviceServicer
-from services.host import NOT_SERVING, SERVING, ServiceHost
-from services.kindspec import KindSpec
-from services.ub import UnifiedBusServicer
 
 KINDS: dict[DeviceKind, KindSpec] = {
     DeviceKind.NPU: npu.KIND,

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cmemu.emulator.engines.device.engine import DeviceEngine
+from cmemu.services.host import Register
 from cmemu.v1 import device_pb2
-from emulator.engines.device.engine import DeviceEngine
-from services.host import Register
 
 HardwareInfo = Callable[[DeviceEngine, device_pb2.DeviceInfo], None]
 

@@ -2,9 +2,9 @@
 
 The manager itself (detection, isolation, replacement, restores, suspend and resume) is its
 engine, emulator/engines/manager/engine.py, on domain types; this module only translates its
-incidents, status and mode to and from protobuf, and hosts the training jobs (their state
-apart: services/training/) on the same server, answering the engine's questions about them
-directly (Peers.host_training).
+incidents, status and mode to and from protobuf, and hosts the training jobs (their engine,
+emulator/engines/training/, served by services/training/) on the same server, answering the
+manager engine's questions about them directly (Peers.host_training).
 """
 
 from __future__ import annotations
@@ -12,21 +12,22 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.manager.engine import ManagerEngine
+from cmemu.emulator.engines.manager.status import ManagerStatus, Mode
+from cmemu.emulator.engines.training.engine import TrainingEngine
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.instruments import Family
+from cmemu.emulator.model.manager.detector import Incident
+from cmemu.emulator.model.topology import Topology
+from cmemu.services.host import ServiceHost
+from cmemu.services.peers import Peers
+from cmemu.services.rpc import Context, rpc
+from cmemu.services.training.service import SERVICE as TRAINING_SERVICE
+from cmemu.services.training.service import TrainingServicer, create_training
 from cmemu.v1 import manager_pb2, manager_pb2_grpc, training_pb2_grpc
-from emulator.engines.clock import Timeline
-from emulator.engines.events import EventSink
-from emulator.engines.manager.engine import ManagerEngine
-from emulator.engines.manager.status import ManagerStatus, Mode
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import HardwareProfile
-from emulator.model.instruments import Family
-from emulator.model.manager.detector import Incident
-from emulator.model.topology import Topology
-from services.host import ServiceHost
-from services.peers import Peers
-from services.rpc import Context, rpc
-from services.training.service import SERVICE as TRAINING_SERVICE
-from services.training.service import TrainingServicer, TrainingState
 
 SERVICE = "cmemu.v1.ClusterManager"
 TRAINING_TOPIC = "training"  # the training jobs' events: cmemu/<supernode>/training/events
@@ -42,7 +43,7 @@ class ManagerService:
     together. A kill or a hang of the service suspends the engine only: the training jobs are
     the workload, on their NPUs, not the controller."""
 
-    def __init__(self, engine: ManagerEngine, training: TrainingState) -> None:
+    def __init__(self, engine: ManagerEngine, training: TrainingEngine) -> None:
         self.engine = engine
         self.training = training
         self._ended = asyncio.Event()
@@ -149,7 +150,7 @@ def create_manager(
     peers: Peers,
     events: EventSink | None,
 ) -> tuple[ManagerService, ServiceHost]:
-    training = TrainingState(
+    training = create_training(
         topology=topology,
         profile=profile,
         clock=clock,

@@ -20,14 +20,12 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from emulator.client import health
-from emulator.client.channels import Channels
-from emulator.client.control import RemoteRouter, RemoteScheduler, RemoteTraining
-from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.client.remote import ClockStream, RemoteDevice, RemoteFabric
-from emulator.engines.device.engine import DeviceEngine
-from emulator.engines.gateway.local import LocalGateway
-from emulator.engines.peers import (
+from cmemu.emulator.client import health
+from cmemu.emulator.client.channels import Channels
+from cmemu.emulator.client.credentials import ANONYMOUS, Credentials
+from cmemu.emulator.client.remote import ClockStream, RemoteDevice, RemoteFabric
+from cmemu.emulator.engines.device.engine import DeviceEngine
+from cmemu.emulator.engines.peers import (
     DevicePeer,
     FabricPeer,
     GatewayPeer,
@@ -37,11 +35,12 @@ from emulator.engines.peers import (
     SchedulerPeer,
     TrainingPeer,
 )
-from emulator.model.topology import Device, Service, ServiceKind, Topology
+from cmemu.emulator.model.topology import Device, Service, ServiceKind, Topology
 
 if TYPE_CHECKING:  # hosted in the fabric's process only (numpy): not every process imports it
-    from emulator.engines.fabric.engine import FabricEngine
-    from emulator.engines.gateway.engine import GatewayEngine
+    from cmemu.emulator.client.control import RemoteRouter, RemoteScheduler
+    from cmemu.emulator.engines.fabric.engine import FabricEngine
+    from cmemu.emulator.engines.gateway.engine import GatewayEngine
 
 
 class Peers:
@@ -96,12 +95,16 @@ class Peers:
 
     def host_gateway(self, engine: GatewayEngine) -> None:
         """A gateway engine of this process: called directly by whoever asks it here."""
+        from cmemu.emulator.engines.gateway.local import LocalGateway  # a gateway's process only
+
         self._gateways[engine.name] = LocalGateway(engine)
 
     def gateway(self, gateway: Service) -> GatewayPeer:
         known = self._gateways.get(gateway.id)
         if known is None:
-            from emulator.client.gateway import RemoteGateway  # numpy: gateways' processes only
+            from cmemu.emulator.client.gateway import (
+                RemoteGateway,  # numpy: gateways' processes only
+            )
 
             known = self._gateways[gateway.id] = RemoteGateway(
                 self.channel(gateway.address), gateway.id
@@ -116,17 +119,25 @@ class Peers:
 
     def scheduler(self) -> SchedulerPeer:
         if self._scheduler is None:
+            # the control plane's clients (their stubs, the scheduler's model): imported by
+            # the processes that call it, not by every device's (issue 18: a device's PSS)
+            from cmemu.emulator.client.control import RemoteScheduler
+
             self._scheduler = RemoteScheduler(self.channel(self._address(ServiceKind.SCHEDULER)))
         return self._scheduler
 
     def router(self) -> RouterPeer:
         if self._router is None:
+            from cmemu.emulator.client.control import RemoteRouter
+
             self._router = RemoteRouter(self.channel(self._address(ServiceKind.ROUTER)))
         return self._router
 
     def training(self) -> TrainingPeer:
         if self._training is not None:
             return self._training
+        from cmemu.emulator.client.control import RemoteTraining
+
         return RemoteTraining(self.channel(self._address(ServiceKind.MANAGER)))
 
     async def serving(self, address: str, *, deadline_s: float) -> bool:

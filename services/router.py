@@ -14,35 +14,35 @@ import contextlib
 
 import structlog
 
-from cmemu.v1 import router_pb2, router_pb2_grpc
-from emulator.engines.clock import Timeline
-from emulator.engines.events import EventSink
-from emulator.model.errors import (
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.model.errors import (
     EmulatorError,
     NotFoundError,
     PreconditionError,
     UnavailableError,
     quote,
 )
-from emulator.model.hardware import HardwareProfile
-from emulator.model.instruments import Family
-from emulator.model.serving.cost import kv_bytes_per_token
-from emulator.model.serving.engine import Engine
-from emulator.model.serving.models import get_model
-from emulator.model.serving.pdpolicy import live_options, unit_rates
-from emulator.model.topology import ServiceKind, Topology
-from services.auth import OPEN
-from services.host import ServiceHost
-from services.peers import Peers
-from services.rpc import Context, rpc
-from services.serving.deploy import LiveDeployment, Provisioner, parse_request, spec_text
-from services.serving.driver import Driver
-from services.serving.measures import ServingModel
-from services.serving.openai_http import OpenAiServer
-from services.serving.pdlive import LivePd
-from services.serving.recovery import Recovery
-from services.serving.reports import serving_families, usage_report
-from services.serving.stats import summarize
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.instruments import Family
+from cmemu.emulator.model.serving.cost import kv_bytes_per_token
+from cmemu.emulator.model.serving.engine import Engine
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.serving.pdpolicy import live_options, unit_rates
+from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.services.auth import OPEN
+from cmemu.services.host import ServiceHost
+from cmemu.services.peers import Peers
+from cmemu.services.rpc import Context, rpc
+from cmemu.services.serving.deploy import LiveDeployment, Provisioner, parse_request, spec_text
+from cmemu.services.serving.driver import Driver
+from cmemu.services.serving.measures import ServingModel
+from cmemu.services.serving.openai_http import OpenAiServer
+from cmemu.services.serving.pdlive import LivePd
+from cmemu.services.serving.recovery import Recovery
+from cmemu.services.serving.reports import serving_families, usage_report
+from cmemu.services.serving.stats import summarize
+from cmemu.v1 import router_pb2, router_pb2_grpc
 
 SERVICE = "cmemu.v1.Router"
 log = structlog.get_logger("cmemu.router")

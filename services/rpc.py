@@ -34,10 +34,10 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from emulator.client import status as client_status
-from emulator.client.errors import status_in
-from emulator.client.status import MESSAGE_MAX
-from emulator.model.errors import (
+from cmemu.emulator.client import status as client_status
+from cmemu.emulator.client.errors import status_in
+from cmemu.emulator.client.status import MESSAGE_MAX
+from cmemu.emulator.model.errors import (
     QUOTE_MAX,
     EmulatorError,
     InternalError,

@@ -18,13 +18,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
-from emulator.engines.clock import Timeline
-from emulator.engines.events import EventSink
-from emulator.model.errors import EmulatorError, UnavailableError
-from emulator.model.hardware import HardwareProfile
-from emulator.model.naming import parse_supernode, service_id
-from emulator.model.scheduler import (
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.model.errors import EmulatorError, UnavailableError
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.naming import parse_supernode, service_id
+from cmemu.emulator.model.scheduler import (
     POLICIES,
     Allocation,
     Inventory,
@@ -32,12 +31,13 @@ from emulator.model.scheduler import (
     Scheduler,
     check_job,
 )
-from emulator.model.topology import ServiceKind, Topology
-from services.dayplans import DayPlans
-from services.dayplans import message as dayplan_message
-from services.host import ServiceHost
-from services.peers import Peers
-from services.rpc import Context, abort, rpc
+from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.services.dayplans import DayPlans
+from cmemu.services.dayplans import message as dayplan_message
+from cmemu.services.host import ServiceHost
+from cmemu.services.peers import Peers
+from cmemu.services.rpc import Context, abort, rpc
+from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 __all__ = ["SERVICE", "SchedulerServicer", "SchedulerState", "create_scheduler"]
 

@@ -3,10 +3,10 @@ behind the wire."""
 
 from __future__ import annotations
 
+from cmemu.emulator.client.wire import ub as wire
+from cmemu.emulator.engines.device.engine import DeviceEngine
+from cmemu.services.rpc import Context, rpc
 from cmemu.v1 import ub_pb2, ub_pb2_grpc
-from emulator.client.wire import ub as wire
-from emulator.engines.device.engine import DeviceEngine
-from services.rpc import Context, rpc
 
 
 class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):

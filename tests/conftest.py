@@ -5,9 +5,9 @@ from contextlib import ExitStack
 
 import pytest
 
-from emulator.runtime.logs import configure_logging
-from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients, exclusive, running_supernode
+from cmemu.emulator.runtime.logs import configure_logging
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import Clients, exclusive, running_supernode
 
 configure_logging("info")
 

@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
+from cmemu.emulator.client import health
+from cmemu.emulator.model.topology import DeviceKind
+from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import device_pb2, ub_pb2
-from emulator.client import health
-from emulator.model.topology import DeviceKind
-from emulator.testing import Clients, running_supernode
 
 pytestmark = pytest.mark.slow
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from emulator.cli import codegen
+from cmemu.emulator.cli import codegen
 
 
 def test_generated_code_has_not_drifted_from_protos() -> None:
-    assert codegen.drift() == [], "run: python -m emulator.cli.codegen"
+    assert codegen.drift() == [], "run: python -m cmemu.emulator.cli.codegen"
 
 
 def test_every_proto_has_its_four_generated_modules() -> None:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from emulator.runtime.supernode import Supernode
-from emulator.testing import grpcurl
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import grpcurl
 
 KINDS = {"n00-npu0": "cmemu.v1.Npu", "n01-cpu1": "cmemu.v1.Cpu", "n01-mem": "cmemu.v1.MemoryPool"}
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import yaml
 
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.scheduler.inventory import Inventory
-from emulator.model.scheduler.jobs import JobRequest
-from emulator.model.scheduler.state import Scheduler
-from emulator.model.topology import build
-from emulator.runtime.composegen import MOSQUITTO_PASSWD, TOKEN_FILE, write_secrets
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.scheduler.inventory import Inventory
+from cmemu.emulator.model.scheduler.jobs import JobRequest
+from cmemu.emulator.model.scheduler.state import Scheduler
+from cmemu.emulator.model.topology import build
+from cmemu.emulator.runtime.composegen import MOSQUITTO_PASSWD, TOKEN_FILE, write_secrets
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

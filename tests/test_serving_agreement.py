@@ -10,14 +10,14 @@ from pathlib import Path
 
 import yaml
 
+from cmemu.emulator.client.replay import replay
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.serving.deployment import parse_deployment
+from cmemu.emulator.model.serving.des import simulate
+from cmemu.emulator.model.serving.workload import generate, parse_workload
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import router_pb2
-from emulator.client.replay import replay
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.serving.deployment import parse_deployment
-from emulator.model.serving.des import simulate
-from emulator.model.serving.workload import generate, parse_workload
-from emulator.model.topology import ServiceKind
-from emulator.testing import running_supernode
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # Loading the weights is not what is compared: a second instead of minutes, so that the run

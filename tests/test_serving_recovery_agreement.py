@@ -12,15 +12,15 @@ from pathlib import Path
 
 import yaml
 
+from cmemu.emulator.client.replay import Outcome, replay
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.serving.deployment import parse_deployment
+from cmemu.emulator.model.serving.des import DieLoss, simulate
+from cmemu.emulator.model.serving.engine import Request
+from cmemu.emulator.model.serving.workload import generate, parse_workload
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import manager_pb2, router_pb2, scheduler_pb2
-from emulator.client.replay import Outcome, replay
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.serving.deployment import parse_deployment
-from emulator.model.serving.des import DieLoss, simulate
-from emulator.model.serving.engine import Request
-from emulator.model.serving.workload import generate, parse_workload
-from emulator.model.topology import ServiceKind
-from emulator.testing import running_supernode
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PROFILE = replace(

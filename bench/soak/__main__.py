@@ -16,9 +16,9 @@ from bench.outputs import RESULTS
 from bench.soak.config import PAIR_MAX_DIES, warm_up_s
 from bench.soak.report import publish
 from bench.soak.run import run
-from emulator.model.topology import build, server_count
-from emulator.runtime import memdebug
-from emulator.testing import cmemu_up, free_port_block
+from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.runtime import memdebug
+from cmemu.emulator.testing import cmemu_up, free_port_block
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

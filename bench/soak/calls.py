@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from emulator.client.errors import describe
+from cmemu.emulator.client.errors import describe
 
 T = TypeVar("T")
 

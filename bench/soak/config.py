@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 import random
 
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import DeviceKind
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import DeviceKind
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 U64 = 2**64

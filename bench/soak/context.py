@@ -11,9 +11,9 @@ from collections.abc import Awaitable
 
 from bench.soak.calls import Calls, Figures
 from bench.soak.config import CALL_TIMEOUT_S
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.topology import DeviceKind, ServiceKind, Topology
 from cmemu.v1 import ems_pb2_grpc, ub_pb2
-from emulator.client.clients import Clients
-from emulator.model.topology import DeviceKind, ServiceKind, Topology
 
 
 class Soak:

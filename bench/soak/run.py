@@ -24,9 +24,9 @@ from bench.soak.report import summary
 from bench.soak.sampling import Series, memdebug, rss_figures, rss_mb, sample, warm_point
 from bench.soak.ub import UbLoad
 from bench.soak.verify import Verify
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.runtime import state
 from cmemu.v1 import ems_pb2
-from emulator.client.clients import Clients
-from emulator.runtime import state
 
 
 async def run(

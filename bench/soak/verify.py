@@ -20,8 +20,8 @@ from bench.soak.ems import EmsLoad
 from bench.soak.ledger import describe, holds, said, streamed
 from bench.soak.messages import MessageLoad
 from bench.soak.ub import UbLoad
+from cmemu.emulator.client import health
 from cmemu.v1 import ems_pb2, ub_pb2
-from emulator.client import health
 
 
 class Verify:

@@ -12,11 +12,11 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from emulator.model.durations import HELP as DURATION_HELP
-from emulator.model.durations import seconds_in
-from emulator.model.errors import EmulatorError, InvalidArgumentError
-from emulator.model.presets import get_preset
-from emulator.runtime import state
+from cmemu.emulator.model.durations import HELP as DURATION_HELP
+from cmemu.emulator.model.durations import seconds_in
+from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError
+from cmemu.emulator.model.presets import get_preset
+from cmemu.emulator.runtime import state
 
 U64_MAX = 2**64 - 1
 

@@ -16,18 +16,18 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from emulator.cli import argtypes
-from emulator.cli.argtypes import UsageError
-from emulator.model.chaos.pace import ABORTED
-from emulator.model.chaos.scenario import Scenario
-from emulator.model.chaos.timeline import Entry
-from emulator.model.chaos.units import format_s
-from emulator.model.errors import InvalidArgumentError
-from emulator.runtime import state
-from emulator.runtime.chaos import files, kinds
-from emulator.runtime.chaos.run import RunOptions, RunResult
-from emulator.runtime.chaos.runner import run_scenario
-from emulator.runtime.chaos.schedule import Schedule, ScheduledRun, outcome, run_schedule
+from cmemu.emulator.cli import argtypes
+from cmemu.emulator.cli.argtypes import UsageError
+from cmemu.emulator.model.chaos.pace import ABORTED
+from cmemu.emulator.model.chaos.scenario import Scenario
+from cmemu.emulator.model.chaos.timeline import Entry
+from cmemu.emulator.model.chaos.units import format_s
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.runtime import state
+from cmemu.emulator.runtime.chaos import files, kinds
+from cmemu.emulator.runtime.chaos.run import RunOptions, RunResult
+from cmemu.emulator.runtime.chaos.runner import run_scenario
+from cmemu.emulator.runtime.chaos.schedule import Schedule, ScheduledRun, outcome, run_schedule
 
 FAILED = 1
 ABORTED_EXIT = 3

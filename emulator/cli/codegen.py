@@ -1,7 +1,7 @@
 """Regenerate the Python wire code in cmemu/v1/ from protos/, or check that it has not drifted.
 
-    python -m emulator.cli.codegen           # rewrite cmemu/v1/*_pb2*.py(i)
-    python -m emulator.cli.codegen --check   # exit 1 listing the files that differ
+    python -m cmemu.emulator.cli.codegen           # rewrite cmemu/v1/*_pb2*.py(i)
+    python -m cmemu.emulator.cli.codegen --check   # exit 1 listing the files that differ
 
 The generated code is committed so that a plain `pip install` needs no protoc; this module is the
 one way to produce it, so a reviewer can always reproduce it byte for byte.
@@ -72,14 +72,16 @@ def drift() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m emulator.cli.codegen", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m cmemu.emulator.cli.codegen", description=__doc__
+    )
     parser.add_argument("--check", action="store_true", help="report drift instead of rewriting")
     args = parser.parse_args(argv)
     if args.check:
         differ = drift()
         if differ:
             print("generated code drifted from protos/: " + ", ".join(differ), file=sys.stderr)
-            print("run: python -m emulator.cli.codegen", file=sys.stderr)
+            print("run: python -m cmemu.emulator.cli.codegen", file=sys.stderr)
             return 1
         print("generated code matches protos/")
         return 0

@@ -9,16 +9,16 @@ import json
 import sys
 from pathlib import Path
 
-from emulator.cli import argtypes
-from emulator.cli.output import Column, print_rows
-from emulator.client import health
-from emulator.client.credentials import Credentials
-from emulator.client.status import code_name
-from emulator.model.errors import EmulatorError, NotFoundError
-from emulator.model.hardware import figures
-from emulator.model.presets import load_presets
-from emulator.model.topology import DeviceKind, ServiceKind, Topology, summary
-from emulator.runtime import state
+from cmemu.emulator.cli import argtypes
+from cmemu.emulator.cli.output import Column, print_rows
+from cmemu.emulator.client import health
+from cmemu.emulator.client.credentials import Credentials
+from cmemu.emulator.client.status import code_name
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError
+from cmemu.emulator.model.hardware import figures
+from cmemu.emulator.model.presets import load_presets
+from cmemu.emulator.model.topology import DeviceKind, ServiceKind, Topology, summary
+from cmemu.emulator.runtime import state
 
 PROBE_UNREACHABLE = 3
 PROBE_NOT_SERVING = 4
@@ -26,15 +26,12 @@ PROBE_NOT_SERVING = 4
 
 def _topology_from_args(args: argparse.Namespace) -> tuple[Topology, ...]:
     """The documents of every supernode of the preset (one, but for `<base>x<N>`)."""
-    from emulator.runtime.supernode import LaunchOptions
+    from cmemu.emulator.cli.upmodes import plan_of
+    from cmemu.emulator.runtime.supernode import InProcess, LaunchOptions
 
+    plan = plan_of(args, loopback_default=False, strict=False)
     return LaunchOptions(
-        preset=args.preset,
-        addressing=args.addressing,
-        host=args.host,
-        base_port=args.base_port,
-        port=args.port,
-        time_scale=args.time_scale,
+        preset=args.preset, mode=InProcess(plan=plan), time_scale=args.time_scale
     ).supernodes()
 
 
@@ -186,7 +183,7 @@ def ls_args(ls: argparse.ArgumentParser) -> None:
 
 
 def topology_args(topo: argparse.ArgumentParser) -> None:
-    from emulator.cli import up
+    from cmemu.emulator.cli import up
 
     up.add_topology_args(topo)
     topo.add_argument("--json", action="store_true", help="print the whole topology document")

@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from emulator.model.topology import DNS_LABEL
-from emulator.runtime import state
+from cmemu.emulator.model.topology import DNS_LABEL
+from cmemu.emulator.runtime import state
 
 LOG_SUFFIX = ".log"
 TAIL_LINES = 20
@@ -26,7 +26,7 @@ SUMMARY_WAIT_S = 5.0
 def cmemu_argv() -> list[str]:
     """How to run `cmemu` again: the console script beside this interpreter, else -m."""
     script = Path(sys.executable).parent / "cmemu"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "emulator.cli.main"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "cmemu.emulator.cli.main"]
 
 
 def log_path(state_path: Path) -> Path:

@@ -11,11 +11,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from emulator.cli.output import wire_dict
-from emulator.client.ems import EmsClient, EmsStat, ObjectInfo, ObjectKind
-from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.runtime import state
+from cmemu.emulator.cli.output import wire_dict
+from cmemu.emulator.client.ems import EmsClient, EmsStat, ObjectInfo, ObjectKind
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.runtime import state
 
 KINDS = {kind.value: kind for kind in ObjectKind}
 T = TypeVar("T")

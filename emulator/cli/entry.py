@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         # command whose stderr is no terminal (a pipe, a log file, a benchmark, a detached
         # `cmemu up`) go without it; an absent rich is what structlog expects to handle
         sys.modules.setdefault("rich", None)  # type: ignore[arg-type]
-    from emulator.cli.main import main as full
+    from cmemu.emulator.cli.main import main as full
 
     return full(argv)
 

@@ -12,17 +12,17 @@ import json
 import sys
 from typing import Any
 
-from emulator.cli import progress
-from emulator.cli.argtypes import (
+from cmemu.emulator.cli import progress
+from cmemu.emulator.cli.argtypes import (
     non_negative_int,
     positive_int,
     positive_size,
     seconds,
 )
-from emulator.client.fabric import FabricClient, RouteInfo
-from emulator.engines.fabric.types import LinkStats
-from emulator.model.ub import Op
-from emulator.runtime import state
+from cmemu.emulator.client.fabric import FabricClient, RouteInfo
+from cmemu.emulator.engines.fabric.types import LinkStats
+from cmemu.emulator.model.ub import Op
+from cmemu.emulator.runtime import state
 
 OPS = {"read": Op.READ, "write": Op.WRITE}
 

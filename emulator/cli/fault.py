@@ -17,10 +17,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from emulator.cli.argtypes import UsageError, choice_of, seconds
-from emulator.cli.output import Column, print_rows
-from emulator.client.clients import Clients
-from emulator.client.faults import (
+from cmemu.emulator.cli.argtypes import UsageError, choice_of, seconds
+from cmemu.emulator.cli.output import Column, print_rows
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faults import (
     KINDS,
     ActiveFault,
     inject,
@@ -28,9 +28,9 @@ from emulator.client.faults import (
     remove,
     remove_all,
 )
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.faults.params import describe
-from emulator.runtime import state
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.faults.params import describe
+from cmemu.emulator.runtime import state
 
 WAITS_HERE = frozenset(  # no owner clears these in emulated time: this command does
     {"process-pause", "container-kill", "container-pause", "container-stop",

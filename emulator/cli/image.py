@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.runtime import image
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.runtime import image
 
 
 def cmd_image(args: argparse.Namespace) -> int:

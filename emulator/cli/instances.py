@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from emulator.cli import argtypes
-from emulator.cli.output import print_rows
-from emulator.model.errors import EmulatorError, NotFoundError, UnavailableError
-from emulator.runtime import state
+from cmemu.emulator.cli import argtypes
+from cmemu.emulator.cli.output import print_rows
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError, UnavailableError
+from cmemu.emulator.runtime import state
 
 DOWN_TIMEOUT_S = 60.0
 
@@ -28,7 +28,7 @@ def check_not_running(path: Path) -> None:
     wrote it is alive; remove the file (saying so on stderr) when its launcher is gone."""
     # imported here, by `cmemu up` alone: runtime.instance brings the whole launcher (the
     # emulator, compose, the web view), 0.3 CPU s that `down` and `instances` do not need
-    from emulator.runtime import instance
+    from cmemu.emulator.runtime import instance
 
     pid = instance.stale_removed(path)
     if pid is not None:

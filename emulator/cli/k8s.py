@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from emulator.cli.up import add_preset_arg
-from emulator.model.topology import DNS_LABEL
-from emulator.runtime import k8sgen
-from emulator.runtime.serve import PER
+from cmemu.emulator.cli.up import add_preset_arg
+from cmemu.emulator.model.topology import DNS_LABEL
+from cmemu.emulator.runtime import k8sgen
+from cmemu.emulator.runtime.serve import PER
 
 
 def cmd_k8s(args: argparse.Namespace) -> int:

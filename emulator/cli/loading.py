@@ -13,8 +13,8 @@ import math
 import time
 from collections.abc import Callable
 
-from emulator.client.deployments import Deployment, DeploymentState
-from emulator.client.router import RouterClient
+from cmemu.emulator.client.deployments import Deployment, DeploymentState
+from cmemu.emulator.client.router import RouterClient
 
 TARGET_WALL_S = 60.0  # a first try should load within a minute of wall time
 POLL_S = 0.5

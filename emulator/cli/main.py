@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from emulator.cli.entry import version
+from cmemu.emulator.cli.entry import version
 
 USAGE_ERROR = 2
 BROKEN_PIPE = 128 + 13  # as a process killed by SIGPIPE
@@ -39,7 +39,7 @@ class Command:
 
 
 def _c(module: str, run: str, args: str | None, help: str, **how: bool) -> Command:
-    return Command(f"emulator.cli.{module}", run, args, help, **how)
+    return Command(f"cmemu.emulator.cli.{module}", run, args, help, **how)
 
 
 SERVING_HELP = {  # emulator/cli/serving.py
@@ -125,7 +125,7 @@ class _Version(argparse.Action):
 
 
 def _add_state_arg(p: argparse.ArgumentParser) -> None:
-    from emulator.cli import argtypes
+    from cmemu.emulator.cli import argtypes
 
     argtypes.add_state_arg(p)
 
@@ -189,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """Run the parsed command; errors become messages and exit codes."""
-    from emulator.cli import argtypes
-    from emulator.model.errors import EmulatorError
-    from emulator.runtime.logs import configure_logging
-    from services.rpc import code_name
+    from cmemu.emulator.cli import argtypes
+    from cmemu.emulator.model.errors import EmulatorError
+    from cmemu.emulator.runtime.logs import configure_logging
+    from cmemu.services.rpc import code_name
 
     configure_logging(args.log_level or ("info" if args.command in SERVER_COMMANDS else "warning"))
     try:

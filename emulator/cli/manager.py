@@ -8,12 +8,12 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from emulator.cli import argtypes
-from emulator.cli.output import Column, print_rows, wire_dict
-from emulator.client.manager import ManagerClient
-from emulator.engines.manager.status import ManagerStatus, Mode
-from emulator.model.manager.detector import Incident
-from emulator.runtime import state
+from cmemu.emulator.cli import argtypes
+from cmemu.emulator.cli.output import Column, print_rows, wire_dict
+from cmemu.emulator.client.manager import ManagerClient
+from cmemu.emulator.engines.manager.status import ManagerStatus, Mode
+from cmemu.emulator.model.manager.detector import Incident
+from cmemu.emulator.runtime import state
 
 MODES = {mode.value: mode for mode in Mode}
 NS = 1e9

@@ -7,13 +7,13 @@ import argparse
 import json
 from typing import Any
 
-from emulator.cli.argtypes import seconds
-from emulator.model.serving.pd import PdResult, run_pd
-from emulator.model.serving.pdpolicy import POLICIES, PdOptions
+from cmemu.emulator.cli.argtypes import seconds
+from cmemu.emulator.model.serving.pd import PdResult, run_pd
+from cmemu.emulator.model.serving.pdpolicy import POLICIES, PdOptions
 
 
 def pd_args(sub: Any) -> None:
-    from emulator.cli.simulate import set_option  # simulate imports this module
+    from cmemu.emulator.cli.simulate import set_option  # simulate imports this module
 
     p = sub.add_parser(
         "pd",
@@ -45,7 +45,7 @@ def pd_args(sub: Any) -> None:
 
 
 def cmd_pd(args: argparse.Namespace) -> int:
-    from emulator.cli.simulate import _requests, deployment_and_profile  # the shared readers
+    from cmemu.emulator.cli.simulate import _requests, deployment_and_profile  # the shared readers
 
     deployment, profile = deployment_and_profile(args)
     requests, duration = _requests(args, profile)

@@ -10,7 +10,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from emulator.cli.argtypes import (
+from cmemu.emulator.cli.argtypes import (
     non_negative_int,
     positive_float,
     positive_int,
@@ -18,9 +18,9 @@ from emulator.cli.argtypes import (
     seconds,
     size,
 )
-from emulator.cli.output import Column, print_rows, wire_dict
-from emulator.client.gateway import RemoteGateway, gateway_of
-from emulator.engines.gateway.types import (
+from cmemu.emulator.cli.output import Column, print_rows, wire_dict
+from cmemu.emulator.client.gateway import RemoteGateway, gateway_of
+from cmemu.emulator.engines.gateway.types import (
     GatewayStats,
     LinkStats,
     OpRequest,
@@ -29,9 +29,9 @@ from emulator.engines.gateway.types import (
     RdmaOp,
     RouteInfo,
 )
-from emulator.model.naming import parse_id
-from emulator.model.rdmafault import RdmaFault
-from emulator.runtime import state
+from cmemu.emulator.model.naming import parse_id
+from cmemu.emulator.model.rdmafault import RdmaFault
+from cmemu.emulator.runtime import state
 
 Call = Callable[[RemoteGateway], Awaitable[Any]]
 

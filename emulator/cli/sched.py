@@ -9,11 +9,11 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from emulator.cli import schedday
-from emulator.cli.argtypes import non_negative_int, positive_int
-from emulator.cli.output import Column, print_rows
-from emulator.client.scheduler import Allocation, SchedulerClient
-from emulator.runtime import state
+from cmemu.emulator.cli import schedday
+from cmemu.emulator.cli.argtypes import non_negative_int, positive_int
+from cmemu.emulator.cli.output import Column, print_rows
+from cmemu.emulator.client.scheduler import Allocation, SchedulerClient
+from cmemu.emulator.runtime import state
 
 T = TypeVar("T")
 Call = Callable[[SchedulerClient], Awaitable[T]]

@@ -10,17 +10,17 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from emulator.cli.argtypes import (
+from cmemu.emulator.cli.argtypes import (
     non_negative_int,
     non_negative_seconds,
     positive_float,
     positive_int,
 )
-from emulator.cli.output import wire_dict
-from emulator.client.clients import Clients
-from emulator.client.dayplan import DayPlan, day_plan, start_day_plan, stop_day_plan
-from emulator.model.daylive import NightJob
-from emulator.runtime import state
+from cmemu.emulator.cli.output import wire_dict
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.dayplan import DayPlan, day_plan, start_day_plan, stop_day_plan
+from cmemu.emulator.model.training.spec import TrainingSpec
+from cmemu.emulator.runtime import state
 
 NS = 1e9
 
@@ -38,7 +38,7 @@ def _run(args: argparse.Namespace, call: Callable[[Clients], Awaitable[Any]]) ->
 
 
 def _start(args: argparse.Namespace) -> int:
-    job = NightJob(
+    job = TrainingSpec(
         name=args.job,
         npus=args.job_npus,
         model=args.model or "",

@@ -11,9 +11,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from emulator.cli import argtypes
-from emulator.runtime.security import Security
-from emulator.runtime.serve import (
+from cmemu.emulator.cli import argtypes
+from cmemu.emulator.runtime.security import Security
+from cmemu.emulator.runtime.serve import (
     DEFAULT_CLOCK_WAIT_S,
     DEFAULT_REBUILD_WAIT_S,
     DEFAULT_SERVE_DRAIN_S,
@@ -21,7 +21,7 @@ from emulator.runtime.serve import (
     ServeOptions,
     serve,
 )
-from emulator.runtime.taskdump import print_tasks
+from cmemu.emulator.runtime.taskdump import print_tasks
 
 
 def stop_event() -> asyncio.Event:

@@ -13,20 +13,20 @@ from typing import TYPE_CHECKING, TypeVar
 
 import yaml
 
-from emulator.cli import loading
-from emulator.cli.argtypes import UsageError, positive_float, positive_int
-from emulator.cli.output import Column, print_rows
-from emulator.client.clients import Clients
-from emulator.client.clock import followed_time
-from emulator.client.deployments import Deployment, DeploymentState
-from emulator.client.router import RouterClient
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind, Topology
-from emulator.runtime import state
+from cmemu.emulator.cli import loading
+from cmemu.emulator.cli.argtypes import UsageError, positive_float, positive_int
+from cmemu.emulator.cli.output import Column, print_rows
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.clock import followed_time
+from cmemu.emulator.client.deployments import Deployment, DeploymentState
+from cmemu.emulator.client.router import RouterClient
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.runtime import state
 
 if TYPE_CHECKING:  # imported by `replay` alone: its HTTP client, the serving engine's model and
     # numpy cost every other command here (serve-model, deployments, undeploy) 0.2 CPU s
-    from emulator.client.replay import ReplayReport
+    from cmemu.emulator.client.replay import ReplayReport
 
 T = TypeVar("T")
 
@@ -210,9 +210,9 @@ def cmd_undeploy(args: argparse.Namespace) -> int:
 
 
 async def _replay(args: argparse.Namespace, text: str) -> ReplayReport:
-    from emulator.client.replay import replay, report
-    from emulator.model.serving.deployment import parse_deployment
-    from emulator.model.serving.workload import read_mooncake
+    from cmemu.emulator.client.replay import replay, report
+    from cmemu.emulator.model.serving.deployment import parse_deployment
+    from cmemu.emulator.model.serving.workload import read_mooncake
 
     path = state.path_from(args.state_file)
     topology = state.read(path)

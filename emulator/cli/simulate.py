@@ -13,11 +13,11 @@ from typing import Any
 
 import yaml
 
-from emulator.cli.argtypes import UsageError, seconds
-from emulator.cli.output import Column, print_rows
-from emulator.cli.pd import cmd_pd, pd_args
-from emulator.cli.train import simulate_training_cmd, training_args
-from emulator.model.dayplan import (
+from cmemu.emulator.cli.argtypes import UsageError, seconds
+from cmemu.emulator.cli.output import Column, print_rows
+from cmemu.emulator.cli.pd import cmd_pd, pd_args
+from cmemu.emulator.cli.train import simulate_training_cmd, training_args
+from cmemu.emulator.model.dayplan import (
     POLICIES,
     DayParams,
     DayResult,
@@ -25,23 +25,23 @@ from emulator.model.dayplan import (
     parse_window,
     simulate_day,
 )
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.overrides import apply_overrides, parse_override
-from emulator.model.serving import calibrate
-from emulator.model.serving.deployment import (
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.overrides import apply_overrides, parse_override
+from cmemu.emulator.model.serving import calibrate
+from cmemu.emulator.model.serving.deployment import (
     Deployment,
     check_deployment,
     parse_deployment,
     profile_of,
 )
-from emulator.model.serving.des import simulate
-from emulator.model.serving.engine import Request
-from emulator.model.serving.hbm import check_deployment_fits
-from emulator.model.serving.operating import OperatingPoint, operating_point
-from emulator.model.serving.report import Report
-from emulator.model.serving.workload import generate, parse_workload, read_mooncake
-from emulator.model.training.scaleout import (
+from cmemu.emulator.model.serving.des import simulate
+from cmemu.emulator.model.serving.engine import Request
+from cmemu.emulator.model.serving.hbm import check_deployment_fits
+from cmemu.emulator.model.serving.operating import OperatingPoint, operating_point
+from cmemu.emulator.model.serving.report import Report
+from cmemu.emulator.model.serving.workload import generate, parse_workload, read_mooncake
+from cmemu.emulator.model.training.scaleout import (
     CROSS_ALGORITHMS,
     preset_supernodes,
     scaleout_step,

@@ -22,14 +22,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from emulator.cli import argtypes
-from emulator.client import faults as fault
-from emulator.client import health
-from emulator.client.clients import Clients
-from emulator.client.fabric import FabricClient
-from emulator.client.status import status_of
-from emulator.model.errors import EmulatorError
-from emulator.runtime import state
+from cmemu.emulator.cli import argtypes
+from cmemu.emulator.client import faults as fault
+from cmemu.emulator.client import health
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.fabric import FabricClient
+from cmemu.emulator.client.status import status_of
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.runtime import state
 
 STALE_EXIT = 1
 CONCURRENCY = 32  # health checks in flight at once: hundreds of devices share their host

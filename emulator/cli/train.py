@@ -9,13 +9,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from emulator.cli.argtypes import UsageError
-from emulator.cli.output import Column, print_rows, wire_dict
-from emulator.client.training import TrainingClient, TrainingJob
-from emulator.model.daylive import NightJob
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.training.longrun import DAY_S, simulate_training
-from emulator.runtime import state
+from cmemu.emulator.cli.argtypes import UsageError
+from cmemu.emulator.cli.output import Column, print_rows, wire_dict
+from cmemu.emulator.client.training import TrainingClient, TrainingJob
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.training.longrun import DAY_S, simulate_training
+from cmemu.emulator.model.training.spec import TrainingSpec
+from cmemu.emulator.runtime import state
 
 # --- model mode ----------------------------------------------------------------------------------
 
@@ -156,7 +156,7 @@ async def _call(args: argparse.Namespace) -> list[TrainingJob]:
         if command == "start":
             if args.npus < 1:
                 raise UsageError("--npus must be >= 1")
-            job = NightJob(
+            job = TrainingSpec(
                 name=args.name,
                 npus=args.npus,
                 model=args.model,
@@ -164,8 +164,9 @@ async def _call(args: argparse.Namespace) -> list[TrainingJob]:
                 data_parallel=args.data_parallel,
                 expert_parallel=args.expert_parallel,
                 micro_batches=args.micro_batches,
+                steps=args.steps,
             )
-            return [await training.start(job, steps=args.steps, resume=args.resume)]
+            return [await training.start(job, resume=args.resume)]
         if command == "ls":
             return await training.list()
         if command == "get":

@@ -6,44 +6,37 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
-from typing import Literal
 
-from emulator.cli import argtypes, progress
-from emulator.cli.instances import check_not_running
-from emulator.cli.serve import stop_event as _stop_event
-from emulator.model.addressplans import (
+from cmemu.emulator.cli import argtypes, progress, upmodes
+from cmemu.emulator.cli.instances import check_not_running
+from cmemu.emulator.cli.serve import stop_event as _stop_event
+from cmemu.emulator.model.addressplans import (
     CONTAINER_PORT,
     DEFAULT_BASE_PORT,
     DEFAULT_HOST,
-    PROCS_FIRST_OCTET,
 )
-from emulator.model.errors import EmulatorError
-from emulator.model.presets import DEFAULT_PRESET
-from emulator.runtime import composegen, docker, instance, metricserver, ports, state
-from emulator.runtime.image import IMAGE
-from emulator.runtime.procs import Running
-from emulator.runtime.security import Security, read_keys
-from emulator.runtime.serve import (
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.presets import DEFAULT_PRESET
+from cmemu.emulator.runtime import composegen, instance, metricserver, ports, state
+from cmemu.emulator.runtime.image import IMAGE
+from cmemu.emulator.runtime.procs import Running
+from cmemu.emulator.runtime.security import Security
+from cmemu.emulator.runtime.serve import (
     PER,
-    Per,
 )
-from emulator.runtime.supernode import (
+from cmemu.emulator.runtime.supernode import (
     ADDRESSING,
-    EMBEDDED,
     MODES,
     LaunchOptions,
-    Mode,
     StartInterrupted,
     Supernode,
 )
-from emulator.runtime.tls import TlsFiles
-from emulator.runtime.webview import AUTO as UI_AUTO
-from emulator.runtime.webview import NONE as UI_NONE
-from emulator.runtime.webview import parse_address
+from cmemu.emulator.runtime.webview import AUTO as UI_AUTO
+from cmemu.emulator.runtime.webview import NONE as UI_NONE
+from cmemu.emulator.runtime.webview import parse_address
 
 DEFAULT_READY_TIMEOUT_S = 180.0
 
@@ -123,82 +116,6 @@ def _report_death(running: Running) -> None:
     )
 
 
-def _compose_mode(args: argparse.Namespace, run_dir: Path) -> tuple[Mode, Path | None]:
-    """`--mode compose [--from-compose FILE]` and `--from-compose FILE`: through the Docker
-    engine when one answers (`--engine auto`, the default of --mode compose) or when told
-    (`--engine docker`); else the file's services as local processes (the default of
-    --from-compose alone), said so."""
-    given = Path(args.from_compose) if args.from_compose else None
-    engine = args.engine or ("auto" if args.mode == "compose" else "local")
-    if engine != "local":
-        version = docker.engine_answers()
-        if version is not None:
-            print(f"cmemu: Docker engine {version}: docker compose up", flush=True)
-            return "docker", given
-        if engine == "docker":
-            raise EmulatorError(
-                "no Docker engine answers (`docker version` failed): start dockerd, or pass "
-                "--engine local to run the compose services as local processes"
-            )
-        print(
-            "cmemu: no Docker engine answers: running the compose file's services as local "
-            "processes (as --from-compose; --engine docker insists on an engine)",
-            flush=True,
-        )
-    if given is not None:
-        return "compose", given
-    run_dir.mkdir(parents=True, exist_ok=True)
-    out = run_dir / f"{args.preset}.yaml"
-    composegen.write(args.preset, args.per_container or "device", out, args.time_scale)
-    composegen.write_secrets(run_dir)
-    return "compose", out
-
-
-def launch_options(args: argparse.Namespace, path: Path) -> LaunchOptions:
-    if args.from_compose and args.from_k8s:
-        raise argtypes.UsageError("--from-compose or --from-k8s: one of them")
-    keys = read_keys(Path(args.token_file)) if args.token_file else None
-    if args.engine and not (args.from_compose or args.mode == "compose"):
-        raise argtypes.UsageError("--engine goes with --mode compose or --from-compose")
-    run_dir = path.parent / f"{path.stem}-run-{os.getpid()}"
-    compose_file = None
-    if args.from_compose or args.mode == "compose":
-        mode, compose_file = _compose_mode(args, run_dir)
-    else:
-        mode = "k8s" if args.from_k8s else args.mode
-    per: Per = args.per_container or ("device" if mode == "docker" else "node")
-    loopback = args.addressing == "loopback" or (args.addressing is None and mode == "procs")
-    if args.loopback is not None and not loopback:
-        raise argtypes.UsageError("--loopback goes with --mode procs or --addressing loopback")
-    return LaunchOptions(
-        preset=args.preset,
-        mode=mode,
-        per=per,
-        time_scale=args.time_scale,
-        dilation=args.dilation,
-        addressing=args.addressing,
-        host=args.host,
-        base_port=args.base_port,
-        port=args.port,
-        first_octet=args.loopback if args.loopback is not None else PROCS_FIRST_OCTET,
-        compose_file=compose_file,
-        image=args.image,
-        project=f"cmemu-{state.instance_name(path)}",
-        k8s_dir=Path(args.from_k8s) if args.from_k8s else None,
-        broker=args.broker or EMBEDDED,
-        # beside the state file, one per launcher: logs, the topology document, EMS's SSD
-        run_dir=run_dir if mode != "inprocess" else None,
-        drain_s=args.drain,
-        ready_timeout_s=args.ready_timeout,
-        token=keys.admin if keys is not None else None,
-        keys=keys,
-        insecure=args.insecure,
-        tls=_tls(args),
-        tls_dir=state.tls_dir(path) if args.tls == "auto" else None,
-        metrics=args.metrics != "none",
-    )
-
-
 def _loopback(text: str) -> int:
     try:
         return ports.loopback_prefix(text)
@@ -214,22 +131,6 @@ def _ui_address(text: str) -> str:
     except EmulatorError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
-
-
-def _tls(args: argparse.Namespace) -> TlsFiles | Literal["auto"] | None:
-    if args.tls == "auto":
-        if args.tls_cert or args.tls_key:
-            raise argtypes.UsageError("--tls auto makes its own certificate: no --tls-cert/key")
-        return "auto"
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise argtypes.UsageError("--tls-cert and --tls-key go together")
-    if not args.tls_cert:
-        if args.tls_ca:
-            raise argtypes.UsageError("--tls-ca goes with --tls-cert and --tls-key")
-        return None
-    cert = Path(args.tls_cert).resolve()
-    ca = Path(args.tls_ca).resolve() if args.tls_ca else cert
-    return TlsFiles(cert=cert, key=Path(args.tls_key).resolve(), ca=ca)
 
 
 async def _up(
@@ -268,7 +169,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     path = argtypes.resolve_state(args)
     assert path is not None
     check_not_running(path)  # before the port checks: a live instance is the likelier clash
-    options = launch_options(args, path)
+    options = upmodes.launch_options(args, path)
     # every address the instance opens, in its block, each bound once now: a clash is one
     # message naming the holder before anything starts (issue 21, findings 12 and 15)
     try:
@@ -282,7 +183,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         guard.check_bind("the web view", ui)
     ports.check_free(block)
     if args.detach:
-        from emulator.cli.detach import up_detached
+        from cmemu.emulator.cli.detach import up_detached
 
         code: int = up_detached(_argv_without_detach(), path, args.ready_timeout + 30.0)
         return code
@@ -336,6 +237,8 @@ def add_topology_args(p: argparse.ArgumentParser) -> None:
 
 def up_args(up: argparse.ArgumentParser) -> None:
     add_topology_args(up)
+    # None when not given: a flag the chosen mode does not read is refused (upmodes.py)
+    up.set_defaults(host=None, base_port=None, port=None)
     up.add_argument(
         "--loopback",
         type=_loopback,
@@ -360,7 +263,6 @@ def up_args(up: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--mode",
         choices=[m for m in MODES if m not in ("k8s", "docker")],
-        default="inprocess",
         help="inprocess: every server in this process (default); procs: one OS process per "
         "node (or --per device), each on its own loopback address; compose: `docker compose "
         "up` of the preset's compose file, one container per device (or --per node), "
@@ -381,7 +283,6 @@ def up_args(up: argparse.ArgumentParser) -> None:
     )
     up.add_argument(
         "--image",
-        default=IMAGE,
         help=f"with the Docker engine: the emulator's image (default {IMAGE}; "
         "`cmemu image build` makes it)",
     )

@@ -11,8 +11,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from emulator.client.router import RouterClient, UsageReport
-from emulator.runtime import state
+from cmemu.emulator.client.router import RouterClient, UsageReport
+from cmemu.emulator.runtime import state
 
 FIELDS = (
     "tenant",

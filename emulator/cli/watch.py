@@ -11,10 +11,10 @@ from typing import Any
 
 import aiomqtt
 
-from emulator.cli.argtypes import non_negative_int
-from emulator.model.errors import InvalidArgumentError, UnavailableError
-from emulator.runtime import state
-from emulator.runtime.events import parse_broker_url, subscriber, topic
+from cmemu.emulator.cli.argtypes import non_negative_int
+from cmemu.emulator.model.errors import InvalidArgumentError, UnavailableError
+from cmemu.emulator.runtime import state
+from cmemu.emulator.runtime.events import parse_broker_url, subscriber, topic
 
 
 def _line(payload: dict[str, Any], stream: str) -> str:

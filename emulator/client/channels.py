@@ -1,14 +1,15 @@
 """One shared gRPC channel per address, whatever the number of callers.
 
-Used by typed clients outside the emulator and by devices reaching each other (services.peers),
-so both open their channels with the same options and close them the same way.
+Used by typed clients outside the emulator and by devices reaching each other
+(cmemu.services.peers), so both open their channels with the same options and close them the
+same way.
 """
 
 from __future__ import annotations
 
 import grpc
 
-from emulator.client.credentials import ANONYMOUS, Credentials
+from cmemu.emulator.client.credentials import ANONYMOUS, Credentials
 
 RECONNECT_BACKOFF_MS = 1000
 MESSAGE_MAX_BYTES = 8 * 2**20  # room for a 1 MiB inline payload and batch replies

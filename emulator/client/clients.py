@@ -1,28 +1,39 @@
-"""Typed async stubs for the devices and services of a running emulator, found by topology."""
+"""Typed async stubs for the devices and services of a running emulator, found by topology.
+
+LAZY_STUBS: the stubs of the supernode-wide services no device calls (gateway, router,
+scheduler, manager, training) are imported by the method that makes one, so that a device
+process (`cmemu serve --device`, which imports this module) does not hold their descriptors.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import grpc
 
+from cmemu.emulator.client import health
+from cmemu.emulator.client.channels import Channels
+from cmemu.emulator.client.credentials import ANONYMOUS, Credentials
+from cmemu.emulator.model.errors import NotFoundError, quote
+from cmemu.emulator.model.scaleout import supernode_of
+from cmemu.emulator.model.topology import Device, ServiceKind, Topology
 from cmemu.v1 import (
     cpu_pb2_grpc,
     device_pb2_grpc,
     fabric_pb2_grpc,
-    gateway_pb2_grpc,
-    manager_pb2_grpc,
     mempool_pb2_grpc,
     npu_pb2_grpc,
-    router_pb2_grpc,
-    scheduler_pb2_grpc,
-    training_pb2_grpc,
     ub_pb2_grpc,
 )
-from emulator.client import health
-from emulator.client.channels import Channels
-from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.model.errors import NotFoundError, quote
-from emulator.model.scaleout import supernode_of
-from emulator.model.topology import Device, ServiceKind, Topology
+
+if TYPE_CHECKING:
+    from cmemu.v1 import (
+        gateway_pb2_grpc,
+        manager_pb2_grpc,
+        router_pb2_grpc,
+        scheduler_pb2_grpc,
+        training_pb2_grpc,
+    )
 
 
 class Clients:
@@ -89,6 +100,8 @@ class Clients:
     def gateway(self, which: int | str | None = None) -> gateway_pb2_grpc.GatewayAsyncStub:
         """The RDMA gateway of a supernode, by index (1) or id ("sn1-gw"); None: this
         document's own supernode's. NotFoundError without a scale-out plane."""
+        from cmemu.v1 import gateway_pb2_grpc  # (see the module's LAZY_STUBS)
+
         return gateway_pb2_grpc.GatewayStub(self.channel_to(self.gateway_address(which)))
 
     def gateway_address(self, which: int | str | None = None) -> str:
@@ -113,22 +126,30 @@ class Clients:
         )
 
     def router(self) -> router_pb2_grpc.RouterAsyncStub:
+        from cmemu.v1 import router_pb2_grpc  # (see the module's LAZY_STUBS)
+
         return router_pb2_grpc.RouterStub(
             self.channel_to(self.topology.service(ServiceKind.ROUTER).address)
         )
 
     def scheduler(self) -> scheduler_pb2_grpc.SchedulerAsyncStub:
+        from cmemu.v1 import scheduler_pb2_grpc  # (see the module's LAZY_STUBS)
+
         return scheduler_pb2_grpc.SchedulerStub(
             self.channel_to(self.topology.service(ServiceKind.SCHEDULER).address)
         )
 
     def manager(self) -> manager_pb2_grpc.ClusterManagerAsyncStub:
+        from cmemu.v1 import manager_pb2_grpc  # (see the module's LAZY_STUBS)
+
         return manager_pb2_grpc.ClusterManagerStub(
             self.channel_to(self.topology.service(ServiceKind.MANAGER).address)
         )
 
     def training(self) -> training_pb2_grpc.TrainingAsyncStub:
         """Training jobs are hosted on the manager's server."""
+        from cmemu.v1 import training_pb2_grpc  # (see the module's LAZY_STUBS)
+
         return training_pb2_grpc.TrainingStub(
             self.channel_to(self.topology.service(ServiceKind.MANAGER).address)
         )

@@ -15,15 +15,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from emulator.client.channels import Channels
-from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.client.remote import ClockStream, RemoteFabric
-from emulator.engines.clock import TimeKeeper
-from emulator.model.clock import Clock
-from emulator.model.emulatorprofile import ClockProfile
-from emulator.model.errors import UnavailableError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.client.channels import Channels
+from cmemu.emulator.client.credentials import ANONYMOUS, Credentials
+from cmemu.emulator.client.remote import ClockStream, RemoteFabric
+from cmemu.emulator.engines.clock import TimeKeeper
+from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.model.emulatorprofile import ClockProfile
+from cmemu.emulator.model.errors import UnavailableError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind, Topology
 
 SYNC_WAIT_S = 30.0  # wall: how long the fabric may take to tell its clock
 

@@ -4,7 +4,7 @@ the SchedulerPeer, RouterPeer and TrainingPeer protocols (emulator/engines/peers
 The scheduler and the router have no engine yet, so these are the only implementations of
 theirs (the manager reaches them over gRPC even in one process, which keeps a killed or hung
 scheduler looking the same to it whichever launcher runs it). The training jobs live on the
-manager's own server: their state answers directly there (services/training/service.py), and
+manager's own server: their engine answers directly there (emulator/engines/training/), and
 `RemoteTraining` is for a caller in another process. A failed call raises the EmulatorError its
 status names, prefixed with the service's name, as emulator/client/remote.py's peers do.
 """
@@ -15,6 +15,10 @@ from typing import TypeVar
 
 import grpc
 
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.engines.peers import Marked
+from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.model.scheduler.jobs import Replacement
 from cmemu.v1 import (
     router_pb2,
     router_pb2_grpc,
@@ -23,10 +27,6 @@ from cmemu.v1 import (
     training_pb2,
     training_pb2_grpc,
 )
-from emulator.client.status import reply_of
-from emulator.engines.peers import Marked
-from emulator.model.errors import NotFoundError
-from emulator.model.scheduler.jobs import Replacement
 
 T = TypeVar("T")
 

@@ -1,9 +1,10 @@
 """What a client presents to an emulator: its bearer token and the CA it verifies servers with.
 
-One `Credentials` value opens every channel (emulator.client.channels), so typed clients, health
-checks and devices calling each other (services.peers) carry the same token and trust the same
-CA. The token goes as `authorization: Bearer <token>` metadata on every call, by a client
-interceptor (call credentials would need TLS; the token is wanted over plaintext loopback too).
+One `Credentials` value opens every channel (cmemu.emulator.client.channels), so typed clients,
+health checks and devices calling each other (cmemu.services.peers) carry the same token and
+trust the same CA. The token goes as `authorization: Bearer <token>` metadata on every call, by
+a client interceptor (call credentials would need TLS; the token is wanted over plaintext
+loopback too).
 """
 
 from __future__ import annotations

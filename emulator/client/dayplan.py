@@ -14,6 +14,11 @@ from typing import TypeVar
 
 import grpc
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.model.daylive import Switch
+from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.model.training.spec import TrainingSpec
 from cmemu.v1 import (
     router_pb2,
     router_pb2_grpc,
@@ -21,10 +26,6 @@ from cmemu.v1 import (
     training_pb2,
     training_pb2_grpc,
 )
-from emulator.client.clients import Clients
-from emulator.client.status import reply_of
-from emulator.model.daylive import NightJob, Switch
-from emulator.model.errors import NotFoundError
 
 T = TypeVar("T")
 
@@ -109,7 +110,7 @@ async def start_day_plan(
     clients: Clients,
     *,
     deployment: str,
-    job: NightJob,
+    job: TrainingSpec,
     night: str = "22-7",
     hour_s: float = 60.0,
     start_hour: float = 0.0,
@@ -173,11 +174,12 @@ class RemoteDayServing:
         return sum(int(t.completion_tokens) for t in reply.tenants)
 
 
-def training_spec(job: NightJob) -> training_pb2.TrainingSpec:
+def training_spec(job: TrainingSpec) -> training_pb2.TrainingSpec:
     return training_pb2.TrainingSpec(
         name=job.name,
         npus=job.npus,
         model=job.model,
+        steps=job.steps,
         checkpoint_every=job.checkpoint_every,
         data_parallel=job.data_parallel,
         expert_parallel=job.expert_parallel,
@@ -189,7 +191,7 @@ class RemoteDayTraining:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._stub = training_pb2_grpc.TrainingStub(channel)
 
-    async def start(self, job: NightJob, *, resume: bool) -> int:
+    async def start(self, job: TrainingSpec, *, resume: bool) -> int:
         spec = training_spec(job)
         spec.resume = resume
         reply = await reply_of(

@@ -8,27 +8,23 @@ the EmulatorError its status names, the server's message unprefixed (emulator/cl
 
 from __future__ import annotations
 
-import enum
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.status import error_from, reply_of
+from cmemu.emulator.model.ems.index import Tier
+from cmemu.emulator.model.ems.objects import Got as Got  # noqa: PLC0414
+from cmemu.emulator.model.ems.objects import ObjectKind as ObjectKind  # noqa: PLC0414
+from cmemu.emulator.model.ems.objects import Put as Put  # noqa: PLC0414
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
-from emulator.client.clients import Clients
-from emulator.client.status import error_from, reply_of
-from emulator.model.ems.index import Tier
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind
 
 CHUNK = DEFAULT_PROFILE.ems.chunk_bytes  # a Put's most real bytes, and a PutStream piece
-
-
-class ObjectKind(enum.StrEnum):
-    KV = "kv"
-    WEIGHTS = "weights"
-    CHECKPOINT = "checkpoint"
 
 
 WIRE_KIND = {
@@ -38,30 +34,6 @@ WIRE_KIND = {
 }
 KIND_OF = {wire: kind for kind, wire in WIRE_KIND.items()}
 TIER_OF = {ems_pb2.TIER_DRAM: Tier.DRAM, ems_pb2.TIER_SSD: Tier.SSD}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Put:
-    """A stored object: where its copies are and what storing it cost in emulated time."""
-
-    key: str
-    size: int
-    replicas: tuple[str, ...]
-    issue_ns: int
-    complete_ns: int
-    evicted: int  # objects evicted (to SSD or out) to make room
-
-
-@dataclass(frozen=True, kw_only=True)
-class Got:
-    """A read object: its bytes (empty for a size-only object, or when not kept) and timing."""
-
-    key: str
-    data: bytes
-    size: int
-    served_by: str  # the pool (or "ssd") whose copy served the last chunk
-    issue_ns: int
-    complete_ns: int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 
 import grpc
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.status import error_from, reply_of
+from cmemu.emulator.client.wire import fabric as wire
+from cmemu.emulator.client.wire import ub as ub_wire
+from cmemu.emulator.engines.fabric.types import LinkStats
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.scaleout import check_ub_within
+from cmemu.emulator.model.ub import Completion, Op, Transaction
 from cmemu.v1 import device_pb2, fabric_pb2, fabric_pb2_grpc
-from emulator.client.clients import Clients
-from emulator.client.status import error_from, reply_of
-from emulator.client.wire import fabric as wire
-from emulator.client.wire import ub as ub_wire
-from emulator.engines.fabric.types import LinkStats
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.scaleout import check_ub_within
-from emulator.model.ub import Completion, Op, Transaction
 
 XFER_OPS = (Op.READ, Op.WRITE)
 """The ops an xfer moves a size with (the atomics and SEND carry values, not a bulk size)."""

@@ -18,9 +18,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from cmemu.v1 import device_pb2, fabric_pb2
-from emulator.client.clients import Clients
-from emulator.client.faultkinds import (
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faultkinds import (
     broker_outage,
     checkpoint_corrupt,
     clock_skew,
@@ -43,7 +42,7 @@ from emulator.client.faultkinds import (
     ssd_loss,
     thermal_throttle,
 )
-from emulator.client.faultkinds.base import (
+from cmemu.emulator.client.faultkinds.base import (
     ActiveFault,
     Kind,
     clear_device,
@@ -52,11 +51,12 @@ from emulator.client.faultkinds.base import (
     not_found,
     parse_device_fault,
 )
-from emulator.client.faultkinds.container import ContainerControl, attach_engine
-from emulator.client.faultkinds.process import ProcessTable, attach_processes
-from emulator.client.status import reply_of
-from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
-from emulator.model.naming import LINK, LINK_DIRECTED, parse_id
+from cmemu.emulator.client.faultkinds.container import ContainerControl, attach_engine
+from cmemu.emulator.client.faultkinds.process import ProcessTable, attach_processes
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, quote
+from cmemu.emulator.model.naming import LINK, LINK_DIRECTED, parse_id
+from cmemu.v1 import device_pb2, fabric_pb2
 
 __all__ = [
     "KINDS",

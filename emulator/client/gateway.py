@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import grpc
 
-from cmemu.v1 import gateway_pb2, gateway_pb2_grpc
-from emulator.client.clients import Clients
-from emulator.client.status import reply_of
-from emulator.client.wire import gateway as wire
-from emulator.engines.gateway.types import (
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.client.wire import gateway as wire
+from cmemu.emulator.engines.gateway.types import (
     GatewayStats,
     Landing,
     LinkStats,
@@ -27,7 +26,8 @@ from emulator.engines.gateway.types import (
     RouteInfo,
     TimedFlow,
 )
-from emulator.model.rdmafault import RdmaFault
+from cmemu.emulator.model.rdmafault import RdmaFault
+from cmemu.v1 import gateway_pb2, gateway_pb2_grpc
 
 
 class RemoteGateway:

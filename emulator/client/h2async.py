@@ -16,8 +16,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Iterable
 
-from emulator.client import h2probe
-from emulator.client.h2probe import (
+from cmemu.emulator.client import h2probe
+from cmemu.emulator.client.h2probe import (
     ACK,
     DATA,
     END_STREAM,

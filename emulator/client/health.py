@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from emulator.client import h2async
-from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.client.status import code_name, reply_of
-from emulator.model.errors import DeadlineExceededError, EmulatorError, UnavailableError
+from cmemu.emulator.client import h2async
+from cmemu.emulator.client.credentials import ANONYMOUS, Credentials
+from cmemu.emulator.client.status import code_name, reply_of
+from cmemu.emulator.model.errors import DeadlineExceededError, EmulatorError, UnavailableError
 
 UNREACHABLE = "UNREACHABLE"
 

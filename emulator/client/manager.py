@@ -5,13 +5,13 @@ EmulatorError its status names, the server's message unprefixed."""
 
 from __future__ import annotations
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.engines.manager.status import ManagerStatus, Mode
+from cmemu.emulator.model.errors import InternalError, InvalidArgumentError
+from cmemu.emulator.model.manager.detector import Incident
+from cmemu.emulator.model.topology import ServiceKind
 from cmemu.v1 import manager_pb2, manager_pb2_grpc
-from emulator.client.clients import Clients
-from emulator.client.status import reply_of
-from emulator.engines.manager.status import ManagerStatus, Mode
-from emulator.model.errors import InternalError, InvalidArgumentError
-from emulator.model.manager.detector import Incident
-from emulator.model.topology import ServiceKind
 
 WIRE_MODE = {
     Mode.ACTIVE: manager_pb2.MANAGER_MODE_ACTIVE,

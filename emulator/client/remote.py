@@ -12,6 +12,22 @@ from typing import TypeVar
 
 import grpc
 
+from cmemu.emulator.client.channels import Channels
+from cmemu.emulator.client.status import error_from, reply_of
+from cmemu.emulator.client.wire import device as device_wire
+from cmemu.emulator.client.wire import fabric as fabric_wire
+from cmemu.emulator.client.wire import ub as ub_wire
+from cmemu.emulator.engines.clock import ClockState
+from cmemu.emulator.engines.device.engine import FaultState, Telemetry
+from cmemu.emulator.engines.device.liveness import Beat
+from cmemu.emulator.engines.device.npu import Kernel, KernelResult
+from cmemu.emulator.engines.peers import CollectiveOutcome
+from cmemu.emulator.model.arrivals import ArrivalBatch
+from cmemu.emulator.model.collectivespec import CollectiveSpec
+from cmemu.emulator.model.linkfaults import FaultSpec
+from cmemu.emulator.model.memory import Region, RegionPage
+from cmemu.emulator.model.topology import Device
+from cmemu.emulator.model.ub import Completion, Transaction
 from cmemu.v1 import (
     device_pb2,
     device_pb2_grpc,
@@ -20,22 +36,6 @@ from cmemu.v1 import (
     npu_pb2_grpc,
     ub_pb2_grpc,
 )
-from emulator.client.channels import Channels
-from emulator.client.status import error_from, reply_of
-from emulator.client.wire import device as device_wire
-from emulator.client.wire import fabric as fabric_wire
-from emulator.client.wire import ub as ub_wire
-from emulator.engines.clock import ClockState
-from emulator.engines.device.engine import FaultState, Telemetry
-from emulator.engines.device.liveness import Beat
-from emulator.engines.device.npu import Kernel, KernelResult
-from emulator.engines.peers import CollectiveOutcome
-from emulator.model.arrivals import ArrivalBatch
-from emulator.model.collectivespec import CollectiveSpec
-from emulator.model.linkfaults import FaultSpec
-from emulator.model.memory import Region, RegionPage
-from emulator.model.topology import Device
-from emulator.model.ub import Completion, Transaction
 
 T = TypeVar("T")
 FAULT_CALL_S = 10.0  # wall: a fault call answers at once

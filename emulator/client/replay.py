@@ -19,11 +19,11 @@ from typing import Any
 
 import aiohttp
 
-from emulator.engines.clock import Timeline
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.serving.engine import Request
-from emulator.model.serving.report import Percentiles
-from emulator.model.serving.tokens import VOCAB, block_tokens
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.serving.engine import Request
+from cmemu.emulator.model.serving.report import Percentiles
+from cmemu.emulator.model.serving.tokens import VOCAB, block_tokens
 
 MAX_CONNECTIONS = 1000
 

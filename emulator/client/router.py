@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.deployments import Deployment, deployment
+from cmemu.emulator.client.servingstats import ServingStats, serving_stats
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.topology import ServiceKind
 from cmemu.v1 import router_pb2, router_pb2_grpc
-from emulator.client.clients import Clients
-from emulator.client.deployments import Deployment, deployment
-from emulator.client.servingstats import ServingStats, serving_stats
-from emulator.client.status import reply_of
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.topology import ServiceKind
 
 
 @dataclass(frozen=True, kw_only=True)

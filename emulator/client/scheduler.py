@@ -10,42 +10,17 @@ from typing import Any
 
 import grpc
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.status import error_from, reply_of
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.scheduler.grants import AllocatedNpu as AllocatedNpu  # noqa: PLC0414
+from cmemu.emulator.model.scheduler.grants import Allocation as Allocation  # noqa: PLC0414
+from cmemu.emulator.model.scheduler.grants import (
+    AllocationChange as AllocationChange,  # noqa: PLC0414
+)
+from cmemu.emulator.model.scheduler.jobs import Replacement
+from cmemu.emulator.model.topology import ServiceKind
 from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
-from emulator.client.clients import Clients
-from emulator.client.status import error_from, reply_of
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.scheduler.jobs import Replacement
-from emulator.model.topology import ServiceKind
-
-
-@dataclass(frozen=True, kw_only=True)
-class AllocatedNpu:
-    id: str
-    node: str
-    rack: int
-    dies: tuple[str, ...]  # the ranks of a collective
-    failed: bool  # reported failed since it was allocated: replace it
-
-
-@dataclass(frozen=True, kw_only=True)
-class Allocation:
-    job: str
-    npus: tuple[AllocatedNpu, ...]  # in id order
-    nodes: tuple[str, ...]
-    racks: tuple[int, ...]
-    policy: str  # the policy that placed it
-    priority: int
-    whole_nodes: bool
-    same_rack: bool
-    allocated_ns: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class AllocationChange:
-    change: str  # allocated | failed | replaced | released
-    allocation: Allocation  # after the change (the last one held, for "released")
-    npus: tuple[str, ...]  # the NPUs concerned (failed ones; for "replaced" the new ones)
-    at_ns: int  # emulated instant of the change
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,12 +26,11 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from emulator.client.errors import DOMAIN, ErrorDetails, decode
-from emulator.model.errors import (
+from cmemu.emulator.client.errors import DOMAIN, ErrorDetails, decode
+from cmemu.emulator.model.errors import (
+    CODE_OF,
     QUOTE_MAX,
     RETRY_AFTER_S,
-    AddressError,
-    AddressInUseError,
     CapacityError,
     DataLossError,
     DeadlineExceededError,
@@ -51,20 +50,9 @@ MESSAGE_MAX = 1024
 """The longest status message (and BadRequest description) a server sends, in characters."""
 
 STATUS_OF: dict[type[EmulatorError], grpc.StatusCode] = {
-    InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
-    NotFoundError: grpc.StatusCode.NOT_FOUND,
-    OutOfRangeError: grpc.StatusCode.OUT_OF_RANGE,
-    CapacityError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    PreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
-    UnavailableError: grpc.StatusCode.UNAVAILABLE,
-    AddressInUseError: grpc.StatusCode.UNAVAILABLE,
-    AddressError: grpc.StatusCode.INVALID_ARGUMENT,
-    DataLossError: grpc.StatusCode.DATA_LOSS,
-    DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
-    UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
-    PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
-    InternalError: grpc.StatusCode.INTERNAL,
+    cls: grpc.StatusCode[code] for cls, code in CODE_OF.items()
 }
+"""Each error class's status: the domain's table of canonical codes (model/errors.py)."""
 
 ERROR_OF: dict[grpc.StatusCode, type[EmulatorError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,

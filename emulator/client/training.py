@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.dayplan import training_spec
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.model.training.spec import TrainingSpec
 from cmemu.v1 import training_pb2, training_pb2_grpc
-from emulator.client.clients import Clients
-from emulator.client.dayplan import training_spec
-from emulator.client.status import reply_of
-from emulator.model.daylive import NightJob
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.topology import ServiceKind
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,17 +45,16 @@ class TrainingClient:
         address = clients.topology.service(ServiceKind.MANAGER).address
         self._stub = training_pb2_grpc.TrainingStub(clients.channel_to(address))
 
-    async def start(self, job: NightJob, *, steps: int = 0, resume: bool = False) -> TrainingJob:
-        """Start `job` for `steps` steps (0: until stopped); `resume` goes on from the last
-        checkpoint of a stopped job of its name."""
-        if job.npus < 1:
-            raise InvalidArgumentError(f"npus must be >= 1, got {job.npus}", field="spec.npus")
-        if steps < 0:
-            raise InvalidArgumentError(f"steps must be >= 0, got {steps}", field="spec.steps")
-        spec = training_spec(job)
-        spec.steps = steps
-        spec.resume = resume
-        request = training_pb2.StartTrainingRequest(spec=spec)
+    async def start(self, spec: TrainingSpec, *, resume: bool = False) -> TrainingJob:
+        """Start `spec` (for `spec.steps` steps, 0: until stopped); `resume` goes on from the
+        last checkpoint of a stopped job of its name."""
+        if spec.npus < 1:
+            raise InvalidArgumentError(f"npus must be >= 1, got {spec.npus}", field="spec.npus")
+        if spec.steps < 0:
+            raise InvalidArgumentError(f"steps must be >= 0, got {spec.steps}", field="spec.steps")
+        wire = training_spec(spec)
+        wire.resume = resume
+        request = training_pb2.StartTrainingRequest(spec=wire)
         return _job(await reply_of(None, self._stub.Start(request, timeout=self._timeout_s)))
 
     async def list(self) -> list[TrainingJob]:

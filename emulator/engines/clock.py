@@ -30,8 +30,8 @@ from typing import Protocol, TypeVar
 
 import structlog
 
-from emulator.model.clock import Clock, Segment, check_scale
-from emulator.model.emulatorprofile import ClockProfile
+from cmemu.emulator.model.clock import Clock, Segment, check_scale
+from cmemu.emulator.model.emulatorprofile import ClockProfile
 
 T = TypeVar("T")
 SPIN_S = 0.002  # the last wall milliseconds of a precise wait are spent yielding, not sleeping

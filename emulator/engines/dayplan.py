@@ -21,8 +21,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
-from emulator.engines.clock import Timeline
-from emulator.model.daylive import (
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.daylive import (
     DAY,
     DONE,
     FAILED,
@@ -31,13 +31,13 @@ from emulator.model.daylive import (
     SWITCHING,
     TO_SERVING,
     TO_TRAINING,
-    NightJob,
     Period,
     PlanStatus,
     Switch,
     night_spec,
 )
-from emulator.model.errors import EmulatorError, NotFoundError, UnavailableError
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError, UnavailableError
+from cmemu.emulator.model.training.spec import TrainingSpec
 
 POLL_S = 1.0  # emulated seconds between two looks at a job that is starting or stopping
 JOB_STARTED = "running"
@@ -69,7 +69,7 @@ class DayServing(Protocol):
 class DayTraining(Protocol):
     """The training jobs, as the day plan starts and stops its job."""
 
-    async def start(self, job: NightJob, *, resume: bool) -> int:
+    async def start(self, job: TrainingSpec, *, resume: bool) -> int:
         """Start (or resume from its last checkpoint) the job: its step then."""
         ...
 

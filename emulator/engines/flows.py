@@ -14,9 +14,9 @@ import asyncio
 import numpy as np
 import numpy.typing as npt
 
-from emulator.engines.clock import Timeline
-from emulator.model.errors import UnavailableError
-from emulator.model.flowsim import LiveFlows
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.errors import UnavailableError
+from cmemu.emulator.model.flowsim import LiveFlows
 
 FloatArray = npt.NDArray[np.float64]
 Incidence = tuple[tuple[int, float], ...]

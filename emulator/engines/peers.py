@@ -18,7 +18,9 @@ process.
 The control plane's peers (the scheduler, the router, the training jobs, a server's health) are
 what the cluster manager's engine calls (`ControlPlane`); the scheduler and the router have no
 engine yet, so they are reached over gRPC even in one process (a killed or hung scheduler then
-looks the same to the manager whichever launcher runs it).
+looks the same to the manager whichever launcher runs it). A training job (engines/training/)
+reaches the scheduler (`JobScheduler`) and EMS (`ObjectStore`) the same way, through the typed
+clients, and the fabric through its `FabricPeer`.
 """
 
 from __future__ import annotations
@@ -28,19 +30,26 @@ import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from emulator.model.arrivals import ArrivalBatch
-from emulator.model.errors import DeadlineExceededError, EmulatorError, PreconditionError, relayed
-from emulator.model.memory import Region, RegionPage
-from emulator.model.topology import Device, Service
-from emulator.model.ub import Completion, Transaction
+from cmemu.emulator.model.arrivals import ArrivalBatch
+from cmemu.emulator.model.ems.objects import Got, ObjectKind, Put
+from cmemu.emulator.model.errors import (
+    DeadlineExceededError,
+    EmulatorError,
+    PreconditionError,
+    relayed,
+)
+from cmemu.emulator.model.memory import Region, RegionPage
+from cmemu.emulator.model.scheduler.grants import Allocation, AllocationChange
+from cmemu.emulator.model.topology import Device, Service
+from cmemu.emulator.model.ub import Completion, Transaction
 
 if TYPE_CHECKING:
-    from emulator.engines.clock import ClockState
-    from emulator.engines.device.engine import DeviceEngine, FaultState, Telemetry
-    from emulator.engines.device.liveness import Beat
-    from emulator.engines.device.npu import Kernel, KernelResult
-    from emulator.engines.fabric.engine import FabricEngine
-    from emulator.engines.gateway.types import (
+    from cmemu.emulator.engines.clock import ClockState
+    from cmemu.emulator.engines.device.engine import DeviceEngine, FaultState, Telemetry
+    from cmemu.emulator.engines.device.liveness import Beat
+    from cmemu.emulator.engines.device.npu import Kernel, KernelResult
+    from cmemu.emulator.engines.fabric.engine import FabricEngine
+    from cmemu.emulator.engines.gateway.types import (
         Landing,
         LinkStats,
         OpRequest,
@@ -50,10 +59,10 @@ if TYPE_CHECKING:
         RouteInfo,
         TimedFlow,
     )
-    from emulator.model.collectivespec import CollectiveSpec
-    from emulator.model.linkfaults import FaultSpec
-    from emulator.model.rdmafault import RdmaFault
-    from emulator.model.scheduler.jobs import Replacement
+    from cmemu.emulator.model.collectivespec import CollectiveSpec
+    from cmemu.emulator.model.linkfaults import FaultSpec
+    from cmemu.emulator.model.rdmafault import RdmaFault
+    from cmemu.emulator.model.scheduler.jobs import Replacement
 
 T = TypeVar("T")
 
@@ -254,6 +263,53 @@ class TrainingPeer(Protocol):
 
     async def last_restored_ns(self, job: str) -> int | None:
         """The emulated instant of the job's last restore (0: never); None: no such job."""
+        ...
+
+
+class AllocationWatch(Protocol):
+    """An open stream of an allocation's changes: iterate it; `cancel` it when done."""
+
+    def __aiter__(self) -> AllocationWatch: ...
+
+    async def __anext__(self) -> AllocationChange: ...
+
+    def cancel(self) -> None: ...
+
+
+class JobScheduler(Protocol):
+    """The scheduler, as a training job (engines/training/) holds its NPUs with it. The typed
+    client (emulator/client/scheduler.py) is its one implementation: the scheduler has no
+    engine yet. A refusal is the EmulatorError its status names."""
+
+    async def allocate(self, job: str, npus: int) -> Allocation: ...
+
+    async def allocation(self, job: str) -> Allocation: ...
+
+    def watch(self, job: str = "") -> AllocationWatch:
+        """Each change of `job`'s allocation from now on (opened before the first is asked)."""
+        ...
+
+    async def release(self, job: str) -> object: ...
+
+
+class ObjectStore(Protocol):
+    """EMS, as a training job keeps its checkpoints in it (the typed client, emulator/client/
+    ems.py, is its one implementation). A put or a read into `device` is timed to it."""
+
+    async def put(
+        self,
+        key: str,
+        data: bytes = b"",
+        *,
+        size: int = 0,
+        kind: ObjectKind = ObjectKind.KV,
+        device: str = "",
+    ) -> Put: ...
+
+    async def load(self, key: str, *, device: str = "") -> Got: ...
+
+    async def delete_many(self, keys: Sequence[str]) -> None:
+        """Remove objects (one already gone is no error)."""
         ...
 
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 
-from emulator.engines.clock import Timeline
-from emulator.model.clock import Skew
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.clock import Skew
 
 
 class LocalClock(Timeline):

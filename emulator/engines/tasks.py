@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from emulator.model.errors import UnavailableError
+from cmemu.emulator.model.errors import UnavailableError
 
 
 class TaskOwner:
@@ -31,6 +31,11 @@ class TaskOwner:
 
     async def close(self) -> None:
         self._closed.set()
+
+    @property
+    def running(self) -> bool:
+        """run() owns the tasks: a start is taken."""
+        return self._group is not None
 
     def require_running(self) -> None:
         """Refuse a start, UNAVAILABLE and worth retrying, while nothing owns the tasks."""

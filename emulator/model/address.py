@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emulator.model.errors import InvalidArgumentError, quote
+from cmemu.emulator.model.errors import InvalidArgumentError, quote
 
 PORT_MAX = 65535
 ANY_PORT = 0  # a bind's "any free port", where a caller allows it

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emulator.model.address import port_of
-from emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.address import port_of
+from cmemu.emulator.model.errors import InvalidArgumentError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 21000  # below Linux's ephemeral range (32768+), so clients never squat on it

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.errors import InvalidArgumentError
 
 NEVER = math.inf
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from emulator.model.errors import InvalidArgumentError, OutOfRangeError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.topology import DeviceKind
+from cmemu.emulator.model.errors import InvalidArgumentError, OutOfRangeError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.topology import DeviceKind
 
 NS = 1e9
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import yaml
 
-from emulator.model.dayplan import in_window, parse_window
-from emulator.model.errors import InvalidArgumentError, quote
+from cmemu.emulator.model.dayplan import in_window, parse_window
+from cmemu.emulator.model.errors import InvalidArgumentError, quote
+from cmemu.emulator.model.training.spec import TrainingSpec
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,46}[a-z0-9])?$")
 DAY, NIGHT, SWITCHING, DONE, STOPPED, FAILED = (
@@ -37,23 +38,10 @@ TO_TRAINING, TO_SERVING = "training", "serving"
 
 
 @dataclass(frozen=True, kw_only=True)
-class NightJob:
-    """The training job that takes the freed NPUs at night (the training service's spec)."""
-
-    name: str
-    npus: int
-    model: str = ""
-    checkpoint_every: int = 0
-    data_parallel: int = 0
-    expert_parallel: int = 0
-    micro_batches: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
 class PlanSpec:
     name: str
     deployment: str
-    job: NightJob
+    job: TrainingSpec
     night: tuple[float, float]
     hour_s: float  # emulated seconds per plan hour
     start_hour: float = 0.0  # the plan clock's hour at the start
@@ -88,7 +76,7 @@ def plan_spec(
     *,
     name: str,
     deployment: str,
-    job: NightJob,
+    job: TrainingSpec,
     night: str,
     hour_s: float,
     start_hour: float,

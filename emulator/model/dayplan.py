@@ -29,15 +29,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.model.costmodel import NS, ems_ssd_ns
-from emulator.model.errors import InvalidArgumentError, quote
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving.deployment import Deployment
-from emulator.model.serving.operating import operating_point
-from emulator.model.topology import DeviceKind, Topology, build
-from emulator.model.training.checkpoint import checkpoint_bytes
-from emulator.model.training.spec import shape_of
-from emulator.model.training.timing import ModelTimer, first_dies
+from cmemu.emulator.model.costmodel import NS, ems_ssd_ns
+from cmemu.emulator.model.errors import InvalidArgumentError, quote
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving.deployment import Deployment
+from cmemu.emulator.model.serving.operating import operating_point
+from cmemu.emulator.model.topology import DeviceKind, Topology, build
+from cmemu.emulator.model.training.checkpoint import checkpoint_bytes
+from cmemu.emulator.model.training.spec import shape_of
+from cmemu.emulator.model.training.timing import ModelTimer, first_dies
 
 DAY_S = 86_400.0
 POLICIES = ("serve-only", "calendar", "load")

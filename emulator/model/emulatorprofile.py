@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emulator.model.provenance import GiB, fig
+from cmemu.emulator.model.provenance import GiB, fig
 
 
 @dataclass(frozen=True, kw_only=True)

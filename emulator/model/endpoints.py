@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.hardware import HardwareProfile
-from emulator.model.naming import die_id, trunk_id
-from emulator.model.routes import Incidence
-from emulator.model.topology import Device, DeviceKind, Topology
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.naming import die_id, trunk_id
+from cmemu.emulator.model.routes import Incidence
+from cmemu.emulator.model.topology import Device, DeviceKind, Topology
 
 PlanePorts = tuple[tuple[int, ...], ...]  # per plane: directed link indices
 IntArray = npt.NDArray[np.int64]

@@ -255,7 +255,7 @@ def bind_error(who: str, address: str, exc: OSError) -> EmulatorError:
     so that a typo in a host name does not send anyone hunting for the process on a port."""
     if exc.errno == errno.EADDRINUSE:
         return AddressInUseError(who, address)
-    from emulator.model.address import host_of  # it reports with these errors
+    from cmemu.emulator.model.address import host_of  # it reports with these errors
 
     host = host_of(address)
     if isinstance(exc, socket.gaierror):
@@ -304,3 +304,50 @@ def relayed(error: EmulatorError, prefix: str) -> EmulatorError:
     copy.__dict__.update(error.__dict__)
     copy.args = (f"{prefix}: {text}",)
     return copy
+
+
+CODES = frozenset({
+    "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED",
+})  # fmt: skip
+"""The canonical error codes (google.rpc.Code) by name: what any status says, on any wire."""
+
+CODE_OF: dict[type[EmulatorError], str] = {
+    InvalidArgumentError: "INVALID_ARGUMENT",
+    NotFoundError: "NOT_FOUND",
+    OutOfRangeError: "OUT_OF_RANGE",
+    CapacityError: "RESOURCE_EXHAUSTED",
+    PreconditionError: "FAILED_PRECONDITION",
+    UnavailableError: "UNAVAILABLE",
+    AddressInUseError: "UNAVAILABLE",
+    AddressError: "INVALID_ARGUMENT",
+    DataLossError: "DATA_LOSS",
+    DeadlineExceededError: "DEADLINE_EXCEEDED",
+    UnauthenticatedError: "UNAUTHENTICATED",
+    PermissionDeniedError: "PERMISSION_DENIED",
+    InternalError: "INTERNAL",
+}
+"""The canonical code each error class reports (a subclass: its nearest listed base's; none:
+INTERNAL). The one table: the gRPC layer's (emulator/client/status.py) is read from it, so an
+engine names an error's code as a status would without knowing the wire."""
+
+
+def code_of(error: EmulatorError) -> str:
+    """The canonical code `error` reports; an InternalError a client read back from a status it
+    has no class for (UNIMPLEMENTED, UNKNOWN) keeps that status's code as its reason."""
+    if isinstance(error, InternalError) and error.reason in CODES:
+        return error.reason
+    for cls in type(error).__mro__:
+        if cls in CODE_OF:
+            return CODE_OF[cls]
+    return "INTERNAL"
+
+
+def error_line(error: BaseException) -> str:
+    """An error as one line (`CODE: message`), for an event or a log that must say what went
+    wrong without a traceback; an exception that is no EmulatorError by its class's name."""
+    if isinstance(error, EmulatorError):
+        return f"{code_of(error)}: {error}"
+    return f"{type(error).__name__}: {error}"

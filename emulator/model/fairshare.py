@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.errors import UnavailableError
+from cmemu.emulator.model.errors import UnavailableError
+from cmemu.emulator.model.scratch import scratch
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -172,10 +173,16 @@ def maxmin(
 
 
 def fill(
-    flows: Solvable, cap: FloatArray, flow_cap: FloatArray, live: BoolArray
+    flows: Solvable,
+    cap: FloatArray,
+    flow_cap: FloatArray,
+    live: BoolArray,
+    *,
+    out: FloatArray | None = None,
 ) -> tuple[FloatArray, FloatArray]:
     """Max-min rates of the `live` flows (the others get 0) over the busy resources of capacity
-    `cap` (Solvable.caps: the last one the padding's), and what each has left over.
+    `cap` (Solvable.caps: the last one the padding's), and what each has left over. The rates
+    are written to `out` if given (simulate passes a work buffer of its own).
 
     Progressive filling, with every bottleneck that is already decided frozen in the same pass:
     a resource's fill level (what its unfrozen flows would each get if it saturated, after the
@@ -187,45 +194,69 @@ def fill(
     rather than one pass per distinct rate. The frozen flows' columns are dropped after each
     pass, so later passes (and the recomputations of a batch whose flows complete one by one)
     cost what is left to share, not the whole batch.
+
+    The temporaries as large as the batch are this thread's work buffers (scratch.py): an EP320
+    dispatch's first pass otherwise spends more time faulting in fresh pages than computing.
     """
     n_slots = len(cap)
-    rate = np.zeros(len(flow_cap))
+    rate = np.empty(len(flow_cap)) if out is None else out
     spare = cap.copy()
     if live.all():  # the first pass's load is known
         idx, rows, w, ceiling, wsum = None, flows.rows, flows.w, flow_cap, flows.load
+        live_rate = rate
     else:
         idx = np.flatnonzero(live)
         rows, w, ceiling = flows.rows[:, idx], flows.w[:, idx], flow_cap[idx]
         wsum = weighted_sum(rows.ravel(), w.ravel(), n_slots)
+        live_rate = scratch("fill.live_rate", (len(idx),), np.float64)
     live_rows, live_w = rows, w  # every live flow's, for what they carry in the end
-    left = np.arange(len(ceiling))  # the unfrozen flows, as columns of the live ones
-    live_rate = np.zeros(len(ceiling))
-    while left.size:
-        used = wsum > 0
-        level = np.full(n_slots, np.inf)
-        level[used] = np.maximum(spare[used], 0.0) / wsum[used]
-        levels = np.take(level, rows)
-        bottleneck = np.minimum(ceiling, levels.min(axis=0))  # each flow: its lowest level
-        if not np.isfinite(bottleneck).all():
-            raise UnavailableError("a flow crosses no resource and has no ceiling")
-        # a resource is decided when no flow of it has a lower bottleneck (up to REL_TOL)
-        limit = bottleneck * (1 + REL_TOL)
-        blocked = np.zeros(n_slots, dtype=bool)
-        blocked[rows[levels > limit]] = True
-        decided = used & ~blocked
-        newly = np.take(decided, rows).any(axis=0) | (ceiling <= limit)
-        live_rate[left[newly]] = bottleneck[newly]
+    left: IntArray | None = None  # the unfrozen flows, as columns of the live ones (None: all)
+    while True:
+        bottleneck, newly = _pass(spare, wsum, rows, ceiling)
         if newly.all():  # the last pass: nothing left to share (an EP320 dispatch's only one)
+            if left is None:
+                live_rate[:] = bottleneck
+            else:
+                live_rate[left] = bottleneck
             break
+        if left is None:
+            left = np.arange(len(newly))
+        live_rate[left[newly]] = bottleneck[newly]
         go, stay = np.flatnonzero(newly), np.flatnonzero(~newly)  # (columns: by index, faster)
         going = w.take(go, axis=1) * bottleneck[go]
         spare -= weighted_sum(rows.take(go, axis=1).ravel(), going.ravel(), n_slots)
         left, ceiling = left[stay], ceiling[stay]
         rows, w = rows.take(stay, axis=1), w.take(stay, axis=1)
         wsum = weighted_sum(rows.ravel(), w.ravel(), n_slots)
-    carried = weighted_sum(live_rows.ravel(), (live_w * live_rate).ravel(), n_slots)
-    if idx is None:
-        rate = live_rate
-    else:
+    moved = np.multiply(live_w, live_rate, out=scratch("fill.levels", live_w.shape, np.float64))
+    carried = weighted_sum(live_rows.ravel(), moved.ravel(), n_slots)
+    if idx is not None:
+        rate[:] = 0.0
         rate[idx] = live_rate
     return rate, cap - carried
+
+
+def _pass(
+    spare: FloatArray, wsum: FloatArray, rows: IntArray, ceiling: FloatArray
+) -> tuple[FloatArray, BoolArray]:
+    """One pass of `fill` over the unfrozen flows (the columns of `rows`): each one's bottleneck
+    (its lowest level, or its ceiling) and whether it freezes at it. Both are work buffers."""
+    shape, n, n_slots = rows.shape, rows.shape[1], len(spare)
+    used = wsum > 0
+    level = np.full(n_slots, np.inf)
+    level[used] = np.maximum(spare[used], 0.0) / wsum[used]
+    levels = np.take(level, rows, out=scratch("fill.levels", shape, np.float64), mode="clip")
+    bottleneck = np.minimum.reduce(levels, axis=0, out=scratch("fill.low", (n,), np.float64))
+    np.minimum(ceiling, bottleneck, out=bottleneck)  # each flow: its lowest level
+    if not np.isfinite(bottleneck, out=scratch("fill.flag", (n,), np.bool_)).all():
+        raise UnavailableError("a flow crosses no resource and has no ceiling")
+    # a resource is decided when no flow of it has a lower bottleneck (up to REL_TOL)
+    limit = np.multiply(bottleneck, 1 + REL_TOL, out=scratch("fill.limit", (n,), np.float64))
+    above = np.greater(levels, limit, out=scratch("fill.above", shape, np.bool_))
+    blocked = np.zeros(n_slots, dtype=bool)
+    blocked[rows[above]] = True
+    decided = used & ~blocked
+    reached = np.take(decided, rows, out=scratch("fill.reached", shape, np.bool_), mode="clip")
+    newly = np.logical_or.reduce(reached, axis=0, out=scratch("fill.newly", (n,), np.bool_))
+    newly |= np.less_equal(ceiling, limit, out=scratch("fill.flag", (n,), np.bool_))
+    return bottleneck, newly

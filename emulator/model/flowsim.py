@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.errors import UnavailableError
-from emulator.model.fairshare import (
+from cmemu.emulator.model.errors import UnavailableError
+from cmemu.emulator.model.fairshare import (
     REL_TOL,
     Crossings,
     Incidences,
@@ -27,6 +27,7 @@ from emulator.model.fairshare import (
     maxmin_rates,
     weighted_sum,
 )
+from cmemu.emulator.model.scratch import scratch
 
 __all__ = [  # and, from fairshare.py, the max-min solver flowsim's users have always imported here
     "SIM_REL_TOL",
@@ -133,64 +134,113 @@ def simulate(batch: FlowBatch, res_cap: FloatArray, *, rel_tol: float = SIM_REL_
     Also: a completion that releases no saturated resource crossed by a remaining flow leaves
     the allocation unchanged and costs no recomputation.
     """
-    n, n_res = batch.size, len(res_cap)
-    flows = batch.matrix.solvable(n_res)
-    rows = flows.rows
-    cap = flows.caps(res_cap)  # of the resources the flows cross, renumbered: see Solvable
-    n_busy = len(flows.busy)
-    remaining = batch.nbytes.astype(np.float64).copy()
-    fluid_end = np.zeros(n)
-    done = remaining <= 0
-    now = 0.0
-    events = 0
-    recomputations = 0
-    res_bytes = flows.spread(flows.carried(batch.nbytes), n_res)
-    rate = np.zeros(n)
-    old_rate, lag = rate, np.zeros(n)
-    saturated = np.zeros(n_busy + 1, dtype=bool)
+    run = _Run(batch, res_cap, rel_tol)
     stale = True
-    while not done.all():
-        active = ~done
+    while not run.done.all():
+        np.logical_not(run.done, out=run.active)
         if stale:
-            recomputations += 1
-            rate, residual = fill(flows, cap, batch.flow_cap, active)
-            if (rate[active] <= 0).any():
-                raise UnavailableError("some flows have no bandwidth left on their route")
-            saturated = residual <= 1e-6 * cap
-            saturated[n_busy] = False
-            # The batch's completions changed these rates at their mean instant, not at its end:
-            # credit (or debit) the survivors with the difference since then.
-            if events:  # (the first computation has no batch behind it)
-                remaining = np.maximum(remaining - (rate - old_rate) * lag, 0.0)
-        finish_in = np.full(n, np.inf)
-        finish_in[active] = remaining[active] / rate[active]
-        first = float(finish_in.min())
-        horizon = first * (1 + REL_TOL) + rel_tol * (now + first)
-        finishing = active & (finish_in <= horizon)
-        step = float(finish_in[finishing].max())
-        fluid_end[finishing] = now + finish_in[finishing]
-        lag = np.where(active & ~finishing, step - float(finish_in[finishing].mean()), 0.0)
-        old_rate = rate
-        now += step
-        remaining = np.where(active, remaining - rate * step, remaining)
-        remaining[finishing] = 0.0
-        done |= finishing
-        events += 1
-        if done.all():
+            run.recompute()
+        run.complete_next()
+        if run.done.all():
             break
-        # Rates change only if a finished flow released a saturated resource that a remaining
-        # flow crosses; otherwise the max-min allocation of the others is the same.
-        released = np.zeros(n_busy + 1, dtype=bool)
-        released[rows[:, np.flatnonzero(finishing)]] = True
-        released &= saturated
-        stale = bool(released.any()) and bool((np.take(released, rows).any(axis=0) & ~done).any())
+        stale = run.rates_change()
+    flows = run.flows
     return BatchResult(
-        fluid_end_s=fluid_end,
-        complete_s=fluid_end + batch.latency_s,
-        res_bytes=res_bytes,
-        events=events,
-        recomputations=recomputations,
+        fluid_end_s=run.fluid_end,
+        complete_s=run.fluid_end + batch.latency_s,
+        res_bytes=flows.spread(flows.carried(batch.nbytes), len(res_cap)),
+        events=run.events,
+        recomputations=run.recomputations,
     )
+
+
+class _Run:
+    """simulate's state over one batch. Its arrays as long as the batch are this thread's work
+    buffers (scratch.py), written in place (an EP320 dispatch otherwise spends more time
+    faulting in the pages of fresh temporaries than computing); none of them leaves simulate,
+    except fluid_end (a fresh array)."""
+
+    def __init__(self, batch: FlowBatch, res_cap: FloatArray, rel_tol: float) -> None:
+        n, self.batch, self.rel_tol = batch.size, batch, rel_tol
+        self.flows = batch.matrix.solvable(len(res_cap))
+        self.cap = self.flows.caps(res_cap)  # of the resources crossed, renumbered: Solvable
+        self.remaining = scratch("simulate.remaining", (n,), np.float64)
+        np.copyto(self.remaining, batch.nbytes)
+        self.rates = (
+            scratch("simulate.rate0", (n,), np.float64),
+            scratch("simulate.rate1", (n,), np.float64),
+        )
+        self.lag = scratch("simulate.lag", (n,), np.float64)
+        self.work = scratch("simulate.work", (n,), np.float64)
+        self.finish_in = scratch("simulate.finish_in", (n,), np.float64)
+        self.done = np.less_equal(self.remaining, 0, out=scratch("simulate.done", (n,), np.bool_))
+        self.active = scratch("simulate.active", (n,), np.bool_)  # not done: simulate sets it
+        self.finishing = scratch("simulate.finishing", (n,), np.bool_)
+        self.mask = scratch("simulate.mask", (n,), np.bool_)
+        self.fluid_end = np.zeros(n)
+        self.now = 0.0
+        self.rate = self.old_rate = self.rates[0]  # (read only once computed)
+        self.saturated = np.zeros(len(self.cap), dtype=bool)
+        self.events = self.recomputations = 0
+
+    def recompute(self) -> None:
+        """The max-min rates of the active flows, into the rate buffer old_rate does not hold."""
+        self.recomputations += 1
+        out = self.rates[self.recomputations % 2]
+        rate, residual = fill(self.flows, self.cap, self.batch.flow_cap, self.active, out=out)
+        no_rate = np.less_equal(rate, 0, out=self.mask)
+        if np.logical_and(no_rate, self.active, out=self.mask).any():
+            raise UnavailableError("some flows have no bandwidth left on their route")
+        self.saturated = residual <= 1e-6 * self.cap
+        self.saturated[-1] = False  # (the padding)
+        # The batch's completions changed these rates at their mean instant, not at its end:
+        # credit (or debit) the survivors with the difference since then.
+        if self.events:  # (the first computation has no batch behind it)
+            work, remaining = self.work, self.remaining
+            np.multiply(np.subtract(rate, self.old_rate, out=work), self.lag, out=work)
+            np.maximum(np.subtract(remaining, work, out=remaining), 0.0, out=remaining)
+        self.rate = rate
+
+    def complete_next(self) -> None:
+        """Finish the next batch of completions (see simulate) at the present rates."""
+        active, finishing = self.active, self.finishing
+        finish_in, remaining = self.finish_in, self.remaining
+        finish_in.fill(np.inf)
+        np.divide(remaining, self.rate, out=finish_in, where=active)
+        first = float(finish_in.min())
+        horizon = first * (1 + REL_TOL) + self.rel_tol * (self.now + first)
+        np.logical_and(active, np.less_equal(finish_in, horizon, out=finishing), out=finishing)
+        times = scratch("simulate.times", (int(np.count_nonzero(finishing)),), np.float64)
+        ending = np.compress(finishing, finish_in, out=times)
+        step = float(ending.max())
+        np.add(finish_in, self.now, out=self.fluid_end, where=finishing)
+        self.lag.fill(0.0)
+        waiting = np.logical_and(active, np.logical_not(finishing, out=self.mask), out=self.mask)
+        np.copyto(self.lag, step - float(ending.mean()), where=waiting)
+        self.old_rate = self.rate
+        self.now += step
+        moved = np.multiply(self.rate, step, out=self.work)
+        np.subtract(remaining, moved, out=remaining, where=active)
+        np.copyto(remaining, 0.0, where=finishing)
+        self.done |= finishing
+        self.events += 1
+
+    def rates_change(self) -> bool:
+        """Rates change only if the flows just finished released a saturated resource that a
+        remaining flow crosses; otherwise the max-min allocation of the others is the same."""
+        rows, finishing = self.flows.rows, self.finishing
+        released = np.zeros(len(self.cap), dtype=bool)
+        ended = scratch(
+            "simulate.rows", (rows.shape[0], int(np.count_nonzero(finishing))), np.int64
+        )
+        released[np.compress(finishing, rows, axis=1, out=ended)] = True
+        released &= self.saturated
+        if not released.any():
+            return False
+        hit = scratch("simulate.hit", rows.shape, np.bool_)
+        crossing = np.logical_or.reduce(np.take(released, rows, out=hit, mode="clip"), axis=0)
+        remains = np.logical_not(self.done, out=self.mask)
+        return bool(np.logical_and(crossing, remains, out=self.mask).any())
 
 
 @dataclass

@@ -17,8 +17,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.model.emulatorprofile import ClockProfile, EmulatorLimits
-from emulator.model.provenance import GB, GiB, fig
+from cmemu.emulator.model.emulatorprofile import ClockProfile, EmulatorLimits
+from cmemu.emulator.model.provenance import GB, GiB, fig
 
 
 @dataclass(frozen=True, kw_only=True)

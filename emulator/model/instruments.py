@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.errors import InvalidArgumentError
 
 # Upper bounds (seconds) for emulated latencies: a 512-byte UB read is about 1 us, a kernel or a
 # bulk transfer milliseconds, a long transfer seconds.

@@ -13,14 +13,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
-from emulator.model.faults.catalogue import FABRIC_PARAMS
-from emulator.model.faults.params import params_from
-from emulator.model.naming import Tier, die_id, l1_switch_id, parse_node, parse_switch
-from emulator.model.topology import DeviceKind, LinkKind
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, quote
+from cmemu.emulator.model.faults.catalogue import FABRIC_PARAMS
+from cmemu.emulator.model.faults.params import params_from
+from cmemu.emulator.model.naming import Tier, die_id, l1_switch_id, parse_node, parse_switch
+from cmemu.emulator.model.topology import DeviceKind, LinkKind
 
 if TYPE_CHECKING:  # a fault record needs no numpy: a device process imports this module
-    from emulator.model.linkgraph import LinkGraph
+    from cmemu.emulator.model.linkgraph import LinkGraph
 
 
 @dataclass(frozen=True, kw_only=True)

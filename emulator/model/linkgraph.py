@@ -24,17 +24,17 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.costmodel import UbOp, ub_efficiency, ub_wire_cost
-from emulator.model.endpoints import Endpoint, build_endpoints, port_tables
-from emulator.model.errors import (
+from cmemu.emulator.model.costmodel import UbOp, ub_efficiency, ub_wire_cost
+from cmemu.emulator.model.endpoints import Endpoint, build_endpoints, port_tables
+from cmemu.emulator.model.errors import (
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
     quote,
 )
-from emulator.model.fairshare import weighted_sum
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.naming import (
+from cmemu.emulator.model.fairshare import weighted_sum
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.naming import (
     DieName,
     Tier,
     die_id,
@@ -44,9 +44,9 @@ from emulator.model.naming import (
     parse_switch,
     trunk_id,
 )
-from emulator.model.routes import Route, find_route
-from emulator.model.topology import Device, DeviceKind, LinkKind, Topology
-from emulator.model.trunks import build_trunks
+from cmemu.emulator.model.routes import Route, find_route
+from cmemu.emulator.model.topology import Device, DeviceKind, LinkKind, Topology
+from cmemu.emulator.model.trunks import build_trunks
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

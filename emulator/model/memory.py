@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from emulator.model.errors import (
+from cmemu.emulator.model.errors import (
     CapacityError,
     InvalidArgumentError,
     NotFoundError,

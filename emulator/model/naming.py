@@ -34,7 +34,7 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import TypeVar
 
-from emulator.model.errors import InvalidArgumentError, quote
+from cmemu.emulator.model.errors import InvalidArgumentError, quote
 
 # fmt: off
 __all__ = [

@@ -19,8 +19,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from emulator.model.errors import InvalidArgumentError, UnknownNameError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile, figures
+from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile, figures
 
 
 def parse_override(text: str) -> tuple[str, float]:

@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from emulator.model.errors import InvalidArgumentError, UnknownNameError
+from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError
 
 PRESETS_FILE = Path(__file__).with_name("presets.toml")
 SUPPORTED_VERSION = 1

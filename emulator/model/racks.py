@@ -8,9 +8,9 @@ so its nodes fail together (rack-power-off); the scheduler's inventory groups no
 
 from __future__ import annotations
 
-from emulator.model.errors import NotFoundError, quote
-from emulator.model.naming import parse_node, parse_rack, rack_id
-from emulator.model.topology import Topology
+from cmemu.emulator.model.errors import NotFoundError, quote
+from cmemu.emulator.model.naming import parse_node, parse_rack, rack_id
+from cmemu.emulator.model.topology import Topology
 
 
 def rack_of(topology: Topology, node: str) -> str:

@@ -26,11 +26,11 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError, quote
-from emulator.model.faults.catalogue import GATEWAY_PARAMS
-from emulator.model.faults.params import params_from
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.naming import (
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError, quote
+from cmemu.emulator.model.faults.catalogue import GATEWAY_PARAMS
+from cmemu.emulator.model.faults.params import params_from
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.naming import (
     Tier,
     directed_link_id,
     link_id,
@@ -39,8 +39,8 @@ from emulator.model.naming import (
     parse_switch,
     supernode_id,
 )
-from emulator.model.rdmafault import RdmaFault
-from emulator.model.topology import LinkKind, ScaleOut
+from cmemu.emulator.model.rdmafault import RdmaFault
+from cmemu.emulator.model.topology import LinkKind, ScaleOut
 
 FloatArray = npt.NDArray[np.float64]
 Incidence = tuple[tuple[int, float], ...]

@@ -17,21 +17,21 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.costmodel import (
+from cmemu.emulator.model.costmodel import (
     UbOp,
     endpoint_latency_s,
     hop_latency_s,
     ub_latency_s,
     ub_wire_cost,
 )
-from emulator.model.errors import UnavailableError
-from emulator.model.hardware import HardwareProfile
-from emulator.model.naming import directed_link_id
-from emulator.model.topology import DeviceKind
+from cmemu.emulator.model.errors import UnavailableError
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.naming import directed_link_id
+from cmemu.emulator.model.topology import DeviceKind
 
 if TYPE_CHECKING:
-    from emulator.model.endpoints import Endpoint
-    from emulator.model.linkgraph import LinkGraph
+    from cmemu.emulator.model.endpoints import Endpoint
+    from cmemu.emulator.model.linkgraph import LinkGraph
 
 FloatArray = npt.NDArray[np.float64]
 Incidence = tuple[tuple[int, float], ...]  # (trunk index, share of the flow that crosses it)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from emulator.model.addressplans import AddressPlan, PortPlan
-from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.naming import (
+from cmemu.emulator.model.addressplans import AddressPlan, PortPlan
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, quote
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.naming import (
     Tier,
     core_switch_id,
     die_id,
@@ -27,8 +27,8 @@ from emulator.model.naming import (
     spine_switch_id,
     supernode_id,
 )
-from emulator.model.presets import Preset, get_preset
-from emulator.model.topology import (
+from cmemu.emulator.model.presets import Preset, get_preset
+from cmemu.emulator.model.topology import (
     DeviceKind,
     Link,
     LinkKind,

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.model.errors import EmulatorError, InvalidArgumentError, quote
+from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError, quote
 
 KEYS_VERSION = 1
 DEFAULT_TENANT = "default"

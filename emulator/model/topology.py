@@ -15,13 +15,13 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
-from emulator.model.addressplans import AddressPlan, PortPlan
-from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.addressplans import AddressPlan, PortPlan
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, quote
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 
 # re-exported: the device kinds belong to the ids, and so to naming.py
-from emulator.model.naming import DeviceKind as DeviceKind  # noqa: PLC0414
-from emulator.model.naming import (
+from cmemu.emulator.model.naming import DeviceKind as DeviceKind  # noqa: PLC0414
+from cmemu.emulator.model.naming import (
     device_id,
     die_id,
     l1_switch_id,
@@ -31,7 +31,7 @@ from emulator.model.naming import (
     parse_supernode,
     service_id,
 )
-from emulator.model.presets import Preset, get_preset
+from cmemu.emulator.model.presets import Preset, get_preset
 
 DOCUMENT_VERSION = 1
 RACK = DEFAULT_PROFILE.node.nodes_per_rack  # nodes a rack holds, unless a document says

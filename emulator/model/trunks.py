@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.hardware import HardwareProfile
-from emulator.model.naming import die_id, trunk_id
-from emulator.model.topology import DeviceKind, LinkKind, Topology
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.naming import die_id, trunk_id
+from cmemu.emulator.model.topology import DeviceKind, LinkKind, Topology
 
 IntArray = npt.NDArray[np.int64]
 

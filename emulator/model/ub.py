@@ -12,8 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 
-from emulator.model.costmodel import UbOp
-from emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.costmodel import UbOp
+from cmemu.emulator.model.errors import InvalidArgumentError
 
 ATOMIC_BYTES = 8
 

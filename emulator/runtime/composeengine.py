@@ -34,24 +34,24 @@ from typing import Any
 import structlog
 import yaml
 
-from emulator.client import health
-from emulator.client.clients import Clients
-from emulator.client.credentials import Credentials
-from emulator.model.address import parse_address
-from emulator.model.addressplans import ENGINE_FIRST_OCTET, loopback_ip
-from emulator.model.errors import InvalidArgumentError, PreconditionError, UnavailableError
-from emulator.model.topology import ServiceKind, Topology
-from emulator.runtime import composerun, image
-from emulator.runtime.composegen import MOSQUITTO_QUEUES, MQTT_PORT
-from emulator.runtime.deaths import death_reporter
-from emulator.runtime.docker import (
+from cmemu.emulator.client import health
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.credentials import Credentials
+from cmemu.emulator.model.address import parse_address
+from cmemu.emulator.model.addressplans import ENGINE_FIRST_OCTET, loopback_ip
+from cmemu.emulator.model.errors import InvalidArgumentError, PreconditionError, UnavailableError
+from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.runtime import composerun, image
+from cmemu.emulator.runtime.composegen import MOSQUITTO_QUEUES, MQTT_PORT
+from cmemu.emulator.runtime.deaths import death_reporter
+from cmemu.emulator.runtime.docker import (
     DOWN_TIMEOUT_S,
     DockerEngine,
     compose_command,
     engine_version,
     run_command,
 )
-from emulator.runtime.serve import clock_from_fabric, read_document
+from cmemu.emulator.runtime.serve import clock_from_fabric, read_document
 
 log = structlog.get_logger("cmemu.composeengine")
 ENGINE_FILE = "engine-compose.yaml"

@@ -17,14 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from emulator.model.address import port_of
-from emulator.model.addressplans import METRICS_PORT, DnsPlan
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.scaleout import build_cluster
-from emulator.model.topology import Service, ServiceKind, Topology
-from emulator.runtime.registry import DEVICE_WAVE, spec_of
-from emulator.runtime.security import MQTT_USER, mqtt_password, new_token, read_token, write_secret
-from emulator.runtime.serve import PER, ServeKind, serve_argv
+from cmemu.emulator.model.address import port_of
+from cmemu.emulator.model.addressplans import METRICS_PORT, DnsPlan
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.model.topology import Service, ServiceKind, Topology
+from cmemu.emulator.runtime.registry import DEVICE_WAVE, spec_of
+from cmemu.emulator.runtime.security import (
+    MQTT_USER,
+    mqtt_password,
+    new_token,
+    read_token,
+    write_secret,
+)
+from cmemu.emulator.runtime.serve import PER, ServeKind, serve_argv
 
 TOPOLOGY_IN_CONTAINER = "/etc/cmemu/topology.json"
 EMS_SSD_IN_CONTAINER = "/var/lib/cmemu/ems-ssd"

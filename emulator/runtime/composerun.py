@@ -22,10 +22,10 @@ from typing import Any
 
 import yaml
 
-from emulator.model.addressplans import COMPOSE_FIRST_OCTET, loopback_ip
-from emulator.model.errors import InvalidArgumentError, PreconditionError
-from emulator.model.topology import Topology
-from emulator.runtime.composegen import (
+from cmemu.emulator.model.addressplans import COMPOSE_FIRST_OCTET, loopback_ip
+from cmemu.emulator.model.errors import InvalidArgumentError, PreconditionError
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.runtime.composegen import (
     MOSQUITTO_PASSWD_IN_CONTAINER,
     MOSQUITTO_QUEUES,
     MQTT_PORT,
@@ -33,9 +33,9 @@ from emulator.runtime.composegen import (
     TOKEN_SECRET,
     write_secrets,
 )
-from emulator.runtime.procs import ProcSpec
-from emulator.runtime.security import TOKEN_ENV, read_token, write_secret
-from emulator.runtime.serve import BROKER_ENV
+from cmemu.emulator.runtime.procs import ProcSpec
+from cmemu.emulator.runtime.security import TOKEN_ENV, read_token, write_secret
+from cmemu.emulator.runtime.serve import BROKER_ENV
 
 SECRETS_DIR = "/run/secrets"
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from emulator.model.naming import parse_id
-from emulator.model.topology import Topology
-from emulator.runtime.events import EventBus
-from emulator.runtime.procs import Running
+from cmemu.emulator.model.naming import parse_id
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.runtime.events import EventBus
+from cmemu.emulator.runtime.procs import Running
 
 log = structlog.get_logger("cmemu.deaths")
 DIED = "died"

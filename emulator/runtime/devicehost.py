@@ -10,17 +10,17 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from emulator.engines.clock import TimeKeeper
-from emulator.engines.device import faults as device_faults
-from emulator.engines.device import make_device, process_budgets
-from emulator.engines.device.engine import DeviceEngine
-from emulator.engines.device.liveness import Liveness
-from emulator.engines.events import EventSink
-from emulator.engines.skewclock import LocalClock
-from emulator.model.hardware import HardwareProfile
-from emulator.model.topology import Topology
-from services.kinds import DeviceServer
-from services.peers import Peers
+from cmemu.emulator.engines.clock import TimeKeeper
+from cmemu.emulator.engines.device import faults as device_faults
+from cmemu.emulator.engines.device import make_device, process_budgets
+from cmemu.emulator.engines.device.engine import DeviceEngine
+from cmemu.emulator.engines.device.liveness import Liveness
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.skewclock import LocalClock
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.topology import Topology
+from cmemu.services.kinds import DeviceServer
+from cmemu.services.peers import Peers
 
 
 @dataclass(frozen=True, kw_only=True)

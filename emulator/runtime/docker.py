@@ -19,7 +19,7 @@ import subprocess
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
-from emulator.model.errors import NotFoundError, PreconditionError, UnavailableError, quote
+from cmemu.emulator.model.errors import NotFoundError, PreconditionError, UnavailableError, quote
 
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"

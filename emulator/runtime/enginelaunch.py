@@ -14,29 +14,28 @@ from pathlib import Path
 
 import structlog
 
-from emulator.client.clients import Clients
-from emulator.model.errors import InvalidArgumentError
-from emulator.runtime import composeengine, composegen
-from emulator.runtime.composeengine import EngineRun
-from emulator.runtime.docker import DockerEngine
-from emulator.runtime.launchoptions import LaunchOptions, StartInterrupted, report
-from emulator.runtime.launchsetup import make_run_dir
-from emulator.runtime.procs import Running
-from emulator.runtime.security import MQTT_USER, Security, read_token
-from emulator.runtime.stopping import unless_stopped
-from emulator.runtime.supernode import Supernode
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.runtime import composeengine, composegen
+from cmemu.emulator.runtime.composeengine import EngineRun
+from cmemu.emulator.runtime.docker import DockerEngine
+from cmemu.emulator.runtime.launchoptions import Docker, LaunchOptions, StartInterrupted, report
+from cmemu.emulator.runtime.launchsetup import make_run_dir
+from cmemu.emulator.runtime.procs import Running
+from cmemu.emulator.runtime.security import MQTT_USER, Security, read_token
+from cmemu.emulator.runtime.stopping import unless_stopped
+from cmemu.emulator.runtime.supernode import Supernode
 
 log = structlog.get_logger("cmemu.enginelaunch")
 CREATE_S_PER_CONTAINER = 2.0
 
 
-def compose_file_for(options: LaunchOptions, run_dir: Path) -> Path:
-    """The file the engine runs: the options' own, or the preset's generated into the run dir
+def compose_file_for(options: LaunchOptions, mode: Docker, run_dir: Path) -> Path:
+    """The file the engine runs: the mode's own, or the preset's generated into the run dir
     (with its token and broker password)."""
-    if options.compose_file is not None:
-        return options.compose_file
+    if mode.compose_file is not None:
+        return mode.compose_file
     out = run_dir / f"{options.preset}.yaml"
-    composegen.write(options.preset, options.per, out, options.time_scale)
+    composegen.write(options.preset, mode.generated_per, out, options.time_scale)
     composegen.write_secrets(run_dir)
     return out
 
@@ -49,24 +48,25 @@ def token_of(compose_file: Path) -> str | None:
 
 @contextlib.asynccontextmanager
 async def launch(
-    options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
+    options: LaunchOptions,
+    mode: Docker,
+    stop: asyncio.Event,
+    on_death: Callable[[Running], None] | None,
 ) -> AsyncIterator[Supernode]:
     version = await composeengine.require_engine()
-    project = options.project or f"cmemu-{os.getpid()}"
-    if not project.replace("-", "").replace("_", "").isalnum() or project != project.lower():
-        raise InvalidArgumentError(f"compose project {project!r}: lower case, digits, - and _")
-    run_dir = await make_run_dir(options)
+    project = mode.project or f"cmemu-{os.getpid()}"  # Docker checked a given one
+    run_dir = await make_run_dir(mode.run_dir)
     run: EngineRun | None = None
     engine = DockerEngine(project)
     try:
-        compose_file = await asyncio.to_thread(compose_file_for, options, run_dir)
+        compose_file = await asyncio.to_thread(compose_file_for, options, mode, run_dir)
         run = await asyncio.to_thread(
             composeengine.prepare,
             compose_file,
             run_dir,
             project=project,
-            tag=options.image,
-            first_octet=options.engine_octet,
+            tag=mode.image,
+            first_octet=mode.engine_octet,
         )
         engine = DockerEngine(project, servers=run.servers, networks=run.networks)
         token = await asyncio.to_thread(token_of, compose_file)

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import aiomqtt
 import structlog
 
-from emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.errors import InvalidArgumentError
 
 log = structlog.get_logger("cmemu.events")
 EVENTS_QOS = 1

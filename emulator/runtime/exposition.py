@@ -19,7 +19,7 @@ import resource
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-from emulator.model.instruments import Histogram, MetricType, Value
+from cmemu.emulator.model.instruments import Histogram, MetricType, Value
 
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"

@@ -19,7 +19,6 @@ import contextlib
 import ctypes
 import functools
 import time
-from xml.etree import ElementTree
 
 import structlog
 
@@ -92,6 +91,8 @@ def malloc_arenas() -> list[tuple[int, int, int]]:
     """Each malloc arena's (number, bytes it holds from the kernel, bytes free in it), from
     glibc's malloc_info(): the main thread's is 0, the others serve other threads (gRPC's,
     executors'). Empty without glibc."""
+    from xml.etree import ElementTree  # (memdebug's reports only: not every process's import)
+
     libc = _libc()
     if libc is None or not hasattr(libc, "malloc_info") or not hasattr(libc, "open_memstream"):
         return []

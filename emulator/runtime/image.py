@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from emulator.model.errors import InvalidArgumentError, PreconditionError, UnknownNameError
+from cmemu.emulator.model.errors import InvalidArgumentError, PreconditionError, UnknownNameError
 
 IMAGE = "cloudmatrix-emulator:latest"
 REGISTRY_BASE = "python:3.11-slim"
@@ -248,7 +248,9 @@ def fill_wheelhouse(options: BuildOptions, context: Path, say: Say) -> None:
     for part in PROJECT_PARTS:
         path = options.project / part
         if path.is_dir():
-            shutil.copytree(path, source / part, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                path, source / part, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
+            )
         elif path.is_file():
             source.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, source / part)

@@ -19,38 +19,38 @@ from typing import TYPE_CHECKING, cast
 
 import structlog
 
-from emulator.client import health
-from emulator.engines.clock import TimeKeeper
-from emulator.engines.device import faults as device_faults
-from emulator.engines.device.engine import DeviceEngine
-from emulator.engines.device.liveness import Liveness
-from emulator.model.clock import Clock
-from emulator.model.errors import EmulatorError, NotFoundError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.topology import ServiceKind, Topology
-from emulator.runtime import heap
-from emulator.runtime.devicehost import host_devices
-from emulator.runtime.events import EventBus
-from emulator.runtime.memdebug import MemDebug
-from emulator.runtime.metricserver import MetricsServer, open_metrics
-from emulator.runtime.registry import (
+from cmemu.emulator.client import health
+from cmemu.emulator.engines.clock import TimeKeeper
+from cmemu.emulator.engines.device import faults as device_faults
+from cmemu.emulator.engines.device.engine import DeviceEngine
+from cmemu.emulator.engines.device.liveness import Liveness
+from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.runtime import heap
+from cmemu.emulator.runtime.devicehost import host_devices
+from cmemu.emulator.runtime.events import EventBus
+from cmemu.emulator.runtime.memdebug import MemDebug
+from cmemu.emulator.runtime.metricserver import MetricsServer, open_metrics
+from cmemu.emulator.runtime.registry import (
     DEVICE_WAVE,
     SERVICE_SPECS,
     ServiceContext,
     ServiceState,
 )
-from emulator.runtime.security import NONE as NO_SECURITY
-from emulator.runtime.security import Security
-from emulator.runtime.servicecontrol import LocalServices
-from emulator.runtime.telemetry import publish_telemetry
-from services.auth import OPEN
-from services.host import ServiceHost
-from services.kinds import DeviceServer
-from services.peers import Peers
+from cmemu.emulator.runtime.security import NONE as NO_SECURITY
+from cmemu.emulator.runtime.security import Security
+from cmemu.emulator.runtime.servicecontrol import LocalServices
+from cmemu.emulator.runtime.telemetry import publish_telemetry
+from cmemu.services.auth import OPEN
+from cmemu.services.host import ServiceHost
+from cmemu.services.kinds import DeviceServer
+from cmemu.services.peers import Peers
 
 if TYPE_CHECKING:  # imported by the processes that host them (runtime/registry.py)
-    from emulator.engines.ems import EmsState
-    from emulator.engines.fabric.engine import FabricEngine
+    from cmemu.emulator.engines.ems import EmsState
+    from cmemu.emulator.engines.fabric.engine import FabricEngine
 
 log = structlog.get_logger("cmemu.inprocess")
 

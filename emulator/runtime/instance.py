@@ -5,8 +5,9 @@ token file, the TLS material `--tls auto` made; and a stop that always ends.
 
 `cmemu up` is a skin over `start` (it adds the boot bar and the printed summary); a test or a
 benchmark that wants `cmemu ls`, `cmemu fault` or `cmemu status` to find what it started calls
-it too, with no CLI process in between. What attaches is the state file: `state.clients(path)`
-in Python, `--name`/`--state-file` on the command line.
+it too, with no CLI process in between. What attaches is the state file: `attach(name)` in
+Python (attach.py: the topology, typed clients, the credentials, the launcher, a stop),
+`--name`/`--state-file` on the command line.
 
 A stop's order is the product's promise (README "Stopping"): health NOT_SERVING everywhere
 first, then the state and token files go (so nobody attaches to a stopping instance), then the
@@ -24,16 +25,19 @@ import os
 import shutil
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from emulator.model.errors import EmulatorError
-from emulator.runtime import metricserver, ports, state
-from emulator.runtime.procs import Running
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.runtime.taskdump import print_tasks
-from emulator.runtime.webview import NONE as UI_NONE
-from emulator.runtime.webview import WebView
+from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError
+from cmemu.emulator.runtime import metricserver, ports, state
+from cmemu.emulator.runtime.attach import HOSTED, Attached, StaleInstanceError, attach
+from cmemu.emulator.runtime.procs import Running
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.runtime.taskdump import print_tasks
+from cmemu.emulator.runtime.webview import NONE as UI_NONE
+from cmemu.emulator.runtime.webview import WebView
+
+__all__ = ["Attached", "Hosted", "StaleInstanceError", "attach", "stale_removed", "start"]
 
 WEBVIEW_STOP_S = 5.0  # its feeds, streams and HTTP server
 STOP_REPORT_S = 20.0  # a stop still going after the drain and this long says what it waits for
@@ -46,6 +50,14 @@ class Hosted:
     supernode: Supernode
     path: Path  # its state file
     view: WebView | None = None
+    # set when a stop is asked (`attach(name).stop()`, or the caller's own event: `cmemu up`'s
+    # signals); the host's `async with` ends when it likes, `wait_stop` serves until then
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def wait_stop(self) -> None:
+        """Return once a stop is asked: `async with start(...) as h: await h.wait_stop()`
+        serves until someone attached stops it."""
+        await self.stopping.wait()
 
     @property
     def name(self) -> str:
@@ -71,17 +83,26 @@ def stale_removed(path: Path) -> int | None:
 @contextlib.asynccontextmanager
 async def start(
     options: LaunchOptions,
-    path: Path,
+    path: Path | None = None,
     *,
+    name: str | None = None,
     ui: str = UI_NONE,
     block: ports.Block | None = None,
     stop: asyncio.Event | None = None,
     on_death: Callable[[Running], None] | None = None,
     argv: Sequence[str] = (),
 ) -> AsyncIterator[Hosted]:
-    """The supernode of `options`, all SERVING, its state file written at `path` (refused with
-    AlreadyRunningError while another live instance holds it); on exit the stop above."""
+    """The supernode of `options`, all SERVING, its state file written at `path`, or at the
+    state file of instance `name` in the state directory (neither: the default instance's, as
+    `cmemu up`), refused with AlreadyRunningError while another live instance holds it; on exit
+    the stop above. `stop`, set while starting, aborts the start; set after, it is what
+    `Hosted.wait_stop` waits for (and what `attach(name).stop()` sets)."""
+    if path is not None and name is not None:
+        raise InvalidArgumentError(f"a state file ({path}) or a name ({name!r}): one of them")
+    path = path if path is not None else state.path_for(name or state.DEFAULT_NAME)
     await asyncio.to_thread(stale_removed, path)
+    stop = stop if stop is not None else asyncio.Event()
+    key = path.resolve()
     stopping: asyncio.TimerHandle | None = None
     try:
         async with (
@@ -96,9 +117,11 @@ async def start(
                     others=sn.supernodes[1:],
                 )
             )  # fmt: skip
+            HOSTED[key] = (asyncio.get_running_loop(), stop)
             try:
-                yield Hosted(supernode=sn, path=path, view=view)
+                yield Hosted(supernode=sn, path=path, view=view, stopping=stop)
             finally:
+                HOSTED.pop(key, None)
                 stopping = asyncio.get_running_loop().call_later(
                     options.drain_s + STOP_REPORT_S, _report_slow_stop
                 )

@@ -31,10 +31,10 @@ from typing import Any
 
 import yaml
 
-from emulator.model.addressplans import METRICS_PORT
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.topology import Topology
-from emulator.runtime.composegen import (
+from cmemu.emulator.model.addressplans import METRICS_PORT
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.runtime.composegen import (
     EMS_SSD_IN_CONTAINER,
     MEM_LIMITS,
     MOSQUITTO_CONF,
@@ -46,8 +46,8 @@ from emulator.runtime.composegen import (
     compose_topologies,
     mosquitto_passwd_line,
 )
-from emulator.runtime.k8spods import Workload, quantity, workloads
-from emulator.runtime.security import (
+from cmemu.emulator.runtime.k8spods import Workload, quantity, workloads
+from cmemu.emulator.runtime.security import (
     MQTT_USER,
     MQTT_USER_ENV,
     TOKEN_ENV,
@@ -55,7 +55,7 @@ from emulator.runtime.security import (
     new_token,
     write_secret,
 )
-from emulator.runtime.serve import BROKER_ENV, Per, serve_argv
+from cmemu.emulator.runtime.serve import BROKER_ENV, Per, serve_argv
 
 API_MIN_VERSION = "1.27"  # native gRPC probes are GA from 1.27
 DEFAULT_NAMESPACE = "cmemu"

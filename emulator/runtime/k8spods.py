@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from emulator.model.address import port_of
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.topology import DeviceKind, ServiceKind, Topology
-from emulator.runtime.composegen import MEM_LIMITS
-from emulator.runtime.registry import DEVICE_WAVE, spec_of
-from emulator.runtime.serve import Per, ServeKind
+from cmemu.emulator.model.address import port_of
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.topology import DeviceKind, ServiceKind, Topology
+from cmemu.emulator.runtime.composegen import MEM_LIMITS
+from cmemu.emulator.runtime.registry import DEVICE_WAVE, spec_of
+from cmemu.emulator.runtime.serve import Per, ServeKind
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,14 +22,14 @@ from typing import Any
 
 import yaml
 
-from emulator.model.addressplans import K8S_FIRST_OCTET, loopback_ip
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.topology import Topology
-from emulator.runtime.composerun import BROKER_IMAGES, IMAGES, Rehost, private_path
-from emulator.runtime.k8sgen import WAVE_ANNOTATION
-from emulator.runtime.procs import ProcSpec
-from emulator.runtime.security import TOKEN_ENV, read_token, write_secret
-from emulator.runtime.serve import BROKER_ENV, GZIP_MAGIC
+from cmemu.emulator.model.addressplans import K8S_FIRST_OCTET, loopback_ip
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.runtime.composerun import BROKER_IMAGES, IMAGES, Rehost, private_path
+from cmemu.emulator.runtime.k8sgen import WAVE_ANNOTATION
+from cmemu.emulator.runtime.procs import ProcSpec
+from cmemu.emulator.runtime.security import TOKEN_ENV, read_token, write_secret
+from cmemu.emulator.runtime.serve import BROKER_ENV, GZIP_MAGIC
 
 MANIFEST_SUFFIXES = (".yaml", ".yml")
 PASSIVE_KINDS = frozenset({"Namespace", "ConfigMap", "Secret", "Service"})  # nothing to run

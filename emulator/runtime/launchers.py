@@ -10,16 +10,26 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import assert_never
 
-from emulator.client.clients import Clients
-from emulator.engines.clock import TimeKeeper
-from emulator.model.clock import Clock
-from emulator.runtime.inprocess import InProcessSupernode
-from emulator.runtime.launchoptions import LaunchOptions, Mode, StartInterrupted, report
-from emulator.runtime.launchsetup import broker_for, security_for, servers_of
-from emulator.runtime.procs import Running
-from emulator.runtime.procslaunch import launch_compose, launch_k8s, launch_procs
-from emulator.runtime.supernode import Launcher, Supernode
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.engines.clock import TimeKeeper
+from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.runtime.inprocess import InProcessSupernode
+from cmemu.emulator.runtime.launchoptions import (
+    Compose,
+    Docker,
+    InProcess,
+    K8s,
+    LaunchOptions,
+    Procs,
+    StartInterrupted,
+    report,
+)
+from cmemu.emulator.runtime.launchsetup import broker_for, security_for, servers_of
+from cmemu.emulator.runtime.procs import Running
+from cmemu.emulator.runtime.procslaunch import launch_compose, launch_k8s, launch_procs
+from cmemu.emulator.runtime.supernode import Supernode
 
 
 @contextlib.asynccontextmanager
@@ -31,16 +41,38 @@ async def start(
 ) -> AsyncIterator[Supernode]:
     """`Supernode.start`: the mode's launcher, then the clients' close on exit."""
     async with contextlib.AsyncExitStack() as stack:
-        sn = await stack.enter_async_context(LAUNCHERS[options.mode](options, stop, on_death))
+        sn = await stack.enter_async_context(_launcher(options, stop, on_death))
         if stop.is_set():  # while starting (in process, a start runs to its end first)
             raise StartInterrupted("stopped while starting")
         stack.push_async_callback(sn.clients.close)
         yield sn
 
 
+def _launcher(
+    options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
+) -> contextlib.AbstractAsyncContextManager[Supernode]:
+    """The launcher of the options' mode, given that mode's own options."""
+    mode = options.mode
+    match mode:
+        case InProcess():
+            return _inprocess(options, mode, stop, on_death)
+        case Procs():
+            return launch_procs(options, mode, stop, on_death)
+        case Compose():
+            return launch_compose(options, mode, stop, on_death)
+        case K8s():
+            return launch_k8s(options, mode, stop, on_death)
+        case Docker():
+            return _docker(options, mode, stop, on_death)
+    assert_never(mode)
+
+
 @contextlib.asynccontextmanager
 async def _inprocess(
-    options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
+    options: LaunchOptions,
+    mode: InProcess,
+    stop: asyncio.Event,
+    on_death: Callable[[Running], None] | None,
 ) -> AsyncIterator[Supernode]:
     """Every supernode of the preset in this process, one InProcessSupernode each, sharing
     the broker, the token and emulated time (one epoch: the scale-out plane times flows between
@@ -95,20 +127,14 @@ async def _cancelled(task: asyncio.Future[None]) -> None:
 
 @contextlib.asynccontextmanager
 async def _docker(
-    options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
+    options: LaunchOptions,
+    mode: Docker,
+    stop: asyncio.Event,
+    on_death: Callable[[Running], None] | None,
 ) -> AsyncIterator[Supernode]:
     """Compose through the Docker engine (emulator/runtime/enginelaunch.py, which builds on
     this module)."""
-    from emulator.runtime import enginelaunch
+    from cmemu.emulator.runtime import enginelaunch
 
-    async with enginelaunch.launch(options, stop, on_death) as sn:
+    async with enginelaunch.launch(options, mode, stop, on_death) as sn:
         yield sn
-
-
-LAUNCHERS: dict[Mode, Launcher] = {
-    "inprocess": _inprocess,
-    "procs": launch_procs,
-    "compose": launch_compose,
-    "k8s": launch_k8s,
-    "docker": _docker,
-}

@@ -11,13 +11,13 @@ import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from emulator.model.address import join_address, parse_address
-from emulator.model.errors import bind_error
-from emulator.model.topology import Topology
-from emulator.runtime import tls
-from emulator.runtime.broker import Broker
-from emulator.runtime.launchoptions import EMBEDDED, NO_BROKER, LaunchOptions
-from emulator.runtime.security import MQTT_USER, Security
+from cmemu.emulator.model.address import join_address, parse_address
+from cmemu.emulator.model.errors import bind_error
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.runtime import tls
+from cmemu.emulator.runtime.broker import Broker
+from cmemu.emulator.runtime.launchoptions import EMBEDDED, NO_BROKER, LaunchOptions
+from cmemu.emulator.runtime.security import MQTT_USER, Security
 
 EMBEDDED_BROKER_HOST = "127.0.0.1"
 
@@ -88,8 +88,9 @@ async def security_for(
         )
 
 
-async def make_run_dir(options: LaunchOptions) -> Path:
-    if options.run_dir is None:
+async def make_run_dir(run_dir: Path | None) -> Path:
+    """The mode's run directory, made; a temporary one when it names none."""
+    if run_dir is None:
         return Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="cmemu-run-"))
-    await asyncio.to_thread(options.run_dir.mkdir, parents=True, exist_ok=True)
-    return options.run_dir
+    await asyncio.to_thread(run_dir.mkdir, parents=True, exist_ok=True)
+    return run_dir

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import structlog
 
-from emulator.runtime.heap import malloc_arenas, malloc_info, malloc_trim, rss_bytes
+from cmemu.emulator.runtime.heap import malloc_arenas, malloc_info, malloc_trim, rss_bytes
 
 ENV = "CMEMU_MEMDEBUG"
 FRAMES_ENV = "CMEMU_MEMDEBUG_FRAMES"  # 0: no tracing (the reports cost little then)

@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from emulator.engines.clock import TimeKeeper
-from emulator.engines.device.engine import DeviceEngine
-from emulator.model.instruments import Family, Histogram, MetricType, Value
-from emulator.model.topology import DeviceKind, ServiceKind
-from emulator.runtime.exposition import RawFamily
+from cmemu.emulator.engines.clock import TimeKeeper
+from cmemu.emulator.engines.device.engine import DeviceEngine
+from cmemu.emulator.model.instruments import Family, Histogram, MetricType, Value
+from cmemu.emulator.model.topology import DeviceKind, ServiceKind
+from cmemu.emulator.runtime.exposition import RawFamily
 
 if TYPE_CHECKING:
-    from emulator.runtime.inprocess import InProcessSupernode
+    from cmemu.emulator.runtime.inprocess import InProcessSupernode
 
 log = structlog.get_logger("cmemu.metrics")
 
@@ -290,7 +290,7 @@ class SupernodeCollector:
 
     def _service(self, kind: ServiceKind, state: object) -> Iterable[Family]:
         if kind is ServiceKind.EMS:  # numpy: only where it is hosted
-            from emulator.runtime import servicemetrics as sm
+            from cmemu.emulator.runtime import servicemetrics as sm
 
             if isinstance(state, sm.EmsState):
                 return sm.ems_families(state)

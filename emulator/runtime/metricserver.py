@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from emulator.model.address import parse_address
-from emulator.model.errors import bind_error
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import Topology, metrics_address
-from emulator.runtime import exposition
-from emulator.runtime.metrics import Families, SupernodeCollector
+from cmemu.emulator.model.address import parse_address
+from cmemu.emulator.model.errors import bind_error
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import Topology, metrics_address
+from cmemu.emulator.runtime import exposition
+from cmemu.emulator.runtime.metrics import Families, SupernodeCollector
 
 if TYPE_CHECKING:
-    from emulator.runtime.inprocess import InProcessSupernode
-    from emulator.runtime.supernode import Supernode
+    from cmemu.emulator.runtime.inprocess import InProcessSupernode
+    from cmemu.emulator.runtime.supernode import Supernode
 
 log = structlog.get_logger("cmemu.metrics")
 PATH = "/metrics"
@@ -196,7 +196,7 @@ def supernode_endpoints(sn: Supernode) -> dict[str, str]:
         processes: dict[str, Collection[str]]
         if sn.supervisor is None:
             processes = {topology.supernode: servers}
-        elif sn.options.mode == "compose":  # the compose file's processes name no servers
+        elif sn.options.mode.name == "compose":  # the compose file's processes name no servers
             processes = {server: (server,) for server in servers}
         else:
             mine = set(servers)

@@ -22,13 +22,13 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from emulator.model.address import parse_address
-from emulator.model.addressplans import LoopbackPlan, PortPlan
-from emulator.model.errors import AddressError, AddressInUseError, InvalidArgumentError
-from emulator.model.topology import Topology, metrics_address
-from emulator.runtime.launchoptions import EMBEDDED, LaunchOptions
-from emulator.runtime.metricserver import first_server
-from emulator.runtime.procslaunch import proc_waves
+from cmemu.emulator.model.address import parse_address
+from cmemu.emulator.model.addressplans import LoopbackPlan, PortPlan
+from cmemu.emulator.model.errors import AddressError, AddressInUseError, InvalidArgumentError
+from cmemu.emulator.model.topology import Topology, metrics_address
+from cmemu.emulator.runtime.launchoptions import EMBEDDED, InProcess, LaunchOptions, Procs
+from cmemu.emulator.runtime.metricserver import first_server
+from cmemu.emulator.runtime.procslaunch import proc_waves
 
 EXTRAS = ("the embedded broker", "the web view")  # after the servers, in this order
 PROC = Path("/proc")
@@ -79,9 +79,9 @@ def block_of(options: LaunchOptions, ui: str | None) -> Block:
     """Every address `options` binds, with the broker and web view (`ui` the `--ui` given, or
     None for the default) placed in the instance's block. Modes that run files (compose, k8s,
     docker) bring their own addresses: only the web view and the broker are placed there."""
-    plan = options.plan
-    if options.mode not in ("inprocess", "procs"):
+    if not isinstance(options.mode, InProcess | Procs):
         return Block(bindings=())
+    plan = options.plan
     try:
         supernodes = options.supernodes()
     except InvalidArgumentError:
@@ -116,8 +116,11 @@ def _size(options: LaunchOptions, first: int, servers: int | None = None) -> int
     """The ports of the block from `first` (`servers`: those of the servers, when known); a
     BlockError when it runs past 65535."""
     if servers is None:  # sized on a block that fits: a topology past 65535 cannot be built
-        at_one = dataclasses.replace(options, base_port=1).supernodes()
-        servers = sum(len(_servers(options, t)) for t in at_one)
+        mode = options.mode
+        assert isinstance(mode, InProcess | Procs) and isinstance(mode.plan, PortPlan)
+        at_one = dataclasses.replace(mode, plan=dataclasses.replace(mode.plan, base_port=1))
+        at_one_options = dataclasses.replace(options, mode=at_one)
+        servers = sum(len(_servers(at_one_options, t)) for t in at_one_options.supernodes())
     size = servers + len(EXTRAS)
     if first + size - 1 > 65535:
         raise BlockError(
@@ -143,11 +146,11 @@ def _servers(options: LaunchOptions, topology: Topology) -> list[tuple[str, str]
     ]
     if topology.metrics_port is None:
         return out
-    if options.mode == "inprocess":
+    if not isinstance(options.mode, Procs):  # in process: one /metrics per supernode
         first = first_server(topology, {d.id for d in topology.devices})
         where = metrics_address(topology, first[1]) if first else None
         return out + ([(f"{topology.supernode}'s /metrics", where)] if where else [])
-    for wave in proc_waves(topology, Path("topology.json"), options.per):
+    for wave in proc_waves(topology, Path("topology.json"), options.mode.per):
         for spec in wave:  # each process serves /metrics on its first server's host
             first = first_server(topology, spec.servers)
             where = metrics_address(topology, first[1]) if first else None

@@ -19,7 +19,7 @@ from types import TracebackType
 
 import structlog
 
-from emulator.model.errors import UnavailableError
+from cmemu.emulator.model.errors import UnavailableError
 
 log = structlog.get_logger("cmemu.procs")
 STOP_GRACE_S = 10.0

@@ -14,29 +14,33 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from emulator.client import health
-from emulator.client.clients import Clients
-from emulator.client.clock import followed_time
-from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.engines.clock import TimeKeeper
-from emulator.model.topology import ServiceKind, Topology
-from emulator.runtime import composerun, k8srun
-from emulator.runtime.deaths import death_reporter
-from emulator.runtime.launchoptions import (
+from cmemu.emulator.client import health
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.clock import followed_time
+from cmemu.emulator.client.credentials import ANONYMOUS, Credentials
+from cmemu.emulator.engines.clock import TimeKeeper
+from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.runtime import composerun, k8srun
+from cmemu.emulator.runtime.deaths import death_reporter
+from cmemu.emulator.runtime.launchoptions import (
     CMEMU,
     EMBEDDED,
+    Compose,
+    K8s,
     LaunchOptions,
+    Procs,
     StartInterrupted,
     report,
 )
-from emulator.runtime.launchsetup import broker_for, make_run_dir, security_for
-from emulator.runtime.procs import ProcSpec, Running, Supervisor
-from emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS, WAVES
-from emulator.runtime.security import NONE as NO_SECURITY
-from emulator.runtime.security import Security
-from emulator.runtime.serve import Per, ServeKind, clock_from_fabric, serve_argv
-from emulator.runtime.supernode import Launcher, Supernode
+from cmemu.emulator.runtime.launchsetup import broker_for, make_run_dir, security_for
+from cmemu.emulator.runtime.procs import ProcSpec, Running, Supervisor
+from cmemu.emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS, WAVES
+from cmemu.emulator.runtime.security import NONE as NO_SECURITY
+from cmemu.emulator.runtime.security import Security
+from cmemu.emulator.runtime.serve import Per, ServeKind, clock_from_fabric, serve_argv
+from cmemu.emulator.runtime.supernode import Launcher, Supernode
 
 PROCS_LOG_LEVEL = "warning"  # a process's own log: its warnings and errors
 FABRIC_CLOCK_WAIT_S = 10.0  # it answers SERVING by then: its clock answers at once
@@ -176,9 +180,12 @@ def merge_waves(per_supernode: list[list[list[ProcSpec]]]) -> list[list[ProcSpec
 
 @contextlib.asynccontextmanager
 async def launch_procs(
-    options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
+    options: LaunchOptions,
+    mode: Procs,
+    stop: asyncio.Event,
+    on_death: Callable[[Running], None] | None,
 ) -> AsyncIterator[Supernode]:
-    run_dir = await make_run_dir(options)
+    run_dir = await make_run_dir(mode.run_dir)
     supernodes = await asyncio.to_thread(options.supernodes)
     # every process computes the same emulated time from the same epoch
     epoch = time.time()
@@ -192,7 +199,7 @@ async def launch_procs(
         for doc in docs:
             path = topology_file(run_dir, doc)
             await asyncio.to_thread(path.write_text, doc.to_json())
-            per_supernode.append(proc_waves(doc, path, options.per))
+            per_supernode.append(proc_waves(doc, path, mode.per))
         env = await asyncio.to_thread(security.env, run_dir)
         waves = [
             [dataclasses.replace(spec, env={**spec.env, **env}) for spec in wave]
@@ -225,11 +232,10 @@ def _broker_override(options: LaunchOptions) -> str | None:
     return None if options.broker == EMBEDDED else options.broker
 
 
-def _load_compose(options: LaunchOptions, run_dir: Path) -> _Loaded:
+def _load_compose(options: LaunchOptions, mode: Compose, run_dir: Path) -> _Loaded:
     # as `docker compose up` does: the fabric's epoch, unless $CMEMU_EPOCH gives one to all
-    assert options.compose_file is not None
     services, supernodes = composerun.load(
-        options.compose_file, dict(os.environ), run_dir, broker=_broker_override(options)
+        mode.file, dict(os.environ), run_dir, broker=_broker_override(options)
     )
     return _Loaded(
         waves=[[s.spec for s in wave] for wave in composerun.start_order(services)],
@@ -238,25 +244,30 @@ def _load_compose(options: LaunchOptions, run_dir: Path) -> _Loaded:
     )
 
 
-def _load_k8s(options: LaunchOptions, run_dir: Path) -> _Loaded:
-    assert options.k8s_dir is not None
-    run = k8srun.load(options.k8s_dir, run_dir, broker=_broker_override(options))
+def _load_k8s(options: LaunchOptions, mode: K8s, run_dir: Path) -> _Loaded:
+    run = k8srun.load(mode.manifests, run_dir, broker=_broker_override(options))
     return _Loaded(waves=run.waves, supernodes=run.supernodes, token=run.token)
 
 
+FileMode = TypeVar("FileMode", Compose, K8s)
+
+
 def _from_files(
-    load: Callable[[LaunchOptions, Path], _Loaded],
-) -> Launcher:
+    load: Callable[[LaunchOptions, FileMode, Path], _Loaded],
+) -> Launcher[FileMode]:
     """A launcher of the processes that files describe (a compose file, Kubernetes manifests),
     wave by wave, under the supervisor."""
 
     @contextlib.asynccontextmanager
     async def launch(
-        options: LaunchOptions, stop: asyncio.Event, on_death: Callable[[Running], None] | None
+        options: LaunchOptions,
+        mode: FileMode,
+        stop: asyncio.Event,
+        on_death: Callable[[Running], None] | None,
     ) -> AsyncIterator[Supernode]:
-        run_dir = await make_run_dir(options)
+        run_dir = await make_run_dir(mode.run_dir)
         try:
-            loaded = await asyncio.to_thread(load, options, run_dir)
+            loaded = await asyncio.to_thread(load, options, mode, run_dir)
         except BaseException:  # nothing ran: nothing to keep
             await asyncio.to_thread(shutil.rmtree, run_dir, True)
             raise

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, cast
 
-from emulator.engines.clock import TimeKeeper, Timeline
-from emulator.engines.events import EventSink
-from emulator.model.hardware import HardwareProfile
-from emulator.model.topology import Service, ServiceKind, Topology
-from services.host import ServiceHost
-from services.peers import Peers
+from cmemu.emulator.engines.clock import TimeKeeper, Timeline
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.topology import Service, ServiceKind, Topology
+from cmemu.services.host import ServiceHost
+from cmemu.services.peers import Peers
 
 # The start waves: the fabric before the devices (they hand it their first transaction as soon
 # as they serve); the devices; EMS (its index is rebuilt from the memory pools) and the
@@ -101,7 +101,7 @@ def _standard(where: str) -> Create:
 
 
 def _ems(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
-    from services.ems import create_ems  # imported by the process hosting it
+    from cmemu.services.ems import create_ems  # imported by the process hosting it
 
     return create_ems(
         address=ctx.service.address,
@@ -115,8 +115,8 @@ def _ems(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
 
 
 def _fabric(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
-    from emulator.engines.fabric.engine import FabricEngine
-    from services.fabric import fabric_server  # imported by the process hosting it
+    from cmemu.emulator.engines.fabric.engine import FabricEngine
+    from cmemu.services.fabric import fabric_server  # imported by the process hosting it
 
     engine = FabricEngine(
         topology=ctx.topology,
@@ -131,14 +131,14 @@ def _fabric(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
 
 
 async def _ems_rebuild(state: ServiceState, ctx: ServiceContext) -> None:
-    from emulator.engines.ems import EmsState  # imported by the process hosting it
+    from cmemu.emulator.engines.ems import EmsState  # imported by the process hosting it
 
     assert isinstance(state, EmsState)
     await state.rebuild(ctx.rebuild_wait_s)
 
 
 async def _router_http(state: ServiceState, ctx: ServiceContext) -> None:
-    from services.router import RouterState  # imported by the process hosting it
+    from cmemu.services.router import RouterState  # imported by the process hosting it
 
     assert isinstance(state, RouterState)
     await state.open_http()
@@ -155,21 +155,21 @@ SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {
         prepare=_ems_rebuild,
     ),
     ServiceKind.SCHEDULER: ServiceSpec(
-        create=_standard("services.scheduler:create_scheduler"), wave=2, mem_limit="512m"
+        create=_standard("cmemu.services.scheduler:create_scheduler"), wave=2, mem_limit="512m"
     ),
     ServiceKind.ROUTER: ServiceSpec(
-        create=_standard("services.router:create_router"),
+        create=_standard("cmemu.services.router:create_router"),
         wave=3,
         mem_limit="2g",
         prepare=_router_http,
     ),
     # after the devices: it lands RDMA bytes through their UB Deliver
     ServiceKind.GATEWAY: ServiceSpec(
-        create=_standard("services.gateway:create_gateway"), wave=2, mem_limit="1g"
+        create=_standard("cmemu.services.gateway:create_gateway"), wave=2, mem_limit="1g"
     ),
     # last: it heartbeats every device and calls the scheduler and the router
     ServiceKind.MANAGER: ServiceSpec(
-        create=_standard("services.manager:create_manager"), wave=4, mem_limit="1g"
+        create=_standard("cmemu.services.manager:create_manager"), wave=4, mem_limit="1g"
     ),
 }
 WAVES = 1 + max(spec.wave for spec in SERVICE_SPECS.values())

@@ -19,11 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emulator.client.credentials import Credentials
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.tenants import Keys, parse_keys, render_keys, single
-from emulator.runtime.tls import TlsFiles
-from services.auth import ServerSecurity
+from cmemu.emulator.client.credentials import Credentials
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.tenants import Keys, parse_keys, render_keys, single
+from cmemu.emulator.runtime.tls import TlsFiles
+from cmemu.services.auth import ServerSecurity
 
 TOKEN_ENV = "CMEMU_TOKEN_FILE"
 TLS_CERT_ENV = "CMEMU_TLS_CERT"

@@ -15,21 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from emulator.client.clients import Clients
-from emulator.client.credentials import ANONYMOUS, Credentials
-from emulator.client.fabric import ClockInfo, FabricClient
-from emulator.client.status import code_name
-from emulator.model.errors import (
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.credentials import ANONYMOUS, Credentials
+from cmemu.emulator.client.fabric import ClockInfo, FabricClient
+from cmemu.emulator.client.status import code_name
+from cmemu.emulator.model.errors import (
     EmulatorError,
     InvalidArgumentError,
     NotFoundError,
     UnavailableError,
 )
-from emulator.model.naming import parse_service
-from emulator.model.topology import ServiceKind, Topology
-from emulator.runtime.inprocess import InProcessSupernode
-from emulator.runtime.security import Security
-from emulator.runtime.stopping import unless_stopped
+from cmemu.emulator.model.naming import parse_service
+from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.runtime.inprocess import InProcessSupernode
+from cmemu.emulator.runtime.security import Security
+from cmemu.emulator.runtime.stopping import unless_stopped
 
 EPOCH_ENV = "CMEMU_EPOCH"
 BROKER_ENV = "CMEMU_BROKER"

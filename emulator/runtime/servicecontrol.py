@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from emulator.model.errors import PreconditionError
-from emulator.model.faults.catalogue import ServiceDownParams
-from emulator.model.topology import ServiceKind
+from cmemu.emulator.model.errors import PreconditionError
+from cmemu.emulator.model.faults.catalogue import ServiceDownParams
+from cmemu.emulator.model.topology import ServiceKind
 
 if TYPE_CHECKING:
-    from emulator.runtime.inprocess import InProcessSupernode
-    from emulator.runtime.registry import ServiceState
-    from services.host import ServiceHost
+    from cmemu.emulator.runtime.inprocess import InProcessSupernode
+    from cmemu.emulator.runtime.registry import ServiceState
+    from cmemu.services.host import ServiceHost
 
 log = structlog.get_logger("cmemu.services")
 
@@ -141,7 +141,7 @@ class LocalServices:
     ) -> None:
         """The fabric down (`how`) or back (""): its server gated, its clock calls exempt, and
         the devices of this process, which reach its engine directly, through its Outage."""
-        from emulator.engines.fabric.engine import FabricEngine  # this process hosts it
+        from cmemu.emulator.engines.fabric.engine import FabricEngine  # this process hosts it
 
         assert isinstance(state, FabricEngine)
         outage, gate = state.outage, host.gate
@@ -165,7 +165,7 @@ class LocalServices:
 
     async def ssd(self, *, lost: bool) -> None:
         """EMS's SSD tier fails (ssd-loss) or is replaced."""
-        from emulator.engines.ems import EmsState  # imported by the process hosting it
+        from cmemu.emulator.engines.ems import EmsState  # imported by the process hosting it
 
         hosted = self._hosted(ServiceKind.EMS.value)
         if hosted is None:

@@ -3,8 +3,8 @@ own, imported only by a process that hosts EMS (the fabric's are its engine's ow
 
 from __future__ import annotations
 
-from emulator.engines.ems import EmsState
-from emulator.model.instruments import Family, MetricType
+from cmemu.emulator.engines.ems import EmsState
+from cmemu.emulator.model.instruments import Family, MetricType
 
 __all__ = ["EmsState", "ems_families"]
 

@@ -21,17 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from emulator.client.clients import Clients
-from emulator.client.credentials import Credentials
-from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
-from emulator.model.topology import DNS_LABEL, Topology
-from emulator.runtime.docker import DockerEngine
-from emulator.runtime.security import mqtt_password, read_token, write_secret
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.credentials import Credentials
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
+from cmemu.emulator.model.topology import DNS_LABEL, Topology
+from cmemu.emulator.runtime.docker import DockerEngine
+from cmemu.emulator.runtime.security import mqtt_password, read_token, write_secret
 
 if TYPE_CHECKING:  # the fault kinds are imported where they are used (fault_clients): every
     # `cmemu` command reads a state file, few inject faults, and the kinds' registry costs a
     # command about 0.1 CPU s of imports (a third of `cmemu status`'s)
-    from emulator.client.faultkinds.process import ProcessTable
+    from cmemu.emulator.client.faultkinds.process import ProcessTable
 
 ENV_VAR = "CMEMU_STATE_FILE"
 DIR_ENV_VAR = "CMEMU_STATE_DIR"
@@ -247,7 +247,7 @@ def processes_record(running: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def process_table(instance: Instance) -> ProcessTable:
     """The launcher's processes, for the process fault kinds (emulator/client/faultkinds)."""
-    from emulator.client.faultkinds.process import Process, ProcessTable
+    from cmemu.emulator.client.faultkinds.process import Process, ProcessTable
 
     mode = instance.launcher.mode.split()[0] if instance.launcher.mode else "?"
     raw = instance.launcher.extra.get(PROCESSES_KEY) or {}
@@ -288,8 +288,8 @@ def container_engine(instance: Instance) -> DockerEngine | None:
 def fault_clients(path: Path) -> Clients:
     """Clients of the instance of state file `path` with what the fault kinds need beyond gRPC:
     the token and CA, the process table (procs mode) and the engine's containers (docker)."""
-    from emulator.client.faultkinds.container import attach_engine
-    from emulator.client.faultkinds.process import attach_processes
+    from cmemu.emulator.client.faultkinds.container import attach_engine
+    from cmemu.emulator.client.faultkinds.process import attach_processes
 
     instance = read_instance(path)
     clients = Clients(instance.topology, credentials(path), supernodes=instance.supernodes)

@@ -1,6 +1,6 @@
 """The typed launch API: one call starts a supernode in any mode and stops all of it on exit.
 
-    async with Supernode.start(LaunchOptions(preset="cm384", mode="procs", per="node")) as sn:
+    async with Supernode.start(LaunchOptions(preset="cm384", mode=Procs(per="node"))) as sn:
         await sn.clients.device("n00-npu0").GetInfo(...)
 
 Every mode consumes one topology document; they differ only in where the servers run:
@@ -11,8 +11,9 @@ Every mode consumes one topology document; they differ only in where the servers
 - k8s: exactly the containers of Kubernetes manifests (`cmemu k8s`), as local processes.
 The CLI, the benchmarks and the tests are thin users of it.
 
-The options are in launchoptions.py; the launchers (launchers.py, procslaunch.py,
-enginelaunch.py) build the running Supernode this module describes.
+The options are in launchoptions.py (one typed class per mode: launchmodes.py); the launchers
+(launchers.py, procslaunch.py, enginelaunch.py) build the running Supernode this module
+describes.
 """
 
 from __future__ import annotations
@@ -22,29 +23,38 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from emulator.client.clients import Clients
-from emulator.client.credentials import Credentials
-from emulator.engines.clock import TimeKeeper
-from emulator.model.errors import PreconditionError
-from emulator.model.topology import Topology
-from emulator.runtime.docker import DockerEngine
-from emulator.runtime.inprocess import InProcessSupernode
-from emulator.runtime.launchoptions import (
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.credentials import Credentials
+from cmemu.emulator.engines.clock import TimeKeeper
+from cmemu.emulator.model.errors import PreconditionError
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.runtime.docker import DockerEngine
+from cmemu.emulator.runtime.inprocess import InProcessSupernode
+from cmemu.emulator.runtime.launchoptions import (
     ADDRESSING,
     CMEMU,
     EMBEDDED,
     MODES,
     NO_BROKER,
     Addressing,
+    Compose,
+    Docker,
+    InProcess,
+    K8s,
     LaunchOptions,
     Mode,
+    ModeOptions,
+    Procs,
     Progress,
     StartInterrupted,
 )
-from emulator.runtime.procs import Running, Supervisor
-from emulator.runtime.security import NONE as NO_SECURITY
-from emulator.runtime.security import Security
+from cmemu.emulator.runtime.procs import Running, Supervisor
+from cmemu.emulator.runtime.security import NONE as NO_SECURITY
+from cmemu.emulator.runtime.security import Security
+
+M = TypeVar("M", bound=ModeOptions)
 
 __all__ = [
     "ADDRESSING",
@@ -53,9 +63,15 @@ __all__ = [
     "MODES",
     "NO_BROKER",
     "Addressing",
+    "Compose",
+    "Docker",
+    "InProcess",
+    "K8s",
     "LaunchOptions",
     "Launcher",
     "Mode",
+    "ModeOptions",
+    "Procs",
     "Progress",
     "StartInterrupted",
     "Supernode",
@@ -104,14 +120,7 @@ class Supernode:
     @property
     def mode(self) -> str:
         """What `cmemu status` shows: the mode and its flavour."""
-        o = self.options
-        return {
-            "inprocess": "inprocess",
-            "procs": f"procs per {o.per}",
-            "compose": f"compose {o.compose_file}",
-            "k8s": f"k8s {o.k8s_dir}",
-            "docker": f"docker {o.compose_file or f'{o.preset} per {o.per}'}",
-        }[o.mode]
+        return self.options.mode.describe(self.options.preset)
 
     @property
     def local(self) -> InProcessSupernode:
@@ -147,12 +156,14 @@ class Supernode:
         """Start the supernode; the context yields once every server answers SERVING over gRPC
         and stops everything on exit. `stop`, set while starting, aborts the start
         (StartInterrupted); `on_death` hears of every process that exits on its own."""
-        from emulator.runtime.launchers import start  # they build Supernodes: no cycle
+        from cmemu.emulator.runtime.launchers import start  # they build Supernodes: no cycle
 
         return start(options, stop=stop or asyncio.Event(), on_death=on_death)
 
 
 Launcher = Callable[
-    [LaunchOptions, asyncio.Event, Callable[[Running], None] | None],
+    [LaunchOptions, M, asyncio.Event, Callable[[Running], None] | None],
     AbstractAsyncContextManager[Supernode],
 ]
+"""A mode's launcher: the options, the mode's own (`options.mode`, typed), the stop event and
+who hears of a process's death."""

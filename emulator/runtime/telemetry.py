@@ -15,11 +15,11 @@ from collections.abc import Sequence
 import structlog
 from google.protobuf.json_format import MessageToDict
 
-from emulator.client.wire.device import telemetry_proto
-from emulator.engines.clock import Timeline
-from emulator.engines.device.engine import DeviceEngine
-from emulator.model.emulatorprofile import EmulatorLimits
-from emulator.runtime.events import EventBus
+from cmemu.emulator.client.wire.device import telemetry_proto
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.device.engine import DeviceEngine
+from cmemu.emulator.model.emulatorprofile import EmulatorLimits
+from cmemu.emulator.runtime.events import EventBus
 
 log = structlog.get_logger("cmemu.inprocess")
 BATCH = 64  # devices sampled at once

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from emulator.model.address import host_of
-from emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.address import host_of
+from cmemu.emulator.model.errors import InvalidArgumentError
 
 if TYPE_CHECKING:  # cryptography loads only when a certificate is made: not at every start
     from cryptography import x509

@@ -19,26 +19,26 @@ from typing import Any
 
 import yaml
 
-from cmemu.v1 import router_pb2
-from emulator.client.ems import EmsClient, ObjectKind
-from emulator.client.scheduler import SchedulerClient
-from emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError, quote
-from emulator.model.hardware import HardwareProfile
-from emulator.model.serving.deployment import (
+from cmemu.emulator.client.ems import EmsClient, ObjectKind
+from cmemu.emulator.client.scheduler import SchedulerClient
+from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError, quote
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.serving.deployment import (
     Deployment,
     PdSpec,
     instance_dies,
     parse_deployment,
 )
-from emulator.model.serving.experts import imbalance
-from emulator.model.serving.models import get_model
-from emulator.model.serving.pdpolicy import live_options, unit_rates
-from emulator.model.serving.placement import ExpertPlacement, layout, place, remap
-from emulator.model.topology import Topology
-from services.peers import Peers
-from services.rpc import RemoteError
-from services.serving.driver import Driver
-from services.serving.measures import LiveInstance
+from cmemu.emulator.model.serving.experts import imbalance
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.serving.pdpolicy import live_options, unit_rates
+from cmemu.emulator.model.serving.placement import ExpertPlacement, layout, place, remap
+from cmemu.emulator.model.topology import Topology
+from cmemu.services.peers import Peers
+from cmemu.services.rpc import RemoteError
+from cmemu.services.serving.driver import Driver
+from cmemu.services.serving.measures import LiveInstance
+from cmemu.v1 import router_pb2
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,46}[a-z0-9])?$")
 LIVE_PLATFORM = "cm384"  # the live supernode is UB everywhere; cluster-roce is model mode only

@@ -36,27 +36,27 @@ from dataclasses import dataclass
 
 import structlog
 
-from cmemu.v1 import ems_pb2
-from emulator.client.ems import EmsClient
-from emulator.engines.clock import Timeline
-from emulator.engines.events import EventSink
-from emulator.engines.gateway.kv import KvOverRdma
-from emulator.model.ems import prefix_keys
-from emulator.model.errors import EmulatorError, InvalidArgumentError, UnavailableError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving.engine import (
+from cmemu.emulator.client.ems import EmsClient
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.gateway.kv import KvOverRdma
+from cmemu.emulator.model.ems import prefix_keys
+from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError, UnavailableError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving.engine import (
     Engine,
     PlanKind,
     Request,
     StepPlan,
 )
-from emulator.model.serving.models import get_model
-from emulator.model.topology import Device
-from services.peers import Peers
-from services.serving.isolation import Isolation
-from services.serving.measures import LiveInstance, Measures, ServingModel
-from services.serving.stats import RequestMetrics
-from services.serving.streams import Stream, Streams
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.topology import Device
+from cmemu.services.peers import Peers
+from cmemu.services.serving.isolation import Isolation
+from cmemu.services.serving.measures import LiveInstance, Measures, ServingModel
+from cmemu.services.serving.stats import RequestMetrics
+from cmemu.services.serving.streams import Stream, Streams
+from cmemu.v1 import ems_pb2
 
 log = structlog.get_logger("cmemu.router")
 

@@ -12,12 +12,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from emulator.model.serving.deployment import instance_dies
-from emulator.model.topology import Device
-from services.serving.measures import LiveInstance
+from cmemu.emulator.model.serving.deployment import instance_dies
+from cmemu.emulator.model.topology import Device
+from cmemu.services.serving.measures import LiveInstance
 
 if TYPE_CHECKING:
-    from services.serving.driver import Driver
+    from cmemu.services.serving.driver import Driver
 
 
 @dataclass(frozen=True, kw_only=True)

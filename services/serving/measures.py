@@ -18,16 +18,16 @@ from typing import Any, Protocol
 
 import structlog
 
-from emulator.client.ems import EmsClient, ObjectKind
-from emulator.engines.gateway.kv import KvOverRdma
-from emulator.engines.peers import CollectiveOutcome
-from emulator.model.collectivespec import CollectiveSpec
-from emulator.model.errors import EmulatorError
-from emulator.model.serving.engine import PlanKind, StepPlan, StepResult, rank_dies
-from emulator.model.topology import Device
-from emulator.model.ub import Op, Transaction
-from services.peers import Peers
-from services.serving.stats import RequestMetrics, ServingStats
+from cmemu.emulator.client.ems import EmsClient, ObjectKind
+from cmemu.emulator.engines.gateway.kv import KvOverRdma
+from cmemu.emulator.engines.peers import CollectiveOutcome
+from cmemu.emulator.model.collectivespec import CollectiveSpec
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.serving.engine import PlanKind, StepPlan, StepResult, rank_dies
+from cmemu.emulator.model.topology import Device
+from cmemu.emulator.model.ub import Op, Transaction
+from cmemu.services.peers import Peers
+from cmemu.services.serving.stats import RequestMetrics, ServingStats
 
 log = structlog.get_logger("cmemu.router")
 

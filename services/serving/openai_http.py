@@ -31,23 +31,23 @@ import numpy as np
 import structlog
 from aiohttp import web
 
-from emulator.model.address import parse_address
-from emulator.model.clock import Clock
-from emulator.model.errors import EmulatorError, bind_error, quote
-from emulator.model.hardware import HardwareProfile
-from emulator.model.instruments import SERVING_BUCKETS_S, Family, Histogram
-from emulator.model.serving.models import get_model
-from emulator.model.serving.tokens import VOCAB
-from emulator.model.tenants import Keys, Priority, Tenant
-from services.serving.driver import Driver
-from services.serving.endpoint import outputs
-from services.serving.endpoint.admission import Admission, Ticket
-from services.serving.endpoint.asks import Ask, Parser
-from services.serving.endpoint.errors import HttpError, from_domain
-from services.serving.endpoint.limits import read_json
-from services.serving.endpoint.responses import CHAT, COMPLETIONS, Answer, Reply, Shape
-from services.serving.streams import Stream
-from services.serving.tokenizer import Loaded, Tokenizer, load_tokenizer, output_ids
+from cmemu.emulator.model.address import parse_address
+from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.model.errors import EmulatorError, bind_error, quote
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.instruments import SERVING_BUCKETS_S, Family, Histogram
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.serving.tokens import VOCAB
+from cmemu.emulator.model.tenants import Keys, Priority, Tenant
+from cmemu.services.serving.driver import Driver
+from cmemu.services.serving.endpoint import outputs
+from cmemu.services.serving.endpoint.admission import Admission, Ticket
+from cmemu.services.serving.endpoint.asks import Ask, Parser
+from cmemu.services.serving.endpoint.errors import HttpError, from_domain
+from cmemu.services.serving.endpoint.limits import read_json
+from cmemu.services.serving.endpoint.responses import CHAT, COMPLETIONS, Answer, Reply, Shape
+from cmemu.services.serving.streams import Stream
+from cmemu.services.serving.tokenizer import Loaded, Tokenizer, load_tokenizer, output_ids
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 log = structlog.get_logger("cmemu.router")

@@ -33,15 +33,21 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from cmemu.emulator.client.ems import EmsClient
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.serving.pdpolicy import DemandMeter, PdOptions, UnitRates, next_move
+from cmemu.emulator.model.serving.plans import Request
+from cmemu.services.serving.deploy import (
+    WEIGHTS_KIND,
+    LiveDeployment,
+    Provisioner,
+    remote,
+    weight_plan,
+)
+from cmemu.services.serving.driver import Driver
 from cmemu.v1 import router_pb2
-from emulator.client.ems import EmsClient
-from emulator.engines.clock import Timeline
-from emulator.model.errors import EmulatorError, NotFoundError
-from emulator.model.hardware import HardwareProfile
-from emulator.model.serving.pdpolicy import DemandMeter, PdOptions, UnitRates, next_move
-from emulator.model.serving.plans import Request
-from services.serving.deploy import WEIGHTS_KIND, LiveDeployment, Provisioner, remote, weight_plan
-from services.serving.driver import Driver
 
 log = structlog.get_logger("cmemu.router")
 

@@ -22,23 +22,23 @@ import contextlib
 
 import structlog
 
-from emulator.client.scheduler import Allocation, SchedulerClient
-from emulator.client.status import code_name
-from emulator.engines.clock import Timeline
-from emulator.model.errors import EmulatorError, NotFoundError
-from emulator.model.hardware import HardwareProfile
-from emulator.model.serving.engine import StepPlan
-from emulator.model.topology import Device, Topology
-from services.peers import Peers
-from services.serving.deploy import (
+from cmemu.emulator.client.scheduler import Allocation, SchedulerClient
+from cmemu.emulator.client.status import code_name
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.serving.engine import StepPlan
+from cmemu.emulator.model.topology import Device, Topology
+from cmemu.services.peers import Peers
+from cmemu.services.serving.deploy import (
     DEVICE_DEADLINE_S,
     WEIGHTS_KIND,
     LiveDeployment,
     Provisioner,
     weight_plan,
 )
-from services.serving.driver import Driver
-from services.serving.measures import LiveInstance
+from cmemu.services.serving.driver import Driver
+from cmemu.services.serving.measures import LiveInstance
 
 log = structlog.get_logger("cmemu.router")
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from cmemu.emulator.model.errors import NotFoundError, quote
+from cmemu.emulator.model.instruments import Family, Histogram, MetricType
+from cmemu.emulator.model.tenants import Meter
+from cmemu.services.serving.driver import Driver
+from cmemu.services.serving.pdlive import SWITCHING
+from cmemu.services.serving.stats import ServingStats
 from cmemu.v1 import router_pb2
-from emulator.model.errors import NotFoundError, quote
-from emulator.model.instruments import Family, Histogram, MetricType
-from emulator.model.tenants import Meter
-from services.serving.driver import Driver
-from services.serving.pdlive import SWITCHING
-from services.serving.stats import ServingStats
 
 
 def usage_report(meter: Meter | None, now_ns: int, tenant: str) -> router_pb2.UsageReport:

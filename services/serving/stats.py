@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cmemu.emulator.model.instruments import SERVING_BUCKETS_S, Histogram
 from cmemu.v1 import router_pb2
-from emulator.model.instruments import SERVING_BUCKETS_S, Histogram
 
 
 @dataclass(kw_only=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from emulator.engines.events import EventSink
-from emulator.model.serving.engine import (
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.model.serving.engine import (
     Event,
     FinishEvent,
     FinishReason,
@@ -23,7 +23,7 @@ from emulator.model.serving.engine import (
     RetryEvent,
     TokenEvent,
 )
-from services.serving.stats import RequestMetrics, ServingStats
+from cmemu.services.serving.stats import RequestMetrics, ServingStats
 
 log = structlog.get_logger("cmemu.router")
 

@@ -34,8 +34,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.serving.tokens import VOCAB
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.serving.tokens import VOCAB
 
 log = structlog.get_logger("cmemu.tokenizer")
 

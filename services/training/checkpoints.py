@@ -13,13 +13,13 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from emulator.client.ems import EmsClient, ObjectKind
-from emulator.engines.clock import Timeline
-from emulator.model.errors import DataLossError, EmulatorError, NotFoundError
-from emulator.model.hardware import HardwareProfile
-from emulator.model.training import checkpoint
-from services.rpc import status_line
-from services.training.live import LiveJob
+from cmemu.emulator.client.ems import EmsClient, ObjectKind
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.errors import DataLossError, EmulatorError, NotFoundError
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.training import checkpoint
+from cmemu.services.rpc import status_line
+from cmemu.services.training.live import LiveJob
 
 log = structlog.get_logger("cmemu.training")
 NS = 1_000_000_000

@@ -19,21 +19,21 @@ import contextlib
 
 import structlog
 
-from emulator.engines.clock import Timeline
-from emulator.engines.events import EventSink
-from emulator.model.collectivespec import CollectiveSpec
-from emulator.model.errors import DeadlineExceededError, EmulatorError, UnavailableError
-from emulator.model.hardware import HardwareProfile
-from emulator.model.training.job import FAILED, FINISHED, RECOVERING, STOPPED
-from emulator.model.training.step import (
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.model.collectivespec import CollectiveSpec
+from cmemu.emulator.model.errors import DeadlineExceededError, EmulatorError, UnavailableError
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.training.job import FAILED, FINISHED, RECOVERING, STOPPED
+from cmemu.emulator.model.training.step import (
     gradient_buckets,
     groups,
     moe_tokens_per_rank,
     step_time,
 )
-from services.rpc import status_line
-from services.training.checkpoints import Checkpoints
-from services.training.live import Endpoints, LiveJob
+from cmemu.services.rpc import status_line
+from cmemu.services.training.checkpoints import Checkpoints
+from cmemu.services.training.live import Endpoints, LiveJob
 
 log = structlog.get_logger("cmemu.training")
 NS = 1_000_000_000

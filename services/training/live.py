@@ -8,12 +8,12 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from cmemu.emulator.client.ems import EmsClient
+from cmemu.emulator.client.scheduler import Allocation, SchedulerClient
+from cmemu.emulator.engines.peers import FabricPeer
+from cmemu.emulator.model.training.job import JobProgress
+from cmemu.emulator.model.training.spec import TrainingShape
 from cmemu.v1 import training_pb2
-from emulator.client.ems import EmsClient
-from emulator.client.scheduler import Allocation, SchedulerClient
-from emulator.engines.peers import FabricPeer
-from emulator.model.training.job import JobProgress
-from emulator.model.training.spec import TrainingShape
 
 NO_ALLOCATION = Allocation(
     job="",

@@ -1,201 +1,112 @@
-"""cmemu.v1.Training: start, list, get and stop training jobs. Its state is its own (the
-cluster manager hosts it on its server but never tells a job anything)."""
+"""cmemu.v1.Training: start, list, get and stop training jobs, translated to and from the
+training engine (emulator/engines/training/), which holds the jobs; a refusal is the engine's
+EmulatorError, mapped to its status by `rpc`."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
-from cmemu.v1 import (
-    training_pb2,
-    training_pb2_grpc,
-)
-from emulator.client.ems import EmsClient
-from emulator.client.scheduler import SchedulerClient
-from emulator.engines.clock import Timeline
-from emulator.engines.events import EventSink
-from emulator.engines.tasks import TaskOwner
-from emulator.model.errors import EmulatorError, NotFoundError, PreconditionError, quote
-from emulator.model.hardware import HardwareProfile
-from emulator.model.topology import ServiceKind, Topology
-from emulator.model.training.job import ENDED, JobProgress
-from emulator.model.training.spec import shape_of
-from services.peers import Peers
-from services.rpc import Context, RemoteError, rpc
-from services.training.job import JobRunner
-from services.training.live import Endpoints, LiveJob
+from cmemu.emulator.client.ems import EmsClient
+from cmemu.emulator.client.scheduler import SchedulerClient
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.training.engine import TrainingEngine
+from cmemu.emulator.engines.training.live import Endpoints, LiveJob
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.model.training.spec import TrainingSpec
+from cmemu.services.peers import Peers
+from cmemu.services.rpc import Context, rpc
+from cmemu.v1 import training_pb2, training_pb2_grpc
 
 SERVICE = "cmemu.v1.Training"
 
 
-RELEASE_WAIT_WALL_S = 10.0  # an ended job's runner giving its NPUs back (one RPC)
+def create_training(
+    *,
+    topology: Topology,
+    profile: HardwareProfile,
+    clock: Timeline,
+    peers: Peers,
+    events: EventSink | None,
+    topic: str,
+) -> TrainingEngine:
+    """The engine, its jobs reaching the scheduler and EMS over this process's shared channels
+    (neither has an engine to call directly) and the fabric through `peers` (its engine when
+    this process hosts it)."""
+    endpoints = Endpoints(
+        scheduler=SchedulerClient(peers.channel(topology.service(ServiceKind.SCHEDULER).address)),
+        ems=EmsClient(peers.channel(topology.service(ServiceKind.EMS).address)),
+        fabric=peers.fabric,
+    )
+    return TrainingEngine(
+        profile=profile, clock=clock, endpoints=endpoints, events=events, topic=topic
+    )
 
 
-class TrainingState:
-    def __init__(
-        self,
-        *,
-        topology: Topology,
-        profile: HardwareProfile,
-        clock: Timeline,
-        peers: Peers,
-        events: EventSink | None,
-        topic: str,
-    ) -> None:
-        self.profile = profile
-        self.clock = clock
-        self.events = events
-        self.topic = topic
-        self.endpoints = Endpoints(
-            scheduler=SchedulerClient(
-                peers.channel(topology.service(ServiceKind.SCHEDULER).address)
-            ),
-            ems=EmsClient(peers.channel(topology.service(ServiceKind.EMS).address)),
-            fabric=peers.fabric,
-        )
-        self.jobs: dict[str, LiveJob] = {}
-        self.tasks = TaskOwner("the training service is not running")
-        self._runner_of: dict[str, asyncio.Task[None]] = {}  # each job name's latest runner
+def spec_of(m: training_pb2.TrainingSpec) -> TrainingSpec:
+    return TrainingSpec(
+        name=m.name,
+        npus=m.npus,
+        model=m.model,
+        steps=m.steps,
+        checkpoint_every=m.checkpoint_every,
+        data_parallel=m.data_parallel,
+        expert_parallel=m.expert_parallel,
+        micro_batches=m.micro_batches,
+    )
 
-    async def run(self) -> None:
-        """Own the jobs' runners until close(): then they end where they are (their NPUs stay
-        allocated, the scheduler stopping with them)."""
-        await self.tasks.run()
 
-    async def close(self) -> None:
-        await self.tasks.close()
-
-    def get(self, name: str) -> LiveJob:
-        job = self.jobs.get(name)
-        if job is None:
-            raise NotFoundError(
-                f"no training job {quote(name)}",
-                field="name",
-                subject=name,
-                reason="JOB_NOT_FOUND",
-            )
-        return job
-
-    async def start(self, spec: training_pb2.TrainingSpec) -> LiveJob:
-        self.tasks.require_running()
-        shape = shape_of(
-            name=spec.name,
-            npus=spec.npus,
-            model=spec.model,
-            steps=spec.steps,
-            checkpoint_every=spec.checkpoint_every,
-            data_parallel=spec.data_parallel,
-            expert_parallel=spec.expert_parallel,
-            micro_batches=spec.micro_batches,
-            profile=self.profile,
-        )
-        old = self.jobs.get(shape.name)
-        if old is not None and old.progress.state not in ENDED:
-            raise PreconditionError(
-                f"training job {shape.name!r} is {old.progress.state} (stop it first)",
-                field="name",
-                subject=shape.name,
-                reason="JOB_EXISTS",
-            )
-        earlier = old.checkpoints if spec.resume and old is not None else []
-        if earlier and old is not None and old.shape.npus != shape.npus:
-            raise PreconditionError(
-                f"training job {shape.name!r} checkpointed on {old.shape.npus} NPUs; resume it "
-                f"on as many (asked {shape.npus})",
-                field="npus",
-                subject=shape.name,
-                reason="RESUME_MISMATCH",
-            )
-        if old is not None:
-            await self._given_back(shape.name)
-        try:
-            allocation = await self.endpoints.scheduler.allocate(shape.name, shape.npus)
-        except EmulatorError as exc:
-            raise RemoteError.from_error(exc, "scheduler") from exc
-        job = LiveJob(
-            shape=shape,
-            progress=JobProgress(
-                name=shape.name,
-                steps=shape.steps,
-                checkpoint_every=shape.checkpoint_every,
-                started_ns=self.clock.now_ns(),
-            ),
-            allocation=allocation,
-            checkpoints=list(earlier),
-            resuming=bool(earlier),
-        )
-        if earlier:  # it goes on from its last checkpoint (reload() rewinds further if need be)
-            step = earlier[-1][0]
-            job.progress.step = job.progress.last_checkpoint_step = step
-        self.jobs[shape.name] = job
-        runner = JobRunner(
-            job,
-            profile=self.profile,
-            clock=self.clock,
-            endpoints=self.endpoints,
-            events=self.events,
-            topic=self.topic,
-        )
-        self._runner_of[shape.name] = self.tasks.spawn(runner.run(), name=f"training-{shape.name}")
-        return job
-
-    async def _given_back(self, name: str) -> None:
-        """An ended job's NPUs, back with the scheduler before its name starts again: its
-        runner releases them as it ends, after its state already says so (a start right after
-        a stop found them still held: FAILED_PRECONDITION), and a release the scheduler did not
-        answer (a partition) left them held for good. So: its runner's end is awaited (bounded),
-        then whatever the scheduler still holds under that name is released (NOT_FOUND: none)."""
-        runner = self._runner_of.get(name)
-        if runner is not None and not runner.done():
-            await asyncio.wait({runner}, timeout=RELEASE_WAIT_WALL_S)
-        with contextlib.suppress(EmulatorError, TimeoutError):
-            async with asyncio.timeout(RELEASE_WAIT_WALL_S):
-                await self.endpoints.scheduler.release(name)
-
-    async def last_restored_ns(self, job: str) -> int | None:
-        """The cluster manager's TrainingPeer (emulator/engines/peers.py), answered directly:
-        the jobs live on its server."""
-        live = self.jobs.get(job)
-        return None if live is None else live.progress.last_restored_ns
-
-    async def stop(self, name: str, *, checkpoint: bool = False) -> LiveJob:
-        job = self.get(name)
-        job.final_checkpoint = job.final_checkpoint or checkpoint
-        job.stopping.set()
-        job.changed.set()
-        return job
+def job_message(job: LiveJob, now_ns: int) -> training_pb2.TrainingJob:
+    p = job.progress
+    return training_pb2.TrainingJob(
+        name=p.name,
+        state=p.state,
+        step=p.step,
+        last_checkpoint_step=p.last_checkpoint_step,
+        npus=[n.id for n in job.allocation.npus],
+        restarts=p.restarts,
+        steps_lost=p.steps_lost,
+        step_s=p.step_s,
+        started_ns=p.started_ns,
+        last_failure_ns=p.last_failure_ns,
+        last_restored_ns=p.last_restored_ns,
+        goodput=p.goodput(now_ns),
+        failed_steps=p.failed_steps,
+        last_corrupt_checkpoint_ns=p.last_corrupt_checkpoint_ns,
+    )
 
 
 class TrainingServicer(training_pb2_grpc.TrainingServicer):
-    def __init__(self, state: TrainingState) -> None:
-        self.state = state
+    def __init__(self, engine: TrainingEngine) -> None:
+        self.engine = engine
 
-    def _now(self) -> int:
-        return self.state.clock.now_ns()
+    def _message(self, job: LiveJob) -> training_pb2.TrainingJob:
+        return job_message(job, self.engine.clock.now_ns())
 
     @rpc
     async def Start(
         self, request: training_pb2.StartTrainingRequest, context: Context
     ) -> training_pb2.TrainingJob:
-        return (await self.state.start(request.spec)).message(self._now())
+        job = await self.engine.start(spec_of(request.spec), resume=request.spec.resume)
+        return self._message(job)
 
     @rpc
     async def Get(
         self, request: training_pb2.TrainingRequest, context: Context
     ) -> training_pb2.TrainingJob:
-        return self.state.get(request.name).message(self._now())
+        return self._message(self.engine.get(request.name))
 
     @rpc
     async def List(
         self, request: training_pb2.ListTrainingRequest, context: Context
     ) -> training_pb2.TrainingList:
-        now = self._now()
-        return training_pb2.TrainingList(jobs=[j.message(now) for j in self.state.jobs.values()])
+        now = self.engine.clock.now_ns()
+        return training_pb2.TrainingList(
+            jobs=[job_message(j, now) for j in self.engine.jobs.values()]
+        )
 
     @rpc
     async def Stop(
         self, request: training_pb2.TrainingRequest, context: Context
     ) -> training_pb2.TrainingJob:
-        return (await self.state.stop(request.name, checkpoint=request.checkpoint)).message(
-            self._now()
-        )
+        job = await self.engine.stop(request.name, checkpoint=request.checkpoint)
+        return self._message(job)

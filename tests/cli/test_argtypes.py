@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from emulator.cli.argtypes import non_negative_seconds, seconds
+from cmemu.emulator.cli.argtypes import non_negative_seconds, seconds
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator.runtime import state
-from emulator.testing import MINI_SERVERS, cmemu_up, free_port_block, run_cmemu
+from cmemu.emulator.runtime import state
+from cmemu.emulator.testing import MINI_SERVERS, cmemu_up, free_port_block, run_cmemu
 
 TOKEN = "cli-test-token-0123456789"
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")

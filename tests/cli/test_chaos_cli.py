@@ -8,9 +8,9 @@ import subprocess
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from emulator import testing
-from emulator.model.topology import build, server_count
-from emulator.testing import free_port_block, run_cmemu
+from cmemu.emulator import testing
+from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.testing import free_port_block, run_cmemu
 
 HOLDS = """
 version: 1

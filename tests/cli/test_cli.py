@@ -14,11 +14,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from emulator import testing
-from emulator.client import health
-from emulator.client.status import code_name
-from emulator.model.errors import EmulatorError
-from emulator.testing import MINI_PORTS, MINI_SERVERS, free_port_block, run_cmemu
+from cmemu.emulator import testing
+from cmemu.emulator.client import health
+from cmemu.emulator.client.status import code_name
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.testing import MINI_PORTS, MINI_SERVERS, free_port_block, run_cmemu
 
 cmemu = run_cmemu
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from emulator import testing
-from emulator.testing import MINI_PORTS, free_port_block, run_cmemu
+from cmemu.emulator import testing
+from cmemu.emulator.testing import MINI_PORTS, free_port_block, run_cmemu
 
 cmemu = run_cmemu
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator.client.faults import KINDS
-from emulator.testing import MINI_PORTS, cmemu_up, free_port_block, run_cmemu
+from cmemu.emulator.client.faults import KINDS
+from cmemu.emulator.testing import cmemu_up, run_cmemu
 from tests.cli.test_cli import mini_up
 
 cmemu = run_cmemu
@@ -219,12 +219,11 @@ def test_a_rack_and_the_ssd_tier_add_list_and_clear(running: Path) -> None:
 def test_process_pause_and_kill_in_procs_mode(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     at = ("--state-file", str(state_file))
-    base = free_port_block(MINI_PORTS)
     # time scale 4: the manager's detection (3 missed heartbeats 5 emulated s apart) and the
     # return to `restored` are emulated time, a few wall s here; its heartbeat deadline is never
     # under 0.5 wall s (profile.manager), so a loaded host's stalls fail no healthy device
-    args = ("--preset", "cm-mini", "--base-port", str(base), "--mode", "procs", "--per", "node",
-            "--time-scale", "4")  # fmt: skip
+    # (no --base-port: procs mode's loopback addresses are its block, `cmemu up` refuses it)
+    args = ("--preset", "cm-mini", "--mode", "procs", "--per", "node", "--time-scale", "4")
     with cmemu_up(state_file, *args, timeout_s=120, quiet=True):
         doc = json.loads(state_file.read_text())
         processes = doc["launcher"]["processes"]

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from emulator.cli import argtypes, detach, instances
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.topology import build
-from emulator.runtime import state
-from emulator.testing import CMEMU, MINI_DEVICES, MINI_PORTS, free_port_block, run_cmemu
+from cmemu.emulator.cli import argtypes, detach, instances
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.topology import build
+from cmemu.emulator.runtime import state
+from cmemu.emulator.testing import CMEMU, MINI_DEVICES, MINI_PORTS, free_port_block, run_cmemu
 from tests.cli.test_cli import mini_up
 
 cmemu = run_cmemu

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from emulator.runtime import k8sgen, state
-from emulator.testing import MINI_SERVERS, cmemu_up, run_cmemu
+from cmemu.emulator.runtime import k8sgen, state
+from cmemu.emulator.testing import MINI_SERVERS, cmemu_up, run_cmemu
 
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 BIN = str(Path(sys.executable).parent)

@@ -4,9 +4,9 @@ a minute."""
 
 from __future__ import annotations
 
+from cmemu.emulator.cli.loading import advice, wall
+from cmemu.emulator.client.deployments import Deployment, deployment
 from cmemu.v1 import router_pb2
-from emulator.cli.loading import advice, wall
-from emulator.client.deployments import Deployment, deployment
 
 
 def _deployment(source: str) -> Deployment:

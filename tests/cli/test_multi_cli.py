@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from emulator.testing import cmemu_up, free_port_block, launch_ports, run_cmemu
+from cmemu.emulator.testing import cmemu_up, free_port_block, launch_ports, run_cmemu
 
 PRESET = "cm-minix2"
 

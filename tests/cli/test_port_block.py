@@ -13,9 +13,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from emulator.runtime import state
-from emulator.runtime.ports import EXTRAS, holder
-from emulator.testing import MINI_PORTS, cmemu_up, free_port_block, run_cmemu
+from cmemu.emulator.runtime import state
+from cmemu.emulator.runtime.ports import EXTRAS, holder
+from cmemu.emulator.testing import MINI_PORTS, cmemu_up, free_port_block, run_cmemu
 
 CLASH_WAIT_S = 120.0  # bounds a hung `cmemu up`; the check itself binds each port once
 

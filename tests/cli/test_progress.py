@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator.cli import progress
-from emulator.testing import CMEMU, MINI_PORTS, cmemu_up, free_port_block, run_cmemu
+from cmemu.emulator.cli import progress
+from cmemu.emulator.testing import CMEMU, MINI_PORTS, cmemu_up, free_port_block, run_cmemu
 
 BOOT_BAR = "starting processes, wave"
 

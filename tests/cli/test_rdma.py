@@ -7,12 +7,12 @@ import asyncio
 import json
 from pathlib import Path
 
+from cmemu.emulator import testing
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.model.topology import server_count
+from cmemu.emulator.runtime import state
+from cmemu.emulator.testing import free_port_block, run_cmemu
 from cmemu.v1 import device_pb2, ub_pb2
-from emulator import testing
-from emulator.model.scaleout import build_cluster
-from emulator.model.topology import server_count
-from emulator.runtime import state
-from emulator.testing import free_port_block, run_cmemu
 
 PRESET = "cm-minix1"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from emulator import testing
-from emulator.model.topology import build, server_count
-from emulator.testing import free_port_block, run_cmemu
+from cmemu.emulator import testing
+from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.testing import free_port_block, run_cmemu
 
 cmemu = run_cmemu
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from cmemu.emulator import testing
+from cmemu.emulator.cli import serving
+from cmemu.emulator.client.deployments import deployment
+from cmemu.emulator.model.topology import ServiceKind, build, server_count
+from cmemu.emulator.runtime import state
+from cmemu.emulator.testing import free_port_block, run_cmemu
 from cmemu.v1 import router_pb2
-from emulator import testing
-from emulator.cli import serving
-from emulator.client.deployments import deployment
-from emulator.model.topology import ServiceKind, build, server_count
-from emulator.runtime import state
-from emulator.testing import free_port_block, run_cmemu
 
 cmemu = run_cmemu
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.testing import run_cmemu
+from cmemu.emulator.testing import run_cmemu
 
 ROOT = Path(__file__).resolve().parents[2]
 PD = ("simulate", "pd", "--deployment", str(ROOT / "examples/deployments/pd-64.yaml"))

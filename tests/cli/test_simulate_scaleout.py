@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from emulator.testing import run_cmemu
+from cmemu.emulator.testing import run_cmemu
 
 
 def test_simulate_scaleout_prints_the_step_its_phases_and_linearity() -> None:

@@ -6,9 +6,9 @@ import json
 import time
 from pathlib import Path
 
-from emulator import testing
-from emulator.model.topology import build, server_count
-from emulator.testing import free_port_block, run_cmemu
+from cmemu.emulator import testing
+from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.testing import free_port_block, run_cmemu
 
 
 def test_simulate_training_prints_goodput_and_recovery_times() -> None:

@@ -12,12 +12,12 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from cmemu.emulator.cli import ems, manager, rdma, schedday, train
+from cmemu.emulator.client import dayplan, training
+from cmemu.emulator.client import ems as ems_client
+from cmemu.emulator.client import manager as manager_client
+from cmemu.emulator.client.wire import gateway as gateway_wire
 from cmemu.v1 import ems_pb2, gateway_pb2, manager_pb2, scheduler_pb2, training_pb2
-from emulator.cli import ems, manager, rdma, schedday, train
-from emulator.client import dayplan, training
-from emulator.client import ems as ems_client
-from emulator.client import manager as manager_client
-from emulator.client.wire import gateway as gateway_wire
 
 CASES: list[tuple[Message, Callable[[Any], dict[str, Any]]]] = [
     (

@@ -9,18 +9,18 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from emulator.client import faults
-from emulator.client.ems import CHUNK, EmsClient, ObjectKind
-from emulator.model.ems.index import Tier
-from emulator.model.errors import (
+from cmemu.emulator.client import faults
+from cmemu.emulator.client.ems import CHUNK, EmsClient, ObjectKind
+from cmemu.emulator.model.ems.index import Tier
+from cmemu.emulator.model.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
 )
-from emulator.model.topology import ServiceKind
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,17 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from emulator.client.fabric import FabricClient, RouteInfo
-from emulator.client.remote import RemoteDevice
-from emulator.model.errors import (
+from cmemu.emulator.client.fabric import FabricClient, RouteInfo
+from cmemu.emulator.client.remote import RemoteDevice
+from cmemu.emulator.model.errors import (
     CapacityError,
     EmulatorError,
     InvalidArgumentError,
     NotFoundError,
 )
-from emulator.model.ub import Op
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
+from cmemu.emulator.model.ub import Op
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,14 @@ from typing import Any
 import pytest
 from google.protobuf.descriptor import Descriptor
 
-from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, gateway_pb2
-from emulator.client.faultkinds import fabric as fabric_kinds
-from emulator.client.faultkinds import gateway as gateway_kinds
-from emulator.client.faults import KINDS
-from emulator.client.wire import faultparams
-from emulator.client.wire.device import fault_request
-from emulator.engines.device.faults import EFFECTS
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.faults.catalogue import (
+from cmemu.emulator.client.faultkinds import fabric as fabric_kinds
+from cmemu.emulator.client.faultkinds import gateway as gateway_kinds
+from cmemu.emulator.client.faults import KINDS
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.client.wire.device import fault_request
+from cmemu.emulator.engines.device.faults import EFFECTS
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.faults.catalogue import (
     DEVICE_PARAMS,
     FABRIC_PARAMS,
     GATEWAY_PARAMS,
@@ -29,8 +28,9 @@ from emulator.model.faults.catalogue import (
     SlowParams,
     param,
 )
-from emulator.model.linkfaults import FAULT_KINDS
-from emulator.model.rdmagraph import RDMA_FAULT_KINDS
+from cmemu.emulator.model.linkfaults import FAULT_KINDS
+from cmemu.emulator.model.rdmagraph import RDMA_FAULT_KINDS
+from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, gateway_pb2
 
 STATE = device_pb2.FaultState.DESCRIPTOR
 WIRES: list[tuple[str, dict[str, type[Any]], Descriptor]] = [

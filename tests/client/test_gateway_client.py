@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from emulator.client.gateway import gateway_of
-from emulator.client.remote import RemoteDevice
-from emulator.engines.gateway.types import OpRequest, QpState, RdmaOp
-from emulator.model.errors import NotFoundError
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
+from cmemu.emulator.client.gateway import gateway_of
+from cmemu.emulator.client.remote import RemoteDevice
+from cmemu.emulator.engines.gateway.types import OpRequest, QpState, RdmaOp
+from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from emulator.client import h2async, health
-from emulator.client.credentials import Credentials
-from emulator.client.h2probe import ProbeError
-from emulator.model.errors import UnavailableError
-from emulator.runtime.tls import make_auto
-from emulator.testing import free_port_block
-from services.auth import ServerSecurity
-from services.host import ServiceHost
+from cmemu.emulator.client import h2async, health
+from cmemu.emulator.client.credentials import Credentials
+from cmemu.emulator.client.h2probe import ProbeError
+from cmemu.emulator.model.errors import UnavailableError
+from cmemu.emulator.runtime.tls import make_auto
+from cmemu.emulator.testing import free_port_block
+from cmemu.services.auth import ServerSecurity
+from cmemu.services.host import ServiceHost
 
 FOREVER_S = 60.0  # a generous bound: a busy host must not fail these
 

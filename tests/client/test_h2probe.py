@@ -8,11 +8,11 @@ import asyncio
 import subprocess
 import sys
 
-from emulator.client import h2probe
-from emulator.client.faults import inject
-from emulator.testing import free_port_block, running_supernode
+from cmemu.emulator.client import h2probe
+from cmemu.emulator.client.faults import inject
+from cmemu.emulator.testing import free_port_block, running_supernode
 
-PROBE = [sys.executable, "-I", "-m", "emulator.client.h2probe"]
+PROBE = [sys.executable, "-I", "-m", "cmemu.emulator.client.h2probe"]
 
 
 async def test_it_reads_serving_and_not_serving_as_grpc_does() -> None:
@@ -41,9 +41,9 @@ def test_nothing_listening_is_unreachable_and_usage_is_checked() -> None:
 
 def test_the_probe_imports_only_the_standard_library() -> None:
     code = (
-        "import sys, emulator.client.h2probe; "
+        "import sys, cmemu.emulator.client.h2probe; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('grpc', 'google', 'numpy', 'aiohttp', 'structlog', 'cmemu')))"
+        "('grpc', 'google', 'numpy', 'aiohttp', 'structlog') or m.startswith('cmemu.v1')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

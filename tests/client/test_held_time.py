@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+from cmemu.emulator.client.clock import held_time
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import fabric_pb2
-from emulator.client.clock import held_time
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
 
 MIN_RATE = DEFAULT_PROFILE.clock.min_rate
 

@@ -15,9 +15,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from emulator.client.channels import CLIENT_OPTIONS, KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
-from emulator.testing import free_port_block
-from services.host import ServiceHost
+from cmemu.emulator.client.channels import CLIENT_OPTIONS, KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
+from cmemu.emulator.testing import free_port_block
+from cmemu.services.host import ServiceHost
 
 KEEPALIVE_OPTIONS = {
     "grpc.keepalive_time_ms",

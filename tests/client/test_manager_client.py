@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from emulator.client.manager import ManagerClient
-from emulator.engines.manager.status import Mode
-from emulator.model.errors import InvalidArgumentError
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
+from cmemu.emulator.client.manager import ManagerClient
+from cmemu.emulator.engines.manager.status import Mode
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from emulator.client.router import RouterClient
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
+from cmemu.emulator.client.router import RouterClient
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 
 
 @pytest.fixture(scope="module")

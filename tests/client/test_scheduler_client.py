@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from emulator.client.dayplan import day_plan
-from emulator.client.scheduler import AllocationChange, SchedulerClient
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
+from cmemu.emulator.client.dayplan import day_plan
+from cmemu.emulator.client.scheduler import AllocationChange, SchedulerClient
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from emulator.client import health
-from emulator.testing import free_port_block
+from cmemu.emulator.client import health
+from cmemu.emulator.testing import free_port_block
 
 TIMEOUT_S = 1.0  # the survey's first deadline; the second ask has twice that
 SERVING = health_pb2.HealthCheckResponse.SERVING

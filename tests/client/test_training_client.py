@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from emulator.client.training import TrainingClient
-from emulator.model.daylive import NightJob
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
+from cmemu.emulator.client.training import TrainingClient
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.training.spec import TrainingSpec
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ async def mini() -> AsyncIterator[Supernode]:
 
 async def test_start_list_get_stop(mini: Supernode) -> None:
     training = TrainingClient(mini.clients)
-    started = await training.start(NightJob(name="t1", npus=4))
+    started = await training.start(TrainingSpec(name="t1", npus=4))
     assert started.name == "t1" and len(started.npus) == 4 and started.state
     assert [j.name for j in await training.list()] == ["t1"]
     assert (await training.get("t1")).npus == started.npus
@@ -37,4 +37,4 @@ async def test_refusals_are_emulator_errors(mini: Supernode) -> None:
         await training.get("no-such-job")
     assert "no-such-job" in str(unknown.value)
     with pytest.raises(InvalidArgumentError):
-        await training.start(NightJob(name="t0", npus=0))
+        await training.start(TrainingSpec(name="t0", npus=0))

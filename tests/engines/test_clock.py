@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 import structlog
 
-from emulator.engines.clock import (
+from cmemu.emulator.engines.clock import (
     ClockAuthority,
     ClockState,
     Governor,
@@ -20,8 +20,8 @@ from emulator.engines.clock import (
     Timeline,
     fastest_rate,
 )
-from emulator.model.clock import Clock, Segment
-from emulator.model.emulatorprofile import ClockProfile
+from cmemu.emulator.model.clock import Clock, Segment
+from cmemu.emulator.model.emulatorprofile import ClockProfile
 
 PROFILE = ClockProfile()
 

@@ -17,9 +17,11 @@ from contextlib import contextmanager
 
 import pytest
 
+from cmemu.emulator.model.addressplans import LoopbackPlan
+from cmemu.emulator.runtime.launchmodes import Procs
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import fabric_pb2, manager_pb2
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.testing import running_supernode
 
 pytestmark = pytest.mark.slow
 SCALE = 20.0
@@ -70,10 +72,8 @@ async def test_a_busy_host_fails_no_device_and_slows_time_instead() -> None:
 async def test_a_stopped_process_is_found_and_its_devices_failed(tmp_path: object) -> None:
     options = LaunchOptions(
         preset="cm-mini",
-        mode="procs",
-        per="node",
+        mode=Procs(per="node", plan=LoopbackPlan(first_octet=34)),
         time_scale=SCALE,
-        first_octet=34,
         broker="none",
         drain_s=0.0,
     )

@@ -6,8 +6,8 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
-from emulator.engines.ems.ssd import SsdTier
-from emulator.model.ems import ObjectMeta, Tier
+from cmemu.emulator.engines.ems.ssd import SsdTier
+from cmemu.emulator.model.ems import ObjectMeta, Tier
 
 
 def _meta(key: str, data: bytes) -> ObjectMeta:

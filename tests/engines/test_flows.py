@@ -10,10 +10,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from emulator.engines.clock import Timeline
-from emulator.engines.flows import FlowClock
-from emulator.model.clock import Clock
-from emulator.model.errors import UnavailableError
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.flows import FlowClock
+from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.model.errors import UnavailableError
 
 GB = 1e9
 

@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from emulator.engines.clock import Timeline
-from emulator.engines.skewclock import LocalClock
-from emulator.model.clock import Clock, Skew
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.skewclock import LocalClock
+from cmemu.emulator.model.clock import Clock, Skew
 
 S = 1_000_000_000
 

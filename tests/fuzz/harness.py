@@ -26,9 +26,9 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescri
 from google.protobuf.message import Message
 from hypothesis import strategies as st
 
-from emulator.model.hardware import HardwareProfile
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 
 FORBIDDEN = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
 CALL_TIMEOUT_S = 10.0  # a reply later than this is a hang

@@ -16,6 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cmemu.v1 as cmemu_v1
+from cmemu.emulator.engines.device.faults import EFFECTS
+from cmemu.emulator.model.emulatorprofile import EmulatorLimits
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.v1 import (
     cpu_pb2,
     device_pb2,
@@ -25,9 +28,6 @@ from cmemu.v1 import (
     npu_pb2,
     ub_pb2,
 )
-from emulator.engines.device.faults import EFFECTS
-from emulator.model.emulatorprofile import EmulatorLimits
-from emulator.model.hardware import DEFAULT_PROFILE
 from tests.fuzz.harness import (
     FuzzTarget,
     Hints,

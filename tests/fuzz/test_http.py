@@ -25,10 +25,10 @@ import aiohttp
 import pytest
 
 from bench import hostile_http
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import router_pb2
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind
-from emulator.testing import running_supernode
 
 HANG_S = 10.0
 PROFILE = replace(

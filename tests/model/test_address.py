@@ -7,14 +7,14 @@ import socket
 
 import pytest
 
-from emulator.model.address import (
+from cmemu.emulator.model.address import (
     HostPort,
     host_of,
     join_address,
     parse_address,
     port_of,
 )
-from emulator.model.errors import AddressInUseError, InvalidArgumentError, bind_error
+from cmemu.emulator.model.errors import AddressInUseError, InvalidArgumentError, bind_error
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.model.clock import Clock, Segment
-from emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.clock import Clock, Segment
+from cmemu.emulator.model.errors import InvalidArgumentError
 
 
 class Wall:

@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emulator.model.collectives import DieFlows, Phase, run_collective
-from emulator.model.collectivespec import CollectiveSpec
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.linkfaults import FaultSet, FaultSpec
-from emulator.model.linkgraph import LinkGraph, validate_ranks
-from emulator.model.naming import directed_link_id, l2_switch_id, link_id
-from emulator.model.routes import RouteKind
-from emulator.model.topology import build
+from cmemu.emulator.model.collectives import DieFlows, Phase, run_collective
+from cmemu.emulator.model.collectivespec import CollectiveSpec
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec
+from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
+from cmemu.emulator.model.naming import directed_link_id, l2_switch_id, link_id
+from cmemu.emulator.model.routes import RouteKind
+from cmemu.emulator.model.topology import build
 
 FAULTS: dict[str, list[FaultSpec]] = {
     "healthy": [],
@@ -108,7 +108,7 @@ def test_sibling_route_names_its_directed_link() -> None:
 def test_duplicate_ranks_are_found_in_linear_time() -> None:
     import time
 
-    from emulator.model.errors import InvalidArgumentError
+    from cmemu.emulator.model.errors import InvalidArgumentError
 
     graph = LinkGraph(build("cm-mini"))
     started = time.perf_counter()
@@ -133,7 +133,7 @@ def test_duplicate_ranks_are_found_in_linear_time() -> None:
 def test_a_collective_larger_than_the_memory_of_its_ranks_is_out_of_range(
     spec: CollectiveSpec,
 ) -> None:
-    from emulator.model.errors import OutOfRangeError
+    from cmemu.emulator.model.errors import OutOfRangeError
 
     graph = LinkGraph(build("cm-mini"))
     ranks = validate_ranks(graph, ["n00-npu0", "n01-npu0"])
@@ -144,8 +144,8 @@ def test_a_collective_larger_than_the_memory_of_its_ranks_is_out_of_range(
 def test_a_collective_longer_than_the_ceiling_is_refused() -> None:
     import dataclasses
 
-    from emulator.model.emulatorprofile import EmulatorLimits
-    from emulator.model.errors import OutOfRangeError
+    from cmemu.emulator.model.emulatorprofile import EmulatorLimits
+    from cmemu.emulator.model.errors import OutOfRangeError
 
     profile = dataclasses.replace(DEFAULT_PROFILE, limits=EmulatorLimits(operation_max_s=1e-3))
     graph = LinkGraph(build("cm-mini", profile=profile), profile)

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.model import costmodel
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import DeviceKind
+from cmemu.emulator.model import costmodel
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import DeviceKind
 
 NPU = DeviceKind.NPU
 

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 import yaml
 
-from emulator.model.daylive import NightJob, Period, night_spec, plan_spec
-from emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.daylive import Period, night_spec, plan_spec
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.training.spec import TrainingSpec
 
-JOB = NightJob(name="nightly", npus=2)
+JOB = TrainingSpec(name="nightly", npus=2)
 
 
 def _plan(**changes: Any) -> Any:
@@ -70,7 +71,7 @@ def test_the_night_footprint_shrinks_the_decode_npus_only() -> None:
         ({"hours": -1.0}, "hours"),
         ({"deployment": "Chat!"}, "deployment"),
         ({"name": "x" * 60}, "name"),
-        ({"job": NightJob(name="chat", npus=2)}, "training.name"),
+        ({"job": TrainingSpec(name="chat", npus=2)}, "training.name"),
     ],
 )
 def test_bad_plans_are_refused_naming_the_field(changes: dict[str, Any], field: str) -> None:

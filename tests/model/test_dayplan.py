@@ -8,11 +8,11 @@ import subprocess
 
 import pytest
 
-from emulator.model.dayplan import DAY_S, DayParams, demand, simulate_day
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.overrides import apply_overrides, parse_override
-from emulator.testing import run_cmemu
+from cmemu.emulator.model.dayplan import DAY_S, DayParams, demand, simulate_day
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.overrides import apply_overrides, parse_override
+from cmemu.emulator.testing import run_cmemu
 
 # cm-mini: 16 NPUs in units of 8; 1,202 tokens/s per NPU is deepseek-r1's operating point at
 # 50 ms spread over its decode and prefill NPUs

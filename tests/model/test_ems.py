@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
-from emulator.model.topology import ServiceKind
-from emulator.testing import Clients, running_supernode
 
 T = TypeVar("T")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from emulator.model.errors import QUOTE_MAX, EmulatorError, UnknownNameError, quote, shorten
+from cmemu.emulator.model.errors import QUOTE_MAX, EmulatorError, UnknownNameError, quote, shorten
 
 
 def test_quote_and_shorten_keep_short_text_and_cut_long_text() -> None:

@@ -16,15 +16,15 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from emulator.model.collectives import ALGORITHMS, DieFlows, moe_ranks, run_collective
-from emulator.model.collectivespec import CollectiveSpec
-from emulator.model.costmodel import moe_bytes_per_token
-from emulator.model.endpoints import Endpoint
-from emulator.model.fairshare import Crossings, fill, maxmin
-from emulator.model.flowsim import SIM_REL_TOL, FlowBatch, weighted_sum
-from emulator.model.linkfaults import FaultSet, FaultSpec
-from emulator.model.linkgraph import LinkGraph, validate_ranks
-from emulator.model.topology import build
+from cmemu.emulator.model.collectives import ALGORITHMS, DieFlows, moe_ranks, run_collective
+from cmemu.emulator.model.collectivespec import CollectiveSpec
+from cmemu.emulator.model.costmodel import moe_bytes_per_token
+from cmemu.emulator.model.endpoints import Endpoint
+from cmemu.emulator.model.fairshare import Crossings, fill, maxmin
+from cmemu.emulator.model.flowsim import SIM_REL_TOL, FlowBatch, weighted_sum
+from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec
+from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
+from cmemu.emulator.model.topology import build
 
 Arrays = npt.NDArray[np.float64]
 REL_TOL = 1e-9

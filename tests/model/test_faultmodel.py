@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.faults.catalogue import PARAMS, HbmEccParams, LinkFlapParams, SdcParams
-from emulator.model.faults.memory import Corruption, Poison
-from emulator.model.faults.params import describe, params_from, params_text
-from emulator.model.linkfaults import FaultSet, FaultSpec, flap_down, next_flip_s
-from emulator.model.linkgraph import LinkGraph
-from emulator.model.topology import build
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.faults.catalogue import PARAMS, HbmEccParams, LinkFlapParams, SdcParams
+from cmemu.emulator.model.faults.memory import Corruption, Poison
+from cmemu.emulator.model.faults.params import describe, params_from, params_text
+from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec, flap_down, next_flip_s
+from cmemu.emulator.model.linkgraph import LinkGraph
+from cmemu.emulator.model.topology import build
 
 LINK = "n00-npu0.d0~n00-l1s0"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emulator.model.errors import UnavailableError
-from emulator.model.flowsim import FlowBatch, LiveFlows, maxmin_rates, simulate, weighted_sum
+from cmemu.emulator.model.errors import UnavailableError
+from cmemu.emulator.model.flowsim import FlowBatch, LiveFlows, maxmin_rates, simulate, weighted_sum
 
 
 def _inc(flows: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -147,9 +147,9 @@ def test_batched_completions_stay_within_one_percent_of_exact(seed: int) -> None
 
 
 def test_pair_bytes_all_to_all_of_64_dies_needs_few_rate_computations() -> None:
-    from emulator.model.collectives import DieFlows, Phase
-    from emulator.model.linkgraph import LinkGraph, validate_ranks
-    from emulator.model.topology import build
+    from cmemu.emulator.model.collectives import DieFlows, Phase
+    from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
+    from cmemu.emulator.model.topology import build
 
     graph = LinkGraph(build("cm384"))
     npus = [d.id for d in graph.topology.devices if d.kind == "npu"][:32]

@@ -8,19 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from emulator.model.collectives import CollectiveTiming, run_collective
-from emulator.model.collectivespec import CollectiveSpec
-from emulator.model.costmodel import ub_transfer_ns
-from emulator.model.errors import (
+from cmemu.emulator.model.collectives import CollectiveTiming, run_collective
+from cmemu.emulator.model.collectivespec import CollectiveSpec
+from cmemu.emulator.model.costmodel import ub_transfer_ns
+from cmemu.emulator.model.errors import (
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
     UnavailableError,
 )
-from emulator.model.linkfaults import FAULT_KINDS, FaultSet, FaultSpec
-from emulator.model.linkgraph import LinkGraph, validate_ranks
-from emulator.model.routes import Route
-from emulator.model.topology import DeviceKind, build
+from cmemu.emulator.model.linkfaults import FAULT_KINDS, FaultSet, FaultSpec
+from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
+from cmemu.emulator.model.routes import Route
+from cmemu.emulator.model.topology import DeviceKind, build
 
 GB = 1e9
 

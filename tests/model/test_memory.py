@@ -4,14 +4,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator.model.errors import (
+from cmemu.emulator.model.errors import (
     CapacityError,
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
     PreconditionError,
 )
-from emulator.model.memory import DeviceMemory, PageStore, RegionAllocator, StoreBudget
+from cmemu.emulator.model.memory import DeviceMemory, PageStore, RegionAllocator, StoreBudget
 
 KIB = 1024
 

@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.linkfaults import FaultSet, FaultSpec
-from emulator.model.linkgraph import LinkGraph
-from emulator.model.naming import (
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec
+from cmemu.emulator.model.linkgraph import LinkGraph
+from cmemu.emulator.model.naming import (
     DeviceKind,
     DeviceName,
     DieName,
@@ -43,7 +43,7 @@ from emulator.model.naming import (
     service_id,
     supernode_id,
 )
-from emulator.model.topology import ServiceKind, build
+from cmemu.emulator.model.topology import ServiceKind, build
 
 NPU3 = DeviceName(node=7, kind=DeviceKind.NPU, index=3)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.model.errors import InvalidArgumentError, UnknownNameError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.overrides import apply_overrides, changed, parse_override
-from emulator.model.provenance import GiB
-from emulator.model.serving.deployment import parse_deployment, profile_of
+from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.overrides import apply_overrides, changed, parse_override
+from cmemu.emulator.model.provenance import GiB
+from cmemu.emulator.model.serving.deployment import parse_deployment, profile_of
 
 
 def test_a_figure_is_replaced_and_only_it() -> None:

@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from emulator.model.chaos.selectors import NO_PLACEMENT, Placement, devices_of, parse_selector
-from emulator.model.chaos.selectors import resolve as resolve_selector
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.racks import rack_devices, rack_nodes, rack_of, racks
-from emulator.model.topology import Topology, build
+from cmemu.emulator.model.chaos.selectors import NO_PLACEMENT, Placement, devices_of, parse_selector
+from cmemu.emulator.model.chaos.selectors import resolve as resolve_selector
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.racks import rack_devices, rack_nodes, rack_of, racks
+from cmemu.emulator.model.topology import Topology, build
 
 PAIRS = replace(DEFAULT_PROFILE, node=replace(DEFAULT_PROFILE.node, nodes_per_rack=2))
 

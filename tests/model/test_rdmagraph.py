@@ -8,12 +8,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError
-from emulator.model.flowsim import LiveFlows
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.rdmafault import RdmaFault
-from emulator.model.rdmagraph import RDMA_FAULT_KINDS, RdmaFaultSet, RdmaGraph
-from emulator.model.scaleout import build_cluster, leaf_spine_bytes_per_s
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from cmemu.emulator.model.flowsim import LiveFlows
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.rdmafault import RdmaFault
+from cmemu.emulator.model.rdmagraph import RDMA_FAULT_KINDS, RdmaFaultSet, RdmaGraph
+from cmemu.emulator.model.scaleout import build_cluster, leaf_spine_bytes_per_s
 
 SO = DEFAULT_PROFILE.scaleout
 PORT = DEFAULT_PROFILE.npu.rdma_bytes_per_s_per_die

@@ -7,18 +7,18 @@ from collections import Counter
 
 import pytest
 
-from emulator.model.addressplans import LoopbackPlan
-from emulator.model.errors import InvalidArgumentError, NotFoundError, UnknownNameError
-from emulator.model.hardware import DEFAULT_PROFILE, ScaleOutProfile
-from emulator.model.naming import Tier, parse_id, parse_switch
-from emulator.model.presets import get_preset
-from emulator.model.scaleout import (
+from cmemu.emulator.model.addressplans import LoopbackPlan
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, UnknownNameError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, ScaleOutProfile
+from cmemu.emulator.model.naming import Tier, parse_id, parse_switch
+from cmemu.emulator.model.presets import get_preset
+from cmemu.emulator.model.scaleout import (
     build_cluster,
     leaf_spine_bytes_per_s,
     spine_core_bytes_per_s,
     supernode_of,
 )
-from emulator.model.topology import (
+from cmemu.emulator.model.topology import (
     DNS_LABEL,
     RDMA_LINKS,
     LinkKind,

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.overrides import apply_overrides, parse_override
-from emulator.model.serving.deployment import Deployment, parse_deployment
-from emulator.model.serving.des import simulate
-from emulator.model.serving.operating import DecodeCurve
-from emulator.model.serving.workload import generate, parse_workload
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.overrides import apply_overrides, parse_override
+from cmemu.emulator.model.serving.deployment import Deployment, parse_deployment
+from cmemu.emulator.model.serving.des import simulate
+from cmemu.emulator.model.serving.operating import DecodeCurve
+from cmemu.emulator.model.serving.workload import generate, parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_BATCH = 1

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.tenants import (
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.tenants import (
     DEFAULT_TENANT,
     Meter,
     Priority,

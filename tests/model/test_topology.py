@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from emulator.model.addressplans import LoopbackPlan, PortPlan
-from emulator.model.errors import InvalidArgumentError, NotFoundError, UnknownNameError
-from emulator.model.presets import load_presets, parse_presets
-from emulator.model.topology import DNS_LABEL, DeviceKind, LinkKind, Topology, build, summary
+from cmemu.emulator.model.addressplans import LoopbackPlan, PortPlan
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, UnknownNameError
+from cmemu.emulator.model.presets import load_presets, parse_presets
+from cmemu.emulator.model.topology import DNS_LABEL, DeviceKind, LinkKind, Topology, build, summary
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "cm-mini.topology.json"
 SUMMARY_GOLDEN = Path(__file__).parent.parent / "golden" / "cm384.summary.txt"

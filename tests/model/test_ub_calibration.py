@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.model.collectives import (
+from cmemu.emulator.model.collectives import (
     fit_moe_overhead,
     moe_ranks,
     run_collective,
 )
-from emulator.model.collectivespec import CollectiveSpec
-from emulator.model.costmodel import (
+from cmemu.emulator.model.collectivespec import CollectiveSpec
+from cmemu.emulator.model.costmodel import (
     UbOp,
     moe_overhead_s,
     moe_points,
@@ -20,12 +20,12 @@ from emulator.model.costmodel import (
     ub_transfer_ns,
     ub_wire_cost,
 )
-from emulator.model.errors import OutOfRangeError
-from emulator.model.flowsim import LiveFlows
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.linkgraph import LinkGraph
-from emulator.model.routes import priced
-from emulator.model.topology import DeviceKind, build
+from cmemu.emulator.model.errors import OutOfRangeError
+from cmemu.emulator.model.flowsim import LiveFlows
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.linkgraph import LinkGraph
+from cmemu.emulator.model.routes import priced
+from cmemu.emulator.model.topology import DeviceKind, build
 
 GB = 1e9
 BIG = 1 << 30

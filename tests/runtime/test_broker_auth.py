@@ -16,11 +16,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from emulator.runtime import state
-from emulator.runtime.broker import Broker
-from emulator.runtime.events import parse_broker_url
-from emulator.runtime.security import MQTT_USER, Security, mqtt_password
-from emulator.testing import CMEMU, MINI_PORTS, cmemu_up, free_port_block, grpcurl
+from cmemu.emulator.runtime import state
+from cmemu.emulator.runtime.broker import Broker
+from cmemu.emulator.runtime.events import parse_broker_url
+from cmemu.emulator.runtime.security import MQTT_USER, Security, mqtt_password
+from cmemu.emulator.testing import CMEMU, MINI_PORTS, cmemu_up, free_port_block, grpcurl
 from tests.runtime.test_metrics import parse, scrape, value
 
 TOKEN = "broker-test-token-0123456789"

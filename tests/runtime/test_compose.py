@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emulator.model.errors import InvalidArgumentError, PreconditionError
-from emulator.model.topology import ServiceKind
-from emulator.runtime import composegen, composerun
-from emulator.testing import MINI_DEVICES, MINI_SERVERS
+from cmemu.emulator.model.errors import InvalidArgumentError, PreconditionError
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime import composegen, composerun
+from cmemu.emulator.testing import MINI_DEVICES, MINI_SERVERS
 
 COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
 COMMITTED = {"cm-mini": "cm-mini.yaml", "cm384": "cm384.yaml"}

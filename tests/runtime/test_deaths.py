@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.model.addressplans import LoopbackPlan
+from cmemu.emulator.runtime.launchmodes import Compose, Procs
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
 from tests.runtime.test_mqtt import listening
 
 pytestmark = pytest.mark.slow
@@ -22,7 +24,8 @@ async def test_a_killed_node_process_is_a_died_event_for_each_of_its_devices(
     tmp_path: Path,
 ) -> None:
     options = LaunchOptions(
-        preset="cm-mini", mode="procs", per="node", first_octet=33, run_dir=tmp_path / "run"
+        preset="cm-mini",
+        mode=Procs(per="node", plan=LoopbackPlan(first_octet=33), run_dir=tmp_path / "run"),
     )
     async with Supernode.start(options) as sn:
         assert sn.broker is not None  # the embedded broker, by default
@@ -50,7 +53,7 @@ async def test_a_killed_node_process_is_a_died_event_for_each_of_its_devices(
 @pytest.mark.xdist_group("loopback-compose")  # 127.60.x.y, compose's: see tests/conftest.py
 async def test_a_killed_compose_service_is_a_died_event(tmp_path: Path) -> None:
     options = LaunchOptions(
-        mode="compose", compose_file=COMPOSE_DIR / "cm-mini.yaml", run_dir=tmp_path / "run"
+        mode=Compose(file=COMPOSE_DIR / "cm-mini.yaml", run_dir=tmp_path / "run")
     )
     async with Supernode.start(options) as sn:
         assert sn.broker is not None and sn.supervisor is not None

@@ -22,17 +22,18 @@ from typing import TypeVar
 import grpc
 import pytest
 
+from cmemu.emulator.client.faults import attach_engine, clear, inject
+from cmemu.emulator.model.chaos.pace import ABORTED, FAIL, PASS
+from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.runtime import image
+from cmemu.emulator.runtime.chaos import files
+from cmemu.emulator.runtime.chaos.run import RunOptions, RunResult
+from cmemu.emulator.runtime.chaos.runner import run_scenario
+from cmemu.emulator.runtime.docker import PROJECT_LABEL, engine_answers
+from cmemu.emulator.runtime.launchmodes import Docker
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.testing import grpcurl
 from cmemu.v1 import ems_pb2, ems_pb2_grpc, manager_pb2
-from emulator.client.faults import attach_engine, clear, inject
-from emulator.model.chaos.pace import ABORTED, FAIL, PASS
-from emulator.model.errors import NotFoundError
-from emulator.runtime import image
-from emulator.runtime.chaos import files
-from emulator.runtime.chaos.run import RunOptions, RunResult
-from emulator.runtime.chaos.runner import run_scenario
-from emulator.runtime.docker import PROJECT_LABEL, engine_answers
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.testing import grpcurl
 from tests.runtime.test_mqtt import listening
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback-docker")]
@@ -143,16 +144,9 @@ def _tail_log(container: str, lines: int = 120) -> str:
 async def test_cm_mini_per_device_through_the_engine(tmp_path: Path) -> None:  # noqa: PLR0915
     _skip_without_engine()
     options = LaunchOptions(
-        mode="docker",
         preset="cm-mini",
-        per="device",
-        # a killed container's restart holds emulated time until it serves again (held_time);
-        # x10 still, not x20: a partitioned container's return takes wall seconds (keepalive
-        # finds the cut connections dead in about 20 s) that emulated time does not wait for
+        mode=Docker(per="device", project=PROJECT, engine_octet=OCTET, run_dir=tmp_path / "run"),
         time_scale=10.0,
-        project=PROJECT,
-        engine_octet=OCTET,
-        run_dir=tmp_path / "run",
         ready_timeout_s=600.0,
     )
     try:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from emulator.client.faults import KINDS, inject
-from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
-from emulator.runtime import composegen
-from emulator.runtime.docker import DockerEngine, parse_event
-from emulator.testing import cmemu_up, run_cmemu, running_supernode
+from cmemu.emulator.client.faults import KINDS, inject
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
+from cmemu.emulator.runtime import composegen
+from cmemu.emulator.runtime.docker import DockerEngine, parse_event
+from cmemu.emulator.testing import cmemu_up, run_cmemu, running_supernode
 
 
 def test_a_die_event_carries_the_service_and_its_exit_code() -> None:
@@ -72,9 +72,10 @@ def test_cmemu_version_imports_nothing_heavy() -> None:
     import sys
 
     code = (
-        "import sys; from emulator.cli.entry import main; main(['--version']); "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'numpy', 'aiohttp', "
-        "'prometheus_client', 'emulator.model', 'services', 'yaml'}))"
+        "import sys; from cmemu.emulator.cli.entry import main; main(['--version']); "
+        "heavy = ('grpc', 'numpy', 'aiohttp', 'prometheus_client', 'yaml', "
+        "'cmemu.v1', 'cmemu.emulator.model', 'cmemu.services'); "
+        "print(sorted({h for h in heavy for m in sys.modules if m == h or m.startswith(h + '.')}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     version, heavy = out.stdout.splitlines()

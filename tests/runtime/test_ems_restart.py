@@ -16,12 +16,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+from cmemu.emulator.client import health
+from cmemu.emulator.client.errors import decode
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.topology import DeviceKind
+from cmemu.emulator.runtime import state
 from cmemu.v1 import ems_pb2, ems_pb2_grpc
-from emulator.client import health
-from emulator.client.errors import decode
-from emulator.model.errors import EmulatorError
-from emulator.model.topology import DeviceKind
-from emulator.runtime import state
 from tests.runtime.test_procs import serve_processes, up
 
 KEYS = 8

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from emulator.runtime import heap
+from cmemu.emulator.runtime import heap
 
 MIB = 2**20
 glibc = pytest.mark.skipif(heap.malloc_info() is None, reason="needs glibc 2.33+")

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from emulator.runtime.metrics import Families
-from emulator.runtime.metricserver import MetricsServer
-from emulator.testing import free_port_block, run_cmemu
+from cmemu.emulator.runtime.metrics import Families
+from cmemu.emulator.runtime.metricserver import MetricsServer
+from cmemu.emulator.testing import free_port_block, run_cmemu
 
 
 def test_the_web_view_beyond_loopback_wants_a_token(tmp_path: Path) -> None:

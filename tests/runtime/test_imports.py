@@ -11,24 +11,36 @@ import signal
 import sys
 from pathlib import Path
 
-from emulator.client import h2probe
-from emulator.model.topology import metrics_address
-from emulator.runtime.supernode import LaunchOptions
-from emulator.testing import free_port_block, launch_ports
+from cmemu.emulator.client import h2probe
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.topology import metrics_address
+from cmemu.emulator.runtime.launchmodes import Procs
+from cmemu.emulator.runtime.supernode import LaunchOptions
+from cmemu.emulator.testing import free_port_block, launch_ports
 
 HEAVY = ("numpy", "aiohttp", "prometheus_client", "matplotlib", "jsonschema")
+# and no client of the control plane it never calls, nor the heap report's XML (a device's PSS)
+UNCALLED = (
+    "cmemu.v1.router_pb2_grpc",
+    "cmemu.v1.scheduler_pb2_grpc",
+    "cmemu.v1.training_pb2_grpc",
+    "cmemu.v1.gateway_pb2_grpc",
+    "cmemu.emulator.client.control",
+    "cmemu.emulator.model.scheduler",
+    "xml.etree.ElementTree",
+)
 
 
 async def test_a_device_process_imports_only_what_it_serves(tmp_path: Path) -> None:
     servers = launch_ports("cm-mini")
     base = free_port_block(servers + 1)  # and the port after them: the process's /metrics
-    options = LaunchOptions(preset="cm-mini", mode="procs", addressing="ports", base_port=base)
+    options = LaunchOptions(preset="cm-mini", mode=Procs(plan=PortPlan(base_port=base)))
     topology = dataclasses.replace(options.topology(), metrics_port=base + servers)
     path = tmp_path / "topology.json"
     path.write_text(topology.to_json())
     device = topology.device("n00-npu3")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-X", "importtime", "-m", "emulator.cli.entry",
+        sys.executable, "-X", "importtime", "-m", "cmemu.emulator.cli.entry",
         "serve", "--topology", str(path), "--device", device.id,
         env={**os.environ, "CMEMU_EPOCH": "1.0"},
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
@@ -56,10 +68,12 @@ async def test_a_device_process_imports_only_what_it_serves(tmp_path: Path) -> N
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = await proc.communicate()
-    imported = {
-        line.rsplit("|", 1)[1].strip().split(".")[0]
+    modules = {
+        line.rsplit("|", 1)[1].strip()
         for line in err.decode().splitlines()
         if line.startswith("import time:") and "|" in line
     }
+    imported = {m.split(".")[0] for m in modules}
     assert "grpc" in imported  # the report is there: it serves gRPC
     assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
+    assert not modules & set(UNCALLED), sorted(modules & set(UNCALLED))

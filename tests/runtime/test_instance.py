@@ -11,15 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from emulator.runtime import instance, state
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions
-from emulator.testing import free_port_block, launch_ports, run_cmemu
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.runtime import instance, state
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions
+from cmemu.emulator.testing import free_port_block, launch_ports, run_cmemu
 
 
 def _options() -> LaunchOptions:
     return LaunchOptions(
         preset="cm-mini",
-        base_port=free_port_block(launch_ports("cm-mini")),
+        mode=InProcess(plan=PortPlan(base_port=free_port_block(launch_ports("cm-mini")))),
         broker=NO_BROKER,
         drain_s=0.0,
         token="instance-test-token",

@@ -16,13 +16,14 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.topology import DNS_LABEL, ServiceKind, Topology
+from cmemu.emulator.runtime import composegen, k8sgen, k8srun
+from cmemu.emulator.runtime.launchmodes import K8s
+from cmemu.emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS
+from cmemu.emulator.runtime.serve import read_document
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
 from cmemu.v1 import device_pb2
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.topology import DNS_LABEL, ServiceKind, Topology
-from emulator.runtime import composegen, k8sgen, k8srun
-from emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS
-from emulator.runtime.serve import read_document
-from emulator.runtime.supernode import LaunchOptions, Supernode
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 GOLDEN_PRESETS = ["cm-mini", "cm-minix2"]
@@ -317,12 +318,13 @@ def test_a_missing_directory_is_refused(tmp_path: Path) -> None:
 
 
 def test_launch_options_pair_the_mode_with_its_directory(tmp_path: Path) -> None:
-    with pytest.raises(InvalidArgumentError, match="manifest directory"):
-        LaunchOptions(mode="k8s")
-    with pytest.raises(InvalidArgumentError, match="manifest directory"):
-        LaunchOptions(k8s_dir=tmp_path)
-    options = LaunchOptions(mode="k8s", k8s_dir=tmp_path, preset="any: the manifests say")
-    assert options.k8s_dir == tmp_path
+    with pytest.raises(InvalidArgumentError, match="manifests must be a Path"):
+        K8s(manifests=None)  # type: ignore[arg-type]
+    options = LaunchOptions(preset="any: the manifests say", mode=K8s(manifests=tmp_path))
+    assert isinstance(options.mode, K8s) and options.mode.manifests == tmp_path
+    assert options.run_dir is None  # a temporary directory when it starts
+    with pytest.raises(InvalidArgumentError, match="its files give the addresses"):
+        options.topology()
 
 
 @pytest.mark.slow
@@ -332,7 +334,7 @@ async def test_the_typed_api_runs_the_manifests(tmp_path: Path) -> None:
     device through the addresses the runner gave the pods."""
     k8sgen.write("cm-mini", "node", tmp_path / "k8s")
     options = LaunchOptions(
-        mode="k8s", k8s_dir=tmp_path / "k8s", broker="none", run_dir=tmp_path / "run"
+        mode=K8s(manifests=tmp_path / "k8s", run_dir=tmp_path / "run"), broker="none"
     )
     async with Supernode.start(options) as sn:
         assert sn.mode == f"k8s {tmp_path / 'k8s'}"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.runtime.security import TOKEN_ENV, Security, read_keys, read_token
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.runtime.security import TOKEN_ENV, Security, read_keys, read_token
 
 KEYS = """version = 1
 admin = "admin-key-0123456789abcdef"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from emulator.runtime import memdebug
-from emulator.runtime.memdebug import MemDebug
-from emulator.testing import running_supernode
+from cmemu.emulator.runtime import memdebug
+from cmemu.emulator.runtime.memdebug import MemDebug
+from cmemu.emulator.testing import running_supernode
 
 
 class Hoarded:

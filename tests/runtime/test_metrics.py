@@ -16,18 +16,19 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.addressplans import METRICS_PORT, LoopbackPlan, PortPlan
+from cmemu.emulator.model.errors import AddressInUseError, InvalidArgumentError
+from cmemu.emulator.model.instruments import LATENCY_BUCKETS_S, Family, Histogram
+from cmemu.emulator.model.topology import ServiceKind, build, metrics_address, server_count
+from cmemu.emulator.runtime import exposition
+from cmemu.emulator.runtime.launchmodes import InProcess, Procs
+from cmemu.emulator.runtime.metrics import Families
+from cmemu.emulator.runtime.metricserver import endpoints
+from cmemu.emulator.runtime.registry import SERVICE_SPECS
+from cmemu.emulator.runtime.supernode import EMBEDDED, NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.testing import cmemu_up, free_port_block, run_cmemu, running_supernode
 from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, fabric_pb2, npu_pb2, ub_pb2
-from emulator.client.clients import Clients
-from emulator.model.addressplans import METRICS_PORT, LoopbackPlan
-from emulator.model.errors import AddressInUseError, InvalidArgumentError
-from emulator.model.instruments import LATENCY_BUCKETS_S, Family, Histogram
-from emulator.model.topology import ServiceKind, build, metrics_address, server_count
-from emulator.runtime import exposition
-from emulator.runtime.metrics import Families
-from emulator.runtime.metricserver import endpoints
-from emulator.runtime.registry import SERVICE_SPECS
-from emulator.runtime.supernode import EMBEDDED, NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import cmemu_up, free_port_block, run_cmemu, running_supernode
 
 KIB = 1024
 
@@ -230,7 +231,12 @@ async def test_the_mqtt_link_of_the_process() -> None:
 
 async def test_a_taken_metrics_port_fails_the_start_naming_it() -> None:
     base = free_port_block(server_count(build("cm-mini")))
-    options = LaunchOptions(preset="cm-mini", base_port=base, broker=NO_BROKER, drain_s=0.0)
+    options = LaunchOptions(
+        preset="cm-mini",
+        mode=InProcess(plan=PortPlan(base_port=base)),
+        broker=NO_BROKER,
+        drain_s=0.0,
+    )
     port = options.topology().metrics_port
     assert port == base + server_count(build("cm-mini")) - 1  # after every other server
     with socket.socket() as squatter:
@@ -246,7 +252,11 @@ async def test_a_taken_metrics_port_fails_the_start_naming_it() -> None:
 async def test_metrics_off_serves_none() -> None:
     base = free_port_block(server_count(build("cm-mini")))
     options = LaunchOptions(
-        preset="cm-mini", base_port=base, broker=NO_BROKER, drain_s=0.0, metrics=False
+        preset="cm-mini",
+        mode=InProcess(plan=PortPlan(base_port=base)),
+        broker=NO_BROKER,
+        drain_s=0.0,
+        metrics=False,
     )
     async with Supernode.start(options) as sn:
         assert sn.topology.metrics_port is None and sn.local.metrics is None
@@ -269,9 +279,9 @@ def test_addresses_follow_the_plans() -> None:
         "sn0": f"http://127.0.0.1:{ports.metrics_port}/metrics"
     }
     # one host has room for one /metrics: processes on ports of one host serve none
-    procs_on_ports = LaunchOptions(preset="cm-mini", mode="procs", addressing="ports")
+    procs_on_ports = LaunchOptions(preset="cm-mini", mode=Procs(plan=PortPlan()))
     assert procs_on_ports.topology().metrics_port is None
-    assert LaunchOptions(preset="cm-mini", mode="procs").topology().metrics_port == METRICS_PORT
+    assert LaunchOptions(preset="cm-mini", mode=Procs()).topology().metrics_port == METRICS_PORT
     old = json.loads(ports.to_json())
     del old["metrics_port"]  # a document from before metrics: no process serves them
     assert type(ports).from_dict(old).metrics_port is None

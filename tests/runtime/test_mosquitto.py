@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from emulator.runtime.composegen import MOSQUITTO_QUEUES
-from emulator.runtime.events import EventBus
-from emulator.testing import free_port_block
+from cmemu.emulator.runtime.composegen import MOSQUITTO_QUEUES
+from cmemu.emulator.runtime.events import EventBus
+from cmemu.emulator.testing import free_port_block
 from tests.runtime.test_mqtt import BROKER_PORTS, MOSQUITTO, mosquitto
 
 pytestmark = pytest.mark.slow

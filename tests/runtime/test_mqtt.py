@@ -18,20 +18,23 @@ from typing import Any
 import aiomqtt
 import pytest
 
-from cmemu.v1 import device_pb2, fabric_pb2
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.runtime.broker import Broker, topic_matches
-from emulator.runtime.composegen import MOSQUITTO_QUEUES
-from emulator.runtime.events import EventBus
-from emulator.testing import (
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.runtime.broker import Broker, topic_matches
+from cmemu.emulator.runtime.composegen import MOSQUITTO_QUEUES
+from cmemu.emulator.runtime.events import EventBus
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.supernode import LaunchOptions
+from cmemu.emulator.testing import (
     CMEMU,
     MINI_PORTS,
     MINI_SERVERS,
     Clients,
-    cmemu_up,
     free_port_block,
+    hosted_instance,
     running_supernode,
 )
+from cmemu.v1 import device_pb2, fabric_pb2
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 BROKER_PORTS = 31000
@@ -224,7 +227,9 @@ def test_cmemu_watch_prints_live_events(tmp_path: Path) -> None:
     cmemu = CMEMU
     state_file = tmp_path / "state.json"
     base = free_port_block(MINI_PORTS)
-    with cmemu_up(state_file, "--preset", "cm-mini", "--base-port", str(base), quiet=True):
+    # hosted here, its embedded broker too: `cmemu watch` attaches by the state file
+    options = LaunchOptions(preset="cm-mini", mode=InProcess(plan=PortPlan(base_port=base)))
+    with hosted_instance(options, state_file, timeout_s=120.0):
         watch = subprocess.Popen(
             [
                 cmemu,

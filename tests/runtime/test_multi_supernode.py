@@ -9,13 +9,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from cmemu.emulator.client import health
+from cmemu.emulator.model.addressplans import LoopbackPlan
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime import composegen
+from cmemu.emulator.runtime.launchmodes import Compose, Procs
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.testing import free_port_block, launch_ports, running_supernode
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
-from emulator.client import health
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.topology import ServiceKind
-from emulator.runtime import composegen
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import free_port_block, launch_ports, running_supernode
 
 PRESET = "cm-minix2"
 
@@ -80,11 +82,8 @@ def test_live_launchers_refuse_more_supernodes_than_they_start() -> None:
 async def test_two_supernodes_run_as_processes(tmp_path: Path) -> None:
     options = LaunchOptions(
         preset=PRESET,
-        mode="procs",
-        per="node",
-        first_octet=45,
+        mode=Procs(per="node", plan=LoopbackPlan(first_octet=45), run_dir=tmp_path / "run"),
         broker=NO_BROKER,
-        run_dir=tmp_path / "run",
     )
     async with Supernode.start(options) as sn:
         await _check_both_supernodes(sn)
@@ -126,7 +125,7 @@ def test_the_compose_file_of_two_supernodes_is_valid(tmp_path: Path) -> None:
 async def test_two_supernodes_run_from_their_compose_file(tmp_path: Path) -> None:
     out = tmp_path / "compose" / "c.yaml"
     composegen.write(PRESET, "node", out)
-    options = LaunchOptions(mode="compose", compose_file=out, run_dir=tmp_path / "run")
+    options = LaunchOptions(mode=Compose(file=out, run_dir=tmp_path / "run"))
     async with Supernode.start(options) as sn:
         # no $CMEMU_EPOCH: sn0's fabric took it, sn1's fabric asked it, every process its own
         await _check_both_supernodes(sn)

@@ -1,19 +1,19 @@
 """Two test processes on one machine never get the same block of ports before either binds it
-(`emulator.testing._claim`): the cause of port clashes between concurrent pytest sessions."""
+(`cmemu.emulator.testing._claim`): the cause of port clashes between concurrent pytest sessions."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from emulator.testing import _claim, free_port_block
+from cmemu.emulator.testing import _claim, free_port_block
 
 SEARCH = (32100, 32400)  # above the suite's own range (22000-32000), below the ephemeral ports
 COUNT = 8  # plus the two EXTRAS ports
 
 HOLDER = f"""
 import sys
-from emulator.testing import _claim, free_port_block
+from cmemu.emulator.testing import _claim, free_port_block
 print(free_port_block({COUNT}, search={SEARCH}), flush=True)
 sys.stdin.readline()  # holds its claim while alive
 """

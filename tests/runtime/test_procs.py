@@ -18,10 +18,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cmemu.v1 import device_pb2, device_pb2_grpc, ems_pb2, ems_pb2_grpc, fabric_pb2, fabric_pb2_grpc
-from emulator.model.topology import ServiceKind
-from emulator.runtime import state
-from emulator.testing import (
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime import state
+from cmemu.emulator.testing import (
     CMEMU,
     MINI_DEVICES,
     MINI_PORTS,
@@ -30,6 +29,7 @@ from emulator.testing import (
     free_port_block,
     run_cmemu,
 )
+from cmemu.v1 import device_pb2, device_pb2_grpc, ems_pb2, ems_pb2_grpc, fabric_pb2, fabric_pb2_grpc
 
 pytestmark = pytest.mark.slow
 

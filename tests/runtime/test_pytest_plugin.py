@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.testing import port_range
+from cmemu.emulator.testing import port_range
 
 pytest_plugins = ("pytester",)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from emulator.model.addressplans import LoopbackPlan
-from emulator.model.topology import ServiceKind, build
-from emulator.runtime.composegen import generate
-from emulator.runtime.procslaunch import proc_waves
-from emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS, WAVES
+from cmemu.emulator.model.addressplans import LoopbackPlan
+from cmemu.emulator.model.topology import ServiceKind, build
+from cmemu.emulator.runtime.composegen import generate
+from cmemu.emulator.runtime.procslaunch import proc_waves
+from cmemu.emulator.runtime.registry import DEVICE_WAVE, SERVICE_SPECS, WAVES
 
 
 def test_every_service_kind_is_registered() -> None:

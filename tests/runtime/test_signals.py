@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator.model.topology import build, server_count
-from emulator.testing import CMEMU, free_port_block
+from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.testing import CMEMU, free_port_block
 from tests.runtime.test_procs import ROOT, kill_left_over, serve_processes
 
 pytestmark = pytest.mark.slow

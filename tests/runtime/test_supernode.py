@@ -9,42 +9,44 @@ from pathlib import Path
 
 import pytest
 
-from cmemu.v1 import device_pb2, fabric_pb2
-from emulator.client import health
-from emulator.model.errors import (
+from cmemu.emulator.client import health
+from cmemu.emulator.model.addressplans import LoopbackPlan, PortPlan
+from cmemu.emulator.model.errors import (
     InvalidArgumentError,
     PreconditionError,
     UnavailableError,
     UnknownNameError,
 )
-from emulator.runtime.procs import Running
-from emulator.runtime.procslaunch import proc_waves
-from emulator.runtime.supernode import (
+from cmemu.emulator.runtime.launchmodes import Compose, InProcess, Procs
+from cmemu.emulator.runtime.procs import Running
+from cmemu.emulator.runtime.procslaunch import proc_waves
+from cmemu.emulator.runtime.supernode import (
     NO_BROKER,
     LaunchOptions,
     StartInterrupted,
     Supernode,
 )
-from emulator.testing import MINI_PORTS, free_port_block
+from cmemu.emulator.testing import MINI_PORTS, free_port_block
+from cmemu.v1 import device_pb2, fabric_pb2
 
 COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
 
 
 def test_options_refuse_what_cannot_run() -> None:
-    with pytest.raises(UnknownNameError, match="unknown mode 'vm'"):
+    with pytest.raises(InvalidArgumentError, match="mode must be one of InProcess"):
         LaunchOptions(mode="vm")  # type: ignore[arg-type]
     with pytest.raises(UnknownNameError, match="unknown preset"):
         LaunchOptions(preset="cm999")
     with pytest.raises(InvalidArgumentError, match="time_scale"):
         LaunchOptions(time_scale=0)
-    with pytest.raises(InvalidArgumentError, match="compose file"):
-        LaunchOptions(mode="compose")
+    with pytest.raises(InvalidArgumentError, match="file must be a Path"):
+        LaunchOptions(mode=Compose(file=None))  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="mqtt://"):
         LaunchOptions(broker="http://example")
 
 
 def test_procs_start_in_waves_fabric_devices_then_ems(tmp_path: Path) -> None:
-    topology = LaunchOptions(preset="cm-mini", mode="procs").topology()
+    topology = LaunchOptions(preset="cm-mini", mode=Procs()).topology()
     waves = proc_waves(topology, tmp_path / "topology.json", "node")
     names = [sorted(s.name for s in w) for w in waves]
     assert names == [["fabric"], ["n00", "n01"], ["ems", "scheduler"], ["router"], ["manager"]]
@@ -57,7 +59,10 @@ def test_procs_start_in_waves_fabric_devices_then_ems(tmp_path: Path) -> None:
 
 async def test_in_process_supernode_serves_and_stops() -> None:
     options = LaunchOptions(
-        preset="cm-mini", base_port=free_port_block(MINI_PORTS), broker=NO_BROKER, drain_s=0.0
+        preset="cm-mini",
+        mode=InProcess(plan=PortPlan(base_port=free_port_block(MINI_PORTS))),
+        broker=NO_BROKER,
+        drain_s=0.0,
     )
     async with Supernode.start(options) as sn:
         info = await sn.clients.device("n01-cpu2").GetInfo(device_pb2.GetInfoRequest())
@@ -81,11 +86,8 @@ async def test_process_mode_reports_a_killed_process_and_keeps_its_log(tmp_path:
 
     options = LaunchOptions(
         preset="cm-mini",
-        mode="procs",
-        per="node",
-        first_octet=31,
+        mode=Procs(per="node", plan=LoopbackPlan(first_octet=31), run_dir=tmp_path / "run"),
         broker=NO_BROKER,
-        run_dir=tmp_path / "run",
     )
     async with Supernode.start(options, on_death=on_death) as sn:
         with pytest.raises(PreconditionError, match="other processes"):
@@ -111,10 +113,8 @@ async def test_a_stop_during_start_stops_everything(tmp_path: Path) -> None:
     stop = asyncio.Event()
     options = LaunchOptions(
         preset="cm-mini",
-        mode="procs",
-        first_octet=32,
+        mode=Procs(plan=LoopbackPlan(first_octet=32), run_dir=tmp_path / "run"),
         broker=NO_BROKER,
-        run_dir=tmp_path / "run",
     )
     asyncio.get_running_loop().call_later(0.3, stop.set)
     with pytest.raises(StartInterrupted):
@@ -130,7 +130,7 @@ async def test_a_stop_during_start_stops_everything(tmp_path: Path) -> None:
 @pytest.mark.xdist_group("loopback-compose")  # 127.60.x.y, compose's: see tests/conftest.py
 async def test_compose_mode_runs_the_committed_file(tmp_path: Path) -> None:
     options = LaunchOptions(
-        mode="compose", compose_file=COMPOSE_DIR / "cm-mini.yaml", run_dir=tmp_path / "run"
+        mode=Compose(file=COMPOSE_DIR / "cm-mini.yaml", run_dir=tmp_path / "run")
     )
     async with Supernode.start(options) as sn:
         assert sn.broker is not None and sn.broker.startswith("mqtt://127.60.")

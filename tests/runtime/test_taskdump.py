@@ -8,7 +8,7 @@ import asyncio
 import io
 from collections.abc import AsyncIterator
 
-from emulator.runtime.taskdump import chain, print_tasks
+from cmemu.emulator.runtime.taskdump import chain, print_tasks
 
 
 async def _innermost_wait(event: asyncio.Event) -> None:

@@ -20,14 +20,32 @@ from typing import Any
 import aiohttp
 import pytest
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.naming import die_id
-from emulator.model.topology import DeviceKind, Topology, build, server_count
-from emulator.runtime import state
-from emulator.runtime.webview import Machine, parse_address
-from emulator.runtime.webview.snapshot import LinkSample, layout, plane_of_links, plane_utilisation
-from emulator.testing import MINI_PORTS, cmemu_up, free_port_block, next_sse_event, run_cmemu
+from cmemu.emulator.model.addressplans import LoopbackPlan, PortPlan
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.naming import die_id
+from cmemu.emulator.model.topology import DeviceKind, Topology, build, server_count
+from cmemu.emulator.runtime import state
+from cmemu.emulator.runtime.launchmodes import InProcess, Procs
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions
+from cmemu.emulator.runtime.webview import Machine, WebView, parse_address
+from cmemu.emulator.runtime.webview.collector import IDLE, Rates
+from cmemu.emulator.runtime.webview.snapshot import (
+    LinkSample,
+    layout,
+    plane_of_links,
+    plane_utilisation,
+)
+from cmemu.emulator.testing import (
+    MINI_PORTS,
+    cmemu_up,
+    free_port_block,
+    hosted_instance,
+    next_sse_event,
+    run_cmemu,
+    running_supernode,
+)
+from cmemu.v1 import fabric_pb2
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -175,16 +193,15 @@ def test_bad_ui_option_is_a_usage_error(tmp_path: Path) -> None:
 # --- a real cmemu up ------------------------------------------------------------------------
 
 
-def _up(tmp: Path, *args: str, timeout_s: float = 120.0) -> Iterator[state.Instance]:
-    path = tmp / "wv.json"
-    port = free_port_block(MINI_PORTS)
-    with cmemu_up(path, "--base-port", str(port), *args, quiet=True, timeout_s=timeout_s):
-        yield state.read_instance(path)
-
-
 @pytest.fixture(scope="module")
 def mini(tmp_path_factory: pytest.TempPathFactory) -> Iterator[state.Instance]:
-    yield from _up(tmp_path_factory.mktemp("webview"), "--preset", "cm-mini", "--broker", "none")
+    """cm-mini with its web view, hosted in this process (no CLI between: the page, the CLI's
+    faults and the browser attach to it by its state file)."""
+    path = tmp_path_factory.mktemp("webview") / "wv.json"
+    plan = PortPlan(base_port=free_port_block(MINI_PORTS))
+    options = LaunchOptions(preset="cm-mini", mode=InProcess(plan=plan), broker=NO_BROKER)
+    with hosted_instance(options, path, ui="127.0.0.1:0", timeout_s=120.0) as instance:
+        yield instance
 
 
 @pytest.fixture(scope="module")
@@ -398,28 +415,30 @@ def test_status_and_summary_show_the_url(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("preset", "args"),
+    ("preset", "procs"),
     [
-        ("cm384", ()),
+        ("cm384", False),
         pytest.param(
             "cm-mini",
-            ("--mode", "procs", "--metrics", "none"),
+            True,
             marks=pytest.mark.xdist_group("loopback-procs"),  # see tests/conftest.py
         ),
     ],
     ids=["cm384-inprocess", "cm-mini-procs"],
 )
 def test_every_die_and_a_fault_in_big_and_process_modes(
-    browser: Any, tmp_path: Path, preset: str, args: tuple[str, ...]
+    browser: Any, tmp_path: Path, preset: str, procs: bool
 ) -> None:
     from selenium.webdriver.support.ui import WebDriverWait
 
     path = tmp_path / f"{preset}.json"
     topology = build(preset)
-    port = free_port_block(server_count(topology))  # --mode procs: the port of every device
-    where = ("--port", str(port)) if "procs" in args else ("--base-port", str(port))
-    with cmemu_up(path, "--preset", preset, *where, *args, quiet=True, timeout_s=300):
-        instance = state.read_instance(path)
+    port = free_port_block(server_count(topology))  # procs: the port of every device
+    mode = (
+        Procs(plan=LoopbackPlan(port=port)) if procs else InProcess(plan=PortPlan(base_port=port))
+    )
+    options = LaunchOptions(preset=preset, mode=mode, metrics=not procs)
+    with hosted_instance(options, path, ui="127.0.0.1:0", timeout_s=300) as instance:
         _open(browser, instance)
         assert len(_dies_in_page(browser)) == 2 * len(topology.of_kind(DeviceKind.NPU))
         device = topology.of_kind(DeviceKind.NPU)[-1].id
@@ -434,3 +453,40 @@ def test_every_die_and_a_fault_in_big_and_process_modes(
                 device in x.text for x in d.find_elements("css selector", "#events li.ev-fault")
             )
         )
+
+
+# --- what the view asks of the fabric ---------------------------------------------------------
+
+
+async def test_the_link_feeds_ask_the_fabric_only_while_a_page_is_open() -> None:
+    """Issue 18: the L2 sub-plane feed's full link list (cm384: 25,000 links every 8.4 s) cost
+    the server 14-20% of its CPU in bursts, with no page open. Counted at the fabric of a real
+    in-process supernode: no link-stats table while no page listens, however fast the feeds; a
+    page (an /events stream) gets the planes (a link cut shows on its plane); once it closes,
+    the asking stops."""
+    fast = Rates(links_interval_s=0.05, planes_min_interval_s=0.05, publish_interval_s=0.05)
+    async with running_supernode("cm-mini") as sn:
+        fabric = sn.local.fabric
+        assert fabric is not None
+        planes = plane_of_links(sn.topology)
+        cut = next(x for x in sn.topology.links if planes.get(f"{x.a}>{x.b}") == 3)
+        async with WebView(sn.clients, rates=fast) as view, aiohttp.ClientSession() as session:
+            await asyncio.sleep(1.0)  # 20 periods of either feed
+            assert fabric.link_tables == 0
+            async with session.get(view.url + "api/snapshot") as response:
+                idle = (await response.json())["sources"]
+            assert idle["planes"] == idle["links"] == IDLE
+            await sn.clients.fabric().InjectFault(
+                fabric_pb2.FabricFault(kind="link-down", target=f"{cut.a}~{cut.b}")
+            )
+            async with session.get(view.url + "events") as response:
+                while True:
+                    _, data = await asyncio.wait_for(next_sse_event(response), 30)
+                    if data.get("planes", {}).get("3", {}).get("links_down") == 2:  # both ways
+                        break
+            assert fabric.link_tables > 0
+            assert data["planes"]["0"]["links_down"] == 0
+            await asyncio.sleep(0.5)  # the page's stream ended: the feeds' last tables
+            asked = fabric.link_tables
+            await asyncio.sleep(1.0)
+            assert fabric.link_tables == asked

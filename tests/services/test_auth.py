@@ -16,6 +16,17 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import cmemu.v1
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.credentials import Credentials
+from cmemu.emulator.client.errors import decode
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.runtime import composegen
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.security import mqtt_password
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.testing import CMEMU, free_port_block, grpcurl
+from cmemu.services import auth
 from cmemu.v1 import (
     device_pb2,
     device_pb2_grpc,
@@ -25,15 +36,6 @@ from cmemu.v1 import (
     scheduler_pb2_grpc,
     ub_pb2,
 )
-from emulator.client.clients import Clients
-from emulator.client.credentials import Credentials
-from emulator.client.errors import decode
-from emulator.model.topology import build, server_count
-from emulator.runtime import composegen
-from emulator.runtime.security import mqtt_password
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import CMEMU, free_port_block, grpcurl
-from services import auth
 
 TOKEN = "s3cret-token"
 
@@ -115,7 +117,9 @@ def test_a_denying_handler_keeps_the_shape_of_every_call() -> None:
 
 
 async def test_starting_beyond_loopback_without_a_token_is_refused() -> None:
-    options = LaunchOptions(preset="cm-mini", host="0.0.0.0", broker=NO_BROKER)
+    options = LaunchOptions(
+        preset="cm-mini", mode=InProcess(plan=PortPlan(host="0.0.0.0")), broker=NO_BROKER
+    )
     with pytest.raises(auth.InsecureBindError, match=r"0\.0\.0\.0"):
         async with Supernode.start(options):
             pass
@@ -126,7 +130,13 @@ async def test_starting_beyond_loopback_without_a_token_is_refused() -> None:
 
 async def _start(**kw: Any) -> AsyncIterator[Supernode]:
     base = free_port_block(server_count(build("cm-mini")))
-    options = LaunchOptions(preset="cm-mini", base_port=base, broker=NO_BROKER, drain_s=0.0, **kw)
+    options = LaunchOptions(
+        preset="cm-mini",
+        mode=InProcess(plan=PortPlan(base_port=base)),
+        broker=NO_BROKER,
+        drain_s=0.0,
+        **kw,
+    )
     async with Supernode.start(options) as sn:
         yield sn
 

@@ -12,14 +12,14 @@ from typing import Any
 import grpc
 import pytest
 
+from cmemu.emulator.client.errors import ErrorDetails, decode
+from cmemu.emulator.client.status import MESSAGE_MAX
+from cmemu.emulator.model.errors import QUOTE_MAX
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import Clients
 from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, fabric_pb2, faultparams_pb2, npu_pb2, ub_pb2
-from emulator.client.errors import ErrorDetails, decode
-from emulator.client.status import MESSAGE_MAX
-from emulator.model.errors import QUOTE_MAX
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind
-from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients
 
 U64 = 2**64 - 1
 HUGE = "x" * 20_000  # more than grpc's 16 KiB metadata limit once echoed
@@ -271,10 +271,10 @@ async def test_a_corrupt_message_in_a_client_stream_is_invalid_argument(
 async def test_an_unexpected_exception_is_internal_and_logged(
     clients: Clients, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from emulator.engines.fabric.engine import FabricEngine
-    from emulator.engines.fabric.types import LinkStats
-    from services import fabric as fabric_service
-    from services import rpc as rpc_module
+    from cmemu.emulator.engines.fabric.engine import FabricEngine
+    from cmemu.emulator.engines.fabric.types import LinkStats
+    from cmemu.services import fabric as fabric_service
+    from cmemu.services import rpc as rpc_module
 
     logged: list[tuple[str, str, dict[str, Any]]] = []
 

@@ -17,16 +17,16 @@ from typing import Any
 import pytest
 import yaml
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.model.serving.deployment import parse_deployment
+from cmemu.emulator.model.serving.des import SlowNpu, simulate
+from cmemu.emulator.model.serving.engine import Request
+from cmemu.emulator.model.topology import DeviceKind
+from cmemu.emulator.model.training.spec import shape_of
+from cmemu.emulator.model.training.step import gradient_buckets, groups, step_time
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import fabric_pb2, manager_pb2, scheduler_pb2, training_pb2
-from emulator.client import faults
-from emulator.model.serving.deployment import parse_deployment
-from emulator.model.serving.des import SlowNpu, simulate
-from emulator.model.serving.engine import Request
-from emulator.model.topology import DeviceKind
-from emulator.model.training.spec import shape_of
-from emulator.model.training.step import gradient_buckets, groups, step_time
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
 from tests.services.test_serving_recovery import (
     PROFILE,
     SPEC,

@@ -18,12 +18,12 @@ import aiohttp
 import grpc
 import pytest
 
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.broker import Broker
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import router_pb2, scheduler_pb2, training_pb2
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind
-from emulator.runtime.broker import Broker
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
 from tests.runtime.test_mqtt import listening
 from tests.services.test_serving_recovery import _complete as _complete_streamed
 

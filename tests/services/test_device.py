@@ -5,12 +5,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from cmemu.emulator.client import health
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import Clients
+from cmemu.services.kinds import DEVICE_SERVICE, UB_SERVICE
 from cmemu.v1 import device_pb2, ub_pb2
-from emulator.client import health
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients
-from services.kinds import DEVICE_SERVICE, UB_SERVICE
 
 PROFILE = DEFAULT_PROFILE
 KIND_SERVICES = {"npu": "cmemu.v1.Npu", "cpu": "cmemu.v1.Cpu", "mempool": "cmemu.v1.MemoryPool"}

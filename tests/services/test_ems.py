@@ -12,16 +12,18 @@ from typing import Any, cast
 import grpc
 import pytest
 
+from cmemu.emulator.client.clock import held_time
+from cmemu.emulator.client.errors import decode
+from cmemu.emulator.engines.ems import EmsState
+from cmemu.emulator.model.addressplans import LoopbackPlan
+from cmemu.emulator.model.costmodel import UbOp, ub_point
+from cmemu.emulator.model.ems import prefix_keys
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.topology import DeviceKind, ServiceKind
+from cmemu.emulator.runtime.launchmodes import Procs
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, ub_pb2
-from emulator.client.clock import held_time
-from emulator.client.errors import decode
-from emulator.engines.ems import EmsState
-from emulator.model.costmodel import UbOp, ub_point
-from emulator.model.ems import prefix_keys
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.topology import DeviceKind, ServiceKind
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.testing import Clients, running_supernode
 
 # A bound on a hang, not a timing: the checks run on emulated time, which a busy host slows
 HANG_S = 180
@@ -596,11 +598,8 @@ async def test_procs_a_stalled_node_and_a_restarted_ems_forget_nothing_and_resur
     pool is faulted stay deleted after the pool returns and the EMS process is restarted."""
     options = LaunchOptions(
         preset="cm-mini",
-        mode="procs",
-        per="node",
+        mode=Procs(per="node", plan=LoopbackPlan(first_octet=41), run_dir=tmp_path / "run"),
         broker="none",
-        run_dir=tmp_path / "run",
-        first_octet=41,
     )
     async with Supernode.start(options) as sn:
         assert sn.supervisor is not None

@@ -9,15 +9,15 @@ import threading
 import grpc
 import pytest
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.client.errors import decode
+from cmemu.emulator.model.costmodel import UbOp, ub_latency_s, ub_transfer_ns, ub_wire_cost
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.naming import directed_link_id, parse_link
+from cmemu.emulator.model.topology import DeviceKind
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, ub_pb2
-from emulator.client import faults
-from emulator.client.errors import decode
-from emulator.model.costmodel import UbOp, ub_latency_s, ub_transfer_ns, ub_wire_cost
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.naming import directed_link_id, parse_link
-from emulator.model.topology import DeviceKind
-from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients, running_supernode
 
 GB = 1e9
 DIE_GB_S = DEFAULT_PROFILE.ub.achieved_bytes_per_s_per_die / GB

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.model.addressplans import LoopbackPlan
+from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.runtime.broker import Broker
+from cmemu.emulator.runtime.launchmodes import Procs
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import device_pb2
-from emulator.client import faults
-from emulator.model.errors import NotFoundError
-from emulator.runtime.broker import Broker
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.testing import Clients, running_supernode
 from tests.runtime.test_mqtt import listening
 
 
@@ -67,7 +69,8 @@ async def test_a_broker_outage_with_a_dead_process_goes_in_once(tmp_path: Path) 
     its devices was looked up through a live process, which was then picked once per dead
     device: the second injection there failed FAULT_ALREADY_ACTIVE after the first went in."""
     options = LaunchOptions(
-        preset="cm-mini", mode="procs", per="node", first_octet=47, run_dir=tmp_path / "run"
+        preset="cm-mini",
+        mode=Procs(per="node", plan=LoopbackPlan(first_octet=47), run_dir=tmp_path / "run"),
     )
     async with Supernode.start(options) as sn:
         assert sn.supervisor is not None and sn.broker is not None

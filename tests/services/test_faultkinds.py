@@ -13,18 +13,18 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, npu_pb2, ub_pb2
-from emulator.client import faults
-from emulator.client.errors import ErrorDetails, decode
-from emulator.client.status import error_details
-from emulator.model.errors import (
+from cmemu.emulator.client import faults
+from cmemu.emulator.client.errors import ErrorDetails, decode
+from cmemu.emulator.client.status import error_details
+from cmemu.emulator.model.errors import (
     EmulatorError,
     InvalidArgumentError,
     NotFoundError,
     PreconditionError,
 )
-from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients, running_supernode
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import Clients, running_supernode
+from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, npu_pb2, ub_pb2
 
 KERNEL = npu_pb2.Kernel(flops=354e12 * 0.001, precision=npu_pb2.PRECISION_BF16)  # 1 ms on a die
 

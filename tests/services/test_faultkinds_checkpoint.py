@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.model.errors import NotFoundError, PreconditionError
+from cmemu.emulator.runtime.broker import Broker
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import training_pb2
-from emulator.client import faults
-from emulator.model.errors import NotFoundError, PreconditionError
-from emulator.runtime.broker import Broker
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
 from tests.runtime.test_mqtt import Listener, listening
 from tests.services.test_serving_recovery import PROFILE, TIME_SCALE, _until
 

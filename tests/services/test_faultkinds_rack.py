@@ -11,12 +11,12 @@ from dataclasses import replace
 import grpc
 import pytest
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import device_pb2, manager_pb2
-from emulator.client import faults
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients, running_supernode
 from tests.services.test_faultkinds import _ids, _refused, _until
 
 ONE_NODE_RACKS = replace(DEFAULT_PROFILE, node=replace(DEFAULT_PROFILE.node, nodes_per_rack=1))

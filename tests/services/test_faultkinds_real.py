@@ -12,14 +12,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.client.clock import held_time
+from cmemu.emulator.model.costmodel import UbOp, ub_latency_s
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, ub_pb2
-from emulator.client import faults
-from emulator.client.clock import held_time
-from emulator.model.costmodel import UbOp, ub_latency_s
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients, running_supernode
 from tests.services.test_faultkinds import KERNEL, _refused, _until
 
 GB = 1e9

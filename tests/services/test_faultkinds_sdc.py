@@ -11,13 +11,13 @@ from typing import Any
 import grpc
 import pytest
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.broker import Broker
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, ub_pb2
-from emulator.client import faults
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.topology import ServiceKind
-from emulator.runtime.broker import Broker
-from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients, running_supernode
 from tests.runtime.test_mqtt import Listener, listening
 from tests.services.test_faultkinds import _refused, _until
 

@@ -14,18 +14,18 @@ from pathlib import Path
 import grpc
 import pytest
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.device.liveness import Liveness
+from cmemu.emulator.engines.manager.liveness import LivenessWatch
+from cmemu.emulator.engines.skewclock import LocalClock
+from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.manager.detector import FAILED, SUSPECT, Detector, Incident
+from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
+from cmemu.emulator.testing import Clients, running_supernode
+from cmemu.services.peers import Peers
 from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, manager_pb2
-from emulator.client import faults
-from emulator.engines.clock import Timeline
-from emulator.engines.device.liveness import Liveness
-from emulator.engines.manager.liveness import LivenessWatch
-from emulator.engines.skewclock import LocalClock
-from emulator.model.errors import EmulatorError, InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.manager.detector import FAILED, SUSPECT, Detector, Incident
-from emulator.runtime.supernode import LaunchOptions, Supernode
-from emulator.testing import Clients, running_supernode
-from services.peers import Peers
 from tests.services.test_faultkinds import _refused, _until
 from tests.services.test_faultkinds_real import _write
 

@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 import pytest
 
-from emulator.model.topology import ServiceKind
-from emulator.runtime.supernode import Supernode
-from emulator.testing import grpcurl, running_supernode
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import grpcurl, running_supernode
 
 LINK = "n00-npu2.d1~n00-l1s3"
 PLANE_LINK = "n00-leaf~spine1"

@@ -14,19 +14,19 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
+from cmemu.emulator.client import faults, health
+from cmemu.emulator.client.clock import held_time
+from cmemu.emulator.client.errors import decode
+from cmemu.emulator.client.status import error_details
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.flowsim import LiveFlows
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.rdmagraph import RdmaGraph
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import Clients, grpcurl, running_supernode
 from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, ub_pb2
 from cmemu.v1 import gateway_pb2 as pb
-from emulator.client import faults, health
-from emulator.client.clock import held_time
-from emulator.client.errors import decode
-from emulator.client.status import error_details
-from emulator.model.errors import EmulatorError
-from emulator.model.flowsim import LiveFlows
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.rdmagraph import RdmaGraph
-from emulator.model.topology import ServiceKind
-from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients, grpcurl, running_supernode
 
 if TYPE_CHECKING:  # the async stub type exists in the generated .pyi only
     from cmemu.v1.gateway_pb2_grpc import GatewayAsyncStub

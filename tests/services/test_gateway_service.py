@@ -11,21 +11,21 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
+from cmemu.emulator.client.channels import Channels
+from cmemu.emulator.client.credentials import Credentials
+from cmemu.emulator.client.errors import decode
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.model.errors import PreconditionError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.model.topology import build
+from cmemu.emulator.testing import EventRecorder, free_port_block
+from cmemu.services.auth import ServerSecurity
+from cmemu.services.gateway import GatewayEngine, create_gateway
+from cmemu.services.peers import Peers
 from cmemu.v1 import faultparams_pb2, gateway_pb2_grpc
 from cmemu.v1 import gateway_pb2 as pb
-from emulator.client.channels import Channels
-from emulator.client.credentials import Credentials
-from emulator.client.errors import decode
-from emulator.engines.clock import Timeline
-from emulator.model.clock import Clock
-from emulator.model.errors import PreconditionError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.scaleout import build_cluster
-from emulator.model.topology import build
-from emulator.testing import EventRecorder, free_port_block
-from services.auth import ServerSecurity
-from services.gateway import GatewayEngine, create_gateway
-from services.peers import Peers
 
 if TYPE_CHECKING:
     from cmemu.v1.gateway_pb2_grpc import GatewayAsyncStub

@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import openai
 
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import gateway_pb2 as pb
 from cmemu.v1 import router_pb2
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind
-from emulator.testing import running_supernode
 
 PROFILE = replace(
     DEFAULT_PROFILE,

@@ -11,17 +11,19 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 
+from cmemu.emulator.client import faults, health
+from cmemu.emulator.client.errors import decode
+from cmemu.emulator.client.status import error_details
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.model.topology import server_count
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.testing import Clients, free_port_block
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
 from cmemu.v1 import gateway_pb2 as pb
-from emulator.client import faults, health
-from emulator.client.errors import decode
-from emulator.client.status import error_details
-from emulator.model.errors import EmulatorError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.scaleout import build_cluster
-from emulator.model.topology import server_count
-from emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import Clients, free_port_block
 
 if TYPE_CHECKING:
     from cmemu.v1.gateway_pb2_grpc import GatewayAsyncStub
@@ -36,7 +38,10 @@ async def x2() -> AsyncIterator[Supernode]:
     # a port block for every supernode's servers (running_supernode's counts one supernode)
     ports = sum(server_count(t) for t in build_cluster(PRESET))
     options = LaunchOptions(
-        preset=PRESET, base_port=free_port_block(ports), broker=NO_BROKER, drain_s=0.0
+        preset=PRESET,
+        mode=InProcess(plan=PortPlan(base_port=free_port_block(ports))),
+        broker=NO_BROKER,
+        drain_s=0.0,
     )
     async with Supernode.start(options) as supernode:
         yield supernode

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from services.rpc import GuardInterceptor
+from cmemu.services.rpc import GuardInterceptor
 
 
 class _Details(grpc.HandlerCallDetails):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.testing import Clients
 from cmemu.v1 import cpu_pb2, device_pb2, mempool_pb2, npu_pb2
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.testing import Clients
 
 NPU = DEFAULT_PROFILE.npu
 

@@ -11,15 +11,15 @@ from typing import Any
 import grpc
 import pytest
 
+from cmemu.emulator.client.errors import ErrorDetails, decode
+from cmemu.emulator.model.emulatorprofile import EmulatorLimits
+from cmemu.emulator.model.errors import AddressError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import Clients, running_supernode
+from cmemu.services.auth import ServerSecurity
+from cmemu.services.host import ServiceHost
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
-from emulator.client.errors import ErrorDetails, decode
-from emulator.model.emulatorprofile import EmulatorLimits
-from emulator.model.errors import AddressError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients, running_supernode
-from services.auth import ServerSecurity
-from services.host import ServiceHost
 
 LIMITS = EmulatorLimits(
     regions_max_per_device=6,

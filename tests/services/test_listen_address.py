@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.host import listen_address
+from cmemu.services.host import listen_address
 
 
 @pytest.mark.parametrize(

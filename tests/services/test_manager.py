@@ -9,10 +9,10 @@ from typing import Any
 import grpc
 import pytest
 
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.testing import Supernode, running_supernode
+from cmemu.services.scheduler import SchedulerState
 from cmemu.v1 import manager_pb2, scheduler_pb2, training_pb2
-from emulator.model.topology import ServiceKind
-from emulator.testing import Supernode, running_supernode
-from services.scheduler import SchedulerState
 from tests.engines.manager.test_actions import SCALE, until
 
 

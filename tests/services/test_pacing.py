@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
-from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients, running_supernode
 
 SCALE = 0.01
 

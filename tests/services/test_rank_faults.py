@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.client.errors import decode
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.model.faults.catalogue import FABRIC_PARAMS
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import fabric_pb2
-from emulator.client import faults
-from emulator.client.errors import decode
-from emulator.client.wire import faultparams
-from emulator.model.faults.catalogue import FABRIC_PARAMS
-from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients, running_supernode
 
 ALL_REDUCE = fabric_pb2.COLLECTIVE_OP_ALL_REDUCE
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import structlog
 
-from emulator.model.errors import NotFoundError, UnavailableError
-from services import rpc as rpc_module
-from services.rpc import Repeats, rpc
+from cmemu.emulator.model.errors import NotFoundError, UnavailableError
+from cmemu.services import rpc as rpc_module
+from cmemu.services.rpc import Repeats, rpc
 
 
 class _Aborted(Exception):

@@ -18,18 +18,20 @@ import grpc
 import openai
 import pytest
 
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.model.ems import prefix_keys
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.serving.deployment import instance_dies, parse_deployment
+from cmemu.emulator.model.serving.des import Oracle
+from cmemu.emulator.model.serving.engine import Engine, Request, TokenEvent
+from cmemu.emulator.model.topology import ServiceKind, build, server_count
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.metricserver import supernode_endpoints
+from cmemu.emulator.runtime.supernode import EMBEDDED, NO_BROKER, LaunchOptions, Supernode
+from cmemu.emulator.testing import free_port_block, running_supernode
+from cmemu.services.router import RouterState
+from cmemu.services.serving.tokenizer import load_tokenizer
 from cmemu.v1 import ems_pb2, ems_pb2_grpc, router_pb2, router_pb2_grpc, scheduler_pb2
-from emulator.model.ems import prefix_keys
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.serving.deployment import instance_dies, parse_deployment
-from emulator.model.serving.des import Oracle
-from emulator.model.serving.engine import Engine, Request, TokenEvent
-from emulator.model.topology import ServiceKind, build, server_count
-from emulator.runtime.metricserver import supernode_endpoints
-from emulator.runtime.supernode import EMBEDDED, NO_BROKER, LaunchOptions, Supernode
-from emulator.testing import free_port_block, running_supernode
-from services.router import RouterState
-from services.serving.tokenizer import load_tokenizer
 from tests.runtime.test_metrics import parse, scrape
 
 # Weights load in emulated seconds rather than minutes, so that the supernode can run at a time
@@ -493,7 +495,7 @@ async def test_request_metrics_are_events() -> None:
 async def test_with_a_token_the_endpoint_wants_it_as_the_api_key() -> None:
     options = LaunchOptions(
         preset="cm-mini",
-        base_port=free_port_block(server_count(build("cm-mini"))),
+        mode=InProcess(plan=PortPlan(base_port=free_port_block(server_count(build("cm-mini"))))),
         time_scale=TIME_SCALE,
         profile=PROFILE,
         broker=NO_BROKER,

@@ -14,18 +14,18 @@ from typing import Any
 import grpc
 import pytest
 
-from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, npu_pb2, ub_pb2
-from emulator.client.errors import DOMAIN, ErrorDetails, decode, describe
-from emulator.model.errors import (
+from cmemu.emulator.client.errors import DOMAIN, ErrorDetails, decode, describe
+from cmemu.emulator.model.errors import (
     RETRY_AFTER_S,
     InvalidArgumentError,
     NotFoundError,
     UnavailableError,
     blame,
 )
-from emulator.runtime.supernode import Supernode
-from emulator.testing import Clients
-from services.rpc import RemoteError, to_status
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import Clients
+from cmemu.services.rpc import RemoteError, to_status
+from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, npu_pb2, ub_pb2
 
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 

@@ -11,19 +11,19 @@ from typing import Any
 import grpc
 import pytest
 
+from cmemu.emulator.client.channels import Channels
+from cmemu.emulator.client.credentials import Credentials
+from cmemu.emulator.client.errors import decode
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import build
+from cmemu.emulator.testing import Clients, EventRecorder, free_port_block, grpcurl
+from cmemu.services.auth import ServerSecurity
+from cmemu.services.peers import Peers
+from cmemu.services.scheduler import SchedulerState, create_scheduler
 from cmemu.v1 import scheduler_pb2 as pb
 from cmemu.v1 import scheduler_pb2_grpc
-from emulator.client.channels import Channels
-from emulator.client.credentials import Credentials
-from emulator.client.errors import decode
-from emulator.engines.clock import Timeline
-from emulator.model.clock import Clock
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import build
-from emulator.testing import Clients, EventRecorder, free_port_block, grpcurl
-from services.auth import ServerSecurity
-from services.peers import Peers
-from services.scheduler import SchedulerState, create_scheduler
 
 TOKEN = "s3cret-token"
 

@@ -19,12 +19,12 @@ import aiomqtt
 import openai
 import pytest
 
+from cmemu.emulator.model.address import parse_address
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.supernode import EMBEDDED, Supernode
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import device_pb2, manager_pb2, router_pb2, scheduler_pb2
-from emulator.model.address import parse_address
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind
-from emulator.runtime.supernode import EMBEDDED, Supernode
-from emulator.testing import running_supernode
 
 PROFILE = replace(
     DEFAULT_PROFILE,

@@ -14,9 +14,9 @@ from typing import TypeVar
 
 import grpc
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import scheduler_pb2, training_pb2
-from emulator.client import faults
-from emulator.testing import running_supernode
 from tests.services.test_serving_recovery import _until
 
 T = TypeVar("T")

@@ -7,11 +7,11 @@ import asyncio
 import grpc
 import pytest
 
+from cmemu.emulator.model.costmodel import UbOp, ub_point, ub_transfer_ns
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import DeviceKind
+from cmemu.emulator.testing import Clients
 from cmemu.v1 import device_pb2, ub_pb2
-from emulator.model.costmodel import UbOp, ub_point, ub_transfer_ns
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import DeviceKind
-from emulator.testing import Clients
 
 LIMITS = DEFAULT_PROFILE.limits
 

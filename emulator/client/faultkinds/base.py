@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.client.wire.device import fault_request
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError, quote
+from cmemu.emulator.model.faults.params import params_from
 from cmemu.v1 import device_pb2
-from emulator.client.clients import Clients
-from emulator.client.status import reply_of
-from emulator.client.wire import faultparams
-from emulator.client.wire.device import fault_request
-from emulator.model.errors import EmulatorError, NotFoundError, quote
-from emulator.model.faults.params import params_from
 
 if TYPE_CHECKING:
     from cmemu.v1.device_pb2_grpc import DeviceAsyncStub

@@ -11,13 +11,13 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, via
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.client.wire.device import fault_request
+from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.model.faults.catalogue import NoParams
 from cmemu.v1 import device_pb2
-from emulator.client.clients import Clients
-from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, via
-from emulator.client.status import reply_of
-from emulator.client.wire.device import fault_request
-from emulator.model.errors import NotFoundError
-from emulator.model.faults.catalogue import NoParams
 
 BROKER_ID = "broker"
 

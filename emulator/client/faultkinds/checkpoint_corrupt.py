@@ -15,22 +15,22 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from cmemu.v1 import device_pb2
-from emulator.client.clients import Clients
-from emulator.client.faultkinds.base import (
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faultkinds.base import (
     ActiveFault,
     Typed,
     clear_device,
     not_found,
     spanning,
 )
-from emulator.client.faultkinds.sdc import KIND as SDC
-from emulator.client.status import reply_of
-from emulator.client.training import TrainingClient
-from emulator.model.errors import NotFoundError, PreconditionError, quote
-from emulator.model.faults.catalogue import NoParams, SdcParams
-from emulator.model.topology import DeviceKind
-from emulator.model.training.checkpoint import manifest_key
+from cmemu.emulator.client.faultkinds.sdc import KIND as SDC
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.client.training import TrainingClient
+from cmemu.emulator.model.errors import NotFoundError, PreconditionError, quote
+from cmemu.emulator.model.faults.catalogue import NoParams, SdcParams
+from cmemu.emulator.model.topology import DeviceKind
+from cmemu.emulator.model.training.checkpoint import manifest_key
+from cmemu.v1 import device_pb2
 
 PREFIX = "ckpt:"
 

@@ -5,8 +5,8 @@ its events, telemetry and liveness beats carry the skewed stamps, and the durati
 early or late by the step. One fault per process: a second device of a skewed process is
 refused (FAILED_PRECONDITION FAULT_ALREADY_ACTIVE)."""
 
-from emulator.client.faultkinds.base import DeviceKind
-from emulator.model.faults.catalogue import ClockSkewParams
+from cmemu.emulator.client.faultkinds.base import DeviceKind
+from cmemu.emulator.model.faults.catalogue import ClockSkewParams
 
 KIND = DeviceKind(
     name="clock-skew",

@@ -28,12 +28,12 @@ from typing import Any, Protocol
 
 import structlog
 
-from emulator.client.clients import Clients
-from emulator.client.clock import held_time
-from emulator.client.faultkinds.base import ActiveFault, Typed
-from emulator.client.health import status
-from emulator.model.errors import NotFoundError, PreconditionError
-from emulator.model.faults.catalogue import (
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.clock import held_time
+from cmemu.emulator.client.faultkinds.base import ActiveFault, Typed
+from cmemu.emulator.client.health import status
+from cmemu.emulator.model.errors import NotFoundError, PreconditionError
+from cmemu.emulator.model.faults.catalogue import (
     ContainerKillParams,
     ContainerStopParams,
     NetemParams,

@@ -1,8 +1,8 @@
 """crash: the device's server is gone (port closed: UNAVAILABLE, connection refused) until the
 fault clears; it comes back empty of volatile state, and of memory unless wipe=false."""
 
-from emulator.client.faultkinds.base import DeviceKind
-from emulator.model.faults.catalogue import CrashParams
+from cmemu.emulator.client.faultkinds.base import DeviceKind
+from cmemu.emulator.model.faults.catalogue import CrashParams
 
 KIND = DeviceKind(
     name="crash",

@@ -1,8 +1,8 @@
 """die-down: one NPU die fails; work on it is UNAVAILABLE (DIE_DOWN), its health name
 "<npu>.d<die>" is NOT_SERVING and the NPU stays SERVING, degraded."""
 
-from emulator.client.faultkinds.base import DeviceKind
-from emulator.model.faults.catalogue import DieDownParams
+from cmemu.emulator.client.faultkinds.base import DeviceKind
+from cmemu.emulator.model.faults.catalogue import DieDownParams
 
 KIND = DeviceKind(
     name="die-down",

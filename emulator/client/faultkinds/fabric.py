@@ -10,12 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cmemu.v1 import fabric_pb2
-from emulator.client.clients import Clients
-from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed
-from emulator.client.status import reply_of
-from emulator.client.wire import faultparams
-from emulator.model.faults.catalogue import (
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.model.faults.catalogue import (
     LinkDegradedParams,
     LinkFlapParams,
     LinkLatencyParams,
@@ -24,6 +23,7 @@ from emulator.model.faults.catalogue import (
     OpticalModuleParams,
     PartitionParams,
 )
+from cmemu.v1 import fabric_pb2
 
 
 def fabric_detail(f: fabric_pb2.FabricFault) -> str:

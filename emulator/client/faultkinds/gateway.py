@@ -10,13 +10,13 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, not_found
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.model.faults.catalogue import LinkDegradedParams, NoParams
 from cmemu.v1 import gateway_pb2
-from emulator.client.clients import Clients
-from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, not_found
-from emulator.client.status import reply_of
-from emulator.client.wire import faultparams
-from emulator.model.errors import NotFoundError
-from emulator.model.faults.catalogue import LinkDegradedParams, NoParams
 
 PREFIX = "rdma:"
 DOWN_SUFFIX = "-down"  # a gateway's own fault: "<gateway>-down"

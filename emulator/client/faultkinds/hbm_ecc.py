@@ -1,8 +1,8 @@
 """hbm-ecc: an uncorrectable ECC error poisons a region (or offset/size): reads and atomics of it
 fail DATA_LOSS (reason HBM_UNCORRECTABLE_ECC) and count in telemetry; writes heal it."""
 
-from emulator.client.faultkinds.base import DeviceKind
-from emulator.model.faults.catalogue import HbmEccParams
+from cmemu.emulator.client.faultkinds.base import DeviceKind
+from cmemu.emulator.model.faults.catalogue import HbmEccParams
 
 KIND = DeviceKind(
     name="hbm-ecc",

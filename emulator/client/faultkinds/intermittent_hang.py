@@ -3,8 +3,8 @@
 answers again by itself in between, until the fault clears. The device's process runs the
 windows (emulator/engines/device/gray.py); a hung NPU holds the collectives it is a rank of."""
 
-from emulator.client.faultkinds.base import DeviceKind
-from emulator.model.faults.catalogue import IntermittentHangParams
+from cmemu.emulator.client.faultkinds.base import DeviceKind
+from cmemu.emulator.model.faults.catalogue import IntermittentHangParams
 
 KIND = DeviceKind(
     name="intermittent-hang",

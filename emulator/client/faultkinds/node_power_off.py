@@ -7,11 +7,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from emulator.client.clients import Clients
-from emulator.client.faultkinds.base import ActiveFault, Typed, spanning
-from emulator.client.faultkinds.crash import KIND as CRASH
-from emulator.model.errors import NotFoundError, quote
-from emulator.model.faults.catalogue import CrashParams
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faultkinds.base import ActiveFault, Typed, spanning
+from cmemu.emulator.client.faultkinds.crash import KIND as CRASH
+from cmemu.emulator.model.errors import NotFoundError, quote
+from cmemu.emulator.model.faults.catalogue import CrashParams
 
 NODE_PREFIX = "node:"
 

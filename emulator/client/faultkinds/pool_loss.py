@@ -1,7 +1,7 @@
 """pool-loss: a memory pool is gone with its contents (its server too); it comes back empty."""
 
-from emulator.client.faultkinds.base import DeviceKind
-from emulator.model.faults.catalogue import NoParams
+from cmemu.emulator.client.faultkinds.base import DeviceKind
+from cmemu.emulator.model.faults.catalogue import NoParams
 
 KIND = DeviceKind(
     name="pool-loss",

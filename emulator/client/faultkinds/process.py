@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.client.clients import Clients
-from emulator.client.faultkinds.base import ActiveFault, Typed
-from emulator.model.errors import NotFoundError, PreconditionError, quote
-from emulator.model.faults.catalogue import NoParams
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faultkinds.base import ActiveFault, Typed
+from cmemu.emulator.model.errors import NotFoundError, PreconditionError, quote
+from cmemu.emulator.model.faults.catalogue import NoParams
 
 PROC_PREFIX = "proc:"
 SUPPORTED = "procs"  # the launcher whose processes these kinds signal

@@ -13,9 +13,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cmemu.v1 import device_pb2
-from emulator.client.clients import Clients
-from emulator.client.faultkinds.base import (
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faultkinds.base import (
     CALL_TIMEOUT_S,
     FALLBACK_REASONS,
     ActiveFault,
@@ -25,11 +24,12 @@ from emulator.client.faultkinds.base import (
     not_found,
     spanning,
 )
-from emulator.client.status import reply_of
-from emulator.client.wire.device import fault_request
-from emulator.model.errors import EmulatorError, NotFoundError, PreconditionError
-from emulator.model.faults.catalogue import CrashParams
-from emulator.model.racks import rack_devices
+from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.client.wire.device import fault_request
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError, PreconditionError
+from cmemu.emulator.model.faults.catalogue import CrashParams
+from cmemu.emulator.model.racks import rack_devices
+from cmemu.v1 import device_pb2
 
 if TYPE_CHECKING:
     from cmemu.v1.device_pb2_grpc import DeviceAsyncStub

@@ -3,8 +3,8 @@ flipped (`mask`), and the device neither refuses nor counts them, as bit flips p
 unnoticed. Only end-to-end checksums find it: EMS checks every copy it reads against the CRC-32
 it kept at put, reads another replica and drops the bad one (emulator/engines/ems/reads.py)."""
 
-from emulator.client.faultkinds.base import DeviceKind
-from emulator.model.faults.catalogue import SdcParams
+from cmemu.emulator.client.faultkinds.base import DeviceKind
+from cmemu.emulator.model.faults.catalogue import SdcParams
 
 KIND = DeviceKind(
     name="sdc",

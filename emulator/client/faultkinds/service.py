@@ -29,15 +29,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faultkinds import container, process
+from cmemu.emulator.client.faultkinds.base import (
+    CALL_TIMEOUT_S,
+    ActiveFault,
+    Typed,
+    device_fault,
+    via,
+)
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.client.wire.device import fault_request
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError, PreconditionError, quote
+from cmemu.emulator.model.faults.catalogue import NoParams, ServiceDownParams, ServiceSlowParams
+from cmemu.emulator.model.topology import Service, ServiceKind
 from cmemu.v1 import device_pb2
-from emulator.client.clients import Clients
-from emulator.client.faultkinds import container, process
-from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, device_fault, via
-from emulator.client.wire import faultparams
-from emulator.client.wire.device import fault_request
-from emulator.model.errors import EmulatorError, NotFoundError, PreconditionError, quote
-from emulator.model.faults.catalogue import NoParams, ServiceDownParams, ServiceSlowParams
-from emulator.model.topology import Service, ServiceKind
 
 DEVICE_KIND = "service-down"
 # the device that carries a service's fault in process: one per service, so that several

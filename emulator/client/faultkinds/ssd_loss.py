@@ -13,14 +13,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faultkinds.base import (
+    CALL_TIMEOUT_S,
+    ActiveFault,
+    Typed,
+    device_fault,
+    via,
+)
+from cmemu.emulator.client.faultkinds.service import CARRIER, mode_of, service_of
+from cmemu.emulator.client.wire.device import fault_request
+from cmemu.emulator.model.errors import InvalidArgumentError, PreconditionError, quote
+from cmemu.emulator.model.faults.catalogue import NoParams
+from cmemu.emulator.model.topology import ServiceKind
 from cmemu.v1 import device_pb2
-from emulator.client.clients import Clients
-from emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, device_fault, via
-from emulator.client.faultkinds.service import CARRIER, mode_of, service_of
-from emulator.client.wire.device import fault_request
-from emulator.model.errors import InvalidArgumentError, PreconditionError, quote
-from emulator.model.faults.catalogue import NoParams
-from emulator.model.topology import ServiceKind
 
 NAME = "ssd-loss"
 

@@ -11,8 +11,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from emulator.client.clients import Clients
-from emulator.client.faultkinds.base import (
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.faultkinds.base import (
     ActiveFault,
     DeviceKind,
     Typed,
@@ -20,11 +20,11 @@ from emulator.client.faultkinds.base import (
     not_found,
     spanning,
 )
-from emulator.client.faultkinds.node_power_off import NODE_PREFIX, node_devices
-from emulator.model.errors import NotFoundError
-from emulator.model.faults.catalogue import ThermalThrottleParams
-from emulator.model.naming import node_id, parse_device
-from emulator.model.topology import DeviceKind as Hardware
+from cmemu.emulator.client.faultkinds.node_power_off import NODE_PREFIX, node_devices
+from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.model.faults.catalogue import ThermalThrottleParams
+from cmemu.emulator.model.naming import node_id, parse_device
+from cmemu.emulator.model.topology import DeviceKind as Hardware
 
 NAME = "thermal-throttle"
 SUFFIX = f":{NAME}"

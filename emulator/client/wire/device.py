@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.engines.device.engine import FaultState, Telemetry
+from cmemu.emulator.engines.device.faultbase import ActiveFault
+from cmemu.emulator.engines.device.liveness import Beat
+from cmemu.emulator.engines.device.npu import Kernel, KernelResult
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.memory import Region, RegionPage
 from cmemu.v1 import device_pb2, npu_pb2
-from emulator.client.wire import faultparams
-from emulator.engines.device.engine import FaultState, Telemetry
-from emulator.engines.device.faultbase import ActiveFault
-from emulator.engines.device.liveness import Beat
-from emulator.engines.device.npu import Kernel, KernelResult
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.memory import Region, RegionPage
 
 
 def region_proto(region: Region, eid: int) -> device_pb2.Region:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.engines.clock import ClockState
+from cmemu.emulator.engines.fabric.types import LinkStat, LinkStats
+from cmemu.emulator.engines.peers import CollectiveOutcome, FlowTime
+from cmemu.emulator.model.arrivals import Arrival, ArrivalBatch
+from cmemu.emulator.model.clock import Segment
+from cmemu.emulator.model.collectivespec import COLLECTIVE_OPS, CollectiveSpec
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.faults.catalogue import FABRIC_PARAMS
+from cmemu.emulator.model.faults.fabricspec import spec_fields, spec_params
+from cmemu.emulator.model.linkfaults import FaultSpec
 from cmemu.v1 import fabric_pb2
-from emulator.client.wire import faultparams
-from emulator.engines.clock import ClockState
-from emulator.engines.fabric.types import LinkStat, LinkStats
-from emulator.engines.peers import CollectiveOutcome, FlowTime
-from emulator.model.arrivals import Arrival, ArrivalBatch
-from emulator.model.clock import Segment
-from emulator.model.collectivespec import COLLECTIVE_OPS, CollectiveSpec
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.faults.catalogue import FABRIC_PARAMS
-from emulator.model.faults.fabricspec import spec_fields, spec_params
-from emulator.model.linkfaults import FaultSpec
 
 OPS = {
     fabric_pb2.COLLECTIVE_OP_ALL_TO_ALL: "all-to-all",

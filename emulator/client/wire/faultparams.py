@@ -18,8 +18,8 @@ from typing import Any, Protocol, TypeVar
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from emulator.model.errors import InvalidArgumentError, quote
-from emulator.model.faults.params import params_from
+from cmemu.emulator.model.errors import InvalidArgumentError, quote
+from cmemu.emulator.model.faults.params import params_from
 
 ONEOF = "params"
 

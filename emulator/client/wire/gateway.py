@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from cmemu.v1 import gateway_pb2
-from emulator.client.wire import faultparams
-from emulator.engines.gateway.types import (
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.engines.gateway.types import (
     GatewayStats,
     Landing,
     LinkStat,
@@ -18,9 +17,10 @@ from emulator.engines.gateway.types import (
     RouteInfo,
     TimedFlow,
 )
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.faults.catalogue import GATEWAY_PARAMS
-from emulator.model.rdmafault import RdmaFault
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.faults.catalogue import GATEWAY_PARAMS
+from cmemu.emulator.model.rdmafault import RdmaFault
+from cmemu.v1 import gateway_pb2
 
 OP_OF = {
     gateway_pb2.RDMA_OP_WRITE: RdmaOp.WRITE,

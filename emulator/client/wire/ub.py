@@ -1,10 +1,10 @@
-"""UbTransaction / UbCompletion / UbMessage <-> emulator.model.ub."""
+"""UbTransaction / UbCompletion / UbMessage <-> cmemu.emulator.model.ub."""
 
 from __future__ import annotations
 
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.ub import Completion, Message, Op, Transaction
 from cmemu.v1 import ub_pb2
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.ub import Completion, Message, Op, Transaction
 
 OP_OF = {
     ub_pb2.UB_OP_READ: Op.READ,

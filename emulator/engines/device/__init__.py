@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from emulator.engines.clock import Timeline
-from emulator.engines.device.engine import DeviceEngine
-from emulator.engines.events import EventSink
-from emulator.engines.peers import Directory
-from emulator.model.hardware import HardwareProfile
-from emulator.model.memory import DeviceMemory, QueueBudget, StoreBudget
-from emulator.model.topology import Device, DeviceKind, Topology
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.device.engine import DeviceEngine
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.peers import Directory
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.memory import DeviceMemory, QueueBudget, StoreBudget
+from cmemu.emulator.model.topology import Device, DeviceKind, Topology
 
 
 def memory_bytes(kind: DeviceKind, profile: HardwareProfile) -> int:

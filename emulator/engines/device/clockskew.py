@@ -21,15 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from emulator.engines.device.faultbase import ALL, ActiveFault
-from emulator.engines.skewclock import LocalClock
-from emulator.model.clock import Skew
-from emulator.model.errors import PreconditionError
-from emulator.model.faults.catalogue import ClockSkewParams
-from emulator.model.topology import DeviceKind
+from cmemu.emulator.engines.device.faultbase import ALL, ActiveFault
+from cmemu.emulator.engines.skewclock import LocalClock
+from cmemu.emulator.model.clock import Skew
+from cmemu.emulator.model.errors import PreconditionError
+from cmemu.emulator.model.faults.catalogue import ClockSkewParams
+from cmemu.emulator.model.topology import DeviceKind
 
 if TYPE_CHECKING:
-    from emulator.engines.device.engine import DeviceEngine
+    from cmemu.emulator.engines.device.engine import DeviceEngine
 
 NAME = "clock-skew"
 

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from emulator.engines.events import EventSink
-from emulator.engines.peers import Directory
-from emulator.model.errors import (
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.peers import Directory
+from cmemu.emulator.model.errors import (
     RETRY_AFTER_S,
     DataLossError,
     InvalidArgumentError,
@@ -27,20 +27,20 @@ from emulator.model.errors import (
     blame,
     quote,
 )
-from emulator.model.faults.memory import Corruption, Poison
-from emulator.model.hardware import HardwareProfile
-from emulator.model.instruments import Histogram
-from emulator.model.memory import DeviceMemory, QueueBudget, Region, RegionPage
-from emulator.model.naming import die_id
-from emulator.model.topology import Device, Topology
-from emulator.model.ub import Message
+from cmemu.emulator.model.faults.memory import Corruption, Poison
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.instruments import Histogram
+from cmemu.emulator.model.memory import DeviceMemory, QueueBudget, Region, RegionPage
+from cmemu.emulator.model.naming import die_id
+from cmemu.emulator.model.topology import Device, Topology
+from cmemu.emulator.model.ub import Message
 
 if TYPE_CHECKING:
-    from emulator.engines.clock import Timeline
-    from emulator.engines.device.faults import DeviceFaults
-    from emulator.engines.device.liveness import Liveness
-    from emulator.engines.device.npu import Dies
-    from emulator.engines.device.ub import Bus
+    from cmemu.emulator.engines.clock import Timeline
+    from cmemu.emulator.engines.device.faults import DeviceFaults
+    from cmemu.emulator.engines.device.liveness import Liveness
+    from cmemu.emulator.engines.device.npu import Dies
+    from cmemu.emulator.engines.device.ub import Bus
 
 U64_MAX = 2**64 - 1
 MAX_LABEL = 256  # characters of a region's label (and of a fault's reason)
@@ -154,9 +154,9 @@ class DeviceEngine:
         queue_budget: QueueBudget | None = None,
         events: EventSink | None = None,
     ) -> None:
-        from emulator.engines.device.faults import DeviceFaults
-        from emulator.engines.device.npu import Dies
-        from emulator.engines.device.ub import Bus
+        from cmemu.emulator.engines.device.faults import DeviceFaults
+        from cmemu.emulator.engines.device.npu import Dies
+        from cmemu.emulator.engines.device.ub import Bus
 
         self.device = device
         self.topology = topology

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from emulator.model.errors import EmulatorError
-from emulator.model.faults.params import params_text
-from emulator.model.linkfaults import FaultSpec
-from emulator.model.topology import DeviceKind
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.faults.params import params_text
+from cmemu.emulator.model.linkfaults import FaultSpec
+from cmemu.emulator.model.topology import DeviceKind
 
 if TYPE_CHECKING:
-    from emulator.engines.device.engine import DeviceEngine
+    from cmemu.emulator.engines.device.engine import DeviceEngine
 
 log = structlog.get_logger("cmemu.faults")
 

@@ -45,18 +45,18 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from emulator.engines.device.clockskew import ClockSkew
-from emulator.engines.device.faultbase import (
+from cmemu.emulator.engines.device.clockskew import ClockSkew
+from cmemu.emulator.engines.device.faultbase import (
     ALL,
     ActiveFault,
     Effect,
     clear_rank_fault,
     rank_fault,
 )
-from emulator.engines.device.gray import HANG, IntermittentHang, Slow
-from emulator.engines.device.servicefaults import KIND as SERVICE_DOWN
-from emulator.engines.device.servicefaults import ServiceControl, ServiceDown, SsdLoss
-from emulator.model.errors import (
+from cmemu.emulator.engines.device.gray import HANG, IntermittentHang, Slow
+from cmemu.emulator.engines.device.servicefaults import KIND as SERVICE_DOWN
+from cmemu.emulator.engines.device.servicefaults import ServiceControl, ServiceDown, SsdLoss
+from cmemu.emulator.model.errors import (
     EmulatorError,
     InvalidArgumentError,
     NotFoundError,
@@ -64,12 +64,17 @@ from emulator.model.errors import (
     PreconditionError,
     quote,
 )
-from emulator.model.faults.catalogue import DEVICE_PARAMS, CrashParams, HbmEccParams, SdcParams
-from emulator.model.faults.params import params_from
-from emulator.model.topology import DeviceKind
+from cmemu.emulator.model.faults.catalogue import (
+    DEVICE_PARAMS,
+    CrashParams,
+    HbmEccParams,
+    SdcParams,
+)
+from cmemu.emulator.model.faults.params import params_from
+from cmemu.emulator.model.topology import DeviceKind
 
 if TYPE_CHECKING:
-    from emulator.engines.device.engine import DeviceEngine
+    from cmemu.emulator.engines.device.engine import DeviceEngine
 
 log = structlog.get_logger("cmemu.faults")
 
@@ -194,7 +199,7 @@ class DieDown:
 
 
 async def _die_health(engine: DeviceEngine, die: int, *, serving: bool) -> None:
-    from emulator.engines.device.engine import die_name
+    from cmemu.emulator.engines.device.engine import die_name
 
     up = serving and not engine.fault.faulted
     name = die_name(engine.device.id, die)

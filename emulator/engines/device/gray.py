@@ -22,14 +22,14 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from emulator.engines.device.faultbase import ALL, ActiveFault, clear_rank_fault, rank_fault
-from emulator.model.errors import EmulatorError, PreconditionError
-from emulator.model.faults.catalogue import IntermittentHangParams
-from emulator.model.linkfaults import FaultSpec
-from emulator.model.topology import DeviceKind
+from cmemu.emulator.engines.device.faultbase import ALL, ActiveFault, clear_rank_fault, rank_fault
+from cmemu.emulator.model.errors import EmulatorError, PreconditionError
+from cmemu.emulator.model.faults.catalogue import IntermittentHangParams
+from cmemu.emulator.model.linkfaults import FaultSpec
+from cmemu.emulator.model.topology import DeviceKind
 
 if TYPE_CHECKING:
-    from emulator.engines.device.engine import DeviceEngine
+    from cmemu.emulator.engines.device.engine import DeviceEngine
 
 COMPUTE_KINDS = ("slow", "thermal-throttle")  # their params' `compute` is a share of kernel speed
 

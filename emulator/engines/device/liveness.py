@@ -15,8 +15,8 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
-from emulator.engines.clock import Timeline
-from emulator.engines.device.engine import DeviceEngine, die_name
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.device.engine import DeviceEngine, die_name
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,11 +12,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from emulator.model.costmodel import kernel_cost
-from emulator.model.errors import CapacityError, InvalidArgumentError, OutOfRangeError, blame
+from cmemu.emulator.model.costmodel import kernel_cost
+from cmemu.emulator.model.errors import CapacityError, InvalidArgumentError, OutOfRangeError, blame
 
 if TYPE_CHECKING:
-    from emulator.engines.device.engine import DeviceEngine
+    from cmemu.emulator.engines.device.engine import DeviceEngine
 
 
 @dataclass

@@ -18,13 +18,13 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from emulator.engines.device.faultbase import ALL, ActiveFault
-from emulator.model.errors import PreconditionError, quote
-from emulator.model.faults.catalogue import ServiceDownParams
-from emulator.model.topology import DeviceKind
+from cmemu.emulator.engines.device.faultbase import ALL, ActiveFault
+from cmemu.emulator.model.errors import PreconditionError, quote
+from cmemu.emulator.model.faults.catalogue import ServiceDownParams
+from cmemu.emulator.model.topology import DeviceKind
 
 if TYPE_CHECKING:
-    from emulator.engines.device.engine import DeviceEngine
+    from cmemu.emulator.engines.device.engine import DeviceEngine
 
 KIND = "service-down"  # the device kind; the catalogue's service-kill and service-hang use it
 

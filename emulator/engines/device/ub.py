@@ -14,8 +14,8 @@ import dataclasses
 import uuid
 from typing import TYPE_CHECKING
 
-from emulator.model.costmodel import check_duration, ub_transfer_ns
-from emulator.model.errors import (
+from cmemu.emulator.model.costmodel import check_duration, ub_transfer_ns
+from cmemu.emulator.model.errors import (
     CapacityError,
     InvalidArgumentError,
     NotFoundError,
@@ -23,10 +23,10 @@ from emulator.model.errors import (
     PreconditionError,
     blame,
 )
-from emulator.model.ub import Completion, Message, Op, Transaction, normalize
+from cmemu.emulator.model.ub import Completion, Message, Op, Transaction, normalize
 
 if TYPE_CHECKING:
-    from emulator.engines.device.engine import DeviceEngine
+    from cmemu.emulator.engines.device.engine import DeviceEngine
 
 MAX_WAIT_MS = 60_000  # emulated milliseconds a Receive may wait for a first message
 

@@ -28,14 +28,14 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
-from emulator.engines.clock import Timeline
-from emulator.engines.ems.markers import Markers
-from emulator.engines.ems.reads import Fetched, Reading, Reads
-from emulator.engines.ems.recovery import Recovery
-from emulator.engines.ems.store import Devices, Store, log
-from emulator.engines.ems.writes import Stored, Writes
-from emulator.engines.events import EventSink
-from emulator.model.ems import (
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.ems.markers import Markers
+from cmemu.emulator.engines.ems.reads import Fetched, Reading, Reads
+from cmemu.emulator.engines.ems.recovery import Recovery
+from cmemu.emulator.engines.ems.store import Devices, Store, log
+from cmemu.emulator.engines.ems.writes import Stored, Writes
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.model.ems import (
     ObjectMeta,
     Page,
     StoreStats,
@@ -45,8 +45,8 @@ from emulator.model.ems import (
     prefix_keys,
     summarize,
 )
-from emulator.model.hardware import HardwareProfile
-from emulator.model.topology import Topology
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.topology import Topology
 
 __all__ = ["Devices", "EmsState", "Fetched", "Reading", "Stored"]
 

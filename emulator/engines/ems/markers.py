@@ -8,9 +8,9 @@ pool it is owed to has been reconciled.
 
 from __future__ import annotations
 
-from emulator.engines.ems.store import Store, log
-from emulator.model.ems import Aborted, Tombstone, encode_abort, encode_tombstone
-from emulator.model.errors import EmulatorError
+from cmemu.emulator.engines.ems.store import Store, log
+from cmemu.emulator.model.ems import Aborted, Tombstone, encode_abort, encode_tombstone
+from cmemu.emulator.model.errors import EmulatorError
 
 
 class Markers:

@@ -12,9 +12,9 @@ import zlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
-from emulator.engines.ems.store import UNREACHABLE, Store, log
-from emulator.model.costmodel import ems_ssd_ns
-from emulator.model.ems import (
+from cmemu.emulator.engines.ems.store import UNREACHABLE, Store, log
+from cmemu.emulator.model.costmodel import ems_ssd_ns
+from cmemu.emulator.model.ems import (
     TRAILER_HEAD_BYTES,
     ObjectMeta,
     Replica,
@@ -27,7 +27,7 @@ from emulator.model.ems import (
     spans,
     trailer_bytes,
 )
-from emulator.model.errors import (
+from cmemu.emulator.model.errors import (
     RETRY_AFTER_S,
     DataLossError,
     EmulatorError,
@@ -36,9 +36,9 @@ from emulator.model.errors import (
     UnavailableError,
     quote,
 )
-from emulator.model.memory import NOT_ALLOCATED
-from emulator.model.topology import Device
-from emulator.model.ub import Op
+from cmemu.emulator.model.memory import NOT_ALLOCATED
+from cmemu.emulator.model.topology import Device
+from cmemu.emulator.model.ub import Op
 
 CHECKSUM_MISMATCH = "CHECKSUM_MISMATCH"  # every copy read failed the CRC-32 kept at put
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from emulator.engines.ems.markers import Markers
-from emulator.engines.ems.reads import Reads
-from emulator.engines.ems.store import Store, log
-from emulator.engines.ems.writes import Writes
-from emulator.model.ems import (
+from cmemu.emulator.engines.ems.markers import Markers
+from cmemu.emulator.engines.ems.reads import Reads
+from cmemu.emulator.engines.ems.store import Store, log
+from cmemu.emulator.engines.ems.writes import Writes
+from cmemu.emulator.model.ems import (
     REBUILD_POLL_S,
     Health,
     Listed,
@@ -23,8 +23,8 @@ from emulator.model.ems import (
     absorb_tombstones,
     reconcile,
 )
-from emulator.model.errors import EmulatorError
-from emulator.model.topology import Device
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.topology import Device
 
 
 class Recovery:

@@ -11,7 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from emulator.model.ems import ObjectMeta, Tier, decode_label, encode_label
+from cmemu.emulator.model.ems import ObjectMeta, Tier, decode_label, encode_label
 
 
 class SsdTier:

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 
-from emulator.engines.clock import Timeline
-from emulator.engines.ems.ssd import SsdTier
-from emulator.engines.events import EventSink
-from emulator.engines.peers import DevicePeer
-from emulator.model.ems import (
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.ems.ssd import SsdTier
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.peers import DevicePeer
+from cmemu.emulator.model.ems import (
     Counters,
     HashRing,
     Health,
@@ -33,20 +33,20 @@ from emulator.model.ems import (
     spans,
     trailer_bytes,
 )
-from emulator.model.errors import (
+from cmemu.emulator.model.errors import (
     RETRY_AFTER_S,
     DeadlineExceededError,
     EmulatorError,
     NotFoundError,
     UnavailableError,
 )
-from emulator.model.hardware import HardwareProfile
-from emulator.model.memory import Region
-from emulator.model.topology import Device, DeviceKind, Topology
-from emulator.model.ub import Completion, Op, Transaction
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.memory import Region
+from cmemu.emulator.model.topology import Device, DeviceKind, Topology
+from cmemu.emulator.model.ub import Completion, Op, Transaction
 
 if TYPE_CHECKING:
-    from emulator.engines.device.engine import FaultState
+    from cmemu.emulator.engines.device.engine import FaultState
 
 T = TypeVar("T")
 

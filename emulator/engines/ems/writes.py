@@ -11,10 +11,10 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from emulator.engines.ems.markers import Markers
-from emulator.engines.ems.reads import Reads
-from emulator.engines.ems.store import Store, log
-from emulator.model.ems import (
+from cmemu.emulator.engines.ems.markers import Markers
+from cmemu.emulator.engines.ems.reads import Reads
+from cmemu.emulator.engines.ems.store import Store, log
+from cmemu.emulator.model.ems import (
     Health,
     ObjectMeta,
     Replica,

@@ -16,12 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.collectives import CollectiveTiming, run_collective
-from emulator.model.collectivespec import CollectiveSpec
-from emulator.model.emulatorprofile import EmulatorLimits
-from emulator.model.endpoints import Endpoint
-from emulator.model.errors import RETRY_AFTER_S, CapacityError
-from emulator.model.linkgraph import LinkGraph
+from cmemu.emulator.model.collectives import CollectiveTiming, run_collective
+from cmemu.emulator.model.collectivespec import CollectiveSpec
+from cmemu.emulator.model.emulatorprofile import EmulatorLimits
+from cmemu.emulator.model.endpoints import Endpoint
+from cmemu.emulator.model.errors import RETRY_AFTER_S, CapacityError
+from cmemu.emulator.model.linkgraph import LinkGraph
 
 # at most this many timings kept, holding at most this many flows together (about 40 bytes each)
 MEMO_ENTRIES = 16

@@ -20,32 +20,32 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from emulator.engines.clock import Timeline
-from emulator.engines.events import EventSink
-from emulator.engines.fabric.collectives import Collectives
-from emulator.engines.fabric.metrics import LinkGroups, fabric_families
-from emulator.engines.fabric.outage import Outage
-from emulator.engines.flows import FlowClock
-from emulator.engines.peers import CollectiveOutcome, Directory, FlowTime
-from emulator.model.arrivals import ArrivalBatch, ArrivalLog
-from emulator.model.collectives import CollectiveTiming
-from emulator.model.collectivespec import CollectiveSpec
-from emulator.model.costmodel import check_duration
-from emulator.model.endpoints import Endpoint
-from emulator.model.errors import (
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.fabric.collectives import Collectives
+from cmemu.emulator.engines.fabric.metrics import LinkGroups, fabric_families
+from cmemu.emulator.engines.fabric.outage import Outage
+from cmemu.emulator.engines.flows import FlowClock
+from cmemu.emulator.engines.peers import CollectiveOutcome, Directory, FlowTime
+from cmemu.emulator.model.arrivals import ArrivalBatch, ArrivalLog
+from cmemu.emulator.model.collectives import CollectiveTiming
+from cmemu.emulator.model.collectivespec import CollectiveSpec
+from cmemu.emulator.model.costmodel import check_duration
+from cmemu.emulator.model.endpoints import Endpoint
+from cmemu.emulator.model.errors import (
     RETRY_AFTER_S,
     InvalidArgumentError,
     NotFoundError,
     UnavailableError,
     blame,
 )
-from emulator.model.hardware import HardwareProfile
-from emulator.model.instruments import Family
-from emulator.model.linkfaults import FaultSet, FaultSpec, RankState
-from emulator.model.linkgraph import LinkGraph, validate_ranks
-from emulator.model.routes import Route, check_reachable, priced
-from emulator.model.topology import Device, DeviceKind, Topology
-from emulator.model.ub import Completion, Op, Transaction, normalize
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.instruments import Family
+from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec, RankState
+from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
+from cmemu.emulator.model.routes import Route, check_reachable, priced
+from cmemu.emulator.model.topology import Device, DeviceKind, Topology
+from cmemu.emulator.model.ub import Completion, Op, Transaction, normalize
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -127,6 +127,9 @@ class FabricEngine:
         )
         self.collectives = Collectives(self.graph, profile.limits)
         self.arrivals = ArrivalLog(profile.limits.collective_arrivals_kept)
+        # link-stats tables computed (GetLinkStats, each WatchLinkStats table): what watching
+        # the links costs, seen in /metrics (a web view with no page open asks for none)
+        self.link_tables = 0
         self._closing = False
         self._faults_moved = asyncio.Event()  # the fault clock re-plans
         self._ranks_moved = asyncio.Event()  # set and replaced when any fault changes

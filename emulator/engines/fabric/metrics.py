@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from emulator.engines.fabric.usage import link_usage
-from emulator.model.instruments import Family, Value
+from cmemu.emulator.engines.fabric.usage import link_usage
+from cmemu.emulator.model.instruments import Family, Value
 
 if TYPE_CHECKING:
-    from emulator.engines.fabric.engine import FabricEngine
+    from cmemu.emulator.engines.fabric.engine import FabricEngine
 
 NO_PLANE = "none"  # links with no switch end (die to die, pool to CPU) belong to no UB plane
 
@@ -88,6 +88,12 @@ def fabric_families(fabric: FabricEngine, groups: LinkGroups) -> list[Family]:
             help="UB transfers completed",
             type="counter",
             samples=[({}, live.completed)],
+        ),
+        Family(
+            name="cmemu_fabric_link_stats_total",
+            help="Link-stats tables computed (GetLinkStats, WatchLinkStats): what watching costs",
+            type="counter",
+            samples=[({}, fabric.link_tables)],
         ),
         Family(
             name="cmemu_fabric_collectives_in_progress",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from emulator.model.errors import DeadlineExceededError, UnavailableError
+from cmemu.emulator.model.errors import DeadlineExceededError, UnavailableError
 
 REASON = "FABRIC_DOWN"
 RETRY_AFTER_S = 1.0

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from emulator.engines.fabric.types import LinkStat, LinkStats
+from cmemu.emulator.engines.fabric.types import LinkStat, LinkStats
 
 if TYPE_CHECKING:
-    from emulator.engines.fabric.engine import FabricEngine
+    from cmemu.emulator.engines.fabric.engine import FabricEngine
 
 FloatArray = npt.NDArray[np.float64]
 U64_MAX = 2**64 - 1
@@ -61,6 +61,7 @@ def link_usage(fabric: FabricEngine) -> LinkUsage:
 
 def link_stats(fabric: FabricEngine, top: int) -> LinkStats:
     """The `top` links that carried the most bytes."""
+    fabric.link_tables += 1
     g = fabric.graph
     u = link_usage(fabric)
     order = np.argsort(-u.member_bytes, kind="stable")[:top]

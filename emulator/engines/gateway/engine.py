@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-from emulator.engines.gateway.faults import GatewayFaults
-from emulator.engines.gateway.local import LocalGateway
-from emulator.engines.gateway.plane import PlaneAuthority
-from emulator.engines.gateway.types import (
+from cmemu.emulator.engines.gateway.faults import GatewayFaults
+from cmemu.emulator.engines.gateway.local import LocalGateway
+from cmemu.emulator.engines.gateway.plane import PlaneAuthority
+from cmemu.emulator.engines.gateway.types import (
     DEFAULT_TOP,
     PEER_TIMEOUT_S,
     GatewayStats,
@@ -35,8 +35,8 @@ from emulator.engines.gateway.types import (
     TimedFlow,
     shape,
 )
-from emulator.engines.peers import GatewayPeer
-from emulator.model.errors import (
+from cmemu.emulator.engines.peers import GatewayPeer
+from cmemu.emulator.model.errors import (
     EmulatorError,
     InvalidArgumentError,
     NotFoundError,
@@ -45,9 +45,9 @@ from emulator.model.errors import (
     blame,
     quote,
 )
-from emulator.model.naming import DeviceName, DieName, die_id, parse_endpoint
-from emulator.model.topology import DeviceKind
-from emulator.model.ub import Transaction
+from cmemu.emulator.model.naming import DeviceName, DieName, die_id, parse_endpoint
+from cmemu.emulator.model.topology import DeviceKind
+from cmemu.emulator.model.ub import Transaction
 
 LINK_BROKEN = ("ROUTE_CUT", "GATEWAY_DOWN", "PEER_UNREACHABLE")
 """The reasons an op's failure leaves its queue pair in ERROR, as RDMA's retry-exceeded does."""

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from emulator.engines.gateway.state import GatewayState
-from emulator.engines.gateway.types import GATEWAY_DOWN, PEER_TIMEOUT_S
-from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError, blame
-from emulator.model.rdmafault import RdmaFault
+from cmemu.emulator.engines.gateway.state import GatewayState
+from cmemu.emulator.engines.gateway.types import GATEWAY_DOWN, PEER_TIMEOUT_S
+from cmemu.emulator.model.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    PreconditionError,
+    blame,
+)
+from cmemu.emulator.model.rdmafault import RdmaFault
 
 
 class GatewayFaults(GatewayState):

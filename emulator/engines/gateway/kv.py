@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from emulator.engines.gateway.types import OpRequest, RdmaOp
-from emulator.engines.peers import GatewayPeer
-from emulator.model.errors import EmulatorError
-from emulator.model.topology import Device, Service, Topology
+from cmemu.emulator.engines.gateway.types import OpRequest, RdmaOp
+from cmemu.emulator.engines.peers import GatewayPeer
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.topology import Device, Service, Topology
 
 
 class Gateways(Protocol):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, TypeVar
 
-from emulator.engines.gateway.types import (
+from cmemu.emulator.engines.gateway.types import (
     Landing,
     LinkStats,
     OpRequest,
@@ -17,12 +17,12 @@ from emulator.engines.gateway.types import (
     RouteInfo,
     TimedFlow,
 )
-from emulator.engines.peers import within
-from emulator.model.errors import EmulatorError, relayed
+from cmemu.emulator.engines.peers import within
+from cmemu.emulator.model.errors import EmulatorError, relayed
 
 if TYPE_CHECKING:
-    from emulator.engines.gateway.engine import GatewayEngine
-    from emulator.model.rdmafault import RdmaFault
+    from cmemu.emulator.engines.gateway.engine import GatewayEngine
+    from cmemu.emulator.model.rdmafault import RdmaFault
 
 T = TypeVar("T")
 

@@ -15,15 +15,15 @@ from __future__ import annotations
 import numpy as np
 import structlog
 
-from emulator.engines.clock import Timeline
-from emulator.engines.flows import FlowClock
-from emulator.engines.gateway.types import LinkStat, LinkStats
-from emulator.model.costmodel import check_duration
-from emulator.model.hardware import HardwareProfile
-from emulator.model.instruments import Family
-from emulator.model.rdmafault import RdmaFault
-from emulator.model.rdmagraph import RdmaFaultSet, RdmaGraph, RdmaRoute
-from emulator.model.topology import ScaleOut
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.flows import FlowClock
+from cmemu.emulator.engines.gateway.types import LinkStat, LinkStats
+from cmemu.emulator.model.costmodel import check_duration
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.instruments import Family
+from cmemu.emulator.model.rdmafault import RdmaFault
+from cmemu.emulator.model.rdmagraph import RdmaFaultSet, RdmaGraph, RdmaRoute
+from cmemu.emulator.model.topology import ScaleOut
 
 U64_MAX = 2**64 - 1
 ROUTE_CACHE_MAX = 100_000

@@ -12,12 +12,12 @@ from typing import Protocol
 
 import structlog
 
-from emulator.engines.clock import Timeline
-from emulator.engines.events import EventSink
-from emulator.engines.gateway.plane import PlaneAuthority
-from emulator.engines.gateway.types import AUTHORITY, Qp, RdmaOp
-from emulator.engines.peers import GatewayDirectory, GatewayPeer
-from emulator.model.errors import (
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.gateway.plane import PlaneAuthority
+from cmemu.emulator.engines.gateway.types import AUTHORITY, Qp, RdmaOp
+from cmemu.emulator.engines.peers import GatewayDirectory, GatewayPeer
+from cmemu.emulator.model.errors import (
     RETRY_AFTER_S,
     InvalidArgumentError,
     NotFoundError,
@@ -26,11 +26,11 @@ from emulator.model.errors import (
     blame,
     quote,
 )
-from emulator.model.hardware import HardwareProfile
-from emulator.model.instruments import Family
-from emulator.model.naming import parse_endpoint, service_id
-from emulator.model.rdmafault import RdmaFault
-from emulator.model.topology import Device, DeviceKind, Service, ServiceKind, Topology
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.instruments import Family
+from cmemu.emulator.model.naming import parse_endpoint, service_id
+from cmemu.emulator.model.rdmafault import RdmaFault
+from cmemu.emulator.model.topology import Device, DeviceKind, Service, ServiceKind, Topology
 
 OP_NAMES = tuple(op.value for op in RdmaOp)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.naming import die_id
-from emulator.model.ub import Op
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.naming import die_id
+from cmemu.emulator.model.ub import Op
 
 AUTHORITY = 0  # the supernode whose gateway times the plane
 DEFAULT_TOP = 20

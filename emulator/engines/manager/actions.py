@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from emulator.engines.manager.status import Mode
-from emulator.model.errors import EmulatorError
-from emulator.model.manager.detector import (
+from cmemu.emulator.engines.manager.status import Mode
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.manager.detector import (
     ISOLATED,
     REPLACED,
     RESTORED,
     UNRECOVERABLE,
     Incident,
 )
-from emulator.model.topology import Device
+from cmemu.emulator.model.topology import Device
 
 if TYPE_CHECKING:
-    from emulator.engines.manager.engine import ManagerEngine
+    from cmemu.emulator.engines.manager.engine import ManagerEngine
 
 log = structlog.get_logger("cmemu.manager")
 OWN_HEALTH_WALL_S = 2.0  # its own server's health answers at once, but for a stalled host

@@ -23,20 +23,20 @@ from typing import Any
 
 import structlog
 
-from emulator.engines.clock import Timeline
-from emulator.engines.device.npu import Kernel
-from emulator.engines.events import EventSink
-from emulator.engines.manager.actions import Actions
-from emulator.engines.manager.link import Link, SeveredPlane
-from emulator.engines.manager.liveness import LivenessWatch
-from emulator.engines.manager.metrics import manager_families
-from emulator.engines.manager.status import ManagerStatus, Mode
-from emulator.engines.manager.stragglers import StragglerWatch
-from emulator.engines.peers import ControlPlane
-from emulator.model.costmodel import kernel_cost
-from emulator.model.hardware import HardwareProfile
-from emulator.model.instruments import Family
-from emulator.model.manager.detector import (
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.device.npu import Kernel
+from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.manager.actions import Actions
+from cmemu.emulator.engines.manager.link import Link, SeveredPlane
+from cmemu.emulator.engines.manager.liveness import LivenessWatch
+from cmemu.emulator.engines.manager.metrics import manager_families
+from cmemu.emulator.engines.manager.status import ManagerStatus, Mode
+from cmemu.emulator.engines.manager.stragglers import StragglerWatch
+from cmemu.emulator.engines.peers import ControlPlane
+from cmemu.emulator.model.costmodel import kernel_cost
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.instruments import Family
+from cmemu.emulator.model.manager.detector import (
     CLOSED,
     DEGRADED,
     DEGRADING,
@@ -46,8 +46,8 @@ from emulator.model.manager.detector import (
     Detector,
     Incident,
 )
-from emulator.model.naming import die_id, die_of, parse_supernode, service_id
-from emulator.model.topology import DeviceKind, ServiceKind, Topology
+from cmemu.emulator.model.naming import die_id, die_of, parse_supernode, service_id
+from cmemu.emulator.model.topology import DeviceKind, ServiceKind, Topology
 
 log = structlog.get_logger("cmemu.manager")
 DIAGNOSIS_KERNEL = "straggler-diagnosis"

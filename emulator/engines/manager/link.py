@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-from emulator.engines.peers import (
+from cmemu.emulator.engines.peers import (
     CollectiveOutcome,
     ControlPlane,
     DevicePeer,
@@ -27,20 +27,20 @@ from emulator.engines.peers import (
     TrainingPeer,
     within,
 )
-from emulator.model.arrivals import ArrivalBatch
-from emulator.model.errors import UnavailableError
-from emulator.model.memory import Region, RegionPage
-from emulator.model.topology import Device
-from emulator.model.ub import Completion, Transaction
+from cmemu.emulator.model.arrivals import ArrivalBatch
+from cmemu.emulator.model.errors import UnavailableError
+from cmemu.emulator.model.memory import Region, RegionPage
+from cmemu.emulator.model.topology import Device
+from cmemu.emulator.model.ub import Completion, Transaction
 
 if TYPE_CHECKING:
-    from emulator.engines.clock import ClockState
-    from emulator.engines.device.engine import FaultState, Telemetry
-    from emulator.engines.device.liveness import Beat
-    from emulator.engines.device.npu import Kernel, KernelResult
-    from emulator.model.collectivespec import CollectiveSpec
-    from emulator.model.linkfaults import FaultSpec
-    from emulator.model.scheduler.jobs import Replacement
+    from cmemu.emulator.engines.clock import ClockState
+    from cmemu.emulator.engines.device.engine import FaultState, Telemetry
+    from cmemu.emulator.engines.device.liveness import Beat
+    from cmemu.emulator.engines.device.npu import Kernel, KernelResult
+    from cmemu.emulator.model.collectivespec import CollectiveSpec
+    from cmemu.emulator.model.linkfaults import FaultSpec
+    from cmemu.emulator.model.scheduler.jobs import Replacement
 
 REASON = "PARTITIONED"
 

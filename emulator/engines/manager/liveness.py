@@ -42,12 +42,12 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from emulator.engines.clock import Timeline
-from emulator.engines.device.liveness import Beat
-from emulator.engines.peers import Directory
-from emulator.model.errors import EmulatorError
-from emulator.model.manager.detector import ECC, FAILED, Detector, Incident
-from emulator.model.topology import Device
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.device.liveness import Beat
+from cmemu.emulator.engines.peers import Directory
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.manager.detector import ECC, FAILED, Detector, Incident
+from cmemu.emulator.model.topology import Device
 
 log = structlog.get_logger("cmemu.manager")
 REOPEN_WALL_S = 0.5  # a stream that cannot be opened is tried again this much later

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from emulator.model.instruments import Family
-from emulator.model.manager.detector import STATES
+from cmemu.emulator.model.instruments import Family
+from cmemu.emulator.model.manager.detector import STATES
 
 if TYPE_CHECKING:
-    from emulator.engines.manager.engine import ManagerEngine
+    from cmemu.emulator.engines.manager.engine import ManagerEngine
 
 
 def manager_families(engine: ManagerEngine) -> Iterator[Family]:

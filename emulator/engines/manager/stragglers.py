@@ -17,12 +17,12 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from emulator.engines.clock import Timeline
-from emulator.engines.peers import Directory
-from emulator.model.errors import EmulatorError
-from emulator.model.hardware import ManagerProfile
-from emulator.model.manager.detector import DEGRADED, Detector, Incident
-from emulator.model.manager.straggler import StragglerJudge, StragglerSettings
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.peers import Directory
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.hardware import ManagerProfile
+from cmemu.emulator.model.manager.detector import DEGRADED, Detector, Incident
+from cmemu.emulator.model.manager.straggler import StragglerJudge, StragglerSettings
 
 log = structlog.get_logger("cmemu.manager")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emulator.model.chaos.observed import Observations
+from cmemu.emulator.model.chaos.observed import Observations
 
 RESTORED = "restored"  # an incident in any other state is open
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from emulator.model.chaos.recovery import Recovery
-from emulator.model.chaos.units import duration_s, format_s
+from cmemu.emulator.model.chaos.recovery import Recovery
+from cmemu.emulator.model.chaos.units import duration_s, format_s
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from emulator.model.chaos.units import bad
-from emulator.model.errors import quote
+from cmemu.emulator.model.chaos.units import bad
+from cmemu.emulator.model.errors import quote
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 

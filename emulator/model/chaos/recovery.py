@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from emulator.model.chaos.observed import (
+from cmemu.emulator.model.chaos.observed import (
     CORRUPT_CHECKPOINT,
     IncidentRecord,
     Injection,
@@ -31,8 +31,8 @@ from emulator.model.chaos.observed import (
     RequestSample,
     WorkloadEvent,
 )
-from emulator.model.chaos.scenario import Slo
-from emulator.model.chaos.units import format_s
+from cmemu.emulator.model.chaos.scenario import Slo
+from cmemu.emulator.model.chaos.units import format_s
 
 RESTORED = "restored"
 UNRECOVERABLE = "unrecoverable"

@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.model.chaos.abort import Abort
-from emulator.model.chaos.fields import (
+from cmemu.emulator.model.chaos.abort import Abort
+from cmemu.emulator.model.chaos.fields import (
     integer,
     label,
     listed,
@@ -40,13 +40,13 @@ from emulator.model.chaos.fields import (
     required,
     string,
 )
-from emulator.model.chaos.selectors import Selector, parse_selector
-from emulator.model.chaos.units import bad, count_or_rate, duration_s, format_s
-from emulator.model.chaos.workloads import (
+from cmemu.emulator.model.chaos.selectors import Selector, parse_selector
+from cmemu.emulator.model.chaos.units import bad, count_or_rate, duration_s, format_s
+from cmemu.emulator.model.chaos.workloads import (
     Workloads,
     parse_workloads,
 )
-from emulator.model.errors import InvalidArgumentError, UnknownNameError, quote
+from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError, quote
 
 VERSION = 1
 _STEP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

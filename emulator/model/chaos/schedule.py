@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from emulator.model.chaos.scenario import Scenario, Step
+from cmemu.emulator.model.chaos.scenario import Scenario, Step
 
 
 @dataclass(frozen=True, kw_only=True)

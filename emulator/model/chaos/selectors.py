@@ -26,9 +26,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from emulator.model.chaos.units import bad
-from emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError, quote
-from emulator.model.naming import (
+from cmemu.emulator.model.chaos.units import bad
+from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError, quote
+from cmemu.emulator.model.naming import (
     SERVICES,
     DeviceKind,
     DeviceName,
@@ -44,9 +44,9 @@ from emulator.model.naming import (
     parse_rack,
     parse_switch,
 )
-from emulator.model.racks import rack_nodes, rack_of
-from emulator.model.topology import Topology
-from emulator.model.training.spec import NAME as JOB_NAME
+from cmemu.emulator.model.racks import rack_nodes, rack_of
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.model.training.spec import NAME as JOB_NAME
 
 WHAT = (
     "npu", "die", "node", "rack", "cpu", "mempool", "device", "link", "switch", "plane", "service",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emulator.model.chaos.observed import Observations
-from emulator.model.chaos.recovery import Recovery
+from cmemu.emulator.model.chaos.observed import Observations
+from cmemu.emulator.model.chaos.recovery import Recovery
 
 PHASES = ("fault", "cleared", "detected", "isolated", "replaced", "restored", "slo-back",
           "unrecoverable", "failed")  # fmt: skip

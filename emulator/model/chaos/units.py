@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 
-from emulator.model.durations import HELP as DURATION_HELP
-from emulator.model.durations import seconds_in
-from emulator.model.errors import InvalidArgumentError, quote
+from cmemu.emulator.model.durations import HELP as DURATION_HELP
+from cmemu.emulator.model.durations import seconds_in
+from cmemu.emulator.model.errors import InvalidArgumentError, quote
 
 SIZE_UNITS = {
     "": 1,

@@ -10,16 +10,16 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from emulator.model.chaos.observed import IncidentRecord, Observations, RequestSample
-from emulator.model.chaos.recovery import (
+from cmemu.emulator.model.chaos.observed import IncidentRecord, Observations, RequestSample
+from cmemu.emulator.model.chaos.recovery import (
     CONTROL_PLANE_KINDS,
     NEVER_DETECTED,
     Recovery,
     cause_of,
     misses,
 )
-from emulator.model.chaos.scenario import Expectations
-from emulator.model.chaos.units import format_s
+from cmemu.emulator.model.chaos.scenario import Expectations
+from cmemu.emulator.model.chaos.units import format_s
 
 
 @dataclass(frozen=True, kw_only=True)

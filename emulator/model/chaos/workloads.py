@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from emulator.model.chaos.fields import (
+from cmemu.emulator.model.chaos.fields import (
     integer,
     label,
     listed,
@@ -18,8 +18,9 @@ from emulator.model.chaos.fields import (
     required,
     string,
 )
-from emulator.model.chaos.units import bad, size_bytes
-from emulator.model.errors import quote
+from cmemu.emulator.model.chaos.units import bad, size_bytes
+from cmemu.emulator.model.errors import quote
+from cmemu.emulator.model.training.spec import TrainingSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,20 +41,6 @@ class ServingWorkload:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainingWorkload:
-    """A cmemu.v1.Training job (TrainingSpec's fields)."""
-
-    name: str
-    npus: int
-    model: str = "deepseek-r1"
-    steps: int = 1_000_000
-    checkpoint_every: int = 100
-    data_parallel: int = 0
-    expert_parallel: int = 0
-    micro_batches: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
 class EmsWorkload:
     """Objects put into EMS before the first fault and read back at the end: `lost_objects`."""
 
@@ -66,7 +53,7 @@ class EmsWorkload:
 @dataclass(frozen=True, kw_only=True)
 class Workloads:
     serving: tuple[ServingWorkload, ...] = ()
-    training: tuple[TrainingWorkload, ...] = ()
+    training: tuple[TrainingSpec, ...] = ()
     ems: EmsWorkload | None = None
 
 
@@ -104,21 +91,21 @@ def _serving(raw: object, path: str, documents: Mapping[str, Mapping[str, Any]])
     return ServingWorkload(name=name, spec=spec, load=load)
 
 
-def _training(raw: object, path: str) -> TrainingWorkload:
+def _training(raw: object, path: str) -> TrainingSpec:
     body = mapping(raw, path)
-    known = tuple(TrainingWorkload.__dataclass_fields__)
-    only(body, known, path)
+    only(body, tuple(TrainingSpec.__dataclass_fields__), path)
     name = label(required(body, "name", path), f"{path}.name")
-    d = TrainingWorkload(name=name, npus=1)
+    # a scenario's training workload runs long and checkpoints often unless it says otherwise
+    d = TrainingSpec(name=name, npus=1, model="deepseek-r1", steps=1_000_000, checkpoint_every=100)
     ints = {
         k: integer(
             body.get(k, getattr(d, k)),
             f"{path}.{k}",
-            minimum=1 if k in ("npus", "steps", "checkpoint_every") else 0,
+            minimum=1 if k in ("steps", "checkpoint_every") else 0,
         )
         for k in ("steps", "checkpoint_every", "data_parallel", "expert_parallel", "micro_batches")
     }
-    return TrainingWorkload(
+    return TrainingSpec(
         name=name,
         npus=integer(required(body, "npus", path), f"{path}.npus", minimum=1),
         model=string(body.get("model", d.model), f"{path}.model"),

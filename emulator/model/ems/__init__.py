@@ -5,7 +5,7 @@ No I/O here. The engine (emulator/engines/ems/) moves the bytes over UB and keep
 
 from __future__ import annotations
 
-from emulator.model.ems.chunks import (
+from cmemu.emulator.model.ems.chunks import (
     TRAILER_HEAD_BYTES,
     chunk_crcs,
     decode_trailer,
@@ -14,7 +14,7 @@ from emulator.model.ems.chunks import (
     spans,
     trailer_bytes,
 )
-from emulator.model.ems.index import (
+from cmemu.emulator.model.ems.index import (
     ABORT_VERSION,
     LABEL_VERSION,
     PAGE_SIZE_DEFAULT,
@@ -34,7 +34,7 @@ from emulator.model.ems.index import (
     encode_label,
     encode_tombstone,
 )
-from emulator.model.ems.keys import (
+from cmemu.emulator.model.ems.keys import (
     KEY_MAX_BYTES,
     KINDS,
     check_block_tokens,
@@ -43,22 +43,22 @@ from emulator.model.ems.keys import (
     object_size,
     prefix_keys,
 )
-from emulator.model.ems.placement import (
+from cmemu.emulator.model.ems.placement import (
     REBUILD_POLL_S,
     Health,
     Placement,
     ReadPlan,
     RepairPlan,
 )
-from emulator.model.ems.reconcile import (
+from cmemu.emulator.model.ems.reconcile import (
     Listed,
     Reconciled,
     absorb_aborts,
     absorb_tombstones,
     reconcile,
 )
-from emulator.model.ems.ring import HashRing
-from emulator.model.ems.stats import Counters, PoolStats, StoreStats, Timing, summarize
+from cmemu.emulator.model.ems.ring import HashRing
+from cmemu.emulator.model.ems.stats import Counters, PoolStats, StoreStats, Timing, summarize
 
 __all__ = [
     "ABORT_VERSION",

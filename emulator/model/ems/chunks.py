@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from emulator.model.errors import DataLossError
+from cmemu.emulator.model.errors import DataLossError
 
 _HEAD = struct.Struct("<II")  # chunk bytes, chunk count
 TRAILER_HEAD_BYTES = _HEAD.size

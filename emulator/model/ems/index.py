@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.errors import InvalidArgumentError
 
 LABEL_VERSION = "ems2"  # ems2|gen|kind|pinned|size|crc|key; "ems1" labels (no gen) still read
 TOMBSTONE_VERSION = "ems2t"  # ems2t|gen|key: a key deleted at gen, while a copy may survive

@@ -6,8 +6,8 @@ import hashlib
 import struct
 from collections.abc import Sequence
 
-from emulator.model.errors import InvalidArgumentError, OutOfRangeError
-from emulator.model.hardware import EmsProfile
+from cmemu.emulator.model.errors import InvalidArgumentError, OutOfRangeError
+from cmemu.emulator.model.hardware import EmsProfile
 
 KEY_MAX_BYTES = 200  # the region label holds the key: 256 characters in all
 KINDS = (0, 1, 2, 3)  # cmemu.v1.ObjectKind: unspecified (a KV block), KV block, weights, checkpoint

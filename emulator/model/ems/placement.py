@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from emulator.model.ems.index import Index, ObjectMeta, Replica, Tier
-from emulator.model.ems.ring import HashRing
-from emulator.model.errors import CapacityError, UnavailableError
+from cmemu.emulator.model.ems.index import Index, ObjectMeta, Replica, Tier
+from cmemu.emulator.model.ems.ring import HashRing
+from cmemu.emulator.model.errors import CapacityError, UnavailableError
 
 REBUILD_POLL_S = 0.2  # emulated seconds between asks of pools that did not answer a rebuild
 

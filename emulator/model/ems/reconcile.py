@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from emulator.model.ems.index import (
+from cmemu.emulator.model.ems.index import (
     Index,
     ObjectMeta,
     Replica,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from emulator.model.ems.index import Tier
-from emulator.model.ems.placement import Placement
-from emulator.model.errors import NotFoundError
+from cmemu.emulator.model.ems.index import Tier
+from cmemu.emulator.model.ems.placement import Placement
+from cmemu.emulator.model.errors import NotFoundError
 
 
 @dataclass

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.model.faults.params import AT_LEAST_ZERO, FRACTION, POSITIVE, SHARE, invalid
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.naming import SERVICES
+from cmemu.emulator.model.faults.params import AT_LEAST_ZERO, FRACTION, POSITIVE, SHARE, invalid
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.naming import SERVICES
 
 
 def param(default: Any = None, help: str = "", check: dict[str, str] | None = None) -> Any:

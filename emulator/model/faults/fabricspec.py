@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from emulator.model.faults.catalogue import (
+from cmemu.emulator.model.faults.catalogue import (
     LinkFlapParams,
     LinkLatencyParams,
     LinkLossParams,
     OpticalModuleParams,
     PartitionParams,
 )
-from emulator.model.linkfaults import FaultSpec, spec_params
+from cmemu.emulator.model.linkfaults import FaultSpec, spec_params
 
 __all__ = ["FaultSpec", "spec_fields", "spec_params"]
 

@@ -15,7 +15,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from emulator.model.errors import InvalidArgumentError, quote
+from cmemu.emulator.model.errors import InvalidArgumentError, quote
 
 P = TypeVar("P")
 

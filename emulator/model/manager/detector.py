@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from emulator.model.errors import NotFoundError
+from cmemu.emulator.model.errors import NotFoundError
 
 OK, SUSPECT, FAILED, DEGRADED = "ok", "suspect", "failed", "degraded"
 STATES = (OK, SUSPECT, FAILED, DEGRADED)

@@ -25,9 +25,9 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from emulator.model.arrivals import Arrival
-from emulator.model.hardware import ManagerProfile
-from emulator.model.naming import device_of
+from cmemu.emulator.model.arrivals import Arrival
+from cmemu.emulator.model.hardware import ManagerProfile
+from cmemu.emulator.model.naming import device_of
 
 
 @dataclass(frozen=True, kw_only=True)

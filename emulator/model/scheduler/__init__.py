@@ -4,9 +4,9 @@ Pure data and computation (no gRPC, no I/O): services/scheduler.py serves it and
 bench/alloc.py replays job streams through it.
 """
 
-from emulator.model.scheduler.inventory import Inventory, NodeSlots
-from emulator.model.scheduler.jobs import Allocation, JobRequest, Replacement, check_job
-from emulator.model.scheduler.policies import (
+from cmemu.emulator.model.scheduler.inventory import Inventory, NodeSlots
+from cmemu.emulator.model.scheduler.jobs import Allocation, JobRequest, Replacement, check_job
+from cmemu.emulator.model.scheduler.policies import (
     DEFAULT_POLICY,
     POLICIES,
     FreeNode,
@@ -14,8 +14,8 @@ from emulator.model.scheduler.policies import (
     get_policy,
     place,
 )
-from emulator.model.scheduler.queue import PendingQueue
-from emulator.model.scheduler.state import Scheduler
+from cmemu.emulator.model.scheduler.queue import PendingQueue
+from cmemu.emulator.model.scheduler.state import Scheduler
 
 __all__ = [
     "DEFAULT_POLICY",

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError, quote
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.naming import DeviceKind, device_id, die_id, node_id, parse_device, parse_node
-from emulator.model.topology import Topology
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, quote
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.naming import (
+    DeviceKind,
+    device_id,
+    die_id,
+    node_id,
+    parse_device,
+    parse_node,
+)
+from cmemu.emulator.model.topology import Topology
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from emulator.model.errors import InvalidArgumentError, quote
+from cmemu.emulator.model.errors import InvalidArgumentError, quote
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """A job name: a log field and a CLI argument, so no spaces or slashes; 128 characters at most."""

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 
-from emulator.model.errors import UnknownNameError
+from cmemu.emulator.model.errors import UnknownNameError
 
 DEFAULT_POLICY = "topology-aware"
 

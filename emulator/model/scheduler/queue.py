@@ -10,7 +10,7 @@ import heapq
 import itertools
 from collections.abc import Iterator
 
-from emulator.model.scheduler.jobs import JobRequest
+from cmemu.emulator.model.scheduler.jobs import JobRequest
 
 
 class PendingQueue:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 
-from emulator.model.scheduler.inventory import Inventory
+from cmemu.emulator.model.scheduler.inventory import Inventory
 
 
 class SparePool:

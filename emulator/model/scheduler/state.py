@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace as dc_replace
 
-from emulator.model.errors import (
+from cmemu.emulator.model.errors import (
     CapacityError,
     InvalidArgumentError,
     NotFoundError,
@@ -29,10 +29,10 @@ from emulator.model.errors import (
     PreconditionError,
     quote,
 )
-from emulator.model.scheduler.inventory import Inventory
-from emulator.model.scheduler.jobs import Allocation, JobRequest, Replacement, check_job
-from emulator.model.scheduler.policies import DEFAULT_POLICY, FreeNode, get_policy, place
-from emulator.model.scheduler.spares import SparePool
+from cmemu.emulator.model.scheduler.inventory import Inventory
+from cmemu.emulator.model.scheduler.jobs import Allocation, JobRequest, Replacement, check_job
+from cmemu.emulator.model.scheduler.policies import DEFAULT_POLICY, FreeNode, get_policy, place
+from cmemu.emulator.model.scheduler.spares import SparePool
 
 
 class Scheduler:

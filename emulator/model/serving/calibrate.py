@@ -20,15 +20,15 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile, ServingCalibration
-from emulator.model.serving import cost
-from emulator.model.serving.comm import comm_model, topology_for
-from emulator.model.serving.deployment import instance_dies
-from emulator.model.serving.engine import Request
-from emulator.model.serving.experts import imbalance
-from emulator.model.serving.models import ModelShape, get_model
-from emulator.model.serving.multiturn import turn_gain
-from emulator.model.topology import DeviceKind, Topology
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile, ServingCalibration
+from cmemu.emulator.model.serving import cost
+from cmemu.emulator.model.serving.comm import comm_model, topology_for
+from cmemu.emulator.model.serving.deployment import instance_dies
+from cmemu.emulator.model.serving.engine import Request
+from cmemu.emulator.model.serving.experts import imbalance
+from cmemu.emulator.model.serving.models import ModelShape, get_model
+from cmemu.emulator.model.serving.multiturn import turn_gain
+from cmemu.emulator.model.topology import DeviceKind, Topology
 
 MODEL = "deepseek-r1"
 PLACEMENT = "static"

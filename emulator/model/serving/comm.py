@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache, cached_property
 
-from emulator.model.collectives import run_collective
-from emulator.model.collectivespec import CollectiveSpec
-from emulator.model.costmodel import (
+from cmemu.emulator.model.collectives import run_collective
+from cmemu.emulator.model.collectivespec import CollectiveSpec
+from cmemu.emulator.model.costmodel import (
     NS,
     endpoint_bytes_per_s,
     moe_bytes_per_token,
@@ -25,11 +25,11 @@ from emulator.model.costmodel import (
     ub_base_latency_s,
     ub_transfer_ns,
 )
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.linkgraph import LinkGraph, validate_ranks
-from emulator.model.naming import DieName, parse_endpoint
-from emulator.model.serving.deployment import PLATFORMS
-from emulator.model.topology import DeviceKind, Topology, build
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
+from cmemu.emulator.model.naming import DieName, parse_endpoint
+from cmemu.emulator.model.serving.deployment import PLATFORMS
+from cmemu.emulator.model.topology import DeviceKind, Topology, build
 
 
 class CommModel:

@@ -7,14 +7,14 @@ import math
 
 import numpy as np
 
-from emulator.model.serving import cost
-from emulator.model.serving.engine_state import EngineState
-from emulator.model.serving.instances import (
+from cmemu.emulator.model.serving import cost
+from cmemu.emulator.model.serving.engine_state import EngineState
+from cmemu.emulator.model.serving.instances import (
     DecodeInstance,
     Stage,
     Step,
 )
-from emulator.model.serving.plans import (
+from cmemu.emulator.model.serving.plans import (
     PlanKind,
     StepResult,
     TokenEvent,

@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from emulator.model.costmodel import NS, ub_transfer_ns
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving import kernels as k
-from emulator.model.serving.models import ModelShape
-from emulator.model.topology import DeviceKind
+from cmemu.emulator.model.costmodel import NS, ub_transfer_ns
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving import kernels as k
+from cmemu.emulator.model.serving.models import ModelShape
+from cmemu.emulator.model.topology import DeviceKind
 
 
 @dataclass(frozen=True, kw_only=True)

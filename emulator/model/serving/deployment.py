@@ -18,12 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.model.errors import InvalidArgumentError, UnknownNameError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.naming import die_id
-from emulator.model.overrides import apply_overrides
-from emulator.model.serving.lengths import Distribution, parse_distribution
-from emulator.model.serving.models import MODELS
+from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.naming import die_id
+from cmemu.emulator.model.overrides import apply_overrides
+from cmemu.emulator.model.serving.lengths import Distribution, parse_distribution
+from cmemu.emulator.model.serving.models import MODELS
 
 SUPPORTED_VERSION = 1
 
@@ -269,7 +269,7 @@ def check_deployment(d: Deployment, profile: HardwareProfile) -> None:
 
 
 def _check_pd(pd: PdSpec) -> None:
-    from emulator.model.serving.pdpolicy import POLICIES  # (pdpolicy imports this module)
+    from cmemu.emulator.model.serving.pdpolicy import POLICIES  # (pdpolicy imports this module)
 
     if pd.policy not in POLICIES:
         raise InvalidArgumentError(  # a bad field of the document, as a bad `decode.npus` is

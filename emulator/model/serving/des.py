@@ -13,12 +13,12 @@ import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving import cost
-from emulator.model.serving.comm import comm_model, topology_for
-from emulator.model.serving.deployment import Deployment, instance_dies, layout
-from emulator.model.serving.engine import (
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving import cost
+from cmemu.emulator.model.serving.comm import comm_model, topology_for
+from cmemu.emulator.model.serving.deployment import Deployment, instance_dies, layout
+from cmemu.emulator.model.serving.engine import (
     Engine,
     PlanKind,
     Request,
@@ -26,10 +26,10 @@ from emulator.model.serving.engine import (
     StepResult,
     rank_dies,
 )
-from emulator.model.serving.models import get_model
-from emulator.model.serving.prefix import PrefixCache, default_capacity_bytes
-from emulator.model.serving.report import Recorder, Report, summarize
-from emulator.model.topology import DeviceKind, Topology
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.serving.prefix import PrefixCache, default_capacity_bytes
+from cmemu.emulator.model.serving.report import Recorder, Report, summarize
+from cmemu.emulator.model.topology import DeviceKind, Topology
 
 
 @dataclass(frozen=True, kw_only=True)

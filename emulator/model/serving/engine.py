@@ -54,19 +54,19 @@ from __future__ import annotations
 import heapq
 import math
 
-from emulator.model.errors import (
+from cmemu.emulator.model.errors import (
     InvalidArgumentError,
     NotFoundError,
     PreconditionError,
 )
-from emulator.model.serving.completing import Completing
-from emulator.model.serving.faults import Faults
-from emulator.model.serving.instances import (
+from cmemu.emulator.model.serving.completing import Completing
+from cmemu.emulator.model.serving.faults import Faults
+from cmemu.emulator.model.serving.instances import (
     Stage,
     Step,
     Tracked,
 )
-from emulator.model.serving.plans import (
+from cmemu.emulator.model.serving.plans import (
     Advance,
     EngineStats,
     Event,
@@ -82,8 +82,8 @@ from emulator.model.serving.plans import (
     TokenEvent,
     rank_dies,
 )
-from emulator.model.serving.roles import Roles
-from emulator.model.serving.starting import Starting
+from cmemu.emulator.model.serving.roles import Roles
+from cmemu.emulator.model.serving.starting import Starting
 
 __all__ = [
     "Advance",

@@ -8,12 +8,12 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving import cost
-from emulator.model.serving.deployment import PLATFORMS, Deployment
-from emulator.model.serving.experts import placement
-from emulator.model.serving.hbm import die_memory
-from emulator.model.serving.instances import (
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving import cost
+from cmemu.emulator.model.serving.deployment import PLATFORMS, Deployment
+from cmemu.emulator.model.serving.experts import placement
+from cmemu.emulator.model.serving.hbm import die_memory
+from cmemu.emulator.model.serving.instances import (
     NO_DECODE,
     DecodeInstance,
     PrefillInstance,
@@ -21,8 +21,8 @@ from emulator.model.serving.instances import (
     Step,
     Tracked,
 )
-from emulator.model.serving.models import get_model
-from emulator.model.serving.plans import (
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.serving.plans import (
     EngineStats,
     Event,
     FinishEvent,
@@ -31,8 +31,8 @@ from emulator.model.serving.plans import (
     RetryEvent,
     StepPlan,
 )
-from emulator.model.serving.prefix import PrefixCache
-from emulator.model.serving.router import ROUTERS, Ask, Load, RouterState, RouteWeights
+from cmemu.emulator.model.serving.prefix import PrefixCache
+from cmemu.emulator.model.serving.router import ROUTERS, Ask, Load, RouterState, RouteWeights
 
 
 class EngineState:

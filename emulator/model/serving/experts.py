@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from functools import cache
 
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving.models import ModelShape
-from emulator.model.serving.placement import ExpertPlacement, layout, place
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving.models import ModelShape
+from cmemu.emulator.model.serving.placement import ExpertPlacement, layout, place
 
 
 def imbalance(

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from emulator.model.errors import (
+from cmemu.emulator.model.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
-from emulator.model.serving.engine_state import EngineState
-from emulator.model.serving.instances import (
+from cmemu.emulator.model.serving.engine_state import EngineState
+from cmemu.emulator.model.serving.instances import (
     DecodeInstance,
     PrefillInstance,
     Stage,
 )
-from emulator.model.serving.placement import Remap
-from emulator.model.serving.prefix import PrefixCache
+from cmemu.emulator.model.serving.placement import Remap
+from cmemu.emulator.model.serving.prefix import PrefixCache
 
 
 class Faults(EngineState):

@@ -22,11 +22,11 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving.cost import kv_bytes_per_token, slots_per_die
-from emulator.model.serving.deployment import Deployment
-from emulator.model.serving.models import ModelShape, get_model
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving.cost import kv_bytes_per_token, slots_per_die
+from cmemu.emulator.model.serving.deployment import Deployment
+from cmemu.emulator.model.serving.models import ModelShape, get_model
 
 GB = 1e9
 Tokens = TypeVar("Tokens", float, "npt.NDArray[np.float64]")

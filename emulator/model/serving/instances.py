@@ -13,9 +13,9 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
-from emulator.model.serving.placement import ExpertPlacement, Remap, remap
-from emulator.model.serving.plans import Request, StepPlan
-from emulator.model.serving.prefix import PrefixCache
+from cmemu.emulator.model.serving.placement import ExpertPlacement, Remap, remap
+from cmemu.emulator.model.serving.plans import Request, StepPlan
+from cmemu.emulator.model.serving.prefix import PrefixCache
 
 
 class Stage(StrEnum):

@@ -26,8 +26,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from emulator.model.hardware import HardwareProfile
-from emulator.model.serving.models import ModelShape
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.serving.models import ModelShape
 
 
 @dataclass(frozen=True)

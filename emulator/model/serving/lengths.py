@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from emulator.model.errors import InvalidArgumentError, UnknownNameError, quote
+from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError, quote
 
 
 @dataclass(frozen=True, kw_only=True)

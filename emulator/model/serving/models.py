@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emulator.model.errors import UnknownNameError
-from emulator.model.provenance import fig
+from cmemu.emulator.model.errors import UnknownNameError
+from cmemu.emulator.model.provenance import fig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,12 +25,12 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import HardwareProfile
-from emulator.model.serving import cost
-from emulator.model.serving.engine import Request
-from emulator.model.serving.experts import imbalance
-from emulator.model.serving.models import ModelShape
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.serving import cost
+from cmemu.emulator.model.serving.engine import Request
+from cmemu.emulator.model.serving.experts import imbalance
+from cmemu.emulator.model.serving.models import ModelShape
 
 Moe = Callable[[int, int], tuple[float, float]]  # (ranks, tokens per rank) -> (dispatch, combine)
 

@@ -16,15 +16,15 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
-from emulator.model.errors import PreconditionError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving import cost
-from emulator.model.serving.comm import comm_model, topology_for
-from emulator.model.serving.deployment import Deployment, instance_dies, layout
-from emulator.model.serving.experts import placement
-from emulator.model.serving.hbm import check_weights_fit, die_memory
-from emulator.model.serving.models import get_model
-from emulator.model.topology import DeviceKind
+from cmemu.emulator.model.errors import PreconditionError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving import cost
+from cmemu.emulator.model.serving.comm import comm_model, topology_for
+from cmemu.emulator.model.serving.deployment import Deployment, instance_dies, layout
+from cmemu.emulator.model.serving.experts import placement
+from cmemu.emulator.model.serving.hbm import check_weights_fit, die_memory
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.topology import DeviceKind
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import IntEnum
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving.deployment import Deployment
-from emulator.model.serving.pdpolicy import (
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving.deployment import Deployment
+from cmemu.emulator.model.serving.pdpolicy import (
     DemandMeter,
     PdOptions,
     UnitRates,
@@ -38,7 +38,7 @@ from emulator.model.serving.pdpolicy import (
     next_move,
     unit_rates,
 )
-from emulator.model.serving.plans import Request
+from cmemu.emulator.model.serving.plans import Request
 
 
 @dataclass(frozen=True)

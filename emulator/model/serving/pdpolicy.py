@@ -27,15 +27,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
-from emulator.model.errors import InvalidArgumentError, UnknownNameError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving import cost
-from emulator.model.serving.comm import comm_model, topology_for
-from emulator.model.serving.deployment import Deployment, instance_dies, layout
-from emulator.model.serving.experts import imbalance
-from emulator.model.serving.models import get_model
-from emulator.model.serving.operating import DecodeCurve, OperatingPoint, point_on
-from emulator.model.topology import DeviceKind
+from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving import cost
+from cmemu.emulator.model.serving.comm import comm_model, topology_for
+from cmemu.emulator.model.serving.deployment import Deployment, instance_dies, layout
+from cmemu.emulator.model.serving.experts import imbalance
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.serving.operating import DecodeCurve, OperatingPoint, point_on
+from cmemu.emulator.model.topology import DeviceKind
 
 
 @dataclass(frozen=True, kw_only=True)

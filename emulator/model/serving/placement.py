@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from emulator.model.errors import InvalidArgumentError, UnknownNameError
+from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError
 
 
 class SlotKind(StrEnum):

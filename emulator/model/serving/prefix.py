@@ -9,8 +9,8 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 
 
 class PrefixCache:

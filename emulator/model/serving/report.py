@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.overrides import changed
-from emulator.model.serving.deployment import Deployment
-from emulator.model.serving.engine import (
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.overrides import changed
+from cmemu.emulator.model.serving.deployment import Deployment
+from cmemu.emulator.model.serving.engine import (
     EngineStats,
     Event,
     FinishEvent,
@@ -20,9 +20,9 @@ from emulator.model.serving.engine import (
     Request,
     TokenEvent,
 )
-from emulator.model.serving.hbm import die_memory
-from emulator.model.serving.models import get_model
-from emulator.model.serving.workload import turn_of
+from cmemu.emulator.model.serving.hbm import die_memory
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.serving.workload import turn_of
 
 
 class Recorder:

@@ -17,11 +17,11 @@ comes back exactly as an instance of its new role is built at the start.
 
 from __future__ import annotations
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
-from emulator.model.serving.engine_state import EngineState
-from emulator.model.serving.instances import DecodeInstance, PrefillInstance, Stage
-from emulator.model.serving.plans import Request
-from emulator.model.serving.prefix import PrefixCache
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
+from cmemu.emulator.model.serving.engine_state import EngineState
+from cmemu.emulator.model.serving.instances import DecodeInstance, PrefillInstance, Stage
+from cmemu.emulator.model.serving.plans import Request
+from cmemu.emulator.model.serving.prefix import PrefixCache
 
 ROLES = ("prefill", "decode")
 

@@ -7,23 +7,23 @@ import math
 
 import numpy as np
 
-from emulator.model.serving import cost
-from emulator.model.serving.engine_state import EngineState
-from emulator.model.serving.hbm import GB
-from emulator.model.serving.instances import (
+from cmemu.emulator.model.serving import cost
+from cmemu.emulator.model.serving.engine_state import EngineState
+from cmemu.emulator.model.serving.hbm import GB
+from cmemu.emulator.model.serving.instances import (
     NO_DECODE,
     DecodeInstance,
     PrefillInstance,
     Stage,
     Step,
 )
-from emulator.model.serving.plans import (
+from cmemu.emulator.model.serving.plans import (
     KvTransfer,
     MoeShape,
     PlanKind,
     StepPlan,
 )
-from emulator.model.serving.router import Load
+from cmemu.emulator.model.serving.router import Load
 
 
 class Starting(EngineState):

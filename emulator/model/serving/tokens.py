@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.errors import InvalidArgumentError
 
 VOCAB = 129_280  # DeepSeek-V3/R1's vocabulary (the model card): every id is below it
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from emulator.model.errors import InvalidArgumentError, UnknownNameError
-from emulator.model.serving.engine import Request
-from emulator.model.serving.lengths import (
+from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError
+from cmemu.emulator.model.serving.engine import Request
+from cmemu.emulator.model.serving.lengths import (
     DISTRIBUTIONS,
     Distribution,
     number,

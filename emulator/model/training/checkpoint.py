@@ -15,9 +15,9 @@ import json
 import math
 from dataclasses import dataclass
 
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.training.spec import TrainingShape
-from emulator.model.training.step import total_params
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.training.spec import TrainingShape
+from cmemu.emulator.model.training.step import total_params
 
 
 def due(step: int, every: int) -> bool:

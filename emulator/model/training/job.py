@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from emulator.model.errors import PreconditionError
-from emulator.model.training.checkpoint import due, steps_lost
+from cmemu.emulator.model.errors import PreconditionError
+from cmemu.emulator.model.training.checkpoint import due, steps_lost
 
 NS = 1_000_000_000
 STARTING, RUNNING, RECOVERING = "starting", "running", "recovering"

@@ -19,13 +19,13 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from emulator.model.costmodel import NS, ems_ssd_ns
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.topology import DeviceKind, Topology, build
-from emulator.model.training.checkpoint import checkpoint_bytes
-from emulator.model.training.spec import shape_of
-from emulator.model.training.timing import ModelTimer, first_dies
+from cmemu.emulator.model.costmodel import NS, ems_ssd_ns
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.topology import DeviceKind, Topology, build
+from cmemu.emulator.model.training.checkpoint import checkpoint_bytes
+from cmemu.emulator.model.training.spec import shape_of
+from cmemu.emulator.model.training.timing import ModelTimer, first_dies
 
 DAY_S = 86_400.0
 HOUR_S = 3600.0

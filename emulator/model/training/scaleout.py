@@ -43,16 +43,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.flowsim import FlowBatch, simulate
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.naming import parse_id
-from emulator.model.presets import Preset, get_preset
-from emulator.model.scaleout import leaf_spine_bytes_per_s, spine_core_bytes_per_s
-from emulator.model.topology import DeviceKind, LinkKind, Topology, build
-from emulator.model.training.spec import shape_of
-from emulator.model.training.step import gradient_buckets, groups
-from emulator.model.training.timing import ModelTimer, first_dies
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.flowsim import FlowBatch, simulate
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.naming import parse_id
+from cmemu.emulator.model.presets import Preset, get_preset
+from cmemu.emulator.model.scaleout import leaf_spine_bytes_per_s, spine_core_bytes_per_s
+from cmemu.emulator.model.topology import DeviceKind, LinkKind, Topology, build
+from cmemu.emulator.model.training.spec import shape_of
+from cmemu.emulator.model.training.step import gradient_buckets, groups
+from cmemu.emulator.model.training.timing import ModelTimer, first_dies
 
 CROSS_SWITCHES = 5  # die -> leaf -> spine -> core -> spine -> leaf -> die
 

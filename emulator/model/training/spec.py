@@ -5,11 +5,27 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving.models import ModelShape, get_model
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving.models import ModelShape, get_model
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,46}[a-z0-9])?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSpec:
+    """What a caller asks the training service to run: the one spec the CLI, a day plan's night
+    job and a chaos scenario's training workload all hand to `TrainingClient.start`. Zeros and
+    an empty model take the service's defaults (`shape_of`)."""
+
+    name: str
+    npus: int
+    model: str = ""
+    steps: int = 0  # 0: until stopped
+    checkpoint_every: int = 0
+    data_parallel: int = 0
+    expert_parallel: int = 0
+    micro_batches: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

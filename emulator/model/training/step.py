@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving.cost import prefill_batch
-from emulator.model.serving.models import ModelShape
-from emulator.model.training.spec import TrainingShape
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving.cost import prefill_batch
+from cmemu.emulator.model.serving.models import ModelShape
+from cmemu.emulator.model.training.spec import TrainingShape
 
 
 def total_params(model: ModelShape) -> int:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from emulator.model.collectives import run_collective
-from emulator.model.collectivespec import CollectiveSpec
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.linkgraph import LinkGraph, validate_ranks
-from emulator.model.naming import die_id
-from emulator.model.topology import DeviceKind, Topology
-from emulator.model.training.spec import TrainingShape
-from emulator.model.training.step import (
+from cmemu.emulator.model.collectives import run_collective
+from cmemu.emulator.model.collectivespec import CollectiveSpec
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
+from cmemu.emulator.model.naming import die_id
+from cmemu.emulator.model.topology import DeviceKind, Topology
+from cmemu.emulator.model.training.spec import TrainingShape
+from cmemu.emulator.model.training.step import (
     TrainingStepTime,
     gradient_buckets,
     groups,

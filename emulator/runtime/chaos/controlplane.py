@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 
-from emulator.client import health
-from emulator.client.clients import Clients
-from emulator.client.status import code_name
-from emulator.model.chaos.observed import Injection
-from emulator.model.chaos.recovery import CONTROL_PLANE_KINDS
-from emulator.model.errors import EmulatorError
+from cmemu.emulator.client import health
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.status import code_name
+from cmemu.emulator.model.chaos.observed import Injection
+from cmemu.emulator.model.chaos.recovery import CONTROL_PLANE_KINDS
+from cmemu.emulator.model.errors import EmulatorError
 
 BACK_WALL_S = 10.0  # wall: how long a service brought back may take to answer
 

@@ -11,9 +11,9 @@ from typing import Any
 import jsonschema
 import yaml
 
-from emulator.model.chaos.scenario import Scenario, deployment_refs, parse_scenario
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.runtime.chaos.kinds import checkers
+from cmemu.emulator.model.chaos.scenario import Scenario, deployment_refs, parse_scenario
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.runtime.chaos.kinds import checkers
 
 SCENARIOS_DIR = Path(__file__).resolve().parents[3] / "scenarios"
 SCHEMA_FILE = SCENARIOS_DIR / "schema.json"

@@ -5,10 +5,10 @@ it when the scenario is parsed, before anything runs."""
 
 from __future__ import annotations
 
-from emulator.client import faults
-from emulator.client.clients import Clients
-from emulator.model.chaos.scenario import ParamsCheck
-from emulator.model.errors import NotFoundError
+from cmemu.emulator.client import faults
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.chaos.scenario import ParamsCheck
+from cmemu.emulator.model.errors import NotFoundError
 
 
 def checkers() -> dict[str, ParamsCheck]:

@@ -11,21 +11,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from emulator.client.clients import Clients
-from emulator.client.manager import ManagerClient
-from emulator.engines.clock import Timeline
-from emulator.model.chaos.abort import crossed
-from emulator.model.chaos.observed import IncidentRecord, Observations
-from emulator.model.chaos.recovery import recoveries
-from emulator.model.chaos.scenario import Scenario
-from emulator.model.chaos.timeline import Entry, build_timeline
-from emulator.model.chaos.verdict import steady_before
-from emulator.model.errors import EmulatorError
-from emulator.model.manager.detector import Incident
-from emulator.model.topology import ServiceKind
-from emulator.runtime.chaos.traffic import Traffic
-from emulator.runtime.chaos.workloads import STATUS_WALL_S, Workloads
-from services.rpc import status_line
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.manager import ManagerClient
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.chaos.abort import crossed
+from cmemu.emulator.model.chaos.observed import IncidentRecord, Observations
+from cmemu.emulator.model.chaos.recovery import recoveries
+from cmemu.emulator.model.chaos.scenario import Scenario
+from cmemu.emulator.model.chaos.timeline import Entry, build_timeline
+from cmemu.emulator.model.chaos.verdict import steady_before
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.manager.detector import Incident
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.chaos.traffic import Traffic
+from cmemu.emulator.runtime.chaos.workloads import STATUS_WALL_S, Workloads
+from cmemu.services.rpc import status_line
 
 POLL_WALL_S = (0.02, 0.25)  # the status poll's period bounds, wall seconds
 

@@ -13,14 +13,14 @@ import math
 import time
 from collections.abc import Callable, Iterable
 
-from emulator.client.clients import Clients
-from emulator.client.fabric import FabricClient
-from emulator.engines.clock import TimeKeeper
-from emulator.model.chaos.observed import Injection
-from emulator.model.chaos.pace import Pace, PaceWindow
-from emulator.model.errors import EmulatorError
-from emulator.model.hardware import DEFAULT_PROFILE
-from services.rpc import status_line
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.fabric import FabricClient
+from cmemu.emulator.engines.clock import TimeKeeper
+from cmemu.emulator.model.chaos.observed import Injection
+from cmemu.emulator.model.chaos.pace import Pace, PaceWindow
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.services.rpc import status_line
 
 PACE_SETTLE_WALL_S = 10.0  # how long the fabric may take to apply a scenario's pace
 CLOCK_WALL_S = 10.0  # a GetClock's deadline

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from emulator.model.chaos.asserting import FaultRecoveries, pick
-from emulator.model.chaos.observed import Observations
-from emulator.model.chaos.pace import ABORTED, FAIL, PASS, Pace
-from emulator.model.chaos.recovery import Recovery
-from emulator.model.chaos.scenario import Scenario
-from emulator.model.chaos.timeline import Entry
-from emulator.model.chaos.verdict import Verdict
+from cmemu.emulator.model.chaos.asserting import FaultRecoveries, pick
+from cmemu.emulator.model.chaos.observed import Observations
+from cmemu.emulator.model.chaos.pace import ABORTED, FAIL, PASS, Pace
+from cmemu.emulator.model.chaos.recovery import Recovery
+from cmemu.emulator.model.chaos.scenario import Scenario
+from cmemu.emulator.model.chaos.timeline import Entry
+from cmemu.emulator.model.chaos.verdict import Verdict
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,27 +16,27 @@ import random
 import time
 from collections.abc import Callable
 
-from emulator.client.clients import Clients
-from emulator.client.clock import followed_time
-from emulator.engines.clock import TimeKeeper, Timeline
-from emulator.model.chaos.observed import Injection
-from emulator.model.chaos.pace import PaceWindow
-from emulator.model.chaos.recovery import recoveries
-from emulator.model.chaos.scenario import Scenario
-from emulator.model.chaos.schedule import Planned, horizon_s, plan
-from emulator.model.chaos.selectors import Placement, devices_of, resolve
-from emulator.model.chaos.timeline import Entry, build_timeline
-from emulator.model.chaos.verdict import judge
-from emulator.model.errors import DeadlineExceededError, EmulatorError, PreconditionError
-from emulator.model.topology import ServiceKind
-from emulator.runtime.chaos import controlplane, kinds
-from emulator.runtime.chaos.observer import POLL_WALL_S, Observer
-from emulator.runtime.chaos.pacing import achieved_pace, hold_pace, pace_window
-from emulator.runtime.chaos.run import DEFAULTS, RunOptions, RunResult, stall_limit_s
-from emulator.runtime.chaos.stall import stacks
-from emulator.runtime.chaos.traffic import Traffic
-from emulator.runtime.chaos.workloads import Workloads
-from services.rpc import status_line
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.clock import followed_time
+from cmemu.emulator.engines.clock import TimeKeeper, Timeline
+from cmemu.emulator.model.chaos.observed import Injection
+from cmemu.emulator.model.chaos.pace import PaceWindow
+from cmemu.emulator.model.chaos.recovery import recoveries
+from cmemu.emulator.model.chaos.scenario import Scenario
+from cmemu.emulator.model.chaos.schedule import Planned, horizon_s, plan
+from cmemu.emulator.model.chaos.selectors import Placement, devices_of, resolve
+from cmemu.emulator.model.chaos.timeline import Entry, build_timeline
+from cmemu.emulator.model.chaos.verdict import judge
+from cmemu.emulator.model.errors import DeadlineExceededError, EmulatorError, PreconditionError
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.chaos import controlplane, kinds
+from cmemu.emulator.runtime.chaos.observer import POLL_WALL_S, Observer
+from cmemu.emulator.runtime.chaos.pacing import achieved_pace, hold_pace, pace_window
+from cmemu.emulator.runtime.chaos.run import DEFAULTS, RunOptions, RunResult, stall_limit_s
+from cmemu.emulator.runtime.chaos.stall import stacks
+from cmemu.emulator.runtime.chaos.traffic import Traffic
+from cmemu.emulator.runtime.chaos.workloads import Workloads
+from cmemu.services.rpc import status_line
 
 DEFAULT_RECOVERY_S = 600.0  # observe this long after the last fault without recovered_within
 SETTLE_S = 60.0  # emulated: after the last fault, wait at least this long before an early end

@@ -17,14 +17,14 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from emulator.client.clients import Clients
-from emulator.client.fabric import FabricClient
-from emulator.model.chaos.pace import ABORTED
-from emulator.model.chaos.scenario import Scenario
-from emulator.model.chaos.timeline import Entry
-from emulator.model.errors import InvalidArgumentError
-from emulator.runtime.chaos.run import RunOptions, RunResult
-from emulator.runtime.chaos.runner import run_scenario
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.fabric import FabricClient
+from cmemu.emulator.model.chaos.pace import ABORTED
+from cmemu.emulator.model.chaos.scenario import Scenario
+from cmemu.emulator.model.chaos.timeline import Entry
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.runtime.chaos.run import RunOptions, RunResult
+from cmemu.emulator.runtime.chaos.runner import run_scenario
 
 CLOCK_WALL_S = 10.0  # a clock read's deadline
 POLL_WALL_S = 0.5  # at most this long between two clock reads while waiting for a run's instant

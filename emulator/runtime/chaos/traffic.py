@@ -10,9 +10,9 @@ from typing import Any
 
 import aiohttp
 
-from emulator.engines.clock import Timeline
-from emulator.model.chaos.observed import RequestSample
-from emulator.model.chaos.workloads import ServingLoad
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.chaos.observed import RequestSample
+from cmemu.emulator.model.chaos.workloads import ServingLoad
 
 REQUEST_TIMEOUT_S = 600.0  # wall: a request the emulator never answers is failed, not waited on
 VOCAB_SPAN = 30_000

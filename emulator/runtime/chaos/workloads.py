@@ -14,17 +14,16 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from emulator.client.clients import Clients
-from emulator.client.deployments import DeploymentState
-from emulator.client.ems import EmsClient, ObjectKind
-from emulator.client.router import RouterClient
-from emulator.client.training import TrainingClient
-from emulator.model.chaos.observed import CORRUPT_CHECKPOINT, TrainingRecord, WorkloadEvent
-from emulator.model.chaos.scenario import Scenario
-from emulator.model.chaos.selectors import Placement
-from emulator.model.chaos.workloads import EmsWorkload
-from emulator.model.daylive import NightJob
-from emulator.model.errors import (
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.deployments import DeploymentState
+from cmemu.emulator.client.ems import EmsClient, ObjectKind
+from cmemu.emulator.client.router import RouterClient
+from cmemu.emulator.client.training import TrainingClient
+from cmemu.emulator.model.chaos.observed import CORRUPT_CHECKPOINT, TrainingRecord, WorkloadEvent
+from cmemu.emulator.model.chaos.scenario import Scenario
+from cmemu.emulator.model.chaos.selectors import Placement
+from cmemu.emulator.model.chaos.workloads import EmsWorkload
+from cmemu.emulator.model.errors import (
     CapacityError,
     DeadlineExceededError,
     EmulatorError,
@@ -32,9 +31,9 @@ from emulator.model.errors import (
     PreconditionError,
     UnavailableError,
 )
-from emulator.model.naming import device_of
-from emulator.model.topology import ServiceKind
-from emulator.model.training.job import ENDED
+from cmemu.emulator.model.naming import device_of
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.model.training.job import ENDED
 
 INLINE_BYTES_MAX = 4096  # objects up to this size carry real bytes (checked on the way back)
 LOST_WAIT_S = 10.0  # wall seconds the objects' check waits out a store that refuses for now
@@ -87,16 +86,7 @@ class Workloads:
         if w.training:
             self._need(ServiceKind.MANAGER, "training workloads")
         for t in w.training:
-            spec = NightJob(
-                name=t.name,
-                npus=t.npus,
-                model=t.model,
-                checkpoint_every=t.checkpoint_every,
-                data_parallel=t.data_parallel,
-                expert_parallel=t.expert_parallel,
-                micro_batches=t.micro_batches,
-            )
-            job = await TrainingClient(self.clients).start(spec, steps=t.steps)
+            job = await TrainingClient(self.clients).start(t)
             self.started.append(f"training:{t.name}")
             self.training_start[t.name] = job.step
         if w.ems is not None:

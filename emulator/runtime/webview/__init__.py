@@ -6,8 +6,8 @@ MQTT events); server.py serves one static page (static/: plain HTML, CSS and JS,
 follows it over server-sent events.
 """
 
-from emulator.runtime.webview.collector import Collector, Rates
-from emulator.runtime.webview.server import AUTO, NONE, WebView, parse_address
-from emulator.runtime.webview.snapshot import Machine
+from cmemu.emulator.runtime.webview.collector import Collector, Rates
+from cmemu.emulator.runtime.webview.server import AUTO, NONE, WebView, parse_address
+from cmemu.emulator.runtime.webview.snapshot import Machine
 
 __all__ = ["AUTO", "NONE", "Collector", "Machine", "Rates", "WebView", "parse_address"]

@@ -9,7 +9,9 @@ Feeds, each one named task (a failing feed says so in `sources` and retries; the
   50 calls a second: cm384 sweeps every 7.7 s);
 - links: Fabric/WatchLinkStats for the busiest links, and every few seconds the whole list for
   the L2 sub-planes (the period grows with the link count: one full list of cm384 costs the
-  fabric about 0.15 s);
+  fabric about 0.15 s), both only while a page is open (a listener: `listen`), since nothing
+  else reads them and the full list was 14-20% of a cm384 server's CPU in bursts; meanwhile
+  their `sources` say "idle" and /api/snapshot holds what the last page saw;
 - faults: Fabric/ListFaults, plus Device/GetFaultState of each device that leaves SERVING;
 - serving: Router/GetStats when the topology has a router (tolerating its absence);
 - events: the MQTT event topics when a broker runs; otherwise the timeline is made of what the
@@ -32,26 +34,33 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cmemu.emulator.client import h2async
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.fabric import FabricClient
+from cmemu.emulator.client.h2probe import ProbeError
+from cmemu.emulator.client.health import UNREACHABLE, status_name
+from cmemu.emulator.client.remote import RemoteDevice
+from cmemu.emulator.client.router import RouterClient
+from cmemu.emulator.client.servingstats import ServingStats
+from cmemu.emulator.client.status import code_name, error_from, reply_of
+from cmemu.emulator.engines.fabric.types import LinkStat
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.naming import DeviceKind
+from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.runtime.events import parse_broker_url, subscriber, topic
+from cmemu.emulator.runtime.webview.snapshot import (
+    SERVING,
+    Json,
+    LinkSample,
+    Machine,
+    plane_utilisation,
+)
+from cmemu.services.rpc import status_line
 from cmemu.v1 import fabric_pb2
-from emulator.client import h2async
-from emulator.client.clients import Clients
-from emulator.client.fabric import FabricClient
-from emulator.client.h2probe import ProbeError
-from emulator.client.health import UNREACHABLE, status_name
-from emulator.client.remote import RemoteDevice
-from emulator.client.router import RouterClient
-from emulator.client.servingstats import ServingStats
-from emulator.client.status import code_name, error_from, reply_of
-from emulator.engines.fabric.types import LinkStat
-from emulator.model.errors import EmulatorError
-from emulator.model.naming import DeviceKind
-from emulator.model.topology import ServiceKind, Topology
-from emulator.runtime.events import parse_broker_url, subscriber, topic
-from emulator.runtime.webview.snapshot import SERVING, Json, LinkSample, Machine, plane_utilisation
-from services.rpc import status_line
 
 log = structlog.get_logger("cmemu.webview")
 Listener = Callable[[Json], None]
+IDLE = "idle (no page open)"  # a link feed's source while no page listens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,11 +104,25 @@ class Collector:
         self._running: list[asyncio.Task[None]] = []
         self._closing = False
         self._urgent = asyncio.Event()  # a health change: publish now, not at the next tick
+        self._watched = asyncio.Event()  # some page listens: the link feeds run (_page_open)
 
     def listen(self, listener: Listener) -> Callable[[], None]:
         """Hear every diff from now on; the returned call stops it."""
         self._listeners.add(listener)
-        return lambda: self._listeners.discard(listener)
+        self._watched.set()
+
+        def stop() -> None:
+            self._listeners.discard(listener)
+            if not self._listeners:
+                self._watched.clear()
+
+        return stop
+
+    async def _page_open(self, feed: str) -> None:
+        """Return once a page listens, saying in `sources` that `feed` waits for one."""
+        if not self._watched.is_set():
+            self.machine.set_source(feed, IDLE)
+            await self._watched.wait()
 
     async def __aenter__(self) -> Collector:
         tasks = self._tasks = asyncio.TaskGroup()
@@ -234,21 +257,28 @@ class Collector:
         )
 
     async def _links(self) -> None:
+        """The busiest links, streamed while a page is open (the stream ends at its first table
+        after the last page closed)."""
         r = self.rates
-        fabric = FabricClient(self.clients)
-        watch = fabric.watch_link_stats(r.top_links, r.links_interval_s)
-        async with contextlib.aclosing(watch) as tables:
-            async for stats in tables:
-                self.machine.set_section(
-                    "links", [_link_json(s) for s in stats.links if s.bytes or s.utilization]
-                )
-                self._ok("links")
+        while True:
+            await self._page_open("links")
+            watch = FabricClient(self.clients).watch_link_stats(r.top_links, r.links_interval_s)
+            async with contextlib.aclosing(watch) as tables:
+                async for stats in tables:
+                    self.machine.set_section(
+                        "links", [_link_json(s) for s in stats.links if s.bytes or s.utilization]
+                    )
+                    self._ok("links")
+                    if not self._watched.is_set():
+                        break
 
     async def _planes(self) -> None:
+        """Every link's stats, summed per L2 sub-plane, while a page is open."""
         r = self.rates
         directed = 2 * len(self.topology.links)
         period = max(r.planes_min_interval_s, directed / r.links_per_plane_second)
         while True:
+            await self._page_open("planes")
             stats = await FabricClient(self.clients).link_stats(
                 directed, deadline_s=r.call_timeout_s
             )

@@ -1,6 +1,8 @@
 """The web view's HTTP side (aiohttp): one static page, its script and style, the machine as JSON
 (`/api/snapshot`) and its changes as server-sent events (`/events`: a `snapshot` event with
-everything, then a `diff` event per change, coalesced by the collector).
+everything, then a `diff` event per change, coalesced by the collector). The link feeds (the
+busiest links, the L2 sub-planes) run only while some page holds `/events` open; a snapshot
+taken with none open has their last values, and their `sources` say they idle.
 
 `WebView` is what a launcher opens: the collector and the server together, over the
 supernode's public interfaces (its topology and typed clients), in any launch mode. Plain HTTP
@@ -20,13 +22,13 @@ from types import TracebackType
 import structlog
 from aiohttp import web
 
-from emulator.client.clients import Clients
-from emulator.model.address import join_address
-from emulator.model.address import parse_address as parse_host_port
-from emulator.model.errors import InvalidArgumentError, bind_error
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.runtime.webview.collector import Collector, Rates
-from emulator.runtime.webview.snapshot import Json, Machine
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.address import join_address
+from cmemu.emulator.model.address import parse_address as parse_host_port
+from cmemu.emulator.model.errors import InvalidArgumentError, bind_error
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.runtime.webview.collector import Collector, Rates
+from cmemu.emulator.runtime.webview.snapshot import Json, Machine
 
 log = structlog.get_logger("cmemu.webview")
 DEFAULT_HOST = "127.0.0.1"
@@ -57,7 +59,7 @@ def parse_address(text: str) -> tuple[str, int]:
 
 async def _read_static() -> dict[str, bytes]:
     def read() -> dict[str, bytes]:
-        base = resources.files("emulator.runtime.webview") / "static"
+        base = resources.files("cmemu.emulator.runtime.webview") / "static"
         return {name: (base / name).read_bytes() for name in STATIC}
 
     return await asyncio.to_thread(read)
@@ -123,6 +125,9 @@ class WebView:
             handle_signals=False,
             shutdown_timeout=1.0,
             keepalive_timeout=self.idle_s,
+            # a page that goes away ends its stream at once, not at the next write (a keepalive
+            # comes every 15 s): the link feeds run only while some page listens
+            handler_cancellation=True,
         )
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_port=False, ssl_context=self._ssl)

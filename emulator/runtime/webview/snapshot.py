@@ -15,9 +15,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.model.hardware import HardwareProfile
-from emulator.model.naming import DeviceKind, die_id, directed_link_id, parse_node, supernode_id
-from emulator.model.topology import LinkKind, Topology
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.naming import (
+    DeviceKind,
+    die_id,
+    directed_link_id,
+    parse_node,
+    supernode_id,
+)
+from cmemu.emulator.model.topology import LinkKind, Topology
 
 SERVING = "SERVING"
 TIMELINE = 200  # events the page keeps

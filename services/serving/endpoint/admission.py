@@ -20,9 +20,9 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from emulator.model.clock import Clock
-from emulator.model.instruments import Family
-from emulator.model.tenants import (
+from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.model.instruments import Family
+from cmemu.emulator.model.tenants import (
     DEFAULT_TENANT,
     Keys,
     Meter,
@@ -31,8 +31,8 @@ from emulator.model.tenants import (
     RateLimitedError,
     Tenant,
 )
-from services.serving.driver import Driver
-from services.serving.endpoint.errors import HttpError, from_domain
+from cmemu.services.serving.driver import Driver
+from cmemu.services.serving.endpoint.errors import HttpError, from_domain
 
 POLL_WALL_S = 0.05  # a waiting request looks again this often (and whenever a request ends)
 OPEN_TENANT = Tenant(name=DEFAULT_TENANT, key="")

@@ -19,12 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.model.emulatorprofile import EmulatorLimits
-from emulator.model.errors import quote
-from services.serving.endpoint.errors import bad, too_large
-from services.serving.endpoint.limits import utf8_len
-from services.serving.endpoint.outputs import Lengths
-from services.serving.tokenizer import Tokenizer
+from cmemu.emulator.model.emulatorprofile import EmulatorLimits
+from cmemu.emulator.model.errors import quote
+from cmemu.services.serving.endpoint.errors import bad, too_large
+from cmemu.services.serving.endpoint.limits import utf8_len
+from cmemu.services.serving.endpoint.outputs import Lengths
+from cmemu.services.serving.tokenizer import Tokenizer
 
 THREAD_BYTES = 16 * 1024  # text longer than this is tokenized off the event loop
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

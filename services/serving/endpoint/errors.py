@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from emulator.model.errors import (
+from cmemu.emulator.model.errors import (
     CapacityError,
     EmulatorError,
     InvalidArgumentError,
@@ -18,8 +18,8 @@ from emulator.model.errors import (
     PreconditionError,
     UnavailableError,
 )
-from emulator.model.serving.engine import FinishEvent
-from emulator.model.tenants import QuotaExceededError, RateLimitedError
+from cmemu.emulator.model.serving.engine import FinishEvent
+from cmemu.emulator.model.tenants import QuotaExceededError, RateLimitedError
 
 STATUS: tuple[tuple[type[EmulatorError], int, str, str | None], ...] = (
     (InvalidArgumentError, 400, "invalid_request_error", None),

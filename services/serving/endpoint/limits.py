@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from emulator.model.emulatorprofile import EmulatorLimits
-from services.serving.endpoint.errors import bad, too_large
+from cmemu.emulator.model.emulatorprofile import EmulatorLimits
+from cmemu.services.serving.endpoint.errors import bad, too_large
 
 
 async def read_json(request: web.Request, limits: EmulatorLimits) -> dict[str, Any]:

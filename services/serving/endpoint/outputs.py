@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emulator.model.serving.lengths import Distribution, sample
-from services.serving.tokenizer import Tokenizer, output_words
+from cmemu.emulator.model.serving.lengths import Distribution, sample
+from cmemu.services.serving.tokenizer import Tokenizer, output_words
 
 SEED_SPACE = 2**31
 

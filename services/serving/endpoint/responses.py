@@ -28,16 +28,16 @@ from typing import Any
 
 from aiohttp import web
 
-from emulator.model.clock import Clock
-from emulator.model.instruments import Histogram
-from emulator.model.serving.engine import FinishEvent, FinishReason, TokenEvent
-from services.serving.endpoint import outputs
-from services.serving.endpoint.asks import Ask
-from services.serving.endpoint.errors import HttpError, failed_error
-from services.serving.endpoint.outputs import Choice
-from services.serving.stats import RequestMetrics
-from services.serving.streams import Stream
-from services.serving.tokenizer import Tokenizer
+from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.model.instruments import Histogram
+from cmemu.emulator.model.serving.engine import FinishEvent, FinishReason, TokenEvent
+from cmemu.services.serving.endpoint import outputs
+from cmemu.services.serving.endpoint.asks import Ask
+from cmemu.services.serving.endpoint.errors import HttpError, failed_error
+from cmemu.services.serving.endpoint.outputs import Choice
+from cmemu.services.serving.stats import RequestMetrics
+from cmemu.services.serving.streams import Stream
+from cmemu.services.serving.tokenizer import Tokenizer
 
 RETRY_AFTER_S = 1  # the hint a failed request's 503 carries
 

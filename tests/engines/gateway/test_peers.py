@@ -11,21 +11,21 @@ from dataclasses import dataclass
 
 import pytest
 
-from emulator.client.channels import Channels
-from emulator.client.gateway import RemoteGateway
-from emulator.engines.clock import Timeline
-from emulator.engines.gateway.engine import GatewayEngine
-from emulator.engines.gateway.local import LocalGateway
-from emulator.engines.gateway.types import GATEWAY_DOWN, QpState
-from emulator.engines.peers import GatewayPeer
-from emulator.model.clock import Clock
-from emulator.model.errors import EmulatorError, InvalidArgumentError, UnavailableError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.rdmafault import RdmaFault
-from emulator.model.scaleout import build_cluster
-from emulator.testing import free_port_block
-from services.gateway import create_gateway
-from services.peers import Peers
+from cmemu.emulator.client.channels import Channels
+from cmemu.emulator.client.gateway import RemoteGateway
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.gateway.engine import GatewayEngine
+from cmemu.emulator.engines.gateway.local import LocalGateway
+from cmemu.emulator.engines.gateway.types import GATEWAY_DOWN, QpState
+from cmemu.emulator.engines.peers import GatewayPeer
+from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError, UnavailableError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.rdmafault import RdmaFault
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.testing import free_port_block
+from cmemu.services.gateway import create_gateway
+from cmemu.services.peers import Peers
 
 
 @dataclass

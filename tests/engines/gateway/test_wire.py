@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from cmemu.emulator.client.wire import gateway as wire
+from cmemu.emulator.engines.gateway.types import Landing, OpResult, Qp, QpState, RdmaOp
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.rdmafault import RdmaFault
 from cmemu.v1 import gateway_pb2
-from emulator.client.wire import gateway as wire
-from emulator.engines.gateway.types import Landing, OpResult, Qp, QpState, RdmaOp
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.rdmafault import RdmaFault
 
 
 def test_round_trips() -> None:

@@ -18,10 +18,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.runtime.supernode import EMBEDDED
+from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import device_pb2, manager_pb2, scheduler_pb2, training_pb2
-from emulator.client import faults
-from emulator.runtime.supernode import EMBEDDED
-from emulator.testing import Clients, running_supernode
 from tests.runtime.test_mqtt import listening
 
 T = TypeVar("T")

@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from emulator.engines.manager import liveness
-from emulator.engines.manager.liveness import LivenessWatch
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.manager.detector import Detector, Incident
-from emulator.testing import running_supernode
-from services.peers import Peers
+from cmemu.emulator.engines.manager import liveness
+from cmemu.emulator.engines.manager.liveness import LivenessWatch
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.manager.detector import Detector, Incident
+from cmemu.emulator.testing import running_supernode
+from cmemu.services.peers import Peers
 
 SCALE = 50.0
 DEVICE = "n00-npu1"

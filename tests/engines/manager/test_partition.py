@@ -12,11 +12,11 @@ import dataclasses
 import grpc
 import pytest
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.runtime.supernode import EMBEDDED
+from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import fabric_pb2, manager_pb2
-from emulator.client import faults
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.runtime.supernode import EMBEDDED
-from emulator.testing import Clients, running_supernode
 from tests.engines.manager.test_actions import SCALE, incidents, until
 from tests.runtime.test_mqtt import listening
 

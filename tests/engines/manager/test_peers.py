@@ -9,22 +9,22 @@ import socket
 
 import pytest
 
-from cmemu.v1 import manager_pb2, scheduler_pb2, training_pb2
-from emulator.client import faults
-from emulator.client.control import RemoteTraining
-from emulator.client.remote import RemoteDevice
-from emulator.engines.device.npu import Kernel
-from emulator.engines.peers import LocalDevice, Marked
-from emulator.model.errors import (
+from cmemu.emulator.client import faults
+from cmemu.emulator.client.control import RemoteTraining
+from cmemu.emulator.client.remote import RemoteDevice
+from cmemu.emulator.engines.device.npu import Kernel
+from cmemu.emulator.engines.peers import LocalDevice, Marked
+from cmemu.emulator.model.errors import (
     EmulatorError,
     NotFoundError,
     PreconditionError,
     UnavailableError,
 )
-from emulator.model.topology import DeviceKind, ServiceKind
-from emulator.testing import Supernode, running_supernode
-from services.manager import ManagerService
-from services.peers import Peers
+from cmemu.emulator.model.topology import DeviceKind, ServiceKind
+from cmemu.emulator.testing import Supernode, running_supernode
+from cmemu.services.manager import ManagerService
+from cmemu.services.peers import Peers
+from cmemu.v1 import manager_pb2, scheduler_pb2, training_pb2
 
 SCALE = 50.0
 PROBE = Kernel(name="probe", die=1, flops=4e12, bytes_moved=0, precision="BF16")

@@ -12,13 +12,13 @@ import math
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from cmemu.emulator.client import faults
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.manager.detector import STRAGGLER
+from cmemu.emulator.model.naming import device_of
+from cmemu.emulator.runtime.supernode import EMBEDDED
+from cmemu.emulator.testing import Clients, Supernode, running_supernode
 from cmemu.v1 import fabric_pb2, manager_pb2, scheduler_pb2, training_pb2
-from emulator.client import faults
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.manager.detector import STRAGGLER
-from emulator.model.naming import device_of
-from emulator.runtime.supernode import EMBEDDED
-from emulator.testing import Clients, Supernode, running_supernode
 from tests.engines.manager.test_actions import incidents, until
 from tests.runtime.test_mqtt import listening
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.model.chaos.asserting import pick
-from emulator.model.chaos.observed import Injection
-from emulator.model.chaos.recovery import NEVER_DETECTED, Recovery
-from emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.chaos.asserting import pick
+from cmemu.emulator.model.chaos.observed import Injection
+from cmemu.emulator.model.chaos.recovery import NEVER_DETECTED, Recovery
+from cmemu.emulator.model.errors import InvalidArgumentError
 
 S = 1_000_000_000
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from emulator.model.chaos.pace import Pace
+from cmemu.emulator.model.chaos.pace import Pace
 
 KEPT = Pace(
     asked_scale=20.0,

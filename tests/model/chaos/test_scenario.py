@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from emulator.model.chaos.scenario import Scenario, deployment_refs, parse_scenario
-from emulator.model.chaos.schedule import horizon_s, plan
-from emulator.model.chaos.selectors import Placement, parse_selector, resolve
-from emulator.model.chaos.units import count_or_rate, duration_s, format_s, size_bytes
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.topology import build
+from cmemu.emulator.model.chaos.scenario import Scenario, deployment_refs, parse_scenario
+from cmemu.emulator.model.chaos.schedule import horizon_s, plan
+from cmemu.emulator.model.chaos.selectors import Placement, parse_selector, resolve
+from cmemu.emulator.model.chaos.units import count_or_rate, duration_s, format_s, size_bytes
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.topology import build
 
 ROOT = Path(__file__).resolve().parents[3]
 LIBRARY = sorted((ROOT / "scenarios").glob("*.yaml"))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from emulator.model.chaos.observed import (
+from cmemu.emulator.model.chaos.observed import (
     CORRUPT_CHECKPOINT,
     IncidentRecord,
     Injection,
@@ -17,10 +17,10 @@ from emulator.model.chaos.observed import (
     RequestSample,
     WorkloadEvent,
 )
-from emulator.model.chaos.recovery import LATENT, NEVER_DETECTED, recoveries
-from emulator.model.chaos.scenario import Expectations, Slo, SteadyState, parse_scenario
-from emulator.model.chaos.verdict import STEADY_AFTER, STEADY_BEFORE, Check, judge
-from emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.chaos.recovery import LATENT, NEVER_DETECTED, recoveries
+from cmemu.emulator.model.chaos.scenario import Expectations, Slo, SteadyState, parse_scenario
+from cmemu.emulator.model.chaos.verdict import STEADY_AFTER, STEADY_BEFORE, Check, judge
+from cmemu.emulator.model.errors import InvalidArgumentError
 
 S = 1_000_000_000
 

@@ -3,7 +3,7 @@ expectation passes and fails where it should."""
 
 from __future__ import annotations
 
-from emulator.model.chaos.observed import (
+from cmemu.emulator.model.chaos.observed import (
     IncidentRecord,
     Injection,
     Observations,
@@ -11,10 +11,10 @@ from emulator.model.chaos.observed import (
     TrainingRecord,
     WorkloadEvent,
 )
-from emulator.model.chaos.recovery import CLEARED_UNDETECTED, recoveries
-from emulator.model.chaos.scenario import Expectations, Slo, TrainingProgress
-from emulator.model.chaos.timeline import build_timeline
-from emulator.model.chaos.verdict import judge
+from cmemu.emulator.model.chaos.recovery import CLEARED_UNDETECTED, recoveries
+from cmemu.emulator.model.chaos.scenario import Expectations, Slo, TrainingProgress
+from cmemu.emulator.model.chaos.timeline import build_timeline
+from cmemu.emulator.model.chaos.verdict import judge
 
 S = 1_000_000_000
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.model.costmodel import ems_ssd_ns
-from emulator.model.ems import (
+from cmemu.emulator.model.costmodel import ems_ssd_ns
+from cmemu.emulator.model.ems import (
     PAGE_SIZE_MAX,
     Counters,
     HashRing,
@@ -19,8 +19,8 @@ from emulator.model.ems import (
     object_size,
     summarize,
 )
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 
 
 def _meta(key: str, size: int = 10) -> ObjectMeta:

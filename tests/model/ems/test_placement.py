@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.model.ems import (
+from cmemu.emulator.model.ems import (
     HashRing,
     ObjectMeta,
     Placement,
     Replica,
     Tier,
 )
-from emulator.model.errors import CapacityError, UnavailableError
+from cmemu.emulator.model.errors import CapacityError, UnavailableError
 
 POOLS = {"n00-mem": "n00", "n01-mem": "n01", "n02-mem": "n02", "n03-mem": "n03"}
 
@@ -137,7 +137,7 @@ def test_fewer_pools_than_the_factor_want_fewer_copies() -> None:
 
 
 def test_a_silent_pool_is_suspect_then_dead_and_up_when_it_answers() -> None:
-    from emulator.model.ems import Health
+    from cmemu.emulator.model.ems import Health
 
     placement = Placement(
         pools={"a": "n00", "b": "n01"},

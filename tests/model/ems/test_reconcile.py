@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from emulator.model.ems import (
+from cmemu.emulator.model.ems import (
     TRAILER_HEAD_BYTES,
     Aborted,
     Index,
@@ -41,7 +41,7 @@ def test_the_chunk_table_round_trips_and_refuses_a_bad_checksum() -> None:
 
     import pytest
 
-    from emulator.model.errors import DataLossError
+    from cmemu.emulator.model.errors import DataLossError
 
     data = bytes(range(256)) * 40
     crcs = chunk_crcs(data, 4096)

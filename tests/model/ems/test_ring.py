@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.model.ems import HashRing
+from cmemu.emulator.model.ems import HashRing
 
 POOLS = [f"n{n:02d}-mem" for n in range(48)]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.model.errors import NotFoundError
-from emulator.model.manager.detector import (
+from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.model.manager.detector import (
     FAILED,
     OK,
     SUSPECT,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from emulator.model.arrivals import Arrival, ArrivalLog
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.manager.detector import DEGRADED, FAILED, OK, STRAGGLER, Detector
-from emulator.model.manager.straggler import StragglerJudge, StragglerSettings
+from cmemu.emulator.model.arrivals import Arrival, ArrivalLog
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.manager.detector import DEGRADED, FAILED, OK, STRAGGLER, Detector
+from cmemu.emulator.model.manager.straggler import StragglerJudge, StragglerSettings
 
 SETTINGS = StragglerSettings.of(DEFAULT_PROFILE.manager)
 RANKS = ("n00-npu0.d0", "n00-npu0.d1", "n00-npu1.d0", "n00-npu1.d1", "n00-npu2.d0", "n00-npu2.d1")

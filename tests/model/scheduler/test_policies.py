@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.model.errors import UnknownNameError
-from emulator.model.naming import DeviceKind, device_id, node_id
-from emulator.model.scheduler import POLICIES, FreeNode, get_policy, place
+from cmemu.emulator.model.errors import UnknownNameError
+from cmemu.emulator.model.naming import DeviceKind, device_id, node_id
+from cmemu.emulator.model.scheduler import POLICIES, FreeNode, get_policy, place
 
 
 def _nodes(free: list[int], per_rack: int = 4, capacity: int = 8) -> list[FreeNode]:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator.model.errors import EmulatorError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.scheduler import POLICIES, Inventory, JobRequest, Scheduler
+from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.scheduler import POLICIES, Inventory, JobRequest, Scheduler
 
 INVENTORY = Inventory.from_counts(nodes=8, profile=DEFAULT_PROFILE)  # 64 NPUs, 2 racks
 NPUS = INVENTORY.npus

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.model.errors import (
+from cmemu.emulator.model.errors import (
     CapacityError,
     InvalidArgumentError,
     NotFoundError,
@@ -12,9 +12,9 @@ from emulator.model.errors import (
     PreconditionError,
     UnknownNameError,
 )
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.scheduler import Inventory, JobRequest, PendingQueue, Scheduler
-from emulator.model.topology import build
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.scheduler import Inventory, JobRequest, PendingQueue, Scheduler
+from cmemu.emulator.model.topology import build
 
 
 @pytest.fixture(scope="module")

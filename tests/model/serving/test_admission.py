@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from emulator.model.errors import UnknownNameError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.overrides import apply_overrides
-from emulator.model.serving.deployment import parse_deployment
-from emulator.model.serving.des import Simulation, simulate
-from emulator.model.serving.workload import generate, parse_workload
+from cmemu.emulator.model.errors import UnknownNameError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.overrides import apply_overrides
+from cmemu.emulator.model.serving.deployment import parse_deployment
+from cmemu.emulator.model.serving.des import Simulation, simulate
+from cmemu.emulator.model.serving.workload import generate, parse_workload
 
 TIGHT = 46e9  # a die's HBM: weights and reserve leave room for about 9 requests of 3,072 tokens
 AMPLE = 64e9  # the real die: room for about 175

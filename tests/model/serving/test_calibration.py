@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE, figures
-from emulator.model.serving import calibrate
-from emulator.model.serving.engine import Request
-from emulator.model.serving.models import get_model
-from emulator.model.serving.multiturn import turn_gain
-from emulator.model.serving.workload import read_mooncake
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, figures
+from cmemu.emulator.model.serving import calibrate
+from cmemu.emulator.model.serving.engine import Request
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.serving.multiturn import turn_gain
+from cmemu.emulator.model.serving.workload import read_mooncake
 
 ROOT = Path(__file__).resolve().parents[3]
 

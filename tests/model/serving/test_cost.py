@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from emulator.model.errors import UnknownNameError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.serving import cost
-from emulator.model.serving.models import MODELS, get_model
+from cmemu.emulator.model.errors import UnknownNameError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.serving import cost
+from cmemu.emulator.model.serving.models import MODELS, get_model
 
 MODEL = get_model("deepseek-r1")
 COMM = {"dispatch_s": 120e-6, "combine_s": 130e-6}

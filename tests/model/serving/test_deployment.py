@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.serving.deployment import instance_dies, layout, parse_deployment
-from emulator.model.topology import DeviceKind, build
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.serving.deployment import instance_dies, layout, parse_deployment
+from cmemu.emulator.model.topology import DeviceKind, build
 
 ROOT = Path(__file__).resolve().parents[3]
 

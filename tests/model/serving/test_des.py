@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.serving.deployment import Deployment, parse_deployment
-from emulator.model.serving.des import simulate
-from emulator.model.serving.workload import generate, parse_workload, read_mooncake
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.serving.deployment import Deployment, parse_deployment
+from cmemu.emulator.model.serving.des import simulate
+from cmemu.emulator.model.serving.workload import generate, parse_workload, read_mooncake
 
 ROOT = Path(__file__).resolve().parents[3]
 BLOCK = 512

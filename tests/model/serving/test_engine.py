@@ -9,10 +9,10 @@ from collections import defaultdict
 
 import pytest
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
-from emulator.model.serving.deployment import Deployment, parse_deployment
-from emulator.model.serving.des import Oracle
-from emulator.model.serving.engine import (
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
+from cmemu.emulator.model.serving.deployment import Deployment, parse_deployment
+from cmemu.emulator.model.serving.des import Oracle
+from cmemu.emulator.model.serving.engine import (
     Engine,
     Event,
     FinishEvent,
@@ -23,8 +23,8 @@ from emulator.model.serving.engine import (
     StepResult,
     TokenEvent,
 )
-from emulator.model.serving.workload import Distribution, Workload, generate
-from emulator.model.topology import build
+from cmemu.emulator.model.serving.workload import Distribution, Workload, generate
+from cmemu.emulator.model.topology import build
 
 SMALL = {
     "preset": "cm-mini",

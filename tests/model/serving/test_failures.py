@@ -10,16 +10,16 @@ from collections import defaultdict
 
 import pytest
 
-from emulator.model.errors import (
+from cmemu.emulator.model.errors import (
     InvalidArgumentError,
     NotFoundError,
     PreconditionError,
     UnknownNameError,
 )
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.serving.deployment import Deployment, parse_deployment
-from emulator.model.serving.des import DieLoss, Oracle, simulate
-from emulator.model.serving.engine import (
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.serving.deployment import Deployment, parse_deployment
+from cmemu.emulator.model.serving.des import DieLoss, Oracle, simulate
+from cmemu.emulator.model.serving.engine import (
     Engine,
     FinishEvent,
     FinishReason,
@@ -30,11 +30,11 @@ from emulator.model.serving.engine import (
     TokenEvent,
     rank_dies,
 )
-from emulator.model.serving.experts import placement
-from emulator.model.serving.models import get_model
-from emulator.model.serving.placement import SlotKind, layout, place, remap
-from emulator.model.serving.workload import Distribution, Workload, generate
-from emulator.model.topology import build
+from cmemu.emulator.model.serving.experts import placement
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.serving.placement import SlotKind, layout, place, remap
+from cmemu.emulator.model.serving.workload import Distribution, Workload, generate
+from cmemu.emulator.model.topology import build
 
 SMALL = {
     "preset": "cm-mini",

@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.overrides import apply_overrides
-from emulator.model.serving import hbm
-from emulator.model.serving.cost import kv_bytes_per_token
-from emulator.model.serving.deployment import Deployment, parse_deployment
-from emulator.model.serving.des import simulate
-from emulator.model.serving.engine import Request
-from emulator.model.serving.models import get_model
-from emulator.model.serving.workload import generate, parse_workload
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.overrides import apply_overrides
+from cmemu.emulator.model.serving import hbm
+from cmemu.emulator.model.serving.cost import kv_bytes_per_token
+from cmemu.emulator.model.serving.deployment import Deployment, parse_deployment
+from cmemu.emulator.model.serving.des import simulate
+from cmemu.emulator.model.serving.engine import Request
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.serving.workload import generate, parse_workload
 
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = get_model("deepseek-r1")

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving.deployment import parse_deployment
-from emulator.model.serving.des import simulate
-from emulator.model.serving.engine import Request
-from emulator.model.serving.workload import generate, parse_workload, turn_of
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving.deployment import parse_deployment
+from cmemu.emulator.model.serving.des import simulate
+from cmemu.emulator.model.serving.engine import Request
+from cmemu.emulator.model.serving.workload import generate, parse_workload, turn_of
 
 ROOT = Path(__file__).resolve().parents[3]
 BLOCK = DEFAULT_PROFILE.serving.block_tokens

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emulator.model.errors import InvalidArgumentError, PreconditionError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.overrides import apply_overrides
-from emulator.model.serving.deployment import Deployment, parse_deployment
-from emulator.model.serving.operating import (
+from cmemu.emulator.model.errors import InvalidArgumentError, PreconditionError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.overrides import apply_overrides
+from cmemu.emulator.model.serving.deployment import Deployment, parse_deployment
+from cmemu.emulator.model.serving.operating import (
     DecodeCurve,
     OperatingPoint,
     operating_point,

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emulator.model.errors import InvalidArgumentError, UnknownNameError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.overrides import apply_overrides
-from emulator.model.serving.deployment import Deployment, parse_deployment
-from emulator.model.serving.pd import PdResult, Sample, run_pd, simulate_pd
-from emulator.model.serving.pdpolicy import PdOptions, UnitRates, unit_rates
-from emulator.model.serving.plans import Request
-from emulator.model.serving.workload import generate, parse_workload
+from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.overrides import apply_overrides
+from cmemu.emulator.model.serving.deployment import Deployment, parse_deployment
+from cmemu.emulator.model.serving.pd import PdResult, Sample, run_pd, simulate_pd
+from cmemu.emulator.model.serving.pdpolicy import PdOptions, UnitRates, unit_rates
+from cmemu.emulator.model.serving.plans import Request
+from cmemu.emulator.model.serving.workload import generate, parse_workload
 
 ROOT = Path(__file__).resolve().parents[3]
 PHASE_S = 1800.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.model.errors import InvalidArgumentError, UnknownNameError
-from emulator.model.serving.placement import (
+from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError
+from cmemu.emulator.model.serving.placement import (
     POLICIES,
     Layout,
     SlotKind,

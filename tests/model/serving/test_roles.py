@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emulator.model.errors import PreconditionError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.serving.deployment import parse_deployment
-from emulator.model.serving.engine import Engine, FinishEvent, PlanKind, Request, StepResult
-from emulator.model.serving.pdpolicy import live_options, unit_rates
+from cmemu.emulator.model.errors import PreconditionError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.serving.deployment import parse_deployment
+from cmemu.emulator.model.serving.engine import Engine, FinishEvent, PlanKind, Request, StepResult
+from cmemu.emulator.model.serving.pdpolicy import live_options, unit_rates
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 SPEC = {

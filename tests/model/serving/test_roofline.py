@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile, figures
-from emulator.model.overrides import apply_overrides, parse_override
-from emulator.model.serving import calibrate, cost
-from emulator.model.serving import kernels as k
-from emulator.model.serving.deployment import parse_deployment
-from emulator.model.serving.models import get_model
-from emulator.model.serving.operating import DecodeCurve
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile, figures
+from cmemu.emulator.model.overrides import apply_overrides, parse_override
+from cmemu.emulator.model.serving import calibrate, cost
+from cmemu.emulator.model.serving import kernels as k
+from cmemu.emulator.model.serving.deployment import parse_deployment
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.serving.operating import DecodeCurve
 
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = get_model("deepseek-r1")

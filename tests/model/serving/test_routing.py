@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from bench.serving_issue23 import shared_prefix
-from emulator.model.errors import InvalidArgumentError
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.serving.deployment import parse_deployment
-from emulator.model.serving.des import Simulation, simulate
-from emulator.model.serving.router import RouteWeights, prefill_cost
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.serving.deployment import parse_deployment
+from cmemu.emulator.model.serving.des import Simulation, simulate
+from cmemu.emulator.model.serving.router import RouteWeights, prefill_cost
 
 ROOT = Path(__file__).resolve().parents[3]
 BLOCK = DEFAULT_PROFILE.serving.block_tokens

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.serving.workload import generate, parse_workload, read_mooncake
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.serving.workload import generate, parse_workload, read_mooncake
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -9,12 +9,12 @@ import math
 
 import pytest
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.flowsim import SIM_REL_TOL
-from emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
-from emulator.model.scaleout import build_cluster
-from emulator.model.topology import build
-from emulator.model.training.scaleout import (
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.flowsim import SIM_REL_TOL
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
+from cmemu.emulator.model.scaleout import build_cluster
+from cmemu.emulator.model.topology import build
+from cmemu.emulator.model.training.scaleout import (
     CROSS_ALGORITHMS,
     PlaneRoutes,
     SupernodeStep,
@@ -27,8 +27,8 @@ from emulator.model.training.scaleout import (
     time_cross_flows,
     with_oversubscription,
 )
-from emulator.model.training.spec import shape_of
-from emulator.model.training.timing import ModelTimer, first_dies
+from cmemu.emulator.model.training.spec import shape_of
+from cmemu.emulator.model.training.timing import ModelTimer, first_dies
 
 # Every round's flows are equal, so the flow simulator's one approximation (it takes
 # completions within SIM_REL_TOL of the elapsed time together) cannot even apply: the two should

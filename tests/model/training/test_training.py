@@ -7,22 +7,22 @@ import dataclasses
 
 import pytest
 
-from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.serving.models import get_model
-from emulator.model.topology import build
-from emulator.model.training import checkpoint
-from emulator.model.training.job import FINISHED, RECOVERING, RUNNING, JobProgress
-from emulator.model.training.longrun import RunParams, run, simulate_training
-from emulator.model.training.spec import shape_of
-from emulator.model.training.step import (
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.serving.models import get_model
+from cmemu.emulator.model.topology import build
+from cmemu.emulator.model.training import checkpoint
+from cmemu.emulator.model.training.job import FINISHED, RECOVERING, RUNNING, JobProgress
+from cmemu.emulator.model.training.longrun import RunParams, run, simulate_training
+from cmemu.emulator.model.training.spec import shape_of
+from cmemu.emulator.model.training.step import (
     gradient_buckets,
     groups,
     params_per_die,
     step_time,
     total_params,
 )
-from emulator.model.training.timing import ModelTimer, first_dies
+from cmemu.emulator.model.training.timing import ModelTimer, first_dies
 
 
 def test_a_layout_must_cover_the_dies() -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from emulator.cli.chaos import summary_lines
-from emulator.model.chaos.scenario import parse_scenario
-from emulator.model.errors import InvalidArgumentError
-from emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
+from cmemu.emulator.cli.chaos import summary_lines
+from cmemu.emulator.model.chaos.scenario import parse_scenario
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
 from tests.runtime.chaos.test_must_fail import _failed, _open_incidents, _run
 
 pytestmark = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=50)

@@ -19,6 +19,24 @@ from pathlib import Path
 import grpc
 import pytest
 
+from cmemu.emulator.cli.chaos import summary_lines
+from cmemu.emulator.client import faults
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.errors import decode
+from cmemu.emulator.client.faultkinds import process
+from cmemu.emulator.client.faultkinds.process import Process, ProcessTable
+from cmemu.emulator.model.chaos.observed import Injection, Observations
+from cmemu.emulator.model.chaos.recovery import (
+    CAUSE_SLACK_NS,
+    CONTROLLER_DOWN,
+    NEVER_DETECTED,
+    SERVICE_BACK,
+    recoveries,
+)
+from cmemu.emulator.model.chaos.selectors import NO_PLACEMENT, parse_selector, resolve
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
+from cmemu.emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
+from cmemu.emulator.runtime.chaos import files, kinds
 from cmemu.v1 import (
     device_pb2,
     fabric_pb2,
@@ -28,24 +46,6 @@ from cmemu.v1 import (
     scheduler_pb2,
     ub_pb2,
 )
-from emulator.cli.chaos import summary_lines
-from emulator.client import faults
-from emulator.client.clients import Clients
-from emulator.client.errors import decode
-from emulator.client.faultkinds import process
-from emulator.client.faultkinds.process import Process, ProcessTable
-from emulator.model.chaos.observed import Injection, Observations
-from emulator.model.chaos.recovery import (
-    CAUSE_SLACK_NS,
-    CONTROLLER_DOWN,
-    NEVER_DETECTED,
-    SERVICE_BACK,
-    recoveries,
-)
-from emulator.model.chaos.selectors import NO_PLACEMENT, parse_selector, resolve
-from emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
-from emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
-from emulator.runtime.chaos import files, kinds
 
 pytestmark = pytest.mark.supernode(
     preset="cm-mini", mode="inprocess", time_scale=50, fresh="module"

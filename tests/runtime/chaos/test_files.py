@@ -9,11 +9,11 @@ import jsonschema
 import pytest
 import yaml
 
-from emulator.client.faults import KINDS
-from emulator.model.chaos.scenario import parse_scenario
-from emulator.model.errors import InvalidArgumentError, NotFoundError
-from emulator.model.faults.catalogue import ClockSkewParams, CrashParams
-from emulator.runtime.chaos import files
+from cmemu.emulator.client.faults import KINDS
+from cmemu.emulator.model.chaos.scenario import parse_scenario
+from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.faults.catalogue import ClockSkewParams, CrashParams
+from cmemu.emulator.runtime.chaos import files
 
 LIBRARY = files.library()
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 
-from emulator.client import faults
-from emulator.client.ems import EmsClient
-from emulator.runtime.chaos import files
-from emulator.runtime.chaos.workloads import LOST_RETRY_S, Workloads
-from emulator.testing import running_supernode
+from cmemu.emulator.client import faults
+from cmemu.emulator.client.ems import EmsClient
+from cmemu.emulator.runtime.chaos import files
+from cmemu.emulator.runtime.chaos.workloads import LOST_RETRY_S, Workloads
+from cmemu.emulator.testing import running_supernode
 
 SCENARIO = """\
 version: 1

@@ -14,19 +14,19 @@ from pathlib import Path
 
 import pytest
 
+from cmemu.emulator.cli.chaos import summary_lines
+from cmemu.emulator.client import faults
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.clock import held_time
+from cmemu.emulator.model.chaos.recovery import CLEARED_UNDETECTED, NEVER_DETECTED
+from cmemu.emulator.model.chaos.timeline import Entry
+from cmemu.emulator.model.chaos.verdict import STEADY_BEFORE, Check, judge
+from cmemu.emulator.model.errors import DeadlineExceededError, InvalidArgumentError
+from cmemu.emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
+from cmemu.emulator.runtime.chaos import files, kinds
+from cmemu.emulator.runtime.chaos.run import RunOptions, RunResult
+from cmemu.emulator.runtime.chaos.runner import run_scenario
 from cmemu.v1 import manager_pb2, scheduler_pb2
-from emulator.cli.chaos import summary_lines
-from emulator.client import faults
-from emulator.client.clients import Clients
-from emulator.client.clock import held_time
-from emulator.model.chaos.recovery import CLEARED_UNDETECTED, NEVER_DETECTED
-from emulator.model.chaos.timeline import Entry
-from emulator.model.chaos.verdict import STEADY_BEFORE, Check, judge
-from emulator.model.errors import DeadlineExceededError, InvalidArgumentError
-from emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
-from emulator.runtime.chaos import files, kinds
-from emulator.runtime.chaos.run import RunOptions, RunResult
-from emulator.runtime.chaos.runner import run_scenario
 
 pytestmark = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=50)
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from emulator.cli.chaos import summary_lines
-from emulator.model.errors import NotFoundError
-from emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
+from cmemu.emulator.cli.chaos import summary_lines
+from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
 
 pytestmark = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=20)
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from emulator.cli.chaos import summary_lines
-from emulator.client.clients import Clients
-from emulator.model.chaos.pace import ABORTED
-from emulator.pytest_plugin import start_supernode
-from emulator.runtime.chaos import files
-from emulator.runtime.chaos.run import RunOptions, RunResult
-from emulator.runtime.chaos.runner import run_scenario
+from cmemu.emulator.cli.chaos import summary_lines
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.model.chaos.pace import ABORTED
+from cmemu.emulator.pytest_plugin import start_supernode
+from cmemu.emulator.runtime.chaos import files
+from cmemu.emulator.runtime.chaos.run import RunOptions, RunResult
+from cmemu.emulator.runtime.chaos.runner import run_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 TIME_SCALE = 50.0  # dilation keeps a verdict the same at any scale; the pace guard says if not

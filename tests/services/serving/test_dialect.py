@@ -16,13 +16,13 @@ import grpc
 import openai
 import pytest
 
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
+from cmemu.services.router import RouterState
+from cmemu.services.serving.tokenizer import HfTokenizer, load_tokenizer
 from cmemu.v1 import router_pb2, training_pb2
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
-from services.router import RouterState
-from services.serving.tokenizer import HfTokenizer, load_tokenizer
 
 LIMITS = replace(
     DEFAULT_PROFILE.limits,

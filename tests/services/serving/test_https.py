@@ -14,14 +14,14 @@ import aiohttp
 import openai
 import pytest
 
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.tenants import single
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.metricserver import supernode_endpoints
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.runtime.webview import WebView
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import router_pb2
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.tenants import single
-from emulator.model.topology import ServiceKind
-from emulator.runtime.metricserver import supernode_endpoints
-from emulator.runtime.supernode import Supernode
-from emulator.runtime.webview import WebView
-from emulator.testing import running_supernode
 
 TOKEN = "https-token-0123456789abcdef"
 PROFILE = replace(

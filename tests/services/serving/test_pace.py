@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 
-from emulator.model.clock import Clock
-from emulator.model.serving.engine import FinishEvent, FinishReason, Request, TokenEvent
-from services.serving.endpoint.asks import Ask
-from services.serving.endpoint.outputs import Choice
-from services.serving.endpoint.responses import COMPLETIONS, Answer, Reply
-from services.serving.stats import RequestMetrics
-from services.serving.streams import Stream
-from services.serving.tokenizer import load_tokenizer
+from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.model.serving.engine import FinishEvent, FinishReason, Request, TokenEvent
+from cmemu.services.serving.endpoint.asks import Ask
+from cmemu.services.serving.endpoint.outputs import Choice
+from cmemu.services.serving.endpoint.responses import COMPLETIONS, Answer, Reply
+from cmemu.services.serving.stats import RequestMetrics
+from cmemu.services.serving.streams import Stream
+from cmemu.services.serving.tokenizer import load_tokenizer
 
 TOLERANCE_S = 0.05
 

@@ -22,13 +22,13 @@ import aiomqtt
 import grpc
 import pytest
 
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.metricserver import supernode_endpoints
+from cmemu.emulator.runtime.supernode import EMBEDDED, Supernode
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import router_pb2
-from emulator.engines.clock import Timeline
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.topology import ServiceKind
-from emulator.runtime.metricserver import supernode_endpoints
-from emulator.runtime.supernode import EMBEDDED, Supernode
-from emulator.testing import running_supernode
 from tests.runtime.test_metrics import parse, scrape
 from tests.services.test_serving_recovery import router_events
 

@@ -15,12 +15,12 @@ from typing import Any
 import openai
 import pytest
 
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.tenants import Keys, parse_keys
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.testing import running_supernode
+from cmemu.services.serving.tokenizer import load_tokenizer
 from cmemu.v1 import router_pb2
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.tenants import Keys, parse_keys
-from emulator.model.topology import ServiceKind
-from emulator.testing import running_supernode
-from services.serving.tokenizer import load_tokenizer
 
 KEYS = parse_keys(
     """

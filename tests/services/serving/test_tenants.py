@@ -15,13 +15,13 @@ import aiohttp
 import openai
 import pytest
 
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
+from cmemu.emulator.model.tenants import Keys, parse_keys
+from cmemu.emulator.model.topology import ServiceKind
+from cmemu.emulator.runtime.metricserver import supernode_endpoints
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.testing import running_supernode
 from cmemu.v1 import router_pb2
-from emulator.model.hardware import DEFAULT_PROFILE
-from emulator.model.tenants import Keys, parse_keys
-from emulator.model.topology import ServiceKind
-from emulator.runtime.metricserver import supernode_endpoints
-from emulator.runtime.supernode import Supernode
-from emulator.testing import running_supernode
 from tests.runtime.test_metrics import parse, scrape, value
 
 ADMIN = "admin-key-0123456789abcdef"

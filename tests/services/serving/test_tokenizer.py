@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from emulator.model.serving.lengths import Distribution
-from services.serving.endpoint import outputs
-from services.serving.endpoint.outputs import Choice
-from services.serving.tokenizer import (
+from cmemu.emulator.model.serving.lengths import Distribution
+from cmemu.services.serving.endpoint import outputs
+from cmemu.services.serving.endpoint.outputs import Choice
+from cmemu.services.serving.tokenizer import (
     CharTokenizer,
     HfTokenizer,
     deepseek_directory,

@@ -1,0 +1,52 @@
+"""A job's allocation as the scheduler reports it to a caller: its NPUs with their nodes, racks
+and dies, and each change of it. Plain values, so that the typed client returns them and an
+engine (a training job: emulator/engines/training/) follows them without knowing the wire; the
+scheduler's own record of an allocation is jobs.Allocation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllocatedNpu:
+    id: str
+    node: str
+    rack: int
+    dies: tuple[str, ...]  # the ranks of a collective
+    failed: bool  # reported failed since it was allocated: replace it
+
+
+@dataclass(frozen=True, kw_only=True)
+class Allocation:
+    job: str
+    npus: tuple[AllocatedNpu, ...]  # in id order
+    nodes: tuple[str, ...]
+    racks: tuple[int, ...]
+    policy: str  # the policy that placed it
+    priority: int
+    whole_nodes: bool
+    same_rack: bool
+    allocated_ns: int
+
+
+NO_ALLOCATION = Allocation(
+    job="",
+    npus=(),
+    nodes=(),
+    racks=(),
+    policy="",
+    priority=0,
+    whole_nodes=False,
+    same_rack=False,
+    allocated_ns=0,
+)
+"""A job's allocation before the scheduler granted one."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllocationChange:
+    change: str  # allocated | failed | replaced | released
+    allocation: Allocation  # after the change (the last one held, for "released")
+    npus: tuple[str, ...]  # the NPUs concerned (failed ones; for "replaced" the new ones)
+    at_ns: int  # emulated instant of the change
