@@ -72,7 +72,7 @@ async def fault_latencies(path: Path, count: int) -> list[float]:
             await next_sse_event(response)  # the snapshot
             for i in progress.track(range(count), "faults to the page"):
                 device = npus[(i * 37) % len(npus)]
-                await faults.add(clients, "device-down", faults.FaultOptions(target=device))
+                await faults.inject(clients, "device-down", device)
                 done = time.perf_counter()
                 out.append(await _until(response, device, "NOT_SERVING") - done)
                 await faults.remove(clients, faults.device_fault_id(device))

@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 from cmemu.emulator.client.wire import device as wire
+from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.engines.device.engine import MAX_LABEL, DeviceEngine
 from cmemu.emulator.engines.device.faults import DEVICE_DOWN
 from cmemu.emulator.model.errors import InvalidArgumentError, PreconditionError
+from cmemu.emulator.model.faults.catalogue import DEVICE_PARAMS
 from cmemu.emulator.model.topology import DeviceKind
 from cmemu.services.rpc import Context, abort, rpc
 from cmemu.v1 import device_pb2, device_pb2_grpc
@@ -101,7 +103,10 @@ class DeviceServicer(device_pb2_grpc.DeviceServicer):
     ) -> device_pb2.FaultState:
         target = self.engine.faults.target(request.device)
         fault = await target.faults.inject(
-            request.kind, request.params, request.for_s, by_itself=target is self.engine
+            request.kind,
+            faultparams.unpack(request, DEVICE_PARAMS),
+            request.for_s,
+            by_itself=target is self.engine,
         )
         return wire.active_fault_proto(fault, target.device.id)
 

@@ -28,15 +28,16 @@ DEFAULT_TOP = 20
 DEFAULT_WATCH_MS = 1000
 
 FAULT_FIELD = {
-    "link-degraded": "factor",
-    "ports-degraded": "factor",
-    "rank-slow": "factor",
-    "link-latency": "added_latency_us",
-    "partition": "side_a",
-    "link-flap": "period_s",
-    "link-loss": "loss_rate",
+    "link-degraded": "params.factor",
+    "ports-degraded": "params.factor",
+    "rank-slow": "params.factor",
+    "link-latency": "params.latency_us",
+    "partition": "params.side_a",
+    "link-flap": "params.period_s",
+    "link-loss": "params.rate",
 }
-"""The request field a fault kind's own check is about (others: the target)."""
+"""The request field a fault kind's own check in the link graph is about (others: the target;
+the params' ranges are checked as they are unpacked, naming their field)."""
 
 
 class FabricServicer(fabric_pb2_grpc.FabricServicer):
@@ -91,7 +92,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
         on_target = request.kind != "partition"  # a partition names devices, not a target
         with (
             blame(
-                field="target" if on_target else "side_a",
+                field="target" if on_target else "params.side_a",
                 subject=request.target if on_target else None,
                 reason="FAULT_TARGET_NOT_FOUND" if on_target else "DEVICE_NOT_FOUND",
                 on=NotFoundError,

@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from cmemu.v1 import faultparams_pb2 as cmemu_dot_v1_dot_faultparams__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63memu/v1/device.proto\x12\x08\x63memu.v1\"\xf1\x02\n\x0bNpuHardware\x12\x0c\n\x04\x64ies\x18\x01 \x01(\r\x12\x1a\n\x12\x63ube_cores_per_die\x18\x02 \x01(\r\x12\x1c\n\x14vector_cores_per_die\x18\x03 \x01(\r\x12\x19\n\x11hbm_bytes_per_die\x18\x04 \x01(\x04\x12\x18\n\x10hbm_gb_s_per_die\x18\x05 \x01(\x01\x12\x18\n\x10ub_ports_per_die\x18\x06 \x01(\r\x12\x14\n\x0cub_port_gb_s\x18\x07 \x01(\x01\x12\x17\n\x0f\x64ie_to_die_gb_s\x18\x08 \x01(\x01\x12\x19\n\x11rdma_gb_s_per_die\x18\t \x01(\x01\x12H\n\x13peak_tflops_per_die\x18\n \x03(\x0b\x32+.cmemu.v1.NpuHardware.PeakTflopsPerDieEntry\x1a\x37\n\x15PeakTflopsPerDieEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"v\n\x0b\x43puHardware\x12\r\n\x05\x63ores\x18\x01 \x01(\r\x12\x12\n\ndram_bytes\x18\x02 \x01(\x04\x12\x18\n\x10local_dram_bytes\x18\x03 \x01(\x04\x12\x19\n\x11pooled_dram_bytes\x18\x04 \x01(\x04\x12\x0f\n\x07ub_gb_s\x18\x05 \x01(\x01\">\n\x0fMempoolHardware\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x01 \x01(\x04\x12\x13\n\x0bmember_cpus\x18\x02 \x03(\t\"\x97\x02\n\nDeviceInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.cmemu.v1.DeviceKind\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0b\n\x03\x65id\x18\x04 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x11\n\tsupernode\x18\x06 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x07 \x01(\x04\x12$\n\x03npu\x18\n \x01(\x0b\x32\x15.cmemu.v1.NpuHardwareH\x00\x12$\n\x03\x63pu\x18\x0b \x01(\x0b\x32\x15.cmemu.v1.CpuHardwareH\x00\x12,\n\x07mempool\x18\x0c \x01(\x0b\x32\x19.cmemu.v1.MempoolHardwareH\x00\x42\n\n\x08hardware\"\xf8\x03\n\tTelemetry\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x13\n\x0b\x65mulated_ns\x18\x02 \x01(\x03\x12\x1d\n\x15memory_capacity_bytes\x18\x03 \x01(\x04\x12\x19\n\x11memory_used_bytes\x18\x04 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x05 \x01(\x04\x12\x0f\n\x07regions\x18\x06 \x01(\r\x12\x13\n\x0bub_tx_count\x18\x07 \x01(\x04\x12\x13\n\x0bub_tx_bytes\x18\x08 \x01(\x04\x12\x13\n\x0bub_rx_count\x18\t \x01(\x04\x12\x13\n\x0bub_rx_bytes\x18\n \x01(\x04\x12\x13\n\x0binbox_depth\x18\x0b \x01(\r\x12\x13\n\x0butilization\x18\x0c \x01(\x01\x12\x0f\n\x07\x66\x61ulted\x18\r \x01(\x08\x12\x18\n\x10\x62roker_connected\x18\x0e \x01(\x08\x12\x16\n\x0e\x65vents_pending\x18\x0f \x01(\x04\x12\x16\n\x0e\x65vents_dropped\x18\x10 \x01(\x04\x12 \n\x18\x65\x63\x63_uncorrectable_errors\x18\x11 \x01(\x04\x12\x1a\n\x12\x65\x63\x63_poisoned_bytes\x18\x12 \x01(\x04\x12\x11\n\tdies_down\x18\x13 \x03(\r\x12\x15\n\rcompute_share\x18\x14 \x01(\x01\x12\x14\n\x0c\x66\x61ult_errors\x18\x15 \x01(\x04\x12\x0e\n\x06\x66\x61ults\x18\x16 \x03(\t\"U\n\x06Region\x12\x11\n\tregion_id\x18\x01 \x01(\x04\x12\x0b\n\x03\x65id\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\r\n\x05label\x18\x05 \x01(\t\"\x10\n\x0eGetInfoRequest\"\x15\n\x13GetTelemetryRequest\"4\n\x15\x41llocateRegionRequest\x12\x0c\n\x04size\x18\x01 \x01(\x04\x12\r\n\x05label\x18\x02 \x01(\t\"&\n\x11\x46reeRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\x04\")\n\x12\x46reeRegionResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\";\n\x12ListRegionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"\xc3\x01\n\x13ListRegionsResponse\x12!\n\x07regions\x18\x01 \x03(\x0b\x32\x10.cmemu.v1.Region\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x12\n\nfree_bytes\x18\x04 \x01(\x04\x12\x1a\n\x12largest_free_bytes\x18\x05 \x01(\x04\x12\x17\n\x0fnext_page_token\x18\x06 \x01(\t\x12\x14\n\x0cregion_count\x18\x07 \x01(\r\"\xdf\x01\n\nFaultState\x12\x0f\n\x07\x66\x61ulted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08since_ns\x18\x03 \x01(\x03\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x30\n\x06params\x18\x05 \x03(\x0b\x32 .cmemu.v1.FaultState.ParamsEntry\x12\r\n\x05\x66or_s\x18\x06 \x01(\x01\x12\x10\n\x08until_ns\x18\x07 \x01(\x03\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"7\n\x17\x43learDeviceFaultRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\"*\n\x17ListDeviceFaultsRequest\x12\x0f\n\x07process\x18\x01 \x01(\x08\"G\n\x0f\x44\x65viceFaultList\x12$\n\x06\x66\x61ults\x18\x01 \x03(\x0b\x32\x14.cmemu.v1.FaultState\x12\x0e\n\x06hosted\x18\x02 \x03(\t\"\x16\n\x14GetFaultStateRequest\"\x16\n\x14WatchLivenessRequest\"\xaa\x01\n\x08Liveness\x12\x13\n\x0b\x65mulated_ns\x18\x01 \x01(\x03\x12\x0f\n\x07process\x18\x02 \x01(\t\x12\x0e\n\x06\x63overs\x18\x03 \x03(\t\x12\x11\n\tanswering\x18\x04 \x03(\t\x12\x13\n\x0bunreachable\x18\x05 \x03(\t\x12\x0c\n\x04\x64own\x18\x06 \x03(\t\x12\x11\n\tdies_down\x18\x07 \x03(\t\x12\x12\n\ninterval_s\x18\x08 \x01(\x01\x12\x0b\n\x03\x65\x63\x63\x18\t \x03(\t*l\n\nDeviceKind\x12\x1b\n\x17\x44\x45VICE_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x45VICE_KIND_NPU\x10\x01\x12\x13\n\x0f\x44\x45VICE_KIND_CPU\x10\x02\x12\x17\n\x13\x44\x45VICE_KIND_MEMPOOL\x10\x03\x32\xfa\x05\n\x06\x44\x65vice\x12\x39\n\x07GetInfo\x12\x18.cmemu.v1.GetInfoRequest\x1a\x14.cmemu.v1.DeviceInfo\x12\x42\n\x0cGetTelemetry\x12\x1d.cmemu.v1.GetTelemetryRequest\x1a\x13.cmemu.v1.Telemetry\x12\x43\n\x0e\x41llocateRegion\x12\x1f.cmemu.v1.AllocateRegionRequest\x1a\x10.cmemu.v1.Region\x12G\n\nFreeRegion\x12\x1b.cmemu.v1.FreeRegionRequest\x1a\x1c.cmemu.v1.FreeRegionResponse\x12J\n\x0bListRegions\x12\x1c.cmemu.v1.ListRegionsRequest\x1a\x1d.cmemu.v1.ListRegionsResponse\x12\x45\n\rGetFaultState\x12\x1e.cmemu.v1.GetFaultStateRequest\x1a\x14.cmemu.v1.FaultState\x12;\n\rSetFaultState\x12\x14.cmemu.v1.FaultState\x1a\x14.cmemu.v1.FaultState\x12\x39\n\x0bInjectFault\x12\x14.cmemu.v1.FaultState\x1a\x14.cmemu.v1.FaultState\x12\x45\n\nClearFault\x12!.cmemu.v1.ClearDeviceFaultRequest\x1a\x14.cmemu.v1.FaultState\x12J\n\nListFaults\x12!.cmemu.v1.ListDeviceFaultsRequest\x1a\x19.cmemu.v1.DeviceFaultList\x12\x45\n\rWatchLiveness\x12\x1e.cmemu.v1.WatchLivenessRequest\x1a\x12.cmemu.v1.Liveness0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63memu/v1/device.proto\x12\x08\x63memu.v1\x1a\x1a\x63memu/v1/faultparams.proto\"\xf1\x02\n\x0bNpuHardware\x12\x0c\n\x04\x64ies\x18\x01 \x01(\r\x12\x1a\n\x12\x63ube_cores_per_die\x18\x02 \x01(\r\x12\x1c\n\x14vector_cores_per_die\x18\x03 \x01(\r\x12\x19\n\x11hbm_bytes_per_die\x18\x04 \x01(\x04\x12\x18\n\x10hbm_gb_s_per_die\x18\x05 \x01(\x01\x12\x18\n\x10ub_ports_per_die\x18\x06 \x01(\r\x12\x14\n\x0cub_port_gb_s\x18\x07 \x01(\x01\x12\x17\n\x0f\x64ie_to_die_gb_s\x18\x08 \x01(\x01\x12\x19\n\x11rdma_gb_s_per_die\x18\t \x01(\x01\x12H\n\x13peak_tflops_per_die\x18\n \x03(\x0b\x32+.cmemu.v1.NpuHardware.PeakTflopsPerDieEntry\x1a\x37\n\x15PeakTflopsPerDieEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"v\n\x0b\x43puHardware\x12\r\n\x05\x63ores\x18\x01 \x01(\r\x12\x12\n\ndram_bytes\x18\x02 \x01(\x04\x12\x18\n\x10local_dram_bytes\x18\x03 \x01(\x04\x12\x19\n\x11pooled_dram_bytes\x18\x04 \x01(\x04\x12\x0f\n\x07ub_gb_s\x18\x05 \x01(\x01\">\n\x0fMempoolHardware\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x01 \x01(\x04\x12\x13\n\x0bmember_cpus\x18\x02 \x03(\t\"\x97\x02\n\nDeviceInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.cmemu.v1.DeviceKind\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0b\n\x03\x65id\x18\x04 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x11\n\tsupernode\x18\x06 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x07 \x01(\x04\x12$\n\x03npu\x18\n \x01(\x0b\x32\x15.cmemu.v1.NpuHardwareH\x00\x12$\n\x03\x63pu\x18\x0b \x01(\x0b\x32\x15.cmemu.v1.CpuHardwareH\x00\x12,\n\x07mempool\x18\x0c \x01(\x0b\x32\x19.cmemu.v1.MempoolHardwareH\x00\x42\n\n\x08hardware\"\xf8\x03\n\tTelemetry\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x13\n\x0b\x65mulated_ns\x18\x02 \x01(\x03\x12\x1d\n\x15memory_capacity_bytes\x18\x03 \x01(\x04\x12\x19\n\x11memory_used_bytes\x18\x04 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x05 \x01(\x04\x12\x0f\n\x07regions\x18\x06 \x01(\r\x12\x13\n\x0bub_tx_count\x18\x07 \x01(\x04\x12\x13\n\x0bub_tx_bytes\x18\x08 \x01(\x04\x12\x13\n\x0bub_rx_count\x18\t \x01(\x04\x12\x13\n\x0bub_rx_bytes\x18\n \x01(\x04\x12\x13\n\x0binbox_depth\x18\x0b \x01(\r\x12\x13\n\x0butilization\x18\x0c \x01(\x01\x12\x0f\n\x07\x66\x61ulted\x18\r \x01(\x08\x12\x18\n\x10\x62roker_connected\x18\x0e \x01(\x08\x12\x16\n\x0e\x65vents_pending\x18\x0f \x01(\x04\x12\x16\n\x0e\x65vents_dropped\x18\x10 \x01(\x04\x12 \n\x18\x65\x63\x63_uncorrectable_errors\x18\x11 \x01(\x04\x12\x1a\n\x12\x65\x63\x63_poisoned_bytes\x18\x12 \x01(\x04\x12\x11\n\tdies_down\x18\x13 \x03(\r\x12\x15\n\rcompute_share\x18\x14 \x01(\x01\x12\x14\n\x0c\x66\x61ult_errors\x18\x15 \x01(\x04\x12\x0e\n\x06\x66\x61ults\x18\x16 \x03(\t\"U\n\x06Region\x12\x11\n\tregion_id\x18\x01 \x01(\x04\x12\x0b\n\x03\x65id\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\r\n\x05label\x18\x05 \x01(\t\"\x10\n\x0eGetInfoRequest\"\x15\n\x13GetTelemetryRequest\"4\n\x15\x41llocateRegionRequest\x12\x0c\n\x04size\x18\x01 \x01(\x04\x12\r\n\x05label\x18\x02 \x01(\t\"&\n\x11\x46reeRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\x04\")\n\x12\x46reeRegionResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\";\n\x12ListRegionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"\xc3\x01\n\x13ListRegionsResponse\x12!\n\x07regions\x18\x01 \x03(\x0b\x32\x10.cmemu.v1.Region\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x12\n\nfree_bytes\x18\x04 \x01(\x04\x12\x1a\n\x12largest_free_bytes\x18\x05 \x01(\x04\x12\x17\n\x0fnext_page_token\x18\x06 \x01(\t\x12\x14\n\x0cregion_count\x18\x07 \x01(\r\"\x97\x06\n\nFaultState\x12\x0f\n\x07\x66\x61ulted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08since_ns\x18\x03 \x01(\x03\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\r\n\x05\x66or_s\x18\x06 \x01(\x01\x12\x10\n\x08until_ns\x18\x07 \x01(\x03\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12\x31\n\x0b\x64\x65vice_down\x18\x14 \x01(\x0b\x32\x1a.cmemu.v1.DeviceDownParamsH\x00\x12+\n\rbroker_outage\x18\x15 \x01(\x0b\x32\x12.cmemu.v1.NoParamsH\x00\x12&\n\x05\x63rash\x18\x16 \x01(\x0b\x32\x15.cmemu.v1.CrashParamsH\x00\x12\"\n\x04hang\x18\x17 \x01(\x0b\x32\x12.cmemu.v1.NoParamsH\x00\x12$\n\x04slow\x18\x18 \x01(\x0b\x32\x14.cmemu.v1.SlowParamsH\x00\x12;\n\x10thermal_throttle\x18\x19 \x01(\x0b\x32\x1f.cmemu.v1.ThermalThrottleParamsH\x00\x12=\n\x11intermittent_hang\x18\x1a \x01(\x0b\x32 .cmemu.v1.IntermittentHangParamsH\x00\x12)\n\x07hbm_ecc\x18\x1b \x01(\x0b\x32\x16.cmemu.v1.HbmEccParamsH\x00\x12\"\n\x03sdc\x18\x1c \x01(\x0b\x32\x13.cmemu.v1.SdcParamsH\x00\x12+\n\x08\x64ie_down\x18\x1d \x01(\x0b\x32\x17.cmemu.v1.DieDownParamsH\x00\x12\'\n\tpool_loss\x18\x1e \x01(\x0b\x32\x12.cmemu.v1.NoParamsH\x00\x12\x33\n\x0cservice_down\x18\x1f \x01(\x0b\x32\x1b.cmemu.v1.ServiceDownParamsH\x00\x12&\n\x08ssd_loss\x18  \x01(\x0b\x32\x12.cmemu.v1.NoParamsH\x00\x12/\n\nclock_skew\x18! \x01(\x0b\x32\x19.cmemu.v1.ClockSkewParamsH\x00\x42\x08\n\x06paramsJ\x04\x08\x05\x10\x06R\x06params\"7\n\x17\x43learDeviceFaultRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\"*\n\x17ListDeviceFaultsRequest\x12\x0f\n\x07process\x18\x01 \x01(\x08\"G\n\x0f\x44\x65viceFaultList\x12$\n\x06\x66\x61ults\x18\x01 \x03(\x0b\x32\x14.cmemu.v1.FaultState\x12\x0e\n\x06hosted\x18\x02 \x03(\t\"\x16\n\x14GetFaultStateRequest\"\x16\n\x14WatchLivenessRequest\"\xaa\x01\n\x08Liveness\x12\x13\n\x0b\x65mulated_ns\x18\x01 \x01(\x03\x12\x0f\n\x07process\x18\x02 \x01(\t\x12\x0e\n\x06\x63overs\x18\x03 \x03(\t\x12\x11\n\tanswering\x18\x04 \x03(\t\x12\x13\n\x0bunreachable\x18\x05 \x03(\t\x12\x0c\n\x04\x64own\x18\x06 \x03(\t\x12\x11\n\tdies_down\x18\x07 \x03(\t\x12\x12\n\ninterval_s\x18\x08 \x01(\x01\x12\x0b\n\x03\x65\x63\x63\x18\t \x03(\t*l\n\nDeviceKind\x12\x1b\n\x17\x44\x45VICE_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x45VICE_KIND_NPU\x10\x01\x12\x13\n\x0f\x44\x45VICE_KIND_CPU\x10\x02\x12\x17\n\x13\x44\x45VICE_KIND_MEMPOOL\x10\x03\x32\xfa\x05\n\x06\x44\x65vice\x12\x39\n\x07GetInfo\x12\x18.cmemu.v1.GetInfoRequest\x1a\x14.cmemu.v1.DeviceInfo\x12\x42\n\x0cGetTelemetry\x12\x1d.cmemu.v1.GetTelemetryRequest\x1a\x13.cmemu.v1.Telemetry\x12\x43\n\x0e\x41llocateRegion\x12\x1f.cmemu.v1.AllocateRegionRequest\x1a\x10.cmemu.v1.Region\x12G\n\nFreeRegion\x12\x1b.cmemu.v1.FreeRegionRequest\x1a\x1c.cmemu.v1.FreeRegionResponse\x12J\n\x0bListRegions\x12\x1c.cmemu.v1.ListRegionsRequest\x1a\x1d.cmemu.v1.ListRegionsResponse\x12\x45\n\rGetFaultState\x12\x1e.cmemu.v1.GetFaultStateRequest\x1a\x14.cmemu.v1.FaultState\x12;\n\rSetFaultState\x12\x14.cmemu.v1.FaultState\x1a\x14.cmemu.v1.FaultState\x12\x39\n\x0bInjectFault\x12\x14.cmemu.v1.FaultState\x1a\x14.cmemu.v1.FaultState\x12\x45\n\nClearFault\x12!.cmemu.v1.ClearDeviceFaultRequest\x1a\x14.cmemu.v1.FaultState\x12J\n\nListFaults\x12!.cmemu.v1.ListDeviceFaultsRequest\x1a\x19.cmemu.v1.DeviceFaultList\x12\x45\n\rWatchLiveness\x12\x1e.cmemu.v1.WatchLivenessRequest\x1a\x12.cmemu.v1.Liveness0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,54 +34,50 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NPUHARDWARE_PEAKTFLOPSPERDIEENTRY']._loaded_options = None
   _globals['_NPUHARDWARE_PEAKTFLOPSPERDIEENTRY']._serialized_options = b'8\001'
-  _globals['_FAULTSTATE_PARAMSENTRY']._loaded_options = None
-  _globals['_FAULTSTATE_PARAMSENTRY']._serialized_options = b'8\001'
-  _globals['_DEVICEKIND']._serialized_start=2525
-  _globals['_DEVICEKIND']._serialized_end=2633
-  _globals['_NPUHARDWARE']._serialized_start=36
-  _globals['_NPUHARDWARE']._serialized_end=405
-  _globals['_NPUHARDWARE_PEAKTFLOPSPERDIEENTRY']._serialized_start=350
-  _globals['_NPUHARDWARE_PEAKTFLOPSPERDIEENTRY']._serialized_end=405
-  _globals['_CPUHARDWARE']._serialized_start=407
-  _globals['_CPUHARDWARE']._serialized_end=525
-  _globals['_MEMPOOLHARDWARE']._serialized_start=527
-  _globals['_MEMPOOLHARDWARE']._serialized_end=589
-  _globals['_DEVICEINFO']._serialized_start=592
-  _globals['_DEVICEINFO']._serialized_end=871
-  _globals['_TELEMETRY']._serialized_start=874
-  _globals['_TELEMETRY']._serialized_end=1378
-  _globals['_REGION']._serialized_start=1380
-  _globals['_REGION']._serialized_end=1465
-  _globals['_GETINFOREQUEST']._serialized_start=1467
-  _globals['_GETINFOREQUEST']._serialized_end=1483
-  _globals['_GETTELEMETRYREQUEST']._serialized_start=1485
-  _globals['_GETTELEMETRYREQUEST']._serialized_end=1506
-  _globals['_ALLOCATEREGIONREQUEST']._serialized_start=1508
-  _globals['_ALLOCATEREGIONREQUEST']._serialized_end=1560
-  _globals['_FREEREGIONREQUEST']._serialized_start=1562
-  _globals['_FREEREGIONREQUEST']._serialized_end=1600
-  _globals['_FREEREGIONRESPONSE']._serialized_start=1602
-  _globals['_FREEREGIONRESPONSE']._serialized_end=1643
-  _globals['_LISTREGIONSREQUEST']._serialized_start=1645
-  _globals['_LISTREGIONSREQUEST']._serialized_end=1704
-  _globals['_LISTREGIONSRESPONSE']._serialized_start=1707
-  _globals['_LISTREGIONSRESPONSE']._serialized_end=1902
-  _globals['_FAULTSTATE']._serialized_start=1905
-  _globals['_FAULTSTATE']._serialized_end=2128
-  _globals['_FAULTSTATE_PARAMSENTRY']._serialized_start=2083
-  _globals['_FAULTSTATE_PARAMSENTRY']._serialized_end=2128
-  _globals['_CLEARDEVICEFAULTREQUEST']._serialized_start=2130
-  _globals['_CLEARDEVICEFAULTREQUEST']._serialized_end=2185
-  _globals['_LISTDEVICEFAULTSREQUEST']._serialized_start=2187
-  _globals['_LISTDEVICEFAULTSREQUEST']._serialized_end=2229
-  _globals['_DEVICEFAULTLIST']._serialized_start=2231
-  _globals['_DEVICEFAULTLIST']._serialized_end=2302
-  _globals['_GETFAULTSTATEREQUEST']._serialized_start=2304
-  _globals['_GETFAULTSTATEREQUEST']._serialized_end=2326
-  _globals['_WATCHLIVENESSREQUEST']._serialized_start=2328
-  _globals['_WATCHLIVENESSREQUEST']._serialized_end=2350
-  _globals['_LIVENESS']._serialized_start=2353
-  _globals['_LIVENESS']._serialized_end=2523
-  _globals['_DEVICE']._serialized_start=2636
-  _globals['_DEVICE']._serialized_end=3398
+  _globals['_DEVICEKIND']._serialized_start=3121
+  _globals['_DEVICEKIND']._serialized_end=3229
+  _globals['_NPUHARDWARE']._serialized_start=64
+  _globals['_NPUHARDWARE']._serialized_end=433
+  _globals['_NPUHARDWARE_PEAKTFLOPSPERDIEENTRY']._serialized_start=378
+  _globals['_NPUHARDWARE_PEAKTFLOPSPERDIEENTRY']._serialized_end=433
+  _globals['_CPUHARDWARE']._serialized_start=435
+  _globals['_CPUHARDWARE']._serialized_end=553
+  _globals['_MEMPOOLHARDWARE']._serialized_start=555
+  _globals['_MEMPOOLHARDWARE']._serialized_end=617
+  _globals['_DEVICEINFO']._serialized_start=620
+  _globals['_DEVICEINFO']._serialized_end=899
+  _globals['_TELEMETRY']._serialized_start=902
+  _globals['_TELEMETRY']._serialized_end=1406
+  _globals['_REGION']._serialized_start=1408
+  _globals['_REGION']._serialized_end=1493
+  _globals['_GETINFOREQUEST']._serialized_start=1495
+  _globals['_GETINFOREQUEST']._serialized_end=1511
+  _globals['_GETTELEMETRYREQUEST']._serialized_start=1513
+  _globals['_GETTELEMETRYREQUEST']._serialized_end=1534
+  _globals['_ALLOCATEREGIONREQUEST']._serialized_start=1536
+  _globals['_ALLOCATEREGIONREQUEST']._serialized_end=1588
+  _globals['_FREEREGIONREQUEST']._serialized_start=1590
+  _globals['_FREEREGIONREQUEST']._serialized_end=1628
+  _globals['_FREEREGIONRESPONSE']._serialized_start=1630
+  _globals['_FREEREGIONRESPONSE']._serialized_end=1671
+  _globals['_LISTREGIONSREQUEST']._serialized_start=1673
+  _globals['_LISTREGIONSREQUEST']._serialized_end=1732
+  _globals['_LISTREGIONSRESPONSE']._serialized_start=1735
+  _globals['_LISTREGIONSRESPONSE']._serialized_end=1930
+  _globals['_FAULTSTATE']._serialized_start=1933
+  _globals['_FAULTSTATE']._serialized_end=2724
+  _globals['_CLEARDEVICEFAULTREQUEST']._serialized_start=2726
+  _globals['_CLEARDEVICEFAULTREQUEST']._serialized_end=2781
+  _globals['_LISTDEVICEFAULTSREQUEST']._serialized_start=2783
+  _globals['_LISTDEVICEFAULTSREQUEST']._serialized_end=2825
+  _globals['_DEVICEFAULTLIST']._serialized_start=2827
+  _globals['_DEVICEFAULTLIST']._serialized_end=2898
+  _globals['_GETFAULTSTATEREQUEST']._serialized_start=2900
+  _globals['_GETFAULTSTATEREQUEST']._serialized_end=2922
+  _globals['_WATCHLIVENESSREQUEST']._serialized_start=2924
+  _globals['_WATCHLIVENESSREQUEST']._serialized_end=2946
+  _globals['_LIVENESS']._serialized_start=2949
+  _globals['_LIVENESS']._serialized_end=3119
+  _globals['_DEVICE']._serialized_start=3232
+  _globals['_DEVICE']._serialized_end=3994
 # @@protoc_insertion_point(module_scope)

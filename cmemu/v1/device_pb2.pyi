@@ -14,6 +14,7 @@ Units, the same in every file of cmemu.v1:
 - Sizes are bytes (`size`, `bytes`, `*_bytes`); bandwidths are decimal GB/s (`*_gb_s`).
 """
 
+from cmemu.v1 import faultparams_pb2 as _faultparams_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -520,34 +521,27 @@ Global___ListRegionsResponse: _TypeAlias = ListRegionsResponse  # noqa: Y015
 class FaultState(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    @_typing.final
-    class ParamsEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.str
-        def __init__(
-            self,
-            *,
-            key: _builtins.str = ...,
-            value: _builtins.str = ...,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
-
     FAULTED_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     SINCE_NS_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
-    PARAMS_FIELD_NUMBER: _builtins.int
     FOR_S_FIELD_NUMBER: _builtins.int
     UNTIL_NS_FIELD_NUMBER: _builtins.int
     DEVICE_FIELD_NUMBER: _builtins.int
+    DEVICE_DOWN_FIELD_NUMBER: _builtins.int
+    BROKER_OUTAGE_FIELD_NUMBER: _builtins.int
+    CRASH_FIELD_NUMBER: _builtins.int
+    HANG_FIELD_NUMBER: _builtins.int
+    SLOW_FIELD_NUMBER: _builtins.int
+    THERMAL_THROTTLE_FIELD_NUMBER: _builtins.int
+    INTERMITTENT_HANG_FIELD_NUMBER: _builtins.int
+    HBM_ECC_FIELD_NUMBER: _builtins.int
+    SDC_FIELD_NUMBER: _builtins.int
+    DIE_DOWN_FIELD_NUMBER: _builtins.int
+    POOL_LOSS_FIELD_NUMBER: _builtins.int
+    SERVICE_DOWN_FIELD_NUMBER: _builtins.int
+    SSD_LOSS_FIELD_NUMBER: _builtins.int
+    CLOCK_SKEW_FIELD_NUMBER: _builtins.int
     faulted: _builtins.bool
     reason: _builtins.str
     since_ns: _builtins.int
@@ -566,9 +560,33 @@ class FaultState(_message.Message):
     for it (its "BMC"), and bring it back when the fault clears.
     """
     @_builtins.property
-    def params(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """the kind's typed parameters, as text"""
-
+    def device_down(self) -> _faultparams_pb2.DeviceDownParams: ...
+    @_builtins.property
+    def broker_outage(self) -> _faultparams_pb2.NoParams: ...
+    @_builtins.property
+    def crash(self) -> _faultparams_pb2.CrashParams: ...
+    @_builtins.property
+    def hang(self) -> _faultparams_pb2.NoParams: ...
+    @_builtins.property
+    def slow(self) -> _faultparams_pb2.SlowParams: ...
+    @_builtins.property
+    def thermal_throttle(self) -> _faultparams_pb2.ThermalThrottleParams: ...
+    @_builtins.property
+    def intermittent_hang(self) -> _faultparams_pb2.IntermittentHangParams: ...
+    @_builtins.property
+    def hbm_ecc(self) -> _faultparams_pb2.HbmEccParams: ...
+    @_builtins.property
+    def sdc(self) -> _faultparams_pb2.SdcParams: ...
+    @_builtins.property
+    def die_down(self) -> _faultparams_pb2.DieDownParams: ...
+    @_builtins.property
+    def pool_loss(self) -> _faultparams_pb2.NoParams: ...
+    @_builtins.property
+    def service_down(self) -> _faultparams_pb2.ServiceDownParams: ...
+    @_builtins.property
+    def ssd_loss(self) -> _faultparams_pb2.NoParams: ...
+    @_builtins.property
+    def clock_skew(self) -> _faultparams_pb2.ClockSkewParams: ...
     def __init__(
         self,
         *,
@@ -576,16 +594,31 @@ class FaultState(_message.Message):
         reason: _builtins.str = ...,
         since_ns: _builtins.int = ...,
         kind: _builtins.str = ...,
-        params: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         for_s: _builtins.float = ...,
         until_ns: _builtins.int = ...,
         device: _builtins.str = ...,
+        device_down: _faultparams_pb2.DeviceDownParams | None = ...,
+        broker_outage: _faultparams_pb2.NoParams | None = ...,
+        crash: _faultparams_pb2.CrashParams | None = ...,
+        hang: _faultparams_pb2.NoParams | None = ...,
+        slow: _faultparams_pb2.SlowParams | None = ...,
+        thermal_throttle: _faultparams_pb2.ThermalThrottleParams | None = ...,
+        intermittent_hang: _faultparams_pb2.IntermittentHangParams | None = ...,
+        hbm_ecc: _faultparams_pb2.HbmEccParams | None = ...,
+        sdc: _faultparams_pb2.SdcParams | None = ...,
+        die_down: _faultparams_pb2.DieDownParams | None = ...,
+        pool_loss: _faultparams_pb2.NoParams | None = ...,
+        service_down: _faultparams_pb2.ServiceDownParams | None = ...,
+        ssd_loss: _faultparams_pb2.NoParams | None = ...,
+        clock_skew: _faultparams_pb2.ClockSkewParams | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["broker_outage", b"broker_outage", "clock_skew", b"clock_skew", "crash", b"crash", "device_down", b"device_down", "die_down", b"die_down", "hang", b"hang", "hbm_ecc", b"hbm_ecc", "intermittent_hang", b"intermittent_hang", "params", b"params", "pool_loss", b"pool_loss", "sdc", b"sdc", "service_down", b"service_down", "slow", b"slow", "ssd_loss", b"ssd_loss", "thermal_throttle", b"thermal_throttle"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "faulted", b"faulted", "for_s", b"for_s", "kind", b"kind", "params", b"params", "reason", b"reason", "since_ns", b"since_ns", "until_ns", b"until_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_outage", b"broker_outage", "clock_skew", b"clock_skew", "crash", b"crash", "device", b"device", "device_down", b"device_down", "die_down", b"die_down", "faulted", b"faulted", "for_s", b"for_s", "hang", b"hang", "hbm_ecc", b"hbm_ecc", "intermittent_hang", b"intermittent_hang", "kind", b"kind", "params", b"params", "pool_loss", b"pool_loss", "reason", b"reason", "sdc", b"sdc", "service_down", b"service_down", "since_ns", b"since_ns", "slow", b"slow", "ssd_loss", b"ssd_loss", "thermal_throttle", b"thermal_throttle", "until_ns", b"until_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_params: _TypeAlias = _typing.Literal["device_down", "broker_outage", "crash", "hang", "slow", "thermal_throttle", "intermittent_hang", "hbm_ecc", "sdc", "die_down", "pool_loss", "service_down", "ssd_loss", "clock_skew"]  # noqa: Y015
+    _WhichOneofArgType_params: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_params) -> _WhichOneofReturnType_params | None: ...
 
 Global___FaultState: _TypeAlias = FaultState  # noqa: Y015
 

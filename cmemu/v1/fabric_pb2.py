@@ -22,58 +22,59 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from cmemu.v1 import faultparams_pb2 as cmemu_dot_v1_dot_faultparams__pb2
 from cmemu.v1 import ub_pb2 as cmemu_dot_v1_dot_ub__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63memu/v1/fabric.proto\x12\x08\x63memu.v1\x1a\x11\x63memu/v1/ub.proto\"\xe5\x01\n\x11\x43ollectiveRequest\x12\"\n\x02op\x18\x01 \x01(\x0e\x32\x16.cmemu.v1.CollectiveOp\x12\r\n\x05ranks\x18\x02 \x03(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x62ytes_per_pair\x18\x04 \x01(\x04\x12\x12\n\npair_bytes\x18\x05 \x03(\x04\x12\x0c\n\x04root\x18\x06 \x01(\r\x12\x17\n\x0ftokens_per_rank\x18\x07 \x01(\r\x12\r\n\x05top_k\x18\x08 \x01(\r\x12\x17\n\x0f\x62ytes_per_token\x18\t \x01(\x04\x12\x13\n\x0b\x66low_detail\x18\n \x01(\x08\"X\n\nFlowTiming\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x13\n\x0b\x63omplete_ns\x18\x04 \x01(\x03\x12\x0c\n\x04gb_s\x18\x05 \x01(\x01\"\xa6\x02\n\x10\x43ollectiveResult\x12\"\n\x02op\x18\x01 \x01(\x0e\x32\x16.cmemu.v1.CollectiveOp\x12\r\n\x05ranks\x18\x02 \x01(\r\x12\x0e\n\x06phases\x18\x03 \x01(\r\x12\r\n\x05\x66lows\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x10\n\x08issue_ns\x18\x06 \x01(\x03\x12\x13\n\x0b\x63omplete_ns\x18\x07 \x01(\x03\x12\x13\n\x0b\x64uration_ns\x18\x08 \x01(\x03\x12\x13\n\x0boverhead_ns\x18\t \x01(\x03\x12\x17\n\x0fwall_compute_ms\x18\n \x01(\x01\x12*\n\x0c\x66low_timings\x18\x0b \x03(\x0b\x32\x14.cmemu.v1.FlowTiming\x12\x15\n\rcompute_share\x18\x0c \x01(\x01\"A\n\x1dListCollectiveArrivalsRequest\x12\x11\n\tafter_seq\x18\x01 \x01(\x04\x12\r\n\x05limit\x18\x02 \x01(\r\"w\n\x11\x43ollectiveArrival\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\"\n\x02op\x18\x02 \x01(\x0e\x32\x16.cmemu.v1.CollectiveOp\x12\x10\n\x08issue_ns\x18\x03 \x01(\x03\x12\r\n\x05ranks\x18\x04 \x03(\t\x12\x10\n\x08ready_ns\x18\x05 \x03(\x03\"f\n\x12\x43ollectiveArrivals\x12-\n\x08\x61rrivals\x18\x01 \x03(\x0b\x32\x1b.cmemu.v1.CollectiveArrival\x12\x10\n\x08last_seq\x18\x02 \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x04\"\x88\x02\n\x0b\x46\x61\x62ricFault\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61\x63tor\x18\x04 \x01(\x01\x12\x18\n\x10\x61\x64\x64\x65\x64_latency_us\x18\x05 \x01(\x01\x12\x0e\n\x06side_a\x18\x06 \x03(\t\x12\x0e\n\x06side_b\x18\x07 \x03(\t\x12\x10\n\x08period_s\x18\x08 \x01(\x01\x12\x0c\n\x04\x64uty\x18\t \x01(\x01\x12\r\n\x05\x66or_s\x18\n \x01(\x01\x12\x10\n\x08since_ns\x18\x0b \x01(\x03\x12\x10\n\x08until_ns\x18\x0c \x01(\x03\x12\x11\n\tloss_rate\x18\r \x01(\x01\x12\x0e\n\x06module\x18\x0e \x01(\r\x12\x0f\n\x07one_way\x18\x0f \x01(\x08\",\n\x11\x43learFaultRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03\x61ll\x18\x02 \x01(\x08\"\x13\n\x11ListFaultsRequest\"2\n\tFaultList\x12%\n\x06\x66\x61ults\x18\x01 \x03(\x0b\x32\x15.cmemu.v1.FabricFault\"\x1f\n\x10LinkStatsRequest\x12\x0b\n\x03top\x18\x01 \x01(\r\"\x83\x01\n\x08LinkStat\x12\x0c\n\x04link\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x15\n\rcapacity_gb_s\x18\x03 \x01(\x01\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x13\n\x0butilization\x18\x05 \x01(\x01\x12\x14\n\x0c\x61\x63tive_flows\x18\x06 \x01(\r\x12\n\n\x02up\x18\x07 \x01(\x08\"r\n\tLinkStats\x12\x13\n\x0b\x65mulated_ns\x18\x01 \x01(\x03\x12!\n\x05links\x18\x02 \x03(\x0b\x32\x12.cmemu.v1.LinkStat\x12\x14\n\x0c\x61\x63tive_flows\x18\x03 \x01(\x04\x12\x17\n\x0f\x63ompleted_flows\x18\x04 \x01(\x04\"9\n\x15WatchLinkStatsRequest\x12\x0b\n\x03top\x18\x01 \x01(\r\x12\x13\n\x0binterval_ms\x18\x02 \x01(\r\"(\n\x0cRouteRequest\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\"a\n\tRouteInfo\x12\x0c\n\x04path\x18\x01 \x03(\t\x12\x0e\n\x06planes\x18\x02 \x01(\r\x12\x10\n\x08max_gb_s\x18\x04 \x01(\x01\x12\x12\n\nlatency_ns\x18\x05 \x01(\x03J\x04\x08\x03\x10\x04R\nlatency_us\"\x11\n\x0fGetClockRequest\"\x82\x02\n\tClockInfo\x12\x14\n\x0c\x65poch_wall_s\x18\x01 \x01(\x01\x12\x12\n\ntime_scale\x18\x02 \x01(\x01\x12\x13\n\x0b\x65mulated_ns\x18\x03 \x01(\x03\x12\x0c\n\x04rate\x18\x04 \x01(\x01\x12\x16\n\x0e\x61\x63hieved_scale\x18\x05 \x01(\x01\x12\x17\n\x0flongest_stall_s\x18\x06 \x01(\x01\x12\x11\n\tstalled_s\x18\x07 \x01(\x01\x12\x0f\n\x07slowest\x18\x08 \x01(\t\x12\x13\n\x0bworst_lag_s\x18\t \x01(\x01\x12\x1c\n\x14worst_lag_emulated_s\x18\n \x01(\x01\x12\x0e\n\x06silent\x18\x0b \x03(\t\x12\x10\n\x08\x64ilation\x18\x0c \x01(\x08\"\x83\x01\n\x0c\x43lockSegment\x12\x0e\n\x06wall_s\x18\x01 \x01(\x01\x12\x13\n\x0b\x65mulated_ns\x18\x02 \x01(\x03\x12\x0c\n\x04rate\x18\x03 \x01(\x01\x12\x16\n\x0ehorizon_wall_s\x18\x04 \x01(\x01\x12\x12\n\ntime_scale\x18\x05 \x01(\x01\x12\x14\n\x0c\x65poch_wall_s\x18\x06 \x01(\x01\";\n\x0b\x43lockReport\x12\x0f\n\x07process\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\r\n\x05lag_s\x18\x03 \x01(\x01*\x85\x02\n\x0c\x43ollectiveOp\x12\x1d\n\x19\x43OLLECTIVE_OP_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_TO_ALL\x10\x01\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_GATHER\x10\x02\x12 \n\x1c\x43OLLECTIVE_OP_REDUCE_SCATTER\x10\x03\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_REDUCE\x10\x04\x12\x1b\n\x17\x43OLLECTIVE_OP_BROADCAST\x10\x05\x12\x1e\n\x1a\x43OLLECTIVE_OP_MOE_DISPATCH\x10\x06\x12\x1d\n\x19\x43OLLECTIVE_OP_MOE_COMBINE\x10\x07\x32\xe7\x05\n\x06\x46\x61\x62ric\x12;\n\x08Transfer\x12\x17.cmemu.v1.UbTransaction\x1a\x16.cmemu.v1.UbCompletion\x12\x45\n\nCollective\x12\x1b.cmemu.v1.CollectiveRequest\x1a\x1a.cmemu.v1.CollectiveResult\x12_\n\x16ListCollectiveArrivals\x12\'.cmemu.v1.ListCollectiveArrivalsRequest\x1a\x1c.cmemu.v1.CollectiveArrivals\x12\x34\n\x05Route\x12\x16.cmemu.v1.RouteRequest\x1a\x13.cmemu.v1.RouteInfo\x12;\n\x0bInjectFault\x12\x15.cmemu.v1.FabricFault\x1a\x15.cmemu.v1.FabricFault\x12>\n\nClearFault\x12\x1b.cmemu.v1.ClearFaultRequest\x1a\x13.cmemu.v1.FaultList\x12>\n\nListFaults\x12\x1b.cmemu.v1.ListFaultsRequest\x1a\x13.cmemu.v1.FaultList\x12?\n\x0cGetLinkStats\x12\x1a.cmemu.v1.LinkStatsRequest\x1a\x13.cmemu.v1.LinkStats\x12H\n\x0eWatchLinkStats\x12\x1f.cmemu.v1.WatchLinkStatsRequest\x1a\x13.cmemu.v1.LinkStats0\x01\x12:\n\x08GetClock\x12\x19.cmemu.v1.GetClockRequest\x1a\x13.cmemu.v1.ClockInfo\x12>\n\tSyncClock\x12\x15.cmemu.v1.ClockReport\x1a\x16.cmemu.v1.ClockSegment(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63memu/v1/fabric.proto\x12\x08\x63memu.v1\x1a\x1a\x63memu/v1/faultparams.proto\x1a\x11\x63memu/v1/ub.proto\"\xe5\x01\n\x11\x43ollectiveRequest\x12\"\n\x02op\x18\x01 \x01(\x0e\x32\x16.cmemu.v1.CollectiveOp\x12\r\n\x05ranks\x18\x02 \x03(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x62ytes_per_pair\x18\x04 \x01(\x04\x12\x12\n\npair_bytes\x18\x05 \x03(\x04\x12\x0c\n\x04root\x18\x06 \x01(\r\x12\x17\n\x0ftokens_per_rank\x18\x07 \x01(\r\x12\r\n\x05top_k\x18\x08 \x01(\r\x12\x17\n\x0f\x62ytes_per_token\x18\t \x01(\x04\x12\x13\n\x0b\x66low_detail\x18\n \x01(\x08\"X\n\nFlowTiming\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x13\n\x0b\x63omplete_ns\x18\x04 \x01(\x03\x12\x0c\n\x04gb_s\x18\x05 \x01(\x01\"\xa6\x02\n\x10\x43ollectiveResult\x12\"\n\x02op\x18\x01 \x01(\x0e\x32\x16.cmemu.v1.CollectiveOp\x12\r\n\x05ranks\x18\x02 \x01(\r\x12\x0e\n\x06phases\x18\x03 \x01(\r\x12\r\n\x05\x66lows\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x10\n\x08issue_ns\x18\x06 \x01(\x03\x12\x13\n\x0b\x63omplete_ns\x18\x07 \x01(\x03\x12\x13\n\x0b\x64uration_ns\x18\x08 \x01(\x03\x12\x13\n\x0boverhead_ns\x18\t \x01(\x03\x12\x17\n\x0fwall_compute_ms\x18\n \x01(\x01\x12*\n\x0c\x66low_timings\x18\x0b \x03(\x0b\x32\x14.cmemu.v1.FlowTiming\x12\x15\n\rcompute_share\x18\x0c \x01(\x01\"A\n\x1dListCollectiveArrivalsRequest\x12\x11\n\tafter_seq\x18\x01 \x01(\x04\x12\r\n\x05limit\x18\x02 \x01(\r\"w\n\x11\x43ollectiveArrival\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\"\n\x02op\x18\x02 \x01(\x0e\x32\x16.cmemu.v1.CollectiveOp\x12\x10\n\x08issue_ns\x18\x03 \x01(\x03\x12\r\n\x05ranks\x18\x04 \x03(\t\x12\x10\n\x08ready_ns\x18\x05 \x03(\x03\"f\n\x12\x43ollectiveArrivals\x12-\n\x08\x61rrivals\x18\x01 \x03(\x0b\x32\x1b.cmemu.v1.CollectiveArrival\x12\x10\n\x08last_seq\x18\x02 \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x04\"\xe9\x06\n\x0b\x46\x61\x62ricFault\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\r\n\x05\x66or_s\x18\n \x01(\x01\x12\x10\n\x08since_ns\x18\x0b \x01(\x03\x12\x10\n\x08until_ns\x18\x0c \x01(\x03\x12\'\n\tlink_down\x18\x14 \x01(\x0b\x32\x12.cmemu.v1.NoParamsH\x00\x12\x35\n\rlink_degraded\x18\x15 \x01(\x0b\x32\x1c.cmemu.v1.LinkDegradedParamsH\x00\x12\x33\n\x0clink_latency\x18\x16 \x01(\x0b\x32\x1b.cmemu.v1.LinkLatencyParamsH\x00\x12)\n\x0bswitch_down\x18\x17 \x01(\x0b\x32\x12.cmemu.v1.NoParamsH\x00\x12.\n\tpartition\x18\x18 \x01(\x0b\x32\x19.cmemu.v1.PartitionParamsH\x00\x12-\n\tlink_flap\x18\x19 \x01(\x0b\x32\x18.cmemu.v1.LinkFlapParamsH\x00\x12-\n\tlink_loss\x18\x1a \x01(\x0b\x32\x18.cmemu.v1.LinkLossParamsH\x00\x12\x37\n\x0eoptical_module\x18\x1b \x01(\x0b\x32\x1d.cmemu.v1.OpticalModuleParamsH\x00\x12&\n\x08l1_board\x18\x1c \x01(\x0b\x32\x12.cmemu.v1.NoParamsH\x00\x12\x37\n\x0eports_degraded\x18\x1d \x01(\x0b\x32\x1d.cmemu.v1.PortsDegradedParamsH\x00\x12\'\n\trank_down\x18\x1e \x01(\x0b\x32\x12.cmemu.v1.NoParamsH\x00\x12\'\n\trank_hung\x18\x1f \x01(\x0b\x32\x12.cmemu.v1.NoParamsH\x00\x12-\n\trank_slow\x18  \x01(\x0b\x32\x18.cmemu.v1.RankSlowParamsH\x00\x42\x08\n\x06paramsJ\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tJ\x04\x08\t\x10\nJ\x04\x08\r\x10\x0eJ\x04\x08\x0e\x10\x0fJ\x04\x08\x0f\x10\x10R\x06\x66\x61\x63torR\x10\x61\x64\x64\x65\x64_latency_usR\x06side_aR\x06side_bR\x08period_sR\x04\x64utyR\tloss_rateR\x06moduleR\x07one_way\",\n\x11\x43learFaultRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03\x61ll\x18\x02 \x01(\x08\"\x13\n\x11ListFaultsRequest\"2\n\tFaultList\x12%\n\x06\x66\x61ults\x18\x01 \x03(\x0b\x32\x15.cmemu.v1.FabricFault\"\x1f\n\x10LinkStatsRequest\x12\x0b\n\x03top\x18\x01 \x01(\r\"\x83\x01\n\x08LinkStat\x12\x0c\n\x04link\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x15\n\rcapacity_gb_s\x18\x03 \x01(\x01\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x13\n\x0butilization\x18\x05 \x01(\x01\x12\x14\n\x0c\x61\x63tive_flows\x18\x06 \x01(\r\x12\n\n\x02up\x18\x07 \x01(\x08\"r\n\tLinkStats\x12\x13\n\x0b\x65mulated_ns\x18\x01 \x01(\x03\x12!\n\x05links\x18\x02 \x03(\x0b\x32\x12.cmemu.v1.LinkStat\x12\x14\n\x0c\x61\x63tive_flows\x18\x03 \x01(\x04\x12\x17\n\x0f\x63ompleted_flows\x18\x04 \x01(\x04\"9\n\x15WatchLinkStatsRequest\x12\x0b\n\x03top\x18\x01 \x01(\r\x12\x13\n\x0binterval_ms\x18\x02 \x01(\r\"(\n\x0cRouteRequest\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\"a\n\tRouteInfo\x12\x0c\n\x04path\x18\x01 \x03(\t\x12\x0e\n\x06planes\x18\x02 \x01(\r\x12\x10\n\x08max_gb_s\x18\x04 \x01(\x01\x12\x12\n\nlatency_ns\x18\x05 \x01(\x03J\x04\x08\x03\x10\x04R\nlatency_us\"\x11\n\x0fGetClockRequest\"\x82\x02\n\tClockInfo\x12\x14\n\x0c\x65poch_wall_s\x18\x01 \x01(\x01\x12\x12\n\ntime_scale\x18\x02 \x01(\x01\x12\x13\n\x0b\x65mulated_ns\x18\x03 \x01(\x03\x12\x0c\n\x04rate\x18\x04 \x01(\x01\x12\x16\n\x0e\x61\x63hieved_scale\x18\x05 \x01(\x01\x12\x17\n\x0flongest_stall_s\x18\x06 \x01(\x01\x12\x11\n\tstalled_s\x18\x07 \x01(\x01\x12\x0f\n\x07slowest\x18\x08 \x01(\t\x12\x13\n\x0bworst_lag_s\x18\t \x01(\x01\x12\x1c\n\x14worst_lag_emulated_s\x18\n \x01(\x01\x12\x0e\n\x06silent\x18\x0b \x03(\t\x12\x10\n\x08\x64ilation\x18\x0c \x01(\x08\"\x83\x01\n\x0c\x43lockSegment\x12\x0e\n\x06wall_s\x18\x01 \x01(\x01\x12\x13\n\x0b\x65mulated_ns\x18\x02 \x01(\x03\x12\x0c\n\x04rate\x18\x03 \x01(\x01\x12\x16\n\x0ehorizon_wall_s\x18\x04 \x01(\x01\x12\x12\n\ntime_scale\x18\x05 \x01(\x01\x12\x14\n\x0c\x65poch_wall_s\x18\x06 \x01(\x01\";\n\x0b\x43lockReport\x12\x0f\n\x07process\x18\x01 \x01(\t\x12\x0c\n\x04rate\x18\x02 \x01(\x01\x12\r\n\x05lag_s\x18\x03 \x01(\x01*\x85\x02\n\x0c\x43ollectiveOp\x12\x1d\n\x19\x43OLLECTIVE_OP_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_TO_ALL\x10\x01\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_GATHER\x10\x02\x12 \n\x1c\x43OLLECTIVE_OP_REDUCE_SCATTER\x10\x03\x12\x1c\n\x18\x43OLLECTIVE_OP_ALL_REDUCE\x10\x04\x12\x1b\n\x17\x43OLLECTIVE_OP_BROADCAST\x10\x05\x12\x1e\n\x1a\x43OLLECTIVE_OP_MOE_DISPATCH\x10\x06\x12\x1d\n\x19\x43OLLECTIVE_OP_MOE_COMBINE\x10\x07\x32\xe7\x05\n\x06\x46\x61\x62ric\x12;\n\x08Transfer\x12\x17.cmemu.v1.UbTransaction\x1a\x16.cmemu.v1.UbCompletion\x12\x45\n\nCollective\x12\x1b.cmemu.v1.CollectiveRequest\x1a\x1a.cmemu.v1.CollectiveResult\x12_\n\x16ListCollectiveArrivals\x12\'.cmemu.v1.ListCollectiveArrivalsRequest\x1a\x1c.cmemu.v1.CollectiveArrivals\x12\x34\n\x05Route\x12\x16.cmemu.v1.RouteRequest\x1a\x13.cmemu.v1.RouteInfo\x12;\n\x0bInjectFault\x12\x15.cmemu.v1.FabricFault\x1a\x15.cmemu.v1.FabricFault\x12>\n\nClearFault\x12\x1b.cmemu.v1.ClearFaultRequest\x1a\x13.cmemu.v1.FaultList\x12>\n\nListFaults\x12\x1b.cmemu.v1.ListFaultsRequest\x1a\x13.cmemu.v1.FaultList\x12?\n\x0cGetLinkStats\x12\x1a.cmemu.v1.LinkStatsRequest\x1a\x13.cmemu.v1.LinkStats\x12H\n\x0eWatchLinkStats\x12\x1f.cmemu.v1.WatchLinkStatsRequest\x1a\x13.cmemu.v1.LinkStats0\x01\x12:\n\x08GetClock\x12\x19.cmemu.v1.GetClockRequest\x1a\x13.cmemu.v1.ClockInfo\x12>\n\tSyncClock\x12\x15.cmemu.v1.ClockReport\x1a\x16.cmemu.v1.ClockSegment(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cmemu.v1.fabric_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COLLECTIVEOP']._serialized_start=2310
-  _globals['_COLLECTIVEOP']._serialized_end=2571
-  _globals['_COLLECTIVEREQUEST']._serialized_start=55
-  _globals['_COLLECTIVEREQUEST']._serialized_end=284
-  _globals['_FLOWTIMING']._serialized_start=286
-  _globals['_FLOWTIMING']._serialized_end=374
-  _globals['_COLLECTIVERESULT']._serialized_start=377
-  _globals['_COLLECTIVERESULT']._serialized_end=671
-  _globals['_LISTCOLLECTIVEARRIVALSREQUEST']._serialized_start=673
-  _globals['_LISTCOLLECTIVEARRIVALSREQUEST']._serialized_end=738
-  _globals['_COLLECTIVEARRIVAL']._serialized_start=740
-  _globals['_COLLECTIVEARRIVAL']._serialized_end=859
-  _globals['_COLLECTIVEARRIVALS']._serialized_start=861
-  _globals['_COLLECTIVEARRIVALS']._serialized_end=963
-  _globals['_FABRICFAULT']._serialized_start=966
-  _globals['_FABRICFAULT']._serialized_end=1230
-  _globals['_CLEARFAULTREQUEST']._serialized_start=1232
-  _globals['_CLEARFAULTREQUEST']._serialized_end=1276
-  _globals['_LISTFAULTSREQUEST']._serialized_start=1278
-  _globals['_LISTFAULTSREQUEST']._serialized_end=1297
-  _globals['_FAULTLIST']._serialized_start=1299
-  _globals['_FAULTLIST']._serialized_end=1349
-  _globals['_LINKSTATSREQUEST']._serialized_start=1351
-  _globals['_LINKSTATSREQUEST']._serialized_end=1382
-  _globals['_LINKSTAT']._serialized_start=1385
-  _globals['_LINKSTAT']._serialized_end=1516
-  _globals['_LINKSTATS']._serialized_start=1518
-  _globals['_LINKSTATS']._serialized_end=1632
-  _globals['_WATCHLINKSTATSREQUEST']._serialized_start=1634
-  _globals['_WATCHLINKSTATSREQUEST']._serialized_end=1691
-  _globals['_ROUTEREQUEST']._serialized_start=1693
-  _globals['_ROUTEREQUEST']._serialized_end=1733
-  _globals['_ROUTEINFO']._serialized_start=1735
-  _globals['_ROUTEINFO']._serialized_end=1832
-  _globals['_GETCLOCKREQUEST']._serialized_start=1834
-  _globals['_GETCLOCKREQUEST']._serialized_end=1851
-  _globals['_CLOCKINFO']._serialized_start=1854
-  _globals['_CLOCKINFO']._serialized_end=2112
-  _globals['_CLOCKSEGMENT']._serialized_start=2115
-  _globals['_CLOCKSEGMENT']._serialized_end=2246
-  _globals['_CLOCKREPORT']._serialized_start=2248
-  _globals['_CLOCKREPORT']._serialized_end=2307
-  _globals['_FABRIC']._serialized_start=2574
-  _globals['_FABRIC']._serialized_end=3317
+  _globals['_COLLECTIVEOP']._serialized_start=2947
+  _globals['_COLLECTIVEOP']._serialized_end=3208
+  _globals['_COLLECTIVEREQUEST']._serialized_start=83
+  _globals['_COLLECTIVEREQUEST']._serialized_end=312
+  _globals['_FLOWTIMING']._serialized_start=314
+  _globals['_FLOWTIMING']._serialized_end=402
+  _globals['_COLLECTIVERESULT']._serialized_start=405
+  _globals['_COLLECTIVERESULT']._serialized_end=699
+  _globals['_LISTCOLLECTIVEARRIVALSREQUEST']._serialized_start=701
+  _globals['_LISTCOLLECTIVEARRIVALSREQUEST']._serialized_end=766
+  _globals['_COLLECTIVEARRIVAL']._serialized_start=768
+  _globals['_COLLECTIVEARRIVAL']._serialized_end=887
+  _globals['_COLLECTIVEARRIVALS']._serialized_start=889
+  _globals['_COLLECTIVEARRIVALS']._serialized_end=991
+  _globals['_FABRICFAULT']._serialized_start=994
+  _globals['_FABRICFAULT']._serialized_end=1867
+  _globals['_CLEARFAULTREQUEST']._serialized_start=1869
+  _globals['_CLEARFAULTREQUEST']._serialized_end=1913
+  _globals['_LISTFAULTSREQUEST']._serialized_start=1915
+  _globals['_LISTFAULTSREQUEST']._serialized_end=1934
+  _globals['_FAULTLIST']._serialized_start=1936
+  _globals['_FAULTLIST']._serialized_end=1986
+  _globals['_LINKSTATSREQUEST']._serialized_start=1988
+  _globals['_LINKSTATSREQUEST']._serialized_end=2019
+  _globals['_LINKSTAT']._serialized_start=2022
+  _globals['_LINKSTAT']._serialized_end=2153
+  _globals['_LINKSTATS']._serialized_start=2155
+  _globals['_LINKSTATS']._serialized_end=2269
+  _globals['_WATCHLINKSTATSREQUEST']._serialized_start=2271
+  _globals['_WATCHLINKSTATSREQUEST']._serialized_end=2328
+  _globals['_ROUTEREQUEST']._serialized_start=2330
+  _globals['_ROUTEREQUEST']._serialized_end=2370
+  _globals['_ROUTEINFO']._serialized_start=2372
+  _globals['_ROUTEINFO']._serialized_end=2469
+  _globals['_GETCLOCKREQUEST']._serialized_start=2471
+  _globals['_GETCLOCKREQUEST']._serialized_end=2488
+  _globals['_CLOCKINFO']._serialized_start=2491
+  _globals['_CLOCKINFO']._serialized_end=2749
+  _globals['_CLOCKSEGMENT']._serialized_start=2752
+  _globals['_CLOCKSEGMENT']._serialized_end=2883
+  _globals['_CLOCKREPORT']._serialized_start=2885
+  _globals['_CLOCKREPORT']._serialized_end=2944
+  _globals['_FABRIC']._serialized_start=3211
+  _globals['_FABRIC']._serialized_end=3954
 # @@protoc_insertion_point(module_scope)

@@ -15,6 +15,7 @@ Units, the same in every file of cmemu.v1:
 - Sizes are bytes (`size`, `bytes`, `*_bytes`); bandwidths are decimal GB/s (`*_gb_s`).
 """
 
+from cmemu.v1 import faultparams_pb2 as _faultparams_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -316,80 +317,95 @@ class FabricFault(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     TARGET_FIELD_NUMBER: _builtins.int
-    FACTOR_FIELD_NUMBER: _builtins.int
-    ADDED_LATENCY_US_FIELD_NUMBER: _builtins.int
-    SIDE_A_FIELD_NUMBER: _builtins.int
-    SIDE_B_FIELD_NUMBER: _builtins.int
-    PERIOD_S_FIELD_NUMBER: _builtins.int
-    DUTY_FIELD_NUMBER: _builtins.int
     FOR_S_FIELD_NUMBER: _builtins.int
     SINCE_NS_FIELD_NUMBER: _builtins.int
     UNTIL_NS_FIELD_NUMBER: _builtins.int
-    LOSS_RATE_FIELD_NUMBER: _builtins.int
-    MODULE_FIELD_NUMBER: _builtins.int
-    ONE_WAY_FIELD_NUMBER: _builtins.int
+    LINK_DOWN_FIELD_NUMBER: _builtins.int
+    LINK_DEGRADED_FIELD_NUMBER: _builtins.int
+    LINK_LATENCY_FIELD_NUMBER: _builtins.int
+    SWITCH_DOWN_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LINK_FLAP_FIELD_NUMBER: _builtins.int
+    LINK_LOSS_FIELD_NUMBER: _builtins.int
+    OPTICAL_MODULE_FIELD_NUMBER: _builtins.int
+    L1_BOARD_FIELD_NUMBER: _builtins.int
+    PORTS_DEGRADED_FIELD_NUMBER: _builtins.int
+    RANK_DOWN_FIELD_NUMBER: _builtins.int
+    RANK_HUNG_FIELD_NUMBER: _builtins.int
+    RANK_SLOW_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """assigned by the fabric"""
     kind: _builtins.str
     """link-down, link-degraded, link-latency, switch-down, partition,"""
     target: _builtins.str
-    """link-flap, link-loss, optical-module, ports-degraded (a device's or die's UB ports: target),
-    rank-down, rank-hung, rank-slow (an NPU or die as a collective
-    rank: set by the device's own crash, hang, die-down, slow)
+    """link-flap, link-loss, optical-module, l1-board, ports-degraded (a
+    device's or die's UB ports: target), rank-down, rank-hung, rank-slow
+    (an NPU or die as a collective rank: set by the device's own crash,
+    hang, die-down, slow)
     a link "a~b" (see cmemu topology --json) or a switch id
     """
-    factor: _builtins.float
-    """link-degraded: remaining share of bandwidth, in (0, 1)"""
-    added_latency_us: _builtins.float
-    """link-latency: emulated microseconds added per crossing"""
-    period_s: _builtins.float
-    """link-flap: emulated seconds of one down+up cycle"""
-    duty: _builtins.float
-    """link-flap: share of each period the link is down, in (0, 1)"""
     for_s: _builtins.float
     """emulated seconds until the fabric clears it; 0 = until cleared"""
     since_ns: _builtins.int
     """emulated instant it was injected; set by the fabric"""
     until_ns: _builtins.int
     """emulated instant it clears itself; 0 = until cleared"""
-    loss_rate: _builtins.float
-    """link-loss: share of frames lost or failing CRC, in (0, 1)"""
-    module: _builtins.int
-    """optical-module: which uplink module of the L1 chip (target)"""
-    one_way: _builtins.bool
-    """partition: only side_a's frames to side_b are lost (asymmetric)"""
     @_builtins.property
-    def side_a(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """partition: device ids on one side"""
-
+    def link_down(self) -> _faultparams_pb2.NoParams: ...
     @_builtins.property
-    def side_b(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """partition: device ids on the other side"""
-
+    def link_degraded(self) -> _faultparams_pb2.LinkDegradedParams: ...
+    @_builtins.property
+    def link_latency(self) -> _faultparams_pb2.LinkLatencyParams: ...
+    @_builtins.property
+    def switch_down(self) -> _faultparams_pb2.NoParams: ...
+    @_builtins.property
+    def partition(self) -> _faultparams_pb2.PartitionParams: ...
+    @_builtins.property
+    def link_flap(self) -> _faultparams_pb2.LinkFlapParams: ...
+    @_builtins.property
+    def link_loss(self) -> _faultparams_pb2.LinkLossParams: ...
+    @_builtins.property
+    def optical_module(self) -> _faultparams_pb2.OpticalModuleParams: ...
+    @_builtins.property
+    def l1_board(self) -> _faultparams_pb2.NoParams: ...
+    @_builtins.property
+    def ports_degraded(self) -> _faultparams_pb2.PortsDegradedParams: ...
+    @_builtins.property
+    def rank_down(self) -> _faultparams_pb2.NoParams: ...
+    @_builtins.property
+    def rank_hung(self) -> _faultparams_pb2.NoParams: ...
+    @_builtins.property
+    def rank_slow(self) -> _faultparams_pb2.RankSlowParams: ...
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         kind: _builtins.str = ...,
         target: _builtins.str = ...,
-        factor: _builtins.float = ...,
-        added_latency_us: _builtins.float = ...,
-        side_a: _abc.Iterable[_builtins.str] | None = ...,
-        side_b: _abc.Iterable[_builtins.str] | None = ...,
-        period_s: _builtins.float = ...,
-        duty: _builtins.float = ...,
         for_s: _builtins.float = ...,
         since_ns: _builtins.int = ...,
         until_ns: _builtins.int = ...,
-        loss_rate: _builtins.float = ...,
-        module: _builtins.int = ...,
-        one_way: _builtins.bool = ...,
+        link_down: _faultparams_pb2.NoParams | None = ...,
+        link_degraded: _faultparams_pb2.LinkDegradedParams | None = ...,
+        link_latency: _faultparams_pb2.LinkLatencyParams | None = ...,
+        switch_down: _faultparams_pb2.NoParams | None = ...,
+        partition: _faultparams_pb2.PartitionParams | None = ...,
+        link_flap: _faultparams_pb2.LinkFlapParams | None = ...,
+        link_loss: _faultparams_pb2.LinkLossParams | None = ...,
+        optical_module: _faultparams_pb2.OpticalModuleParams | None = ...,
+        l1_board: _faultparams_pb2.NoParams | None = ...,
+        ports_degraded: _faultparams_pb2.PortsDegradedParams | None = ...,
+        rank_down: _faultparams_pb2.NoParams | None = ...,
+        rank_hung: _faultparams_pb2.NoParams | None = ...,
+        rank_slow: _faultparams_pb2.RankSlowParams | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["l1_board", b"l1_board", "link_degraded", b"link_degraded", "link_down", b"link_down", "link_flap", b"link_flap", "link_latency", b"link_latency", "link_loss", b"link_loss", "optical_module", b"optical_module", "params", b"params", "partition", b"partition", "ports_degraded", b"ports_degraded", "rank_down", b"rank_down", "rank_hung", b"rank_hung", "rank_slow", b"rank_slow", "switch_down", b"switch_down"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_latency_us", b"added_latency_us", "duty", b"duty", "factor", b"factor", "for_s", b"for_s", "id", b"id", "kind", b"kind", "loss_rate", b"loss_rate", "module", b"module", "one_way", b"one_way", "period_s", b"period_s", "side_a", b"side_a", "side_b", b"side_b", "since_ns", b"since_ns", "target", b"target", "until_ns", b"until_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["for_s", b"for_s", "id", b"id", "kind", b"kind", "l1_board", b"l1_board", "link_degraded", b"link_degraded", "link_down", b"link_down", "link_flap", b"link_flap", "link_latency", b"link_latency", "link_loss", b"link_loss", "optical_module", b"optical_module", "params", b"params", "partition", b"partition", "ports_degraded", b"ports_degraded", "rank_down", b"rank_down", "rank_hung", b"rank_hung", "rank_slow", b"rank_slow", "since_ns", b"since_ns", "switch_down", b"switch_down", "target", b"target", "until_ns", b"until_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_params: _TypeAlias = _typing.Literal["link_down", "link_degraded", "link_latency", "switch_down", "partition", "link_flap", "link_loss", "optical_module", "l1_board", "ports_degraded", "rank_down", "rank_hung", "rank_slow"]  # noqa: Y015
+    _WhichOneofArgType_params: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_params) -> _WhichOneofReturnType_params | None: ...
 
 Global___FabricFault: _TypeAlias = FabricFault  # noqa: Y015
 

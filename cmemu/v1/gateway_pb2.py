@@ -22,69 +22,70 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from cmemu.v1 import faultparams_pb2 as cmemu_dot_v1_dot_faultparams__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63memu/v1/gateway.proto\x12\x08\x63memu.v1\"\xe9\x01\n\tQueuePair\x12\x0f\n\x07gateway\x18\x01 \x01(\t\x12\x0b\n\x03qpn\x18\x02 \x01(\r\x12\x0b\n\x03npu\x18\x03 \x01(\t\x12\x0b\n\x03\x64ie\x18\x04 \x01(\r\x12 \n\x05state\x18\x05 \x01(\x0e\x32\x11.cmemu.v1.QpState\x12\x16\n\x0eremote_gateway\x18\x06 \x01(\t\x12\x12\n\nremote_qpn\x18\x07 \x01(\r\x12\x12\n\nremote_npu\x18\x08 \x01(\t\x12\x12\n\nremote_die\x18\t \x01(\r\x12\x12\n\ncreated_ns\x18\n \x01(\x03\x12\x0b\n\x03ops\x18\x0b \x01(\x04\x12\r\n\x05\x62ytes\x18\x0c \x01(\x04\"+\n\x0f\x43reateQpRequest\x12\x0b\n\x03npu\x18\x01 \x01(\t\x12\x0b\n\x03\x64ie\x18\x02 \x01(\r\"K\n\x10\x43onnectQpRequest\x12\x0b\n\x03qpn\x18\x01 \x01(\r\x12\x16\n\x0eremote_gateway\x18\x02 \x01(\t\x12\x12\n\nremote_qpn\x18\x03 \x01(\r\"\x1f\n\x10\x44\x65stroyQpRequest\x12\x0b\n\x03qpn\x18\x01 \x01(\r\" \n\x11\x44\x65stroyQpResponse\x12\x0b\n\x03qpn\x18\x01 \x01(\r\"\x10\n\x0eListQpsRequest\"*\n\x06QpList\x12 \n\x03qps\x18\x01 \x03(\x0b\x32\x13.cmemu.v1.QueuePair\"l\n\x0bRdmaRequest\x12\x0b\n\x03qpn\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x15\n\rremote_offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0c\n\x04size\x18\x05 \x01(\x04\x12\x11\n\tsize_only\x18\x06 \x01(\x08\"\xc1\x01\n\x0eRdmaCompletion\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1c\n\x02op\x18\x02 \x01(\x0e\x32\x10.cmemu.v1.RdmaOp\x12\x0b\n\x03qpn\x18\x03 \x01(\r\x12\x0b\n\x03src\x18\x04 \x01(\t\x12\x0b\n\x03\x64st\x18\x05 \x01(\t\x12\x0c\n\x04size\x18\x06 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x10\n\x08issue_ns\x18\x08 \x01(\x03\x12\x13\n\x0b\x63omplete_ns\x18\t \x01(\x03\x12\x0c\n\x04path\x18\n \x03(\t\x12\r\n\x05paths\x18\x0b \x01(\r\"&\n\x17GatewayLinkStatsRequest\x12\x0b\n\x03top\x18\x01 \x01(\r\"\x8a\x01\n\x0fGatewayLinkStat\x12\x0c\n\x04link\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x15\n\rcapacity_gb_s\x18\x03 \x01(\x01\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x13\n\x0butilization\x18\x05 \x01(\x01\x12\x14\n\x0c\x61\x63tive_flows\x18\x06 \x01(\r\x12\n\n\x02up\x18\x07 \x01(\x08\"\x93\x01\n\x10GatewayLinkStats\x12\x13\n\x0b\x65mulated_ns\x18\x01 \x01(\x03\x12(\n\x05links\x18\x02 \x03(\x0b\x32\x19.cmemu.v1.GatewayLinkStat\x12\x14\n\x0c\x61\x63tive_flows\x18\x03 \x01(\x04\x12\x17\n\x0f\x63ompleted_flows\x18\x04 \x01(\x04\x12\x11\n\tauthority\x18\x05 \x01(\t\"\x15\n\x13GatewayStatsRequest\"\xbf\x01\n\x0cGatewayStats\x12\x0f\n\x07gateway\x18\x01 \x01(\t\x12\x0c\n\x04\x64own\x18\x02 \x01(\x08\x12\x0b\n\x03qps\x18\x03 \x01(\r\x12\x11\n\twrite_ops\x18\x04 \x01(\x04\x12\x10\n\x08read_ops\x18\x05 \x01(\x04\x12\x10\n\x08send_ops\x18\x06 \x01(\x04\x12\x11\n\tbytes_out\x18\x07 \x01(\x04\x12\x10\n\x08\x62ytes_in\x18\x08 \x01(\x04\x12\x12\n\nfailed_ops\x18\t \x01(\x04\x12\x13\n\x0b\x65mulated_ns\x18\n \x01(\x03\",\n\x10RdmaRouteRequest\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\"d\n\rRdmaRouteInfo\x12\x0c\n\x04path\x18\x01 \x03(\t\x12\r\n\x05paths\x18\x02 \x01(\r\x12\x10\n\x08switches\x18\x03 \x01(\r\x12\x12\n\nlatency_ns\x18\x04 \x01(\x03\x12\x10\n\x08max_gb_s\x18\x05 \x01(\x01\"{\n\x0cGatewayFault\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x0e\n\x06\x66\x61\x63tor\x18\x04 \x01(\x01\x12\r\n\x05\x66or_s\x18\x05 \x01(\x01\x12\x10\n\x08since_ns\x18\x06 \x01(\x03\x12\x10\n\x08until_ns\x18\x07 \x01(\x03\"3\n\x18\x43learGatewayFaultRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03\x61ll\x18\x02 \x01(\x08\"\x1a\n\x18ListGatewayFaultsRequest\":\n\x10GatewayFaultList\x12&\n\x06\x66\x61ults\x18\x01 \x03(\x0b\x32\x16.cmemu.v1.GatewayFault\"j\n\x0f\x41\x63\x63\x65ptQpRequest\x12\x0b\n\x03qpn\x18\x01 \x01(\r\x12\x14\n\x0cpeer_gateway\x18\x02 \x01(\t\x12\x10\n\x08peer_qpn\x18\x03 \x01(\r\x12\x10\n\x08peer_npu\x18\x04 \x01(\t\x12\x10\n\x08peer_die\x18\x05 \x01(\r\"\xcb\x01\n\x0bLandRequest\x12\x1c\n\x02op\x18\x01 \x01(\x0e\x32\x10.cmemu.v1.RdmaOp\x12\x0b\n\x03npu\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0c\n\x04size\x18\x05 \x01(\x04\x12\x11\n\tsize_only\x18\x06 \x01(\x08\x12\x12\n\ncheck_only\x18\x07 \x01(\x08\x12\x0b\n\x03src\x18\x08 \x01(\t\x12\n\n\x02id\x18\t \x01(\t\x12\x10\n\x08issue_ns\x18\n \x01(\x03\x12\x13\n\x0b\x63omplete_ns\x18\x0b \x01(\x03\"\x1c\n\x0cLandResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"K\n\x0fTimeFlowRequest\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x10\n\x08issue_ns\x18\x04 \x01(\x03\"D\n\x10TimeFlowResponse\x12\x13\n\x0b\x63omplete_ns\x18\x01 \x01(\x03\x12\x0c\n\x04path\x18\x02 \x03(\t\x12\r\n\x05paths\x18\x03 \x01(\r*n\n\x07QpState\x12\x18\n\x14QP_STATE_UNSPECIFIED\x10\x00\x12\x11\n\rQP_STATE_INIT\x10\x01\x12\x10\n\x0cQP_STATE_RTR\x10\x02\x12\x10\n\x0cQP_STATE_RTS\x10\x03\x12\x12\n\x0eQP_STATE_ERROR\x10\x04*X\n\x06RdmaOp\x12\x17\n\x13RDMA_OP_UNSPECIFIED\x10\x00\x12\x11\n\rRDMA_OP_WRITE\x10\x01\x12\x10\n\x0cRDMA_OP_READ\x10\x02\x12\x10\n\x0cRDMA_OP_SEND\x10\x03\x32\x8d\x08\n\x07Gateway\x12:\n\x08\x43reateQp\x12\x19.cmemu.v1.CreateQpRequest\x1a\x13.cmemu.v1.QueuePair\x12<\n\tConnectQp\x12\x1a.cmemu.v1.ConnectQpRequest\x1a\x13.cmemu.v1.QueuePair\x12\x44\n\tDestroyQp\x12\x1a.cmemu.v1.DestroyQpRequest\x1a\x1b.cmemu.v1.DestroyQpResponse\x12\x35\n\x07ListQps\x12\x18.cmemu.v1.ListQpsRequest\x1a\x10.cmemu.v1.QpList\x12\x38\n\x05Write\x12\x15.cmemu.v1.RdmaRequest\x1a\x18.cmemu.v1.RdmaCompletion\x12\x37\n\x04Read\x12\x15.cmemu.v1.RdmaRequest\x1a\x18.cmemu.v1.RdmaCompletion\x12\x37\n\x04Send\x12\x15.cmemu.v1.RdmaRequest\x1a\x18.cmemu.v1.RdmaCompletion\x12M\n\x0cGetLinkStats\x12!.cmemu.v1.GatewayLinkStatsRequest\x1a\x1a.cmemu.v1.GatewayLinkStats\x12\x41\n\x08GetStats\x12\x1d.cmemu.v1.GatewayStatsRequest\x1a\x16.cmemu.v1.GatewayStats\x12<\n\x05Route\x12\x1a.cmemu.v1.RdmaRouteRequest\x1a\x17.cmemu.v1.RdmaRouteInfo\x12=\n\x0bInjectFault\x12\x16.cmemu.v1.GatewayFault\x1a\x16.cmemu.v1.GatewayFault\x12L\n\nClearFault\x12\".cmemu.v1.ClearGatewayFaultRequest\x1a\x1a.cmemu.v1.GatewayFaultList\x12L\n\nListFaults\x12\".cmemu.v1.ListGatewayFaultsRequest\x1a\x1a.cmemu.v1.GatewayFaultList\x12:\n\x08\x41\x63\x63\x65ptQp\x12\x19.cmemu.v1.AcceptQpRequest\x1a\x13.cmemu.v1.QueuePair\x12\x35\n\x04Land\x12\x15.cmemu.v1.LandRequest\x1a\x16.cmemu.v1.LandResponse\x12\x41\n\x08TimeFlow\x12\x19.cmemu.v1.TimeFlowRequest\x1a\x1a.cmemu.v1.TimeFlowResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63memu/v1/gateway.proto\x12\x08\x63memu.v1\x1a\x1a\x63memu/v1/faultparams.proto\"\xe9\x01\n\tQueuePair\x12\x0f\n\x07gateway\x18\x01 \x01(\t\x12\x0b\n\x03qpn\x18\x02 \x01(\r\x12\x0b\n\x03npu\x18\x03 \x01(\t\x12\x0b\n\x03\x64ie\x18\x04 \x01(\r\x12 \n\x05state\x18\x05 \x01(\x0e\x32\x11.cmemu.v1.QpState\x12\x16\n\x0eremote_gateway\x18\x06 \x01(\t\x12\x12\n\nremote_qpn\x18\x07 \x01(\r\x12\x12\n\nremote_npu\x18\x08 \x01(\t\x12\x12\n\nremote_die\x18\t \x01(\r\x12\x12\n\ncreated_ns\x18\n \x01(\x03\x12\x0b\n\x03ops\x18\x0b \x01(\x04\x12\r\n\x05\x62ytes\x18\x0c \x01(\x04\"+\n\x0f\x43reateQpRequest\x12\x0b\n\x03npu\x18\x01 \x01(\t\x12\x0b\n\x03\x64ie\x18\x02 \x01(\r\"K\n\x10\x43onnectQpRequest\x12\x0b\n\x03qpn\x18\x01 \x01(\r\x12\x16\n\x0eremote_gateway\x18\x02 \x01(\t\x12\x12\n\nremote_qpn\x18\x03 \x01(\r\"\x1f\n\x10\x44\x65stroyQpRequest\x12\x0b\n\x03qpn\x18\x01 \x01(\r\" \n\x11\x44\x65stroyQpResponse\x12\x0b\n\x03qpn\x18\x01 \x01(\r\"\x10\n\x0eListQpsRequest\"*\n\x06QpList\x12 \n\x03qps\x18\x01 \x03(\x0b\x32\x13.cmemu.v1.QueuePair\"l\n\x0bRdmaRequest\x12\x0b\n\x03qpn\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x15\n\rremote_offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0c\n\x04size\x18\x05 \x01(\x04\x12\x11\n\tsize_only\x18\x06 \x01(\x08\"\xc1\x01\n\x0eRdmaCompletion\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1c\n\x02op\x18\x02 \x01(\x0e\x32\x10.cmemu.v1.RdmaOp\x12\x0b\n\x03qpn\x18\x03 \x01(\r\x12\x0b\n\x03src\x18\x04 \x01(\t\x12\x0b\n\x03\x64st\x18\x05 \x01(\t\x12\x0c\n\x04size\x18\x06 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x10\n\x08issue_ns\x18\x08 \x01(\x03\x12\x13\n\x0b\x63omplete_ns\x18\t \x01(\x03\x12\x0c\n\x04path\x18\n \x03(\t\x12\r\n\x05paths\x18\x0b \x01(\r\"&\n\x17GatewayLinkStatsRequest\x12\x0b\n\x03top\x18\x01 \x01(\r\"\x8a\x01\n\x0fGatewayLinkStat\x12\x0c\n\x04link\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x15\n\rcapacity_gb_s\x18\x03 \x01(\x01\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x13\n\x0butilization\x18\x05 \x01(\x01\x12\x14\n\x0c\x61\x63tive_flows\x18\x06 \x01(\r\x12\n\n\x02up\x18\x07 \x01(\x08\"\x93\x01\n\x10GatewayLinkStats\x12\x13\n\x0b\x65mulated_ns\x18\x01 \x01(\x03\x12(\n\x05links\x18\x02 \x03(\x0b\x32\x19.cmemu.v1.GatewayLinkStat\x12\x14\n\x0c\x61\x63tive_flows\x18\x03 \x01(\x04\x12\x17\n\x0f\x63ompleted_flows\x18\x04 \x01(\x04\x12\x11\n\tauthority\x18\x05 \x01(\t\"\x15\n\x13GatewayStatsRequest\"\xbf\x01\n\x0cGatewayStats\x12\x0f\n\x07gateway\x18\x01 \x01(\t\x12\x0c\n\x04\x64own\x18\x02 \x01(\x08\x12\x0b\n\x03qps\x18\x03 \x01(\r\x12\x11\n\twrite_ops\x18\x04 \x01(\x04\x12\x10\n\x08read_ops\x18\x05 \x01(\x04\x12\x10\n\x08send_ops\x18\x06 \x01(\x04\x12\x11\n\tbytes_out\x18\x07 \x01(\x04\x12\x10\n\x08\x62ytes_in\x18\x08 \x01(\x04\x12\x12\n\nfailed_ops\x18\t \x01(\x04\x12\x13\n\x0b\x65mulated_ns\x18\n \x01(\x03\",\n\x10RdmaRouteRequest\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\"d\n\rRdmaRouteInfo\x12\x0c\n\x04path\x18\x01 \x03(\t\x12\r\n\x05paths\x18\x02 \x01(\r\x12\x10\n\x08switches\x18\x03 \x01(\r\x12\x12\n\nlatency_ns\x18\x04 \x01(\x03\x12\x10\n\x08max_gb_s\x18\x05 \x01(\x01\"\x94\x03\n\x0cGatewayFault\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\r\n\x05\x66or_s\x18\x05 \x01(\x01\x12\x10\n\x08since_ns\x18\x06 \x01(\x03\x12\x10\n\x08until_ns\x18\x07 \x01(\x03\x12\'\n\tlink_down\x18\x14 \x01(\x0b\x32\x12.cmemu.v1.NoParamsH\x00\x12\x31\n\tlink_slow\x18\x15 \x01(\x0b\x32\x1c.cmemu.v1.LinkDegradedParamsH\x00\x12)\n\x0bswitch_down\x18\x16 \x01(\x0b\x32\x12.cmemu.v1.NoParamsH\x00\x12\x33\n\x0bswitch_slow\x18\x17 \x01(\x0b\x32\x1c.cmemu.v1.LinkDegradedParamsH\x00\x12*\n\x0cgateway_down\x18\x18 \x01(\x0b\x32\x12.cmemu.v1.NoParamsH\x00\x12\'\n\tpartition\x18\x19 \x01(\x0b\x32\x12.cmemu.v1.NoParamsH\x00\x42\x08\n\x06paramsJ\x04\x08\x04\x10\x05R\x06\x66\x61\x63tor\"3\n\x18\x43learGatewayFaultRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03\x61ll\x18\x02 \x01(\x08\"\x1a\n\x18ListGatewayFaultsRequest\":\n\x10GatewayFaultList\x12&\n\x06\x66\x61ults\x18\x01 \x03(\x0b\x32\x16.cmemu.v1.GatewayFault\"j\n\x0f\x41\x63\x63\x65ptQpRequest\x12\x0b\n\x03qpn\x18\x01 \x01(\r\x12\x14\n\x0cpeer_gateway\x18\x02 \x01(\t\x12\x10\n\x08peer_qpn\x18\x03 \x01(\r\x12\x10\n\x08peer_npu\x18\x04 \x01(\t\x12\x10\n\x08peer_die\x18\x05 \x01(\r\"\xcb\x01\n\x0bLandRequest\x12\x1c\n\x02op\x18\x01 \x01(\x0e\x32\x10.cmemu.v1.RdmaOp\x12\x0b\n\x03npu\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0c\n\x04size\x18\x05 \x01(\x04\x12\x11\n\tsize_only\x18\x06 \x01(\x08\x12\x12\n\ncheck_only\x18\x07 \x01(\x08\x12\x0b\n\x03src\x18\x08 \x01(\t\x12\n\n\x02id\x18\t \x01(\t\x12\x10\n\x08issue_ns\x18\n \x01(\x03\x12\x13\n\x0b\x63omplete_ns\x18\x0b \x01(\x03\"\x1c\n\x0cLandResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"K\n\x0fTimeFlowRequest\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x10\n\x08issue_ns\x18\x04 \x01(\x03\"D\n\x10TimeFlowResponse\x12\x13\n\x0b\x63omplete_ns\x18\x01 \x01(\x03\x12\x0c\n\x04path\x18\x02 \x03(\t\x12\r\n\x05paths\x18\x03 \x01(\r*n\n\x07QpState\x12\x18\n\x14QP_STATE_UNSPECIFIED\x10\x00\x12\x11\n\rQP_STATE_INIT\x10\x01\x12\x10\n\x0cQP_STATE_RTR\x10\x02\x12\x10\n\x0cQP_STATE_RTS\x10\x03\x12\x12\n\x0eQP_STATE_ERROR\x10\x04*X\n\x06RdmaOp\x12\x17\n\x13RDMA_OP_UNSPECIFIED\x10\x00\x12\x11\n\rRDMA_OP_WRITE\x10\x01\x12\x10\n\x0cRDMA_OP_READ\x10\x02\x12\x10\n\x0cRDMA_OP_SEND\x10\x03\x32\x8d\x08\n\x07Gateway\x12:\n\x08\x43reateQp\x12\x19.cmemu.v1.CreateQpRequest\x1a\x13.cmemu.v1.QueuePair\x12<\n\tConnectQp\x12\x1a.cmemu.v1.ConnectQpRequest\x1a\x13.cmemu.v1.QueuePair\x12\x44\n\tDestroyQp\x12\x1a.cmemu.v1.DestroyQpRequest\x1a\x1b.cmemu.v1.DestroyQpResponse\x12\x35\n\x07ListQps\x12\x18.cmemu.v1.ListQpsRequest\x1a\x10.cmemu.v1.QpList\x12\x38\n\x05Write\x12\x15.cmemu.v1.RdmaRequest\x1a\x18.cmemu.v1.RdmaCompletion\x12\x37\n\x04Read\x12\x15.cmemu.v1.RdmaRequest\x1a\x18.cmemu.v1.RdmaCompletion\x12\x37\n\x04Send\x12\x15.cmemu.v1.RdmaRequest\x1a\x18.cmemu.v1.RdmaCompletion\x12M\n\x0cGetLinkStats\x12!.cmemu.v1.GatewayLinkStatsRequest\x1a\x1a.cmemu.v1.GatewayLinkStats\x12\x41\n\x08GetStats\x12\x1d.cmemu.v1.GatewayStatsRequest\x1a\x16.cmemu.v1.GatewayStats\x12<\n\x05Route\x12\x1a.cmemu.v1.RdmaRouteRequest\x1a\x17.cmemu.v1.RdmaRouteInfo\x12=\n\x0bInjectFault\x12\x16.cmemu.v1.GatewayFault\x1a\x16.cmemu.v1.GatewayFault\x12L\n\nClearFault\x12\".cmemu.v1.ClearGatewayFaultRequest\x1a\x1a.cmemu.v1.GatewayFaultList\x12L\n\nListFaults\x12\".cmemu.v1.ListGatewayFaultsRequest\x1a\x1a.cmemu.v1.GatewayFaultList\x12:\n\x08\x41\x63\x63\x65ptQp\x12\x19.cmemu.v1.AcceptQpRequest\x1a\x13.cmemu.v1.QueuePair\x12\x35\n\x04Land\x12\x15.cmemu.v1.LandRequest\x1a\x16.cmemu.v1.LandResponse\x12\x41\n\x08TimeFlow\x12\x19.cmemu.v1.TimeFlowRequest\x1a\x1a.cmemu.v1.TimeFlowResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cmemu.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_QPSTATE']._serialized_start=2282
-  _globals['_QPSTATE']._serialized_end=2392
-  _globals['_RDMAOP']._serialized_start=2394
-  _globals['_RDMAOP']._serialized_end=2482
-  _globals['_QUEUEPAIR']._serialized_start=37
-  _globals['_QUEUEPAIR']._serialized_end=270
-  _globals['_CREATEQPREQUEST']._serialized_start=272
-  _globals['_CREATEQPREQUEST']._serialized_end=315
-  _globals['_CONNECTQPREQUEST']._serialized_start=317
-  _globals['_CONNECTQPREQUEST']._serialized_end=392
-  _globals['_DESTROYQPREQUEST']._serialized_start=394
-  _globals['_DESTROYQPREQUEST']._serialized_end=425
-  _globals['_DESTROYQPRESPONSE']._serialized_start=427
-  _globals['_DESTROYQPRESPONSE']._serialized_end=459
-  _globals['_LISTQPSREQUEST']._serialized_start=461
-  _globals['_LISTQPSREQUEST']._serialized_end=477
-  _globals['_QPLIST']._serialized_start=479
-  _globals['_QPLIST']._serialized_end=521
-  _globals['_RDMAREQUEST']._serialized_start=523
-  _globals['_RDMAREQUEST']._serialized_end=631
-  _globals['_RDMACOMPLETION']._serialized_start=634
-  _globals['_RDMACOMPLETION']._serialized_end=827
-  _globals['_GATEWAYLINKSTATSREQUEST']._serialized_start=829
-  _globals['_GATEWAYLINKSTATSREQUEST']._serialized_end=867
-  _globals['_GATEWAYLINKSTAT']._serialized_start=870
-  _globals['_GATEWAYLINKSTAT']._serialized_end=1008
-  _globals['_GATEWAYLINKSTATS']._serialized_start=1011
-  _globals['_GATEWAYLINKSTATS']._serialized_end=1158
-  _globals['_GATEWAYSTATSREQUEST']._serialized_start=1160
-  _globals['_GATEWAYSTATSREQUEST']._serialized_end=1181
-  _globals['_GATEWAYSTATS']._serialized_start=1184
-  _globals['_GATEWAYSTATS']._serialized_end=1375
-  _globals['_RDMAROUTEREQUEST']._serialized_start=1377
-  _globals['_RDMAROUTEREQUEST']._serialized_end=1421
-  _globals['_RDMAROUTEINFO']._serialized_start=1423
-  _globals['_RDMAROUTEINFO']._serialized_end=1523
-  _globals['_GATEWAYFAULT']._serialized_start=1525
-  _globals['_GATEWAYFAULT']._serialized_end=1648
-  _globals['_CLEARGATEWAYFAULTREQUEST']._serialized_start=1650
-  _globals['_CLEARGATEWAYFAULTREQUEST']._serialized_end=1701
-  _globals['_LISTGATEWAYFAULTSREQUEST']._serialized_start=1703
-  _globals['_LISTGATEWAYFAULTSREQUEST']._serialized_end=1729
-  _globals['_GATEWAYFAULTLIST']._serialized_start=1731
-  _globals['_GATEWAYFAULTLIST']._serialized_end=1789
-  _globals['_ACCEPTQPREQUEST']._serialized_start=1791
-  _globals['_ACCEPTQPREQUEST']._serialized_end=1897
-  _globals['_LANDREQUEST']._serialized_start=1900
-  _globals['_LANDREQUEST']._serialized_end=2103
-  _globals['_LANDRESPONSE']._serialized_start=2105
-  _globals['_LANDRESPONSE']._serialized_end=2133
-  _globals['_TIMEFLOWREQUEST']._serialized_start=2135
-  _globals['_TIMEFLOWREQUEST']._serialized_end=2210
-  _globals['_TIMEFLOWRESPONSE']._serialized_start=2212
-  _globals['_TIMEFLOWRESPONSE']._serialized_end=2280
-  _globals['_GATEWAY']._serialized_start=2485
-  _globals['_GATEWAY']._serialized_end=3522
+  _globals['_QPSTATE']._serialized_start=2592
+  _globals['_QPSTATE']._serialized_end=2702
+  _globals['_RDMAOP']._serialized_start=2704
+  _globals['_RDMAOP']._serialized_end=2792
+  _globals['_QUEUEPAIR']._serialized_start=65
+  _globals['_QUEUEPAIR']._serialized_end=298
+  _globals['_CREATEQPREQUEST']._serialized_start=300
+  _globals['_CREATEQPREQUEST']._serialized_end=343
+  _globals['_CONNECTQPREQUEST']._serialized_start=345
+  _globals['_CONNECTQPREQUEST']._serialized_end=420
+  _globals['_DESTROYQPREQUEST']._serialized_start=422
+  _globals['_DESTROYQPREQUEST']._serialized_end=453
+  _globals['_DESTROYQPRESPONSE']._serialized_start=455
+  _globals['_DESTROYQPRESPONSE']._serialized_end=487
+  _globals['_LISTQPSREQUEST']._serialized_start=489
+  _globals['_LISTQPSREQUEST']._serialized_end=505
+  _globals['_QPLIST']._serialized_start=507
+  _globals['_QPLIST']._serialized_end=549
+  _globals['_RDMAREQUEST']._serialized_start=551
+  _globals['_RDMAREQUEST']._serialized_end=659
+  _globals['_RDMACOMPLETION']._serialized_start=662
+  _globals['_RDMACOMPLETION']._serialized_end=855
+  _globals['_GATEWAYLINKSTATSREQUEST']._serialized_start=857
+  _globals['_GATEWAYLINKSTATSREQUEST']._serialized_end=895
+  _globals['_GATEWAYLINKSTAT']._serialized_start=898
+  _globals['_GATEWAYLINKSTAT']._serialized_end=1036
+  _globals['_GATEWAYLINKSTATS']._serialized_start=1039
+  _globals['_GATEWAYLINKSTATS']._serialized_end=1186
+  _globals['_GATEWAYSTATSREQUEST']._serialized_start=1188
+  _globals['_GATEWAYSTATSREQUEST']._serialized_end=1209
+  _globals['_GATEWAYSTATS']._serialized_start=1212
+  _globals['_GATEWAYSTATS']._serialized_end=1403
+  _globals['_RDMAROUTEREQUEST']._serialized_start=1405
+  _globals['_RDMAROUTEREQUEST']._serialized_end=1449
+  _globals['_RDMAROUTEINFO']._serialized_start=1451
+  _globals['_RDMAROUTEINFO']._serialized_end=1551
+  _globals['_GATEWAYFAULT']._serialized_start=1554
+  _globals['_GATEWAYFAULT']._serialized_end=1958
+  _globals['_CLEARGATEWAYFAULTREQUEST']._serialized_start=1960
+  _globals['_CLEARGATEWAYFAULTREQUEST']._serialized_end=2011
+  _globals['_LISTGATEWAYFAULTSREQUEST']._serialized_start=2013
+  _globals['_LISTGATEWAYFAULTSREQUEST']._serialized_end=2039
+  _globals['_GATEWAYFAULTLIST']._serialized_start=2041
+  _globals['_GATEWAYFAULTLIST']._serialized_end=2099
+  _globals['_ACCEPTQPREQUEST']._serialized_start=2101
+  _globals['_ACCEPTQPREQUEST']._serialized_end=2207
+  _globals['_LANDREQUEST']._serialized_start=2210
+  _globals['_LANDREQUEST']._serialized_end=2413
+  _globals['_LANDRESPONSE']._serialized_start=2415
+  _globals['_LANDRESPONSE']._serialized_end=2443
+  _globals['_TIMEFLOWREQUEST']._serialized_start=2445
+  _globals['_TIMEFLOWREQUEST']._serialized_end=2520
+  _globals['_TIMEFLOWRESPONSE']._serialized_start=2522
+  _globals['_TIMEFLOWRESPONSE']._serialized_end=2590
+  _globals['_GATEWAY']._serialized_start=2795
+  _globals['_GATEWAY']._serialized_end=3832
 # @@protoc_insertion_point(module_scope)

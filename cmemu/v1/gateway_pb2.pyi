@@ -26,6 +26,7 @@ Units, the same in every file of cmemu.v1:
 - Sizes are bytes (`size`, `bytes`, `*_bytes`); bandwidths are decimal GB/s (`*_gb_s`).
 """
 
+from cmemu.v1 import faultparams_pb2 as _faultparams_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -591,40 +592,66 @@ class GatewayFault(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     TARGET_FIELD_NUMBER: _builtins.int
-    FACTOR_FIELD_NUMBER: _builtins.int
     FOR_S_FIELD_NUMBER: _builtins.int
     SINCE_NS_FIELD_NUMBER: _builtins.int
     UNTIL_NS_FIELD_NUMBER: _builtins.int
+    LINK_DOWN_FIELD_NUMBER: _builtins.int
+    LINK_SLOW_FIELD_NUMBER: _builtins.int
+    SWITCH_DOWN_FIELD_NUMBER: _builtins.int
+    SWITCH_SLOW_FIELD_NUMBER: _builtins.int
+    GATEWAY_DOWN_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """assigned by the gateway that holds it"""
     kind: _builtins.str
-    """link-down, link-slow, switch-down, switch-slow (the plane), gateway-down"""
+    """link-down, link-slow, switch-down, switch-slow (the plane), gateway-down,"""
     target: _builtins.str
-    """a plane link "a~b", a plane switch (n00-leaf, spine3, core5), a gateway"""
-    factor: _builtins.float
-    """the slow kinds: remaining share of bandwidth, in (0, 1)"""
+    """partition
+    a plane link "a~b", a plane switch (n00-leaf, spine3, core5), a gateway
+    """
     for_s: _builtins.float
     """emulated seconds until it clears itself; 0 = until cleared"""
     since_ns: _builtins.int
     """set by the gateway"""
     until_ns: _builtins.int
     """0 = until cleared"""
+    @_builtins.property
+    def link_down(self) -> _faultparams_pb2.NoParams: ...
+    @_builtins.property
+    def link_slow(self) -> _faultparams_pb2.LinkDegradedParams:
+        """factor: remaining share of bandwidth, in (0, 1)"""
+
+    @_builtins.property
+    def switch_down(self) -> _faultparams_pb2.NoParams: ...
+    @_builtins.property
+    def switch_slow(self) -> _faultparams_pb2.LinkDegradedParams: ...
+    @_builtins.property
+    def gateway_down(self) -> _faultparams_pb2.NoParams: ...
+    @_builtins.property
+    def partition(self) -> _faultparams_pb2.NoParams: ...
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         kind: _builtins.str = ...,
         target: _builtins.str = ...,
-        factor: _builtins.float = ...,
         for_s: _builtins.float = ...,
         since_ns: _builtins.int = ...,
         until_ns: _builtins.int = ...,
+        link_down: _faultparams_pb2.NoParams | None = ...,
+        link_slow: _faultparams_pb2.LinkDegradedParams | None = ...,
+        switch_down: _faultparams_pb2.NoParams | None = ...,
+        switch_slow: _faultparams_pb2.LinkDegradedParams | None = ...,
+        gateway_down: _faultparams_pb2.NoParams | None = ...,
+        partition: _faultparams_pb2.NoParams | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["gateway_down", b"gateway_down", "link_down", b"link_down", "link_slow", b"link_slow", "params", b"params", "partition", b"partition", "switch_down", b"switch_down", "switch_slow", b"switch_slow"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["factor", b"factor", "for_s", b"for_s", "id", b"id", "kind", b"kind", "since_ns", b"since_ns", "target", b"target", "until_ns", b"until_ns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["for_s", b"for_s", "gateway_down", b"gateway_down", "id", b"id", "kind", b"kind", "link_down", b"link_down", "link_slow", b"link_slow", "params", b"params", "partition", b"partition", "since_ns", b"since_ns", "switch_down", b"switch_down", "switch_slow", b"switch_slow", "target", b"target", "until_ns", b"until_ns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_params: _TypeAlias = _typing.Literal["link_down", "link_slow", "switch_down", "switch_slow", "gateway_down", "partition"]  # noqa: Y015
+    _WhichOneofArgType_params: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_params) -> _WhichOneofReturnType_params | None: ...
 
 Global___GatewayFault: _TypeAlias = GatewayFault  # noqa: Y015
 

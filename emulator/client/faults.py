@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from cmemu.emulator.client.clients import Clients
@@ -63,10 +62,8 @@ __all__ = [
     "KINDS",
     "ActiveFault",
     "ContainerControl",
-    "FaultOptions",
     "Kind",
     "ProcessTable",
-    "add",
     "attach_engine",
     "attach_processes",
     "clear",
@@ -78,7 +75,6 @@ __all__ = [
     "remove_all",
 ]
 
-DEFAULT_REASON = "cmemu fault add"
 CONCURRENCY = 64
 
 KINDS: dict[str, Kind] = {
@@ -171,38 +167,6 @@ def of_target(clients: Clients, target: str) -> Clients:
 
 def every_supernode(clients: Clients) -> list[Clients]:
     return [clients.supernode(i) for i in range(len(clients.supernodes))]
-
-
-# --- the older, untyped entry point (FaultOptions), kept for its callers ------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class FaultOptions:
-    """The options of the first fault kinds, before typed params."""
-
-    target: str = ""
-    factor: float | None = None
-    latency_us: float | None = None
-    side_a: tuple[str, ...] = ()
-    side_b: tuple[str, ...] = ()
-    reason: str = DEFAULT_REASON
-
-
-def _legacy_params(kind: str, opts: FaultOptions) -> dict[str, object]:
-    raw: dict[str, object] = {}
-    if opts.factor is not None:
-        raw["factor"] = opts.factor
-    if opts.latency_us is not None:
-        raw["latency_us"] = opts.latency_us
-    if opts.side_a or opts.side_b:
-        raw |= {"side_a": ",".join(opts.side_a), "side_b": ",".join(opts.side_b)}
-    if kind == "device-down":
-        raw["reason"] = opts.reason
-    return raw
-
-
-async def add(clients: Clients, kind_name: str, opts: FaultOptions) -> ActiveFault:
-    return await inject(clients, kind_name, opts.target, _legacy_params(kind_name, opts))
 
 
 # --- listing -------------------------------------------------------------------------------------

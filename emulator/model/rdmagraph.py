@@ -27,6 +27,8 @@ import numpy as np
 import numpy.typing as npt
 
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError, quote
+from cmemu.emulator.model.faults.catalogue import GATEWAY_PARAMS
+from cmemu.emulator.model.faults.params import params_from
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from cmemu.emulator.model.naming import (
     Tier,
@@ -267,8 +269,8 @@ class RdmaFaultKind(Protocol):
 
 
 def _factor(fault: RdmaFault) -> None:
-    if not 0 < fault.factor < 1:
-        raise InvalidArgumentError(f"factor must be in (0, 1), got {fault.factor}", field="factor")
+    """A slow kind's factor, checked as its params dataclass states it (the catalogue's)."""
+    params_from(GATEWAY_PARAMS[fault.kind], {"factor": fault.factor}, kind=fault.kind)
 
 
 @dataclass(frozen=True)

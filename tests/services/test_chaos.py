@@ -19,7 +19,7 @@ from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.emulator.model.topology import ServiceKind
 from cmemu.emulator.runtime.supernode import Supernode
 from cmemu.emulator.testing import Clients
-from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, fabric_pb2, npu_pb2, ub_pb2
+from cmemu.v1 import device_pb2, ems_pb2, ems_pb2_grpc, fabric_pb2, faultparams_pb2, npu_pb2, ub_pb2
 
 U64 = 2**64 - 1
 HUGE = "x" * 20_000  # more than grpc's 16 KiB metadata limit once echoed
@@ -171,7 +171,10 @@ async def test_long_names_are_quoted_short(clients: Clients) -> None:
         fabric.InjectFault(fabric_pb2.FabricFault(kind="switch-down", target=HUGE)),
         fabric.InjectFault(fabric_pb2.FabricFault(kind=HUGE, target="x")),
         fabric.InjectFault(
-            fabric_pb2.FabricFault(kind="partition", side_a=[HUGE], side_b=["n00-npu0"])
+            fabric_pb2.FabricFault(
+                kind="partition",
+                partition=faultparams_pb2.PartitionParams(side_a=HUGE, side_b="n00-npu0"),
+            )
         ),
         fabric.ClearFault(fabric_pb2.ClearFaultRequest(id=HUGE)),
         fabric.Collective(

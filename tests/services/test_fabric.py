@@ -17,7 +17,7 @@ from cmemu.emulator.model.naming import directed_link_id, parse_link
 from cmemu.emulator.model.topology import DeviceKind
 from cmemu.emulator.runtime.supernode import Supernode
 from cmemu.emulator.testing import Clients, running_supernode
-from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, ub_pb2
 
 GB = 1e9
 DIE_GB_S = DEFAULT_PROFILE.ub.achieved_bytes_per_s_per_die / GB
@@ -129,7 +129,10 @@ async def test_partition_makes_transfers_unavailable(clients: Clients) -> None:
         op=ub_pb2.UB_OP_WRITE, dst=ub_pb2.UbAddress(eid=pool.eid, offset=region.offset), data=b"x"
     )
     cut = await fabric.InjectFault(
-        fabric_pb2.FabricFault(kind="partition", side_a=["n00-npu4"], side_b=["n01-mem"])
+        fabric_pb2.FabricFault(
+            kind="partition",
+            partition=faultparams_pb2.PartitionParams(side_a="n00-npu4", side_b="n01-mem"),
+        )
     )
     try:
         assert await _status(clients.bus("n00-npu4").Submit(write)) == "UNAVAILABLE"
@@ -265,7 +268,9 @@ async def test_bad_fabric_requests_and_the_fabric_keeps_serving(
         (
             fabric.InjectFault(
                 fabric_pb2.FabricFault(
-                    kind="link-degraded", target="n00-npu0.d0~n00-l1s0", factor=0
+                    kind="link-degraded",
+                    target="n00-npu0.d0~n00-l1s0",
+                    link_degraded=faultparams_pb2.LinkDegradedParams(factor=0),
                 )
             ),
             "INVALID_ARGUMENT",
@@ -561,7 +566,11 @@ async def test_a_repeated_collective_is_timed_once_until_a_fault_changes_the_fab
     )
     assert again.issue_ns > first.issue_ns  # timed from its own issue
     fault = await fabric.InjectFault(
-        fabric_pb2.FabricFault(kind="link-degraded", target="n00-npu0.d0~n00-l1s0", factor=0.1)
+        fabric_pb2.FabricFault(
+            kind="link-degraded",
+            target="n00-npu0.d0~n00-l1s0",
+            link_degraded=faultparams_pb2.LinkDegradedParams(factor=0.1),
+        )
     )
     try:
         slower = await fabric.Collective(request)

@@ -24,7 +24,7 @@ from cmemu.emulator.model.errors import (
 )
 from cmemu.emulator.runtime.supernode import Supernode
 from cmemu.emulator.testing import Clients, running_supernode
-from cmemu.v1 import device_pb2, fabric_pb2, npu_pb2, ub_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, npu_pb2, ub_pb2
 
 KERNEL = npu_pb2.Kernel(flops=354e12 * 0.001, precision=npu_pb2.PRECISION_BF16)  # 1 ms on a die
 
@@ -242,7 +242,7 @@ async def test_slow_kernels_and_ports(clients: Clients) -> None:
     assert slowed.duration_ns == 2_000_000
     on_fabric = (await clients.fabric().ListFaults(fabric_pb2.ListFaultsRequest())).faults
     ports = [f for f in on_fabric if f.kind == "ports-degraded" and f.target == device]
-    assert len(ports) == 1 and ports[0].factor == 0.25
+    assert len(ports) == 1 and ports[0].ports_degraded.factor == 0.25
     telemetry = await clients.device(device).GetTelemetry(device_pb2.GetTelemetryRequest())
     assert telemetry.compute_share == 0.5 and "slow" in telemetry.faults
     await faults.clear(clients, fault.id)
@@ -360,7 +360,11 @@ async def test_a_link_flaps_in_emulated_time_and_ends(clients: Clients) -> None:
     await _until(gone)
     bad = await _refused(
         clients.fabric().InjectFault(
-            fabric_pb2.FabricFault(kind="link-flap", target=link, period_s=1, duty=1.5)
+            fabric_pb2.FabricFault(
+                kind="link-flap",
+                target=link,
+                link_flap=faultparams_pb2.LinkFlapParams(period_s=1, duty=1.5),
+            )
         )
     )
     assert bad.code is grpc.StatusCode.INVALID_ARGUMENT
@@ -392,10 +396,10 @@ async def test_unknown_ids_and_bad_device_requests(clients: Clients) -> None:
     assert bad.code is grpc.StatusCode.INVALID_ARGUMENT
     bad = await _refused(
         clients.device("n00-npu0").InjectFault(
-            device_pb2.FaultState(kind="slow", params={"speed": "2"})
+            device_pb2.FaultState(kind="slow", die_down=faultparams_pb2.DieDownParams(die=1))
         )
     )
-    assert (bad.code, bad.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "UNKNOWN_FAULT_PARAM")
+    assert (bad.code, bad.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "WRONG_FAULT_PARAMS")
     bad = await _refused(
         clients.device("n00-npu0").InjectFault(device_pb2.FaultState(kind="hang", device="n99"))
     )

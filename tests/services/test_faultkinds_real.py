@@ -19,7 +19,7 @@ from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.emulator.runtime.supernode import Supernode
 from cmemu.emulator.testing import Clients, running_supernode
-from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, ub_pb2
 from tests.services.test_faultkinds import KERNEL, _refused, _until
 
 GB = 1e9
@@ -50,7 +50,9 @@ async def test_a_throttled_node_computes_slower_as_one_fault(clients: Clients) -
     telemetry = await clients.device(npus[3]).GetTelemetry(device_pb2.GetTelemetryRequest())
     assert telemetry.compute_share == 0.5 and "thermal-throttle" in telemetry.faults
     ranks = await _rank_faults(clients, "rank-slow")  # the collectives wait for the slow ranks
-    assert sorted(f.target for f in ranks) == sorted(npus) and {f.factor for f in ranks} == {0.5}
+    assert sorted(f.target for f in ranks) == sorted(npus) and {
+        f.rank_slow.factor for f in ranks
+    } == {0.5}
     listed = {f.id: f for f in await faults.list_all(clients)}
     assert fault.id in listed and not any(i.startswith("dev:n01-") for i in listed)
     # a slow fault on a throttled NPU compounds with it
@@ -68,7 +70,10 @@ async def test_a_throttled_node_computes_slower_as_one_fault(clients: Clients) -
 
 async def test_a_throttle_is_all_or_nothing_and_checks_its_params(clients: Clients) -> None:
     held = await clients.device("n01-npu5").InjectFault(
-        device_pb2.FaultState(kind="thermal-throttle", params={"compute": "0.9"})
+        device_pb2.FaultState(
+            kind="thermal-throttle",
+            thermal_throttle=faultparams_pb2.ThermalThrottleParams(compute=0.9),
+        )
     )
     busy = await _refused(faults.inject(clients, "thermal-throttle", "n01"))
     assert (busy.code, busy.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "FAULT_ALREADY_ACTIVE")
@@ -152,7 +157,10 @@ async def test_link_loss_refuses_bad_rates_and_unknown_links(clients: Clients) -
     raw = await _refused(
         clients.fabric().InjectFault(fabric_pb2.FabricFault(kind="link-loss", target=link))
     )
-    assert (raw.code, raw.metadata.get("field")) == (grpc.StatusCode.INVALID_ARGUMENT, "loss_rate")
+    assert (raw.code, raw.metadata.get("field")) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "params.rate",
+    )
     missing = await _refused(
         faults.inject(clients, "link-loss", "n00-npu2.d1~n07-l1s3", {"rate": 0.1})
     )
@@ -215,7 +223,8 @@ async def test_an_intermittent_hang_checks_its_windows(clients: Clients) -> None
     raw = await _refused(
         clients.device("n00-npu6").InjectFault(
             device_pb2.FaultState(
-                kind="intermittent-hang", params={"hang_s": "50", "period_s": "10"}
+                kind="intermittent-hang",
+                intermittent_hang=faultparams_pb2.IntermittentHangParams(hang_s=50, period_s=10),
             )
         )
     )
@@ -292,7 +301,10 @@ async def test_an_l1_board_is_a_nodes(clients: Clients) -> None:
 
 async def test_an_optical_module_is_an_l1_chips(clients: Clients) -> None:
     past = await _refused(faults.inject(clients, "optical-module", "n01-l1s2", {"module": 2}))
-    assert (past.code, past.metadata.get("field")) == (grpc.StatusCode.INVALID_ARGUMENT, "module")
+    assert (past.code, past.metadata.get("field")) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "params.module",
+    )
     l2 = await _refused(faults.inject(clients, "optical-module", "l2-p0-s0"))
     assert (l2.code, l2.metadata.get("field")) == (grpc.StatusCode.INVALID_ARGUMENT, "target")
     gone = await _refused(faults.inject(clients, "optical-module", "n09-l1s0"))

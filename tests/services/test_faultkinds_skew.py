@@ -27,7 +27,7 @@ from cmemu.emulator.runtime.launchmodes import Procs
 from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
 from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.services.peers import Peers
-from cmemu.v1 import device_pb2, fabric_pb2, manager_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, manager_pb2
 from tests.services.test_faultkinds import _refused, _until
 from tests.services.test_faultkinds_real import _write
 
@@ -149,7 +149,9 @@ async def test_bad_skews_and_targets_are_refused(clients: Clients) -> None:
         assert (err.value.field or "").startswith("params."), params
     raw = await _refused(
         clients.device(SKEWED).InjectFault(
-            device_pb2.FaultState(kind="clock-skew", params={"offset_s": "1e9"})
+            device_pb2.FaultState(
+                kind="clock-skew", clock_skew=faultparams_pb2.ClockSkewParams(offset_s=1e9)
+            )
         )
     )
     assert (raw.code, raw.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FAULT_PARAM")

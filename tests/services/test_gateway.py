@@ -25,7 +25,7 @@ from cmemu.emulator.model.rdmagraph import RdmaGraph
 from cmemu.emulator.model.topology import ServiceKind
 from cmemu.emulator.runtime.supernode import Supernode
 from cmemu.emulator.testing import Clients, grpcurl, running_supernode
-from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, ub_pb2
 from cmemu.v1 import gateway_pb2 as pb
 
 if TYPE_CHECKING:  # the async stub type exists in the generated .pyi only
@@ -196,7 +196,11 @@ async def test_a_slowed_port_slows_the_flow(gw: GatewayAsyncStub, clients: Clien
     a, _ = await _pair(gw, "n00-npu7", "n01-npu1")
     offset = await _region(clients, "n01-npu1", 8 << 20)
     fault = await gw.InjectFault(
-        pb.GatewayFault(kind="link-slow", target="n00-npu7.d0~n00-leaf", factor=0.5)
+        pb.GatewayFault(
+            kind="link-slow",
+            target="n00-npu7.d0~n00-leaf",
+            link_slow=faultparams_pb2.LinkDegradedParams(factor=0.5),
+        )
     )
     try:
         size = 8 << 20

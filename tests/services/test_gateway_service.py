@@ -24,8 +24,8 @@ from cmemu.emulator.testing import EventRecorder, free_port_block
 from cmemu.services.auth import ServerSecurity
 from cmemu.services.gateway import GatewayEngine, create_gateway
 from cmemu.services.peers import Peers
+from cmemu.v1 import faultparams_pb2, gateway_pb2_grpc
 from cmemu.v1 import gateway_pb2 as pb
-from cmemu.v1 import gateway_pb2_grpc
 
 if TYPE_CHECKING:
     from cmemu.v1.gateway_pb2_grpc import GatewayAsyncStub
@@ -109,7 +109,11 @@ async def test_events_of_connections_and_faults(served: Served) -> None:
     (connected,) = served.events.named("qp-connected")
     assert connected["local"] == "n00-npu1.d0" and connected["remote_die"] == "n01-npu1.d1"
     fault = await gw.InjectFault(
-        pb.GatewayFault(kind="link-slow", target="n00-leaf~spine1", factor=0.5)
+        pb.GatewayFault(
+            kind="link-slow",
+            target="n00-leaf~spine1",
+            link_slow=faultparams_pb2.LinkDegradedParams(factor=0.5),
+        )
     )
     injected = served.events.named("fault-injected")[-1]
     assert (injected["fault"], injected["kind"], injected["target"]) == (

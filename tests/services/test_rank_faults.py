@@ -14,6 +14,8 @@ import pytest
 
 from cmemu.emulator.client import faults
 from cmemu.emulator.client.errors import decode
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.model.faults.catalogue import FABRIC_PARAMS
 from cmemu.emulator.runtime.supernode import Supernode
 from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import fabric_pb2
@@ -127,8 +129,8 @@ async def test_a_slow_npu_is_the_straggler_of_its_collectives(clients: Clients) 
 @pytest.mark.parametrize(
     ("kind", "target", "factor", "field"),
     [
-        ("rank-slow", "n00-npu0", 1.5, "factor"),
-        ("rank-slow", "n00-npu0", 0.0, "factor"),
+        ("rank-slow", "n00-npu0", 1.5, "params.factor"),
+        ("rank-slow", "n00-npu0", 0.0, "params.factor"),
         ("rank-down", "n00-cpu0", 0.0, "target"),
         ("rank-hung", "n00-npu0.d7", 0.0, "target"),
     ],
@@ -138,7 +140,11 @@ async def test_bad_rank_faults_are_refused(
 ) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await clients.fabric().InjectFault(
-            fabric_pb2.FabricFault(kind=kind, target=target, factor=factor)
+            faultparams.pack(
+                fabric_pb2.FabricFault(kind=kind, target=target),
+                kind,
+                FABRIC_PARAMS[kind](**({"factor": factor} if kind == "rank-slow" else {})),
+            )
         )
     d = decode(err.value)
     assert d.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)

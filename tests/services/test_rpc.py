@@ -25,7 +25,7 @@ from cmemu.emulator.model.errors import (
 from cmemu.emulator.runtime.supernode import Supernode
 from cmemu.emulator.testing import Clients
 from cmemu.services.rpc import RemoteError, to_status
-from cmemu.v1 import device_pb2, fabric_pb2, npu_pb2, ub_pb2
+from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, npu_pb2, ub_pb2
 
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 
@@ -143,7 +143,10 @@ async def test_a_faulted_device_is_retryable_directly_and_through_the_fabric(
 async def test_a_route_cut_by_a_fault_is_retryable(clients: Clients) -> None:
     fabric = clients.fabric()
     cut = await fabric.InjectFault(
-        fabric_pb2.FabricFault(kind="partition", side_a=["n00-npu6"], side_b=["n01-npu5"])
+        fabric_pb2.FabricFault(
+            kind="partition",
+            partition=faultparams_pb2.PartitionParams(side_a="n00-npu6", side_b="n01-npu5"),
+        )
     )
     try:
         route = fabric_pb2.RouteRequest(src="n00-npu6", dst="n01-npu5")

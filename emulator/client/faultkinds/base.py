@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.client.wire.device import fault_request
 from cmemu.emulator.model.errors import EmulatorError, NotFoundError, quote
-from cmemu.emulator.model.faults.params import params_from, params_text
+from cmemu.emulator.model.faults.params import params_from
 from cmemu.v1 import device_pb2
 
 if TYPE_CHECKING:
@@ -108,7 +110,7 @@ def parse_device_fault(fault_id: str) -> tuple[str, str] | None:
 
 
 def detail_of(state: device_pb2.FaultState) -> str:
-    parts = [f"{k}={v}" for k, v in sorted(state.params.items())]
+    parts = [f"{k}={v}" for k, v in sorted(faultparams.params_text(state).items())]
     if state.reason:
         parts.append(f"reason={state.reason!r}")
     if state.until_ns:
@@ -171,12 +173,7 @@ class DeviceKind(Typed):
         self, clients: Clients, target: str, params: Any, duration_s: float | None
     ) -> ActiveFault:
         device = clients.topology.device(target).id
-        request = device_pb2.FaultState(
-            kind=self.name,
-            params=params_text(self.typed(params)),
-            for_s=duration_s or 0.0,
-            device=device,
-        )
+        request = fault_request(self.name, self.typed(params), for_s=duration_s, device=device)
         stored = await via(
             clients,
             device,

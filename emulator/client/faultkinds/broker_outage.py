@@ -14,9 +14,9 @@ from typing import Any
 from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, via
 from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.client.wire.device import fault_request
 from cmemu.emulator.model.errors import NotFoundError
 from cmemu.emulator.model.faults.catalogue import NoParams
-from cmemu.emulator.model.faults.params import params_text
 from cmemu.v1 import device_pb2
 
 BROKER_ID = "broker"
@@ -60,9 +60,7 @@ class BrokerOutage(Typed):
                 reply_of(
                     None,
                     clients.device(h).InjectFault(
-                        device_pb2.FaultState(
-                            kind=self.name, params=params_text(typed), for_s=duration_s or 0.0
-                        ),
+                        fault_request(self.name, typed, for_s=duration_s),
                         timeout=CALL_TIMEOUT_S,
                     ),
                 )

@@ -7,13 +7,13 @@ The fabric applies them to its link graph (emulator/model/linkfaults.py) and own
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed
 from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.model.faults.catalogue import (
     LinkDegradedParams,
     LinkFlapParams,
@@ -27,20 +27,21 @@ from cmemu.v1 import fabric_pb2
 
 
 def fabric_detail(f: fabric_pb2.FabricFault) -> str:
+    p: dict[str, Any] = faultparams.raw_params(f)
     parts = []
-    if f.factor:
-        parts.append(f"factor={f.factor:g}")
-    if f.added_latency_us:
-        parts.append(f"latency=+{f.added_latency_us:g}us")
-    if f.loss_rate:
-        parts.append(f"rate={f.loss_rate:g}")
-    if f.kind == "optical-module":
-        parts.append(f"module={f.module}")
-    if f.period_s:
-        parts.append(f"period={f.period_s:g}s duty={f.duty:g}")
-    if f.side_a or f.side_b:
-        parts.append(f"side_a={','.join(f.side_a)} side_b={','.join(f.side_b)}")
-        if f.one_way:
+    if p.get("factor"):
+        parts.append(f"factor={p['factor']:g}")
+    if p.get("latency_us"):
+        parts.append(f"latency=+{p['latency_us']:g}us")
+    if p.get("rate"):
+        parts.append(f"rate={p['rate']:g}")
+    if "module" in p:
+        parts.append(f"module={p['module']}")
+    if p.get("period_s"):
+        parts.append(f"period={p['period_s']:g}s duty={p.get('duty', 0.0):g}")
+    if p.get("side_a") or p.get("side_b"):
+        parts.append(f"side_a={p.get('side_a', '')} side_b={p.get('side_b', '')}")
+        if p.get("one_way"):
             parts.append("one-way (side_a to side_b lost)")
     if f.until_ns:
         parts.append(f"until={f.until_ns / 1e9:.3f}s")
@@ -58,26 +59,6 @@ def fabric_fault(f: fabric_pb2.FabricFault) -> ActiveFault:
     )
 
 
-def _sides(text: str) -> list[str]:
-    return [s for s in (x.strip() for x in text.split(",")) if s]
-
-
-FIELDS: dict[type[Any], Callable[[Any], dict[str, Any]]] = {
-    NoParams: lambda p: {},
-    LinkDegradedParams: lambda p: {"factor": p.factor},
-    LinkLatencyParams: lambda p: {"added_latency_us": p.latency_us},
-    LinkFlapParams: lambda p: {"period_s": p.period_s, "duty": p.duty},
-    PartitionParams: lambda p: {
-        "side_a": _sides(p.side_a),
-        "side_b": _sides(p.side_b),
-        "one_way": p.one_way,
-    },
-    LinkLossParams: lambda p: {"loss_rate": p.rate},
-    OpticalModuleParams: lambda p: {"module": p.module},
-}
-"""Each params class as FabricFault fields."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class FabricKind(Typed):
     target: str = "a link 'a~b' (cmemu links)"
@@ -86,8 +67,10 @@ class FabricKind(Typed):
         self, clients: Clients, target: str, params: Any, duration_s: float | None
     ) -> ActiveFault:
         typed = self.typed(params)
-        fault = fabric_pb2.FabricFault(
-            kind=self.name, target=target, for_s=duration_s or 0.0, **FIELDS[type(typed)](typed)
+        fault = faultparams.pack(
+            fabric_pb2.FabricFault(kind=self.name, target=target, for_s=duration_s or 0.0),
+            self.name,
+            typed,
         )
         stored = await reply_of(None, clients.fabric().InjectFault(fault, timeout=CALL_TIMEOUT_S))
         return fabric_fault(stored)

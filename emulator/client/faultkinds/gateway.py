@@ -13,6 +13,7 @@ from typing import Any
 from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, not_found
 from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.model.errors import NotFoundError
 from cmemu.emulator.model.faults.catalogue import LinkDegradedParams, NoParams
 from cmemu.v1 import gateway_pb2
@@ -24,8 +25,9 @@ OWN_NAMES = {"gateway-down": "gateway-down", "partition": "supernode-partition"}
 
 def gateway_fault(f: gateway_pb2.GatewayFault) -> ActiveFault:
     detail = []
-    if f.factor:
-        detail.append(f"factor={f.factor:g}")
+    factor = faultparams.raw_params(f).get("factor")
+    if factor:
+        detail.append(f"factor={factor:g}")
     if f.until_ns:
         detail.append(f"until={f.until_ns / 1e9:.3f}s")
     return ActiveFault(
@@ -48,11 +50,10 @@ class GatewayKind(Typed):
     ) -> ActiveFault:
         typed = self.typed(params)
         gateway = clients.gateway(target if self.wire == "gateway-down" else None)
-        fault = gateway_pb2.GatewayFault(
-            kind=self.wire,
-            target=target,
-            factor=getattr(typed, "factor", 0.0),
-            for_s=duration_s or 0.0,
+        fault = faultparams.pack(
+            gateway_pb2.GatewayFault(kind=self.wire, target=target, for_s=duration_s or 0.0),
+            self.wire,
+            typed,
         )
         stored = await reply_of(None, gateway.InjectFault(fault, timeout=CALL_TIMEOUT_S))
         return gateway_fault(stored)

@@ -25,9 +25,9 @@ from cmemu.emulator.client.faultkinds.base import (
     spanning,
 )
 from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.client.wire.device import fault_request
 from cmemu.emulator.model.errors import EmulatorError, NotFoundError, PreconditionError
 from cmemu.emulator.model.faults.catalogue import CrashParams
-from cmemu.emulator.model.faults.params import params_text
 from cmemu.emulator.model.racks import rack_devices
 from cmemu.v1 import device_pb2
 
@@ -59,12 +59,9 @@ class RackPowerOff(Typed):
         # off), or, for a rack that is the whole supernode, its first device, crashed last
         outside = next((d.id for d in clients.topology.devices if d.id not in set(devices)), "")
         proxy = outside or devices[0]
-        text = params_text(typed)
 
         def crash(device: str) -> Awaitable[ActiveFault]:
-            request = device_pb2.FaultState(
-                kind=CRASH, params=text, for_s=duration_s or 0.0, device=device
-            )
+            request = fault_request(CRASH, typed, for_s=duration_s, device=device)
             return _call(
                 clients, device, proxy, lambda s: s.InjectFault(request, timeout=CALL_TIMEOUT_S)
             )

@@ -38,9 +38,10 @@ from cmemu.emulator.client.faultkinds.base import (
     device_fault,
     via,
 )
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.client.wire.device import fault_request
 from cmemu.emulator.model.errors import EmulatorError, NotFoundError, PreconditionError, quote
 from cmemu.emulator.model.faults.catalogue import NoParams, ServiceDownParams, ServiceSlowParams
-from cmemu.emulator.model.faults.params import params_text
 from cmemu.emulator.model.topology import Service, ServiceKind
 from cmemu.v1 import device_pb2
 
@@ -128,9 +129,7 @@ class ServiceKindFault(Typed):
             latency_ms=latency_ms,
             partition=self.partition,
         )
-        request = device_pb2.FaultState(
-            kind=DEVICE_KIND, params=params_text(down), for_s=duration_s or 0.0, device=carrier.id
-        )
+        request = fault_request(DEVICE_KIND, down, for_s=duration_s, device=carrier.id)
         try:
             stored = await via(
                 clients, carrier.id, lambda stub: stub.InjectFault(request, timeout=CALL_TIMEOUT_S)
@@ -189,7 +188,7 @@ def listed(state: device_pb2.FaultState, clients: Clients) -> ActiveFault:
     not the `service-down` of the device that carries it in process (its id stays the carrier's:
     `cmemu fault rm` takes it)."""
     fault = device_fault(state)
-    params = state.params
+    params = faultparams.params_text(state)
     kind = (
         PARTITION.name
         if params.get("partition") == "true"

@@ -22,6 +22,7 @@ from cmemu.emulator.client.faultkinds.base import (
     via,
 )
 from cmemu.emulator.client.faultkinds.service import CARRIER, mode_of, service_of
+from cmemu.emulator.client.wire.device import fault_request
 from cmemu.emulator.model.errors import InvalidArgumentError, PreconditionError, quote
 from cmemu.emulator.model.faults.catalogue import NoParams
 from cmemu.emulator.model.topology import ServiceKind
@@ -61,7 +62,7 @@ class SsdLoss(Typed):
             )
         devices = clients.topology.devices
         carrier = devices[CARRIER[ServiceKind.EMS] % len(devices)].id
-        request = device_pb2.FaultState(kind=NAME, for_s=duration_s or 0.0, device=carrier)
+        request = fault_request(NAME, self.typed(params), for_s=duration_s, device=carrier)
         stored = await via(
             clients, carrier, lambda stub: stub.InjectFault(request, timeout=CALL_TIMEOUT_S)
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.engines.device.engine import FaultState, Telemetry
 from cmemu.emulator.engines.device.faultbase import ActiveFault
 from cmemu.emulator.engines.device.liveness import Beat
@@ -60,15 +61,25 @@ def fault_state(m: device_pb2.FaultState) -> FaultState:
 def active_fault_proto(
     f: ActiveFault, device: str, *, faulted: bool = True
 ) -> device_pb2.FaultState:
-    return device_pb2.FaultState(
+    state = device_pb2.FaultState(
         faulted=faulted,
         kind=f.kind,
         reason=f.reason,
-        params=f.params_text,
         since_ns=f.since_ns,
         until_ns=f.until_ns,
         for_s=f.for_s,
         device=device,
+    )
+    return faultparams.pack(state, f.kind, f.params)
+
+
+def fault_request(
+    kind: str, params: object | None, *, for_s: float | None = None, device: str = ""
+) -> device_pb2.FaultState:
+    """An InjectFault request: `kind` with its typed params on `device` (empty: the one
+    called), for `for_s` emulated seconds (None or 0: until cleared)."""
+    return faultparams.pack(
+        device_pb2.FaultState(kind=kind, for_s=for_s or 0.0, device=device), kind, params
     )
 
 

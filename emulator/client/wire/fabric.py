@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.engines.clock import ClockState
 from cmemu.emulator.engines.fabric.types import LinkStat, LinkStats
 from cmemu.emulator.engines.peers import CollectiveOutcome, FlowTime
@@ -9,6 +10,8 @@ from cmemu.emulator.model.arrivals import Arrival, ArrivalBatch
 from cmemu.emulator.model.clock import Segment
 from cmemu.emulator.model.collectivespec import COLLECTIVE_OPS, CollectiveSpec
 from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.faults.catalogue import FABRIC_PARAMS
+from cmemu.emulator.model.faults.fabricspec import spec_fields, spec_params
 from cmemu.emulator.model.linkfaults import FaultSpec
 from cmemu.v1 import fabric_pb2
 
@@ -101,42 +104,29 @@ def collective_outcome(r: fabric_pb2.CollectiveResult) -> CollectiveOutcome:
 
 
 def fault_spec(m: fabric_pb2.FabricFault) -> FaultSpec:
+    """The fault a FabricFault asks for (its typed params unpacked and checked: an unknown kind
+    carries none, for the fabric to name)."""
+    params = faultparams.unpack(m, FABRIC_PARAMS)
     return FaultSpec(
         kind=m.kind,
         target=m.target,
-        factor=m.factor,
-        added_latency_s=m.added_latency_us / 1e6,
-        side_a=tuple(m.side_a),
-        side_b=tuple(m.side_b),
-        period_s=m.period_s,
-        duty=m.duty,
         for_s=m.for_s,
         id=m.id,
         since_s=m.since_ns / 1e9,
-        loss_rate=m.loss_rate,
-        module=m.module,
-        one_way=m.one_way,
+        **({} if params is None else spec_fields(params)),
     )
 
 
 def fault_proto(spec: FaultSpec) -> fabric_pb2.FabricFault:
-    return fabric_pb2.FabricFault(
+    m = fabric_pb2.FabricFault(
         id=spec.id,
         kind=spec.kind,
         target=spec.target,
-        factor=spec.factor,
-        added_latency_us=spec.added_latency_s * 1e6,
-        side_a=spec.side_a,
-        side_b=spec.side_b,
-        period_s=spec.period_s,
-        duty=spec.duty,
         for_s=spec.for_s,
         since_ns=round(spec.since_s * 1e9),
         until_ns=round(spec.until_s * 1e9),
-        loss_rate=spec.loss_rate,
-        one_way=spec.one_way,
-        module=spec.module,
     )
+    return faultparams.pack(m, spec.kind, spec_params(spec))
 
 
 def link_stats_proto(stats: LinkStats) -> fabric_pb2.LinkStats:

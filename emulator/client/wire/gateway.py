@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.engines.gateway.types import (
     GatewayStats,
     Landing,
@@ -17,6 +18,7 @@ from cmemu.emulator.engines.gateway.types import (
     TimedFlow,
 )
 from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.faults.catalogue import GATEWAY_PARAMS
 from cmemu.emulator.model.rdmafault import RdmaFault
 from cmemu.v1 import gateway_pb2
 
@@ -262,30 +264,43 @@ def stats(m: gateway_pb2.GatewayStats) -> GatewayStats:
     )
 
 
+def fault_params(kind: str, factor: float) -> object | None:
+    """A plane fault's typed parameters (the slow kinds' `factor`); None for an unknown kind."""
+    cls = GATEWAY_PARAMS.get(kind)
+    if cls is None:
+        return None
+    made: object = cls(factor=factor) if "factor" in cls.__dataclass_fields__ else cls()
+    return made
+
+
 def fault_proto(fault: RdmaFault) -> gateway_pb2.GatewayFault:
-    return gateway_pb2.GatewayFault(
+    m = gateway_pb2.GatewayFault(
         id=fault.id,
         kind=fault.kind,
         target=fault.target,
-        factor=fault.factor,
         for_s=fault.for_s,
         since_ns=round(fault.since_s * 1e9),
         until_ns=round(fault.until_s * 1e9),
     )
+    return faultparams.pack(m, fault.kind, fault_params(fault.kind, fault.factor))
 
 
 def fault_request(m: gateway_pb2.GatewayFault) -> RdmaFault:
     """A fault as asked for: what it is, where and for how long (its id and instants are the
-    holder's to set)."""
-    return RdmaFault(kind=m.kind, target=m.target, factor=m.factor, for_s=m.for_s)
+    holder's to set), its typed params unpacked and checked (an unknown kind carries none, for
+    the plane to name)."""
+    params = faultparams.unpack(m, GATEWAY_PARAMS)
+    factor = float(getattr(params, "factor", 0.0))
+    return RdmaFault(kind=m.kind, target=m.target, factor=factor, for_s=m.for_s)
 
 
 def fault(m: gateway_pb2.GatewayFault) -> RdmaFault:
     """A fault as its holder reports it."""
+    factor = float(faultparams.raw_params(m).get("factor", 0.0))  # type: ignore[arg-type]
     return RdmaFault(
         kind=m.kind,
         target=m.target,
-        factor=m.factor,
+        factor=factor,
         for_s=m.for_s,
         since_s=m.since_ns / 1e9,
         id=m.id,

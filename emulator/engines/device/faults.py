@@ -64,7 +64,12 @@ from cmemu.emulator.model.errors import (
     PreconditionError,
     quote,
 )
-from cmemu.emulator.model.faults.catalogue import PARAMS, CrashParams, HbmEccParams, SdcParams
+from cmemu.emulator.model.faults.catalogue import (
+    DEVICE_PARAMS,
+    CrashParams,
+    HbmEccParams,
+    SdcParams,
+)
 from cmemu.emulator.model.faults.params import params_from
 from cmemu.emulator.model.topology import DeviceKind
 
@@ -319,8 +324,10 @@ class DeviceFaults:
         return target
 
     async def inject(
-        self, kind: str, raw: Mapping[str, object], for_s: float, *, by_itself: bool
+        self, kind: str, params: object | None, for_s: float, *, by_itself: bool
     ) -> ActiveFault:
+        """Apply a `kind` fault; `params` typed (the wire unpacks and checks them:
+        emulator/client/wire/faultparams.py), or None for the kind's defaults."""
         e = self.engine
         effect = EFFECTS.get(kind)
         if effect is None:
@@ -339,7 +346,15 @@ class DeviceFaults:
                 subject=device.id,
                 reason="WRONG_DEVICE_KIND",
             )
-        params = params_from(PARAMS[kind], dict(raw), kind=kind)
+        if params is None:
+            params = params_from(DEVICE_PARAMS[kind], {}, kind=kind)
+        elif not isinstance(params, DEVICE_PARAMS[kind]):
+            raise InvalidArgumentError(
+                f"{kind} takes {DEVICE_PARAMS[kind].__name__}, not {type(params).__name__}",
+                field="params",
+                subject=kind,
+                reason="WRONG_FAULT_PARAMS",
+            )
         for_s = _duration(for_s)
         if kind in self.active:
             raise PreconditionError(

@@ -3,6 +3,12 @@
 A field's metadata carries its help and its range (emulator/model/faults/params.py checks it);
 a `check()` method holds the rules that span fields. Shares (`compute`, `link`, `factor`) are
 what remains of a rate, in (0, 1], like the fabric's link-degraded factor: 0.5 is half speed.
+
+On the wire each dataclass is a message of the same name, fields and types
+(protos/cmemu/v1/faultparams.proto), in the `oneof params` of the fault message of whoever
+applies the kind: DEVICE_PARAMS (Device's FaultState), FABRIC_PARAMS (FabricFault),
+GATEWAY_PARAMS (GatewayFault); emulator/client/wire/faultparams.py converts, and checks that the
+two agree.
 """
 
 from __future__ import annotations
@@ -149,6 +155,12 @@ class LinkLatencyParams:
         help="emulated microseconds added per crossing, (0, 1e6]", check=POSITIVE
     )
 
+    def check(self) -> None:
+        if self.latency_us > 1e6:
+            raise invalid(
+                "link-latency", "latency_us", f"must be at most 1e6, got {self.latency_us:g}"
+            )
+
 
 @dataclass(frozen=True, kw_only=True)
 class LinkLossParams:
@@ -177,6 +189,22 @@ class PartitionParams:
         "only side_a's frames to side_b are lost (an asymmetric partition): side_b's writes to "
         "side_a land but are never acknowledged, and side_a's requests never arrive",
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PortsDegradedParams:
+    """The fabric's ports-degraded, set by a device's slow fault (its link share)."""
+
+    factor: float = param(help="share of the device's UB port bandwidth left, in (0, 1)",
+                          check=FRACTION)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSlowParams:
+    """The fabric's rank-slow, set by an NPU's slow or thermal-throttle fault."""
+
+    factor: float = param(help="share of the rank's compute speed left, in (0, 1)",
+                          check=FRACTION)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,3 +324,58 @@ PARAMS: dict[str, type[Any]] = {
     "container-netem": NetemParams,
 }
 """The parameters of every kind of the catalogue, by kind name."""
+
+
+DEVICE_PARAMS: dict[str, type[Any]] = {
+    k: PARAMS[k]
+    for k in (
+        "device-down",
+        "broker-outage",
+        "crash",
+        "hang",
+        "slow",
+        "thermal-throttle",
+        "intermittent-hang",
+        "hbm-ecc",
+        "sdc",
+        "die-down",
+        "pool-loss",
+        "service-down",
+        "ssd-loss",
+        "clock-skew",
+    )
+}
+"""The kinds a device applies itself (Device/InjectFault: FaultState's `oneof params`)."""
+
+FABRIC_PARAMS: dict[str, type[Any]] = {
+    **{
+        k: PARAMS[k]
+        for k in (
+            "link-down",
+            "link-degraded",
+            "link-latency",
+            "switch-down",
+            "partition",
+            "link-flap",
+            "link-loss",
+            "optical-module",
+            "l1-board",
+        )
+    },
+    "ports-degraded": PortsDegradedParams,
+    "rank-down": NoParams,
+    "rank-hung": NoParams,
+    "rank-slow": RankSlowParams,
+}
+"""The kinds the fabric applies to its link graph (Fabric/InjectFault: FabricFault's)."""
+
+GATEWAY_PARAMS: dict[str, type[Any]] = {
+    "link-down": NoParams,
+    "link-slow": LinkDegradedParams,
+    "switch-down": NoParams,
+    "switch-slow": LinkDegradedParams,
+    "gateway-down": NoParams,
+    "partition": NoParams,
+}
+"""The RDMA plane's kinds by their names on the gateway's API (Gateway/InjectFault:
+GatewayFault's); the catalogue names them rdma-link-down, supernode-partition..."""

@@ -117,7 +117,7 @@ def params_from(cls: type[P], raw: Mapping[str, object], *, kind: str) -> P:
 
 
 def params_text(params: object) -> dict[str, str]:
-    """A params dataclass as text, as it travels in a proto map<string, string>."""
+    """A params dataclass as text (`wipe=true`), for logs and events."""
     out: dict[str, str] = {}
     for f in dataclasses.fields(params):  # type: ignore[arg-type]
         value = getattr(params, f.name)

@@ -37,7 +37,15 @@ from cmemu.emulator.model.chaos.selectors import NO_PLACEMENT, parse_selector, r
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
 from cmemu.emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
 from cmemu.emulator.runtime.chaos import files, kinds
-from cmemu.v1 import device_pb2, fabric_pb2, manager_pb2, router_pb2, scheduler_pb2, ub_pb2
+from cmemu.v1 import (
+    device_pb2,
+    fabric_pb2,
+    faultparams_pb2,
+    manager_pb2,
+    router_pb2,
+    scheduler_pb2,
+    ub_pb2,
+)
 
 pytestmark = pytest.mark.supernode(
     preset="cm-mini", mode="inprocess", time_scale=50, fresh="module"
@@ -181,7 +189,9 @@ def test_the_device_path_refuses_a_bad_service_with_its_reason(
     service faults travel as, with a service the process cannot act on."""
 
     async def inject(c: Clients) -> tuple[str, str]:
-        request = device_pb2.FaultState(kind="service-down", params={"service": service})
+        request = device_pb2.FaultState(
+            kind="service-down", service_down=faultparams_pb2.ServiceDownParams(service=service)
+        )
         try:
             await c.device("n00-npu0").InjectFault(request, timeout=CALL_WALL_S)
         except grpc.aio.AioRpcError as exc:

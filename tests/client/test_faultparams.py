@@ -1,0 +1,132 @@
+"""Fault parameters on the wire (emulator/client/wire/faultparams.py): every kind's params
+dataclass has its message in the oneof of its fault message, with the same fields and compatible
+types, so the two cannot drift apart; and a dataclass that drifted is caught (its must-fail twin).
+The conversion keeps every value and every default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from google.protobuf.descriptor import Descriptor
+
+from cmemu.emulator.client.faultkinds import fabric as fabric_kinds
+from cmemu.emulator.client.faultkinds import gateway as gateway_kinds
+from cmemu.emulator.client.faults import KINDS
+from cmemu.emulator.client.wire import faultparams
+from cmemu.emulator.client.wire.device import fault_request
+from cmemu.emulator.engines.device.faults import EFFECTS
+from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.faults.catalogue import (
+    DEVICE_PARAMS,
+    FABRIC_PARAMS,
+    GATEWAY_PARAMS,
+    CrashParams,
+    HbmEccParams,
+    LinkDegradedParams,
+    SlowParams,
+    param,
+)
+from cmemu.emulator.model.linkfaults import FAULT_KINDS
+from cmemu.emulator.model.rdmagraph import RDMA_FAULT_KINDS
+from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, gateway_pb2
+
+STATE = device_pb2.FaultState.DESCRIPTOR
+WIRES: list[tuple[str, dict[str, type[Any]], Descriptor]] = [
+    ("device", DEVICE_PARAMS, STATE),
+    ("fabric", FABRIC_PARAMS, fabric_pb2.FabricFault.DESCRIPTOR),
+    ("gateway", GATEWAY_PARAMS, gateway_pb2.GatewayFault.DESCRIPTOR),
+]
+
+
+@pytest.mark.parametrize(("name", "table", "message"), WIRES, ids=[w[0] for w in WIRES])
+def test_every_kind_has_its_message_in_the_oneof(
+    name: str, table: dict[str, type[Any]], message: Descriptor
+) -> None:
+    assert faultparams.drift(table, message) == []
+
+
+def test_the_tables_are_every_registered_kind_that_travels() -> None:
+    """Each wire's table holds exactly the kinds its owner applies, and every catalogue kind
+    that travels as itself has the same params there as in the client's registry."""
+    assert set(DEVICE_PARAMS) == set(EFFECTS)
+    assert set(FABRIC_PARAMS) == set(FAULT_KINDS)
+    assert set(GATEWAY_PARAMS) == set(RDMA_FAULT_KINDS) | {"gateway-down"}
+    for kind in KINDS.values():
+        if isinstance(kind, gateway_kinds.GatewayKind):
+            assert GATEWAY_PARAMS[kind.wire] is kind.params, kind.name
+        elif isinstance(kind, fabric_kinds.FabricKind):
+            assert FABRIC_PARAMS[kind.name] is kind.params, kind.name
+        elif kind.name in DEVICE_PARAMS:
+            assert DEVICE_PARAMS[kind.name] is kind.params, kind.name
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlowParams2:  # SlowParams with a field the wire does not carry
+    compute: float = param(0.5, "share of kernel throughput left")
+    link: float = param(1.0, "share of its ports' bandwidth left")
+    memory: float = param(1.0, "a field added to the dataclass only")
+
+
+def test_a_dataclass_that_drifted_fails_the_check() -> None:
+    """The must-fail twin: an extra field, a renamed class, a type changed."""
+    drifted = {**DEVICE_PARAMS, "slow": SlowParams2}
+    problems = faultparams.drift(drifted, STATE)
+    assert any("memory has no wire field" in p for p in problems), problems
+    assert any("named differently" in p for p in problems), problems
+
+    @dataclass(frozen=True, kw_only=True)
+    class CrashParams:
+        wipe: str = param("yes", "text instead of a bool")
+
+    problems = faultparams.drift(
+        {**DEVICE_PARAMS, "crash": CrashParams}, device_pb2.FaultState.DESCRIPTOR
+    )
+    assert problems == ["crash (CrashParams / CrashParams): wipe is str but bool on the wire"]
+    unknown = faultparams.drift(
+        {**DEVICE_PARAMS, "meteor": CrashParams}, device_pb2.FaultState.DESCRIPTOR
+    )
+    assert any("no oneof field meteor" in p for p in unknown), unknown
+    fewer = {k: v for k, v in DEVICE_PARAMS.items() if k != "sdc"}
+    assert faultparams.drift(fewer, STATE) == ["FaultState: oneof field sdc is no kind's"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "params"),
+    [
+        ("crash", CrashParams(wipe=False)),
+        ("slow", SlowParams(compute=0.25, link=0.5)),
+        ("hbm-ecc", HbmEccParams(offset=4096, size=1 << 20)),
+    ],
+)
+def test_a_round_trip_keeps_every_value(kind: str, params: object) -> None:
+    request = fault_request(kind, params, for_s=2.0, device="n00-npu0")
+    wire = device_pb2.FaultState.FromString(request.SerializeToString())
+    assert faultparams.unpack(wire, DEVICE_PARAMS) == params
+    assert (wire.for_s, wire.device) == (2.0, "n00-npu0")
+
+
+def test_a_field_left_out_takes_the_default_and_a_kind_without_params_needs_none() -> None:
+    """`optional` fields: a crash sent with nothing keeps its default wipe=True (proto3's
+    implicit false would have flipped it)."""
+    bare = device_pb2.FaultState(kind="crash", crash=faultparams_pb2.CrashParams())
+    assert faultparams.unpack(bare, DEVICE_PARAMS) == CrashParams(wipe=True)
+    assert faultparams.unpack(device_pb2.FaultState(kind="crash"), DEVICE_PARAMS) == CrashParams()
+    assert faultparams.unpack(device_pb2.FaultState(kind="meteor"), DEVICE_PARAMS) is None
+
+
+def test_bad_params_name_the_field() -> None:
+    wrong = gateway_pb2.GatewayFault(
+        kind="link-slow", switch_slow=faultparams_pb2.LinkDegradedParams(factor=0.5)
+    )
+    with pytest.raises(InvalidArgumentError) as err:
+        faultparams.unpack(wrong, GATEWAY_PARAMS)
+    assert (err.value.reason, err.value.field) == ("WRONG_FAULT_PARAMS", "switch_slow")
+    far = faultparams.pack(fabric_pb2.FabricFault(kind="link-degraded"), "link-degraded",
+                           LinkDegradedParams(factor=1.5))  # fmt: skip
+    with pytest.raises(InvalidArgumentError) as err:
+        faultparams.unpack(far, FABRIC_PARAMS)
+    assert (err.value.reason, err.value.field) == ("INVALID_FAULT_PARAM", "params.factor")
+    with pytest.raises(InvalidArgumentError, match="factor is required"):
+        faultparams.unpack(fabric_pb2.FabricFault(kind="link-degraded"), FABRIC_PARAMS)
