@@ -39,11 +39,10 @@ from cmemu.emulator.model.errors import (
     relayed,
 )
 from cmemu.emulator.model.memory import Region, RegionPage
-from cmemu.emulator.model.scheduler.grants import Allocation, AllocationChange
 from cmemu.emulator.model.topology import Device, Service
 from cmemu.emulator.model.ub import Completion, Transaction
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the scheduler's model package is imported only where it runs (not by devices)
     from cmemu.emulator.engines.clock import ClockState
     from cmemu.emulator.engines.device.engine import DeviceEngine, FaultState, Telemetry
     from cmemu.emulator.engines.device.liveness import Beat
@@ -62,6 +61,7 @@ if TYPE_CHECKING:
     from cmemu.emulator.model.collectivespec import CollectiveSpec
     from cmemu.emulator.model.linkfaults import FaultSpec
     from cmemu.emulator.model.rdmafault import RdmaFault
+    from cmemu.emulator.model.scheduler.grants import Allocation, AllocationChange
     from cmemu.emulator.model.scheduler.jobs import Replacement
 
 T = TypeVar("T")
