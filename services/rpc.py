@@ -42,6 +42,7 @@ from cmemu.emulator.model.errors import (
     EmulatorError,
     InternalError,
     InvalidArgumentError,
+    error_line,
     shorten,
 )
 
@@ -64,9 +65,9 @@ def code_name(error: EmulatorError) -> str:
 def status_line(exc: BaseException) -> str:
     """An error as one status line (`CODE: message`), whether a server or this process raised
     it: for notes and logs that must say what went wrong without a traceback."""
-    if isinstance(exc, EmulatorError):
-        return f"{code_name(exc)}: {exc}"
-    return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, RemoteError):
+        return f"{exc.code.name}: {exc}"
+    return error_line(exc)
 
 
 def details_of(error: EmulatorError) -> list[any_pb2.Any]:

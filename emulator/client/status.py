@@ -43,6 +43,7 @@ from cmemu.emulator.model.errors import (
     PreconditionError,
     UnauthenticatedError,
     UnavailableError,
+    code_of,
     shorten,
 )
 
@@ -82,10 +83,9 @@ def status_of(error: EmulatorError) -> grpc.StatusCode:
 
 def code_name(error: EmulatorError) -> str:
     """The name of the status `error` reports, or came back from (`error_from` keeps a code it
-    has no class for, UNKNOWN or UNIMPLEMENTED, as an InternalError's reason)."""
-    if isinstance(error, InternalError) and error.reason in grpc.StatusCode.__members__:
-        return error.reason
-    return status_of(error).name
+    has no class for, UNKNOWN or UNIMPLEMENTED, as an InternalError's reason): the model's
+    `code_of`, the one table of codes."""
+    return code_of(error)
 
 
 def error_details(error: EmulatorError) -> ErrorDetails:
