@@ -87,13 +87,21 @@ class FabricClient:
     """The fabric of a launch's supernodes, over the channels of `clients` (not closed here:
     the caller owns them)."""
 
-    def __init__(self, clients: Clients) -> None:
+    def __init__(self, clients: Clients, *, timeout_s: float | None = None) -> None:
+        """`timeout_s`: every unary call's wall deadline (None: none); a method's own
+        `deadline_s`, where it takes one, wins (its caller passes on what is left of its own)."""
         self._clients = clients
+        self._timeout_s = timeout_s
+
+    def _deadline(self, deadline_s: float | None) -> float | None:
+        return self._timeout_s if deadline_s is None else deadline_s
 
     async def route(self, src: str, dst: str) -> RouteInfo:
         """The route between two devices (or NPU dies, `n00-npu3.d1`) of this supernode."""
         request = fabric_pb2.RouteRequest(src=src, dst=dst)
-        return _route(await reply_of(None, self._clients.fabric().Route(request)))
+        return _route(
+            await reply_of(None, self._clients.fabric().Route(request, timeout=self._timeout_s))
+        )
 
     async def clock(
         self, *, deadline_s: float | None = None, address: str | None = None
@@ -106,7 +114,7 @@ class FabricClient:
             if address is None
             else fabric_pb2_grpc.FabricStub(self._clients.channel_to(address))
         )
-        m = await reply_of(None, fabric.GetClock(request, timeout=deadline_s))
+        m = await reply_of(None, fabric.GetClock(request, timeout=self._deadline(deadline_s)))
         return ClockInfo(
             epoch_wall_s=m.epoch_wall_s,
             time_scale=m.time_scale,
@@ -125,7 +133,7 @@ class FabricClient:
     async def link_stats(self, top: int, *, deadline_s: float | None = None) -> LinkStats:
         """The `top` busiest directed links (0: the fabric's default, 20)."""
         request = fabric_pb2.LinkStatsRequest(top=_top(top))
-        call = self._clients.fabric().GetLinkStats(request, timeout=deadline_s)
+        call = self._clients.fabric().GetLinkStats(request, timeout=self._deadline(deadline_s))
         return wire.link_stats(await reply_of(None, call))
 
     async def watch_link_stats(
@@ -172,11 +180,14 @@ class FabricClient:
         sn = self._clients.supernode(check_ub_within(source.id, target.id))
         device = sn.device(target.id)
         request = device_pb2.AllocateRegionRequest(size=size, label=label)
-        region = await reply_of(None, device.AllocateRegion(request))
+        region = await reply_of(None, device.AllocateRegion(request, timeout=self._timeout_s))
         try:
             in_flight: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
             if pacing is not None:
-                in_flight = pacing(await FabricClient(sn).route(src, dst), sn.topology.time_scale)
+                in_flight = pacing(
+                    await FabricClient(sn, timeout_s=self._timeout_s).route(src, dst),
+                    sn.topology.time_scale,
+                )
             tx = Transaction(
                 op=op,
                 dst_eid=target.eid,
@@ -186,10 +197,15 @@ class FabricClient:
                 src_die=src_die,
             )
             with in_flight:
-                done = await reply_of(None, sn.bus(source.id).Submit(ub_wire.transaction_proto(tx)))
+                done = await reply_of(
+                    None,
+                    sn.bus(source.id).Submit(
+                        ub_wire.transaction_proto(tx), timeout=self._timeout_s
+                    ),
+                )
         finally:
             free = device_pb2.FreeRegionRequest(region_id=region.region_id)
-            await reply_of(None, device.FreeRegion(free))
+            await reply_of(None, device.FreeRegion(free, timeout=self._timeout_s))
         return Xfer(
             src=source.id, dst=target.id, op=op, size=size, completion=ub_wire.completion(done)
         )

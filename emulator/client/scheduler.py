@@ -57,9 +57,13 @@ class Policy:
 class SchedulerClient:
     """The scheduler of `clients`' supernode, over its channels (not closed here)."""
 
-    def __init__(self, clients: Clients | grpc.aio.Channel) -> None:
+    def __init__(
+        self, clients: Clients | grpc.aio.Channel, *, timeout_s: float | None = None
+    ) -> None:
         """`clients`' scheduler, or the one at the other end of a channel (a service's own,
-        shared channel: services/peers.py)."""
+        shared channel: services/peers.py). `timeout_s`: every unary call's wall deadline
+        (None: none); the watch stream has none (it is meant to stay open)."""
+        self._timeout_s = timeout_s
         if isinstance(clients, grpc.aio.Channel):
             channel = clients
         else:
@@ -69,7 +73,9 @@ class SchedulerClient:
     async def allocation(self, job: str) -> Allocation:
         """One job's allocation (NotFoundError for none)."""
         request = scheduler_pb2.GetAllocationRequest(job=job)
-        return _allocation(await reply_of(None, self._stub.GetAllocation(request)))
+        return _allocation(
+            await reply_of(None, self._stub.GetAllocation(request, timeout=self._timeout_s))
+        )
 
     def watch(self, job: str = "") -> AllocationChanges:
         """Each change of an allocation (of `job`; empty: every job), as it happens, until
@@ -101,16 +107,20 @@ class SchedulerClient:
             priority=priority,
             policy=policy,
         )
-        return _allocation(await reply_of(None, self._stub.Allocate(request)))
+        return _allocation(
+            await reply_of(None, self._stub.Allocate(request, timeout=self._timeout_s))
+        )
 
     async def release(self, job: str) -> Released:
         """Give a job's NPUs back (its failed ones stay out of service)."""
-        reply = await reply_of(None, self._stub.Release(scheduler_pb2.ReleaseRequest(job=job)))
+        reply = await reply_of(
+            None, self._stub.Release(scheduler_pb2.ReleaseRequest(job=job), timeout=self._timeout_s)
+        )
         return Released(job=reply.job, npus=reply.npus)
 
     async def allocations(self) -> Occupancy:
         request = scheduler_pb2.ListAllocationsRequest()
-        m = await reply_of(None, self._stub.ListAllocations(request))
+        m = await reply_of(None, self._stub.ListAllocations(request, timeout=self._timeout_s))
         return Occupancy(
             allocations=tuple(_allocation(a) for a in m.allocations),
             total_npus=m.total_npus,
@@ -132,23 +142,29 @@ class SchedulerClient:
             request.npu = npu
         else:
             request.node = node
-        m = await reply_of(None, self._stub.Replace(request))
+        m = await reply_of(None, self._stub.Replace(request, timeout=self._timeout_s))
         swaps = tuple(Replacement(old=r.old_npu, new=r.new_npu) for r in m.replaced)
         return swaps, _allocation(m.allocation)
 
     async def spares(self, count: int | None = None) -> Spares:
         """The spare NPUs; with `count`, first reserve that many (fewer frees some)."""
         if count is None:
-            m = await reply_of(None, self._stub.GetSpares(scheduler_pb2.GetSparesRequest()))
+            m = await reply_of(
+                None,
+                self._stub.GetSpares(scheduler_pb2.GetSparesRequest(), timeout=self._timeout_s),
+            )
         elif count < 0:
             raise InvalidArgumentError(f"count must be >= 0, got {count}", field="count")
         else:
             request = scheduler_pb2.SetSparesRequest(count=count)
-            m = await reply_of(None, self._stub.SetSpares(request))
+            m = await reply_of(None, self._stub.SetSpares(request, timeout=self._timeout_s))
         return Spares(target=m.target, npus=tuple(m.npus))
 
     async def policies(self) -> list[Policy]:
-        m = await reply_of(None, self._stub.ListPolicies(scheduler_pb2.ListPoliciesRequest()))
+        m = await reply_of(
+            None,
+            self._stub.ListPolicies(scheduler_pb2.ListPoliciesRequest(), timeout=self._timeout_s),
+        )
         return [
             Policy(name=p.name, description=p.description, default=p.name == m.default_policy)
             for p in m.policies

@@ -4,15 +4,18 @@ whatever happened, and every refusal is an EmulatorError of the class its status
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from cmemu.emulator.client import faults
 from cmemu.emulator.client.fabric import FabricClient, RouteInfo
 from cmemu.emulator.client.remote import RemoteDevice
 from cmemu.emulator.model.errors import (
     CapacityError,
+    DeadlineExceededError,
     EmulatorError,
     InvalidArgumentError,
     NotFoundError,
@@ -110,3 +113,32 @@ async def test_the_clock_as_the_fabric_reports_it(mini: Supernode) -> None:
     clock = await FabricClient(mini.clients).clock(deadline_s=30.0)  # a bound only
     assert clock.time_scale == mini.clients.topology.time_scale
     assert clock.emulated_ns > 0 and clock.epoch_wall_s > 0 and clock.rate > 0
+
+
+async def test_a_wall_deadline_ends_a_call_the_fabric_does_not_answer(mini: Supernode) -> None:
+    """`timeout_s` bounds every call of the client; a method's own `deadline_s` wins over it
+    (issue 18: one timeout rule). Against a hung fabric (service-hang): the client's deadline
+    ends `route`, a per-call deadline ends `link_stats` of a client that has none, and a call
+    with neither is still waiting when it is cut from outside (the must-fail twin). (The clock
+    is not asked: a hung fabric still keeps time for the processes that follow it.)"""
+    bounded = FabricClient(mini.clients, timeout_s=1.0)
+    assert (await bounded.route("n00-npu0", "n00-npu1")).path
+    hang = await faults.inject(mini.clients, "service-hang", "fabric")
+    try:
+        with pytest.raises(DeadlineExceededError):
+            await bounded.route("n00-npu0", "n00-npu1")
+        with pytest.raises(DeadlineExceededError):
+            await FabricClient(mini.clients).link_stats(5, deadline_s=1.0)
+        unbounded = asyncio.ensure_future(FabricClient(mini.clients).link_stats(5))
+        await asyncio.sleep(3.0)  # three times the others' deadline: it would have ended by now
+        assert not unbounded.done()
+        unbounded.cancel()
+    finally:
+        await faults.clear(mini.clients, hang.id)
+    async with asyncio.timeout(60):  # a bound only: the fabric answers again once cleared
+        while True:
+            try:
+                await bounded.route("n00-npu0", "n00-npu1")
+                break
+            except DeadlineExceededError:
+                await asyncio.sleep(0.1)

@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from cmemu.emulator.client import faults
 from cmemu.emulator.client.dayplan import day_plan
 from cmemu.emulator.client.scheduler import AllocationChange, SchedulerClient
-from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.errors import DeadlineExceededError, InvalidArgumentError, NotFoundError
 from cmemu.emulator.runtime.supernode import Supernode
 from cmemu.emulator.testing import running_supernode
 
@@ -94,3 +95,28 @@ async def test_one_allocation_and_its_changes_as_they_happen(mini: Supernode) ->
             await anext(bad)
     finally:
         bad.cancel()
+
+
+async def test_a_wall_deadline_ends_a_call_the_scheduler_does_not_answer(mini: Supernode) -> None:
+    """`timeout_s` bounds every unary call (issue 18: one timeout rule for the typed clients):
+    a hung scheduler (service-hang) is DeadlineExceededError after it; the client without one
+    is still waiting when the same call is cut from outside."""
+    bounded = SchedulerClient(mini.clients, timeout_s=1.0)
+    assert await bounded.policies()  # answered while healthy
+    hang = await faults.inject(mini.clients, "service-hang", "scheduler")
+    try:
+        with pytest.raises(DeadlineExceededError):
+            await bounded.allocations()
+        unbounded = asyncio.ensure_future(SchedulerClient(mini.clients).allocations())
+        await asyncio.sleep(3.0)  # three times the other's deadline: it would have ended by now
+        assert not unbounded.done()  # the must-fail twin: no timeout, no deadline error
+        unbounded.cancel()
+    finally:
+        await faults.clear(mini.clients, hang.id)
+    async with asyncio.timeout(60):  # a bound only: the scheduler answers again once cleared
+        while True:
+            try:
+                await bounded.allocations()
+                break
+            except DeadlineExceededError:
+                await asyncio.sleep(0.1)
