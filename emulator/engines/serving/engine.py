@@ -108,6 +108,12 @@ class ServingEngine:
     async def close(self) -> None:
         self._closed.set()
 
+    @property
+    def running(self) -> bool:
+        """`run` owns the deployments' tasks (a deploy before it, or after `close`, is
+        UNAVAILABLE)."""
+        return self._tasks is not None
+
     # --- deployments ---------------------------------------------------------------------------
 
     def get(self, name: str) -> LiveDeployment:
