@@ -11,8 +11,6 @@ from cmemu.emulator.client.ems import EmsClient
 from cmemu.emulator.client.scheduler import SchedulerClient
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
-from cmemu.emulator.engines.serving.deploy import LiveDeployment
-from cmemu.emulator.engines.serving.driver import Driver
 from cmemu.emulator.engines.serving.engine import ServingEngine
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.instruments import Family
@@ -51,9 +49,6 @@ class RouterState:
     ) -> None:
         self.clock = clock
         self.http_address = http_address
-        self.http = (
-            OpenAiServer(router=self, profile=profile, clock=clock.clock) if http_address else None
-        )
         # the scheduler and EMS over this process's shared channels: neither has an engine to
         # call directly; the NPUs, the fabric and the gateway through `peers`
         self.engine = ServingEngine(
@@ -66,8 +61,14 @@ class RouterState:
             ),
             ems=EmsClient(peers.channel(topology.service(ServiceKind.EMS).address)),
             events=events,
-            on_deploy=self.http.warm if self.http is not None else None,
         )
+        self.http = (
+            OpenAiServer(router=self.engine, profile=profile, clock=clock.clock)
+            if http_address
+            else None
+        )
+        if self.http is not None:  # a deployment's requests will need the tokenizer: loaded
+            self.engine.on_deploy = self.http.warm  # while its weights load
         self.host: ServiceHost | None = None  # its token guards the HTTP endpoint too
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -94,15 +95,6 @@ class RouterState:
 
     async def close(self) -> None:
         await self.engine.close()
-
-    # --- what the HTTP endpoint asks -------------------------------------------------------------
-
-    @property
-    def deployments(self) -> dict[str, LiveDeployment]:
-        return self.engine.deployments
-
-    def serving(self, model: str) -> Driver:
-        return self.engine.serving(model)
 
     # --- reports -------------------------------------------------------------------------------
 

@@ -56,7 +56,7 @@ OPENAPI = Path(__file__).resolve().parent / "endpoint" / "openapi.json"
 
 
 class Deployments(Protocol):
-    """What the endpoint needs of the router."""
+    """What the endpoint needs of the router: its serving engine (emulator/engines/serving/)."""
 
     @property
     def deployments(self) -> Mapping[str, Any]: ...
