@@ -134,11 +134,6 @@ class InstanceView:
     imbalance: float  # what the engine charges for the placement now
 
 
-def remote(exc: EmulatorError, what: str) -> EmulatorError:
-    """A peer service's refusal, as this service relays it: its code, prefixed with who."""
-    return relayed(exc, what)
-
-
 class Provisioner:
     """Scheduler allocations, expert placement, KV regions and weights for one deployment."""
 
@@ -169,7 +164,7 @@ class Provisioner:
                 try:
                     allocation = await self.scheduler.allocate(job, npus)
                 except EmulatorError as exc:
-                    raise remote(exc, f"scheduler ({instance}: {npus} NPUs)") from exc
+                    raise relayed(exc, f"scheduler ({instance}: {npus} NPUs)") from exc
                 live.allocations[instance] = job
                 devices = tuple(self.topology.device(n.id) for n in allocation.npus)
                 live.roles[instance] = role
@@ -235,7 +230,7 @@ class Provisioner:
         try:
             present = await self.ems.exist(keys)
         except EmulatorError as exc:
-            raise remote(exc, "ems") from exc
+            raise relayed(exc, "ems") from exc
         live.weights_source = "ems" if all(present) else "cold"
 
     async def stage_weights(self, live: LiveDeployment) -> None:
@@ -247,7 +242,7 @@ class Provisioner:
             for key, size in plan.shards:  # one at a time: each is a whole pool's worth of writes
                 await self.ems.put(key, size=size, kind=WEIGHTS_KIND, device=source)
         except EmulatorError as exc:
-            raise remote(exc, "ems (weights)") from exc
+            raise relayed(exc, "ems (weights)") from exc
 
     async def load_weights(self, live: LiveDeployment) -> float:
         """Cache the shards EMS lacks (a cold load fills it); the emulated loading time."""
@@ -261,7 +256,7 @@ class Provisioner:
             try:  # one at a time: each is a whole pool's worth of writes
                 await self.ems.put(key, size=size, kind=WEIGHTS_KIND, device=source)
             except EmulatorError as exc:
-                raise remote(exc, "ems (weights)") from exc
+                raise relayed(exc, "ems (weights)") from exc
         return plan.cold_s if live.weights_source == "cold" else plan.from_ems_s
 
     async def release(self, live: LiveDeployment) -> None:
@@ -278,5 +273,5 @@ class Provisioner:
             except NotFoundError:
                 pass
             except EmulatorError as exc:
-                raise remote(exc, "scheduler") from exc
+                raise relayed(exc, "scheduler") from exc
         live.allocations.clear()

@@ -38,11 +38,10 @@ from cmemu.emulator.engines.serving.deploy import (
     WEIGHTS_KIND,
     LiveDeployment,
     Provisioner,
-    remote,
     weight_plan,
 )
 from cmemu.emulator.engines.serving.driver import Driver
-from cmemu.emulator.model.errors import EmulatorError, NotFoundError
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError, relayed
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.serving.live import PdStatus, PdSwitch
 from cmemu.emulator.model.serving.pdpolicy import DemandMeter, PdOptions, UnitRates, next_move
@@ -251,9 +250,9 @@ class LivePd:
                 try:
                     await self.ems.put(key, size=size, kind=WEIGHTS_KIND, device=device)
                 except EmulatorError as put_exc:
-                    raise remote(put_exc, "ems (weights)") from put_exc
+                    raise relayed(put_exc, "ems (weights)") from put_exc
             except EmulatorError as exc:
-                raise remote(exc, "ems (weights)") from exc
+                raise relayed(exc, "ems (weights)") from exc
         return self.profile.serving.cache_cold_s if cold else self.rates.load_s
 
     def _join(self, name: str, to: str, at_s: float) -> None:

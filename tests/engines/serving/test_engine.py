@@ -19,6 +19,7 @@ from cmemu.emulator.client.scheduler import SchedulerClient
 from cmemu.emulator.engines.serving.engine import ServingEngine
 from cmemu.emulator.engines.serving.spec import DeployAsk
 from cmemu.emulator.model.errors import (
+    CapacityError,
     InvalidArgumentError,
     NotFoundError,
     PreconditionError,
@@ -141,6 +142,11 @@ async def test_its_twin_what_it_refuses_leaves_nothing_held(mini: Supernode) -> 
         with pytest.raises(InvalidArgumentError) as bad:
             await engine.deploy(replace(SMALL, name="Not A Name"))
         assert bad.value.field == "name"
+        with pytest.raises(CapacityError) as full:  # its decode NPUs fit, its prefill's do not
+            await engine.deploy(replace(SMALL, name="e-huge", decode_npus=12, prefill_npus=4))
+        assert full.value.reason == "NO_ROOM"  # the scheduler's refusal, relayed: who said it
+        assert str(full.value).startswith("scheduler (prefill-0: 4 NPUs): no room")
+        assert await jobs(mini) == before  # and the decode NPUs it had are given back
         live = await engine.deploy(replace(SMALL, name="e-two"))
         assert live.state is DeploymentState.LOADING
         with pytest.raises(UnavailableError):  # loading: no driver yet
