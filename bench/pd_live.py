@@ -1,5 +1,5 @@
 """Dynamic PD against a fixed split on the live router (issue 24 item 4, the live half;
-services/serving/pdlive.py), for `python bench/pd.py --live`.
+emulator/engines/serving/pdlive.py), for `python bench/pd.py --live`.
 
 An in-process cm-mini serves DeepSeek-R1 as three instances of 2 NPUs (two prefill, one decode at
 the start; a decode die holds one request, the SLO operating point of a 2-NPU unit), once under

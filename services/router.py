@@ -1,55 +1,39 @@
-"""The router service: deploys models on the live supernode and serves them.
-
-gRPC (cmemu.v1.Router) deploys, lists and undeploys; the OpenAI-compatible HTTP endpoint
-(services/serving/openai_http.py) at the service's `http_address` takes requests. Each deployment's
-engine runs in a live driver (services/serving/driver.py), a task of this state's TaskGroup, and
-a recovery watcher (services/serving/recovery.py) follows its scheduler allocations: a failed NPU
-is isolated, its replacement restored.
+"""The router service: cmemu.v1.Router deploys, lists and undeploys on the live supernode, and
+the OpenAI-compatible HTTP endpoint (services/serving/openai_http.py) at the service's
+`http_address` takes requests. Both only translate: the deployments, their drivers and their
+recovery are the serving engine's (emulator/engines/serving/), the messages services/serving/
+wire.py's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
-import structlog
-
+from cmemu.emulator.client.ems import EmsClient
+from cmemu.emulator.client.scheduler import SchedulerClient
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
-from cmemu.emulator.model.errors import (
-    EmulatorError,
-    NotFoundError,
-    PreconditionError,
-    UnavailableError,
-    quote,
-)
+from cmemu.emulator.engines.serving.engine import ServingEngine
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.instruments import Family
-from cmemu.emulator.model.serving.cost import kv_bytes_per_token
-from cmemu.emulator.model.serving.engine import Engine
-from cmemu.emulator.model.serving.models import get_model
-from cmemu.emulator.model.serving.pdpolicy import live_options, unit_rates
 from cmemu.emulator.model.topology import ServiceKind, Topology
 from cmemu.services.auth import OPEN
 from cmemu.services.host import ServiceHost
 from cmemu.services.peers import Peers
 from cmemu.services.rpc import Context, rpc
-from cmemu.services.serving.deploy import LiveDeployment, Provisioner, parse_request, spec_text
-from cmemu.services.serving.driver import Driver
-from cmemu.services.serving.measures import ServingModel
 from cmemu.services.serving.openai_http import OpenAiServer
-from cmemu.services.serving.pdlive import LivePd
-from cmemu.services.serving.recovery import Recovery
-from cmemu.services.serving.reports import serving_families, usage_report
-from cmemu.services.serving.stats import summarize
+from cmemu.services.serving.wire import (
+    deploy_ask,
+    deployment_message,
+    stats_message,
+    usage_report,
+)
 from cmemu.v1 import router_pb2, router_pb2_grpc
 
 SERVICE = "cmemu.v1.Router"
-log = structlog.get_logger("cmemu.router")
 
 
 class RouterState:
-    """The deployments and their drivers; `run` owns their tasks and the HTTP endpoint."""
+    """The serving engine and the HTTP endpoint before it; `run` runs the engine, then stops the
+    endpoint `open_http` started."""
 
     name = "router"
 
@@ -63,35 +47,29 @@ class RouterState:
         events: EventSink | None,
         http_address: str | None,
     ) -> None:
-        self.topology = topology
-        self.profile = profile
         self.clock = clock
-        self.peers = peers
-        self.events = events
         self.http_address = http_address
-        self.ems_address = topology.service(ServiceKind.EMS).address
-        self.provisioner = Provisioner(
+        # the scheduler and EMS over this process's shared channels: neither has an engine to
+        # call directly; the NPUs, the fabric and the gateway through `peers`
+        self.engine = ServingEngine(
             topology=topology,
             profile=profile,
+            clock=clock,
             peers=peers,
-            scheduler_address=topology.service(ServiceKind.SCHEDULER).address,
-            ems_address=self.ems_address,
+            scheduler=SchedulerClient(
+                peers.channel(topology.service(ServiceKind.SCHEDULER).address)
+            ),
+            ems=EmsClient(peers.channel(topology.service(ServiceKind.EMS).address)),
+            events=events,
         )
-        self.deployments: dict[str, LiveDeployment] = {}
         self.http = (
-            OpenAiServer(router=self, profile=profile, clock=clock.clock) if http_address else None
+            OpenAiServer(router=self.engine, profile=profile, clock=clock.clock)
+            if http_address
+            else None
         )
-        self._tasks: asyncio.TaskGroup | None = None
-        self._loading: dict[str, asyncio.Task[None]] = {}
-        self._recoveries: dict[str, asyncio.Task[None]] = {}
-        self._watchers: dict[str, asyncio.Task[None]] = {}  # live dynamic PD's deciding loops
-        self._pds: dict[str, LivePd] = {}
-        self._closed = asyncio.Event()
+        if self.http is not None:  # a deployment's requests will need the tokenizer: loaded
+            self.engine.on_deploy = self.http.warm  # while its weights load
         self.host: ServiceHost | None = None  # its token guards the HTTP endpoint too
-
-    def publish(self, event: str, **detail: object) -> None:
-        if self.events is not None:
-            self.events.event(self.name, event, self.clock.now_ns(), **detail)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -107,188 +85,18 @@ class RouterState:
         )
 
     async def run(self) -> None:
-        """Own the drivers until close(), then stop the endpoint open_http() started."""
-        async with asyncio.TaskGroup() as tasks:
-            self._tasks = tasks
-            try:
-                await self._closed.wait()
-            finally:  # streams end (their requests cancelled) before the endpoint stops
-                self._tasks = None
-                owned = [*self._loading.values(), *self._recoveries.values()]
-                for task in [*owned, *self._watchers.values()]:
-                    task.cancel()
-                for live in self.deployments.values():
-                    if live.driver is not None:
-                        await live.driver.close()
-                if self.http is not None:
-                    await self.http.stop()
+        """Run the engine until close(); its streams end (their requests cancelled) before the
+        endpoint stops."""
+        try:
+            await self.engine.run()
+        finally:
+            if self.http is not None:
+                await self.http.stop()
 
     async def close(self) -> None:
-        self._closed.set()
+        await self.engine.close()
 
-    # --- deployments ---------------------------------------------------------------------------
-
-    def get(self, name: str) -> LiveDeployment:
-        live = self.deployments.get(name)
-        if live is None:
-            raise NotFoundError(
-                f"no deployment {quote(name)}",
-                field="name",
-                subject=name,
-                reason="DEPLOYMENT_NOT_FOUND",
-            )
-        return live
-
-    async def deploy(self, request: router_pb2.DeployRequest) -> LiveDeployment:
-        tasks = self._tasks
-        if tasks is None:
-            raise UnavailableError("the router is not running", retry_after_s=1.0)
-        name, spec = parse_request(request, self.topology, self.profile)
-        if self.http is not None:
-            self.http.warm()  # its requests will need the tokenizer: loaded meanwhile
-        if name in self.deployments:
-            raise PreconditionError(
-                f"deployment {name!r} exists (undeploy it first)",
-                field="name",
-                subject=name,
-                reason="DEPLOYMENT_EXISTS",
-            )
-        live = LiveDeployment(
-            name=name, spec=spec, spec_yaml=spec_text(spec), created_ns=self.clock.now_ns()
-        )
-        self.deployments[name] = live
-        try:
-            await self.provisioner.allocate(live)
-            try:
-                if request.warm:
-                    await self.provisioner.stage_weights(live)
-                await self.provisioner.plan_weights(live)
-            except BaseException:
-                await self.provisioner.release(live)
-                raise
-        except BaseException:
-            self.deployments.pop(name, None)
-            raise
-        loading = tasks.create_task(self._load(live), name=f"load-{name}")
-        self._loading[name] = loading
-        loading.add_done_callback(lambda _: self._loading.pop(name, None))
-        self.publish("deploying", deployment=name, npus=live.message().npus)
-        if request.wait:
-            await asyncio.shield(loading)
-            if live.state == router_pb2.DEPLOYMENT_STATE_FAILED:
-                raise UnavailableError(f"deployment {name!r} failed: {live.error}", subject=name)
-        return live
-
-    async def _load(self, live: LiveDeployment) -> None:
-        """Weights through EMS, the emulated loading time, then the engine and its driver."""
-        try:
-            load_s = await self.provisioner.load_weights(live)
-            started = self.clock.now_ns()
-            await self.clock.sleep(load_s)
-            live.loaded_ns = started + round(load_s * 1e9)
-            model = get_model(live.spec.model)
-            s = self.profile.serving
-            driver = Driver(
-                name=live.name,
-                engine=Engine(live.spec, profile=self.profile),
-                instances=live.instances,
-                model=ServingModel(
-                    block_tokens=s.block_tokens,
-                    kv_bytes_per_token=round(kv_bytes_per_token(model, self.profile)),
-                    lookup_s=s.ems_lookup_s,
-                ),
-                clock=self.clock,
-                peers=self.peers,
-                ems_address=self.ems_address,
-                events=self.events,
-                profile=self.profile,
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            live.state = router_pb2.DEPLOYMENT_STATE_FAILED
-            live.error = str(exc)
-            log.warning("deployment failed", deployment=live.name, error=str(exc))
-            self.publish("deployment-failed", deployment=live.name, error=str(exc))
-            with contextlib.suppress(EmulatorError):
-                await self.provisioner.release(live)
-            return
-        live.driver = driver
-        live.state = router_pb2.DEPLOYMENT_STATE_SERVING
-        self.publish("deployed", deployment=live.name, weights=live.weights_source)
-        tasks = self._tasks
-        if tasks is not None:
-            tasks.create_task(driver.run(), name=f"driver-{live.name}")
-            recovery = Recovery(
-                live=live,
-                driver=driver,
-                provisioner=self.provisioner,
-                topology=self.topology,
-                profile=self.profile,
-                clock=self.clock,
-                peers=self.peers,
-            )
-            watching = tasks.create_task(recovery.run(), name=f"recovery-{live.name}")
-            self._recoveries[live.name] = watching
-            watching.add_done_callback(lambda _: self._recoveries.pop(live.name, None))
-            self._start_pd(live, driver, tasks)
-
-    def _start_pd(self, live: LiveDeployment, driver: Driver, tasks: asyncio.TaskGroup) -> None:
-        """Live dynamic PD (services/serving/pdlive.py), when the deployment asks for it."""
-        options = live_options(live.spec)
-        if options is None:
-            return
-        pd = LivePd(
-            live=live,
-            driver=driver,
-            provisioner=self.provisioner,
-            options=options,
-            rates=unit_rates(live.spec, profile=self.profile),
-            clock=self.clock,
-            profile=self.profile,
-            ems_address=self.ems_address,
-        )
-        live.pd = pd.status
-        self._pds[live.name] = pd
-        deciding = tasks.create_task(pd.run(), name=f"pd-{live.name}")
-        self._watchers[live.name] = deciding
-        deciding.add_done_callback(lambda _: self._watchers.pop(live.name, None))
-
-    async def undeploy(self, name: str) -> LiveDeployment:
-        live = self.get(name)
-        loading = self._loading.get(name)
-        if loading is not None:
-            loading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loading
-        for task in (self._recoveries.get(name), self._watchers.get(name)):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._pds.pop(name, None)
-        if live.driver is not None:
-            await live.driver.close()
-        await self.provisioner.release(live)
-        live.state = router_pb2.DEPLOYMENT_STATE_STOPPED
-        self.deployments.pop(name, None)
-        self.publish("undeployed", deployment=name)
-        return live
-
-    def serving(self, model: str) -> Driver:
-        """The driver that serves `model` (a deployment name): NotFoundError when there is no
-        such deployment, UnavailableError while it is loading or failed."""
-        live = self.get(model)
-        if live.driver is None or live.state != router_pb2.DEPLOYMENT_STATE_SERVING:
-            state = router_pb2.DeploymentState.Name(live.state).removeprefix("DEPLOYMENT_STATE_")
-            raise UnavailableError(
-                f"deployment {model!r} is {state.lower()}", subject=model, retry_after_s=1.0
-            )
-        return live.driver
-
-    def stats(self, name: str) -> router_pb2.ServingStats:
-        lives = [self.get(name)] if name else list(self.deployments.values())
-        return summarize([live.driver.stats for live in lives if live.driver is not None])
+    # --- reports -------------------------------------------------------------------------------
 
     def usage(self, tenant: str) -> router_pb2.UsageReport:
         """Each tenant's metered use (NotFoundError for a tenant the endpoint does not know)."""
@@ -296,48 +104,47 @@ class RouterState:
         return usage_report(meter, self.clock.now_ns(), tenant)
 
     def metrics(self) -> list[Family]:
-        """Serving figures for /metrics, per deployment (emulated seconds, tokens)."""
-        drivers = {n: live.driver for n, live in self.deployments.items() if live.driver}
+        """The tenants' figures and the serving figures for /metrics."""
         tenants = self.http.metrics() if self.http is not None else []
-        units = {name: pd.units() for name, pd in self._pds.items()}
-        return [*tenants, *serving_families(drivers, units)]
+        return [*tenants, *self.engine.metrics()]
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
     def __init__(self, state: RouterState) -> None:
         self.state = state
+        self.engine = state.engine
 
     @rpc
     async def Deploy(
         self, request: router_pb2.DeployRequest, context: Context
     ) -> router_pb2.Deployment:
-        return (await self.state.deploy(request)).message()
+        return deployment_message(await self.engine.deploy(deploy_ask(request)))
 
     @rpc
     async def Undeploy(
         self, request: router_pb2.UndeployRequest, context: Context
     ) -> router_pb2.Deployment:
-        return (await self.state.undeploy(request.name)).message()
+        return deployment_message(await self.engine.undeploy(request.name))
 
     @rpc
     async def ListDeployments(
         self, request: router_pb2.ListDeploymentsRequest, context: Context
     ) -> router_pb2.DeploymentList:
         return router_pb2.DeploymentList(
-            deployments=[d.message() for d in self.state.deployments.values()]
+            deployments=[deployment_message(d) for d in self.engine.deployments.values()]
         )
 
     @rpc
     async def GetDeployment(
         self, request: router_pb2.GetDeploymentRequest, context: Context
     ) -> router_pb2.Deployment:
-        return self.state.get(request.name).message()
+        return deployment_message(self.engine.get(request.name))
 
     @rpc
     async def GetStats(
         self, request: router_pb2.GetStatsRequest, context: Context
     ) -> router_pb2.ServingStats:
-        return self.state.stats(request.name)
+        return stats_message(self.engine.stats(request.name))
 
     @rpc
     async def GetUsage(

@@ -4,18 +4,12 @@ undeploy."""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
+from cmemu.emulator.model.serving.live import DeploymentState as DeploymentState  # noqa: PLC0414
+from cmemu.emulator.model.serving.live import PdStatus as PdStatus  # noqa: PLC0414
+from cmemu.emulator.model.serving.live import PdSwitch as PdSwitch  # noqa: PLC0414
 from cmemu.v1 import router_pb2
-
-
-class DeploymentState(enum.StrEnum):
-    LOADING = "loading"  # NPUs allocated, weights loading
-    SERVING = "serving"
-    FAILED = "failed"  # see `error`
-    STOPPED = "stopped"  # undeployed; its NPUs released
-
 
 STATE_OF = {
     router_pb2.DEPLOYMENT_STATE_LOADING: DeploymentState.LOADING,
@@ -58,26 +52,6 @@ class WeightLoading:
     def load_ns(self) -> int:
         """What this load takes, from where it comes."""
         return self.from_ems_ns if self.source == "ems" else self.cold_ns
-
-
-@dataclass(frozen=True, kw_only=True)
-class PdSwitch:
-    at_ns: int
-    to: str  # "prefill" or "decode"
-    instances: tuple[str, ...]
-    joined_ns: int  # 0: not yet
-
-
-@dataclass(frozen=True, kw_only=True)
-class PdStatus:
-    """Live dynamic PD: the split now and every switch so far."""
-
-    policy: str
-    prefill_units: int
-    decode_units: int
-    switching_units: int
-    switches: tuple[PdSwitch, ...]
-    prefill_share: float
 
 
 @dataclass(frozen=True, kw_only=True)

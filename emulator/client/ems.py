@@ -18,6 +18,7 @@ from cmemu.emulator.client.status import error_from, reply_of
 from cmemu.emulator.model.ems.index import Tier
 from cmemu.emulator.model.ems.objects import Got as Got  # noqa: PLC0414
 from cmemu.emulator.model.ems.objects import ObjectKind as ObjectKind  # noqa: PLC0414
+from cmemu.emulator.model.ems.objects import PrefixMatch as PrefixMatch  # noqa: PLC0414
 from cmemu.emulator.model.ems.objects import Put as Put  # noqa: PLC0414
 from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE
@@ -34,13 +35,6 @@ WIRE_KIND = {
 }
 KIND_OF = {wire: kind for kind, wire in WIRE_KIND.items()}
 TIER_OF = {ems_pb2.TIER_DRAM: Tier.DRAM, ems_pb2.TIER_SSD: Tier.SSD}
-
-
-@dataclass(frozen=True, kw_only=True)
-class PrefixMatch:
-    matched_blocks: int
-    matched_tokens: int
-    keys: tuple[str, ...]  # the matched blocks'
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,47 +1,12 @@
 """The router's serving aggregates as plain values (cmemu.v1.ServingStats read back from the
-wire): what RouterClient.stats returns, for the web view and the chaos runner's dropped-request
-count, so neither reads a protobuf."""
+wire into the model's values, emulator/model/serving/live.py): what RouterClient.stats returns,
+for the web view and the chaos runner's dropped-request count, so neither reads a protobuf."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from cmemu.emulator.model.serving.live import LatencyNs as LatencyNs  # noqa: PLC0414
+from cmemu.emulator.model.serving.live import ServingStats as ServingStats  # noqa: PLC0414
 from cmemu.v1 import router_pb2
-
-
-@dataclass(frozen=True, kw_only=True)
-class LatencyNs:
-    """A latency's distribution over the requests it was measured on, emulated ns."""
-
-    count: int
-    mean_ns: int
-    p50_ns: int
-    p90_ns: int
-    p99_ns: int
-    max_ns: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServingStats:
-    """See cmemu.v1.ServingStats for each figure."""
-
-    requests_completed: int
-    requests_cancelled: int
-    requests_in_flight: int
-    prompt_tokens: int
-    completion_tokens: int
-    ttft: LatencyNs
-    tpot: LatencyNs
-    queueing: LatencyNs
-    prefix_hit_tokens: int
-    prefix_lookup_tokens: int
-    output_tokens_per_s: float
-    window_ns: int
-    kv_slots_held: int
-    kv_slots: int
-    requests_failed: int
-    requests_retried: int
-    requests_dropped: int  # lost without a finish or an error: must stay 0
 
 
 def serving_stats(m: router_pb2.ServingStats) -> ServingStats:

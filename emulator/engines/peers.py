@@ -20,7 +20,8 @@ what the cluster manager's engine calls (`ControlPlane`); the scheduler and the 
 engine yet, so they are reached over gRPC even in one process (a killed or hung scheduler then
 looks the same to the manager whichever launcher runs it). A training job (engines/training/)
 reaches the scheduler (`JobScheduler`) and EMS (`ObjectStore`) the same way, through the typed
-clients, and the fabric through its `FabricPeer`.
+clients, and the fabric through its `FabricPeer`; a serving deployment (engines/serving/) too, its
+EMS and directory as engines/serving/peers.py extends them.
 """
 
 from __future__ import annotations

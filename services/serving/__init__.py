@@ -1,4 +1,3 @@
-"""The router's live serving: deployments on real NPUs (deploy), the engine driven on the emulated
-clock against the live fabric and EMS (driver), the OpenAI-compatible endpoint (openai_http) and
-its parts (endpoint/), the model's tokenizer (tokenizer), a trace's token ids (tokens),
-per-request metrics (stats) and the workload replayer (replay)."""
+"""The router's edges: the OpenAI-compatible endpoint (openai_http) and its parts (endpoint/), the
+model's tokenizer (tokenizer), and cmemu.v1.Router's messages to and from the serving engine's
+values (wire). The deployments themselves are the serving engine's (emulator/engines/serving/)."""

@@ -31,6 +31,8 @@ import numpy as np
 import structlog
 from aiohttp import web
 
+from cmemu.emulator.engines.serving.driver import Driver
+from cmemu.emulator.engines.serving.streams import Stream
 from cmemu.emulator.model.address import parse_address
 from cmemu.emulator.model.clock import Clock
 from cmemu.emulator.model.errors import EmulatorError, bind_error, quote
@@ -39,14 +41,12 @@ from cmemu.emulator.model.instruments import SERVING_BUCKETS_S, Family, Histogra
 from cmemu.emulator.model.serving.models import get_model
 from cmemu.emulator.model.serving.tokens import VOCAB
 from cmemu.emulator.model.tenants import Keys, Priority, Tenant
-from cmemu.services.serving.driver import Driver
 from cmemu.services.serving.endpoint import outputs
 from cmemu.services.serving.endpoint.admission import Admission, Ticket
 from cmemu.services.serving.endpoint.asks import Ask, Parser
 from cmemu.services.serving.endpoint.errors import HttpError, from_domain
 from cmemu.services.serving.endpoint.limits import read_json
 from cmemu.services.serving.endpoint.responses import CHAT, COMPLETIONS, Answer, Reply, Shape
-from cmemu.services.serving.streams import Stream
 from cmemu.services.serving.tokenizer import Loaded, Tokenizer, load_tokenizer, output_ids
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -56,7 +56,7 @@ OPENAPI = Path(__file__).resolve().parent / "endpoint" / "openapi.json"
 
 
 class Deployments(Protocol):
-    """What the endpoint needs of the router."""
+    """What the endpoint needs of the router: its serving engine (emulator/engines/serving/)."""
 
     @property
     def deployments(self) -> Mapping[str, Any]: ...

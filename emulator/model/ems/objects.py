@@ -1,6 +1,7 @@
 """An EMS object as a caller stores and reads it: its kind, and what a put or a read cost.
 Plain values, so that the typed client returns them and an engine (a training job's
-checkpoints: emulator/engines/training/) uses them without knowing the wire."""
+checkpoints: emulator/engines/training/; a serving deployment's prefix lookups:
+emulator/engines/serving/) uses them without knowing the wire."""
 
 from __future__ import annotations
 
@@ -36,3 +37,12 @@ class Got:
     served_by: str  # the pool (or "ssd") whose copy served the last chunk
     issue_ns: int
     complete_ns: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefixMatch:
+    """How much of a prompt's prefix EMS holds the KV blocks of."""
+
+    matched_blocks: int
+    matched_tokens: int
+    keys: tuple[str, ...]  # the matched blocks'

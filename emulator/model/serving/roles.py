@@ -1,7 +1,7 @@
 """An instance changing role (issue 24 item 4, live dynamic PD): the engine's side of moving a
 unit between prefill and decode. The policy that decides is pdpolicy.py's; the caller (the live
-router's services/serving/pdlive.py) asks for the move, waits for the instance to drain, reloads
-its weights and brings it back in its new role.
+router's emulator/engines/serving/pdlive.py) asks for the move, waits for the instance to drain,
+reloads its weights and brings it back in its new role.
 
 A unit is one instance: with `decode.npus == prefill.npus` a prefill instance and a decode
 instance are the same NPUs, so an instance keeps its name (and its NPUs) through a change and

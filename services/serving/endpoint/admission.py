@@ -20,6 +20,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from cmemu.emulator.engines.serving.driver import Driver
 from cmemu.emulator.model.clock import Clock
 from cmemu.emulator.model.instruments import Family
 from cmemu.emulator.model.tenants import (
@@ -31,7 +32,6 @@ from cmemu.emulator.model.tenants import (
     RateLimitedError,
     Tenant,
 )
-from cmemu.services.serving.driver import Driver
 from cmemu.services.serving.endpoint.errors import HttpError, from_domain
 
 POLL_WALL_S = 0.05  # a waiting request looks again this often (and whenever a request ends)

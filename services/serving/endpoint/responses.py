@@ -28,6 +28,8 @@ from typing import Any
 
 from aiohttp import web
 
+from cmemu.emulator.engines.serving.stats import RequestMetrics
+from cmemu.emulator.engines.serving.streams import Stream
 from cmemu.emulator.model.clock import Clock
 from cmemu.emulator.model.instruments import Histogram
 from cmemu.emulator.model.serving.engine import FinishEvent, FinishReason, TokenEvent
@@ -35,8 +37,6 @@ from cmemu.services.serving.endpoint import outputs
 from cmemu.services.serving.endpoint.asks import Ask
 from cmemu.services.serving.endpoint.errors import HttpError, failed_error
 from cmemu.services.serving.endpoint.outputs import Choice
-from cmemu.services.serving.stats import RequestMetrics
-from cmemu.services.serving.streams import Stream
 from cmemu.services.serving.tokenizer import Tokenizer
 
 RETRY_AFTER_S = 1  # the hint a failed request's 503 carries

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 
+from cmemu.emulator.engines.serving.stats import RequestMetrics
+from cmemu.emulator.engines.serving.streams import Stream
 from cmemu.emulator.model.clock import Clock
 from cmemu.emulator.model.serving.engine import FinishEvent, FinishReason, Request, TokenEvent
 from cmemu.services.serving.endpoint.asks import Ask
 from cmemu.services.serving.endpoint.outputs import Choice
 from cmemu.services.serving.endpoint.responses import COMPLETIONS, Answer, Reply
-from cmemu.services.serving.stats import RequestMetrics
-from cmemu.services.serving.streams import Stream
 from cmemu.services.serving.tokenizer import load_tokenizer
 
 TOLERANCE_S = 0.05

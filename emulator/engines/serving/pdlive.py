@@ -33,21 +33,19 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from cmemu.emulator.client.ems import EmsClient
 from cmemu.emulator.engines.clock import Timeline
-from cmemu.emulator.model.errors import EmulatorError, NotFoundError
-from cmemu.emulator.model.hardware import HardwareProfile
-from cmemu.emulator.model.serving.pdpolicy import DemandMeter, PdOptions, UnitRates, next_move
-from cmemu.emulator.model.serving.plans import Request
-from cmemu.services.serving.deploy import (
+from cmemu.emulator.engines.serving.deploy import (
     WEIGHTS_KIND,
     LiveDeployment,
     Provisioner,
-    remote,
     weight_plan,
 )
-from cmemu.services.serving.driver import Driver
-from cmemu.v1 import router_pb2
+from cmemu.emulator.engines.serving.driver import Driver
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError, relayed
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.serving.live import PdStatus, PdSwitch
+from cmemu.emulator.model.serving.pdpolicy import DemandMeter, PdOptions, UnitRates, next_move
+from cmemu.emulator.model.serving.plans import Request
 
 log = structlog.get_logger("cmemu.router")
 
@@ -86,7 +84,6 @@ class LivePd:
         rates: UnitRates,
         clock: Timeline,
         profile: HardwareProfile,
-        ems_address: str,
     ) -> None:
         self.live = live
         self.driver = driver
@@ -95,7 +92,7 @@ class LivePd:
         self.rates = rates
         self.clock = clock
         self.profile = profile
-        self.ems = EmsClient(driver.peers.channel(ems_address))
+        self.ems = driver.ems
         self.meter = DemandMeter(options)
         self.switches: list[Switch] = []
         self.retiring: dict[str, str] = {}  # instance: the role it goes to, while it drains
@@ -117,20 +114,18 @@ class LivePd:
             SWITCHING: len(self.reloading),
         }
 
-    def status(self) -> router_pb2.PdStatus:
+    def status(self) -> PdStatus:
         u = self.units()
-        return router_pb2.PdStatus(
+        return PdStatus(
             policy=self.o.policy,
             prefill_units=u["prefill"],
             decode_units=u["decode"],
             switching_units=u[SWITCHING],
             prefill_share=self.prefill_share,
-            switches=[
-                router_pb2.PdSwitch(
-                    at_ns=w.at_ns, to=w.to, instances=w.instances, joined_ns=w.joined_ns
-                )
+            switches=tuple(
+                PdSwitch(at_ns=w.at_ns, to=w.to, instances=w.instances, joined_ns=w.joined_ns)
                 for w in self.switches
-            ],
+            ),
         )
 
     # --- measuring and deciding --------------------------------------------------------------
@@ -255,9 +250,9 @@ class LivePd:
                 try:
                     await self.ems.put(key, size=size, kind=WEIGHTS_KIND, device=device)
                 except EmulatorError as put_exc:
-                    raise remote(put_exc, "ems (weights)") from put_exc
+                    raise relayed(put_exc, "ems (weights)") from put_exc
             except EmulatorError as exc:
-                raise remote(exc, "ems (weights)") from exc
+                raise relayed(exc, "ems (weights)") from exc
         return self.profile.serving.cache_cold_s if cold else self.rates.load_s
 
     def _join(self, name: str, to: str, at_s: float) -> None:

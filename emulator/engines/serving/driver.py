@@ -1,7 +1,7 @@
 """The live driver: the serving engine run on the emulated clock against the real services.
 
 The engine (emulator/model/serving/engine.py) decides everything and hands out step plans; this
-driver has each plan performed against the live supernode (services/serving/measures.py: EMS
+driver has each plan performed against the live supernode (engines/serving/measures.py: EMS
 lookups, MoE collectives through the fabric, KV transfers) and reports what it measured.
 
 Emulated time is virtual here as in the simulator: the engine advances to each due instant
@@ -18,11 +18,11 @@ back with the collectives and costs the step's kernels at its pace (TTFT and TPO
 Faults (issue 11). A measurement that fails (UNAVAILABLE from the fabric or a device) or takes
 longer than the step deadline is reported to the engine as a failed step, costing `step_retry_s`
 of emulated time: its requests are retried or, past their retries, finish with an error the
-client sees; the instance's NPUs are then probed (services/serving/recovery.py) and one that does
-not answer is isolated. `isolate` and `restore` (services/serving/isolation.py) take NPUs out of
+client sees; the instance's NPUs are then probed (engines/serving/recovery.py) and one that does
+not answer is isolated. `isolate` and `restore` (engines/serving/isolation.py) take NPUs out of
 an instance and bring them (or their replacements) back, at an emulated instant, as inputs to the
 engine like any submit; every request the driver accepted ends in a finish (length, cancelled or
-error; services/serving/streams.py): one the engine lost would be counted `dropped` and failed
+error; engines/serving/streams.py): one the engine lost would be counted `dropped` and failed
 visibly, never left hanging.
 """
 
@@ -36,10 +36,14 @@ from dataclasses import dataclass
 
 import structlog
 
-from cmemu.emulator.client.ems import EmsClient
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.gateway.kv import KvOverRdma
+from cmemu.emulator.engines.serving.isolation import Isolation
+from cmemu.emulator.engines.serving.measures import LiveInstance, Measures, ServingModel
+from cmemu.emulator.engines.serving.peers import KvStore, ServingDirectory
+from cmemu.emulator.engines.serving.stats import RequestMetrics
+from cmemu.emulator.engines.serving.streams import Stream, Streams
 from cmemu.emulator.model.ems import prefix_keys
 from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError, UnavailableError
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
@@ -51,17 +55,10 @@ from cmemu.emulator.model.serving.engine import (
 )
 from cmemu.emulator.model.serving.models import get_model
 from cmemu.emulator.model.topology import Device
-from cmemu.services.peers import Peers
-from cmemu.services.serving.isolation import Isolation
-from cmemu.services.serving.measures import LiveInstance, Measures, ServingModel
-from cmemu.services.serving.stats import RequestMetrics
-from cmemu.services.serving.streams import Stream, Streams
-from cmemu.v1 import ems_pb2
 
 log = structlog.get_logger("cmemu.router")
 
 RETRY_WALL_S = 0.5  # a round that raised (a bug, not a fault) is tried again after this
-KV_BLOCK_KIND = ems_pb2.OBJECT_KIND_KV_BLOCK
 
 
 Prober = Callable[[str, StepPlan, str, str], Awaitable[None]]
@@ -87,8 +84,8 @@ class Driver:
         instances: Sequence[LiveInstance],
         model: ServingModel,
         clock: Timeline,
-        peers: Peers,
-        ems_address: str,
+        peers: ServingDirectory,
+        ems: KvStore,
         events: EventSink | None,
         profile: HardwareProfile = DEFAULT_PROFILE,
     ) -> None:
@@ -99,6 +96,7 @@ class Driver:
         self.model = model
         self.clock = clock
         self.peers = peers
+        self.ems = ems
         self.events = events
         self.requests = Streams(name=name, events=events)
         self.stats = self.requests.stats  # the router sums and exports them
@@ -113,7 +111,7 @@ class Driver:
         self._measuring: dict[int, tuple[StepPlan, asyncio.Task[None]]] = {}
         self.prober: Prober | None = None  # set by the recovery watcher
         self.isolation = Isolation(self)  # its NPUs out of service, and back
-        # set by live dynamic PD (services/serving/pdlive.py): it measures the arrivals, and
+        # set by live dynamic PD (engines/serving/pdlive.py): it measures the arrivals, and
         # after each round sees which retiring instances have drained
         self.on_submit: Callable[[Request, float], None] | None = None
         self.on_round: Callable[[float], None] | None = None
@@ -123,7 +121,7 @@ class Driver:
             instances=self.instances,
             streams=self.streams,
             stats=self.stats,
-            ems=EmsClient(peers.channel(ems_address)),
+            ems=ems,
             peers=peers,
             kv_rdma=KvOverRdma.of(peers),  # prefill -> decode over RDMA, when there is a plane
             spawn=self._spawn,

@@ -12,128 +12,26 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
-import yaml
-
-from cmemu.emulator.client.ems import EmsClient, ObjectKind
-from cmemu.emulator.client.scheduler import SchedulerClient
-from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError, quote
+from cmemu.emulator.engines.peers import Directory, JobScheduler
+from cmemu.emulator.engines.serving.driver import Driver
+from cmemu.emulator.engines.serving.isolation import Health
+from cmemu.emulator.engines.serving.measures import LiveInstance
+from cmemu.emulator.engines.serving.peers import KvStore
+from cmemu.emulator.model.ems.objects import ObjectKind
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError, relayed
 from cmemu.emulator.model.hardware import HardwareProfile
-from cmemu.emulator.model.serving.deployment import (
-    Deployment,
-    PdSpec,
-    instance_dies,
-    parse_deployment,
-)
+from cmemu.emulator.model.serving.deployment import Deployment, instance_dies
 from cmemu.emulator.model.serving.experts import imbalance
+from cmemu.emulator.model.serving.live import DeploymentState, PdStatus
 from cmemu.emulator.model.serving.models import get_model
-from cmemu.emulator.model.serving.pdpolicy import live_options, unit_rates
 from cmemu.emulator.model.serving.placement import ExpertPlacement, layout, place, remap
 from cmemu.emulator.model.topology import Topology
-from cmemu.services.peers import Peers
-from cmemu.services.rpc import RemoteError
-from cmemu.services.serving.driver import Driver
-from cmemu.services.serving.measures import LiveInstance
-from cmemu.v1 import router_pb2
 
-NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,46}[a-z0-9])?$")
-LIVE_PLATFORM = "cm384"  # the live supernode is UB everywhere; cluster-roce is model mode only
 WEIGHTS_KIND = ObjectKind.WEIGHTS
 DEVICE_DEADLINE_S = 5.0  # a region allocated or given back on an NPU: a hung one is given up on
-
-
-def spec_dict(request: router_pb2.DeployRequest) -> dict[str, Any]:
-    """The deployment document a request describes: its YAML, or its fields and options."""
-    fields_set = bool(
-        request.model
-        or request.decode_npus
-        or request.prefill_instances
-        or request.prefill_npus
-        or request.options
-    )
-    if not request.spec_yaml:
-        return _fields_doc(request)
-    if fields_set:
-        raise InvalidArgumentError(
-            "give spec_yaml or the fields (model, decode_npus, ...), not both", field="spec_yaml"
-        )
-    try:
-        doc = yaml.safe_load(request.spec_yaml)
-    except yaml.YAMLError as exc:
-        raise InvalidArgumentError(f"spec_yaml is not YAML: {exc}", field="spec_yaml") from exc
-    if not isinstance(doc, dict):
-        raise InvalidArgumentError("spec_yaml must be a mapping", field="spec_yaml")
-    return {str(k): v for k, v in doc.items()}
-
-
-def _fields_doc(request: router_pb2.DeployRequest) -> dict[str, Any]:
-    """An option `decode.max_batch_per_die=32` is a dotted path; its value a YAML scalar."""
-    doc: dict[str, Any] = {}
-    if request.model:
-        doc["model"] = request.model
-    if request.decode_npus:
-        doc["decode"] = {"npus": request.decode_npus}
-    prefill = {
-        k: v
-        for k, v in (("instances", request.prefill_instances), ("npus", request.prefill_npus))
-        if v
-    }
-    if prefill:
-        doc["prefill"] = prefill
-    for key, text in request.options.items():
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise InvalidArgumentError(f"option {key}: {exc}", field=f"options.{key}") from exc
-        *path, leaf = key.split(".")
-        node = doc
-        for part in path:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise InvalidArgumentError(f"option {key}: {part} is not a section", field=key)
-            node = child
-        node[leaf] = value
-    return doc
-
-
-def parse_request(
-    request: router_pb2.DeployRequest, topology: Topology, profile: HardwareProfile
-) -> tuple[str, Deployment]:
-    doc = spec_dict(request)
-    doc.setdefault("preset", topology.preset)
-    if doc["preset"] != topology.preset:
-        raise InvalidArgumentError(
-            f"the deployment is for preset {doc['preset']!r}; this supernode is "
-            f"{topology.preset!r}",
-            field="preset",
-        )
-    deployment = parse_deployment(doc, profile)
-    options = live_options(deployment)
-    if options is not None:  # its rates come from the cost model: one that cannot fails now
-        unit_rates(deployment, profile=profile).decode(profile.serving.block_tokens, 2)
-    if deployment.platform != LIVE_PLATFORM:
-        raise InvalidArgumentError(
-            f"platform {deployment.platform!r} runs in model mode only (cmemu simulate); "
-            f"a live deployment is {LIVE_PLATFORM!r}",
-            field="platform",
-        )
-    if deployment.hardware:
-        raise InvalidArgumentError(
-            "hardware overrides run in model mode only (cmemu simulate serving); a live "
-            "supernode has the hardware it was started with",
-            field="hardware",
-        )
-    name = request.name or deployment.model
-    if not NAME.match(name):
-        raise InvalidArgumentError(
-            f"deployment name {quote(name)}: lower-case letters, digits, '.' and '-', at most 48",
-            field="name",
-        )
-    return name, deployment
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,7 +75,7 @@ class LiveDeployment:
     spec: Deployment
     spec_yaml: str
     created_ns: int
-    state: router_pb2.DeploymentState.ValueType = router_pb2.DEPLOYMENT_STATE_LOADING
+    state: DeploymentState = DeploymentState.LOADING
     error: str = ""
     instances: list[LiveInstance] = field(default_factory=list)
     roles: dict[str, str] = field(default_factory=dict)
@@ -189,83 +87,51 @@ class LiveDeployment:
     weights_source: str = ""
     loaded_ns: int = 0
     driver: Driver | None = None
-    pd: Callable[[], router_pb2.PdStatus] | None = None  # live dynamic PD's status, when on
+    pd: Callable[[], PdStatus] | None = None  # live dynamic PD's status, when on
 
-    def message(self) -> router_pb2.Deployment:
-        msg = router_pb2.Deployment(
-            name=self.name,
-            model=self.spec.model,
-            state=self.state,
-            created_ns=self.created_ns,
-            error=self.error,
-            spec_yaml=self.spec_yaml,
-            npus=sum(len(i.npus) for i in self.instances),
-        )
+    @property
+    def npus(self) -> int:
+        """The NPUs it was given (the instances' at deploy)."""
+        return sum(len(i.npus) for i in self.instances)
+
+    def views(self) -> list[InstanceView]:
+        """Each instance as it is now: its NPUs (a replacement's, once restored), and its
+        experts' placement without its lost dies, at what the engine charges now."""
         driver = self.driver
         instances = list(driver.instances.values()) if driver is not None else self.instances
+        out = []
         for inst in instances:
             p = self.placements.get(inst.id)
             charged = self.imbalance.get(inst.id, 1.0)
             if driver is not None and p is not None and driver.engine.remapped(inst.id):
-                # the live placement without its lost dies, at what the engine charges now
                 lost = driver.engine.isolated().get(inst.id, ())
                 p = remap(p, [p.dies[i] for i in lost if i < len(p.dies)]).placement
                 charged = driver.engine.imbalance(inst.id)
-            msg.instances.append(
-                router_pb2.Instance(
-                    id=inst.id,
+            out.append(
+                InstanceView(
+                    instance=inst,
                     role=self.roles[inst.id],
-                    npus=[d.id for d in inst.npus],
-                    dies=len(inst.dies),
                     allocation=self.allocations.get(inst.id, ""),
-                    experts=_experts(p, charged) if p is not None else None,
+                    placement=p,
+                    imbalance=charged,
                 )
             )
-        if driver is not None:
-            h = driver.isolation.health()
-            msg.failed_dies.extend(h.failed_dies)
-            msg.last_isolated_ns = h.last_isolated_ns
-            msg.last_restored_ns = h.last_restored_ns
-            msg.health = h.health
-        if self.pd is not None:
-            msg.pd.CopyFrom(self.pd())
-        if self.weights is not None:
-            msg.weights.CopyFrom(
-                router_pb2.WeightLoading(
-                    bytes=self.weights.bytes,
-                    source=self.weights_source,
-                    cold_ns=round(self.weights.cold_s * 1e9),
-                    from_ems_ns=round(self.weights.from_ems_s * 1e9),
-                    loaded_ns=self.loaded_ns,
-                )
-            )
-        return msg
+        return out
+
+    def health(self) -> Health | None:
+        """Its faults (None until its driver runs)."""
+        return self.driver.isolation.health() if self.driver is not None else None
 
 
-def _experts(p: ExpertPlacement, charged: float) -> router_pb2.ExpertSummary:
-    s = p.summary()
-    return router_pb2.ExpertSummary(
-        policy=p.policy,
-        slots_per_die=int(s["slots_per_die"]),
-        shared=int(s["shared"]),
-        routed=int(s["routed"]),
-        redundant=int(s["redundant"]),
-        imbalance=charged,
-        ep=len(p.dies),
-    )
+@dataclass(frozen=True, kw_only=True)
+class InstanceView:
+    """One instance of a deployment as GetDeployment reports it."""
 
-
-def spec_text(deployment: Deployment) -> str:
-    """The deployment as a YAML document (what `--deployment FILE` takes)."""
-    doc = asdict(deployment)
-    if deployment.pd == PdSpec():  # off: the document as it was before live dynamic PD
-        del doc["pd"]
-    return yaml.safe_dump({"version": 1, **doc}, sort_keys=False)
-
-
-def remote(exc: EmulatorError, what: str) -> RemoteError:
-    """A peer service's refusal, as this service relays it: its status, prefixed with who."""
-    return RemoteError.from_error(exc, what)
+    instance: LiveInstance
+    role: str
+    allocation: str  # the scheduler's job holding its NPUs
+    placement: ExpertPlacement | None
+    imbalance: float  # what the engine charges for the placement now
 
 
 class Provisioner:
@@ -276,15 +142,15 @@ class Provisioner:
         *,
         topology: Topology,
         profile: HardwareProfile,
-        peers: Peers,
-        scheduler_address: str,
-        ems_address: str,
+        peers: Directory,
+        scheduler: JobScheduler,
+        ems: KvStore,
     ) -> None:
         self.topology = topology
         self.profile = profile
         self.peers = peers
-        self.scheduler = SchedulerClient(peers.channel(scheduler_address))
-        self.ems = EmsClient(peers.channel(ems_address))
+        self.scheduler = scheduler
+        self.ems = ems
 
     async def allocate(self, live: LiveDeployment) -> None:
         """Every instance's NPUs, all or nothing (a refusal gives back what was taken)."""
@@ -298,7 +164,7 @@ class Provisioner:
                 try:
                     allocation = await self.scheduler.allocate(job, npus)
                 except EmulatorError as exc:
-                    raise remote(exc, f"scheduler ({instance}: {npus} NPUs)") from exc
+                    raise relayed(exc, f"scheduler ({instance}: {npus} NPUs)") from exc
                 live.allocations[instance] = job
                 devices = tuple(self.topology.device(n.id) for n in allocation.npus)
                 live.roles[instance] = role
@@ -364,7 +230,7 @@ class Provisioner:
         try:
             present = await self.ems.exist(keys)
         except EmulatorError as exc:
-            raise remote(exc, "ems") from exc
+            raise relayed(exc, "ems") from exc
         live.weights_source = "ems" if all(present) else "cold"
 
     async def stage_weights(self, live: LiveDeployment) -> None:
@@ -376,7 +242,7 @@ class Provisioner:
             for key, size in plan.shards:  # one at a time: each is a whole pool's worth of writes
                 await self.ems.put(key, size=size, kind=WEIGHTS_KIND, device=source)
         except EmulatorError as exc:
-            raise remote(exc, "ems (weights)") from exc
+            raise relayed(exc, "ems (weights)") from exc
 
     async def load_weights(self, live: LiveDeployment) -> float:
         """Cache the shards EMS lacks (a cold load fills it); the emulated loading time."""
@@ -390,7 +256,7 @@ class Provisioner:
             try:  # one at a time: each is a whole pool's worth of writes
                 await self.ems.put(key, size=size, kind=WEIGHTS_KIND, device=source)
             except EmulatorError as exc:
-                raise remote(exc, "ems (weights)") from exc
+                raise relayed(exc, "ems (weights)") from exc
         return plan.cold_s if live.weights_source == "cold" else plan.from_ems_s
 
     async def release(self, live: LiveDeployment) -> None:
@@ -407,5 +273,5 @@ class Provisioner:
             except NotFoundError:
                 pass
             except EmulatorError as exc:
-                raise remote(exc, "scheduler") from exc
+                raise relayed(exc, "scheduler") from exc
         live.allocations.clear()

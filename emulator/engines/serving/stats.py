@@ -1,4 +1,5 @@
-"""Per-request serving metrics and their aggregates (what GetStats and the events report).
+"""Per-request serving metrics and their aggregates (what GetStats and the events report, as the
+model's plain values: emulator/model/serving/live.py; the router service writes them to the wire).
 
 TTFT is from arrival to the first output token; TPOT the mean gap between the later tokens of one
 request; queueing from arrival to the start of its prefill batch. All emulated nanoseconds.
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cmemu.emulator.model.instruments import SERVING_BUCKETS_S, Histogram
-from cmemu.v1 import router_pb2
+from cmemu.emulator.model.serving.live import LatencyNs, ServingStats
 
 
 @dataclass(kw_only=True)
@@ -70,11 +71,11 @@ def _percentile(sorted_values: list[int], q: float) -> int:
     return sorted_values[int(rank) - 1]
 
 
-def percentiles(values: list[int]) -> router_pb2.Percentiles:
+def percentiles(values: list[int]) -> LatencyNs:
     if not values:
-        return router_pb2.Percentiles()
+        return LatencyNs()
     ordered = sorted(values)
-    return router_pb2.Percentiles(
+    return LatencyNs(
         count=len(ordered),
         mean_ns=round(sum(ordered) / len(ordered)),
         p50_ns=_percentile(ordered, 50),
@@ -85,7 +86,7 @@ def percentiles(values: list[int]) -> router_pb2.Percentiles:
 
 
 @dataclass
-class ServingStats:
+class DeploymentStats:
     """Every finished request of one deployment, and how many are in flight."""
 
     finished: list[RequestMetrics] = field(default_factory=list)
@@ -116,11 +117,9 @@ class ServingStats:
             if value is not None:
                 hist.observe(value / 1e9)
 
-    def message(self) -> router_pb2.ServingStats:
-        return summarize([self])
 
-
-def summarize(parts: list[ServingStats]) -> router_pb2.ServingStats:
+def summarize(parts: list[DeploymentStats]) -> ServingStats:
+    """The aggregates of deployments' requests (GetStats: one deployment's, or every one's)."""
     done = [m for p in parts for m in p.finished]
     completed = [m for m in done if not (m.cancelled or m.failed)]
     failed = sum(m.failed for m in done)
@@ -132,7 +131,7 @@ def summarize(parts: list[ServingStats]) -> router_pb2.ServingStats:
     start = min((m.arrival_ns for m in done), default=0)
     end = max((m.last_token_ns or m.arrival_ns for m in done), default=0)
     window = end - start
-    return router_pb2.ServingStats(
+    return ServingStats(
         requests_completed=len(completed),
         requests_cancelled=len(done) - len(completed) - failed,
         requests_in_flight=sum(p.in_flight for p in parts),

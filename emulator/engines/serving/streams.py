@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.serving.stats import DeploymentStats, RequestMetrics
 from cmemu.emulator.model.serving.engine import (
     Event,
     FinishEvent,
@@ -23,7 +24,6 @@ from cmemu.emulator.model.serving.engine import (
     RetryEvent,
     TokenEvent,
 )
-from cmemu.services.serving.stats import RequestMetrics, ServingStats
 
 log = structlog.get_logger("cmemu.router")
 
@@ -54,7 +54,7 @@ class Streams:
         self.name = name
         self.events = events
         self.by_id: dict[str, Stream] = {}
-        self.stats = ServingStats()
+        self.stats = DeploymentStats()
         self.open = 0  # accepted requests not finished: the engine's in_flight, or one is lost
 
     def fail(self, stream: Stream, at: float, error: str) -> None:

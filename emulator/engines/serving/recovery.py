@@ -22,23 +22,23 @@ import contextlib
 
 import structlog
 
-from cmemu.emulator.client.scheduler import Allocation, SchedulerClient
-from cmemu.emulator.client.status import code_name
 from cmemu.emulator.engines.clock import Timeline
-from cmemu.emulator.model.errors import EmulatorError, NotFoundError
-from cmemu.emulator.model.hardware import HardwareProfile
-from cmemu.emulator.model.serving.engine import StepPlan
-from cmemu.emulator.model.topology import Device, Topology
-from cmemu.services.peers import Peers
-from cmemu.services.serving.deploy import (
+from cmemu.emulator.engines.peers import JobScheduler
+from cmemu.emulator.engines.serving.deploy import (
     DEVICE_DEADLINE_S,
     WEIGHTS_KIND,
     LiveDeployment,
     Provisioner,
     weight_plan,
 )
-from cmemu.services.serving.driver import Driver
-from cmemu.services.serving.measures import LiveInstance
+from cmemu.emulator.engines.serving.driver import Driver
+from cmemu.emulator.engines.serving.measures import LiveInstance
+from cmemu.emulator.engines.serving.peers import ServingDirectory
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError, code_of
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.scheduler.grants import Allocation
+from cmemu.emulator.model.serving.engine import StepPlan
+from cmemu.emulator.model.topology import Device, Topology
 
 log = structlog.get_logger("cmemu.router")
 
@@ -60,7 +60,7 @@ class Recovery:
         topology: Topology,
         profile: HardwareProfile,
         clock: Timeline,
-        peers: Peers,
+        peers: ServingDirectory,
     ) -> None:
         self.live = live
         self.driver = driver
@@ -69,7 +69,7 @@ class Recovery:
         self.profile = profile
         self.clock = clock
         self.peers = peers
-        self.scheduler: SchedulerClient = provisioner.scheduler
+        self.scheduler: JobScheduler = provisioner.scheduler
         self.instances = {job: inst for inst, job in live.allocations.items()}
         self.causes: dict[str, str] = {}  # isolated npu: why
         self.streaming = False
@@ -115,7 +115,7 @@ class Recovery:
                     changes.cancel()
             except EmulatorError as exc:
                 self.streaming = False
-                if code_name(exc) == "UNIMPLEMENTED":
+                if code_of(exc) == "UNIMPLEMENTED":
                     log.info("no allocation stream; polling", deployment=self.live.name)
                     return
                 log.warning("allocation stream broke", deployment=self.live.name, error=str(exc))

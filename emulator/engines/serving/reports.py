@@ -1,54 +1,17 @@
-"""What the router reports of its deployments: the tenants' metered use (`Router/Usage`, the
-billing export of `cmemu usage`) and the serving figures of `/metrics`.
-
-Both are read-only views built from the router's live objects at the moment they are asked,
-kept apart from RouterState so that the state holds deployments and their tasks, nothing more.
+"""What the router reports of its deployments on `/metrics`: the serving figures per deployment
+and live dynamic PD's split, a read-only view built from the live drivers at the moment it is
+asked, kept apart from the engine (engine.py) so that it holds deployments and their tasks,
+nothing more. (The tenants' metered use is the HTTP endpoint's: services/serving/wire.py.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from cmemu.emulator.model.errors import NotFoundError, quote
+from cmemu.emulator.engines.serving.driver import Driver
+from cmemu.emulator.engines.serving.pdlive import SWITCHING
+from cmemu.emulator.engines.serving.stats import DeploymentStats
 from cmemu.emulator.model.instruments import Family, Histogram, MetricType
-from cmemu.emulator.model.tenants import Meter
-from cmemu.services.serving.driver import Driver
-from cmemu.services.serving.pdlive import SWITCHING
-from cmemu.services.serving.stats import ServingStats
-from cmemu.v1 import router_pb2
-
-
-def usage_report(meter: Meter | None, now_ns: int, tenant: str) -> router_pb2.UsageReport:
-    """Each tenant's metered use, or `tenant`'s alone; NotFoundError for a tenant the endpoint
-    does not know. Without an endpoint (`meter` None) nothing was metered: an empty report."""
-    report = router_pb2.UsageReport(at_ns=now_ns)
-    if meter is None:
-        return report
-    if tenant and tenant not in meter.usage:
-        raise NotFoundError(
-            f"no tenant {quote(tenant)}; known: {', '.join(sorted(meter.usage))}",
-            field="tenant",
-            subject=tenant,
-            reason="TENANT_NOT_FOUND",
-        )
-    for name, use in sorted(meter.usage.items()):
-        if tenant and name != tenant:
-            continue
-        t = meter.tenants[name]
-        report.tenants.append(
-            router_pb2.TenantUsage(
-                tenant=name,
-                priority=str(t.priority),
-                requests=use.requests,
-                prompt_tokens=use.prompt_tokens,
-                cached_tokens=use.cached_tokens,
-                completion_tokens=use.completion_tokens,
-                total_tokens=use.total_tokens,
-                rejected=use.rejected,
-                quota_tokens=t.quota_tokens or 0,
-            )
-        )
-    return report
 
 
 def serving_families(
@@ -58,12 +21,12 @@ def serving_families(
     of each deployment under live dynamic PD (`pd_units`: deployment -> role -> count)."""
     label = [({"deployment": name}, driver.stats) for name, driver in drivers.items()]
 
-    def hist(name: str, what: str, pick: Callable[[ServingStats], Histogram]) -> Family:
+    def hist(name: str, what: str, pick: Callable[[DeploymentStats], Histogram]) -> Family:
         samples = [(labels, pick(s).snapshot()) for labels, s in label]
         return Family(name=name, help=f"{what} (emulated)", type="histogram", samples=samples)
 
     def count(
-        name: str, what: str, kind: MetricType, pick: Callable[[ServingStats], int]
+        name: str, what: str, kind: MetricType, pick: Callable[[DeploymentStats], int]
     ) -> Family:
         samples = [(labels, float(pick(s))) for labels, s in label]
         return Family(name=name, help=what, type=kind, samples=samples)

@@ -18,16 +18,16 @@ from typing import Any, Protocol
 
 import structlog
 
-from cmemu.emulator.client.ems import EmsClient, ObjectKind
 from cmemu.emulator.engines.gateway.kv import KvOverRdma
 from cmemu.emulator.engines.peers import CollectiveOutcome
+from cmemu.emulator.engines.serving.peers import KvStore, ServingDirectory
+from cmemu.emulator.engines.serving.stats import DeploymentStats, RequestMetrics
 from cmemu.emulator.model.collectivespec import CollectiveSpec
+from cmemu.emulator.model.ems.objects import ObjectKind
 from cmemu.emulator.model.errors import EmulatorError
 from cmemu.emulator.model.serving.engine import PlanKind, StepPlan, StepResult, rank_dies
 from cmemu.emulator.model.topology import Device
 from cmemu.emulator.model.ub import Op, Transaction
-from cmemu.services.peers import Peers
-from cmemu.services.serving.stats import RequestMetrics, ServingStats
 
 log = structlog.get_logger("cmemu.router")
 
@@ -74,9 +74,9 @@ class Measures:
         model: ServingModel,
         instances: Mapping[str, LiveInstance],
         streams: Mapping[str, Requested],
-        stats: ServingStats,
-        ems: EmsClient,
-        peers: Peers,
+        stats: DeploymentStats,
+        ems: KvStore,
+        peers: ServingDirectory,
         kv_rdma: KvOverRdma | None,
         spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]],
     ) -> None:

@@ -1,6 +1,6 @@
 """A deployment's NPUs out of service and back: isolation, restoration, and the health they make.
 
-The recovery watcher (services/serving/recovery.py) decides which NPU to take out and when its
+The recovery watcher (engines/serving/recovery.py) decides which NPU to take out and when its
 replacement is ready; this is the driver's side of it: the NPU's in-flight measurements fail at
 once (a hung die never answers), and its dies leave (or rejoin) their instance as inputs to the
 engine at an emulated instant, like any submit, so the live run stays the simulation's.
@@ -12,12 +12,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from cmemu.emulator.engines.serving.measures import LiveInstance
 from cmemu.emulator.model.serving.deployment import instance_dies
 from cmemu.emulator.model.topology import Device
-from cmemu.services.serving.measures import LiveInstance
 
 if TYPE_CHECKING:
-    from cmemu.services.serving.driver import Driver
+    from cmemu.emulator.engines.serving.driver import Driver
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,171 @@
+"""cmemu.v1.Router's messages to and from the serving engine's values (emulator/engines/serving/):
+a Deploy request as a `DeployAsk`, a deployment, its dynamic PD and the serving aggregates as
+their messages, and the tenants' metered use (the HTTP endpoint's meter) as a UsageReport."""
+
+from __future__ import annotations
+
+from cmemu.emulator.engines.serving.deploy import InstanceView, LiveDeployment
+from cmemu.emulator.engines.serving.spec import DeployAsk
+from cmemu.emulator.model.errors import NotFoundError, quote
+from cmemu.emulator.model.serving.live import DeploymentState, LatencyNs, PdStatus, ServingStats
+from cmemu.emulator.model.tenants import Meter
+from cmemu.v1 import router_pb2
+
+WIRE_STATE = {
+    DeploymentState.LOADING: router_pb2.DEPLOYMENT_STATE_LOADING,
+    DeploymentState.SERVING: router_pb2.DEPLOYMENT_STATE_SERVING,
+    DeploymentState.FAILED: router_pb2.DEPLOYMENT_STATE_FAILED,
+    DeploymentState.STOPPED: router_pb2.DEPLOYMENT_STATE_STOPPED,
+}
+
+
+def deploy_ask(m: router_pb2.DeployRequest) -> DeployAsk:
+    return DeployAsk(
+        name=m.name,
+        model=m.model,
+        decode_npus=m.decode_npus,
+        prefill_instances=m.prefill_instances,
+        prefill_npus=m.prefill_npus,
+        options=dict(m.options),
+        spec_yaml=m.spec_yaml,
+        wait=m.wait,
+        warm=m.warm,
+    )
+
+
+def deployment_message(live: LiveDeployment) -> router_pb2.Deployment:
+    msg = router_pb2.Deployment(
+        name=live.name,
+        model=live.spec.model,
+        state=WIRE_STATE[live.state],
+        created_ns=live.created_ns,
+        error=live.error,
+        spec_yaml=live.spec_yaml,
+        npus=live.npus,
+    )
+    msg.instances.extend(_instance(view) for view in live.views())
+    h = live.health()
+    if h is not None:
+        msg.failed_dies.extend(h.failed_dies)
+        msg.last_isolated_ns = h.last_isolated_ns
+        msg.last_restored_ns = h.last_restored_ns
+        msg.health = h.health
+    if live.pd is not None:
+        msg.pd.CopyFrom(pd_message(live.pd()))
+    if live.weights is not None:
+        msg.weights.CopyFrom(
+            router_pb2.WeightLoading(
+                bytes=live.weights.bytes,
+                source=live.weights_source,
+                cold_ns=round(live.weights.cold_s * 1e9),
+                from_ems_ns=round(live.weights.from_ems_s * 1e9),
+                loaded_ns=live.loaded_ns,
+            )
+        )
+    return msg
+
+
+def _instance(view: InstanceView) -> router_pb2.Instance:
+    inst, p = view.instance, view.placement
+    experts = None
+    if p is not None:
+        s = p.summary()
+        experts = router_pb2.ExpertSummary(
+            policy=p.policy,
+            slots_per_die=int(s["slots_per_die"]),
+            shared=int(s["shared"]),
+            routed=int(s["routed"]),
+            redundant=int(s["redundant"]),
+            imbalance=view.imbalance,
+            ep=len(p.dies),
+        )
+    return router_pb2.Instance(
+        id=inst.id,
+        role=view.role,
+        npus=[d.id for d in inst.npus],
+        dies=len(inst.dies),
+        allocation=view.allocation,
+        experts=experts,
+    )
+
+
+def pd_message(status: PdStatus) -> router_pb2.PdStatus:
+    return router_pb2.PdStatus(
+        policy=status.policy,
+        prefill_units=status.prefill_units,
+        decode_units=status.decode_units,
+        switching_units=status.switching_units,
+        prefill_share=status.prefill_share,
+        switches=[
+            router_pb2.PdSwitch(
+                at_ns=w.at_ns, to=w.to, instances=w.instances, joined_ns=w.joined_ns
+            )
+            for w in status.switches
+        ],
+    )
+
+
+def stats_message(s: ServingStats) -> router_pb2.ServingStats:
+    return router_pb2.ServingStats(
+        requests_completed=s.requests_completed,
+        requests_cancelled=s.requests_cancelled,
+        requests_in_flight=s.requests_in_flight,
+        prompt_tokens=s.prompt_tokens,
+        completion_tokens=s.completion_tokens,
+        ttft=_latency(s.ttft),
+        tpot=_latency(s.tpot),
+        queueing=_latency(s.queueing),
+        prefix_hit_tokens=s.prefix_hit_tokens,
+        prefix_lookup_tokens=s.prefix_lookup_tokens,
+        output_tokens_per_s=s.output_tokens_per_s,
+        window_ns=s.window_ns,
+        kv_slots_held=s.kv_slots_held,
+        kv_slots=s.kv_slots,
+        requests_failed=s.requests_failed,
+        requests_retried=s.requests_retried,
+        requests_dropped=s.requests_dropped,
+    )
+
+
+def _latency(p: LatencyNs) -> router_pb2.Percentiles:
+    return router_pb2.Percentiles(
+        count=p.count,
+        mean_ns=p.mean_ns,
+        p50_ns=p.p50_ns,
+        p90_ns=p.p90_ns,
+        p99_ns=p.p99_ns,
+        max_ns=p.max_ns,
+    )
+
+
+def usage_report(meter: Meter | None, now_ns: int, tenant: str) -> router_pb2.UsageReport:
+    """Each tenant's metered use, or `tenant`'s alone; NotFoundError for a tenant the endpoint
+    does not know. Without an endpoint (`meter` None) nothing was metered: an empty report."""
+    report = router_pb2.UsageReport(at_ns=now_ns)
+    if meter is None:
+        return report
+    if tenant and tenant not in meter.usage:
+        raise NotFoundError(
+            f"no tenant {quote(tenant)}; known: {', '.join(sorted(meter.usage))}",
+            field="tenant",
+            subject=tenant,
+            reason="TENANT_NOT_FOUND",
+        )
+    for name, use in sorted(meter.usage.items()):
+        if tenant and name != tenant:
+            continue
+        t = meter.tenants[name]
+        report.tenants.append(
+            router_pb2.TenantUsage(
+                tenant=name,
+                priority=str(t.priority),
+                requests=use.requests,
+                prompt_tokens=use.prompt_tokens,
+                cached_tokens=use.cached_tokens,
+                completion_tokens=use.completion_tokens,
+                total_tokens=use.total_tokens,
+                rejected=use.rejected,
+                quota_tokens=t.quota_tokens or 0,
+            )
+        )
+    return report
