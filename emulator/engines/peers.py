@@ -32,7 +32,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from cmemu.emulator.model.arrivals import ArrivalBatch
-from cmemu.emulator.model.ems.objects import Got, ObjectKind, Put
 from cmemu.emulator.model.errors import (
     DeadlineExceededError,
     EmulatorError,
@@ -60,6 +59,7 @@ if TYPE_CHECKING:  # the scheduler's model package is imported only where it run
         TimedFlow,
     )
     from cmemu.emulator.model.collectivespec import CollectiveSpec
+    from cmemu.emulator.model.ems.objects import Got, ObjectKind, Put
     from cmemu.emulator.model.linkfaults import FaultSpec
     from cmemu.emulator.model.rdmafault import RdmaFault
     from cmemu.emulator.model.scheduler.grants import Allocation, AllocationChange
@@ -303,7 +303,7 @@ class ObjectStore(Protocol):
         data: bytes = b"",
         *,
         size: int = 0,
-        kind: ObjectKind = ObjectKind.KV,
+        kind: ObjectKind = ...,  # (ObjectKind.KV) for annotations only: a device loads no EMS model
         device: str = "",
     ) -> Put: ...
 

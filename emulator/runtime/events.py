@@ -20,13 +20,15 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import aiomqtt
 import structlog
 
 from cmemu.emulator.model.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import aiomqtt
 
 log = structlog.get_logger("cmemu.events")
 EVENTS_QOS = 1
@@ -69,6 +71,8 @@ async def subscriber(host: str, port: int, **kwargs: Any) -> AsyncIterator[aiomq
     aiomqtt's exit waits for the broker to acknowledge the disconnect with no timeout: after a
     cancellation nothing ends that wait, and the reader's owner hangs in its shutdown. Here the
     exit gets SUBSCRIBER_EXIT_S and is then abandoned (the socket closes with the process)."""
+    import aiomqtt  # here, not at the top: see EventBus._run
+
     client = aiomqtt.Client(host, port, logger=_SUBSCRIBER_LOG, **kwargs)
     await client.__aenter__()
     try:
@@ -176,6 +180,11 @@ class EventBus:
         self._nonempty.set()
 
     async def _run(self) -> None:
+        # imported here, by a process that has a broker: aiomqtt brings paho, and paho
+        # urllib.request, http.client and email (about 2 MB of a device process's 30, issue 18);
+        # a process without one (`--broker none`, a device process on its own) never loads them
+        import aiomqtt
+
         backoff = 0.2
         identifier = f"cmemu-{os.getpid()}-{id(self):x}"
         while True:

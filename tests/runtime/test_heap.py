@@ -54,6 +54,32 @@ async def test_the_trimmer_ends_when_its_owner_stops() -> None:
         await task
 
 
+@glibc
+async def test_the_first_trim_is_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the start freed goes back when the servers serve, not an interval later; and the
+    next trim waits for the interval (an hour here: never within the test)."""
+    trims: list[float] = []
+    trimmed = asyncio.Event()
+
+    def counted() -> bool:  # on the trimmer's thread
+        trims.append(1.0)
+        loop.call_soon_threadsafe(trimmed.set)
+        return True
+
+    loop = asyncio.get_running_loop()
+
+    monkeypatch.setattr(heap, "malloc_trim", counted)
+    stopping = asyncio.Event()
+    task = asyncio.create_task(heap.trim_every(3600.0, stopping))
+    async with asyncio.timeout(10):
+        await trimmed.wait()
+    await asyncio.sleep(0.1)
+    assert len(trims) == 1
+    stopping.set()
+    async with asyncio.timeout(5):
+        await task
+
+
 async def test_no_interval_no_trimmer() -> None:
     async with asyncio.timeout(5):
         await heap.trim_every(0.0, asyncio.Event())  # returns at once

@@ -19,6 +19,9 @@ from cmemu.emulator.runtime.supernode import LaunchOptions
 from cmemu.emulator.testing import free_port_block, launch_ports
 
 HEAVY = ("numpy", "aiohttp", "prometheus_client", "matplotlib", "jsonschema")
+# with no broker in its topology (as here), no MQTT client: aiomqtt brings paho, and paho
+# urllib.request, http.client and email (about 2.5 MB of PSS)
+NO_BROKER = ("aiomqtt", "paho", "email", "http")
 # and no client of the control plane it never calls, nor the heap report's XML (a device's PSS)
 UNCALLED = (
     "cmemu.v1.router_pb2_grpc",
@@ -28,6 +31,8 @@ UNCALLED = (
     "cmemu.emulator.client.control",
     "cmemu.emulator.model.scheduler",
     "xml.etree.ElementTree",
+    "cmemu.emulator.model.ems",  # the EMS model: a device reaches EMS through its client only
+    "cmemu.emulator.runtime.docker",  # the engine's view of containers: docker mode's launcher
 )
 
 
@@ -76,4 +81,6 @@ async def test_a_device_process_imports_only_what_it_serves(tmp_path: Path) -> N
     imported = {m.split(".")[0] for m in modules}
     assert "grpc" in imported  # the report is there: it serves gRPC
     assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
+    assert topology.broker is None
+    assert not imported & set(NO_BROKER), sorted(imported & set(NO_BROKER))
     assert not modules & set(UNCALLED), sorted(modules & set(UNCALLED))
