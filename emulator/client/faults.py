@@ -2,7 +2,8 @@
 
 The fault catalogue is one table, KINDS, of kinds registered by name (as Toxiproxy registers its
 toxics), each a small module of emulator/client/faultkinds/ with TYPED parameters: a frozen
-dataclass per kind (emulator/model/faults/catalogue.py), built from a dict by
+dataclass per kind (in the kind's module; a device kind's in emulator/engines/device/kinds/),
+built from a dict by
 `kind.params_from(raw)` (InvalidArgumentError on an unknown or bad parameter), and
 `kind.add(clients, target, params, duration_s) -> ActiveFault`. `clear(clients, fault_id)`
 clears any of them by the id `add` returned. Durations are emulated seconds, kept by whoever
@@ -22,28 +23,19 @@ from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.faultkinds import (
     broker_outage,
     checkpoint_corrupt,
-    clock_skew,
     container,
-    crash,
-    device_down,
-    die_down,
     fabric,
     gateway,
-    hang,
-    hbm_ecc,
-    intermittent_hang,
     node_power_off,
-    pool_loss,
     process,
     rack_power_off,
-    sdc,
     service,
-    slow,
     ssd_loss,
     thermal_throttle,
 )
 from cmemu.emulator.client.faultkinds.base import (
     ActiveFault,
+    DeviceKind,
     Kind,
     clear_device,
     device_fault,
@@ -54,7 +46,10 @@ from cmemu.emulator.client.faultkinds.base import (
 from cmemu.emulator.client.faultkinds.container import ContainerControl, attach_engine
 from cmemu.emulator.client.faultkinds.process import ProcessTable, attach_processes
 from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.engines.device.kinds import KINDS as DEVICE_KINDS
+from cmemu.emulator.engines.device.kinds import service_down
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, quote
+from cmemu.emulator.model.faults.params import unknown_kind
 from cmemu.emulator.model.naming import LINK, LINK_DIRECTED, parse_id
 from cmemu.v1 import device_pb2, fabric_pb2
 
@@ -77,29 +72,36 @@ __all__ = [
 
 CONCURRENCY = 64
 
+
+def _device(name: str) -> DeviceKind:
+    """A kind a user adds to one device as is: the client's side of its module,
+    emulator/engines/device/kinds/<kind>.py."""
+    return DeviceKind.of(DEVICE_KINDS[name])
+
+
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
-        crash.KIND,
-        hang.KIND,
-        slow.KIND,
-        hbm_ecc.KIND,
-        sdc.KIND,
-        die_down.KIND,
+        _device("crash"),
+        _device("hang"),
+        _device("slow"),
+        _device("hbm-ecc"),
+        _device("sdc"),
+        _device("die-down"),
         fabric.LINK_FLAP,
         node_power_off.KIND,
         process.KILL,
         process.PAUSE,
-        pool_loss.KIND,
+        _device("pool-loss"),
         broker_outage.KIND,
         fabric.LINK_DOWN,
         fabric.LINK_DEGRADED,
         fabric.LINK_LATENCY,
         fabric.SWITCH_DOWN,
         fabric.PARTITION,
-        device_down.KIND,
+        _device("device-down"),
         thermal_throttle.KIND,
-        intermittent_hang.KIND,
+        _device("intermittent-hang"),
         fabric.LINK_LOSS,
         fabric.OPTICAL_MODULE,
         fabric.L1_BOARD,
@@ -112,20 +114,17 @@ KINDS: dict[str, Kind] = {
         service.PARTITION,
         ssd_loss.KIND,
         checkpoint_corrupt.KIND,
-        clock_skew.KIND,
+        _device("clock-skew"),
     )
 }
+"""The catalogue, in `cmemu fault kinds` order: every device kind that a user adds to one device
+(`one_device`) is here as made from its module; the others have client kinds of their own."""
 
 
 def kind_of(name: str) -> Kind:
     kind = KINDS.get(name)
     if kind is None:
-        raise InvalidArgumentError(
-            f"unknown fault kind {quote(name)}; known: {', '.join(sorted(KINDS))}",
-            field="kind",
-            subject=name,
-            reason="UNKNOWN_FAULT_KIND",
-        )
+        raise unknown_kind(name, sorted(KINDS))
     return kind
 
 
@@ -203,7 +202,7 @@ async def device_faults(clients: Clients) -> list[ActiveFault]:
             if isinstance(reply, device_pb2.DeviceFaultList):
                 covered |= set(reply.hosted)
                 for state in reply.faults:
-                    carried = state.kind == service.DEVICE_KIND  # a control-plane service's
+                    carried = state.kind == service_down.NAME  # a control-plane service's
                     fault = service.listed(state, clients) if carried else device_fault(state)
                     if state.kind == ssd_loss.NAME:
                         fault = ssd_loss.listed(state, ssd_loss.ems_of(clients, state.device))

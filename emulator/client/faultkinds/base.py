@@ -1,6 +1,7 @@
 """What the fault kinds share: the typed-params contract, the active-fault record, fault ids, and
 how a device fault reaches its device (itself, or a sibling in its process when its server is
-gone). A kind is a small module beside this one, registered by name in emulator/client/faults.py.
+gone). A kind is a small module beside this one, or, for a kind a device applies to itself, its
+module of emulator/engines/device/kinds/; all are registered by name in emulator/client/faults.py.
 
 Fault ids: the fabric's own (`f7`); `dev:<device>` (device-down) and `dev:<device>:<kind>` for a
 device's fault; `node:<node>` (node-power-off: every device's crash), `rack:<rack>` (rack-power-off,
@@ -23,6 +24,7 @@ from cmemu.emulator.model.faults.params import params_from
 from cmemu.v1 import device_pb2
 
 if TYPE_CHECKING:
+    from cmemu.emulator.engines.device.faultbase import Kind as EngineKind
     from cmemu.v1.device_pb2_grpc import DeviceAsyncStub
 
 DEVICE_PREFIX = "dev:"
@@ -165,9 +167,17 @@ async def via(
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceKind(Typed):
-    """A fault the device applies itself (emulator/engines/device/faults.py), with its duration."""
+    """A fault the device applies itself, with its duration: the client's side of one of
+    emulator/engines/device/kinds/ (`of` makes it from that module's record)."""
 
     crash: bool = False  # its server goes: injected and cleared through a sibling
+
+    @classmethod
+    def of(cls, kind: EngineKind) -> DeviceKind:
+        """The client's record of a device kind, from the kind's own module."""
+        return cls(
+            name=kind.name, help=kind.help, params=kind.params, target=kind.target, crash=kind.crash
+        )
 
     async def add(
         self, clients: Clients, target: str, params: Any, duration_s: float | None

@@ -2,7 +2,8 @@
 its broker connection and stays away until the fault clears, buffering its events (telemetry
 shows broker_connected false and events_pending) and sending them when it is back. The fault
 goes through the devices' management path (a device kind, `broker-outage`, applied to the
-process's event publisher), so it works in every launcher; services in processes that host no
+process's event publisher: emulator/engines/device/kinds/broker_outage.py, its effect and
+help), so it works in every launcher; services in processes that host no
 device (procs mode) keep publishing. Its id is `broker`."""
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, via
 from cmemu.emulator.client.status import reply_of
 from cmemu.emulator.client.wire.device import fault_request
+from cmemu.emulator.engines.device.kinds.broker_outage import KIND as DEVICE_KIND
 from cmemu.emulator.model.errors import NotFoundError
-from cmemu.emulator.model.faults.catalogue import NoParams
 from cmemu.v1 import device_pb2
 
 BROKER_ID = "broker"
@@ -84,7 +85,7 @@ async def clear(clients: Clients) -> None:
             await reply_of(
                 None,
                 clients.device(host).ClearFault(
-                    device_pb2.ClearDeviceFaultRequest(kind="broker-outage"),
+                    device_pb2.ClearDeviceFaultRequest(kind=DEVICE_KIND.name),
                     timeout=CALL_TIMEOUT_S,
                 ),
             )
@@ -97,8 +98,4 @@ async def clear(clients: Clients) -> None:
         )
 
 
-KIND = BrokerOutage(
-    name="broker-outage",
-    help="the MQTT broker is unreachable: devices buffer their events until it is back",
-    params=NoParams,
-)
+KIND = BrokerOutage(name=DEVICE_KIND.name, help=DEVICE_KIND.help, params=DEVICE_KIND.params)

@@ -23,16 +23,19 @@ from cmemu.emulator.client.faultkinds.base import (
     not_found,
     spanning,
 )
-from cmemu.emulator.client.faultkinds.sdc import KIND as SDC
+from cmemu.emulator.client.faultkinds.base import DeviceKind as OnOneDevice
 from cmemu.emulator.client.status import reply_of
 from cmemu.emulator.client.training import TrainingClient
+from cmemu.emulator.engines.device.kinds import sdc
+from cmemu.emulator.engines.device.kinds.sdc import SdcParams
 from cmemu.emulator.model.errors import NotFoundError, PreconditionError, quote
-from cmemu.emulator.model.faults.catalogue import NoParams, SdcParams
+from cmemu.emulator.model.faults.params import NoParams
 from cmemu.emulator.model.topology import DeviceKind
 from cmemu.emulator.model.training.checkpoint import manifest_key
 from cmemu.v1 import device_pb2
 
 PREFIX = "ckpt:"
+SDC = OnOneDevice.of(sdc.KIND)
 
 
 async def _copies(clients: Clients, key: str) -> list[tuple[str, int]]:

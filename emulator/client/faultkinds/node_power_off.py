@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cmemu.emulator.client.clients import Clients
-from cmemu.emulator.client.faultkinds.base import ActiveFault, Typed, spanning
-from cmemu.emulator.client.faultkinds.crash import KIND as CRASH
+from cmemu.emulator.client.faultkinds.base import ActiveFault, DeviceKind, Typed, spanning
+from cmemu.emulator.engines.device.kinds import crash
 from cmemu.emulator.model.errors import NotFoundError, quote
-from cmemu.emulator.model.faults.catalogue import CrashParams
+
+CRASH = DeviceKind.of(crash.KIND)
 
 NODE_PREFIX = "node:"
 
@@ -43,6 +44,6 @@ class NodePowerOff(Typed):
 KIND = NodePowerOff(
     name="node-power-off",
     help="every device of a node crashes at once",
-    params=CrashParams,
+    params=crash.CrashParams,
     target="a node id (e.g. n03)",
 )

@@ -26,8 +26,8 @@ from cmemu.emulator.client.faultkinds.base import (
 )
 from cmemu.emulator.client.status import reply_of
 from cmemu.emulator.client.wire.device import fault_request
+from cmemu.emulator.engines.device.kinds.crash import CrashParams
 from cmemu.emulator.model.errors import EmulatorError, NotFoundError, PreconditionError
-from cmemu.emulator.model.faults.catalogue import CrashParams
 from cmemu.emulator.model.racks import rack_devices
 from cmemu.v1 import device_pb2
 

@@ -1,8 +1,6 @@
-"""thermal-throttle: a node runs hot and every NPU of it computes at `compute` of its speed (a
-correlated gray failure: one cooling loop, eight slow ranks). Each NPU applies it as the slow
-effect without the ports (emulator/engines/device/gray.py), so kernels, and the collectives its
-dies are ranks of, run at the throttled pace. One fault id, `node:<node>:thermal-throttle`,
-clears every NPU's."""
+"""thermal-throttle as a user adds it: to a node, every NPU of which applies the device kind
+(emulator/engines/device/kinds/thermal_throttle.py: its params, help and effect) at once, all or
+nothing. One fault id, `node:<node>:thermal-throttle`, clears every NPU's."""
 
 from __future__ import annotations
 
@@ -21,14 +19,14 @@ from cmemu.emulator.client.faultkinds.base import (
     spanning,
 )
 from cmemu.emulator.client.faultkinds.node_power_off import NODE_PREFIX, node_devices
+from cmemu.emulator.engines.device.kinds import thermal_throttle as device_kind
 from cmemu.emulator.model.errors import NotFoundError
-from cmemu.emulator.model.faults.catalogue import ThermalThrottleParams
 from cmemu.emulator.model.naming import node_id, parse_device
 from cmemu.emulator.model.topology import DeviceKind as Hardware
 
-NAME = "thermal-throttle"
+NAME = device_kind.KIND.name
 SUFFIX = f":{NAME}"
-PER_NPU = DeviceKind(name=NAME, help="", params=ThermalThrottleParams, target="an NPU id")
+PER_NPU = DeviceKind.of(device_kind.KIND)
 
 
 def node_npus(clients: Clients, node: str) -> list[str]:
@@ -96,7 +94,7 @@ async def clear(clients: Clients, fault_id: str) -> None:
 
 KIND = ThermalThrottle(
     name=NAME,
-    help="a node runs hot: every NPU of it computes at a share of its speed",
-    params=ThermalThrottleParams,
+    help=device_kind.KIND.help,
+    params=device_kind.KIND.params,
     target="a node id (e.g. n03)",
 )
