@@ -18,9 +18,8 @@ from cmemu.emulator.client.status import reply_of
 from cmemu.emulator.client.wire.device import fault_request
 from cmemu.emulator.engines.device.kinds.broker_outage import KIND as DEVICE_KIND
 from cmemu.emulator.model.errors import NotFoundError
+from cmemu.emulator.model.faults.ids import FaultId
 from cmemu.v1 import device_pb2
-
-BROKER_ID = "broker"
 
 
 async def _hosts(clients: Clients) -> list[str]:
@@ -69,7 +68,7 @@ class BrokerOutage(Typed):
             )
         )
         return ActiveFault(
-            id=BROKER_ID,
+            id=str(FaultId.broker()),
             kind=self.name,
             target="broker",
             detail=f"{len(hosts)} processes cut off",
@@ -94,7 +93,9 @@ async def clear(clients: Clients) -> None:
             pass
     if not cleared:
         raise NotFoundError(
-            "no broker outage is active", subject=BROKER_ID, reason="FAULT_NOT_FOUND"
+            "no broker outage is active",
+            subject=str(FaultId.broker()),
+            reason="FAULT_NOT_FOUND",
         )
 
 

@@ -11,10 +11,9 @@ from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.faultkinds.base import ActiveFault, DeviceKind, Typed, spanning
 from cmemu.emulator.engines.device.kinds import crash
 from cmemu.emulator.model.errors import NotFoundError, quote
+from cmemu.emulator.model.faults.ids import FaultId
 
 CRASH = DeviceKind.of(crash.KIND)
-
-NODE_PREFIX = "node:"
 
 
 def node_devices(clients: Clients, node: str) -> list[str]:
@@ -37,7 +36,7 @@ class NodePowerOff(Typed):
         typed = self.typed(params)
         devices = node_devices(clients, target)
         crashed = await asyncio.gather(*(CRASH.add(clients, d, typed, duration_s) for d in devices))
-        return spanning(crashed, id=f"{NODE_PREFIX}{target}", kind=self.name, target=target,
+        return spanning(crashed, id=str(FaultId.node(target)), kind=self.name, target=target,
                         detail=f"{len(devices)} devices crashed")  # fmt: skip
 
 
