@@ -29,6 +29,7 @@ from cmemu.emulator.model.faults.catalogue import (
     LinkDegradedParams,
     param,
 )
+from cmemu.emulator.model.faults.params import describe
 from cmemu.emulator.model.linkfaults import FAULT_KINDS
 from cmemu.emulator.model.rdmagraph import RDMA_FAULT_KINDS
 from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, gateway_pb2
@@ -77,6 +78,18 @@ def test_the_client_s_device_kinds_are_made_from_their_modules() -> None:
     assert isinstance(KINDS["crash"], DeviceKind) and KINDS["crash"].crash
     assert KINDS["die-down"].target == "an NPU id"
     assert KINDS["thermal-throttle"].target.startswith("a node id")  # the node's, not the NPU's
+
+
+def test_every_kind_documents_every_parameter() -> None:
+    """What `cmemu fault kinds` prints: each parameter of every kind of the catalogue, wherever
+    its module is (a device's, the fabric's, the orchestrator's), has its help."""
+    for kind in KINDS.values():
+        rows = describe(kind.params)
+        assert all(help_ for *_, help_ in rows), kind.name
+    assert [r[0] for r in describe(KINDS["container-netem"].params)] == [
+        "delay_ms", "jitter_ms", "loss_pct"
+    ]  # fmt: skip
+    assert describe(KINDS["service-slow"].params)[0][2] is None  # latency_ms: required
 
 
 @dataclass(frozen=True, kw_only=True)

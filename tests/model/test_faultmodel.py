@@ -132,3 +132,4 @@ def test_params_parse_check_and_print() -> None:
         params_from(DEVICE_PARAMS["device-down"], {"reason": "x" * 300}, kind="device-down")
     for cls in [*PARAMS.values(), *DEVICE_PARAMS.values()]:  # each documents every parameter
         assert all(help_ for *_, help_ in describe(cls))
+    # (the client's kinds, orchestrator ones included: tests/client/test_faultparams.py)

@@ -43,13 +43,21 @@ from cmemu.emulator.client.wire.device import fault_request
 from cmemu.emulator.engines.device.kinds.service_down import NAME as DEVICE_KIND
 from cmemu.emulator.engines.device.kinds.service_down import ServiceDownParams
 from cmemu.emulator.model.errors import EmulatorError, NotFoundError, PreconditionError, quote
-from cmemu.emulator.model.faults.catalogue import NoParams, ServiceSlowParams
+from cmemu.emulator.model.faults.params import POSITIVE, NoParams, param
 from cmemu.emulator.model.topology import Service, ServiceKind
 from cmemu.v1 import device_pb2
 
 # the device that carries a service's fault in process: one per service, so that several
 # services may be down at once (a device holds one fault of a kind)
 CARRIER = {k: i for i, k in enumerate(ServiceKind)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceSlowParams:
+    latency_ms: float = param(
+        help="emulated milliseconds every call to the service waits before it is handled",
+        check=POSITIVE,
+    )
 
 
 def service_of(clients: Clients, target: str) -> Service:

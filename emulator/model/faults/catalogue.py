@@ -1,6 +1,7 @@
-"""The typed parameters of the fabric's and the gateway's fault kinds (and of the orchestrator's
-that have no module of their own yet): one frozen dataclass per kind, registered by name. A
-device's kinds hold theirs in their own modules (emulator/engines/device/kinds/, KINDS).
+"""The typed parameters of the fabric's and the gateway's fault kinds: one frozen dataclass per
+kind, registered by name. Every other kind holds its own in its module: a device's in
+emulator/engines/device/kinds/ (KINDS), the orchestrator's (service, container, process, power,
+checkpoint) in emulator/client/faultkinds/.
 
 A field's metadata carries its help and its range (emulator/model/faults/params.py checks it);
 a `check()` method holds the rules that span fields. Shares (`compute`, `link`, `factor`) are
@@ -99,71 +100,19 @@ class RankSlowParams:
                           check=FRACTION)  # fmt: skip
 
 
-@dataclass(frozen=True, kw_only=True)
-class ServiceSlowParams:
-    latency_ms: float = param(
-        help="emulated milliseconds every call to the service waits before it is handled",
-        check=POSITIVE,
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class ContainerKillParams:
-    signal: str = param("KILL", "the signal docker kill sends (KILL, TERM, ...)")
-
-    def check(self) -> None:
-        if not self.signal.isalnum() or self.signal != self.signal.upper():
-            raise invalid("container-kill", "signal", f"{self.signal!r} is not a signal name")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ContainerStopParams:
-    grace_s: float = param(
-        10.0, "wall seconds between SIGTERM and SIGKILL (the emulator drains on SIGTERM)",
-        AT_LEAST_ZERO,
-    )  # fmt: skip
-
-
-@dataclass(frozen=True, kw_only=True)
-class NetemParams:
-    delay_ms: float = param(0.0, "wall milliseconds added to every packet it sends", AT_LEAST_ZERO)
-    jitter_ms: float = param(0.0, "+- this much on the delay", AT_LEAST_ZERO)
-    loss_pct: float = param(0.0, "percent of its packets lost, [0, 100]", AT_LEAST_ZERO)
-
-    def check(self) -> None:
-        if self.loss_pct > 100:
-            raise invalid("container-netem", "loss_pct", "is a percentage: at most 100")
-        if not self.delay_ms and not self.loss_pct:
-            raise invalid("container-netem", "delay_ms", "or loss_pct must be set")
-        if self.jitter_ms and not self.delay_ms:
-            raise invalid("container-netem", "jitter_ms", "needs delay_ms")
-
-
 PARAMS: dict[str, type[Any]] = {
     "link-loss": LinkLossParams,
     "optical-module": OpticalModuleParams,
     "l1-board": NoParams,
-    "checkpoint-corrupt": NoParams,
     "link-flap": LinkFlapParams,
-    "process-kill": NoParams,
-    "process-pause": NoParams,
     "link-down": NoParams,
     "link-degraded": LinkDegradedParams,
     "link-latency": LinkLatencyParams,
     "switch-down": NoParams,
     "partition": PartitionParams,
-    "service-kill": NoParams,
-    "service-hang": NoParams,
-    "service-slow": ServiceSlowParams,
-    "service-partition": NoParams,
-    "container-kill": ContainerKillParams,
-    "container-pause": NoParams,
-    "container-restart": ContainerStopParams,
-    "container-stop": ContainerStopParams,
-    "container-disconnect": NoParams,
-    "container-netem": NetemParams,
 }
-"""The parameters of the catalogue's kinds that no module of their own holds, by kind name."""
+"""The parameters of the client catalogue's fabric kinds, by kind name (FABRIC_PARAMS adds the
+kinds only devices set at the fabric)."""
 
 
 FABRIC_PARAMS: dict[str, type[Any]] = {
