@@ -14,8 +14,8 @@ from cmemu.emulator.client.wire import device as wire
 from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.engines.device.engine import MAX_LABEL, DeviceEngine
 from cmemu.emulator.engines.device.faults import DEVICE_DOWN
+from cmemu.emulator.engines.device.kinds import PARAMS as DEVICE_PARAMS
 from cmemu.emulator.model.errors import InvalidArgumentError, PreconditionError
-from cmemu.emulator.model.faults.catalogue import DEVICE_PARAMS
 from cmemu.emulator.model.topology import DeviceKind
 from cmemu.services.rpc import Context, abort, rpc
 from cmemu.v1 import device_pb2, device_pb2_grpc

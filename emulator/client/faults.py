@@ -2,7 +2,8 @@
 
 The fault catalogue is one table, KINDS, of kinds registered by name (as Toxiproxy registers its
 toxics), each a small module of emulator/client/faultkinds/ with TYPED parameters: a frozen
-dataclass per kind (emulator/model/faults/catalogue.py), built from a dict by
+dataclass per kind (in the kind's module; a device kind's in emulator/engines/device/kinds/),
+built from a dict by
 `kind.params_from(raw)` (InvalidArgumentError on an unknown or bad parameter), and
 `kind.add(clients, target, params, duration_s) -> ActiveFault`. `clear(clients, fault_id)`
 clears any of them by the id `add` returned. Durations are emulated seconds, kept by whoever
@@ -22,39 +23,33 @@ from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.faultkinds import (
     broker_outage,
     checkpoint_corrupt,
-    clock_skew,
     container,
-    crash,
-    device_down,
-    die_down,
     fabric,
     gateway,
-    hang,
-    hbm_ecc,
-    intermittent_hang,
     node_power_off,
-    pool_loss,
     process,
     rack_power_off,
-    sdc,
     service,
-    slow,
     ssd_loss,
     thermal_throttle,
 )
 from cmemu.emulator.client.faultkinds.base import (
     ActiveFault,
+    DeviceKind,
     Kind,
     clear_device,
     device_fault,
     device_fault_id,
     not_found,
-    parse_device_fault,
 )
 from cmemu.emulator.client.faultkinds.container import ContainerControl, attach_engine
 from cmemu.emulator.client.faultkinds.process import ProcessTable, attach_processes
 from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.engines.device.kinds import KINDS as DEVICE_KINDS
+from cmemu.emulator.engines.device.kinds import service_down
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, quote
+from cmemu.emulator.model.faults.ids import Family, FaultId
+from cmemu.emulator.model.faults.params import unknown_kind
 from cmemu.emulator.model.naming import LINK, LINK_DIRECTED, parse_id
 from cmemu.v1 import device_pb2, fabric_pb2
 
@@ -77,29 +72,36 @@ __all__ = [
 
 CONCURRENCY = 64
 
+
+def _device(name: str) -> DeviceKind:
+    """A kind a user adds to one device as is: the client's side of its module,
+    emulator/engines/device/kinds/<kind>.py."""
+    return DeviceKind.of(DEVICE_KINDS[name])
+
+
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
-        crash.KIND,
-        hang.KIND,
-        slow.KIND,
-        hbm_ecc.KIND,
-        sdc.KIND,
-        die_down.KIND,
+        _device("crash"),
+        _device("hang"),
+        _device("slow"),
+        _device("hbm-ecc"),
+        _device("sdc"),
+        _device("die-down"),
         fabric.LINK_FLAP,
         node_power_off.KIND,
         process.KILL,
         process.PAUSE,
-        pool_loss.KIND,
+        _device("pool-loss"),
         broker_outage.KIND,
         fabric.LINK_DOWN,
         fabric.LINK_DEGRADED,
         fabric.LINK_LATENCY,
         fabric.SWITCH_DOWN,
         fabric.PARTITION,
-        device_down.KIND,
+        _device("device-down"),
         thermal_throttle.KIND,
-        intermittent_hang.KIND,
+        _device("intermittent-hang"),
         fabric.LINK_LOSS,
         fabric.OPTICAL_MODULE,
         fabric.L1_BOARD,
@@ -112,20 +114,17 @@ KINDS: dict[str, Kind] = {
         service.PARTITION,
         ssd_loss.KIND,
         checkpoint_corrupt.KIND,
-        clock_skew.KIND,
+        _device("clock-skew"),
     )
 }
+"""The catalogue, in `cmemu fault kinds` order: every device kind that a user adds to one device
+(`one_device`) is here as made from its module; the others have client kinds of their own."""
 
 
 def kind_of(name: str) -> Kind:
     kind = KINDS.get(name)
     if kind is None:
-        raise InvalidArgumentError(
-            f"unknown fault kind {quote(name)}; known: {', '.join(sorted(KINDS))}",
-            field="kind",
-            subject=name,
-            reason="UNKNOWN_FAULT_KIND",
-        )
+        raise unknown_kind(name, sorted(KINDS))
     return kind
 
 
@@ -203,7 +202,7 @@ async def device_faults(clients: Clients) -> list[ActiveFault]:
             if isinstance(reply, device_pb2.DeviceFaultList):
                 covered |= set(reply.hosted)
                 for state in reply.faults:
-                    carried = state.kind == service.DEVICE_KIND  # a control-plane service's
+                    carried = state.kind == service_down.NAME  # a control-plane service's
                     fault = service.listed(state, clients) if carried else device_fault(state)
                     if state.kind == ssd_loss.NAME:
                         fault = ssd_loss.listed(state, ssd_loss.ems_of(clients, state.device))
@@ -236,8 +235,15 @@ async def list_all(clients: Clients) -> list[ActiveFault]:
 # --- clearing ------------------------------------------------------------------------------------
 
 
-async def _clear_node(clients: Clients, node: str) -> None:
-    devices = node_power_off.node_devices(clients, node)
+async def _clear_node(clients: Clients, fault_id: FaultId) -> None:
+    """`node:<node>` (node-power-off: every device's crash), or a node-wide fault made of its
+    NPUs' (`node:<node>:thermal-throttle`)."""
+    if fault_id.kind == thermal_throttle.NAME:
+        await thermal_throttle.clear(of_target(clients, fault_id.subject), fault_id)
+        return
+    if fault_id.kind:
+        raise not_found(fault_id)
+    devices = node_power_off.node_devices(clients, fault_id.subject)
     results = await asyncio.gather(
         *(clear_device(clients, d, "crash") for d in devices), return_exceptions=True
     )
@@ -247,68 +253,37 @@ async def _clear_node(clients: Clients, node: str) -> None:
     if errors:
         raise errors[0]
     if all(isinstance(r, BaseException) for r in results):
-        raise not_found(f"{node_power_off.NODE_PREFIX}{node}")
+        raise not_found(fault_id)
 
 
-async def _clear_device_fault(clients: Clients, fault_id: str) -> None:
-    device, kind = parse_device_fault(fault_id) or ("", "")
+async def _clear_device_fault(clients: Clients, fault_id: FaultId) -> None:
+    device, kind = fault_id.subject, fault_id.device_kind
     owner = of_target(clients, device)
     owner.topology.device(device)  # an unknown device is its own NotFoundError, not the fault's
     try:
         await clear_device(owner, device, kind)
     except NotFoundError:
         raise NotFoundError(
-            f"no fault {quote(fault_id)}: {device} is not faulted that way (see `cmemu fault ls`)",
+            f"no fault {quote(str(fault_id))}: {device} is not faulted that way"
+            " (see `cmemu fault ls`)",
             field="id",
-            subject=fault_id,
+            subject=str(fault_id),
             reason="FAULT_NOT_FOUND",
         ) from None
 
 
-async def _clear_throttle(clients: Clients, fault_id: str) -> None:
-    await thermal_throttle.clear(of_target(clients, fault_id.split(":")[1]), fault_id)
+async def _clear_rack(clients: Clients, fault_id: FaultId) -> None:
+    await rack_power_off.clear(of_target(clients, fault_id.subject), fault_id)
 
 
-async def _clear_node_id(clients: Clients, fault_id: str) -> None:
-    await _clear_node(clients, fault_id.removeprefix(node_power_off.NODE_PREFIX))
-
-
-async def _clear_rack(clients: Clients, fault_id: str) -> None:
-    rack = fault_id.removeprefix(rack_power_off.RACK_PREFIX)
-    await rack_power_off.clear(of_target(clients, rack), fault_id)
-
-
-async def _clear_broker(clients: Clients, fault_id: str) -> None:
+async def _clear_broker(clients: Clients, fault_id: FaultId) -> None:
     await broker_outage.clear(clients)
 
 
-CLEARERS: tuple[tuple[Callable[[str], bool], Callable[[Clients, str], Awaitable[None]]], ...] = (
-    (lambda i: parse_device_fault(i) is not None, _clear_device_fault),
-    (thermal_throttle.is_mine, _clear_throttle),
-    (lambda i: i.startswith(node_power_off.NODE_PREFIX), _clear_node_id),
-    (rack_power_off.is_mine, _clear_rack),
-    (checkpoint_corrupt.is_mine, checkpoint_corrupt.clear),
-    (lambda i: i.startswith(process.PROC_PREFIX), process.clear),
-    (lambda i: i.startswith(container.PREFIX), container.clear),
-    (lambda i: i == broker_outage.BROKER_ID, _clear_broker),
-    (lambda i: i.startswith(gateway.PREFIX), gateway.clear),
-)
-"""Who clears a fault, by the shape of its id, first match wins; the fabric clears the rest."""
-
-
-async def clear(clients: Clients, fault_id: str) -> None:
-    """Clear one fault by the id `add` (or a listing) gave it."""
-    for matches, clearer in CLEARERS:
-        if matches(fault_id):
-            await clearer(clients, fault_id)
-            return
-    await _clear_fabric_fault(clients, fault_id)
-
-
-async def _clear_fabric_fault(clients: Clients, fault_id: str) -> None:
+async def _clear_fabric_fault(clients: Clients, fault_id: FaultId) -> None:
     """A fabric fault's id names no supernode: the fabric that holds it clears it."""
     fabrics = every_supernode(clients)
-    request = fabric_pb2.ClearFaultRequest(id=fault_id)
+    request = fabric_pb2.ClearFaultRequest(id=str(fault_id))
     for one in fabrics[:-1]:
         try:
             await reply_of(None, one.fabric().ClearFault(request))
@@ -316,6 +291,27 @@ async def _clear_fabric_fault(clients: Clients, fault_id: str) -> None:
         except NotFoundError:
             pass
     await reply_of(None, fabrics[-1].fabric().ClearFault(request))
+
+
+CLEARERS: dict[Family, Callable[[Clients, FaultId], Awaitable[None]]] = {
+    Family.DEVICE: _clear_device_fault,
+    Family.NODE: _clear_node,
+    Family.RACK: _clear_rack,
+    Family.CHECKPOINT: checkpoint_corrupt.clear,
+    Family.PROCESS: process.clear,
+    Family.CONTAINER: container.clear,
+    Family.BROKER: _clear_broker,
+    Family.RDMA: gateway.clear,
+    Family.FABRIC: _clear_fabric_fault,
+}
+"""Who clears a fault, by its id's family (emulator/model/faults/ids.py)."""
+
+
+async def clear(clients: Clients, fault_id: str | FaultId) -> None:
+    """Clear one fault by the id `add` (or a listing) gave it; INVALID_ARGUMENT
+    INVALID_FAULT_ID for text that is no fault id."""
+    typed = fault_id if isinstance(fault_id, FaultId) else FaultId.parse(fault_id)
+    await CLEARERS[typed.family](clients, typed)
 
 
 remove = clear  # the name `cmemu fault rm` and older callers use
@@ -341,6 +337,9 @@ async def remove_all(clients: Clients) -> list[ActiveFault]:
 
 
 def device_of_fault(fault_id: str) -> str | None:
-    """The device a `dev:` fault id names, or None for another id."""
-    parsed = parse_device_fault(fault_id)
-    return parsed[0] if parsed is not None else None
+    """The device a `dev:` fault id names, or None for another id (or no id at all)."""
+    try:
+        typed = FaultId.parse(fault_id)
+    except InvalidArgumentError:
+        return None
+    return typed.subject if typed.family is Family.DEVICE else None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, quote
 from cmemu.emulator.model.faults.catalogue import FABRIC_PARAMS
-from cmemu.emulator.model.faults.params import params_from
+from cmemu.emulator.model.faults.params import params_from, unknown_kind
 from cmemu.emulator.model.naming import Tier, die_id, l1_switch_id, parse_node, parse_switch
 from cmemu.emulator.model.topology import DeviceKind, LinkKind
 
@@ -304,7 +304,7 @@ class RankDown:
     """A dead rank (its device crashed, powered off or went down, or one die failed): every
     collective it is part of fails at once, as a real one does when a rank's links drop. Routes
     are left alone: a UB transfer reaches the device, which refuses it itself. Set by the
-    device's own fault (engines/device/faults.py) and cleared with it."""
+    device's own fault (engines/device/kinds/) and cleared with it."""
 
     name = "rank-down"
 
@@ -379,12 +379,7 @@ class FaultSet:
     def add(self, spec: FaultSpec) -> FaultSpec:
         kind = FAULT_KINDS.get(spec.kind)
         if kind is None:
-            raise InvalidArgumentError(
-                f"unknown fault kind {quote(spec.kind)}; known: {', '.join(FAULT_KINDS)}",
-                field="kind",
-                subject=spec.kind,
-                reason="UNKNOWN_FAULT_KIND",
-            )
+            raise unknown_kind(spec.kind, FAULT_KINDS)
         spec_params(spec)
         kind.validate(self.graph, spec)
         if not (math.isfinite(spec.for_s) and spec.for_s >= 0):

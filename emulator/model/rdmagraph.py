@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError, quote
 from cmemu.emulator.model.faults.catalogue import GATEWAY_PARAMS
-from cmemu.emulator.model.faults.params import params_from
+from cmemu.emulator.model.faults.params import params_from, unknown_kind
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from cmemu.emulator.model.naming import (
     Tier,
@@ -333,13 +333,7 @@ class RdmaFaultSet:
     def add(self, fault: RdmaFault) -> RdmaFault:
         kind = RDMA_FAULT_KINDS.get(fault.kind)
         if kind is None:
-            raise InvalidArgumentError(
-                f"unknown RDMA plane fault kind {quote(fault.kind)}; known: "
-                f"{', '.join(RDMA_FAULT_KINDS)}",
-                field="kind",
-                subject=fault.kind,
-                reason="UNKNOWN_FAULT_KIND",
-            )
+            raise unknown_kind(fault.kind, RDMA_FAULT_KINDS, plane="RDMA plane")
         kind.links(self.graph, fault)  # validates the target and the factor
         if not (math.isfinite(fault.for_s) and fault.for_s >= 0):
             raise InvalidArgumentError(

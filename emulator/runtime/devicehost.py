@@ -46,7 +46,7 @@ def host_devices(
     # The host clock its devices stamp with (and clock-skew makes wrong): one for all of a
     # process that follows the owner's clock (procs, compose: one host); in the process
     # that owns time (in process: the whole emulator) one per device, since skewing the
-    # owner's own reading would move everything with it (engines/device/clockskew.py).
+    # owner's own reading would move everything with it (engines/device/kinds/clock_skew.py).
     shared = LocalClock(keeper.timeline) if keeper.follower is not None else None
     engines: dict[str, DeviceEngine] = {}
     servers: dict[str, DeviceServer] = {}

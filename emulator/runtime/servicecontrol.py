@@ -1,6 +1,6 @@
 """The in-process supernode's services as fault targets (service-kill, service-hang,
 service-slow, service-partition, and ssd-loss of EMS's SSD tier): what its devices are given as
-`Siblings.services` (emulator/engines/device/servicefaults.py). A slow service answers every
+`Siblings.services` (emulator/engines/device/kinds/service_down.py). A slow service answers every
 call `latency_ms` emulated ms late (its HangGate's delay), its work going on.
 
 A kill stops the service's gRPC server (NOT_SERVING first, then the port is freed: its clients
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from cmemu.emulator.engines.device.kinds.service_down import ServiceDownParams
 from cmemu.emulator.model.errors import PreconditionError
-from cmemu.emulator.model.faults.catalogue import ServiceDownParams
 from cmemu.emulator.model.topology import ServiceKind
 
 if TYPE_CHECKING:

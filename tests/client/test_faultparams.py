@@ -13,21 +13,23 @@ from google.protobuf.descriptor import Descriptor
 
 from cmemu.emulator.client.faultkinds import fabric as fabric_kinds
 from cmemu.emulator.client.faultkinds import gateway as gateway_kinds
+from cmemu.emulator.client.faultkinds.base import DeviceKind
 from cmemu.emulator.client.faults import KINDS
 from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.client.wire.device import fault_request
-from cmemu.emulator.engines.device.faults import EFFECTS
+from cmemu.emulator.engines.device.kinds import KINDS as DEVICE_KINDS
+from cmemu.emulator.engines.device.kinds import PARAMS as DEVICE_PARAMS
+from cmemu.emulator.engines.device.kinds.crash import CrashParams
+from cmemu.emulator.engines.device.kinds.hbm_ecc import HbmEccParams
+from cmemu.emulator.engines.device.kinds.slow import SlowParams
 from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.faults.catalogue import (
-    DEVICE_PARAMS,
     FABRIC_PARAMS,
     GATEWAY_PARAMS,
-    CrashParams,
-    HbmEccParams,
     LinkDegradedParams,
-    SlowParams,
     param,
 )
+from cmemu.emulator.model.faults.params import describe
 from cmemu.emulator.model.linkfaults import FAULT_KINDS
 from cmemu.emulator.model.rdmagraph import RDMA_FAULT_KINDS
 from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, gateway_pb2
@@ -50,7 +52,7 @@ def test_every_kind_has_its_message_in_the_oneof(
 def test_the_tables_are_every_registered_kind_that_travels() -> None:
     """Each wire's table holds exactly the kinds its owner applies, and every catalogue kind
     that travels as itself has the same params there as in the client's registry."""
-    assert set(DEVICE_PARAMS) == set(EFFECTS)
+    assert list(DEVICE_PARAMS) == list(DEVICE_KINDS)
     assert set(FABRIC_PARAMS) == set(FAULT_KINDS)
     assert set(GATEWAY_PARAMS) == set(RDMA_FAULT_KINDS) | {"gateway-down"}
     for kind in KINDS.values():
@@ -60,6 +62,34 @@ def test_the_tables_are_every_registered_kind_that_travels() -> None:
             assert FABRIC_PARAMS[kind.name] is kind.params, kind.name
         elif kind.name in DEVICE_PARAMS:
             assert DEVICE_PARAMS[kind.name] is kind.params, kind.name
+            assert kind.help == DEVICE_KINDS[kind.name].help, kind.name
+
+
+def test_the_client_s_device_kinds_are_made_from_their_modules() -> None:
+    """A device kind a user adds to one device is in the client's catalogue exactly as its
+    module declares it (name, help, params, target, crash), and the others are not there as
+    one-device kinds (each has a client kind of its own, or none)."""
+    for name, device_kind in DEVICE_KINDS.items():
+        client = KINDS.get(name)
+        if device_kind.one_device:
+            assert client == DeviceKind.of(device_kind), name
+        else:
+            assert not isinstance(client, DeviceKind), name
+    assert isinstance(KINDS["crash"], DeviceKind) and KINDS["crash"].crash
+    assert KINDS["die-down"].target == "an NPU id"
+    assert KINDS["thermal-throttle"].target.startswith("a node id")  # the node's, not the NPU's
+
+
+def test_every_kind_documents_every_parameter() -> None:
+    """What `cmemu fault kinds` prints: each parameter of every kind of the catalogue, wherever
+    its module is (a device's, the fabric's, the orchestrator's), has its help."""
+    for kind in KINDS.values():
+        rows = describe(kind.params)
+        assert all(help_ for *_, help_ in rows), kind.name
+    assert [r[0] for r in describe(KINDS["container-netem"].params)] == [
+        "delay_ms", "jitter_ms", "loss_pct"
+    ]  # fmt: skip
+    assert describe(KINDS["service-slow"].params)[0][2] is None  # latency_ms: required
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cmemu.v1 as cmemu_v1
-from cmemu.emulator.engines.device.faults import EFFECTS
+from cmemu.emulator.engines.device.kinds import KINDS as DEVICE_KINDS
 from cmemu.emulator.model.emulatorprofile import EmulatorLimits
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.v1 import (
@@ -121,7 +121,7 @@ def _restore(world: World, service: str, method: str, request: object, reply: ob
             t.call(device, service, method, device_pb2.FaultState(faulted=False))
     if service == "cmemu.v1.Device" and method == "InjectFault":  # the catalogue's kinds
         for device in DEVICES:
-            for kind in EFFECTS:
+            for kind in DEVICE_KINDS:
                 t.call(device, service, "ClearFault", device_pb2.ClearDeviceFaultRequest(kind=kind))
     if service == "cmemu.v1.Device" and method == "AllocateRegion":
         assert isinstance(reply, device_pb2.Region)

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from cmemu.emulator.engines.device.kinds import PARAMS as DEVICE_PARAMS
+from cmemu.emulator.engines.device.kinds.hbm_ecc import HbmEccParams
+from cmemu.emulator.engines.device.kinds.sdc import SdcParams
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
-from cmemu.emulator.model.faults.catalogue import PARAMS, HbmEccParams, LinkFlapParams, SdcParams
+from cmemu.emulator.model.faults.catalogue import PARAMS, LinkFlapParams
 from cmemu.emulator.model.faults.memory import Corruption, Poison
 from cmemu.emulator.model.faults.params import describe, params_from, params_text
 from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec, flap_down, next_flip_s
@@ -126,6 +129,7 @@ def test_params_parse_check_and_print() -> None:
     with pytest.raises(InvalidArgumentError, match="must be a number"):
         params_from(LinkFlapParams, {"period_s": True}, kind="link-flap")
     with pytest.raises(InvalidArgumentError, match="longer than 256"):
-        params_from(PARAMS["device-down"], {"reason": "x" * 300}, kind="device-down")
-    for cls in PARAMS.values():  # every kind documents each parameter
+        params_from(DEVICE_PARAMS["device-down"], {"reason": "x" * 300}, kind="device-down")
+    for cls in [*PARAMS.values(), *DEVICE_PARAMS.values()]:  # each documents every parameter
         assert all(help_ for *_, help_ in describe(cls))
+    # (the client's kinds, orchestrator ones included: tests/client/test_faultparams.py)

@@ -386,6 +386,13 @@ async def test_a_broker_outage_needs_a_broker(clients: Clients) -> None:
 async def test_unknown_ids_and_bad_device_requests(clients: Clients) -> None:
     with pytest.raises(NotFoundError):
         await faults.clear(clients, "dev:n00-npu0:hang")
+    for well_formed in ("f999", "node:n00:thermal-throttle", "node:n00:meteor", "rack:rack00"):
+        with pytest.raises(NotFoundError):  # of a family, and nobody holds it
+            await faults.clear(clients, well_formed)
+    for malformed in ("meteor:x", "dev:", "proc:n00", "ckpt:job:x:n00-mem", "broker:x"):
+        with pytest.raises(InvalidArgumentError) as err:  # no id at all: said so, naming it
+            await faults.clear(clients, malformed)
+        assert (err.value.reason, err.value.subject) == ("INVALID_FAULT_ID", malformed)
     bad = await _refused(
         clients.device("n00-npu0").InjectFault(device_pb2.FaultState(kind="meteor"))
     )

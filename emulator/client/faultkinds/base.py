@@ -1,11 +1,10 @@
 """What the fault kinds share: the typed-params contract, the active-fault record, fault ids, and
 how a device fault reaches its device (itself, or a sibling in its process when its server is
-gone). A kind is a small module beside this one, registered by name in emulator/client/faults.py.
+gone). A kind is a small module beside this one, or, for a kind a device applies to itself, its
+module of emulator/engines/device/kinds/; all are registered by name in emulator/client/faults.py.
 
-Fault ids: the fabric's own (`f7`); `dev:<device>` (device-down) and `dev:<device>:<kind>` for a
-device's fault; `node:<node>` (node-power-off: every device's crash), `rack:<rack>` (rack-power-off,
-every device of its nodes); `proc:<process>:<kind>`
-(process-kill / process-pause); `broker` (broker-outage).
+Fault ids are typed (emulator/model/faults/ids.py FaultId: one family per owner, one parser);
+a device's are `dev:<device>` (device-down) and `dev:<device>:<kind>`.
 """
 
 from __future__ import annotations
@@ -19,13 +18,14 @@ from cmemu.emulator.client.status import reply_of
 from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.client.wire.device import fault_request
 from cmemu.emulator.model.errors import EmulatorError, NotFoundError, quote
+from cmemu.emulator.model.faults.ids import FaultId
 from cmemu.emulator.model.faults.params import params_from
 from cmemu.v1 import device_pb2
 
 if TYPE_CHECKING:
+    from cmemu.emulator.engines.device.faultbase import Kind as EngineKind
     from cmemu.v1.device_pb2_grpc import DeviceAsyncStub
 
-DEVICE_PREFIX = "dev:"
 FALLBACK_REASONS = {"NOT_IN_PROCESS", "PEER_UNREACHABLE"}
 CALL_TIMEOUT_S = 30.0  # wall: a fault call answers at once, even on a hung device
 T = TypeVar("T")
@@ -96,17 +96,7 @@ class Typed:
 
 
 def device_fault_id(device: str, kind: str = "device-down") -> str:
-    return (
-        f"{DEVICE_PREFIX}{device}" if kind == "device-down" else f"{DEVICE_PREFIX}{device}:{kind}"
-    )
-
-
-def parse_device_fault(fault_id: str) -> tuple[str, str] | None:
-    """(device, kind) of a `dev:` id, or None for another id."""
-    if not fault_id.startswith(DEVICE_PREFIX):
-        return None
-    device, _, kind = fault_id.removeprefix(DEVICE_PREFIX).partition(":")
-    return device, kind or "device-down"
+    return str(FaultId.device(device, kind))
 
 
 def detail_of(state: device_pb2.FaultState) -> str:
@@ -165,9 +155,17 @@ async def via(
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceKind(Typed):
-    """A fault the device applies itself (emulator/engines/device/faults.py), with its duration."""
+    """A fault the device applies itself, with its duration: the client's side of one of
+    emulator/engines/device/kinds/ (`of` makes it from that module's record)."""
 
     crash: bool = False  # its server goes: injected and cleared through a sibling
+
+    @classmethod
+    def of(cls, kind: EngineKind) -> DeviceKind:
+        """The client's record of a device kind, from the kind's own module."""
+        return cls(
+            name=kind.name, help=kind.help, params=kind.params, target=kind.target, crash=kind.crash
+        )
 
     async def add(
         self, clients: Clients, target: str, params: Any, duration_s: float | None
@@ -189,10 +187,10 @@ async def clear_device(clients: Clients, device: str, kind: str) -> None:
     await via(clients, device, lambda stub: stub.ClearFault(request, timeout=CALL_TIMEOUT_S))
 
 
-def not_found(fault_id: str) -> NotFoundError:
+def not_found(fault_id: str | FaultId) -> NotFoundError:
     return NotFoundError(
         f"no fault {quote(fault_id)} (see `cmemu fault ls`)",
         field="id",
-        subject=fault_id,
+        subject=str(fault_id),
         reason="FAULT_NOT_FOUND",
     )

@@ -2,7 +2,8 @@
 its broker connection and stays away until the fault clears, buffering its events (telemetry
 shows broker_connected false and events_pending) and sending them when it is back. The fault
 goes through the devices' management path (a device kind, `broker-outage`, applied to the
-process's event publisher), so it works in every launcher; services in processes that host no
+process's event publisher: emulator/engines/device/kinds/broker_outage.py, its effect and
+help), so it works in every launcher; services in processes that host no
 device (procs mode) keep publishing. Its id is `broker`."""
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed, via
 from cmemu.emulator.client.status import reply_of
 from cmemu.emulator.client.wire.device import fault_request
+from cmemu.emulator.engines.device.kinds.broker_outage import KIND as DEVICE_KIND
 from cmemu.emulator.model.errors import NotFoundError
-from cmemu.emulator.model.faults.catalogue import NoParams
+from cmemu.emulator.model.faults.ids import FaultId
 from cmemu.v1 import device_pb2
-
-BROKER_ID = "broker"
 
 
 async def _hosts(clients: Clients) -> list[str]:
@@ -68,7 +68,7 @@ class BrokerOutage(Typed):
             )
         )
         return ActiveFault(
-            id=BROKER_ID,
+            id=str(FaultId.broker()),
             kind=self.name,
             target="broker",
             detail=f"{len(hosts)} processes cut off",
@@ -84,7 +84,7 @@ async def clear(clients: Clients) -> None:
             await reply_of(
                 None,
                 clients.device(host).ClearFault(
-                    device_pb2.ClearDeviceFaultRequest(kind="broker-outage"),
+                    device_pb2.ClearDeviceFaultRequest(kind=DEVICE_KIND.name),
                     timeout=CALL_TIMEOUT_S,
                 ),
             )
@@ -93,12 +93,10 @@ async def clear(clients: Clients) -> None:
             pass
     if not cleared:
         raise NotFoundError(
-            "no broker outage is active", subject=BROKER_ID, reason="FAULT_NOT_FOUND"
+            "no broker outage is active",
+            subject=str(FaultId.broker()),
+            reason="FAULT_NOT_FOUND",
         )
 
 
-KIND = BrokerOutage(
-    name="broker-outage",
-    help="the MQTT broker is unreachable: devices buffer their events until it is back",
-    params=NoParams,
-)
+KIND = BrokerOutage(name=DEVICE_KIND.name, help=DEVICE_KIND.help, params=DEVICE_KIND.params)

@@ -23,16 +23,19 @@ from cmemu.emulator.client.faultkinds.base import (
     not_found,
     spanning,
 )
-from cmemu.emulator.client.faultkinds.sdc import KIND as SDC
+from cmemu.emulator.client.faultkinds.base import DeviceKind as OnOneDevice
 from cmemu.emulator.client.status import reply_of
 from cmemu.emulator.client.training import TrainingClient
+from cmemu.emulator.engines.device.kinds import sdc
+from cmemu.emulator.engines.device.kinds.sdc import SdcParams
 from cmemu.emulator.model.errors import NotFoundError, PreconditionError, quote
-from cmemu.emulator.model.faults.catalogue import NoParams, SdcParams
+from cmemu.emulator.model.faults.ids import FaultId
+from cmemu.emulator.model.faults.params import NoParams
 from cmemu.emulator.model.topology import DeviceKind
 from cmemu.emulator.model.training.checkpoint import manifest_key
 from cmemu.v1 import device_pb2
 
-PREFIX = "ckpt:"
+SDC = OnOneDevice.of(sdc.KIND)
 
 
 async def _copies(clients: Clients, key: str) -> list[tuple[str, int]]:
@@ -89,17 +92,15 @@ class CheckpointCorrupt(Typed):
                 with contextlib.suppress(Exception):
                     await clear_device(clients, done.target, SDC.name)
             raise
-        pools = ",".join(pool for pool, _ in copies)
-        return spanning(corrupted, id=f"{PREFIX}{target}:{step}:{pools}", kind=self.name,
-                        target=target, detail=f"step {step}: {key} on {pools}")  # fmt: skip
+        pools = tuple(pool for pool, _ in copies)
+        fault_id = FaultId.checkpoint(target, step, pools)
+        return spanning(corrupted, id=str(fault_id), kind=self.name, target=target,
+                        detail=f"step {step}: {key} on {','.join(pools)}")  # fmt: skip
 
 
-def is_mine(fault_id: str) -> bool:
-    return fault_id.startswith(PREFIX)
-
-
-async def clear(clients: Clients, fault_id: str) -> None:
-    pools = fault_id.rsplit(":", 1)[1].split(",")
+async def clear(clients: Clients, fault_id: FaultId) -> None:
+    """The sdc of every pool the id names (`ckpt:<job>:<step>:<pools>`)."""
+    pools = fault_id.pools
     missing = 0
     for pool in pools:
         try:

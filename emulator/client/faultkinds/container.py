@@ -33,20 +33,47 @@ from cmemu.emulator.client.clock import held_time
 from cmemu.emulator.client.faultkinds.base import ActiveFault, Typed
 from cmemu.emulator.client.health import status
 from cmemu.emulator.model.errors import NotFoundError, PreconditionError
-from cmemu.emulator.model.faults.catalogue import (
-    ContainerKillParams,
-    ContainerStopParams,
-    NetemParams,
-    NoParams,
-)
+from cmemu.emulator.model.faults.ids import FaultId
+from cmemu.emulator.model.faults.params import AT_LEAST_ZERO, NoParams, invalid, param
 
 log = structlog.get_logger("cmemu.faults")
 
-PREFIX = "ctr:"
 # wall: how long a (re)started container may take to serve before time runs on without it
 START_HOLD_MAX_S = 180.0
 HEALTH_POLL_S = 0.25
 SUPPORTED = "compose through the Docker engine (`cmemu up --mode compose`)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerKillParams:
+    signal: str = param("KILL", "the signal docker kill sends (KILL, TERM, ...)")
+
+    def check(self) -> None:
+        if not self.signal.isalnum() or self.signal != self.signal.upper():
+            raise invalid("container-kill", "signal", f"{self.signal!r} is not a signal name")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerStopParams:
+    grace_s: float = param(
+        10.0, "wall seconds between SIGTERM and SIGKILL (the emulator drains on SIGTERM)",
+        AT_LEAST_ZERO,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetemParams:
+    delay_ms: float = param(0.0, "wall milliseconds added to every packet it sends", AT_LEAST_ZERO)
+    jitter_ms: float = param(0.0, "+- this much on the delay", AT_LEAST_ZERO)
+    loss_pct: float = param(0.0, "percent of its packets lost, [0, 100]", AT_LEAST_ZERO)
+
+    def check(self) -> None:
+        if self.loss_pct > 100:
+            raise invalid("container-netem", "loss_pct", "is a percentage: at most 100")
+        if not self.delay_ms and not self.loss_pct:
+            raise invalid("container-netem", "delay_ms", "or loss_pct must be set")
+        if self.jitter_ms and not self.delay_ms:
+            raise invalid("container-netem", "jitter_ms", "needs delay_ms")
 
 
 class ContainerState(Protocol):
@@ -190,15 +217,15 @@ class ContainerKind(Typed):
         act = self.do(clients, engine, "act", typed)
         count = await _each(engine, target, lambda s: act(engine, s, typed))
         return ActiveFault(
-            id=f"{PREFIX}{target}:{self.name}",
+            id=str(FaultId.container(target, self.name)),
             kind=self.name,
             target=target,
             detail=f"project={engine.project} containers={count}",
         )
 
 
-async def clear(clients: Clients, fault_id: str) -> None:
-    target, _, name = fault_id.removeprefix(PREFIX).rpartition(":")
+async def clear(clients: Clients, fault_id: FaultId) -> None:
+    target, name = fault_id.subject, fault_id.kind
     kind = KINDS_BY_NAME.get(name)
     engine = engine_of(clients, name or "container fault")
     if kind is None or kind.undo is None:
@@ -229,7 +256,10 @@ async def listed(clients: Clients) -> list[ActiveFault]:
             )
             out.append(
                 ActiveFault(
-                    id=f"{PREFIX}{c.service}:{kind}", kind=kind, target=c.service, detail=detail
+                    id=str(FaultId.container(c.service, kind)),
+                    kind=kind,
+                    target=c.service,
+                    detail=detail,
                 )
             )
     return out

@@ -16,9 +16,9 @@ from cmemu.emulator.client.status import reply_of
 from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.model.errors import NotFoundError
 from cmemu.emulator.model.faults.catalogue import LinkDegradedParams, NoParams
+from cmemu.emulator.model.faults.ids import FaultId
 from cmemu.v1 import gateway_pb2
 
-PREFIX = "rdma:"
 DOWN_SUFFIX = "-down"  # a gateway's own fault: "<gateway>-down"
 OWN_NAMES = {"gateway-down": "gateway-down", "partition": "supernode-partition"}  # else rdma-
 
@@ -31,7 +31,7 @@ def gateway_fault(f: gateway_pb2.GatewayFault) -> ActiveFault:
     if f.until_ns:
         detail.append(f"until={f.until_ns / 1e9:.3f}s")
     return ActiveFault(
-        id=f"{PREFIX}{f.id}",
+        id=str(FaultId.rdma(f.id)),
         kind=OWN_NAMES.get(f.kind, f"rdma-{f.kind}"),
         target=f.target,
         detail=" ".join(detail),
@@ -130,13 +130,13 @@ async def listed(clients: Clients) -> list[ActiveFault]:
     for reply in replies:
         if isinstance(reply, gateway_pb2.GatewayFaultList):
             for f in reply.faults:
-                found.setdefault(f"{PREFIX}{f.id}", gateway_fault(f))
+                found.setdefault(str(FaultId.rdma(f.id)), gateway_fault(f))
     return list(found.values())
 
 
-async def clear(clients: Clients, fault_id: str) -> None:
+async def clear(clients: Clients, fault_id: FaultId) -> None:
     """Clear a fault by its `rdma:` id, at the gateway that holds it."""
-    own = fault_id.removeprefix(PREFIX)
+    own = fault_id.subject
     which = own.removesuffix(DOWN_SUFFIX) if own.endswith(DOWN_SUFFIX) else None
     gateway = clients.gateway(which)
     request = gateway_pb2.ClearGatewayFaultRequest(id=own)

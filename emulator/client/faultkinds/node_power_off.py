@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from cmemu.emulator.client.clients import Clients
-from cmemu.emulator.client.faultkinds.base import ActiveFault, Typed, spanning
-from cmemu.emulator.client.faultkinds.crash import KIND as CRASH
+from cmemu.emulator.client.faultkinds.base import ActiveFault, DeviceKind, Typed, spanning
+from cmemu.emulator.engines.device.kinds import crash
 from cmemu.emulator.model.errors import NotFoundError, quote
-from cmemu.emulator.model.faults.catalogue import CrashParams
+from cmemu.emulator.model.faults.ids import FaultId
 
-NODE_PREFIX = "node:"
+CRASH = DeviceKind.of(crash.KIND)
 
 
 def node_devices(clients: Clients, node: str) -> list[str]:
@@ -36,13 +36,13 @@ class NodePowerOff(Typed):
         typed = self.typed(params)
         devices = node_devices(clients, target)
         crashed = await asyncio.gather(*(CRASH.add(clients, d, typed, duration_s) for d in devices))
-        return spanning(crashed, id=f"{NODE_PREFIX}{target}", kind=self.name, target=target,
+        return spanning(crashed, id=str(FaultId.node(target)), kind=self.name, target=target,
                         detail=f"{len(devices)} devices crashed")  # fmt: skip
 
 
 KIND = NodePowerOff(
     name="node-power-off",
     help="every device of a node crashes at once",
-    params=CrashParams,
+    params=crash.CrashParams,
     target="a node id (e.g. n03)",
 )

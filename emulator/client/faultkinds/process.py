@@ -22,8 +22,8 @@ from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.faultkinds.base import ActiveFault, Typed
 from cmemu.emulator.model.errors import NotFoundError, PreconditionError, quote
 from cmemu.emulator.model.faults.catalogue import NoParams
+from cmemu.emulator.model.faults.ids import FaultId
 
-PROC_PREFIX = "proc:"
 SUPPORTED = "procs"  # the launcher whose processes these kinds signal
 
 
@@ -112,7 +112,7 @@ class ProcessKind(Typed):
         process = process_of(table_of(clients, self.name), target)
         signal_process(process.pid, self.signal)
         return ActiveFault(
-            id=f"{PROC_PREFIX}{process.name}:{self.name}",
+            id=str(FaultId.process(process.name, self.name)),
             kind=self.name,
             target=process.name,
             detail=f"pid={process.pid} servers={len(process.servers)}",
@@ -126,7 +126,7 @@ def listed(clients: Clients) -> list[ActiveFault]:
         return []
     return [
         ActiveFault(
-            id=f"{PROC_PREFIX}{p.name}:process-pause",
+            id=str(FaultId.process(p.name, "process-pause")),
             kind="process-pause",
             target=p.name,
             detail=f"pid={p.pid}",
@@ -136,10 +136,10 @@ def listed(clients: Clients) -> list[ActiveFault]:
     ]
 
 
-async def clear(clients: Clients, fault_id: str) -> None:
-    name, _, kind = fault_id.removeprefix(PROC_PREFIX).rpartition(":")
-    process = process_of(table_of(clients, kind or "process-pause"), name)
-    if kind == "process-pause":
+async def clear(clients: Clients, fault_id: FaultId) -> None:
+    """`proc:<process>:<kind>`: a pause is ended (SIGCONT); a kill only forgotten."""
+    process = process_of(table_of(clients, fault_id.kind), fault_id.subject)
+    if fault_id.kind == "process-pause":
         signal_process(process.pid, signal.SIGCONT)
 
 

@@ -26,15 +26,15 @@ from cmemu.emulator.client.faultkinds.base import (
 )
 from cmemu.emulator.client.status import reply_of
 from cmemu.emulator.client.wire.device import fault_request
+from cmemu.emulator.engines.device.kinds.crash import CrashParams
 from cmemu.emulator.model.errors import EmulatorError, NotFoundError, PreconditionError
-from cmemu.emulator.model.faults.catalogue import CrashParams
+from cmemu.emulator.model.faults.ids import FaultId
 from cmemu.emulator.model.racks import rack_devices
 from cmemu.v1 import device_pb2
 
 if TYPE_CHECKING:
     from cmemu.v1.device_pb2_grpc import DeviceAsyncStub
 
-RACK_PREFIX = "rack:"
 CRASH = "crash"
 
 
@@ -83,7 +83,7 @@ class RackPowerOff(Typed):
             raise failed[0]
         crashed = [r for r in results if isinstance(r, ActiveFault)]
         nodes = len({clients.topology.device(d).node for d in devices})
-        return spanning(crashed, id=f"{RACK_PREFIX}{target}", kind=self.name, target=target,
+        return spanning(crashed, id=str(FaultId.rack(target)), kind=self.name, target=target,
                         detail=f"{len(devices)} devices of {nodes} nodes crashed")  # fmt: skip
 
 
@@ -113,13 +113,9 @@ async def _undo(clients: Clients, device: str, rack: set[str]) -> None:
     await _call(clients, device, outside, lambda s: s.ClearFault(request, timeout=CALL_TIMEOUT_S))
 
 
-def is_mine(fault_id: str) -> bool:
-    return fault_id.startswith(RACK_PREFIX)
-
-
-async def clear(clients: Clients, fault_id: str) -> None:
-    """Every device's crash of the rack; NotFoundError when none was down."""
-    devices = rack_devices(clients.topology, fault_id.removeprefix(RACK_PREFIX))
+async def clear(clients: Clients, fault_id: FaultId) -> None:
+    """Every device's crash of the rack (`rack:<rack>`); NotFoundError when none was down."""
+    devices = rack_devices(clients.topology, fault_id.subject)
     results = await asyncio.gather(
         *(clear_device(clients, d, CRASH) for d in devices), return_exceptions=True
     )

@@ -16,7 +16,7 @@ kind, or its id in a multi-supernode launch, `sn1-manager`).
 
 How depends on the launcher, read from the process table attached to the clients:
 - in process (no table, or `inprocess`): through the management path of a device of the
-  service's process (the device kind `service-down`, emulator/engines/device/servicefaults.py),
+  service's process (the device kind `service-down`, emulator/engines/device/kinds/service_down.py),
   so it works from any client and its duration is kept in emulated time by that process;
 - procs: process-kill / process-pause of the service's own process (a killed one is not
   restarted: the supervisor restarts nothing);
@@ -40,15 +40,24 @@ from cmemu.emulator.client.faultkinds.base import (
 )
 from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.client.wire.device import fault_request
+from cmemu.emulator.engines.device.kinds.service_down import NAME as DEVICE_KIND
+from cmemu.emulator.engines.device.kinds.service_down import ServiceDownParams
 from cmemu.emulator.model.errors import EmulatorError, NotFoundError, PreconditionError, quote
-from cmemu.emulator.model.faults.catalogue import NoParams, ServiceDownParams, ServiceSlowParams
+from cmemu.emulator.model.faults.params import POSITIVE, NoParams, param
 from cmemu.emulator.model.topology import Service, ServiceKind
 from cmemu.v1 import device_pb2
 
-DEVICE_KIND = "service-down"
 # the device that carries a service's fault in process: one per service, so that several
 # services may be down at once (a device holds one fault of a kind)
 CARRIER = {k: i for i, k in enumerate(ServiceKind)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceSlowParams:
+    latency_ms: float = param(
+        help="emulated milliseconds every call to the service waits before it is handled",
+        check=POSITIVE,
+    )
 
 
 def service_of(clients: Clients, target: str) -> Service:

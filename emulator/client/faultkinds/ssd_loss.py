@@ -6,7 +6,8 @@ and publishes `ssd-lost` (objects, bytes) and, cleared, `ssd-replaced`.
 
 The target is the EMS service (`ems`, `sn1-ems`). In process only, like service-slow: it travels
 through the management path of a device of EMS's process (the device kind `ssd-loss`,
-emulator/engines/device/servicefaults.py); other launchers are refused, naming the mode."""
+emulator/engines/device/kinds/ssd_loss.py: its effect and help); other launchers are refused,
+naming the mode."""
 
 from __future__ import annotations
 
@@ -23,12 +24,12 @@ from cmemu.emulator.client.faultkinds.base import (
 )
 from cmemu.emulator.client.faultkinds.service import CARRIER, mode_of, service_of
 from cmemu.emulator.client.wire.device import fault_request
+from cmemu.emulator.engines.device.kinds.ssd_loss import KIND as DEVICE_KIND
 from cmemu.emulator.model.errors import InvalidArgumentError, PreconditionError, quote
-from cmemu.emulator.model.faults.catalogue import NoParams
 from cmemu.emulator.model.topology import ServiceKind
 from cmemu.v1 import device_pb2
 
-NAME = "ssd-loss"
+NAME = DEVICE_KIND.name
 
 
 def _ems(clients: Clients, target: str) -> str:
@@ -45,8 +46,6 @@ def _ems(clients: Clients, target: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class SsdLoss(Typed):
-    target: str = "the EMS service (ems; sn1-ems in supernode 1)"
-
     async def add(
         self, clients: Clients, target: str, params: Any, duration_s: float | None
     ) -> ActiveFault:
@@ -84,9 +83,5 @@ def ems_of(clients: Clients, carrier: str) -> str:
     return carrier
 
 
-KIND = SsdLoss(
-    name=NAME,
-    help="EMS's SSD tier fails: the objects only it held are gone, evictions drop until "
-    "cleared (new drives; in process)",
-    params=NoParams,
-)
+KIND = SsdLoss(name=NAME, help=DEVICE_KIND.help, params=DEVICE_KIND.params,
+               target=DEVICE_KIND.target)  # fmt: skip

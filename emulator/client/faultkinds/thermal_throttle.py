@@ -1,8 +1,6 @@
-"""thermal-throttle: a node runs hot and every NPU of it computes at `compute` of its speed (a
-correlated gray failure: one cooling loop, eight slow ranks). Each NPU applies it as the slow
-effect without the ports (emulator/engines/device/gray.py), so kernels, and the collectives its
-dies are ranks of, run at the throttled pace. One fault id, `node:<node>:thermal-throttle`,
-clears every NPU's."""
+"""thermal-throttle as a user adds it: to a node, every NPU of which applies the device kind
+(emulator/engines/device/kinds/thermal_throttle.py: its params, help and effect) at once, all or
+nothing. One fault id, `node:<node>:thermal-throttle`, clears every NPU's."""
 
 from __future__ import annotations
 
@@ -20,15 +18,15 @@ from cmemu.emulator.client.faultkinds.base import (
     not_found,
     spanning,
 )
-from cmemu.emulator.client.faultkinds.node_power_off import NODE_PREFIX, node_devices
+from cmemu.emulator.client.faultkinds.node_power_off import node_devices
+from cmemu.emulator.engines.device.kinds import thermal_throttle as device_kind
 from cmemu.emulator.model.errors import NotFoundError
-from cmemu.emulator.model.faults.catalogue import ThermalThrottleParams
+from cmemu.emulator.model.faults.ids import FaultId
 from cmemu.emulator.model.naming import node_id, parse_device
 from cmemu.emulator.model.topology import DeviceKind as Hardware
 
-NAME = "thermal-throttle"
-SUFFIX = f":{NAME}"
-PER_NPU = DeviceKind(name=NAME, help="", params=ThermalThrottleParams, target="an NPU id")
+NAME = device_kind.KIND.name
+PER_NPU = DeviceKind.of(device_kind.KIND)
 
 
 def node_npus(clients: Clients, node: str) -> list[str]:
@@ -54,7 +52,7 @@ class ThermalThrottle(Typed):
                         await clear_device(clients, device, NAME)
             raise failed[0]
         done = [r for r in results if isinstance(r, ActiveFault)]
-        return spanning(done, id=f"{NODE_PREFIX}{target}{SUFFIX}", kind=self.name, target=target,
+        return spanning(done, id=str(FaultId.node(target, NAME)), kind=self.name, target=target,
                         detail=f"compute={typed.compute:g} on {len(npus)} NPUs")  # fmt: skip
 
 
@@ -70,19 +68,15 @@ def grouped(listed: list[ActiveFault]) -> list[ActiveFault]:
         else:
             out.append(fault)
     for node, npus in nodes.items():
-        out.append(spanning(npus, id=f"{NODE_PREFIX}{node}{SUFFIX}", kind=NAME, target=node,
+        out.append(spanning(npus, id=str(FaultId.node(node, NAME)), kind=NAME, target=node,
                             detail=f"{npus[0].detail} on {len(npus)} NPUs"))  # fmt: skip
     return out
 
 
-def is_mine(fault_id: str) -> bool:
-    return fault_id.startswith(NODE_PREFIX) and fault_id.endswith(SUFFIX)
-
-
-async def clear(clients: Clients, fault_id: str) -> None:
-    """Every NPU's throttle of the node; NotFoundError when none had it."""
-    node = fault_id.removeprefix(NODE_PREFIX).removesuffix(SUFFIX)
-    npus = node_npus(clients, node)
+async def clear(clients: Clients, fault_id: FaultId) -> None:
+    """Every NPU's throttle of the node (`node:<node>:thermal-throttle`); NotFoundError when
+    none had it."""
+    npus = node_npus(clients, fault_id.subject)
     results = await asyncio.gather(
         *(clear_device(clients, d, NAME) for d in npus), return_exceptions=True
     )
@@ -96,7 +90,7 @@ async def clear(clients: Clients, fault_id: str) -> None:
 
 KIND = ThermalThrottle(
     name=NAME,
-    help="a node runs hot: every NPU of it computes at a share of its speed",
-    params=ThermalThrottleParams,
+    help=device_kind.KIND.help,
+    params=device_kind.KIND.params,
     target="a node id (e.g. n03)",
 )

@@ -1,7 +1,8 @@
-"""What every device fault effect shares: the active-fault record, the Effect contract, and how
-an NPU's fault reaches the collectives it is a rank of. The effects themselves live in
-faults.py (the dead-device kinds, memory) and gray.py (the degraded-but-alive kinds), registered
-by name in faults.py's EFFECTS."""
+"""What every device fault kind shares: the kind record, the active-fault record, the Effect
+contract, how an NPU's fault reaches the collectives it is a rank of, and the memory helpers of
+the kinds that touch memory (a reset's wipe, the bytes a region or offset/size names). The kinds
+themselves are one module each under kinds/, registered in kinds/__init__.py KINDS; faults.py
+runs them (inject, expire, clear, list)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
-from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError, OutOfRangeError
 from cmemu.emulator.model.faults.params import params_text
 from cmemu.emulator.model.linkfaults import FaultSpec
 from cmemu.emulator.model.topology import DeviceKind
@@ -50,12 +51,28 @@ class ActiveFault:
 class Effect(Protocol):
     """What one kind does to a device, and how it is undone."""
 
-    @property
-    def on(self) -> frozenset[DeviceKind]: ...
-
     async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None: ...
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kind:
+    """One device fault kind, as its module declares it: its name, typed parameters (a frozen
+    dataclass checked by emulator/model/faults/params.py; on the wire the message of the same
+    name in FaultState's `oneof params`), help, the device kinds it applies to and its effect.
+    The client's record of the kind is made from this one (emulator/client/faultkinds)."""
+
+    name: str
+    help: str
+    params: type[Any]
+    effect: Effect
+    on: frozenset[DeviceKind] = ALL
+    target: str = "a device id"  # what a user's TARGET names (`cmemu fault kinds`)
+    crash: bool = False  # its server is gone while it lasts: injected and cleared via a sibling
+    # a user adds it by this name to one device, the client's kind being this record; False: the
+    # client's kind of this name acts otherwise (a node's NPUs, every process), or none has it
+    one_device: bool = True
 
 
 async def rank_fault(
@@ -82,3 +99,35 @@ async def clear_rank_fault(fault: ActiveFault, engine: DeviceEngine) -> None:
         with contextlib.suppress(EmulatorError):  # cleared at the fabric already
             await engine.peers.fabric().clear_fault(fault.rank_fault)
         fault.rank_fault = ""
+
+
+def wipe(engine: DeviceEngine) -> None:
+    """A reset: regions, contents and poison gone."""
+    memory = engine.memory
+    for region in memory.allocator.regions():
+        memory.free(region.region_id)
+    engine.effects.poison.clear()
+
+
+def fault_range(engine: DeviceEngine, params: Any) -> tuple[int, int]:
+    """The bytes an hbm-ecc or sdc fault names (`params` with region, offset and size): a
+    region's, or offset/size."""
+    if params.region:
+        for region in engine.memory.allocator.regions():
+            if region.region_id == params.region:
+                return region.offset, region.end
+        raise NotFoundError(
+            f"{engine.device.id} has no region {params.region}",
+            field="params.region",
+            subject=str(params.region),
+            reason="REGION_NOT_FOUND",
+        )
+    end = params.offset + params.size
+    if end > engine.memory.capacity:
+        raise OutOfRangeError(
+            f"[{params.offset}, {end}) is outside {engine.device.id}'s"
+            f" {engine.memory.capacity} bytes",
+            field="params.offset",
+            subject=engine.device.id,
+        )
+    return params.offset, end

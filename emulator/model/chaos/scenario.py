@@ -47,6 +47,7 @@ from cmemu.emulator.model.chaos.workloads import (
     parse_workloads,
 )
 from cmemu.emulator.model.errors import InvalidArgumentError, UnknownNameError, quote
+from cmemu.emulator.model.faults.params import unknown_kind
 
 VERSION = 1
 _STEP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -181,10 +182,7 @@ def _step(raw: object, index: int, kinds: Mapping[str, ParamsCheck] | None) -> S
     typed: object = None
     if kinds is not None:
         if fault not in kinds:
-            raise bad(
-                f"{path}.fault",
-                f"unknown fault kind {quote(fault)}; known: {', '.join(sorted(kinds))}",
-            )
+            raise bad(f"{path}.fault", str(unknown_kind(fault, sorted(kinds))))
         try:
             typed = kinds[fault](params)
         except InvalidArgumentError as exc:

@@ -1,4 +1,6 @@
-"""The fault catalogue's pure parts: each kind's typed parameters (parsed from text, as a CLI or a
-scenario file gives them) and what a fault does to a device's memory. No I/O: the device engines
-(emulator/engines/device/faults.py) and the client's kinds (emulator/client/faultkinds/) share
-these, so a parameter is checked the same way on both sides of the wire."""
+"""The fault catalogue's pure parts: how a kind's typed parameters are declared and parsed from
+text, as a CLI or a scenario file gives them (params.py), the fabric's and gateway's kinds'
+parameters (catalogue.py), and what a fault does to a device's memory (memory.py). No I/O: a
+device kind's module (emulator/engines/device/kinds/) and the client's kinds
+(emulator/client/faultkinds/) build on these, so a parameter is checked the same way on both
+sides of the wire."""

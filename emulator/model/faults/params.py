@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from cmemu.emulator.model.errors import InvalidArgumentError, quote
@@ -23,6 +24,32 @@ POSITIVE = {"check": "positive"}  # > 0
 SHARE = {"check": "share"}  # in (0, 1]: what remains of a rate
 AT_LEAST_ZERO = {"check": "at_least_zero"}
 FRACTION = {"check": "fraction"}  # in (0, 1): a duty cycle
+
+
+def param(default: Any = None, help: str = "", check: dict[str, str] | None = None) -> Any:
+    """A parameter with its help and range; no default makes it required."""
+    metadata = {"help": help, **(check or {})}
+    if default is None:
+        return field(metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoParams:
+    """A kind that takes no parameters."""
+
+
+def unknown_kind(name: str, known: Iterable[str], *, plane: str = "") -> InvalidArgumentError:
+    """The one error for a fault kind nobody registered (the client's catalogue, a device's
+    kinds, the fabric's, the gateway's, a scenario's step), listing the known ones in the
+    order given; `plane` says whose kinds they are ("device", "RDMA plane")."""
+    whose = f"{plane} " if plane else ""
+    return InvalidArgumentError(
+        f"unknown {whose}fault kind {quote(name)}; known: {', '.join(known)}",
+        field="kind",
+        subject=name,
+        reason="UNKNOWN_FAULT_KIND",
+    )
 
 
 def _bad(kind: str, name: str, message: str) -> InvalidArgumentError:

@@ -45,6 +45,7 @@ from cmemu.emulator.client.servingstats import ServingStats
 from cmemu.emulator.client.status import code_name, error_from, reply_of
 from cmemu.emulator.engines.fabric.types import LinkStat
 from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.model.faults.ids import FaultId
 from cmemu.emulator.model.naming import DeviceKind
 from cmemu.emulator.model.topology import ServiceKind, Topology
 from cmemu.emulator.runtime.events import parse_broker_url, subscriber, topic
@@ -296,7 +297,7 @@ class Collector:
             fabric = [{"id": f.id, "kind": f.kind, "target": f.target} for f in listed.faults]
             devices = [
                 {
-                    "id": f"dev:{d}",
+                    "id": str(FaultId.device(d)),
                     "kind": "device",
                     "target": d,
                     "detail": e.get("reason") or e["health"],

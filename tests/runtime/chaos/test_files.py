@@ -10,9 +10,10 @@ import pytest
 import yaml
 
 from cmemu.emulator.client.faults import KINDS
+from cmemu.emulator.engines.device.kinds.clock_skew import ClockSkewParams
+from cmemu.emulator.engines.device.kinds.crash import CrashParams
 from cmemu.emulator.model.chaos.scenario import parse_scenario
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
-from cmemu.emulator.model.faults.catalogue import ClockSkewParams, CrashParams
 from cmemu.emulator.runtime.chaos import files
 
 LIBRARY = files.library()

@@ -1,5 +1,7 @@
-"""clock-skew: the device's host clock reads wrong, by a step `offset_s` and a rate error
-`drift_ppm`, until cleared.
+"""clock-skew: the clock of a device's process (its host) reads wrong, by a step `offset_s`
+(positive ahead, negative behind) and a rate error `drift_ppm`, until cleared. One fault per
+process: a second device of a skewed process is refused (FAILED_PRECONDITION
+FAULT_ALREADY_ACTIVE).
 
 "One process" is whoever shares the device's LocalClock (engines/skewclock.py), which the
 launcher decides: in procs and compose mode, every device of the device's OS process (a node, or
@@ -21,17 +23,44 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cmemu.emulator.engines.device.faultbase import ALL, ActiveFault
+from cmemu.emulator.engines.device.faultbase import ActiveFault, Kind
 from cmemu.emulator.engines.skewclock import LocalClock
 from cmemu.emulator.model.clock import Skew
 from cmemu.emulator.model.errors import PreconditionError
-from cmemu.emulator.model.faults.catalogue import ClockSkewParams
-from cmemu.emulator.model.topology import DeviceKind
+from cmemu.emulator.model.faults.params import invalid, param
+from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 
 if TYPE_CHECKING:
     from cmemu.emulator.engines.device.engine import DeviceEngine
 
 NAME = "clock-skew"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClockSkewParams:
+    offset_s: float = param(
+        0.0, "emulated seconds the process's clock reads off: positive ahead, negative behind"
+    )
+    drift_ppm: float = param(
+        0.0, "its rate error from the injection on, parts per million: positive runs fast"
+    )
+
+    def check(self) -> None:
+        limits = DEFAULT_PROFILE.limits
+        if abs(self.offset_s) > limits.clock_skew_max_s:
+            raise invalid(
+                NAME,
+                "offset_s",
+                f"must be within +-{limits.clock_skew_max_s:g} s, got {self.offset_s:g}",
+            )
+        if abs(self.drift_ppm) > limits.clock_drift_max_ppm:
+            raise invalid(
+                NAME,
+                "drift_ppm",
+                f"must be within +-{limits.clock_drift_max_ppm:g} ppm, got {self.drift_ppm:g}",
+            )
+        if self.offset_s == 0 and self.drift_ppm == 0:
+            raise invalid(NAME, "offset_s", "or drift_ppm must be set (nothing would skew)")
 
 
 def local_clock(engine: DeviceEngine) -> LocalClock:
@@ -54,8 +83,6 @@ def sharing(engine: DeviceEngine, clock: LocalClock) -> list[DeviceEngine]:
 
 @dataclass(frozen=True)
 class ClockSkew:
-    on: frozenset[DeviceKind] = ALL
-
     async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         clock = local_clock(engine)
         for other in sharing(engine, clock):
@@ -85,3 +112,12 @@ class ClockSkew:
         clock.set_skew(None)
         for other in sharing(engine, clock):
             other.health_moved()
+
+
+KIND = Kind(
+    name=NAME,
+    help="the clock of a device's process reads offset_s off and drifts drift_ppm, until cleared",
+    params=ClockSkewParams,
+    effect=ClockSkew(),
+    target="a device id (its process's clock: the node's in procs mode, the device's in process)",
+)

@@ -1,8 +1,8 @@
-"""service-kill, service-hang and service-slow as a process applies them (and ssd-loss, the
-failure of the SSD tier of an EMS hosted there): a supernode-wide
-service (the cluster manager, the scheduler, EMS, the router, the gateway) hosted in the same
-process as the device the fault goes through is stopped, hung or slowed, and brought back when
-the fault clears.
+"""service-down: a supernode-wide service (the cluster manager, the scheduler, EMS, the router,
+the gateway, the fabric) hosted in the same process as the device the fault goes through is
+stopped, hung, slowed or cut off, and brought back when the fault clears. It carries the
+client's service-kill, service-hang, service-slow and service-partition in process
+(emulator/client/faultkinds/service.py), which add it to one carrier device per service.
 
 The device only carries the fault (its management path answers when the service does not, as a
 BMC would); what is done to the service is the launcher's (`ServiceControl`, given to the
@@ -18,15 +18,42 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from cmemu.emulator.engines.device.faultbase import ALL, ActiveFault
+from cmemu.emulator.engines.device.faultbase import ActiveFault, Kind
 from cmemu.emulator.model.errors import PreconditionError, quote
-from cmemu.emulator.model.faults.catalogue import ServiceDownParams
-from cmemu.emulator.model.topology import DeviceKind
+from cmemu.emulator.model.faults.params import AT_LEAST_ZERO, invalid, param
+from cmemu.emulator.model.naming import SERVICES
 
 if TYPE_CHECKING:
     from cmemu.emulator.engines.device.engine import DeviceEngine
 
-KIND = "service-down"  # the device kind; the catalogue's service-kill and service-hang use it
+NAME = "service-down"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceDownParams:
+    """service-kill and service-hang as the device that hosts them in its process applies them
+    (the client kinds take the service as their target, no params)."""
+
+    service: str = param(help="the service: fabric, ems, scheduler, router, manager, gateway")
+    hang: bool = param(False, "accept calls and answer none, instead of stopping the server")
+    latency_ms: float = param(
+        0.0, "instead: answer every call this many emulated ms late (service-slow)", AT_LEAST_ZERO
+    )
+    partition: bool = param(
+        False,
+        "instead: cut it off the network (service-partition): nothing reaches it and it reaches "
+        "nothing, its work going on",
+    )
+
+    def check(self) -> None:
+        if self.service not in SERVICES:
+            raise invalid(NAME, "service", f"{self.service!r} is none of {', '.join(SERVICES)}")
+        if self.hang and self.latency_ms:
+            raise invalid(NAME, "latency_ms", "a hung service answers nothing: no latency")
+        if self.partition and (self.hang or self.latency_ms):
+            raise invalid(
+                NAME, "partition", "is a way down of its own: not with hang or latency_ms"
+            )
 
 
 class ServiceControl(Protocol):
@@ -41,7 +68,9 @@ class ServiceControl(Protocol):
     async def ssd(self, *, lost: bool) -> None: ...  # EMS's SSD tier fails, or is replaced
 
 
-def _control(engine: DeviceEngine, service: str) -> ServiceControl:
+def control_of(engine: DeviceEngine, service: str) -> ServiceControl:
+    """The launcher's control of `service` in the device's process; FAILED_PRECONDITION when
+    the process does not host it."""
     control = engine.faults.siblings.services
     hosted = sorted(control.hosted()) if control is not None else []
     if control is None or service not in hosted:
@@ -58,13 +87,11 @@ def _control(engine: DeviceEngine, service: str) -> ServiceControl:
 
 @dataclass(frozen=True)
 class ServiceDown:
-    on: frozenset[DeviceKind] = ALL
-
     async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         params: ServiceDownParams = fault.params
-        control = _control(engine, params.service)
+        control = control_of(engine, params.service)
         for sibling in engine.faults.siblings.values():
-            other = sibling.faults.active.get(KIND)
+            other = sibling.faults.active.get(NAME)
             if other is not None and other is not fault and other.params.service == params.service:
                 raise PreconditionError(
                     f"the {params.service} service is down already (through {sibling.device.id});"
@@ -82,17 +109,11 @@ class ServiceDown:
         await control.up(params)
 
 
-@dataclass(frozen=True)
-class SsdLoss:
-    """EMS's SSD tier fails (its objects that were only there are gone) until cleared: new
-    drives, empty (emulator/engines/ems EmsState.lose_ssd)."""
-
-    on: frozenset[DeviceKind] = ALL
-
-    async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
-        await _control(engine, "ems").ssd(lost=True)
-
-    async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:
-        control = engine.faults.siblings.services
-        if control is not None:
-            await control.ssd(lost=False)
+KIND = Kind(
+    name=NAME,
+    help="a service hosted in the device's process is stopped, hung, slowed or cut off (the "
+    "carrier of service-kill, -hang, -slow and -partition in process)",
+    params=ServiceDownParams,
+    effect=ServiceDown(),
+    one_device=False,
+)
