@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import yaml
-
 from cmemu.emulator.client.ems import EmsClient, ObjectKind
 from cmemu.emulator.client.scheduler import SchedulerClient
 from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError, quote
@@ -48,6 +46,8 @@ DEVICE_DEADLINE_S = 5.0  # a region allocated or given back on an NPU: a hung on
 
 def spec_dict(request: router_pb2.DeployRequest) -> dict[str, Any]:
     """The deployment document a request describes: its YAML, or its fields and options."""
+    import yaml  # imported when used: a boot that never parses YAML loads none
+
     fields_set = bool(
         request.model
         or request.decode_npus
@@ -72,6 +72,8 @@ def spec_dict(request: router_pb2.DeployRequest) -> dict[str, Any]:
 
 def _fields_doc(request: router_pb2.DeployRequest) -> dict[str, Any]:
     """An option `decode.max_batch_per_die=32` is a dotted path; its value a YAML scalar."""
+    import yaml  # imported when used: a boot that never parses YAML loads none
+
     doc: dict[str, Any] = {}
     if request.model:
         doc["model"] = request.model
@@ -257,6 +259,8 @@ def _experts(p: ExpertPlacement, charged: float) -> router_pb2.ExpertSummary:
 
 def spec_text(deployment: Deployment) -> str:
     """The deployment as a YAML document (what `--deployment FILE` takes)."""
+    import yaml  # imported when used: a boot that never parses YAML loads none
+
     doc = asdict(deployment)
     if deployment.pd == PdSpec():  # off: the document as it was before live dynamic PD
         del doc["pd"]
