@@ -72,6 +72,8 @@ class _Check:
             self._connected()
 
     def _connected(self) -> None:
+        if self.finished:  # a callback of this loop iteration, after the end: the descriptor
+            return  # may be another check's by now
         self.loop.remove_writer(self.fd)
         if self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
             self.finish(UNREACHABLE)
@@ -93,11 +95,13 @@ class _Check:
             self.loop.add_writer(self.fd, self._writable)
 
     def _writable(self) -> None:
-        self.loop.remove_writer(self.fd)
-        if not self.finished:
+        if not self.finished:  # as in _connected
+            self.loop.remove_writer(self.fd)
             self._flush()
 
     def _readable(self) -> None:
+        if self.finished:  # as in _connected
+            return
         try:
             data = self.sock.recv(READ_SIZE)
         except BlockingIOError:
