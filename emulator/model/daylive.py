@@ -18,8 +18,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from cmemu.emulator.model.dayplan import in_window, parse_window
 from cmemu.emulator.model.errors import InvalidArgumentError, quote
 from cmemu.emulator.model.training.spec import TrainingSpec
@@ -128,6 +126,8 @@ def plan_spec(
 def night_spec(day_yaml: str, decode_npus: int) -> str:
     """The deployment's night footprint: its day document with `decode_npus` decode NPUs (a
     shrink: fewer than by day)."""
+    import yaml  # imported when used: a boot that never parses YAML loads none
+
     doc: Any = yaml.safe_load(day_yaml)
     decode = doc.get("decode") if isinstance(doc, dict) else None
     day_npus = decode.get("npus") if isinstance(decode, dict) else None

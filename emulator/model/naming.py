@@ -181,7 +181,7 @@ class DeviceName(_Named):
 
     @property
     def node_id(self) -> str:
-        return NodeName(index=self.node, supernode=self.supernode).id
+        return node_id(self.node, supernode=self.supernode)
 
     @property
     def id(self) -> str:
@@ -215,7 +215,7 @@ class SwitchName(_Named):
 
     @property
     def node_id(self) -> str | None:
-        return None if self.node is None else NodeName(index=self.node, supernode=self.supernode).id
+        return None if self.node is None else node_id(self.node, supernode=self.supernode)
 
     @property
     def id(self) -> str:
@@ -266,11 +266,16 @@ class LinkName:
 
 # --- builders --------------------------------------------------------------------------------
 
+# A topology's build and its link graph spell the same ids tens of thousands of times (cm384:
+# 35,000 node ids): each builder is a pure function of small ints and ids, so its answers are kept.
+IDS_CACHED = 1 << 16
+
 
 def supernode_id(index: int) -> str:
     return f"sn{_count(index, 'supernode index')}"
 
 
+@lru_cache(maxsize=IDS_CACHED)
 def node_id(index: int, *, supernode: int = 0) -> str:
     return NodeName(index=index, supernode=supernode).id
 
@@ -279,12 +284,14 @@ def rack_id(index: int, *, supernode: int = 0) -> str:
     return RackName(index=index, supernode=supernode).id
 
 
+@lru_cache(maxsize=IDS_CACHED)
 def device_id(node: str, kind: DeviceKind, index: int = 0) -> str:
     """A device of a node (the node's id carries its supernode)."""
     n = parse_node(node)
     return DeviceName(node=n.index, kind=kind, index=index, supernode=n.supernode).id
 
 
+@lru_cache(maxsize=IDS_CACHED)
 def die_id(npu: str, die: int) -> str:
     device = parse_device(npu)
     if device.kind is not DeviceKind.NPU:
@@ -292,11 +299,13 @@ def die_id(npu: str, die: int) -> str:
     return DieName(device=device, die=die).id
 
 
+@lru_cache(maxsize=IDS_CACHED)
 def l1_switch_id(node: str, chip: int) -> str:
     n = parse_node(node)
     return SwitchName(tier=Tier.L1, plane=chip, chip=chip, node=n.index, supernode=n.supernode).id
 
 
+@lru_cache(maxsize=IDS_CACHED)
 def l2_switch_id(plane: int, chip: int, *, supernode: int = 0) -> str:
     return SwitchName(tier=Tier.L2, plane=plane, chip=chip, node=None, supernode=supernode).id
 

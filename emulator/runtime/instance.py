@@ -117,6 +117,8 @@ async def start(
                     others=sn.supernodes[1:],
                 )
             )  # fmt: skip
+            if view is not None:  # after the state file: see WebView.serve
+                await view.start_feeds()
             HOSTED[key] = (asyncio.get_running_loop(), stop)
             try:
                 yield Hosted(supernode=sn, path=path, view=view, stopping=stop)
@@ -176,13 +178,14 @@ async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
     if ui == UI_NONE:
         yield None
         return
-    view = await WebView(
+    view = WebView(
         sn.clients,
         address=ui,
         profile=sn.options.profile,
         ssl_context=sn.security.server().ssl_context(),
         mqtt_login=sn.security.mqtt_login(),
-    ).__aenter__()
+    )
+    await view.serve()  # its feeds start once the state file is written (start)
     try:
         yield view
     finally:

@@ -22,7 +22,6 @@ from cmemu.emulator.client.clock import followed_time
 from cmemu.emulator.client.credentials import ANONYMOUS, Credentials
 from cmemu.emulator.engines.clock import TimeKeeper
 from cmemu.emulator.model.topology import ServiceKind, Topology
-from cmemu.emulator.runtime import composerun, k8srun
 from cmemu.emulator.runtime.deaths import death_reporter
 from cmemu.emulator.runtime.launchoptions import (
     CMEMU,
@@ -233,6 +232,9 @@ def _broker_override(options: LaunchOptions) -> str | None:
 
 
 def _load_compose(options: LaunchOptions, mode: Compose, run_dir: Path) -> _Loaded:
+    # imported here: they read YAML (PyYAML), which nothing else a launch runs needs (issue 18)
+    from cmemu.emulator.runtime import composerun
+
     # as `docker compose up` does: the fabric's epoch, unless $CMEMU_EPOCH gives one to all
     services, supernodes = composerun.load(
         mode.file, dict(os.environ), run_dir, broker=_broker_override(options)
@@ -245,6 +247,8 @@ def _load_compose(options: LaunchOptions, mode: Compose, run_dir: Path) -> _Load
 
 
 def _load_k8s(options: LaunchOptions, mode: K8s, run_dir: Path) -> _Loaded:
+    from cmemu.emulator.runtime import k8srun  # as composerun above
+
     run = k8srun.load(mode.manifests, run_dir, broker=_broker_override(options))
     return _Loaded(waves=run.waves, supernodes=run.supernodes, token=run.token)
 

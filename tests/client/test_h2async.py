@@ -5,6 +5,7 @@ listening yet, name the laggard when one never serves, and leave TLS servers to 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -149,3 +150,35 @@ async def test_a_watch_of_a_silent_server_ends_when_its_ping_is_not_answered() -
     async with server:
         with pytest.raises(ProbeError, match="no answer to a ping"):
             await anext(statuses)
+
+
+async def test_many_on_bare_sockets_say_what_each_check_says() -> None:
+    """status_many's IP addresses go through h2many's bare sockets, names through status():
+    each answer as status() gives it, in the order asked, a silent server timed out, and no
+    socket left open (a second pass finds the same)."""
+    base = free_port_block(5)
+    serving, stopped, nobody, silent = (f"127.0.0.1:{base + i}" for i in range(4))
+    named = f"localhost:{base + 4}"
+    listener = socket.create_server(("127.0.0.1", base + 3))  # accepts, never answers
+    try:
+        async with (
+            serving_host(serving),
+            serving_host(stopped, serving=False),
+            serving_host(f"127.0.0.1:{base + 4}"),
+        ):
+            asked = [named, silent, nobody, stopped, serving]
+            for _ in range(2):
+                found = await h2async.status_many(asked, timeout_s=1.0, concurrency=2)
+                assert list(found) == asked
+                assert found == {
+                    named: "SERVING",
+                    silent: "DEADLINE_EXCEEDED",
+                    nobody: "UNREACHABLE",
+                    stopped: "NOT_SERVING",
+                    serving: "SERVING",
+                }
+    finally:
+        listener.close()
+    assert await h2async.status_many([], timeout_s=1.0) == {}
+    with pytest.raises(ValueError):
+        await h2async.status_many(["not-an-address"])

@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import yaml
-
 from cmemu.emulator.model.errors import InvalidArgumentError, quote
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.serving.deployment import Deployment, PdSpec, parse_deployment
@@ -41,6 +39,8 @@ class DeployAsk:
 
 def spec_dict(request: DeployAsk) -> dict[str, Any]:
     """The deployment document a request describes: its YAML, or its fields and options."""
+    import yaml  # imported when used: a boot that never parses YAML loads none
+
     fields_set = bool(
         request.model
         or request.decode_npus
@@ -65,6 +65,8 @@ def spec_dict(request: DeployAsk) -> dict[str, Any]:
 
 def _fields_doc(request: DeployAsk) -> dict[str, Any]:
     """An option `decode.max_batch_per_die=32` is a dotted path; its value a YAML scalar."""
+    import yaml  # imported when used: a boot that never parses YAML loads none
+
     doc: dict[str, Any] = {}
     if request.model:
         doc["model"] = request.model
@@ -131,6 +133,8 @@ def parse_ask(
 
 def spec_text(deployment: Deployment) -> str:
     """The deployment as a YAML document (what `--deployment FILE` takes)."""
+    import yaml  # imported when used: a boot that never parses YAML loads none
+
     doc = asdict(deployment)
     if deployment.pd == PdSpec():  # off: the document as it was before live dynamic PD
         del doc["pd"]

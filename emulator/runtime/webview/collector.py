@@ -119,6 +119,10 @@ class Collector:
 
         return stop
 
+    @property
+    def running(self) -> bool:
+        return self._tasks is not None
+
     async def _page_open(self, feed: str) -> None:
         """Return once a page listens, saying in `sources` that `feed` waits for one."""
         if not self._watched.is_set():
