@@ -266,8 +266,7 @@ class LinkName:
 
 # --- builders --------------------------------------------------------------------------------
 
-# A topology's build and its link graph spell the same ids tens of thousands of times (cm384:
-# 35,000 node ids): each builder is a pure function of small ints and ids, so its answers are kept.
+# Pure functions of small ints and ids, spelled tens of thousands of times by a build: kept.
 IDS_CACHED = 1 << 16
 
 
