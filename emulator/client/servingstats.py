@@ -1,8 +1,14 @@
-"""The router's serving aggregates as plain values (cmemu.v1.ServingStats read back from the
-wire into the model's values, emulator/model/serving/live.py): what RouterClient.stats returns,
-for the web view and the chaos runner's dropped-request count, so neither reads a protobuf."""
+"""The router's serving aggregates on the wire, both ways (cmemu.v1.ServingStats <-> the model's
+values, emulator/model/serving/live.py), by field name: the router's servicer sends them
+(services/serving/wire.py) and RouterClient.stats reads them back, for the web view and the
+chaos runner's dropped-request count, so neither reads a protobuf. One mapping for both ends:
+a field added to the values and the message travels without a line here
+(tests/services/serving/test_wire.py round-trips every field)."""
 
 from __future__ import annotations
+
+from dataclasses import asdict, fields
+from typing import Any
 
 from cmemu.emulator.model.serving.live import LatencyNs as LatencyNs  # noqa: PLC0414
 from cmemu.emulator.model.serving.live import ServingStats as ServingStats  # noqa: PLC0414
@@ -10,33 +16,23 @@ from cmemu.v1 import router_pb2
 
 
 def serving_stats(m: router_pb2.ServingStats) -> ServingStats:
-    return ServingStats(
-        requests_completed=m.requests_completed,
-        requests_cancelled=m.requests_cancelled,
-        requests_in_flight=m.requests_in_flight,
-        prompt_tokens=m.prompt_tokens,
-        completion_tokens=m.completion_tokens,
-        ttft=_latency(m.ttft),
-        tpot=_latency(m.tpot),
-        queueing=_latency(m.queueing),
-        prefix_hit_tokens=m.prefix_hit_tokens,
-        prefix_lookup_tokens=m.prefix_lookup_tokens,
-        output_tokens_per_s=m.output_tokens_per_s,
-        window_ns=m.window_ns,
-        kv_slots_held=m.kv_slots_held,
-        kv_slots=m.kv_slots,
-        requests_failed=m.requests_failed,
-        requests_retried=m.requests_retried,
-        requests_dropped=m.requests_dropped,
-    )
+    values: dict[str, Any] = {f.name: _value(getattr(m, f.name)) for f in fields(ServingStats)}
+    return ServingStats(**values)
 
 
-def _latency(p: router_pb2.Percentiles) -> LatencyNs:
-    return LatencyNs(
-        count=p.count,
-        mean_ns=p.mean_ns,
-        p50_ns=p.p50_ns,
-        p90_ns=p.p90_ns,
-        p99_ns=p.p99_ns,
-        max_ns=p.max_ns,
-    )
+def stats_message(s: ServingStats) -> router_pb2.ServingStats:
+    values: dict[str, Any] = {
+        f.name: _percentiles(v) if isinstance(v := getattr(s, f.name), LatencyNs) else v
+        for f in fields(ServingStats)
+    }
+    return router_pb2.ServingStats(**values)
+
+
+def _value(v: object) -> object:
+    if isinstance(v, router_pb2.Percentiles):
+        return LatencyNs(**{f.name: getattr(v, f.name) for f in fields(LatencyNs)})
+    return v
+
+
+def _percentiles(p: LatencyNs) -> router_pb2.Percentiles:
+    return router_pb2.Percentiles(**asdict(p))

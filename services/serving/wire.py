@@ -4,10 +4,11 @@ their messages, and the tenants' metered use (the HTTP endpoint's meter) as a Us
 
 from __future__ import annotations
 
+from cmemu.emulator.client.servingstats import stats_message as stats_message  # noqa: PLC0414
 from cmemu.emulator.engines.serving.deploy import InstanceView, LiveDeployment
 from cmemu.emulator.engines.serving.spec import DeployAsk
 from cmemu.emulator.model.errors import NotFoundError, quote
-from cmemu.emulator.model.serving.live import DeploymentState, LatencyNs, PdStatus, ServingStats
+from cmemu.emulator.model.serving.live import DeploymentState, PdStatus
 from cmemu.emulator.model.tenants import Meter
 from cmemu.v1 import router_pb2
 
@@ -102,39 +103,6 @@ def pd_message(status: PdStatus) -> router_pb2.PdStatus:
             )
             for w in status.switches
         ],
-    )
-
-
-def stats_message(s: ServingStats) -> router_pb2.ServingStats:
-    return router_pb2.ServingStats(
-        requests_completed=s.requests_completed,
-        requests_cancelled=s.requests_cancelled,
-        requests_in_flight=s.requests_in_flight,
-        prompt_tokens=s.prompt_tokens,
-        completion_tokens=s.completion_tokens,
-        ttft=_latency(s.ttft),
-        tpot=_latency(s.tpot),
-        queueing=_latency(s.queueing),
-        prefix_hit_tokens=s.prefix_hit_tokens,
-        prefix_lookup_tokens=s.prefix_lookup_tokens,
-        output_tokens_per_s=s.output_tokens_per_s,
-        window_ns=s.window_ns,
-        kv_slots_held=s.kv_slots_held,
-        kv_slots=s.kv_slots,
-        requests_failed=s.requests_failed,
-        requests_retried=s.requests_retried,
-        requests_dropped=s.requests_dropped,
-    )
-
-
-def _latency(p: LatencyNs) -> router_pb2.Percentiles:
-    return router_pb2.Percentiles(
-        count=p.count,
-        mean_ns=p.mean_ns,
-        p50_ns=p.p50_ns,
-        p90_ns=p.p90_ns,
-        p99_ns=p.p99_ns,
-        max_ns=p.max_ns,
     )
 
 
