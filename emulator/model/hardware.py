@@ -187,6 +187,11 @@ class EmsProfile:
     object_max_bytes: int = fig(64 * GiB, "assumed")
     vnodes_per_pool: int = fig(64, "assumed")  # consistent-hash ring points per pool
     check_interval_s: float = fig(0.5, "assumed")  # emulated seconds between pool health sweeps
+    # Bounds on a hang, in emulated seconds (engines/deadline.py): a pool that has not answered
+    # by then is passed by and suspect. Emulated, so that a starved host stretches them.
+    io_timeout_s: float = fig(20.0, "assumed")  # one UB transaction of EMS
+    call_timeout_s: float = fig(5.0, "assumed")  # a region's allocation or free
+    probe_timeout_s: float = fig(1.0, "assumed")  # a sweep's wait for a pool's fault state
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -611,7 +611,9 @@ async def test_procs_a_stalled_node_and_a_restarted_ems_forget_nothing_and_resur
         node = sn.supervisor.running["n01"].proc
         node.send_signal(signal.SIGSTOP)
         try:
-            await asyncio.sleep(4.0)  # the suspect threshold is 2 sweeps of 0.5 s
+            # past the suspect threshold (2 sweeps of 0.5 emulated s): the sweeps say when,
+            # not a wall wait, which a busy host's slowed clock outlasts
+            await _wait_pool(ems, "n01-mem", healthy=False)
             for key in keys:  # served by n00-mem meanwhile
                 assert (await ems.Get(ems_pb2.GetRequest(key=key), timeout=HANG_S)).served_by == (
                     "n00-mem"

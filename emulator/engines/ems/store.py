@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import structlog
 
 from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.deadline import EmulatedDeadline
 from cmemu.emulator.engines.ems.ssd import SsdTier
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.peers import DevicePeer
@@ -51,11 +52,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 MIN_PAUSE_S = 0.01  # wall floor of a periodic pause: a fast time_scale stretches the period
-IO_TIMEOUT_S = 20.0  # wall seconds one UB transaction of EMS may take: a stalled pool is passed by
-# (a bound on a hang: the transaction waits in emulated time, which a busy host slows; at 5 s a
-# loaded machine failed whole weight loads with DEADLINE_EXCEEDED)
-CALL_TIMEOUT_S = 5.0  # wall seconds a region's allocation or free may take
-PROBE_TIMEOUT_S = 1.0  # wall seconds a sweep waits for a pool's answer
 UNREACHABLE: tuple[type[EmulatorError], ...] = (UnavailableError, DeadlineExceededError)
 # lazy: `.bind()` here would build the logger at import, before logging is configured (stdout)
 log = structlog.get_logger("cmemu.ems", device="ems")
@@ -144,11 +140,22 @@ class Store:
 
     # --- device access -------------------------------------------------------------------------
 
-    async def _reached(self, device: Device, call: Awaitable[T]) -> T:
-        """A call to a device's peer; a pool that does not answer is suspect at once, ahead of
-        the next sweep."""
+    async def _within(self, device: Device, call: Awaitable[T], emulated_s: float) -> T:
+        """A call to a device's peer, bounded in emulated time (see engines/deadline.py: a bound
+        in wall seconds failed healthy pools on a starved host)."""
         try:
-            return await call
+            async with EmulatedDeadline(self.clock.clock, emulated_s):
+                return await call
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"{device.id} gave no answer within {emulated_s:g} emulated s"
+            ) from None
+
+    async def _reached(self, device: Device, call: Awaitable[T], emulated_s: float) -> T:
+        """`_within`, and a pool that does not answer is suspect at once, ahead of the next
+        sweep."""
+        try:
+            return await self._within(device, call, emulated_s)
         except EmulatorError as exc:
             if isinstance(exc, UNREACHABLE) and device.id in self.pools:
                 self.suspect(device.id)
@@ -156,7 +163,8 @@ class Store:
 
     async def fault_state(self, device: Device) -> FaultState:
         """A device's fault state, within a probe's wait (no suspicion: the caller judges)."""
-        return await self.peers.device(device).fault_state(deadline_s=PROBE_TIMEOUT_S)
+        call = self.peers.device(device).fault_state(deadline_s=None)
+        return await self._within(device, call, self.ems.probe_timeout_s)
 
     def suspect(self, pool: str) -> None:
         if self.placement.suspect(pool, self.clock.now_ns()):
@@ -183,7 +191,7 @@ class Store:
             size_only=size_only,
         )
         peer = self.peers.device(issuer)
-        return await self._reached(issuer, peer.submit(tx, deadline_s=IO_TIMEOUT_S))
+        return await self._reached(issuer, peer.submit(tx, deadline_s=None), self.ems.io_timeout_s)
 
     async def write_copy(
         self, issuer: Device, pool: str, replica: Replica, meta: ObjectMeta, data: bytes
@@ -218,7 +226,8 @@ class Store:
     async def allocate(self, pool: str, size: int, label: str) -> Region:
         device = self.pools[pool]
         peer = self.peers.device(device)
-        return await self._reached(device, peer.allocate(size, label, deadline_s=CALL_TIMEOUT_S))
+        call = peer.allocate(size, label, deadline_s=None)
+        return await self._reached(device, call, self.ems.call_timeout_s)
 
     async def free_region(self, pool: str, region_id: int) -> bool:
         """Give a region back; False when the pool cannot be told now (it is not up)."""
@@ -227,7 +236,8 @@ class Store:
         device = self.pools[pool]
         try:
             peer = self.peers.device(device)
-            await self._reached(device, peer.free(region_id, deadline_s=CALL_TIMEOUT_S))
+            call = peer.free(region_id, deadline_s=None)
+            await self._reached(device, call, self.ems.call_timeout_s)
         except EmulatorError as exc:
             return isinstance(exc, NotFoundError)  # gone already
         return True
@@ -246,7 +256,8 @@ class Store:
         peer = self.peers.device(pool)
         while True:
             try:
-                found = await peer.list_regions(token, deadline_s=PROBE_TIMEOUT_S * 5)
+                call = peer.list_regions(token, deadline_s=None)
+                found = await self._within(pool, call, self.ems.probe_timeout_s * 5)
             except EmulatorError:
                 return None
             listed += [Listed(r.region_id, r.offset, r.label) for r in found.regions]

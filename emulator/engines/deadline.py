@@ -1,0 +1,65 @@
+"""A deadline in emulated time: `asyncio.timeout`, but counted on the emulator's clock.
+
+A bound on a hang (a pool that never answers) is a statement about the emulated machine, so it
+must pass in emulated time. Counted in wall seconds it fails on a starved host, where every
+process runs late and a healthy pool's answer arrives after the wall bound; counted on the
+clock, which the governor slows when this process's loop runs late (engines/clock.py), it
+stretches with the host's slowness and still ends a real hang.
+
+One loop timer per deadline, no task: armed for the wall instant at which the clock's present
+rate reaches the due time; when it fires it reads the clock, and re-arms when the clock was
+slowed or held meanwhile. The timed-out body gets `TimeoutError`, as from `asyncio.timeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+
+from cmemu.emulator.engines.clock import REARM_WHILE_HELD_S
+from cmemu.emulator.model.clock import Clock
+
+
+class EmulatedDeadline:
+    """`async with EmulatedDeadline(clock, 20.0):` ends the body with TimeoutError once 20
+    emulated seconds have passed since entering it."""
+
+    __slots__ = ("_clock", "_due_ns", "_emulated_s", "_handle", "_timeout")
+
+    def __init__(self, clock: Clock, emulated_s: float) -> None:
+        self._clock = clock
+        self._emulated_s = emulated_s
+        self._due_ns = 0
+        self._handle: asyncio.TimerHandle | None = None
+        self._timeout = asyncio.timeout(None)
+
+    @property
+    def emulated_s(self) -> float:
+        return self._emulated_s
+
+    async def __aenter__(self) -> EmulatedDeadline:
+        await self._timeout.__aenter__()
+        self._due_ns = self._clock.now_ns() + round(max(0.0, self._emulated_s) * 1e9)
+        self._arm()
+        return self
+
+    def _arm(self) -> None:
+        clock = self._clock
+        loop = asyncio.get_running_loop()
+        if clock.now_ns() >= self._due_ns:
+            self._handle = None
+            self._timeout.reschedule(loop.time())  # ends the body at its next await
+            return
+        delay = clock.wall_at(self._due_ns) - clock.wall()
+        self._handle = loop.call_later(delay if delay > 0 else REARM_WHILE_HELD_S, self._arm)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        await self._timeout.__aexit__(exc_type, exc, tb)  # raises TimeoutError when it expired
