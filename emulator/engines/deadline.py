@@ -9,6 +9,9 @@ stretches with the host's slowness and still ends a real hang.
 One loop timer per deadline, no task: armed for the wall instant at which the clock's present
 rate reaches the due time; when it fires it reads the clock, and re-arms when the clock was
 slowed or held meanwhile. The timed-out body gets `TimeoutError`, as from `asyncio.timeout`.
+
+`min_wall_s`, a floor in wall seconds: at a fast time scale a few emulated seconds are a few wall
+milliseconds, less than the RPCs a body makes take on any host (the serving driver's step).
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ from cmemu.emulator.model.clock import Clock
 
 class EmulatedDeadline:
     """`async with EmulatedDeadline(clock, 20.0):` ends the body with TimeoutError once 20
-    emulated seconds have passed since entering it."""
+    emulated seconds (and `min_wall_s` wall seconds) have passed since entering it."""
 
-    __slots__ = ("_clock", "_due_ns", "_emulated_s", "_handle", "_timeout")
+    __slots__ = ("_clock", "_due_ns", "_emulated_s", "_handle", "_min_wall_s", "_timeout")
 
-    def __init__(self, clock: Clock, emulated_s: float) -> None:
+    def __init__(self, clock: Clock, emulated_s: float, *, min_wall_s: float = 0.0) -> None:
         self._clock = clock
         self._emulated_s = emulated_s
+        self._min_wall_s = min_wall_s
         self._due_ns = 0
         self._handle: asyncio.TimerHandle | None = None
         self._timeout = asyncio.timeout(None)
@@ -40,7 +44,11 @@ class EmulatedDeadline:
     async def __aenter__(self) -> EmulatedDeadline:
         await self._timeout.__aenter__()
         self._due_ns = self._clock.now_ns() + round(max(0.0, self._emulated_s) * 1e9)
-        self._arm()
+        loop = asyncio.get_running_loop()
+        if self._min_wall_s > 0:  # the floor first, then the clock
+            self._handle = loop.call_later(self._min_wall_s, self._arm)
+        else:
+            self._arm()
         return self
 
     def _arm(self) -> None:

@@ -47,13 +47,16 @@ async def test_a_held_clock_stretches_it(held: bool) -> None:
 async def test_a_clock_slowed_after_entering_re_arms_it(slowed: bool) -> None:
     """The deadline's timer is armed at the rate of its start (1 emulated s: 1 wall ms); the
     clock then slows to 1 emulated ms per wall second, so at its firing the deadline is not due
-    and it re-arms rather than ending the body."""
-    clock = Clock(time_scale=1000.0)
+    and it re-arms rather than ending the body. The clock reads a wall of the test's own, moved
+    2 ms on by hand, so that no pause of this process between the steps can change the case."""
+    wall = [1000.0]
+    clock = Clock(time_scale=1000.0, wall=lambda: wall[0])
 
     async def body() -> str:
         async with EmulatedDeadline(clock, 1.0):
             if slowed:
                 clock.set_rate(0.001)
+            wall[0] += 0.002  # 2 emulated s at the asked scale, 2 emulated us slowed
             await asyncio.sleep(0.2)
         return "done"
 
@@ -68,3 +71,21 @@ async def _sleep_in(clock: Clock, emulated_s: float, *, wall_s: float) -> str:
     async with EmulatedDeadline(clock, emulated_s):
         await asyncio.sleep(wall_s)
     return "done"
+
+
+@pytest.mark.parametrize("floor_s", [0.0, 3600.0])
+async def test_a_wall_floor_holds_it_past_its_emulated_seconds(floor_s: float) -> None:
+    """200 emulated seconds pass in the body's 0.2 wall seconds; a floor of an hour of wall
+    time keeps the deadline (of 1 emulated second) from ending it, no floor does not."""
+    clock = Clock(time_scale=1000.0)
+
+    async def body() -> str:
+        async with EmulatedDeadline(clock, 1.0, min_wall_s=floor_s):
+            await asyncio.sleep(0.2)
+        return "done"
+
+    if floor_s:
+        assert await body() == "done"
+    else:
+        with pytest.raises(TimeoutError):
+            await body()

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import structlog
 
 from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.deadline import EmulatedDeadline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.gateway.kv import KvOverRdma
 from cmemu.emulator.engines.serving.isolation import Isolation
@@ -285,13 +286,17 @@ class Driver:
 
     # --- measuring plans -----------------------------------------------------------------------
 
-    def deadline_wall_s(self) -> float:
+    def step_deadline(self) -> EmulatedDeadline:
+        """A step's bound: its emulated seconds, so that a starved host (whose clock the
+        governor slows) does not fail healthy steps; never below a loaded loop's stalls."""
         s = self.profile.serving
-        return max(s.step_deadline_min_wall_s, self.clock.clock.wall_delay_s(s.step_deadline_s))
+        return EmulatedDeadline(
+            self.clock.clock, s.step_deadline_s, min_wall_s=s.step_deadline_min_wall_s
+        )
 
     async def _measure(self, plan: StepPlan) -> None:
         try:
-            async with asyncio.timeout(self.deadline_wall_s()):
+            async with self.step_deadline():
                 result = await self.measures(plan)
         except asyncio.CancelledError:
             raise

@@ -240,8 +240,8 @@ class Recovery:
     async def _answers(self, device: Device) -> bool:
         """Whether `device` answers in time and reports no fault and no die down."""
         try:
-            async with asyncio.timeout(self.driver.deadline_wall_s()):
-                seen = await self.peers.device(device).telemetry(deadline_s=DEVICE_DEADLINE_S)
+            async with self.driver.step_deadline():
+                seen = await self.peers.device(device).telemetry(deadline_s=None)
         except (TimeoutError, EmulatorError):
             return False
         return not (seen.faulted or seen.dies_down)
