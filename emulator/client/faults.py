@@ -79,6 +79,12 @@ def _device(name: str) -> DeviceKind:
     return DeviceKind.of(DEVICE_KINDS[name])
 
 
+def _fabric(name: str) -> Kind:
+    """A fabric kind a user adds: the client's side of its module,
+    emulator/model/faults/fabric/<kind>.py."""
+    return fabric.KINDS[name]
+
+
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
@@ -88,23 +94,23 @@ KINDS: dict[str, Kind] = {
         _device("hbm-ecc"),
         _device("sdc"),
         _device("die-down"),
-        fabric.LINK_FLAP,
+        _fabric("link-flap"),
         node_power_off.KIND,
         process.KILL,
         process.PAUSE,
         _device("pool-loss"),
         broker_outage.KIND,
-        fabric.LINK_DOWN,
-        fabric.LINK_DEGRADED,
-        fabric.LINK_LATENCY,
-        fabric.SWITCH_DOWN,
-        fabric.PARTITION,
+        _fabric("link-down"),
+        _fabric("link-degraded"),
+        _fabric("link-latency"),
+        _fabric("switch-down"),
+        _fabric("partition"),
         _device("device-down"),
         thermal_throttle.KIND,
         _device("intermittent-hang"),
-        fabric.LINK_LOSS,
-        fabric.OPTICAL_MODULE,
-        fabric.L1_BOARD,
+        _fabric("link-loss"),
+        _fabric("optical-module"),
+        _fabric("l1-board"),
         rack_power_off.KIND,
         *gateway.KINDS,
         *container.KINDS,
@@ -118,7 +124,8 @@ KINDS: dict[str, Kind] = {
     )
 }
 """The catalogue, in `cmemu fault kinds` order: every device kind that a user adds to one device
-(`one_device`) is here as made from its module; the others have client kinds of their own."""
+(`one_device`) is here as made from its module, and every fabric and gateway kind a user adds
+(emulator/model/faults/fabric/, gateway/) likewise; the others have client kinds of their own."""
 
 
 def kind_of(name: str) -> Kind:
