@@ -11,7 +11,7 @@ from cmemu.emulator.model.clock import Segment
 from cmemu.emulator.model.collectivespec import COLLECTIVE_OPS, CollectiveSpec
 from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.faults import fabric
-from cmemu.emulator.model.linkfaults import FaultSpec
+from cmemu.emulator.model.faults.fabric import FaultSpec
 from cmemu.v1 import fabric_pb2
 
 OPS = {

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from cmemu.emulator.model.errors import EmulatorError, NotFoundError, OutOfRangeError
+from cmemu.emulator.model.faults.fabric import FaultSpec
 from cmemu.emulator.model.faults.params import params_text
-from cmemu.emulator.model.linkfaults import FaultSpec
 from cmemu.emulator.model.topology import DeviceKind
 
 if TYPE_CHECKING:
