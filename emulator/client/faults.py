@@ -2,7 +2,8 @@
 
 The fault catalogue is one table, KINDS, of kinds registered by name (as Toxiproxy registers its
 toxics), each a small module of emulator/client/faultkinds/ with TYPED parameters: a frozen
-dataclass per kind (in the kind's module; a device kind's in emulator/engines/device/kinds/),
+dataclass per kind (in the kind's module; a device kind's in emulator/engines/device/kinds/, a
+fabric or gateway kind's in emulator/model/faults/fabric/ or gateway/),
 built from a dict by
 `kind.params_from(raw)` (InvalidArgumentError on an unknown or bad parameter), and
 `kind.add(clients, target, params, duration_s) -> ActiveFault`. `clear(clients, fault_id)`
