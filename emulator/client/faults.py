@@ -2,7 +2,8 @@
 
 The fault catalogue is one table, KINDS, of kinds registered by name (as Toxiproxy registers its
 toxics), each a small module of emulator/client/faultkinds/ with TYPED parameters: a frozen
-dataclass per kind (in the kind's module; a device kind's in emulator/engines/device/kinds/),
+dataclass per kind (in the kind's module; a device kind's in emulator/engines/device/kinds/, a
+fabric or gateway kind's in emulator/model/faults/fabric/ or gateway/),
 built from a dict by
 `kind.params_from(raw)` (InvalidArgumentError on an unknown or bad parameter), and
 `kind.add(clients, target, params, duration_s) -> ActiveFault`. `clear(clients, fault_id)`
@@ -79,6 +80,12 @@ def _device(name: str) -> DeviceKind:
     return DeviceKind.of(DEVICE_KINDS[name])
 
 
+def _fabric(name: str) -> Kind:
+    """A fabric kind a user adds: the client's side of its module,
+    emulator/model/faults/fabric/<kind>.py."""
+    return fabric.KINDS[name]
+
+
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
@@ -88,23 +95,23 @@ KINDS: dict[str, Kind] = {
         _device("hbm-ecc"),
         _device("sdc"),
         _device("die-down"),
-        fabric.LINK_FLAP,
+        _fabric("link-flap"),
         node_power_off.KIND,
         process.KILL,
         process.PAUSE,
         _device("pool-loss"),
         broker_outage.KIND,
-        fabric.LINK_DOWN,
-        fabric.LINK_DEGRADED,
-        fabric.LINK_LATENCY,
-        fabric.SWITCH_DOWN,
-        fabric.PARTITION,
+        _fabric("link-down"),
+        _fabric("link-degraded"),
+        _fabric("link-latency"),
+        _fabric("switch-down"),
+        _fabric("partition"),
         _device("device-down"),
         thermal_throttle.KIND,
         _device("intermittent-hang"),
-        fabric.LINK_LOSS,
-        fabric.OPTICAL_MODULE,
-        fabric.L1_BOARD,
+        _fabric("link-loss"),
+        _fabric("optical-module"),
+        _fabric("l1-board"),
         rack_power_off.KIND,
         *gateway.KINDS,
         *container.KINDS,
@@ -118,7 +125,8 @@ KINDS: dict[str, Kind] = {
     )
 }
 """The catalogue, in `cmemu fault kinds` order: every device kind that a user adds to one device
-(`one_device`) is here as made from its module; the others have client kinds of their own."""
+(`one_device`) is here as made from its module, and every fabric and gateway kind a user adds
+(emulator/model/faults/fabric/, gateway/) likewise; the others have client kinds of their own."""
 
 
 def kind_of(name: str) -> Kind:

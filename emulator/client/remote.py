@@ -24,7 +24,7 @@ from cmemu.emulator.engines.device.npu import Kernel, KernelResult
 from cmemu.emulator.engines.peers import CollectiveOutcome
 from cmemu.emulator.model.arrivals import ArrivalBatch
 from cmemu.emulator.model.collectivespec import CollectiveSpec
-from cmemu.emulator.model.linkfaults import FaultSpec
+from cmemu.emulator.model.faults.fabric import FaultSpec
 from cmemu.emulator.model.memory import Region, RegionPage
 from cmemu.emulator.model.topology import Device
 from cmemu.emulator.model.ub import Completion, Transaction

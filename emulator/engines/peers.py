@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # the scheduler's model package is imported only where it run
     )
     from cmemu.emulator.model.collectivespec import CollectiveSpec
     from cmemu.emulator.model.ems.objects import Got, ObjectKind, Put
-    from cmemu.emulator.model.linkfaults import FaultSpec
+    from cmemu.emulator.model.faults.fabric import FaultSpec
     from cmemu.emulator.model.rdmafault import RdmaFault
     from cmemu.emulator.model.scheduler.grants import Allocation, AllocationChange
     from cmemu.emulator.model.scheduler.jobs import Replacement

@@ -21,14 +21,12 @@ import itertools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError, quote
-from cmemu.emulator.model.faults.catalogue import GATEWAY_PARAMS
-from cmemu.emulator.model.faults.params import params_from, unknown_kind
+from cmemu.emulator.model.faults import gateway
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from cmemu.emulator.model.naming import (
     Tier,
@@ -259,82 +257,21 @@ class RdmaGraph:
 # --- faults --------------------------------------------------------------------------------------
 
 
-class RdmaFaultKind(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    def links(self, graph: RdmaGraph, fault: RdmaFault) -> list[int]: ...
-
-    def apply(self, graph: RdmaGraph, fault: RdmaFault) -> None: ...
-
-
-def _factor(fault: RdmaFault) -> None:
-    """A slow kind's factor, checked as its params dataclass states it (the catalogue's)."""
-    params_from(GATEWAY_PARAMS[fault.kind], {"factor": fault.factor}, kind=fault.kind)
-
-
-@dataclass(frozen=True)
-class _Kind:
-    name: str
-    on_switch: bool
-    slow: bool
-
-    def links(self, graph: RdmaGraph, fault: RdmaFault) -> list[int]:
-        if self.slow:
-            _factor(fault)
-        if self.on_switch:
-            return graph.switch_links(fault.target)
-        return list(graph.physical(fault.target))
-
-    def apply(self, graph: RdmaGraph, fault: RdmaFault) -> None:
-        links = self.links(graph, fault)
-        if self.slow:
-            graph.factor[links] *= fault.factor
-        else:
-            graph.up[links] = False
-
-
-@dataclass(frozen=True)
-class _Partition:
-    """Two supernodes ("sn0~sn1") cannot reach each other over the plane; links stay up."""
-
-    name: str = "partition"
-
-    def links(self, graph: RdmaGraph, fault: RdmaFault) -> list[int]:
-        graph.supernode_pair(fault.target)  # validates the target
-        return []
-
-    def apply(self, graph: RdmaGraph, fault: RdmaFault) -> None:
-        graph.cut.add(graph.supernode_pair(fault.target))
-
-
-RDMA_FAULT_KINDS: dict[str, RdmaFaultKind] = {
-    k.name: k
-    for k in (
-        _Kind("link-down", on_switch=False, slow=False),
-        _Kind("link-slow", on_switch=False, slow=True),
-        _Kind("switch-down", on_switch=True, slow=False),
-        _Kind("switch-slow", on_switch=True, slow=True),
-        _Partition(),
-    )
-}
-"""The plane's fault kinds: a link ("a~b") or a switch down, or slowed to `factor`; or two
-supernodes partitioned ("sn0~sn1")."""
-
-
 @dataclass
 class RdmaFaultSet:
-    """The plane's active faults; the graph is always a clean plane plus all of them."""
+    """The plane's active faults; the graph is always a clean plane plus all of them. Each
+    kind is one module of emulator/model/faults/gateway/ (its params, effect, help, wire
+    mapping); what every fault shares (an id, a duration, checks before it is stored) is
+    here."""
 
     graph: RdmaGraph
     faults: dict[str, RdmaFault] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def add(self, fault: RdmaFault) -> RdmaFault:
-        kind = RDMA_FAULT_KINDS.get(fault.kind)
-        if kind is None:
-            raise unknown_kind(fault.kind, RDMA_FAULT_KINDS, plane="RDMA plane")
-        kind.links(self.graph, fault)  # validates the target and the factor
+        effect = gateway.plane_kind(fault.kind)
+        gateway.fault_params(fault)  # its params' ranges (a slow kind's factor)
+        effect.validate(self.graph, fault)  # its target
         if not (math.isfinite(fault.for_s) and fault.for_s >= 0):
             raise InvalidArgumentError(
                 f"for_s must be >= 0 (0: until cleared), got {fault.for_s}", field="for_s"
@@ -374,5 +311,5 @@ class RdmaFaultSet:
     def _reapply(self) -> None:
         self.graph.reset()
         for fault in self.faults.values():
-            RDMA_FAULT_KINDS[fault.kind].apply(self.graph, fault)
+            gateway.PLANE[fault.kind].apply(self.graph, fault)
         self.graph.changed()

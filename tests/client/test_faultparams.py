@@ -23,15 +23,13 @@ from cmemu.emulator.engines.device.kinds.crash import CrashParams
 from cmemu.emulator.engines.device.kinds.hbm_ecc import HbmEccParams
 from cmemu.emulator.engines.device.kinds.slow import SlowParams
 from cmemu.emulator.model.errors import InvalidArgumentError
-from cmemu.emulator.model.faults.catalogue import (
-    FABRIC_PARAMS,
-    GATEWAY_PARAMS,
-    LinkDegradedParams,
-    param,
-)
-from cmemu.emulator.model.faults.params import describe
-from cmemu.emulator.model.linkfaults import FAULT_KINDS
-from cmemu.emulator.model.rdmagraph import RDMA_FAULT_KINDS
+from cmemu.emulator.model.faults.fabric import KINDS as FABRIC_KINDS
+from cmemu.emulator.model.faults.fabric import PARAMS as FABRIC_PARAMS
+from cmemu.emulator.model.faults.fabric.link_degraded import LinkDegradedParams
+from cmemu.emulator.model.faults.gateway import KINDS as GATEWAY_KINDS
+from cmemu.emulator.model.faults.gateway import PARAMS as GATEWAY_PARAMS
+from cmemu.emulator.model.faults.gateway import PLANE
+from cmemu.emulator.model.faults.params import describe, param
 from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, gateway_pb2
 
 STATE = device_pb2.FaultState.DESCRIPTOR
@@ -53,8 +51,9 @@ def test_the_tables_are_every_registered_kind_that_travels() -> None:
     """Each wire's table holds exactly the kinds its owner applies, and every catalogue kind
     that travels as itself has the same params there as in the client's registry."""
     assert list(DEVICE_PARAMS) == list(DEVICE_KINDS)
-    assert set(FABRIC_PARAMS) == set(FAULT_KINDS)
-    assert set(GATEWAY_PARAMS) == set(RDMA_FAULT_KINDS) | {"gateway-down"}
+    assert list(FABRIC_PARAMS) == list(FABRIC_KINDS)
+    assert list(GATEWAY_PARAMS) == list(GATEWAY_KINDS)
+    assert set(GATEWAY_PARAMS) == set(PLANE) | {"gateway-down"}
     for kind in KINDS.values():
         if isinstance(kind, gateway_kinds.GatewayKind):
             assert GATEWAY_PARAMS[kind.wire] is kind.params, kind.name

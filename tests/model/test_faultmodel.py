@@ -9,10 +9,11 @@ from cmemu.emulator.engines.device.kinds import PARAMS as DEVICE_PARAMS
 from cmemu.emulator.engines.device.kinds.hbm_ecc import HbmEccParams
 from cmemu.emulator.engines.device.kinds.sdc import SdcParams
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
-from cmemu.emulator.model.faults.catalogue import PARAMS, LinkFlapParams
+from cmemu.emulator.model.faults.fabric import PARAMS
+from cmemu.emulator.model.faults.fabric.link_flap import LinkFlapParams, flap_down, next_flip_s
 from cmemu.emulator.model.faults.memory import Corruption, Poison
 from cmemu.emulator.model.faults.params import describe, params_from, params_text
-from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec, flap_down, next_flip_s
+from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec
 from cmemu.emulator.model.linkgraph import LinkGraph
 from cmemu.emulator.model.topology import build
 

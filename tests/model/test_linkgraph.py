@@ -17,7 +17,8 @@ from cmemu.emulator.model.errors import (
     OutOfRangeError,
     UnavailableError,
 )
-from cmemu.emulator.model.linkfaults import FAULT_KINDS, FaultSet, FaultSpec
+from cmemu.emulator.model.faults.fabric import KINDS as FABRIC_KINDS
+from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec
 from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
 from cmemu.emulator.model.routes import Route
 from cmemu.emulator.model.topology import DeviceKind, build
@@ -112,7 +113,7 @@ def test_an_l2_chip_failure_reroutes_and_costs_its_share_of_cross_node_bandwidth
 
 def test_a_lossy_link_keeps_its_goodput_and_waits_for_replays(graph: LinkGraph) -> None:
     """link-loss at rate p: selective-repeat retry leaves (1 - p) of the link's bandwidth and
-    adds p/(1-p) replay round trips per crossing (emulator/model/linkfaults.py LinkLoss)."""
+    adds p/(1-p) replay round trips per crossing (emulator/model/faults/fabric/link_loss.py)."""
     link, p = "n00-npu2.d0~n00-npu2.d1", 0.2  # the die-to-die link: the only path
     before = _route(graph, "n00-npu2.d0", "n00-npu2.d1")
     faults = FaultSet(graph)
@@ -216,7 +217,7 @@ def test_bad_faults_are_refused_and_change_nothing(
 
 
 def test_fault_kinds_are_one_table() -> None:
-    assert set(FAULT_KINDS) == {
+    assert set(FABRIC_KINDS) == {
         "link-down",
         "link-degraded",
         "link-latency",

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from cmemu.emulator.model.faults.gateway import PLANE
 from cmemu.emulator.model.flowsim import LiveFlows
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from cmemu.emulator.model.rdmafault import RdmaFault
-from cmemu.emulator.model.rdmagraph import RDMA_FAULT_KINDS, RdmaFaultSet, RdmaGraph
+from cmemu.emulator.model.rdmagraph import RdmaFaultSet, RdmaGraph
 from cmemu.emulator.model.scaleout import build_cluster, leaf_spine_bytes_per_s
 
 SO = DEFAULT_PROFILE.scaleout
@@ -137,7 +138,7 @@ def test_fault_inputs_are_checked() -> None:
     with pytest.raises(NotFoundError) as gone:
         faults.clear("r99")
     assert gone.value.reason == "FAULT_NOT_FOUND"
-    assert set(RDMA_FAULT_KINDS) == {
+    assert set(PLANE) == {
         "link-down", "link-slow", "switch-down", "switch-slow", "partition"}  # fmt: skip
     for target, error, words in (
         ("sn0~sn2", NotFoundError, r"no supernode sn2 on this plane \(it joins sn0, sn1\)"),

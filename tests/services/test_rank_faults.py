@@ -15,7 +15,7 @@ import pytest
 from cmemu.emulator.client import faults
 from cmemu.emulator.client.errors import decode
 from cmemu.emulator.client.wire import faultparams
-from cmemu.emulator.model.faults.catalogue import FABRIC_PARAMS
+from cmemu.emulator.model.faults.fabric import PARAMS as FABRIC_PARAMS
 from cmemu.emulator.runtime.supernode import Supernode
 from cmemu.emulator.testing import Clients, running_supernode
 from cmemu.v1 import fabric_pb2

@@ -1,7 +1,9 @@
 """What the fault kinds share: the typed-params contract, the active-fault record, fault ids, and
 how a device fault reaches its device (itself, or a sibling in its process when its server is
 gone). A kind is a small module beside this one, or, for a kind a device applies to itself, its
-module of emulator/engines/device/kinds/; all are registered by name in emulator/client/faults.py.
+module of emulator/engines/device/kinds/, and for the fabric's and the gateway's, its module of
+emulator/model/faults/fabric/ or gateway/; all are registered by name in
+emulator/client/faults.py.
 
 Fault ids are typed (emulator/model/faults/ids.py FaultId: one family per owner, one parser);
 a device's are `dev:<device>` (device-down) and `dev:<device>:<kind>`.

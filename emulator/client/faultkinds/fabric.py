@@ -1,9 +1,11 @@
-"""The fabric's kinds: link-down, link-degraded, link-latency, switch-down, partition, link-flap,
-link-loss (frames lost or failing CRC, resent: the link's goodput and latency pay for it) and
-optical-module (the bundle of uplinks one module of an L1 chip carries, down as one fault) and
-l1-board (a node's L1 chips and all their links: the node cut off the unified bus).
-The fabric applies them to its link graph (emulator/model/linkfaults.py) and owns their timers
-(a flap's period, a duration), in emulated time."""
+"""The client's side of the fabric's kinds (link-down, link-degraded, link-latency, switch-down,
+partition, link-flap, link-loss, optical-module, l1-board): each one's whole story is its module
+of emulator/model/faults/fabric/ (params, checks, help, target, its effect on the link graph),
+and its record here is made from that module's KIND (`FabricKind.of`). The fabric applies them
+to its link graph and owns their timers (a flap's period, a duration), in emulated time; the
+kinds the fabric takes only from a device's own fault (ports-degraded, rank-*) are none of the
+user's catalogue.
+"""
 
 from __future__ import annotations
 
@@ -14,15 +16,8 @@ from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, Typed
 from cmemu.emulator.client.status import reply_of
 from cmemu.emulator.client.wire import faultparams
-from cmemu.emulator.model.faults.catalogue import (
-    LinkDegradedParams,
-    LinkFlapParams,
-    LinkLatencyParams,
-    LinkLossParams,
-    NoParams,
-    OpticalModuleParams,
-    PartitionParams,
-)
+from cmemu.emulator.model.faults import fabric
+from cmemu.emulator.model.faults.fabric.base import LINK
 from cmemu.v1 import fabric_pb2
 
 
@@ -61,7 +56,15 @@ def fabric_fault(f: fabric_pb2.FabricFault) -> ActiveFault:
 
 @dataclass(frozen=True, kw_only=True)
 class FabricKind(Typed):
-    target: str = "a link 'a~b' (cmemu links)"
+    """A fault the fabric applies to its link graph: the client's side of one of
+    emulator/model/faults/fabric/ (`of` makes it from that module's record)."""
+
+    target: str = LINK
+
+    @classmethod
+    def of(cls, kind: fabric.Kind) -> FabricKind:
+        """The client's record of a fabric kind, from the kind's own module."""
+        return cls(name=kind.name, help=kind.help, params=kind.params, target=kind.target)
 
     async def add(
         self, clients: Clients, target: str, params: Any, duration_s: float | None
@@ -76,45 +79,8 @@ class FabricKind(Typed):
         return fabric_fault(stored)
 
 
-LINK_DOWN = FabricKind(name="link-down", help="a link carries nothing", params=NoParams)
-LINK_DEGRADED = FabricKind(
-    name="link-degraded", help="a link keeps a share of its bandwidth", params=LinkDegradedParams
-)
-LINK_LATENCY = FabricKind(
-    name="link-latency", help="a link adds latency per crossing", params=LinkLatencyParams
-)
-SWITCH_DOWN = FabricKind(
-    name="switch-down",
-    help="every link of a switch is down",
-    params=NoParams,
-    target="a switch id (e.g. l2-p0-s3)",
-)
-PARTITION = FabricKind(
-    name="partition",
-    help="devices of side_a cannot reach those of side_b",
-    params=PartitionParams,
-    target="none (the sides are params)",
-)
-LINK_FLAP = FabricKind(
-    name="link-flap",
-    help="a link toggles down and up: down duty*period_s of every period_s (emulated)",
-    params=LinkFlapParams,
-)
-LINK_LOSS = FabricKind(
-    name="link-loss",
-    help="a link loses (or fails CRC on) a share of its frames; resending costs bandwidth",
-    params=LinkLossParams,
-)
-OPTICAL_MODULE = FabricKind(
-    name="optical-module",
-    help="an optical module of an L1 chip fails: the uplinks it carries go down at once",
-    params=OpticalModuleParams,
-    target="an L1 chip id (e.g. n03-l1s4)",
-)
-L1_BOARD = FabricKind(
-    name="l1-board",
-    help="a node's L1 switch board fails: its L1 chips and all their links go down at once "
-    "(its devices stay up, cut off the unified bus, each other included)",
-    params=NoParams,
-    target="a node id (e.g. n03)",
-)
+KINDS: dict[str, FabricKind] = {
+    name: FabricKind.of(kind) for name, kind in fabric.KINDS.items() if not kind.from_device
+}
+"""The fabric's kinds a user adds, by name, in the fabric's order (the catalogue,
+emulator/client/faults.py, places each)."""

@@ -1,8 +1,11 @@
-"""The RDMA plane's kinds: rdma-link-down, rdma-link-slow, rdma-switch-down, rdma-switch-slow
-and supernode-partition (two supernodes cannot reach each other over the plane), held by the
-plane's timing authority, the sn0 gateway, whichever gateway is asked; and gateway-down (a
-gateway refuses RDMA and reports NOT_SERVING). Each gateway owns their timers, in emulated
-time. Their ids are the gateway's, prefixed `rdma:` (`rdma:r3`, `rdma:sn1-gw-down`)."""
+"""The client's side of the RDMA plane's kinds: rdma-link-down, rdma-link-slow,
+rdma-switch-down, rdma-switch-slow and supernode-partition (two supernodes cannot reach each
+other over the plane), held by the plane's timing authority, the sn0 gateway, whichever gateway
+is asked; and gateway-down (a gateway refuses RDMA and reports NOT_SERVING). Each one's whole
+story is its module of emulator/model/faults/gateway/ (params, help, target, its name here and
+on the gateway's API, its effect), and its record here is made from that module's KIND
+(`GatewayKind.of`). Each gateway owns their timers, in emulated time. Their ids are the
+gateway's, prefixed `rdma:` (`rdma:r3`, `rdma:sn1-gw-down`)."""
 
 from __future__ import annotations
 
@@ -15,12 +18,20 @@ from cmemu.emulator.client.faultkinds.base import CALL_TIMEOUT_S, ActiveFault, T
 from cmemu.emulator.client.status import reply_of
 from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.model.errors import NotFoundError
-from cmemu.emulator.model.faults.catalogue import LinkDegradedParams, NoParams
+from cmemu.emulator.model.faults import gateway as plane
+from cmemu.emulator.model.faults.gateway.base import LINK
+from cmemu.emulator.model.faults.gateway.gateway_down import NAME as GATEWAY_DOWN
 from cmemu.emulator.model.faults.ids import FaultId
 from cmemu.v1 import gateway_pb2
 
 DOWN_SUFFIX = "-down"  # a gateway's own fault: "<gateway>-down"
-OWN_NAMES = {"gateway-down": "gateway-down", "partition": "supernode-partition"}  # else rdma-
+
+
+def catalogue_name(wire: str) -> str:
+    """A gateway kind's name in the catalogue, from its name on the gateway's API (an unknown
+    one, from a newer gateway, as `rdma-<name>`)."""
+    kind = plane.KINDS.get(wire)
+    return f"rdma-{wire}" if kind is None else kind.catalogue
 
 
 def gateway_fault(f: gateway_pb2.GatewayFault) -> ActiveFault:
@@ -32,7 +43,7 @@ def gateway_fault(f: gateway_pb2.GatewayFault) -> ActiveFault:
         detail.append(f"until={f.until_ns / 1e9:.3f}s")
     return ActiveFault(
         id=str(FaultId.rdma(f.id)),
-        kind=OWN_NAMES.get(f.kind, f"rdma-{f.kind}"),
+        kind=catalogue_name(f.kind),
         target=f.target,
         detail=" ".join(detail),
         since_ns=f.since_ns,
@@ -42,14 +53,28 @@ def gateway_fault(f: gateway_pb2.GatewayFault) -> ActiveFault:
 
 @dataclass(frozen=True, kw_only=True)
 class GatewayKind(Typed):
+    """A fault a gateway takes: the client's side of one of emulator/model/faults/gateway/
+    (`of` makes it from that module's record)."""
+
     wire: str  # the kind's name on the gateway's API
-    target: str = "an RDMA plane link 'a~b' (die~leaf, leaf~spine, spine~core)"
+    target: str = LINK
+
+    @classmethod
+    def of(cls, kind: plane.Kind) -> GatewayKind:
+        """The client's record of a gateway kind, from the kind's own module."""
+        return cls(
+            name=kind.catalogue,
+            wire=kind.name,
+            help=kind.help,
+            params=kind.params,
+            target=kind.target,
+        )
 
     async def add(
         self, clients: Clients, target: str, params: Any, duration_s: float | None
     ) -> ActiveFault:
         typed = self.typed(params)
-        gateway = clients.gateway(target if self.wire == "gateway-down" else None)
+        gateway = clients.gateway(target if self.wire == GATEWAY_DOWN else None)
         fault = faultparams.pack(
             gateway_pb2.GatewayFault(kind=self.wire, target=target, for_s=duration_s or 0.0),
             self.wire,
@@ -59,56 +84,8 @@ class GatewayKind(Typed):
         return gateway_fault(stored)
 
 
-SWITCH = "an RDMA plane switch (n00-leaf, spine3, sn1-spine3, core5)"
-RDMA_LINK_DOWN = GatewayKind(
-    name="rdma-link-down",
-    wire="link-down",
-    help="an RDMA plane link carries nothing",
-    params=NoParams,
-)
-RDMA_LINK_SLOW = GatewayKind(
-    name="rdma-link-slow",
-    wire="link-slow",
-    help="an RDMA plane link keeps a share of its rate",
-    params=LinkDegradedParams,
-)
-RDMA_SWITCH_DOWN = GatewayKind(
-    name="rdma-switch-down",
-    wire="switch-down",
-    help="every link of an RDMA plane switch is down",
-    params=NoParams,
-    target=SWITCH,
-)
-RDMA_SWITCH_SLOW = GatewayKind(
-    name="rdma-switch-slow",
-    wire="switch-slow",
-    help="every link of an RDMA plane switch keeps a share of its rate",
-    params=LinkDegradedParams,
-    target=SWITCH,
-)
-GATEWAY_DOWN = GatewayKind(
-    name="gateway-down",
-    wire="gateway-down",
-    help="a supernode's RDMA gateway refuses RDMA and reports NOT_SERVING",
-    params=NoParams,
-    target="a gateway id (sn0-gw, sn1-gw)",
-)
-SUPERNODE_PARTITION = GatewayKind(
-    name="supernode-partition",
-    wire="partition",
-    help="two supernodes' RDMA gateways cannot reach each other: the scale-out plane between "
-    "them is cut (each still reaches the others)",
-    params=NoParams,
-    target="two supernodes 'sn0~sn1'",
-)
-KINDS = (
-    RDMA_LINK_DOWN,
-    RDMA_LINK_SLOW,
-    RDMA_SWITCH_DOWN,
-    RDMA_SWITCH_SLOW,
-    GATEWAY_DOWN,
-    SUPERNODE_PARTITION,
-)
+KINDS = tuple(GatewayKind.of(kind) for kind in plane.KINDS.values())
+"""Every gateway kind, in the gateway's order, by its catalogue name."""
 
 
 async def listed(clients: Clients) -> list[ActiveFault]:

@@ -21,8 +21,8 @@ from typing import Any
 from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.faultkinds.base import ActiveFault, Typed
 from cmemu.emulator.model.errors import NotFoundError, PreconditionError, quote
-from cmemu.emulator.model.faults.catalogue import NoParams
 from cmemu.emulator.model.faults.ids import FaultId
+from cmemu.emulator.model.faults.params import NoParams
 
 SUPPORTED = "procs"  # the launcher whose processes these kinds signal
 

@@ -10,9 +10,8 @@ from cmemu.emulator.model.arrivals import Arrival, ArrivalBatch
 from cmemu.emulator.model.clock import Segment
 from cmemu.emulator.model.collectivespec import COLLECTIVE_OPS, CollectiveSpec
 from cmemu.emulator.model.errors import InvalidArgumentError
-from cmemu.emulator.model.faults.catalogue import FABRIC_PARAMS
-from cmemu.emulator.model.faults.fabricspec import spec_fields, spec_params
-from cmemu.emulator.model.linkfaults import FaultSpec
+from cmemu.emulator.model.faults import fabric
+from cmemu.emulator.model.faults.fabric import FaultSpec
 from cmemu.v1 import fabric_pb2
 
 OPS = {
@@ -106,14 +105,14 @@ def collective_outcome(r: fabric_pb2.CollectiveResult) -> CollectiveOutcome:
 def fault_spec(m: fabric_pb2.FabricFault) -> FaultSpec:
     """The fault a FabricFault asks for (its typed params unpacked and checked: an unknown kind
     carries none, for the fabric to name)."""
-    params = faultparams.unpack(m, FABRIC_PARAMS)
+    params = faultparams.unpack(m, fabric.PARAMS)
     return FaultSpec(
         kind=m.kind,
         target=m.target,
         for_s=m.for_s,
         id=m.id,
         since_s=m.since_ns / 1e9,
-        **({} if params is None else spec_fields(params)),
+        **({} if params is None else fabric.spec_fields(m.kind, params)),
     )
 
 
@@ -126,7 +125,7 @@ def fault_proto(spec: FaultSpec) -> fabric_pb2.FabricFault:
         since_ns=round(spec.since_s * 1e9),
         until_ns=round(spec.until_s * 1e9),
     )
-    return faultparams.pack(m, spec.kind, spec_params(spec))
+    return faultparams.pack(m, spec.kind, fabric.spec_params(spec))
 
 
 def link_stats_proto(stats: LinkStats) -> fabric_pb2.LinkStats:

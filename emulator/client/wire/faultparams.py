@@ -1,12 +1,13 @@
 """A fault kind's typed parameters <-> the `oneof params` of its fault message, by field name.
 
-Each kind's parameters are one frozen dataclass (emulator/model/faults/catalogue.py) and one
-message of the same name, fields and types (protos/cmemu/v1/faultparams.proto), carried in the
-fault message's oneof field named after the kind (`hbm-ecc` -> `hbm_ecc`). One conversion serves
-every fault message (Device's FaultState, FabricFault, GatewayFault) at both ends: the client
-packs what it typed, the servicer unpacks what arrived. Unpacking validates once, in the domain
-(`params_from`: each field's range and the dataclass's own `check`), so a bad value is an
-InvalidArgumentError naming the field (`params.factor`) and becomes INVALID_ARGUMENT.
+Each kind's parameters are one frozen dataclass, in the kind's module (a device's, the fabric's or
+the gateway's KINDS, or the client's faultkinds/), and one message of the same name, fields and
+types (protos/cmemu/v1/faultparams.proto), carried in the fault message's oneof field named after
+the kind (`hbm-ecc` -> `hbm_ecc`). One conversion serves every fault message (Device's
+FaultState, FabricFault, GatewayFault) at both ends: the client packs what it typed, the
+servicer unpacks what arrived. Unpacking validates once, in the domain (`params_from`: each
+field's range and the dataclass's own `check`), so a bad value is an InvalidArgumentError naming
+the field (`params.factor`) and becomes INVALID_ARGUMENT.
 """
 
 from __future__ import annotations

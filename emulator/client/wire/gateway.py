@@ -18,7 +18,7 @@ from cmemu.emulator.engines.gateway.types import (
     TimedFlow,
 )
 from cmemu.emulator.model.errors import InvalidArgumentError
-from cmemu.emulator.model.faults.catalogue import GATEWAY_PARAMS
+from cmemu.emulator.model.faults import gateway as gateway_kinds
 from cmemu.emulator.model.rdmafault import RdmaFault
 from cmemu.v1 import gateway_pb2
 
@@ -264,12 +264,14 @@ def stats(m: gateway_pb2.GatewayStats) -> GatewayStats:
     )
 
 
-def fault_params(kind: str, factor: float) -> object | None:
-    """A plane fault's typed parameters (the slow kinds' `factor`); None for an unknown kind."""
-    cls = GATEWAY_PARAMS.get(kind)
-    if cls is None:
+def fault_params(fault: RdmaFault) -> object | None:
+    """A fault's typed parameters as it stands, by its kind's own mapping; unchecked, as the
+    receiver checks them (a request's bad factor is the gateway's INVALID_ARGUMENT). None for
+    an unknown kind (the gateway names it)."""
+    kind = gateway_kinds.KINDS.get(fault.kind)
+    if kind is None:
         return None
-    made: object = cls(factor=factor) if "factor" in cls.__dataclass_fields__ else cls()
+    made: object = kind.params(**kind.of_fault(fault))
     return made
 
 
@@ -282,16 +284,16 @@ def fault_proto(fault: RdmaFault) -> gateway_pb2.GatewayFault:
         since_ns=round(fault.since_s * 1e9),
         until_ns=round(fault.until_s * 1e9),
     )
-    return faultparams.pack(m, fault.kind, fault_params(fault.kind, fault.factor))
+    return faultparams.pack(m, fault.kind, fault_params(fault))
 
 
 def fault_request(m: gateway_pb2.GatewayFault) -> RdmaFault:
     """A fault as asked for: what it is, where and for how long (its id and instants are the
     holder's to set), its typed params unpacked and checked (an unknown kind carries none, for
     the plane to name)."""
-    params = faultparams.unpack(m, GATEWAY_PARAMS)
-    factor = float(getattr(params, "factor", 0.0))
-    return RdmaFault(kind=m.kind, target=m.target, factor=factor, for_s=m.for_s)
+    params = faultparams.unpack(m, gateway_kinds.PARAMS)
+    fields = {} if params is None else gateway_kinds.KINDS[m.kind].to_fault(params)
+    return RdmaFault(kind=m.kind, target=m.target, for_s=m.for_s, **fields)
 
 
 def fault(m: gateway_pb2.GatewayFault) -> RdmaFault:

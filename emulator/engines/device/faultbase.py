@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from cmemu.emulator.model.errors import EmulatorError, NotFoundError, OutOfRangeError
+from cmemu.emulator.model.faults.fabric import FaultSpec
 from cmemu.emulator.model.faults.params import params_text
-from cmemu.emulator.model.linkfaults import FaultSpec
 from cmemu.emulator.model.topology import DeviceKind
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ async def rank_fault(
     engine: DeviceEngine, fault: ActiveFault, kind: str, *, die: int | None = None, share: float = 0
 ) -> None:
     """Carry a fault of an NPU to the collectives it is a rank of (the data path): the fabric
-    fails, holds or slows them (emulator/model/linkfaults.py RankDown, RankHung, RankSlow).
+    fails, holds or slows them (emulator/model/faults/fabric/ rank_down, rank_hung, rank_slow).
     A fabric that cannot be told leaves the device's own effect in place, logged."""
     if not engine.dies.count:
         return  # no kernels, no collective ranks

@@ -9,13 +9,14 @@ import enum
 from dataclasses import dataclass
 
 from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.faults.gateway import gateway_down
 from cmemu.emulator.model.naming import die_id
 from cmemu.emulator.model.ub import Op
 
 AUTHORITY = 0  # the supernode whose gateway times the plane
 DEFAULT_TOP = 20
 PEER_TIMEOUT_S = 30.0  # wall seconds a gateway waits for a peer's agreement or check
-GATEWAY_DOWN = "gateway-down"
+GATEWAY_DOWN = gateway_down.NAME  # the one kind a gateway holds itself (its module says why)
 
 
 class QpState(enum.Enum):

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from cmemu.emulator.engines.device.liveness import Beat
     from cmemu.emulator.engines.device.npu import Kernel, KernelResult
     from cmemu.emulator.model.collectivespec import CollectiveSpec
-    from cmemu.emulator.model.linkfaults import FaultSpec
+    from cmemu.emulator.model.faults.fabric import FaultSpec
     from cmemu.emulator.model.scheduler.jobs import Replacement
 
 REASON = "PARTITIONED"

@@ -17,8 +17,8 @@ from cmemu.emulator.engines.device.faultbase import (
     rank_fault,
 )
 from cmemu.emulator.model.errors import EmulatorError, PreconditionError
+from cmemu.emulator.model.faults.fabric import FaultSpec
 from cmemu.emulator.model.faults.params import SHARE, invalid, param
-from cmemu.emulator.model.linkfaults import FaultSpec
 
 if TYPE_CHECKING:
     from cmemu.emulator.engines.device.engine import DeviceEngine

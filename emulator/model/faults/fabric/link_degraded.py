@@ -1,0 +1,38 @@
+"""link-degraded: a link keeps `factor` of its bandwidth (both directions); flows crossing it
+share what is left max-min fairly. Its params message, LinkDegradedParams, is also the RDMA
+plane's slow kinds' (emulator/model/faults/gateway/link_slow.py, switch_slow.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind, factor_of_spec, factor_to_spec
+from cmemu.emulator.model.faults.params import FRACTION, param
+
+if TYPE_CHECKING:
+    from cmemu.emulator.model.linkgraph import LinkGraph
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkDegradedParams:
+    factor: float = param(help="share of the link's bandwidth left, in (0, 1)", check=FRACTION)
+
+
+@dataclass(frozen=True)
+class LinkDegraded:
+    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        graph.physical(spec.target)
+
+    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        graph.factor[list(graph.physical(spec.target))] *= spec.factor
+
+
+KIND = Kind(
+    name="link-degraded",
+    help="a link keeps a share of its bandwidth",
+    params=LinkDegradedParams,
+    effect=LinkDegraded(),
+    to_spec=factor_to_spec,
+    of_spec=factor_of_spec,
+)

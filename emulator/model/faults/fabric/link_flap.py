@@ -1,0 +1,68 @@
+"""link-flap: a link toggles down and up, down for duty*period_s of every period_s from the
+instant it was added (emulated). FaultSet brings it to its phase (`flap_down`) and the fabric's
+clock wakes at its next edge (`next_flip_s`); the effect only reads the phase kept in the spec
+(`down`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
+from cmemu.emulator.model.faults.params import FRACTION, POSITIVE, param
+
+if TYPE_CHECKING:
+    from cmemu.emulator.model.linkgraph import LinkGraph
+
+NAME = "link-flap"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkFlapParams:
+    period_s: float = param(10.0, "emulated seconds of one down+up cycle", POSITIVE)
+    duty: float = param(0.5, "share of each period the link is down, in (0, 1)", FRACTION)
+
+
+@dataclass(frozen=True)
+class LinkFlap:
+    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        graph.physical(spec.target)
+
+    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        if spec.down:
+            graph.up[list(graph.physical(spec.target))] = False
+
+
+def flap_down(spec: FaultSpec, now_s: float) -> bool:
+    """Whether a flapping link is in the down part of its cycle at `now_s`."""
+    phase = (now_s - spec.since_s) % spec.period_s
+    return phase < spec.duty * spec.period_s
+
+
+def next_flip_s(spec: FaultSpec, now_s: float) -> float:
+    """The emulated instant after `now_s` at which a flapping link next changes state."""
+    cycle = math.floor((now_s - spec.since_s) / spec.period_s)
+    start = spec.since_s + cycle * spec.period_s
+    for edge in (start + spec.duty * spec.period_s, start + spec.period_s):
+        if edge > now_s:
+            return edge
+    return start + spec.period_s + spec.duty * spec.period_s
+
+
+def to_spec(params: LinkFlapParams) -> dict[str, Any]:
+    return {"period_s": params.period_s, "duty": params.duty}
+
+
+def of_spec(spec: FaultSpec) -> dict[str, object]:
+    return {"period_s": spec.period_s, "duty": spec.duty}
+
+
+KIND = Kind(
+    name=NAME,
+    help="a link toggles down and up: down duty*period_s of every period_s (emulated)",
+    params=LinkFlapParams,
+    effect=LinkFlap(),
+    to_spec=to_spec,
+    of_spec=of_spec,
+)

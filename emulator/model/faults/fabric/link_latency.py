@@ -1,0 +1,53 @@
+"""link-latency: a link adds `latency_us` emulated microseconds per crossing (both directions);
+its bandwidth is untouched. The graph keeps seconds (`added_latency_s`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
+from cmemu.emulator.model.faults.params import POSITIVE, invalid, param
+
+if TYPE_CHECKING:
+    from cmemu.emulator.model.linkgraph import LinkGraph
+
+NAME = "link-latency"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkLatencyParams:
+    latency_us: float = param(
+        help="emulated microseconds added per crossing, (0, 1e6]", check=POSITIVE
+    )
+
+    def check(self) -> None:
+        if self.latency_us > 1e6:
+            raise invalid(NAME, "latency_us", f"must be at most 1e6, got {self.latency_us:g}")
+
+
+@dataclass(frozen=True)
+class LinkLatency:
+    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        graph.physical(spec.target)
+
+    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+        graph.extra_latency_s[list(graph.physical(spec.target))] += spec.added_latency_s
+
+
+def to_spec(params: LinkLatencyParams) -> dict[str, Any]:
+    return {"added_latency_s": params.latency_us / 1e6}
+
+
+def of_spec(spec: FaultSpec) -> dict[str, object]:
+    return {"latency_us": spec.added_latency_s * 1e6}
+
+
+KIND = Kind(
+    name=NAME,
+    help="a link adds latency per crossing",
+    params=LinkLatencyParams,
+    effect=LinkLatency(),
+    to_spec=to_spec,
+    of_spec=of_spec,
+)

@@ -1,0 +1,62 @@
+"""The RDMA scale-out plane's fault kinds, as the gateway's API names them: one module each,
+holding the kind's whole story (its typed params, its help and what its TARGET names, its name
+in the user's catalogue, its effect on the plane's graph and how its params map onto the
+RdmaFault record), and this one table of them. The plane's RdmaFaultSet
+(emulator/model/rdmagraph.py), the wire's params table (GatewayFault's `oneof params`,
+emulator/client/wire/gateway.py) and the client's RDMA kinds (emulator/client/faultkinds/
+gateway.py) are all made from KINDS; what the kinds share lives in base.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cmemu.emulator.model.faults.gateway import (
+    gateway_down,
+    link_down,
+    link_slow,
+    partition,
+    switch_down,
+    switch_slow,
+)
+from cmemu.emulator.model.faults.gateway.base import Effect, Kind
+from cmemu.emulator.model.faults.params import params_from, unknown_kind
+from cmemu.emulator.model.rdmafault import RdmaFault
+
+__all__ = ["KINDS", "PARAMS", "PLANE", "Kind", "fault_params", "plane_kind"]
+
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        link_down.KIND,
+        link_slow.KIND,
+        switch_down.KIND,
+        switch_slow.KIND,
+        gateway_down.KIND,
+        partition.KIND,
+    )
+}
+"""Every kind a gateway takes (Gateway/InjectFault), by its name on the gateway's API."""
+
+PLANE: dict[str, Effect] = {name: k.effect for name, k in KINDS.items() if k.effect is not None}
+"""The kinds the plane's timing authority applies to its graph (all but gateway-down)."""
+
+PARAMS: dict[str, type[Any]] = {name: k.params for name, k in KINDS.items()}
+"""Their params classes by kind: GatewayFault's `oneof params` (emulator/client/wire/
+faultparams.py unpacks by it, and checks that it and the proto agree)."""
+
+
+def plane_kind(name: str) -> Effect:
+    """A plane kind's effect by name; INVALID_ARGUMENT UNKNOWN_FAULT_KIND listing the plane's."""
+    effect = PLANE.get(name)
+    if effect is None:
+        raise unknown_kind(name, PLANE, plane="RDMA plane")
+    return effect
+
+
+def fault_params(fault: RdmaFault) -> Any | None:
+    """The typed parameters of a fault of a known kind (None for another), checked as the
+    kind's dataclass states them: the one place a plane fault's ranges are checked."""
+    kind = KINDS.get(fault.kind)
+    if kind is None:
+        return None
+    return params_from(kind.params, kind.of_fault(fault), kind=fault.kind)
