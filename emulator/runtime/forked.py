@@ -42,11 +42,12 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 
 def fork_wanted(environ: Mapping[str, str]) -> bool:
-    """Whether process mode forks its processes: $CMEMU_FORK, 1 unless it says 0."""
+    """Whether process mode forks its processes: $CMEMU_FORK, 1 unless it says 0; never where
+    there are no pidfds (not Linux): there every process is exec'd, as before."""
     value = environ.get(FORK_ENV, "1")
     if value not in ("0", "1"):
         raise InvalidArgumentError(f"${FORK_ENV}={value!r}: 1 forks the processes, 0 execs them")
-    return value == "1"
+    return value == "1" and hasattr(os, "pidfd_open")
 
 
 @dataclass(frozen=True, kw_only=True)
