@@ -176,7 +176,16 @@ class ForkServer:
         reply = await self._exchange(request, log_fd, REPLY_TIMEOUT_S)
         if "pid" not in reply:
             raise UnavailableError(f"the fork server could not start {argv[-1]}: {reply['error']}")
-        return ForkedProcess(int(reply["pid"]))
+        pid = int(reply["pid"])
+        try:
+            return ForkedProcess(pid)
+        except ChildProcessError:  # re-parented elsewhere: this process could never reap it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            raise UnavailableError(
+                f"process {pid} ({argv[-1]}) is not this supervisor's child: is it no longer "
+                "a child subreaper?"
+            ) from None
 
     async def _exchange(self, request: bytes | None, fd: int | None, wait_s: float) -> Any:
         async with self._lock:
