@@ -12,6 +12,7 @@ Writes bench/results/boot.json and boot.png (each run's boot time and peak RSS, 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import os
 import resource
@@ -21,8 +22,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import grpc
 
 from cmemu.emulator.model.addressplans import PortPlan
 from cmemu.emulator.model.scaleout import build_cluster
@@ -131,13 +130,33 @@ def cli_start_s(repeats: int = 7) -> dict[str, float]:
     return out
 
 
-def device_process_pss_mb(settle_s: float = 2.0) -> float:
-    """The PSS of one device process (`cmemu serve --device`, what each container of one
-    container per device runs), serving, on this host: started on a free block of ports with an
-    epoch given, beside the fabric's process it follows emulated time from (alone it would wait
-    for the fabric before it starts), measured once it answers, stopped."""
+def smaps_mb(pid: int) -> tuple[float, float]:
+    """(PSS, USS) of one process in MiB: its proportional share of every page it maps, and its
+    private pages alone (what one more such process costs)."""
+    kib = {"Pss:": 0, "Private_Clean:": 0, "Private_Dirty:": 0}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, rest = line.partition(" ")
+        if key in kib:
+            kib[key] = int(rest.split()[0])
+    return kib["Pss:"] / 1024, (kib["Private_Clean:"] + kib["Private_Dirty:"]) / 1024
+
+
+def device_process_pss_mb(settle_s: float = 2.0) -> dict[str, float | str]:
+    """The PSS (and USS) of one device process (`cmemu serve --device`, what each container of
+    one container per device runs), serving, on this host: started on a free block of ports
+    with an epoch given, beside the fabric's process it follows emulated time from (alone it
+    would wait for the fabric before it starts), measured once it answers, stopped. Started as
+    process mode starts its processes: forked from the fork server unless $CMEMU_FORK=0 (then
+    the three share the server's pages: the device's PSS counts a third of them, more than it
+    would beside 47 or 600 siblings)."""
+    return asyncio.run(_device_process_pss_mb(settle_s))
+
+
+async def _device_process_pss_mb(settle_s: float) -> dict[str, float | str]:
+    from cmemu.emulator.client import health
+    from cmemu.emulator.runtime.forked import ForkOptions, fork_wanted
+    from cmemu.emulator.runtime.procs import ProcSpec, Supervisor
     from cmemu.emulator.runtime.supernode import LaunchOptions
-    from cmemu.v1 import device_pb2, device_pb2_grpc
 
     servers = launch_ports("cm-mini")
     base = free_port_block(servers + 1)
@@ -145,8 +164,9 @@ def device_process_pss_mb(settle_s: float = 2.0) -> float:
     topology = dataclasses.replace(options.topology(), metrics_port=base + servers)
     device = topology.device("n00-npu3")
     cmemu = str(Path(sys.executable).parent / "cmemu")
+    fork = ForkOptions(program=cmemu) if fork_wanted(os.environ) else None
     with tempfile.TemporaryDirectory() as tmp:
-        procs = []
+        specs = []
         # the fabric's document has no /metrics port: the device's process binds it
         for kind, name, doc in (
             ("service", "fabric", dataclasses.replace(topology, metrics_port=None)),
@@ -154,23 +174,14 @@ def device_process_pss_mb(settle_s: float = 2.0) -> float:
         ):
             path = Path(tmp) / f"{name}.json"
             path.write_text(doc.to_json())
-            argv = [cmemu, "serve", "--topology", str(path), f"--{kind}", name]
-            env = {**os.environ, "CMEMU_EPOCH": "1.0"}
-            procs.append(subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL))
-        try:
-            with grpc.insecure_channel(device.address) as channel:
-                device_pb2_grpc.DeviceStub(channel).GetInfo(
-                    device_pb2.GetInfoRequest(), wait_for_ready=True, timeout=120
-                )
-            time.sleep(settle_s)
-            rollup = Path(f"/proc/{procs[1].pid}/smaps_rollup").read_text()
-            kib = next(int(x.split()[1]) for x in rollup.splitlines() if x.startswith("Pss:"))
-        finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                proc.wait(timeout=60)
-    return kib / 1024
+            argv = (cmemu, "serve", "--topology", str(path), f"--{kind}", name)
+            specs.append(ProcSpec(name=name, argv=argv, env={"CMEMU_EPOCH": "1.0"}))
+        async with Supervisor(log_dir=Path(tmp) / "logs", fork=fork) as supervisor:
+            await supervisor.start(specs)
+            await health.wait_serving([device.address], timeout_s=120)
+            await asyncio.sleep(settle_s)
+            pss, uss = smaps_mb(supervisor.running[device.id].proc.pid)
+    return {"pss_mb": pss, "uss_mb": uss, "launch": supervisor.launch_path}
 
 
 def main() -> int:
@@ -217,7 +228,10 @@ def main() -> int:
         f"{cli['status_cpu']:.3f} CPU  (target for --version: 0.15 s)"
     )
     print(f"peak_rss_mb median {statistics.median(rss) / 2**20:.0f}  (MiB)")
-    print(f"device_process_pss_mb {device_pss:.1f}  (one `cmemu serve --device`; target 25)")
+    print(
+        f"device_process_pss_mb {device_pss['pss_mb']:.1f}  (one `cmemu serve --device`, "
+        f"{device_pss['launch']}; USS {device_pss['uss_mb']:.1f}; target 25)"
+    )
     target = TARGETS.get(args.preset)
     doc: dict[str, object] = {
         "preset": args.preset,
@@ -229,7 +243,9 @@ def main() -> int:
         "bytecode": "compiled before the runs (compileall), as an installed package's is",
         "peak_rss_bytes_median": statistics.median(rss),
         "cli_start_s": cli,
-        "device_process_pss_mb": device_pss,
+        "device_process_pss_mb": device_pss["pss_mb"],
+        "device_process_uss_mb": device_pss["uss_mb"],
+        "device_process_launch": device_pss["launch"],
         "target": {"boot_s": target[0], "peak_rss_bytes": target[1]} if target else None,
     }
     outputs.write_json(args.results, "boot", doc)

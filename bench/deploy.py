@@ -10,8 +10,11 @@
    broker, to a subscriber), through the embedded broker and through mosquitto.
 
     python bench/deploy.py [--events 20000]
+    CMEMU_FORK=0 python bench/deploy.py   # each process exec'd, not forked from the fork server
     python bench/deploy.py --preset cm-mini --events 200 --results /tmp/r   # the quickest
 
+Process mode forks its processes from a fork server (emulator/runtime/forkserver.py) unless
+$CMEMU_FORK=0; the path taken is printed (launch_path) and written to the JSON (`launch`).
 `--preset` and `--device-preset` choose the presets of runs 1 and 2. Writes
 bench/results/deploy.json and deploy.png (start time and PSS per mode, MQTT events/s).
 """
@@ -22,6 +25,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,12 +77,17 @@ async def boot(preset: str, per: Per) -> dict[str, Any]:
     async with Supernode.start(options) as sn:
         seconds = time.perf_counter() - started
         assert sn.supervisor is not None
+        server = sn.supervisor.fork_server
+        serve = [pss_mb(r.proc.pid) for r in sn.supervisor.running.values()]
         return {
             "preset": preset,
             "per": per,
+            "launch": sn.supervisor.launch_path,  # "fork server", or "exec" ($CMEMU_FORK=0)
             "boot_s": seconds,
             "pss_bytes": pss_mb(os.getpid()) * 2**20,
-            "processes": 1 + len(sn.supervisor.running),
+            "processes": 1 + len(sn.supervisor.running) + (server is not None),
+            "serve_pss_mb_median": statistics.median(serve),
+            "fork_server_pss_mb": pss_mb(server.proc.pid) if server is not None else 0.0,
         }
 
 
@@ -197,17 +206,24 @@ def main() -> int:
         advance(1)
     target = TARGETS.get(args.preset)
     wanted = f"; target {target[0]:g}" if target else ""
+    print(f"launch_path            {per_node['launch']}  ($CMEMU_FORK=0: exec)")
     print(
         f"{args.preset}_per_node_boot_s  {per_node['boot_s']:.1f}  "
         f"({per_node['processes']} processes{wanted})"
     )
     wanted = f"  (target {target[1] / 2**20:,.0f})" if target else ""
-    print(f"{args.preset}_per_node_pss_mb  {per_node['pss_bytes'] / 2**20:,.0f}{wanted}")
+    print(
+        f"{args.preset}_per_node_pss_mb  {per_node['pss_bytes'] / 2**20:,.0f}{wanted}  (a serve "
+        f"process's median {per_node['serve_pss_mb_median']:.1f}, the fork server "
+        f"{per_node['fork_server_pss_mb']:.1f})"
+    )
     print(
         f"{args.device_preset}_per_device_boot_s {per_device['boot_s']:.1f}  "
-        f"({per_device['processes']} processes, {per_device['pss_bytes'] / 2**20:,.0f} MB PSS)"
+        f"({per_device['processes']} processes, {per_device['pss_bytes'] / 2**20:,.0f} MB PSS, "
+        f"a serve process's median {per_device['serve_pss_mb_median']:.1f})"
     )
     doc = {
+        "launch": per_node["launch"],
         "modes": [per_node, per_device],
         "targets": {p: {"boot_s": t[0], "pss_bytes": t[1]} for p, t in TARGETS.items()},
         "events": args.events,

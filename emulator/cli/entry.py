@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 DISTRIBUTION = "cloudmatrix-emulator"
+FORK_SERVER = "--fork-server"  # hidden: process mode's fork server (emulator/runtime/forkserver.py)
 
 
 def version() -> str:
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     if args == ["--version"]:
         print(f"cmemu {version()}")
         return 0
+    if args[:1] == [FORK_SERVER]:
+        from cmemu.emulator.cli.forkserve import main as fork_server
+
+        return fork_server(args[1:])
     if "serve" in args or not _terminal():
         # structlog's console renderer imports rich when it is installed (85 modules with
         # pygments, 4.4 MB of memory and about 0.1 s per process); the emulator logs JSON and

@@ -23,6 +23,7 @@ from cmemu.emulator.client.credentials import ANONYMOUS, Credentials
 from cmemu.emulator.engines.clock import TimeKeeper
 from cmemu.emulator.model.topology import ServiceKind, Topology
 from cmemu.emulator.runtime.deaths import death_reporter
+from cmemu.emulator.runtime.forked import ForkOptions, fork_wanted
 from cmemu.emulator.runtime.launchoptions import (
     CMEMU,
     EMBEDDED,
@@ -42,6 +43,8 @@ from cmemu.emulator.runtime.serve import Per, ServeKind, clock_from_fabric, serv
 from cmemu.emulator.runtime.supernode import Launcher, Supernode
 
 PROCS_LOG_LEVEL = "warning"  # a process's own log: its warnings and errors
+# what a serve process imports once it has a broker to publish to (emulator/runtime/events.py)
+EVENT_MODULES = ("aiomqtt", "encodings.idna")  # idna: its first connect encodes the host
 FABRIC_CLOCK_WAIT_S = 10.0  # it answers SERVING by then: its clock answers at once
 
 
@@ -105,15 +108,16 @@ async def supervised(
     stop: asyncio.Event,
     on_death: Callable[[Running], None] | None,
     security: Security = NO_SECURITY,
+    fork: ForkOptions | None = None,
 ) -> AsyncIterator[Supernode]:
     """Start the waves one after another, each once the previous one answers SERVING. A process
     that dies is a `died` event for each of its servers. The run directory is removed at the end
-    unless a process died: its log explains the death."""
+    unless a process died: its log explains the death. `fork`: started by a fork server."""
     topology = supernodes[0]
     fabric = topology.service(ServiceKind.FABRIC).address
     credentials = security.credentials()
     async with death_reporter(supernodes, on_death, login=security.mqtt_login()) as reporter:
-        supervisor = Supervisor(log_dir=run_dir / "logs", on_exit=reporter)
+        supervisor = Supervisor(log_dir=run_dir / "logs", on_exit=reporter, fork=fork)
         keeper: TimeKeeper | None = None
         try:
             async with supervisor, contextlib.AsyncExitStack() as stack:
@@ -204,6 +208,13 @@ async def launch_procs(
             [dataclasses.replace(spec, env={**spec.env, **env}) for spec in wave]
             for wave in merge_waves(per_supernode)
         ]
+        # forked from one process that imported the serve path once (issue 18), unless
+        # $CMEMU_FORK=0; files' processes (compose, k8s) are exec'd as their files say
+        fork = (
+            ForkOptions(program=CMEMU, modules=EVENT_MODULES if first.broker else ())
+            if fork_wanted(os.environ)
+            else None
+        )
         async with supervised(
             options,
             waves,
@@ -212,6 +223,7 @@ async def launch_procs(
             stop=stop,
             on_death=on_death,
             security=security,
+            fork=fork,
         ) as sn:
             yield sn
 
