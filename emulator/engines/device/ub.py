@@ -10,7 +10,8 @@ completion.
 
 from __future__ import annotations
 
-import uuid
+import itertools
+import os
 from typing import TYPE_CHECKING
 
 from cmemu.emulator.model.costmodel import check_duration, ub_transfer_ns
@@ -38,6 +39,15 @@ if TYPE_CHECKING:
     from cmemu.emulator.engines.device.engine import DeviceEngine
 
 MAX_WAIT_MS = 60_000  # emulated milliseconds a Receive may wait for a first message
+
+# A transaction without an id gets this process's random half and a count: 32 hex digits, as a
+# uuid4().hex was, unique without a syscall (os.urandom) and a UUID object per transaction.
+_ID_PREFIX = os.urandom(8).hex()
+_ID_COUNT = itertools.count()
+
+
+def _new_id() -> str:
+    return f"{_ID_PREFIX}{next(_ID_COUNT):016x}"
 
 
 def _blame_address(exc: EmulatorError, device: str) -> None:
@@ -74,7 +84,7 @@ class Bus:
             size=size,
             src_eid=e.device.eid,
             issue_ns=e.clock.now_ns(),
-            id=request.id or uuid.uuid4().hex,
+            id=request.id or _new_id(),
         )
         completion = await e.peers.fabric().transfer(tx, deadline_s=deadline_s)
         e.counters.tx_count += 1
