@@ -99,6 +99,29 @@ def _target(graph: LinkGraph, device: Device, offset: int) -> Endpoint:
     return graph.endpoint(device.id)
 
 
+def _ends(
+    topology: Topology, graph: LinkGraph, tx: Transaction
+) -> tuple[Device, Device, Endpoint, Endpoint]:
+    """A transfer's issuing and target devices and the endpoints its data leaves and reaches.
+    try/except where `with blame(...)` stood: the same annotations, nothing per call."""
+    try:
+        src = topology.by_eid(tx.src_eid)
+    except NotFoundError as exc:
+        exc.annotate(field="src_eid", subject=str(tx.src_eid), reason="DEVICE_NOT_FOUND")
+        raise
+    try:
+        dst = topology.by_eid(tx.dst_eid)
+    except NotFoundError as exc:
+        exc.annotate(field="dst.eid", subject=str(tx.dst_eid), reason="DEVICE_NOT_FOUND")
+        raise
+    try:
+        issuer = _source(graph, src, tx.src_die)
+    except EmulatorError as exc:
+        exc.annotate(field="src_die", subject=src.id)
+        raise
+    return src, dst, issuer, _target(graph, dst, tx.dst_offset)
+
+
 class FabricEngine:
     """The link graph, its faults and the flows in flight, driven by the emulated clock."""
 
@@ -156,24 +179,7 @@ class FabricEngine:
             raise InvalidArgumentError(
                 "src_eid is required: a transfer is issued by a device", field="src_eid"
             )
-        topology = self.topology
-        # try/except where `with blame(...)` stood: the same annotations, nothing per call
-        try:
-            src = topology.by_eid(tx.src_eid)
-        except NotFoundError as exc:
-            exc.annotate(field="src_eid", subject=str(tx.src_eid), reason="DEVICE_NOT_FOUND")
-            raise
-        try:
-            dst = topology.by_eid(tx.dst_eid)
-        except NotFoundError as exc:
-            exc.annotate(field="dst.eid", subject=str(tx.dst_eid), reason="DEVICE_NOT_FOUND")
-            raise
-        try:
-            issuer = _source(self.graph, src, tx.src_die)
-        except EmulatorError as exc:
-            exc.annotate(field="src_die", subject=src.id)
-            raise
-        target = _target(self.graph, dst, tx.dst_offset)
+        src, dst, issuer, target = _ends(self.topology, self.graph, tx)
         # the flow is the data: a READ's bytes travel from the target back to the issuer
         data_from, data_to = (target, issuer) if tx.op is Op.READ else (issuer, target)
         graph = self.graph
