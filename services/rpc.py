@@ -194,15 +194,16 @@ def rpc(handler: F) -> F:
     async def wrapper(self: Any, request: Any, context: Context) -> Any:
         # a device's engine, or a service's state or servicer (its name)
         state = getattr(self, "engine", None) or getattr(self, "state", None) or self
-        device = getattr(getattr(state, "device", None), "id", getattr(state, "name", None))
         admit = getattr(state, "admit", None)  # a device's fault gate (crash, hang)
         try:
-            if admit is not None:
+            # an open gate (neither crashed nor hung: not `silent`) admits at once: not awaited
+            if admit is not None and getattr(state, "silent", True):
                 await admit(handler.__name__)
             return await handler(self, request, context)
         except RemoteError as exc:
             await abort(context, exc)
         except EmulatorError as exc:
+            device = _device_of(state)
             code = status_of(exc)
             left_out = REJECTIONS.admit((device, handler.__qualname__, code.name, exc.reason))
             if left_out is not None:
@@ -219,9 +220,16 @@ def rpc(handler: F) -> F:
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # a bug of ours: logged, and the caller gets INTERNAL
+            device = _device_of(state)
             await abort(context, internal(exc, rpc=handler.__qualname__, device=device))
 
     return cast(F, wrapper)
+
+
+def _device_of(state: object) -> str | None:
+    """Whom a rejection names: a device engine's device id, else a service's name (found only
+    when a call fails, never on the way of one that succeeds)."""
+    return getattr(getattr(state, "device", None), "id", getattr(state, "name", None))
 
 
 class MalformedRequest:

@@ -357,7 +357,8 @@ class LocalDevice:
         deadline to end, so it runs without one: no timer armed and cancelled per call on the
         UB hot path (the fabric's two Delivers of every transaction)."""
         engine = self.engine
-        if not waits and not engine.effects.crashed and engine.effects.answering.is_set():
+        gate_open = not engine.effects.crashed and engine.effects.answering.is_set()
+        if gate_open and not waits:
             try:
                 return await call
             except EmulatorError as exc:
@@ -367,8 +368,8 @@ class LocalDevice:
             await engine.admit(method)
             return await call
 
-        try:
-            return await within(deadline_s, gated())
+        try:  # an open gate admits at once: no coroutine and admit() per call to pass it
+            return await within(deadline_s, call if gate_open else gated())
         except EmulatorError as exc:
             raise relayed(exc, engine.device.id) from exc
         finally:

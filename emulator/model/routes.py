@@ -176,17 +176,34 @@ def priced(route: Route, op: UbOp, target: DeviceKind, profile: HardwareProfile)
     """The route as one transaction sees it: routes (and collectives) are priced as the
     reference NPU -> NPU read; a transaction of another op, or against CPU memory, takes
     its own latency and occupies every trunk it crosses at its own cost per byte
-    (costmodel.ub_wire_cost), so that alone it achieves its calibrated bandwidth."""
+    (costmodel.ub_wire_cost), so that alone it achieves its calibrated bandwidth.
+
+    Remembered per route, op, target and profile, by identity (the entry holds the route and
+    the profile, so their ids are never reused): the link graph caches its routes per live
+    state, so a stream of writes to one target is priced once, not copied per transaction."""
+    key = (id(route), op, target, id(profile))
+    held = _PRICED.get(key)
+    if held is not None and held[0] is route and held[1] is profile:
+        return held[2]
     cost = ub_wire_cost(op, target, profile)
     extra = ub_latency_s(op, target, profile) - ub_latency_s(profile=profile)
     if cost == 1.0 and extra == 0.0:
-        return route
-    return dataclasses.replace(
-        route,
-        resources=tuple((t, w * cost) for t, w in route.resources),
-        cap=route.cap / cost,
-        latency_s=route.latency_s + extra,
-    )
+        out = route
+    else:
+        out = dataclasses.replace(
+            route,
+            resources=tuple((t, w * cost) for t, w in route.resources),
+            cap=route.cap / cost,
+            latency_s=route.latency_s + extra,
+        )
+    if len(_PRICED) >= _PRICED_MAX:  # routes come and go with the graph's live state
+        _PRICED.clear()
+    _PRICED[key] = (route, profile, out)
+    return out
+
+
+_PRICED: dict[tuple[int, UbOp, DeviceKind, int], tuple[Route, HardwareProfile, Route]] = {}
+_PRICED_MAX = 4096
 
 
 def check_reachable(graph: LinkGraph, route: Route) -> None:

@@ -3,13 +3,15 @@ applies, what comes back. The wire's UbTransaction / UbCompletion / UbMessage ar
 and from these at the edges (services/ub.py, the typed client), once each way.
 
 `normalize` is the one check of a transaction's shape: every entry point (a device's Submit, the
-fabric's Transfer, a device's Deliver) runs it before anything is timed or touched.
+fabric's Transfer, a device's Deliver) runs it before anything is timed or touched. A transaction
+the issuing device has checked and stamped (`issued`) is marked `checked`, so the fabric and the
+target of the same process pass it through at the cost of one test: each layer checks it once.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from cmemu.emulator.model.costmodel import UbOp
@@ -69,6 +71,8 @@ class Transaction:
     src_device: str = ""  # the sender by id, where no EID names it (RDMA across supernodes)
     issue_ns: int = 0  # emulated issue instant (set by the issuer)
     arrive_ns: int = 0  # emulated arrival when another authority timed it (the RDMA plane)
+    # normalize passed it (set by `issued` only; never on the wire): not checked again
+    checked: bool = field(default=False, compare=False, repr=False)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -103,35 +107,68 @@ class Message:
 
 def normalize(tx: Transaction, inline_max: int) -> Transaction:
     """Check a transaction's shape and fill `size` where it is implied; never touches state."""
+    if tx.checked and (tx.size_only or tx.size <= inline_max):
+        return tx  # checked whole by its issuer; only the limit can differ here
+    size = checked_size(tx, inline_max)
+    return tx if size == tx.size else dataclasses.replace(tx, size=size)
+
+
+def checked_size(tx: Transaction, inline_max: int) -> int:
+    """normalize's checks: the size `tx` moves (where it is implied), or InvalidArgumentError."""
     if tx.dst_eid == 0:
         raise InvalidArgumentError("dst.eid is required", field="dst.eid")
-    if tx.op.atomic:
+    op = tx.op
+    if op is Op.CAS or op is Op.FETCH_ADD:  # Op.atomic, without a property call
         if tx.data or tx.size_only or tx.size not in (0, ATOMIC_BYTES):
             raise InvalidArgumentError(
                 "atomics move exactly 8 bytes and carry no payload", field="size"
             )
-        return tx if tx.size == ATOMIC_BYTES else dataclasses.replace(tx, size=ATOMIC_BYTES)
-    if tx.data and not tx.op.carries_payload:
-        raise InvalidArgumentError("only WRITE and SEND carry data", field="data")
-    if tx.data and tx.size_only:
-        raise InvalidArgumentError("data and size_only are exclusive", field="size_only")
+        return ATOMIC_BYTES
+    size = tx.size
+    payload = op is Op.WRITE or op is Op.SEND  # Op.carries_payload
     if tx.data:
-        if tx.size not in (0, len(tx.data)):
+        if not payload:
+            raise InvalidArgumentError("only WRITE and SEND carry data", field="data")
+        if tx.size_only:
+            raise InvalidArgumentError("data and size_only are exclusive", field="size_only")
+        if size not in (0, len(tx.data)):
             raise InvalidArgumentError(
-                f"size {tx.size} differs from len(data) {len(tx.data)}", field="size"
+                f"size {size} differs from len(data) {len(tx.data)}", field="size"
             )
-        if tx.size == 0:
-            tx = dataclasses.replace(tx, size=len(tx.data))
-    if tx.size == 0:
+        size = len(tx.data)
+    if size == 0:
         raise InvalidArgumentError("size must be > 0 (or data non-empty)", field="size")
-    if tx.op.carries_payload and not tx.data and not tx.size_only:
+    if payload and not tx.data and not tx.size_only:
         raise InvalidArgumentError(
             "WRITE and SEND carry data, or set size_only for a bulk transfer", field="data"
         )
-    if not tx.size_only and tx.size > inline_max:
+    if not tx.size_only and size > inline_max:
         raise InvalidArgumentError(
-            f"{tx.size} bytes exceed the {inline_max}-byte inline payload limit; use size_only",
+            f"{size} bytes exceed the {inline_max}-byte inline payload limit; use size_only",
             field="size",
             reason="PAYLOAD_TOO_LARGE",
         )
-    return tx
+    return size
+
+
+def issued(tx: Transaction, *, size: int, src_eid: int, issue_ns: int, id: str) -> Transaction:
+    """`tx` as its issuing device sends it on, checked (`size` from checked_size) and stamped:
+    one copy, built field by field (dataclasses.replace walks the fields each time), marked
+    `checked` so the fabric and the target of this process do not check it again."""
+    return Transaction(
+        op=tx.op,
+        dst_eid=tx.dst_eid,
+        dst_offset=tx.dst_offset,
+        size=size,
+        data=tx.data,
+        size_only=tx.size_only,
+        compare=tx.compare,
+        operand=tx.operand,
+        id=id,
+        src_eid=src_eid,
+        src_die=tx.src_die,
+        src_device=tx.src_device,
+        issue_ns=issue_ns,
+        arrive_ns=tx.arrive_ns,
+        checked=True,
+    )

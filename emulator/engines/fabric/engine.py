@@ -34,6 +34,7 @@ from cmemu.emulator.model.costmodel import check_duration
 from cmemu.emulator.model.endpoints import Endpoint
 from cmemu.emulator.model.errors import (
     RETRY_AFTER_S,
+    EmulatorError,
     InvalidArgumentError,
     NotFoundError,
     UnavailableError,
@@ -45,7 +46,7 @@ from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec, RankState
 from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
 from cmemu.emulator.model.routes import Route, check_reachable, priced
 from cmemu.emulator.model.topology import Device, DeviceKind, Topology
-from cmemu.emulator.model.ub import Completion, Op, Transaction, normalize
+from cmemu.emulator.model.ub import PRICED, Completion, Op, Transaction, normalize
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -96,6 +97,29 @@ def _target(graph: LinkGraph, device: Device, offset: int) -> Endpoint:
     if device.kind is DeviceKind.NPU:
         return graph.npu_die(device, min(offset // npu.hbm_bytes_per_die, npu.dies - 1))
     return graph.endpoint(device.id)
+
+
+def _ends(
+    topology: Topology, graph: LinkGraph, tx: Transaction
+) -> tuple[Device, Device, Endpoint, Endpoint]:
+    """A transfer's issuing and target devices and the endpoints its data leaves and reaches.
+    try/except where `with blame(...)` stood: the same annotations, nothing per call."""
+    try:
+        src = topology.by_eid(tx.src_eid)
+    except NotFoundError as exc:
+        exc.annotate(field="src_eid", subject=str(tx.src_eid), reason="DEVICE_NOT_FOUND")
+        raise
+    try:
+        dst = topology.by_eid(tx.dst_eid)
+    except NotFoundError as exc:
+        exc.annotate(field="dst.eid", subject=str(tx.dst_eid), reason="DEVICE_NOT_FOUND")
+        raise
+    try:
+        issuer = _source(graph, src, tx.src_die)
+    except EmulatorError as exc:
+        exc.annotate(field="src_die", subject=src.id)
+        raise
+    return src, dst, issuer, _target(graph, dst, tx.dst_offset)
 
 
 class FabricEngine:
@@ -155,24 +179,18 @@ class FabricEngine:
             raise InvalidArgumentError(
                 "src_eid is required: a transfer is issued by a device", field="src_eid"
             )
-        topology = self.topology
-        with blame(
-            field="src_eid", subject=str(tx.src_eid), reason="DEVICE_NOT_FOUND", on=NotFoundError
-        ):
-            src = topology.by_eid(tx.src_eid)
-        with blame(
-            field="dst.eid", subject=str(tx.dst_eid), reason="DEVICE_NOT_FOUND", on=NotFoundError
-        ):
-            dst = topology.by_eid(tx.dst_eid)
-        with blame(field="src_die", subject=src.id):
-            issuer = _source(self.graph, src, tx.src_die)
-        target = _target(self.graph, dst, tx.dst_offset)
+        src, dst, issuer, target = _ends(self.topology, self.graph, tx)
         # the flow is the data: a READ's bytes travel from the target back to the issuer
         data_from, data_to = (target, issuer) if tx.op is Op.READ else (issuer, target)
         graph = self.graph
-        with route_cut(f"{src.id}>{dst.id}"):
+        try:
             route = graph.route(data_from, data_to)
             check_reachable(graph, route)
+        except UnavailableError as exc:  # route_cut's annotations
+            exc.annotate(
+                subject=f"{src.id}>{dst.id}", reason="ROUTE_CUT", retry_after_s=RETRY_AFTER_S
+            )
+            raise
         # The other way (a READ's request, a write's acknowledgement) can be cut alone, by a
         # one-way partition: a request that never arrives changes nothing; an acknowledgement
         # that never returns leaves the data delivered and the issuer told it failed.
@@ -184,10 +202,13 @@ class FabricEngine:
                 reason="ROUTE_CUT",
                 retry_after_s=RETRY_AFTER_S,
             )
-        route = priced(route, tx.op.priced, dst.kind, graph.profile)  # the op, the target's memory
-        with blame(field="size"):
-            seconds = route.latency_s + tx.size / route.cap if route.cap > 0 else float("inf")
+        route = priced(route, PRICED[tx.op], dst.kind, graph.profile)  # the op, the target's memory
+        seconds = route.latency_s + tx.size / route.cap if route.cap > 0 else float("inf")
+        try:
             check_duration(seconds, "the transfer", self.profile)
+        except EmulatorError as exc:
+            exc.annotate(field="size")
+            raise
         now = self.clock.now_ns()
         oldest = now - round(self.clock.clock.rate * self.profile.clock.stamp_max_age_s * 1e9)
         # never from the future, nor from further back than a transit: a wrong clock's
