@@ -13,7 +13,8 @@ few percent.
     python bench/hotpath.py [--calls 6400] [--preset cm384] [--host 127.0.0.1]
     PYTHONPATH=/tmp/old python bench/hotpath.py   # another tree's code, to alternate with
 
-Writes bench/results/hotpath.json (no plot: a handful of figures).
+Writes bench/results/hotpath.json and hotpath.png (CPU per call, and the ratios beside their
+targets).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -126,6 +128,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         return await measure(sn, args.calls)
 
 
+def plot(doc: dict[str, dict[str, float]], directory: Path) -> None:
+    with outputs.figure(directory, "hotpath", ncols=2, size=(11, 4)) as (cost_ax, ratio_ax):
+        names = list(doc["grpc_us"])
+        outputs.bars(
+            cost_ax, names, {"through gRPC": [doc["grpc_us"][n] for n in names]},
+            ylabel="CPU per call (us)", title="one call, client and server in one process",
+        )  # fmt: skip
+        ratios = doc["cpu_ratios"]
+        outputs.bars(
+            ratio_ax, list(ratios), {"ping CPU / op CPU": list(ratios.values())},
+            targets={"UB target": 0.8, "put target": 0.5}, title="per-ping ratios",
+            value_format="%.2f",
+        )  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -144,6 +161,7 @@ def main() -> int:
         print(f"grpc_{name + '_us':<19}{us:7.1f}  (client and server in this process)")
     for name, ratio in doc["cpu_ratios"].items():
         print(f"cpu_{name:<20}{ratio:7.2f}  (ping CPU / op CPU; targets 0.8, 0.5, 0.8)")
+    plot(doc, args.results)
     outputs.write_json(args.results, "hotpath", doc)
     outputs.announce(args.results, "hotpath")
     return 0
