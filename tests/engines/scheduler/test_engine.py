@@ -152,9 +152,9 @@ async def test_a_replace_without_spares_refuses_no_spares() -> None:
     with pytest.raises(InvalidArgumentError):
         engine.watch("not a job")
     elsewhere = "n01-npu6" if placed.npus[0].node == "n00" else "n00-npu6"
-    with pytest.raises(PreconditionError) as refused:
+    with pytest.raises(PreconditionError) as not_in_job:
         await engine.replace("j", npu=elsewhere)
-    assert refused.value.reason == "NOT_IN_JOB"
+    assert not_in_job.value.reason == "NOT_IN_JOB"
 
 
 async def test_a_day_plan_needs_a_job_before_anything_moves() -> None:

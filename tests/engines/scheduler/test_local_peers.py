@@ -5,7 +5,7 @@ as over gRPC (the typed client's); a killed scheduler refuses both ways alike, U
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -16,8 +16,10 @@ from cmemu.emulator.client.scheduler import SchedulerClient
 from cmemu.emulator.engines.ems import EmsState
 from cmemu.emulator.engines.ems.local import KIND_NUMBER, LocalEms
 from cmemu.emulator.engines.manager.link import SeveredScheduler
+from cmemu.emulator.engines.peers import JobScheduler
 from cmemu.emulator.engines.scheduler.engine import SchedulerEngine
 from cmemu.emulator.engines.scheduler.local import LocalScheduler
+from cmemu.emulator.engines.serving.peers import KvStore
 from cmemu.emulator.model.errors import EmulatorError, UnavailableError
 from cmemu.emulator.model.topology import ServiceKind
 from cmemu.emulator.testing import Supernode, running_supernode
@@ -67,10 +69,18 @@ def _same(local: EmulatorError, remote: EmulatorError) -> None:
 async def test_a_refusal_is_the_same_error_directly_as_over_grpc(mini: Supernode) -> None:
     scheduler, ems, _, _ = _hosted(mini)
     local, remote = LocalScheduler(scheduler), SchedulerClient(mini.clients)
-    for ask in (lambda s: s.allocate("huge", 10_000), lambda s: s.allocation("ghost")):
+    asks: list[Callable[[JobScheduler], Awaitable[object]]] = [
+        lambda s: s.allocate("huge", 10_000),
+        lambda s: s.allocation("ghost"),
+    ]
+    for ask in asks:
         _same(await _refusal(ask(local)), await _refusal(ask(remote)))
     store, client = LocalEms(ems), EmsClient(mini.clients)
-    for read in (lambda s: s.load("no-such-key"), lambda s: s.put("", b"x")):
+    reads: list[Callable[[KvStore], Awaitable[object]]] = [
+        lambda s: s.load("no-such-key"),
+        lambda s: s.put("", b"x"),
+    ]
+    for read in reads:
         _same(await _refusal(read(store)), await _refusal(read(client)))
     # the twin: what each grants, each reads back the same
     put = await store.put("ok-key", b"bytes")
