@@ -5,6 +5,7 @@ as over gRPC (the typed client's); a killed scheduler refuses both ways alike, U
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -103,3 +104,10 @@ async def test_a_killed_scheduler_refuses_directly_as_over_grpc(mini: Supernode)
         await faults.clear(mini.clients, down.id)
     refused = await _refusal(local.allocation("ghost"))  # the twin: back, it answers again
     assert refused.reason == "JOB_NOT_FOUND"
+    async with asyncio.timeout(60):  # the client's channel reconnects (the bound: a hung test)
+        while True:
+            refused = await _refusal(remote.allocation("ghost"))
+            if not isinstance(refused, UnavailableError):
+                break
+            await asyncio.sleep(0.2)
+    assert refused.reason == "JOB_NOT_FOUND"  # and the module's other tests find it back
