@@ -31,6 +31,7 @@ from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.emulator.model.topology import build
 from cmemu.emulator.testing import EventRecorder
 
+WALL_BOUND_S = 10.0  # only stops a hung test
 TOPOLOGY = build("cm-mini")  # a description only: 2 nodes of 8 NPUs, one spare kept
 
 
@@ -65,11 +66,13 @@ async def test_a_job_is_placed_watched_failed_replaced_and_released() -> None:
     assert (released.job, released.npus) == ("train", 4)
     assert (await engine.allocations()).allocated_npus == 0
 
-    seen = [await anext(mine) for _ in range(4)]
+    async with asyncio.timeout(WALL_BOUND_S):  # each change is queued already: a missing one
+        seen = [await anext(mine) for _ in range(4)]  # fails the test rather than hang it
     assert [c.change for c in seen] == ["allocated", "failed", "replaced", "released"]
     assert seen[1].npus == (victim,) and seen[2].npus == (swap.new,)
     assert seen[0].allocation == placed and seen[2].allocation == after
-    assert (await anext(every)).change == "allocated"
+    async with asyncio.timeout(WALL_BOUND_S):
+        assert (await anext(every)).change == "allocated"
     mine.cancel()
     every.cancel()
     assert not engine.watchers  # a cancelled watch is gone
@@ -185,7 +188,8 @@ async def test_the_local_peer_meets_the_outage_as_a_remote_caller_meets_the_serv
         await local.allocation("j")
     assert refused.value.reason == REASON_DOWN
     with pytest.raises(UnavailableError):
-        await anext(watch)
+        async with asyncio.timeout(WALL_BOUND_S):  # a watch the kill did not end hangs
+            await anext(watch)
     assert not engine.watchers
     with pytest.raises(UnavailableError) as relayed:
         await local.mark_failed(placed.npus[0].id)  # the manager's peer: prefixed as relayed
