@@ -294,6 +294,7 @@ def create_ems(
         ssd_dir=ssd_dir,
         events=events,
     )
+    peers.host_ems(state)  # the serving and training engines of this process call it directly
     servicer = EmsServicer(state)
     host = ServiceHost(
         name="ems",

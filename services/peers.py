@@ -6,9 +6,14 @@ call for a UB transaction: the client's); any other is the typed gRPC client
 (emulator/client/remote.py) over one shared channel per address. Both raise the same errors.
 It is a gateway's GatewayDirectory too: a gateway of the RDMA plane hosted here is its engine
 (`LocalGateway`), any other the typed gRPC client (emulator/client/gateway.py).
-It is the cluster manager's ControlPlane too: the scheduler and the router over gRPC (they have
-no engine yet: emulator/client/control.py), the training jobs directly where this process hosts
-them (the manager's), a server's health over gRPC.
+It is the cluster manager's ControlPlane too: the scheduler directly where this process hosts
+its engine (`LocalScheduler`, engines/scheduler/local.py), else over gRPC (emulator/client/
+control.py); the router over gRPC; the training jobs directly where this process hosts them (the
+manager's); a server's health over gRPC.
+And it is what the serving and training engines reach the scheduler and EMS through
+(`job_scheduler`, `kv_store`): the engine hosted here (`LocalScheduler`, `LocalEms`: the
+runtime's waves make the scheduler and EMS before the router and the manager), else the typed
+client over the shared channel.
 
 `channel` is the older way of the services not yet moved to the engines layer (their own stubs
 over the shared channel); it goes as those services move.
@@ -39,8 +44,14 @@ from cmemu.emulator.model.topology import Device, Service, ServiceKind, Topology
 
 if TYPE_CHECKING:  # hosted in the fabric's process only (numpy): not every process imports it
     from cmemu.emulator.client.control import RemoteRouter, RemoteScheduler
+    from cmemu.emulator.engines.ems import EmsState
+    from cmemu.emulator.engines.ems.local import LocalEms
     from cmemu.emulator.engines.fabric.engine import FabricEngine
     from cmemu.emulator.engines.gateway.engine import GatewayEngine
+    from cmemu.emulator.engines.peers import JobScheduler
+    from cmemu.emulator.engines.scheduler.engine import SchedulerEngine
+    from cmemu.emulator.engines.scheduler.local import LocalScheduler
+    from cmemu.emulator.engines.serving.peers import KvStore
 
 
 class Peers:
@@ -55,6 +66,8 @@ class Peers:
         self._gateways: dict[str, GatewayPeer] = {}  # gateway id -> its engine, or a client
         self._training: TrainingPeer | None = None
         self._scheduler: RemoteScheduler | None = None
+        self._local_scheduler: LocalScheduler | None = None
+        self._local_ems: LocalEms | None = None
         self._router: RemoteRouter | None = None
 
     # --- the engines' Directory ----------------------------------------------------------------
@@ -118,6 +131,8 @@ class Peers:
         self._training = training
 
     def scheduler(self) -> SchedulerPeer:
+        if self._local_scheduler is not None:
+            return self._local_scheduler
         if self._scheduler is None:
             # the control plane's clients (their stubs, the scheduler's model): imported by
             # the processes that call it, not by every device's (issue 18: a device's PSS)
@@ -139,6 +154,36 @@ class Peers:
         from cmemu.emulator.client.control import RemoteTraining
 
         return RemoteTraining(self.channel(self._address(ServiceKind.MANAGER)))
+
+    # --- the scheduler and EMS, as the serving and training engines reach them ------------------
+
+    def host_scheduler(self, engine: SchedulerEngine) -> None:
+        """The scheduler's engine of this process: called directly, never over gRPC."""
+        from cmemu.emulator.engines.scheduler.local import LocalScheduler
+
+        self._local_scheduler = LocalScheduler(engine)
+
+    def host_ems(self, store: EmsState) -> None:
+        """EMS's engine of this process: called directly, never over gRPC."""
+        from cmemu.emulator.engines.ems.local import LocalEms
+
+        self._local_ems = LocalEms(store)
+
+    def job_scheduler(self) -> JobScheduler:
+        """The scheduler as a deployment or a training job holds NPUs with it."""
+        if self._local_scheduler is not None:
+            return self._local_scheduler
+        from cmemu.emulator.client.scheduler import SchedulerClient
+
+        return SchedulerClient(self.channel(self._address(ServiceKind.SCHEDULER)))
+
+    def kv_store(self) -> KvStore:
+        """EMS as a deployment keeps weights and KV blocks, or a training job checkpoints."""
+        if self._local_ems is not None:
+            return self._local_ems
+        from cmemu.emulator.client.ems import EmsClient
+
+        return EmsClient(self.channel(self._address(ServiceKind.EMS)))
 
     async def serving(self, address: str, *, deadline_s: float) -> bool:
         return await health.serving(self.channel(address), deadline_s)

@@ -7,8 +7,6 @@ wire.py's.
 
 from __future__ import annotations
 
-from cmemu.emulator.client.ems import EmsClient
-from cmemu.emulator.client.scheduler import SchedulerClient
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.serving.engine import ServingEngine
@@ -49,17 +47,15 @@ class RouterState:
     ) -> None:
         self.clock = clock
         self.http_address = http_address
-        # the scheduler and EMS over this process's shared channels: neither has an engine to
-        # call directly; the NPUs, the fabric and the gateway through `peers`
+        # the scheduler and EMS: their engines when this process hosts them, else their typed
+        # clients over the shared channels; the NPUs, the fabric and the gateway the same way
         self.engine = ServingEngine(
             topology=topology,
             profile=profile,
             clock=clock,
             peers=peers,
-            scheduler=SchedulerClient(
-                peers.channel(topology.service(ServiceKind.SCHEDULER).address)
-            ),
-            ems=EmsClient(peers.channel(topology.service(ServiceKind.EMS).address)),
+            scheduler=peers.job_scheduler(),
+            ems=peers.kv_store(),
             events=events,
         )
         self.http = (

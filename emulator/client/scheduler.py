@@ -5,7 +5,6 @@ EmulatorError its status names, the server's message unprefixed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -18,40 +17,13 @@ from cmemu.emulator.model.scheduler.grants import Allocation as Allocation  # no
 from cmemu.emulator.model.scheduler.grants import (
     AllocationChange as AllocationChange,  # noqa: PLC0414
 )
+from cmemu.emulator.model.scheduler.grants import Occupancy as Occupancy  # noqa: PLC0414
+from cmemu.emulator.model.scheduler.grants import PolicyInfo as Policy
+from cmemu.emulator.model.scheduler.grants import Released as Released  # noqa: PLC0414
+from cmemu.emulator.model.scheduler.grants import Spares as Spares  # noqa: PLC0414
 from cmemu.emulator.model.scheduler.jobs import Replacement
 from cmemu.emulator.model.topology import ServiceKind
 from cmemu.v1 import scheduler_pb2, scheduler_pb2_grpc
-
-
-@dataclass(frozen=True, kw_only=True)
-class Released:
-    job: str
-    npus: int  # given back, failed ones included
-
-
-@dataclass(frozen=True, kw_only=True)
-class Occupancy:
-    """Every allocation, in the order they were made, and the NPUs' counts."""
-
-    allocations: tuple[Allocation, ...]
-    total_npus: int
-    free_npus: int
-    allocated_npus: int
-    spare_npus: int
-    failed_npus: int  # out of service, allocated or not
-
-
-@dataclass(frozen=True, kw_only=True)
-class Spares:
-    target: int  # how many are kept, as far as free NPUs allow
-    npus: tuple[str, ...]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Policy:
-    name: str
-    description: str
-    default: bool
 
 
 class SchedulerClient:

@@ -16,12 +16,13 @@ A gateway of the RDMA plane reaches the others (and its own supernode's NPUs) th
 process.
 
 The control plane's peers (the scheduler, the router, the training jobs, a server's health) are
-what the cluster manager's engine calls (`ControlPlane`); the scheduler and the router have no
-engine yet, so they are reached over gRPC even in one process (a killed or hung scheduler then
-looks the same to the manager whichever launcher runs it). A training job (engines/training/)
-reaches the scheduler (`JobScheduler`) and EMS (`ObjectStore`) the same way, through the typed
-clients, and the fabric through its `FabricPeer`; a serving deployment (engines/serving/) too, its
-EMS and directory as engines/serving/peers.py extends them.
+what the cluster manager's engine calls (`ControlPlane`); the router is reached over gRPC even in
+one process, the scheduler directly where its engine is hosted (engines/scheduler/local.py,
+through its outage: a killed or hung scheduler looks the same whichever launcher runs it). A
+training job (engines/training/) reaches the scheduler (`JobScheduler`) and EMS (`ObjectStore`)
+the same way (engines/scheduler/local.py, engines/ems/local.py, or the typed clients), and the
+fabric through its `FabricPeer`; a serving deployment (engines/serving/) too, its EMS and
+directory as engines/serving/peers.py extends them.
 """
 
 from __future__ import annotations
@@ -278,9 +279,9 @@ class AllocationWatch(Protocol):
 
 
 class JobScheduler(Protocol):
-    """The scheduler, as a training job (engines/training/) holds its NPUs with it. The typed
-    client (emulator/client/scheduler.py) is its one implementation: the scheduler has no
-    engine yet. A refusal is the EmulatorError its status names."""
+    """The scheduler, as a training job (engines/training/) holds its NPUs with it: its engine
+    in this process (engines/scheduler/local.py), else the typed client (emulator/client/
+    scheduler.py). A refusal is the engine's EmulatorError, the same either way."""
 
     async def allocate(self, job: str, npus: int) -> Allocation: ...
 
@@ -294,8 +295,9 @@ class JobScheduler(Protocol):
 
 
 class ObjectStore(Protocol):
-    """EMS, as a training job keeps its checkpoints in it (the typed client, emulator/client/
-    ems.py, is its one implementation). A put or a read into `device` is timed to it."""
+    """EMS, as a training job keeps its checkpoints in it: its engine in this process
+    (engines/ems/local.py), else the typed client (emulator/client/ems.py). A put or a read
+    into `device` is timed to it."""
 
     async def put(
         self,

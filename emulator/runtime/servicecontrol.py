@@ -21,7 +21,9 @@ instead (every call it would make would be lost).
 The fabric is not stopped but gated: in process the devices reach its engine directly, so its
 Outage (emulator/engines/fabric/outage.py) is what they meet, and its server keeps telling the
 emulator's time (GetClock, SyncClock are exempt from its gate) while refusing (killed) or
-answering nothing (hung, cut off) else.
+answering nothing (hung, cut off) else. The scheduler and EMS are stopped or gated as any
+service, and their Outage (emulator/engines/outage.py) set beside: the router and the training
+jobs of this process reach their engines directly (services/peers.py), and meet that.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from cmemu.emulator.engines.device.kinds.service_down import ServiceDownParams
+from cmemu.emulator.engines.outage import Outage
 from cmemu.emulator.model.errors import PreconditionError
 from cmemu.emulator.model.topology import ServiceKind
 
@@ -70,10 +73,15 @@ class LocalServices:
         if fault.service == ServiceKind.FABRIC.value:
             await self._fabric(state, host, how, fault.latency_ms)
             return
+        outage = _outage(state)
         if how == "slow":
             host.gate.delay = self._late(fault.latency_ms)
+            if outage is not None:
+                outage.down(how, host.gate.delay)
             self._publish(host.name, "service-down", how=how, latency_ms=f"{fault.latency_ms:g}")
             return  # its work goes on: only its answers are late
+        if outage is not None:  # what its callers in this process meet
+            outage.down(how)
         if how == "partition":
             host.gate.answering.clear()  # its packets are dropped: callers hit their deadlines
             partition = getattr(state, "partition", None)
@@ -102,6 +110,9 @@ class LocalServices:
         if fault.service == ServiceKind.FABRIC.value:
             await self._fabric(state, host, "", 0.0)
             return
+        outage = _outage(state)
+        if outage is not None:
+            outage.up()
         if how == "slow":
             host.gate.delay = None
             self._publish(host.name, "service-up", how=how)
@@ -184,6 +195,12 @@ async def _suspended(state: ServiceState) -> None:
     suspend = getattr(state, "suspend", None)
     if suspend is not None:
         await suspend()
+
+
+def _outage(state: ServiceState) -> Outage | None:
+    """The service's outage, when callers of this process reach its engine directly."""
+    outage = getattr(state, "outage", None)
+    return outage if isinstance(outage, Outage) else None
 
 
 def _how(fault: ServiceDownParams) -> str:

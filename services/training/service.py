@@ -4,14 +4,12 @@ EmulatorError, mapped to its status by `rpc`."""
 
 from __future__ import annotations
 
-from cmemu.emulator.client.ems import EmsClient
-from cmemu.emulator.client.scheduler import SchedulerClient
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.training.engine import TrainingEngine
 from cmemu.emulator.engines.training.live import Endpoints, LiveJob
 from cmemu.emulator.model.hardware import HardwareProfile
-from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.model.topology import Topology
 from cmemu.emulator.model.training.spec import TrainingSpec
 from cmemu.services.peers import Peers
 from cmemu.services.rpc import Context, rpc
@@ -29,13 +27,10 @@ def create_training(
     events: EventSink | None,
     topic: str,
 ) -> TrainingEngine:
-    """The engine, its jobs reaching the scheduler and EMS over this process's shared channels
-    (neither has an engine to call directly) and the fabric through `peers` (its engine when
-    this process hosts it)."""
+    """The engine, its jobs reaching the scheduler, EMS and the fabric through `peers`: their
+    engines when this process hosts them, else their typed clients over the shared channels."""
     endpoints = Endpoints(
-        scheduler=SchedulerClient(peers.channel(topology.service(ServiceKind.SCHEDULER).address)),
-        ems=EmsClient(peers.channel(topology.service(ServiceKind.EMS).address)),
-        fabric=peers.fabric,
+        scheduler=peers.job_scheduler(), ems=peers.kv_store(), fabric=peers.fabric
     )
     return TrainingEngine(
         profile=profile, clock=clock, endpoints=endpoints, events=events, topic=topic

@@ -9,9 +9,9 @@ from typing import Any
 import grpc
 import pytest
 
+from cmemu.emulator.engines.scheduler.engine import SchedulerEngine
 from cmemu.emulator.model.topology import ServiceKind
 from cmemu.emulator.testing import Supernode, running_supernode
-from cmemu.services.scheduler import SchedulerState
 from cmemu.v1 import manager_pb2, scheduler_pb2, training_pb2
 from tests.engines.manager.test_actions import SCALE, until
 
@@ -52,7 +52,7 @@ async def _next(stream: Any) -> scheduler_pb2.AllocationEvent:
 
 async def _watchers(sn: Supernode) -> int:
     state = sn.local.service_state(ServiceKind.SCHEDULER)
-    assert isinstance(state, SchedulerState)
+    assert isinstance(state, SchedulerEngine)
     return len(state.watchers)
 
 

@@ -15,13 +15,14 @@ from cmemu.emulator.client.channels import Channels
 from cmemu.emulator.client.credentials import Credentials
 from cmemu.emulator.client.errors import decode
 from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.scheduler.engine import SchedulerEngine
 from cmemu.emulator.model.clock import Clock
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.emulator.model.topology import build
 from cmemu.emulator.testing import Clients, EventRecorder, free_port_block, grpcurl
 from cmemu.services.auth import ServerSecurity
 from cmemu.services.peers import Peers
-from cmemu.services.scheduler import SchedulerState, create_scheduler
+from cmemu.services.scheduler import create_scheduler
 from cmemu.v1 import scheduler_pb2 as pb
 from cmemu.v1 import scheduler_pb2_grpc
 
@@ -31,7 +32,7 @@ TOKEN = "s3cret-token"
 @dataclass
 class Served:
     stub: scheduler_pb2_grpc.SchedulerAsyncStub
-    state: SchedulerState
+    state: SchedulerEngine
     events: EventRecorder
     address: str
 

@@ -18,8 +18,9 @@ The parts, one module each, share `Store` (store.py: the state and the way to a 
 path (writes.py), the read path (reads.py), tombstones and abort markers (markers.py), the
 rebuild and the sweep (recovery.py), and the SSD tier (ssd.py). `EmsState` joins them for the
 servicer (services/ems.py, which only translates protobuf and maps errors) and answers the
-index queries itself. Pools and devices are reached through their typed peers (`Devices`), so
-the store is wire-free: domain types in and out, EmulatorErrors whichever process a pool is in.
+index queries itself; local.py hands it to the serving and training engines of its process.
+Pools and devices are reached through their typed peers (`Devices`), so the store is
+wire-free: domain types in and out, EmulatorErrors whichever process a pool is in.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from cmemu.emulator.engines.ems.recovery import Recovery
 from cmemu.emulator.engines.ems.store import Devices, Store, log
 from cmemu.emulator.engines.ems.writes import Stored, Writes
 from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.outage import Outage
 from cmemu.emulator.model.ems import (
     ObjectMeta,
     Page,
@@ -76,6 +78,8 @@ class EmsState(Store):
         self.reads = Reads(self)
         self.writes = Writes(self, self.markers, self.reads)
         self.recovery = Recovery(self, self.markers, self.writes, self.reads)
+        # its service down, as the callers of this process meet it (engines/ems/local.py)
+        self.outage = Outage("ems", "EMS_DOWN")
 
     # --- writes --------------------------------------------------------------------------------
 

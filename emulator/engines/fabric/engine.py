@@ -24,7 +24,7 @@ from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.fabric.collectives import Collectives
 from cmemu.emulator.engines.fabric.metrics import LinkGroups, fabric_families
-from cmemu.emulator.engines.fabric.outage import Outage
+from cmemu.emulator.engines.fabric.outage import fabric_outage
 from cmemu.emulator.engines.flows import FlowClock
 from cmemu.emulator.engines.peers import CollectiveOutcome, Directory, FlowTime
 from cmemu.emulator.model.arrivals import ArrivalBatch, ArrivalLog
@@ -143,7 +143,7 @@ class FabricEngine:
         self.events = events
         self.graph = LinkGraph(topology, profile)
         self.faults = FaultSet(self.graph)
-        self.outage = Outage()  # its service down, as its callers in this process meet it
+        self.outage = fabric_outage()  # its service down, as its callers in this process meet it
         self.flows = FlowClock(
             clock=clock,
             res_cap=self.graph.trunk_cap(),

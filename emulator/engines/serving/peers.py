@@ -1,8 +1,9 @@
 """What the serving engine needs of its peers beyond engines/peers.py's: EMS as a deployment
 keeps its weights and KV blocks in it and looks prompts' prefixes up (`KvStore`, more than a
 training job's `ObjectStore`), and its NPUs, the fabric and the RDMA plane's gateway in one
-directory (`ServingDirectory`). The process's `Peers` (services/peers.py) and the typed EMS
-client (emulator/client/ems.py) satisfy them structurally; the scheduler is a `JobScheduler`."""
+directory (`ServingDirectory`). The process's `Peers` (services/peers.py) satisfies the
+directory; EMS's engine in this process (engines/ems/local.py) or the typed EMS client
+(emulator/client/ems.py) the store, structurally; the scheduler is a `JobScheduler`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The scheduler's model: NPUs by node and rack, jobs, allocation policies, spares, failures.
 
-Pure data and computation (no gRPC, no I/O): services/scheduler.py serves it and
+Pure data and computation (no gRPC, no I/O): emulator/engines/scheduler/ runs it and
 bench/alloc.py replays job streams through it.
 """
 

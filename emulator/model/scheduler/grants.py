@@ -1,7 +1,9 @@
 """A job's allocation as the scheduler reports it to a caller: its NPUs with their nodes, racks
-and dies, and each change of it. Plain values, so that the typed client returns them and an
-engine (a training job: emulator/engines/training/) follows them without knowing the wire; the
-scheduler's own record of an allocation is jobs.Allocation."""
+and dies, and each change of it; what a release gave back, the occupancy, the spares and the
+policies. Plain values, so that the scheduler's engine (emulator/engines/scheduler/) answers
+with them, the typed client returns the same, and an engine (a training job, a serving
+deployment) follows them without knowing the wire; the scheduler's own record of an allocation
+is jobs.Allocation."""
 
 from __future__ import annotations
 
@@ -50,3 +52,36 @@ class AllocationChange:
     allocation: Allocation  # after the change (the last one held, for "released")
     npus: tuple[str, ...]  # the NPUs concerned (failed ones; for "replaced" the new ones)
     at_ns: int  # emulated instant of the change
+
+
+@dataclass(frozen=True, kw_only=True)
+class Released:
+    job: str
+    npus: int  # given back, failed ones included
+
+
+@dataclass(frozen=True, kw_only=True)
+class Occupancy:
+    """Every allocation, in the order they were made, and the NPUs' counts."""
+
+    allocations: tuple[Allocation, ...]
+    total_npus: int
+    free_npus: int
+    allocated_npus: int
+    spare_npus: int
+    failed_npus: int  # out of service, allocated or not
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spares:
+    target: int  # how many are kept, as far as free NPUs allow
+    npus: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyInfo:
+    """An allocation policy as the scheduler lists it (`default`: the one an empty ask gets)."""
+
+    name: str
+    description: str
+    default: bool
