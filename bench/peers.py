@@ -12,7 +12,7 @@ of the blocks' microseconds per round (wall clock: a shared host moves both alik
     python bench/peers.py [--rounds 200] [--blocks 6]
     python bench/peers.py --rounds 20 --blocks 2 --results /tmp/r   # the quickest
 
-Writes bench/results/peers.json.
+Writes bench/results/peers.json and peers.png (microseconds per round, direct beside gRPC).
 """
 
 from __future__ import annotations
@@ -105,6 +105,13 @@ def main() -> None:
         direct, grpc = medians["direct"][what], medians["grpc"][what]
         print(f"{what:9s} round: direct {direct:8.0f} us   gRPC {grpc:8.0f} us   "
               f"({grpc / direct:.1f}x)")  # fmt: skip
+    with outputs.figure(args.results, NAME) as (ax,):
+        whats = ["scheduler", "ems"]
+        outputs.bars(
+            ax, whats, {path: [medians[path][w] for w in whats] for path in medians},
+            ylabel="us per round (median of blocks)", log=True,
+            title="the scheduler and EMS in one process: direct against gRPC",
+        )  # fmt: skip
     outputs.write_json(
         args.results, NAME, {"rounds": args.rounds, "blocks": args.blocks, "us_per_round": medians}
     )

@@ -79,6 +79,7 @@ SLOW = [  # each over 5 s: together they would take this file past 20 s
         frozenset({"plan", "client", "wall_s"}),
     ),
     Quick("pd", ("--seconds", "600"), frozenset({"dynamic", "fixed 3:1", "cpu_s", "seconds"})),
+    Quick("peers", ("--rounds", "20", "--blocks", "2"), frozenset({"us_per_round"})),
     Quick(
         "hotpath",
         ("--preset", "cm-mini", "--calls", "64"),
