@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from cmemu.emulator.model.errors import DeadlineExceededError, UnavailableError
 
+T = TypeVar("T")
 RETRY_AFTER_S = 1.0
 
 
@@ -68,3 +70,15 @@ class Outage:
                 f"deadline exceeded ({deadline_s:.3g} s): the {self.service} service answers "
                 f"nothing ({self.how})"
             ) from None
+
+    async def through(self, call: Awaitable[T]) -> T:
+        """`call` once the service admits it (no deadline: the typed clients of one process
+        set none); nothing is awaited first while the service is up."""
+        if self.how:
+            try:
+                await self.admit(None)
+            except BaseException:
+                if asyncio.iscoroutine(call):
+                    call.close()  # never awaited: no warning
+                raise
+        return await call

@@ -11,16 +11,12 @@ store's EmulatorError, unprefixed, as the typed client raises it from the status
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
 from cmemu.emulator.engines.ems import EmsState, Stored
 from cmemu.emulator.model.ems import ObjectMeta, check_key, object_size
 from cmemu.emulator.model.ems.objects import Got, ObjectKind, PrefixMatch, Put
 from cmemu.emulator.model.errors import InvalidArgumentError
-
-T = TypeVar("T")
 
 KIND_NUMBER = {ObjectKind.KV: 1, ObjectKind.WEIGHTS: 2, ObjectKind.CHECKPOINT: 3}
 """Each kind as the store records it (cmemu.v1.ObjectKind's numbers: model/ems/keys.py KINDS)."""
@@ -30,16 +26,6 @@ class LocalEms:
     def __init__(self, store: EmsState) -> None:
         self.store = store
         self.outage = store.outage
-
-    async def _call(self, call: Awaitable[T]) -> T:
-        if self.outage.how:  # nothing awaited while the service is up
-            try:
-                await self.outage.admit(None)  # no deadline, as the typed clients here set none
-            except BaseException:
-                if asyncio.iscoroutine(call):
-                    call.close()  # never awaited: no warning
-                raise
-        return await call
 
     def _item(
         self, key: str, data: bytes, *, size: int, kind: ObjectKind, device: str
@@ -71,7 +57,7 @@ class LocalEms:
             raise InvalidArgumentError(
                 f"size {size} differs from len(data) {len(data)}", field="size"
             )
-        return await self._call(self._put(key, data, size=size, kind=kind, device=device))
+        return await self.outage.through(self._put(key, data, size=size, kind=kind, device=device))
 
     async def _put(self, key: str, data: bytes, *, size: int, kind: ObjectKind, device: str) -> Put:
         meta, data, device = self._item(key, data, size=size, kind=kind, device=device)
@@ -80,7 +66,7 @@ class LocalEms:
     async def put_sizes(
         self, keys: Sequence[str], *, size: int, kind: ObjectKind, device: str = ""
     ) -> list[Put]:
-        return await self._call(self._put_sizes(keys, size=size, kind=kind, device=device))
+        return await self.outage.through(self._put_sizes(keys, size=size, kind=kind, device=device))
 
     async def _put_sizes(
         self, keys: Sequence[str], *, size: int, kind: ObjectKind, device: str
@@ -91,7 +77,7 @@ class LocalEms:
         return [_put(s) for s in await self.store.put_all(items)]
 
     async def load(self, key: str, *, device: str = "") -> Got:
-        f = await self._call(self.store.get(key, device, self.store.ems.chunk_bytes))
+        f = await self.outage.through(self.store.get(key, device, self.store.ems.chunk_bytes))
         return Got(
             key=f.meta.key,
             data=f.data,
@@ -102,10 +88,10 @@ class LocalEms:
         )
 
     async def delete_many(self, keys: Sequence[str]) -> None:
-        await self._call(self.store.delete_all(list(keys)))
+        await self.outage.through(self.store.delete_all(list(keys)))
 
     async def exist(self, keys: Sequence[str]) -> list[bool]:
-        return await self._call(self._exist(keys))
+        return await self.outage.through(self._exist(keys))
 
     async def _exist(self, keys: Sequence[str]) -> list[bool]:
         return [self.store.lookup(k) is not None for k in keys]
@@ -113,7 +99,7 @@ class LocalEms:
     async def match_prefix(
         self, tokens: Sequence[int], *, block_tokens: int, namespace: str = ""
     ) -> PrefixMatch:
-        return await self._call(self._match(tokens, block_tokens, namespace))
+        return await self.outage.through(self._match(tokens, block_tokens, namespace))
 
     async def _match(self, tokens: Sequence[int], block_tokens: int, namespace: str) -> PrefixMatch:
         keys = self.store.match(list(tokens), block_tokens, namespace)

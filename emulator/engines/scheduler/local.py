@@ -31,26 +31,16 @@ class LocalScheduler:
         self.engine = engine
         self.outage = engine.outage
 
-    async def _call(self, call: Awaitable[T]) -> T:
-        if self.outage.how:  # nothing awaited while the service is up
-            try:
-                await self.outage.admit(None)  # no deadline, as the typed clients here set none
-            except BaseException:
-                if asyncio.iscoroutine(call):
-                    call.close()  # never awaited: no warning
-                raise
-        return await call
-
     # --- JobScheduler: a serving deployment, a training job ------------------------------------
 
     async def allocate(self, job: str, npus: int) -> Allocation:
-        return await self._call(self.engine.allocate(job, npus))
+        return await self.outage.through(self.engine.allocate(job, npus))
 
     async def allocation(self, job: str) -> Allocation:
-        return await self._call(self.engine.allocation(job))
+        return await self.outage.through(self.engine.allocation(job))
 
     async def release(self, job: str) -> Released:
-        return await self._call(self.engine.release(job))
+        return await self.outage.through(self.engine.release(job))
 
     def watch(self, job: str = "") -> LocalWatch:
         return LocalWatch(self, job)
@@ -69,7 +59,7 @@ class LocalScheduler:
 
     async def _relayed(self, call: Awaitable[T]) -> T:
         try:
-            return await self._call(call)
+            return await self.outage.through(call)
         except EmulatorError as exc:
             raise relayed(exc, RELAYED_BY) from exc
 
