@@ -34,16 +34,20 @@ class Op(StrEnum):
 
     @property
     def atomic(self) -> bool:
-        return self in (Op.CAS, Op.FETCH_ADD)
+        return self in ATOMIC_OPS
 
     @property
     def carries_payload(self) -> bool:
-        return self in (Op.WRITE, Op.SEND)
+        return self in PAYLOAD_OPS
 
     @property
     def reads_stored(self) -> bool:
         """Reads bytes held at the target (which an ECC error poisons)."""
         return self in (Op.READ, Op.CAS, Op.FETCH_ADD)
+
+
+ATOMIC_OPS = frozenset({Op.CAS, Op.FETCH_ADD})  # 8 bytes at dst, no payload
+PAYLOAD_OPS = frozenset({Op.WRITE, Op.SEND})  # carry data (or size_only)
 
 
 PRICED = {
@@ -118,14 +122,14 @@ def checked_size(tx: Transaction, inline_max: int) -> int:
     if tx.dst_eid == 0:
         raise InvalidArgumentError("dst.eid is required", field="dst.eid")
     op = tx.op
-    if op is Op.CAS or op is Op.FETCH_ADD:  # Op.atomic, without a property call
+    if op in ATOMIC_OPS:  # Op.atomic, without a property call on the hot path
         if tx.data or tx.size_only or tx.size not in (0, ATOMIC_BYTES):
             raise InvalidArgumentError(
                 "atomics move exactly 8 bytes and carry no payload", field="size"
             )
         return ATOMIC_BYTES
     size = tx.size
-    payload = op is Op.WRITE or op is Op.SEND  # Op.carries_payload
+    payload = op in PAYLOAD_OPS
     if tx.data:
         if not payload:
             raise InvalidArgumentError("only WRITE and SEND carry data", field="data")
