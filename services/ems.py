@@ -13,7 +13,7 @@ from typing import cast
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.ems import EmsState, Fetched, Stored
 from cmemu.emulator.engines.events import EventSink
-from cmemu.emulator.model.ems import ObjectMeta, Tier, check_key, check_kind, object_size
+from cmemu.emulator.model.ems import ObjectMeta, Tier, check_key, object_size
 from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError, NotFoundError
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.topology import Topology
@@ -67,18 +67,10 @@ class EmsServicer(ems_pb2_grpc.EmsServicer):
     def _item(
         self, request: ems_pb2.PutRequest, data: bytes, *, streamed: bool = False
     ) -> tuple[ObjectMeta, bytes, str]:
-        """A put checked whole, before anything is stored."""
-        check_key(request.key)
-        check_kind(request.kind)
-        if request.device:
-            self.state.topology.device(request.device)
-        meta = ObjectMeta(
-            key=request.key,
-            kind=request.kind or ems_pb2.OBJECT_KIND_KV_BLOCK,
-            size=object_size(len(data), request.size, self.state.ems, streamed=streamed),
-            crc=None,
-            pinned=request.pinned,
-        )
+        meta = self.state.new_object(
+            request.key, len(data), size=request.size, kind=request.kind,
+            device=request.device, pinned=request.pinned, streamed=streamed,
+        )  # fmt: skip
         return meta, data, request.device
 
     async def _put(self, request: ems_pb2.PutRequest) -> ems_pb2.PutResponse:

@@ -38,12 +38,15 @@ from cmemu.emulator.engines.ems.writes import Stored, Writes
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.outage import Outage
 from cmemu.emulator.model.ems import (
+    KV_BLOCK,
     ObjectMeta,
     Page,
     StoreStats,
     Tier,
     check_block_tokens,
     check_key,
+    check_kind,
+    object_size,
     prefix_keys,
     summarize,
 )
@@ -82,6 +85,32 @@ class EmsState(Store):
         self.outage = Outage("ems", "EMS_DOWN")
 
     # --- writes --------------------------------------------------------------------------------
+
+    def new_object(
+        self,
+        key: str,
+        data_bytes: int,
+        *,
+        size: int,
+        kind: int,
+        device: str,
+        pinned: bool = False,
+        streamed: bool = False,
+    ) -> ObjectMeta:
+        """A put's object, checked whole before anything is stored: its key, kind (0: a KV
+        block), issuing device and size (`data_bytes` real bytes, or `size` alone). The one
+        check of the servicer and of the in-process peer (engines/ems/local.py)."""
+        check_key(key)
+        check_kind(kind)
+        if device:
+            self.topology.device(device)
+        return ObjectMeta(
+            key=key,
+            kind=kind or KV_BLOCK,
+            size=object_size(data_bytes, size, self.ems, streamed=streamed),
+            crc=None,
+            pinned=pinned,
+        )
 
     def prepare(self, meta: ObjectMeta, data: bytes) -> None:
         self.writes.prepare(meta, data)

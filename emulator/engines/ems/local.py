@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cmemu.emulator.engines.ems import EmsState, Stored
-from cmemu.emulator.model.ems import ObjectMeta, check_key, object_size
+from cmemu.emulator.model.ems import ObjectMeta
 from cmemu.emulator.model.ems.objects import Got, ObjectKind, PrefixMatch, Put
 from cmemu.emulator.model.errors import InvalidArgumentError
 
@@ -30,17 +30,9 @@ class LocalEms:
     def _item(
         self, key: str, data: bytes, *, size: int, kind: ObjectKind, device: str
     ) -> tuple[ObjectMeta, bytes, str]:
-        """A put checked whole, before anything is stored (services/ems.py's checks)."""
-        check_key(key)
-        if device:
-            self.store.topology.device(device)
         streamed = len(data) > self.store.ems.chunk_bytes  # the client's PutStream
-        meta = ObjectMeta(
-            key=key,
-            kind=KIND_NUMBER[kind],
-            size=object_size(len(data), size, self.store.ems, streamed=streamed),
-            crc=None,
-            pinned=False,
+        meta = self.store.new_object(
+            key, len(data), size=size, kind=KIND_NUMBER[kind], device=device, streamed=streamed
         )
         return meta, data, device
 

@@ -37,6 +37,7 @@ from cmemu.emulator.model.ems.index import (
 from cmemu.emulator.model.ems.keys import (
     KEY_MAX_BYTES,
     KINDS,
+    KV_BLOCK,
     check_block_tokens,
     check_key,
     check_kind,
@@ -64,6 +65,7 @@ __all__ = [
     "ABORT_VERSION",
     "KEY_MAX_BYTES",
     "KINDS",
+    "KV_BLOCK",
     "LABEL_VERSION",
     "PAGE_SIZE_DEFAULT",
     "PAGE_SIZE_MAX",

@@ -11,6 +11,7 @@ from cmemu.emulator.model.hardware import EmsProfile
 
 KEY_MAX_BYTES = 200  # the region label holds the key: 256 characters in all
 KINDS = (0, 1, 2, 3)  # cmemu.v1.ObjectKind: unspecified (a KV block), KV block, weights, checkpoint
+KV_BLOCK = 1  # the kind an unspecified one is stored as
 
 
 def check_key(key: str) -> None:
