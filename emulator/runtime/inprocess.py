@@ -163,7 +163,12 @@ class InProcessSupernode:
 
     async def start(self) -> None:
         """Start the hosted servers. Emulated time starts now unless the topology document
-        already carries the epoch (a process of a multi-process supernode)."""
+        already carries the epoch (a process of a multi-process supernode). No cyclic garbage
+        collection while they are built and started (runtime/heap.py `starting`)."""
+        with heap.starting():
+            await self._start()
+
+    async def _start(self) -> None:
         epoch = self.topology.epoch_wall_s or time.time()
         self.topology = dataclasses.replace(self.topology, epoch_wall_s=epoch)
         if self.time is None:
@@ -348,6 +353,7 @@ class InProcessSupernode:
             await self.events.__aexit__(None, None, None)
             self.events = None
         await self._end_tasks()
+        heap.stopped()
 
     async def _end_tasks(self) -> None:
         """The background tasks end: the telemetry loop has seen _stopping, the clock is
