@@ -228,13 +228,16 @@ class LinkGraph:
         """Each endpoint's UB ports (of `table`'s trunk members) per plane: the plane of the
         L1 chip at a port's switch end."""
         kinds = (LinkKind.DIE_PORT, LinkKind.CPU_PORT)
+        plane_of = {sid: s.plane for sid, s in self._switches.items()}
+        link_kinds, ends, planes = self.kinds, self.ends, self.planes
         out: dict[str, tuple[tuple[int, ...], ...]] = {}
         for name, links in table.items():
-            per_plane: list[list[int]] = [[] for _ in range(self.planes)]
+            per_plane: list[list[int]] = [[] for _ in range(planes)]
             for i in links:
-                if self.kinds[i] in kinds:
-                    a, b = self.ends[i]
-                    per_plane[(self._switches.get(b) or self._switches[a]).plane].append(i)
+                if link_kinds[i] in kinds:
+                    a, b = ends[i]
+                    plane = plane_of.get(b)
+                    per_plane[plane_of[a] if plane is None else plane].append(i)
             out[name] = tuple(tuple(p) for p in per_plane)
         return out
 
@@ -243,14 +246,21 @@ class LinkGraph:
         shape = (len(self.topology.nodes), self.planes, self.chips)
         up = np.full(shape, -1, dtype=np.int64)
         down = np.full(shape, -1, dtype=np.int64)
-        for i, (a, b) in enumerate(self.ends):
-            if self.kinds[i] is not LinkKind.L1_L2:
+        switches, ends, node_row = self._switches, self.ends, self.node_row
+        row_of_l1: dict[
+            str, int
+        ] = {}  # an L1 chip's node's row: looked up once per chip, not once per link
+        for sid, s in switches.items():
+            if s.tier is Tier.L1:
+                assert s.node_id is not None
+                row_of_l1[sid] = node_row[s.node_id]
+        for i, kind in enumerate(self.kinds):
+            if kind is not LinkKind.L1_L2:
                 continue
-            l1, l2, table = (a, b, up) if self._switches[a].tier is Tier.L1 else (b, a, down)
-            chip = self._switches[l2]
-            node = self._switches[l1].node_id
-            assert node is not None
-            table[self.node_row[node], chip.plane, chip.chip] = i
+            a, b = ends[i]
+            l1, l2, table = (a, b, up) if a in row_of_l1 else (b, a, down)
+            chip = switches[l2]
+            table[row_of_l1[l1], chip.plane, chip.chip] = i
         self._l2_links = (up, down)
         self.l2_ids = {(s.plane, s.chip): i for i, s in self._switches.items() if s.node is None}
         self.l1_ids = {
