@@ -56,9 +56,10 @@ log = structlog.get_logger("cmemu.inprocess")
 
 # Checks open at once when the launch asks its own servers: they answer on this process's loop
 # and gRPC's threads, so more at once is no faster, only more connections' buffers alive
-# together: cm384's check took 12 MiB at its peak with 128 open and 6 MiB with 32, in the same
-# CPU time (measured, issue 18). Other launchers ask other processes, where more hide latency.
-VERIFY_CONCURRENCY = 32
+# together: cm384's check raised its peak memory by 12 MiB with 128 open, 6 with 32 and 4 with
+# 16, in the same CPU time (8 took longer; measured, issue 18). Other launchers ask other
+# processes, where more at once hide their latency.
+VERIFY_CONCURRENCY = 16
 
 
 async def _stop_servers(hosts: list[ServiceHost], grace_s: float) -> None:
