@@ -169,9 +169,8 @@ class InProcessSupernode:
         return TimeKeeper(clock, profile=profile, process=self.process, owner=self.owns_time())
 
     async def start(self) -> None:
-        """Start the hosted servers. Emulated time starts now unless the topology document
-        already carries the epoch (a process of a multi-process supernode). No cyclic garbage
-        collection while they are built and started (runtime/heap.py `starting`)."""
+        """Start the hosted servers, with no cyclic collection meanwhile (runtime/heap.py).
+        Emulated time starts now unless the document carries the epoch (procs: one of many)."""
         with heap.starting():
             await self._start()
 
