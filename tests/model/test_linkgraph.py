@@ -291,3 +291,17 @@ def test_cm384_routes_match_the_golden_file() -> None:
     if os.environ.get("CMEMU_UPDATE_GOLDEN"):
         ROUTES_GOLDEN.write_text(json.dumps(current, indent=1) + "\n")
     assert current == json.loads(ROUTES_GOLDEN.read_text())
+
+
+def test_every_spelling_of_a_link_finds_both_its_directions(graph: LinkGraph) -> None:
+    """physical() reads both directions off either one's index (2k and 2k + 1): each of the
+    four spellings of every link gives the pair, the first named as the topology names it."""
+    for link in graph.topology.links:
+        pair = graph.physical(f"{link.a}~{link.b}")
+        assert graph.names[pair[0]] == f"{link.a}>{link.b}"
+        assert graph.names[pair[1]] == f"{link.b}>{link.a}"
+        for spelling in (f"{link.b}~{link.a}", f"{link.a}>{link.b}", f"{link.b}>{link.a}"):
+            assert graph.physical(spelling) == pair
+    first = graph.topology.links[0]
+    with pytest.raises(NotFoundError, match="no link"):
+        graph.physical(f"{first.a}~{graph.topology.links[-1].b}")  # two ends, no link between
