@@ -224,8 +224,11 @@ class Store:
         timing.duration_ns = elapsed
         return timing
 
-    async def place(self, meta: ObjectMeta, pool: str) -> Replica:
-        region = await self.allocate(pool, region_size(meta), encode_label(meta))
+    async def place(self, meta: ObjectMeta, pool: str, label: str | None = None) -> Replica:
+        """A region for a copy of `meta` on `pool`, labelled with its metadata (`label`: that
+        label already encoded, for the copies of one put)."""
+        label = encode_label(meta) if label is None else label
+        region = await self.allocate(pool, region_size(meta), label)
         return Replica(region_id=region.region_id, offset=region.offset)
 
     async def allocate(self, pool: str, size: int, label: str) -> Region:
