@@ -318,6 +318,21 @@ class LiveFlows:
             flow.rate = cap
         return flow_id, finished
 
+    def ended_alone(self, start_s: float, cap: float, nbytes: float, now_s: float) -> float | None:
+        """A flow that crosses no shared resource, asked for at `now_s`: its fluid end when it
+        has ended by then (counted completed; never added), else None (add it). It runs at
+        its ceiling whatever else is in flight (see add), from where add would start it."""
+        if not math.isfinite(cap):
+            raise UnavailableError("a flow crosses no resource and has no ceiling")
+        if cap <= 0:
+            return None
+        start = max(start_s, self.now_s) if self.flows else start_s
+        end = start + nbytes / cap if nbytes > 0 else start
+        if end > now_s:
+            return None
+        self.completed += 1
+        return end
+
     def set_capacities(
         self, res_cap: FloatArray, now_s: float
     ) -> tuple[list[tuple[int, float]], list[int]]:
