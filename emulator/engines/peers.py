@@ -360,7 +360,7 @@ class LocalDevice:
         UB hot path (the fabric's two Delivers of every transaction)."""
         engine = self.engine
         gate_open = not engine.effects.crashed and engine.effects.answering.is_set()
-        if gate_open and not waits:
+        if gate_open and (not waits or deadline_s is None):  # nothing to bound: no frame more
             try:
                 return await call
             except EmulatorError as exc:
