@@ -1,5 +1,5 @@
 """The Gateway service's messages <-> the RDMA gateway's domain types
-(emulator/engines/gateway/types.py; faults: emulator/model/rdmagraph.py `RdmaFault`)."""
+(emulator/engines/gateway/types.py; faults: emulator/model/rdmafault.py `RdmaFault`)."""
 
 from __future__ import annotations
 
