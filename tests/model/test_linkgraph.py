@@ -31,6 +31,7 @@ from cmemu.emulator.model.routes import Route
 from cmemu.emulator.model.topology import DeviceKind, build
 
 GB = 1e9
+LINK0 = "n00-npu0.d0~n00-l1s0"
 
 
 @pytest.fixture
@@ -274,6 +275,12 @@ def test_partition_and_dead_routes_are_unavailable(graph: LinkGraph) -> None:
         ),
         (FaultSpec(kind="l1-board", params=NoParams(), target="n00-l1s0"), InvalidArgumentError),
         (FaultSpec(kind="l1-board", params=NoParams(), target="n09"), NotFoundError),
+        # params of another kind's class: a catch-all cannot sneak back in
+        (FaultSpec(kind="link-degraded", params=NoParams(), target=LINK0), InvalidArgumentError),
+        (
+            FaultSpec(kind="link-loss", params=LinkDegradedParams(factor=0.5), target=LINK0),
+            InvalidArgumentError,
+        ),
     ],
 )
 def test_bad_faults_are_refused_and_change_nothing(

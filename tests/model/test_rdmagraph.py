@@ -143,6 +143,9 @@ def test_fault_inputs_are_checked() -> None:
             RdmaFault(kind="switch-down", params=NoParams(), target="l2-p0-s0")
         )  # a UB switch
     assert switch.value.reason == "SWITCH_NOT_FOUND"
+    with pytest.raises(InvalidArgumentError) as other:  # another kind's params class
+        faults.add(RdmaFault(kind="link-slow", params=NoParams(), target="n00-leaf~spine0"))
+    assert other.value.reason == "WRONG_FAULT_PARAMS"
     with pytest.raises(InvalidArgumentError, match="factor"):
         faults.add(
             RdmaFault(

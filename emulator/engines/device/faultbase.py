@@ -15,6 +15,7 @@ import structlog
 
 from cmemu.emulator.model.errors import EmulatorError, NotFoundError, OutOfRangeError
 from cmemu.emulator.model.faults.fabric import FaultSpec
+from cmemu.emulator.model.faults.fabric.rank_slow import RankSlowParams
 from cmemu.emulator.model.faults.params import NoParams, params_text
 from cmemu.emulator.model.topology import DeviceKind
 
@@ -82,7 +83,7 @@ async def rank_fault(
     kind: str,
     *,
     die: int | None = None,
-    params: object = NO_PARAMS,
+    params: NoParams | RankSlowParams = NO_PARAMS,
 ) -> None:
     """Carry a fault of an NPU to the collectives it is a rank of (the data path): the fabric
     fails, holds or slows them (emulator/model/faults/fabric/ rank_down, rank_hung, rank_slow;

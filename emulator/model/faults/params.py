@@ -156,11 +156,10 @@ def rechecked(params: P, *, kind: str) -> P:
 
 def params_text(params: object) -> dict[str, str]:
     """A params dataclass as text (`wipe=true`), for logs and events."""
-    out: dict[str, str] = {}
-    for f in dataclasses.fields(params):  # type: ignore[arg-type]
-        value = getattr(params, f.name)
-        out[f.name] = ("true" if value else "false") if isinstance(value, bool) else f"{value}"
-    return out
+    return {
+        name: ("true" if value else "false") if isinstance(value, bool) else f"{value}"
+        for name, value in values(params).items()
+    }
 
 
 def describe(cls: type[Any]) -> list[tuple[str, str, str | None, str]]:
