@@ -32,11 +32,14 @@ class DeadlineWheel:
     """`with wheel.bound():` ends its body with TimeoutError once `emulated_s` emulated seconds
     have passed since entering it (in a task; the body's awaits are where it is ended)."""
 
-    __slots__ = ("_bound_ns", "_clock", "_handle", "_queue", "emulated_s")
+    __slots__ = ("_bound_ns", "_clock", "_handle", "_queue", "emulated_s", "min_wall_s")
 
-    def __init__(self, clock: Clock, emulated_s: float) -> None:
+    def __init__(self, clock: Clock, emulated_s: float, *, min_wall_s: float = 0.0) -> None:
+        """`min_wall_s`: a floor in wall seconds (as EmulatedDeadline's): at a fast time scale
+        the emulated bound is a few wall milliseconds, less than a loaded host's delays."""
         self._clock = clock
         self.emulated_s = emulated_s
+        self.min_wall_s = max(0.0, min_wall_s)
         self._bound_ns = round(max(0.0, emulated_s) * 1e9)
         self._queue: deque[Bound] = deque()
         self._handle: asyncio.TimerHandle | None = None
@@ -52,8 +55,9 @@ class DeadlineWheel:
     def _enter(self, call: Bound) -> int:
         self._queue.append(call)
         due_ns = self._clock.now_ns() + self._bound_ns
+        call.wall_due = asyncio.get_running_loop().time() + self.min_wall_s
         if self._handle is None:
-            self._arm(due_ns)
+            self._arm(due_ns, self.min_wall_s)
         return due_ns
 
     def _leave(self) -> None:
@@ -61,21 +65,24 @@ class DeadlineWheel:
         while queue and queue[0].state != _RUNNING:
             queue.popleft()
 
-    def _arm(self, due_ns: int) -> None:
+    def _arm(self, due_ns: int, wall_left_s: float = 0.0) -> None:
         clock = self._clock
-        delay = clock.wall_at(due_ns) - clock.wall()
+        delay = max(clock.wall_at(due_ns) - clock.wall(), wall_left_s)
         loop = asyncio.get_running_loop()
         self._handle = loop.call_later(delay if delay > 0 else REARM_WHILE_HELD_S, self._fire)
 
     def _fire(self) -> None:
         self._handle = None
         now = self._clock.now_ns()
+        wall = asyncio.get_running_loop().time()
         queue = self._queue
         while queue:
             head = queue[0]
             if head.state == _RUNNING:
-                if head.due_ns > now:
-                    self._arm(head.due_ns)
+                # both dues grow along the queue (one bound's length, one floor): the head's
+                # are the earliest of the calls running
+                if head.due_ns > now or head.wall_due > wall:
+                    self._arm(head.due_ns, head.wall_due - wall)
                     return
                 head.state = _EXPIRED
                 head.task.cancel()  # suspended in its body: the wheel runs between its steps
@@ -85,12 +92,13 @@ class DeadlineWheel:
 class Bound:
     """One call under a wheel's bound (what asyncio.timeout's Timeout is, without a timer)."""
 
-    __slots__ = ("_cancelling", "_wheel", "due_ns", "state", "task")
+    __slots__ = ("_cancelling", "_wheel", "due_ns", "state", "task", "wall_due")
 
     def __init__(self, wheel: DeadlineWheel) -> None:
         self._wheel = wheel
         self.state = _RUNNING
         self.due_ns = 0
+        self.wall_due = 0.0  # the loop's time before which the floor keeps it running
 
     def __enter__(self) -> Bound:
         task = asyncio.current_task()

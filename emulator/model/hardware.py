@@ -192,6 +192,9 @@ class EmsProfile:
     io_timeout_s: float = fig(20.0, "assumed")  # one UB transaction of EMS
     call_timeout_s: float = fig(5.0, "assumed")  # a region's allocation or free
     probe_timeout_s: float = fig(1.0, "assumed")  # a sweep's wait for a pool's fault state
+    # wall seconds each of the three bounds lasts at least: at a fast time scale (x1000: 20 ms
+    # of wall) a loaded host's scheduling alone outlasted them and failed healthy pools' calls
+    timeout_min_wall_s: float = fig(2.0, "assumed")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,11 +14,13 @@ from cmemu.emulator.model.clock import Clock
 
 @pytest.mark.parametrize("hung", [True, False])
 async def test_it_ends_a_hang_once_its_emulated_seconds_have_passed(hung: bool) -> None:
-    clock = Clock(time_scale=1000.0)  # 5 emulated seconds are 5 wall milliseconds
+    # 5 emulated seconds are 0.5 wall s: the twin's answer, one loop round away, would need a
+    # stall that long to lose the race (at x1000 a 5 ms stall of a loaded host lost it)
+    clock = Clock(time_scale=10.0)
     wheel = DeadlineWheel(clock, 5.0)
     event = asyncio.Event()
     if not hung:
-        asyncio.get_running_loop().call_later(0.001, event.set)
+        asyncio.get_running_loop().call_soon(event.set)
 
     async def call() -> str:
         with wheel.bound():
@@ -37,7 +39,7 @@ async def test_it_ends_a_hang_once_its_emulated_seconds_have_passed(hung: bool) 
 async def test_a_hang_behind_calls_that_finished_is_still_ended() -> None:
     """The timer is armed for the first call, which answers at once; the hung one entered after
     it must not be left without a timer."""
-    clock = Clock(time_scale=1000.0)
+    clock = Clock(time_scale=10.0)  # 0.2 wall s: the quick calls' one round each is far less
     wheel = DeadlineWheel(clock, 2.0)
 
     async def quick() -> None:
@@ -124,4 +126,26 @@ async def test_only_its_own_cancellation_becomes_a_timeout(own: bool) -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+    assert wheel.pending == 0
+
+
+@pytest.mark.parametrize("floor_s", [0.3, 0.0])
+async def test_a_wall_floor_holds_a_bound_a_fast_clock_would_end_at_once(floor_s: float) -> None:
+    """At x1000 EMS's 20 emulated s are 20 wall ms, less than a loaded host's scheduling delays:
+    the floor keeps the bound at least its wall seconds, and a hang is still ended. Removing the
+    floor fails the first case (the hang ends at once); the second is a hang with no floor,
+    ended too. Only "not before" is asserted: load can only make an ending later."""
+    clock = Clock(time_scale=1000.0)
+    wheel = DeadlineWheel(clock, 0.001, min_wall_s=floor_s)  # 1 emulated ms: 1 wall us
+    loop = asyncio.get_running_loop()
+
+    async def hang() -> None:
+        with wheel.bound():
+            await asyncio.Event().wait()
+
+    started = loop.time()
+    task = asyncio.create_task(hang())
+    done, _ = await asyncio.wait({task}, timeout=60)  # a bound on a broken wheel, not a timing
+    assert done and isinstance(task.exception(), TimeoutError)
+    assert loop.time() - started >= floor_s
     assert wheel.pending == 0

@@ -147,7 +147,9 @@ class Store:
         length (engines/wheel.py: a put makes six such calls, a get one)."""
         wheel = self._wheels.get(emulated_s)
         if wheel is None:
-            wheel = self._wheels[emulated_s] = DeadlineWheel(self.clock.clock, emulated_s)
+            wheel = self._wheels[emulated_s] = DeadlineWheel(
+                self.clock.clock, emulated_s, min_wall_s=self.ems.timeout_min_wall_s
+            )
         try:
             with wheel.bound():
                 return await call
