@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import structlog
 
 from cmemu.emulator.engines.clock import Timeline
-from cmemu.emulator.engines.deadline import EmulatedDeadline
+from cmemu.emulator.engines.deadline import answer_within
 from cmemu.emulator.engines.ems.ssd import SsdTier
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.peers import DevicePeer
@@ -143,13 +143,7 @@ class Store:
     async def _within(self, device: Device, call: Awaitable[T], emulated_s: float) -> T:
         """A call to a device's peer, bounded in emulated time (see engines/deadline.py: a bound
         in wall seconds failed healthy pools on a starved host)."""
-        try:
-            async with EmulatedDeadline(self.clock.clock, emulated_s):
-                return await call
-        except TimeoutError:
-            raise DeadlineExceededError(
-                f"{device.id} gave no answer within {emulated_s:g} emulated s"
-            ) from None
+        return await answer_within(self.clock.clock, emulated_s, call, peer=device.id)
 
     async def _reached(self, device: Device, call: Awaitable[T], emulated_s: float) -> T:
         """`_within`, and a pool that does not answer is suspect at once, ahead of the next
