@@ -109,6 +109,13 @@ class ScaleOutProfile:
     nic_latency_s: float = fig(1.5e-6, "assumed")  # each end's RDMA NIC, one way
     switch_latency_s: float = fig(1.0e-6, "assumed")  # each switch crossed, one way
     efficiency: float = fig(0.9, "assumed")  # of a port's line rate achieved by RoCE traffic
+    # A bound on a hang in the plane's data path, in emulated seconds (engines/deadline.py), so
+    # that a starved host stretches it: a gateway waits this long for a peer gateway's agreement
+    # to a connection or an op's landing there, and for its own NPU's Deliver, before the op
+    # fails DEADLINE_EXCEEDED; never under the wall floor below (at a fast time scale its
+    # emulated seconds are milliseconds, under one RPC between processes on a loaded host)
+    peer_timeout_s: float = fig(30.0, "assumed")
+    peer_timeout_min_wall_s: float = fig(5.0, "assumed")
 
     def latency_s(self, switches: int) -> float:
         """One way through both NICs and `switches` switches."""

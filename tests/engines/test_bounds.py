@@ -1,12 +1,14 @@
 """The engines' bounds on a hung device or service count emulated time (engines/deadline.py): a
 KV region's allocation and release on an NPU (serving.kv_region_timeout_s), a training step's
 collectives (training.step_deadline_s), an ended job's release by the scheduler
-(training.release_wait_s) and the manager's diagnosis of a straggler (manager.
-heartbeat_deadline_s). Each is asked of a real hung device or service of an in-process cm-mini,
-by a component of the test's own on a clock of the test's own, at 1,000 emulated seconds per
-wall second and with no wall floor: the hang is ended within wall milliseconds. The twin holds
-that clock (a stalled owner of time: no emulated second passes), and the same call is still
-waiting seconds later, then completes once the hang is cleared (nothing given up on early)."""
+(training.release_wait_s), the manager's diagnosis of a straggler
+(manager.heartbeat_deadline_s) and an RDMA gateway's landing of an op on an NPU
+(scaleout.peer_timeout_s). Each is asked of a real hung device or service of an in-process
+cm-mini (cm-minix1 for the gateway), by a component of the test's own on a clock of the test's
+own, at 1,000 emulated seconds per wall second and with no wall floor: the hang is ended within
+wall milliseconds. The twin holds that clock (a stalled owner of time: no emulated second
+passes), and the same call is still waiting seconds later, then completes once the hang is
+cleared (nothing given up on early)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from cmemu.emulator.client import faults
 from cmemu.emulator.client.ems import EmsClient
 from cmemu.emulator.client.scheduler import SchedulerClient
 from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.gateway.engine import GatewayEngine
+from cmemu.emulator.engines.gateway.types import Landing, RdmaOp
 from cmemu.emulator.engines.manager.engine import ManagerEngine
 from cmemu.emulator.engines.peers import LocalFabric
 from cmemu.emulator.engines.serving.deploy import Provisioner
@@ -47,6 +51,7 @@ PROFILE = replace(
     serving=replace(DEFAULT_PROFILE.serving, step_deadline_min_wall_s=0.0),
     training=replace(DEFAULT_PROFILE.training, deadline_min_wall_s=0.0),
     manager=replace(DEFAULT_PROFILE.manager, heartbeat_deadline_min_wall_s=0.0),
+    scaleout=replace(DEFAULT_PROFILE.scaleout, peer_timeout_min_wall_s=0.0),
 )
 
 
@@ -211,6 +216,36 @@ async def test_a_straggler_diagnosis_on_a_hung_npu_ends_after_its_emulated_secon
         await peers.close()
 
 
+@pytest.fixture(scope="module")
+async def minix() -> AsyncIterator[Supernode]:
+    async with running_supernode("cm-minix1", time_scale=50.0) as supernode:
+        yield supernode
+
+
+@pytest.mark.parametrize("held", [False, True])
+async def test_a_gateways_landing_on_a_hung_npu_ends_after_its_emulated_seconds(
+    minix: Supernode, held: bool
+) -> None:
+    """The gateway's data path (an op's check and landing on the NPU it addresses); a peer
+    gateway's agreement and landing go through the same bound (GatewayState.answer)."""
+    peers = Peers(minix.topology)
+    gateway = GatewayEngine(
+        topology=minix.topology, profile=PROFILE, clock=clock_of(held), peers=peers
+    )
+    (npu,) = npus(minix, 1)
+    region = await peers.device(npu).allocate(4096, "b/rdma", deadline_s=None)
+    landing = Landing(
+        op=RdmaOp.WRITE, npu=npu.id, offset=region.offset, data=b"", size=64, size_only=True,
+        check_only=True, src=die_id(npus(minix, 2)[1].id, 0), id="b-land", issue_ns=0,
+    )  # fmt: skip
+    try:
+        landed = await hung(minix, npu.id, "hang", lambda: gateway.land(landing), held=held)
+        assert landed == (b"" if held else None)
+    finally:
+        await peers.device(npu).free(region.region_id, deadline_s=None)
+        await peers.close()
+
+
 def test_the_profile_here_has_no_wall_floors() -> None:
     """Else a floor, not the emulated bound, could be what ends the calls above."""
     p: HardwareProfile = PROFILE
@@ -218,5 +253,6 @@ def test_the_profile_here_has_no_wall_floors() -> None:
         p.serving.step_deadline_min_wall_s,
         p.training.deadline_min_wall_s,
         p.manager.heartbeat_deadline_min_wall_s,
+        p.scaleout.peer_timeout_min_wall_s,
     )
-    assert floors == (0.0, 0.0, 0.0)
+    assert floors == (0.0, 0.0, 0.0, 0.0)
