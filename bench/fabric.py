@@ -7,7 +7,8 @@
    wall time the fabric needs to compute it (median of several). Target under 50 ms.
 3. Wall-clock pacing at time_scale 1 for transfers of 10 ms emulated or more: how late the reply
    reaches the client after the emulated completion instant, relative to the transfer's emulated
-   duration (median and worst). Target within 5%.
+   duration (median and worst), net of a 64-byte call's round trip (and raw, from the send).
+   Targets (issue 18): median within 2%, worst within 5%.
 4. The calibration rows, model (the live fabric over gRPC) against published: the four UB rows
    (NPU -> NPU and NPU -> CPU memory, read and write: bandwidth of a 1 GiB transfer beyond a
    512-byte one, and the 512-byte time) and MoE dispatch and combine at EP8 and EP256.
@@ -17,6 +18,7 @@ Writes bench/results/fabric.json and bench/results/fabric.png (model / published
     python bench/fabric.py [--seconds 5] [--concurrency 32] [--results DIR]
     python bench/fabric.py --seconds 0.5 --runs 1 --concurrency 4   # the quickest (still cm384)
     python bench/fabric.py --only ep320 --runs 15   # the EP320 rows alone
+    python bench/fabric.py --only pacing            # the pacing rows alone
 """
 
 from __future__ import annotations
@@ -217,17 +219,23 @@ async def pair_a2a_64(clients: Clients, runs: int) -> None:
     )
 
 
-async def pacing(topology: Topology, clients: Clients) -> None:
-    dst = topology.device("n01-npu0")
+async def pacing(topology: Topology, clients: Clients, out: dict[str, object]) -> None:
+    """How late a paced transfer's reply reaches the client, as a share of its emulated duration.
+
+    The raw figure counts from the send, so it holds the call's own round trip (1-2 ms through
+    gRPC in one busy process, a tenth of a 10 ms transfer) beside the emulator's pacing. The net
+    figure takes off the round trip of a 64-byte transaction to the same device measured just
+    before and just after each transfer (median of 3 each side): what is left is how far the
+    emulator held the reply past the transfer's end, the thing pacing means."""
+    src, dst = clients.bus("n00-npu0"), topology.device("n01-npu0")
     size = 16 << 30
     region = await clients.device(dst.id).AllocateRegion(
         device_pb2.AllocateRegionRequest(size=size)
     )
-    errors = []
-    for emulated_ms in (10, 20, 50, 100, 10, 20, 50, 100):
-        nbytes = int(163.66e9 * emulated_ms / 1e3)
-        sent = time.time()
-        done = await clients.bus("n00-npu0").Submit(
+
+    async def submit(nbytes: int) -> tuple[float, float]:
+        sent = time.perf_counter()
+        done = await src.Submit(
             ub_pb2.UbTransaction(
                 op=ub_pb2.UB_OP_WRITE,
                 dst=ub_pb2.UbAddress(eid=dst.eid, offset=region.offset),
@@ -235,16 +243,44 @@ async def pacing(topology: Topology, clients: Clients) -> None:
                 size_only=True,
             )
         )
-        received = time.time()
-        duration = (done.complete_ns - done.issue_ns) / 1e9
+        return time.perf_counter() - sent, (done.complete_ns - done.issue_ns) / 1e9
+
+    async def round_trip() -> float:
+        return statistics.median([(await submit(64))[0] for _ in range(3)])
+
+    clock_before = await clients.fabric().GetClock(fabric_pb2.GetClockRequest())
+    raw, net = [], []
+    for emulated_ms in (10, 20, 50, 100) * 4:
+        before = await round_trip()
         # at time scale 1 the reply is due `duration` after it was sent; measured from the send,
         # not from the epoch, since dilation cuts the emulator's stalls (the EP320 timings
         # above) out of emulated time, so emulated time is not wall time minus the epoch
-        errors.append((received - sent - duration) / duration)
+        took, duration = await submit(int(163.66e9 * emulated_ms / 1e3))
+        after = await round_trip()
+        raw.append((took - duration) / duration)
+        net.append((took - duration - (before + after) / 2) / duration)
+    clock_after = await clients.fabric().GetClock(fabric_pb2.GetClockRequest())
+    figures = {
+        "median_pct": statistics.median(net) * 100,
+        "worst_pct": max(net, key=abs) * 100,
+        "raw_median_pct": statistics.median(raw) * 100,
+        "raw_worst_pct": max(raw) * 100,
+        "transfers": len(net),
+        # a dilated clock (the emulator lagging) holds replies longer by design: said, not hidden
+        "rate_before": clock_before.rate,
+        "rate_after": clock_after.rate,
+        "stalled_s": clock_after.stalled_s - clock_before.stalled_s,
+    }
+    out["pacing"] = figures
     print(
-        f"pacing_late_pct        median {statistics.median(errors) * 100:.2f}, "
-        f"worst {max(errors) * 100:.2f}, earliest {min(errors) * 100:.2f}  "
-        "(reply after the emulated completion, % of a 10-100 ms transfer; target within 5)"
+        f"pacing_late_pct        median {figures['median_pct']:.2f}, "
+        f"worst {figures['worst_pct']:.2f}  (the reply past the transfer's end, net of a "
+        "64-byte call's round trip, % of a 10-100 ms transfer; targets 2 and 5)\n"
+        f"pacing_raw_late_pct    median {figures['raw_median_pct']:.2f}, "
+        f"worst {figures['raw_worst_pct']:.2f}  (from the send, the round trip included)\n"
+        f"pacing_clock           rate {clock_before.rate:.3f} before, {clock_after.rate:.3f} "
+        f"after (asked {clock_before.time_scale:g}), {figures['stalled_s']:.3f} wall s of stalls "
+        "cut out meanwhile"
     )
 
 
@@ -256,10 +292,13 @@ async def main_async(args: argparse.Namespace, path: Path) -> dict[str, object]:
         if args.only == "ep320":
             await ep320(clients, args.runs, out)
             return out
+        if args.only == "pacing":
+            await pacing(topology, clients, out)
+            return out
         await throughput(topology, clients, args.seconds, args.concurrency)
         await ep320(clients, args.runs, out)
         await pair_a2a_64(clients, min(3, args.runs))  # about 1 CPU s each: --runs 1 runs one
-        await pacing(topology, clients)
+        await pacing(topology, clients, out)
         await ub_rows(topology, clients, out)
         await moe_rows(topology, clients, out)
     finally:
@@ -276,7 +315,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument(
         "--only",
-        choices=["ep320"],
+        choices=["ep320", "pacing"],
         help="run only this row (no results written): to alternate runs of two trees quickly",
     )
     outputs.add_option(parser)

@@ -5,6 +5,7 @@ holds the other interceptor, GUARD)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
@@ -13,6 +14,13 @@ import grpc
 from cmemu.services.rpc import Context, _Handler, _ServerInterceptor
 
 MANAGEMENT_PREFIX = "/cmemu.v1.Device/"
+
+
+@functools.cache
+def _full_names(methods: frozenset[str]) -> frozenset[str]:
+    """The Device methods' full names, made once and shared by every gate that exempts the
+    same methods (cm384: 629 gates, each with its own set of the same five strings before)."""
+    return frozenset(f"{MANAGEMENT_PREFIX}{m}" for m in methods)
 
 
 class HangGate(_ServerInterceptor):
@@ -27,7 +35,7 @@ class HangGate(_ServerInterceptor):
     def __init__(self, exempt: frozenset[str] = frozenset()) -> None:
         self.answering = asyncio.Event()
         self.answering.set()
-        self.exempt = frozenset(f"{MANAGEMENT_PREFIX}{m}" for m in exempt)
+        self.exempt = _full_names(exempt)
         self.delay: Callable[[], Awaitable[None]] | None = None
         self.refusing = ""
 

@@ -8,8 +8,8 @@ It is a gateway's GatewayDirectory too: a gateway of the RDMA plane hosted here 
 (`LocalGateway`), any other the typed gRPC client (emulator/client/gateway.py).
 It is the cluster manager's ControlPlane too: the scheduler directly where this process hosts
 its engine (`LocalScheduler`, engines/scheduler/local.py), else over gRPC (emulator/client/
-control.py); the router over gRPC; the training jobs directly where this process hosts them (the
-manager's); a server's health over gRPC.
+control.py); the router the same way (`LocalRouter`, engines/serving/local.py); the training jobs
+directly where this process hosts them (the manager's); a server's health over gRPC.
 And it is what the serving and training engines reach the scheduler and EMS through
 (`job_scheduler`, `kv_store`): the engine hosted here (`LocalScheduler`, `LocalEms`: the
 runtime's waves make the scheduler and EMS before the router and the manager), else the typed
@@ -51,6 +51,8 @@ if TYPE_CHECKING:  # hosted in the fabric's process only (numpy): not every proc
     from cmemu.emulator.engines.peers import JobScheduler
     from cmemu.emulator.engines.scheduler.engine import SchedulerEngine
     from cmemu.emulator.engines.scheduler.local import LocalScheduler
+    from cmemu.emulator.engines.serving.engine import ServingEngine
+    from cmemu.emulator.engines.serving.local import LocalRouter
     from cmemu.emulator.engines.serving.peers import KvStore
 
 
@@ -68,7 +70,7 @@ class Peers:
         self._scheduler: RemoteScheduler | None = None
         self._local_scheduler: LocalScheduler | None = None
         self._local_ems: LocalEms | None = None
-        self._router: RemoteRouter | None = None
+        self._router: RemoteRouter | LocalRouter | None = None
 
     # --- the engines' Directory ----------------------------------------------------------------
 
@@ -140,6 +142,12 @@ class Peers:
 
             self._scheduler = RemoteScheduler(self.channel(self._address(ServiceKind.SCHEDULER)))
         return self._scheduler
+
+    def host_router(self, engine: ServingEngine) -> None:
+        """The router's serving engine of this process: called directly, never over gRPC."""
+        from cmemu.emulator.engines.serving.local import LocalRouter
+
+        self._router = LocalRouter(engine)
 
     def router(self) -> RouterPeer:
         if self._router is None:

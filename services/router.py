@@ -58,6 +58,7 @@ class RouterState:
             ems=peers.kv_store(),
             events=events,
         )
+        self.outage = self.engine.outage  # what runtime/servicecontrol.py sets on service-down
         self.http = (
             OpenAiServer(router=self.engine, profile=profile, clock=clock.clock)
             if http_address
@@ -167,6 +168,7 @@ def create_router(
         events=events,
         http_address=service.http_address,
     )
+    peers.host_router(state.engine)  # the cluster manager of this process calls it directly
     servicer = RouterServicer(state)
     state.host = host = ServiceHost(
         name="router",

@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from dataclasses import fields
 from typing import Any
 
 from cmemu.emulator.cli.argtypes import (
@@ -29,6 +30,8 @@ from cmemu.emulator.engines.gateway.types import (
     RdmaOp,
     RouteInfo,
 )
+from cmemu.emulator.model.faults import gateway as gateway_kinds
+from cmemu.emulator.model.faults.params import NoParams, values
 from cmemu.emulator.model.naming import parse_id
 from cmemu.emulator.model.rdmafault import RdmaFault
 from cmemu.emulator.runtime import state
@@ -249,31 +252,45 @@ def _route(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fault_row(f: RdmaFault) -> dict[str, Any]:
-    detail = []
-    if f.factor:
-        detail.append(f"factor={f.factor:g}")
+def _fault_row(f: RdmaFault[Any]) -> dict[str, Any]:
+    detail = [
+        f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}"
+        for name, value in values(f.params).items()
+        if value
+    ]
     if f.until_s:
         detail.append(f"until={f.until_s:.3f}s")
     return {"id": f.id, "kind": f.kind, "target": f.target, "detail": " ".join(detail)}
+
+
+def _params(kind: str, factor: float | None) -> object:
+    """The kind's params from the one option that sets any (--factor; 0 when left out), as
+    given: the gateway checks them and names a bad or missing one."""
+    cls = gateway_kinds.PARAMS.get(kind, NoParams)  # an unknown kind: the gateway names it
+    given = {"factor": factor or 0.0} if "factor" in {f.name for f in fields(cls)} else {}
+    made: object = cls(**given)
+    return made
 
 
 def _fault(args: argparse.Namespace) -> int:
     action = args.fault_action
     if action == "add":
         fault = RdmaFault(
-            kind=args.kind, target=args.target or "", factor=args.factor or 0.0, for_s=args.for_s
+            kind=args.kind,
+            params=_params(args.kind, args.factor),
+            target=args.target or "",
+            for_s=args.for_s,
         )
-        stored: RdmaFault = _run(args, lambda g: g.inject_fault(fault, deadline_s=None))
+        stored: RdmaFault[Any] = _run(args, lambda g: g.inject_fault(fault, deadline_s=None))
         print_rows([_fault_row(stored)], FAULT_COLUMNS, as_json=args.json)
         return 0
     if action == "clear":
-        left: list[RdmaFault] = _run(
+        left: list[RdmaFault[Any]] = _run(
             args, lambda g: g.clear_fault(args.id or "", all=args.all, deadline_s=None)
         )
         print(f"cleared {args.id or 'all'}; {len(left)} left")
         return 0
-    listed: list[RdmaFault] = _run(args, lambda g: g.list_faults(deadline_s=None))
+    listed: list[RdmaFault[Any]] = _run(args, lambda g: g.list_faults(deadline_s=None))
     rows = [_fault_row(f) for f in listed]
     if rows or args.json:
         print_rows(rows, FAULT_COLUMNS, as_json=args.json)

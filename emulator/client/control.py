@@ -1,13 +1,11 @@
 """The control plane's services as the cluster manager's engine calls them: the gRPC side of
 the SchedulerPeer, RouterPeer and TrainingPeer protocols (emulator/engines/peers.py).
 
-The router has no engine of its own to call yet, so `RemoteRouter` is its only implementation
-(the manager reaches it over gRPC even in one process). The scheduler's engine answers directly
-where the manager's process hosts it (emulator/engines/scheduler/local.py, through its outage,
-so a killed or hung scheduler looks the same whichever launcher runs it); `RemoteScheduler` is
-for a manager in another process. The training jobs live on the manager's own server: their
-engine answers directly there (emulator/engines/training/), and `RemoteTraining` is for a
-caller in another process. A failed call raises the EmulatorError its
+Each is for a manager in another process than the service's. In the same process the
+service's engine answers directly, through its outage, so a killed or hung service looks the
+same whichever launcher runs it: the scheduler's (emulator/engines/scheduler/local.py), the
+router's (emulator/engines/serving/local.py), and the training jobs', which live on the
+manager's own server (emulator/engines/training/). A failed call raises the EmulatorError its
 status names, prefixed with the service's name, as emulator/client/remote.py's peers do.
 """
 

@@ -10,6 +10,8 @@ failure is the server's message unprefixed (`prefixed=False`), as a person reads
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 from cmemu.emulator.client.clients import Clients
@@ -107,19 +109,21 @@ class RemoteGateway:
             await reply_of(self._prefix, self._stub.Route(request, timeout=deadline_s))
         )
 
-    async def inject_fault(self, fault: RdmaFault, *, deadline_s: float | None) -> RdmaFault:
+    async def inject_fault(
+        self, fault: RdmaFault[Any], *, deadline_s: float | None
+    ) -> RdmaFault[Any]:
         request = wire.fault_proto(fault)
         stored = await reply_of(self._prefix, self._stub.InjectFault(request, timeout=deadline_s))
         return wire.fault(stored)
 
     async def clear_fault(
         self, fault_id: str, *, all: bool, deadline_s: float | None
-    ) -> list[RdmaFault]:
+    ) -> list[RdmaFault[Any]]:
         request = gateway_pb2.ClearGatewayFaultRequest(id=fault_id, all=all)
         left = await reply_of(self._prefix, self._stub.ClearFault(request, timeout=deadline_s))
         return [wire.fault(f) for f in left.faults]
 
-    async def list_faults(self, *, deadline_s: float | None) -> list[RdmaFault]:
+    async def list_faults(self, *, deadline_s: float | None) -> list[RdmaFault[Any]]:
         request = gateway_pb2.ListGatewayFaultsRequest()
         listed = await reply_of(self._prefix, self._stub.ListFaults(request, timeout=deadline_s))
         return [wire.fault(f) for f in listed.faults]

@@ -140,15 +140,18 @@ async def wait_serving(
     still_starting: Callable[[], None] = lambda: None,
     credentials: Credentials = ANONYMOUS,
     call_timeout_s: float = 5.0,
+    concurrency: int | None = None,
 ) -> None:
     """Return once every address answers SERVING; raise UnavailableError naming the laggards
-    after timeout_s. `still_starting` may raise to give up early (a process died).
+    after timeout_s. `still_starting` may raise to give up early (a process died). At most
+    `concurrency` checks are open at a time (None: each way of asking its own default).
 
     Plaintext servers are asked on bare asyncio sockets (h2async: the same Health/Check on the
     wire, without a grpc.aio channel per server, which is most of the cost of asking 629);
     TLS servers through grpc.aio with the CA of `credentials`."""
     pending = list(addresses)
     statuses: dict[str, str] = {}
+    limit = {} if concurrency is None else {"concurrency": concurrency}
     deadline = time.monotonic() + timeout_s
     while pending:
         still_starting()
@@ -157,9 +160,11 @@ async def wait_serving(
             more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
             raise UnavailableError(f"{len(pending)} servers not SERVING: {shown}{more}")
         if credentials.ca_pem is None:
-            statuses = await h2async.status_many(pending, timeout_s=call_timeout_s)
+            statuses = await h2async.status_many(pending, timeout_s=call_timeout_s, **limit)
         else:
-            statuses = await check_many(pending, timeout_s=call_timeout_s, credentials=credentials)
+            statuses = await check_many(
+                pending, timeout_s=call_timeout_s, credentials=credentials, **limit
+            )
         pending = [a for a, s in statuses.items() if s != "SERVING"]
         if pending:
             await asyncio.sleep(0.1)

@@ -8,7 +8,7 @@ the training jobs) are in emulator/client/control.py."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -159,7 +159,7 @@ class RemoteFabric:
         )
         return fabric_wire.arrival_batch(reply)
 
-    async def link_fault(self, spec: FaultSpec) -> FaultSpec:
+    async def link_fault(self, spec: FaultSpec[Any]) -> FaultSpec[Any]:
         request = fabric_wire.fault_proto(spec)
         stored = await reply_of("fabric", self._stub.InjectFault(request, timeout=FAULT_CALL_S))
         return fabric_wire.fault_spec(stored)

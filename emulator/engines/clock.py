@@ -239,12 +239,17 @@ class Governor:
                 lag = loop.time() - before - p.tick_s
                 self.last_lag_s = lag
                 self.worst_lag_s = max(self.worst_lag_s, lag)
-                self.window.add(lag)
                 if self.owner and p.dilation:
                     cut = self.clock.resume(self.clock.wall() + p.horizon_s)
                     if cut:
                         log.info("stall cut out of emulated time", wall_s=round(cut, 3))
                         self.timeline.changed()
+                        # emulated time never saw the part cut out: only what ran before the
+                        # horizon held it is lateness a deadline could read. Counted whole, one
+                        # stall (the boot's second, a collective's solve) slowed time to a
+                        # tenth for the 5 s the rate takes to climb back by raise_factor
+                        lag -= cut
+                self.window.add(lag)
             lag_s = self.window.quantile(p.lag_quantile)
             self.window = LagWindow()
             rate = fastest_rate(p, lag_s, self.clock.time_scale) if p.dilation else math.inf

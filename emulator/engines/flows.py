@@ -46,6 +46,13 @@ class FlowClock:
         (a call still arriving while its server stops)."""
         if self._closing:
             raise UnavailableError(self._closed)
+        if not resources:
+            # crossing nothing shared (a device's transfer within itself: EMS's copies), it
+            # shares with no flow issued beside it: ended already (a small one has), it is
+            # answered now, not after the event-loop round that settles shared flows
+            ended = self.live.ended_alone(start_s, cap, float(nbytes), self.now_s())
+            if ended is not None:
+                return ended + latency_s
         loop = asyncio.get_running_loop()
         future: asyncio.Future[float] = loop.create_future()
         flow_id, finished = self.live.add(start_s, resources, cap, float(nbytes))

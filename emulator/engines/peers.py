@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from cmemu.emulator.model.arrivals import ArrivalBatch
 from cmemu.emulator.model.errors import (
@@ -151,7 +151,7 @@ class FabricPeer(Protocol):
         """The ranks' arrivals of the collectives timed after `after_seq`."""
         ...
 
-    async def link_fault(self, spec: FaultSpec) -> FaultSpec: ...
+    async def link_fault(self, spec: FaultSpec[Any]) -> FaultSpec[Any]: ...
 
     async def clear_fault(self, fault_id: str) -> None: ...
 
@@ -215,13 +215,15 @@ class GatewayPeer(Protocol):
 
     async def route(self, src: str, dst: str, *, deadline_s: float | None) -> RouteInfo: ...
 
-    async def inject_fault(self, fault: RdmaFault, *, deadline_s: float | None) -> RdmaFault: ...
+    async def inject_fault(
+        self, fault: RdmaFault[Any], *, deadline_s: float | None
+    ) -> RdmaFault[Any]: ...
 
     async def clear_fault(
         self, fault_id: str, *, all: bool, deadline_s: float | None
-    ) -> list[RdmaFault]: ...
+    ) -> list[RdmaFault[Any]]: ...
 
-    async def list_faults(self, *, deadline_s: float | None) -> list[RdmaFault]: ...
+    async def list_faults(self, *, deadline_s: float | None) -> list[RdmaFault[Any]]: ...
 
 
 class GatewayDirectory(Protocol):
@@ -363,7 +365,7 @@ class LocalDevice:
         UB hot path (the fabric's two Delivers of every transaction)."""
         engine = self.engine
         gate_open = not engine.effects.crashed and engine.effects.answering.is_set()
-        if gate_open and not waits:
+        if gate_open and (not waits or deadline_s is None):  # nothing to bound: no frame more
             try:
                 return await call
             except EmulatorError as exc:
@@ -460,7 +462,7 @@ class LocalFabric:
             await self.outage.admit(None)
         return self.engine.collective_arrivals(after_seq, limit)
 
-    async def link_fault(self, spec: FaultSpec) -> FaultSpec:
+    async def link_fault(self, spec: FaultSpec[Any]) -> FaultSpec[Any]:
         if self.outage.how:
             await self.outage.admit(None)
         return self.engine.add_fault(spec)

@@ -261,6 +261,9 @@ class _Flow:
         )
 
 
+_NO_RESOURCES: IntArray = np.zeros(0, dtype=np.int64)
+
+
 @dataclass
 class LiveFlows:
     """The flows in flight in a running fabric, advanced by emulated time (seconds).
@@ -292,20 +295,43 @@ class LiveFlows:
 
         An idle fabric starts the flow at start_s even if it was advanced past it meanwhile (its
         issuer stamped it earlier than it arrived): nothing was in flight to be re-timed."""
+        if not resources and not math.isfinite(cap):
+            raise UnavailableError("a flow crosses no resource and has no ceiling")
         if not self.flows and start_s < self.now_s:
             self.now_s = start_s
         finished = self.advance(start_s)
         flow_id = self._next_id
         self._next_id += 1
-        self.flows[flow_id] = _Flow(
-            resources=resources, cap=cap, nbytes=float(nbytes), remaining=float(nbytes)
-        )
+        flow = _Flow(resources=resources, cap=cap, nbytes=float(nbytes), remaining=float(nbytes))
+        self.flows[flow_id] = flow
         if nbytes <= 0:
             finished.append((flow_id, self.now_s))
             del self.flows[flow_id]
             self.completed += 1
-        self._recompute()
+        if resources:
+            self._recompute()
+        else:
+            # A flow that crosses no shared resource (a device's transfer within itself: EMS's
+            # copies, written and read by their own pool) runs at its ceiling whatever else is
+            # in flight, and changes no other flow's share: nothing to recompute (the max-min
+            # arrays cost tens of us per flow added while others are in flight).
+            flow.rate = cap
         return flow_id, finished
+
+    def ended_alone(self, start_s: float, cap: float, nbytes: float, now_s: float) -> float | None:
+        """A flow that crosses no shared resource, asked for at `now_s`: its fluid end when it
+        has ended by then (counted completed; never added), else None (add it). It runs at
+        its ceiling whatever else is in flight (see add), from where add would start it."""
+        if not math.isfinite(cap):
+            raise UnavailableError("a flow crosses no resource and has no ceiling")
+        if cap <= 0:
+            return None
+        start = max(start_s, self.now_s) if self.flows else start_s
+        end = start + nbytes / cap if nbytes > 0 else start
+        if end > now_s:
+            return None
+        self.completed += 1
+        return end
 
     def set_capacities(
         self, res_cap: FloatArray, now_s: float
@@ -340,11 +366,14 @@ class LiveFlows:
                 break
             self._progress(next_s - self.now_s)
             self.now_s = next_s
+            shared = False  # a finished flow shared resources: the others' shares change
             for fid in [fid for fid, f in self.flows.items() if f.done(next_s)]:
                 finished.append((fid, next_s))
-                del self.flows[fid]
+                if self.flows.pop(fid).resources:
+                    shared = True
                 self.completed += 1
-            self._recompute()
+            if shared:
+                self._recompute()
         if to_s > self.now_s:
             self._progress(to_s - self.now_s)
             self.now_s = to_s
@@ -356,16 +385,18 @@ class LiveFlows:
         for f in self.flows.values():
             f.remaining = max(0.0, f.remaining - f.rate * dt)
         busy = self._busy
-        self.res_bytes[busy] += self.res_rate[busy] * dt
+        if busy.size:
+            self.res_bytes[busy] += self.res_rate[busy] * dt
 
     def _recompute(self) -> None:
         """The max-min rates of the flows in flight, over the resources they cross renumbered
         0..k-1 (the same allocation as over every resource: one no flow crosses takes no part)."""
         self.res_rate[self._busy] = 0.0
-        if not self.flows:
-            self._busy = np.zeros(0, dtype=np.int64)
+        # the flows that share resources (one that crosses none keeps its ceiling: see add)
+        flows = [f for f in self.flows.values() if f.resources]
+        if not flows:
+            self._busy = _NO_RESOURCES
             return
-        flows = list(self.flows.values())
         if len(flows) == 1:  # a flow alone (a UB transaction on a quiet fabric): no arrays
             self._alone(flows[0])
             return

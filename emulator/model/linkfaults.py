@@ -13,12 +13,18 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, quote
 from cmemu.emulator.model.faults import fabric
-from cmemu.emulator.model.faults.fabric import FaultSpec, rank_down, rank_hung, rank_slow
-from cmemu.emulator.model.faults.fabric.link_flap import NAME as LINK_FLAP
+from cmemu.emulator.model.faults.fabric import (
+    FaultSpec,
+    link_flap,
+    of_kind,
+    rank_down,
+    rank_hung,
+    rank_slow,
+)
 from cmemu.emulator.model.faults.fabric.link_flap import flap_down, next_flip_s
 
 if TYPE_CHECKING:  # a fault record needs no numpy: a device process imports this module
@@ -45,19 +51,18 @@ class FaultSet:
     """The active faults of one fabric; the graph always equals a clean graph plus all of them."""
 
     graph: LinkGraph
-    faults: dict[str, FaultSpec] = field(default_factory=dict)
+    faults: dict[str, FaultSpec[Any]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
-    def add(self, spec: FaultSpec) -> FaultSpec:
-        kind = fabric.kind_of(spec.kind)
-        fabric.spec_params(spec)
+    def add(self, spec: FaultSpec[Any]) -> FaultSpec[Any]:
+        kind = fabric.kind_of(fabric.checked(spec).kind)
         kind.effect.validate(self.graph, spec)
         if not (math.isfinite(spec.for_s) and spec.for_s >= 0):
             raise InvalidArgumentError(
                 f"for_s must be >= 0 (0: until cleared), got {spec.for_s}", field="for_s"
             )
         stored = replace(spec, id=f"f{next(self._ids)}")
-        if stored.kind == LINK_FLAP:
+        if of_kind(stored, link_flap.KIND):
             stored = replace(stored, down=flap_down(stored, stored.since_s))
         self.faults[stored.id] = stored
         self._reapply()
@@ -86,11 +91,11 @@ class FaultSet:
             self.faults.clear()
         self._reapply()
 
-    def flap(self, now_s: float) -> list[FaultSpec]:
+    def flap(self, now_s: float) -> list[FaultSpec[Any]]:
         """Bring every flapping link to its state at `now_s`; the faults that changed."""
         changed = []
         for fault_id, spec in self.faults.items():
-            if spec.kind == LINK_FLAP and flap_down(spec, now_s) != spec.down:
+            if of_kind(spec, link_flap.KIND) and flap_down(spec, now_s) != spec.down:
                 self.faults[fault_id] = replace(spec, down=not spec.down)
                 changed.append(self.faults[fault_id])
         if changed:
@@ -104,7 +109,7 @@ class FaultSet:
     def next_change_s(self, now_s: float) -> float | None:
         """The next emulated instant a fault flips or expires, if any."""
         times = [f.until_s for f in self.faults.values() if f.for_s]
-        times += [next_flip_s(f, now_s) for f in self.faults.values() if f.kind == LINK_FLAP]
+        times += [next_flip_s(f, now_s) for f in self.faults.values() if of_kind(f, link_flap.KIND)]
         return min(times, default=None)
 
     def ranks(self, names: Iterable[str]) -> RankState:
@@ -126,9 +131,9 @@ class FaultSet:
                     down = name
                 elif f.kind == rank_hung.NAME and hung is None:
                     hung = name
-                elif f.kind == rank_slow.NAME:
-                    share = min(share, f.factor)
-                    slowed[name] = min(slowed.get(name, 1.0), f.factor)
+                elif of_kind(f, rank_slow.KIND):
+                    share = min(share, f.params.factor)
+                    slowed[name] = min(slowed.get(name, 1.0), f.params.factor)
         return RankState(down=down, hung=hung, compute_share=share, slowed=slowed)
 
     def _reapply(self) -> None:

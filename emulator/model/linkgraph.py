@@ -70,8 +70,9 @@ class LinkGraph:
         self.names: list[str] = []  # directed links, "a>b"
         self.kinds: list[LinkKind] = []
         self.ends: list[tuple[str, str]] = []
+        # "a>b" -> its index; a physical link's two directions are 2k (a>b as the topology
+        # names it) and 2k + 1 (b>a), so either index finds both (physical): no second table
         self._index: dict[str, int] = {}
-        self._physical: dict[tuple[str, str], tuple[int, int]] = {}
         self._by_switch: dict[str, list[int]] = defaultdict(list)
         raw: list[float] = []
         eff = ub_efficiency(profile)
@@ -81,23 +82,30 @@ class LinkGraph:
         # crosses: its ports are that many link bytes wide, not derated by the dies' port
         # efficiency (a die's 151 GB/s read of CPU memory is more than 160 x that efficiency).
         cpu_scale = ub_wire_cost(UbOp.READ, DeviceKind.CPU, profile)
+        scales = {
+            kind: cpu_scale
+            if kind in (LinkKind.CPU_PORT, LinkKind.POOL)
+            else eff * ((1 - loss) if kind is LinkKind.L1_L2 else 1.0)
+            for kind in LinkKind
+        }
+        # one pass over cm384's 12,672 links, the fabric's whole start (local names: no
+        # attribute lookups per link)
+        names, kinds, ends, index, by_switch = (
+            self.names, self.kinds, self.ends, self._index, self._by_switch
+        )  # fmt: skip
         for link in topology.links:
-            if link.kind in (LinkKind.CPU_PORT, LinkKind.POOL):
-                scale = cpu_scale
-            else:
-                scale = eff * ((1 - loss) if link.kind is LinkKind.L1_L2 else 1.0)
-            pair = []
-            for a, b in ((link.a, link.b), (link.b, link.a)):
-                name = directed_link_id(a, b)
-                self._index[name] = len(self.names)
-                pair.append(len(self.names))
-                self.names.append(name)
-                self.kinds.append(link.kind)
-                self.ends.append((a, b))
-                raw.append(link.bytes_per_s * scale)
-            self._physical[(link.a, link.b)] = self._physical[(link.b, link.a)] = (pair[0], pair[1])
-            for end in (link.a, link.b):
-                self._by_switch[end].extend(pair)
+            a, b, kind = link.a, link.b, link.kind
+            i = len(names)
+            forward, backward = directed_link_id(a, b), directed_link_id(b, a)
+            index[forward], index[backward] = i, i + 1
+            names += (forward, backward)
+            kinds += (kind, kind)
+            ends += ((a, b), (b, a))
+            cap = link.bytes_per_s * scales[kind]
+            raw += (cap, cap)
+            both = (i, i + 1)
+            by_switch[a] += both
+            by_switch[b] += both
         self.base_cap = np.array(raw)
         self.node_row = {node: i for i, node in enumerate(topology.nodes)}
         self._switches = {s.id: parse_switch(s.id) for s in topology.switches}
@@ -162,15 +170,16 @@ class LinkGraph:
         """Both directions of a physical link, named as naming.py spells links: "a~b" (either
         order) or one of its directions "a>b", as the link statistics print them."""
         name = parse_link(link)
-        pair = self._physical.get((name.a, name.b))
-        if pair is None:
+        i = self._index.get(directed_link_id(name.a, name.b))
+        if i is None:
             raise NotFoundError(
                 f"no link {quote(link)}; a link is 'a~b' or 'a>b'"
                 " (cmemu links, cmemu topology --json)",
                 subject=link,
                 reason="LINK_NOT_FOUND",
             )
-        return pair
+        first = i - i % 2  # the direction the topology names first (__init__)
+        return first, first + 1
 
     def switch_links(self, switch_id: str) -> list[int]:
         parse_switch(switch_id)
@@ -219,13 +228,16 @@ class LinkGraph:
         """Each endpoint's UB ports (of `table`'s trunk members) per plane: the plane of the
         L1 chip at a port's switch end."""
         kinds = (LinkKind.DIE_PORT, LinkKind.CPU_PORT)
+        plane_of = {sid: s.plane for sid, s in self._switches.items()}
+        link_kinds, ends, planes = self.kinds, self.ends, self.planes
         out: dict[str, tuple[tuple[int, ...], ...]] = {}
         for name, links in table.items():
-            per_plane: list[list[int]] = [[] for _ in range(self.planes)]
+            per_plane: list[list[int]] = [[] for _ in range(planes)]
             for i in links:
-                if self.kinds[i] in kinds:
-                    a, b = self.ends[i]
-                    per_plane[(self._switches.get(b) or self._switches[a]).plane].append(i)
+                if link_kinds[i] in kinds:
+                    a, b = ends[i]
+                    plane = plane_of.get(b)
+                    per_plane[plane_of[a] if plane is None else plane].append(i)
             out[name] = tuple(tuple(p) for p in per_plane)
         return out
 
@@ -234,14 +246,21 @@ class LinkGraph:
         shape = (len(self.topology.nodes), self.planes, self.chips)
         up = np.full(shape, -1, dtype=np.int64)
         down = np.full(shape, -1, dtype=np.int64)
-        for i, (a, b) in enumerate(self.ends):
-            if self.kinds[i] is not LinkKind.L1_L2:
+        switches, ends, node_row = self._switches, self.ends, self.node_row
+        row_of_l1: dict[
+            str, int
+        ] = {}  # an L1 chip's node's row: looked up once per chip, not once per link
+        for sid, s in switches.items():
+            if s.tier is Tier.L1:
+                assert s.node_id is not None
+                row_of_l1[sid] = node_row[s.node_id]
+        for i, kind in enumerate(self.kinds):
+            if kind is not LinkKind.L1_L2:
                 continue
-            l1, l2, table = (a, b, up) if self._switches[a].tier is Tier.L1 else (b, a, down)
-            chip = self._switches[l2]
-            node = self._switches[l1].node_id
-            assert node is not None
-            table[self.node_row[node], chip.plane, chip.chip] = i
+            a, b = ends[i]
+            l1, l2, table = (a, b, up) if a in row_of_l1 else (b, a, down)
+            chip = switches[l2]
+            table[row_of_l1[l1], chip.plane, chip.chip] = i
         self._l2_links = (up, down)
         self.l2_ids = {(s.plane, s.chip): i for i, s in self._switches.items() if s.node is None}
         self.l1_ids = {

@@ -21,6 +21,7 @@ import itertools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -260,17 +261,16 @@ class RdmaGraph:
 @dataclass
 class RdmaFaultSet:
     """The plane's active faults; the graph is always a clean plane plus all of them. Each
-    kind is one module of emulator/model/faults/gateway/ (its params, effect, help, wire
-    mapping); what every fault shares (an id, a duration, checks before it is stored) is
-    here."""
+    kind is one module of emulator/model/faults/gateway/ (its params, effect, help); what every
+    fault shares (an id, a duration, checks before it is stored) is here."""
 
     graph: RdmaGraph
-    faults: dict[str, RdmaFault] = field(default_factory=dict)
+    faults: dict[str, RdmaFault[Any]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
-    def add(self, fault: RdmaFault) -> RdmaFault:
+    def add(self, fault: RdmaFault[Any]) -> RdmaFault[Any]:
         effect = gateway.plane_kind(fault.kind)
-        gateway.fault_params(fault)  # its params' ranges (a slow kind's factor)
+        gateway.checked(fault)  # its params: its kind's, in their ranges (a slow kind's factor)
         effect.validate(self.graph, fault)  # its target
         if not (math.isfinite(fault.for_s) and fault.for_s >= 0):
             raise InvalidArgumentError(

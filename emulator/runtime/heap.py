@@ -18,11 +18,54 @@ import asyncio
 import contextlib
 import ctypes
 import functools
+import gc
 import time
+from collections.abc import Iterator
 
 import structlog
 
 log = structlog.get_logger("cmemu.heap")
+
+
+class _Starts:
+    """The supernodes of this process inside `starting()` right now, and whether the first of
+    them found the cyclic collector on (then the last one switches it back on)."""
+
+    count = 0
+    resume = False
+
+
+@contextlib.contextmanager
+def starting() -> Iterator[None]:
+    """The cyclic garbage collector paused while a supernode builds and starts its servers, and
+    what they built frozen (gc.freeze) once the last start of the process ends.
+
+    Why: a cm384 start allocates about 370,000 objects that live as long as the servers do, and
+    the collector's full collections, each walking all of them (about 0.1 s of CPU at the end),
+    came four times in every start: a quarter of its CPU (measured, issue 18), to find about
+    7,600 unreachable objects. Frozen, the servers' objects are never walked again by the
+    collections that follow while they serve; what the start left unreachable (a few MB at
+    most) stays until `stopped` unfreezes them. A start that raises resumes the collector
+    all the same."""
+    if _Starts.count == 0:
+        _Starts.resume = gc.isenabled()
+        gc.disable()
+    _Starts.count += 1
+    try:
+        yield
+    finally:
+        _Starts.count -= 1
+        if _Starts.count == 0 and _Starts.resume:
+            gc.freeze()
+            gc.enable()
+
+
+def stopped() -> None:
+    """A supernode of this process stopped: the frozen objects (its servers' among them) are
+    collectable again, so that a process that starts and stops many (a test run) frees each one's
+    cycles instead of keeping them frozen for its whole life."""
+    if _Starts.count == 0:
+        gc.unfreeze()
 
 
 def rss_bytes() -> int:

@@ -5,12 +5,14 @@ build its typed options."""
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 from pathlib import Path
 
 import pytest
 
 from cmemu.emulator.cli.main import build_parser
+from cmemu.emulator.cli.main import main as cli_main
 from cmemu.emulator.cli.upmodes import launch_options
 from cmemu.emulator.model.addressplans import LoopbackPlan, PortPlan
 from cmemu.emulator.runtime.launchmodes import Compose, InProcess, K8s, Procs
@@ -67,3 +69,22 @@ def test_the_flags_a_mode_reads_build_its_options(tmp_path: Path) -> None:
     assert _options(tmp_path, "--from-compose", "f.yaml") == Compose(
         file=Path("f.yaml"), run_dir=run_dir
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "frozen"), [(["up", "--help"], True), (["down", "--help"], False)]
+)
+def test_a_server_command_freezes_what_its_imports_made(
+    argv: list[str], frozen: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cmemu up` and `serve` import with the cyclic collector paused and freeze the modules'
+    objects (emulator/cli/main.py); any other command leaves the collector as it was."""
+    gc.unfreeze()
+    try:
+        with pytest.raises(SystemExit):
+            cli_main(argv)
+        assert gc.isenabled()
+        assert (gc.get_freeze_count() > 0) is frozen
+    finally:
+        gc.unfreeze()
+    assert "usage: cmemu" in capsys.readouterr().out

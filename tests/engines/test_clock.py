@@ -89,6 +89,46 @@ async def test_a_stall_of_the_loop_is_cut_out_of_emulated_time() -> None:
         keeper.close()
 
 
+async def first_wish_after_a_stall(time_scale: float) -> tuple[float, float]:
+    """The owner's governor's first wish (rate, lag) made after its loop blocked for 0.4 s."""
+    clock = Clock(time_scale=time_scale)
+    wishes: list[tuple[float, float]] = []
+    wished = asyncio.Event()
+
+    def wish(rate: float, lag: float) -> None:
+        wishes.append((rate, lag))
+        wished.set()
+
+    governor = Governor(clock, Timeline(clock), profile=PROFILE, owner=True, wish=wish)
+    runner = asyncio.ensure_future(governor.run())
+    try:
+        await asyncio.sleep(0.05)
+        time.sleep(0.4)  # noqa: ASYNC251 - the stall under test
+        seen = len(wishes)
+        wished.clear()
+        await wished.wait()  # the window holding the stall ends with a wish
+        assert clock.stalled_wall_s > 0.2  # cut out of emulated time
+        return wishes[seen]
+    finally:
+        runner.cancel()
+
+
+async def test_a_stall_cut_out_of_emulated_time_does_not_slow_it_too() -> None:
+    """The boot's second of blocked loop used to slow cm384's time to a seventh for the 5 s the
+    rate took to climb back: emulated time never saw the cut part, so only the part before the
+    horizon held time counts (under the budget at x1: the asked rate, however busy the host)."""
+    rate, lag = await first_wish_after_a_stall(1.0)
+    assert lag <= PROFILE.horizon_s < 0.4
+    assert rate == 1.0
+
+
+async def test_what_ran_of_a_stall_before_the_horizon_still_slows_a_fast_clock() -> None:
+    """The twin: at x100 the horizon's 0.1 wall s ran at full rate (10 emulated s late), more
+    than the lag budget, so the rate still falls for it."""
+    rate, _ = await first_wish_after_a_stall(100.0)
+    assert rate < 100.0 / 10
+
+
 def test_the_rate_a_lagging_loop_can_keep() -> None:
     assert fastest_rate(PROFILE, 0.0, 100.0) == 100.0  # timer noise: the asked scale
     assert fastest_rate(PROFILE, 0.01, 100.0) == pytest.approx(PROFILE.lag_budget_s / 0.01)

@@ -84,3 +84,37 @@ async def test_a_flow_still_in_flight_waits_for_the_clock_loop() -> None:
         flows.close("stopping")
     with pytest.raises(UnavailableError):
         await task
+
+
+@pytest.mark.parametrize(
+    ("resources", "nbytes", "answered_at_once"),
+    [
+        ((), 1024, True),  # within a device, ended already: answered without a wait
+        (((0, 1.0),), 1024, False),  # the twin: a shared link waits for the round's settling
+        ((), int(10 * GB), False),  # within a device but 10 s long: it waits for its end
+    ],
+)
+async def test_a_flow_within_a_device_that_has_ended_is_answered_without_a_wait(
+    resources: tuple[tuple[int, float], ...], nbytes: int, answered_at_once: bool
+) -> None:
+    """Stepped by hand: a coroutine that returns at its first step never suspended. A flow
+    crossing nothing shared (EMS's copy in its own pool) at 1 GB/s issued 1 emulated ms ago
+    has ended; its end is the one the settled path gives (its start plus its bytes over its
+    ceiling, plus the route's latency)."""
+    flows = _clock()
+    runner = asyncio.create_task(flows.run())
+    try:
+        start = flows.now_s() - 0.001
+        call = flows.run_flow(resources, GB, 1e-6, nbytes, start)
+        try:
+            call.send(None)
+        except StopIteration as stop:
+            assert answered_at_once
+            assert stop.value == pytest.approx(start + nbytes / GB + 1e-6, rel=1e-12)
+            assert flows.live.completed == 1 and not flows.live.flows
+        else:
+            assert not answered_at_once
+            call.close()
+    finally:
+        flows.close("stopping")
+        await runner

@@ -4,11 +4,16 @@ faults."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from cmemu.emulator.model.collectives import DieFlows, Phase, run_collective
 from cmemu.emulator.model.collectivespec import CollectiveSpec
+from cmemu.emulator.model.faults.fabric.link_degraded import LinkDegradedParams
+from cmemu.emulator.model.faults.fabric.link_latency import LinkLatencyParams
+from cmemu.emulator.model.faults.params import NoParams
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec
 from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
@@ -16,29 +21,55 @@ from cmemu.emulator.model.naming import directed_link_id, l2_switch_id, link_id
 from cmemu.emulator.model.routes import RouteKind
 from cmemu.emulator.model.topology import build
 
-FAULTS: dict[str, list[FaultSpec]] = {
+FAULTS: dict[str, list[FaultSpec[Any]]] = {
     "healthy": [],
-    "die port down": [FaultSpec(kind="link-down", target="n00-npu0.d0~n00-l1s3")],
-    "uplink down": [FaultSpec(kind="link-down", target="n00-l1s2~l2-p2-s5")],
-    "L2 chip down": [FaultSpec(kind="switch-down", target="l2-p4-s9")],
-    "L1 chip down": [FaultSpec(kind="switch-down", target="n01-l1s6")],
+    "die port down": [
+        FaultSpec(kind="link-down", params=NoParams(), target="n00-npu0.d0~n00-l1s3")
+    ],
+    "uplink down": [FaultSpec(kind="link-down", params=NoParams(), target="n00-l1s2~l2-p2-s5")],
+    "L2 chip down": [FaultSpec(kind="switch-down", params=NoParams(), target="l2-p4-s9")],
+    "L1 chip down": [FaultSpec(kind="switch-down", params=NoParams(), target="n01-l1s6")],
     "die port slow": [
-        FaultSpec(kind="link-latency", target="n00-npu1.d1>n00-l1s0", added_latency_s=3e-6)
+        FaultSpec(
+            kind="link-latency",
+            params=LinkLatencyParams(latency_us=3.0),
+            target="n00-npu1.d1>n00-l1s0",
+        )
     ],
     "uplink slow": [
-        FaultSpec(kind="link-latency", target="n01-l1s1~l2-p1-s0", added_latency_s=1e-6)
+        FaultSpec(
+            kind="link-latency",
+            params=LinkLatencyParams(latency_us=1.0),
+            target="n01-l1s1~l2-p1-s0",
+        )
     ],
     "die-to-die slow and degraded": [
-        FaultSpec(kind="link-latency", target="n00-npu2.d0~n00-npu2.d1", added_latency_s=2e-6),
-        FaultSpec(kind="link-degraded", target="n01-npu4.d1>n01-npu4.d0", factor=0.5),
+        FaultSpec(
+            kind="link-latency",
+            params=LinkLatencyParams(latency_us=2.0),
+            target="n00-npu2.d0~n00-npu2.d1",
+        ),
+        FaultSpec(
+            kind="link-degraded",
+            params=LinkDegradedParams(factor=0.5),
+            target="n01-npu4.d1>n01-npu4.d0",
+        ),
     ],
-    "port degraded": [FaultSpec(kind="link-degraded", target="n01-npu7.d0~n01-l1s4", factor=0.3)],
+    "port degraded": [
+        FaultSpec(
+            kind="link-degraded",
+            params=LinkDegradedParams(factor=0.3),
+            target="n01-npu7.d0~n01-l1s4",
+        )
+    ],
     # plane 0 across nodes: n00 keeps only its link to chip 0, n01 every link but that one
     "no common L2 chip on a plane": [
-        FaultSpec(kind="link-down", target=link_id("n00-l1s0", l2_switch_id(0, chip)))
+        FaultSpec(
+            kind="link-down", params=NoParams(), target=link_id("n00-l1s0", l2_switch_id(0, chip))
+        )
         for chip in range(1, DEFAULT_PROFILE.switch.l2_chips_per_plane)
     ]
-    + [FaultSpec(kind="link-down", target="n01-l1s0~l2-p0-s0")],
+    + [FaultSpec(kind="link-down", params=NoParams(), target="n01-l1s0~l2-p0-s0")],
 }
 
 

@@ -21,6 +21,9 @@ from cmemu.emulator.model.collectivespec import CollectiveSpec
 from cmemu.emulator.model.costmodel import moe_bytes_per_token
 from cmemu.emulator.model.endpoints import Endpoint
 from cmemu.emulator.model.fairshare import Crossings, fill, maxmin
+from cmemu.emulator.model.faults.fabric.link_degraded import LinkDegradedParams
+from cmemu.emulator.model.faults.fabric.link_latency import LinkLatencyParams
+from cmemu.emulator.model.faults.params import NoParams
 from cmemu.emulator.model.flowsim import SIM_REL_TOL, FlowBatch, weighted_sum
 from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec
 from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
@@ -137,10 +140,22 @@ def _faulted_mini() -> LinkGraph:
     graph = LinkGraph(build("cm-mini"))
     faults = FaultSet(graph)
     for spec in (
-        FaultSpec(kind="link-degraded", target="n01-npu7.d0~n01-l1s4", factor=0.3),
-        FaultSpec(kind="link-down", target="n00-l1s2~l2-p2-s5"),
-        FaultSpec(kind="link-degraded", target="n01-npu4.d1>n01-npu4.d0", factor=0.5),
-        FaultSpec(kind="link-latency", target="n00-npu1.d1>n00-l1s0", added_latency_s=3e-6),
+        FaultSpec(
+            kind="link-degraded",
+            params=LinkDegradedParams(factor=0.3),
+            target="n01-npu7.d0~n01-l1s4",
+        ),
+        FaultSpec(kind="link-down", params=NoParams(), target="n00-l1s2~l2-p2-s5"),
+        FaultSpec(
+            kind="link-degraded",
+            params=LinkDegradedParams(factor=0.5),
+            target="n01-npu4.d1>n01-npu4.d0",
+        ),
+        FaultSpec(
+            kind="link-latency",
+            params=LinkLatencyParams(latency_us=3.0),
+            target="n00-npu1.d1>n00-l1s0",
+        ),
     ):
         faults.add(spec)
     return graph

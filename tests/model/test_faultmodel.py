@@ -11,8 +11,9 @@ from cmemu.emulator.engines.device.kinds.sdc import SdcParams
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
 from cmemu.emulator.model.faults.fabric import PARAMS
 from cmemu.emulator.model.faults.fabric.link_flap import LinkFlapParams, flap_down, next_flip_s
+from cmemu.emulator.model.faults.fabric.ports_degraded import PortsDegradedParams
 from cmemu.emulator.model.faults.memory import Corruption, Poison
-from cmemu.emulator.model.faults.params import describe, params_from, params_text
+from cmemu.emulator.model.faults.params import NoParams, describe, params_from, params_text
 from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec
 from cmemu.emulator.model.linkgraph import LinkGraph
 from cmemu.emulator.model.topology import build
@@ -26,7 +27,9 @@ def graph() -> LinkGraph:
 
 
 def test_a_flap_is_down_for_its_duty_then_up(graph: LinkGraph) -> None:
-    spec = FaultSpec(kind="link-flap", target=LINK, period_s=10, duty=0.3, since_s=100)
+    spec = FaultSpec(
+        kind="link-flap", params=LinkFlapParams(period_s=10, duty=0.3), target=LINK, since_s=100
+    )
     assert [flap_down(spec, t) for t in (100, 102.9, 103, 109.9, 110, 113.5)] == [
         True, True, False, False, True, False,
     ]  # fmt: skip
@@ -45,19 +48,25 @@ def test_a_flap_is_down_for_its_duty_then_up(graph: LinkGraph) -> None:
 
 def test_durations_expire_at_their_emulated_instant(graph: LinkGraph) -> None:
     faults = FaultSet(graph)
-    stored = faults.add(FaultSpec(kind="link-down", target=LINK, since_s=5, for_s=2))
+    stored = faults.add(
+        FaultSpec(kind="link-down", params=NoParams(), target=LINK, since_s=5, for_s=2)
+    )
     assert faults.next_change_s(5) == 7
     assert faults.expired(6.9) == [] and faults.expired(7) == [stored.id]
     with pytest.raises(InvalidArgumentError):
-        faults.add(FaultSpec(kind="link-down", target=LINK, for_s=-1))
+        faults.add(FaultSpec(kind="link-down", params=NoParams(), target=LINK, for_s=-1))
     with pytest.raises(InvalidArgumentError):
-        faults.add(FaultSpec(kind="link-flap", target=LINK, period_s=0, duty=0.5))
+        faults.add(
+            FaultSpec(kind="link-flap", params=LinkFlapParams(period_s=0, duty=0.5), target=LINK)
+        )
     faults.clear(all=True)
 
 
 def test_ports_degraded_slows_a_device_or_one_die(graph: LinkGraph) -> None:
     faults = FaultSet(graph)
-    faults.add(FaultSpec(kind="ports-degraded", target="n00-npu1", factor=0.5))
+    faults.add(
+        FaultSpec(kind="ports-degraded", params=PortsDegradedParams(factor=0.5), target="n00-npu1")
+    )
     slowed = graph.factor < 1
     assert slowed.any()
     ends = {graph.ends[i] for i in range(len(graph.ends)) if slowed[i]}
@@ -66,14 +75,26 @@ def test_ports_degraded_slows_a_device_or_one_die(graph: LinkGraph) -> None:
         "n00-npu1.d0", "n00-npu1.d1",
     }  # fmt: skip
     faults.clear(all=True)
-    faults.add(FaultSpec(kind="ports-degraded", target="n00-npu1.d1", factor=0.5))
+    faults.add(
+        FaultSpec(
+            kind="ports-degraded", params=PortsDegradedParams(factor=0.5), target="n00-npu1.d1"
+        )
+    )
     ends = {graph.ends[i] for i in range(len(graph.ends)) if graph.factor[i] < 1}
     assert all("n00-npu1.d1" in a or "n00-npu1.d1" in b for a, b in ends)
     faults.clear(all=True)
     with pytest.raises(NotFoundError):
-        faults.add(FaultSpec(kind="ports-degraded", target="n99-npu0", factor=0.5))
+        faults.add(
+            FaultSpec(
+                kind="ports-degraded", params=PortsDegradedParams(factor=0.5), target="n99-npu0"
+            )
+        )
     with pytest.raises(InvalidArgumentError):
-        faults.add(FaultSpec(kind="ports-degraded", target="n00-npu1", factor=1.5))
+        faults.add(
+            FaultSpec(
+                kind="ports-degraded", params=PortsDegradedParams(factor=1.5), target="n00-npu1"
+            )
+        )
 
 
 def test_poison_merges_hits_and_heals() -> None:

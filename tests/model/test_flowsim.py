@@ -221,3 +221,37 @@ def test_live_flows_over_the_busy_resources_time_as_over_every_resource(seed: in
     assert fast.res_bytes.sum() > 0
     assert fast.flows.keys() == slow.flows.keys()  # only flows over a dead trunk are left
     assert all(f.rate == 0 for f in fast.flows.values())
+
+
+def _finish_times(extra: tuple[tuple[int, float], ...] | None) -> dict[int, float]:
+    """Two flows sharing resource 0 (10 B/s), and a third of 50 bytes with a ceiling of
+    25 B/s crossing `extra` (None: no third flow)."""
+    live = LiveFlows(res_cap=np.array([10.0, 1000.0]))
+    live.add(0.0, ((0, 1.0),), np.inf, 100.0)
+    live.add(0.0, ((0, 1.0),), np.inf, 40.0)
+    if extra is not None:
+        live.add(0.0, extra, 25.0, 50.0)
+    return {f: round(t, 9) for f, t in live.advance(1000.0)}
+
+
+@pytest.mark.parametrize("crosses", [(), ((0, 1.0),)])
+def test_a_flow_crossing_no_resource_runs_at_its_ceiling_and_slows_no_other(
+    crosses: tuple[tuple[int, float], ...],
+) -> None:
+    """A transfer within one device (EMS's copies) crosses no shared resource: it ends at its
+    ceiling's pace (50 B at 25 B/s: 2 s) and leaves the others' shares alone. Its twin crosses
+    the shared resource and must slow them (and be slowed)."""
+    alone = _finish_times(None)
+    assert alone == {1: 8.0, 0: 14.0}  # 5 B/s each until the 40 B one ends, then 10 B/s
+    times = _finish_times(crosses)
+    if not crosses:
+        assert times == {**alone, 2: 2.0}
+    else:
+        assert times[0] > alone[0] and times[1] > alone[1] and times[2] > 2.0
+
+
+def test_a_flow_crossing_no_resource_without_a_ceiling_is_refused() -> None:
+    live = LiveFlows(res_cap=np.array([10.0]))
+    with pytest.raises(UnavailableError):
+        live.add(0.0, (), np.inf, 100.0)
+    assert not live.flows

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,12 +19,19 @@ from cmemu.emulator.model.errors import (
     UnavailableError,
 )
 from cmemu.emulator.model.faults.fabric import KINDS as FABRIC_KINDS
+from cmemu.emulator.model.faults.fabric.link_degraded import LinkDegradedParams
+from cmemu.emulator.model.faults.fabric.link_latency import LinkLatencyParams
+from cmemu.emulator.model.faults.fabric.link_loss import LinkLossParams
+from cmemu.emulator.model.faults.fabric.optical_module import OpticalModuleParams
+from cmemu.emulator.model.faults.fabric.partition import PartitionParams
+from cmemu.emulator.model.faults.params import NoParams
 from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec
 from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
 from cmemu.emulator.model.routes import Route
 from cmemu.emulator.model.topology import DeviceKind, build
 
 GB = 1e9
+LINK0 = "n00-npu0.d0~n00-l1s0"
 
 
 @pytest.fixture
@@ -71,13 +79,25 @@ def test_memory_pool_traffic_is_spread_over_the_cpus(graph: LinkGraph) -> None:
 def test_port_down_degraded_and_latency_faults(graph: LinkGraph) -> None:
     faults = FaultSet(graph)
     before = _route(graph, "n00-npu0.d0", "n00-npu1.d0")
-    faults.add(FaultSpec(kind="link-down", target="n00-npu0.d0~n00-l1s3"))
+    faults.add(FaultSpec(kind="link-down", params=NoParams(), target="n00-npu0.d0~n00-l1s3"))
     down = _route(graph, "n00-npu0.d0", "n00-npu1.d0")
     assert down.planes == 6 and down.cap == pytest.approx(before.cap * 6 / 7)
-    faults.add(FaultSpec(kind="link-degraded", target="n00-l1s5~n00-npu1.d0", factor=0.5))
+    faults.add(
+        FaultSpec(
+            kind="link-degraded",
+            params=LinkDegradedParams(factor=0.5),
+            target="n00-l1s5~n00-npu1.d0",
+        )
+    )
     degraded = _route(graph, "n00-npu0.d0", "n00-npu1.d0")
     assert degraded.cap == pytest.approx(before.cap * 5.5 / 7)
-    faults.add(FaultSpec(kind="link-latency", target="n00-npu0.d0~n00-l1s0", added_latency_s=2e-6))
+    faults.add(
+        FaultSpec(
+            kind="link-latency",
+            params=LinkLatencyParams(latency_us=2.0),
+            target="n00-npu0.d0~n00-l1s0",
+        )
+    )
     slow = _route(graph, "n00-npu0.d0", "n00-npu1.d0")
     assert slow.latency_s == pytest.approx(before.latency_s + 2e-6)
     faults.clear(all=True)
@@ -85,7 +105,7 @@ def test_port_down_degraded_and_latency_faults(graph: LinkGraph) -> None:
 
 
 def test_an_l1_chip_failure_takes_its_plane_away(graph: LinkGraph) -> None:
-    FaultSet(graph).add(FaultSpec(kind="switch-down", target="n01-l1s2"))
+    FaultSet(graph).add(FaultSpec(kind="switch-down", params=NoParams(), target="n01-l1s2"))
     route = _route(graph, "n00-npu0.d0", "n01-npu0.d0")
     assert route.planes == 6 and "n01-l1s2" not in route.hops
 
@@ -103,7 +123,7 @@ def test_an_l2_chip_failure_reroutes_and_costs_its_share_of_cross_node_bandwidth
     victim = next(
         h for h in _route(graph, "n00-npu0.d0", "n01-npu0.d0").hops if h.startswith("l2-")
     )
-    FaultSet(graph).add(FaultSpec(kind="switch-down", target=victim))
+    FaultSet(graph).add(FaultSpec(kind="switch-down", params=NoParams(), target=victim))
     rerouted = _route(graph, "n00-npu0.d0", "n01-npu0.d0")
     assert victim not in rerouted.hops and rerouted.planes == 7
     degraded = run_collective(graph, ranks, spec)
@@ -117,12 +137,14 @@ def test_a_lossy_link_keeps_its_goodput_and_waits_for_replays(graph: LinkGraph) 
     link, p = "n00-npu2.d0~n00-npu2.d1", 0.2  # the die-to-die link: the only path
     before = _route(graph, "n00-npu2.d0", "n00-npu2.d1")
     faults = FaultSet(graph)
-    faults.add(FaultSpec(kind="link-loss", target=link, loss_rate=p))
+    faults.add(FaultSpec(kind="link-loss", params=LinkLossParams(rate=p), target=link))
     lossy = _route(graph, "n00-npu2.d0", "n00-npu2.d1")
     assert lossy.cap == pytest.approx(before.cap * (1 - p))
     replay_s = graph.profile.switch.link_retry_s * p / (1 - p)
     assert lossy.latency_s == pytest.approx(before.latency_s + replay_s)
-    faults.add(FaultSpec(kind="link-loss", target=link, loss_rate=0.5))  # two causes compound
+    faults.add(
+        FaultSpec(kind="link-loss", params=LinkLossParams(rate=0.5), target=link)
+    )  # two causes compound
     assert _route(graph, "n00-npu2.d0", "n00-npu2.d1").cap == pytest.approx(before.cap * 0.4)
     faults.clear(all=True)
     assert _route(graph, "n00-npu2.d0", "n00-npu2.d1") == before
@@ -135,7 +157,9 @@ def test_an_optical_module_takes_its_share_of_the_node_uplinks(graph: LinkGraph)
     spec = CollectiveSpec(op="all-to-all", pair_bytes=tuple(pairs))
     healthy = run_collective(graph, ranks, spec)
     faults = FaultSet(graph)
-    faults.add(FaultSpec(kind="optical-module", target="n01-l1s2", module=1))
+    faults.add(
+        FaultSpec(kind="optical-module", params=OpticalModuleParams(module=1), target="n01-l1s2")
+    )
     per_module = graph.profile.switch.uplinks_per_optical_module
     down = [graph.names[i] for i in range(len(graph.names)) if not graph.up[i]]
     assert len(down) == 2 * per_module and all(name.startswith("n01-l1s2>") or
@@ -151,7 +175,7 @@ def test_an_optical_module_takes_its_share_of_the_node_uplinks(graph: LinkGraph)
 
 def test_an_l1_board_takes_every_link_of_its_nodes_l1_chips(graph: LinkGraph) -> None:
     faults = FaultSet(graph)
-    faults.add(FaultSpec(kind="l1-board", target="n01"))
+    faults.add(FaultSpec(kind="l1-board", params=NoParams(), target="n01"))
     down = {graph.names[i] for i in range(len(graph.names)) if not graph.up[i]}
     chips = {f"n01-l1s{c}" for c in range(graph.profile.node.l1_chips)}
     touches = {n for n in graph.names if any(c in n.split(">") for c in chips)}
@@ -168,12 +192,18 @@ def _fluid(timing: CollectiveTiming) -> float:
 
 def test_partition_and_dead_routes_are_unavailable(graph: LinkGraph) -> None:
     faults = FaultSet(graph)
-    faults.add(FaultSpec(kind="partition", side_a=("n00-npu0",), side_b=("n01-mem", "n01-cpu0")))
+    faults.add(
+        FaultSpec(
+            kind="partition", params=PartitionParams(side_a="n00-npu0", side_b="n01-mem,n01-cpu0")
+        )
+    )
     with pytest.raises(UnavailableError, match="partitioned"):
         _route(graph, "n00-npu0.d1", "n01-mem")
     _route(graph, "n00-npu1.d0", "n01-mem")  # others are not cut off
     for port in range(7):
-        faults.add(FaultSpec(kind="link-down", target=f"n00-npu2.d0~n00-l1s{port}"))
+        faults.add(
+            FaultSpec(kind="link-down", params=NoParams(), target=f"n00-npu2.d0~n00-l1s{port}")
+        )
     with pytest.raises(UnavailableError):
         _route(graph, "n00-npu2.d0", "n00-npu4.d0")
 
@@ -181,34 +211,80 @@ def test_partition_and_dead_routes_are_unavailable(graph: LinkGraph) -> None:
 @pytest.mark.parametrize(
     ("spec", "error"),
     [
-        (FaultSpec(kind="meltdown", target="x"), InvalidArgumentError),
-        (FaultSpec(kind="link-down", target="n00-npu0.d0~n01-l1s0"), NotFoundError),
-        (FaultSpec(kind="switch-down", target="l2-p9-s0"), NotFoundError),
+        (FaultSpec(kind="meltdown", params=NoParams(), target="x"), InvalidArgumentError),
         (
-            FaultSpec(kind="link-degraded", target="n00-npu0.d0~n00-l1s0", factor=1.5),
+            FaultSpec(kind="link-down", params=NoParams(), target="n00-npu0.d0~n01-l1s0"),
+            NotFoundError,
+        ),
+        (FaultSpec(kind="switch-down", params=NoParams(), target="l2-p9-s0"), NotFoundError),
+        (
+            FaultSpec(
+                kind="link-degraded",
+                params=LinkDegradedParams(factor=1.5),
+                target="n00-npu0.d0~n00-l1s0",
+            ),
             InvalidArgumentError,
         ),
-        (FaultSpec(kind="link-latency", target="n00-npu0.d0~n00-l1s0"), InvalidArgumentError),
-        (FaultSpec(kind="partition", side_a=("n00-npu0",)), InvalidArgumentError),
         (
-            FaultSpec(kind="partition", side_a=("n00-npu0",), side_b=("n00-npu0",)),
+            FaultSpec(
+                kind="link-latency",
+                params=LinkLatencyParams(latency_us=0.0),
+                target="n00-npu0.d0~n00-l1s0",
+            ),
             InvalidArgumentError,
         ),
-        (FaultSpec(kind="partition", side_a=("n00-npu0",), side_b=("nobody",)), NotFoundError),
-        (FaultSpec(kind="link-loss", target="n00-npu0.d0~n00-l1s0"), InvalidArgumentError),
         (
-            FaultSpec(kind="link-loss", target="n00-npu0.d0~n00-l1s0", loss_rate=1.0),
+            FaultSpec(kind="partition", params=PartitionParams(side_a="n00-npu0", side_b="")),
             InvalidArgumentError,
         ),
-        (FaultSpec(kind="optical-module", target="n00-l1s0", module=2), InvalidArgumentError),
-        (FaultSpec(kind="optical-module", target="l2-p0-s0"), InvalidArgumentError),
-        (FaultSpec(kind="optical-module", target="n00-npu0"), InvalidArgumentError),
-        (FaultSpec(kind="l1-board", target="n00-l1s0"), InvalidArgumentError),
-        (FaultSpec(kind="l1-board", target="n09"), NotFoundError),
+        (
+            FaultSpec(
+                kind="partition", params=PartitionParams(side_a="n00-npu0", side_b="n00-npu0")
+            ),
+            InvalidArgumentError,
+        ),
+        (
+            FaultSpec(kind="partition", params=PartitionParams(side_a="n00-npu0", side_b="nobody")),
+            NotFoundError,
+        ),
+        (
+            FaultSpec(
+                kind="link-loss", params=LinkLossParams(rate=0.0), target="n00-npu0.d0~n00-l1s0"
+            ),
+            InvalidArgumentError,
+        ),
+        (
+            FaultSpec(
+                kind="link-loss", params=LinkLossParams(rate=1.0), target="n00-npu0.d0~n00-l1s0"
+            ),
+            InvalidArgumentError,
+        ),
+        (
+            FaultSpec(
+                kind="optical-module", params=OpticalModuleParams(module=2), target="n00-l1s0"
+            ),
+            InvalidArgumentError,
+        ),
+        (
+            FaultSpec(kind="optical-module", params=OpticalModuleParams(), target="l2-p0-s0"),
+            InvalidArgumentError,
+        ),
+        (
+            FaultSpec(kind="optical-module", params=OpticalModuleParams(), target="n00-npu0"),
+            InvalidArgumentError,
+        ),
+        (FaultSpec(kind="l1-board", params=NoParams(), target="n00-l1s0"), InvalidArgumentError),
+        (FaultSpec(kind="l1-board", params=NoParams(), target="n09"), NotFoundError),
+        # params of another kind's class: a catch-all cannot sneak back in
+        (FaultSpec(kind="link-degraded", params=NoParams(), target=LINK0), InvalidArgumentError),
+        (
+            FaultSpec(kind="link-loss", params=LinkDegradedParams(factor=0.5), target=LINK0),
+            InvalidArgumentError,
+        ),
     ],
 )
 def test_bad_faults_are_refused_and_change_nothing(
-    graph: LinkGraph, spec: FaultSpec, error: type
+    graph: LinkGraph, spec: FaultSpec[Any], error: type
 ) -> None:
     faults = FaultSet(graph)
     with pytest.raises(error):
@@ -291,3 +367,17 @@ def test_cm384_routes_match_the_golden_file() -> None:
     if os.environ.get("CMEMU_UPDATE_GOLDEN"):
         ROUTES_GOLDEN.write_text(json.dumps(current, indent=1) + "\n")
     assert current == json.loads(ROUTES_GOLDEN.read_text())
+
+
+def test_every_spelling_of_a_link_finds_both_its_directions(graph: LinkGraph) -> None:
+    """physical() reads both directions off either one's index (2k and 2k + 1): each of the
+    four spellings of every link gives the pair, the first named as the topology names it."""
+    for link in graph.topology.links:
+        pair = graph.physical(f"{link.a}~{link.b}")
+        assert graph.names[pair[0]] == f"{link.a}>{link.b}"
+        assert graph.names[pair[1]] == f"{link.b}>{link.a}"
+        for spelling in (f"{link.b}~{link.a}", f"{link.a}>{link.b}", f"{link.b}>{link.a}"):
+            assert graph.physical(spelling) == pair
+    first = graph.topology.links[0]
+    with pytest.raises(NotFoundError, match="no link"):
+        graph.physical(f"{first.a}~{graph.topology.links[-1].b}")  # two ends, no link between

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError
+from cmemu.emulator.model.faults.params import NoParams
 from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec
 from cmemu.emulator.model.linkgraph import LinkGraph
 from cmemu.emulator.model.naming import (
@@ -215,7 +216,7 @@ def test_every_link_name_the_emulator_prints_is_a_fault_target() -> None:
     for i, name in enumerate(graph.names):
         assert i in graph.physical(name)
     faults = FaultSet(graph)
-    faults.add(FaultSpec(kind="link-down", target=graph.names[0]))
+    faults.add(FaultSpec(kind="link-down", params=NoParams(), target=graph.names[0]))
     assert not graph.up[list(graph.physical(graph.names[0]))].any()
     assert graph.up.sum() == len(graph.names) - 2
     with pytest.raises(NotFoundError):

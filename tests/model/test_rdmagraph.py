@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from cmemu.emulator.model.faults.fabric.link_degraded import LinkDegradedParams
 from cmemu.emulator.model.faults.gateway import PLANE
+from cmemu.emulator.model.faults.params import NoParams
 from cmemu.emulator.model.flowsim import LiveFlows
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from cmemu.emulator.model.rdmafault import RdmaFault
@@ -85,7 +87,7 @@ def test_cross_supernode_route_crosses_the_core() -> None:
 def test_a_spine_down_respreads_the_route() -> None:
     g = _graph()
     faults = RdmaFaultSet(g)
-    faults.add(RdmaFault(kind="switch-down", target="spine3"))
+    faults.add(RdmaFault(kind="switch-down", params=NoParams(), target="spine3"))
     r = g.route("n00-npu0.d0", "n01-npu3.d1")
     assert r.paths == SO.spines_per_supernode - 1
     w = _weights(g, r.resources)
@@ -96,13 +98,15 @@ def test_a_spine_down_respreads_the_route() -> None:
 def test_a_cut_route_is_unavailable() -> None:
     g = _graph()
     faults = RdmaFaultSet(g)
-    fault = faults.add(RdmaFault(kind="link-down", target="n00-npu0.d0~n00-leaf"))
+    fault = faults.add(
+        RdmaFault(kind="link-down", params=NoParams(), target="n00-npu0.d0~n00-leaf")
+    )
     with pytest.raises(UnavailableError) as port:
         g.route("n00-npu0.d0", "n01-npu3.d1")
     assert port.value.reason == "ROUTE_CUT"
     faults.clear(fault.id)
     for k in range(SO.spines_per_supernode):
-        faults.add(RdmaFault(kind="link-down", target=f"n00-leaf~spine{k}"))
+        faults.add(RdmaFault(kind="link-down", params=NoParams(), target=f"n00-leaf~spine{k}"))
     with pytest.raises(UnavailableError, match="no live path"):
         g.route("n00-npu0.d0", "n01-npu3.d1")
     g.route("n00-npu0.d0", "n00-npu1.d0")  # the leaf itself still joins its own dies
@@ -113,10 +117,16 @@ def test_a_cut_route_is_unavailable() -> None:
 def test_slow_link_keeps_its_factor_of_capacity() -> None:
     g = _graph()
     faults = RdmaFaultSet(g)
-    faults.add(RdmaFault(kind="link-slow", target="n00-leaf~n00-npu0.d0", factor=0.25))
+    faults.add(
+        RdmaFault(
+            kind="link-slow", params=LinkDegradedParams(factor=0.25), target="n00-leaf~n00-npu0.d0"
+        )
+    )
     r = g.route("n00-npu0.d0", "n01-npu3.d1")
     assert r.cap == pytest.approx(PORT * SO.efficiency * 0.25)
-    faults.add(RdmaFault(kind="switch-slow", target="n01-leaf", factor=0.5))
+    faults.add(
+        RdmaFault(kind="switch-slow", params=LinkDegradedParams(factor=0.5), target="n01-leaf")
+    )
     cap = g.link_cap()
     assert cap[g.names.index("n01-leaf>n01-npu3.d1")] == pytest.approx(PORT * SO.efficiency / 2)
 
@@ -124,17 +134,26 @@ def test_slow_link_keeps_its_factor_of_capacity() -> None:
 def test_fault_inputs_are_checked() -> None:
     faults = RdmaFaultSet(_graph())
     with pytest.raises(InvalidArgumentError, match="unknown RDMA plane fault kind"):
-        faults.add(RdmaFault(kind="meltdown", target="spine0"))
+        faults.add(RdmaFault(kind="meltdown", params=NoParams(), target="spine0"))
     with pytest.raises(NotFoundError) as link:
-        faults.add(RdmaFault(kind="link-down", target="n00-npu0.d0~spine0"))
+        faults.add(RdmaFault(kind="link-down", params=NoParams(), target="n00-npu0.d0~spine0"))
     assert link.value.reason == "LINK_NOT_FOUND"
     with pytest.raises(NotFoundError) as switch:
-        faults.add(RdmaFault(kind="switch-down", target="l2-p0-s0"))  # a UB switch
+        faults.add(
+            RdmaFault(kind="switch-down", params=NoParams(), target="l2-p0-s0")
+        )  # a UB switch
     assert switch.value.reason == "SWITCH_NOT_FOUND"
+    with pytest.raises(InvalidArgumentError) as other:  # another kind's params class
+        faults.add(RdmaFault(kind="link-slow", params=NoParams(), target="n00-leaf~spine0"))
+    assert other.value.reason == "WRONG_FAULT_PARAMS"
     with pytest.raises(InvalidArgumentError, match="factor"):
-        faults.add(RdmaFault(kind="link-slow", target="n00-leaf~spine0", factor=1.5))
+        faults.add(
+            RdmaFault(
+                kind="link-slow", params=LinkDegradedParams(factor=1.5), target="n00-leaf~spine0"
+            )
+        )
     with pytest.raises(InvalidArgumentError, match="for_s"):
-        faults.add(RdmaFault(kind="switch-down", target="core1", for_s=-1))
+        faults.add(RdmaFault(kind="switch-down", params=NoParams(), target="core1", for_s=-1))
     with pytest.raises(NotFoundError) as gone:
         faults.clear("r99")
     assert gone.value.reason == "FAULT_NOT_FOUND"
@@ -147,14 +166,14 @@ def test_fault_inputs_are_checked() -> None:
         ("sn0", InvalidArgumentError, "not a valid link name"),
     ):
         with pytest.raises(error, match=words):
-            faults.add(RdmaFault(kind="partition", target=target))
+            faults.add(RdmaFault(kind="partition", params=NoParams(), target=target))
     assert not faults.faults
 
 
 def test_a_partition_cuts_two_supernodes_apart_and_no_one_else() -> None:
     g = _graph("cm-minix3")
     faults = RdmaFaultSet(g)
-    fault = faults.add(RdmaFault(kind="partition", target="sn1~sn0"))
+    fault = faults.add(RdmaFault(kind="partition", params=NoParams(), target="sn1~sn0"))
     for src, dst in (("n00-npu0.d0", "sn1-n01-npu3.d1"), ("sn1-n00-npu2.d0", "n01-npu0.d0")):
         with pytest.raises(UnavailableError, match="sn0 and sn1 are partitioned") as cut:
             g.route(src, dst)  # both ways
@@ -172,7 +191,9 @@ def test_a_partition_cuts_two_supernodes_apart_and_no_one_else() -> None:
 
 def test_faults_expire_in_emulated_time() -> None:
     faults = RdmaFaultSet(_graph())
-    fault = faults.add(RdmaFault(kind="switch-down", target="core1", for_s=2.0, since_s=1.0))
+    fault = faults.add(
+        RdmaFault(kind="switch-down", params=NoParams(), target="core1", for_s=2.0, since_s=1.0)
+    )
     assert faults.next_change_s() == pytest.approx(3.0)
     assert faults.expired(2.9) == [] and faults.expired(3.0) == [fault.id]
 

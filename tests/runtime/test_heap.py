@@ -4,6 +4,8 @@ the kernel, and the trimming task ends with its supernode."""
 from __future__ import annotations
 
 import asyncio
+import gc
+from collections.abc import Iterator
 
 import pytest
 
@@ -83,3 +85,68 @@ async def test_the_first_trim_is_at_once(monkeypatch: pytest.MonkeyPatch) -> Non
 async def test_no_interval_no_trimmer() -> None:
     async with asyncio.timeout(5):
         await heap.trim_every(0.0, asyncio.Event())  # returns at once
+
+
+class _Cycle:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def _cycle_alive_after_collect() -> bool:
+    """Whether a cycle made now and dropped survives a full collection."""
+    import weakref
+
+    ref = weakref.ref(_Cycle())
+    gc.collect()
+    return ref() is not None
+
+
+@pytest.fixture
+def collector_restored() -> Iterator[None]:
+    """Whatever a test does to the collector, the next test finds it on and nothing frozen."""
+    yield
+    gc.unfreeze()
+    gc.enable()
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_a_start_pauses_the_collector_then_freezes_what_it_built() -> None:
+    import weakref
+
+    assert gc.isenabled()
+    with heap.starting():
+        assert not gc.isenabled()
+        built = weakref.ref(_Cycle())  # a start's garbage cycle: kept while frozen
+    assert gc.isenabled() and gc.get_freeze_count() > 0
+    gc.collect()
+    assert built() is not None  # frozen: the collections while it serves never walk it
+    assert not _cycle_alive_after_collect()  # what is made after the start is collected
+    heap.stopped()
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert built() is None  # unfrozen at the stop: a run of many starts keeps none of them
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_nested_starts_resume_once_and_a_failed_one_still_resumes() -> None:
+    with heap.starting():
+        with heap.starting():
+            pass
+        assert not gc.isenabled()  # another supernode of the process is still starting
+        heap.stopped()  # a failed start's stop, inside the outer start: nothing unfrozen yet
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.unfreeze()
+    with pytest.raises(RuntimeError), heap.starting():
+        raise RuntimeError("a start that raises")
+    assert gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_a_collector_switched_off_by_the_caller_stays_off() -> None:
+    gc.disable()
+    with heap.starting():
+        pass
+    assert not gc.isenabled() and gc.get_freeze_count() == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 from pathlib import Path
@@ -71,6 +72,9 @@ async def test_in_process_supernode_serves_and_stops() -> None:
         assert sn.local.fabric is not None
         assert sn.topology.epoch_wall_s is not None
         address = sn.address("n00-npu0")
+        # started without cyclic collections, its servers' objects frozen (runtime/heap.py)
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0  # unfrozen by the stop: collectable again
     statuses = await health.check_many([address], timeout_s=1.0)
     assert statuses[address] == health.UNREACHABLE
 

@@ -62,7 +62,7 @@ class FabricKind(Typed):
     target: str = LINK
 
     @classmethod
-    def of(cls, kind: fabric.Kind) -> FabricKind:
+    def of(cls, kind: fabric.Kind[Any]) -> FabricKind:
         """The client's record of a fabric kind, from the kind's own module."""
         return cls(name=kind.name, help=kind.help, params=kind.params, target=kind.target)
 

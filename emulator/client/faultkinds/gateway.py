@@ -60,7 +60,7 @@ class GatewayKind(Typed):
     target: str = LINK
 
     @classmethod
-    def of(cls, kind: plane.Kind) -> GatewayKind:
+    def of(cls, kind: plane.Kind[Any]) -> GatewayKind:
         """The client's record of a gateway kind, from the kind's own module."""
         return cls(
             name=kind.catalogue,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.engines.clock import ClockState
 from cmemu.emulator.engines.fabric.types import LinkStat, LinkStats
@@ -11,7 +13,7 @@ from cmemu.emulator.model.clock import Segment
 from cmemu.emulator.model.collectivespec import COLLECTIVE_OPS, CollectiveSpec
 from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.faults import fabric
-from cmemu.emulator.model.faults.fabric import FaultSpec
+from cmemu.emulator.model.faults.fabric import FaultSpec, NoParams
 from cmemu.v1 import fabric_pb2
 
 OPS = {
@@ -102,21 +104,21 @@ def collective_outcome(r: fabric_pb2.CollectiveResult) -> CollectiveOutcome:
     )
 
 
-def fault_spec(m: fabric_pb2.FabricFault) -> FaultSpec:
-    """The fault a FabricFault asks for (its typed params unpacked and checked: an unknown kind
-    carries none, for the fabric to name)."""
+def fault_spec(m: fabric_pb2.FabricFault) -> FaultSpec[Any]:
+    """The fault a FabricFault asks for, its oneof unpacked into its kind's params and checked
+    (an unknown kind carries NoParams, for the fabric to name)."""
     params = faultparams.unpack(m, fabric.PARAMS)
     return FaultSpec(
         kind=m.kind,
+        params=NoParams() if params is None else params,
         target=m.target,
         for_s=m.for_s,
         id=m.id,
         since_s=m.since_ns / 1e9,
-        **({} if params is None else fabric.spec_fields(m.kind, params)),
     )
 
 
-def fault_proto(spec: FaultSpec) -> fabric_pb2.FabricFault:
+def fault_proto(spec: FaultSpec[Any]) -> fabric_pb2.FabricFault:
     m = fabric_pb2.FabricFault(
         id=spec.id,
         kind=spec.kind,
@@ -125,7 +127,7 @@ def fault_proto(spec: FaultSpec) -> fabric_pb2.FabricFault:
         since_ns=round(spec.since_s * 1e9),
         until_ns=round(spec.until_s * 1e9),
     )
-    return faultparams.pack(m, spec.kind, fabric.spec_params(spec))
+    return faultparams.pack(m, spec.kind, spec.params if spec.kind in fabric.PARAMS else None)
 
 
 def link_stats_proto(stats: LinkStats) -> fabric_pb2.LinkStats:

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from cmemu.emulator.model.errors import InvalidArgumentError, quote
-from cmemu.emulator.model.faults.params import params_from
+from cmemu.emulator.model.faults.params import params_from, values
 
 ONEOF = "params"
 
@@ -49,8 +49,11 @@ def pack(message: M, kind: str, params: object | None) -> M:
         return message
     sub = getattr(message, field_of(kind))
     sub.SetInParent()  # a kind without parameters still says which it is
-    for f in dataclasses.fields(params):  # type: ignore[arg-type]
-        setattr(sub, f.name, getattr(params, f.name))
+    wire = sub.DESCRIPTOR.fields_by_name
+    for name, value in values(params).items():
+        if name not in wire:  # a params class that drifted from its message: never sent short
+            raise TypeError(f"{type(params).__name__}.{name} has no field in {sub.DESCRIPTOR.name}")
+        setattr(sub, name, value)
     return message
 
 

@@ -1,7 +1,9 @@
 """The Gateway service's messages <-> the RDMA gateway's domain types
-(emulator/engines/gateway/types.py; faults: emulator/model/rdmagraph.py `RdmaFault`)."""
+(emulator/engines/gateway/types.py; faults: emulator/model/rdmafault.py `RdmaFault`)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from cmemu.emulator.client.wire import faultparams
 from cmemu.emulator.engines.gateway.types import (
@@ -19,6 +21,7 @@ from cmemu.emulator.engines.gateway.types import (
 )
 from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.faults import gateway as gateway_kinds
+from cmemu.emulator.model.faults.params import NoParams
 from cmemu.emulator.model.rdmafault import RdmaFault
 from cmemu.v1 import gateway_pb2
 
@@ -264,18 +267,7 @@ def stats(m: gateway_pb2.GatewayStats) -> GatewayStats:
     )
 
 
-def fault_params(fault: RdmaFault) -> object | None:
-    """A fault's typed parameters as it stands, by its kind's own mapping; unchecked, as the
-    receiver checks them (a request's bad factor is the gateway's INVALID_ARGUMENT). None for
-    an unknown kind (the gateway names it)."""
-    kind = gateway_kinds.KINDS.get(fault.kind)
-    if kind is None:
-        return None
-    made: object = kind.params(**kind.of_fault(fault))
-    return made
-
-
-def fault_proto(fault: RdmaFault) -> gateway_pb2.GatewayFault:
+def fault_proto(fault: RdmaFault[Any]) -> gateway_pb2.GatewayFault:
     m = gateway_pb2.GatewayFault(
         id=fault.id,
         kind=fault.kind,
@@ -284,30 +276,35 @@ def fault_proto(fault: RdmaFault) -> gateway_pb2.GatewayFault:
         since_ns=round(fault.since_s * 1e9),
         until_ns=round(fault.until_s * 1e9),
     )
-    return faultparams.pack(m, fault.kind, fault_params(fault))
+    known = fault.kind in gateway_kinds.PARAMS  # an unknown kind's: none (the gateway names it)
+    return faultparams.pack(m, fault.kind, fault.params if known else None)
 
 
-def fault_request(m: gateway_pb2.GatewayFault) -> RdmaFault:
+def fault_request(m: gateway_pb2.GatewayFault) -> RdmaFault[Any]:
     """A fault as asked for: what it is, where and for how long (its id and instants are the
-    holder's to set), its typed params unpacked and checked (an unknown kind carries none, for
-    the plane to name)."""
+    holder's to set), its oneof unpacked into its kind's params and checked (an unknown kind
+    carries NoParams, for the plane to name)."""
     params = faultparams.unpack(m, gateway_kinds.PARAMS)
-    fields = {} if params is None else gateway_kinds.KINDS[m.kind].to_fault(params)
-    return RdmaFault(kind=m.kind, target=m.target, for_s=m.for_s, **fields)
-
-
-def fault(m: gateway_pb2.GatewayFault) -> RdmaFault:
-    """A fault as its holder reports it."""
-    factor = float(faultparams.raw_params(m).get("factor", 0.0))  # type: ignore[arg-type]
     return RdmaFault(
         kind=m.kind,
+        params=NoParams() if params is None else params,
         target=m.target,
-        factor=factor,
+        for_s=m.for_s,
+    )
+
+
+def fault(m: gateway_pb2.GatewayFault) -> RdmaFault[Any]:
+    """A fault as its holder reports it (a kind this side does not know: NoParams)."""
+    params = faultparams.unpack(m, gateway_kinds.PARAMS)
+    return RdmaFault(
+        kind=m.kind,
+        params=NoParams() if params is None else params,
+        target=m.target,
         for_s=m.for_s,
         since_s=m.since_ns / 1e9,
         id=m.id,
     )
 
 
-def fault_list_proto(faults: list[RdmaFault]) -> gateway_pb2.GatewayFaultList:
+def fault_list_proto(faults: list[RdmaFault[Any]]) -> gateway_pb2.GatewayFaultList:
     return gateway_pb2.GatewayFaultList(faults=[fault_proto(f) for f in faults])

@@ -15,7 +15,8 @@ import structlog
 
 from cmemu.emulator.model.errors import EmulatorError, NotFoundError, OutOfRangeError
 from cmemu.emulator.model.faults.fabric import FaultSpec
-from cmemu.emulator.model.faults.params import params_text
+from cmemu.emulator.model.faults.fabric.rank_slow import RankSlowParams
+from cmemu.emulator.model.faults.params import NoParams, params_text
 from cmemu.emulator.model.topology import DeviceKind
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("cmemu.faults")
 
 ALL = frozenset(DeviceKind)
+NO_PARAMS = NoParams()
 
 
 @dataclass
@@ -76,17 +78,23 @@ class Kind:
 
 
 async def rank_fault(
-    engine: DeviceEngine, fault: ActiveFault, kind: str, *, die: int | None = None, share: float = 0
+    engine: DeviceEngine,
+    fault: ActiveFault,
+    kind: str,
+    *,
+    die: int | None = None,
+    params: NoParams | RankSlowParams = NO_PARAMS,
 ) -> None:
     """Carry a fault of an NPU to the collectives it is a rank of (the data path): the fabric
-    fails, holds or slows them (emulator/model/faults/fabric/ rank_down, rank_hung, rank_slow).
-    A fabric that cannot be told leaves the device's own effect in place, logged."""
+    fails, holds or slows them (emulator/model/faults/fabric/ rank_down, rank_hung, rank_slow;
+    `params` the kind's: rank-slow's RankSlowParams). A fabric that cannot be told leaves the
+    device's own effect in place, logged."""
     if not engine.dies.count:
         return  # no kernels, no collective ranks
     target = engine.device.id if die is None else f"{engine.device.id}.d{die}"
     try:
         stored = await engine.peers.fabric().link_fault(
-            FaultSpec(kind=kind, target=target, factor=share)
+            FaultSpec(kind=kind, target=target, params=params)
         )
     except EmulatorError as exc:
         log.error("the fabric was not told of a rank fault", device=target, error=str(exc))

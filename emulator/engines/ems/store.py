@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import structlog
 
 from cmemu.emulator.engines.clock import Timeline
-from cmemu.emulator.engines.deadline import answer_within
 from cmemu.emulator.engines.ems.ssd import SsdTier
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.peers import DevicePeer
+from cmemu.emulator.engines.wheel import DeadlineWheel
 from cmemu.emulator.model.ems import (
     Counters,
     HashRing,
@@ -106,6 +106,7 @@ class Store:
         # RECOVERING (retryable), never NOT_FOUND for an acknowledged key (issue 21 finding 3).
         self.recovering = True
         self.listed: set[str] = set()  # pools the rebuild has read
+        self._wheels: dict[float, DeadlineWheel] = {}  # a bound's length -> its calls' timer
 
     def publish(self, event: str, **detail: Any) -> None:
         if self.events is not None:
@@ -142,8 +143,18 @@ class Store:
 
     async def _within(self, device: Device, call: Awaitable[T], emulated_s: float) -> T:
         """A call to a device's peer, bounded in emulated time (see engines/deadline.py: a bound
-        in wall seconds failed healthy pools on a starved host)."""
-        return await answer_within(self.clock.clock, emulated_s, call, peer=device.id)
+        in wall seconds failed healthy pools on a starved host), on one timer per bound's
+        length (engines/wheel.py: a put makes six such calls, a get one)."""
+        wheel = self._wheels.get(emulated_s)
+        if wheel is None:
+            wheel = self._wheels[emulated_s] = DeadlineWheel(self.clock.clock, emulated_s)
+        try:
+            with wheel.bound():
+                return await call
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"{device.id} gave no answer within {emulated_s:g} emulated s"
+            ) from None
 
     async def _reached(self, device: Device, call: Awaitable[T], emulated_s: float) -> T:
         """`_within`, and a pool that does not answer is suspect at once, ahead of the next
@@ -213,8 +224,11 @@ class Store:
         timing.duration_ns = elapsed
         return timing
 
-    async def place(self, meta: ObjectMeta, pool: str) -> Replica:
-        region = await self.allocate(pool, region_size(meta), encode_label(meta))
+    async def place(self, meta: ObjectMeta, pool: str, label: str | None = None) -> Replica:
+        """A region for a copy of `meta` on `pool`, labelled with its metadata (`label`: that
+        label already encoded, for the copies of one put)."""
+        label = encode_label(meta) if label is None else label
+        region = await self.allocate(pool, region_size(meta), label)
         return Replica(region_id=region.region_id, offset=region.offset)
 
     async def allocate(self, pool: str, size: int, label: str) -> Region:

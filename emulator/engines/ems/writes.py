@@ -22,6 +22,7 @@ from cmemu.emulator.model.ems import (
     Timing,
     check_key,
     chunk_crcs,
+    encode_label,
     encode_trailer,
 )
 
@@ -142,8 +143,9 @@ class Writes:
         meta.gen = self.store.new_gen()
         s = Staged(meta=meta, placed={}, targets=targets, timing=Timing(), evicted=evicted)
         staged.append(s)
+        label = encode_label(meta)  # every copy's region carries the same
         for pool in targets:
-            s.placed[pool] = await self.store.place(meta, pool)
+            s.placed[pool] = await self.store.place(meta, pool, label)
 
     # --- room ----------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -345,7 +346,7 @@ class FabricEngine:
         with route_cut(f"{src}>{dst}"):
             return g.route(a, b)
 
-    def add_fault(self, spec: FaultSpec) -> FaultSpec:
+    def add_fault(self, spec: FaultSpec[Any]) -> FaultSpec[Any]:
         """Apply a link or switch fault now (its `since_s` is set here)."""
         stored = self.faults.add(dataclasses.replace(spec, since_s=self.clock.now_s()))
         self._faults_changed()

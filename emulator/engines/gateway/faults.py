@@ -5,6 +5,7 @@ live with the plane's timing on the authority (sn0's gateway) and are asked of i
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from cmemu.emulator.engines.gateway.state import GatewayState
 from cmemu.emulator.engines.gateway.types import GATEWAY_DOWN, PEER_TIMEOUT_S
@@ -14,13 +15,14 @@ from cmemu.emulator.model.errors import (
     PreconditionError,
     blame,
 )
+from cmemu.emulator.model.faults.params import NoParams
 from cmemu.emulator.model.rdmafault import RdmaFault
 
 
 class GatewayFaults(GatewayState):
     """Fault control, which a down gateway still answers."""
 
-    async def inject_fault(self, fault: RdmaFault) -> RdmaFault:
+    async def inject_fault(self, fault: RdmaFault[Any]) -> RdmaFault[Any]:
         """A fault of the plane (held by the authority) or a gateway-down (by its gateway)."""
         if fault.kind == GATEWAY_DOWN:
             return await self._gateway_down(fault)
@@ -33,7 +35,7 @@ class GatewayFaults(GatewayState):
         self._announce_fault(stored)
         return stored
 
-    async def _gateway_down(self, request: RdmaFault) -> RdmaFault:
+    async def _gateway_down(self, request: RdmaFault[Any]) -> RdmaFault[Any]:
         target = request.target or self.name
         self.gateway(target, field="target")
         if target != self.name:
@@ -48,6 +50,7 @@ class GatewayFaults(GatewayState):
             raise InvalidArgumentError("for_s must be >= 0 (0: until cleared)", field="for_s")
         fault = RdmaFault(
             kind=GATEWAY_DOWN,
+            params=NoParams(),
             target=self.name,
             for_s=request.for_s,
             since_s=self.now_s(),
@@ -57,7 +60,7 @@ class GatewayFaults(GatewayState):
         self._announce_fault(fault)
         return fault
 
-    def _announce_fault(self, fault: RdmaFault) -> None:
+    def _announce_fault(self, fault: RdmaFault[Any]) -> None:
         self.log.warning("fault injected", fault=fault.id, kind=fault.kind, target=fault.target)
         self.publish(
             "fault-injected",
@@ -67,7 +70,7 @@ class GatewayFaults(GatewayState):
             until_ns=str(round(fault.until_s * 1e9)),
         )
 
-    async def clear_fault(self, fault_id: str, *, all: bool) -> list[RdmaFault]:
+    async def clear_fault(self, fault_id: str, *, all: bool) -> list[RdmaFault[Any]]:
         """Clear one fault (by id) or every one; the faults left."""
         if fault_id and all:
             raise InvalidArgumentError("name one fault (id) or all, not both", field="all")
@@ -90,7 +93,7 @@ class GatewayFaults(GatewayState):
         self.log.warning("fault cleared", fault=fault_id or "all")
         return await self.list_faults()
 
-    async def list_faults(self) -> list[RdmaFault]:
+    async def list_faults(self) -> list[RdmaFault[Any]]:
         """This gateway's own fault, then the plane's."""
         out = [self.down] if self.down is not None else []
         if self.authority is not None:

@@ -5,7 +5,7 @@ would call it over gRPC (emulator/client/gateway.py), with the same refusals and
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cmemu.emulator.engines.gateway.types import (
     Landing,
@@ -81,13 +81,15 @@ class LocalGateway:
     async def route(self, src: str, dst: str, *, deadline_s: float | None) -> RouteInfo:
         return await self._call(self.engine.route(src, dst), deadline_s)
 
-    async def inject_fault(self, fault: RdmaFault, *, deadline_s: float | None) -> RdmaFault:
+    async def inject_fault(
+        self, fault: RdmaFault[Any], *, deadline_s: float | None
+    ) -> RdmaFault[Any]:
         return await self._call(self.engine.inject_fault(fault), deadline_s)
 
     async def clear_fault(
         self, fault_id: str, *, all: bool, deadline_s: float | None
-    ) -> list[RdmaFault]:
+    ) -> list[RdmaFault[Any]]:
         return await self._call(self.engine.clear_fault(fault_id, all=all), deadline_s)
 
-    async def list_faults(self, *, deadline_s: float | None) -> list[RdmaFault]:
+    async def list_faults(self, *, deadline_s: float | None) -> list[RdmaFault[Any]]:
         return await self._call(self.engine.list_faults(), deadline_s)

@@ -12,6 +12,8 @@ The flows run on the same live-flow clock as the fabric's (emulator/engines/flow
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import structlog
 
@@ -79,7 +81,7 @@ class PlaneAuthority:
 
     # --- faults --------------------------------------------------------------------------------
 
-    def add_fault(self, fault: RdmaFault) -> RdmaFault:
+    def add_fault(self, fault: RdmaFault[Any]) -> RdmaFault[Any]:
         stored = self.faults.add(fault)
         self.flows.set_capacities(self.graph.link_cap())
         return stored

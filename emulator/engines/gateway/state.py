@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -85,7 +85,7 @@ class GatewayState:
         self.qps: dict[int, Qp] = {}
         self._next_qpn = 1
         self.counters = Counters()
-        self.down: RdmaFault | None = None  # the gateway-down fault, when injected
+        self.down: RdmaFault[Any] | None = None  # the gateway-down fault, when injected
         self.server: Health | None = None
         self._faults_moved = asyncio.Event()
         self._closing = False
@@ -229,7 +229,7 @@ class GatewayState:
             until = round(min(times) * 1e9) if times else None
             await self.clock.wait(self._faults_moved, until)
 
-    async def set_down(self, fault: RdmaFault | None) -> None:
+    async def set_down(self, fault: RdmaFault[Any] | None) -> None:
         self.down = fault
         if self.server is not None:
             await self.server.set_serving(fault is None)

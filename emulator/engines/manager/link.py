@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cmemu.emulator.engines.peers import (
     CollectiveOutcome,
@@ -146,7 +146,7 @@ class SeveredFabric:
         await self.link.check(None, "the fabric")
         return await self.inner.collective_arrivals(after_seq, limit=limit)
 
-    async def link_fault(self, spec: FaultSpec) -> FaultSpec:
+    async def link_fault(self, spec: FaultSpec[Any]) -> FaultSpec[Any]:
         await self.link.check(None, "the fabric")
         return await self.inner.link_fault(spec)
 

@@ -18,6 +18,7 @@ import structlog
 
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.outage import Outage
 from cmemu.emulator.engines.peers import JobScheduler
 from cmemu.emulator.engines.serving.deploy import LiveDeployment, Provisioner
 from cmemu.emulator.engines.serving.driver import Driver
@@ -45,6 +46,7 @@ from cmemu.emulator.model.serving.pdpolicy import live_options, unit_rates
 from cmemu.emulator.model.topology import Topology
 
 log = structlog.get_logger("cmemu.router")
+REASON_DOWN = "ROUTER_DOWN"  # a killed router, as the manager of this process meets it
 
 
 class ServingEngine:
@@ -84,6 +86,8 @@ class ServingEngine:
         self._watchers: dict[str, asyncio.Task[None]] = {}  # live dynamic PD's deciding loops
         self._pds: dict[str, LivePd] = {}
         self._closed = asyncio.Event()
+        # its service down, as the manager of this process meets it (engines/outage.py)
+        self.outage = Outage("router", REASON_DOWN)
 
     def publish(self, event: str, **detail: object) -> None:
         if self.events is not None:

@@ -44,6 +44,9 @@ class RepairPlan:
 
 
 _RANK = {Health.UP: 0, Health.SUSPECT: 1, Health.DEAD: 2}
+# the members as module constants: an enum member read off its class costs ~0.15 us (a
+# descriptor), so a put's walk over cm384's 48 pools spent 11 us on `Health.UP` alone
+_UP, _DEAD = Health.UP, Health.DEAD
 
 
 class Placement:
@@ -76,7 +79,7 @@ class Placement:
 
     @property
     def healthy(self) -> dict[str, bool]:
-        return {p: h is Health.UP for p, h in self.health.items()}
+        return {p: h is _UP for p, h in self.health.items()}
 
     def mark(self, pool: str, *, healthy: bool) -> bool:
         """Record a pool's health outright (UP, or DEAD); True when that changed it."""
@@ -91,7 +94,7 @@ class Placement:
     def suspect(self, pool: str, now_ns: int) -> bool:
         """A call to the pool failed: avoid it until a sweep hears from it. True when newly so."""
         self.silent_since_ns.setdefault(pool, now_ns)
-        if self.health[pool] is Health.UP:
+        if self.health[pool] is _UP:
             self.health[pool] = Health.SUSPECT
             return True
         return False
@@ -116,11 +119,11 @@ class Placement:
         return new if new is not old else None
 
     def usable(self) -> list[str]:
-        return [p for p, h in self.health.items() if h is Health.UP]
+        return [p for p, h in self.health.items() if h is _UP]
 
     def kept(self, meta: ObjectMeta) -> list[str]:
         """The pools of an object's copies that are not dead (up or suspect)."""
-        return [p for p in meta.replicas if self.health[p] is not Health.DEAD]
+        return [p for p in meta.replicas if self.health[p] is not _DEAD]
 
     def used(self, pool: str) -> int:
         """Bytes of the pool's EMS share held by objects and by puts still writing."""
@@ -136,7 +139,7 @@ class Placement:
         return min(self.replication_factor, len(self.usable()) or 1)
 
     def live(self, meta: ObjectMeta) -> list[str]:
-        return [p for p in meta.replicas if self.health[p] is Health.UP]
+        return [p for p in meta.replicas if self.health[p] is _UP]
 
     def needs_repair(self, meta: ObjectMeta) -> bool:
         """An indexed DRAM object with fewer copies than wanted outside dead pools (a suspect
@@ -201,13 +204,13 @@ class Placement:
         """The copies a reader on `node` (None: anywhere) should try, its own node's first."""
         copies = sorted(meta.replicas.items(), key=lambda kv: self.nodes[kv[0]] != node)
         return ReadPlan(
-            copies=[(p, r) for p, r in copies if self.health[p] is Health.UP],
-            down=[p for p, _ in copies if self.health[p] is not Health.UP],
+            copies=[(p, r) for p, r in copies if self.health[p] is _UP],
+            down=[p for p, _ in copies if self.health[p] is not _UP],
         )
 
     def repair_plan(self, meta: ObjectMeta) -> RepairPlan:
         """How to bring one object back to the wanted number of copies."""
-        dead = [p for p in meta.replicas if self.health[p] is Health.DEAD]
+        dead = [p for p in meta.replicas if self.health[p] is _DEAD]
         live = self.live(meta)
         if not live:
             return RepairPlan(dead=dead, source=None, targets=[])

@@ -143,13 +143,23 @@ def params_from(cls: type[P], raw: Mapping[str, object], *, kind: str) -> P:
     return made
 
 
+def values(params: object) -> dict[str, object]:
+    """A params dataclass's fields by name, as they are (what the wire carries)."""
+    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}  # type: ignore[arg-type]
+
+
+def rechecked(params: P, *, kind: str) -> P:
+    """`params` checked again as `params_from` checks what a user typed (a params object built
+    in process skipped it): InvalidArgumentError naming the field out of its range."""
+    return params_from(type(params), values(params), kind=kind)
+
+
 def params_text(params: object) -> dict[str, str]:
     """A params dataclass as text (`wipe=true`), for logs and events."""
-    out: dict[str, str] = {}
-    for f in dataclasses.fields(params):  # type: ignore[arg-type]
-        value = getattr(params, f.name)
-        out[f.name] = ("true" if value else "false") if isinstance(value, bool) else f"{value}"
-    return out
+    return {
+        name: ("true" if value else "false") if isinstance(value, bool) else f"{value}"
+        for name, value in values(params).items()
+    }
 
 
 def describe(cls: type[Any]) -> list[tuple[str, str, str | None, str]]:

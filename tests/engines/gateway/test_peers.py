@@ -20,6 +20,8 @@ from cmemu.emulator.engines.gateway.types import GATEWAY_DOWN, QpState
 from cmemu.emulator.engines.peers import GatewayPeer
 from cmemu.emulator.model.clock import Clock
 from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError, UnavailableError
+from cmemu.emulator.model.faults.fabric.link_degraded import LinkDegradedParams
+from cmemu.emulator.model.faults.params import NoParams
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.emulator.model.rdmafault import RdmaFault
 from cmemu.emulator.model.scaleout import build_cluster
@@ -111,7 +113,9 @@ async def test_a_bad_request_is_refused_alike(both: Both) -> None:
 
 
 async def test_a_down_gateway_refuses_alike_and_keeps_its_fault_control(both: Both) -> None:
-    down = await both.remote.inject_fault(RdmaFault(kind=GATEWAY_DOWN, target=""), deadline_s=5)
+    down = await both.remote.inject_fault(
+        RdmaFault(kind=GATEWAY_DOWN, params=NoParams(), target=""), deadline_s=5
+    )
     try:
         assert (down.id, down.target) == ("sn0-gw-down", "sn0-gw")
         refused = []
@@ -128,7 +132,9 @@ async def test_a_down_gateway_refuses_alike_and_keeps_its_fault_control(both: Bo
 
 
 async def test_a_plane_fault_comes_back_the_same_through_the_client(both: Both) -> None:
-    slow = RdmaFault(kind="switch-slow", target="core1", factor=0.5, for_s=2.0)
+    slow = RdmaFault(
+        kind="switch-slow", params=LinkDegradedParams(factor=0.5), target="core1", for_s=2.0
+    )
     stored = await both.remote.inject_fault(slow, deadline_s=5.0)
     try:
         (held,) = await both.local.list_faults(deadline_s=5.0)

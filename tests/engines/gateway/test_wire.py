@@ -8,6 +8,7 @@ import pytest
 from cmemu.emulator.client.wire import gateway as wire
 from cmemu.emulator.engines.gateway.types import Landing, OpResult, Qp, QpState, RdmaOp
 from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.model.faults.fabric.link_degraded import LinkDegradedParams
 from cmemu.emulator.model.rdmafault import RdmaFault
 from cmemu.v1 import gateway_pb2
 
@@ -29,7 +30,12 @@ def test_round_trips() -> None:
 
 def test_a_fault_keeps_its_instants_to_the_nanosecond() -> None:
     fault = RdmaFault(
-        kind="link-slow", target="a~b", factor=0.25, for_s=0.05, since_s=123456789 / 1e9, id="r1"
+        kind="link-slow",
+        params=LinkDegradedParams(factor=0.25),
+        target="a~b",
+        for_s=0.05,
+        since_s=123456789 / 1e9,
+        id="r1",
     )
     sent = wire.fault_proto(fault)
     back = wire.fault_proto(wire.fault(sent))

@@ -1,7 +1,8 @@
 """In one process the router's serving engine, the training jobs and the cluster manager reach
-the scheduler's and EMS's engines directly (services/peers.py: LocalScheduler, LocalEms), not
-through a client, and a refusal comes back as the same EmulatorError class, reason and message
-as over gRPC (the typed client's); a killed scheduler refuses both ways alike, UNAVAILABLE."""
+the scheduler's and EMS's engines directly (services/peers.py: LocalScheduler, LocalEms), and
+the manager the router's (LocalRouter), not through a client, and a refusal comes back as the
+same EmulatorError class, reason and message as over gRPC (the typed client's); a killed
+scheduler or router refuses both ways alike, UNAVAILABLE."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ from typing import Any
 import pytest
 
 from cmemu.emulator.client import faults
+from cmemu.emulator.client.control import RemoteRouter
 from cmemu.emulator.client.ems import WIRE_KIND, EmsClient
 from cmemu.emulator.client.scheduler import SchedulerClient
 from cmemu.emulator.engines.ems import EmsState
 from cmemu.emulator.engines.ems.local import KIND_NUMBER, LocalEms
-from cmemu.emulator.engines.manager.link import SeveredScheduler
+from cmemu.emulator.engines.manager.link import SeveredRouter, SeveredScheduler
 from cmemu.emulator.engines.peers import JobScheduler
 from cmemu.emulator.engines.scheduler.engine import SchedulerEngine
 from cmemu.emulator.engines.scheduler.local import LocalScheduler
+from cmemu.emulator.engines.serving.local import LocalRouter
 from cmemu.emulator.engines.serving.peers import KvStore
 from cmemu.emulator.model.errors import EmulatorError, UnavailableError
 from cmemu.emulator.model.topology import ServiceKind
@@ -54,6 +57,10 @@ async def test_in_one_process_the_peers_are_the_engines(mini: Supernode) -> None
         assert isinstance(peer, LocalScheduler) and peer.engine is scheduler
     for store in (router.engine.ems, training.ems):
         assert isinstance(store, LocalEms) and store.store is ems
+    severed_router = manager.engine.peers.router()
+    assert isinstance(severed_router, SeveredRouter)
+    assert isinstance(severed_router.inner, LocalRouter)
+    assert severed_router.inner.engine is router.engine
 
 
 async def _refusal(call: Awaitable[Any]) -> EmulatorError:
@@ -111,3 +118,36 @@ async def test_a_killed_scheduler_refuses_directly_as_over_grpc(mini: Supernode)
                 break
             await asyncio.sleep(0.2)
     assert refused.reason == "JOB_NOT_FOUND"  # and the module's other tests find it back
+
+
+def _routers(sn: Supernode) -> tuple[LocalRouter, RemoteRouter]:
+    _, _, router, _ = _hosted(sn)
+    address = sn.topology.service(ServiceKind.ROUTER).address
+    return LocalRouter(router.engine), RemoteRouter(sn.clients.channel_to(address))
+
+
+async def test_the_router_refuses_directly_as_over_grpc_killed_or_not(mini: Supernode) -> None:
+    local, remote = _routers(mini)
+    for peer in (local, remote):  # no deployment in this module: restored never, or unknown
+        refused = await _refusal(peer.last_restored_ns("ghost"))
+        assert refused.reason == "DEPLOYMENT_NOT_FOUND" and str(refused).startswith("router: ")
+    _same(
+        await _refusal(local.last_restored_ns("ghost")),
+        await _refusal(remote.last_restored_ns("ghost")),
+    )
+    down = await faults.inject(mini.clients, "service-kill", "router")
+    try:
+        for peer in (local, remote):
+            refused = await _refusal(peer.last_restored_ns("ghost"))
+            assert isinstance(refused, UnavailableError), refused
+    finally:
+        await faults.clear(mini.clients, down.id)
+    refused = await _refusal(local.last_restored_ns("ghost"))  # the twin: back, it answers
+    assert refused.reason == "DEPLOYMENT_NOT_FOUND"
+    async with asyncio.timeout(60):  # the client's channel reconnects (the bound: a hung test)
+        while True:
+            refused = await _refusal(remote.last_restored_ns("ghost"))
+            if not isinstance(refused, UnavailableError):
+                break
+            await asyncio.sleep(0.2)
+    assert refused.reason == "DEPLOYMENT_NOT_FOUND"

@@ -17,7 +17,9 @@ from cmemu.emulator.engines.device.faultbase import (
     rank_fault,
 )
 from cmemu.emulator.model.errors import EmulatorError, PreconditionError
-from cmemu.emulator.model.faults.fabric import FaultSpec
+from cmemu.emulator.model.faults.fabric import FaultSpec, ports_degraded, rank_slow
+from cmemu.emulator.model.faults.fabric.ports_degraded import PortsDegradedParams
+from cmemu.emulator.model.faults.fabric.rank_slow import RankSlowParams
 from cmemu.emulator.model.faults.params import SHARE, invalid, param
 
 if TYPE_CHECKING:
@@ -58,11 +60,15 @@ class Slow:
             )
         if link < 1:
             stored = await engine.peers.fabric().link_fault(
-                FaultSpec(kind="ports-degraded", target=engine.device.id, factor=link)
+                FaultSpec(
+                    kind=ports_degraded.NAME,
+                    target=engine.device.id,
+                    params=PortsDegradedParams(factor=link),
+                )
             )
             fault.fabric_fault = stored.id
         if compute < 1:
-            await rank_fault(engine, fault, "rank-slow", share=compute)
+            await rank_fault(engine, fault, rank_slow.NAME, params=RankSlowParams(factor=compute))
         _refresh_share(engine)
 
     async def undo(self, engine: DeviceEngine, fault: ActiveFault) -> None:

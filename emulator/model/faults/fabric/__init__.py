@@ -1,6 +1,6 @@
 """The fabric's fault kinds: one module each, holding the kind's whole story (its typed params
-and their checks, its help and what its TARGET names, its effect on the link graph, and how its
-params map onto the graph's FaultSpec), and this one table of them. The link graph's FaultSet
+and their checks, its help and what its TARGET names, its effect on the link graph, reading
+those params as they are), and this one table of them. The link graph's FaultSet
 (emulator/model/linkfaults.py), the wire's params table (FabricFault's `oneof params`,
 emulator/client/wire/fabric.py) and the client's fabric kinds (emulator/client/faultkinds/
 fabric.py) are all made from KINDS; what the kinds share lives in base.py."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.faults.fabric import (
     l1_board,
     link_degraded,
@@ -24,12 +25,12 @@ from cmemu.emulator.model.faults.fabric import (
     rank_slow,
     switch_down,
 )
-from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
-from cmemu.emulator.model.faults.params import params_from, unknown_kind
+from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind, NoParams, of_kind
+from cmemu.emulator.model.faults.params import rechecked, unknown_kind
 
-__all__ = ["KINDS", "PARAMS", "FaultSpec", "Kind", "kind_of", "spec_fields", "spec_params"]
+__all__ = ["KINDS", "PARAMS", "FaultSpec", "Kind", "NoParams", "checked", "kind_of", "of_kind"]
 
-KINDS: dict[str, Kind] = {
+KINDS: dict[str, Kind[Any]] = {
     k.name: k
     for k in (
         link_down.KIND,
@@ -54,7 +55,7 @@ PARAMS: dict[str, type[Any]] = {name: k.params for name, k in KINDS.items()}
 faultparams.py unpacks by it, and checks that it and the proto agree)."""
 
 
-def kind_of(name: str) -> Kind:
+def kind_of(name: str) -> Kind[Any]:
     """A fabric kind by name; INVALID_ARGUMENT UNKNOWN_FAULT_KIND listing the known ones."""
     kind = KINDS.get(name)
     if kind is None:
@@ -62,17 +63,17 @@ def kind_of(name: str) -> Kind:
     return kind
 
 
-def spec_params(spec: FaultSpec) -> Any | None:
-    """The typed parameters of a spec of a known kind (None for another), checked as the kind's
-    dataclass states them: the one place a fabric fault's ranges are checked."""
-    kind = KINDS.get(spec.kind)
-    if kind is None:
-        return None
-    return params_from(kind.params, kind.of_spec(spec), kind=spec.kind)
-
-
-def spec_fields(kind: str, params: object) -> dict[str, Any]:
-    """A kind's typed parameters as FaultSpec fields ({} for an unknown kind: the fabric names
-    it)."""
-    known = KINDS.get(kind)
-    return {} if known is None else known.to_spec(params)
+def checked(spec: FaultSpec[Any]) -> FaultSpec[Any]:
+    """`spec` if its kind is known and its params are that kind's, in their ranges (each field's
+    and the class's own check, as when they were typed or unpacked: a spec built in process is
+    checked too): the one place a fabric fault's params are checked before it is stored."""
+    kind = kind_of(spec.kind)
+    if type(spec.params) is not kind.params:
+        raise InvalidArgumentError(
+            f"{spec.kind}: its params are {kind.params.__name__}, not {type(spec.params).__name__}",
+            field="params",
+            subject=spec.kind,
+            reason="WRONG_FAULT_PARAMS",
+        )
+    rechecked(spec.params, kind=spec.kind)
+    return spec

@@ -12,84 +12,72 @@ device's ports, a rank fault) imports no numpy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeGuard, TypeVar
 
 from cmemu.emulator.model.faults.params import NoParams
 
 if TYPE_CHECKING:
     from cmemu.emulator.model.linkgraph import LinkGraph
 
+__all__ = ["LINK", "Effect", "FaultSpec", "Kind", "NoParams", "of_kind"]
+
 LINK = "a link 'a~b' (cmemu links)"  # most kinds' TARGET
+
+P = TypeVar("P")  # a kind's params dataclass
 
 
 @dataclass(frozen=True, kw_only=True)
-class FaultSpec:
-    """One fabric fault as the link graph reads it, in the graph's units (seconds, tuples of
-    ids): the same record on the wire's both ends and in process. A kind's typed parameters map
-    onto its fields through the kind's own `to_spec` / `of_spec`."""
+class FaultSpec(Generic[P]):
+    """One fabric fault as the link graph reads it: what every fault has (kind, target, id,
+    instants) and the kind's own typed params, in the params' units, as the user gave them and
+    the wire carries them (FabricFault's `oneof params`). A kind's effect converts them to what
+    the graph needs, in the kind's module, so no field here belongs to one kind but `down`."""
 
     kind: str
+    params: P
     target: str = ""
-    factor: float = 0.0
-    added_latency_s: float = 0.0
-    side_a: tuple[str, ...] = ()
-    side_b: tuple[str, ...] = ()
     id: str = ""
-    period_s: float = 0.0  # link-flap: one down+up cycle, emulated
-    duty: float = 0.0  # link-flap: share of the period down
     since_s: float = 0.0  # emulated instant it was added (a flap's phase counts from it)
     for_s: float = 0.0  # emulated seconds until the fabric clears it; 0: until cleared
     down: bool = False  # link-flap: in the down part of its cycle now (FaultSet.flap)
-    loss_rate: float = 0.0  # link-loss: share of frames lost or failing CRC
-    module: int = 0  # optical-module: which uplink module of the L1 chip (target)
-    one_way: bool = False  # partition: side_a's frames to side_b lost, side_b's to side_a not
 
     @property
     def until_s(self) -> float:
         return self.since_s + self.for_s if self.for_s else 0.0
 
 
-class Effect(Protocol):
+class Effect(Protocol[P]):
     """What one kind does to the link graph: `validate` refuses a spec it cannot apply (an
     unknown link, switch or device: NotFoundError / InvalidArgumentError naming it) before it is
-    stored; `apply` writes it onto the graph (a clean one plus the faults applied before)."""
+    stored; `apply` writes it onto the graph (a clean one plus the faults applied before). Both
+    take the kind's own params type, so mypy checks each effect against its kind's fields."""
 
-    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None: ...
+    def validate(self, graph: LinkGraph, spec: FaultSpec[P]) -> None: ...
 
-    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None: ...
-
-
-def _none(_: Any) -> dict[str, Any]:
-    return {}
-
-
-def factor_to_spec(params: Any) -> dict[str, Any]:
-    """A share kind's (`factor` in its params and in the spec alike)."""
-    return {"factor": params.factor}
-
-
-def factor_of_spec(spec: FaultSpec) -> dict[str, object]:
-    return {"factor": spec.factor}
+    def apply(self, graph: LinkGraph, spec: FaultSpec[P]) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
-class Kind:
+class Kind(Generic[P]):
     """One fabric fault kind, as its module declares it: its name, typed parameters (a frozen
     dataclass checked by emulator/model/faults/params.py; on the wire the message of the same
-    name in FabricFault's `oneof params`), help, what its TARGET names, its effect on the link
-    graph, and its wire mapping: `to_spec` turns its params into FaultSpec fields, `of_spec`
-    reads them back by the params' names (both {} for a kind without params). The client's
-    record of the kind is made from this one (emulator/client/faultkinds/fabric.py)."""
+    name in FabricFault's `oneof params`, mapped field by field by emulator/client/wire/
+    faultparams.py for every kind alike), help, what its TARGET names and its effect on the
+    link graph, typed by its params. The client's record of the kind is made from this one
+    (emulator/client/faultkinds/fabric.py)."""
 
     name: str
     help: str
-    effect: Effect
-    params: type[Any] = NoParams
+    effect: Effect[P]
+    params: type[P]
     target: str = LINK
-    to_spec: Callable[[Any], dict[str, Any]] = _none
-    of_spec: Callable[[FaultSpec], dict[str, object]] = _none
     # set at the fabric by a device's own fault and cleared with it (ports-degraded, rank-*):
     # no kind of the user's catalogue (`cmemu fault kinds`)
     from_device: bool = False
+
+
+def of_kind(spec: FaultSpec[Any], kind: Kind[P]) -> TypeGuard[FaultSpec[P]]:
+    """Whether `spec` is of `kind`: past it, mypy reads `spec.params` as that kind's params (a
+    stored spec's params are its kind's: FaultSet.add checks them)."""
+    return spec.kind == kind.name

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, quote
-from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
+from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind, NoParams
 from cmemu.emulator.model.naming import l1_switch_id, parse_node
 
 if TYPE_CHECKING:
@@ -36,10 +36,10 @@ def l1_board_links(graph: LinkGraph, node: str) -> list[int]:
 
 @dataclass(frozen=True)
 class L1Board:
-    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def validate(self, graph: LinkGraph, spec: FaultSpec[NoParams]) -> None:
         l1_board_links(graph, spec.target)
 
-    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def apply(self, graph: LinkGraph, spec: FaultSpec[NoParams]) -> None:
         graph.up[l1_board_links(graph, spec.target)] = False
 
 
@@ -47,6 +47,7 @@ KIND = Kind(
     name="l1-board",
     help="a node's L1 switch board fails: its L1 chips and all their links go down at once "
     "(its devices stay up, cut off the unified bus, each other included)",
+    params=NoParams,
     effect=L1Board(),
     target="a node id (e.g. n03)",
 )

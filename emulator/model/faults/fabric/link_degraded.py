@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind, factor_of_spec, factor_to_spec
+from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
 from cmemu.emulator.model.faults.params import FRACTION, param
 
 if TYPE_CHECKING:
@@ -21,11 +21,11 @@ class LinkDegradedParams:
 
 @dataclass(frozen=True)
 class LinkDegraded:
-    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def validate(self, graph: LinkGraph, spec: FaultSpec[LinkDegradedParams]) -> None:
         graph.physical(spec.target)
 
-    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
-        graph.factor[list(graph.physical(spec.target))] *= spec.factor
+    def apply(self, graph: LinkGraph, spec: FaultSpec[LinkDegradedParams]) -> None:
+        graph.factor[list(graph.physical(spec.target))] *= spec.params.factor
 
 
 KIND = Kind(
@@ -33,6 +33,4 @@ KIND = Kind(
     help="a link keeps a share of its bandwidth",
     params=LinkDegradedParams,
     effect=LinkDegraded(),
-    to_spec=factor_to_spec,
-    of_spec=factor_of_spec,
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
+from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind, NoParams
 
 if TYPE_CHECKING:
     from cmemu.emulator.model.linkgraph import LinkGraph
@@ -14,11 +14,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LinkDown:
-    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def validate(self, graph: LinkGraph, spec: FaultSpec[NoParams]) -> None:
         graph.physical(spec.target)
 
-    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def apply(self, graph: LinkGraph, spec: FaultSpec[NoParams]) -> None:
         graph.up[list(graph.physical(spec.target))] = False
 
 
-KIND = Kind(name="link-down", help="a link carries nothing", effect=LinkDown())
+KIND = Kind(name="link-down", help="a link carries nothing", params=NoParams, effect=LinkDown())

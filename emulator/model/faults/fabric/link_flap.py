@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
 from cmemu.emulator.model.faults.params import FRACTION, POSITIVE, param
@@ -26,36 +26,29 @@ class LinkFlapParams:
 
 @dataclass(frozen=True)
 class LinkFlap:
-    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def validate(self, graph: LinkGraph, spec: FaultSpec[LinkFlapParams]) -> None:
         graph.physical(spec.target)
 
-    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def apply(self, graph: LinkGraph, spec: FaultSpec[LinkFlapParams]) -> None:
         if spec.down:
             graph.up[list(graph.physical(spec.target))] = False
 
 
-def flap_down(spec: FaultSpec, now_s: float) -> bool:
+def flap_down(spec: FaultSpec[LinkFlapParams], now_s: float) -> bool:
     """Whether a flapping link is in the down part of its cycle at `now_s`."""
-    phase = (now_s - spec.since_s) % spec.period_s
-    return phase < spec.duty * spec.period_s
+    period, duty = spec.params.period_s, spec.params.duty
+    return (now_s - spec.since_s) % period < duty * period
 
 
-def next_flip_s(spec: FaultSpec, now_s: float) -> float:
+def next_flip_s(spec: FaultSpec[LinkFlapParams], now_s: float) -> float:
     """The emulated instant after `now_s` at which a flapping link next changes state."""
-    cycle = math.floor((now_s - spec.since_s) / spec.period_s)
-    start = spec.since_s + cycle * spec.period_s
-    for edge in (start + spec.duty * spec.period_s, start + spec.period_s):
+    period, duty = spec.params.period_s, spec.params.duty
+    cycle = math.floor((now_s - spec.since_s) / period)
+    start = spec.since_s + cycle * period
+    for edge in (start + duty * period, start + period):
         if edge > now_s:
             return edge
-    return start + spec.period_s + spec.duty * spec.period_s
-
-
-def to_spec(params: LinkFlapParams) -> dict[str, Any]:
-    return {"period_s": params.period_s, "duty": params.duty}
-
-
-def of_spec(spec: FaultSpec) -> dict[str, object]:
-    return {"period_s": spec.period_s, "duty": spec.duty}
+    return start + period + duty * period
 
 
 KIND = Kind(
@@ -63,6 +56,4 @@ KIND = Kind(
     help="a link toggles down and up: down duty*period_s of every period_s (emulated)",
     params=LinkFlapParams,
     effect=LinkFlap(),
-    to_spec=to_spec,
-    of_spec=of_spec,
 )

@@ -1,10 +1,10 @@
 """link-latency: a link adds `latency_us` emulated microseconds per crossing (both directions);
-its bandwidth is untouched. The graph keeps seconds (`added_latency_s`)."""
+its bandwidth is untouched. The graph keeps seconds (`extra_latency_s`): the effect converts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
 from cmemu.emulator.model.faults.params import POSITIVE, invalid, param
@@ -28,19 +28,11 @@ class LinkLatencyParams:
 
 @dataclass(frozen=True)
 class LinkLatency:
-    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def validate(self, graph: LinkGraph, spec: FaultSpec[LinkLatencyParams]) -> None:
         graph.physical(spec.target)
 
-    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
-        graph.extra_latency_s[list(graph.physical(spec.target))] += spec.added_latency_s
-
-
-def to_spec(params: LinkLatencyParams) -> dict[str, Any]:
-    return {"added_latency_s": params.latency_us / 1e6}
-
-
-def of_spec(spec: FaultSpec) -> dict[str, object]:
-    return {"latency_us": spec.added_latency_s * 1e6}
+    def apply(self, graph: LinkGraph, spec: FaultSpec[LinkLatencyParams]) -> None:
+        graph.extra_latency_s[list(graph.physical(spec.target))] += spec.params.latency_us / 1e6
 
 
 KIND = Kind(
@@ -48,6 +40,4 @@ KIND = Kind(
     help="a link adds latency per crossing",
     params=LinkLatencyParams,
     effect=LinkLatency(),
-    to_spec=to_spec,
-    of_spec=of_spec,
 )

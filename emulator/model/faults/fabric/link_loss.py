@@ -10,7 +10,7 @@ flight behind the lost one is resent): this is the optimistic bound."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
 from cmemu.emulator.model.faults.params import FRACTION, param
@@ -29,22 +29,14 @@ class LinkLossParams:
 
 @dataclass(frozen=True)
 class LinkLoss:
-    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def validate(self, graph: LinkGraph, spec: FaultSpec[LinkLossParams]) -> None:
         graph.physical(spec.target)
 
-    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def apply(self, graph: LinkGraph, spec: FaultSpec[LinkLossParams]) -> None:
         links = list(graph.physical(spec.target))
-        p = spec.loss_rate
+        p = spec.params.rate
         graph.factor[links] *= 1 - p
         graph.extra_latency_s[links] += graph.profile.switch.link_retry_s * p / (1 - p)
-
-
-def to_spec(params: LinkLossParams) -> dict[str, Any]:
-    return {"loss_rate": params.rate}
-
-
-def of_spec(spec: FaultSpec) -> dict[str, object]:
-    return {"rate": spec.loss_rate}
 
 
 KIND = Kind(
@@ -52,6 +44,4 @@ KIND = Kind(
     help="a link loses (or fails CRC on) a share of its frames; resending costs bandwidth",
     params=LinkLossParams,
     effect=LinkLoss(),
-    to_spec=to_spec,
-    of_spec=of_spec,
 )

@@ -5,7 +5,7 @@ up."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cmemu.emulator.model.errors import InvalidArgumentError, quote
 from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
@@ -52,19 +52,11 @@ def optical_module_links(graph: LinkGraph, switch_id: str, module: int) -> list[
 
 @dataclass(frozen=True)
 class OpticalModule:
-    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
-        optical_module_links(graph, spec.target, spec.module)
+    def validate(self, graph: LinkGraph, spec: FaultSpec[OpticalModuleParams]) -> None:
+        optical_module_links(graph, spec.target, spec.params.module)
 
-    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
-        graph.up[optical_module_links(graph, spec.target, spec.module)] = False
-
-
-def to_spec(params: OpticalModuleParams) -> dict[str, Any]:
-    return {"module": params.module}
-
-
-def of_spec(spec: FaultSpec) -> dict[str, object]:
-    return {"module": spec.module}
+    def apply(self, graph: LinkGraph, spec: FaultSpec[OpticalModuleParams]) -> None:
+        graph.up[optical_module_links(graph, spec.target, spec.params.module)] = False
 
 
 KIND = Kind(
@@ -73,6 +65,4 @@ KIND = Kind(
     params=OpticalModuleParams,
     effect=OpticalModule(),
     target="an L1 chip id (e.g. n03-l1s4)",
-    to_spec=to_spec,
-    of_spec=of_spec,
 )

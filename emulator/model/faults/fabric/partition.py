@@ -1,12 +1,13 @@
 """partition: the devices of side_a cannot reach those of side_b (a route between the sides
 finds none), every link staying up; `one_way` loses only side_a's frames to side_b (an
-asymmetric partition). The sides are params, so it names no TARGET. The graph keeps each side
-as a tuple of ids; the wire and the user give comma-separated text."""
+asymmetric partition). The sides are params, so it names no TARGET: comma-separated text, as
+the wire and the user give them, kept in one spelling (no blanks, no empty ids) and split into
+ids by the effect."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
@@ -26,34 +27,32 @@ class PartitionParams:
         "side_a land but are never acknowledged, and side_a's requests never arrive",
     )
 
+    def __post_init__(self) -> None:
+        # one spelling, so that what the fabric lists is the same however the sides were typed
+        for name in ("side_a", "side_b"):
+            object.__setattr__(self, name, ",".join(ids(getattr(self, name))))
+
+
+def ids(side: str) -> tuple[str, ...]:
+    """The device ids of one side's text."""
+    return tuple(s for s in (x.strip() for x in side.split(",")) if s)
+
 
 @dataclass(frozen=True)
 class Partition:
-    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
-        if not spec.side_a or not spec.side_b:
+    def validate(self, graph: LinkGraph, spec: FaultSpec[PartitionParams]) -> None:
+        side_a, side_b = ids(spec.params.side_a), ids(spec.params.side_b)
+        if not side_a or not side_b:
             raise InvalidArgumentError("a partition needs devices on both sides (side_a, side_b)")
-        for device in (*spec.side_a, *spec.side_b):
+        for device in (*side_a, *side_b):
             graph.topology.device(device)
-        both = set(spec.side_a) & set(spec.side_b)
+        both = set(side_a) & set(side_b)
         if both:
             raise InvalidArgumentError(f"devices on both sides of a partition: {sorted(both)}")
 
-    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
-        graph.partitions.append((frozenset(spec.side_a), frozenset(spec.side_b), spec.one_way))
-
-
-def _sides(text: str) -> tuple[str, ...]:
-    return tuple(s for s in (x.strip() for x in text.split(",")) if s)
-
-
-def to_spec(params: PartitionParams) -> dict[str, Any]:
-    return {"side_a": _sides(params.side_a), "side_b": _sides(params.side_b),
-            "one_way": params.one_way}  # fmt: skip
-
-
-def of_spec(spec: FaultSpec) -> dict[str, object]:
-    return {"side_a": ",".join(spec.side_a), "side_b": ",".join(spec.side_b),
-            "one_way": spec.one_way}  # fmt: skip
+    def apply(self, graph: LinkGraph, spec: FaultSpec[PartitionParams]) -> None:
+        p = spec.params
+        graph.partitions.append((frozenset(ids(p.side_a)), frozenset(ids(p.side_b)), p.one_way))
 
 
 KIND = Kind(
@@ -62,6 +61,4 @@ KIND = Kind(
     params=PartitionParams,
     effect=Partition(),
     target="none (the sides are params)",
-    to_spec=to_spec,
-    of_spec=of_spec,
 )

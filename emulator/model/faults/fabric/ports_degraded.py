@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind, factor_of_spec, factor_to_spec
+from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
 from cmemu.emulator.model.faults.params import FRACTION, param
 from cmemu.emulator.model.naming import die_id
 from cmemu.emulator.model.topology import DeviceKind
@@ -40,11 +40,11 @@ def device_ports(graph: LinkGraph, target: str) -> list[int]:
 
 @dataclass(frozen=True)
 class PortsDegraded:
-    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def validate(self, graph: LinkGraph, spec: FaultSpec[PortsDegradedParams]) -> None:
         device_ports(graph, spec.target)
 
-    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
-        graph.factor[device_ports(graph, spec.target)] *= spec.factor
+    def apply(self, graph: LinkGraph, spec: FaultSpec[PortsDegradedParams]) -> None:
+        graph.factor[device_ports(graph, spec.target)] *= spec.params.factor
 
 
 KIND = Kind(
@@ -53,7 +53,5 @@ KIND = Kind(
     params=PortsDegradedParams,
     effect=PortsDegraded(),
     target="a device id, or an NPU die (n00-npu3.d1)",
-    to_spec=factor_to_spec,
-    of_spec=factor_of_spec,
     from_device=True,
 )

@@ -9,10 +9,10 @@ effect."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from cmemu.emulator.model.errors import InvalidArgumentError, quote
-from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
+from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind, NoParams
 from cmemu.emulator.model.topology import DeviceKind
 
 if TYPE_CHECKING:
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 NAME = "rank-down"
 RANK = "an NPU id, or one of its dies (n00-npu3.d1)"
+
+P = TypeVar("P")
 
 
 def rank_target(graph: LinkGraph, target: str) -> None:
@@ -36,20 +38,22 @@ def rank_target(graph: LinkGraph, target: str) -> None:
 
 
 @dataclass(frozen=True)
-class OnRanks:
-    """The rank kinds' effect: a valid rank, and nothing written to the link graph."""
+class OnRanks(Generic[P]):
+    """The rank kinds' effect, whatever their params: a valid rank, and nothing written to the
+    link graph."""
 
-    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def validate(self, graph: LinkGraph, spec: FaultSpec[P]) -> None:
         rank_target(graph, spec.target)
 
-    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def apply(self, graph: LinkGraph, spec: FaultSpec[P]) -> None:
         pass  # FaultSet.ranks reads it; the link graph is untouched
 
 
 KIND = Kind(
     name=NAME,
     help="every collective the rank is part of fails (its device or die is down)",
-    effect=OnRanks(),
+    params=NoParams,
+    effect=OnRanks[NoParams](),
     target=RANK,
     from_device=True,
 )

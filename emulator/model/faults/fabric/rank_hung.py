@@ -5,7 +5,7 @@ shares."""
 
 from __future__ import annotations
 
-from cmemu.emulator.model.faults.fabric.base import Kind
+from cmemu.emulator.model.faults.fabric.base import Kind, NoParams
 from cmemu.emulator.model.faults.fabric.rank_down import RANK, OnRanks
 
 NAME = "rank-hung"
@@ -13,7 +13,8 @@ NAME = "rank-hung"
 KIND = Kind(
     name=NAME,
     help="every collective the rank is part of waits while it lasts (its device hangs)",
-    effect=OnRanks(),
+    params=NoParams,
+    effect=OnRanks[NoParams](),
     target=RANK,
     from_device=True,
 )

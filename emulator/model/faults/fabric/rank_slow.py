@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cmemu.emulator.model.faults.fabric.base import Kind, factor_of_spec, factor_to_spec
+from cmemu.emulator.model.faults.fabric.base import Kind
 from cmemu.emulator.model.faults.fabric.rank_down import RANK, OnRanks
 from cmemu.emulator.model.faults.params import FRACTION, param
 
@@ -27,9 +27,7 @@ KIND = Kind(
     name=NAME,
     help="the collectives the rank is part of run at its compute share (its device is slowed)",
     params=RankSlowParams,
-    effect=OnRanks(),
+    effect=OnRanks[RankSlowParams](),
     target=RANK,
-    to_spec=factor_to_spec,
-    of_spec=factor_of_spec,
     from_device=True,
 )

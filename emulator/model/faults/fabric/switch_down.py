@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind
+from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind, NoParams
 
 if TYPE_CHECKING:
     from cmemu.emulator.model.linkgraph import LinkGraph
@@ -14,16 +14,17 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SwitchDown:
-    def validate(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def validate(self, graph: LinkGraph, spec: FaultSpec[NoParams]) -> None:
         graph.switch_links(spec.target)
 
-    def apply(self, graph: LinkGraph, spec: FaultSpec) -> None:
+    def apply(self, graph: LinkGraph, spec: FaultSpec[NoParams]) -> None:
         graph.up[graph.switch_links(spec.target)] = False
 
 
 KIND = Kind(
     name="switch-down",
     help="every link of a switch is down",
+    params=NoParams,
     effect=SwitchDown(),
     target="a switch id (e.g. l2-p0-s3)",
 )

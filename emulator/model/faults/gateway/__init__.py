@@ -1,7 +1,7 @@
 """The RDMA scale-out plane's fault kinds, as the gateway's API names them: one module each,
 holding the kind's whole story (its typed params, its help and what its TARGET names, its name
-in the user's catalogue, its effect on the plane's graph and how its params map onto the
-RdmaFault record), and this one table of them. The plane's RdmaFaultSet
+in the user's catalogue, its effect on the plane's graph, reading those params as they are), and
+this one table of them. The plane's RdmaFaultSet
 (emulator/model/rdmagraph.py), the wire's params table (GatewayFault's `oneof params`,
 emulator/client/wire/gateway.py) and the client's RDMA kinds (emulator/client/faultkinds/
 gateway.py) are all made from KINDS; what the kinds share lives in base.py."""
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.faults.gateway import (
     gateway_down,
     link_down,
@@ -18,13 +19,13 @@ from cmemu.emulator.model.faults.gateway import (
     switch_down,
     switch_slow,
 )
-from cmemu.emulator.model.faults.gateway.base import Effect, Kind
-from cmemu.emulator.model.faults.params import params_from, unknown_kind
+from cmemu.emulator.model.faults.gateway.base import Effect, Kind, NoParams, of_kind
+from cmemu.emulator.model.faults.params import rechecked, unknown_kind
 from cmemu.emulator.model.rdmafault import RdmaFault
 
-__all__ = ["KINDS", "PARAMS", "PLANE", "Kind", "fault_params", "plane_kind"]
+__all__ = ["KINDS", "PARAMS", "PLANE", "Kind", "NoParams", "checked", "of_kind", "plane_kind"]
 
-KINDS: dict[str, Kind] = {
+KINDS: dict[str, Kind[Any]] = {
     k.name: k
     for k in (
         link_down.KIND,
@@ -37,7 +38,9 @@ KINDS: dict[str, Kind] = {
 }
 """Every kind a gateway takes (Gateway/InjectFault), by its name on the gateway's API."""
 
-PLANE: dict[str, Effect] = {name: k.effect for name, k in KINDS.items() if k.effect is not None}
+PLANE: dict[str, Effect[Any]] = {
+    name: k.effect for name, k in KINDS.items() if k.effect is not None
+}
 """The kinds the plane's timing authority applies to its graph (all but gateway-down)."""
 
 PARAMS: dict[str, type[Any]] = {name: k.params for name, k in KINDS.items()}
@@ -45,7 +48,7 @@ PARAMS: dict[str, type[Any]] = {name: k.params for name, k in KINDS.items()}
 faultparams.py unpacks by it, and checks that it and the proto agree)."""
 
 
-def plane_kind(name: str) -> Effect:
+def plane_kind(name: str) -> Effect[Any]:
     """A plane kind's effect by name; INVALID_ARGUMENT UNKNOWN_FAULT_KIND listing the plane's."""
     effect = PLANE.get(name)
     if effect is None:
@@ -53,10 +56,21 @@ def plane_kind(name: str) -> Effect:
     return effect
 
 
-def fault_params(fault: RdmaFault) -> Any | None:
-    """The typed parameters of a fault of a known kind (None for another), checked as the
-    kind's dataclass states them: the one place a plane fault's ranges are checked."""
+def checked(fault: RdmaFault[Any]) -> RdmaFault[Any]:
+    """`fault` if its kind is known and its params are that kind's, in their ranges (each
+    field's and the class's own check, as when they were typed or unpacked: a fault built in
+    process is checked too): the one place a plane fault's params are checked before it is
+    stored."""
     kind = KINDS.get(fault.kind)
     if kind is None:
-        return None
-    return params_from(kind.params, kind.of_fault(fault), kind=fault.kind)
+        raise unknown_kind(fault.kind, PLANE, plane="RDMA plane")
+    if type(fault.params) is not kind.params:
+        raise InvalidArgumentError(
+            f"{fault.kind}: its params are {kind.params.__name__}, "
+            f"not {type(fault.params).__name__}",
+            field="params",
+            subject=fault.kind,
+            reason="WRONG_FAULT_PARAMS",
+        )
+    rechecked(fault.params, kind=fault.kind)
+    return fault

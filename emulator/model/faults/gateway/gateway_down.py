@@ -7,7 +7,7 @@ so it has no plane effect here."""
 
 from __future__ import annotations
 
-from cmemu.emulator.model.faults.gateway.base import Kind
+from cmemu.emulator.model.faults.gateway.base import Kind, NoParams
 
 NAME = "gateway-down"
 
@@ -16,5 +16,6 @@ KIND = Kind(
     catalogue=NAME,
     help="a supernode's RDMA gateway refuses RDMA and reports NOT_SERVING",
     effect=None,
+    params=NoParams,
     target="a gateway id (sn0-gw, sn1-gw)",
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cmemu.emulator.model.faults.gateway.base import Kind
+from cmemu.emulator.model.faults.gateway.base import Kind, NoParams
 from cmemu.emulator.model.rdmafault import RdmaFault
 
 if TYPE_CHECKING:
@@ -15,10 +15,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LinkDown:
-    def validate(self, graph: RdmaGraph, fault: RdmaFault) -> None:
+    def validate(self, graph: RdmaGraph, fault: RdmaFault[NoParams]) -> None:
         graph.physical(fault.target)
 
-    def apply(self, graph: RdmaGraph, fault: RdmaFault) -> None:
+    def apply(self, graph: RdmaGraph, fault: RdmaFault[NoParams]) -> None:
         graph.up[list(graph.physical(fault.target))] = False
 
 
@@ -27,4 +27,5 @@ KIND = Kind(
     catalogue="rdma-link-down",
     help="an RDMA plane link carries nothing",
     effect=LinkDown(),
+    params=NoParams,
 )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cmemu.emulator.model.faults.fabric.link_degraded import LinkDegradedParams
-from cmemu.emulator.model.faults.gateway.base import Kind, factor_of_fault, factor_to_fault
+from cmemu.emulator.model.faults.gateway.base import Kind
 from cmemu.emulator.model.rdmafault import RdmaFault
 
 if TYPE_CHECKING:
@@ -16,11 +16,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LinkSlow:
-    def validate(self, graph: RdmaGraph, fault: RdmaFault) -> None:
+    def validate(self, graph: RdmaGraph, fault: RdmaFault[LinkDegradedParams]) -> None:
         graph.physical(fault.target)
 
-    def apply(self, graph: RdmaGraph, fault: RdmaFault) -> None:
-        graph.factor[list(graph.physical(fault.target))] *= fault.factor
+    def apply(self, graph: RdmaGraph, fault: RdmaFault[LinkDegradedParams]) -> None:
+        graph.factor[list(graph.physical(fault.target))] *= fault.params.factor
 
 
 KIND = Kind(
@@ -29,6 +29,4 @@ KIND = Kind(
     help="an RDMA plane link keeps a share of its rate",
     params=LinkDegradedParams,
     effect=LinkSlow(),
-    to_fault=factor_to_fault,
-    of_fault=factor_of_fault,
 )

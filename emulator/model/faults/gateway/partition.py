@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cmemu.emulator.model.faults.gateway.base import Kind
+from cmemu.emulator.model.faults.gateway.base import Kind, NoParams
 from cmemu.emulator.model.rdmafault import RdmaFault
 
 if TYPE_CHECKING:
@@ -16,10 +16,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Partition:
-    def validate(self, graph: RdmaGraph, fault: RdmaFault) -> None:
+    def validate(self, graph: RdmaGraph, fault: RdmaFault[NoParams]) -> None:
         graph.supernode_pair(fault.target)
 
-    def apply(self, graph: RdmaGraph, fault: RdmaFault) -> None:
+    def apply(self, graph: RdmaGraph, fault: RdmaFault[NoParams]) -> None:
         graph.cut.add(graph.supernode_pair(fault.target))
 
 
@@ -29,5 +29,6 @@ KIND = Kind(
     help="two supernodes' RDMA gateways cannot reach each other: the scale-out plane between "
     "them is cut (each still reaches the others)",
     effect=Partition(),
+    params=NoParams,
     target="two supernodes 'sn0~sn1'",
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cmemu.emulator.model.faults.gateway.base import SWITCH, Kind
+from cmemu.emulator.model.faults.gateway.base import SWITCH, Kind, NoParams
 from cmemu.emulator.model.rdmafault import RdmaFault
 
 if TYPE_CHECKING:
@@ -15,10 +15,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SwitchDown:
-    def validate(self, graph: RdmaGraph, fault: RdmaFault) -> None:
+    def validate(self, graph: RdmaGraph, fault: RdmaFault[NoParams]) -> None:
         graph.switch_links(fault.target)
 
-    def apply(self, graph: RdmaGraph, fault: RdmaFault) -> None:
+    def apply(self, graph: RdmaGraph, fault: RdmaFault[NoParams]) -> None:
         graph.up[graph.switch_links(fault.target)] = False
 
 
@@ -27,5 +27,6 @@ KIND = Kind(
     catalogue="rdma-switch-down",
     help="every link of an RDMA plane switch is down",
     effect=SwitchDown(),
+    params=NoParams,
     target=SWITCH,
 )

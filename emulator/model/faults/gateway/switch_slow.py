@@ -7,12 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cmemu.emulator.model.faults.fabric.link_degraded import LinkDegradedParams
-from cmemu.emulator.model.faults.gateway.base import (
-    SWITCH,
-    Kind,
-    factor_of_fault,
-    factor_to_fault,
-)
+from cmemu.emulator.model.faults.gateway.base import SWITCH, Kind
 from cmemu.emulator.model.rdmafault import RdmaFault
 
 if TYPE_CHECKING:
@@ -21,11 +16,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SwitchSlow:
-    def validate(self, graph: RdmaGraph, fault: RdmaFault) -> None:
+    def validate(self, graph: RdmaGraph, fault: RdmaFault[LinkDegradedParams]) -> None:
         graph.switch_links(fault.target)
 
-    def apply(self, graph: RdmaGraph, fault: RdmaFault) -> None:
-        graph.factor[graph.switch_links(fault.target)] *= fault.factor
+    def apply(self, graph: RdmaGraph, fault: RdmaFault[LinkDegradedParams]) -> None:
+        graph.factor[graph.switch_links(fault.target)] *= fault.params.factor
 
 
 KIND = Kind(
@@ -35,6 +30,4 @@ KIND = Kind(
     params=LinkDegradedParams,
     effect=SwitchSlow(),
     target=SWITCH,
-    to_fault=factor_to_fault,
-    of_fault=factor_of_fault,
 )
