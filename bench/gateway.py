@@ -7,7 +7,9 @@
    each one's emulated rate against the port's share, for N = 1, 2, 4, 8.
 3. Operations per second: 64-byte WRITEs through a gateway, inside a supernode (one gateway)
    and across (sn1's NPU: a Land over gRPC at sn1-gw, the timing at sn0-gw), against a raw gRPC
-   health check of the same gateway, at the same client concurrency.
+   health check of the same gateway, at the same client concurrency; and the CPU seconds this
+   process (client and servers alike) spent per call meanwhile, which a loaded machine moves
+   far less than calls per second (alternated trees compare by it: bench/hotpath.py).
 
 Writes bench/results/gateway.json and bench/results/gateway.png.
 
@@ -20,7 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -106,11 +109,27 @@ async def shared(clients: Clients, bulk: int) -> dict[str, Any]:
     return out
 
 
-async def ops_per_second(clients: Clients, seconds: float, concurrency: int) -> dict[str, float]:
+async def cpu_and_rate(
+    call: Callable[[], Awaitable[object]], seconds: float, concurrency: int
+) -> tuple[float, float]:
+    """(calls per second, CPU microseconds of this process per call) of one load loop."""
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    rate = await calls_per_second(call, seconds, concurrency)
+    calls = rate * (time.perf_counter() - wall0)
+    return rate, (time.process_time() - cpu0) / max(calls, 1.0) * 1e6
+
+
+async def ops_per_second(
+    clients: Clients, seconds: float, concurrency: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(calls per second, CPU us per call), by call."""
     gw = clients.gateway(0)
     health = health_pb2_grpc.HealthStub(clients.channel_to(clients.gateway_address(0)))
     ping = health_pb2.HealthCheckRequest(service="cmemu.v1.Gateway")
-    out = {"health_check": await calls_per_second(lambda: health.Check(ping), seconds, concurrency)}
+    rates, cpu = {}, {}
+    rates["health_check"], cpu["health_check"] = await cpu_and_rate(
+        lambda: health.Check(ping), seconds, concurrency
+    )
     for name, dst, gateway in (
         ("write_64b_inside", "n01-npu5", "sn0-gw"),
         ("write_64b_across", "sn1-n01-npu5", "sn1-gw"),
@@ -121,8 +140,8 @@ async def ops_per_second(clients: Clients, seconds: float, concurrency: int) -> 
         def write(r: pb.RdmaRequest = request) -> Awaitable[pb.RdmaCompletion]:
             return gw.Write(r)
 
-        out[name] = await calls_per_second(write, seconds, concurrency)
-    return out
+        rates[name], cpu[name] = await cpu_and_rate(write, seconds, concurrency)
+    return rates, cpu
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -137,11 +156,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         clients = Clients(sn.supernodes[0], supernodes=sn.supernodes)
         try:
             bulk = args.bulk_mib << 20
+            flows, port = await one_flow(clients, bulk), await shared(clients, bulk)
+            rates, cpu = await ops_per_second(clients, args.seconds, args.concurrency)
             return {
                 "preset": PRESET,
-                "one_flow": await one_flow(clients, bulk),
-                "shared_port": await shared(clients, bulk),
-                "ops_per_second": await ops_per_second(clients, args.seconds, args.concurrency),
+                "one_flow": flows,
+                "shared_port": port,
+                "ops_per_second": rates,
+                "cpu_us_per_call": cpu,
                 "concurrency": args.concurrency,
             }
         finally:
@@ -168,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
             f"(fair share {row['fair_share_gb_s']:.2f})"
         )
     for name, value in doc["ops_per_second"].items():
-        print(f"{name:18}: {value:8.0f} calls/s at concurrency {args.concurrency}")
+        cpu_us = doc["cpu_us_per_call"][name]
+        print(
+            f"{name:18}: {value:8.0f} calls/s at concurrency {args.concurrency}, "
+            f"{cpu_us:6.0f} us of CPU per call"
+        )
     outputs.write_json(args.results, "gateway", doc)
     with outputs.figure(args.results, "gateway", ncols=3) as (flow_ax, share_ax, ops_ax):
         names = list(doc["one_flow"])

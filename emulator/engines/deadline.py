@@ -12,15 +12,25 @@ slowed or held meanwhile. The timed-out body gets `TimeoutError`, as from `async
 
 `min_wall_s`, a floor in wall seconds: at a fast time scale a few emulated seconds are a few wall
 milliseconds, less than the RPCs a body makes take on any host (the serving driver's step).
+
+`answer_within` is the shape most callers want: one call to a peer, passed over the wire with no
+deadline of its own (the caller's cancellation ends a gRPC call as surely, and any wall deadline
+there would end healthy calls on the starved host this exists for), and a hang ended as a gRPC
+deadline would end it, with DeadlineExceededError, so that callers keep one error to catch.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from types import TracebackType
+from typing import TypeVar
 
 from cmemu.emulator.engines.clock import REARM_WHILE_HELD_S
 from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.model.errors import DeadlineExceededError
+
+T = TypeVar("T")
 
 
 class EmulatedDeadline:
@@ -71,3 +81,17 @@ class EmulatedDeadline:
             self._handle.cancel()
             self._handle = None
         await self._timeout.__aexit__(exc_type, exc, tb)  # raises TimeoutError when it expired
+
+
+async def answer_within(
+    clock: Clock, emulated_s: float, call: Awaitable[T], *, peer: str, min_wall_s: float = 0.0
+) -> T:
+    """`call`'s answer, or DeadlineExceededError naming `peer` once `emulated_s` emulated seconds
+    (and `min_wall_s` wall seconds) passed without one."""
+    try:
+        async with EmulatedDeadline(clock, emulated_s, min_wall_s=min_wall_s):
+            return await call
+    except TimeoutError:
+        raise DeadlineExceededError(
+            f"{peer} gave no answer within {emulated_s:g} emulated s"
+        ) from None

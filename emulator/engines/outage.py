@@ -53,7 +53,8 @@ class Outage:
         )
 
     async def admit(self, deadline_s: float | None) -> None:
-        """Return when a call may reach the service; raise as a caller of a down one would."""
+        """Return when a call may reach the service; raise as a caller of a down one would.
+        `deadline_s` is the caller's wire deadline (wall, as a gRPC one is: see peers.within)."""
         if not self.how:
             return
         if self.how == "kill":

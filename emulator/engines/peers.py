@@ -335,7 +335,10 @@ class ControlPlane(Directory, Protocol):
 
 
 async def within(deadline_s: float | None, call: Awaitable[T]) -> T:
-    """An in-process call's deadline, ended as a gRPC call's would be (DEADLINE_EXCEEDED)."""
+    """An in-process call's deadline, ended as a gRPC call's would be (DEADLINE_EXCEEDED).
+    Wall seconds, as the wire's deadline it stands in for is: a property of the transport, not
+    of the emulated device. A caller that judges a device by its answer bounds its wait in
+    emulated time instead (engines/deadline.py) and passes None here."""
     if deadline_s is None:
         return await call
     try:

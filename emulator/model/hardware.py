@@ -109,6 +109,13 @@ class ScaleOutProfile:
     nic_latency_s: float = fig(1.5e-6, "assumed")  # each end's RDMA NIC, one way
     switch_latency_s: float = fig(1.0e-6, "assumed")  # each switch crossed, one way
     efficiency: float = fig(0.9, "assumed")  # of a port's line rate achieved by RoCE traffic
+    # A bound on a hang in the plane's data path, in emulated seconds (engines/deadline.py), so
+    # that a starved host stretches it: a gateway waits this long for a peer gateway's agreement
+    # to a connection or an op's landing there, and for its own NPU's Deliver, before the op
+    # fails DEADLINE_EXCEEDED; never under the wall floor below (at a fast time scale its
+    # emulated seconds are milliseconds, under one RPC between processes on a loaded host)
+    peer_timeout_s: float = fig(30.0, "assumed")
+    peer_timeout_min_wall_s: float = fig(5.0, "assumed")
 
     def latency_s(self, switches: int) -> float:
         """One way through both NICs and `switches` switches."""
@@ -266,7 +273,15 @@ class TrainingProfile:
     replace_s: float = fig(120.0, "assumed")  # detection, isolation and spare hand-over
     mtbf_hours_per_npu: float = fig(50_000.0, "assumed")  # a year's MTBF is ~8,760 h
     step_retry_s: float = fig(1.0, "assumed")  # emulated seconds before a failed step is rerun
-    step_deadline_s: float = fig(30.0, "assumed")  # a step's collectives (a hung rank: past it)
+    # Bounds on a hang, in emulated seconds (engines/deadline.py), so that a starved host, whose
+    # clock the governor slows, stretches them: a step's collectives (a hung rank holds them
+    # past it), and an ended job's runner and the scheduler giving its NPUs back before its name
+    # starts again (one RPC each: a hung scheduler past it)
+    step_deadline_s: float = fig(30.0, "assumed")
+    release_wait_s: float = fig(10.0, "assumed")
+    # ... never shorter in wall time: at a fast time scale their emulated seconds are wall
+    # milliseconds, less than one RPC takes on a loaded host
+    deadline_min_wall_s: float = fig(5.0, "assumed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -360,7 +375,13 @@ class ServingCalibration:
     max_request_retries: int = fig(3, "assumed")  # failed steps a request survives, then fails
     step_retry_s: float = fig(1.0, "assumed")  # emulated seconds a failed step costs
     step_deadline_s: float = fig(10.0, "assumed")  # emulated seconds a step's measure may take
-    step_deadline_min_wall_s: float = fig(5.0, "assumed")  # never below a loaded loop's stalls
+    # emulated seconds a KV region's allocation or release on an NPU may take (a hung NPU is
+    # given up on): one call that answers at once, bounded in emulated time so that a starved
+    # host stretches it (engines/deadline.py)
+    kv_region_timeout_s: float = fig(5.0, "assumed")
+    # the wall floor of the serving bounds above (and of the router's probe of an NPU): at a
+    # fast time scale their emulated seconds are wall milliseconds, below a loaded loop's stalls
+    step_deadline_min_wall_s: float = fig(5.0, "assumed")
     # --- tenants' priority classes (issue 24): the share of a deployment's decode slots a class
     # may fill before its requests wait (online: all of them)
     tenant_near_line_share: float = fig(0.9, "assumed")

@@ -43,7 +43,7 @@ SLOW = [  # each over 5 s: together they would take this file past 20 s
     Quick(
         "gateway",
         ("--seconds", "0.3", "--concurrency", "2", "--bulk-mib", "8"),
-        frozenset({"one_flow", "shared_port", "ops_per_second"}),
+        frozenset({"one_flow", "shared_port", "ops_per_second", "cpu_us_per_call"}),
     ),
     Quick(
         "ems",

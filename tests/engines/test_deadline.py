@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 
-from cmemu.emulator.engines.deadline import EmulatedDeadline
+from cmemu.emulator.engines.deadline import EmulatedDeadline, answer_within
 from cmemu.emulator.model.clock import Clock
+from cmemu.emulator.model.errors import DeadlineExceededError
 
 
 async def test_it_ends_a_hang_once_its_emulated_seconds_have_passed() -> None:
@@ -89,3 +90,18 @@ async def test_a_wall_floor_holds_it_past_its_emulated_seconds(floor_s: float) -
     else:
         with pytest.raises(TimeoutError):
             await body()
+
+
+@pytest.mark.parametrize("held", [False, True])
+async def test_answer_within_ends_a_hang_as_a_grpc_deadline_would(held: bool) -> None:
+    """One error for callers to catch, wherever the peer lives: DeadlineExceededError naming
+    the peer and the emulated bound; a held clock keeps the same call waiting to its answer."""
+    clock = Clock(time_scale=1000.0)
+    if held:
+        clock.hold_until(clock.wall())
+    call = asyncio.sleep(0.2, result="answered")  # 200 emulated seconds unheld
+    if held:
+        assert await answer_within(clock, 1.0, call, peer="n00-npu0") == "answered"
+    else:
+        with pytest.raises(DeadlineExceededError, match="n00-npu0 gave no answer within 1 "):
+            await answer_within(clock, 1.0, call, peer="n00-npu0")

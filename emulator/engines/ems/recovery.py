@@ -11,7 +11,7 @@ import contextlib
 
 from cmemu.emulator.engines.ems.markers import Markers
 from cmemu.emulator.engines.ems.reads import Reads
-from cmemu.emulator.engines.ems.store import Store, log
+from cmemu.emulator.engines.ems.store import MIN_PAUSE_S, Store, log
 from cmemu.emulator.engines.ems.writes import Writes
 from cmemu.emulator.model.ems import (
     REBUILD_POLL_S,
@@ -40,7 +40,8 @@ class Recovery:
     async def rebuild(self, wait_s: float = 60.0) -> None:
         """The index from the pools' region labels and the SSD tier's files. Pools that do not
         answer are asked again every REBUILD_POLL_S of emulated time for up to wait_s wall
-        seconds (they may still be starting: processes start in wall time), then counted down
+        seconds (wall, not emulated: they may still be starting, and a process's start is the
+        host's work, which emulated time does not count), then counted down
         and left to the sweep to reconcile when they answer. Until it ends the store is
         `recovering`: calls about keys answer UNAVAILABLE RECOVERING, and a pool not yet listed
         is not healthy (Stat says so)."""
@@ -136,18 +137,24 @@ class Recovery:
     async def run(self) -> None:
         """The sweep, a task of its host's TaskGroup until close(): pool health, then the
         replication factor, every check interval of emulated time."""
-        pause_s = self.store.pause_s
-        while not await self._closed_within(pause_s(self.store.ems.check_interval_s)):
+        while not await self._closed_within(self.store.ems.check_interval_s):
             try:
                 await self.sweep()
             except Exception:  # a bug in one sweep must not stop the next, nor the process
                 log.exception("sweep failed")
 
-    async def _closed_within(self, wall_s: float) -> bool:
+    async def _closed_within(self, emulated_s: float) -> bool:
+        """Whether close() came within `emulated_s` of emulated time, and MIN_PAUSE_S of wall
+        time (at a fast time scale a check interval is a fraction of a wall millisecond: the
+        sweeps would run back to back). Emulated, not the wall time the interval took at the
+        rate of its start: a clock slowed meanwhile would bring the sweeps early in emulated
+        time."""
+        clock = self.store.clock
+        due_ns = clock.now_ns() + round(emulated_s * 1e9)
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wall_s):
+            async with asyncio.timeout(MIN_PAUSE_S):  # the wall floor first
                 await self._closing.wait()
-        return self._closing.is_set()
+        return await clock.wait(self._closing, due_ns)
 
     async def close(self) -> None:
         """End the sweep loop (after the sweep in progress, if any)."""

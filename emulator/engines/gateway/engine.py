@@ -100,14 +100,15 @@ class GatewayEngine(GatewayFaults):
                 subject=f"{self.name}/{qp.qpn}",
                 reason="QP_ALREADY_CONNECTED",
             )
-        remote = await self.peer(remote_gateway).accept_qp(
+        accepted = self.peer(remote_gateway).accept_qp(
             remote_qpn,
             peer_gateway=self.name,
             peer_qpn=qp.qpn,
             peer_npu=qp.npu,
             peer_die=qp.die,
-            deadline_s=PEER_TIMEOUT_S,
+            deadline_s=None,
         )
+        remote = await self.answer(remote_gateway, accepted)
         qp.remote_gateway, qp.remote_qpn = remote_gateway, remote_qpn
         qp.remote_npu, qp.remote_die = remote.npu, remote.die
         qp.state = QpState.RTS  # through RTR: the remote end is known and agreed
@@ -182,12 +183,13 @@ class GatewayEngine(GatewayFaults):
         )
         try:
             owner = self.peer(qp.remote_gateway)
-            await owner.land(land, deadline_s=PEER_TIMEOUT_S)  # a bad address fails at once
+            gateway = qp.remote_gateway
+            await self.answer(gateway, owner.land(land, deadline_s=None))  # a bad address: at once
             timed = await self.peer(self.authority_id).time_flow(
                 src, dst, size, issue_ns, deadline_s=None
             )
             land = dataclasses.replace(land, check_only=False, complete_ns=timed.complete_ns)
-            data = await owner.land(land, deadline_s=PEER_TIMEOUT_S)
+            data = await self.answer(gateway, owner.land(land, deadline_s=None))
         except EmulatorError as exc:
             self.counters.failed += 1
             if exc.reason in LINK_BROKEN:
@@ -229,9 +231,10 @@ class GatewayEngine(GatewayFaults):
             src_device=_device_of(landing.src),
             arrive_ns=landing.complete_ns,
         )
-        completion = await self.peers.device(device).deliver(
-            tx, check_only=landing.check_only, deadline_s=PEER_TIMEOUT_S
+        delivered = self.peers.device(device).deliver(
+            tx, check_only=landing.check_only, deadline_s=None
         )
+        completion = await self.answer(device.id, delivered)
         if not landing.check_only:
             self.counters.bytes_in += landing.size
         return completion.data

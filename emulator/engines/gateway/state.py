@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
 from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.deadline import answer_within
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.gateway.plane import PlaneAuthority
 from cmemu.emulator.engines.gateway.types import AUTHORITY, Qp, RdmaOp
@@ -32,6 +34,7 @@ from cmemu.emulator.model.naming import parse_endpoint, service_id
 from cmemu.emulator.model.rdmafault import RdmaFault
 from cmemu.emulator.model.topology import Device, DeviceKind, Service, ServiceKind, Topology
 
+T = TypeVar("T")
 OP_NAMES = tuple(op.value for op in RdmaOp)
 
 
@@ -94,6 +97,16 @@ class GatewayState:
 
     def now_s(self) -> float:
         return self.clock.now_ns() / 1e9
+
+    async def answer(self, peer: str, call: Awaitable[T]) -> T:
+        """A call on the data path to a peer gateway or an NPU: a hung one fails it
+        (DeadlineExceededError) after `scaleout.peer_timeout_s` of emulated time; in wall
+        seconds it would fail a healthy peer's op on a starved host, where its answer comes late."""
+        s = self.profile.scaleout
+        return await answer_within(
+            self.clock.clock, s.peer_timeout_s, call,
+            peer=peer, min_wall_s=s.peer_timeout_min_wall_s,
+        )  # fmt: skip
 
     # --- who is who ----------------------------------------------------------------------------
 

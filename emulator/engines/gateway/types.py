@@ -15,7 +15,10 @@ from cmemu.emulator.model.ub import Op
 
 AUTHORITY = 0  # the supernode whose gateway times the plane
 DEFAULT_TOP = 20
-PEER_TIMEOUT_S = 30.0  # wall seconds a gateway waits for a peer's agreement or check
+# Wall seconds a gateway waits for the authority's answer about the plane (its faults, link
+# statistics, routes): queries of an operator or a chaos tool, no verdict on a device, so wall.
+# The data path's bound on a hung peer is emulated (scaleout.peer_timeout_s, GatewayState.answer).
+PEER_TIMEOUT_S = 30.0
 GATEWAY_DOWN = gateway_down.NAME  # the one kind a gateway holds itself (its module says why)
 
 

@@ -30,8 +30,9 @@ if TYPE_CHECKING:
     from cmemu.emulator.engines.manager.engine import ManagerEngine
 
 log = structlog.get_logger("cmemu.manager")
-OWN_HEALTH_WALL_S = 2.0  # its own server's health answers at once, but for a stalled host
-FAULT_STATE_WALL_S = 1.0  # a device's fault state answers at once, but for a hung device
+# Its own server's health answers at once, but for a stalled host. Wall, not emulated: it asks
+# about this process (whether its launcher is stopping it), not about the emulated machine.
+OWN_HEALTH_WALL_S = 2.0
 
 
 class Actions:
@@ -111,7 +112,7 @@ class Actions:
         """When the device says its fault began (left 0 when it cannot say: crashed, hung)."""
         with contextlib.suppress(EmulatorError):
             peer = self.engine.peers.device(device)
-            state = await peer.fault_state(deadline_s=FAULT_STATE_WALL_S)
+            state = await self.engine.checked(device.id, peer.fault_state(deadline_s=None))
             if state.faulted:
                 incident.fault_ns = int(state.since_ns)
 

@@ -18,12 +18,13 @@ training jobs its server hosts. The servicer (services/manager.py) only translat
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable
-from typing import Any
+from collections.abc import Awaitable, Coroutine, Iterable
+from typing import Any, TypeVar
 
 import structlog
 
 from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.deadline import answer_within
 from cmemu.emulator.engines.device.npu import Kernel
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.manager.actions import Actions
@@ -49,6 +50,7 @@ from cmemu.emulator.model.manager.detector import (
 from cmemu.emulator.model.naming import die_id, die_of, parse_supernode, service_id
 from cmemu.emulator.model.topology import DeviceKind, ServiceKind, Topology
 
+T = TypeVar("T")
 log = structlog.get_logger("cmemu.manager")
 DIAGNOSIS_KERNEL = "straggler-diagnosis"
 
@@ -123,13 +125,16 @@ class ManagerEngine:
             self.link.heal()
         self.publish("partitioned" if severed else "healed")
 
-    @property
-    def deadline_s(self) -> float:
-        """A call to a device's deadline in wall seconds (a heartbeat's)."""
+    async def checked(self, device: str, call: Awaitable[T]) -> T:
+        """A call to a device, bounded as a heartbeat's check: `manager.heartbeat_deadline_s`
+        of emulated time (engines/deadline.py; counted in wall seconds at the rate of its start,
+        a starved host's slowed clock let it end before a healthy device's answer), never under
+        `heartbeat_deadline_min_wall_s` of wall time; past it, DeadlineExceededError."""
         m = self.profile.manager
-        return max(
-            self.clock.clock.wall_delay_s(m.heartbeat_deadline_s), m.heartbeat_deadline_min_wall_s
-        )
+        return await answer_within(
+            self.clock.clock, m.heartbeat_deadline_s, call,
+            peer=device, min_wall_s=m.heartbeat_deadline_min_wall_s,
+        )  # fmt: skip
 
     @property
     def closed(self) -> bool:
@@ -261,7 +266,7 @@ class ManagerEngine:
                 bytes_moved=0,
                 precision="BF16",
             )
-            done = await peer.kernel(kernel, deadline_s=self.deadline_s)
+            done = await self.checked(npu, peer.kernel(kernel, deadline_s=None))
             worst = max(worst, done.duration_ns / max(1, nominal))
         return worst
 

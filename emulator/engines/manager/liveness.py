@@ -50,11 +50,20 @@ from cmemu.emulator.model.manager.detector import ECC, FAILED, Detector, Inciden
 from cmemu.emulator.model.topology import Device
 
 log = structlog.get_logger("cmemu.manager")
-REOPEN_WALL_S = 0.5  # a stream that cannot be opened is tried again this much later
-CONFIRM_WALL_S = 1.0  # wall grace before a silent stream fails its devices
+# The verdicts here are emulated (`misses_to_fail` heartbeat intervals of silence); these four
+# bounds stay wall because each is about a connection or this process, never about the device,
+# and none fails anything by running out.
+# A stream that cannot be opened is tried again this much later: pacing of this process's
+# retries, not a judgement.
+REOPEN_WALL_S = 0.5
+# A grace after the emulated silence, before it fails the stream's devices: beats already
+# received that this manager's own stalled loop has not read yet end it. A stall of this
+# process is measured in wall time, and the grace only ever delays a verdict.
+CONFIRM_WALL_S = 1.0
 # A silent stream's reopening that brings no beat within this much wall time is dropped and
 # opened again: an open can hang (a connection made as a partition ends, a call waiting for a
-# channel that will not connect), and nothing else would ever end it.
+# channel that will not connect), and nothing else would ever end it. Wall: its devices are
+# failed already, and emulated time may be held meanwhile (a restart elsewhere holds it).
 REOPENED_WALL_S = 5.0
 # A stream's first beat comes as soon as it is opened (engines/device/liveness.py), whatever
 # emulated time does: an open that brings none within this much wall time hangs (a connection

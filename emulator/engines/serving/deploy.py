@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.deadline import answer_within
 from cmemu.emulator.engines.peers import Directory, JobScheduler
 from cmemu.emulator.engines.serving.driver import Driver
 from cmemu.emulator.engines.serving.isolation import Health
@@ -23,15 +26,16 @@ from cmemu.emulator.engines.serving.peers import KvStore
 from cmemu.emulator.model.ems.objects import ObjectKind
 from cmemu.emulator.model.errors import EmulatorError, NotFoundError, relayed
 from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.memory import Region
 from cmemu.emulator.model.serving.deployment import Deployment, instance_dies
 from cmemu.emulator.model.serving.experts import imbalance
 from cmemu.emulator.model.serving.live import DeploymentState, PdStatus
 from cmemu.emulator.model.serving.models import get_model
 from cmemu.emulator.model.serving.placement import ExpertPlacement, layout, place, remap
-from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.model.topology import Device, Topology
 
+T = TypeVar("T")
 WEIGHTS_KIND = ObjectKind.WEIGHTS
-DEVICE_DEADLINE_S = 5.0  # a region allocated or given back on an NPU: a hung one is given up on
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,12 +146,14 @@ class Provisioner:
         *,
         topology: Topology,
         profile: HardwareProfile,
+        clock: Timeline,
         peers: Directory,
         scheduler: JobScheduler,
         ems: KvStore,
     ) -> None:
         self.topology = topology
         self.profile = profile
+        self.clock = clock
         self.peers = peers
         self.scheduler = scheduler
         self.ems = ems
@@ -216,12 +222,28 @@ class Provisioner:
         size = self.profile.npu.hbm_bytes_per_die
         offsets = []
         for npu in inst.npus:
-            region = await self.peers.device(npu).allocate(
-                size, f"kv/{live.name}", deadline_s=DEVICE_DEADLINE_S
-            )
+            region = await self.allocate_region(npu, size, f"kv/{live.name}")
             live.regions.append((npu.id, region.region_id))
             offsets.append(region.offset)
         return LiveInstance(id=inst.id, npus=inst.npus, dies=inst.dies, kv_offsets=tuple(offsets))
+
+    async def allocate_region(self, npu: Device, size: int, label: str) -> Region:
+        """A region on `npu`; a hung NPU is given up on (DeadlineExceededError) after
+        `serving.kv_region_timeout_s` of emulated time (engines/deadline.py: a wall bound fails
+        healthy NPUs on a starved host), never under the serving bounds' wall floor."""
+        call = self.peers.device(npu).allocate(size, label, deadline_s=None)
+        return await self._answer(npu, call)
+
+    async def free_region(self, npu: Device, region_id: int) -> int:
+        """A region of `npu` given back, bounded as `allocate_region` is."""
+        return await self._answer(npu, self.peers.device(npu).free(region_id, deadline_s=None))
+
+    async def _answer(self, npu: Device, call: Awaitable[T]) -> T:
+        s = self.profile.serving
+        return await answer_within(
+            self.clock.clock, s.kv_region_timeout_s, call,
+            peer=npu.id, min_wall_s=s.step_deadline_min_wall_s,
+        )  # fmt: skip
 
     async def plan_weights(self, live: LiveDeployment) -> None:
         """Which source the weights load from: EMS when every shard is cached, else cold."""
@@ -263,9 +285,7 @@ class Provisioner:
         """Give back the KV regions and every allocation (what is already gone is skipped)."""
         for npu, region_id in live.regions:
             with contextlib.suppress(EmulatorError):  # what is already gone is skipped
-                await self.peers.device(self.topology.device(npu)).free(
-                    region_id, deadline_s=DEVICE_DEADLINE_S
-                )
+                await self.free_region(self.topology.device(npu), region_id)
         live.regions.clear()
         for job in live.allocations.values():
             try:

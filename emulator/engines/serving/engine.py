@@ -76,8 +76,9 @@ class ServingEngine:
         self.events = events
         self.on_deploy = on_deploy
         self.provisioner = Provisioner(
-            topology=topology, profile=profile, peers=peers, scheduler=scheduler, ems=ems
-        )
+            topology=topology, profile=profile, clock=clock, peers=peers, scheduler=scheduler,
+            ems=ems,
+        )  # fmt: skip
         self.deployments: dict[str, LiveDeployment] = {}
         self._tasks: asyncio.TaskGroup | None = None
         self._loading: dict[str, asyncio.Task[None]] = {}

@@ -25,7 +25,6 @@ import structlog
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.peers import JobScheduler
 from cmemu.emulator.engines.serving.deploy import (
-    DEVICE_DEADLINE_S,
     WEIGHTS_KIND,
     LiveDeployment,
     Provisioner,
@@ -45,7 +44,9 @@ log = structlog.get_logger("cmemu.router")
 SCHEDULER = "scheduler"  # causes of an isolation, in the `isolated` event
 UNANSWERED = "unanswered"
 REPLACED = "replaced"
-MIN_TICK_WALL_S = 0.05  # never poll faster than this, whatever the time scale
+# Never poll faster than this in wall time, whatever the time scale: a cap on what the poll
+# costs this host (the scheduler's answers), not a bound on anyone's answer, so it stays wall.
+MIN_TICK_WALL_S = 0.05
 
 
 class Recovery:
@@ -93,10 +94,13 @@ class Recovery:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _tick_wall_s(self) -> float:
-        return max(
-            MIN_TICK_WALL_S,
-            self.clock.clock.wall_delay_s(self.profile.manager.heartbeat_interval_s),
+    async def _pause(self) -> None:
+        """A heartbeat interval of emulated time (counted at the wall rate of its start, a
+        clock slowed meanwhile brought the next poll and probe early: a stretched step then
+        looked unanswered), and never under MIN_TICK_WALL_S of wall time."""
+        await asyncio.gather(
+            self.clock.sleep(self.profile.manager.heartbeat_interval_s),
+            asyncio.sleep(MIN_TICK_WALL_S),
         )
 
     async def _watch(self) -> None:
@@ -122,13 +126,13 @@ class Recovery:
             except Exception:  # never take the router down: polling goes on
                 log.exception("allocation watch failed", deployment=self.live.name)
             self.streaming = False
-            await asyncio.sleep(self._tick_wall_s())
+            await self._pause()
 
     async def _tick(self) -> None:
         """Every heartbeat interval: poll when there is no stream, and probe again the NPUs this
         deployment isolated itself."""
         while True:
-            await asyncio.sleep(self._tick_wall_s())
+            await self._pause()
             try:
                 if not self.streaming:
                     await self._poll()
@@ -219,19 +223,15 @@ class Recovery:
         if device.id != old:
             for npu, region_id in [r for r in self.live.regions if r[0] == old]:
                 self.live.regions.remove((npu, region_id))
-                with contextlib.suppress(EmulatorError, TimeoutError):
-                    async with asyncio.timeout(self._tick_wall_s()):
-                        await self.peers.device(self.topology.device(npu)).free(
-                            region_id, deadline_s=DEVICE_DEADLINE_S
-                        )
+                with contextlib.suppress(EmulatorError):  # a hung one: given up on, in time
+                    await self.provisioner.free_region(self.topology.device(npu), region_id)
         else:
             inst: LiveInstance = self.driver.instances[instance]
             k = [d.id for d in inst.npus].index(old)
             return inst.kv_offsets[k] if inst.kv_offsets else None
-        region = await self.peers.device(device).allocate(
-            self.profile.npu.hbm_bytes_per_die, f"kv/{self.live.name}",
-            deadline_s=DEVICE_DEADLINE_S,
-        )  # fmt: skip
+        region = await self.provisioner.allocate_region(
+            device, self.profile.npu.hbm_bytes_per_die, f"kv/{self.live.name}"
+        )
         self.live.regions.append((device.id, region.region_id))
         return int(region.offset)
 

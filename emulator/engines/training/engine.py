@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 
 from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.deadline import EmulatedDeadline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.tasks import TaskOwner
 from cmemu.emulator.engines.training.live import Endpoints, LiveJob
@@ -23,8 +24,6 @@ from cmemu.emulator.model.errors import (
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.training.job import ENDED, JobProgress
 from cmemu.emulator.model.training.spec import TrainingSpec, shape_of
-
-RELEASE_WAIT_WALL_S = 10.0  # an ended job's runner giving its NPUs back (one RPC)
 
 
 class TrainingEngine:
@@ -139,13 +138,24 @@ class TrainingEngine:
         runner releases them as it ends, after its state already says so (a start right after
         a stop found them still held: FAILED_PRECONDITION), and a release the scheduler did not
         answer (a partition) left them held for good. So: its runner's end is awaited (bounded),
-        then whatever the scheduler still holds under that name is released (NOT_FOUND: none)."""
+        then whatever the scheduler still holds under that name is released (NOT_FOUND: none).
+        Each wait is `training.release_wait_s` of emulated time: a hung scheduler is a fault of
+        the emulated machine (a chaos service-hang lasts emulated seconds), and a wall bound runs
+        out on a starved host while a healthy scheduler is still answering."""
         runner = self._runner_of.get(name)
         if runner is not None and not runner.done():
-            await asyncio.wait({runner}, timeout=RELEASE_WAIT_WALL_S)
+            with contextlib.suppress(TimeoutError):
+                async with self._release_deadline():
+                    await asyncio.wait({runner})  # never cancels the runner
         with contextlib.suppress(EmulatorError, TimeoutError):
-            async with asyncio.timeout(RELEASE_WAIT_WALL_S):
+            async with self._release_deadline():
                 await self.endpoints.scheduler.release(name)
+
+    def _release_deadline(self) -> EmulatedDeadline:
+        t = self.profile.training
+        return EmulatedDeadline(
+            self.clock.clock, t.release_wait_s, min_wall_s=t.deadline_min_wall_s
+        )
 
     async def last_restored_ns(self, job: str) -> int | None:
         """The cluster manager's TrainingPeer (emulator/engines/peers.py), answered directly:

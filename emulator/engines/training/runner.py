@@ -20,6 +20,7 @@ import contextlib
 import structlog
 
 from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.deadline import answer_within
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.training.checkpoints import Checkpoints
 from cmemu.emulator.engines.training.live import Endpoints, LiveJob
@@ -218,13 +219,6 @@ class JobRunner:
         log.warning("training step failed", job=p.name, step=p.step + 1, error=error)
         self.publish("step-failed", step=p.step + 1, error=error)
 
-    def deadline_wall_s(self) -> float:
-        """A step's collectives may take this long (wall): a hung rank holds them past it."""
-        return max(
-            self.profile.serving.step_deadline_min_wall_s,
-            self.clock.clock.wall_delay_s(self.profile.training.step_deadline_s),
-        )
-
     async def step_s(self) -> float:
         """The step on the current NPUs, its collectives asked of the live fabric (memoized
         there): the slowest rank's compute share sets the compute's pace."""
@@ -252,7 +246,12 @@ class JobRunner:
         if len(ranks) < 2 or not (size or tokens):
             return 0.0, 1.0
         spec = CollectiveSpec(op=op, bytes=size, tokens_per_rank=tokens)
-        result = await self.ep.fabric().collective(
-            list(ranks), spec, deadline_s=self.deadline_wall_s()
-        )
+        t = self.profile.training
+        call = self.ep.fabric().collective(list(ranks), spec, deadline_s=None)
+        # a hung rank holds it past `step_deadline_s` of emulated time (engines/deadline.py: in
+        # wall seconds, fixed at the step's start, it failed healthy steps on a starved host)
+        result = await answer_within(
+            self.clock.clock, t.step_deadline_s, call,
+            peer="fabric", min_wall_s=t.deadline_min_wall_s,
+        )  # fmt: skip
         return float(result.duration_ns) / NS, result.compute_share or 1.0
