@@ -19,16 +19,26 @@ from pathlib import Path
 import pytest
 
 from cmemu.emulator.cli import progress
+from cmemu.emulator.cli.progress import DELAY_ENV
 from cmemu.emulator.testing import CMEMU, MINI_PORTS, cmemu_up, free_port_block, run_cmemu
 
 BOOT_BAR = "starting processes, wave"
 
 
-def in_terminal(argv: list[str], *, stop_when: Callable[[bytes], bool], timeout_s: float) -> str:
+def in_terminal(
+    argv: list[str],
+    *,
+    stop_when: Callable[[bytes], bool],
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+) -> str:
     """Run `argv` with a pseudo-terminal as stdin, stdout and stderr; SIGINT once `stop_when`
     holds for what it printed so far; everything it printed."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    environ = {**os.environ, **(env or {})}
+    proc = subprocess.Popen(
+        argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True, env=environ
+    )
     os.close(slave)
     out, signalled = b"", False
     deadline = time.monotonic() + timeout_s
@@ -70,14 +80,18 @@ def test_boot_bar_on_a_terminal_and_not_in_a_pipe(tmp_path: Path) -> None:
     procs += ["--metrics", "none", "--broker", "none", "--ui", "none"]
     argv = [CMEMU, "--log-level", "warning", "up", "--preset", "cm-mini", *procs]
     argv += ["--state-file", str(state)]
-    shown = in_terminal(argv, stop_when=lambda out: b"  stop " in out, timeout_s=120)
+    # a bar at once: the forked cm-mini boots in about 2 s, the default delay (a quiet host
+    # booted it before the bar's turn came, and the test read a bar that was never due)
+    shown = in_terminal(
+        argv, stop_when=lambda out: b"  stop " in out, timeout_s=120, env={DELAY_ENV: "0"}
+    )
     assert "is up as" in shown
     assert BOOT_BAR in shown
 
     output: list[str] = []
     piped = tmp_path / "pipe.json"
     procs[procs.index("--port") + 1] = str(free_port_block(1))
-    with cmemu_up(piped, "--preset", "cm-mini", *procs, output=output):
+    with cmemu_up(piped, "--preset", "cm-mini", *procs, output=output, env={DELAY_ENV: "0"}):
         pass
     assert "is up as" in output[0]
     assert BOOT_BAR not in output[0]
@@ -98,3 +112,15 @@ def test_transfer_bar_on_a_terminal_only(tmp_path: Path) -> None:
         piped = run_cmemu(*xfer, timeout=120)
         assert piped.returncode == 0, piped.stderr
         assert "100,000,000,000" not in piped.stdout + piped.stderr
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan"])
+def test_a_bad_progress_delay_is_refused_before_anything_starts(value: str, tmp_path: Path) -> None:
+    """In a pipe too, where no bar would show; the twin is the piped boot above, delay "0"."""
+    state = tmp_path / "s.json"
+    up = ["up", "--preset", "cm-mini", "--broker", "none", "--ui", "none"]
+    up += ["--base-port", str(free_port_block(MINI_PORTS)), "--state-file", str(state)]
+    refused = run_cmemu(*up, env={DELAY_ENV: value}, timeout=120)  # not refused: it would serve
+    assert refused.returncode != 0
+    assert f"${DELAY_ENV}={value!r}" in refused.stderr
+    assert not state.exists()
