@@ -92,6 +92,9 @@ async def answer_within(
         async with EmulatedDeadline(clock, emulated_s, min_wall_s=min_wall_s):
             return await call
     except TimeoutError:
-        raise DeadlineExceededError(
-            f"{peer} gave no answer within {emulated_s:g} emulated s"
-        ) from None
+        raise no_answer(peer, emulated_s) from None
+
+
+def no_answer(peer: str, emulated_s: float) -> DeadlineExceededError:
+    """What a bounded call to `peer` that timed out raises: as a gRPC deadline would end it."""
+    return DeadlineExceededError(f"{peer} gave no answer within {emulated_s:g} emulated s")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import structlog
 
 from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.deadline import no_answer
 from cmemu.emulator.engines.ems.ssd import SsdTier
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.peers import DevicePeer
@@ -154,9 +155,7 @@ class Store:
             with wheel.bound():
                 return await call
         except TimeoutError:
-            raise DeadlineExceededError(
-                f"{device.id} gave no answer within {emulated_s:g} emulated s"
-            ) from None
+            raise no_answer(device.id, emulated_s) from None
 
     async def _reached(self, device: Device, call: Awaitable[T], emulated_s: float) -> T:
         """`_within`, and a pool that does not answer is suspect at once, ahead of the next

@@ -154,6 +154,20 @@ def rechecked(params: P, *, kind: str) -> P:
     return params_from(type(params), values(params), kind=kind)
 
 
+def kind_params_checked(params: P, expected: type[Any], *, kind: str) -> P:
+    """`params` if they are `kind`'s own class (`expected`) and in their ranges (`rechecked`):
+    a fault built in process skipped the checks its typed or unpacked twin passed. Another
+    kind's params are WRONG_FAULT_PARAMS, on either plane."""
+    if type(params) is not expected:
+        raise InvalidArgumentError(
+            f"{kind}: its params are {expected.__name__}, not {type(params).__name__}",
+            field="params",
+            subject=kind,
+            reason="WRONG_FAULT_PARAMS",
+        )
+    return rechecked(params, kind=kind)
+
+
 def params_text(params: object) -> dict[str, str]:
     """A params dataclass as text (`wipe=true`), for logs and events."""
     return {

@@ -99,25 +99,33 @@ async def test_a_refusal_is_the_same_error_directly_as_over_grpc(mini: Supernode
     ]  # the store's kinds are the wire's numbers
 
 
+async def _killed_refuses_both_ways(
+    sn: Supernode, service: str, asks: tuple[Callable[[], Awaitable[Any]], ...], reason: str
+) -> None:
+    """Killed, `service` refuses each ask (its local and its remote peer's, made anew by
+    `asks`) UNAVAILABLE; back, each gets `reason` again (the client's channel reconnects)."""
+    down = await faults.inject(sn.clients, "service-kill", service)
+    try:
+        for ask in asks:
+            refused = await _refusal(ask())
+            assert isinstance(refused, UnavailableError), refused
+    finally:
+        await faults.clear(sn.clients, down.id)
+    for ask in asks:  # the twin: back, it answers again
+        async with asyncio.timeout(60):  # a bound on a hung test
+            while True:
+                refused = await _refusal(ask())
+                if not isinstance(refused, UnavailableError):
+                    break
+                await asyncio.sleep(0.2)
+        assert refused.reason == reason  # and the module's other tests find it back
+
+
 async def test_a_killed_scheduler_refuses_directly_as_over_grpc(mini: Supernode) -> None:
     scheduler, _, _, _ = _hosted(mini)
     local, remote = LocalScheduler(scheduler), SchedulerClient(mini.clients)
-    down = await faults.inject(mini.clients, "service-kill", "scheduler")
-    try:
-        for peer in (local, remote):
-            refused = await _refusal(peer.allocation("ghost"))
-            assert isinstance(refused, UnavailableError), refused
-    finally:
-        await faults.clear(mini.clients, down.id)
-    refused = await _refusal(local.allocation("ghost"))  # the twin: back, it answers again
-    assert refused.reason == "JOB_NOT_FOUND"
-    async with asyncio.timeout(60):  # the client's channel reconnects (the bound: a hung test)
-        while True:
-            refused = await _refusal(remote.allocation("ghost"))
-            if not isinstance(refused, UnavailableError):
-                break
-            await asyncio.sleep(0.2)
-    assert refused.reason == "JOB_NOT_FOUND"  # and the module's other tests find it back
+    asks = (lambda: local.allocation("ghost"), lambda: remote.allocation("ghost"))
+    await _killed_refuses_both_ways(mini, "scheduler", asks, "JOB_NOT_FOUND")
 
 
 def _routers(sn: Supernode) -> tuple[LocalRouter, RemoteRouter]:
@@ -135,19 +143,5 @@ async def test_the_router_refuses_directly_as_over_grpc_killed_or_not(mini: Supe
         await _refusal(local.last_restored_ns("ghost")),
         await _refusal(remote.last_restored_ns("ghost")),
     )
-    down = await faults.inject(mini.clients, "service-kill", "router")
-    try:
-        for peer in (local, remote):
-            refused = await _refusal(peer.last_restored_ns("ghost"))
-            assert isinstance(refused, UnavailableError), refused
-    finally:
-        await faults.clear(mini.clients, down.id)
-    refused = await _refusal(local.last_restored_ns("ghost"))  # the twin: back, it answers
-    assert refused.reason == "DEPLOYMENT_NOT_FOUND"
-    async with asyncio.timeout(60):  # the client's channel reconnects (the bound: a hung test)
-        while True:
-            refused = await _refusal(remote.last_restored_ns("ghost"))
-            if not isinstance(refused, UnavailableError):
-                break
-            await asyncio.sleep(0.2)
-    assert refused.reason == "DEPLOYMENT_NOT_FOUND"
+    asks = (lambda: local.last_restored_ns("ghost"), lambda: remote.last_restored_ns("ghost"))
+    await _killed_refuses_both_ways(mini, "router", asks, "DEPLOYMENT_NOT_FOUND")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.faults.fabric import (
     l1_board,
     link_degraded,
@@ -26,7 +25,7 @@ from cmemu.emulator.model.faults.fabric import (
     switch_down,
 )
 from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind, NoParams, of_kind
-from cmemu.emulator.model.faults.params import rechecked, unknown_kind
+from cmemu.emulator.model.faults.params import kind_params_checked, unknown_kind
 
 __all__ = ["KINDS", "PARAMS", "FaultSpec", "Kind", "NoParams", "checked", "kind_of", "of_kind"]
 
@@ -67,13 +66,5 @@ def checked(spec: FaultSpec[Any]) -> FaultSpec[Any]:
     """`spec` if its kind is known and its params are that kind's, in their ranges (each field's
     and the class's own check, as when they were typed or unpacked: a spec built in process is
     checked too): the one place a fabric fault's params are checked before it is stored."""
-    kind = kind_of(spec.kind)
-    if type(spec.params) is not kind.params:
-        raise InvalidArgumentError(
-            f"{spec.kind}: its params are {kind.params.__name__}, not {type(spec.params).__name__}",
-            field="params",
-            subject=spec.kind,
-            reason="WRONG_FAULT_PARAMS",
-        )
-    rechecked(spec.params, kind=spec.kind)
+    kind_params_checked(spec.params, kind_of(spec.kind).params, kind=spec.kind)
     return spec

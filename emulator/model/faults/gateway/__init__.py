@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.faults.gateway import (
     gateway_down,
     link_down,
@@ -20,7 +19,7 @@ from cmemu.emulator.model.faults.gateway import (
     switch_slow,
 )
 from cmemu.emulator.model.faults.gateway.base import Effect, Kind, NoParams, of_kind
-from cmemu.emulator.model.faults.params import rechecked, unknown_kind
+from cmemu.emulator.model.faults.params import kind_params_checked, unknown_kind
 from cmemu.emulator.model.rdmafault import RdmaFault
 
 __all__ = ["KINDS", "PARAMS", "PLANE", "Kind", "NoParams", "checked", "of_kind", "plane_kind"]
@@ -64,13 +63,5 @@ def checked(fault: RdmaFault[Any]) -> RdmaFault[Any]:
     kind = KINDS.get(fault.kind)
     if kind is None:
         raise unknown_kind(fault.kind, PLANE, plane="RDMA plane")
-    if type(fault.params) is not kind.params:
-        raise InvalidArgumentError(
-            f"{fault.kind}: its params are {kind.params.__name__}, "
-            f"not {type(fault.params).__name__}",
-            field="params",
-            subject=fault.kind,
-            reason="WRONG_FAULT_PARAMS",
-        )
-    rechecked(fault.params, kind=fault.kind)
+    kind_params_checked(fault.params, kind.params, kind=fault.kind)
     return fault
