@@ -19,6 +19,7 @@ Writes bench/results/fabric.json and bench/results/fabric.png (model / published
     python bench/fabric.py --seconds 0.5 --runs 1 --concurrency 4   # the quickest (still cm384)
     python bench/fabric.py --only ep320 --runs 15   # the EP320 rows alone
     python bench/fabric.py --only pacing            # the pacing rows alone
+    python bench/fabric.py --only pacing --ui none  # the same with the web view off
 """
 
 from __future__ import annotations
@@ -323,6 +324,13 @@ def main() -> int:
         choices=["ep320", "pacing"],
         help="run only this row (no results written): to alternate runs of two trees quickly",
     )
+    parser.add_argument(
+        "--ui",
+        choices=["auto", "none"],
+        default="auto",
+        help="the web view, as `cmemu up --ui` (auto: on, as a user's boot; none: its 624 "
+        "health watches do not open beside the first transfers after the boot)",
+    )
     outputs.add_option(parser)
     args = parser.parse_args()
     if args.seconds <= 0 or args.concurrency < 1 or args.runs < 1:
@@ -330,7 +338,9 @@ def main() -> int:
     base = free_port_block(server_count(build("cm384")))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "state.json"
-        with cmemu_up(path, "--preset", "cm384", "--base-port", str(base), quiet=True):
+        up = ["--preset", "cm384", "--base-port", str(base)]
+        up += ["--ui", "none"] if args.ui == "none" else []  # else `cmemu up`'s own default
+        with cmemu_up(path, *up, quiet=True):
             print("cm384 in one process (cmemu up); client in this process")
             out = asyncio.run(main_async(args, path))
     if args.only:
