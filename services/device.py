@@ -30,9 +30,17 @@ HardwareInfo = Callable[[DeviceEngine, device_pb2.DeviceInfo], None]
 
 
 class DeviceServicer(device_pb2_grpc.DeviceServicer):
-    def __init__(self, engine: DeviceEngine, hardware: HardwareInfo) -> None:
+    def __init__(
+        self,
+        engine: DeviceEngine,
+        hardware: HardwareInfo,
+        answer_first: Callable[[Context], None] | None = None,
+    ) -> None:
         self.engine = engine
         self._hardware = hardware
+        # a fault this device's own server takes (a crash stops that server): the server's stop
+        # waits for this call's answer to be sent (services/kinds.py DeviceServer.answer_first)
+        self._answer_first = answer_first
 
     @rpc
     async def GetInfo(
@@ -102,11 +110,14 @@ class DeviceServicer(device_pb2_grpc.DeviceServicer):
         self, request: device_pb2.FaultState, context: Context
     ) -> device_pb2.FaultState:
         target = self.engine.faults.target(request.device)
+        by_itself = target is self.engine
+        if by_itself and self._answer_first is not None:
+            self._answer_first(context)
         fault = await target.faults.inject(
             request.kind,
             faultparams.unpack(request, DEVICE_PARAMS),
             request.for_s,
-            by_itself=target is self.engine,
+            by_itself=by_itself,
         )
         return wire.active_fault_proto(fault, target.device.id)
 

@@ -27,18 +27,6 @@ CLOCK_METHODS = frozenset({f"/{SERVICE}/GetClock", f"/{SERVICE}/SyncClock"})
 DEFAULT_TOP = 20
 DEFAULT_WATCH_MS = 1000
 
-FAULT_FIELD = {
-    "link-degraded": "params.factor",
-    "ports-degraded": "params.factor",
-    "rank-slow": "params.factor",
-    "link-latency": "params.latency_us",
-    "partition": "params.side_a",
-    "link-flap": "params.period_s",
-    "link-loss": "params.rate",
-}
-"""The request field a fault kind's own check in the link graph is about (others: the target;
-the params' ranges are checked as they are unpacked, naming their field)."""
-
 
 class FabricServicer(fabric_pb2_grpc.FabricServicer):
     def __init__(self, engine: FabricEngine, time: TimeKeeper) -> None:
@@ -97,7 +85,10 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
                 reason="FAULT_TARGET_NOT_FOUND" if on_target else "DEVICE_NOT_FOUND",
                 on=NotFoundError,
             ),
-            blame(field=FAULT_FIELD.get(request.kind, "target"), on=InvalidArgumentError),
+            # a kind's own check names its field (a params range, a partition's sides); else the
+            # target is what the link graph refused (an L1 chip that is not one, a rank that
+            # is no NPU)
+            blame(field="target", on=InvalidArgumentError),
             blame(field="target", on=OutOfRangeError),  # a die past the NPU's last
         ):
             stored = self.engine.add_fault(wire.fault_spec(request))

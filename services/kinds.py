@@ -12,6 +12,7 @@ from cmemu.services import cpu, mempool, npu
 from cmemu.services.device import DeviceServicer
 from cmemu.services.host import NOT_SERVING, SERVING, ServiceHost
 from cmemu.services.kindspec import KindSpec
+from cmemu.services.rpc import Context
 from cmemu.services.ub import UnifiedBusServicer
 from cmemu.v1 import device_pb2_grpc, ub_pb2_grpc
 
@@ -23,7 +24,12 @@ KINDS: dict[DeviceKind, KindSpec] = {
 
 DEVICE_SERVICE = "cmemu.v1.Device"
 UB_SERVICE = "cmemu.v1.UnifiedBus"
-SELF_STOP_DELAY_S = 0.05  # a device crashing itself answers first, then its server stops
+# A device crashing itself answers first, then its server stops: once that call has ended (its
+# status handed to the transport) and this much later, for the transport to write it out; a call
+# whose end never comes (a client gone) holds the stop at most SELF_STOP_WAIT_S. A fixed delay
+# alone (50 ms) was cut short on a busy host: the answer was lost with the server.
+SELF_STOP_DELAY_S = 0.05
+SELF_STOP_WAIT_S = 5.0
 
 
 class DeviceServer:
@@ -32,7 +38,7 @@ class DeviceServer:
 
     def __init__(self, engine: DeviceEngine) -> None:
         kind = KINDS[engine.device.kind]
-        device = DeviceServicer(engine, kind.hardware)
+        device = DeviceServicer(engine, kind.hardware, self.answer_first)
         bus = UnifiedBusServicer(engine)
         self.engine = engine
         self.host = ServiceHost(
@@ -47,6 +53,7 @@ class DeviceServer:
         self.host.gate.answering = engine.effects.answering  # a hang closes the gate
         self.host.extra_health = [die_name(engine.device.id, d) for d in range(engine.dies.count)]
         self._stops: set[asyncio.Task[None]] = set()
+        self._answer: asyncio.Event | None = None  # the end of the call a self-stop waits for
         engine.server = self
 
     async def start(self) -> None:
@@ -59,16 +66,28 @@ class DeviceServer:
     async def set_part(self, name: str, serving: bool) -> None:
         await self.host.health.set(name, SERVING if serving else NOT_SERVING)
 
+    def answer_first(self, context: Context) -> None:
+        """`context`'s call may stop this server (a crash told to the device itself): a stop
+        it causes waits for the call to end."""
+        answer = self._answer = asyncio.Event()
+        # grpc-stubs declare the callback a class; grpc takes any callable of the context
+        context.add_done_callback(lambda _: answer.set())  # type: ignore[arg-type]
+
     async def stop(self, *, deferred: bool) -> None:
         """The server gone, its port free. A device that stops itself answers first."""
         if deferred:
-            task = asyncio.get_running_loop().create_task(self._stop_later())
+            answer, self._answer = self._answer, None
+            task = asyncio.get_running_loop().create_task(self._stop_later(answer))
             self._stops.add(task)
             task.add_done_callback(self._stops.discard)
         else:
             await self.host.server.stop(0)
 
-    async def _stop_later(self) -> None:
+    async def _stop_later(self, answer: asyncio.Event | None) -> None:
+        if answer is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SELF_STOP_WAIT_S):
+                    await answer.wait()
         await asyncio.sleep(SELF_STOP_DELAY_S)
         await self.host.server.stop(0)
 

@@ -44,7 +44,9 @@ SERVER_KEEPALIVE_OPTIONS = (
     # Without these a server answers a client pinging every 10 s with GOAWAY ("too many pings")
     # after two strikes, which would end every long stream each 20-30 s.
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+    # GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS: the macro's name is not its key (an
+    # unknown key is ignored: "min_recv_ping..." left the default, 5 minutes, in force)
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
     ("grpc.http2.max_ping_strikes", 0),
 )
 

@@ -108,6 +108,12 @@ async def test_a_fabric_fault_with_its_typed_params(sn: Supernode) -> None:
             "INVALID_FAULT_PARAM",
             "params.side_b",
         ),
+        (  # the partition's own check in the link graph names its field too
+            {"kind": "partition", "partition": {"side_a": "n00-npu0", "side_b": "n00-npu0"}},
+            "INVALID_ARGUMENT",
+            "params.side_a",
+        ),
+        ({"kind": "optical-module", "target": LINK}, "MALFORMED_ID", "target"),  # else the target
     ],
 )
 async def test_bad_fabric_params_are_invalid_argument_naming_the_field(

@@ -43,12 +43,16 @@ class Partition:
     def validate(self, graph: LinkGraph, spec: FaultSpec[PartitionParams]) -> None:
         side_a, side_b = ids(spec.params.side_a), ids(spec.params.side_b)
         if not side_a or not side_b:
-            raise InvalidArgumentError("a partition needs devices on both sides (side_a, side_b)")
+            raise InvalidArgumentError(
+                "a partition needs devices on both sides (side_a, side_b)", field="params.side_a"
+            )
         for device in (*side_a, *side_b):
             graph.topology.device(device)
         both = set(side_a) & set(side_b)
         if both:
-            raise InvalidArgumentError(f"devices on both sides of a partition: {sorted(both)}")
+            raise InvalidArgumentError(
+                f"devices on both sides of a partition: {sorted(both)}", field="params.side_a"
+            )
 
     def apply(self, graph: LinkGraph, spec: FaultSpec[PartitionParams]) -> None:
         p = spec.params
