@@ -22,25 +22,14 @@ from cmemu.v1 import fabric_pb2
 
 
 def fabric_detail(f: fabric_pb2.FabricFault) -> str:
-    p: dict[str, Any] = faultparams.raw_params(f)
-    parts = []
-    if p.get("factor"):
-        parts.append(f"factor={p['factor']:g}")
-    if p.get("latency_us"):
-        parts.append(f"latency=+{p['latency_us']:g}us")
-    if p.get("rate"):
-        parts.append(f"rate={p['rate']:g}")
-    if "module" in p:
-        parts.append(f"module={p['module']}")
-    if p.get("period_s"):
-        parts.append(f"period={p['period_s']:g}s duty={p.get('duty', 0.0):g}")
-    if p.get("side_a") or p.get("side_b"):
-        parts.append(f"side_a={p.get('side_a', '')} side_b={p.get('side_b', '')}")
-        if p.get("one_way"):
-            parts.append("one-way (side_a to side_b lost)")
+    """`cmemu fault ls`'s detail of a fabric fault: its params as its kind's module describes
+    them (emulator/model/faults/fabric/), and when it ends."""
+    kind = fabric.KINDS.get(f.kind)
+    params = faultparams.unpack(f, fabric.PARAMS)
+    parts = [kind.describe(params)] if kind is not None and params is not None else []
     if f.until_ns:
         parts.append(f"until={f.until_ns / 1e9:.3f}s")
-    return " ".join(parts)
+    return " ".join(part for part in parts if part)
 
 
 def fabric_fault(f: fabric_pb2.FabricFault) -> ActiveFault:

@@ -12,6 +12,7 @@ device's ports, a rank fault) imports no numpy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeGuard, TypeVar
 
@@ -75,6 +76,8 @@ class Kind(Generic[P]):
     # set at the fabric by a device's own fault and cleared with it (ports-degraded, rank-*):
     # no kind of the user's catalogue (`cmemu fault kinds`)
     from_device: bool = False
+    # its params as `cmemu fault ls` shows them (`factor=0.5`); a kind without params: nothing
+    describe: Callable[[P], str] = lambda params: ""
 
 
 def of_kind(spec: FaultSpec[Any], kind: Kind[P]) -> TypeGuard[FaultSpec[P]]:

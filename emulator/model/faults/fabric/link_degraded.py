@@ -28,9 +28,14 @@ class LinkDegraded:
         graph.factor[list(graph.physical(spec.target))] *= spec.params.factor
 
 
+def describe(params: LinkDegradedParams) -> str:
+    return f"factor={params.factor:g}"
+
+
 KIND = Kind(
     name="link-degraded",
     help="a link keeps a share of its bandwidth",
     params=LinkDegradedParams,
     effect=LinkDegraded(),
+    describe=describe,
 )

@@ -51,9 +51,14 @@ def next_flip_s(spec: FaultSpec[LinkFlapParams], now_s: float) -> float:
     return start + period + duty * period
 
 
+def describe(params: LinkFlapParams) -> str:
+    return f"period={params.period_s:g}s duty={params.duty:g}"
+
+
 KIND = Kind(
     name=NAME,
     help="a link toggles down and up: down duty*period_s of every period_s (emulated)",
     params=LinkFlapParams,
     effect=LinkFlap(),
+    describe=describe,
 )

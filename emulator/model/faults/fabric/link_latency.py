@@ -35,9 +35,14 @@ class LinkLatency:
         graph.extra_latency_s[list(graph.physical(spec.target))] += spec.params.latency_us / 1e6
 
 
+def describe(params: LinkLatencyParams) -> str:
+    return f"latency=+{params.latency_us:g}us"
+
+
 KIND = Kind(
     name=NAME,
     help="a link adds latency per crossing",
     params=LinkLatencyParams,
     effect=LinkLatency(),
+    describe=describe,
 )

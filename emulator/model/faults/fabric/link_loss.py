@@ -39,9 +39,14 @@ class LinkLoss:
         graph.extra_latency_s[links] += graph.profile.switch.link_retry_s * p / (1 - p)
 
 
+def describe(params: LinkLossParams) -> str:
+    return f"rate={params.rate:g}"
+
+
 KIND = Kind(
     name="link-loss",
     help="a link loses (or fails CRC on) a share of its frames; resending costs bandwidth",
     params=LinkLossParams,
     effect=LinkLoss(),
+    describe=describe,
 )

@@ -59,10 +59,15 @@ class OpticalModule:
         graph.up[optical_module_links(graph, spec.target, spec.params.module)] = False
 
 
+def describe(params: OpticalModuleParams) -> str:
+    return f"module={params.module}"
+
+
 KIND = Kind(
     name="optical-module",
     help="an optical module of an L1 chip fails: the uplinks it carries go down at once",
     params=OpticalModuleParams,
     effect=OpticalModule(),
     target="an L1 chip id (e.g. n03-l1s4)",
+    describe=describe,
 )

@@ -59,10 +59,16 @@ class Partition:
         graph.partitions.append((frozenset(ids(p.side_a)), frozenset(ids(p.side_b)), p.one_way))
 
 
+def describe(params: PartitionParams) -> str:
+    sides = f"side_a={params.side_a} side_b={params.side_b}"
+    return f"{sides} one-way (side_a to side_b lost)" if params.one_way else sides
+
+
 KIND = Kind(
     name="partition",
     help="devices of side_a cannot reach those of side_b",
     params=PartitionParams,
     effect=Partition(),
     target="none (the sides are params)",
+    describe=describe,
 )

@@ -47,6 +47,10 @@ class PortsDegraded:
         graph.factor[device_ports(graph, spec.target)] *= spec.params.factor
 
 
+def describe(params: PortsDegradedParams) -> str:
+    return f"factor={params.factor:g}"
+
+
 KIND = Kind(
     name=NAME,
     help="a device's own UB ports keep a share of their bandwidth (its slow fault's link share)",
@@ -54,4 +58,5 @@ KIND = Kind(
     effect=PortsDegraded(),
     target="a device id, or an NPU die (n00-npu3.d1)",
     from_device=True,
+    describe=describe,
 )

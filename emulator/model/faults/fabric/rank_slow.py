@@ -23,6 +23,10 @@ class RankSlowParams:
                           check=FRACTION)  # fmt: skip
 
 
+def describe(params: RankSlowParams) -> str:
+    return f"factor={params.factor:g}"
+
+
 KIND = Kind(
     name=NAME,
     help="the collectives the rank is part of run at its compute share (its device is slowed)",
@@ -30,4 +34,5 @@ KIND = Kind(
     effect=OnRanks[RankSlowParams](),
     target=RANK,
     from_device=True,
+    describe=describe,
 )
