@@ -4,7 +4,8 @@ The manager itself (detection, isolation, replacement, restores, suspend and res
 engine, emulator/engines/manager/engine.py, on domain types; this module only translates its
 incidents, status and mode to and from protobuf, and hosts the training jobs (their engine,
 emulator/engines/training/, served by services/training/) on the same server, answering the
-manager engine's questions about them directly (Peers.host_training).
+manager engine's and the scheduler's day plans' questions about them directly
+(Peers.host_training; the day plans through the server's outage).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class ManagerService:
     def __init__(self, engine: ManagerEngine, training: TrainingEngine) -> None:
         self.engine = engine
         self.training = training
+        # what runtime/servicecontrol.py sets on service-down: the training jobs' API, as the
+        # day plans of this process reach it (engines/training/local.py), is the server's
+        self.outage = training.outage
         self._ended = asyncio.Event()
         self._running = False
 

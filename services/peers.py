@@ -15,6 +15,14 @@ And it is what the serving and training engines reach the scheduler and EMS thro
 runtime's waves make the scheduler and EMS before the router and the manager), else the typed
 client over the shared channel.
 
+And it is what the scheduler's day plans reach the router and the training jobs through
+(`day_serving`, `day_training`: engines/dayplan.py's DayServing and DayTraining): the router's
+serving engine and the training engine where this process hosts them (`LocalDayServing`,
+engines/serving/local.py; `LocalDayTraining`, engines/training/local.py: through the router's and
+the manager's outage), else the typed gRPC clients (emulator/client/dayplan.py). The scheduler is
+made before the router and the manager (the runtime's waves), so which one is resolved at each
+call (services/daypeers.py), never when the scheduler is made.
+
 `channel` is the older way of the services not yet moved to the engines layer (their own stubs
 over the shared channel); it goes as those services move.
 """
@@ -44,6 +52,7 @@ from cmemu.emulator.model.topology import Device, Service, ServiceKind, Topology
 
 if TYPE_CHECKING:  # hosted in the fabric's process only (numpy): not every process imports it
     from cmemu.emulator.client.control import RemoteRouter, RemoteScheduler
+    from cmemu.emulator.engines.dayplan import DayServing, DayTraining
     from cmemu.emulator.engines.ems import EmsState
     from cmemu.emulator.engines.ems.local import LocalEms
     from cmemu.emulator.engines.fabric.engine import FabricEngine
@@ -54,6 +63,7 @@ if TYPE_CHECKING:  # hosted in the fabric's process only (numpy): not every proc
     from cmemu.emulator.engines.serving.engine import ServingEngine
     from cmemu.emulator.engines.serving.local import LocalRouter
     from cmemu.emulator.engines.serving.peers import KvStore
+    from cmemu.emulator.engines.training.engine import TrainingEngine
 
 
 class Peers:
@@ -71,6 +81,8 @@ class Peers:
         self._local_scheduler: LocalScheduler | None = None
         self._local_ems: LocalEms | None = None
         self._router: RemoteRouter | LocalRouter | None = None
+        self._day_serving: DayServing | None = None  # the router's engine, or its client
+        self._day_training: DayTraining | None = None  # the training engine, or its client
 
     # --- the engines' Directory ----------------------------------------------------------------
 
@@ -128,9 +140,13 @@ class Peers:
 
     # --- the cluster manager's ControlPlane -----------------------------------------------------
 
-    def host_training(self, training: TrainingPeer) -> None:
-        """The training jobs of this process (the manager's server hosts them)."""
+    def host_training(self, training: TrainingEngine) -> None:
+        """The training jobs of this process (the manager's server hosts them): called
+        directly by the manager engine and the scheduler's day plans, never over gRPC."""
+        from cmemu.emulator.engines.training.local import LocalDayTraining
+
         self._training = training
+        self._day_training = LocalDayTraining(training)
 
     def scheduler(self) -> SchedulerPeer:
         if self._local_scheduler is not None:
@@ -145,9 +161,10 @@ class Peers:
 
     def host_router(self, engine: ServingEngine) -> None:
         """The router's serving engine of this process: called directly, never over gRPC."""
-        from cmemu.emulator.engines.serving.local import LocalRouter
+        from cmemu.emulator.engines.serving.local import LocalDayServing, LocalRouter
 
         self._router = LocalRouter(engine)
+        self._day_serving = LocalDayServing(engine)
 
     def router(self) -> RouterPeer:
         if self._router is None:
@@ -162,6 +179,38 @@ class Peers:
         from cmemu.emulator.client.control import RemoteTraining
 
         return RemoteTraining(self.channel(self._address(ServiceKind.MANAGER)))
+
+    # --- the router and the training jobs, as the scheduler's day plans reach them ------------
+
+    def day_serving(self) -> DayServing:
+        """The router as a day plan moves a deployment, resolved at each call."""
+        from cmemu.services.daypeers import DayServingOf
+
+        return DayServingOf(self.day_serving_now)
+
+    def day_training(self) -> DayTraining:
+        """The training jobs as a day plan starts and stops its job, resolved at each call."""
+        from cmemu.services.daypeers import DayTrainingOf
+
+        return DayTrainingOf(self.day_training_now)
+
+    def day_serving_now(self) -> DayServing:
+        """The router's engine if this process hosts it by now, else its gRPC client."""
+        if self._day_serving is None:
+            from cmemu.emulator.client.dayplan import RemoteDayServing
+
+            self._day_serving = RemoteDayServing(self.channel(self._address(ServiceKind.ROUTER)))
+        return self._day_serving
+
+    def day_training_now(self) -> DayTraining:
+        """The training engine if this process hosts it by now, else the gRPC client of the
+        manager's server (which hosts the jobs)."""
+        if self._day_training is None:
+            from cmemu.emulator.client.dayplan import RemoteDayTraining
+
+            address = self._address(ServiceKind.MANAGER)
+            self._day_training = RemoteDayTraining(self.channel(address))
+        return self._day_training
 
     # --- the scheduler and EMS, as the serving and training engines reach them ------------------
 

@@ -97,8 +97,7 @@ class RouterState:
 
     def usage(self, tenant: str) -> router_pb2.UsageReport:
         """Each tenant's metered use (NotFoundError for a tenant the endpoint does not know)."""
-        meter = self.http.admission.meter if self.http is not None else None
-        return usage_report(meter, self.clock.now_ns(), tenant)
+        return usage_report(self.engine.usage.tenants(tenant), self.clock.now_ns())
 
     def metrics(self) -> list[Family]:
         """The tenants' figures and the serving figures for /metrics."""

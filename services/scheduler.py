@@ -1,21 +1,22 @@
 """The scheduler service: protobuf in, the scheduler's engine (emulator/engines/scheduler/) in
 between, protobuf out; a refusal is the engine's EmulatorError, mapped to its status by `rpc`.
 
-The day plans' peers, the router and the training jobs, are reached over gRPC through the
-process's shared channels (which carry the token), in one process as in many.
+The day plans' peers, the router and the training jobs, are their engines where this process
+hosts them (services/peers.py `day_serving`, `day_training`: through their services' outages,
+with the errors the gRPC side gives), else reached over gRPC through the process's shared
+channels (which carry the token).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from cmemu.emulator.client.dayplan import RemoteDayServing, RemoteDayTraining
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.scheduler.engine import SchedulerEngine
 from cmemu.emulator.model.errors import EmulatorError
 from cmemu.emulator.model.hardware import HardwareProfile
-from cmemu.emulator.model.topology import ServiceKind, Topology
+from cmemu.emulator.model.topology import Topology
 from cmemu.services.host import ServiceHost
 from cmemu.services.peers import Peers
 from cmemu.services.rpc import Context, abort, rpc
@@ -161,16 +162,15 @@ def create_scheduler(
 ) -> tuple[SchedulerEngine, ServiceHost]:
     """The scheduler's engine and its server (not started); `peers` host the engine, so the
     callers of this process reach it directly, and reach the router and the training jobs
-    for the day plans (the scheduler calls no device)."""
+    for the day plans (directly where this process hosts them, else over gRPC; the scheduler
+    calls no device)."""
     engine = SchedulerEngine(
         topology=topology,
         profile=profile,
         clock=clock,
         events=events,
-        serving=RemoteDayServing(peers.channel(topology.service(ServiceKind.ROUTER).address)),
-        training=RemoteDayTraining(  # training jobs live on the manager's server
-            peers.channel(topology.service(ServiceKind.MANAGER).address)
-        ),
+        serving=peers.day_serving(),  # resolved at each call: the router and the manager
+        training=peers.day_training(),  # are made after the scheduler
     )
     peers.host_scheduler(engine)
     servicer = SchedulerServicer(engine)

@@ -3,7 +3,8 @@
 - the typed calls a program (or the CLI) makes to the scheduler's day plans: `start_day_plan`,
   `day_plan`, `stop_day_plan`;
 - the router and the training jobs as the scheduler's day plan moves NPUs between them: the gRPC
-  side of emulator/engines/dayplan.py's DayServing and DayTraining.
+  side of emulator/engines/dayplan.py's DayServing and DayTraining, for a scheduler whose process
+  does not host them (services/peers.py gives the engines to one that does).
 
 A failed call raises the EmulatorError its status names, prefixed with the service's name."""
 

@@ -10,8 +10,11 @@ written to EMS, the night footprint drained and undeployed, and the day one depl
 weights warm from EMS; the switch lasts until it serves. Every switch is an event (`day-switch`,
 its direction, plan hour and emulated duration).
 
-The router and the training jobs are reached through the two protocols below (their gRPC side
-is emulator/client/dayplan.py): the engine sees only domain values and EmulatorErrors.
+The router and the training jobs are reached through the two protocols below: their engines in
+one process (engines/serving/local.py LocalDayServing, engines/training/local.py
+LocalDayTraining, through their services' outages), their gRPC side across processes
+(emulator/client/dayplan.py), services/peers.py choosing. The engine sees only domain values
+and EmulatorErrors, the same either way.
 """
 
 from __future__ import annotations

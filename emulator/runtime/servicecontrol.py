@@ -23,7 +23,9 @@ Outage (emulator/engines/fabric/outage.py) is what they meet, and its server kee
 emulator's time (GetClock, SyncClock are exempt from its gate) while refusing (killed) or
 answering nothing (hung, cut off) else. The scheduler and EMS are stopped or gated as any
 service, and their Outage (emulator/engines/outage.py) set beside: the router and the training
-jobs of this process reach their engines directly (services/peers.py), and meet that.
+jobs of this process reach their engines directly (services/peers.py), and meet that. So are
+the router's and the manager's: the cluster manager and the scheduler's day plans reach the
+router's engine directly, and the day plans the training jobs the manager's server hosts.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from aiohttp import web
 
 from cmemu.emulator.engines.serving.driver import Driver
 from cmemu.emulator.engines.serving.streams import Stream
+from cmemu.emulator.engines.serving.usage import UsageMeter
 from cmemu.emulator.model.address import parse_address
 from cmemu.emulator.model.clock import Clock
 from cmemu.emulator.model.errors import EmulatorError, bind_error, quote
@@ -42,7 +43,7 @@ from cmemu.emulator.model.serving.models import get_model
 from cmemu.emulator.model.serving.tokens import VOCAB
 from cmemu.emulator.model.tenants import Keys, Priority, Tenant
 from cmemu.services.serving.endpoint import outputs
-from cmemu.services.serving.endpoint.admission import Admission, Ticket
+from cmemu.services.serving.endpoint.admission import OPEN_TENANT, Admission, Ticket
 from cmemu.services.serving.endpoint.asks import Ask, Parser
 from cmemu.services.serving.endpoint.errors import HttpError, from_domain
 from cmemu.services.serving.endpoint.limits import read_json
@@ -62,6 +63,11 @@ class Deployments(Protocol):
     def deployments(self) -> Mapping[str, Any]: ...
 
     def serving(self, model: str) -> Driver: ...
+
+    @property
+    def usage(self) -> UsageMeter:
+        """Where the tenants' use is metered (GetUsage and the day plans read it)."""
+        ...
 
 
 @dataclass
@@ -98,7 +104,9 @@ class OpenAiServer:
 
     def _admission(self, keys: Keys | None) -> Admission:
         s = self.profile.serving
+        tenants = keys.tenants if keys is not None else (OPEN_TENANT,)
         return Admission(
+            meter=self.router.usage.open(tenants),
             keys=keys,
             clock=self.clock,
             near_line_share=s.tenant_near_line_share,

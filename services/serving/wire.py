@@ -1,15 +1,14 @@
 """cmemu.v1.Router's messages to and from the serving engine's values (emulator/engines/serving/):
 a Deploy request as a `DeployAsk`, a deployment, its dynamic PD and the serving aggregates as
-their messages, and the tenants' metered use (the HTTP endpoint's meter) as a UsageReport."""
+their messages, and the tenants' metered use (the serving engine's usage meter) as a UsageReport."""
 
 from __future__ import annotations
 
 from cmemu.emulator.client.servingstats import stats_message as stats_message  # noqa: PLC0414
 from cmemu.emulator.engines.serving.deploy import InstanceView, LiveDeployment
 from cmemu.emulator.engines.serving.spec import DeployAsk
-from cmemu.emulator.model.errors import NotFoundError, quote
+from cmemu.emulator.engines.serving.usage import TenantUse
 from cmemu.emulator.model.serving.live import DeploymentState, PdStatus
-from cmemu.emulator.model.tenants import Meter
 from cmemu.v1 import router_pb2
 
 WIRE_STATE = {
@@ -106,34 +105,22 @@ def pd_message(status: PdStatus) -> router_pb2.PdStatus:
     )
 
 
-def usage_report(meter: Meter | None, now_ns: int, tenant: str) -> router_pb2.UsageReport:
-    """Each tenant's metered use, or `tenant`'s alone; NotFoundError for a tenant the endpoint
-    does not know. Without an endpoint (`meter` None) nothing was metered: an empty report."""
-    report = router_pb2.UsageReport(at_ns=now_ns)
-    if meter is None:
-        return report
-    if tenant and tenant not in meter.usage:
-        raise NotFoundError(
-            f"no tenant {quote(tenant)}; known: {', '.join(sorted(meter.usage))}",
-            field="tenant",
-            subject=tenant,
-            reason="TENANT_NOT_FOUND",
-        )
-    for name, use in sorted(meter.usage.items()):
-        if tenant and name != tenant:
-            continue
-        t = meter.tenants[name]
-        report.tenants.append(
+def usage_report(tenants: list[TenantUse], now_ns: int) -> router_pb2.UsageReport:
+    """The tenants' metered use (the serving engine's UsageMeter) as a UsageReport."""
+    return router_pb2.UsageReport(
+        at_ns=now_ns,
+        tenants=[
             router_pb2.TenantUsage(
-                tenant=name,
-                priority=str(t.priority),
-                requests=use.requests,
-                prompt_tokens=use.prompt_tokens,
-                cached_tokens=use.cached_tokens,
-                completion_tokens=use.completion_tokens,
-                total_tokens=use.total_tokens,
-                rejected=use.rejected,
-                quota_tokens=t.quota_tokens or 0,
+                tenant=t.tenant,
+                priority=t.priority,
+                requests=t.requests,
+                prompt_tokens=t.prompt_tokens,
+                cached_tokens=t.cached_tokens,
+                completion_tokens=t.completion_tokens,
+                total_tokens=t.total_tokens,
+                rejected=t.rejected,
+                quota_tokens=t.quota_tokens,
             )
-        )
-    return report
+            for t in tenants
+        ],
+    )

@@ -1,7 +1,9 @@
 """The scheduler's day plans (serve by day, train by night): an ask checked into a plan
 (emulator/model/daylive.py) and its runner (emulator/engines/dayplan.py) started, found, stopped.
 The router and the training jobs are the runner's peers (`DayServing`, `DayTraining`): the
-runtime gives their gRPC side (emulator/client/dayplan.py), so this module knows no wire."""
+runtime gives their engines where its process hosts them (engines/serving/local.py,
+engines/training/local.py), else their gRPC side (emulator/client/dayplan.py), so this module
+knows no wire."""
 
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from cmemu.emulator.engines.serving.recovery import Recovery
 from cmemu.emulator.engines.serving.reports import serving_families
 from cmemu.emulator.engines.serving.spec import DeployAsk, parse_ask, spec_text
 from cmemu.emulator.engines.serving.stats import summarize
+from cmemu.emulator.engines.serving.usage import UsageMeter
 from cmemu.emulator.model.errors import (
     EmulatorError,
     NotFoundError,
@@ -46,7 +47,7 @@ from cmemu.emulator.model.serving.pdpolicy import live_options, unit_rates
 from cmemu.emulator.model.topology import Topology
 
 log = structlog.get_logger("cmemu.router")
-REASON_DOWN = "ROUTER_DOWN"  # a killed router, as the manager of this process meets it
+REASON_DOWN = "ROUTER_DOWN"  # a killed router, as its callers in this process meet it
 
 
 class ServingEngine:
@@ -86,8 +87,9 @@ class ServingEngine:
         self._watchers: dict[str, asyncio.Task[None]] = {}  # live dynamic PD's deciding loops
         self._pds: dict[str, LivePd] = {}
         self._closed = asyncio.Event()
-        # its service down, as the manager of this process meets it (engines/outage.py)
-        self.outage = Outage("router", REASON_DOWN)
+        # its service down, as the manager and the day plans of this process meet it
+        self.outage = Outage("router", REASON_DOWN)  # (engines/outage.py)
+        self.usage = UsageMeter()  # the OpenAI endpoint charges it, GetUsage reads it
 
     def publish(self, event: str, **detail: object) -> None:
         if self.events is not None:

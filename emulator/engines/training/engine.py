@@ -11,6 +11,7 @@ import contextlib
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.deadline import EmulatedDeadline
 from cmemu.emulator.engines.events import EventSink
+from cmemu.emulator.engines.outage import Outage
 from cmemu.emulator.engines.tasks import TaskOwner
 from cmemu.emulator.engines.training.live import Endpoints, LiveJob
 from cmemu.emulator.engines.training.runner import JobRunner
@@ -24,6 +25,8 @@ from cmemu.emulator.model.errors import (
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.training.job import ENDED, JobProgress
 from cmemu.emulator.model.training.spec import TrainingSpec, shape_of
+
+REASON_DOWN = "MANAGER_DOWN"  # a killed manager, as the day plans of this process meet it
 
 
 class TrainingEngine:
@@ -47,6 +50,9 @@ class TrainingEngine:
         self.jobs: dict[str, LiveJob] = {}
         self.tasks = TaskOwner("the training service is not running")
         self._runner_of: dict[str, asyncio.Task[None]] = {}  # each job name's latest runner
+        # the manager's service down (its server hosts the jobs' API), as the callers of this
+        # process meet it (engines/outage.py): the jobs run on, only their callers are cut off
+        self.outage = Outage("manager", REASON_DOWN)
 
     async def run(self) -> None:
         """Own the jobs' runners until close(): then they end where they are (their NPUs stay

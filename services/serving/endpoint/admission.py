@@ -60,8 +60,16 @@ class _Turns:
 
 class Admission:
     def __init__(
-        self, *, keys: Keys | None, clock: Clock, near_line_share: float, offline_share: float
+        self,
+        *,
+        meter: Meter,
+        keys: Keys | None,
+        clock: Clock,
+        near_line_share: float,
+        offline_share: float,
     ) -> None:
+        """`meter`: the router's (engines/serving/usage.py), for `keys`' tenants (or
+        OPEN_TENANT alone without keys)."""
         self.keys = keys
         self.clock = clock
         self.shares = {
@@ -69,7 +77,7 @@ class Admission:
             Priority.NEAR_LINE: near_line_share,
             Priority.OFFLINE: offline_share,
         }
-        self.meter = Meter(keys.tenants if keys is not None else (OPEN_TENANT,))
+        self.meter = meter
         self._turns: dict[str, _Turns] = {}
         self._changed = asyncio.Event()
         self.preempted = 0  # requests preempted to make room for a higher class
