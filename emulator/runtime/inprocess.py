@@ -66,7 +66,7 @@ async def _stop_servers(hosts: list[ServiceHost], grace_s: float) -> None:
     """Stop every server at once. grpc.aio's shutdown can end in a CancelledError of its own
     (it cancels its RPC tasks, then waits on them): that server is stopped all the same. A
     cancellation of this stop itself still raises, out of the gather."""
-    stopped = await asyncio.gather(*(h.server.stop(grace_s) for h in hosts), return_exceptions=True)
+    stopped = await asyncio.gather(*(h.stop_server(grace_s) for h in hosts), return_exceptions=True)
     for outcome in stopped:
         if isinstance(outcome, asyncio.CancelledError):
             log.debug("server stop ended by its own cancelled tasks")
@@ -139,6 +139,11 @@ class InProcessSupernode:
     @property
     def ems(self) -> EmsState | None:
         return cast("EmsState | None", self.service_state(ServiceKind.EMS))
+
+    @property
+    def device_servers(self) -> dict[str, DeviceServer]:
+        """The hosted devices' servers by id (their health heard directly: webview/health.py)."""
+        return self._servers
 
     def service_state(self, kind: ServiceKind) -> ServiceState | None:
         """A hosted service's state (for tests and benchmarks that look inside)."""

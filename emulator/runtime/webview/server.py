@@ -5,7 +5,8 @@ busiest links, the L2 sub-planes) run only while some page holds `/events` open;
 taken with none open has their last values, and their `sources` say they idle.
 
 `WebView` is what a launcher opens: the collector and the server together, over the
-supernode's public interfaces (its topology and typed clients), in any launch mode. Plain HTTP
+supernode's public interfaces (its topology and typed clients), in any launch mode, but for the
+devices' health when their servers run in the launcher's process (webview/health.py). Plain HTTP
 on loopback by default: the page only reads (DESIGN principle 11).
 """
 
@@ -28,6 +29,7 @@ from cmemu.emulator.model.address import parse_address as parse_host_port
 from cmemu.emulator.model.errors import InvalidArgumentError, bind_error
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from cmemu.emulator.runtime.webview.collector import Collector, Rates
+from cmemu.emulator.runtime.webview.health import HealthSource
 from cmemu.emulator.runtime.webview.snapshot import Json, Machine
 
 log = structlog.get_logger("cmemu.webview")
@@ -97,12 +99,17 @@ class WebView:
         rates: Rates | None = None,
         ssl_context: ssl.SSLContext | None = None,
         mqtt_login: Mapping[str, str] | None = None,
+        health: HealthSource | None = None,
     ) -> None:
+        """`health`: where the devices' health comes from (webview/health.py); by default a
+        Watch stream per device, as from any other process."""
         self.host, self.port = parse_address(address)
         self._ssl = ssl_context  # HTTPS with the gRPC servers' certificate when they use TLS
         self.idle_s = profile.limits.http_idle_s  # a silent connection is closed after this
         self.machine = Machine(clients.topology, profile)
-        self.collector = Collector(self.machine, clients, rates=rates, mqtt_login=mqtt_login)
+        self.collector = Collector(
+            self.machine, clients, rates=rates, mqtt_login=mqtt_login, health=health
+        )
         self._runner: web.AppRunner | None = None
         self._streams: set[_Stream] = set()
         self._static: dict[str, bytes] = {}

@@ -1,0 +1,128 @@
+"""The web view's health feed from either source (emulator/runtime/webview/health.py): in one
+process the servers' own health state, heard directly (no Watch stream, no socket: issue 18's
+624 of them held the first transfers' replies late after a cm384 boot); from other processes a
+Watch stream per device. Both must show the same story on /api/snapshot: a device-down
+NOT_SERVING with its reason, a crash UNREACHABLE, both SERVING again once cleared and counted
+as recoveries, while a hang and a die down leave the server's health as it was."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from cmemu.emulator.client import faults, h2async
+from cmemu.emulator.runtime.instance import view_health
+from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.runtime.webview import WebView
+from cmemu.emulator.runtime.webview.health import LOCAL, WIRE, LocalHealth
+from cmemu.emulator.runtime.webview.snapshot import Json
+from cmemu.emulator.testing import running_supernode
+from cmemu.services.host import ServiceHost
+
+WAIT_S = 30.0  # a generous bound for what must come (never a timing assertion)
+MISSED_S = 2.0  # the must-fail twin: how long it waits for what never comes
+DOWN, HUNG, DIE, CRASHED = "n00-npu1", "n00-npu2", "n00-npu3", "n01-npu4"
+
+
+@pytest.fixture
+def watches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every address a Watch stream is opened to (h2async.watch, the wire source's socket)."""
+    opened: list[str] = []
+    real = h2async.watch
+
+    def counted(address: str, *args: Any, **kwargs: Any) -> AsyncGenerator[int, None]:
+        opened.append(address)
+        return real(address, *args, **kwargs)
+
+    monkeypatch.setattr(h2async, "watch", counted)
+    return opened
+
+
+async def _until(view: WebView, ok: Callable[[Json], bool], wait_s: float) -> Json:
+    """The snapshot once `ok` holds of it; AssertionError with the last one if it never does."""
+    doc: Json = {}
+    async with aiohttp.ClientSession() as session:
+        try:
+            async with asyncio.timeout(wait_s):
+                while True:
+                    async with session.get(view.url + "api/snapshot") as response:
+                        doc = await response.json()
+                    if ok(doc):
+                        return doc
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            shown = {d: doc.get("devices", {}).get(d) for d in (DOWN, HUNG, DIE, CRASHED)}
+            raise AssertionError(f"the view never showed it; it shows {shown}") from None
+
+
+def _health(doc: Json, device: str) -> str:
+    health: str = doc["devices"][device]["health"]
+    return health
+
+
+async def _story(sn: Supernode, view: WebView, *, wait_s: float = WAIT_S) -> Json:
+    """Faults through the public API, each seen on /api/snapshot; the last snapshot."""
+    clients = sn.clients
+    every = [d.id for d in sn.topology.devices]
+    await _until(view, lambda doc: all(_health(doc, d) == "SERVING" for d in every), wait_s)
+    hang = await faults.inject(clients, "hang", HUNG)
+    die = await faults.inject(clients, "die-down", DIE, {"die": 1})
+    down = await faults.inject(clients, "device-down", DOWN, {"reason": "pulled"})
+    doc = await _until(view, lambda doc: _health(doc, DOWN) == "NOT_SERVING", wait_s)
+    await _until(view, lambda doc: doc["devices"][DOWN].get("reason") == "pulled", wait_s)
+    crash = await faults.inject(clients, "crash", CRASHED)
+    doc = await _until(view, lambda doc: _health(doc, CRASHED) == "UNREACHABLE", wait_s)
+    # what came after the hang and the die-down is shown: they changed nothing of the health
+    assert _health(doc, HUNG) == _health(doc, DIE) == "SERVING"
+    assert doc["recovery"]["down_now"] == 2
+    for fault in (crash, down, hang, die):
+        await faults.clear(clients, fault.id)
+    doc = await _until(
+        view, lambda doc: all(_health(doc, d) == "SERVING" for d in (DOWN, CRASHED)), wait_s
+    )
+    assert doc["devices"][DOWN]["reason"] == ""
+    assert doc["recovery"]["down_now"] == 0
+    assert doc["recovery"]["recovered"] == 2
+    return doc
+
+
+async def test_in_process_the_view_hears_health_from_the_servers_without_a_socket(
+    watches: list[str],
+) -> None:
+    async with running_supernode("cm-mini") as sn:
+        source = view_health(sn)
+        assert isinstance(source, LocalHealth)
+        async with WebView(sn.clients, health=source) as view:
+            doc = await _story(sn, view)
+        assert doc["sources"]["health"] == LOCAL
+    assert watches == []
+
+
+async def test_over_the_wire_the_same_story_through_watch_streams(watches: list[str]) -> None:
+    """The twin: the servers seen as from another process (procs, compose), one Watch each."""
+    async with running_supernode("cm-mini") as sn:
+        elsewhere = dataclasses.replace(sn, inprocess=None, inprocesses=())
+        assert view_health(elsewhere) is None  # what a launcher of other processes gets
+        async with WebView(sn.clients) as view:
+            doc = await _story(sn, view)
+        assert doc["sources"]["health"] == WIRE
+    assert len(set(watches)) == len(sn.topology.devices)
+    assert len(watches) > len(sn.topology.devices)  # the crashed device's, again after it
+
+
+async def test_a_host_that_does_not_publish_its_health_leaves_the_view_blind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Must fail: the local source hears only what the hosts publish (their first health, on
+    listening, but no change after it), so the story is never seen."""
+    async with running_supernode("cm-mini") as sn:
+        monkeypatch.setattr(ServiceHost, "_tell", lambda self: None)
+        async with WebView(sn.clients, health=LocalHealth(sn.device_servers)) as view:
+            with pytest.raises(AssertionError, match="never showed"):
+                await _story(sn, view, wait_s=MISSED_S)
+            await faults.remove_all(sn.clients)
