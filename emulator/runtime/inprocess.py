@@ -119,7 +119,7 @@ class InProcessSupernode:
         self.drain_s = drain_s
         self.ready_timeout_s = ready_timeout_s
         self.devices: dict[str, DeviceEngine] = {}
-        self._servers: dict[str, DeviceServer] = {}
+        self.device_servers: dict[str, DeviceServer] = {}  # by id (the web view hears them)
         self._hosts: list[ServiceHost] = []
         self._peers: Peers | None = None
         self.metrics: MetricsServer | None = None  # this process's GET /metrics
@@ -139,11 +139,6 @@ class InProcessSupernode:
     @property
     def ems(self) -> EmsState | None:
         return cast("EmsState | None", self.service_state(ServiceKind.EMS))
-
-    @property
-    def device_servers(self) -> dict[str, DeviceServer]:
-        """The hosted devices' servers by id (their health heard directly: webview/health.py)."""
-        return self._servers
 
     def service_state(self, kind: ServiceKind) -> ServiceState | None:
         """A hosted service's state (for tests and benchmarks that look inside)."""
@@ -218,7 +213,7 @@ class InProcessSupernode:
         ]
         results = await asyncio.gather(
             *(h.start() for _, h in early),
-            *(server.start() for server in self._servers.values()),
+            *(server.start() for server in self.device_servers.values()),
             return_exceptions=True,
         )
         self._hosts += [h for _, h in early]
@@ -269,10 +264,10 @@ class InProcessSupernode:
             self.topology, self.hosted, profile=self.profile, keeper=keeper, peers=peers,
             events=self.events, process=self.process,
         )  # fmt: skip
-        self.devices, self._servers, self.liveness = made.engines, made.servers, made.liveness
+        self.devices, self.device_servers, self.liveness = made.engines, made.servers, made.liveness
         self._siblings = made.siblings
         self._siblings.services = LocalServices(self)  # service-kill and -hang go through them
-        self._hosts = [x.host for x in self._servers.values()]
+        self._hosts = [x.host for x in self.device_servers.values()]
 
     def _make_services(self, keeper: TimeKeeper, peers: Peers) -> dict[ServiceKind, ServiceContext]:
         """The hosted supernode-wide services, in start order (runtime/registry.py)."""
@@ -336,7 +331,7 @@ class InProcessSupernode:
         if self._siblings is not None:  # no fault timer restarts a server from here on
             device_faults.close(self._siblings)
             self._siblings = None
-        for server in self._servers.values():
+        for server in self.device_servers.values():
             server.close()
         if self.metrics is not None:
             await self.metrics.close()
@@ -344,7 +339,7 @@ class InProcessSupernode:
         if self._hosts:
             self._announce("health", status="NOT_SERVING")
         hosts, self._hosts = self._hosts, []
-        self.devices, self._servers = {}, {}
+        self.devices, self.device_servers = {}, {}
         if hosts:
             await asyncio.gather(*(h.set_serving(False) for h in hosts))
             await asyncio.sleep(self.drain_s)
