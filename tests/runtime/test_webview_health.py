@@ -10,18 +10,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncGenerator, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from cmemu.emulator.client import faults, h2async
+from cmemu.emulator.model.addressplans import PortPlan
+from cmemu.emulator.runtime import instance
 from cmemu.emulator.runtime.instance import view_health
-from cmemu.emulator.runtime.supernode import Supernode
+from cmemu.emulator.runtime.launchmodes import InProcess
+from cmemu.emulator.runtime.supernode import NO_BROKER, LaunchOptions, Supernode
 from cmemu.emulator.runtime.webview import WebView
 from cmemu.emulator.runtime.webview.health import LOCAL, WIRE, LocalHealth
 from cmemu.emulator.runtime.webview.snapshot import Json
-from cmemu.emulator.testing import running_supernode
+from cmemu.emulator.testing import MINI_PORTS, free_port_block, running_supernode
 from cmemu.services.host import ServiceHost
 
 WAIT_S = 30.0  # a generous bound for what must come (never a timing assertion)
@@ -126,3 +130,14 @@ async def test_a_host_that_does_not_publish_its_health_leaves_the_view_blind(
             with pytest.raises(AssertionError, match="never showed"):
                 await _story(sn, view, wait_s=MISSED_S)
             await faults.remove_all(sn.clients)
+
+
+async def test_cmemu_up_in_process_gives_its_view_the_local_source(tmp_path: Path) -> None:
+    """What `cmemu up` (instance.start) hands its web view in its default mode."""
+    plan = PortPlan(base_port=free_port_block(MINI_PORTS))
+    options = LaunchOptions(preset="cm-mini", mode=InProcess(plan=plan), broker=NO_BROKER)
+    async with instance.start(options, tmp_path / "s.json", ui="127.0.0.1:0") as hosted:
+        assert hosted.view is not None
+        assert isinstance(hosted.view.collector.health, LocalHealth)
+        doc = await _until(hosted.view, lambda doc: "health" in doc["sources"], WAIT_S)
+        assert doc["sources"]["health"] == LOCAL
