@@ -36,7 +36,7 @@ from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
 from cmemu.emulator.runtime.taskdump import print_tasks
 from cmemu.emulator.runtime.webview import NONE as UI_NONE
 from cmemu.emulator.runtime.webview import WebView
-from cmemu.emulator.runtime.webview.health import HealthSource, LocalHealth
+from cmemu.emulator.runtime.webview.sources import DeviceSource, LocalDevices
 
 __all__ = [
     "Attached",
@@ -45,7 +45,7 @@ __all__ = [
     "attach",
     "stale_removed",
     "start",
-    "view_health",
+    "view_source",
 ]
 
 WEBVIEW_STOP_S = 5.0  # its feeds, streams and HTTP server
@@ -193,7 +193,7 @@ async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
         profile=sn.options.profile,
         ssl_context=sn.security.server().ssl_context(),
         mqtt_login=sn.security.mqtt_login(),
-        health=view_health(sn),
+        source=view_source(sn),
     )
     await view.serve()  # its feeds start once the state file is written (start)
     try:
@@ -208,11 +208,11 @@ async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
             print(f"cmemu: the web view did not stop within {WEBVIEW_STOP_S:g} s", file=sys.stderr)
 
 
-def view_health(sn: Supernode) -> HealthSource | None:
-    """Where the web view hears the devices' health: from their servers directly when this
-    process hosts every one (in process), else (None) over a Watch stream each, as any other
+def view_source(sn: Supernode) -> DeviceSource | None:
+    """Where the web view hears the devices (health, telemetry): from their servers directly
+    when this process hosts every one (in process), else (None) over the network, as any other
     process would (procs, compose, Kubernetes)."""
-    local = LocalHealth(sn.device_servers)
+    local = LocalDevices(sn.device_servers)
     return local if local.covers([d.id for d in sn.clients.topology.devices]) else None
 
 

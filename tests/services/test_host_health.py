@@ -1,6 +1,6 @@
 """A server's health as listeners in its process hear it (services/host.py `watch_health`): what
 a Watch stream of it would carry, without one. The web view of an in-process supernode is built
-on it (emulator/runtime/webview/health.py)."""
+on it (emulator/runtime/webview/sources.py)."""
 
 from __future__ import annotations
 

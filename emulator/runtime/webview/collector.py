@@ -3,10 +3,10 @@ view works the same whether the servers run in this process, as processes or fro
 
 Feeds, each one named task (a failing feed says so in `sources` and retries; the others go on):
 - health: each device's health as its server sets it, pushed at once (which is how a fault turns
-  its die red within a fraction of a second), from a HealthSource (health.py): the servers' own
+  its die red within a fraction of a second), from a DeviceSource (sources.py): the servers' own
   state when they run in this process, else one grpc.health.v1 Watch stream per device;
-- telemetry: Device/GetTelemetry of every NPU in batches, one sweep every few seconds (at most
-  50 calls a second: cm384 sweeps every 7.7 s);
+- telemetry: every NPU's (Device/GetTelemetry, or its engine's in this process) in batches, one
+  sweep every few seconds (at most 50 a second: cm384 sweeps every 7.7 s);
 - links: Fabric/WatchLinkStats for the busiest links, and every few seconds the whole list for
   the L2 sub-planes (the period grows with the link count: one full list of cm384 costs the
   fabric about 0.15 s), both only while a page is open (a listener: `listen`), since nothing
@@ -34,7 +34,6 @@ import structlog
 
 from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.fabric import FabricClient
-from cmemu.emulator.client.remote import RemoteDevice
 from cmemu.emulator.client.router import RouterClient
 from cmemu.emulator.client.servingstats import ServingStats
 from cmemu.emulator.client.status import code_name, reply_of
@@ -44,7 +43,6 @@ from cmemu.emulator.model.faults.ids import FaultId
 from cmemu.emulator.model.naming import DeviceKind
 from cmemu.emulator.model.topology import ServiceKind, Topology
 from cmemu.emulator.runtime.events import parse_broker_url, subscriber, topic
-from cmemu.emulator.runtime.webview.health import HealthSource, WireHealth
 from cmemu.emulator.runtime.webview.snapshot import (
     SERVING,
     Json,
@@ -52,6 +50,7 @@ from cmemu.emulator.runtime.webview.snapshot import (
     Machine,
     plane_utilisation,
 )
+from cmemu.emulator.runtime.webview.sources import DeviceSource, WireDevices
 from cmemu.services.rpc import status_line
 from cmemu.v1 import fabric_pb2
 
@@ -90,14 +89,15 @@ class Collector:
         *,
         rates: Rates | None = None,
         mqtt_login: Mapping[str, str] | None = None,
-        health: HealthSource | None = None,
+        source: DeviceSource | None = None,
     ) -> None:
         self.machine = machine
         self.clients = clients
         self.mqtt_login = dict(mqtt_login or {})  # the broker's login, when it wants one
         self.rates = rates or Rates()
-        # the servers' own state when they run here (the launcher says), else Watch streams
-        self.health = health or WireHealth(clients, retry_s=self.rates.retry_s)
+        # the devices' health, fault states and telemetry: read directly when their servers
+        # run in this process (the launcher says), else over the network
+        self.source = source or WireDevices(clients, retry_s=self.rates.retry_s)
         self.topology: Topology = clients.topology
         self._listeners: set[Listener] = set()
         self._tasks: asyncio.TaskGroup | None = None
@@ -191,8 +191,8 @@ class Collector:
 
     async def _health(self) -> None:
         """Every device's health, as the source tells it."""
-        self.machine.set_source("health", self.health.kind)
-        await self.health.run([d.id for d in self.topology.devices], self._health_is)
+        self.machine.set_source("health", self.source.kind)
+        await self.source.run([d.id for d in self.topology.devices], self._health_is)
 
     def _health_is(self, device: str, health: str) -> None:
         before = self.machine.devices[device].get("health")
@@ -208,14 +208,11 @@ class Collector:
             task = self._tasks.create_task(self._fault_reason(device), name=f"reason-{device}")
             self._reasons[device] = task
 
-    def _device(self, device: str) -> RemoteDevice:
-        return RemoteDevice(self.clients.channel(device), self.clients.find(device))
-
     async def _fault_reason(self, device: str) -> None:
         """Why a device left SERVING, unless it is back by the answer (a task per device at a
         time: the health feed never waits for it)."""
         try:
-            state = await self.health.fault_state(device, deadline_s=self.rates.call_timeout_s)
+            state = await self.source.fault_state(device, deadline_s=self.rates.call_timeout_s)
         except EmulatorError:
             return  # it cannot say (crashed, hung): its health says enough
         except Exception:  # a bug here must not end the view's task group
@@ -241,7 +238,7 @@ class Collector:
 
     async def _one_telemetry(self, device: str) -> None:
         try:
-            t = await self._device(device).telemetry(deadline_s=self.rates.call_timeout_s)
+            t = await self.source.telemetry(device, deadline_s=self.rates.call_timeout_s)
         except EmulatorError:
             return  # its health says why
         self.machine.update_device(

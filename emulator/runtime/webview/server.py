@@ -6,7 +6,8 @@ taken with none open has their last values, and their `sources` say they idle.
 
 `WebView` is what a launcher opens: the collector and the server together, over the
 supernode's public interfaces (its topology and typed clients), in any launch mode, but for the
-devices' health when their servers run in the launcher's process (webview/health.py). Plain HTTP
+devices' health and telemetry when their servers run in the launcher's process
+(webview/sources.py). Plain HTTP
 on loopback by default: the page only reads (DESIGN principle 11).
 """
 
@@ -29,8 +30,8 @@ from cmemu.emulator.model.address import parse_address as parse_host_port
 from cmemu.emulator.model.errors import InvalidArgumentError, bind_error
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from cmemu.emulator.runtime.webview.collector import Collector, Rates
-from cmemu.emulator.runtime.webview.health import HealthSource
 from cmemu.emulator.runtime.webview.snapshot import Json, Machine
+from cmemu.emulator.runtime.webview.sources import DeviceSource
 
 log = structlog.get_logger("cmemu.webview")
 DEFAULT_HOST = "127.0.0.1"
@@ -99,16 +100,17 @@ class WebView:
         rates: Rates | None = None,
         ssl_context: ssl.SSLContext | None = None,
         mqtt_login: Mapping[str, str] | None = None,
-        health: HealthSource | None = None,
+        source: DeviceSource | None = None,
     ) -> None:
-        """`health`: where the devices' health comes from (webview/health.py); by default a
-        Watch stream per device, as from any other process."""
+        """`source`: where the devices' health and telemetry come from (webview/sources.py);
+        by default over the network (a Watch stream per device, calls), as from any other
+        process."""
         self.host, self.port = parse_address(address)
         self._ssl = ssl_context  # HTTPS with the gRPC servers' certificate when they use TLS
         self.idle_s = profile.limits.http_idle_s  # a silent connection is closed after this
         self.machine = Machine(clients.topology, profile)
         self.collector = Collector(
-            self.machine, clients, rates=rates, mqtt_login=mqtt_login, health=health
+            self.machine, clients, rates=rates, mqtt_login=mqtt_login, source=source
         )
         self._runner: web.AppRunner | None = None
         self._streams: set[_Stream] = set()

@@ -1,19 +1,23 @@
-"""Where the web view hears each device's health from: a `HealthSource`, in the collector's terms
-(a device id and a health name: SERVING, NOT_SERVING, UNREACHABLE, ...).
+"""Where the web view hears each device from: a `DeviceSource`, in the collector's terms (a device
+id; a health name: SERVING, NOT_SERVING, UNREACHABLE, ...; its fault state and telemetry).
 
-- `WireHealth`: one grpc.health.v1 Watch stream per device, as any client outside would (on a
-  bare socket each, h2async.watch, unless TLS: then its grpc.aio channel). What the view uses
-  when the servers run in other processes (procs, compose, Kubernetes).
-- `LocalHealth`: the servers' own health state (services/host.py `ServiceHost.watch_health`),
-  heard directly, when the servers run in this process (`cmemu up`'s default): no socket and no
-  HTTP/2 stream per device. cm384's 624 Watch streams, opened together after the boot on the
-  one event loop that also serves every device, held the first fabric transfers' replies 6-19%
-  past their time (issue 18). A peer in this process is called directly (issue 18 item 2).
+- `WireDevices`: as any client outside would: one grpc.health.v1 Watch stream per device (on a
+  bare socket each, h2async.watch, unless TLS: then its grpc.aio channel), Device/GetFaultState
+  and Device/GetTelemetry calls. What the view uses when the servers run in other processes
+  (procs, compose, Kubernetes).
+- `LocalDevices`: the servers' own state, read directly, when they run in this process (`cmemu
+  up`'s default): their health as they set it (services/host.py `ServiceHost.watch_health`),
+  their engines' fault state and telemetry; no socket, no HTTP/2 stream, no call per device.
+  cm384's 624 Watch streams, opened together after the boot on the one event loop that also
+  serves every device, held the first fabric transfers' replies 6-19% past their time, and the
+  telemetry sweep's first calls opened a channel per NPU beside them (issue 18; its item 2: a
+  peer in this process is called directly).
 
 Both say the same thing of the same events: a server's health as it sets it (NOT_SERVING on a
 fault, SERVING back), UNREACHABLE while no server answers (a crash, until the restart), and
 nothing new for a hang (the gate holds new calls; a stream already open, like the view's,
-hears no change) or a die down (a die's own health name, not the server's).
+hears no change) or a die down (a die's own health name, not the server's). A device whose
+server would not answer a call (crashed, hung) gives no fault state or telemetry either.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ from cmemu.emulator.client.h2probe import ProbeError
 from cmemu.emulator.client.health import UNREACHABLE, status_name
 from cmemu.emulator.client.remote import RemoteDevice
 from cmemu.emulator.client.status import error_from
-from cmemu.emulator.engines.device.engine import FaultState
-from cmemu.emulator.model.errors import EmulatorError
+from cmemu.emulator.engines.device.engine import DeviceEngine, FaultState, Telemetry
+from cmemu.emulator.model.errors import DeadlineExceededError, EmulatorError, UnavailableError
 from cmemu.services.kinds import DeviceServer
 
 Heard = Callable[[str, str], None]
@@ -43,8 +47,9 @@ LOCAL = "ok (in process)"  # the sources' "health" entry of each kind
 WIRE = "ok (Watch streams)"
 
 
-class HealthSource(Protocol):
-    """Each device's health, as it changes, for the web view's collector."""
+class DeviceSource(Protocol):
+    """Each device's health as it changes, and what the view asks of a device, for the web
+    view's collector."""
 
     @property
     def kind(self) -> str:
@@ -59,9 +64,13 @@ class HealthSource(Protocol):
         """Why a device is out of service (EmulatorError when it cannot say)."""
         ...
 
+    async def telemetry(self, device: str, *, deadline_s: float) -> Telemetry:
+        """A device's telemetry (EmulatorError when it cannot say)."""
+        ...
 
-class LocalHealth:
-    """The health of servers hosted in this process, heard from their hosts directly."""
+
+class LocalDevices:
+    """Devices whose servers this process hosts, read from the servers and engines directly."""
 
     def __init__(self, servers: Mapping[str, DeviceServer]) -> None:
         self.servers = servers
@@ -85,7 +94,21 @@ class LocalHealth:
                 stop()
 
     async def fault_state(self, device: str, *, deadline_s: float) -> FaultState:
-        return self.servers[device].engine.fault_state()
+        return self._answering(device).fault_state()
+
+    async def telemetry(self, device: str, *, deadline_s: float) -> Telemetry:
+        return self._answering(device).telemetry()
+
+    def _answering(self, device: str) -> DeviceEngine:
+        """The device's engine, as a call to its server would find it: UNAVAILABLE while no
+        server answers (crashed: a refused connection), DEADLINE_EXCEEDED while its gate holds
+        calls (hung: at once, where a call would wait out its deadline)."""
+        server = self.servers[device]
+        if server.host.served is None:
+            raise UnavailableError(f"{device} does not answer (its server is gone)", subject=device)
+        if not server.host.gate.answering.is_set():
+            raise DeadlineExceededError(f"{device} does not answer (hung)", subject=device)
+        return server.engine
 
 
 def _named(device: str, heard: Heard) -> Callable[[int | None], None]:
@@ -95,8 +118,8 @@ def _named(device: str, heard: Heard) -> Callable[[int | None], None]:
     return listener
 
 
-class WireHealth:
-    """One Watch stream per device over the network, each retried `retry_s` after it ends."""
+class WireDevices:
+    """Devices over the network: a Watch stream each (retried `retry_s` after it ends), calls."""
 
     def __init__(self, clients: Clients, *, retry_s: float = 1.0) -> None:
         self.clients = clients
@@ -144,6 +167,11 @@ class WireHealth:
             heard(device, UNREACHABLE)
             raise error_from(exc) from None
 
+    def _device(self, device: str) -> RemoteDevice:
+        return RemoteDevice(self.clients.channel(device), self.clients.find(device))
+
     async def fault_state(self, device: str, *, deadline_s: float) -> FaultState:
-        remote = RemoteDevice(self.clients.channel(device), self.clients.find(device))
-        return await remote.fault_state(deadline_s=deadline_s)
+        return await self._device(device).fault_state(deadline_s=deadline_s)
+
+    async def telemetry(self, device: str, *, deadline_s: float) -> Telemetry:
+        return await self._device(device).telemetry(deadline_s=deadline_s)
