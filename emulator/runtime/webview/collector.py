@@ -1,5 +1,8 @@
-"""Keeps the web view's `Machine` up to date from the supernode's public interfaces only, so the
-view works the same whether the servers run in this process, as processes or from compose.
+"""Keeps the web view's `Machine` up to date from the supernode's public interfaces, so the view
+works the same whether the servers run in this process, as processes or from compose; but the
+devices themselves (health, fault state, telemetry) come from a DeviceSource (sources.py), read
+directly when their servers run in this process (a socket and a call per device there only
+crowded the loop that serves them all).
 
 Feeds, each one named task (a failing feed says so in `sources` and retries; the others go on):
 - health: each device's health as its server sets it, pushed at once (which is how a fault turns
@@ -12,7 +15,7 @@ Feeds, each one named task (a failing feed says so in `sources` and retries; the
   fabric about 0.15 s), both only while a page is open (a listener: `listen`), since nothing
   else reads them and the full list was 14-20% of a cm384 server's CPU in bursts; meanwhile
   their `sources` say "idle" and /api/snapshot holds what the last page saw;
-- faults: Fabric/ListFaults, plus Device/GetFaultState of each device that leaves SERVING;
+- faults: Fabric/ListFaults, plus the fault state of each device that leaves SERVING;
 - serving: Router/GetStats when the topology has a router (tolerating its absence);
 - events: the MQTT event topics when a broker runs; otherwise the timeline is made of what the
   feeds above see change.
