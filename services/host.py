@@ -36,6 +36,9 @@ SERVER_OPTIONS = (("grpc.so_reuseport", 0), *SERVER_KEEPALIVE_OPTIONS)
 Register = Callable[[grpc.aio.Server], None]
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+HealthListener = Callable[[int | None], None]
+"""Hears a server's whole health ("" service) as a Watch would: SERVING, NOT_SERVING, or None
+when no server answers (stopped: crashed, or not restarted yet)."""
 
 
 def _is_ip(host: str) -> bool:
@@ -119,6 +122,10 @@ class ServiceHost:
         self.health = HealthServicer()
         self.gate = HangGate(DEVICE_MANAGEMENT)  # a `hang` fault closes it
         self.extra_health: list[str] = []  # more health names (an NPU's dies, "n00-npu3.d1")
+        self._status = NOT_SERVING  # the whole server's, as last set
+        self._answering = False  # started and not stopped
+        self._told: int | None = None  # what the listeners last heard
+        self._listeners: set[HealthListener] = set()
         self.secure(security)
 
     def secure(self, security: ServerSecurity) -> None:
@@ -140,8 +147,40 @@ class ServiceHost:
         """Every name whose health is set explicitly: "" (the whole server) and each service."""
         return ["", *self._services, *self.extra_health]
 
+    # --- health, as a Watch hears it, for listeners in this process ----------------------------
+
+    @property
+    def served(self) -> int | None:
+        """The whole server's health as a Watch of it would hear it now: None while no server
+        answers (before its start, after its stop)."""
+        return self._status if self._answering else None
+
+    def watch_health(self, listener: HealthListener) -> Callable[[], None]:
+        """Hear `served` now and at each change, on the event loop (call_soon: a listener never
+        runs inside, nor can fail, the fault that changed it); the returned call stops it.
+        What the web view of this process uses instead of a Watch stream over a socket per
+        device (issue 18: cm384's 624 of them crowded the loop after the boot)."""
+        self._listeners.add(listener)
+        asyncio.get_running_loop().call_soon(listener, self.served)
+        return lambda: self._listeners.discard(listener)
+
+    def _tell(self) -> None:
+        served = self.served
+        if served == self._told:
+            return
+        self._told = served
+        if self._listeners:
+            loop = asyncio.get_running_loop()
+            for listener in list(self._listeners):
+                loop.call_soon(listener, served)
+
+    # --- the server's life -----------------------------------------------------------------------
+
     async def start(self) -> None:
-        """Bind and start, every service NOT_SERVING until the device says otherwise."""
+        """Bind and start, every service NOT_SERVING until the device says otherwise. Listeners
+        hear the started server at that next set_serving (every starter makes one: a device's
+        show_health), as a Watch reconnecting after a restart hears what it serves by then, not
+        the NOT_SERVING it binds with."""
         self.security.check_bind(self.name, self.address)
         await self.set_serving(False)
         await _resolve(self.name, self.address)
@@ -152,12 +191,22 @@ class ServiceHost:
         if port == 0:
             raise AddressInUseError(self.name, self.address)
         await self.server.start()
+        self._answering = True
 
     async def set_serving(self, serving: bool) -> None:
         status = SERVING if serving else NOT_SERVING
         for service in self.service_names:
             await self.health.set(service, status)
+        self._status = status
+        self._tell()
+
+    async def stop_server(self, grace_s: float) -> None:
+        """The server stops (its port free; calls in flight get `grace_s`): listeners hear it
+        gone, as a Watch's connection ends."""
+        self._answering = False
+        self._tell()
+        await self.server.stop(grace_s)
 
     async def stop(self, grace_s: float) -> None:
         await self.set_serving(False)
-        await self.server.stop(grace_s)
+        await self.stop_server(grace_s)

@@ -81,7 +81,7 @@ class DeviceServer:
             self._stops.add(task)
             task.add_done_callback(self._stops.discard)
         else:
-            await self.host.server.stop(0)
+            await self.host.stop_server(0)
 
     async def _stop_later(self, answer: asyncio.Event | None) -> None:
         if answer is not None:
@@ -89,13 +89,13 @@ class DeviceServer:
                 async with asyncio.timeout(SELF_STOP_WAIT_S):
                     await answer.wait()
         await asyncio.sleep(SELF_STOP_DELAY_S)
-        await self.host.server.stop(0)
+        await self.host.stop_server(0)
 
     async def restart(self) -> None:
         for task in list(self._stops):  # a self-crash's deferred stop, still pending, would
             task.cancel()  # stop the new server
         with contextlib.suppress(Exception):
-            await self.host.server.stop(0)
+            await self.host.stop_server(0)
         self.host.secure(self.host.security)  # a stopped grpc server cannot start again
         await self.host.start()
 

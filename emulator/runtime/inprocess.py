@@ -66,7 +66,7 @@ async def _stop_servers(hosts: list[ServiceHost], grace_s: float) -> None:
     """Stop every server at once. grpc.aio's shutdown can end in a CancelledError of its own
     (it cancels its RPC tasks, then waits on them): that server is stopped all the same. A
     cancellation of this stop itself still raises, out of the gather."""
-    stopped = await asyncio.gather(*(h.server.stop(grace_s) for h in hosts), return_exceptions=True)
+    stopped = await asyncio.gather(*(h.stop_server(grace_s) for h in hosts), return_exceptions=True)
     for outcome in stopped:
         if isinstance(outcome, asyncio.CancelledError):
             log.debug("server stop ended by its own cancelled tasks")
@@ -119,7 +119,7 @@ class InProcessSupernode:
         self.drain_s = drain_s
         self.ready_timeout_s = ready_timeout_s
         self.devices: dict[str, DeviceEngine] = {}
-        self._servers: dict[str, DeviceServer] = {}
+        self.device_servers: dict[str, DeviceServer] = {}  # by id (the web view hears them)
         self._hosts: list[ServiceHost] = []
         self._peers: Peers | None = None
         self.metrics: MetricsServer | None = None  # this process's GET /metrics
@@ -213,7 +213,7 @@ class InProcessSupernode:
         ]
         results = await asyncio.gather(
             *(h.start() for _, h in early),
-            *(server.start() for server in self._servers.values()),
+            *(server.start() for server in self.device_servers.values()),
             return_exceptions=True,
         )
         self._hosts += [h for _, h in early]
@@ -264,10 +264,10 @@ class InProcessSupernode:
             self.topology, self.hosted, profile=self.profile, keeper=keeper, peers=peers,
             events=self.events, process=self.process,
         )  # fmt: skip
-        self.devices, self._servers, self.liveness = made.engines, made.servers, made.liveness
+        self.devices, self.device_servers, self.liveness = made.engines, made.servers, made.liveness
         self._siblings = made.siblings
         self._siblings.services = LocalServices(self)  # service-kill and -hang go through them
-        self._hosts = [x.host for x in self._servers.values()]
+        self._hosts = [x.host for x in self.device_servers.values()]
 
     def _make_services(self, keeper: TimeKeeper, peers: Peers) -> dict[ServiceKind, ServiceContext]:
         """The hosted supernode-wide services, in start order (runtime/registry.py)."""
@@ -331,7 +331,7 @@ class InProcessSupernode:
         if self._siblings is not None:  # no fault timer restarts a server from here on
             device_faults.close(self._siblings)
             self._siblings = None
-        for server in self._servers.values():
+        for server in self.device_servers.values():
             server.close()
         if self.metrics is not None:
             await self.metrics.close()
@@ -339,7 +339,7 @@ class InProcessSupernode:
         if self._hosts:
             self._announce("health", status="NOT_SERVING")
         hosts, self._hosts = self._hosts, []
-        self.devices, self._servers = {}, {}
+        self.devices, self.device_servers = {}, {}
         if hosts:
             await asyncio.gather(*(h.set_serving(False) for h in hosts))
             await asyncio.sleep(self.drain_s)

@@ -36,8 +36,17 @@ from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
 from cmemu.emulator.runtime.taskdump import print_tasks
 from cmemu.emulator.runtime.webview import NONE as UI_NONE
 from cmemu.emulator.runtime.webview import WebView
+from cmemu.emulator.runtime.webview.sources import DeviceSource, LocalDevices
 
-__all__ = ["Attached", "Hosted", "StaleInstanceError", "attach", "stale_removed", "start"]
+__all__ = [
+    "Attached",
+    "Hosted",
+    "StaleInstanceError",
+    "attach",
+    "stale_removed",
+    "start",
+    "view_source",
+]
 
 WEBVIEW_STOP_S = 5.0  # its feeds, streams and HTTP server
 STOP_REPORT_S = 20.0  # a stop still going after the drain and this long says what it waits for
@@ -184,6 +193,7 @@ async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
         profile=sn.options.profile,
         ssl_context=sn.security.server().ssl_context(),
         mqtt_login=sn.security.mqtt_login(),
+        source=view_source(sn),
     )
     await view.serve()  # its feeds start once the state file is written (start)
     try:
@@ -196,6 +206,14 @@ async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
                 await view.__aexit__(None, None, None)
         except TimeoutError:
             print(f"cmemu: the web view did not stop within {WEBVIEW_STOP_S:g} s", file=sys.stderr)
+
+
+def view_source(sn: Supernode) -> DeviceSource | None:
+    """Where the web view hears the devices (health, telemetry): from their servers directly
+    when this process hosts every one (in process), else (None) over the network, as any other
+    process would (procs, compose, Kubernetes)."""
+    local = LocalDevices(sn.device_servers)
+    return local if local.covers([d.id for d in sn.clients.topology.devices]) else None
 
 
 def _report_slow_stop() -> None:

@@ -53,6 +53,7 @@ from cmemu.emulator.runtime.launchoptions import (
 from cmemu.emulator.runtime.procs import Running, Supervisor
 from cmemu.emulator.runtime.security import NONE as NO_SECURITY
 from cmemu.emulator.runtime.security import Security
+from cmemu.services.kinds import DeviceServer
 
 M = TypeVar("M", bound=ModeOptions)
 
@@ -111,6 +112,12 @@ class Supernode:
         if not self.inprocesses:
             raise PreconditionError(f"the servers run in other processes ({self.mode})")
         return self.inprocesses[supernode]
+
+    @property
+    def device_servers(self) -> dict[str, DeviceServer]:
+        """Every device server this process hosts, of every supernode, by id (none but in
+        process)."""
+        return {d: s for local in self.inprocesses for d, s in local.device_servers.items()}
 
     @property
     def credentials(self) -> Credentials:

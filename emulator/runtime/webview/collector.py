@@ -1,18 +1,21 @@
-"""Keeps the web view's `Machine` up to date from the supernode's public interfaces only, so the
-view works the same whether the servers run in this process, as processes or from compose.
+"""Keeps the web view's `Machine` up to date from the supernode's public interfaces, so the view
+works the same whether the servers run in this process, as processes or from compose; but the
+devices themselves (health, fault state, telemetry) come from a DeviceSource (sources.py), read
+directly when their servers run in this process (a socket and a call per device there only
+crowded the loop that serves them all).
 
 Feeds, each one named task (a failing feed says so in `sources` and retries; the others go on):
-- health: one grpc.health.v1 Watch stream per device (on a bare socket, h2async.watch, unless
-  TLS); a change is pushed at once, which is how a fault turns its die red within a fraction of
-  a second;
-- telemetry: Device/GetTelemetry of every NPU in batches, one sweep every few seconds (at most
-  50 calls a second: cm384 sweeps every 7.7 s);
+- health: each device's health as its server sets it, pushed at once (which is how a fault turns
+  its die red within a fraction of a second), from a DeviceSource (sources.py): the servers' own
+  state when they run in this process, else one grpc.health.v1 Watch stream per device;
+- telemetry: every NPU's (Device/GetTelemetry, or its engine's in this process) in batches, one
+  sweep every few seconds (at most 50 a second: cm384 sweeps every 7.7 s);
 - links: Fabric/WatchLinkStats for the busiest links, and every few seconds the whole list for
   the L2 sub-planes (the period grows with the link count: one full list of cm384 costs the
   fabric about 0.15 s), both only while a page is open (a listener: `listen`), since nothing
   else reads them and the full list was 14-20% of a cm384 server's CPU in bursts; meanwhile
   their `sources` say "idle" and /api/snapshot holds what the last page saw;
-- faults: Fabric/ListFaults, plus Device/GetFaultState of each device that leaves SERVING;
+- faults: Fabric/ListFaults, plus the fault state of each device that leaves SERVING;
 - serving: Router/GetStats when the topology has a router (tolerating its absence);
 - events: the MQTT event topics when a broker runs; otherwise the timeline is made of what the
   feeds above see change.
@@ -30,19 +33,13 @@ from types import TracebackType
 from typing import Any
 
 import aiomqtt
-import grpc
 import structlog
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cmemu.emulator.client import h2async
 from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.fabric import FabricClient
-from cmemu.emulator.client.h2probe import ProbeError
-from cmemu.emulator.client.health import UNREACHABLE, status_name
-from cmemu.emulator.client.remote import RemoteDevice
 from cmemu.emulator.client.router import RouterClient
 from cmemu.emulator.client.servingstats import ServingStats
-from cmemu.emulator.client.status import code_name, error_from, reply_of
+from cmemu.emulator.client.status import code_name, reply_of
 from cmemu.emulator.engines.fabric.types import LinkStat
 from cmemu.emulator.model.errors import EmulatorError
 from cmemu.emulator.model.faults.ids import FaultId
@@ -56,6 +53,7 @@ from cmemu.emulator.runtime.webview.snapshot import (
     Machine,
     plane_utilisation,
 )
+from cmemu.emulator.runtime.webview.sources import DeviceSource, WireDevices
 from cmemu.services.rpc import status_line
 from cmemu.v1 import fabric_pb2
 
@@ -94,11 +92,15 @@ class Collector:
         *,
         rates: Rates | None = None,
         mqtt_login: Mapping[str, str] | None = None,
+        source: DeviceSource | None = None,
     ) -> None:
         self.machine = machine
         self.clients = clients
         self.mqtt_login = dict(mqtt_login or {})  # the broker's login, when it wants one
         self.rates = rates or Rates()
+        # the devices' health, fault states and telemetry: read directly when their servers
+        # run in this process (the launcher says), else over the network
+        self.source = source or WireDevices(clients, retry_s=self.rates.retry_s)
         self.topology: Topology = clients.topology
         self._listeners: set[Listener] = set()
         self._tasks: asyncio.TaskGroup | None = None
@@ -106,6 +108,7 @@ class Collector:
         self._closing = False
         self._urgent = asyncio.Event()  # a health change: publish now, not at the next tick
         self._watched = asyncio.Event()  # some page listens: the link feeds run (_page_open)
+        self._reasons: dict[str, asyncio.Task[None]] = {}  # a fault state asked, by device
 
     def listen(self, listener: Listener) -> Callable[[], None]:
         """Hear every diff from now on; the returned call stops it."""
@@ -132,11 +135,8 @@ class Collector:
     async def __aenter__(self) -> Collector:
         tasks = self._tasks = asyncio.TaskGroup()
         await tasks.__aenter__()
-        for device in self.topology.devices:
-            self._running.append(
-                tasks.create_task(self._feed("health", self._health, device.id), name=device.id)
-            )
         feeds: dict[str, Callable[[], Awaitable[None]]] = {
+            "health": self._health,
             "telemetry": self._telemetry,
             "links": self._links,
             "planes": self._planes,
@@ -164,24 +164,23 @@ class Collector:
             return
         running, self._running = self._running, []
         self._closing = True
-        for task in running:
+        for task in [*running, *self._reasons.values()]:
             task.cancel()
         await tasks.__aexit__(None, None, None)
 
     # --- the loop around every feed ------------------------------------------------------------
 
-    async def _feed(self, name: str, feed: Callable[..., Awaitable[None]], *args: str) -> None:
+    async def _feed(self, name: str, feed: Callable[[], Awaitable[None]]) -> None:
         """Run a feed until the view closes: a failure is reported in `sources` and retried
         after a pause. The close's cancellation can reach a feed as an error of its call (grpc
         reports a call cancelled under it as CANCELLED), which must not be retried: the view's
         stop would wait for it for ever."""
         while not self._closing:
             try:
-                await feed(*args)
+                await feed()
             except (EmulatorError, aiomqtt.MqttError, OSError) as exc:
-                if name != "health":  # a device's own failure shows as its die's colour
-                    self.machine.set_source(name, status_line(exc))
-                    log.debug("webview feed failed", feed=name, error=status_line(exc))
+                self.machine.set_source(name, status_line(exc))
+                log.debug("webview feed failed", feed=name, error=status_line(exc))
             except Exception as exc:  # a bug in one feed must not blind the view to the rest
                 self.machine.set_source(name, status_line(exc))
                 log.exception("webview feed crashed", feed=name)
@@ -193,29 +192,12 @@ class Collector:
 
     # --- feeds ---------------------------------------------------------------------------------
 
-    async def _health(self, device: str) -> None:
-        """Watch one device's health. Plaintext devices are watched on a bare socket each
-        (h2async.watch: no grpc.aio channel per device, cm384's 624 of them were 0.3-0.5 s of
-        CPU and about 30 MB at every launch); TLS ones through their grpc.aio channel."""
-        if self.clients.credentials.ca_pem is None:
-            address = self.clients.find(device).address
-            try:
-                async with contextlib.aclosing(h2async.watch(address)) as statuses:
-                    async for status in statuses:
-                        name = h2async.STATUS_NAMES.get(status, str(status))
-                        await self._health_is(device, name)
-            except (OSError, ProbeError):
-                await self._health_is(device, UNREACHABLE)
-            return
-        stub = health_pb2_grpc.HealthStub(self.clients.channel(device))
-        try:
-            async for reply in stub.Watch(health_pb2.HealthCheckRequest(service="")):
-                await self._health_is(device, status_name(reply.status))
-        except grpc.aio.AioRpcError as exc:
-            await self._health_is(device, UNREACHABLE)
-            raise error_from(exc) from None
+    async def _health(self) -> None:
+        """Every device's health, as the source tells it."""
+        self.machine.set_source("health", self.source.kind)
+        await self.source.run([d.id for d in self.topology.devices], self._health_is)
 
-    async def _health_is(self, device: str, health: str) -> None:
+    def _health_is(self, device: str, health: str) -> None:
         before = self.machine.devices[device].get("health")
         if before == health:
             return
@@ -223,17 +205,25 @@ class Collector:
         self._urgent.set()
         if before != "UNKNOWN" and not self.topology.broker:
             self.machine.event(device, "health", health)
-        if health != SERVING:
-            await self._fault_reason(device)
-        else:
+        if health == SERVING:
             self.machine.update_device(device, reason="")
-
-    def _device(self, device: str) -> RemoteDevice:
-        return RemoteDevice(self.clients.channel(device), self.clients.find(device))
+        elif device not in self._reasons and self._tasks is not None and not self._closing:
+            task = self._tasks.create_task(self._fault_reason(device), name=f"reason-{device}")
+            self._reasons[device] = task
 
     async def _fault_reason(self, device: str) -> None:
-        with contextlib.suppress(EmulatorError):
-            state = await self._device(device).fault_state(deadline_s=self.rates.call_timeout_s)
+        """Why a device left SERVING, unless it is back by the answer (a task per device at a
+        time: the health feed never waits for it)."""
+        try:
+            state = await self.source.fault_state(device, deadline_s=self.rates.call_timeout_s)
+        except EmulatorError:
+            return  # it cannot say (crashed, hung): its health says enough
+        except Exception:  # a bug here must not end the view's task group
+            log.exception("webview fault state failed", device=device)
+            return
+        finally:
+            self._reasons.pop(device, None)
+        if self.machine.devices[device].get("health") != SERVING:
             self.machine.update_device(device, reason=state.reason if state.faulted else "")
 
     async def _telemetry(self) -> None:
@@ -251,7 +241,7 @@ class Collector:
 
     async def _one_telemetry(self, device: str) -> None:
         try:
-            t = await self._device(device).telemetry(deadline_s=self.rates.call_timeout_s)
+            t = await self.source.telemetry(device, deadline_s=self.rates.call_timeout_s)
         except EmulatorError:
             return  # its health says why
         self.machine.update_device(

@@ -5,7 +5,9 @@ busiest links, the L2 sub-planes) run only while some page holds `/events` open;
 taken with none open has their last values, and their `sources` say they idle.
 
 `WebView` is what a launcher opens: the collector and the server together, over the
-supernode's public interfaces (its topology and typed clients), in any launch mode. Plain HTTP
+supernode's public interfaces (its topology and typed clients), in any launch mode, but for the
+devices' health and telemetry when their servers run in the launcher's process
+(webview/sources.py). Plain HTTP
 on loopback by default: the page only reads (DESIGN principle 11).
 """
 
@@ -29,6 +31,7 @@ from cmemu.emulator.model.errors import InvalidArgumentError, bind_error
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from cmemu.emulator.runtime.webview.collector import Collector, Rates
 from cmemu.emulator.runtime.webview.snapshot import Json, Machine
+from cmemu.emulator.runtime.webview.sources import DeviceSource
 
 log = structlog.get_logger("cmemu.webview")
 DEFAULT_HOST = "127.0.0.1"
@@ -97,12 +100,18 @@ class WebView:
         rates: Rates | None = None,
         ssl_context: ssl.SSLContext | None = None,
         mqtt_login: Mapping[str, str] | None = None,
+        source: DeviceSource | None = None,
     ) -> None:
+        """`source`: where the devices' health and telemetry come from (webview/sources.py);
+        by default over the network (a Watch stream per device, calls), as from any other
+        process."""
         self.host, self.port = parse_address(address)
         self._ssl = ssl_context  # HTTPS with the gRPC servers' certificate when they use TLS
         self.idle_s = profile.limits.http_idle_s  # a silent connection is closed after this
         self.machine = Machine(clients.topology, profile)
-        self.collector = Collector(self.machine, clients, rates=rates, mqtt_login=mqtt_login)
+        self.collector = Collector(
+            self.machine, clients, rates=rates, mqtt_login=mqtt_login, source=source
+        )
         self._runner: web.AppRunner | None = None
         self._streams: set[_Stream] = set()
         self._static: dict[str, bytes] = {}

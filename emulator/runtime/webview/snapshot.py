@@ -107,7 +107,7 @@ def plane_utilisation(samples: Iterable[LinkSample], planes: Mapping[str, int]) 
 
 @dataclass(kw_only=True)
 class Recovery:
-    """How long devices stayed out of service, as the view saw it (health Watch transitions),
+    """How long devices stayed out of service, as the view saw it (health transitions),
     in emulated seconds."""
 
     time_scale: float
