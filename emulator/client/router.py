@@ -12,29 +12,15 @@ from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.deployments import Deployment, deployment
 from cmemu.emulator.client.servingstats import ServingStats, serving_stats
 from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.engines.serving.usage import TenantUse
 from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.topology import ServiceKind
 from cmemu.v1 import router_pb2, router_pb2_grpc
 
 
 @dataclass(frozen=True, kw_only=True)
-class TenantUsage:
-    """A tenant's sums of its responses' `usage` (see cmemu.v1.TenantUsage)."""
-
-    tenant: str
-    priority: str  # online | near-line | offline
-    requests: int
-    prompt_tokens: int
-    cached_tokens: int  # of the prompt tokens: found in the EMS prefix cache
-    completion_tokens: int
-    total_tokens: int
-    rejected: int  # refused by a rate limit or the quota (HTTP 429)
-    quota_tokens: int  # 0: no quota
-
-
-@dataclass(frozen=True, kw_only=True)
 class UsageReport:
-    tenants: tuple[TenantUsage, ...]
+    tenants: tuple[TenantUse, ...]
     at_ns: int  # the emulated instant of the report
 
 
@@ -110,7 +96,7 @@ class RouterClient:
         m = await reply_of(None, self._stub.GetUsage(request, timeout=self._timeout_s))
         return UsageReport(
             tenants=tuple(
-                TenantUsage(
+                TenantUse(
                     tenant=t.tenant,
                     priority=t.priority,
                     requests=t.requests,
