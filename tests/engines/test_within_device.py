@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from cmemu.emulator.engines.device.engine import DeviceEngine
-from cmemu.emulator.model.errors import PreconditionError
+from cmemu.emulator.engines.peers import LocalDevice
+from cmemu.emulator.model.errors import PreconditionError, UnavailableError
 from cmemu.emulator.model.ub import Op, Transaction
 from cmemu.emulator.runtime.inprocess import InProcessSupernode
 from cmemu.emulator.testing import running_supernode
@@ -94,3 +95,36 @@ async def test_an_atomic_or_a_transfer_between_devices_is_checked_then_applied(
     )
     await issuer.bus.submit(tx, None)
     assert asked == [True, False]
+
+
+@pytest.mark.parametrize("gate", ["open", "crashed", "hung"])
+async def test_an_allocation_through_an_open_gate_answers_at_its_first_step(
+    local: InProcessSupernode, gate: str
+) -> None:
+    """EMS's allocations and frees call a pool of this process directly through its open gate
+    (answered at the first step: the coroutine never suspends); the twins: a crashed pool
+    refuses as its server would (UNAVAILABLE, its id prefixed) and a hung one never answers."""
+    pool = local.devices["n00-mem"]
+    peer = LocalDevice(pool)
+    effects = pool.effects
+    try:
+        effects.crashed = gate == "crashed"
+        if gate == "hung":
+            effects.answering.clear()
+        call = peer.allocate(4096, "gate", deadline_s=None)
+        try:
+            call.send(None)
+        except StopIteration as answered:
+            region = answered.value
+            assert gate == "open" and region.size == 4096
+            freeing = peer.free(region.region_id, deadline_s=None)
+            with pytest.raises(StopIteration):
+                freeing.send(None)
+        except UnavailableError as exc:
+            assert gate == "crashed" and str(exc).startswith("n00-mem: ")
+        else:
+            assert gate == "hung"  # waiting at the gate
+            call.close()
+    finally:
+        effects.crashed = False
+        effects.answering.set()
