@@ -8,7 +8,9 @@ order of their due instants (the bound is one length and the clock does not run 
 only the oldest needs a timer. A call that ends is marked and leaves the queue once it reaches
 its head; the timer fires at the oldest running call's due instant, ends it as `asyncio.timeout`
 would (the body gets `TimeoutError`), and re-arms for the next. Steady traffic of calls that
-finish costs one timer per bound's length, not one per call.
+finish costs one timer per bound's length, not one per call. `run(call)` goes one step further:
+it takes the call's first step at once and enters the bound only if the call then waits, so a
+call that answers at once (a pool of this process) costs no entry at all.
 
 The bound is in emulated time, as EmulatedDeadline's: the timer is armed for the wall instant at
 which the clock's present rate reaches the due time, and when it fires it reads the clock and
