@@ -61,6 +61,21 @@ class FlowClock:
         self._wake()
         return await future
 
+    def ended_now(
+        self, resources: Incidence, cap: float, latency_s: float, nbytes: int, start_s: float
+    ) -> float | None:
+        """What run_flow would answer at once, asked without running the flow: the emulated
+        completion time of a flow that crosses nothing shared and has ended by now, else None
+        (then run_flow runs it). Nothing is counted: `count_ended` once the flow is applied."""
+        if resources or self._closing:
+            return None
+        end = self.live.alone_end(start_s, cap, float(nbytes), self.now_s())
+        return None if end is None else end + latency_s
+
+    def count_ended(self) -> None:
+        """A flow `ended_now` answered for has been applied: completed, as run_flow counts."""
+        self.live.completed += 1
+
     def _finish(self, finished: list[tuple[int, float]]) -> None:
         for flow_id, fluid_end_s in finished:
             future, latency_s = self._waiters.pop(flow_id)

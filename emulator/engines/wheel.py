@@ -8,7 +8,9 @@ order of their due instants (the bound is one length and the clock does not run 
 only the oldest needs a timer. A call that ends is marked and leaves the queue once it reaches
 its head; the timer fires at the oldest running call's due instant, ends it as `asyncio.timeout`
 would (the body gets `TimeoutError`), and re-arms for the next. Steady traffic of calls that
-finish costs one timer per bound's length, not one per call.
+finish costs one timer per bound's length, not one per call. `run(call)` goes one step further:
+it takes the call's first step at once and enters the bound only if the call then waits, so a
+call that answers at once (a pool of this process) costs no entry at all.
 
 The bound is in emulated time, as EmulatedDeadline's: the timer is armed for the wall instant at
 which the clock's present rate reaches the due time, and when it fires it reads the clock and
@@ -19,12 +21,16 @@ its authority's segment) at worst keeps a later call waiting behind an earlier o
 from __future__ import annotations
 
 import asyncio
+import types
 from collections import deque
+from collections.abc import Coroutine, Generator
 from types import TracebackType
+from typing import Any, TypeVar, cast
 
 from cmemu.emulator.engines.clock import REARM_WHILE_HELD_S
 from cmemu.emulator.model.clock import Clock
 
+T = TypeVar("T")
 _RUNNING, _DONE, _EXPIRED = 0, 1, 2
 
 
@@ -46,6 +52,20 @@ class DeadlineWheel:
 
     def bound(self) -> Bound:
         return Bound(self)
+
+    async def run(self, call: Coroutine[Any, Any, T]) -> T:
+        """`call` under this bound, its first step taken at once: a call that answers at its
+        first step (a device of this process whose gate is open: an allocation, or a copy within
+        a pool that has ended) never suspended, so no bound could have ended it, and it enters
+        none (no Bound, no clock reading, nothing queued). One that waits (a hung or slowed
+        device, a flow in flight, a call over gRPC) enters the bound where it starts waiting,
+        the microseconds of its first step later, and is ended as `bound()` ends its body."""
+        try:
+            waiting = call.send(None)
+        except StopIteration as answered:
+            return cast(T, answered.value)
+        with self.bound():
+            return cast(T, await _resumed(call, waiting))
 
     @property
     def pending(self) -> int:
@@ -87,6 +107,25 @@ class DeadlineWheel:
                 head.state = _EXPIRED
                 head.task.cancel()  # suspended in its body: the wheel runs between its steps
             queue.popleft()
+
+
+@types.coroutine
+def _resumed(call: Coroutine[Any, Any, Any], waiting: Any) -> Generator[Any, None, Any]:
+    """`call` awaited on from its first step, which yielded `waiting` (the future it waits for)
+    outside any task's step: handed to the task now, as if the task had taken that step. A task
+    resumes a coroutine with send(None), or throws in its cancellation: both go on to `call`."""
+    try:
+        yield waiting
+    except GeneratorExit:
+        call.close()
+        raise
+    except BaseException as exc:  # a cancellation (the wheel's own, or any other)
+        try:
+            waiting = call.throw(exc)
+        except StopIteration as answered:
+            return answered.value
+        return (yield from _resumed(call, waiting))
+    return (yield from call)
 
 
 class Bound:

@@ -324,14 +324,19 @@ class LiveFlows:
         its ceiling whatever else is in flight (see add), from where add would start it."""
         if not math.isfinite(cap):
             raise UnavailableError("a flow crosses no resource and has no ceiling")
-        if cap <= 0:
+        end = self.alone_end(start_s, cap, nbytes, now_s)
+        if end is not None:
+            self.completed += 1
+        return end
+
+    def alone_end(self, start_s: float, cap: float, nbytes: float, now_s: float) -> float | None:
+        """`ended_alone`'s answer, asked and not counted (None too for a flow with no ceiling:
+        ended_alone refuses it): for a caller that counts it once the flow is applied."""
+        if not 0 < cap < math.inf:
             return None
         start = max(start_s, self.now_s) if self.flows else start_s
         end = start + nbytes / cap if nbytes > 0 else start
-        if end > now_s:
-            return None
-        self.completed += 1
-        return end
+        return None if end > now_s else end
 
     def set_capacities(
         self, res_cap: FloatArray, now_s: float

@@ -149,3 +149,78 @@ async def test_a_wall_floor_holds_a_bound_a_fast_clock_would_end_at_once(floor_s
     assert done and isinstance(task.exception(), TimeoutError)
     assert loop.time() - started >= floor_s
     assert wheel.pending == 0
+
+
+# --- run(): the first step taken at once, the bound entered only by a call that waits --------
+
+
+@pytest.mark.parametrize("waits", [False, True])
+async def test_run_enters_the_bound_only_for_a_call_that_waits(waits: bool) -> None:
+    """A call that answers at its first step (a pool of this process) arms no timer and queues
+    nothing; its twin, which waits one loop round, is queued under the bound while it waits."""
+    wheel = DeadlineWheel(Clock(time_scale=10.0), 5.0)
+
+    async def call() -> int:
+        if waits:
+            await asyncio.sleep(0)
+        return wheel.pending
+
+    assert await wheel.run(call()) == (1 if waits else 0)
+    assert wheel.pending == 0
+    assert (wheel._handle is not None) is waits  # the twin armed the timer
+
+
+@pytest.mark.parametrize("hung", [True, False])
+async def test_run_ends_a_call_that_hangs_after_its_first_step(hung: bool) -> None:
+    """The first step outside the bound must not take the call out of it: a call that hangs
+    is ended once its emulated seconds have passed; its twin, answered a round later, is not."""
+    clock = Clock(time_scale=10.0)
+    wheel = DeadlineWheel(clock, 5.0)
+    event = asyncio.Event()
+    if not hung:
+        asyncio.get_running_loop().call_soon(event.set)
+
+    async def call() -> str:
+        await event.wait()
+        return "answered"
+
+    task = asyncio.create_task(wheel.run(call()))
+    done, _ = await asyncio.wait({task}, timeout=60)  # a bound on a broken wheel, not a timing
+    assert done
+    if hung:
+        assert isinstance(task.exception(), TimeoutError)
+        assert clock.now_ns() >= 5_000_000_000
+    else:
+        assert task.result() == "answered"
+    assert wheel.pending == 0
+
+
+@pytest.mark.parametrize("own", [True, False])
+async def test_run_passes_on_errors_and_only_its_own_cancellation_is_a_timeout(own: bool) -> None:
+    """An error of the first step is the call's own; a caller's cancellation of a waiting call
+    reaches it (its cleanup runs) and stays a CancelledError; the wheel's is a TimeoutError."""
+    wheel = DeadlineWheel(Clock(time_scale=1000.0), 1.0 if own else 3600.0)
+    cleaned = []
+
+    async def refused() -> None:
+        raise ValueError("refused")
+
+    async def hang() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append(True)
+
+    with pytest.raises(ValueError, match="refused"):
+        await wheel.run(refused())
+    task = asyncio.create_task(wheel.run(hang()))
+    if not own:
+        await asyncio.sleep(0.01)
+        task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=60)  # a bound on a broken wheel, not a timing
+    assert done
+    if own:
+        assert isinstance(task.exception(), TimeoutError)
+    else:
+        assert task.cancelled()
+    assert cleaned == [True] and wheel.pending == 0

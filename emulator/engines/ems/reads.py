@@ -113,7 +113,8 @@ class Reads:
                 subject=key,
                 reason="OBJECT_TOO_LARGE_FOR_GET",
             )
-        data = b"".join([piece async for piece in reading.chunks()])
+        source = reading.source  # chunks() without its own generator round per piece
+        data = b"".join([piece async for piece in source]) if source is not None else b""
         return Fetched(
             meta=meta,
             data=data,

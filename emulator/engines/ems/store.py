@@ -8,7 +8,7 @@ other modules of this package) each take this, not each other's internals.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -142,22 +142,22 @@ class Store:
 
     # --- device access -------------------------------------------------------------------------
 
-    async def _within(self, device: Device, call: Awaitable[T], emulated_s: float) -> T:
+    async def _within(self, device: Device, call: Coroutine[Any, Any, T], emulated_s: float) -> T:
         """A call to a device's peer, bounded in emulated time (see engines/deadline.py: a bound
         in wall seconds failed healthy pools on a starved host), on one timer per bound's
-        length (engines/wheel.py: a put makes six such calls, a get one)."""
+        length (engines/wheel.py: a put makes six such calls, a get one), entered only by a
+        call that waits (DeadlineWheel.run: a pool of this process answers at once)."""
         wheel = self._wheels.get(emulated_s)
         if wheel is None:
             wheel = self._wheels[emulated_s] = DeadlineWheel(
                 self.clock.clock, emulated_s, min_wall_s=self.ems.timeout_min_wall_s
             )
         try:
-            with wheel.bound():
-                return await call
+            return await wheel.run(call)
         except TimeoutError:
             raise no_answer(device.id, emulated_s) from None
 
-    async def _reached(self, device: Device, call: Awaitable[T], emulated_s: float) -> T:
+    async def _reached(self, device: Device, call: Coroutine[Any, Any, T], emulated_s: float) -> T:
         """`_within`, and a pool that does not answer is suspect at once, ahead of the next
         sweep."""
         try:

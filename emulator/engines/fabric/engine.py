@@ -27,7 +27,7 @@ from cmemu.emulator.engines.fabric.collectives import Collectives
 from cmemu.emulator.engines.fabric.metrics import LinkGroups, fabric_families
 from cmemu.emulator.engines.fabric.outage import fabric_outage
 from cmemu.emulator.engines.flows import FlowClock
-from cmemu.emulator.engines.peers import CollectiveOutcome, Directory, FlowTime
+from cmemu.emulator.engines.peers import CollectiveOutcome, DevicePeer, Directory, FlowTime
 from cmemu.emulator.model.arrivals import ArrivalBatch, ArrivalLog
 from cmemu.emulator.model.collectives import CollectiveTiming
 from cmemu.emulator.model.collectivespec import CollectiveSpec
@@ -50,6 +50,12 @@ from cmemu.emulator.model.topology import Device, DeviceKind, Topology
 from cmemu.emulator.model.ub import PRICED, Completion, Op, Transaction, normalize
 
 FloatArray = npt.NDArray[np.float64]
+
+# The ops whose applying at the target checks first exactly what Deliver's check_only checks,
+# on the same state (engines/device/ub.py `_check` and `_apply`: memory.read, write and
+# write_virtual open with the check's own calls): a flow that need not wait between the two is
+# delivered once. An atomic's applying also checks room for a new page, which its check does not.
+CHECKED_BY_APPLYING = frozenset({Op.READ, Op.WRITE})
 
 
 def route_cut(subject: str | None) -> contextlib.AbstractContextManager[None]:
@@ -121,6 +127,35 @@ def _ends(
         exc.annotate(field="src_die", subject=src.id)
         raise
     return src, dst, issuer, _target(graph, dst, tx.dst_offset)
+
+
+async def _delivered(
+    fabric: FabricEngine,
+    target: DevicePeer,
+    tx: Transaction,
+    route: Route,
+    deadline_s: float | None,
+) -> tuple[Completion, float]:
+    """A transfer checked by its target (a bad address fails at once, nothing is timed for it),
+    run as a flow, and applied by the target when the flow completes (a transfer that fails
+    applies nothing, and a READ returns the bytes as of its completion); and its emulated
+    completion (s).
+
+    A flow that crosses nothing shared and has ended already (a device's copy within itself:
+    EMS's) has nothing to wait for between the check and the applying: it is delivered once,
+    for an op whose applying checks what the check would (CHECKED_BY_APPLYING), refused as the
+    check would refuse it and counted completed only once applied."""
+    flows = fabric.flows
+    start_s = tx.issue_ns / 1e9
+    if tx.op in CHECKED_BY_APPLYING:
+        ended_s = flows.ended_now(route.resources, route.cap, route.latency_s, tx.size, start_s)
+        if ended_s is not None:
+            completion = await target.deliver(tx, check_only=False, deadline_s=deadline_s)
+            flows.count_ended()
+            return completion, ended_s
+    await target.deliver(tx, check_only=True, deadline_s=deadline_s)
+    complete_s = await fabric.run_flow(route, tx.size, start_s)
+    return await target.deliver(tx, check_only=False, deadline_s=deadline_s), complete_s
 
 
 class FabricEngine:
@@ -216,13 +251,8 @@ class FabricEngine:
         issue_ns = tx.issue_ns if max(0, oldest) < tx.issue_ns <= now else now
         if issue_ns != tx.issue_ns:  # a copy only when the stamp changes (not on the hot path)
             tx = dataclasses.replace(tx, issue_ns=issue_ns)
-        # The target checks first (a bad address fails at once, nothing is timed for it) and
-        # applies when the flow completes: a transfer that fails applies nothing, and a READ
-        # returns the bytes as of its completion.
-        target_peer = self.peers.device(dst)
-        await target_peer.deliver(tx, check_only=True, deadline_s=deadline_s)
-        complete_s = await self.run_flow(route, tx.size, issue_ns / 1e9)
-        completion = await target_peer.deliver(tx, check_only=False, deadline_s=deadline_s)
+        peer = self.peers.device(dst)
+        completion, complete_s = await _delivered(self, peer, tx, route, deadline_s)
         await self.clock.pace(complete_s)  # the reply waits for the clock, not the data
         if other_way_cut:
             raise UnavailableError(

@@ -1,0 +1,130 @@
+"""A device's READ or WRITE within itself (EMS's copies, written and read by their own pool)
+that has ended by the time the fabric times it is delivered once: the target's applying checks
+what Deliver's check_only would, so the check is not asked apart. Its results are the two-step
+path's: the bytes, the emulated completion, a completed flow counted; a bad address is refused
+as before, nothing applied or counted. The twins: an atomic within a device, and a transfer
+between two devices, are still checked first and applied after (two Delivers)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from cmemu.emulator.engines.device.engine import DeviceEngine
+from cmemu.emulator.engines.peers import LocalDevice
+from cmemu.emulator.model.errors import PreconditionError, UnavailableError
+from cmemu.emulator.model.ub import Op, Transaction
+from cmemu.emulator.runtime.inprocess import InProcessSupernode
+from cmemu.emulator.testing import running_supernode
+
+
+@pytest.fixture(scope="module")
+async def local() -> AsyncIterator[InProcessSupernode]:
+    async with running_supernode("cm-mini") as supernode:
+        yield supernode.local
+
+
+def _counting(engine: DeviceEngine, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The check_only flag of every Deliver `engine` is asked for, in order."""
+    asked: list[bool] = []
+    deliver = engine.bus.deliver
+
+    async def counted(tx: Transaction, *, check_only: bool) -> Any:
+        asked.append(check_only)
+        return await deliver(tx, check_only=check_only)
+
+    monkeypatch.setattr(engine.bus, "deliver", counted)
+    return asked
+
+
+def _completed(local: InProcessSupernode) -> int:
+    assert local.fabric is not None
+    return local.fabric.flows.live.completed
+
+
+async def test_a_read_and_a_write_within_a_device_are_delivered_once(
+    local: InProcessSupernode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = local.devices["n00-mem"]
+    asked = _counting(pool, monkeypatch)
+    region = pool.allocate(4096, "within")
+    data = bytes(range(256)) * 4
+    before = _completed(local)
+    write = Transaction(op=Op.WRITE, dst_eid=pool.device.eid, dst_offset=region.offset, data=data)
+    wrote = await pool.bus.submit(write, None)
+    read = Transaction(op=Op.READ, dst_eid=pool.device.eid, dst_offset=region.offset, size=1024)
+    got = await pool.bus.submit(read, None)
+    assert got.data == data
+    assert asked == [False, False]  # applied once each, never asked to check apart
+    assert _completed(local) == before + 2
+    for done in (wrote, got):
+        assert done.path == (pool.device.id,)
+        assert done.complete_ns > done.issue_ns > 0  # the route's latency, and the bytes
+
+
+async def test_a_bad_address_within_a_device_is_refused_with_nothing_counted(
+    local: InProcessSupernode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = local.devices["n00-mem"]
+    asked = _counting(pool, monkeypatch)
+    before = _completed(local)
+    stray = Transaction(op=Op.WRITE, dst_eid=pool.device.eid, dst_offset=1 << 20, data=b"x" * 8)
+    with pytest.raises(PreconditionError):
+        await pool.bus.submit(stray, None)
+    assert asked == [False] and _completed(local) == before
+    assert pool.memory.store.read(1 << 20, 8) == bytes(8)  # nothing written
+
+
+@pytest.mark.parametrize("between_devices", [False, True])
+async def test_an_atomic_or_a_transfer_between_devices_is_checked_then_applied(
+    local: InProcessSupernode, monkeypatch: pytest.MonkeyPatch, between_devices: bool
+) -> None:
+    """The twins: an atomic's applying checks more than its check (room for a page), and a
+    flow crossing links waits between the two."""
+    pool = local.devices["n00-mem"]
+    issuer = local.devices["n00-npu0"] if between_devices else pool
+    asked = _counting(pool, monkeypatch)
+    region = pool.allocate(4096, "twin")
+    eid, offset = pool.device.eid, region.offset
+    tx = (
+        Transaction(op=Op.WRITE, dst_eid=eid, dst_offset=offset, data=b"y" * 64)
+        if between_devices
+        else Transaction(op=Op.FETCH_ADD, dst_eid=eid, dst_offset=offset, operand=1)
+    )
+    await issuer.bus.submit(tx, None)
+    assert asked == [True, False]
+
+
+@pytest.mark.parametrize("gate", ["open", "crashed", "hung"])
+async def test_an_allocation_through_an_open_gate_answers_at_its_first_step(
+    local: InProcessSupernode, gate: str
+) -> None:
+    """EMS's allocations and frees call a pool of this process directly through its open gate
+    (answered at the first step: the coroutine never suspends); the twins: a crashed pool
+    refuses as its server would (UNAVAILABLE, its id prefixed) and a hung one never answers."""
+    pool = local.devices["n00-mem"]
+    peer = LocalDevice(pool)
+    effects = pool.effects
+    try:
+        effects.crashed = gate == "crashed"
+        if gate == "hung":
+            effects.answering.clear()
+        call = peer.allocate(4096, "gate", deadline_s=None)
+        try:
+            call.send(None)
+        except StopIteration as answered:
+            region = answered.value
+            assert gate == "open" and region.size == 4096
+            freeing = peer.free(region.region_id, deadline_s=None)
+            with pytest.raises(StopIteration):
+                freeing.send(None)
+        except UnavailableError as exc:
+            assert gate == "crashed" and str(exc).startswith("n00-mem: ")
+        else:
+            assert gate == "hung"  # waiting at the gate
+            call.close()
+    finally:
+        effects.crashed = False
+        effects.answering.set()
