@@ -15,7 +15,7 @@ class Injection:
     target: str  # as given to the fault kind ("" for none)
     devices: tuple[str, ...]  # the devices it takes down (a node's, a die's NPU), for matching
     at_ns: int
-    planned_ns: int = 0  # when the schedule said (at_ns is never earlier; the lag is pacing's)
+    planned_ns: int = 0  # when the schedule said (the runner's clock; at_ns is the authority's)
     cleared_ns: int | None = None
     fault_id: str = ""
     error: str = ""  # the injection itself failed (its status and message)

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 
 from cmemu.emulator.client.clients import Clients
-from cmemu.emulator.client.clock import followed_time
+from cmemu.emulator.client.clock import clock_address, followed_time
+from cmemu.emulator.client.fabric import FabricClient
 from cmemu.emulator.engines.clock import TimeKeeper, Timeline
 from cmemu.emulator.model.chaos.observed import Injection
 from cmemu.emulator.model.chaos.pace import PaceWindow
@@ -41,6 +42,7 @@ from cmemu.services.rpc import status_line
 DEFAULT_RECOVERY_S = 600.0  # observe this long after the last fault without recovered_within
 SETTLE_S = 60.0  # emulated: after the last fault, wait at least this long before an early end
 PLACEMENT_AHEAD_S = 1.0  # emulated: where the workloads run is asked this long before a fault
+AUTHORITY_WALL_S = 2.0  # a stamp's GetClock deadline: a fault's injection is never held up longer
 
 
 class Runner:
@@ -232,6 +234,24 @@ class Runner:
             )
             return last
 
+    async def _authority_now_ns(self) -> int:
+        """Emulated time now as the clock's authority reads it (sn0's fabric, GetClock), which
+        stamps the records an injection is judged against (the manager's incidents and
+        restores, in one process). The runner's own clock follows the authority and may read
+        ahead of it by up to a lease (`clock.lease_s`, 1 wall s, at the rate) once the
+        authority cuts a stall out or slows: at time scale 50 on a loaded host that placed a
+        detection 5 emulated s before the injection it was of, which was then judged never
+        detected. The runner's reading when the fabric does not answer within AUTHORITY_WALL_S
+        (the clock is answered whatever a service fault did to the fabric)."""
+        try:
+            info = await FabricClient(self.clients).clock(
+                deadline_s=AUTHORITY_WALL_S, address=clock_address(self.clients.topology)
+            )
+        except EmulatorError as exc:
+            self.observer.note(f"the fabric's clock, for a stamp: {status_line(exc)}")
+            return self._clock.now_ns()
+        return info.emulated_ns
+
     async def _inject(
         self, p: Planned, placement: Placement, rng: random.Random
     ) -> list[Injection]:
@@ -243,7 +263,7 @@ class Runner:
             targets, error = [step.target.literal or step.target.text], str(exc)
         else:
             error = ""
-        at = self._clock.now_ns()
+        at = await self._authority_now_ns()
 
         async def one(target: str) -> Injection:
             fault_id, why = "", error
@@ -285,7 +305,8 @@ class Runner:
                 self.obs.notes.append(f"clearing {inj.fault_id}: {status_line(exc)}")
             if not record:
                 continue
-            cleared = Injection(**{**inj.__dict__, "cleared_ns": self._clock.now_ns()})
+            cleared_ns = await self._authority_now_ns()
+            cleared = Injection(**{**inj.__dict__, "cleared_ns": cleared_ns})
             index = self.obs.injections.index(inj)
             self.obs.injections[index] = cleared
         self.observer.emit()
