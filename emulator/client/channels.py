@@ -39,6 +39,12 @@ CLIENT_OPTIONS = (
     ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),  # gRPC >= 1.6x: else 60 s
     ("grpc.keepalive_permit_without_calls", 1),  # an idle channel's next call finds it alive
     ("grpc.http2.max_pings_without_data", 0),  # a quiet stream is pinged all the same
+    # A channel's connections are its own: gRPC otherwise shares one subchannel per address in
+    # the whole process, so a new channel to a server started again on the same port (a new
+    # emulator on the same block, in the same test process) inherited the old one's refused
+    # connection and its backoff: "failed to connect ... Connection refused" for up to a second
+    # against a server that was serving (CI, tests/services/test_ub.py)
+    ("grpc.use_local_subchannel_pool", 1),
 )
 SERVER_KEEPALIVE_OPTIONS = (
     # Without these a server answers a client pinging every 10 s with GOAWAY ("too many pings")
