@@ -12,13 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cmemu.emulator.cli.chaos import summary_lines
-from cmemu.emulator.client.clients import Clients
-from cmemu.emulator.model.chaos.pace import ABORTED
-from cmemu.emulator.pytest_plugin import start_supernode
 from cmemu.emulator.runtime.chaos import files
-from cmemu.emulator.runtime.chaos.run import RunOptions, RunResult
-from cmemu.emulator.runtime.chaos.runner import run_scenario
+from tests.runtime.chaos.fresh import run_fresh, why
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 TIME_SCALE = 50.0  # dilation keeps a verdict the same at any scale; the pace guard says if not
@@ -35,39 +30,9 @@ def _shipped() -> list[Path]:
 def test_a_shipped_scenario_passes(path: Path, tmp_path: Path) -> None:
     scenario = files.load(path)
     assert scenario.preset == "cm-mini"
-    # a run the host did not let keep pace (ABORTED: the lag guard) judged nothing: it is run
-    # again on a fresh supernode, up to three times in all, as the engine test does
-    for attempt in range(3):
-        (tmp_path / str(attempt)).mkdir()
-        sn = start_supernode(
-            preset="cm-mini", mode="inprocess", time_scale=TIME_SCALE,
-            directory=tmp_path / str(attempt), broker=True,
-        )  # fmt: skip
-        try:
-
-            async def run(clients: Clients) -> RunResult:
-                return await run_scenario(clients, scenario, RunOptions(warm=True))
-
-            result = sn.call(run)
-        finally:
-            sn.stop()
-        if result.outcome != ABORTED:
-            break
-    assert result.ok, _why(result)
+    result = run_fresh(scenario, tmp_path, time_scale=TIME_SCALE)
+    assert result.ok, why(result)
     assert result.observations.injections, "a scenario that injects nothing proves nothing"
-
-
-def _why(result: RunResult) -> str:
-    """The verdict, and what the run saw: a failure seen once in CI must say enough to be
-    understood from its output alone."""
-    obs = result.observations
-    return "\n".join([
-        *summary_lines(result),
-        "injections:", *map(repr, obs.injections),
-        "incidents:", *map(repr, obs.incidents),
-        "workload events (the last 40):", *map(repr, obs.events[-40:]),
-        "notes:", *obs.notes,
-    ])  # fmt: skip
 
 
 def test_every_shipped_scenario_is_run_somewhere() -> None:

@@ -10,14 +10,12 @@ from typing import Any
 
 import pytest
 
-from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.model.chaos.observed import IncidentRecord, Injection
 from cmemu.emulator.model.chaos.recovery import cause_of
-from cmemu.emulator.pytest_plugin import start_supernode
 from cmemu.emulator.runtime.chaos import files
-from cmemu.emulator.runtime.chaos.run import RunOptions, RunResult
-from cmemu.emulator.runtime.chaos.runner import Runner, run_scenario
+from cmemu.emulator.runtime.chaos.runner import Runner
+from tests.runtime.chaos.fresh import run_fresh, why
 
 AHEAD_NS = 5_000_000_000  # what CI's failed run read between the runner's clock and the manager's
 SCENARIO = """
@@ -55,20 +53,11 @@ def test_a_runner_reading_ahead_still_credits_the_detection(
         return _Ahead(self.keeper.timeline)
 
     monkeypatch.setattr(Runner, "_clock", property(ahead))
-    scenario = files.parse_text(SCENARIO)
-    sn = start_supernode(preset="cm-mini", mode="inprocess", time_scale=50.0, directory=tmp_path)
-    try:
-
-        async def run(clients: Clients) -> RunResult:
-            return await run_scenario(clients, scenario, RunOptions(warm=True))
-
-        result = sn.call(run)
-    finally:
-        sn.stop()
+    result = run_fresh(files.parse_text(SCENARIO), tmp_path, time_scale=50.0)
     (injection,) = result.observations.injections
     incident = next(i for i in result.observations.incidents if i.device == "n00-npu1")
     assert injection.at_ns <= incident.detected_ns  # both on the authority's clock
-    assert result.ok, "\n".join(result.observations.notes)
+    assert result.ok, why(result)
 
 
 def test_its_twin_an_injection_stamped_after_its_detection_is_not_its_cause() -> None:
