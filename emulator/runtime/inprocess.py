@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, cast
 import structlog
 
 from cmemu.emulator.client import health
+from cmemu.emulator.client.credentials import Credentials
 from cmemu.emulator.engines.clock import TimeKeeper
 from cmemu.emulator.engines.device import faults as device_faults
 from cmemu.emulator.engines.device.engine import DeviceEngine
@@ -62,6 +63,30 @@ VERIFY_POLL_S = 0.05
 def _status_name(served: int | None) -> str:
     """A server's health as the wire's check names it (client/health.py)."""
     return health.UNREACHABLE if served is None else health.status_name(served)
+
+
+async def verify_hosts(
+    hosts: list[ServiceHost], timeout_s: float, credentials: Credentials
+) -> None:
+    """Every hosted server serves by its own health (the status its Health/Check answers),
+    and one server of each kind answers a Check over gRPC as a client would: starting is not
+    serving, and the wire proves what every server of a kind shares (its transport, its
+    guard: TLS, the token, the hang gate). Asking all of cm384's 629 over the wire cost a
+    fifth of the boot's CPU (issue 18) and proved nothing more: each bound its own port with
+    SO_REUSEPORT off (services/host.py), so no other process answers in its place."""
+    deadline = time.monotonic() + timeout_s
+    while laggards := [h for h in hosts if h.served != SERVING]:
+        if time.monotonic() >= deadline:
+            shown = ", ".join(f"{h.address} {_status_name(h.served)}" for h in laggards[:5])
+            more = f" and {len(laggards) - 5} more" if len(laggards) > 5 else ""
+            raise UnavailableError(f"{len(laggards)} servers not SERVING: {shown}{more}")
+        await asyncio.sleep(VERIFY_POLL_S)
+    one_of_each = {host.kind: host for host in hosts}
+    await health.wait_serving(
+        [h.address for h in one_of_each.values()],
+        timeout_s=max(0.0, deadline - time.monotonic()),
+        credentials=credentials,
+    )
 
 
 async def _stop_servers(hosts: list[ServiceHost], grace_s: float) -> None:
@@ -316,25 +341,8 @@ class InProcessSupernode:
             self.events.event(host.name, event, now, address=host.address, **detail)
 
     async def verify_serving(self) -> None:
-        """Every hosted server serves by its own health (the status its Health/Check answers),
-        and one server of each kind answers a Check over gRPC as a client would: starting is not
-        serving, and the wire proves what every server of a kind shares (its transport, its
-        guard: TLS, the token, the hang gate). Asking all of cm384's 629 over the wire cost a
-        fifth of the boot's CPU (issue 18) and proved nothing more: each bound its own port with
-        SO_REUSEPORT off (services/host.py), so no other process answers in its place."""
-        deadline = time.monotonic() + self.ready_timeout_s
-        while laggards := [h for h in self._hosts if h.served != SERVING]:
-            if time.monotonic() >= deadline:
-                shown = ", ".join(f"{h.address} {_status_name(h.served)}" for h in laggards[:5])
-                more = f" and {len(laggards) - 5} more" if len(laggards) > 5 else ""
-                raise UnavailableError(f"{len(laggards)} servers not SERVING: {shown}{more}")
-            await asyncio.sleep(VERIFY_POLL_S)
-        one_of_each = {host.kind: host for host in self._hosts}
-        await health.wait_serving(
-            [h.address for h in one_of_each.values()],
-            timeout_s=max(0.0, deadline - time.monotonic()),
-            credentials=self.credentials,
-        )
+        """Every hosted server serves (verify_hosts), within the ready timeout."""
+        await verify_hosts(self._hosts, self.ready_timeout_s, self.credentials)
 
     async def not_serving(self) -> None:
         """Every hosted server's health NOT_SERVING at once: the first thing a stop does, so
