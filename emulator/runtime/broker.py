@@ -29,6 +29,17 @@ MAX_PACKET = 1 << 20
 NOT_AUTHORIZED = 5  # CONNACK return code (MQTT 3.1.1 section 3.2.2.3)
 USERNAME_FLAG, PASSWORD_FLAG, WILL_FLAG = 0x80, 0x40, 0x04
 
+_IN_PROCESS: dict[str, Broker] = {}  # the brokers this process serves, by URL
+
+
+def in_process(url: str) -> Broker | None:
+    """The embedded broker serving `url` in this process, if any: a publisher of this process
+    hands it each message (Broker.publish) with no MQTT client, connection or acknowledgement
+    (emulator/runtime/events.py). Issue 18: cm384's 629 `started` events, each a QoS 1
+    round trip through a client and this broker on the one event loop, kept it busy for the
+    first second of service."""
+    return _IN_PROCESS.get(url)
+
 
 class ProtocolError(Exception):
     pass
@@ -143,9 +154,15 @@ class Broker:
     def url(self) -> str:
         return f"mqtt://{self.host}:{self.port}"
 
+    @property
+    def clients(self) -> int:
+        """MQTT clients connected now (a publisher of this process is none of them)."""
+        return len(self._sessions)
+
     async def __aenter__(self) -> Broker:
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
+        _IN_PROCESS[self.url] = self
         log.info("broker serving", url=self.url)
         return self
 
@@ -155,6 +172,8 @@ class Broker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if _IN_PROCESS.get(self.url) is self:
+            del _IN_PROCESS[self.url]
         if self._server is not None:
             self._server.close()
         for session in list(self._sessions):
@@ -283,6 +302,11 @@ class Broker:
 
     def _ack(self, session: _Session, flags: int, body: bytes) -> None:
         """Acknowledgements of what we sent: no retries, so nothing to settle."""
+
+    def publish(self, topic: str, payload: bytes, qos: int) -> None:
+        """A message from a publisher in this process, as if it came in a PUBLISH (no retain):
+        its subscribers get it at once, and it is the broker's as a QoS 1 PUBACK would say."""
+        self._route(topic, payload, min(qos, 1))
 
     def _route(self, topic: str, payload: bytes, qos: int) -> None:
         for session in list(self._sessions):

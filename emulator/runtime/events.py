@@ -1,6 +1,8 @@
 """Telemetry and events to MQTT: `cmemu/<supernode>/<device>/telemetry` and `.../events`.
 
-One EventBus per process serves all its devices over one broker connection (aiomqtt). Events
+One EventBus per process serves all its devices over one broker connection (aiomqtt), or, when
+the broker is the embedded one of this very process, by handing it each message (no connection:
+emulator/runtime/broker.py `in_process`). Events
 (started, health, fault, stopped) go at QoS 1 and are buffered while the broker is away, up to a
 bound, and leave the buffer only once the broker has acknowledged them. Telemetry goes at QoS 0
 and is not buffered: a newer sample replaces it. A broker that is down or unreachable never stops
@@ -26,6 +28,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from cmemu.emulator.model.errors import InvalidArgumentError
+from cmemu.emulator.runtime.broker import Broker, in_process
 
 if TYPE_CHECKING:
     import aiomqtt
@@ -34,6 +37,7 @@ log = structlog.get_logger("cmemu.events")
 EVENTS_QOS = 1
 TELEMETRY_QOS = 0
 PUBLISH_TIMEOUT_S = 5.0
+LOCAL_BATCH = 64  # messages handed to a broker in this process between two yields to the loop
 
 
 def parse_broker_url(url: str) -> tuple[str, int]:
@@ -180,63 +184,98 @@ class EventBus:
         self._nonempty.set()
 
     async def _run(self) -> None:
-        # imported here, by a process that has a broker: aiomqtt brings paho, and paho
-        # urllib.request, http.client and email (about 2 MB of a device process's 30, issue 18);
-        # a process without one (`--broker none`, a device process on its own) never loads them
-        import aiomqtt
-
         backoff = 0.2
-        identifier = f"cmemu-{os.getpid()}-{id(self):x}"
         while True:
             if self._held and not self._closing:
                 self.connected = False
                 log.warning("broker outage (fault): buffering events", broker=self.url)
                 await self._released.wait()
                 continue
-            try:
-                async with aiomqtt.Client(
-                    self.host,
-                    self.port,
-                    identifier=identifier,
-                    username=self._login[0],
-                    password=self._login[1],
-                    timeout=PUBLISH_TIMEOUT_S,
-                ) as client:
-                    self.connected, backoff = True, 0.2
-                    log.info("broker connected", broker=self.url, pending=len(self._pending))
-                    while not self._closing and not self._held:
-                        if self._pending:  # events first
-                            message = self._pending[0]
-                            await client.publish(message.topic, message.payload, qos=message.qos)
-                            if self._pending and self._pending[0] is message:
-                                self._pending.popleft()  # only once the broker has it
-                        elif self._samples:
-                            sample = self._samples.pop(next(iter(self._samples)))
-                            await client.publish(sample.topic, sample.payload, qos=sample.qos)
-                        else:
-                            self._nonempty.clear()
-                            self._drained.set()
-                            await self._nonempty.wait()
-            except aiomqtt.MqttError as exc:
-                if self.connected or not self.last_error:
-                    log.warning(
-                        "broker unreachable; buffering events",
-                        broker=self.url,
-                        error=str(exc),
-                        pending=len(self._pending),
-                    )
-                self.connected, self.last_error = False, str(exc)
-                self._samples.clear()  # stale by the time the broker is back
+            local = in_process(self.url)
+            if local is not None:
+                await self._publish_locally(local)
+            elif not await self._publish_over_mqtt():  # the broker is away: back off, again
                 if self._closing:
                     return
                 with contextlib.suppress(TimeoutError):  # a close ends the wait
                     async with asyncio.timeout(backoff):
                         await self._wake.wait()
                 backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.2
+            if self._closing:
+                return  # the client disconnected cleanly on the way out
+            # else an outage: the client let go of the broker; wait for its end
+
+    async def _publish_over_mqtt(self) -> bool:
+        """Publish through one MQTT connection until a close or an outage (True), or until the
+        broker is lost (False: said in the log, the buffered events kept)."""
+        # imported here, by a process that has a broker of another process: aiomqtt brings
+        # paho, and paho urllib.request, http.client and email (about 2 MB of a device
+        # process's 30, issue 18); a process without one (`--broker none`, a device process on
+        # its own, or one that serves its broker itself) never loads them
+        import aiomqtt
+
+        try:
+            async with aiomqtt.Client(
+                self.host,
+                self.port,
+                identifier=f"cmemu-{os.getpid()}-{id(self):x}",
+                username=self._login[0],
+                password=self._login[1],
+                timeout=PUBLISH_TIMEOUT_S,
+            ) as client:
+                self.connected = True
+                log.info("broker connected", broker=self.url, pending=len(self._pending))
+                while not self._closing and not self._held:
+                    if self._pending:  # events first
+                        message = self._pending[0]
+                        await client.publish(message.topic, message.payload, qos=message.qos)
+                        if self._pending and self._pending[0] is message:
+                            self._pending.popleft()  # only once the broker has it
+                    elif self._samples:
+                        sample = self._samples.pop(next(iter(self._samples)))
+                        await client.publish(sample.topic, sample.payload, qos=sample.qos)
+                    else:
+                        self._nonempty.clear()
+                        self._drained.set()
+                        await self._nonempty.wait()
+        except aiomqtt.MqttError as exc:
+            if self.connected or not self.last_error:
+                log.warning(
+                    "broker unreachable; buffering events",
+                    broker=self.url,
+                    error=str(exc),
+                    pending=len(self._pending),
+                )
+            self.connected, self.last_error = False, str(exc)
+            self._samples.clear()  # stale by the time the broker is back
+            return False
+        return True
+
+    async def _publish_locally(self, broker: Broker) -> None:
+        """Hand every message to the broker of this process until a close or an outage, as the
+        MQTT client would publish them: events first and in order, each leaving the buffer as
+        the broker takes it, then the newest sample of each device. A yield every
+        LOCAL_BATCH messages keeps a burst (cm384's 629 `started` events) from holding the loop."""
+        self.connected, self.last_error = True, ""
+        log.info("broker connected", broker=self.url, pending=len(self._pending), local=True)
+        while not self._closing and not self._held:
+            for _ in range(LOCAL_BATCH):
+                if self._pending:
+                    message = self._pending.popleft()
+                elif self._samples:
+                    message = self._samples.pop(next(iter(self._samples)))
+                else:
+                    break
+                broker.publish(message.topic, message.payload, message.qos)
             else:
-                if self._held and not self._closing:
-                    continue  # an outage: the client disconnected; wait for its end
-                return  # closing: the client disconnected cleanly on the way out
+                await asyncio.sleep(0)
+                continue
+            self._nonempty.clear()
+            self._drained.set()
+            await self._nonempty.wait()
+        self.connected = False
 
     async def close(self, flush_s: float = 1.0) -> None:
         """Give the last events (the `stopped` ones) a moment to leave, then let the publisher

@@ -1,6 +1,7 @@
 """Import only what runs (issue 18 item 9): a device process (`cmemu serve --device`, what each
 of hundreds of containers runs) imports neither numpy, aiohttp nor prometheus-client, and still
-serves its /metrics; `cmemu --version` imports nothing of the emulator (test_docker_units)."""
+serves its /metrics; `cmemu --version` imports nothing of the emulator (test_docker_units); a
+`cmemu up` that serves its own broker imports no MQTT client."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from cmemu.emulator.client import h2probe
 from cmemu.emulator.model.addressplans import PortPlan
 from cmemu.emulator.model.topology import metrics_address
+from cmemu.emulator.runtime.broker import Broker
 from cmemu.emulator.runtime.launchmodes import Procs
 from cmemu.emulator.runtime.supernode import LaunchOptions
 from cmemu.emulator.testing import free_port_block, launch_ports
@@ -84,3 +86,40 @@ async def test_a_device_process_imports_only_what_it_serves(tmp_path: Path) -> N
     assert topology.broker is None
     assert not imported & set(NO_BROKER), sorted(imported & set(NO_BROKER))
     assert not modules & set(UNCALLED), sorted(modules & set(UNCALLED))
+
+
+async def _up_modules(tmp_path: Path, *broker: str) -> set[str]:
+    """The top-level modules a `cmemu up` of cm-mini in one process imported by its stop, a
+    moment after its state file (its `started` events published by then), with no web view."""
+    state = tmp_path / "state.json"
+    base = free_port_block(launch_ports("cm-mini"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-X", "importtime", "-m", "cmemu.emulator.cli.entry", "--log-level",
+        "warning", "up", "--preset", "cm-mini", "--base-port", str(base), "--ui", "none",
+        *broker, "--state-file", str(state),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(120):
+            while not state.exists():
+                assert proc.returncode is None, "cmemu up exited"
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)  # its events leave; nothing here depends on how many
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = await proc.communicate()
+    return {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in err.decode().splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+
+
+async def test_a_process_serving_its_own_broker_imports_no_mqtt_client(tmp_path: Path) -> None:
+    """Its publisher hands the events to the embedded broker (runtime/broker.py in_process);
+    the twin, a broker of another process, is published to through aiomqtt (and paho)."""
+    own = await _up_modules(tmp_path / "own")
+    assert "grpc" in own and not own & {"aiomqtt", "paho"}, sorted(own & {"aiomqtt", "paho"})
+    async with Broker() as elsewhere:  # this test's process, not the emulator's
+        other = await _up_modules(tmp_path / "other", "--broker", elsewhere.url)
+    assert {"aiomqtt", "paho"} <= other

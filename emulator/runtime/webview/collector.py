@@ -26,13 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-import aiomqtt
 import structlog
 
 from cmemu.emulator.client.clients import Clients
@@ -79,6 +79,14 @@ class Rates:
     urgent_s: float = 0.02  # ... but a health change goes out this soon (bursts still coalesce)
     retry_s: float = 1.0
     call_timeout_s: float = 5.0
+
+
+def _mqtt_error(exc: BaseException) -> bool:
+    """An MQTT client's error, without importing aiomqtt here: the events feed imports it when
+    it starts, after the state file (issue 18: paho and its imports were 2 MB and 30 ms of the
+    boot); until then no error of a feed can be one."""
+    aiomqtt = sys.modules.get("aiomqtt")
+    return aiomqtt is not None and isinstance(exc, aiomqtt.MqttError)
 
 
 class Collector:
@@ -178,12 +186,15 @@ class Collector:
         while not self._closing:
             try:
                 await feed()
-            except (EmulatorError, aiomqtt.MqttError, OSError) as exc:
+            except (EmulatorError, OSError) as exc:
                 self.machine.set_source(name, status_line(exc))
                 log.debug("webview feed failed", feed=name, error=status_line(exc))
             except Exception as exc:  # a bug in one feed must not blind the view to the rest
                 self.machine.set_source(name, status_line(exc))
-                log.exception("webview feed crashed", feed=name)
+                if _mqtt_error(exc):  # the broker away: a failure like the others
+                    log.debug("webview feed failed", feed=name, error=status_line(exc))
+                else:
+                    log.exception("webview feed crashed", feed=name)
             if not self._closing:
                 await asyncio.sleep(self.rates.retry_s)
 
