@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterable
+from typing import cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -21,6 +21,7 @@ from cmemu.emulator.model.address import parse_address
 from cmemu.emulator.model.errors import AddressError, AddressInUseError, InvalidArgumentError
 from cmemu.services.auth import OPEN, ServerSecurity
 from cmemu.services.hanggate import HangGate
+from cmemu.services.methods import MethodTable
 from cmemu.services.reflection import enable_reflection
 from cmemu.services.rpc import GUARD
 
@@ -82,29 +83,6 @@ def listen_address(address: str) -> str:
     return f"[::]:{at.port}"
 
 
-class _GenericOnly:
-    """What the generated `add_*Servicer_to_server` functions see of a server: each registers
-    its method handlers twice, as a generic handler and as "registered methods"; only the
-    generic ones are kept. A grpc.aio server keeps one call requested in advance per registered
-    method (a task, a future and a core call each: cm384's 629 servers held 12,000 of them, about
-    40 MB and a quarter of a second of start), where a server with only generic handlers keeps
-    one for all. The methods, their handlers and the interceptors are the same either way:
-    grpc dispatches a generic server's call by its method name in the same dictionary."""
-
-    def __init__(self, server: grpc.aio.Server) -> None:
-        self._server = server
-
-    def add_generic_rpc_handlers(
-        self, handlers: Sequence[grpc.GenericRpcHandler[Any, Any]]
-    ) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
-
-    def add_registered_method_handlers(
-        self, service: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
-    ) -> None:
-        """Dropped: the same handlers came with add_generic_rpc_handlers."""
-
-
 class ServiceHost:
     """A grpc.aio server with its services registered, reflection and per-service health."""
 
@@ -136,11 +114,13 @@ class ServiceHost:
             options=SERVER_OPTIONS,
             interceptors=[GUARD, self.gate, *security.interceptors()],
         )
-        generic = cast("grpc.aio.Server", _GenericOnly(self.server))
+        table = MethodTable(self.server)
+        generic = cast("grpc.aio.Server", table)
         for register in self._services.values():
             register(generic)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, generic)
-        enable_reflection(self.server, [*self._services, HEALTH_SERVICE])
+        table.install()
+        enable_reflection(self.server, (*self._services, HEALTH_SERVICE))
 
     @property
     def kind(self) -> tuple[object, ...]:

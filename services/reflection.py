@@ -8,11 +8,17 @@ works on it too) and serve it with the same servicer: the bytes on the wire are 
 from __future__ import annotations
 
 from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
+
+if TYPE_CHECKING:
+    _Generic = grpc.GenericRpcHandler[Any, Any]
+else:  # generic in grpc-stubs only
+    _Generic = grpc.GenericRpcHandler
 
 V1ALPHA = "grpc.reflection.v1alpha"
 V1 = "grpc.reflection.v1"
@@ -36,7 +42,15 @@ def _register_v1_descriptor() -> None:
     descriptor_pool.Default().Add(proto)
 
 
-def enable_reflection(server: grpc.aio.Server, service_names: list[str]) -> None:
+def enable_reflection(server: grpc.aio.Server, service_names: tuple[str, ...]) -> None:
+    server.add_generic_rpc_handlers(_handlers(service_names))
+
+
+@cache
+def _handlers(service_names: tuple[str, ...]) -> tuple[_Generic, ...]:
+    """One servicer and its two handlers for every server that serves the same services: the
+    servicer keeps nothing of a call, so all of cm384's NPU servers share one (issue 18: two
+    dictionaries, two handlers and a servicer per server before)."""
     _register_v1_descriptor()
     names = [*service_names, reflection.SERVICE_NAME, V1_SERVICE]
     servicer = ReflectionServicer(names)
@@ -45,7 +59,7 @@ def enable_reflection(server: grpc.aio.Server, service_names: list[str]) -> None
         request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
         response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
     )
-    for service in (reflection.SERVICE_NAME, V1_SERVICE):
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(service, {"ServerReflectionInfo": handler}),)
-        )
+    return tuple(
+        grpc.method_handlers_generic_handler(service, {"ServerReflectionInfo": handler})
+        for service in (reflection.SERVICE_NAME, V1_SERVICE)
+    )
