@@ -219,11 +219,16 @@ class Placement:
 
     def read_order(self, meta: ObjectMeta, node: str | None) -> ReadPlan:
         """The copies a reader on `node` (None: anywhere) should try, its own node's first."""
-        copies = sorted(meta.replicas.items(), key=lambda kv: self.nodes[kv[0]] != node)
-        return ReadPlan(
-            copies=[(p, r) for p, r in copies if self.health[p] is _UP],
-            down=[p for p, _ in copies if self.health[p] is not _UP],
+        items = meta.replicas.items()
+        # no node: the order as held (the sort is stable and every key equal), unsorted: a get
+        # from no device on every call
+        copies = (
+            list(items) if node is None else sorted(items, key=lambda kv: self.nodes[kv[0]] != node)
         )
+        health = self.health
+        up = [(p, r) for p, r in copies if health[p] is _UP]
+        down = [p for p, _ in copies if health[p] is not _UP] if len(up) < len(copies) else []
+        return ReadPlan(copies=up, down=down)
 
     def repair_plan(self, meta: ObjectMeta) -> RepairPlan:
         """How to bring one object back to the wanted number of copies."""

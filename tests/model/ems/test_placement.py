@@ -117,6 +117,11 @@ def test_a_reader_reads_its_own_nodes_copy_first_and_skips_dead_pools() -> None:
     plan = p.read_order(meta, "n02")
     assert [pool for pool, _ in plan.copies] == ["n00-mem", "n03-mem"]
     assert plan.down == ["n02-mem"]
+    anywhere = p.read_order(meta, None)  # no reader's node: the copies in the order held
+    assert [pool for pool, _ in anywhere.copies] == ["n00-mem", "n03-mem"]
+    assert anywhere.down == ["n02-mem"]
+    p.mark("n02-mem", healthy=True)
+    assert p.read_order(meta, None).down == []
 
 
 def test_the_repair_plan_restores_the_factor_from_a_live_copy() -> None:
