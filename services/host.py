@@ -143,6 +143,12 @@ class ServiceHost:
         enable_reflection(self.server, [*self._services, HEALTH_SERVICE])
 
     @property
+    def kind(self) -> tuple[object, ...]:
+        """What servers of one kind share: how they are guarded and the services registered
+        (every NPU's server is one kind, the fabric's another)."""
+        return (self.security.tls, self.security.token is not None, *self._services)
+
+    @property
     def service_names(self) -> list[str]:
         """Every name whose health is set explicitly: "" (the whole server) and each service."""
         return ["", *self._services, *self.extra_health]

@@ -73,7 +73,7 @@ class LinkGraph:
         # "a>b" -> its index; a physical link's two directions are 2k (a>b as the topology
         # names it) and 2k + 1 (b>a), so either index finds both (physical): no second table
         self._index: dict[str, int] = {}
-        self._by_switch: dict[str, list[int]] = defaultdict(list)
+        self._by_switch: dict[str, list[int]] | None = None  # made by the first switch fault
         raw: list[float] = []
         eff = ub_efficiency(profile)
         loss = profile.ub.cross_node_bandwidth_loss
@@ -90,9 +90,7 @@ class LinkGraph:
         }
         # one pass over cm384's 12,672 links, the fabric's whole start (local names: no
         # attribute lookups per link)
-        names, kinds, ends, index, by_switch = (
-            self.names, self.kinds, self.ends, self._index, self._by_switch
-        )  # fmt: skip
+        names, kinds, ends, index = self.names, self.kinds, self.ends, self._index
         for link in topology.links:
             a, b, kind = link.a, link.b, link.kind
             i = len(names)
@@ -103,9 +101,6 @@ class LinkGraph:
             ends += ((a, b), (b, a))
             cap = link.bytes_per_s * scales[kind]
             raw += (cap, cap)
-            both = (i, i + 1)
-            by_switch[a] += both
-            by_switch[b] += both
         self.base_cap = np.array(raw)
         self.node_row = {node: i for i, node in enumerate(topology.nodes)}
         self._switches = {s.id: parse_switch(s.id) for s in topology.switches}
@@ -187,7 +182,13 @@ class LinkGraph:
             raise NotFoundError(
                 f"no switch {quote(switch_id)}", subject=switch_id, reason="SWITCH_NOT_FOUND"
             )
-        return self._by_switch[switch_id]
+        if self._by_switch is None:  # only a switch's fault asks: not kept from the start
+            by_switch: dict[str, list[int]] = defaultdict(list)  # (cm384: 1.3 MiB, issue 18)
+            for i, (a, b) in enumerate(self.ends):
+                by_switch[a].append(i)
+                by_switch[b].append(i)
+            self._by_switch = by_switch
+        return self._by_switch.get(switch_id, [])
 
     # --- trunks ------------------------------------------------------------------------------
 

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, cast
 import structlog
 
 from cmemu.emulator.client import health
+from cmemu.emulator.client.credentials import Credentials
 from cmemu.emulator.engines.clock import TimeKeeper
 from cmemu.emulator.engines.device import faults as device_faults
 from cmemu.emulator.engines.device.engine import DeviceEngine
 from cmemu.emulator.engines.device.liveness import Liveness
 from cmemu.emulator.model.clock import Clock
-from cmemu.emulator.model.errors import EmulatorError, NotFoundError
+from cmemu.emulator.model.errors import EmulatorError, NotFoundError, UnavailableError
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from cmemu.emulator.model.topology import ServiceKind, Topology
 from cmemu.emulator.runtime import heap
@@ -44,7 +45,7 @@ from cmemu.emulator.runtime.security import Security
 from cmemu.emulator.runtime.servicecontrol import LocalServices
 from cmemu.emulator.runtime.telemetry import publish_telemetry
 from cmemu.services.auth import OPEN
-from cmemu.services.host import ServiceHost
+from cmemu.services.host import SERVING, ServiceHost
 from cmemu.services.kinds import DeviceServer
 from cmemu.services.peers import Peers
 
@@ -54,12 +55,38 @@ if TYPE_CHECKING:  # imported by the processes that host them (runtime/registry.
 
 log = structlog.get_logger("cmemu.inprocess")
 
-# Checks open at once when the launch asks its own servers: they answer on this process's loop
-# and gRPC's threads, so more at once is no faster, only more connections' buffers alive
-# together: cm384's check raised its peak memory by 12 MiB with 128 open, 6 with 32 and 4 with
-# 16, in the same CPU time (8 took longer; measured, issue 18). Other launchers ask other
-# processes, where more at once hide their latency.
-VERIFY_CONCURRENCY = 16
+# How often the launch re-reads the health of a server of its own that is not SERVING yet (its
+# own health servicer, no call), until the ready timeout.
+VERIFY_POLL_S = 0.05
+
+
+def _status_name(served: int | None) -> str:
+    """A server's health as the wire's check names it (client/health.py)."""
+    return health.UNREACHABLE if served is None else health.status_name(served)
+
+
+async def verify_hosts(
+    hosts: list[ServiceHost], timeout_s: float, credentials: Credentials
+) -> None:
+    """Every hosted server serves by its own health (the status its Health/Check answers),
+    and one server of each kind answers a Check over gRPC as a client would: starting is not
+    serving, and the wire proves what every server of a kind shares (its transport, its
+    guard: TLS, the token, the hang gate). Asking all of cm384's 629 over the wire cost a
+    fifth of the boot's CPU (issue 18) and proved nothing more: each bound its own port with
+    SO_REUSEPORT off (services/host.py), so no other process answers in its place."""
+    deadline = time.monotonic() + timeout_s
+    while laggards := [h for h in hosts if h.served != SERVING]:
+        if time.monotonic() >= deadline:
+            shown = ", ".join(f"{h.address} {_status_name(h.served)}" for h in laggards[:5])
+            more = f" and {len(laggards) - 5} more" if len(laggards) > 5 else ""
+            raise UnavailableError(f"{len(laggards)} servers not SERVING: {shown}{more}")
+        await asyncio.sleep(VERIFY_POLL_S)
+    one_of_each = {host.kind: host for host in hosts}
+    await health.wait_serving(
+        [h.address for h in one_of_each.values()],
+        timeout_s=max(0.0, deadline - time.monotonic()),
+        credentials=credentials,
+    )
 
 
 async def _stop_servers(hosts: list[ServiceHost], grace_s: float) -> None:
@@ -75,8 +102,9 @@ async def _stop_servers(hosts: list[ServiceHost], grace_s: float) -> None:
 
 
 class InProcessSupernode:
-    """Async context manager: on entry every hosted server is bound and verified SERVING over
-    gRPC; on exit each turns NOT_SERVING, in-flight calls drain, and the servers stop.
+    """Async context manager: on entry every hosted server is bound and verified SERVING (by its
+    own health, and one of each kind over gRPC); on exit each turns NOT_SERVING, in-flight calls
+    drain, and the servers stop.
 
     It hosts the whole topology (the embedded default of `cmemu up`) or, for `cmemu serve`, the
     part named by `hosted` (device and service ids): one device, one node, or the fabric. The
@@ -233,7 +261,7 @@ class InProcessSupernode:
             tasks.create_task(state.run(), name=f"{kind.value}-run")
             await host.set_serving(True)
         try:
-            await self._verify_serving()
+            await self.verify_serving()
         except EmulatorError:
             await self.stop()
             raise
@@ -312,14 +340,9 @@ class InProcessSupernode:
         for host in self._hosts:
             self.events.event(host.name, event, now, address=host.address, **detail)
 
-    async def _verify_serving(self) -> None:
-        """Ask every hosted server over gRPC, as a client would: starting is not serving."""
-        await health.wait_serving(
-            [h.address for h in self._hosts],
-            timeout_s=self.ready_timeout_s,
-            credentials=self.credentials,
-            concurrency=VERIFY_CONCURRENCY,
-        )
+    async def verify_serving(self) -> None:
+        """Every hosted server serves (verify_hosts), within the ready timeout."""
+        await verify_hosts(self._hosts, self.ready_timeout_s, self.credentials)
 
     async def not_serving(self) -> None:
         """Every hosted server's health NOT_SERVING at once: the first thing a stop does, so

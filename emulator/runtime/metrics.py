@@ -120,7 +120,7 @@ DEVICE_METRICS: tuple[tuple[str, MetricType, str, Callable[[DeviceEngine], float
         "cmemu_device_inbox_messages",
         "gauge",
         "UB SEND messages waiting for Receive",
-        lambda s: s.inbox.qsize(),
+        lambda s: s.inbox_depth,
     ),
     (
         "cmemu_ub_issued_total",

@@ -160,9 +160,10 @@ class Supernode:
         stop: asyncio.Event | None = None,
         on_death: Callable[[Running], None] | None = None,
     ) -> AbstractAsyncContextManager[Supernode]:
-        """Start the supernode; the context yields once every server answers SERVING over gRPC
-        and stops everything on exit. `stop`, set while starting, aborts the start
-        (StartInterrupted); `on_death` hears of every process that exits on its own."""
+        """Start the supernode; the context yields once every server serves (over gRPC; in one
+        process by its own health, one of each kind over gRPC) and stops everything on exit.
+        `stop`, set while starting, aborts the start (StartInterrupted); `on_death` hears of
+        every process that exits on its own."""
         from cmemu.emulator.runtime.launchers import start  # they build Supernodes: no cycle
 
         return start(options, stop=stop or asyncio.Event(), on_death=on_death)

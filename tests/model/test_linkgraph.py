@@ -381,3 +381,15 @@ def test_every_spelling_of_a_link_finds_both_its_directions(graph: LinkGraph) ->
     first = graph.topology.links[0]
     with pytest.raises(NotFoundError, match="no link"):
         graph.physical(f"{first.a}~{graph.topology.links[-1].b}")  # two ends, no link between
+
+
+def test_a_switchs_links_are_every_directed_link_with_it_at_an_end(graph: LinkGraph) -> None:
+    """Made at the first switch fault, not kept from the start (issue 18's memory): each
+    switch's table is every directed link that has it at either end, both directions; an
+    unknown switch is NOT_FOUND."""
+    for switch in ("n01-l1s2", "l2-p0-s0"):
+        expected = [i for i, (a, b) in enumerate(graph.ends) if switch in (a, b)]
+        assert graph.switch_links(switch) == expected
+        assert len(expected) % 2 == 0 and expected  # a link's two directions
+    with pytest.raises(NotFoundError, match="no switch"):
+        graph.switch_links("n09-l1s0")
