@@ -65,7 +65,7 @@ class DeadlineWheel:
         except StopIteration as answered:
             return cast(T, answered.value)
         with self.bound():
-            return cast(T, await _resumed(call, waiting))
+            return cast(T, await resumed(call, waiting))
 
     @property
     def pending(self) -> int:
@@ -110,7 +110,7 @@ class DeadlineWheel:
 
 
 @types.coroutine
-def _resumed(call: Coroutine[Any, Any, Any], waiting: Any) -> Generator[Any, None, Any]:
+def resumed(call: Coroutine[Any, Any, Any], waiting: Any) -> Generator[Any, None, Any]:
     """`call` awaited on from its first step, which yielded `waiting` (the future it waits for)
     outside any task's step: handed to the task now, as if the task had taken that step. A task
     resumes a coroutine with send(None), or throws in its cancellation: both go on to `call`."""
@@ -124,7 +124,7 @@ def _resumed(call: Coroutine[Any, Any, Any], waiting: Any) -> Generator[Any, Non
             waiting = call.throw(exc)
         except StopIteration as answered:
             return answered.value
-        return (yield from _resumed(call, waiting))
+        return (yield from resumed(call, waiting))
     return (yield from call)
 
 

@@ -78,3 +78,21 @@ def test_an_adopted_segment_that_reads_earlier_is_held_never_backwards() -> None
     assert clock.now_ns() == 105 * 10**9  # caught up, and on
     wall.t = 30.0
     assert clock.now_ns() == 190 * 10**9  # held at the lease's horizon (wall 20)
+
+
+@pytest.mark.parametrize("wall_s", [5.0, 9.999, 10.0, 10.5, 12.0, 20.0, 25.0])
+@pytest.mark.parametrize("floor_ns", [0, 30 * 10**9])
+def test_a_reading_is_its_segment_at_the_held_wall_instant_never_below_the_floor(
+    wall_s: float, floor_ns: int
+) -> None:
+    """now_ns inlines Segment.at with comparisons: it reads what the segment says at the wall
+    instant (cut at the horizon; before the segment's start, its start), raised to the floor."""
+    wall = Wall(wall_s)
+    clock = Clock(time_scale=3.0, epoch_wall_s=0.0, wall=wall)
+    segment = Segment(wall_s=10.0, emulated_ns=25 * 10**9, rate=2.0)
+    clock.segment, clock.horizon_wall_s, clock.floor_ns = segment, 20.0, floor_ns
+    expected = max(segment.at(min(wall_s, 20.0)), floor_ns)
+    assert clock.now_ns() == expected
+    # the twin: without the horizon's cut, a reading past it would run on
+    if wall_s > 20.0:
+        assert segment.at(wall_s) > expected

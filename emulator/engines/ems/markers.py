@@ -48,9 +48,7 @@ class Markers:
         """A one-byte region labelled `label` on each of the key's ring owners that are up
         (`regions`: pool -> region id, each replacing the one it had there)."""
         placement = self.store.placement
-        targets = placement.ring.owners(
-            key, placement.replication_factor, usable=placement.usable()
-        )
+        targets = placement.ring.owners(key, placement.replication_factor, usable=placement.up())
         for pool in targets:
             old = regions.get(pool)
             try:

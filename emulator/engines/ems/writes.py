@@ -11,6 +11,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cmemu.emulator.engines.eager import gather_eager
 from cmemu.emulator.engines.ems.markers import Markers
 from cmemu.emulator.engines.ems.reads import Reads
 from cmemu.emulator.engines.ems.store import Store, log
@@ -87,11 +88,11 @@ class Writes:
         try:
             for s, (_, data, _), requester in zip(staged, items, requesters, strict=True):
                 copies = s.placed.items()
-                done = await asyncio.gather(
-                    *(
+                done = await gather_eager(
+                    [
                         store.write_copy(requester or store.pools[p], p, replica, s.meta, data)
                         for p, replica in copies
-                    )
+                    ]
                 )
                 for t in done:
                     s.timing.add(t.issue_ns, t.complete_ns)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 
 
 def _point(text: str) -> int:
@@ -16,6 +16,7 @@ class HashRing:
 
     def __init__(self, pools: Sequence[str], vnodes: int) -> None:
         self.pools = list(pools)
+        self._pool_set = frozenset(self.pools)
         self._points = sorted(
             (_point(f"{pool}#{v}"), pool) for pool in pools for v in range(vnodes)
         )
@@ -31,11 +32,12 @@ class HashRing:
                 seen.add(pool)
                 yield pool
 
-    def owners(self, key: str, count: int, *, usable: Iterable[str] | None = None) -> list[str]:
+    def owners(self, key: str, count: int, *, usable: Container[str] | None = None) -> list[str]:
         """The first `count` pools of the key's walk among `usable`: the walk stops there (a
         put's placement; cm384's ring has thousands of points, walked whole it cost most of a
-        Put)."""
-        allowed = set(self.pools if usable is None else usable)
+        Put). `usable` is only asked about the pools walked (Placement passes a view of its
+        health, not a set of every pool made per put)."""
+        allowed = self._pool_set if usable is None else usable
         found: list[str] = []
         if count <= 0:
             return found

@@ -46,6 +46,22 @@ def test_targets_are_the_ring_owners_among_healthy_pools() -> None:
         p.targets("some-key")
 
 
+@pytest.mark.parametrize("state", ["up", "suspect", "dead"])
+def test_the_up_view_names_the_usable_pools_and_targets_skip_the_rest(state: str) -> None:
+    """targets() asks the ring about a view of the pools' health, not a list of the usable
+    pools: the two agree for a pool in every state, and only an up pool is a target."""
+    p = _placement()
+    first = p.targets("some-key")[0]
+    if state == "suspect":
+        p.suspect(first, now_ns=1)
+    elif state == "dead":
+        p.mark(first, healthy=False)
+    assert {pool for pool in POOLS if pool in p.up()} == set(p.usable())
+    assert (first in p.up()) is (state == "up")
+    assert (first in p.targets("some-key")) is (state == "up")
+    assert "no-such-pool" not in p.up()
+
+
 def test_mark_reports_changes_only() -> None:
     p = _placement()
     assert not p.mark("n00-mem", healthy=True)
@@ -101,6 +117,11 @@ def test_a_reader_reads_its_own_nodes_copy_first_and_skips_dead_pools() -> None:
     plan = p.read_order(meta, "n02")
     assert [pool for pool, _ in plan.copies] == ["n00-mem", "n03-mem"]
     assert plan.down == ["n02-mem"]
+    anywhere = p.read_order(meta, None)  # no reader's node: the copies in the order held
+    assert [pool for pool, _ in anywhere.copies] == ["n00-mem", "n03-mem"]
+    assert anywhere.down == ["n02-mem"]
+    p.mark("n02-mem", healthy=True)
+    assert p.read_order(meta, None).down == []
 
 
 def test_the_repair_plan_restores_the_factor_from_a_live_copy() -> None:
