@@ -58,6 +58,9 @@ log = structlog.get_logger("cmemu.inprocess")
 # How often the launch re-reads the health of a server of its own that is not SERVING yet (its
 # own health servicer, no call), until the ready timeout.
 VERIFY_POLL_S = 0.05
+# wall seconds a start waits for its `started` events to reach the broker (EventBus.sent): cm384's
+# 629 took 0.1-0.2 s over MQTT; a broker slower than this gets the rest later
+ANNOUNCE_WAIT_S = 5.0
 
 
 def _status_name(served: int | None) -> str:
@@ -265,7 +268,7 @@ class InProcessSupernode:
         except EmulatorError:
             await self.stop()
             raise
-        self._announce("started", status="SERVING")
+        await _announced(self)
         self._background(tasks)
 
     def _background(self, tasks: asyncio.TaskGroup) -> None:
@@ -397,6 +400,14 @@ class InProcessSupernode:
         await tasks.__aexit__(None, None, None)
         if self._own_time and self.time is not None:
             self.time.close()
+
+
+async def _announced(supernode: InProcessSupernode) -> None:
+    """Every server of a start announced SERVING, and the announcements at the broker before the
+    start returns, not beside the first calls it serves (EventBus.sent)."""
+    supernode._announce("started", status="SERVING")
+    if supernode.events is not None:
+        await supernode.events.sent(ANNOUNCE_WAIT_S)
 
 
 def _clock_topology(topology: Topology) -> Topology:
