@@ -6,7 +6,7 @@ trained at night (22-7) and resumed from its EMS checkpoint each night. Prints e
 which way, how long) and every period (tokens served, training steps); writes day_live.json
 and day_live.png. The day plan's own figures are emulated; the run's wall time is not a figure.
 
-    python bench/day_live.py [--hours 24] [--hour-s 60] [--streams 2] [--results DIR]
+    python bench/day_live.py [--hours 24] [--hour-s 60] [--streams 2] [--warm] [--results DIR]
     (about a minute of wall time for 24 plan hours on a quiet machine)
 """
 
@@ -61,7 +61,9 @@ async def _client(base: str, done: asyncio.Event, counts: collections.Counter[st
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     async with running_supernode("cm-mini", time_scale=args.time_scale) as sn:
         await sn.clients.router().Deploy(
-            router_pb2.DeployRequest(name="chat", spec_yaml=json.dumps(SPEC), wait=True)
+            router_pb2.DeployRequest(
+                name="chat", spec_yaml=json.dumps(SPEC), wait=True, warm=args.warm
+            )
         )
         return await _day(sn, args)
 
@@ -156,6 +158,12 @@ def main() -> int:
     parser.add_argument("--time-scale", type=outputs.positive, default=100.0)
     parser.add_argument("--drain-s", type=float, default=30.0, help="emulated s of drain")
     parser.add_argument("--streams", type=int, default=2, help="clients, one request each")
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="the weights already in EMS: the first deploy loads from there, not cold (its "
+        "640 emulated s come before the plan and are none of its figures)",
+    )
     outputs.add_option(parser)
     args = parser.parse_args()
     if args.streams < 1:

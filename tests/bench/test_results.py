@@ -75,7 +75,7 @@ SLOW = [  # each over 5 s: together they would take this file past 20 s
     Quick("day", (), frozenset({"serve-only", "calendar", "load", "cpu_s"})),
     Quick(
         "day_live",
-        ("--hours", "3", "--start-hour", "21", "--hour-s", "30", "--streams", "1"),
+        ("--hours", "3", "--start-hour", "21", "--hour-s", "30", "--streams", "1", "--warm"),
         frozenset({"plan", "client", "wall_s"}),
     ),
     Quick("pd", ("--seconds", "600"), frozenset({"dynamic", "fixed 3:1", "cpu_s", "seconds"})),

@@ -4,6 +4,7 @@ deployment back warm from EMS), and the refusals as non-zero exits naming the st
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -11,10 +12,27 @@ from pathlib import Path
 import pytest
 
 from cmemu.emulator import testing
+from cmemu.emulator.client.clients import Clients
+from cmemu.emulator.client.dayplan import day_plan
 from cmemu.emulator.model.topology import build, server_count
+from cmemu.emulator.runtime import state
 from cmemu.emulator.testing import free_port_block, run_cmemu
 
 cmemu = run_cmemu
+
+
+async def _until_ended(state_file: Path, name: str) -> None:
+    """Wait for the plan to end, asking through the client API: a `cmemu sched day status` per
+    poll would be a process start (most of a CPU second) every poll, on the CPU the emulator's
+    clock needs; the CLI's status is asserted on once it has ended."""
+    clients = Clients(state.read(state_file), state.credentials(state_file))
+    try:
+        deadline = time.monotonic() + 120  # bounds a hung test; the plan's time is emulated
+        while (plan := await day_plan(clients, name)).state not in ("done", "failed"):
+            assert time.monotonic() < deadline, plan
+            await asyncio.sleep(0.2)
+    finally:
+        await clients.close()
 
 
 @pytest.mark.slow
@@ -35,8 +53,10 @@ def test_sched_day_start_status_stop(tmp_path: Path) -> None:
             assert result.returncode == 1, (args, result.stdout)
             assert code in result.stderr, result.stderr
 
+        # warm (weights already in EMS: 80 emulated s, not 640 cold): the day plan is this
+        # test's point, and a cold load's own CLI path is test_serving's
         ok("serve-model", "deepseek-r1", "--decode", "2", "--prefill", "1x2", "--as", "chat",
-           "--wait")  # fmt: skip
+           "--warm", "--wait")  # fmt: skip
         day = ("sched", "day", "start", "chat", "--job", "nightly", "--job-npus", "2")
         fails("INVALID_ARGUMENT", *day, "--night", "25-7")
         fails("INVALID_ARGUMENT", *day, "--night-decode-npus", "2")  # no shrink of 2
@@ -49,13 +69,8 @@ def test_sched_day_start_status_stop(tmp_path: Path) -> None:
                  "--checkpoint-every", "2")  # fmt: skip
         assert "day plan chat: chat by day, undeployed and job nightly at night (1-3)" in out
         fails("FAILED_PRECONDITION (PLAN_OVERLAPS)", *day, "--plan", "again")
-        deadline = time.monotonic() + 120  # bounds a hung test; the plan's time is emulated
-        while (plan := json.loads(ok("sched", "day", "status", "chat", "--json")))["state"] not in (
-            "done",
-            "failed",
-        ):
-            assert time.monotonic() < deadline, plan
-            time.sleep(0.2)
+        asyncio.run(_until_ended(state_file, "chat"))
+        plan = json.loads(ok("sched", "day", "status", "chat", "--json"))
         assert plan["state"] == "done", plan["error"]
         assert [s["to"] for s in plan["switches"]] == ["training", "serving"]
         assert int(plan["training_steps"]) > 0

@@ -17,14 +17,22 @@ from cmemu.emulator.testing import port_range
 
 pytest_plugins = ("pytester",)
 
+# two tests sharing the session's one emulator: the range each expects is disjoint from the
+# other's, so in every run one passes and its twin fails, and which one says whose range won
 PORTS_TEST = """
 import os
 
-def test_ports_and_preset(supernode):
-    low, high = (int(x) for x in os.environ["EXPECT_PORTS"].split("-"))
+def within(supernode, variable):
+    low, high = (int(x) for x in os.environ[variable].split("-"))
     ports = [int(s.address.rsplit(":", 1)[1]) for s in supernode.topology.services]
     assert ports and all(low <= p < high for p in ports), (ports, low, high)
     assert supernode.preset == "cm-mini"
+
+def test_in_the_ini_range(supernode):
+    within(supernode, "INI_PORTS")
+
+def test_in_the_command_line_range(supernode):
+    within(supernode, "CLI_PORTS")
 """
 
 
@@ -43,15 +51,20 @@ def test_the_port_range_from_the_command_line_wins_over_the_ini(
     ini, cli = f"{low}-{low + width}", f"{low + width}-{low + 2 * width}"
     pytester.makeini(f"[pytest]\ncmemu_ports = {ini}\ncmemu_preset = cm-mini\n")
     pytester.makepyfile(test_ports=PORTS_TEST)
-    monkeypatch.setenv("EXPECT_PORTS", ini)
-    from_ini = pytester.runpytest_subprocess("-p", "no:randomly")
-    assert _outcome(from_ini) == {"passed": 1}, from_ini.stdout.str()
-    # the twin: the same test with the command line's range, which the ini's does not satisfy
-    from_cli = pytester.runpytest_subprocess("-p", "no:randomly", "--cmemu-ports", cli)
-    assert _outcome(from_cli) == {"failed": 1}, from_cli.stdout.str()
-    monkeypatch.setenv("EXPECT_PORTS", cli)
-    again = pytester.runpytest_subprocess("-p", "no:randomly", "--cmemu-ports", cli)
-    assert _outcome(again) == {"passed": 1}, again.stdout.str()
+    monkeypatch.setenv("INI_PORTS", ini)
+    monkeypatch.setenv("CLI_PORTS", cli)
+    # one emulator per run (two runs, not one per expectation: each boot is most of a run)
+    from_ini = pytester.runpytest_subprocess("-p", "no:randomly", "-v")
+    assert _outcome(from_ini) == {"passed": 1, "failed": 1}, from_ini.stdout.str()
+    from_ini.stdout.fnmatch_lines(
+        ["*::test_in_the_ini_range PASSED*", "*::test_in_the_command_line_range FAILED*"]
+    )
+    # the twin: the command line's range given, the ini's is no longer satisfied
+    from_cli = pytester.runpytest_subprocess("-p", "no:randomly", "-v", "--cmemu-ports", cli)
+    assert _outcome(from_cli) == {"passed": 1, "failed": 1}, from_cli.stdout.str()
+    from_cli.stdout.fnmatch_lines(
+        ["*::test_in_the_ini_range FAILED*", "*::test_in_the_command_line_range PASSED*"]
+    )
 
 
 @pytest.mark.parametrize(
