@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import os
@@ -38,7 +37,6 @@ log = structlog.get_logger("cmemu.events")
 EVENTS_QOS = 1
 TELEMETRY_QOS = 0
 PUBLISH_TIMEOUT_S = 5.0
-EVENTS_IN_FLIGHT = 16  # QoS 1 events published before the first acknowledgement (paho's max: 20)
 LOCAL_BATCH = 64  # messages handed to a broker in this process between two yields to the loop
 
 
@@ -235,8 +233,10 @@ class EventBus:
                 self.connected = True
                 log.info("broker connected", broker=self.url, pending=len(self._pending))
                 while not self._closing and not self._held:
-                    if self._pending:  # events first
-                        await self._publish_events(client)
+                    if self._pending:  # events first, one acknowledged before the next
+                        message = self._pending[0]
+                        await client.publish(message.topic, message.payload, qos=message.qos)
+                        self._acknowledged(message)
                     elif self._samples:
                         sample = self._samples.pop(next(iter(self._samples)))
                         await client.publish(sample.topic, sample.payload, qos=sample.qos)
@@ -257,35 +257,6 @@ class EventBus:
             self._samples.clear()  # stale by the time the broker is back
             return False
         return True
-
-    async def _publish_events(self, client: aiomqtt.Client) -> None:
-        """The oldest events, up to EVENTS_IN_FLIGHT of them published at once, in order; each
-        leaves the buffer once the broker has acknowledged it and every one before it. One at a
-        time, each waited a round trip through the broker before the next went out: cm384's
-        629 `started` events took 0.2 s of a busy loop (traced, issue 18; a broker of another
-        process, mosquitto under compose or the launcher's for a device process, still takes
-        them over MQTT). A publish that fails raises once the others have ended; what was not
-        acknowledged in order stays buffered for the next connection (QoS 1: a copy may reach
-        the broker twice)."""
-        batch = list(itertools.islice(self._pending, EVENTS_IN_FLIGHT))
-        if len(batch) == 1:  # a lone event: its own round trip, nothing to overlap
-            await client.publish(batch[0].topic, batch[0].payload, qos=batch[0].qos)
-            self._acknowledged(batch[0])
-            return
-        publishes = [
-            asyncio.ensure_future(client.publish(m.topic, m.payload, qos=m.qos)) for m in batch
-        ]
-        try:
-            for message, publish in zip(batch, publishes, strict=True):
-                await publish
-                self._acknowledged(message)
-        except asyncio.CancelledError:
-            for publish in publishes:
-                publish.cancel()
-            raise
-        except Exception:
-            await asyncio.gather(*publishes, return_exceptions=True)  # each ends on its own
-            raise
 
     def _acknowledged(self, message: _Message) -> None:
         """The broker has `message`: it leaves the buffer (only now), if the buffer has not
