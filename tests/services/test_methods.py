@@ -62,7 +62,8 @@ async def test_registered_and_generic_only_services_answer_and_unknown_is_unimpl
             assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_two_tables_share_their_method_names() -> None:
+async def test_two_tables_share_their_method_names() -> None:
+    """(Async: a grpc.aio server is made on a running event loop.)"""
     tables = []
     for _ in range(2):
         server = grpc.aio.server()
