@@ -17,6 +17,7 @@ import grpc
 
 from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.status import reply_of
+from cmemu.emulator.client.training import training_spec
 from cmemu.emulator.model.daylive import Switch
 from cmemu.emulator.model.errors import NotFoundError
 from cmemu.emulator.model.training.spec import TrainingSpec
@@ -173,19 +174,6 @@ class RemoteDayServing:
     async def served_tokens(self) -> int:
         reply = await reply_of("router", self._stub.GetUsage(router_pb2.GetUsageRequest()))
         return sum(int(t.completion_tokens) for t in reply.tenants)
-
-
-def training_spec(job: TrainingSpec) -> training_pb2.TrainingSpec:
-    return training_pb2.TrainingSpec(
-        name=job.name,
-        npus=job.npus,
-        model=job.model,
-        steps=job.steps,
-        checkpoint_every=job.checkpoint_every,
-        data_parallel=job.data_parallel,
-        expert_parallel=job.expert_parallel,
-        micro_batches=job.micro_batches,
-    )
 
 
 class RemoteDayTraining:

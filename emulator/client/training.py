@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cmemu.emulator.client.clients import Clients
-from cmemu.emulator.client.dayplan import training_spec
 from cmemu.emulator.client.status import reply_of
 from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.topology import ServiceKind
@@ -90,4 +89,17 @@ def _job(m: training_pb2.TrainingJob) -> TrainingJob:
         goodput=m.goodput,
         failed_steps=m.failed_steps,
         last_corrupt_checkpoint_ns=m.last_corrupt_checkpoint_ns,
+    )
+
+
+def training_spec(job: TrainingSpec) -> training_pb2.TrainingSpec:
+    return training_pb2.TrainingSpec(
+        name=job.name,
+        npus=job.npus,
+        model=job.model,
+        steps=job.steps,
+        checkpoint_every=job.checkpoint_every,
+        data_parallel=job.data_parallel,
+        expert_parallel=job.expert_parallel,
+        micro_batches=job.micro_batches,
     )

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -123,3 +124,26 @@ async def test_a_process_serving_its_own_broker_imports_no_mqtt_client(tmp_path:
     async with Broker() as elsewhere:  # this test's process, not the emulator's
         other = await _up_modules(tmp_path / "other", "--broker", elsewhere.url)
     assert {"aiomqtt", "paho"} <= other
+
+
+def _imported_by(*argv: str) -> set[str]:
+    done = subprocess.run(  # `status` with no instance exits 1: its imports are the point
+        [sys.executable, "-X", "importtime", *argv],
+        check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+
+
+def test_cmemu_status_imports_no_numpy(tmp_path: Path) -> None:
+    """Every `cmemu` command is a process start (the tests make hundreds): `status` and `fault`
+    read fault kinds, and the checkpoint-corrupt kind's training client brought the day plans'
+    model and with it numpy (0.15 s of each start). Its twin: the day plans' client does."""
+    status = _imported_by(
+        "-m", "cmemu.emulator.cli.entry", "status", "--state-file", str(tmp_path / "none.json")
+    )
+    assert "cmemu" in status and "numpy" not in status
+    assert "numpy" in _imported_by("-c", "import cmemu.emulator.client.dayplan")
