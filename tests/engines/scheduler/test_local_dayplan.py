@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-import aiohttp
 import pytest
 
 from cmemu.emulator.client.dayplan import RemoteDayServing, RemoteDayTraining
@@ -33,6 +32,7 @@ from cmemu.services.manager import ManagerService
 from cmemu.services.router import RouterState
 from cmemu.v1 import router_pb2
 from tests.engines.scheduler.test_local_peers import _killed_refuses_both_ways, _refusal, _same
+from tests.services.test_dayplan import _complete
 
 PROFILE = replace(
     DEFAULT_PROFILE,
@@ -129,19 +129,6 @@ async def test_a_day_and_a_night_run_with_the_routers_and_managers_servers_refus
     # back on the wire: the deployment serves on its day footprint, the job stopped
     assert await remote_serving.spec("chat") == (runner.day_yaml, 6)
     assert (await remote_training.progress(JOB.name))[0] == "stopped"
-
-
-async def _complete(sn: Supernode, max_tokens: int) -> int:
-    """One completion through the OpenAI endpoint: its usage's completion tokens."""
-    http = sn.topology.service(ServiceKind.ROUTER).http_address
-    body = {"model": "chat", "prompt": "good morning", "max_tokens": max_tokens,
-            "ignore_eos": True}  # fmt: skip
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(f"http://{http}/v1/completions", json=body) as response,
-    ):
-        assert response.status == 200, await response.text()
-        return int((await response.json())["usage"]["completion_tokens"])
 
 
 async def test_the_tokens_a_plan_counts_are_the_count_getusage_reports(sn: Supernode) -> None:
