@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from cmemu.emulator.runtime.composegen import (
     TOKEN_SECRET,
     write_secrets,
 )
+from cmemu.emulator.runtime.launchoptions import CMEMU
 from cmemu.emulator.runtime.procs import ProcSpec
 from cmemu.emulator.runtime.security import TOKEN_ENV, read_token, write_secret
 from cmemu.emulator.runtime.serve import BROKER_ENV
@@ -228,7 +228,7 @@ def _service(
             mounts.get(a) or private_path(a, name, run_dir) or rehost(a) for a in map(str, command)
         ]
         if argv[0] == "cmemu":
-            argv[0] = str(Path(sys.executable).parent / "cmemu")
+            argv[0] = CMEMU  # the fork server forks what runs this program
     elif image in IMAGES:
         argv = IMAGES[image](rehost.hosts[name], run_dir, mounts)
     else:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import gzip
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.topology import Topology
 from cmemu.emulator.runtime.composerun import BROKER_IMAGES, IMAGES, Rehost, private_path
 from cmemu.emulator.runtime.k8sgen import WAVE_ANNOTATION
+from cmemu.emulator.runtime.launchoptions import CMEMU
 from cmemu.emulator.runtime.procs import ProcSpec
 from cmemu.emulator.runtime.security import TOKEN_ENV, read_token, write_secret
 from cmemu.emulator.runtime.serve import BROKER_ENV, GZIP_MAGIC
@@ -257,7 +257,7 @@ def _spec(pod: _Pod, ip: str, volumes: _Volumes, ids: set[str], names: list[str]
             for a in map(str, command)
         ]
         if argv[0] == "cmemu":
-            argv[0] = str(Path(sys.executable).parent / "cmemu")
+            argv[0] = CMEMU  # the fork server forks what runs this program
     elif pod.image in IMAGES:
         argv = IMAGES[pod.image](ip, volumes.run_dir, mounts)
     else:

@@ -110,9 +110,16 @@ class Supervisor:
         """How its processes start: "fork server" or "exec" (benchmarks report it)."""
         return "exec" if self.fork is None else "fork server"
 
+    def forks(self, spec: ProcSpec) -> bool:
+        """Whether `spec` starts from the fork server: a command line of the fork server's own
+        program (`cmemu ...`), which a child of it runs exactly as an exec'd one would; any other
+        (a compose file's mosquitto) is exec'd."""
+        return self.fork is not None and spec.argv[:1] == (self.fork.program,)
+
     async def start(self, specs: Sequence[ProcSpec]) -> None:
         await asyncio.to_thread(self.log_dir.mkdir, parents=True, exist_ok=True)
-        if self.fork is not None and self.fork_server is None and not self.stopping:
+        wanted = self.fork is not None and any(self.forks(spec) for spec in specs)
+        if wanted and self.fork is not None and self.fork_server is None and not self.stopping:
             server = await ForkServer.start(self.fork, self.log_dir / FORK_SERVER_LOG)
             self.fork_server = server
             self._tasks.create_task(self._watch_fork_server(server), name="watch-fork-server")
@@ -127,7 +134,7 @@ class Supervisor:
 
     async def _launch(self, spec: ProcSpec, out: int) -> Process:
         env = {**os.environ, **spec.env}
-        if self.fork_server is not None:
+        if self.fork_server is not None and self.forks(spec):
             return await self.fork_server.spawn(spec.argv, env, out)
         return await asyncio.create_subprocess_exec(
             *spec.argv,

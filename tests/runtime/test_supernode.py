@@ -18,7 +18,9 @@ from cmemu.emulator.model.errors import (
     UnavailableError,
     UnknownNameError,
 )
+from cmemu.emulator.runtime.forked import ForkedProcess
 from cmemu.emulator.runtime.launchmodes import Compose, InProcess, Procs
+from cmemu.emulator.runtime.launchoptions import CMEMU
 from cmemu.emulator.runtime.procs import Running
 from cmemu.emulator.runtime.procslaunch import proc_waves
 from cmemu.emulator.runtime.supernode import (
@@ -143,3 +145,10 @@ async def test_compose_mode_runs_the_committed_file(tmp_path: Path) -> None:
         # no $CMEMU_EPOCH: the fabric took the epoch, every process asked it, and so did we
         clock = await sn.clients.fabric().GetClock(fabric_pb2.GetClockRequest())
         assert sn.topology.epoch_wall_s == clock.epoch_wall_s
+        # the file's `cmemu` commands were forked from one fork server, as process mode's are;
+        # its mosquitto, another program, was exec'd
+        assert sn.supervisor is not None and sn.supervisor.fork_server is not None
+        running = list(sn.supervisor.running.values())
+        forked = {r.spec.name for r in running if isinstance(r.proc, ForkedProcess)}
+        assert forked == {r.spec.name for r in running if r.spec.argv[0] == CMEMU}
+        assert len(forked) == len(running) - 1 and "mosquitto" not in forked, forked
