@@ -46,6 +46,7 @@ from cmemu.v1 import (
     scheduler_pb2,
     ub_pb2,
 )
+from tests.runtime.chaos.fresh import judged
 
 pytestmark = pytest.mark.supernode(
     preset="cm-mini", mode="inprocess", time_scale=50, fresh="module"
@@ -377,7 +378,9 @@ def test_an_undetected_fault_blames_the_manager_only_while_it_was_down(
 def test_the_manager_back_before_the_crash_lets_the_job_recover_and_passes(
     chaos: Chaos, tmp_path: Path
 ) -> None:
-    result = chaos.run(_load(tmp_path, _scenario("ctl-back", ", duration: 20s", "30s", "4m")))
+    result = judged(
+        lambda: chaos.run(_load(tmp_path, _scenario("ctl-back", ", duration: 20s", "30s", "4m")))
+    )
     assert result.ok, "\n".join(summary_lines(result))
     ctl, crash = result.recoveries
     assert ctl.status == SERVICE_BACK and ctl.recovery_s is not None
@@ -394,7 +397,7 @@ def test_a_crash_while_the_manager_is_down_is_detected_once_it_is_back_and_recov
     beat across the partition, and judges it on the first after it heals."""
     down_s = 30
     scenario = _scenario("ctl-late", f", duration: {down_s}s", "10s", "4m", kind)
-    result = chaos.run(_load(tmp_path, scenario))
+    result = judged(lambda: chaos.run(_load(tmp_path, scenario)))
     assert result.ok, "\n".join(summary_lines(result))
     ctl, crash = result.recoveries
     assert ctl.injection.cleared_ns is not None and crash.detected_ns is not None
@@ -412,7 +415,9 @@ def test_the_manager_down_for_the_whole_run_leaves_the_crash_undetected_and_fail
     chaos: Chaos, tmp_path: Path, kind: str
 ) -> None:
     """Killed, or cut off the network while it runs on: either way it sees no crash."""
-    result = chaos.run(_load(tmp_path, _scenario("ctl-lost", "", "10s", "1m", kind)))
+    result = judged(
+        lambda: chaos.run(_load(tmp_path, _scenario("ctl-lost", "", "10s", "1m", kind)))
+    )
     assert not result.ok, "\n".join(summary_lines(result))
     check = {c.name: c for c in result.verdict.checks if not c.ok}["recovered_within"]
     crashed = result.recoveries[1].injection.target

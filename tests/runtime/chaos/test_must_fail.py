@@ -27,6 +27,7 @@ from cmemu.emulator.runtime.chaos import files, kinds
 from cmemu.emulator.runtime.chaos.run import RunOptions, RunResult
 from cmemu.emulator.runtime.chaos.runner import run_scenario
 from cmemu.v1 import manager_pb2, scheduler_pb2
+from tests.runtime.chaos.fresh import judged
 
 pytestmark = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=50)
 
@@ -45,7 +46,8 @@ def _scenario(name: str, workloads: str, step: str, expect: str, *, top: str = "
 def _run(chaos: Chaos, tmp_path: Path, text: str) -> RunResult:
     path = tmp_path / "scenario.yaml"
     path.write_text(text)
-    return chaos.run(path, warm=True)  # deployments from EMS: the set-up is not what is judged
+    # deployments from EMS: the set-up is not what is judged
+    return judged(lambda: chaos.run(path, warm=True))
 
 
 def _failed(result: RunResult) -> dict[str, Check]:

@@ -14,6 +14,7 @@ import pytest
 from cmemu.emulator.cli.chaos import summary_lines
 from cmemu.emulator.model.errors import NotFoundError
 from cmemu.emulator.pytest_plugin import Chaos, RunningSupernode, WaitFor
+from tests.runtime.chaos.fresh import judged
 
 pytestmark = pytest.mark.supernode(preset="cm-mini", mode="inprocess", time_scale=20)
 
@@ -40,7 +41,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_faults_go_in_and_out_on_the_emulated_schedule(chaos: Chaos, tmp_path: Path) -> None:
-    result = chaos.run(_write(tmp_path, LINKS_AND_OBJECTS))
+    result = judged(lambda: chaos.run(_write(tmp_path, LINKS_AND_OBJECTS)))
     assert result.ok, "\n".join(summary_lines(result))
     assert len([e for e in result.timeline if e.phase == "fault"]) == 3
     assert len([e for e in result.timeline if e.phase == "cleared"]) == 3
@@ -88,7 +89,7 @@ def test_a_fault_that_cannot_go_in_fails_the_run(chaos: Chaos, tmp_path: Path) -
     text = LINKS_AND_OBJECTS.replace("{link: random in node n01}", "{npu: n09-npu0}").replace(
         "link-down", "device-down"
     )
-    result = chaos.run(_write(tmp_path, text))
+    result = judged(lambda: chaos.run(_write(tmp_path, text)))
     assert not result.ok
     check = next(c for c in result.verdict.checks if c.name == "faults_injected")
     assert not check.ok and "NOT_FOUND" in check.detail
@@ -153,7 +154,7 @@ def test_the_plugin_adds_no_pytest_asyncio_warning_outside_the_repository(
 def test_a_crashed_decode_npu_recovers_within_ten_minutes(chaos: Chaos) -> None:
     """The library's npu-crash-decode: detection, isolation, replacement and restore by the
     reference cluster manager and the serving deployment, judged from outside."""
-    result = chaos.run("npu-crash-decode", time_scale=10, warm=True)
+    result = judged(lambda: chaos.run("npu-crash-decode", time_scale=10, warm=True))
     assert result.time_scale == 10
     assert result.ok, "\n".join(summary_lines(result))
     phases = {e.phase for e in result.timeline}
