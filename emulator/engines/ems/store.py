@@ -218,10 +218,12 @@ class Store:
             )  # fmt: skip
             timing.add(done.issue_ns, done.complete_ns)
             return timing
-        pieces = [(s, data[s : s + n]) for s, n in spans(meta.size, meta.chunk_bytes or meta.size)]
         if meta.chunked:
             assert meta.crcs is not None
+            pieces = [(s, data[s : s + n]) for s, n in spans(meta.size, meta.chunk_bytes)]
             pieces.append((meta.size, encode_trailer(meta.chunk_bytes, meta.crcs)))
+        else:  # one piece, the whole of it: not sliced (copied) out of itself
+            pieces = [(0, data)]
         elapsed = 0
         for offset, piece in pieces:
             done = await self.transfer(
