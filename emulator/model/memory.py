@@ -236,8 +236,11 @@ class PageStore:
         if self.budget is not None and new_pages:
             self.budget.take(new_pages * self.page_bytes, len(data))
         view = memoryview(data)
+        pages = self._pages
         for page in span:
-            buf = self._pages.setdefault(page, bytearray(self.page_bytes))
+            buf = pages.get(page)
+            if buf is None:  # not setdefault: its default, a zeroed page, was made every time
+                buf = pages[page] = bytearray(self.page_bytes)
             start = max(offset, page * self.page_bytes)
             end = min(offset + len(data), (page + 1) * self.page_bytes)
             base = page * self.page_bytes
