@@ -26,9 +26,9 @@ C = TypeVar("C", bound=type)
 def slot_init(cls: C) -> C:
     """A frozen slots dataclass (decorated first) given an `__init__` that sets each field
     through its slot's descriptor: the one dataclass generates calls `object.__setattr__` per
-    field to get past the frozen check, about 2 us for a Transaction's 15 fields, and every UB
-    transaction builds two (its request and the issuer's stamped copy: a third of the cost of
-    the objects an EMS get makes). The same signature and defaults; still frozen afterwards
+    field to get past the frozen check, and every UB transaction builds two Transactions (its
+    request and the issuer's stamped copy). Measured under callgrind: 27.6k instructions per
+    Transaction before, 17.4k after. The same signature and defaults; still frozen afterwards
     (assignment raises FrozenInstanceError), equal and hashed as before."""
     fields = dataclasses.fields(cls)
     scope: dict[str, Any] = {}

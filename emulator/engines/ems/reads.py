@@ -171,10 +171,7 @@ class Reads:
                 reason="OBJECT_TOO_LARGE_FOR_GET",
             )
         source = reading.source  # chunks() without its own generator round per piece
-        data = b""
-        if source is not None:
-            parts = [piece async for piece in source]
-            data = parts[0] if len(parts) == 1 else b"".join(parts)  # one chunk: not copied again
+        data = b"".join([piece async for piece in source]) if source is not None else b""
         return Fetched(
             meta=meta,
             data=data,

@@ -165,11 +165,10 @@ class Store:
         sweep. (`_within`'s body here, not its frame: a put passes here six times, a get once.)"""
         try:
             return await self._wheel(emulated_s).run(call)
-        except TimeoutError:
-            exc: EmulatorError = no_answer(device.id, emulated_s)
+        except TimeoutError:  # no_answer: a DeadlineExceededError, UNREACHABLE
             if device.id in self.pools:
                 self.suspect(device.id)
-            raise exc from None
+            raise no_answer(device.id, emulated_s) from None
         except EmulatorError as exc:
             if isinstance(exc, UNREACHABLE) and device.id in self.pools:
                 self.suspect(device.id)
