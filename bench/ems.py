@@ -15,6 +15,7 @@
 
     python bench/ems.py [--seconds 4] [--requests 200]
     python bench/ems.py --preset cm-mini --seconds 0.5 --requests 5 --big-mib 4   # the quickest
+    python bench/ems.py --seconds 6 --throughput-only   # part 1 alone, nothing written
 
 Writes bench/results/ems.json and ems.png (calls/s and MB/s against the ping, the hit rates).
 """
@@ -247,6 +248,8 @@ async def main_async(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     doc: dict[str, Any] = {"preset": args.preset}
     try:
         doc["throughput"] = await throughput(clients, ems, address, args)
+        if args.throughput_only:
+            return doc
         doc["kv_fetch"] = await kv_fetch(topology, ems)
         doc["big_object"] = await big_object(ems, args.big_mib)
         doc["hit_rate"] = await hit_rates(ems, args.requests)
@@ -335,6 +338,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=200, help="prompts per reuse level")
     parser.add_argument("--preset", default="cm384")
     parser.add_argument("--big-mib", type=int, default=64, help="the streamed object's MiB")
+    parser.add_argument(
+        "--throughput-only",
+        action="store_true",
+        help="part 1 alone (calls/s against the ping), printed; no results written",
+    )
     outputs.add_option(parser)
     args = parser.parse_args()
     counts = (args.requests, args.big_mib, args.concurrency)
@@ -350,6 +358,8 @@ def main() -> int:
         with cmemu_up(path, *args_up, quiet=True):
             print(f"{args.preset} in one process (cmemu up); client in this process")
             doc = asyncio.run(main_async(path, args))
+    if args.throughput_only:
+        return 0
     outputs.write_json(args.results, "ems", doc)
     plot(doc, args.results)
     outputs.announce(args.results, "ems")

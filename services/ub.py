@@ -22,9 +22,7 @@ class UnifiedBusServicer(ub_pb2_grpc.UnifiedBusServicer):
     @rpc
     async def Deliver(self, request: ub_pb2.UbTransaction, context: Context) -> ub_pb2.UbCompletion:
         """Apply a transaction that arrives at this device."""
-        done = await self.engine.bus.deliver(
-            wire.transaction(request), check_only=request.check_only
-        )
+        done = self.engine.bus.deliver(wire.transaction(request), check_only=request.check_only)
         return wire.completion_proto(done)
 
     @rpc

@@ -288,8 +288,8 @@ class LinkGraph:
 
     def partitioned(self, a: str, b: str) -> bool:
         """Whether frames from device `a` to device `b` are lost (a partition, either way, or
-        one way from a's side to b's)."""
-        return any(
+        one way from a's side to b's). No partition, no generator: asked of every transfer."""
+        return bool(self.partitions) and any(
             (a in x and b in y) or (not one_way and a in y and b in x)
             for x, y, one_way in self.partitions
         )

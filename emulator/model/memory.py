@@ -236,8 +236,11 @@ class PageStore:
         if self.budget is not None and new_pages:
             self.budget.take(new_pages * self.page_bytes, len(data))
         view = memoryview(data)
+        pages = self._pages
         for page in span:
-            buf = self._pages.setdefault(page, bytearray(self.page_bytes))
+            buf = pages.get(page)
+            if buf is None:  # not setdefault: its default, a zeroed page, was made every time
+                buf = pages[page] = bytearray(self.page_bytes)
             start = max(offset, page * self.page_bytes)
             end = min(offset + len(data), (page + 1) * self.page_bytes)
             base = page * self.page_bytes
@@ -261,6 +264,15 @@ class PageStore:
         return new_pages
 
     def read(self, offset: int, size: int) -> bytes:
+        first = offset - offset % self.page_bytes
+        if size > 0 and offset + size <= first + self.page_bytes:
+            # within one page (an EMS object of a chunk or less): a slice of the page, not a
+            # zeroed buffer filled piece by piece and copied again
+            held = self._pages.get(first // self.page_bytes)
+            if held is None:
+                return bytes(size)
+            at = offset - first
+            return bytes(held[at : at + size])
         out = bytearray(size)
         if size == 0:
             return bytes(out)
@@ -322,16 +334,18 @@ class DeviceMemory:
         return region
 
     def check(self, offset: int, size: int) -> Region:
-        if size > self.capacity:
+        allocator = self.allocator  # its capacity read once, not through the property thrice
+        capacity = allocator.capacity
+        if size > capacity:
             raise OutOfRangeError(
-                f"{size} bytes are more than this device's {self.capacity} bytes",
+                f"{size} bytes are more than this device's {capacity} bytes",
                 reason="TRANSFER_TOO_LARGE",
             )
-        if offset >= self.capacity or offset + size > self.capacity:
+        if offset >= capacity or offset + size > capacity:
             raise OutOfRangeError(
-                f"[{offset}, {offset + size}) is outside this device's {self.capacity} bytes"
+                f"[{offset}, {offset + size}) is outside this device's {capacity} bytes"
             )
-        return self.allocator.containing(offset, size)
+        return allocator.containing(offset, size)
 
     def write(self, offset: int, data: bytes) -> None:
         self.check(offset, len(data))

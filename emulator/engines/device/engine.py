@@ -21,10 +21,10 @@ from cmemu.emulator.engines.peers import Directory
 from cmemu.emulator.model.errors import (
     RETRY_AFTER_S,
     DataLossError,
+    EmulatorError,
     InvalidArgumentError,
     NotFoundError,
     UnavailableError,
-    blame,
     quote,
 )
 from cmemu.emulator.model.faults.memory import Corruption, Poison
@@ -320,21 +320,22 @@ class DeviceEngine:
         if len(label) > MAX_LABEL:  # before health, as the servicer checked its request
             raise InvalidArgumentError(f"label longer than {MAX_LABEL} characters", field="label")
         self.require_healthy()
-        with blame(field="size", subject=self.device.id):
+        try:  # `with blame(...)`'s annotations, at no cost per call (two of every EMS put)
             region = self.memory.allocate(size, label)
+        except EmulatorError as exc:
+            exc.annotate(field="size", subject=self.device.id)
+            raise
         self.log.debug("allocated", region=region.region_id, size=region.size)
         return region
 
     def free(self, region_id: int) -> int:
         """Free a region; its size."""
         self.require_healthy()
-        with blame(
-            field="region_id",
-            subject=str(region_id),
-            reason="REGION_NOT_FOUND",
-            on=NotFoundError,
-        ):
+        try:  # `with blame(...)`'s annotations, at no cost per call (two of every EMS put)
             return self.memory.free(region_id).size
+        except NotFoundError as exc:
+            exc.annotate(field="region_id", subject=str(region_id), reason="REGION_NOT_FOUND")
+            raise
 
     def region_page(self, page_token: str, page_size: int) -> RegionPage:
         """A page of the live regions by address, from `page_token` (one this device gave: the

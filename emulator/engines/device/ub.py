@@ -26,6 +26,7 @@ from cmemu.emulator.model.errors import (
 )
 from cmemu.emulator.model.ub import (
     PRICED,
+    READS_STORED,
     Completion,
     Message,
     Op,
@@ -93,10 +94,12 @@ class Bus:
         e.log.debug("ub submit", trace_id=tx.id, op=tx.op.value, dst=target.id)
         return completion
 
-    async def deliver(self, request: Transaction, *, check_only: bool) -> Completion:
+    def deliver(self, request: Transaction, check_only: bool) -> Completion:
         """Apply a transaction that arrives at this device. The fabric then replaces the timing
         with its own; a direct caller of Deliver gets the uncontended cost model's timing. With
-        `check_only` the transaction is checked as it would be applied, and nothing changes."""
+        `check_only` the transaction is checked as it would be applied, and nothing changes.
+        A plain call: nothing in it waits, and the fabric of this process delivers every
+        transaction once or twice (no coroutine made and stepped for each)."""
         e = self.engine
         e.require_healthy()
         tx = normalize(request, self.inline_max)
@@ -145,7 +148,7 @@ class Bus:
             path=(src.id, e.device.id) if src is not e.device else (e.device.id,),
         )
         try:  # what `with blame(...)` x3 did, at no cost per call on the hot path
-            if tx.op.reads_stored:
+            if tx.op in READS_STORED:  # Op.reads_stored, without a property call
                 e.require_unpoisoned(tx.dst_offset, tx.size)
             if check_only:
                 self._check(tx)

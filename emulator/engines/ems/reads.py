@@ -77,6 +77,63 @@ class Reading:
                 yield piece
 
 
+class Copies:
+    """An object's chunks in order, from the first copy that serves each: a copy that is
+    unreachable or fails a checksum is left for the next, from the chunk where it failed
+    (Reads.piece reads one, Reads.failed passes a copy by). An iterator object, not an async
+    generator: asyncio hooks the first step of every async generator (a WeakSet entry, taken
+    out again by a weakref callback when it is gone), which every Get paid for its one chunk."""
+
+    def __init__(
+        self, reads: Reads, meta: ObjectMeta, requester: Device | None, reading: Reading
+    ) -> None:
+        self.reads = reads
+        self.meta = meta
+        self.requester = requester
+        self.reading = reading
+        self.copies: Iterator[tuple[str, Replica]] | None = None  # the plan, at the first step
+        self.copy: tuple[str, Replica] | None = None  # the copy read from now
+        self.unavailable: list[str] = []
+        self.pieces: list[tuple[int, int]] = []  # once the chunk size is known (the table read)
+        self.position = 0  # the next piece to deliver
+        self.elapsed = 0
+        self.ended = False
+
+    def __aiter__(self) -> Copies:
+        return self
+
+    async def __anext__(self) -> bytes:
+        meta, reads = self.meta, self.reads
+        try:
+            if self.copies is None:
+                placement = reads.store.placement
+                node = self.requester.node if self.requester is not None else None
+                plan = placement.read_order(meta, node)
+                self.unavailable = [f"{p} ({placement.health[p]})" for p in plan.down]
+                self.copies = iter(plan.copies)
+                self.copy = next(self.copies, None)
+            while not self.ended:
+                if self.copy is None:
+                    raise _no_copy(meta, self.reading, self.unavailable)
+                pool, replica = self.copy
+                issuer = self.requester or reads.store.pools[pool]
+                try:
+                    data = await reads.piece(meta, issuer, pool, replica, self)
+                except EmulatorError as exc:  # the pool's or the issuer's answer
+                    await reads.failed(meta, pool, replica, self, exc)
+                    self.copy = next(self.copies, None)
+                    continue
+                if data is None:  # this copy delivered the rest
+                    break
+                if meta.real:
+                    return data
+        except BaseException:
+            self.ended = True  # as a generator that raised: done
+            raise
+        self.ended = True
+        raise StopAsyncIteration
+
+
 class Reads:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -164,69 +221,68 @@ class Reads:
 
     def reading(self, meta: ObjectMeta, requester: Device | None) -> Reading:
         reading = Reading(meta=meta)
-        reading.source = self._copies(meta, requester, reading)
+        reading.source = Copies(self, meta, requester, reading)
         return reading
 
-    async def _copies(
-        self, meta: ObjectMeta, requester: Device | None, reading: Reading
-    ) -> AsyncIterator[bytes]:
-        """The object's chunks in order, from the first copy that serves each: a copy that is
-        unreachable or fails a checksum is left for the next, from the chunk where it failed."""
+    async def piece(
+        self, meta: ObjectMeta, issuer: Device, pool: str, replica: Replica, copies: Copies
+    ) -> bytes | None:
+        """The next piece of `meta` (b"" for a size-only object) from one copy, checked against
+        its CRC, and counted in the reading's timing; None once every piece is delivered."""
         store = self.store
-        plan = store.placement.read_order(meta, requester.node if requester is not None else None)
-        unavailable = [f"{p} ({store.placement.health[p]})" for p in plan.down]
-        pieces: list[tuple[int, int]] = []  # once the chunk size is known (the table read)
-        position = 0  # the next piece to deliver
-        elapsed = 0
-        for pool, replica in plan.copies:
-            issuer = requester or store.pools[pool]
-            try:
-                if meta.chunked and meta.crcs is None:
-                    meta.chunk_bytes, meta.crcs = await self._table(issuer, pool, replica, meta)
-                if not pieces:
-                    chunked = meta.real and meta.chunked
-                    pieces = spans(meta.size, meta.chunk_bytes) if chunked else [(0, meta.size)]
-                while position < len(pieces):
-                    start, length = pieces[position]
-                    done = await store.transfer(
-                        issuer, Op.READ, pool=pool, replica=replica, size=length,
-                        offset=start, size_only=not meta.real,
-                    )  # fmt: skip
-                    if meta.real and zlib.crc32(done.data) != (
-                        meta.crcs[position] if meta.crcs is not None else meta.crc
-                    ):
-                        raise CorruptCopy(
-                            f"chunk {position} of {quote(meta.key)} on {pool} fails its CRC-32"
-                        )
-                    reading.timing.issue_ns = reading.timing.issue_ns or done.issue_ns
-                    elapsed += done.complete_ns - done.issue_ns
-                    reading.timing.duration_ns = elapsed
-                    reading.served_by = pool
-                    position += 1
-                    if meta.real:
-                        yield done.data
-                return
-            except CorruptCopy as exc:
-                reading.corrupt_copies += 1
-                store.counters.corrupt += 1
-                if self._drop(meta, pool, "DATA_LOSS on a copy; reading another"):
-                    with contextlib.suppress(EmulatorError):
-                        await store.free_region(pool, replica.region_id)
-                store.publish("corrupt-copy", key=meta.key, copy=pool, detail=str(exc),
-                              copies_left=len(meta.replicas))  # fmt: skip
-            except EmulatorError as exc:  # the pool's or the issuer's answer
-                if isinstance(exc, PreconditionError) and exc.reason == NOT_ALLOCATED:
-                    # its pool came back empty (a pool-loss, a wiped restart) and the sweep has
-                    # not reconciled it yet: this copy is gone, the next may serve
-                    reading.gone_copies += 1
-                    self._drop(meta, pool, "a copy's region is gone; reading another")
-                    continue
-                if not isinstance(exc, UNREACHABLE):
-                    raise
-                if requester is not None:
-                    await self._check_reader(requester, exc)
-                unavailable.append(pool)
-        raise _no_copy(meta, reading, unavailable)
+        if meta.chunked and meta.crcs is None:
+            meta.chunk_bytes, meta.crcs = await self._table(issuer, pool, replica, meta)
+        if not copies.pieces:
+            chunked = meta.real and meta.chunked
+            copies.pieces = spans(meta.size, meta.chunk_bytes) if chunked else [(0, meta.size)]
+        position = copies.position
+        if position >= len(copies.pieces):
+            return None
+        start, length = copies.pieces[position]
+        done = await store.transfer(
+            issuer, Op.READ, pool=pool, replica=replica, size=length,
+            offset=start, size_only=not meta.real,
+        )  # fmt: skip
+        if meta.real and zlib.crc32(done.data) != (
+            meta.crcs[position] if meta.crcs is not None else meta.crc
+        ):
+            raise CorruptCopy(f"chunk {position} of {quote(meta.key)} on {pool} fails its CRC-32")
+        reading = copies.reading
+        reading.timing.issue_ns = reading.timing.issue_ns or done.issue_ns
+        copies.elapsed += done.complete_ns - done.issue_ns
+        reading.timing.duration_ns = copies.elapsed
+        reading.served_by = pool
+        copies.position = position + 1
+        return done.data
+
+    async def failed(
+        self, meta: ObjectMeta, pool: str, replica: Replica, copies: Copies, exc: EmulatorError
+    ) -> None:
+        """A copy that could not serve the next piece: passed by for the next copy (a corrupt one
+        dropped and freed, a gone one dropped, an unreachable one noted), or the error raised
+        (the pool's own answer, or a reader that is itself down)."""
+        store = self.store
+        reading = copies.reading
+        if isinstance(exc, CorruptCopy):
+            reading.corrupt_copies += 1
+            store.counters.corrupt += 1
+            if self._drop(meta, pool, "DATA_LOSS on a copy; reading another"):
+                with contextlib.suppress(EmulatorError):
+                    await store.free_region(pool, replica.region_id)
+            store.publish("corrupt-copy", key=meta.key, copy=pool, detail=str(exc),
+                          copies_left=len(meta.replicas))  # fmt: skip
+            return
+        if isinstance(exc, PreconditionError) and exc.reason == NOT_ALLOCATED:
+            # its pool came back empty (a pool-loss, a wiped restart) and the sweep has not
+            # reconciled it yet: this copy is gone, the next may serve
+            reading.gone_copies += 1
+            self._drop(meta, pool, "a copy's region is gone; reading another")
+            return
+        if not isinstance(exc, UNREACHABLE):
+            raise exc
+        if copies.requester is not None:
+            await self._check_reader(copies.requester, exc)
+        copies.unavailable.append(pool)
 
     def _drop(self, meta: ObjectMeta, pool: str, why: str) -> bool:
         """A copy that cannot serve is forgotten (the sweep restores the factor); False when the

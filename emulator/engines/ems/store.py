@@ -147,21 +147,28 @@ class Store:
         in wall seconds failed healthy pools on a starved host), on one timer per bound's
         length (engines/wheel.py: a put makes six such calls, a get one), entered only by a
         call that waits (DeadlineWheel.run: a pool of this process answers at once)."""
+        try:
+            return await self._wheel(emulated_s).run(call)
+        except TimeoutError:
+            raise no_answer(device.id, emulated_s) from None
+
+    def _wheel(self, emulated_s: float) -> DeadlineWheel:
         wheel = self._wheels.get(emulated_s)
         if wheel is None:
             wheel = self._wheels[emulated_s] = DeadlineWheel(
                 self.clock.clock, emulated_s, min_wall_s=self.ems.timeout_min_wall_s
             )
-        try:
-            return await wheel.run(call)
-        except TimeoutError:
-            raise no_answer(device.id, emulated_s) from None
+        return wheel
 
     async def _reached(self, device: Device, call: Coroutine[Any, Any, T], emulated_s: float) -> T:
         """`_within`, and a pool that does not answer is suspect at once, ahead of the next
-        sweep."""
+        sweep. (`_within`'s body here, not its frame: a put passes here six times, a get once.)"""
         try:
-            return await self._within(device, call, emulated_s)
+            return await self._wheel(emulated_s).run(call)
+        except TimeoutError:  # no_answer: a DeadlineExceededError, UNREACHABLE
+            if device.id in self.pools:
+                self.suspect(device.id)
+            raise no_answer(device.id, emulated_s) from None
         except EmulatorError as exc:
             if isinstance(exc, UNREACHABLE) and device.id in self.pools:
                 self.suspect(device.id)
@@ -210,10 +217,12 @@ class Store:
             )  # fmt: skip
             timing.add(done.issue_ns, done.complete_ns)
             return timing
-        pieces = [(s, data[s : s + n]) for s, n in spans(meta.size, meta.chunk_bytes or meta.size)]
         if meta.chunked:
             assert meta.crcs is not None
+            pieces = [(s, data[s : s + n]) for s, n in spans(meta.size, meta.chunk_bytes)]
             pieces.append((meta.size, encode_trailer(meta.chunk_bytes, meta.crcs)))
+        else:  # one piece, the whole of it: not sliced (copied) out of itself
+            pieces = [(0, data)]
         elapsed = 0
         for offset, piece in pieces:
             done = await self.transfer(
