@@ -114,8 +114,14 @@ def test_a_quick_benchmark_writes_json_and_a_png(quick: Quick, tmp_path: Path) -
     check_written(quick, tmp_path / "out")  # a directory that does not exist yet
 
 
-# deploy starts cm-mini in process mode, on its fixed loopback addresses: see tests/conftest.py
-ONE_AT_A_TIME = {"deploy": pytest.mark.xdist_group("loopback-procs")}
+# deploy starts cm-mini in process mode and from its compose file, on their fixed loopback
+# addresses: see tests/conftest.py
+ONE_AT_A_TIME = {
+    "deploy": (
+        pytest.mark.xdist_group("loopback-procs"),
+        pytest.mark.xdist_group("loopback-compose"),
+    )
+}
 
 
 @pytest.mark.slow
