@@ -18,6 +18,7 @@ from cmemu.emulator.engines.clock import TimeKeeper, Timeline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.topology import Service, ServiceKind, Topology
+from cmemu.emulator.runtime import heap
 from cmemu.services.host import ServiceHost
 from cmemu.services.peers import Peers
 
@@ -141,7 +142,8 @@ async def _router_http(state: ServiceState, ctx: ServiceContext) -> None:
     from cmemu.services.router import RouterState  # imported by the process hosting it
 
     assert isinstance(state, RouterState)
-    await state.open_http()
+    await state.open_http()  # bound now; served once this process's starts end
+    heap.after_starts(state.serve_http)
 
 
 SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {
