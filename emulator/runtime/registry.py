@@ -128,6 +128,7 @@ def _fabric(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
     )
     ctx.peers.host_fabric(engine)
     _, host = fabric_server(engine, ctx.time, address=ctx.service.address)
+    heap.after_starts(engine.warm)  # its link graph once the launch is ready, or at first use
     return engine, host
 
 

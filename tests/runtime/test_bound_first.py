@@ -6,6 +6,7 @@ waits in the socket's backlog and is answered once the server serves."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import aiohttp
@@ -13,6 +14,7 @@ import aiohttp
 from cmemu.emulator.runtime import heap
 from cmemu.emulator.runtime.webview import WebView
 from cmemu.emulator.testing import running_supernode
+from cmemu.v1 import fabric_pb2
 
 
 async def test_what_waits_for_the_starts_runs_when_the_last_one_ends() -> None:
@@ -76,3 +78,33 @@ async def test_a_page_that_connects_before_the_view_serves_is_answered() -> None
                 response.release()
         finally:
             await view.__aexit__(None, None, None)
+
+
+async def test_the_fabric_makes_its_link_graph_once_the_starts_end() -> None:
+    """cm384's link graph is 50-100 ms of a boot: made once the launch is ready (here: once
+    the start this test holds open, as `cmemu up` does until its state file, ends). Its twin:
+    asked before, the fabric makes it then and answers (a fault injected, listed)."""
+    launching = contextlib.ExitStack()
+    launching.enter_context(heap.starting())
+    try:
+        async with running_supernode("cm-mini") as sn:
+            fabric = sn.local.fabric
+            assert fabric is not None
+            assert not fabric.built  # every server SERVING, no graph yet
+            launching.close()
+            assert fabric.built
+        launching = contextlib.ExitStack()
+        launching.enter_context(heap.starting())
+        async with running_supernode("cm-mini") as sn:
+            fabric = sn.local.fabric
+            assert fabric is not None and not fabric.built
+            link = sn.topology.links[0]
+            added = await sn.clients.fabric().InjectFault(
+                fabric_pb2.FabricFault(kind="link-down", target=f"{link.a}~{link.b}")
+            )
+            assert fabric.built
+            listed = await sn.clients.fabric().ListFaults(fabric_pb2.ListFaultsRequest())
+            assert [f.id for f in listed.faults] == [added.id]
+    finally:
+        launching.close()
+        heap.stopped()
