@@ -141,12 +141,14 @@ def _imported_by(*argv: str) -> set[str]:
 def test_cmemu_status_imports_no_numpy(tmp_path: Path) -> None:
     """Every `cmemu` command is a process start (the tests make hundreds): `status` and `fault`
     read fault kinds, and the checkpoint-corrupt kind's training client brought the day plans'
-    model and with it numpy (0.15 s of each start). Its twin: the day plans' client does."""
+    model and with it numpy (0.15 s of each start). Its twin: the day plans' policy model
+    (model/dayplan.py, which the day plans' client brought until its night window moved to
+    model/daywindow.py) does."""
     status = _imported_by(
         "-m", "cmemu.emulator.cli.entry", "status", "--state-file", str(tmp_path / "none.json")
     )
     assert "cmemu" in status and "numpy" not in status
-    assert "numpy" in _imported_by("-c", "import cmemu.emulator.client.dayplan")
+    assert "numpy" in _imported_by("-c", "import cmemu.emulator.model.dayplan")
 
 
 # `cmemu up` run with a spy on the import system: it says, on stderr, whether the state file was
@@ -208,3 +210,26 @@ async def test_cmemu_up_imports_aiohttp_after_its_state_file(tmp_path: Path) -> 
         _, err = await proc.communicate()
     said = [line for line in err.decode().splitlines() if "aiohttp first imported" in line]
     assert said == ["aiohttp first imported; state file there: True"], said
+
+
+def _modules_of(code: str) -> set[str]:
+    """Every module `python -c code` imports (their full names)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code],
+        check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return {
+        line.rsplit("|", 1)[1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+
+
+def test_the_scheduler_imports_no_day_plan_policy_model() -> None:
+    """Every boot makes the scheduler, which runs day plans (model/daylive.py): their night
+    window is model/daywindow.py's, not the calendar policy's model (model/dayplan.py, with the
+    training cost models under it). Its twin: `cmemu simulate` imports that model."""
+    scheduler = _modules_of("import cmemu.emulator.engines.scheduler.engine")
+    assert "cmemu.emulator.model.daywindow" in scheduler
+    assert "cmemu.emulator.model.dayplan" not in scheduler
+    assert "cmemu.emulator.model.dayplan" in _modules_of("import cmemu.emulator.cli.simulate")
