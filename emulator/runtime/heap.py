@@ -84,7 +84,10 @@ def starting() -> Iterator[None]:
             if _Starts.loops[loop] == 0:
                 del _Starts.loops[loop]
                 for then in _Starts.waiting.pop(loop, []):
-                    then()
+                    try:
+                        then()
+                    except Exception:  # what waited fails alone: the start it waited for is done
+                        log.exception("after the starts: failed", call=repr(then))
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

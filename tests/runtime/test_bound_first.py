@@ -33,6 +33,24 @@ async def test_what_waits_for_the_starts_runs_when_the_last_one_ends() -> None:
         heap.stopped()  # what the starts froze is collectable again
 
 
+async def test_what_waited_and_failed_fails_alone() -> None:
+    """A call that raises is logged: the start it waited for has ended well (the state file is
+    written), and the calls after it still run. Its twin: the raising call did run."""
+    ran: list[str] = []
+
+    def fails() -> None:
+        ran.append("failed")
+        raise RuntimeError("a bad certificate, say")
+
+    try:
+        with heap.starting():
+            heap.after_starts(fails)
+            heap.after_starts(lambda: ran.append("served"))
+        assert ran == ["failed", "served"]
+    finally:
+        heap.stopped()
+
+
 async def test_a_start_on_another_loop_does_not_hold_this_one() -> None:
     """Starts are counted per event loop: an instance hosted in another thread (the tests'
     hosted_instance) does not delay this loop's endpoints."""

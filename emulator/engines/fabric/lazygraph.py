@@ -24,6 +24,7 @@ class LazyGraph:
     topology: Topology
     profile: HardwareProfile
     clock: Timeline
+    _closing: bool  # the engine is stopping: nothing more is made
 
     def __init__(self) -> None:
         self._graph: LinkGraph | None = None
@@ -65,7 +66,7 @@ class LazyGraph:
     def warm(self) -> None:
         """Make the link graph now, if nothing has asked for it yet: what a launcher calls once
         it is ready, so that the first transfer does not wait for it."""
-        if self._graph is None:
+        if self._graph is None and not self._closing:
             self._build()
 
     def _build(self) -> LinkGraph:
