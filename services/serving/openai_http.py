@@ -25,7 +25,6 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cmemu.emulator.engines.serving.driver import Driver
 from cmemu.emulator.engines.serving.usage import UsageMeter
 from cmemu.emulator.model.address import parse_address
 from cmemu.emulator.model.clock import Clock
@@ -39,6 +38,8 @@ from cmemu.services.serving.tokenizer import Loaded, load_tokenizer
 
 if TYPE_CHECKING:  # imported when the endpoint serves (start): not at the router's making
     from aiohttp import web
+
+    from cmemu.emulator.engines.serving.driver import Driver
 
 SHUTDOWN_S = 2.0  # wall seconds the endpoint gives its last responses when it stops
 

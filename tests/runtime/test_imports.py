@@ -233,3 +233,19 @@ def test_the_scheduler_imports_no_day_plan_policy_model() -> None:
     assert "cmemu.emulator.model.daywindow" in scheduler
     assert "cmemu.emulator.model.dayplan" not in scheduler
     assert "cmemu.emulator.model.dayplan" in _modules_of("import cmemu.emulator.cli.simulate")
+
+
+def test_the_router_imports_its_deployments_machinery_with_the_first_deployment() -> None:
+    """Every boot makes the router (services/router.py) and its serving engine: the drivers,
+    the serving model and its cost models (30 ms of imports) come with the first deployment
+    (engines/serving/engine.py imports them where a deployment is made). Its twin: the
+    deployments' module (deploy.py) brings them."""
+    heavy = {
+        "cmemu.emulator.engines.serving.driver",
+        "cmemu.emulator.model.serving.engine",
+        "cmemu.emulator.model.serving.deployment",
+    }
+    router = _modules_of("import cmemu.services.router")
+    assert "cmemu.emulator.engines.serving.engine" in router
+    assert not router & heavy, sorted(router & heavy)
+    assert heavy <= _modules_of("import cmemu.emulator.engines.serving.deploy")
