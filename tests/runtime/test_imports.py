@@ -249,3 +249,18 @@ def test_the_router_imports_its_deployments_machinery_with_the_first_deployment(
     assert "cmemu.emulator.engines.serving.engine" in router
     assert not router & heavy, sorted(router & heavy)
     assert heavy <= _modules_of("import cmemu.emulator.engines.serving.deploy")
+
+
+def test_the_training_service_imports_its_step_model_with_the_first_job() -> None:
+    """Every boot makes the training service and its engine: a job's runner, its step model and
+    the training cost models under it come with the first job started. Its twin: the runner's
+    module (runner.py) brings them."""
+    heavy = {
+        "cmemu.emulator.model.training.job",
+        "cmemu.emulator.model.training.step",
+        "cmemu.emulator.model.serving.cost",
+    }
+    service = _modules_of("import cmemu.services.training.service")
+    assert "cmemu.emulator.engines.training.engine" in service
+    assert not service & heavy, sorted(service & heavy)
+    assert heavy <= _modules_of("import cmemu.emulator.engines.training.runner")
