@@ -7,6 +7,10 @@ wire.py's.
 
 from __future__ import annotations
 
+import asyncio
+
+import structlog
+
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.serving.engine import ServingEngine
@@ -27,6 +31,7 @@ from cmemu.services.serving.wire import (
 from cmemu.v1 import router_pb2, router_pb2_grpc
 
 SERVICE = "cmemu.v1.Router"
+log = structlog.get_logger("cmemu.router")
 
 
 class RouterState:
@@ -67,19 +72,33 @@ class RouterState:
         if self.http is not None:  # a deployment's requests will need the tokenizer: loaded
             self.engine.on_deploy = self.http.warm  # while its weights load
         self.host: ServiceHost | None = None  # its token guards the HTTP endpoint too
+        self._serving: asyncio.Task[None] | None = None  # serve_http's start of the endpoint
+        self._ended = False
 
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def open_http(self) -> None:
         """Bind the OpenAI endpoint before the router reports SERVING (the launcher's `prepare`
-        step): a state file that names the endpoint is written only once it answers."""
+        step): a state file that names the endpoint is written only once it takes connections,
+        which wait in its backlog until `serve_http` serves them."""
         if self.http is None or not self.http_address:
             return
         security = self.host.security if self.host is not None else OPEN
         security.check_bind("router (HTTP)", self.http_address)
-        await self.http.start(
+        self.http.bind(self.http_address, keys=security.keys)
+
+    def serve_http(self) -> None:
+        """Start serving the endpoint `open_http` bound, in the background: its launcher calls
+        this once it is ready (runtime/registry.py), so that aiohttp's import (0.2 s of CPU)
+        comes after `cmemu up`'s state file rather than before it."""
+        if self.http is None or not self.http_address or self._ended or self._serving:
+            return
+        security = self.host.security if self.host is not None else OPEN
+        start = self.http.start(
             self.http_address, keys=security.keys, ssl_context=security.ssl_context()
         )
+        self._serving = asyncio.get_running_loop().create_task(start, name="router-http")
+        self._serving.add_done_callback(_said)
 
     async def run(self) -> None:
         """Run the engine until close(); its streams end (their requests cancelled) before the
@@ -87,6 +106,10 @@ class RouterState:
         try:
             await self.engine.run()
         finally:
+            self._ended = True
+            if self._serving is not None and not self._serving.done():
+                self._serving.cancel()
+                await asyncio.wait([self._serving])
             if self.http is not None:
                 await self.http.stop()
 
@@ -175,3 +198,9 @@ def create_router(
         services=[(SERVICE, lambda s: router_pb2_grpc.add_RouterServicer_to_server(servicer, s))],
     )
     return state, host
+
+
+def _said(task: asyncio.Task[None]) -> None:
+    """A start of the endpoint that failed is logged: nothing else awaits it."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the OpenAI endpoint did not start", error=repr(task.exception()))

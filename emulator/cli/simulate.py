@@ -22,9 +22,9 @@ from cmemu.emulator.model.dayplan import (
     DayParams,
     DayResult,
     params_for,
-    parse_window,
     simulate_day,
 )
+from cmemu.emulator.model.daywindow import parse_window
 from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from cmemu.emulator.model.overrides import apply_overrides, parse_override

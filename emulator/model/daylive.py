@@ -4,7 +4,7 @@ out against the router and the training jobs; this module says when and what.
 
 The plan keeps its own clock of plan hours, compressed: `hour_s` emulated seconds make one plan
 hour, so a day runs in 24 x `hour_s` emulated seconds (minutes at a high time scale). Night is
-the calendar policy's window of model mode (dayplan.py's `in_window`, the one calendar): inside
+the calendar policy's window of model mode (daywindow.py's `in_window`, the one calendar): inside
 it the deployment runs its night footprint (`night_decode_npus` decode NPUs, or none) and the
 training job the NPUs it freed; outside it the day footprint serves and the job is stopped with
 its checkpoint in EMS. Each switch and each period (a day or a night, from its switch's start)
@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from cmemu.emulator.model.dayplan import in_window, parse_window
+from cmemu.emulator.model.daywindow import in_window, parse_window
 from cmemu.emulator.model.errors import InvalidArgumentError, quote
 from cmemu.emulator.model.training.spec import TrainingSpec
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cmemu.emulator.model.costmodel import NS, ems_ssd_ns
-from cmemu.emulator.model.errors import InvalidArgumentError, quote
+from cmemu.emulator.model.daywindow import in_window
+from cmemu.emulator.model.errors import InvalidArgumentError
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from cmemu.emulator.model.serving.deployment import Deployment
 from cmemu.emulator.model.serving.operating import operating_point
@@ -179,28 +180,6 @@ class Trainer:
             reload_s = ems_ssd_ns(math.ceil(size / len(topo.nodes)), p) / NS
             self._cache[npus] = (step.total_s, tokens, write_s, reload_s)
         return self._cache[npus]
-
-
-def parse_window(text: str) -> tuple[float, float]:
-    """A night window `START-END` in hours 0-24 ("22-7" crosses midnight); the calendar policy's
-    and the live plan's one spelling."""
-    start, sep, end = text.partition("-")
-    try:
-        window = (float(start), float(end))
-    except ValueError:
-        window = (-1.0, -1.0)
-    if not sep or not all(0 <= h < 24 for h in window) or window[0] == window[1]:
-        raise InvalidArgumentError(
-            f"night window: START-END in hours 0-24, e.g. 22-7; got {quote(text)}", field="night"
-        )
-    return window
-
-
-def in_window(at_s: float, window: tuple[float, float]) -> bool:
-    """`at_s` into the day (any day: taken modulo 24 hours) falls inside the window."""
-    start, end = window
-    hour = (at_s / 3600.0) % 24
-    return (hour >= start or hour < end) if start > end else start <= hour < end
 
 
 def serving_target(at_s: float, p: DayParams, total: int, back_s: float) -> int:

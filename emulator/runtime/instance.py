@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cmemu.emulator.model.errors import EmulatorError, InvalidArgumentError
-from cmemu.emulator.runtime import metricserver, ports, state
+from cmemu.emulator.runtime import heap, metricserver, ports, state
 from cmemu.emulator.runtime.attach import HOSTED, Attached, StaleInstanceError, attach
 from cmemu.emulator.runtime.procs import Running
 from cmemu.emulator.runtime.supernode import LaunchOptions, Supernode
@@ -113,6 +113,10 @@ async def start(
     stop = stop if stop is not None else asyncio.Event()
     key = path.resolve()
     stopping: asyncio.TimerHandle | None = None
+    # the start lasts until the state file is written: what waits for the end of the starts
+    # (heap.after_starts: the HTTP endpoints' servers on their bound sockets) serves after it
+    launching = contextlib.ExitStack()
+    launching.enter_context(heap.starting())
     try:
         async with (
             Supernode.start(options, stop=stop, on_death=on_death) as sn,
@@ -126,7 +130,9 @@ async def start(
                     others=sn.supernodes[1:],
                 )
             )  # fmt: skip
-            if view is not None:  # after the state file: see WebView.serve
+            launching.close()
+            if view is not None:  # after the state file: see WebView.bind and serve
+                await view.serve()
                 await view.start_feeds()
             HOSTED[key] = (asyncio.get_running_loop(), stop)
             try:
@@ -139,6 +145,7 @@ async def start(
                 await sn.not_serving()  # before the web view and the rest are torn down
                 await asyncio.to_thread(_forget, path, options)
     finally:
+        launching.close()
         if stopping is not None:
             stopping.cancel()
 
@@ -195,7 +202,7 @@ async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
         mqtt_login=sn.security.mqtt_login(),
         source=view_source(sn),
     )
-    await view.serve()  # its feeds start once the state file is written (start)
+    view.bind()  # served, and its feeds started, once the state file is written (start)
     try:
         yield view
     finally:

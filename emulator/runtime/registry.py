@@ -18,6 +18,7 @@ from cmemu.emulator.engines.clock import TimeKeeper, Timeline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.topology import Service, ServiceKind, Topology
+from cmemu.emulator.runtime import heap
 from cmemu.services.host import ServiceHost
 from cmemu.services.peers import Peers
 
@@ -127,6 +128,7 @@ def _fabric(ctx: ServiceContext) -> tuple[ServiceState, ServiceHost]:
     )
     ctx.peers.host_fabric(engine)
     _, host = fabric_server(engine, ctx.time, address=ctx.service.address)
+    heap.after_starts(engine.warm)  # its link graph once the launch is ready, or at first use
     return engine, host
 
 
@@ -141,7 +143,8 @@ async def _router_http(state: ServiceState, ctx: ServiceContext) -> None:
     from cmemu.services.router import RouterState  # imported by the process hosting it
 
     assert isinstance(state, RouterState)
-    await state.open_http()
+    await state.open_http()  # bound now; served once this process's starts end
+    heap.after_starts(state.serve_http)
 
 
 SERVICE_SPECS: dict[ServiceKind, ServiceSpec] = {

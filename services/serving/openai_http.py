@@ -19,41 +19,29 @@ the endpoint serves HTTPS with the same certificate.
 from __future__ import annotations
 
 import asyncio
-import json
+import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-import structlog
-from aiohttp import web
-
-from cmemu.emulator.engines.serving.driver import Driver
-from cmemu.emulator.engines.serving.streams import Stream
 from cmemu.emulator.engines.serving.usage import UsageMeter
 from cmemu.emulator.model.address import parse_address
 from cmemu.emulator.model.clock import Clock
-from cmemu.emulator.model.errors import EmulatorError, bind_error, quote
+from cmemu.emulator.model.errors import bind_error
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.instruments import SERVING_BUCKETS_S, Family, Histogram
-from cmemu.emulator.model.serving.models import get_model
-from cmemu.emulator.model.serving.tokens import VOCAB
-from cmemu.emulator.model.tenants import Keys, Priority, Tenant
-from cmemu.services.serving.endpoint import outputs
-from cmemu.services.serving.endpoint.admission import OPEN_TENANT, Admission, Ticket
-from cmemu.services.serving.endpoint.asks import Ask, Parser
-from cmemu.services.serving.endpoint.errors import HttpError, from_domain
-from cmemu.services.serving.endpoint.limits import read_json
-from cmemu.services.serving.endpoint.responses import CHAT, COMPLETIONS, Answer, Reply, Shape
-from cmemu.services.serving.tokenizer import Loaded, Tokenizer, load_tokenizer, output_ids
+from cmemu.emulator.model.tenants import Keys
+from cmemu.services import listening
+from cmemu.services.serving.endpoint.admission import OPEN_TENANT, Admission
+from cmemu.services.serving.tokenizer import Loaded, load_tokenizer
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-log = structlog.get_logger("cmemu.router")
+if TYPE_CHECKING:  # imported when the endpoint serves (start): not at the router's making
+    from aiohttp import web
+
+    from cmemu.emulator.engines.serving.driver import Driver
+
 SHUTDOWN_S = 2.0  # wall seconds the endpoint gives its last responses when it stops
-OPENAPI = Path(__file__).resolve().parent / "endpoint" / "openapi.json"
 
 
 class Deployments(Protocol):
@@ -70,13 +58,6 @@ class Deployments(Protocol):
         ...
 
 
-@dataclass
-class _Held:
-    """The slots a request holds now (a preempted one holds new ones when it resumes)."""
-
-    ticket: Ticket | None = None
-
-
 class OpenAiServer:
     def __init__(self, *, router: Deployments, profile: HardwareProfile, clock: Clock) -> None:
         self.router = router
@@ -87,18 +68,8 @@ class OpenAiServer:
         # a deployment is made (warm()): `cmemu up` alone never pays for it at boot
         self._loading: asyncio.Future[Loaded] | None = None
         self.admission = self._admission(None)
-        self.app = web.Application(
-            client_max_size=self.limits.http_body_max_bytes, middlewares=[self._errors]
-        )
-        self.app.router.add_get("/v1/models", self.models)
-        self.app.router.add_get("/v1/models/{model}", self.model)
-        self.app.router.add_post("/v1/completions", self.completions)
-        self.app.router.add_post("/v1/chat/completions", self.chat)
-        self.app.router.add_get("/health", self.health)
-        self.app.router.add_get("/openapi.json", self.openapi)
+        self._sockets: list[socket.socket] = []  # bound by `bind`, served by `start`
         self._runner: web.AppRunner | None = None
-        self._openapi = json.loads(OPENAPI.read_text(encoding="utf-8"))
-        self._rng = np.random.default_rng()
         self.release_lag = Histogram(SERVING_BUCKETS_S)  # wall seconds a token left late
         self.created = int(time.time())
 
@@ -113,6 +84,21 @@ class OpenAiServer:
             offline_share=s.tenant_offline_share,
         )
 
+    def bind(self, address: str, *, keys: Keys | None = None) -> None:
+        """`address` bound and listening, not served yet (start), its tenants those of `keys`:
+        the router binds it before it reports SERVING, and serves it once its launcher is ready
+        (aiohttp's import, 0.2 s of CPU, is not the boot's); a client that connects meanwhile
+        waits in the backlog. With keys, completions need a tenant's key (the model list stays
+        open, as the gRPC services' reads do)."""
+        if self._sockets:
+            return
+        self.admission = self._admission(keys)
+        at = parse_address(address, any_port=True)
+        try:
+            self._sockets = listening.listen(at.host, at.port)
+        except OSError as exc:
+            raise bind_error("router (HTTP)", address, exc) from exc
+
     async def start(
         self,
         address: str,
@@ -121,16 +107,19 @@ class OpenAiServer:
         ssl_context: ssl.SSLContext | None = None,
         loaded: Loaded | None = None,
     ) -> None:
-        """Serve at `address`. With keys, completions need a tenant's key (the model list stays
-        open, as the gRPC services' reads do); with an SSL context, HTTPS."""
-        self.admission = self._admission(keys)
+        """Serve at `address`, bound first with `keys` unless `bind` was; with an SSL context,
+        HTTPS."""
         if loaded is not None:
             self._loading = asyncio.get_running_loop().create_future()
             self._loading.set_result(loaded)
-        at = parse_address(address, any_port=True)
+        self.bind(address, keys=keys)
+        from aiohttp import web
+
+        from cmemu.services.serving.endpoint.app import application
+
         # a client that goes away cancels its handler: its requests are then cancelled too
         runner = web.AppRunner(
-            self.app,
+            application(self),
             handler_cancellation=True,
             access_log=None,
             shutdown_timeout=SHUTDOWN_S,
@@ -140,13 +129,9 @@ class OpenAiServer:
             max_headers=self.limits.http_headers_max,
         )
         await runner.setup()
-        site = web.TCPSite(runner, at.host, at.port, reuse_port=False, ssl_context=ssl_context)
-        try:
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise bind_error("router (HTTP)", address, exc) from exc
         self._runner = runner
+        for sock in self._sockets:
+            await web.SockSite(runner, sock, ssl_context=ssl_context).start()
 
     def warm(self) -> None:
         """Start loading the tokenizer, if nothing has: a deployment will need it."""
@@ -165,6 +150,7 @@ class OpenAiServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        listening.close(self._sockets)  # bound and never served, or what cleanup left
 
     def metrics(self) -> list[Family]:
         lag = Family(
@@ -175,205 +161,3 @@ class OpenAiServer:
             samples=[({}, self.release_lag.snapshot())],
         )
         return [*self.admission.metrics(), lag]
-
-    # --- every answer OpenAI-shaped ------------------------------------------------------------
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except HttpError as exc:
-            return exc.response()
-        except web.HTTPMethodNotAllowed as exc:
-            allowed = ", ".join(sorted(exc.allowed_methods))
-            response = HttpError(
-                405, f"{request.method} is not allowed on {quote(request.path, 80)}; use {allowed}"
-            ).response()
-            response.headers["Allow"] = allowed
-            return response
-        except web.HTTPNotFound:
-            return HttpError(
-                404,
-                f"no route {quote(request.path, 80)}: the endpoint serves /v1/models, "
-                "/v1/completions and /v1/chat/completions",
-                "not_found_error",
-            ).response()
-        except web.HTTPException as exc:
-            return HttpError(exc.status, exc.reason or "refused").response()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a bug: still OpenAI's shape, and logged with its traceback
-            log.exception("the endpoint failed", path=request.path)
-            return HttpError(500, "the emulator failed on this request", "server_error").response()
-
-    # --- handlers ------------------------------------------------------------------------------
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def openapi(self, request: web.Request) -> web.Response:
-        return web.json_response(self._openapi)
-
-    def _card(self, name: str, live: Any, loaded: Loaded) -> dict[str, Any]:
-        spec = getattr(live, "spec", None)
-        model = get_model(spec.model) if spec is not None else None
-        tokenizer = loaded.tokenizer
-        return {
-            "id": name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "cmemu",
-            "root": spec.model if spec is not None else name,
-            "parent": None,
-            "max_model_len": model.context_tokens if model is not None else None,
-            "permission": [],
-            "cmemu": {
-                "tokenizer": tokenizer.name,
-                "exact_token_counts": tokenizer.exact,
-            },
-        }
-
-    async def models(self, request: web.Request) -> web.Response:
-        deployments = list(self.router.deployments.items())
-        loaded = await self.tokenizer() if deployments else None  # no card: no need to load it
-        data = [self._card(name, live, loaded) for name, live in deployments if loaded]
-        return web.json_response({"object": "list", "data": data})
-
-    async def model(self, request: web.Request) -> web.Response:
-        name = request.match_info["model"]
-        live = self.router.deployments.get(name)
-        if live is None:
-            raise self._unknown(name)
-        return web.json_response(self._card(name, live, await self.tokenizer()))
-
-    def _unknown(self, model: str) -> HttpError:
-        deployed = sorted(self.router.deployments)
-        return HttpError(
-            404,
-            f"the model {quote(model, 64)} does not exist; deployed: "
-            f"{', '.join(deployed) if deployed else 'none (cmemu serve-model)'}",
-            "invalid_request_error",
-            "model",
-            code="model_not_found",
-        )
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, COMPLETIONS)
-
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, CHAT)
-
-    # --- serving -------------------------------------------------------------------------------
-
-    async def _serve(self, request: web.Request, shape: Shape) -> web.StreamResponse:
-        tenant = self.admission.tenant(request.headers.get("Authorization", ""))
-        body = await read_json(request, self.limits)
-        tokenizer = (await self.tokenizer()).tokenizer
-        # token ids as the model's embedding takes them (the model card's vocabulary)
-        parser = Parser(tokenizer=tokenizer, limits=self.limits, vocab=VOCAB)
-        ask = await (parser.chat(body) if shape is CHAT else parser.completion(body))
-        driver = self._driver(ask.model)
-        context = get_model(driver.engine.deployment.model).context_tokens
-        lengths = ask.lengths(context, self.limits.max_tokens_max)
-        prompt_tokens = sum(len(p) for p in ask.prompts)
-        self.admission.admit(tenant, prompt_tokens)
-        reply: Reply | None = None
-        held = _Held()
-        try:
-            held.ticket = await self.admission.acquire(tenant, driver, len(ask.prompts) * ask.n)
-            reply = self._submit(driver, ask, shape, lengths, tokenizer)
-            if len(reply.answers) == 1 and tenant.priority is not Priority.ONLINE:
-                self._preemptible(reply, held, tenant, driver)
-            try:
-                if ask.stream:
-                    return await reply.streamed(request)
-                return await reply.whole()
-            finally:
-                for answer in reply.answers:
-                    if answer.stream.finished is None:  # the client went away
-                        driver.cancel(answer.stream.request.id)
-        finally:
-            if held.ticket is not None:
-                self.admission.release(held.ticket)
-            if reply is not None and reply.billed:
-                self.admission.charge(tenant, prompt_tokens, reply.usage())
-            else:  # refused or failed: nothing to bill, the admission given back
-                self.admission.refund(tenant, prompt_tokens)
-
-    def _preemptible(self, reply: Reply, held: _Held, tenant: Tenant, driver: Driver) -> None:
-        """Let a higher class's arrival take this one-answer request's slot: its engine request
-        is cancelled, and once its class may run again it continues where it stopped (its
-        prompt and the tokens it had as the continuation's prompt, the rest as its output)."""
-        answer = reply.answers[0]
-        tokenizer = reply.tokenizer
-
-        def preempt() -> None:
-            answer.preempted = True
-            driver.cancel(answer.stream.request.id)
-
-        async def resume(a: Answer) -> Stream | None:
-            left = a.choice.tokens - a.offset
-            if left <= 0:
-                return None
-            held.ticket = await self.admission.acquire(tenant, driver, 1)
-            held.ticket.preempt = preempt
-            prompt = reply.ask.prompts[a.choice.prompt]
-            done = output_ids(tokenizer, a.choice.seed, 0, a.offset)
-            try:
-                return driver.submit([*prompt, *done], left)
-            except EmulatorError:
-                return None  # the deployment is going away: the answer ends where it was
-
-        answer.first = answer.stream.metrics
-        assert held.ticket is not None
-        held.ticket.preempt = preempt
-        reply.resume = resume
-
-    def _submit(
-        self,
-        driver: Driver,
-        ask: Ask,
-        shape: Shape,
-        lengths: outputs.Lengths,
-        tokenizer: Tokenizer,
-    ) -> Reply:
-        natural = driver.engine.deployment.output
-        # any 64-bit seed, negative ones too (numpy takes none below 0)
-        rng = np.random.default_rng(ask.seed % 2**64) if ask.seed is not None else self._rng
-        answers: list[Answer] = []
-        try:
-            for p, tokens in enumerate(ask.prompts):
-                for j in range(ask.n):
-                    choice = outputs.plan(
-                        index=p * ask.n + j,
-                        prompt=p,
-                        lengths=lengths,
-                        natural=natural,
-                        rng=rng,
-                        tokenizer=tokenizer,
-                    )
-                    stream = driver.submit(tokens, choice.tokens)
-                    answers.append(Answer(choice=choice, stream=stream))
-        except EmulatorError as exc:
-            for answer in answers:
-                driver.cancel(answer.stream.request.id)
-            raise from_domain(exc) from exc
-        return Reply(
-            ask=ask,
-            shape=shape,
-            answers=answers,
-            tokenizer=tokenizer,
-            clock=self.clock,
-            lag_tolerance_s=self.limits.release_lag_tolerance_s,
-            lags=self.release_lag,
-        )
-
-    def _driver(self, model: str) -> Driver:
-        if not self.router.deployments:
-            raise HttpError(503, "no model is deployed (cmemu serve-model)", "service_unavailable")
-        if model not in self.router.deployments:
-            raise self._unknown(model)
-        try:
-            return self.router.serving(model)
-        except EmulatorError as exc:
-            raise from_domain(exc) from exc

@@ -4,12 +4,16 @@ their messages, and the tenants' metered use (the serving engine's usage meter) 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cmemu.emulator.client.servingstats import stats_message as stats_message  # noqa: PLC0414
-from cmemu.emulator.engines.serving.deploy import InstanceView, LiveDeployment
 from cmemu.emulator.engines.serving.spec import DeployAsk
 from cmemu.emulator.engines.serving.usage import TenantUse
 from cmemu.emulator.model.serving.live import DeploymentState, PdStatus
 from cmemu.v1 import router_pb2
+
+if TYPE_CHECKING:  # the serving engine's deployments: imported with their first (deploy.py)
+    from cmemu.emulator.engines.serving.deploy import InstanceView, LiveDeployment
 
 WIRE_STATE = {
     DeploymentState.LOADING: router_pb2.DEPLOYMENT_STATE_LOADING,

@@ -141,9 +141,126 @@ def _imported_by(*argv: str) -> set[str]:
 def test_cmemu_status_imports_no_numpy(tmp_path: Path) -> None:
     """Every `cmemu` command is a process start (the tests make hundreds): `status` and `fault`
     read fault kinds, and the checkpoint-corrupt kind's training client brought the day plans'
-    model and with it numpy (0.15 s of each start). Its twin: the day plans' client does."""
+    model and with it numpy (0.15 s of each start). Its twin: the day plans' policy model
+    (model/dayplan.py, which the day plans' client brought until its night window moved to
+    model/daywindow.py) does."""
     status = _imported_by(
         "-m", "cmemu.emulator.cli.entry", "status", "--state-file", str(tmp_path / "none.json")
     )
     assert "cmemu" in status and "numpy" not in status
-    assert "numpy" in _imported_by("-c", "import cmemu.emulator.client.dayplan")
+    assert "numpy" in _imported_by("-c", "import cmemu.emulator.model.dayplan")
+
+
+# `cmemu up` run with a spy on the import system: it says, on stderr, whether the state file was
+# there when aiohttp was first imported
+FIRST_AIOHTTP = """
+import sys
+from pathlib import Path
+
+state = Path(sys.argv[sys.argv.index("--state-file") + 1])
+
+
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "aiohttp":
+            print(f"aiohttp first imported; state file there: {state.exists()}", file=sys.stderr)
+            sys.meta_path.remove(self)
+        return None
+
+
+sys.meta_path.insert(0, Spy())
+from cmemu.emulator.cli.entry import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+async def test_cmemu_up_imports_aiohttp_after_its_state_file(tmp_path: Path) -> None:
+    """aiohttp's import is 0.2 s of CPU, a fifth of a cm384 boot: the web view and the router's
+    OpenAI endpoint bind their sockets before the state file and serve after it. Its twin: both
+    then answer (a request made at once is served, aiohttp imported by then)."""
+    import aiohttp
+
+    from cmemu.emulator.model.topology import ServiceKind
+    from cmemu.emulator.runtime import state
+
+    path = tmp_path / "state.json"
+    base = free_port_block(launch_ports("cm-mini"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", FIRST_AIOHTTP, "--log-level", "warning", "up", "--preset",
+        "cm-mini", "--base-port", str(base), "--broker", "none", "--state-file", str(path),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(120):
+            while not path.exists():
+                assert proc.returncode is None, "cmemu up exited"
+                await asyncio.sleep(0.05)
+        found = state.read_instance(path)
+        router = found.topology.service(ServiceKind.ROUTER).http_address
+        ui = found.launcher.extra[state.UI_KEY]
+        assert router is not None and ui
+        async with aiohttp.ClientSession() as session, asyncio.timeout(60):
+            async with session.get(f"http://{router}/health") as response:
+                assert response.status == 200
+            async with session.get(f"{ui}api/snapshot") as response:
+                assert response.status == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = await proc.communicate()
+    said = [line for line in err.decode().splitlines() if "aiohttp first imported" in line]
+    assert said == ["aiohttp first imported; state file there: True"], said
+
+
+def _modules_of(code: str) -> set[str]:
+    """Every module `python -c code` imports (their full names)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code],
+        check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return {
+        line.rsplit("|", 1)[1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+
+
+def test_the_scheduler_imports_no_day_plan_policy_model() -> None:
+    """Every boot makes the scheduler, which runs day plans (model/daylive.py): their night
+    window is model/daywindow.py's, not the calendar policy's model (model/dayplan.py, with the
+    training cost models under it). Its twin: `cmemu simulate` imports that model."""
+    scheduler = _modules_of("import cmemu.emulator.engines.scheduler.engine")
+    assert "cmemu.emulator.model.daywindow" in scheduler
+    assert "cmemu.emulator.model.dayplan" not in scheduler
+    assert "cmemu.emulator.model.dayplan" in _modules_of("import cmemu.emulator.cli.simulate")
+
+
+def test_the_router_imports_its_deployments_machinery_with_the_first_deployment() -> None:
+    """Every boot makes the router (services/router.py) and its serving engine: the drivers,
+    the serving model and its cost models (30 ms of imports) come with the first deployment
+    (engines/serving/engine.py imports them where a deployment is made). Its twin: the
+    deployments' module (deploy.py) brings them."""
+    heavy = {
+        "cmemu.emulator.engines.serving.driver",
+        "cmemu.emulator.model.serving.engine",
+        "cmemu.emulator.model.serving.deployment",
+    }
+    router = _modules_of("import cmemu.services.router")
+    assert "cmemu.emulator.engines.serving.engine" in router
+    assert not router & heavy, sorted(router & heavy)
+    assert heavy <= _modules_of("import cmemu.emulator.engines.serving.deploy")
+
+
+def test_the_training_service_imports_its_step_model_with_the_first_job() -> None:
+    """Every boot makes the training service and its engine: a job's runner, its step model and
+    the training cost models under it come with the first job started. Its twin: the runner's
+    module (runner.py) brings them."""
+    heavy = {
+        "cmemu.emulator.model.training.job",
+        "cmemu.emulator.model.training.step",
+        "cmemu.emulator.model.serving.cost",
+    }
+    service = _modules_of("import cmemu.services.training.service")
+    assert "cmemu.emulator.engines.training.engine" in service
+    assert not service & heavy, sorted(service & heavy)
+    assert heavy <= _modules_of("import cmemu.emulator.engines.training.runner")

@@ -23,10 +23,9 @@ import structlog
 
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
-from cmemu.emulator.engines.fabric.collectives import Collectives
+from cmemu.emulator.engines.fabric.lazygraph import LazyGraph
 from cmemu.emulator.engines.fabric.metrics import LinkGroups, fabric_families
 from cmemu.emulator.engines.fabric.outage import fabric_outage
-from cmemu.emulator.engines.flows import FlowClock
 from cmemu.emulator.engines.peers import CollectiveOutcome, DevicePeer, Directory, FlowTime
 from cmemu.emulator.model.arrivals import ArrivalBatch, ArrivalLog
 from cmemu.emulator.model.collectives import CollectiveTiming
@@ -43,7 +42,7 @@ from cmemu.emulator.model.errors import (
 )
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.instruments import Family
-from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec, RankState
+from cmemu.emulator.model.linkfaults import FaultSpec, RankState
 from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
 from cmemu.emulator.model.routes import Route, check_reachable, priced
 from cmemu.emulator.model.topology import Device, DeviceKind, Topology
@@ -158,7 +157,7 @@ async def _delivered(
     return await target.deliver(tx, check_only=False, deadline_s=deadline_s), complete_s
 
 
-class FabricEngine:
+class FabricEngine(LazyGraph):
     """The link graph, its faults and the flows in flight, driven by the emulated clock."""
 
     name = "fabric"
@@ -177,15 +176,8 @@ class FabricEngine:
         self.clock = clock
         self.peers = peers
         self.events = events
-        self.graph = LinkGraph(topology, profile)
-        self.faults = FaultSet(self.graph)
+        super().__init__()  # the link graph: made at its first use (lazygraph.py)
         self.outage = fabric_outage()  # its service down, as its callers in this process meet it
-        self.flows = FlowClock(
-            clock=clock,
-            res_cap=self.graph.trunk_cap(),
-            cut_message="a fault cut the route of this transfer",
-        )
-        self.collectives = Collectives(self.graph, profile.limits)
         self.arrivals = ArrivalLog(profile.limits.collective_arrivals_kept)
         # link-stats tables computed (GetLinkStats, each WatchLinkStats table): what watching
         # the links costs, seen in /metrics (a web view with no page open asks for none)
@@ -436,7 +428,11 @@ class FabricEngine:
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """The fabric's clocks until close(): the flows' and the faults'."""
+        """The fabric's clocks until close(): the flows' and the faults', from the moment there
+        is a link graph (until then no flow and no fault can be)."""
+        await self._built.wait()
+        if self._closing:
+            return
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._fault_clock(), name="fabric-faults")
             await self.flows.run()
@@ -445,5 +441,8 @@ class FabricEngine:
         """End the clock loops; transfers still in flight end UNAVAILABLE."""
         self._closing = True
         self._faults_moved.set()
+        if self._graph is None:  # nothing was built: nothing runs (run() returns)
+            self._built.set()
+            return
         self.collectives.close()
         self.flows.close("the fabric is stopping")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -20,15 +21,8 @@ from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.outage import Outage
 from cmemu.emulator.engines.peers import JobScheduler
-from cmemu.emulator.engines.serving.deploy import LiveDeployment, Provisioner
-from cmemu.emulator.engines.serving.driver import Driver
-from cmemu.emulator.engines.serving.measures import ServingModel
-from cmemu.emulator.engines.serving.pdlive import LivePd
 from cmemu.emulator.engines.serving.peers import KvStore, ServingDirectory
-from cmemu.emulator.engines.serving.recovery import Recovery
-from cmemu.emulator.engines.serving.reports import serving_families
 from cmemu.emulator.engines.serving.spec import DeployAsk, parse_ask, spec_text
-from cmemu.emulator.engines.serving.stats import summarize
 from cmemu.emulator.engines.serving.usage import UsageMeter
 from cmemu.emulator.model.errors import (
     EmulatorError,
@@ -39,12 +33,15 @@ from cmemu.emulator.model.errors import (
 )
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.instruments import Family
-from cmemu.emulator.model.serving.cost import kv_bytes_per_token
-from cmemu.emulator.model.serving.engine import Engine
 from cmemu.emulator.model.serving.live import DeploymentState, ServingStats
-from cmemu.emulator.model.serving.models import get_model
-from cmemu.emulator.model.serving.pdpolicy import live_options, unit_rates
 from cmemu.emulator.model.topology import Topology
+
+if TYPE_CHECKING:
+    # the deployments' machinery (their drivers, the serving model, its cost models: 30 ms of
+    # imports) comes with the first deployment, not at every boot that makes the router
+    from cmemu.emulator.engines.serving.deploy import LiveDeployment, Provisioner
+    from cmemu.emulator.engines.serving.driver import Driver
+    from cmemu.emulator.engines.serving.pdlive import LivePd
 
 log = structlog.get_logger("cmemu.router")
 REASON_DOWN = "ROUTER_DOWN"  # a killed router, as its callers in this process meet it
@@ -76,10 +73,8 @@ class ServingEngine:
         self.ems = ems
         self.events = events
         self.on_deploy = on_deploy
-        self.provisioner = Provisioner(
-            topology=topology, profile=profile, clock=clock, peers=peers, scheduler=scheduler,
-            ems=ems,
-        )  # fmt: skip
+        self.scheduler = scheduler
+        self._provisioner: Provisioner | None = None  # made with the first deployment
         self.deployments: dict[str, LiveDeployment] = {}
         self._tasks: asyncio.TaskGroup | None = None
         self._loading: dict[str, asyncio.Task[None]] = {}
@@ -90,6 +85,18 @@ class ServingEngine:
         # its service down, as the manager and the day plans of this process meet it
         self.outage = Outage("router", REASON_DOWN)  # (engines/outage.py)
         self.usage = UsageMeter()  # the OpenAI endpoint charges it, GetUsage reads it
+
+    @property
+    def provisioner(self) -> Provisioner:
+        """What allocates a deployment's NPUs and loads its weights (deploy.py)."""
+        if self._provisioner is None:
+            from cmemu.emulator.engines.serving.deploy import Provisioner
+
+            self._provisioner = Provisioner(
+                topology=self.topology, profile=self.profile, clock=self.clock, peers=self.peers,
+                scheduler=self.scheduler, ems=self.ems,
+            )  # fmt: skip
+        return self._provisioner
 
     def publish(self, event: str, **detail: object) -> None:
         if self.events is not None:
@@ -138,6 +145,8 @@ class ServingEngine:
         tasks = self._tasks
         if tasks is None:
             raise UnavailableError("the router is not running", retry_after_s=1.0)
+        from cmemu.emulator.engines.serving.deploy import LiveDeployment
+
         name, spec = parse_ask(ask, self.topology, self.profile)
         if self.on_deploy is not None:
             self.on_deploy()
@@ -176,6 +185,13 @@ class ServingEngine:
 
     async def _load(self, live: LiveDeployment) -> None:
         """Weights through EMS, the emulated loading time, then the engine and its driver."""
+        from cmemu.emulator.engines.serving.driver import Driver
+        from cmemu.emulator.engines.serving.measures import ServingModel
+        from cmemu.emulator.engines.serving.recovery import Recovery
+        from cmemu.emulator.model.serving.cost import kv_bytes_per_token
+        from cmemu.emulator.model.serving.engine import Engine
+        from cmemu.emulator.model.serving.models import get_model
+
         try:
             load_s = await self.provisioner.load_weights(live)
             started = self.clock.now_ns()
@@ -230,6 +246,9 @@ class ServingEngine:
 
     def _start_pd(self, live: LiveDeployment, driver: Driver, tasks: asyncio.TaskGroup) -> None:
         """Live dynamic PD (pdlive.py), when the deployment asks for it."""
+        from cmemu.emulator.engines.serving.pdlive import LivePd
+        from cmemu.emulator.model.serving.pdpolicy import live_options, unit_rates
+
         options = live_options(live.spec)
         if options is None:
             return
@@ -281,11 +300,15 @@ class ServingEngine:
 
     def stats(self, name: str) -> ServingStats:
         """One deployment's serving aggregates ("": every deployment's)."""
+        from cmemu.emulator.engines.serving.stats import summarize
+
         lives = [self.get(name)] if name else list(self.deployments.values())
         return summarize([live.driver.stats for live in lives if live.driver is not None])
 
     def metrics(self) -> list[Family]:
         """Serving figures for /metrics, per deployment (emulated seconds, tokens)."""
+        from cmemu.emulator.engines.serving.reports import serving_families
+
         drivers = {n: live.driver for n, live in self.deployments.items() if live.driver}
         units = {name: pd.units() for name, pd in self._pds.items()}
         return serving_families(drivers, units)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cmemu.emulator.model.errors import InvalidArgumentError, quote
 from cmemu.emulator.model.hardware import HardwareProfile
-from cmemu.emulator.model.serving.deployment import Deployment, PdSpec, parse_deployment
-from cmemu.emulator.model.serving.pdpolicy import live_options, unit_rates
 from cmemu.emulator.model.topology import Topology
+
+if TYPE_CHECKING:  # the serving model (30 ms of imports): with the first deployment, not at boot
+    from cmemu.emulator.model.serving.deployment import Deployment
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,46}[a-z0-9])?$")
 LIVE_PLATFORM = "cm384"  # the live supernode is UB everywhere; cluster-roce is model mode only
@@ -98,6 +99,9 @@ def _fields_doc(request: DeployAsk) -> dict[str, Any]:
 def parse_ask(
     request: DeployAsk, topology: Topology, profile: HardwareProfile
 ) -> tuple[str, Deployment]:
+    from cmemu.emulator.model.serving.deployment import parse_deployment
+    from cmemu.emulator.model.serving.pdpolicy import live_options, unit_rates
+
     doc = spec_dict(request)
     doc.setdefault("preset", topology.preset)
     if doc["preset"] != topology.preset:
@@ -134,6 +138,8 @@ def parse_ask(
 def spec_text(deployment: Deployment) -> str:
     """The deployment as a YAML document (what `--deployment FILE` takes)."""
     import yaml  # imported when used: a boot that never parses YAML loads none
+
+    from cmemu.emulator.model.serving.deployment import PdSpec
 
     doc = asdict(deployment)
     if deployment.pd == PdSpec():  # off: the document as it was before live dynamic PD

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import TYPE_CHECKING
 
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.deadline import EmulatedDeadline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.outage import Outage
 from cmemu.emulator.engines.tasks import TaskOwner
-from cmemu.emulator.engines.training.live import Endpoints, LiveJob
-from cmemu.emulator.engines.training.runner import JobRunner
 from cmemu.emulator.model.errors import (
     EmulatorError,
     NotFoundError,
@@ -23,8 +22,12 @@ from cmemu.emulator.model.errors import (
     relayed,
 )
 from cmemu.emulator.model.hardware import HardwareProfile
-from cmemu.emulator.model.training.job import ENDED, JobProgress
 from cmemu.emulator.model.training.spec import TrainingSpec, shape_of
+
+if TYPE_CHECKING:
+    # a job's run and its step model (the training cost models under it: 25 ms of imports) come
+    # with the first job started (`start`), not at every boot that makes the engine
+    from cmemu.emulator.engines.training.live import Endpoints, LiveJob
 
 REASON_DOWN = "MANAGER_DOWN"  # a killed manager, as the day plans of this process meet it
 
@@ -77,6 +80,10 @@ class TrainingEngine:
         """Allocate `spec`'s NPUs and start its runner; `resume`: from the checkpoints of the
         ended job of its name (on as many NPUs). A refusal of the scheduler's comes back
         prefixed "scheduler: ", as a status relayed from it reads."""
+        from cmemu.emulator.engines.training.live import LiveJob
+        from cmemu.emulator.engines.training.runner import JobRunner
+        from cmemu.emulator.model.training.job import ENDED, JobProgress
+
         self.tasks.require_running()
         shape = shape_of(
             name=spec.name,

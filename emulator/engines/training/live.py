@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cmemu.emulator.engines.peers import FabricPeer, JobScheduler, ObjectStore
 from cmemu.emulator.model.scheduler.grants import NO_ALLOCATION, Allocation
-from cmemu.emulator.model.training.job import JobProgress
 from cmemu.emulator.model.training.spec import TrainingShape
+
+if TYPE_CHECKING:  # a job's step model (the training cost models): with the first job, not at boot
+    from cmemu.emulator.model.training.job import JobProgress
 
 
 @dataclass(frozen=True, kw_only=True)

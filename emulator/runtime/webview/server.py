@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import ssl
 from collections.abc import Mapping
 from importlib import resources
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import structlog
-from aiohttp import web
 
 from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.model.address import join_address
@@ -32,6 +33,10 @@ from cmemu.emulator.model.hardware import DEFAULT_PROFILE, HardwareProfile
 from cmemu.emulator.runtime.webview.collector import Collector, Rates
 from cmemu.emulator.runtime.webview.snapshot import Json, Machine
 from cmemu.emulator.runtime.webview.sources import DeviceSource
+from cmemu.services import listening
+
+if TYPE_CHECKING:  # aiohttp is imported when the page is served (serve), not at boot
+    from aiohttp import web
 
 log = structlog.get_logger("cmemu.webview")
 DEFAULT_HOST = "127.0.0.1"
@@ -113,6 +118,7 @@ class WebView:
             self.machine, clients, rates=rates, mqtt_login=mqtt_login, source=source
         )
         self._runner: web.AppRunner | None = None
+        self._sockets: list[socket.socket] = []  # bound by `bind`, served by `serve`
         self._streams: set[_Stream] = set()
         self._static: dict[str, bytes] = {}
 
@@ -126,10 +132,28 @@ class WebView:
         await self.start_feeds()
         return self
 
+    def bind(self) -> None:
+        """The page's address bound and listening, not served yet (serve): a launcher writes its
+        state file, which names the page, before it pays for aiohttp (0.2 s of CPU to import);
+        a page that connects meanwhile waits in the socket's backlog."""
+        if self._sockets:
+            return
+        try:
+            self._sockets = listening.listen(self.host, self.port)
+        except OSError as exc:
+            raise bind_error("the web view", join_address(self.host, self.port), exc) from exc
+        self.port = int(self._sockets[0].getsockname()[1])  # the one the system picked for 0
+
     async def serve(self) -> None:
-        """The page bound and served at `url`, its feeds not started yet (start_feeds): a
-        launcher writes its state file first, whose moment the view's 624 health watches
-        would otherwise delay (their connections crowd the event loop for 0.3-0.5 s)."""
+        """The page served at `url` (bound first unless `bind` was), its feeds not started yet
+        (start_feeds): a launcher writes its state file first, whose moment the view's 624
+        health watches would otherwise delay (their connections crowd the event loop for
+        0.3-0.5 s)."""
+        if self._runner is not None:
+            return
+        self.bind()
+        from aiohttp import web
+
         self._static = await _read_static()
         app = web.Application()
         app.router.add_get("/", self._page)
@@ -147,14 +171,9 @@ class WebView:
             handler_cancellation=True,
         )
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, reuse_port=False, ssl_context=self._ssl)
-        try:
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise bind_error("the web view", join_address(self.host, self.port), exc) from exc
         self._runner = runner
-        self.port = int(runner.addresses[0][1])  # the one the system picked for port 0
+        for sock in self._sockets:
+            await web.SockSite(runner, sock, ssl_context=self._ssl).start()
         log.debug("web view serving", url=self.url)
 
     async def start_feeds(self) -> None:
@@ -175,6 +194,7 @@ class WebView:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        listening.close(self._sockets)  # a view bound and never served, or what cleanup left
 
     # --- handlers ------------------------------------------------------------------------------
 
@@ -182,21 +202,29 @@ class WebView:
         return self._file("index.html")
 
     async def _asset(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         name = request.match_info["name"]
         if name not in STATIC or name == "index.html":
             raise web.HTTPNotFound(text=f"no {name}")
         return self._file(name)
 
     def _file(self, name: str) -> web.Response:
+        from aiohttp import web
+
         return web.Response(
             body=self._static[name],
             headers={"Content-Type": STATIC[name], "Cache-Control": "no-cache"},
         )
 
     async def _snapshot(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         return web.json_response(self.machine.full())
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
+        from aiohttp import web
+
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",

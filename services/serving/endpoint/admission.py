@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from cmemu.emulator.engines.serving.driver import Driver
 from cmemu.emulator.model.clock import Clock
 from cmemu.emulator.model.instruments import Family
 from cmemu.emulator.model.tenants import (
@@ -33,6 +33,9 @@ from cmemu.emulator.model.tenants import (
     Tenant,
 )
 from cmemu.services.serving.endpoint.errors import HttpError, from_domain
+
+if TYPE_CHECKING:  # a deployment's driver: imported with the first deployment (engine.py)
+    from cmemu.emulator.engines.serving.driver import Driver
 
 POLL_WALL_S = 0.05  # a waiting request looks again this often (and whenever a request ends)
 OPEN_TENANT = Tenant(name=DEFAULT_TENANT, key="")

@@ -5,9 +5,7 @@ Domain errors map through one table, as the gRPC services' do through services/r
 from __future__ import annotations
 
 import math
-from typing import Any
-
-from aiohttp import web
+from typing import TYPE_CHECKING, Any
 
 from cmemu.emulator.model.errors import (
     CapacityError,
@@ -18,8 +16,12 @@ from cmemu.emulator.model.errors import (
     PreconditionError,
     UnavailableError,
 )
-from cmemu.emulator.model.serving.engine import FinishEvent
 from cmemu.emulator.model.tenants import QuotaExceededError, RateLimitedError
+
+if TYPE_CHECKING:  # imported by `response`: the admission raises these at every boot's import
+    from aiohttp import web
+
+    from cmemu.emulator.model.serving.engine import FinishEvent  # the serving model's, 20 ms
 
 STATUS: tuple[tuple[type[EmulatorError], int, str, str | None], ...] = (
     (InvalidArgumentError, 400, "invalid_request_error", None),
@@ -54,6 +56,9 @@ class HttpError(Exception):
         self.retry_after_s = retry_after_s
 
     def response(self) -> web.Response:
+        """The answer (aiohttp's, imported here: the endpoint serves by now)."""
+        from aiohttp import web
+
         body = {
             "error": {
                 "message": str(self),

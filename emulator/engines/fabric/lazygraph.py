@@ -1,0 +1,83 @@
+"""The fabric's link graph and what runs on it (its faults, the flows in flight, the collectives'
+threads), made at their first use: cm384's graph is 50-100 ms of CPU, a tenth of a boot, and
+nothing runs on it before a transfer, a fault or a question comes. A launcher makes it once it is
+ready (`warm`: `cmemu up` after its state file, runtime/registry.py), so that the first transfer
+does not wait for it either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.fabric.collectives import Collectives
+from cmemu.emulator.engines.flows import FlowClock
+from cmemu.emulator.model.hardware import HardwareProfile
+from cmemu.emulator.model.linkfaults import FaultSet
+from cmemu.emulator.model.linkgraph import LinkGraph
+from cmemu.emulator.model.topology import Topology
+
+
+class LazyGraph:
+    """The fabric engine's graph, faults, flows and collectives, each made when first asked."""
+
+    topology: Topology
+    profile: HardwareProfile
+    clock: Timeline
+    _closing: bool  # the engine is stopping: nothing more is made
+
+    def __init__(self) -> None:
+        self._graph: LinkGraph | None = None
+        self._faults: FaultSet | None = None
+        self._flows: FlowClock | None = None
+        self._collectives: Collectives | None = None
+        self._built = asyncio.Event()  # the engine's clocks start once there is a graph
+
+    @property
+    def built(self) -> bool:
+        """Whether the link graph is made (by a first use, or `warm`)."""
+        return self._graph is not None
+
+    @property
+    def graph(self) -> LinkGraph:
+        return self._graph if self._graph is not None else self._build()
+
+    @property
+    def faults(self) -> FaultSet:
+        if self._faults is None:
+            self._build()
+        assert self._faults is not None
+        return self._faults
+
+    @property
+    def flows(self) -> FlowClock:
+        if self._flows is None:
+            self._build()
+        assert self._flows is not None
+        return self._flows
+
+    @property
+    def collectives(self) -> Collectives:
+        if self._collectives is None:
+            self._build()
+        assert self._collectives is not None
+        return self._collectives
+
+    def warm(self) -> None:
+        """Make the link graph now, if nothing has asked for it yet: what a launcher calls once
+        it is ready, so that the first transfer does not wait for it."""
+        if self._graph is None and not self._closing:
+            self._build()
+
+    def _build(self) -> LinkGraph:
+        graph = LinkGraph(self.topology, self.profile)
+        self._faults = FaultSet(graph)
+        self._flows = FlowClock(
+            clock=self.clock,
+            res_cap=graph.trunk_cap(),
+            cut_message="a fault cut the route of this transfer",
+        )
+        self._collectives = Collectives(graph, self.profile.limits)
+        self._graph = graph
+        self._built.set()
+        return graph
