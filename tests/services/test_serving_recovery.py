@@ -233,7 +233,9 @@ async def test_requests_out_of_retries_fail_visibly_and_nothing_is_dropped() -> 
             stream = await client.completions.create(
                 model=d.name,
                 prompt=f"q{i}",
-                max_tokens=80,
+                # DECODE_TOKENS, not 80: 80 tokens are 0.1 wall s at x20, and under a CPU hog
+                # every stream had finished before the NPU was failed (none failed)
+                max_tokens=DECODE_TOKENS,
                 stream=True,
                 extra_body={"ignore_eos": True},
             )
@@ -252,7 +254,12 @@ async def test_requests_out_of_retries_fail_visibly_and_nothing_is_dropped() -> 
                 aiohttp.ClientSession() as session,
                 session.post(
                     f"{d.base}/v1/completions",
-                    json={"model": d.name, "prompt": f"w{i}", "max_tokens": 80, "ignore_eos": True},
+                    json={
+                        "model": d.name,
+                        "prompt": f"w{i}",
+                        "max_tokens": DECODE_TOKENS,
+                        "ignore_eos": True,
+                    },
                 ) as response,
             ):
                 body = await response.json()
