@@ -11,16 +11,19 @@ socket IPv6 only.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 
 BACKLOG = 128  # aiohttp's TCPSite default
 
 
-def listen(host: str, port: int, backlog: int = BACKLOG) -> list[socket.socket]:
+async def listen(host: str, port: int, backlog: int = BACKLOG) -> list[socket.socket]:
     """One listening socket per address `host` resolves to, on `port` (0: one the system picks,
-    the same for every address); OSError (socket.gaierror too) as a bind's, none left open."""
-    infos = socket.getaddrinfo(
+    the same for every address); OSError (socket.gaierror too) as a bind's, none left open.
+    The name is resolved by the event loop's resolver (a thread), as create_server resolves
+    it: a host name looked up in DNS must not hold the loop."""
+    infos = await asyncio.get_running_loop().getaddrinfo(
         host, port, family=socket.AF_UNSPEC, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )
     seen: set[tuple[int, object]] = set()

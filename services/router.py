@@ -85,7 +85,7 @@ class RouterState:
             return
         security = self.host.security if self.host is not None else OPEN
         security.check_bind("router (HTTP)", self.http_address)
-        self.http.bind(self.http_address, keys=security.keys)
+        await self.http.bind(self.http_address, keys=security.keys)
 
     def serve_http(self) -> None:
         """Start serving the endpoint `open_http` bound, in the background: its launcher calls

@@ -202,7 +202,7 @@ async def _webview(sn: Supernode, ui: str) -> AsyncIterator[WebView | None]:
         mqtt_login=sn.security.mqtt_login(),
         source=view_source(sn),
     )
-    view.bind()  # served, and its feeds started, once the state file is written (start)
+    await view.bind()  # served, and its feeds started, once the state file is written (start)
     try:
         yield view
     finally:

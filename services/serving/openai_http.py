@@ -84,7 +84,7 @@ class OpenAiServer:
             offline_share=s.tenant_offline_share,
         )
 
-    def bind(self, address: str, *, keys: Keys | None = None) -> None:
+    async def bind(self, address: str, *, keys: Keys | None = None) -> None:
         """`address` bound and listening, not served yet (start), its tenants those of `keys`:
         the router binds it before it reports SERVING, and serves it once its launcher is ready
         (aiohttp's import, 0.2 s of CPU, is not the boot's); a client that connects meanwhile
@@ -95,7 +95,7 @@ class OpenAiServer:
         self.admission = self._admission(keys)
         at = parse_address(address, any_port=True)
         try:
-            self._sockets = listening.listen(at.host, at.port)
+            self._sockets = await listening.listen(at.host, at.port)
         except OSError as exc:
             raise bind_error("router (HTTP)", address, exc) from exc
 
@@ -112,7 +112,7 @@ class OpenAiServer:
         if loaded is not None:
             self._loading = asyncio.get_running_loop().create_future()
             self._loading.set_result(loaded)
-        self.bind(address, keys=keys)
+        await self.bind(address, keys=keys)
         from aiohttp import web
 
         from cmemu.services.serving.endpoint.app import application

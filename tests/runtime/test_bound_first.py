@@ -82,7 +82,7 @@ async def test_a_page_that_connects_before_the_view_serves_is_answered() -> None
     and the task would be done with the error)."""
     async with running_supernode("cm-mini") as sn:
         view = WebView(sn.clients)
-        view.bind()
+        await view.bind()
         try:
             async with aiohttp.ClientSession() as session:
                 asking = asyncio.create_task(session.get(view.url + "api/snapshot"))

@@ -132,14 +132,14 @@ class WebView:
         await self.start_feeds()
         return self
 
-    def bind(self) -> None:
+    async def bind(self) -> None:
         """The page's address bound and listening, not served yet (serve): a launcher writes its
         state file, which names the page, before it pays for aiohttp (0.2 s of CPU to import);
         a page that connects meanwhile waits in the socket's backlog."""
         if self._sockets:
             return
         try:
-            self._sockets = listening.listen(self.host, self.port)
+            self._sockets = await listening.listen(self.host, self.port)
         except OSError as exc:
             raise bind_error("the web view", join_address(self.host, self.port), exc) from exc
         self.port = int(self._sockets[0].getsockname()[1])  # the one the system picked for 0
@@ -151,7 +151,7 @@ class WebView:
         0.3-0.5 s)."""
         if self._runner is not None:
             return
-        self.bind()
+        await self.bind()
         from aiohttp import web
 
         self._static = await _read_static()
