@@ -441,7 +441,7 @@ class FabricEngine(LazyGraph):
         """End the clock loops; transfers still in flight end UNAVAILABLE."""
         self._closing = True
         self._faults_moved.set()
-        if self._graph is None:  # nothing was built: nothing runs (run() returns)
+        if not self.built:  # nothing was built: nothing runs (run() returns)
             self._built.set()
             return
         self.collectives.close()

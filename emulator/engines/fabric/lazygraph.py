@@ -8,6 +8,7 @@ does not wait for it either.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.fabric.collectives import Collectives
@@ -18,8 +19,18 @@ from cmemu.emulator.model.linkgraph import LinkGraph
 from cmemu.emulator.model.topology import Topology
 
 
+@dataclass(frozen=True)
+class _Parts:
+    """What is made together at the first use: the graph and what runs on it."""
+
+    graph: LinkGraph
+    faults: FaultSet
+    flows: FlowClock
+    collectives: Collectives
+
+
 class LazyGraph:
-    """The fabric engine's graph, faults, flows and collectives, each made when first asked."""
+    """The fabric engine's graph, faults, flows and collectives, made together when first asked."""
 
     topology: Topology
     profile: HardwareProfile
@@ -27,57 +38,49 @@ class LazyGraph:
     _closing: bool  # the engine is stopping: nothing more is made
 
     def __init__(self) -> None:
-        self._graph: LinkGraph | None = None
-        self._faults: FaultSet | None = None
-        self._flows: FlowClock | None = None
-        self._collectives: Collectives | None = None
+        self._parts: _Parts | None = None
         self._built = asyncio.Event()  # the engine's clocks start once there is a graph
 
     @property
     def built(self) -> bool:
         """Whether the link graph is made (by a first use, or `warm`)."""
-        return self._graph is not None
+        return self._parts is not None
 
     @property
     def graph(self) -> LinkGraph:
-        return self._graph if self._graph is not None else self._build()
+        return self._made().graph
 
     @property
     def faults(self) -> FaultSet:
-        if self._faults is None:
-            self._build()
-        assert self._faults is not None
-        return self._faults
+        return self._made().faults
 
     @property
     def flows(self) -> FlowClock:
-        if self._flows is None:
-            self._build()
-        assert self._flows is not None
-        return self._flows
+        return self._made().flows
 
     @property
     def collectives(self) -> Collectives:
-        if self._collectives is None:
-            self._build()
-        assert self._collectives is not None
-        return self._collectives
+        return self._made().collectives
 
     def warm(self) -> None:
         """Make the link graph now, if nothing has asked for it yet: what a launcher calls once
         it is ready, so that the first transfer does not wait for it."""
-        if self._graph is None and not self._closing:
-            self._build()
+        if self._parts is None and not self._closing:
+            self._made()
 
-    def _build(self) -> LinkGraph:
+    def _made(self) -> _Parts:
+        if self._parts is not None:
+            return self._parts
         graph = LinkGraph(self.topology, self.profile)
-        self._faults = FaultSet(graph)
-        self._flows = FlowClock(
-            clock=self.clock,
-            res_cap=graph.trunk_cap(),
-            cut_message="a fault cut the route of this transfer",
+        self._parts = _Parts(
+            graph=graph,
+            faults=FaultSet(graph),
+            flows=FlowClock(
+                clock=self.clock,
+                res_cap=graph.trunk_cap(),
+                cut_message="a fault cut the route of this transfer",
+            ),
+            collectives=Collectives(graph, self.profile.limits),
         )
-        self._collectives = Collectives(graph, self.profile.limits)
-        self._graph = graph
         self._built.set()
-        return graph
+        return self._parts
