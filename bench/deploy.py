@@ -5,7 +5,7 @@
    total PSS of all its processes.
    Targets (issue 18): 10 s and 1.5 GB.
 2. cm-mini in process mode, one process per device (26 devices and the fabric): time to
-   all-SERVING.
+   all-SERVING. Runs 1 and 2 then count their idle CPU (every process, % of a core, --idle s).
 3. cm-mini from its committed compose file run as processes (`cmemu up --from-compose
    compose/cm-mini.yaml`, its broker the file's mosquitto): time to all-SERVING and the CPU
    seconds all its processes spent by then (its `cmemu` commands forked like process mode's
@@ -56,6 +56,7 @@ except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itsel
 
 COMPOSE_FILE = Path(__file__).resolve().parents[1] / "compose" / "cm-mini.yaml"
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
+IDLE_SETTLE_S = 3.0  # after all-SERVING, before the idle CPU is counted (the boot's tail)
 # (seconds to all-SERVING, total PSS in bytes) the issue asks of one process per node
 TARGETS: dict[str, tuple[float, float]] = {"cm384": (10.0, 1.5 * 2**30)}
 
@@ -76,9 +77,20 @@ def pss_mb(root: int) -> float:
     return total + sum(pss_mb(int(c)) for c in children)
 
 
-async def boot(preset: str, per: Per) -> dict[str, Any]:
+async def idle_cpu(idle_s: float) -> float:
+    """Percent of a core every process of this tree (the launcher's, this one, included) spends
+    over `idle_s` wall seconds with nothing asked of it, after as long again (at most
+    IDLE_SETTLE_S) to settle."""
+    await asyncio.sleep(min(idle_s, IDLE_SETTLE_S))
+    before, started = cpu_s(os.getpid()), time.perf_counter()
+    await asyncio.sleep(idle_s)
+    return 100 * (cpu_s(os.getpid()) - before) / (time.perf_counter() - started)
+
+
+async def boot(preset: str, per: Per, idle_s: float) -> dict[str, Any]:
     """Seconds to all-SERVING, total PSS and processes of one process-mode supernode, started
-    through the typed launch API exactly as `cmemu up --mode procs` starts it."""
+    through the typed launch API exactly as `cmemu up --mode procs` starts it; then its idle
+    CPU over `idle_s` (0: not measured)."""
     options = LaunchOptions(preset=preset, mode=Procs(per=per), broker=NO_BROKER)
     started = time.perf_counter()
     async with Supernode.start(options) as sn:
@@ -86,7 +98,9 @@ async def boot(preset: str, per: Per) -> dict[str, Any]:
         assert sn.supervisor is not None
         server = sn.supervisor.fork_server
         serve = [pss_mb(r.proc.pid) for r in sn.supervisor.running.values()]
+        idle = await idle_cpu(idle_s) if idle_s > 0 else None
         return {
+            "idle_cpu_percent": idle,
             "preset": preset,
             "per": per,
             "launch": sn.supervisor.launch_path,  # "fork server", or "exec" ($CMEMU_FORK=0)
@@ -239,15 +253,20 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--preset", default="cm384", help="run 1: a process per node")
     parser.add_argument("--device-preset", default="cm-mini", help="run 2: a process per device")
+    parser.add_argument(
+        "--idle", type=float, default=10.0, help="wall s of idle CPU counted in runs 1-2 (0: none)"
+    )
     outputs.add_option(parser)
     args = parser.parse_args()
     if args.events < 1:
         parser.error("--events must be at least 1")
+    if args.idle < 0:
+        parser.error("--idle must be at least 0")
     configure_logging("warning")
     with progress.steps("deployment modes", total=4) as advance:
-        per_node = asyncio.run(boot(args.preset, "node"))
+        per_node = asyncio.run(boot(args.preset, "node", args.idle))
         advance(1)
-        per_device = asyncio.run(boot(args.device_preset, "device"))
+        per_device = asyncio.run(boot(args.device_preset, "device", args.idle))
         advance(1)
         compose = asyncio.run(from_compose())
         advance(1)
@@ -271,6 +290,13 @@ def main() -> int:
         f"({per_device['processes']} processes, {per_device['pss_bytes'] / 2**20:,.0f} MB PSS, "
         f"a serve process's median {per_device['serve_pss_mb_median']:.1f})"
     )
+    for run in (per_node, per_device):
+        if run["idle_cpu_percent"] is not None:
+            print(
+                f"{run['preset']}_per_{run['per']}_idle_cpu  {run['idle_cpu_percent']:.1f}% of a "
+                f"core  ({run['processes']} processes, over {args.idle:g} s after "
+                f"{min(args.idle, IDLE_SETTLE_S):g} s to settle)"
+            )
     print(
         f"cm-mini_from_compose_boot_s {compose['boot_s']:.1f}  ({compose['processes']} processes, "
         f"{compose['cpu_s']:.1f} CPU s by then, {compose['pss_bytes'] / 2**20:,.0f} MB PSS)"

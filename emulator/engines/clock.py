@@ -7,7 +7,11 @@
   process that owns time it keeps the clock's horizon just ahead of the wall clock, so a stall
   of the loop is cut out of emulated time instead of showing up, when the loop wakes, as
   heartbeats missed and deadlines passed (time dilation); everywhere it works out the fastest
-  rate at which this loop's lateness stays within `lag_budget_s` of emulated time.
+  rate at which this loop's lateness stays within `lag_budget_s` of emulated time. A follower
+  whose loop idled through its last window (little CPU, lateness within what the asked rate
+  allows) ticks every `idle_tick_s` instead: the 100 Hz tick was most of an idle device
+  process's CPU, and a loop with nothing to run has no stall to miss between two ticks (the
+  window's CPU shows any work, which brings the fine tick back for the next window).
 - `ClockAuthority` (the process that owns time: the fabric's, or the only one) takes the rate as
   the slowest wish of every process that reports (its own governor's included), never above the
   asked scale, and streams its segments and horizon to the others; a process that stops
@@ -219,6 +223,7 @@ class Governor:
         self.window = LagWindow()
         self.last_lag_s = 0.0
         self.worst_lag_s = 0.0  # wall seconds, since start
+        self.ticking_s = profile.tick_s  # the tick of this window (idle_tick_s: an idle follower)
 
     def hold(self) -> None:
         """Move the horizon just ahead of now (the owner, at each tick and at start)."""
@@ -232,11 +237,13 @@ class Governor:
         while True:
             # a window is wall time, not a count of ticks: on a loop late by 50 ms a tick, 50
             # ticks would take 3 s, and a wish that rare goes stale (the process "silent")
-            ends = loop.time() + p.window_s
+            began, cpu_began = loop.time(), time.process_time()
+            ends = began + p.window_s
+            tick = self.ticking_s
             while loop.time() < ends:
                 before = loop.time()
-                await asyncio.sleep(p.tick_s)
-                lag = loop.time() - before - p.tick_s
+                await asyncio.sleep(tick)
+                lag = loop.time() - before - tick
                 self.last_lag_s = lag
                 self.worst_lag_s = max(self.worst_lag_s, lag)
                 if self.owner and p.dilation:
@@ -253,7 +260,18 @@ class Governor:
             lag_s = self.window.quantile(p.lag_quantile)
             self.window = LagWindow()
             rate = fastest_rate(p, lag_s, self.clock.time_scale) if p.dilation else math.inf
+            cpu_share = (time.process_time() - cpu_began) / max(loop.time() - began, p.tick_s)
+            self.ticking_s = self.next_tick(rate, cpu_share)
             self.wish(rate, lag_s)
+
+    def next_tick(self, rate: float, cpu_share: float) -> float:
+        """The tick of the next window. The owner always ticks finely: its tick moves the
+        horizon. A follower idles (idle_tick_s) only after a window in which its loop kept the
+        asked rate and spent at most idle_cpu_share of a core: any work it takes on shows as
+        CPU within one window, and brings the fine tick back before its stalls could add up."""
+        p = self.profile
+        idle = cpu_share <= p.idle_cpu_share and rate >= self.clock.time_scale
+        return p.idle_tick_s if idle and not self.owner else p.tick_s
 
 
 @dataclass(frozen=True, kw_only=True)

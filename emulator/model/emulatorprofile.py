@@ -84,6 +84,11 @@ class ClockProfile:
 
     dilation: bool = fig(True, "assumed")  # off: emulated time is wall time x time_scale
     tick_s: float = fig(0.01, "assumed")  # wall seconds between two lag measurements
+    # wall seconds between a follower's ticks while its loop idles and keeps the asked rate: a
+    # 100 Hz asyncio.sleep alone costs 1.2% of a core, 7 cores idle for cm384's 633 processes
+    idle_tick_s: float = fig(0.1, "assumed")
+    # of a core: a follower that spent more of its last window on CPU ticks at tick_s again
+    idle_cpu_share: float = fig(0.02, "assumed")
     window_s: float = fig(0.5, "assumed")  # wall seconds of ticks behind one rate decision
     lag_quantile: float = fig(0.9, "assumed")  # of the window's tick lateness: the lag
     # emulated seconds a loop may run late: the rate is at most lag_budget_s / lag

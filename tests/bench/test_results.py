@@ -57,7 +57,7 @@ SLOW = [  # each over 5 s: together they would take this file past 20 s
     ),
     Quick(
         "deploy",
-        ("--preset", "cm-mini", "--events", "100"),
+        ("--preset", "cm-mini", "--events", "100", "--idle", "0.3"),
         frozenset({"modes", "mqtt_events_per_s"}),
     ),
     Quick(
@@ -140,6 +140,7 @@ def test_a_slower_benchmark_writes_json_and_a_png(quick: Quick, tmp_path: Path) 
         ("fuzz", ("--seconds", "0")),
         ("ems", ("--requests", "0")),
         ("deploy", ("--events", "0")),
+        ("deploy", ("--idle", "-1")),
         ("metrics", ("--scrapes", "0")),
         ("webview", ("--faults", "0")),
         ("serving", ("--seconds", "-1")),
