@@ -298,7 +298,9 @@ class ClockAuthority:
         self.clock = clock
         self.timeline = timeline
         self.profile = profile
+        # oldest report first (a report moves its process to the end): the stale are a prefix
         self._wishes: dict[str, _Wish] = {}
+        self._slowest: tuple[str, float] | None = None  # (process, rate) of the slowest, or unknown
         self._changed = asyncio.Event()
         self.slowest: str = ""  # the process whose wish sets the rate now
         self.worst_lag_s = 0.0  # wall, the worst any process reported
@@ -306,8 +308,16 @@ class ClockAuthority:
         self.silent: list[str] = []  # processes forgotten because they stopped reporting
 
     def wish(self, process: str, rate: float, lag_s: float) -> None:
-        """A process's wish (this one's governor's, or a follower's report)."""
+        """A process's wish (this one's governor's, or a follower's report). Constant time for
+        all but a rise of the slowest's own wish: with a process per device (cm384's 633, two
+        reports a second each) a walk over every wish per report cost 6.5% of a core."""
+        self._wishes.pop(process, None)
         self._wishes[process] = _Wish(rate=rate, lag_s=lag_s, at_wall_s=time.monotonic())
+        slowest = self._slowest
+        if slowest is not None and rate <= slowest[1]:
+            self._slowest = (process, rate)
+        elif slowest is not None and process == slowest[0]:
+            self._slowest = None  # it rose: another may be slowest now
         self.worst_lag_s = max(self.worst_lag_s, lag_s)
         self.worst_lag_emulated_s = max(self.worst_lag_emulated_s, lag_s * self.clock.rate)
         if process in self.silent:
@@ -315,8 +325,13 @@ class ClockAuthority:
         self._decide()
 
     def forget(self, process: str) -> None:
-        self._wishes.pop(process, None)
+        self._drop(process)
         self._decide()
+
+    def _drop(self, process: str) -> None:
+        self._wishes.pop(process, None)
+        if self._slowest is not None and self._slowest[0] == process:
+            self._slowest = None
 
     def wishes(self) -> dict[str, tuple[float, float]]:
         """Every fresh wish: process -> (rate, lag_s)."""
@@ -325,19 +340,25 @@ class ClockAuthority:
 
     def _expire(self) -> None:
         stale = time.monotonic() - self.profile.stale_s
-        for process in [k for k, w in self._wishes.items() if w.at_wall_s < stale]:
+        gone: list[str] = []
+        for process, wish in self._wishes.items():  # oldest first: stop at the first fresh one
+            if wish.at_wall_s >= stale:
+                break
+            gone.append(process)
+        for process in gone:
             log.warning("a process stopped reporting its clock: forgotten", process=process)
-            del self._wishes[process]
+            self._drop(process)
             self.silent.append(process)
 
     def _decide(self) -> None:
         self._expire()
         p = self.profile
         asked = self.clock.time_scale
-        slowest = min(self._wishes.items(), key=lambda kv: kv[1].rate, default=None)
-        if not p.dilation:  # wall x time_scale: lag is measured and reported, never acted on
-            slowest = None
-        target = asked if slowest is None else min(asked, slowest[1].rate)
+        if self._slowest is None and self._wishes:
+            process, wish = min(self._wishes.items(), key=lambda kv: kv[1].rate)
+            self._slowest = (process, wish.rate)
+        slowest = self._slowest if p.dilation else None  # off: lag is reported, never acted on
+        target = asked if slowest is None else min(asked, slowest[1])
         self.slowest = "" if slowest is None or target >= asked else slowest[0]
         current = self.clock.rate
         if target < current:  # slow down at once
