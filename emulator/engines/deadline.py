@@ -3,7 +3,7 @@
 A bound on a hang (a pool that never answers) is a statement about the emulated machine, so it
 must pass in emulated time. Counted in wall seconds it fails on a starved host, where every
 process runs late and a healthy pool's answer arrives after the wall bound; counted on the
-clock, which the governor slows when this process's loop runs late (engines/clock.py), it
+clock, which the governor slows when this process's loop runs late (engines/governor.py), it
 stretches with the host's slowness and still ends a real hang.
 
 One loop timer per deadline, no task: armed for the wall instant at which the clock's present

@@ -78,9 +78,10 @@ class EmulatorLimits:
 
 @dataclass(frozen=True, kw_only=True)
 class ClockProfile:
-    """How emulated time keeps pace with the emulator (emulator/engines/clock.py): not hardware,
-    the emulator's own fidelity. The asked time scale is a ceiling; the clock runs slower when a
-    process's event loop cannot keep up, so a busy host is never read as a failed device."""
+    """How emulated time keeps pace with the emulator (emulator/engines/clock.py and
+    governor.py): not hardware, the emulator's own fidelity. The asked time scale is a ceiling;
+    the clock runs slower when a process's event loop cannot keep up, so a busy host is never
+    read as a failed device."""
 
     dilation: bool = fig(True, "assumed")  # off: emulated time is wall time x time_scale
     tick_s: float = fig(0.01, "assumed")  # wall seconds between two lag measurements

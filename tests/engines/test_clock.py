@@ -12,14 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 import structlog
 
-from cmemu.emulator.engines.clock import (
-    ClockAuthority,
-    ClockState,
-    Governor,
-    TimeKeeper,
-    Timeline,
-    fastest_rate,
-)
+from cmemu.emulator.engines.clock import ClockAuthority, ClockState, TimeKeeper, Timeline
+from cmemu.emulator.engines.governor import Governor, fastest_rate
 from cmemu.emulator.model.clock import Clock, Segment
 from cmemu.emulator.model.emulatorprofile import ClockProfile
 

@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from cmemu.emulator.engines.clock import Governor, Timeline
+from cmemu.emulator.engines.clock import Timeline
+from cmemu.emulator.engines.governor import Governor
 from cmemu.emulator.model.clock import Clock
 from cmemu.emulator.model.emulatorprofile import ClockProfile
 
