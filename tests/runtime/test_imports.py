@@ -152,18 +152,19 @@ def test_cmemu_status_imports_no_numpy(tmp_path: Path) -> None:
 
 
 # `cmemu up` run with a spy on the import system: it says, on stderr, whether the state file was
-# there when aiohttp was first imported
-FIRST_AIOHTTP = """
+# there when the module named first after the code (`-c FIRST_IMPORT MODULE up ...`) was imported
+FIRST_IMPORT = """
 import sys
 from pathlib import Path
 
+module = sys.argv.pop(1)
 state = Path(sys.argv[sys.argv.index("--state-file") + 1])
 
 
 class Spy:
     def find_spec(self, name, path=None, target=None):
-        if name == "aiohttp":
-            print(f"aiohttp first imported; state file there: {state.exists()}", file=sys.stderr)
+        if name == module:
+            print(f"{module} first imported; state file there: {state.exists()}", file=sys.stderr)
             sys.meta_path.remove(self)
         return None
 
@@ -187,7 +188,7 @@ async def test_cmemu_up_imports_aiohttp_after_its_state_file(tmp_path: Path) -> 
     path = tmp_path / "state.json"
     base = free_port_block(launch_ports("cm-mini"))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", FIRST_AIOHTTP, "--log-level", "warning", "up", "--preset",
+        sys.executable, "-c", FIRST_IMPORT, "aiohttp", "--log-level", "warning", "up", "--preset",
         "cm-mini", "--base-port", str(base), "--broker", "none", "--state-file", str(path),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -210,6 +211,46 @@ async def test_cmemu_up_imports_aiohttp_after_its_state_file(tmp_path: Path) -> 
         _, err = await proc.communicate()
     said = [line for line in err.decode().splitlines() if "aiohttp first imported" in line]
     assert said == ["aiohttp first imported; state file there: True"], said
+
+
+async def test_cmemu_up_imports_numpy_after_its_state_file(tmp_path: Path) -> None:
+    """numpy's import is 85 ms of CPU, a tenth of a cm384 boot: only the fabric's link graph, its
+    flows and collectives use it, and they are made after the state file (engines/fabric/
+    lazygraph.py), their modules imported there. cm384 in one process, every service. Its
+    twins: the fabric's first transfer after the start is served (numpy imported by then, as
+    the spy says), and the link graph's module does import numpy."""
+    from cmemu.emulator.client.clients import Clients
+    from cmemu.emulator.client.fabric import FabricClient
+    from cmemu.emulator.runtime import state
+
+    path = tmp_path / "state.json"
+    base = free_port_block(launch_ports("cm384"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", FIRST_IMPORT, "numpy", "--log-level", "warning", "up", "--preset",
+        "cm384", "--base-port", str(base), "--state-file", str(path),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(120):
+            while not path.exists():
+                assert proc.returncode is None, "cmemu up exited"
+                await asyncio.sleep(0.05)
+        clients = Clients(state.read_instance(path).topology)
+        try:
+            async with asyncio.timeout(60):
+                done = await FabricClient(clients).xfer("n00-npu0", "n01-npu3", 1 << 20)
+        finally:
+            await clients.close()
+        assert done.completion.complete_ns > done.completion.issue_ns
+        assert len(done.completion.path) == 5  # across the L2 tier: the graph routed it
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = await proc.communicate()
+    said = [line for line in err.decode().splitlines() if "numpy first imported" in line]
+    assert said == ["numpy first imported; state file there: True"], said
+    assert "numpy" in {
+        m.split(".")[0] for m in _modules_of("import cmemu.emulator.model.linkgraph")
+    }
 
 
 def _modules_of(code: str) -> set[str]:
