@@ -21,6 +21,8 @@ from cmemu.emulator.runtime.launchmodes import Procs
 from cmemu.emulator.runtime.supernode import LaunchOptions
 from cmemu.emulator.testing import free_port_block, launch_ports
 
+DEVICE_KINDS = "cmemu.emulator.engines.device.kinds"
+FABRIC_KINDS = "cmemu.emulator.model.faults.fabric"
 HEAVY = ("numpy", "aiohttp", "prometheus_client", "matplotlib", "jsonschema")
 # with no broker in its topology (as here), no MQTT client: aiomqtt brings paho, and paho
 # urllib.request, http.client and email (about 2.5 MB of PSS)
@@ -152,20 +154,20 @@ def test_cmemu_status_imports_no_numpy(tmp_path: Path) -> None:
 
 
 # `cmemu up` run with a spy on the import system: it says, on stderr, whether the state file was
-# there when the module named first after the code (`-c FIRST_IMPORT MODULE up ...`) was imported
+# there when each module named first after the code (`-c FIRST_IMPORT A,B up ...`) was imported
 FIRST_IMPORT = """
 import sys
 from pathlib import Path
 
-module = sys.argv.pop(1)
+modules = set(sys.argv.pop(1).split(","))
 state = Path(sys.argv[sys.argv.index("--state-file") + 1])
 
 
 class Spy:
     def find_spec(self, name, path=None, target=None):
-        if name == module:
-            print(f"{module} first imported; state file there: {state.exists()}", file=sys.stderr)
-            sys.meta_path.remove(self)
+        if name in modules:
+            print(f"{name} first imported; state file there: {state.exists()}", file=sys.stderr)
+            modules.remove(name)
         return None
 
 
@@ -213,12 +215,19 @@ async def test_cmemu_up_imports_aiohttp_after_its_state_file(tmp_path: Path) -> 
     assert said == ["aiohttp first imported; state file there: True"], said
 
 
-async def test_cmemu_up_imports_numpy_after_its_state_file(tmp_path: Path) -> None:
-    """numpy's import is 85 ms of CPU, a tenth of a cm384 boot: only the fabric's link graph, its
-    flows and collectives use it, and they are made after the state file (engines/fabric/
-    lazygraph.py), their modules imported there. cm384 in one process, every service. Its
-    twins: the fabric's first transfer after the start is served (numpy imported by then, as
-    the spy says), and the link graph's module does import numpy."""
+# what a boot of cm384 imports only after its state file, at their first use: numpy (85 ms of
+# CPU) with the fabric's link graph, and a fault kind's module with its first fault
+LATER = ("numpy", f"{DEVICE_KINDS}.slow", f"{FABRIC_KINDS}.link_down")
+
+
+async def test_cmemu_up_imports_numpy_and_fault_kinds_after_its_state_file(tmp_path: Path) -> None:
+    """Only the fabric's link graph, its flows and collectives use numpy, and they are made
+    after the state file (engines/fabric/lazygraph.py), their modules imported there; a fault
+    kind's module is imported with the kind's first use (emulator/model/faults/table.py). cm384
+    in one process, every service. Its twins: the fabric's first transfer after the start is
+    served and a device's and a link's fault are injected, each module imported by then (the
+    spy says so), and a listing of a plane's kinds imports every kind's module."""
+    from cmemu.emulator.client import faults
     from cmemu.emulator.client.clients import Clients
     from cmemu.emulator.client.fabric import FabricClient
     from cmemu.emulator.runtime import state
@@ -226,8 +235,8 @@ async def test_cmemu_up_imports_numpy_after_its_state_file(tmp_path: Path) -> No
     path = tmp_path / "state.json"
     base = free_port_block(launch_ports("cm384"))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", FIRST_IMPORT, "numpy", "--log-level", "warning", "up", "--preset",
-        "cm384", "--base-port", str(base), "--state-file", str(path),
+        sys.executable, "-c", FIRST_IMPORT, ",".join(LATER), "--log-level", "warning", "up",
+        "--preset", "cm384", "--base-port", str(base), "--state-file", str(path),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -239,6 +248,8 @@ async def test_cmemu_up_imports_numpy_after_its_state_file(tmp_path: Path) -> No
         try:
             async with asyncio.timeout(60):
                 done = await FabricClient(clients).xfer("n00-npu0", "n01-npu3", 1 << 20)
+                await faults.inject(clients, "slow", "n00-npu1", {"compute": "0.5"})
+                await faults.inject(clients, "link-down", "n00-npu0.d0~n00-l1s0")
         finally:
             await clients.close()
         assert done.completion.complete_ns > done.completion.issue_ns
@@ -246,11 +257,12 @@ async def test_cmemu_up_imports_numpy_after_its_state_file(tmp_path: Path) -> No
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = await proc.communicate()
-    said = [line for line in err.decode().splitlines() if "numpy first imported" in line]
-    assert said == ["numpy first imported; state file there: True"], said
-    assert "numpy" in {
-        m.split(".")[0] for m in _modules_of("import cmemu.emulator.model.linkgraph")
-    }
+    said = sorted(line for line in err.decode().splitlines() if "first imported" in line)
+    assert said == sorted(f"{m} first imported; state file there: True" for m in LATER), said
+    graph = _modules_of("import cmemu.emulator.model.linkgraph")
+    assert "numpy" in {m.split(".")[0] for m in graph}
+    listed = _loaded_by(f"from {FABRIC_KINDS} import KINDS; list(KINDS.values())")
+    assert {f"{FABRIC_KINDS}.{m}" for m in ("link_down", "l1_board", "rank_slow")} <= listed
 
 
 def _modules_of(code: str) -> set[str]:
@@ -264,6 +276,17 @@ def _modules_of(code: str) -> set[str]:
         for line in done.stderr.splitlines()
         if line.startswith("import time:") and "|" in line
     }
+
+
+def _loaded_by(code: str) -> set[str]:
+    """Every module in sys.modules once `python -c code` has run: with those imported through
+    importlib.import_module (a fault kind's, emulator/model/faults/table.py), which -X importtime
+    does not report (it times the import statement's imports only)."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys\nprint(*sys.modules)"],
+        check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return set(done.stdout.split())
 
 
 def test_the_scheduler_imports_no_day_plan_policy_model() -> None:
