@@ -328,3 +328,14 @@ def test_the_training_service_imports_its_step_model_with_the_first_job() -> Non
     assert "cmemu.emulator.engines.training.engine" in service
     assert not service & heavy, sorted(service & heavy)
     assert heavy <= _modules_of("import cmemu.emulator.engines.training.runner")
+
+
+def test_the_web_view_imports_the_router_s_client_with_its_feeds() -> None:
+    """Every boot binds the web view before its state file: the router's client and its
+    deployments' records come with the serving feed, which starts after it (collector.py
+    `_serving`). Its twin: `cmemu serving`'s module brings them."""
+    heavy = {"cmemu.emulator.client.router", "cmemu.emulator.client.deployments"}
+    view = _modules_of("import cmemu.emulator.runtime.webview.collector")
+    assert "cmemu.emulator.client.fabric" in view
+    assert not view & heavy, sorted(view & heavy)
+    assert heavy <= _modules_of("import cmemu.emulator.cli.serving")
