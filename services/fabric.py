@@ -15,7 +15,6 @@ from cmemu.emulator.client.wire import fabric as wire
 from cmemu.emulator.client.wire import ub as ub_wire
 from cmemu.emulator.engines.clock import TimeKeeper
 from cmemu.emulator.engines.fabric.engine import FabricEngine
-from cmemu.emulator.engines.fabric.usage import link_stats
 from cmemu.emulator.model.errors import InvalidArgumentError, NotFoundError, OutOfRangeError, blame
 from cmemu.services.host import ServiceHost
 from cmemu.services.rpc import Context, abort, rpc, while_reading
@@ -116,7 +115,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
     async def GetLinkStats(
         self, request: fabric_pb2.LinkStatsRequest, context: Context
     ) -> fabric_pb2.LinkStats:
-        return wire.link_stats_proto(link_stats(self.engine, request.top or DEFAULT_TOP))
+        return wire.link_stats_proto(self.engine.link_stats(request.top or DEFAULT_TOP))
 
     async def WatchLinkStats(
         self, request: fabric_pb2.WatchLinkStatsRequest, context: Context
@@ -127,7 +126,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServicer):
             )
         interval = (request.interval_ms or DEFAULT_WATCH_MS) / 1000
         while True:
-            yield wire.link_stats_proto(link_stats(self.engine, request.top or DEFAULT_TOP))
+            yield wire.link_stats_proto(self.engine.link_stats(request.top or DEFAULT_TOP))
             await asyncio.sleep(interval)
 
     @rpc

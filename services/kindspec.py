@@ -15,5 +15,8 @@ HardwareInfo = Callable[[DeviceEngine, device_pb2.DeviceInfo], None]
 
 @dataclass(frozen=True, kw_only=True)
 class KindSpec:
+    """What a device kind (NPU, CPU, memory pool) serves beside Device and UnifiedBus, and its
+    hardware."""
+
     hardware: HardwareInfo  # fills DeviceInfo's hardware oneof
     services: Callable[[DeviceEngine], list[tuple[str, Register]]]  # its own gRPC services

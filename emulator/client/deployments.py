@@ -21,6 +21,8 @@ STATE_OF = {
 
 @dataclass(frozen=True, kw_only=True)
 class ExpertSummary:
+    """How an instance's experts are placed over its dies, and how unevenly they are loaded."""
+
     policy: str  # the placement policy ("static", "eplb")
     slots_per_die: int
     shared: int
@@ -32,6 +34,8 @@ class ExpertSummary:
 
 @dataclass(frozen=True, kw_only=True)
 class Instance:
+    """One prefill or decode instance of a deployment, on the NPUs the scheduler allocated it."""
+
     id: str  # "decode-0", "prefill-2"
     role: str  # "decode" or "prefill"
     npus: tuple[str, ...]
@@ -42,6 +46,8 @@ class Instance:
 
 @dataclass(frozen=True, kw_only=True)
 class WeightLoading:
+    """Where a deployment's weights come from (object storage or EMS) and when they are loaded."""
+
     bytes: int
     source: str  # "cold" (object storage) or "ems" (already cached)
     cold_ns: int
@@ -56,6 +62,9 @@ class WeightLoading:
 
 @dataclass(frozen=True, kw_only=True)
 class Deployment:
+    """A serving deployment as the router reports it: its instances, its weights' loading and its
+    state."""
+
     name: str
     model: str
     state: DeploymentState | None  # None: a state this client does not know

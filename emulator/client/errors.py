@@ -21,6 +21,9 @@ DETAILS_KEY = "grpc-status-details-bin"
 
 @dataclass(frozen=True, kw_only=True)
 class ErrorDetails:
+    """A gRPC error's status and its rich details (ErrorInfo, BadRequest, RetryInfo), as a program
+    branches on them."""
+
     code: grpc.StatusCode
     message: str
     reason: str | None = None  # ErrorInfo.reason: what a program branches on

@@ -20,6 +20,8 @@ from cmemu.v1 import router_pb2, router_pb2_grpc
 
 @dataclass(frozen=True, kw_only=True)
 class UsageReport:
+    """Every tenant's use of the router at one emulated instant."""
+
     tenants: tuple[TenantUse, ...]
     at_ns: int  # the emulated instant of the report
 

@@ -186,6 +186,8 @@ class ClockState:
 
 @dataclass
 class _Wish:
+    """One process's latest wish for the rate, and how late it ran when it asked."""
+
     rate: float
     lag_s: float
     at_wall_s: float

@@ -18,6 +18,8 @@ ANY_PORT = 0  # a bind's "any free port", where a caller allows it
 
 @dataclass(frozen=True)
 class HostPort:
+    """An address as host and port; str() is its one spelling (brackets around an IPv6 host)."""
+
     host: str  # without brackets: "::1", "127.0.0.1", "n00-npu0"
     port: int
 

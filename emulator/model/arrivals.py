@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, kw_only=True)
 class Arrival:
+    """When each rank of one collective was ready: what a controller reads to find the late one."""
+
     seq: int  # 1, 2, ... in the order the fabric timed them
     op: str
     issue_ns: int  # emulated: when the collective was issued
@@ -29,6 +31,8 @@ class Arrival:
 
 @dataclass(frozen=True, kw_only=True)
 class ArrivalBatch:
+    """The arrivals after a reader's last sequence number, and how many it missed."""
+
     arrivals: tuple[Arrival, ...]
     last_seq: int  # the latest collective's seq (0: none yet): the next read's `after_seq`
     dropped: int = 0  # arrivals after `after_seq` no longer kept (the reader fell behind)

@@ -27,7 +27,8 @@ from cmemu.emulator.model.errors import InvalidArgumentError, OutOfRangeError, U
 from cmemu.emulator.model.fairshare import Crossings, weighted_sum
 from cmemu.emulator.model.flowsim import FlowBatch, simulate
 from cmemu.emulator.model.linkgraph import LinkGraph
-from cmemu.emulator.model.routes import RouteKind, base_latency_s, flow_plane_caps, l2_plane_caps
+from cmemu.emulator.model.route import RouteKind, base_latency_s
+from cmemu.emulator.model.routes import flow_plane_caps, l2_plane_caps
 from cmemu.emulator.model.topology import DeviceKind
 
 IntArray = npt.NDArray[np.int64]
@@ -147,7 +148,7 @@ assert set(ALGORITHMS) == set(COLLECTIVE_OPS)
 
 class DieFlows:
     """Routes between NPU dies for a whole collective at once. The rules are the link graph's
-    (LinkGraph.port_caps, l2_caps, die_link, routes.base_latency_s, with l2_plane_caps and
+    (LinkGraph.port_caps, l2_caps, die_link, route.base_latency_s, with l2_plane_caps and
     flow_plane_caps), which LinkGraph.route applies to one pair: here they are applied to
     100,000 pairs in array form. Ceilings depend only on a flow's (source row, destination row,
     node pair), and ranks share few distinct rows (all equal without faults), so each distinct

@@ -19,6 +19,8 @@ COLLECTIVE_OPS = (
 
 @dataclass(frozen=True, kw_only=True)
 class CollectiveSpec:
+    """One collective as a request describes it: its op and its sizes, whole."""
+
     op: str
     bytes: int = 0
     bytes_per_pair: int = 0

@@ -235,6 +235,8 @@ _UB_RATES: dict[
 
 @dataclass(frozen=True)
 class KernelCost:
+    """A kernel's emulated duration, and whether compute or memory bounds it."""
+
     duration_ns: int
     bound: str  # "compute" or "memory"
 

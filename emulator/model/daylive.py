@@ -37,6 +37,8 @@ TO_TRAINING, TO_SERVING = "training", "serving"
 
 @dataclass(frozen=True, kw_only=True)
 class PlanSpec:
+    """A day plan: a deployment served by day and a training job run at night on its NPUs."""
+
     name: str
     deployment: str
     job: TrainingSpec
@@ -147,6 +149,8 @@ def night_spec(day_yaml: str, decode_npus: int) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Switch:
+    """One switch of a day plan, serving to training or back, and how long it took."""
+
     at_ns: int
     plan_hour: float
     to: str  # TO_TRAINING (nightfall) or TO_SERVING (morning)
@@ -178,6 +182,8 @@ class Period:
 
 @dataclass(kw_only=True)
 class PlanStatus:
+    """A running day plan's state: its switches so far, its periods and its job's step."""
+
     spec: PlanSpec
     started_ns: int
     state: str = DAY

@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.naming import die_id, trunk_id
-from cmemu.emulator.model.routes import Incidence
+from cmemu.emulator.model.route import Incidence
 from cmemu.emulator.model.topology import Device, DeviceKind, Topology
 
 PlanePorts = tuple[tuple[int, ...], ...]  # per plane: directed link indices

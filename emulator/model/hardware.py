@@ -68,6 +68,8 @@ class CpuProfile:
 
 @dataclass(frozen=True, kw_only=True)
 class NodeProfile:
+    """A node: its NPUs, CPUs and L1 chips, and how many share a rack."""
+
     npus: int = fig(8, "pub")
     cpus: int = fig(4, "pub")
     l1_chips: int = fig(7, "pub")
@@ -402,6 +404,8 @@ class ServingCalibration:
 
 @dataclass(frozen=True, kw_only=True)
 class HardwareProfile:
+    """Every figure the models use, by section; the emulator's own bounds and clock beside them."""
+
     npu: NpuProfile = field(default_factory=NpuProfile)
     cpu: CpuProfile = field(default_factory=CpuProfile)
     node: NodeProfile = field(default_factory=NodeProfile)

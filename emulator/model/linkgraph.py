@@ -44,7 +44,8 @@ from cmemu.emulator.model.naming import (
     parse_switch,
     trunk_id,
 )
-from cmemu.emulator.model.routes import Route, find_route
+from cmemu.emulator.model.route import Route
+from cmemu.emulator.model.routes import find_route
 from cmemu.emulator.model.topology import Device, DeviceKind, LinkKind, Topology
 from cmemu.emulator.model.trunks import build_trunks
 
@@ -58,7 +59,7 @@ T = TypeVar("T")
 class LinkGraph:
     """The one router: LinkGraph.route for one transfer (by the rules of routes.py), and for
     collectives the same rules in array form (port_caps, l2_caps, die_link, with
-    routes.base_latency_s, l2_plane_caps and flow_plane_caps), which collectives.DieFlows applies
+    route.base_latency_s, l2_plane_caps and flow_plane_caps), which collectives.DieFlows applies
     to 100,000 pairs at once."""
 
     def __init__(self, topology: Topology, profile: HardwareProfile = DEFAULT_PROFILE) -> None:

@@ -26,6 +26,8 @@ NOT_ALLOCATED = "REGION_NOT_ALLOCATED"  # an access outside every region (a wipe
 
 @dataclass(frozen=True, kw_only=True)
 class Region:
+    """An allocated region of a device's memory: where it starts, its size and label."""
+
     region_id: int
     offset: int
     size: int

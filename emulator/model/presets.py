@@ -24,6 +24,8 @@ DEFAULT_PRESET = "cm384"
 
 @dataclass(frozen=True, kw_only=True)
 class Preset:
+    """A named supernode size (presets.toml): its nodes, supernodes and source."""
+
     name: str
     nodes: int
     source: str

@@ -1,57 +1,29 @@
 """The routing rules of the link graph: what a route crosses, its ceiling and its latency.
 
 LinkGraph holds the links, trunks and endpoints with their live state and caches routes; this
-module decides, from that state, which trunks a transfer between two endpoints occupies, how fast
-it can go alone, and what it costs per byte for one kind of transaction. The same rules in array
-form (l2_plane_caps, flow_plane_caps) time collectives over 100,000 pairs at once.
+module decides, from that state, which trunks a transfer between two endpoints occupies and how
+fast it can go alone (what a route is, and what it costs one kind of transaction: route.py). The
+same rules in array form (l2_plane_caps, flow_plane_caps) time collectives over 100,000 pairs at
+once.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from cmemu.emulator.model.costmodel import (
-    UbOp,
-    endpoint_latency_s,
-    hop_latency_s,
-    ub_latency_s,
-    ub_wire_cost,
-)
 from cmemu.emulator.model.errors import UnavailableError
-from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.naming import directed_link_id
-from cmemu.emulator.model.topology import DeviceKind
+from cmemu.emulator.model.route import Route, RouteKind, base_latency_s
 
 if TYPE_CHECKING:
     from cmemu.emulator.model.endpoints import Endpoint
     from cmemu.emulator.model.linkgraph import LinkGraph
 
 FloatArray = npt.NDArray[np.float64]
-Incidence = tuple[tuple[int, float], ...]  # (trunk index, share of the flow that crosses it)
-
-
-class RouteKind(StrEnum):
-    """What a route crosses, which decides its fixed latency (base_latency_s)."""
-
-    LOCAL = "local"  # an endpoint to itself: an HBM or DRAM copy
-    SIBLING = "sibling"  # the two dies of one NPU package, over their die-to-die link
-    SAME_NODE = "same-node"  # through one L1 chip on each plane
-    CROSS_NODE = "cross-node"  # L1, L2, L1 on each plane
-
-
-SWITCH_HOPS = {
-    RouteKind.LOCAL: 0,
-    RouteKind.SIBLING: 0,
-    RouteKind.SAME_NODE: 1,
-    RouteKind.CROSS_NODE: 3,
-}
 
 
 def l2_plane_caps(up: FloatArray, down: FloatArray) -> FloatArray:
@@ -70,22 +42,6 @@ def flow_plane_caps(
     last axis; a flow's ceiling is the sum over its planes."""
     caps: FloatArray = np.minimum(src_ports, dst_ports)
     return caps if l2 is None else np.minimum(caps, l2)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Route:
-    kind: RouteKind
-    resources: Incidence
-    cap: float  # the flow's own ceiling, bytes/s
-    latency_s: float
-    hops: tuple[str, ...]
-    planes: int
-
-
-def base_latency_s(profile: HardwareProfile, kind: RouteKind) -> float:
-    """The fixed latency of a route of this kind, before any added by a fault: the endpoint
-    cost and one hop per switch crossed."""
-    return endpoint_latency_s(profile) + SWITCH_HOPS[kind] * hop_latency_s(profile)
 
 
 def route_kind(graph: LinkGraph, src: Endpoint, dst: Endpoint) -> RouteKind:
@@ -170,49 +126,3 @@ def find_route(graph: LinkGraph, src: Endpoint, dst: Endpoint) -> Route:
         hops=hops,
         planes=len(usable),
     )
-
-
-def priced(route: Route, op: UbOp, target: DeviceKind, profile: HardwareProfile) -> Route:
-    """The route as one transaction sees it: routes (and collectives) are priced as the
-    reference NPU -> NPU read; a transaction of another op, or against CPU memory, takes
-    its own latency and occupies every trunk it crosses at its own cost per byte
-    (costmodel.ub_wire_cost), so that alone it achieves its calibrated bandwidth.
-
-    Remembered per route, op, target and profile, by identity (the entry holds the route and
-    the profile, so their ids are never reused): the link graph caches its routes per live
-    state, so a stream of writes to one target is priced once, not copied per transaction."""
-    key = (id(route), op, target, id(profile))
-    held = _PRICED.get(key)
-    if held is not None and held[0] is route and held[1] is profile:
-        return held[2]
-    cost = ub_wire_cost(op, target, profile)
-    extra = ub_latency_s(op, target, profile) - ub_latency_s(profile=profile)
-    if cost == 1.0 and extra == 0.0:
-        out = route
-    else:
-        out = dataclasses.replace(
-            route,
-            resources=tuple((t, w * cost) for t, w in route.resources),
-            cap=route.cap / cost,
-            latency_s=route.latency_s + extra,
-        )
-    if len(_PRICED) >= _PRICED_MAX:  # routes come and go with the graph's live state
-        _PRICED.clear()
-    _PRICED[key] = (route, profile, out)
-    return out
-
-
-_PRICED: dict[tuple[int, UbOp, DeviceKind, int], tuple[Route, HardwareProfile, Route]] = {}
-_PRICED_MAX = 4096
-
-
-def check_reachable(graph: LinkGraph, route: Route) -> None:
-    """UnavailableError when a trunk of a cached route has lost its last live member since.
-    A route that crosses no trunk (a device's transfer within itself: EMS's copies read and
-    written by their own pool) has none to lose: the live capacities are not even read."""
-    if not route.resources:
-        return
-    caps = graph.trunk_cap()
-    dead = [graph.trunk_names[t] for t, _ in route.resources if caps[t] <= 0]
-    if dead:
-        raise UnavailableError(f"no capacity left on {', '.join(dead)}")

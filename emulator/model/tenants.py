@@ -55,6 +55,8 @@ class Priority(enum.StrEnum):
 
 @dataclass(frozen=True, kw_only=True)
 class Tenant:
+    """A tenant of the HTTP endpoint: its key, priority class and rate limits."""
+
     name: str
     key: str = field(repr=False)
     priority: Priority = Priority.ONLINE
@@ -216,6 +218,8 @@ class RateLimitedError(EmulatorError):
 
 @dataclass
 class _Bucket:
+    """A token bucket: what is left of a per-minute limit, refilled as time passes."""
+
     per_min: float
     level: float  # what is left; refills at per_min a minute up to per_min
     at_s: float

@@ -94,6 +94,8 @@ PRICED = {
 @slot_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Transaction:
+    """A unified-bus transaction (read, write, atomic, send) as a device issues it."""
+
     op: Op
     dst_eid: int
     dst_offset: int = 0
@@ -114,6 +116,8 @@ class Transaction:
 
 @dataclass(kw_only=True, slots=True)
 class Completion:
+    """A unified-bus transaction's outcome: its timing, its path and, for a read, its bytes."""
+
     id: str
     op: Op
     src_eid: int

@@ -105,6 +105,8 @@ async def _read_packet(reader: asyncio.StreamReader) -> tuple[int, int, bytes]:
 
 @dataclass(eq=False)
 class _Session:
+    """One MQTT client's session with the embedded broker: its subscriptions and packet ids."""
+
     writer: asyncio.StreamWriter
     client_id: str = ""
     subscriptions: dict[str, int] = field(default_factory=dict)

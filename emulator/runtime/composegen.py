@@ -139,6 +139,8 @@ def _service_block(
 
 @dataclass(frozen=True)
 class Container:
+    """A compose service to generate: what it hosts, runs and probes, and its memory."""
+
     name: str
     hosts: list[str]  # the device ids it serves (one, or a node's)
     argv: list[str]

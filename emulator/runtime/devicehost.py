@@ -25,6 +25,8 @@ from cmemu.services.peers import Peers
 
 @dataclass(frozen=True, kw_only=True)
 class HostedDevices:
+    """The devices one process hosts: their engines, servers, siblings and liveness."""
+
     engines: dict[str, DeviceEngine]
     servers: dict[str, DeviceServer]
     siblings: device_faults.Siblings

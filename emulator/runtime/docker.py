@@ -98,6 +98,8 @@ def compose_command() -> list[str]:
 
 @dataclass(frozen=True, kw_only=True)
 class Container:
+    """A container as the engine reports it: its state, health and exit code."""
+
     name: str  # the engine's name (project_service_1)
     service: str  # the compose service
     state: str  # created, running, paused, restarting, exited, dead

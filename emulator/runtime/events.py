@@ -89,6 +89,8 @@ async def subscriber(host: str, port: int, **kwargs: Any) -> AsyncIterator[aiomq
 
 @dataclass(frozen=True)
 class _Message:
+    """One MQTT message waiting to be published."""
+
     topic: str
     payload: bytes
     qos: int

@@ -53,6 +53,8 @@ Say = Callable[[str], None]
 
 @dataclass(frozen=True, kw_only=True)
 class BuildOptions:
+    """How to build the emulator's image: from which source, into which tag, with which cache."""
+
     source: Source = "auto"
     project: Path  # the source checkout (pyproject.toml, compose/)
     tag: str = IMAGE
@@ -63,6 +65,8 @@ class BuildOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class BuildResult:
+    """A built image: its tag and size, and how long each step took."""
+
     tag: str
     source: Source
     seconds: float  # the whole build

@@ -34,6 +34,8 @@ FORK_SERVER_LOG = "fork-server.log"  # beside the processes' logs (no server has
 
 @dataclass(frozen=True, kw_only=True)
 class ProcSpec:
+    """A process to start: its argv, environment and the servers it hosts."""
+
     name: str
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
@@ -60,6 +62,8 @@ class Process(Protocol):
 
 @dataclass
 class Running:
+    """A started process, its log file, and its exit code once it ended."""
+
     spec: ProcSpec
     proc: Process
     log_path: Path

@@ -57,6 +57,8 @@ Prepare = Callable[[ServiceState, ServiceContext], Awaitable[None]]
 
 @dataclass(frozen=True, kw_only=True)
 class ServiceSpec:
+    """How a supernode-wide service is made and launched: its factory, start wave and limits."""
+
     create: Create
     wave: int
     mem_limit: str  # a compose container's memory limit

@@ -75,6 +75,8 @@ def write_secret(path: Path, text: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class Security:
+    """A launch's security: its token, TLS files, broker user and tenants' keys."""
+
     token: str | None = field(default=None, repr=False)
     tls: TlsFiles | None = None
     insecure: bool = False

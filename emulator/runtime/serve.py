@@ -66,6 +66,8 @@ def serve_argv(
 
 @dataclass(frozen=True, kw_only=True)
 class ServeOptions:
+    """What `cmemu serve` runs: the topology file and the device or service it serves."""
+
     topology_path: Path
     kind: ServeKind
     name: str

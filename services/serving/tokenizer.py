@@ -222,6 +222,8 @@ def deepseek_directory() -> Path | None:
 
 @dataclass(frozen=True)
 class Loaded:
+    """The endpoint's tokenizer, and the directory a benchmark client loads the same one from."""
+
     tokenizer: Tokenizer
     directory: Path | None  # what to hand a benchmark client as its --tokenizer
 

@@ -5,6 +5,7 @@ The conversion keeps every value and every default."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ from cmemu.emulator.model.faults.params import describe, param
 from cmemu.v1 import device_pb2, fabric_pb2, faultparams_pb2, gateway_pb2
 
 STATE = device_pb2.FaultState.DESCRIPTOR
-WIRES: list[tuple[str, dict[str, type[Any]], Descriptor]] = [
+WIRES: list[tuple[str, Mapping[str, type[Any]], Descriptor]] = [
     ("device", DEVICE_PARAMS, STATE),
     ("fabric", FABRIC_PARAMS, fabric_pb2.FabricFault.DESCRIPTOR),
     ("gateway", GATEWAY_PARAMS, gateway_pb2.GatewayFault.DESCRIPTOR),
@@ -42,7 +43,7 @@ WIRES: list[tuple[str, dict[str, type[Any]], Descriptor]] = [
 
 @pytest.mark.parametrize(("name", "table", "message"), WIRES, ids=[w[0] for w in WIRES])
 def test_every_kind_has_its_message_in_the_oneof(
-    name: str, table: dict[str, type[Any]], message: Descriptor
+    name: str, table: Mapping[str, type[Any]], message: Descriptor
 ) -> None:
     assert faultparams.drift(table, message) == []
 

@@ -18,7 +18,7 @@ from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec
 from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
 from cmemu.emulator.model.naming import directed_link_id, l2_switch_id, link_id
-from cmemu.emulator.model.routes import RouteKind
+from cmemu.emulator.model.route import RouteKind
 from cmemu.emulator.model.topology import build
 
 FAULTS: dict[str, list[FaultSpec[Any]]] = {

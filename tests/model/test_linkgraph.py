@@ -27,7 +27,7 @@ from cmemu.emulator.model.faults.fabric.partition import PartitionParams
 from cmemu.emulator.model.faults.params import NoParams
 from cmemu.emulator.model.linkfaults import FaultSet, FaultSpec
 from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
-from cmemu.emulator.model.routes import Route
+from cmemu.emulator.model.route import Route
 from cmemu.emulator.model.topology import DeviceKind, build
 
 GB = 1e9

@@ -24,7 +24,7 @@ from cmemu.emulator.model.errors import OutOfRangeError
 from cmemu.emulator.model.flowsim import LiveFlows
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.emulator.model.linkgraph import LinkGraph
-from cmemu.emulator.model.routes import priced
+from cmemu.emulator.model.route import priced
 from cmemu.emulator.model.topology import DeviceKind, build
 
 GB = 1e9

@@ -21,6 +21,8 @@ from cmemu.emulator.runtime.launchmodes import Procs
 from cmemu.emulator.runtime.supernode import LaunchOptions
 from cmemu.emulator.testing import free_port_block, launch_ports
 
+DEVICE_KINDS = "cmemu.emulator.engines.device.kinds"
+FABRIC_KINDS = "cmemu.emulator.model.faults.fabric"
 HEAVY = ("numpy", "aiohttp", "prometheus_client", "matplotlib", "jsonschema")
 # with no broker in its topology (as here), no MQTT client: aiomqtt brings paho, and paho
 # urllib.request, http.client and email (about 2.5 MB of PSS)
@@ -152,19 +154,20 @@ def test_cmemu_status_imports_no_numpy(tmp_path: Path) -> None:
 
 
 # `cmemu up` run with a spy on the import system: it says, on stderr, whether the state file was
-# there when aiohttp was first imported
-FIRST_AIOHTTP = """
+# there when each module named first after the code (`-c FIRST_IMPORT A,B up ...`) was imported
+FIRST_IMPORT = """
 import sys
 from pathlib import Path
 
+modules = set(sys.argv.pop(1).split(","))
 state = Path(sys.argv[sys.argv.index("--state-file") + 1])
 
 
 class Spy:
     def find_spec(self, name, path=None, target=None):
-        if name == "aiohttp":
-            print(f"aiohttp first imported; state file there: {state.exists()}", file=sys.stderr)
-            sys.meta_path.remove(self)
+        if name in modules:
+            print(f"{name} first imported; state file there: {state.exists()}", file=sys.stderr)
+            modules.remove(name)
         return None
 
 
@@ -187,7 +190,7 @@ async def test_cmemu_up_imports_aiohttp_after_its_state_file(tmp_path: Path) -> 
     path = tmp_path / "state.json"
     base = free_port_block(launch_ports("cm-mini"))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", FIRST_AIOHTTP, "--log-level", "warning", "up", "--preset",
+        sys.executable, "-c", FIRST_IMPORT, "aiohttp", "--log-level", "warning", "up", "--preset",
         "cm-mini", "--base-port", str(base), "--broker", "none", "--state-file", str(path),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -212,6 +215,56 @@ async def test_cmemu_up_imports_aiohttp_after_its_state_file(tmp_path: Path) -> 
     assert said == ["aiohttp first imported; state file there: True"], said
 
 
+# what a boot of cm384 imports only after its state file, at their first use: numpy (85 ms of
+# CPU) with the fabric's link graph, and a fault kind's module with its first fault
+LATER = ("numpy", f"{DEVICE_KINDS}.slow", f"{FABRIC_KINDS}.link_down")
+
+
+async def test_cmemu_up_imports_numpy_and_fault_kinds_after_its_state_file(tmp_path: Path) -> None:
+    """Only the fabric's link graph, its flows and collectives use numpy, and they are made
+    after the state file (engines/fabric/lazygraph.py), their modules imported there; a fault
+    kind's module is imported with the kind's first use (emulator/model/faults/table.py). cm384
+    in one process, every service. Its twins: the fabric's first transfer after the start is
+    served and a device's and a link's fault are injected, each module imported by then (the
+    spy says so), and a listing of a plane's kinds imports every kind's module."""
+    from cmemu.emulator.client import faults
+    from cmemu.emulator.client.clients import Clients
+    from cmemu.emulator.client.fabric import FabricClient
+    from cmemu.emulator.runtime import state
+
+    path = tmp_path / "state.json"
+    base = free_port_block(launch_ports("cm384"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", FIRST_IMPORT, ",".join(LATER), "--log-level", "warning", "up",
+        "--preset", "cm384", "--base-port", str(base), "--state-file", str(path),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(120):
+            while not path.exists():
+                assert proc.returncode is None, "cmemu up exited"
+                await asyncio.sleep(0.05)
+        clients = Clients(state.read_instance(path).topology)
+        try:
+            async with asyncio.timeout(60):
+                done = await FabricClient(clients).xfer("n00-npu0", "n01-npu3", 1 << 20)
+                await faults.inject(clients, "slow", "n00-npu1", {"compute": "0.5"})
+                await faults.inject(clients, "link-down", "n00-npu0.d0~n00-l1s0")
+        finally:
+            await clients.close()
+        assert done.completion.complete_ns > done.completion.issue_ns
+        assert len(done.completion.path) == 5  # across the L2 tier: the graph routed it
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = await proc.communicate()
+    said = sorted(line for line in err.decode().splitlines() if "first imported" in line)
+    assert said == sorted(f"{m} first imported; state file there: True" for m in LATER), said
+    graph = _modules_of("import cmemu.emulator.model.linkgraph")
+    assert "numpy" in {m.split(".")[0] for m in graph}
+    listed = _loaded_by(f"from {FABRIC_KINDS} import KINDS; list(KINDS.values())")
+    assert {f"{FABRIC_KINDS}.{m}" for m in ("link_down", "l1_board", "rank_slow")} <= listed
+
+
 def _modules_of(code: str) -> set[str]:
     """Every module `python -c code` imports (their full names)."""
     done = subprocess.run(
@@ -223,6 +276,17 @@ def _modules_of(code: str) -> set[str]:
         for line in done.stderr.splitlines()
         if line.startswith("import time:") and "|" in line
     }
+
+
+def _loaded_by(code: str) -> set[str]:
+    """Every module in sys.modules once `python -c code` has run: with those imported through
+    importlib.import_module (a fault kind's, emulator/model/faults/table.py), which -X importtime
+    does not report (it times the import statement's imports only)."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys\nprint(*sys.modules)"],
+        check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return set(done.stdout.split())
 
 
 def test_the_scheduler_imports_no_day_plan_policy_model() -> None:
@@ -264,3 +328,14 @@ def test_the_training_service_imports_its_step_model_with_the_first_job() -> Non
     assert "cmemu.emulator.engines.training.engine" in service
     assert not service & heavy, sorted(service & heavy)
     assert heavy <= _modules_of("import cmemu.emulator.engines.training.runner")
+
+
+def test_the_web_view_imports_the_router_s_client_with_its_feeds() -> None:
+    """Every boot binds the web view before its state file: the router's client and its
+    deployments' records come with the serving feed, which starts after it (collector.py
+    `_serving`). Its twin: `cmemu serving`'s module brings them."""
+    heavy = {"cmemu.emulator.client.router", "cmemu.emulator.client.deployments"}
+    view = _modules_of("import cmemu.emulator.runtime.webview.collector")
+    assert "cmemu.emulator.client.fabric" in view
+    assert not view & heavy, sorted(view & heavy)
+    assert heavy <= _modules_of("import cmemu.emulator.cli.serving")

@@ -273,7 +273,6 @@ async def test_an_unexpected_exception_is_internal_and_logged(
 ) -> None:
     from cmemu.emulator.engines.fabric.engine import FabricEngine
     from cmemu.emulator.engines.fabric.types import LinkStats
-    from cmemu.services import fabric as fabric_service
     from cmemu.services import rpc as rpc_module
 
     logged: list[tuple[str, str, dict[str, Any]]] = []
@@ -288,7 +287,7 @@ async def test_an_unexpected_exception_is_internal_and_logged(
     def broken(engine: FabricEngine, top: int) -> LinkStats:
         raise ZeroDivisionError("a bug of ours")
 
-    monkeypatch.setattr(fabric_service, "link_stats", broken)  # what the servicer calls
+    monkeypatch.setattr(FabricEngine, "link_stats", broken)  # what the servicer calls
     monkeypatch.setattr(rpc_module, "log", Recorder())
     got = await _details(clients.fabric().GetLinkStats(fabric_pb2.LinkStatsRequest()))
     assert got.code is grpc.StatusCode.INTERNAL

@@ -64,6 +64,8 @@ class Server(Protocol):
 
 @dataclass
 class Counters:
+    """A device's unified-bus traffic and its faults, counted since it started."""
+
     tx_count: int = 0
     tx_bytes: int = 0
     rx_count: int = 0
@@ -114,6 +116,8 @@ class Effects:
 
 @dataclass(frozen=True, kw_only=True)
 class Telemetry:
+    """One device's telemetry sample at an emulated instant: memory, traffic, faults, events."""
+
     device: str
     emulated_ns: int
     memory_capacity_bytes: int

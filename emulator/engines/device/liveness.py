@@ -21,6 +21,8 @@ from cmemu.emulator.engines.device.engine import DeviceEngine, die_name
 
 @dataclass(frozen=True, kw_only=True)
 class Beat:
+    """One heartbeat of a process to the manager: what it hosts, what answers and what is down."""
+
     emulated_ns: int
     process: str
     covers: tuple[str, ...]

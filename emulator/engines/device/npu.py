@@ -21,12 +21,16 @@ if TYPE_CHECKING:
 
 @dataclass
 class Die:
+    """An NPU die's compute queue: when it is next free, and how long it has been busy."""
+
     busy_until_ns: int = 0
     busy_ns: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
 class Kernel:
+    """A kernel to run on a die: its work in FLOPs and bytes, at a precision."""
+
     name: str
     die: int
     flops: float
@@ -36,6 +40,8 @@ class Kernel:
 
 @dataclass(frozen=True, kw_only=True)
 class KernelResult:
+    """When a kernel ran on its die, and whether compute or memory bounded it."""
+
     name: str
     die: int
     issue_ns: int

@@ -51,6 +51,8 @@ class CorruptCopy(DataLossError):
 
 @dataclass(kw_only=True)
 class Fetched:
+    """An object read from EMS: its bytes, the copy that served them and when."""
+
     meta: ObjectMeta
     data: bytes
     served_by: str  # a pool, or "ssd"

@@ -30,6 +30,8 @@ from cmemu.emulator.model.ems import (
 
 @dataclass(frozen=True, kw_only=True)
 class Stored:
+    """An object written to EMS: where its copies went, when, and what it evicted."""
+
     meta: ObjectMeta
     replicas: list[str]
     timing: Timing

@@ -15,23 +15,19 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
 import structlog
 
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.fabric.lazygraph import LazyGraph
-from cmemu.emulator.engines.fabric.metrics import LinkGroups, fabric_families
 from cmemu.emulator.engines.fabric.outage import fabric_outage
+from cmemu.emulator.engines.fabric.types import LinkStats
 from cmemu.emulator.engines.peers import CollectiveOutcome, DevicePeer, Directory, FlowTime
 from cmemu.emulator.model.arrivals import ArrivalBatch, ArrivalLog
-from cmemu.emulator.model.collectives import CollectiveTiming
 from cmemu.emulator.model.collectivespec import CollectiveSpec
 from cmemu.emulator.model.costmodel import check_duration
-from cmemu.emulator.model.endpoints import Endpoint
 from cmemu.emulator.model.errors import (
     RETRY_AFTER_S,
     EmulatorError,
@@ -43,12 +39,15 @@ from cmemu.emulator.model.errors import (
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.instruments import Family
 from cmemu.emulator.model.linkfaults import FaultSpec, RankState
-from cmemu.emulator.model.linkgraph import LinkGraph, validate_ranks
-from cmemu.emulator.model.routes import Route, check_reachable, priced
+from cmemu.emulator.model.route import Route, check_reachable, priced
 from cmemu.emulator.model.topology import Device, DeviceKind, Topology
 from cmemu.emulator.model.ub import PRICED, Completion, Op, Transaction, normalize
 
-FloatArray = npt.NDArray[np.float64]
+if TYPE_CHECKING:  # the numpy side (the graph, its collectives and metrics): made at first use
+    from cmemu.emulator.engines.fabric.metrics import LinkGroups
+    from cmemu.emulator.model.collectives import CollectiveTiming
+    from cmemu.emulator.model.endpoints import Endpoint
+    from cmemu.emulator.model.linkgraph import LinkGraph
 
 # The ops whose applying at the target checks first exactly what Deliver's check_only checks,
 # on the same state (engines/device/ub.py `_check` and `_apply`: memory.read, write and
@@ -189,10 +188,18 @@ class FabricEngine(LazyGraph):
         self.log = structlog.get_logger("cmemu.fabric").bind(device="fabric")
 
     def metrics(self) -> list[Family]:
-        """What /metrics shows of the fabric (emulator/engines/fabric/metrics.py)."""
+        """What /metrics shows of the fabric (metrics.py: numpy's, imported at the first scrape)."""
+        from cmemu.emulator.engines.fabric.metrics import LinkGroups, fabric_families
+
         if self._groups is None:
             self._groups = LinkGroups(self)
         return fabric_families(self, self._groups)
+
+    def link_stats(self, top: int) -> LinkStats:
+        """The `top` links that carried the most bytes (GetLinkStats): numpy's, as metrics()."""
+        from cmemu.emulator.engines.fabric.usage import link_stats
+
+        return link_stats(self, top)
 
     def publish(self, event: str, **detail: str) -> None:
         if self.events is not None:
@@ -274,6 +281,8 @@ class FabricEngine(LazyGraph):
     ) -> CollectiveOutcome:
         """Time a collective whole, and answer when emulated time reaches its end. `detail`:
         the caller wants every flow's timing, which is refused past a bound before any wait."""
+        from cmemu.emulator.model.linkgraph import validate_ranks  # made with the graph by now
+
         with (
             blame(field="ranks", reason="DEVICE_NOT_FOUND", on=NotFoundError),
             blame(field="ranks"),

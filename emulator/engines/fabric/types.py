@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, kw_only=True)
 class LinkStat:
+    """What one directed link carries: bytes, utilisation, flows and whether it is up."""
+
     link: str
     kind: str
     capacity_bytes_per_s: float
@@ -19,6 +21,8 @@ class LinkStat:
 
 @dataclass(frozen=True, kw_only=True)
 class LinkStats:
+    """The busiest links at an emulated instant, and the fabric's flows in flight and done."""
+
     emulated_ns: int
     links: tuple[LinkStat, ...]
     active_flows: int

@@ -76,6 +76,8 @@ UNREACHABLE = "PEER_UNREACHABLE"
 
 @dataclass(eq=False)
 class _Stream:
+    """One process's liveness stream to the manager: when it last beat and what it answered for."""
+
     covers: tuple[str, ...]
     last_beat_ns: int = 0  # the manager's emulated time at the last beat
     answered_ns: dict[str, int] = field(default_factory=dict)  # the process's time, per device

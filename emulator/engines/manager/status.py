@@ -14,6 +14,8 @@ class Mode(StrEnum):
 
 @dataclass(frozen=True, kw_only=True)
 class ManagerStatus:
+    """What the manager watches and how: its mode, devices by health, heartbeats and incidents."""
+
     mode: Mode
     devices_watched: int
     devices_suspect: int

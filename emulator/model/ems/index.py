@@ -31,12 +31,16 @@ class Tier(StrEnum):
 
 @dataclass
 class Replica:
+    """One copy of an object: its region in a memory pool."""
+
     region_id: int
     offset: int
 
 
 @dataclass
 class ObjectMeta:
+    """An EMS object's index entry: its key, size, checksum, tier and where its copies are."""
+
     key: str
     kind: int
     size: int
@@ -132,6 +136,8 @@ def decode_abort(label: str) -> Aborted | None:
 
 @dataclass(frozen=True)
 class Page:
+    """One page of a listing of objects, and the token of the next."""
+
     objects: list[ObjectMeta]
     next_token: str  # empty on the last page
 

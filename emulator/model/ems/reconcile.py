@@ -34,6 +34,8 @@ class Listed:
 
 @dataclass
 class Reconciled:
+    """What reconciling a pool's regions with the index found: what to free, adopt and drop."""
+
     free: list[int] = field(default_factory=list)  # this pool's regions to give back
     superseded: list[ObjectMeta] = field(default_factory=list)  # indexed, replaced by newer
     adopted: int = 0

@@ -11,6 +11,8 @@ from cmemu.emulator.model.errors import NotFoundError
 
 @dataclass
 class Counters:
+    """EMS's lookups and losses, counted since it started."""
+
     hits: int = 0
     misses: int = 0
     evictions: int = 0
@@ -37,6 +39,8 @@ class Timing:
 
 @dataclass(frozen=True)
 class PoolStats:
+    """One memory pool as EMS sees it: its health, objects and room."""
+
     pool: str
     healthy: bool
     objects: int
@@ -46,6 +50,8 @@ class PoolStats:
 
 @dataclass(frozen=True, kw_only=True)
 class StoreStats:
+    """The whole store: objects and bytes per tier, replication and capacity."""
+
     objects: int
     dram_bytes: int  # one copy of each object in DRAM
     dram_capacity_bytes: int  # EMS's share of every pool

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Ranges:
+    """Byte ranges of a device's memory, kept merged: where a memory fault lies."""
+
     ranges: list[tuple[int, int]] = field(default_factory=list)  # [start, end)
 
     @property
@@ -63,11 +65,15 @@ class Ranges:
 
 @dataclass
 class Poison(Ranges):
+    """Uncorrectable ranges: a read that touches them is refused and counted."""
+
     reads_refused: int = 0  # uncorrectable errors reported (telemetry's ECC counter)
 
 
 @dataclass
 class Corruption(Ranges):
+    """Silently corrupted ranges: a read returns their bytes flipped by the mask."""
+
     mask: int = 0x01  # XORed into every corrupted byte a read returns
 
     def flip(self, start: int, data: bytes) -> bytes:

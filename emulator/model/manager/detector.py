@@ -26,6 +26,8 @@ CLOSED = frozenset({RESTORED, UNRECOVERABLE})
 
 @dataclass(kw_only=True)
 class Incident:
+    """One failed device's story: detected, isolated, replaced, each at its emulated instant."""
+
     id: str
     device: str
     detected_by: str
@@ -46,6 +48,8 @@ class Incident:
 
 @dataclass(kw_only=True)
 class Detector:
+    """The manager's view of each device (ok, suspect, failed) and the incidents it opened."""
+
     devices: dict[str, str] = field(default_factory=dict)  # id -> ok | suspect | failed
     incidents: list[Incident] = field(default_factory=list)
     folded: dict[str, set[str]] = field(default_factory=dict)  # a failed device: its parts

@@ -32,6 +32,8 @@ from cmemu.emulator.model.naming import device_of
 
 @dataclass(frozen=True, kw_only=True)
 class StragglerSettings:
+    """How late, how often and over how long an NPU must lag to be judged a straggler."""
+
     lag_ratio: float
     samples: int
     consistency: float
@@ -49,6 +51,8 @@ class StragglerSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class Straggler:
+    """An NPU found consistently late in collectives, and by how much."""
+
     npu: str
     samples: int  # collectives judged
     late: int  # of them, those it lagged in by the margin
@@ -65,12 +69,16 @@ class Straggler:
 
 @dataclass(frozen=True)
 class _Sample:
+    """One collective's lag of an NPU, at an emulated instant."""
+
     at_ns: int
     ratio: float
 
 
 @dataclass
 class StragglerJudge:
+    """Judges stragglers from collectives' arrivals, over a window of samples per NPU."""
+
     settings: StragglerSettings
     _samples: dict[str, deque[_Sample]] = field(default_factory=dict)
     _npu: dict[str, str] = field(default_factory=dict)  # die id -> NPU id, parsed once

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, kw_only=True)
 class AllocatedNpu:
+    """An NPU of an allocation: where it is, its dies, and whether it failed since."""
+
     id: str
     node: str
     rack: int
@@ -21,6 +23,8 @@ class AllocatedNpu:
 
 @dataclass(frozen=True, kw_only=True)
 class Allocation:
+    """The NPUs a job holds, where they are, and the policy that placed them."""
+
     job: str
     npus: tuple[AllocatedNpu, ...]  # in id order
     nodes: tuple[str, ...]
@@ -48,6 +52,8 @@ NO_ALLOCATION = Allocation(
 
 @dataclass(frozen=True, kw_only=True)
 class AllocationChange:
+    """One change of an allocation (allocated, failed, replaced, released), as watchers see it."""
+
     change: str  # allocated | failed | replaced | released
     allocation: Allocation  # after the change (the last one held, for "released")
     npus: tuple[str, ...]  # the NPUs concerned (failed ones; for "replaced" the new ones)
@@ -56,6 +62,8 @@ class AllocationChange:
 
 @dataclass(frozen=True, kw_only=True)
 class Released:
+    """What a job gave back when released."""
+
     job: str
     npus: int  # given back, failed ones included
 
@@ -74,6 +82,8 @@ class Occupancy:
 
 @dataclass(frozen=True, kw_only=True)
 class Spares:
+    """The NPUs kept free as spares, and how many are wanted."""
+
     target: int  # how many are kept, as far as free NPUs allow
     npus: tuple[str, ...]
 

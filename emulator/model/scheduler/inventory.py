@@ -34,6 +34,8 @@ class NodeSlots:
 
 @dataclass(frozen=True, kw_only=True)
 class Inventory:
+    """Every node's NPU slots, looked up by node and by NPU."""
+
     nodes: tuple[NodeSlots, ...]
     dies_per_npu: int
     _node: dict[str, NodeSlots] = field(init=False, repr=False, compare=False)

@@ -52,5 +52,7 @@ class Allocation:
 
 @dataclass(frozen=True, kw_only=True)
 class Replacement:
+    """A failed NPU of a job and the spare that took its place."""
+
     old: str
     new: str

@@ -45,6 +45,8 @@ Pick = Callable[[Sequence[FreeNode], int], list[str] | None]
 
 @dataclass(frozen=True, kw_only=True)
 class Policy:
+    """A placement policy by name: how it picks NPUs and orders racks."""
+
     name: str
     description: str
     pick: Pick
@@ -107,6 +109,8 @@ def best_fit(nodes: Sequence[FreeNode], n: int) -> list[str] | None:
 
 @dataclass(frozen=True, kw_only=True)
 class _Plan:
+    """A candidate placement, scored by the nodes it spans and breaks."""
+
     npus: list[str]
     nodes: int  # nodes it spans
     broken: int  # entirely free nodes it takes only part of

@@ -18,6 +18,8 @@ class DeploymentState(enum.StrEnum):
 
 @dataclass(frozen=True, kw_only=True)
 class PdSwitch:
+    """Instances switched between prefill and decode, and when they joined their new role."""
+
     at_ns: int
     to: str  # "prefill" or "decode"
     instances: tuple[str, ...]

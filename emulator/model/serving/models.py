@@ -11,6 +11,8 @@ from cmemu.emulator.model.provenance import fig
 
 @dataclass(frozen=True, kw_only=True)
 class ModelShape:
+    """A model's shape (layers, widths, experts): what the serving cost model prices."""
+
     name: str
     layers: int = fig(61, "pub")
     dense_layers: int = fig(3, "pub")  # the first layers have a dense FFN, the rest MoE

@@ -31,14 +31,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from cmemu.emulator.client.clients import Clients
 from cmemu.emulator.client.fabric import FabricClient
-from cmemu.emulator.client.router import RouterClient
-from cmemu.emulator.client.servingstats import ServingStats
 from cmemu.emulator.client.status import code_name, reply_of
 from cmemu.emulator.engines.fabric.types import LinkStat
 from cmemu.emulator.model.errors import EmulatorError
@@ -56,6 +54,9 @@ from cmemu.emulator.runtime.webview.snapshot import (
 from cmemu.emulator.runtime.webview.sources import DeviceSource, WireDevices
 from cmemu.services.rpc import status_line
 from cmemu.v1 import fabric_pb2
+
+if TYPE_CHECKING:
+    from cmemu.emulator.client.servingstats import ServingStats
 
 log = structlog.get_logger("cmemu.webview")
 Listener = Callable[[Json], None]
@@ -315,6 +316,10 @@ class Collector:
             await asyncio.sleep(self.rates.faults_interval_s)
 
     async def _serving(self) -> None:
+        # the router's client (its deployments' records): imported when the feeds start, after
+        # the state file, not with the web view, which binds before it
+        from cmemu.emulator.client.router import RouterClient
+
         while True:
             try:
                 stats = await RouterClient(

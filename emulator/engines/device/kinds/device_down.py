@@ -25,11 +25,15 @@ NAME = "device-down"
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceDownParams:
+    """device-down's params: the reason the device reports while it is down."""
+
     reason: str = param("cmemu fault add", "the reason the device reports")
 
 
 @dataclass(frozen=True)
 class DeviceDown:
+    """device-down's effect: the device stops answering (NOT_SERVING) until cleared."""
+
     async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         if engine.fault.faulted:
             raise PreconditionError(

@@ -87,6 +87,8 @@ def control_of(engine: DeviceEngine, service: str) -> ServiceControl:
 
 @dataclass(frozen=True)
 class ServiceDown:
+    """service-down's effect: a service the device's process hosts stopped, hung or slowed."""
+
     async def apply(self, engine: DeviceEngine, fault: ActiveFault) -> None:
         params: ServiceDownParams = fault.params
         control = control_of(engine, params.service)

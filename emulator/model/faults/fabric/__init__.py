@@ -3,53 +3,40 @@ and their checks, its help and what its TARGET names, its effect on the link gra
 those params as they are), and this one table of them. The link graph's FaultSet
 (emulator/model/linkfaults.py), the wire's params table (FabricFault's `oneof params`,
 emulator/client/wire/fabric.py) and the client's fabric kinds (emulator/client/faultkinds/
-fabric.py) are all made from KINDS; what the kinds share lives in base.py."""
+fabric.py) are all made from KINDS; what the kinds share lives in base.py. A kind's module is
+imported when the kind is first asked for (table.py): a boot imports only those its engines name."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cmemu.emulator.model.faults.fabric import (
-    l1_board,
-    link_degraded,
-    link_down,
-    link_flap,
-    link_latency,
-    link_loss,
-    optical_module,
-    partition,
-    ports_degraded,
-    rank_down,
-    rank_hung,
-    rank_slow,
-    switch_down,
-)
 from cmemu.emulator.model.faults.fabric.base import FaultSpec, Kind, NoParams, of_kind
 from cmemu.emulator.model.faults.params import kind_params_checked, unknown_kind
+from cmemu.emulator.model.faults.table import KindTable, ParamsTable
 
 __all__ = ["KINDS", "PARAMS", "FaultSpec", "Kind", "NoParams", "checked", "kind_of", "of_kind"]
 
-KINDS: dict[str, Kind[Any]] = {
-    k.name: k
-    for k in (
-        link_down.KIND,
-        link_degraded.KIND,
-        link_latency.KIND,
-        switch_down.KIND,
-        partition.KIND,
-        link_flap.KIND,
-        link_loss.KIND,
-        optical_module.KIND,
-        l1_board.KIND,
-        ports_degraded.KIND,
-        rank_down.KIND,
-        rank_hung.KIND,
-        rank_slow.KIND,
-    )
-}
+KINDS: KindTable[Kind[Any]] = KindTable(
+    __name__,
+    (
+        "link-down",
+        "link-degraded",
+        "link-latency",
+        "switch-down",
+        "partition",
+        "link-flap",
+        "link-loss",
+        "optical-module",
+        "l1-board",
+        "ports-degraded",
+        "rank-down",
+        "rank-hung",
+        "rank-slow",
+    ),
+)
 """Every kind the fabric applies to its link graph, by name (Fabric/InjectFault)."""
 
-PARAMS: dict[str, type[Any]] = {name: k.params for name, k in KINDS.items()}
+PARAMS = ParamsTable(KINDS)
 """Their params classes by kind: FabricFault's `oneof params` (emulator/client/wire/
 faultparams.py unpacks by it, and checks that it and the proto agree)."""
 

@@ -20,12 +20,16 @@ NAME = "link-flap"
 
 @dataclass(frozen=True, kw_only=True)
 class LinkFlapParams:
+    """link-flap's params: the period of one down+up cycle and the share of it spent down."""
+
     period_s: float = param(10.0, "emulated seconds of one down+up cycle", POSITIVE)
     duty: float = param(0.5, "share of each period the link is down, in (0, 1)", FRACTION)
 
 
 @dataclass(frozen=True)
 class LinkFlap:
+    """link-flap's effect: the link down for its duty of every period (the fault clock flips it)."""
+
     def validate(self, graph: LinkGraph, spec: FaultSpec[LinkFlapParams]) -> None:
         graph.physical(spec.target)
 
