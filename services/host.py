@@ -8,7 +8,9 @@ silently sharing the port.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
+import socket
 from collections.abc import Callable, Iterable
 from typing import cast
 
@@ -18,7 +20,13 @@ from grpc_health.v1._async import HealthServicer
 
 from cmemu.emulator.client.channels import SERVER_KEEPALIVE_OPTIONS
 from cmemu.emulator.model.address import parse_address
-from cmemu.emulator.model.errors import AddressError, AddressInUseError, InvalidArgumentError
+from cmemu.emulator.model.errors import (
+    AddressError,
+    AddressInUseError,
+    EmulatorError,
+    InvalidArgumentError,
+    bind_error,
+)
 from cmemu.services.auth import OPEN, ServerSecurity
 from cmemu.services.hanggate import HangGate
 from cmemu.services.methods import MethodTable
@@ -66,6 +74,35 @@ async def _resolve(name: str, address: str) -> None:
         await asyncio.get_running_loop().getaddrinfo(host, at.port)
     except (OSError, UnicodeError) as exc:
         raise AddressError(name, address, f"cannot resolve {host}") from exc
+
+
+def why_unbound(name: str, address: str, listen: str) -> EmulatorError:
+    """Why grpc could not bind `listen`: it says only that it failed (a port of 0, or a
+    RuntimeError) for every cause, so the system is asked with a plain bind of the same address.
+    A port held elsewhere is ADDRESS_IN_USE; an address this machine or container cannot use
+    (not one of its own, no IPv6, no permission) says so (ADDRESS_UNUSABLE), as HTTP servers'
+    binds do (bind_error), so that nobody hunts for a process holding a port none holds."""
+    if listen.startswith("unix:"):
+        return AddressInUseError(name, address)
+    at = parse_address(listen, any_port=True)
+    # grpc binds a wildcard on IPv6 and IPv4, and on IPv4 alone where there is no IPv6 (a
+    # container's network): the IPv4 bind is the one that decides there
+    hosts = ["::", "0.0.0.0"] if at.host in ("::", "*") else [at.host]
+    for host in hosts:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc's own
+                probe.bind((host, at.port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE or host == hosts[-1]:
+                return bind_error(name, address, exc)
+    return AddressError(  # free again by now (its holder gone), or refused by grpc alone
+        name,
+        address,
+        f"grpc could not listen on {listen}, which the system lets bind now (grpc's log says why)",
+        reason="ADDRESS_UNUSABLE",
+    )
 
 
 def listen_address(address: str) -> str:
@@ -170,12 +207,13 @@ class ServiceHost:
         self.security.check_bind(self.name, self.address)
         await self.set_serving(False)
         await _resolve(self.name, self.address)
+        listen = listen_address(self.address)
         try:
-            port = self.security.bind(self.server, listen_address(self.address))
-        except RuntimeError as exc:
-            raise AddressInUseError(self.name, self.address) from exc
+            port = self.security.bind(self.server, listen)
+        except RuntimeError:
+            port = 0
         if port == 0:
-            raise AddressInUseError(self.name, self.address)
+            raise why_unbound(self.name, self.address, listen)
         await self.server.start()
         self._answering = True
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
+import os
+import socket
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
@@ -13,10 +16,10 @@ import pytest
 
 from cmemu.emulator.client.errors import ErrorDetails, decode
 from cmemu.emulator.model.emulatorprofile import EmulatorLimits
-from cmemu.emulator.model.errors import AddressError
+from cmemu.emulator.model.errors import AddressError, AddressInUseError, EmulatorError
 from cmemu.emulator.model.hardware import DEFAULT_PROFILE
 from cmemu.emulator.runtime.supernode import Supernode
-from cmemu.emulator.testing import Clients, running_supernode
+from cmemu.emulator.testing import Clients, free_port_block, running_supernode
 from cmemu.services.auth import ServerSecurity
 from cmemu.services.host import ServiceHost
 from cmemu.v1 import device_pb2, fabric_pb2, ub_pb2
@@ -194,3 +197,35 @@ async def test_an_unresolvable_host_is_not_an_address_in_use() -> None:
     assert "cannot resolve no-such-host.invalid" in str(err.value)
     assert "in use" not in str(err.value)
     await host.stop(0)
+
+
+@pytest.mark.parametrize("held", [True, False])
+async def test_a_bind_that_fails_says_why_it_failed(held: bool) -> None:
+    """grpc says only that a bind failed, for every cause: a port another listener holds is
+    ADDRESS_IN_USE; an address that is not this machine's (192.0.2.1, TEST-NET-1) is not in
+    use anywhere, and says what the system said (ADDRESS_UNUSABLE) instead."""
+    port = free_port_block(1)
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        if held:
+            holder.bind(("127.0.0.1", port))
+            holder.listen()
+        host = ServiceHost(
+            name="n00-npu0",
+            address=f"127.0.0.1:{port}" if held else f"192.0.2.1:{port}",
+            services=[],
+            security=ServerSecurity(insecure=True),  # past the loopback check, to the bind
+        )
+        with pytest.raises(EmulatorError) as err:
+            await host.start()
+        await host.stop(0)
+    finally:
+        holder.close()
+    if held:
+        assert isinstance(err.value, AddressInUseError) and "address already in use" in str(
+            err.value
+        )
+    else:
+        assert isinstance(err.value, AddressError) and err.value.reason == "ADDRESS_UNUSABLE"
+        assert "in use" not in str(err.value)
+        assert os.strerror(errno.EADDRNOTAVAIL) in str(err.value)
