@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cmemu.emulator.client import h2probe
 from cmemu.emulator.model.addressplans import PortPlan
 from cmemu.emulator.model.topology import metrics_address
@@ -289,53 +291,69 @@ def _loaded_by(code: str) -> set[str]:
     return set(done.stdout.split())
 
 
-def test_the_scheduler_imports_no_day_plan_policy_model() -> None:
-    """Every boot makes the scheduler, which runs day plans (model/daylive.py): their night
-    window is model/daywindow.py's, not the calendar policy's model (model/dayplan.py, with the
-    training cost models under it). Its twin: `cmemu simulate` imports that model."""
-    scheduler = _modules_of("import cmemu.emulator.engines.scheduler.engine")
-    assert "cmemu.emulator.model.daywindow" in scheduler
-    assert "cmemu.emulator.model.dayplan" not in scheduler
-    assert "cmemu.emulator.model.dayplan" in _modules_of("import cmemu.emulator.cli.simulate")
+@dataclasses.dataclass(frozen=True)
+class Deferred:
+    """A module every boot imports (`module`, which brings `present`), and modules it leaves to
+    their first use (`heavy`); the twin, `twin`, is a module that does bring them."""
+
+    module: str
+    present: str
+    heavy: frozenset[str]
+    twin: str
 
 
-def test_the_router_imports_its_deployments_machinery_with_the_first_deployment() -> None:
-    """Every boot makes the router (services/router.py) and its serving engine: the drivers,
-    the serving model and its cost models (30 ms of imports) come with the first deployment
-    (engines/serving/engine.py imports them where a deployment is made). Its twin: the
-    deployments' module (deploy.py) brings them."""
-    heavy = {
-        "cmemu.emulator.engines.serving.driver",
-        "cmemu.emulator.model.serving.engine",
-        "cmemu.emulator.model.serving.deployment",
-    }
-    router = _modules_of("import cmemu.services.router")
-    assert "cmemu.emulator.engines.serving.engine" in router
-    assert not router & heavy, sorted(router & heavy)
-    assert heavy <= _modules_of("import cmemu.emulator.engines.serving.deploy")
+DEFERRED = {
+    # the scheduler runs day plans (model/daylive.py): their night window is model/daywindow's,
+    # not the calendar policy's model (model/dayplan.py, the training cost models under it)
+    "scheduler-day-plans": Deferred(
+        "cmemu.emulator.engines.scheduler.engine",
+        "cmemu.emulator.model.daywindow",
+        frozenset({"cmemu.emulator.model.dayplan"}),
+        "cmemu.emulator.cli.simulate",
+    ),
+    # the router's serving engine: the drivers, the serving model and its cost models (30 ms of
+    # imports) come with the first deployment (engines/serving/engine.py imports them there)
+    "router-deployments": Deferred(
+        "cmemu.services.router",
+        "cmemu.emulator.engines.serving.engine",
+        frozenset(
+            {
+                "cmemu.emulator.engines.serving.driver",
+                "cmemu.emulator.model.serving.engine",
+                "cmemu.emulator.model.serving.deployment",
+            }
+        ),
+        "cmemu.emulator.engines.serving.deploy",
+    ),
+    # the training service: a job's runner, its step model and the training cost models under
+    # it come with the first job started
+    "training-jobs": Deferred(
+        "cmemu.services.training.service",
+        "cmemu.emulator.engines.training.engine",
+        frozenset(
+            {
+                "cmemu.emulator.model.training.job",
+                "cmemu.emulator.model.training.step",
+                "cmemu.emulator.model.serving.cost",
+            }
+        ),
+        "cmemu.emulator.engines.training.runner",
+    ),
+    # the web view binds before the state file: the router's client and its deployments'
+    # records come with the serving feed, which starts after it (collector.py `_serving`)
+    "web-view-serving-feed": Deferred(
+        "cmemu.emulator.runtime.webview.collector",
+        "cmemu.emulator.client.fabric",
+        frozenset({"cmemu.emulator.client.router", "cmemu.emulator.client.deployments"}),
+        "cmemu.emulator.cli.serving",
+    ),
+}
 
 
-def test_the_training_service_imports_its_step_model_with_the_first_job() -> None:
-    """Every boot makes the training service and its engine: a job's runner, its step model and
-    the training cost models under it come with the first job started. Its twin: the runner's
-    module (runner.py) brings them."""
-    heavy = {
-        "cmemu.emulator.model.training.job",
-        "cmemu.emulator.model.training.step",
-        "cmemu.emulator.model.serving.cost",
-    }
-    service = _modules_of("import cmemu.services.training.service")
-    assert "cmemu.emulator.engines.training.engine" in service
-    assert not service & heavy, sorted(service & heavy)
-    assert heavy <= _modules_of("import cmemu.emulator.engines.training.runner")
-
-
-def test_the_web_view_imports_the_router_s_client_with_its_feeds() -> None:
-    """Every boot binds the web view before its state file: the router's client and its
-    deployments' records come with the serving feed, which starts after it (collector.py
-    `_serving`). Its twin: `cmemu serving`'s module brings them."""
-    heavy = {"cmemu.emulator.client.router", "cmemu.emulator.client.deployments"}
-    view = _modules_of("import cmemu.emulator.runtime.webview.collector")
-    assert "cmemu.emulator.client.fabric" in view
-    assert not view & heavy, sorted(view & heavy)
-    assert heavy <= _modules_of("import cmemu.emulator.cli.serving")
+@pytest.mark.parametrize("name", DEFERRED)
+def test_what_every_boot_imports_leaves_the_heavy_modules_to_their_first_use(name: str) -> None:
+    deferred = DEFERRED[name]
+    imported = _modules_of(f"import {deferred.module}")
+    assert deferred.present in imported
+    assert not imported & deferred.heavy, sorted(imported & deferred.heavy)
+    assert deferred.heavy <= _modules_of(f"import {deferred.twin}")  # the twin brings them
