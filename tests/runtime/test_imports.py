@@ -6,11 +6,13 @@ serves its /metrics; `cmemu --version` imports nothing of the emulator (test_doc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -93,29 +95,40 @@ async def test_a_device_process_imports_only_what_it_serves(tmp_path: Path) -> N
     assert not modules & set(UNCALLED), sorted(modules & set(UNCALLED))
 
 
+@contextlib.asynccontextmanager
+async def _up(*argv: str, state: Path) -> AsyncIterator[list[str]]:
+    """A `cmemu up` run by this interpreter with `argv`, until it has written `state`, then
+    stopped with SIGINT; the list yielded holds its stderr's lines once it has stopped."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    err: list[str] = []
+    try:
+        async with asyncio.timeout(120):
+            while not state.exists():  # noqa: ASYNC240 - one stat a poll, in a test
+                assert proc.returncode is None, "cmemu up exited"
+                await asyncio.sleep(0.05)
+        yield err
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, out = await proc.communicate()
+        err.extend(out.decode().splitlines())
+
+
 async def _up_modules(tmp_path: Path, *broker: str) -> set[str]:
     """The top-level modules a `cmemu up` of cm-mini in one process imported by its stop, a
     moment after its state file (its `started` events published by then), with no web view."""
     state = tmp_path / "state.json"
     base = free_port_block(launch_ports("cm-mini"))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-X", "importtime", "-m", "cmemu.emulator.cli.entry", "--log-level",
-        "warning", "up", "--preset", "cm-mini", "--base-port", str(base), "--ui", "none",
-        *broker, "--state-file", str(state),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        async with asyncio.timeout(120):
-            while not state.exists():
-                assert proc.returncode is None, "cmemu up exited"
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(1.0)  # its events leave; nothing here depends on how many
-    finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = await proc.communicate()
+    async with _up(
+        "-X", "importtime", "-m", "cmemu.emulator.cli.entry", "--log-level", "warning", "up",
+        "--preset", "cm-mini", "--base-port", str(base), "--ui", "none", *broker,
+        "--state-file", str(state), state=state,
+    ) as err:  # fmt: skip
+        await asyncio.sleep(1.0)  # its events leave; nothing here depends on how many
     return {
         line.rsplit("|", 1)[1].strip().split(".")[0]
-        for line in err.decode().splitlines()
+        for line in err
         if line.startswith("import time:") and "|" in line
     }
 
@@ -191,16 +204,10 @@ async def test_cmemu_up_imports_aiohttp_after_its_state_file(tmp_path: Path) -> 
 
     path = tmp_path / "state.json"
     base = free_port_block(launch_ports("cm-mini"))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", FIRST_IMPORT, "aiohttp", "--log-level", "warning", "up", "--preset",
-        "cm-mini", "--base-port", str(base), "--broker", "none", "--state-file", str(path),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        async with asyncio.timeout(120):
-            while not path.exists():
-                assert proc.returncode is None, "cmemu up exited"
-                await asyncio.sleep(0.05)
+    async with _up(
+        "-c", FIRST_IMPORT, "aiohttp", "--log-level", "warning", "up", "--preset", "cm-mini",
+        "--base-port", str(base), "--broker", "none", "--state-file", str(path), state=path,
+    ) as err:  # fmt: skip
         found = state.read_instance(path)
         router = found.topology.service(ServiceKind.ROUTER).http_address
         ui = found.launcher.extra[state.UI_KEY]
@@ -210,10 +217,7 @@ async def test_cmemu_up_imports_aiohttp_after_its_state_file(tmp_path: Path) -> 
                 assert response.status == 200
             async with session.get(f"{ui}api/snapshot") as response:
                 assert response.status == 200
-    finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = await proc.communicate()
-    said = [line for line in err.decode().splitlines() if "aiohttp first imported" in line]
+    said = [line for line in err if "aiohttp first imported" in line]
     assert said == ["aiohttp first imported; state file there: True"], said
 
 
@@ -236,16 +240,10 @@ async def test_cmemu_up_imports_numpy_and_fault_kinds_after_its_state_file(tmp_p
 
     path = tmp_path / "state.json"
     base = free_port_block(launch_ports("cm384"))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", FIRST_IMPORT, ",".join(LATER), "--log-level", "warning", "up",
-        "--preset", "cm384", "--base-port", str(base), "--state-file", str(path),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        async with asyncio.timeout(120):
-            while not path.exists():
-                assert proc.returncode is None, "cmemu up exited"
-                await asyncio.sleep(0.05)
+    async with _up(
+        "-c", FIRST_IMPORT, ",".join(LATER), "--log-level", "warning", "up", "--preset", "cm384",
+        "--base-port", str(base), "--state-file", str(path), state=path,
+    ) as err:  # fmt: skip
         clients = Clients(state.read_instance(path).topology)
         try:
             async with asyncio.timeout(60):
@@ -256,10 +254,7 @@ async def test_cmemu_up_imports_numpy_and_fault_kinds_after_its_state_file(tmp_p
             await clients.close()
         assert done.completion.complete_ns > done.completion.issue_ns
         assert len(done.completion.path) == 5  # across the L2 tier: the graph routed it
-    finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = await proc.communicate()
-    said = sorted(line for line in err.decode().splitlines() if "first imported" in line)
+    said = sorted(line for line in err if "first imported" in line)
     assert said == sorted(f"{m} first imported; state file there: True" for m in LATER), said
     graph = _modules_of("import cmemu.emulator.model.linkgraph")
     assert "numpy" in {m.split(".")[0] for m in graph}
