@@ -9,8 +9,7 @@ imports): their modules are imported here too, where the parts are made, not wit
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar, cast, overload
 
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.model.hardware import HardwareProfile
@@ -22,15 +21,27 @@ if TYPE_CHECKING:  # numpy's side: imported where the parts are made (_made)
     from cmemu.emulator.engines.flows import FlowClock
     from cmemu.emulator.model.linkgraph import LinkGraph
 
+T = TypeVar("T")
 
-@dataclass(frozen=True)
-class _Parts:
-    """What is made together at the first use: the graph and what runs on it."""
 
-    graph: LinkGraph
-    faults: FaultSet
-    flows: FlowClock
-    collectives: Collectives
+class _Part(Generic[T]):
+    """One of the parts, read as an attribute: the first read makes them all (`_made`), which
+    puts each in the instance's own dictionary, where every later read finds it before this
+    (a non-data descriptor): a transfer reads the graph and the flows four times, which as
+    properties were eight Python calls, as attributes none."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> _Part[T]: ...
+    @overload
+    def __get__(self, instance: LazyGraph, owner: type) -> T: ...
+    def __get__(self, instance: LazyGraph | None, owner: type) -> _Part[T] | T:
+        if instance is None:
+            return self
+        instance._made()
+        return cast(T, instance.__dict__[self.name])
 
 
 class LazyGraph:
@@ -41,54 +52,42 @@ class LazyGraph:
     clock: Timeline
     _closing: bool  # the engine is stopping: nothing more is made
 
+    graph: _Part[LinkGraph] = _Part()
+    faults: _Part[FaultSet] = _Part()
+    flows: _Part[FlowClock] = _Part()
+    collectives: _Part[Collectives] = _Part()
+
     def __init__(self) -> None:
-        self._parts: _Parts | None = None
         self._built = asyncio.Event()  # the engine's clocks start once there is a graph
 
     @property
     def built(self) -> bool:
         """Whether the link graph is made (by a first use, or `warm`)."""
-        return self._parts is not None
-
-    @property
-    def graph(self) -> LinkGraph:
-        return self._made().graph
-
-    @property
-    def faults(self) -> FaultSet:
-        return self._made().faults
-
-    @property
-    def flows(self) -> FlowClock:
-        return self._made().flows
-
-    @property
-    def collectives(self) -> Collectives:
-        return self._made().collectives
+        return "graph" in self.__dict__
 
     def warm(self) -> None:
         """Make the link graph now, if nothing has asked for it yet: what a launcher calls once
         it is ready, so that the first transfer does not wait for it."""
-        if self._parts is None and not self._closing:
+        if not self.built and not self._closing:
             self._made()
 
-    def _made(self) -> _Parts:
-        if self._parts is not None:
-            return self._parts
+    def _made(self) -> None:
+        if self.built:
+            return
         from cmemu.emulator.engines.fabric.collectives import Collectives
         from cmemu.emulator.engines.flows import FlowClock
         from cmemu.emulator.model.linkgraph import LinkGraph
 
         graph = LinkGraph(self.topology, self.profile)
-        self._parts = _Parts(
-            graph=graph,
-            faults=FaultSet(graph),
-            flows=FlowClock(
+        parts = {
+            "faults": FaultSet(graph),
+            "flows": FlowClock(
                 clock=self.clock,
                 res_cap=graph.trunk_cap(),
                 cut_message="a fault cut the route of this transfer",
             ),
-            collectives=Collectives(graph, self.profile.limits),
-        )
+            "collectives": Collectives(graph, self.profile.limits),
+            "graph": graph,  # last: `built` is whether it is here
+        }
+        self.__dict__.update(parts)
         self._built.set()
-        return self._parts
