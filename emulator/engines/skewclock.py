@@ -37,11 +37,13 @@ class LocalClock(Timeline):
         super().__init__(base.clock)  # its own sleepers' heap stays empty: they sleep on base
         self.base = base
         self.skew: Skew | None = None
+        self.now_ns = base.now_ns  # read exactly: the base's own reading, no call between
         self._alarms: set[asyncio.Future[None]] = set()  # its sleepers' wake-ups, on base
 
     def set_skew(self, skew: Skew | None) -> None:
         """Read wrong by `skew` from now on (None: right again); every sleeper re-plans."""
         self.skew = skew
+        self.now_ns = self.base.now_ns if skew is None else self._skewed_ns
         for alarm in self._alarms:
             if not alarm.done():
                 alarm.set_result(None)
@@ -50,12 +52,9 @@ class LocalClock(Timeline):
         """The emulator's time, as the unskewed clock reads it."""
         return self.base.now_ns()
 
-    def now_ns(self) -> int:
+    def _skewed_ns(self) -> int:
         true = self.base.now_ns()
         return true if self.skew is None else self.skew.read(true)
-
-    def now_s(self) -> float:
-        return self.now_ns() / 1e9
 
     async def sleep_until(self, emulated_ns: int) -> None:
         while self.now_ns() < emulated_ns:
