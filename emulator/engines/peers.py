@@ -364,7 +364,7 @@ class LocalDevice:
         deadline to end, so it runs without one: no timer armed and cancelled per call on the
         UB hot path (the fabric's two Delivers of every transaction)."""
         engine = self.engine
-        gate_open = not engine.effects.crashed and engine.effects.answering.is_set()
+        gate_open = not engine.effects.crashed and engine.effects.answering.open
         if gate_open and (not waits or deadline_s is None):  # nothing to bound: no frame more
             try:
                 return await call
@@ -392,7 +392,7 @@ class LocalDevice:
 
     async def submit(self, tx: Transaction, *, deadline_s: float | None) -> Completion:
         engine = self.engine
-        if deadline_s is None and not engine.effects.crashed and engine.effects.answering.is_set():
+        if deadline_s is None and not engine.effects.crashed and engine.effects.answering.open:
             try:  # `_call`'s open gate and no deadline, without its frame (EMS's every copy)
                 return await engine.bus.submit(tx, None)
             except EmulatorError as exc:
@@ -406,7 +406,7 @@ class LocalDevice:
         coroutine to wrap it, as EMS's allocations and frees of every put would make); else
         through the gate as `_call` passes it."""
         engine = self.engine
-        if not engine.effects.crashed and engine.effects.answering.is_set():
+        if not engine.effects.crashed and engine.effects.answering.open:
             try:
                 return function(*args)
             except EmulatorError as exc:

@@ -84,7 +84,7 @@ class Latencies:
     def ub_op(self, op: str, seconds: float) -> None:
         histogram = self.ub.get(op)
         if histogram is None:
-            histogram = self.ub[op] = Histogram()
+            histogram = self.ub[str(op)] = Histogram()  # a plain name, whatever str came
         histogram.observe(seconds)
 
 
@@ -97,13 +97,30 @@ class FaultState:
     since_ns: int = 0
 
 
+class Answering(asyncio.Event):
+    """An Event (cleared: the device hangs) whose state is also a plain field, `open`: read
+    twice by every UB transaction of this process, where `is_set()` is a Python call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = False
+
+    def set(self) -> None:
+        self.open = True
+        super().set()
+
+    def clear(self) -> None:
+        self.open = False
+        super().clear()
+
+
 @dataclass
 class Effects:
     """What the catalogue's active faults do to the device: read on the hot paths, so plain
     fields, not a lookup per call."""
 
     crashed: bool = False
-    answering: asyncio.Event = field(default_factory=asyncio.Event)  # cleared: hung
+    answering: Answering = field(default_factory=Answering)  # cleared: hung
     compute_share: float = 1.0
     dies_down: set[int] = field(default_factory=set)
     poison: Poison = field(default_factory=Poison)

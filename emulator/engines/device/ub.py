@@ -64,10 +64,7 @@ def _blame_address(exc: EmulatorError, device: str) -> None:
 class Bus:
     def __init__(self, engine: DeviceEngine) -> None:
         self.engine = engine
-
-    @property
-    def inline_max(self) -> int:
-        return self.engine.profile.limits.inline_payload_max_bytes
+        self.inline_max = engine.profile.limits.inline_payload_max_bytes  # read per transaction
 
     async def submit(self, request: Transaction, deadline_s: float | None) -> Completion:
         """Issue a transaction from this device; the fabric times it and delivers it."""
@@ -90,8 +87,9 @@ class Bus:
         completion = await e.peers.fabric().transfer(tx, deadline_s=deadline_s)
         e.counters.tx_count += 1
         e.counters.tx_bytes += tx.size
-        e.latency.ub_op(tx.op.value, (completion.complete_ns - completion.issue_ns) / 1e9)
-        e.log.debug("ub submit", trace_id=tx.id, op=tx.op.value, dst=target.id)
+        # the op is a StrEnum: its own name, without the enum's `value` property (two calls)
+        e.latency.ub_op(tx.op, (completion.complete_ns - completion.issue_ns) / 1e9)
+        e.log.debug("ub submit", trace_id=tx.id, op=tx.op, dst=target.id)
         return completion
 
     def deliver(self, request: Transaction, check_only: bool) -> Completion:
