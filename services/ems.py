@@ -36,12 +36,13 @@ def _kind(meta: ObjectMeta) -> ems_pb2.ObjectKind.ValueType:
 
 
 def _got(f: Fetched) -> ems_pb2.GetResponse:
+    meta = f.meta
     return ems_pb2.GetResponse(
-        key=f.meta.key,
+        key=meta.key,
         data=f.data,
-        size=f.meta.size,
-        kind=_kind(f.meta),
-        tier=TIERS[f.meta.tier],
+        size=meta.size,
+        kind=meta.kind,  # type: ignore[arg-type]  # an ObjectKind's value (_kind, uncalled)
+        tier=TIERS[meta.tier],
         served_by=f.served_by,
         corrupt_copies=f.corrupt_copies,
         issue_ns=f.issue_ns,
@@ -147,8 +148,8 @@ class EmsServicer(ems_pb2_grpc.EmsServicer):
                 tier=TIERS[meta.tier],
                 served_by=reading.served_by,
                 corrupt_copies=reading.corrupt_copies,
-                issue_ns=reading.timing.issue_ns,
-                complete_ns=reading.timing.complete_ns,
+                issue_ns=reading.issue_ns,
+                complete_ns=reading.complete_ns,
             ),
         )
 

@@ -85,6 +85,38 @@ async def test_a_corrupt_first_copy_is_passed_by_for_the_next(local: InProcessSu
     assert made == []
 
 
+@contextmanager
+def _raised() -> Iterator[list[str]]:
+    """The exceptions raised in Python frames inside the block, by type name."""
+    raised: list[str] = []
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if event == "exception":
+            raised.append(arg[0].__name__)
+        return trace
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        yield raised
+    finally:
+        sys.settrace(previous)
+
+
+async def test_a_get_ends_with_no_stop_async_iteration(local: InProcessSupernode) -> None:
+    """A get takes its pieces by Copies.next, so its end raises nothing; the twin: a read's
+    chunks() (GetStream's) is still an async iterator, ended by StopAsyncIteration."""
+    state = _ems(local)
+    await state.put(state.new_object("hot-3", len(VALUE), size=0, kind=0, device=""), VALUE)
+    with _raised() as raised:
+        got = await state.get("hot-3")
+    assert got.data == VALUE and "StopAsyncIteration" not in raised
+    reading = await state.read("hot-3")
+    with _raised() as raised:
+        streamed = [piece async for piece in reading.chunks()]
+    assert streamed == [VALUE] and "StopAsyncIteration" in raised
+
+
 def test_the_bus_delivers_with_a_plain_call() -> None:
     assert not inspect.iscoroutinefunction(Bus.deliver)
     assert inspect.iscoroutinefunction(Bus.submit)  # it awaits the fabric

@@ -26,8 +26,9 @@ wire-free: domain types in and out, EmulatorErrors whichever process a pool is i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.ems.markers import Markers
@@ -135,11 +136,14 @@ class EmsState(Store):
 
     # --- reads ---------------------------------------------------------------------------------
 
-    async def read(self, key: str, device: str = "") -> Reading:
-        return await self.reads.read(key, device)
+    # the read path's coroutines themselves, not one more around each
+    def read(self, key: str, device: str = "") -> Coroutine[Any, Any, Reading]:
+        return self.reads.read(key, device)
 
-    async def get(self, key: str, device: str = "", limit: int | None = None) -> Fetched:
-        return await self.reads.get(key, device, limit)
+    def get(
+        self, key: str, device: str = "", limit: int | None = None
+    ) -> Coroutine[Any, Any, Fetched]:
+        return self.reads.get(key, device, limit)
 
     def lookup(self, key: str) -> ObjectMeta | None:
         self.serving()

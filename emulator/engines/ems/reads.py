@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import zlib
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 
 from cmemu.emulator.engines.ems.store import UNREACHABLE, Store, log
 from cmemu.emulator.model.costmodel import ems_ssd_ns
@@ -19,7 +18,6 @@ from cmemu.emulator.model.ems import (
     ObjectMeta,
     Replica,
     Tier,
-    Timing,
     check_key,
     chunk_crcs,
     decode_trailer,
@@ -49,144 +47,187 @@ class CorruptCopy(DataLossError):
     read as it did over gRPC."""
 
 
-@dataclass(kw_only=True)
-class Fetched:
-    """An object read from EMS: its bytes, the copy that served them and when."""
-
-    meta: ObjectMeta
-    data: bytes
-    served_by: str  # a pool, or "ssd"
-    corrupt_copies: int
-    issue_ns: int
-    complete_ns: int
+_SSD = Tier.SSD  # a member read off its class is a descriptor call: once per get
 
 
-@dataclass(kw_only=True)
 class Reading:
     """A read in progress: `chunks()` yields the object's bytes in order (nothing for a size-only
-    object); once it is exhausted the other fields say where they came from and when."""
+    object); once it is exhausted the other fields say where they came from and when. A get's
+    result (`Fetched`) is the Reading read whole, its bytes in `data`. This one is the SSD
+    tier's (its bytes read at once); a DRAM object's is `Copies`."""
 
-    meta: ObjectMeta
-    served_by: str = ""
-    corrupt_copies: int = 0
-    gone_copies: int = 0  # copies whose region their pool no longer has (it came back empty)
-    timing: Timing = field(default_factory=Timing)
-    source: AsyncIterator[bytes] | None = None
+    __slots__ = ("corrupt_copies", "data", "duration_ns", "gone_copies", "issue_ns", "meta",
+                 "served_by")  # fmt: skip
+
+    def __init__(self, meta: ObjectMeta, served_by: str = "", data: bytes = b"") -> None:
+        self.meta = meta
+        self.served_by = served_by  # a pool, or "ssd"
+        self.data = data
+        self.corrupt_copies = 0
+        self.gone_copies = 0  # copies whose region their pool no longer has (it came back empty)
+        self.issue_ns = 0
+        self.duration_ns = 0
+
+    @property
+    def complete_ns(self) -> int:
+        return self.issue_ns + self.duration_ns
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        if self.source is not None:
-            async for piece in self.source:
-                yield piece
+        if self.meta.real:
+            yield self.data
 
 
-class Copies:
-    """An object's chunks in order, from the first copy that serves each: a copy that is
-    unreachable or fails a checksum is left for the next, from the chunk where it failed
-    (Reads.piece reads one, Reads.failed passes a copy by). An iterator object, not an async
-    generator: asyncio hooks the first step of every async generator (a WeakSet entry, taken
-    out again by a weakref callback when it is gone), which every Get paid for its one chunk."""
+Fetched = Reading  # a get's: the Reading read whole, its bytes in `data`
 
-    def __init__(
-        self, reads: Reads, meta: ObjectMeta, requester: Device | None, reading: Reading
-    ) -> None:
+
+class Copies(Reading):
+    """A DRAM object's Reading: its chunks in order, from the first copy that serves each: a copy
+    that is unreachable or fails a checksum is left for the next, from the chunk where it failed
+    (Reads.failed passes a copy by). An iterator object, not an async generator: asyncio hooks
+    the first step of every async generator (a WeakSet entry, taken out again by a weakref
+    callback when it is gone), which every Get paid for its one chunk; and a get takes its
+    pieces by `next()`, not `__anext__`, so that its end raises no StopAsyncIteration."""
+
+    __slots__ = ("copies", "copy", "ended", "pieces", "position", "reads", "real", "requester",
+                 "unavailable")  # fmt: skip
+
+    def __init__(self, reads: Reads, meta: ObjectMeta, requester: Device | None) -> None:
+        # Reading's fields set here, not by a super().__init__() call
+        self.meta, self.served_by, self.data = meta, "", b""
+        self.corrupt_copies = self.gone_copies = self.issue_ns = self.duration_ns = 0
         self.reads = reads
-        self.meta = meta
         self.requester = requester
-        self.reading = reading
+        self.real = meta.crc is not None  # ObjectMeta.real, read once
         self.copies: Iterator[tuple[str, Replica]] | None = None  # the plan, at the first step
         self.copy: tuple[str, Replica] | None = None  # the copy read from now
         self.unavailable: list[str] = []
-        self.pieces: list[tuple[int, int]] = []  # once the chunk size is known (the table read)
+        self.pieces: list[tuple[int, int]] | None = None  # once the chunk size is known
         self.position = 0  # the next piece to deliver
-        self.elapsed = 0
         self.ended = False
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self
 
     def __aiter__(self) -> Copies:
         return self
 
     async def __anext__(self) -> bytes:
-        meta, reads = self.meta, self.reads
+        piece = await self.next()
+        if piece is None:
+            raise StopAsyncIteration
+        return piece
+
+    def _plan(self) -> Iterator[tuple[str, Replica]]:
+        placement = self.reads.store.placement
+        node = self.requester.node if self.requester is not None else None
+        copies, down = placement.read_order(self.meta, node)
+        if down:
+            self.unavailable = [f"{p} ({placement.health[p]})" for p in down]
+        self.copies = plan = iter(copies)
+        self.copy = next(plan, None)
+        return plan
+
+    async def next(self) -> bytes | None:
+        """The next piece (none of a size-only object, whose pieces are read all the same),
+        checked against its CRC; None once every piece is delivered (`ended`)."""
+        if self.ended:
+            return None
+        meta, real, store = self.meta, self.real, self.reads.store
         try:
-            if self.copies is None:
-                placement = reads.store.placement
-                node = self.requester.node if self.requester is not None else None
-                plan = placement.read_order(meta, node)
-                self.unavailable = [f"{p} ({placement.health[p]})" for p in plan.down]
-                self.copies = iter(plan.copies)
-                self.copy = next(self.copies, None)
-            while not self.ended:
+            copies = self.copies if self.copies is not None else self._plan()
+            while True:
                 if self.copy is None:
-                    raise _no_copy(meta, self.reading, self.unavailable)
+                    raise _no_copy(meta, self, self.unavailable)
                 pool, replica = self.copy
-                issuer = self.requester or reads.store.pools[pool]
+                issuer = self.requester or store.pools[pool]
                 try:
-                    data = await reads.piece(meta, issuer, pool, replica, self)
+                    pieces = self.pieces
+                    if pieces is None:
+                        if meta.chunked and meta.crcs is None:
+                            meta.chunk_bytes, meta.crcs = await self.reads._table(
+                                issuer, pool, replica, meta
+                            )
+                        chunked = real and meta.chunked
+                        pieces = spans(meta.size, meta.chunk_bytes) if chunked else [(0, meta.size)]
+                        self.pieces = pieces
+                    position = self.position
+                    if position >= len(pieces):
+                        self.ended = True
+                        return None
+                    done = await store.read_copy(issuer, pool, replica, pieces[position], not real)
+                    data = done.data
+                    if real and zlib.crc32(data) != (
+                        meta.crc if meta.crcs is None else meta.crcs[position]
+                    ):
+                        raise CorruptCopy(
+                            f"chunk {position} of {quote(meta.key)} on {pool} fails its CRC-32"
+                        )
                 except EmulatorError as exc:  # the pool's or the issuer's answer
-                    await reads.failed(meta, pool, replica, self, exc)
-                    self.copy = next(self.copies, None)
+                    await self.reads.failed(meta, pool, replica, self, exc)
+                    self.copy = next(copies, None)
                     continue
-                if data is None:  # this copy delivered the rest
-                    break
-                if meta.real:
+                self.issue_ns = self.issue_ns or done.issue_ns
+                self.duration_ns += done.complete_ns - done.issue_ns
+                self.served_by = pool
+                self.position = position = position + 1
+                if position >= len(pieces):
+                    self.ended = True
+                    return data if real else None
+                if real:
                     return data
         except BaseException:
             self.ended = True  # as a generator that raised: done
             raise
-        self.ended = True
-        raise StopAsyncIteration
 
 
 class Reads:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def _find(self, key: str) -> ObjectMeta:
+    def _find(self, key: str, device: str) -> tuple[ObjectMeta, Device | None]:
+        """The object a read of `key` as `device` reads (a hit: touched), and that device."""
+        store = self.store
+        if store.recovering:
+            store.serving()
+        requester = store.topology.device(device) if device else None
         check_key(key)
-        meta = self.store.index.get(key)
+        index = store.placement.index
+        meta = index.get(key)
         if meta is None:
-            self.store.counters.misses += 1
+            store.counters.misses += 1
             raise NotFoundError(f"no object {quote(key)}", subject=key, reason="OBJECT_NOT_FOUND")
-        return meta
+        store.counters.hits += 1
+        index.touch(key)
+        return meta, requester
 
     async def read(self, key: str, device: str = "") -> Reading:
         """Start reading an object as `device`; the bytes come from the Reading's chunks()."""
-        self.store.serving()
-        requester = self.store.requester(device)
-        meta = self._find(key)
-        self.store.counters.hits += 1
-        if meta.key in self.store.index.objects:
-            self.store.index.touch(meta.key)
-        if meta.tier is Tier.SSD:
+        meta, requester = self._find(key, device)
+        if meta.tier is _SSD:
             return await self._read_ssd(meta)
-        return self.reading(meta, requester)
+        return Copies(self, meta, requester)
 
     async def get(self, key: str, device: str = "", limit: int | None = None) -> Fetched:
         """Read a whole object; one over `limit` bytes of real data goes by read() instead."""
-        self.store.serving()
-        reading = await self.read(key, device)
-        meta = reading.meta
-        if limit is not None and meta.real and meta.size > limit:
+        meta, requester = self._find(key, device)
+        reading = await self._read_ssd(meta) if meta.tier is _SSD else None
+        if limit is not None and meta.size > limit and meta.crc is not None:
             raise PreconditionError(
                 f"{quote(key)} has {meta.size} bytes: a Get returns at most {limit}; use GetStream",
                 field="key",
                 subject=key,
                 reason="OBJECT_TOO_LARGE_FOR_GET",
             )
-        source = reading.source  # chunks() without its own generator round per piece
-        data = b"".join([piece async for piece in source]) if source is not None else b""
-        return Fetched(
-            meta=meta,
-            data=data,
-            served_by=reading.served_by,
-            corrupt_copies=reading.corrupt_copies,
-            issue_ns=reading.timing.issue_ns,
-            complete_ns=reading.timing.complete_ns,
-        )
+        if reading is not None:
+            return reading
+        copies = Copies(self, meta, requester)
+        data = await copies.next()  # the first piece here: one chunk's get takes no more frames
+        copies.data = (data or b"") if copies.ended else await _rest(copies, data)
+        return copies
 
     async def read_all(self, meta: ObjectMeta) -> bytes:
         """An object's bytes from its copies, as the store itself reads them (no requester)."""
-        reading = self.reading(meta, None)
-        return b"".join([piece async for piece in reading.chunks()])
+        return await _rest(Copies(self, meta, None), None)
 
     async def _read_ssd(self, meta: ObjectMeta) -> Reading:
         try:
@@ -210,52 +251,10 @@ class Reads:
                     subject=meta.key,
                     reason=CHECKSUM_MISMATCH,
                 )
-        now = self.store.clock.now_ns()
-        reading = Reading(meta=meta, served_by="ssd")
-        reading.timing.add(now, now + ems_ssd_ns(meta.size, self.store.profile))
-
-        async def one() -> AsyncIterator[bytes]:
-            if meta.real:
-                yield data
-
-        reading.source = one()
+        reading = Reading(meta, "ssd", data if meta.real else b"")
+        reading.issue_ns = self.store.clock.now_ns()
+        reading.duration_ns = ems_ssd_ns(meta.size, self.store.profile)
         return reading
-
-    def reading(self, meta: ObjectMeta, requester: Device | None) -> Reading:
-        reading = Reading(meta=meta)
-        reading.source = Copies(self, meta, requester, reading)
-        return reading
-
-    async def piece(
-        self, meta: ObjectMeta, issuer: Device, pool: str, replica: Replica, copies: Copies
-    ) -> bytes | None:
-        """The next piece of `meta` (b"" for a size-only object) from one copy, checked against
-        its CRC, and counted in the reading's timing; None once every piece is delivered."""
-        store = self.store
-        if meta.chunked and meta.crcs is None:
-            meta.chunk_bytes, meta.crcs = await self._table(issuer, pool, replica, meta)
-        if not copies.pieces:
-            chunked = meta.real and meta.chunked
-            copies.pieces = spans(meta.size, meta.chunk_bytes) if chunked else [(0, meta.size)]
-        position = copies.position
-        if position >= len(copies.pieces):
-            return None
-        start, length = copies.pieces[position]
-        done = await store.transfer(
-            issuer, Op.READ, pool=pool, replica=replica, size=length,
-            offset=start, size_only=not meta.real,
-        )  # fmt: skip
-        if meta.real and zlib.crc32(done.data) != (
-            meta.crcs[position] if meta.crcs is not None else meta.crc
-        ):
-            raise CorruptCopy(f"chunk {position} of {quote(meta.key)} on {pool} fails its CRC-32")
-        reading = copies.reading
-        reading.timing.issue_ns = reading.timing.issue_ns or done.issue_ns
-        copies.elapsed += done.complete_ns - done.issue_ns
-        reading.timing.duration_ns = copies.elapsed
-        reading.served_by = pool
-        copies.position = position + 1
-        return done.data
 
     async def failed(
         self, meta: ObjectMeta, pool: str, replica: Replica, copies: Copies, exc: EmulatorError
@@ -264,9 +263,8 @@ class Reads:
         dropped and freed, a gone one dropped, an unreachable one noted), or the error raised
         (the pool's own answer, or a reader that is itself down)."""
         store = self.store
-        reading = copies.reading
         if isinstance(exc, CorruptCopy):
-            reading.corrupt_copies += 1
+            copies.corrupt_copies += 1
             store.counters.corrupt += 1
             if self._drop(meta, pool, "DATA_LOSS on a copy; reading another"):
                 with contextlib.suppress(EmulatorError):
@@ -277,7 +275,7 @@ class Reads:
         if isinstance(exc, PreconditionError) and exc.reason == NOT_ALLOCATED:
             # its pool came back empty (a pool-loss, a wiped restart) and the sweep has not
             # reconciled it yet: this copy is gone, the next may serve
-            reading.gone_copies += 1
+            copies.gone_copies += 1
             self._drop(meta, pool, "a copy's region is gone; reading another")
             return
         if not isinstance(exc, UNREACHABLE):
@@ -342,6 +340,16 @@ def _corrupt() -> Iterator[None]:
         yield
     except DataLossError as exc:
         raise CorruptCopy(str(exc)) from exc
+
+
+async def _rest(copies: Copies, first: bytes | None) -> bytes:
+    """The pieces of `copies` after `first` (its first, if any), joined to it."""
+    parts = [first] if first is not None else []
+    while not copies.ended:
+        piece = await copies.next()
+        if piece is not None:
+            parts.append(piece)
+    return b"".join(parts)
 
 
 def _no_copy(meta: ObjectMeta, reading: Reading, unavailable: list[str]) -> EmulatorError:

@@ -54,6 +54,7 @@ T = TypeVar("T")
 
 MIN_PAUSE_S = 0.01  # wall floor of a periodic pause: a fast time_scale stretches the period
 UNREACHABLE: tuple[type[EmulatorError], ...] = (UnavailableError, DeadlineExceededError)
+_READ = Op.READ  # a member read off its class is a descriptor call
 # lazy: `.bind()` here would build the logger at import, before logging is configured (stdout)
 log = structlog.get_logger("cmemu.ems", device="ems")
 
@@ -205,6 +206,31 @@ class Store:
         )
         peer = self.peers.device(issuer)
         return await self._reached(issuer, peer.submit(tx, deadline_s=None), self.ems.io_timeout_s)
+
+    async def read_copy(
+        self, issuer: Device, pool: str, replica: Replica, span: tuple[int, int], size_only: bool
+    ) -> Completion:
+        """`transfer` of a READ of a piece of a copy (`span`: its offset and size), as a get
+        reads one: a Transaction of the fields a read sets, and `_reached`'s body here, not its
+        frame."""
+        offset, size = span
+        tx = Transaction(
+            op=_READ, dst_eid=self.pools[pool].eid, dst_offset=replica.offset + offset, size=size,
+            size_only=size_only,
+        )  # fmt: skip
+        emulated_s = self.ems.io_timeout_s
+        try:
+            return await self._wheel(emulated_s).run(
+                self.peers.device(issuer).submit(tx, deadline_s=None)
+            )
+        except TimeoutError:  # no_answer: a DeadlineExceededError, UNREACHABLE
+            if issuer.id in self.pools:
+                self.suspect(issuer.id)
+            raise no_answer(issuer.id, emulated_s) from None
+        except EmulatorError as exc:
+            if isinstance(exc, UNREACHABLE) and issuer.id in self.pools:
+                self.suspect(issuer.id)
+            raise
 
     async def write_copy(
         self, issuer: Device, pool: str, replica: Replica, meta: ObjectMeta, data: bytes

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from cmemu.emulator.model.ems.index import Index, ObjectMeta, Replica, Tier
 from cmemu.emulator.model.ems.ring import HashRing
@@ -25,9 +26,9 @@ class Health(StrEnum):
     DEAD = "dead"
 
 
-@dataclass(frozen=True)
-class ReadPlan:
-    """The copies of an object a reader tries, in order, and the pools with a copy that are down."""
+class ReadPlan(NamedTuple):
+    """The copies of an object a reader tries, in order, and the pools with a copy that are down.
+    (A named tuple: a frozen dataclass's init cost every get ~0.8 us.)"""
 
     copies: list[tuple[str, Replica]]
     down: list[str]
@@ -226,9 +227,13 @@ class Placement:
             list(items) if node is None else sorted(items, key=lambda kv: self.nodes[kv[0]] != node)
         )
         health = self.health
+        for pool in meta.replicas:  # a loop, not a comprehension's frame, when all are up
+            if health[pool] is not _UP:
+                break
+        else:
+            return ReadPlan(copies, [])
         up = [(p, r) for p, r in copies if health[p] is _UP]
-        down = [p for p, _ in copies if health[p] is not _UP] if len(up) < len(copies) else []
-        return ReadPlan(copies=up, down=down)
+        return ReadPlan(up, [p for p, _ in copies if health[p] is not _UP])
 
     def repair_plan(self, meta: ObjectMeta) -> RepairPlan:
         """How to bring one object back to the wanted number of copies."""
