@@ -211,26 +211,14 @@ class Store:
         self, issuer: Device, pool: str, replica: Replica, span: tuple[int, int], size_only: bool
     ) -> Completion:
         """`transfer` of a READ of a piece of a copy (`span`: its offset and size), as a get
-        reads one: a Transaction of the fields a read sets, and `_reached`'s body here, not its
-        frame."""
+        reads one: a Transaction of the fields a read sets."""
         offset, size = span
         tx = Transaction(
             op=_READ, dst_eid=self.pools[pool].eid, dst_offset=replica.offset + offset, size=size,
             size_only=size_only,
         )  # fmt: skip
-        emulated_s = self.ems.io_timeout_s
-        try:
-            return await self._wheel(emulated_s).run(
-                self.peers.device(issuer).submit(tx, deadline_s=None)
-            )
-        except TimeoutError:  # no_answer: a DeadlineExceededError, UNREACHABLE
-            if issuer.id in self.pools:
-                self.suspect(issuer.id)
-            raise no_answer(issuer.id, emulated_s) from None
-        except EmulatorError as exc:
-            if isinstance(exc, UNREACHABLE) and issuer.id in self.pools:
-                self.suspect(issuer.id)
-            raise
+        call = self.peers.device(issuer).submit(tx, deadline_s=None)
+        return await self._reached(issuer, call, self.ems.io_timeout_s)
 
     async def write_copy(
         self, issuer: Device, pool: str, replica: Replica, meta: ObjectMeta, data: bytes
