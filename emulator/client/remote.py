@@ -49,8 +49,9 @@ class RemoteDevice:
         self._npu = npu_pb2_grpc.NpuStub(channel)
 
     async def deliver(
-        self, tx: Transaction, *, check_only: bool, deadline_s: float | None
+        self, tx: Transaction, *, check_only: bool, deadline_s: float | None, timed: bool = False
     ) -> Completion:
+        """(`timed` is the local bus's saving; a remote device prices what it delivers.)"""
         request = ub_wire.transaction_proto(tx, check_only=check_only)
         done = await reply_of(self.device.id, self._bus.Deliver(request, timeout=deadline_s))
         return ub_wire.completion(done)

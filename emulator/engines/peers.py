@@ -73,8 +73,11 @@ class DevicePeer(Protocol):
     """Another device, as engines call it."""
 
     async def deliver(
-        self, tx: Transaction, *, check_only: bool, deadline_s: float | None
-    ) -> Completion: ...
+        self, tx: Transaction, *, check_only: bool, deadline_s: float | None, timed: bool = False
+    ) -> Completion:
+        """`timed`: the caller (the fabric) times the transfer itself and replaces the timing,
+        so the target need not price it by the uncontended cost model (twice per Submit)."""
+        ...
 
     async def submit(self, tx: Transaction, *, deadline_s: float | None) -> Completion: ...
 
@@ -384,11 +387,12 @@ class LocalDevice:
                 call.close()  # never awaited when the gate refused: no warning
 
     async def deliver(
-        self, tx: Transaction, *, check_only: bool, deadline_s: float | None
+        self, tx: Transaction, *, check_only: bool, deadline_s: float | None, timed: bool = False
     ) -> Completion:
         """The bus's plain call (the fabric's Delivers of every transaction) through `_answer`:
         through an open gate no coroutine is made for it."""
-        return await self._answer("Deliver", self.engine.bus.deliver, deadline_s, tx, check_only)
+        bus = self.engine.bus
+        return await self._answer("Deliver", bus.deliver, deadline_s, tx, check_only, timed)
 
     async def submit(self, tx: Transaction, *, deadline_s: float | None) -> Completion:
         engine = self.engine

@@ -134,6 +134,7 @@ class LinkGraph:
         self.version += 1
         self._cache: dict[str, FloatArray] = {}
         self._routes: dict[tuple[str, str], Route] = {}
+        self._dead: dict[int, tuple[Route, tuple[str, ...]]] = {}  # dead_trunks, per route
         self._memo: OrderedDict[Hashable, Any] = OrderedDict()
 
     def _derived(self, name: str, compute: Callable[[], FloatArray]) -> FloatArray:
@@ -342,6 +343,20 @@ class LinkGraph:
                 self._routes.clear()
             route = self._routes[key] = find_route(self, src, dst)
         return route
+
+    def dead_trunks(self, route: Route) -> tuple[str, ...]:
+        """The trunks `route` crosses that have no live member left: remembered per route (by
+        identity: the entry holds it) until the live state changes, as routes are, so that a
+        transfer asks it of its route for one lookup, not a pass over its trunks' capacities."""
+        held = self._dead.get(id(route))
+        if held is not None and held[0] is route:
+            return held[1]
+        caps = self.trunk_cap()
+        dead = tuple(self.trunk_names[t] for t, _ in route.resources if caps[t] <= 0)
+        if len(self._dead) >= ROUTE_CACHE_MAX:
+            self._dead.clear()
+        self._dead[id(route)] = (route, dead)
+        return dead
 
 
 def validate_ranks(graph: LinkGraph, ranks: Iterable[str]) -> list[Endpoint]:

@@ -105,7 +105,6 @@ def check_reachable(graph: LinkGraph, route: Route) -> None:
     written by their own pool) has none to lose: the live capacities are not even read."""
     if not route.resources:
         return
-    caps = graph.trunk_cap()
-    dead = [graph.trunk_names[t] for t, _ in route.resources if caps[t] <= 0]
+    dead = graph.dead_trunks(route)
     if dead:
         raise UnavailableError(f"no capacity left on {', '.join(dead)}")

@@ -38,9 +38,9 @@ def _counting(engine: DeviceEngine, monkeypatch: pytest.MonkeyPatch) -> list[boo
     asked: list[bool] = []
     deliver = engine.bus.deliver
 
-    def counted(tx: Transaction, check_only: bool) -> Any:
+    def counted(tx: Transaction, check_only: bool, timed: bool = False) -> Any:
         asked.append(check_only)
-        return deliver(tx, check_only=check_only)
+        return deliver(tx, check_only, timed)
 
     monkeypatch.setattr(engine.bus, "deliver", counted)
     return asked

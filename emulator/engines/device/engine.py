@@ -246,7 +246,7 @@ class DeviceEngine:
     @property
     def silent(self) -> bool:
         """Crashed or hung: the device sends no telemetry and no liveness."""
-        return self.effects.crashed or not self.effects.answering.is_set()
+        return self.effects.crashed or not self.effects.answering.open
 
     def require_healthy(self) -> None:
         if self.effects.crashed:

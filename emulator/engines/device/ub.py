@@ -92,9 +92,10 @@ class Bus:
         e.log.debug("ub submit", trace_id=tx.id, op=tx.op, dst=target.id)
         return completion
 
-    def deliver(self, request: Transaction, check_only: bool) -> Completion:
+    def deliver(self, request: Transaction, check_only: bool, timed: bool = False) -> Completion:
         """Apply a transaction that arrives at this device. The fabric then replaces the timing
-        with its own; a direct caller of Deliver gets the uncontended cost model's timing. With
+        with its own (`timed`: it says so, and nothing is priced here; its own check bounded the
+        duration); a direct caller of Deliver gets the uncontended cost model's timing. With
         `check_only` the transaction is checked as it would be applied, and nothing changes.
         A plain call: nothing in it waits, and the fabric of this process delivers every
         transaction once or twice (no coroutine made and stepped for each)."""
@@ -122,15 +123,17 @@ class Bus:
                     f"{tx.size} bytes are more than {e.device.id}'s {e.memory.capacity} bytes",
                     reason="TRANSFER_TOO_LARGE",
                 )
-            duration = ub_transfer_ns(
-                tx.size,
-                src=src.kind,
-                dst=e.device.kind,
-                cross_node=src.node != e.device.node,
-                profile=e.profile,
-                op=PRICED[tx.op],
-            )
-            check_duration(duration / 1e9, "the transfer", e.profile)
+            duration = 0
+            if not timed or tx.op is Op.SEND:  # a SEND's message keeps the arrival priced here
+                duration = ub_transfer_ns(
+                    tx.size,
+                    src=src.kind,
+                    dst=e.device.kind,
+                    cross_node=src.node != e.device.node,
+                    profile=e.profile,
+                    op=PRICED[tx.op],
+                )
+                check_duration(duration / 1e9, "the transfer", e.profile)
         except EmulatorError as exc:
             exc.annotate(field="size", subject=e.device.id)
             raise

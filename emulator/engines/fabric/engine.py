@@ -148,12 +148,14 @@ async def _delivered(
     if tx.op in CHECKED_BY_APPLYING:
         ended_s = flows.ended_now(route.resources, route.cap, route.latency_s, tx.size, start_s)
         if ended_s is not None:
-            completion = await target.deliver(tx, check_only=False, deadline_s=deadline_s)
+            completion = await target.deliver(
+                tx, check_only=False, deadline_s=deadline_s, timed=True
+            )
             flows.count_ended()
             return completion, ended_s
-    await target.deliver(tx, check_only=True, deadline_s=deadline_s)
+    await target.deliver(tx, check_only=True, deadline_s=deadline_s, timed=True)
     complete_s = await fabric.run_flow(route, tx.size, start_s)
-    return await target.deliver(tx, check_only=False, deadline_s=deadline_s), complete_s
+    return await target.deliver(tx, check_only=False, deadline_s=deadline_s, timed=True), complete_s
 
 
 class FabricEngine(LazyGraph):

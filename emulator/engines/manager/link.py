@@ -83,10 +83,12 @@ class SeveredDevice:
         self.inner, self.link, self.name = inner, link, name
 
     async def deliver(
-        self, tx: Transaction, *, check_only: bool, deadline_s: float | None
+        self, tx: Transaction, *, check_only: bool, deadline_s: float | None, timed: bool = False
     ) -> Completion:
         await self.link.check(deadline_s, self.name)
-        return await self.inner.deliver(tx, check_only=check_only, deadline_s=deadline_s)
+        return await self.inner.deliver(
+            tx, check_only=check_only, deadline_s=deadline_s, timed=timed
+        )
 
     async def submit(self, tx: Transaction, *, deadline_s: float | None) -> Completion:
         await self.link.check(deadline_s, self.name)
