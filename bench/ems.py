@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -44,23 +43,15 @@ from cmemu.v1 import ems_pb2, ems_pb2_grpc
 
 try:
     from bench import outputs, progress
+    from bench.rounds import print_rounds, summary, timed_rounds
 except ModuleNotFoundError:  # run as a script (python bench/X.py): bench/ itself is on the path
     import outputs  # type: ignore[import-not-found, no-redef]
     import progress  # type: ignore[import-not-found, no-redef]
+    from rounds import print_rounds, summary, timed_rounds  # type: ignore[import-not-found, no-redef]
 
 KV_BYTES_PER_TOKEN = 61 * 576  # INT8 latent KV of every layer
 PROMPT = 4096
 BLOCK = 128
-
-
-def rounds_summary(rounds: list[dict[str, float]]) -> dict[str, float]:
-    """The rates' medians over the rounds (ping, put, get: calls/s), and each ratio to the ping
-    as the median of the rounds' own ratios (each op against the ping timed beside it), not the
-    ratio of the medians, which can set a ping of a quiet round against an op of a busy one."""
-    summary = {name: statistics.median(r[name] for r in rounds) for name in ("ping", "put", "get")}
-    for op in ("put", "get"):
-        summary[f"{op}_to_ping"] = statistics.median(r[op] / r["ping"] for r in rounds)
-    return summary
 
 
 async def throughput(
@@ -86,23 +77,15 @@ async def throughput(
     window = min(args.window, args.seconds)
     count = max(1, round(args.seconds / window))
     calls = {"ping": lambda: health.Check(ping), "put": put, "get": get}
-    rounds: list[dict[str, float]] = []
     with progress.steps("ping, put, get per second", total=count + 1) as advance:
         await calls_per_second(calls["ping"], min(0.5, window), args.concurrency)  # warm-up
         advance(1)
+        rounds = []
         for _ in range(count):
-            rates = {
-                name: await calls_per_second(call, window, args.concurrency)
-                for name, call in calls.items()
-            }
-            rounds.append(rates)
+            rounds += await timed_rounds(calls, window, 1, args.concurrency)
             advance(1)
-    for n, r in enumerate(rounds):
-        print(
-            f"round {n + 1:<2} ping {r['ping']:7,.0f}  put {r['put']:7,.0f}  get {r['get']:7,.0f}"
-            f"  put/ping {r['put'] / r['ping']:.2f}  get/ping {r['get'] / r['ping']:.2f}"
-        )
-    med = rounds_summary(rounds)
+    print_rounds(rounds)
+    med = summary(rounds)
     where = f"{args.concurrency} in flight, median of {count} rounds of {window:g} s windows"
     print(f"ping_per_s             {med['ping']:,.0f}  (health Check on EMS, {where})")
     print(

@@ -1,6 +1,7 @@
-"""bench/ems.py's ratios to the ping: each round's op against the ping timed beside it, the
-median over the rounds, so that a load that comes and goes on a shared host moves both sides of
-a ratio alike. Its twin, the ratio of the medians, is shown to be moved by the same load."""
+"""bench/rounds.py's ratios to the ping (bench/ems.py's Put and Get, bench/fabric.py's UB
+Submit): each round's op against the ping timed beside it, the median over the rounds, so that a
+load that comes and goes on a shared host moves both sides of a ratio alike. Its twin, the ratio
+of the medians, is shown to be moved by the same load."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import statistics
 
 import pytest
 
-from bench.ems import rounds_summary
+from bench.rounds import summary as rounds_summary
 
 # the host's load swings from round to round: ping and ops swing with it (put = ping / 2,
 # get = ping * 0.8), but in the last round a burst of load hit the ping's window alone
