@@ -72,12 +72,10 @@ T = TypeVar("T")
 class DevicePeer(Protocol):
     """Another device, as engines call it."""
 
+    # timed: the caller (the fabric) times it and replaces the timing: the target prices nothing
     async def deliver(
         self, tx: Transaction, *, check_only: bool, deadline_s: float | None, timed: bool = False
-    ) -> Completion:
-        """`timed`: the caller (the fabric) times the transfer itself and replaces the timing,
-        so the target need not price it by the uncontended cost model (twice per Submit)."""
-        ...
+    ) -> Completion: ...
 
     async def submit(self, tx: Transaction, *, deadline_s: float | None) -> Completion: ...
 

@@ -345,9 +345,8 @@ class LinkGraph:
         return route
 
     def dead_trunks(self, route: Route) -> tuple[str, ...]:
-        """The trunks `route` crosses that have no live member left: remembered per route (by
-        identity: the entry holds it) until the live state changes, as routes are, so that a
-        transfer asks it of its route for one lookup, not a pass over its trunks' capacities."""
+        """The trunks `route` crosses with no live member left, remembered per route (the entry
+        holds it) until the live state changes, as routes are: one lookup per transfer."""
         held = self._dead.get(id(route))
         if held is not None and held[0] is route:
             return held[1]
