@@ -41,7 +41,7 @@ def _got(f: Fetched) -> ems_pb2.GetResponse:
         key=meta.key,
         data=f.data,
         size=meta.size,
-        kind=meta.kind,  # type: ignore[arg-type]  # an ObjectKind's value (_kind, uncalled)
+        kind=_kind(meta),
         tier=TIERS[meta.tier],
         served_by=f.served_by,
         corrupt_copies=f.corrupt_copies,

@@ -69,7 +69,7 @@ class FlowClock:
         (then run_flow runs it). Nothing is counted: `count_ended` once the flow is applied."""
         if resources or self._closing:
             return None
-        end = self.live.alone_end(start_s, cap, float(nbytes), self.clock.now_ns() / 1e9)
+        end = self.live.alone_end(start_s, cap, float(nbytes), self.now_s())
         return None if end is None else end + latency_s
 
     def count_ended(self) -> None:

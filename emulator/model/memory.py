@@ -204,7 +204,7 @@ class RegionAllocator:
         i = bisect.bisect_right(self._starts, offset) - 1
         if i >= 0:
             region = self._by_start[self._starts[i]]
-            if offset + size <= region.offset + region.size:  # its end, without the property
+            if offset + size <= region.end:
                 return region
         raise PreconditionError(
             f"[{offset}, {offset + size}) is not inside one allocated region; allocate it first",

@@ -47,9 +47,6 @@ class CorruptCopy(DataLossError):
     read as it did over gRPC."""
 
 
-_SSD = Tier.SSD  # a member read off its class is a descriptor call: once per get
-
-
 class Reading:
     """A read in progress: `chunks()` yields the object's bytes in order (nothing for a size-only
     object); once it is exhausted the other fields say where they came from and when. A get's
@@ -92,12 +89,10 @@ class Copies(Reading):
                  "unavailable")  # fmt: skip
 
     def __init__(self, reads: Reads, meta: ObjectMeta, requester: Device | None) -> None:
-        # Reading's fields set here, not by a super().__init__() call
-        self.meta, self.served_by, self.data = meta, "", b""
-        self.corrupt_copies = self.gone_copies = self.issue_ns = self.duration_ns = 0
+        super().__init__(meta)
         self.reads = reads
         self.requester = requester
-        self.real = meta.crc is not None  # ObjectMeta.real, read once
+        self.real = meta.real  # read once
         self.copies: Iterator[tuple[str, Replica]] | None = None  # the plan, at the first step
         self.copy: tuple[str, Replica] | None = None  # the copy read from now
         self.unavailable: list[str] = []
@@ -187,9 +182,8 @@ class Reads:
     def _find(self, key: str, device: str) -> tuple[ObjectMeta, Device | None]:
         """The object a read of `key` as `device` reads (a hit: touched), and that device."""
         store = self.store
-        if store.recovering:
-            store.serving()
-        requester = store.topology.device(device) if device else None
+        store.serving()
+        requester = store.requester(device)
         check_key(key)
         index = store.placement.index
         meta = index.get(key)
@@ -203,23 +197,22 @@ class Reads:
     async def read(self, key: str, device: str = "") -> Reading:
         """Start reading an object as `device`; the bytes come from the Reading's chunks()."""
         meta, requester = self._find(key, device)
-        if meta.tier is _SSD:
+        if meta.tier is Tier.SSD:
             return await self._read_ssd(meta)
         return Copies(self, meta, requester)
 
     async def get(self, key: str, device: str = "", limit: int | None = None) -> Fetched:
         """Read a whole object; one over `limit` bytes of real data goes by read() instead."""
         meta, requester = self._find(key, device)
-        reading = await self._read_ssd(meta) if meta.tier is _SSD else None
-        if limit is not None and meta.size > limit and meta.crc is not None:
+        if limit is not None and meta.size > limit and meta.real:
             raise PreconditionError(
                 f"{quote(key)} has {meta.size} bytes: a Get returns at most {limit}; use GetStream",
                 field="key",
                 subject=key,
                 reason="OBJECT_TOO_LARGE_FOR_GET",
             )
-        if reading is not None:
-            return reading
+        if meta.tier is Tier.SSD:  # refused over the limit before its bytes are read
+            return await self._read_ssd(meta)
         copies = Copies(self, meta, requester)
         data = await copies.next()  # the first piece here: one chunk's get takes no more frames
         copies.data = (data or b"") if copies.ended else await _rest(copies, data)

@@ -54,7 +54,6 @@ T = TypeVar("T")
 
 MIN_PAUSE_S = 0.01  # wall floor of a periodic pause: a fast time_scale stretches the period
 UNREACHABLE: tuple[type[EmulatorError], ...] = (UnavailableError, DeadlineExceededError)
-_READ = Op.READ  # a member read off its class is a descriptor call
 # lazy: `.bind()` here would build the logger at import, before logging is configured (stdout)
 log = structlog.get_logger("cmemu.ems", device="ems")
 
@@ -214,7 +213,7 @@ class Store:
         reads one: a Transaction of the fields a read sets."""
         offset, size = span
         tx = Transaction(
-            op=_READ, dst_eid=self.pools[pool].eid, dst_offset=replica.offset + offset, size=size,
+            op=Op.READ, dst_eid=self.pools[pool].eid, dst_offset=replica.offset + offset, size=size,
             size_only=size_only,
         )  # fmt: skip
         call = self.peers.device(issuer).submit(tx, deadline_s=None)

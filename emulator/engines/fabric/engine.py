@@ -247,8 +247,7 @@ class FabricEngine(LazyGraph):
             exc.annotate(field="size")
             raise
         now = self.clock.now_ns()
-        rate = self.clock.clock.segment.rate  # Clock.rate's own reading, without its call
-        oldest = now - round(rate * self.profile.clock.stamp_max_age_s * 1e9)
+        oldest = now - round(self.clock.clock.rate * self.profile.clock.stamp_max_age_s * 1e9)
         # never from the future, nor from further back than a transit: a wrong clock's
         issue_ns = tx.issue_ns if max(0, oldest) < tx.issue_ns <= now else now
         if issue_ns != tx.issue_ns:  # a copy only when the stamp changes (not on the hot path)
