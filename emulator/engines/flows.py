@@ -16,10 +16,9 @@ import numpy.typing as npt
 
 from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.model.errors import UnavailableError
-from cmemu.emulator.model.flowsim import LiveFlows
+from cmemu.emulator.model.flowsim import Incidence, LiveFlows
 
 FloatArray = npt.NDArray[np.float64]
-Incidence = tuple[tuple[int, float], ...]
 
 
 class FlowClock:
@@ -46,13 +45,11 @@ class FlowClock:
         (a call still arriving while its server stops)."""
         if self._closing:
             raise UnavailableError(self._closed)
-        if not resources:
-            # crossing nothing shared (a device's transfer within itself: EMS's copies), it
-            # shares with no flow issued beside it: ended already (a small one has), it is
-            # answered now, not after the event-loop round that settles shared flows
-            ended = self.live.ended_alone(start_s, cap, float(nbytes), self.now_s())
-            if ended is not None:
-                return ended + latency_s
+        # alone and ended already (a device's copy within itself, a UB transaction on a quiet
+        # fabric): answered now, not after the event-loop round that settles shared flows
+        ended = self.live.ended_alone(start_s, resources, cap, float(nbytes), self.now_s())
+        if ended is not None:
+            return ended + latency_s
         loop = asyncio.get_running_loop()
         future: asyncio.Future[float] = loop.create_future()
         flow_id, finished = self.live.add(start_s, resources, cap, float(nbytes))
@@ -65,16 +62,17 @@ class FlowClock:
         self, resources: Incidence, cap: float, latency_s: float, nbytes: int, start_s: float
     ) -> float | None:
         """What run_flow would answer at once, asked without running the flow: the emulated
-        completion time of a flow that crosses nothing shared and has ended by now, else None
-        (then run_flow runs it). Nothing is counted: `count_ended` once the flow is applied."""
-        if resources or self._closing:
+        completion time of a flow alone that has ended by now (LiveFlows.take_alone), else None
+        (then run_flow runs it). Counted by `count_ended`, once the flow is applied."""
+        if self._closing:
             return None
-        end = self.live.alone_end(start_s, cap, float(nbytes), self.now_s())
+        end = self.live.take_alone(start_s, resources, cap, float(nbytes), self.now_s())
         return None if end is None else end + latency_s
 
-    def count_ended(self) -> None:
-        """A flow `ended_now` answered for has been applied: completed, as run_flow counts."""
-        self.live.completed += 1
+    def count_ended(self, resources: Incidence, nbytes: int) -> None:
+        """A flow `ended_now` answered for has been applied: completed and carried, as run_flow
+        counts it."""
+        self.live.count_alone(resources, float(nbytes))
 
     def _finish(self, finished: list[tuple[int, float]]) -> None:
         for flow_id, fluid_end_s in finished:
@@ -96,10 +94,10 @@ class FlowClock:
         loop.call_soon(self._settle)
 
     def _settle(self) -> None:
-        """Bring the flows up to the present: a small flow (a UB transaction) has ended by then,
-        and its caller is answered with no round of the clock loop (its tasks, futures and
-        timer cost more than the transaction). The loop is woken only for what is still in
-        flight; with nothing left, a wake it had scheduled finds nothing to do."""
+        """Bring the flows up to the present: a small flow (a UB transaction beside others) has
+        ended by then, and its caller is answered with no round of the clock loop (its tasks,
+        futures and timer cost more than the transaction). The loop is woken only for what is
+        still in flight; with nothing left, a wake it had scheduled finds nothing to do."""
         self._settling = False
         if self._closing:
             return

@@ -42,6 +42,7 @@ __all__ = [  # and, from fairshare.py, the max-min solver flowsim's users have a
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 SIM_REL_TOL = 1e-2  # simulate's batching of completions: see simulate
+Incidence = tuple[tuple[int, float], ...]  # a flow's (resource, share) pairs
 TIME_EPS_S = 1e-12  # below this a remainder is float noise: emulated time cannot even resolve it
 
 
@@ -277,6 +278,9 @@ class LiveFlows:
     res_bytes: FloatArray = field(init=False)
     res_rate: FloatArray = field(init=False)
     completed: int = 0
+    # the fluid end of the last flow answered alone across shared resources (`take_alone`): a
+    # flow that starts before it would have overlapped that one, and is run (add), not answered
+    quiet_until: float = 0.0
     _next_id: int = 0
     # the resources the flows in flight cross (where res_rate may be non-zero): a fabric has
     # thousands of trunks (cm384: 12,672 links) and a UB transaction crosses a handful, so the
@@ -318,25 +322,53 @@ class LiveFlows:
             flow.rate = cap
         return flow_id, finished
 
-    def ended_alone(self, start_s: float, cap: float, nbytes: float, now_s: float) -> float | None:
-        """A flow that crosses no shared resource, asked for at `now_s`: its fluid end when it
-        has ended by then (counted completed; never added), else None (add it). It runs at
-        its ceiling whatever else is in flight (see add), from where add would start it."""
-        if not math.isfinite(cap):
-            raise UnavailableError("a flow crosses no resource and has no ceiling")
-        end = self.alone_end(start_s, cap, nbytes, now_s)
+    def ended_alone(
+        self, start_s: float, resources: Incidence, cap: float, nbytes: float, now_s: float
+    ) -> float | None:
+        """`take_alone` counted at once: its fluid end, or None (add the flow)."""
+        end = self.take_alone(start_s, resources, cap, nbytes, now_s)
         if end is not None:
-            self.completed += 1
+            self.count_alone(resources, nbytes)
         return end
 
-    def alone_end(self, start_s: float, cap: float, nbytes: float, now_s: float) -> float | None:
-        """`ended_alone`'s answer, asked and not counted (None too for a flow with no ceiling:
-        ended_alone refuses it): for a caller that counts it once the flow is applied."""
-        if not 0 < cap < math.inf:
+    def take_alone(
+        self, start_s: float, resources: Incidence, cap: float, nbytes: float, now_s: float
+    ) -> float | None:
+        """The fluid end of a flow that runs alone and has ended by `now_s`, else None (add it).
+        Not counted (`count_alone`, once its transfer is applied: one refused moved nothing).
+
+        Alone: it crosses no shared resource (a device's transfer within itself: EMS's copies,
+        at its ceiling whatever else is in flight, see add), or no flow in flight crosses any
+        resource and none answered here overlaps its start (a UB transaction on a quiet fabric:
+        64 bytes take a nanosecond, and the next transaction is issued microseconds later).
+        Answered so, it costs no max-min arrays and no round of the caller's event loop; the
+        times are add's. What it gives up: a flow issued within the fluid span of one answered
+        alone is run from its start without the other's bytes (a nanosecond for a small one),
+        as two flows that arrive in different rounds of the loop always were."""
+        if resources:
+            if self._busy.size or start_s < self.quiet_until:
+                return None
+            rate = self._alone_rate(resources, cap)
+        elif not math.isfinite(cap):
+            raise UnavailableError("a flow crosses no resource and has no ceiling")
+        else:
+            rate = cap
+        if rate <= 0:
             return None
         start = max(start_s, self.now_s) if self.flows else start_s
-        end = start + nbytes / cap if nbytes > 0 else start
-        return None if end > now_s else end
+        end = start + nbytes / rate if nbytes > 0 else start
+        if end > now_s:
+            return None
+        if resources:
+            self.quiet_until = max(self.quiet_until, end)
+        return end
+
+    def count_alone(self, resources: Incidence, nbytes: float) -> None:
+        """A flow `take_alone` answered has been applied: completed, and its bytes carried."""
+        self.completed += 1
+        res_bytes = self.res_bytes
+        for r, w in resources:
+            res_bytes[r] += w * nbytes
 
     def set_capacities(
         self, res_cap: FloatArray, now_s: float
@@ -416,19 +448,23 @@ class LiveFlows:
         self.res_rate[busy] = weighted_sum(local, inc_w * rates[inc_flow], len(busy))
         self._busy = busy
 
-    def _alone(self, flow: _Flow) -> None:
+    def _alone_rate(self, resources: Incidence, cap: float) -> float:
         """`maxmin` for one flow: its ceiling, or the tightest resource's capacity over the
         flow's share of it, whichever is lower."""
         shares: dict[int, float] = {}
-        for r, w in flow.resources:
+        for r, w in resources:
             shares[r] = shares.get(r, 0.0) + w
-        rate = flow.cap
+        rate = cap
         for r, w in shares.items():
             if w > 0:
                 rate = min(rate, max(float(self.res_cap[r]), 0.0) / w)
         if not math.isfinite(rate):
             raise UnavailableError("a flow crosses no resource and has no ceiling")
-        flow.rate = rate
+        return rate
+
+    def _alone(self, flow: _Flow) -> None:
+        """The rates of one flow in flight alone (no arrays for the max-min)."""
+        rate = flow.rate = self._alone_rate(flow.resources, flow.cap)
         carried: dict[int, float] = {}
         for r, w in flow.resources:
             carried[r] = carried.get(r, 0.0) + w * rate

@@ -6,6 +6,8 @@ in another caller's transfer). The twin: flows on an open clock finish, each at 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 import numpy as np
 import pytest
@@ -90,17 +92,18 @@ async def test_a_flow_still_in_flight_waits_for_the_clock_loop() -> None:
     ("resources", "nbytes", "answered_at_once"),
     [
         ((), 1024, True),  # within a device, ended already: answered without a wait
-        (((0, 1.0),), 1024, False),  # the twin: a shared link waits for the round's settling
+        (((0, 1.0),), 1024, True),  # across a link of a quiet fabric: alone, so at once too
         ((), int(10 * GB), False),  # within a device but 10 s long: it waits for its end
+        (((0, 1.0),), int(10 * GB), False),  # across the link, 10 s long: it waits too
     ],
 )
-async def test_a_flow_within_a_device_that_has_ended_is_answered_without_a_wait(
+async def test_a_flow_alone_that_has_ended_is_answered_without_a_wait(
     resources: tuple[tuple[int, float], ...], nbytes: int, answered_at_once: bool
 ) -> None:
     """Stepped by hand: a coroutine that returns at its first step never suspended. A flow
-    crossing nothing shared (EMS's copy in its own pool) at 1 GB/s issued 1 emulated ms ago
-    has ended; its end is the one the settled path gives (its start plus its bytes over its
-    ceiling, plus the route's latency)."""
+    alone (crossing nothing shared, as EMS's copy in its own pool; or the one flow on a quiet
+    fabric) at 1 GB/s issued 1 emulated ms ago has ended; its end is the one the settled path
+    gives (its start plus its bytes over its ceiling, plus the route's latency)."""
     flows = _clock()
     runner = asyncio.create_task(flows.run())
     try:
@@ -118,3 +121,62 @@ async def test_a_flow_within_a_device_that_has_ended_is_answered_without_a_wait(
     finally:
         flows.close("stopping")
         await runner
+
+
+def _first_step(call: Coroutine[Any, Any, float]) -> float | None:
+    """The value of a coroutine that returns at its first step (it never suspended), else None
+    (closed: it would have waited)."""
+    try:
+        call.send(None)
+    except StopIteration as stop:
+        return float(stop.value)
+    call.close()
+    return None
+
+
+async def test_a_flow_alone_on_a_link_carries_its_bytes_as_a_settled_one() -> None:
+    """Answered at once, a flow across a link is counted as the settled path counts it: one
+    flow completed, its bytes on the link (at its share: half its rate on a link it crosses at
+    half weight), and nothing left in flight."""
+    flows = _clock()
+    try:
+        start = flows.now_s() - 0.001
+        done = _first_step(flows.run_flow(((0, 0.5),), GB, 0.0, 1000, start))
+        assert done == pytest.approx(start + 1000 / GB)  # the link at half weight: 2 GB/s
+        assert flows.live.completed == 1 and not flows.live.flows
+        assert flows.live.res_bytes[0] == pytest.approx(500)
+    finally:
+        flows.close("stopping")
+
+
+async def test_a_flow_beside_one_in_flight_or_within_one_just_answered_is_run() -> None:
+    """The twins of a flow alone: beside a flow in flight on the link it shares the link, and
+    waits for the loop round that settles them; a flow that starts within the fluid span of one
+    answered alone would have shared with it, so it is run too, not answered at once."""
+    flows = _clock()
+    runner = asyncio.create_task(flows.run())
+    try:
+        start = flows.now_s() - 0.001
+        hog = asyncio.create_task(flows.run_flow(((0, 1.0),), GB, 0.0, 10**18, start))
+        await asyncio.sleep(0)  # the hog's flow is in flight
+        assert _first_step(flows.run_flow(((0, 1.0),), GB, 0.0, 64, start)) is None
+        hog.cancel()
+    finally:
+        flows.close("stopping")
+        await runner
+    flows = _clock()
+    try:
+        start = flows.now_s() - 0.001
+        first = _first_step(flows.run_flow(((0, 1.0),), GB, 0.0, 10**5, start))
+        assert first == pytest.approx(start + 10**5 / GB)  # alone: at once
+        within = asyncio.create_task(
+            flows.run_flow(((0, 1.0),), GB, 0.0, 10**5, start + 10**5 / GB / 2)
+        )
+        await asyncio.sleep(0)  # its first step ran: it overlapped the first, so it is run
+        assert not within.done() and len(flows.live.flows) == 1
+        await within  # settled at the end of that round: it has ended too
+        assert not flows.live.flows and flows.live.completed == 2
+        after = _first_step(flows.run_flow(((0, 1.0),), GB, 0.0, 64, first))
+        assert after == pytest.approx(first + 64 / GB)  # from the first's end on: alone again
+    finally:
+        flows.close("stopping")

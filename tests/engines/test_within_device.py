@@ -2,8 +2,9 @@
 that has ended by the time the fabric times it is delivered once: the target's applying checks
 what Deliver's check_only would, so the check is not asked apart. Its results are the two-step
 path's: the bytes, the emulated completion, a completed flow counted; a bad address is refused
-as before, nothing applied or counted. The twins: an atomic within a device, and a transfer
-between two devices, are still checked first and applied after (two Delivers).
+as before, nothing applied or counted. So is a transfer between two devices on a quiet fabric
+(a flow alone across its links). The twins: an atomic within a device, and a transfer beside a
+flow in flight, are still checked first and applied after (two Delivers).
 
 "Ended by the time the fabric times it" depends on the emulated clock having moved past the
 issue stamp's end: a bus stamps its transfers "now", and on a busy host the clock can hold
@@ -13,6 +14,7 @@ the host did (CI's stress step once saw the two-step path taken under its CPU ho
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
@@ -51,13 +53,17 @@ def _completed(local: InProcessSupernode) -> int:
     return local.fabric.flows.live.completed
 
 
-async def _ended(local: InProcessSupernode, tx: Transaction) -> Completion:
-    """`tx` issued by its own target, stamped an emulated millisecond back: ended when timed."""
+async def _ended(
+    local: InProcessSupernode, tx: Transaction, issuer: DeviceEngine | None = None
+) -> Completion:
+    """`tx` issued by `issuer` (its own target by default), stamped an emulated millisecond
+    back: ended when timed."""
     fabric = local.fabric
     assert fabric is not None
     await fabric.clock.pace(0.01)  # a clock far enough on for a stamp a millisecond back
     stamp = fabric.clock.now_ns() - 1_000_000
-    stamped = dataclasses.replace(tx, src_eid=tx.dst_eid, issue_ns=stamp)
+    src = tx.dst_eid if issuer is None else issuer.device.eid
+    stamped = dataclasses.replace(tx, src_eid=src, issue_ns=stamp)
     done = await fabric.transfer(stamped, deadline_s=None)
     assert done.issue_ns == stamp  # the stamp kept: the path under test is the one taken
     return done
@@ -96,24 +102,58 @@ async def test_a_bad_address_within_a_device_is_refused_with_nothing_counted(
     assert pool.memory.store.read(1 << 20, 8) == bytes(8)  # nothing written
 
 
-@pytest.mark.parametrize("between_devices", [False, True])
-async def test_an_atomic_or_a_transfer_between_devices_is_checked_then_applied(
-    local: InProcessSupernode, monkeypatch: pytest.MonkeyPatch, between_devices: bool
+async def test_an_atomic_within_a_device_is_checked_then_applied(
+    local: InProcessSupernode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The twins: an atomic's applying checks more than its check (room for a page), and a
-    flow crossing links waits between the two."""
+    """The twin: an atomic's applying checks more than its check (room for a page)."""
     pool = local.devices["n00-mem"]
-    issuer = local.devices["n00-npu0"] if between_devices else pool
     asked = _counting(pool, monkeypatch)
     region = pool.allocate(4096, "twin")
-    eid, offset = pool.device.eid, region.offset
-    tx = (
-        Transaction(op=Op.WRITE, dst_eid=eid, dst_offset=offset, data=b"y" * 64)
-        if between_devices
-        else Transaction(op=Op.FETCH_ADD, dst_eid=eid, dst_offset=offset, operand=1)
-    )
-    await issuer.bus.submit(tx, None)
+    tx = Transaction(op=Op.FETCH_ADD, dst_eid=pool.device.eid, dst_offset=region.offset, operand=1)
+    await pool.bus.submit(tx, None)
     assert asked == [True, False]
+
+
+async def test_a_write_between_devices_on_a_quiet_fabric_is_delivered_once(
+    local: InProcessSupernode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flow alone across links (nothing else in flight) that has ended is answered as one
+    within a device is: applied once, counted once, timed across its links."""
+    pool = local.devices["n00-mem"]
+    asked = _counting(pool, monkeypatch)
+    region = pool.allocate(4096, "quiet")
+    before = _completed(local)
+    tx = Transaction(op=Op.WRITE, dst_eid=pool.device.eid, dst_offset=region.offset, data=b"q" * 64)
+    done = await _ended(local, tx, issuer=local.devices["n00-npu0"])
+    assert asked == [False] and _completed(local) == before + 1
+    assert len(done.path) > 1 and done.complete_ns > done.issue_ns  # across links, timed
+    assert pool.memory.store.read(region.offset, 64) == b"q" * 64
+
+
+async def test_a_write_beside_a_flow_in_flight_is_checked_then_applied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The twin of the quiet fabric: with another flow in flight, a transfer between devices
+    may share its links, so it is checked, run as a flow, then applied (two Delivers). Its own
+    supernode: the flow in flight is failed by that supernode's stop, as any left running."""
+    async with running_supernode("cm-mini") as supernode:
+        local = supernode.local
+        fabric = local.fabric
+        assert fabric is not None
+        route = fabric.route("n00-npu1", "n00-mem")
+        hog = asyncio.create_task(fabric.run_flow(route, 10**18, fabric.flows.now_s()))
+        try:
+            await asyncio.sleep(0)  # its flow is in flight: an exabyte, for the whole test
+            assert fabric.flows.live.flows
+            pool = local.devices["n00-mem"]
+            asked = _counting(pool, monkeypatch)
+            region = pool.allocate(4096, "beside")
+            eid, offset = pool.device.eid, region.offset
+            tx = Transaction(op=Op.WRITE, dst_eid=eid, dst_offset=offset, data=b"b")
+            await _ended(local, tx, issuer=local.devices["n00-npu0"])
+            assert asked == [True, False]
+        finally:
+            hog.cancel()
 
 
 @pytest.mark.parametrize("gate", ["open", "crashed", "hung"])

@@ -139,10 +139,11 @@ async def _delivered(
     applies nothing, and a READ returns the bytes as of its completion); and its emulated
     completion (s).
 
-    A flow that crosses nothing shared and has ended already (a device's copy within itself:
-    EMS's) has nothing to wait for between the check and the applying: it is delivered once,
-    for an op whose applying checks what the check would (CHECKED_BY_APPLYING), refused as the
-    check would refuse it and counted completed only once applied."""
+    A flow alone that has ended already (a device's copy within itself, EMS's; a UB transaction
+    on a quiet fabric: FlowClock.ended_now) has nothing to wait for between the check and the
+    applying: it is delivered once, for an op whose applying checks what the check would
+    (CHECKED_BY_APPLYING), refused as the check would refuse it and counted completed only once
+    applied."""
     flows = fabric.flows
     start_s = tx.issue_ns / 1e9
     if tx.op in CHECKED_BY_APPLYING:
@@ -151,7 +152,7 @@ async def _delivered(
             completion = await target.deliver(
                 tx, check_only=False, deadline_s=deadline_s, timed=True
             )
-            flows.count_ended()
+            flows.count_ended(route.resources, tx.size)
             return completion, ended_s
     await target.deliver(tx, check_only=True, deadline_s=deadline_s, timed=True)
     complete_s = await fabric.run_flow(route, tx.size, start_s)
