@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.naming import die_id, trunk_id
-from cmemu.emulator.model.route import Incidence
+from cmemu.emulator.model.route import Incidence, local_bytes_per_s
 from cmemu.emulator.model.topology import Device, DeviceKind, Topology
 
 PlanePorts = tuple[tuple[int, ...], ...]  # per plane: directed link indices
@@ -67,9 +67,9 @@ def build_endpoints(
     for d in topology.devices:
         if d.kind is DeviceKind.NPU:
             for die in range(profile.npu.dies):
-                add(die_id(d.id, die), d, profile.npu.hbm_bytes_per_s_per_die)
+                add(die_id(d.id, die), d, local_bytes_per_s(profile, topology, d))
         elif d.kind is DeviceKind.CPU:
-            add(d.id, d, profile.cpu.ub_bytes_per_s)
+            add(d.id, d, local_bytes_per_s(profile, topology, d))
     for d in topology.of_kind(DeviceKind.MEMPOOL):
         cpus = [endpoints[c.id] for c in topology.in_node(d.node) if c.kind is DeviceKind.CPU]
         share = 1.0 / len(cpus)
@@ -81,7 +81,7 @@ def build_endpoints(
             inn=((trunk(trunk_id(d.id, "in")), 1.0), *((c.inn[0][0], share) for c in cpus)),
             out_ports=tuple(tuple(i for c in cpus for i in c.out_ports[p]) for p in range(planes)),
             in_ports=tuple(tuple(i for c in cpus for i in c.in_ports[p]) for p in range(planes)),
-            local_bytes_per_s=profile.cpu.ub_bytes_per_s * len(cpus),
+            local_bytes_per_s=local_bytes_per_s(profile, topology, d),
         )
     return endpoints
 

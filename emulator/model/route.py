@@ -22,7 +22,7 @@ from cmemu.emulator.model.costmodel import (
 )
 from cmemu.emulator.model.errors import UnavailableError
 from cmemu.emulator.model.hardware import HardwareProfile
-from cmemu.emulator.model.topology import DeviceKind
+from cmemu.emulator.model.topology import Device, DeviceKind, Topology
 
 if TYPE_CHECKING:
     from cmemu.emulator.model.linkgraph import LinkGraph
@@ -63,6 +63,36 @@ def base_latency_s(profile: HardwareProfile, kind: RouteKind) -> float:
     """The fixed latency of a route of this kind, before any added by a fault: the endpoint
     cost and one hop per switch crossed."""
     return endpoint_latency_s(profile) + SWITCH_HOPS[kind] * hop_latency_s(profile)
+
+
+def address_die(profile: HardwareProfile, offset: int) -> int:
+    """The die whose HBM holds an NPU's UB address: its dies' HBM one after the other."""
+    npu = profile.npu
+    return min(offset // npu.hbm_bytes_per_die, npu.dies - 1)
+
+
+def local_bytes_per_s(profile: HardwareProfile, topology: Topology, device: Device) -> float:
+    """A device's copy within itself (an HBM or DRAM copy): an NPU die's HBM, a CPU's UB rate,
+    a memory pool's its node's CPUs' together (its traffic is split over them)."""
+    if device.kind is DeviceKind.NPU:
+        return profile.npu.hbm_bytes_per_s_per_die
+    if device.kind is DeviceKind.CPU:
+        return profile.cpu.ub_bytes_per_s
+    cpus = sum(1 for d in topology.in_node(device.node) if d.kind is DeviceKind.CPU)
+    return profile.cpu.ub_bytes_per_s * cpus
+
+
+def local_route(name: str, bytes_per_s: float, profile: HardwareProfile) -> Route:
+    """An endpoint to itself: it crosses no trunk, at its own copy rate, after the endpoint's
+    latency (no switch)."""
+    return Route(
+        kind=RouteKind.LOCAL,
+        resources=(),
+        cap=bytes_per_s,
+        latency_s=base_latency_s(profile, RouteKind.LOCAL),
+        hops=(name,),
+        planes=0,
+    )
 
 
 def priced(route: Route, op: UbOp, target: DeviceKind, profile: HardwareProfile) -> Route:

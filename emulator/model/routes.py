@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from cmemu.emulator.model.errors import UnavailableError
 from cmemu.emulator.model.naming import directed_link_id
-from cmemu.emulator.model.route import Route, RouteKind, base_latency_s
+from cmemu.emulator.model.route import Route, RouteKind, base_latency_s, local_route
 
 if TYPE_CHECKING:
     from cmemu.emulator.model.endpoints import Endpoint
@@ -62,14 +62,7 @@ def find_route(graph: LinkGraph, src: Endpoint, dst: Endpoint) -> Route:
     kind = route_kind(graph, src, dst)
     extra = graph.trunk_extra_latency()
     if kind is RouteKind.LOCAL:
-        return Route(
-            kind=kind,
-            resources=(),
-            cap=src.local_bytes_per_s,
-            latency_s=base_latency_s(graph.profile, kind),
-            hops=(src.name,),
-            planes=0,
-        )
+        return local_route(src.name, src.local_bytes_per_s, graph.profile)
     if kind is RouteKind.SIBLING:
         link = graph.die_link(src, dst)
         assert link is not None

@@ -39,7 +39,7 @@ from cmemu.emulator.model.errors import (
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.instruments import Family
 from cmemu.emulator.model.linkfaults import FaultSpec, RankState
-from cmemu.emulator.model.route import Route, check_reachable, priced
+from cmemu.emulator.model.route import Route, address_die, check_reachable, priced
 from cmemu.emulator.model.topology import Device, DeviceKind, Topology
 from cmemu.emulator.model.ub import PRICED, Completion, Op, Transaction, normalize
 
@@ -98,9 +98,8 @@ def _source(graph: LinkGraph, device: Device, die: int) -> Endpoint:
 
 def _target(graph: LinkGraph, device: Device, offset: int) -> Endpoint:
     """An NPU's UB address space is its dies' HBM one after the other."""
-    npu = graph.profile.npu
     if device.kind is DeviceKind.NPU:
-        return graph.npu_die(device, min(offset // npu.hbm_bytes_per_die, npu.dies - 1))
+        return graph.npu_die(device, address_die(graph.profile, offset))
     return graph.endpoint(device.id)
 
 
