@@ -168,7 +168,7 @@ async def test_a_flow_beside_one_in_flight_or_within_one_just_answered_is_run() 
     try:
         start = flows.now_s() - 0.001
         first = _first_step(flows.run_flow(((0, 1.0),), GB, 0.0, 10**5, start))
-        assert first == pytest.approx(start + 10**5 / GB)  # alone: at once
+        assert first is not None and first == pytest.approx(start + 10**5 / GB)  # at once
         within = asyncio.create_task(
             flows.run_flow(((0, 1.0),), GB, 0.0, 10**5, start + 10**5 / GB / 2)
         )
