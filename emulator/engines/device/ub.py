@@ -153,7 +153,8 @@ class Bus:
     def deliver(self, request: Transaction, check_only: bool, timed: bool = False) -> Completion:
         """Apply a transaction that arrives at this device. The fabric then replaces the timing
         with its own (`timed`: it says so, and nothing is priced here; its own check bounded the
-        duration); a direct caller of Deliver gets the uncontended cost model's timing. With
+        duration; a SEND's message is stamped with the arrival it gives); a direct caller of
+        Deliver gets the uncontended cost model's timing. With
         `check_only` the transaction is checked as it would be applied, and nothing changes.
         A plain call: nothing in it waits, and the fabric of this process delivers every
         transaction once or twice (no coroutine made and stepped for each)."""
@@ -182,7 +183,7 @@ class Bus:
                     reason="TRANSFER_TOO_LARGE",
                 )
             duration = 0
-            if not timed or tx.op is Op.SEND:  # a SEND's message keeps the arrival priced here
+            if not timed:
                 duration = ub_transfer_ns(
                     tx.size,
                     src=src.kind,

@@ -155,6 +155,8 @@ async def _delivered(
             return completion, ended_s
     await target.deliver(tx, check_only=True, deadline_s=deadline_s, timed=True)
     complete_s = await fabric.run_flow(route, tx.size, start_s)
+    if tx.op is Op.SEND:  # its message arrives when the flow completed, contention and all
+        tx = dataclasses.replace(tx, arrive_ns=round(complete_s * 1e9))
     return await target.deliver(tx, check_only=False, deadline_s=deadline_s, timed=True), complete_s
 
 
