@@ -2,10 +2,11 @@
 its receive queue.
 
 Issue: the device checks the transaction's shape and hands it to the fabric, which routes and
-times it and has the target apply it. Arrival: the target checks first (the fabric asks with
-`check_only`: a bad address fails at once, and nothing is timed for it), then applies when the
-flow completes, so a transfer that fails applies nothing and a READ returns the bytes as of its
-completion.
+times it and has the target apply it; a copy of the device's own memory crosses no link, and
+the device times and applies it itself (Bus._within). Arrival: the target checks first (the
+fabric asks with `check_only`: a bad address fails at once, and nothing is timed for it), then
+applies when the flow completes, so a transfer that fails applies nothing and a READ returns
+the bytes as of its completion.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class Bus:
         self._local: dict[tuple[Op, int], Route] = {}  # the local route per op and die, priced
 
     async def submit(self, request: Transaction, deadline_s: float | None) -> Completion:
-        """Issue a transaction from this device; the fabric times it and delivers it."""
+        """Issue a transaction from this device; the fabric times it and delivers it (a copy
+        within this device: the device itself)."""
         e = self.engine
         e.require_healthy()
         size = checked_size(request, self.inline_max)

@@ -85,7 +85,7 @@ def fabric_families(fabric: FabricEngine, groups: LinkGroups) -> list[Family]:
         ),
         Family(
             name="cmemu_fabric_flows_completed_total",
-            help="UB transfers completed",
+            help="UB transfers the fabric completed (a copy within one device is not its)",
             type="counter",
             samples=[({}, live.completed)],
         ),
