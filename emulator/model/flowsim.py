@@ -43,6 +43,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 SIM_REL_TOL = 1e-2  # simulate's batching of completions: see simulate
 Incidence = tuple[tuple[int, float], ...]  # a flow's (resource, share) pairs
+RATES_MAX = 4096  # alone rates remembered (LiveFlows._rates); past it, the memory starts over
 TIME_EPS_S = 1e-12  # below this a remainder is float noise: emulated time cannot even resolve it
 
 
@@ -282,6 +283,9 @@ class LiveFlows:
     # flow that starts before it would have overlapped that one, and is run (add), not answered
     quiet_until: float = 0.0
     _next_id: int = 0
+    # a flow alone's rate per route (its resources' identity: routes are cached), until the
+    # capacities change: take_alone answers a stream of transactions with one lookup each
+    _rates: dict[int, tuple[Incidence, float, float]] = field(default_factory=dict)
     # the resources the flows in flight cross (where res_rate may be non-zero): a fabric has
     # thousands of trunks (cm384: 12,672 links) and a UB transaction crosses a handful, so the
     # rates are computed and the bytes counted over these only, never over every trunk
@@ -348,7 +352,14 @@ class LiveFlows:
         if resources:
             if self._busy.size or start_s < self.quiet_until:
                 return None
-            rate = self._alone_rate(resources, cap)
+            held = self._rates.get(id(resources))
+            if held is not None and held[0] is resources and held[1] == cap:
+                rate = held[2]
+            else:
+                rate = self._alone_rate(resources, cap)
+                if len(self._rates) >= RATES_MAX:
+                    self._rates.clear()
+                self._rates[id(resources)] = (resources, cap, rate)
         elif not math.isfinite(cap):
             raise UnavailableError("a flow crosses no resource and has no ceiling")
         else:
@@ -377,6 +388,7 @@ class LiveFlows:
         Returns (finished flows, stalled flows: no bandwidth left, removed)."""
         finished = self.advance(now_s)
         self.res_cap = res_cap
+        self._rates.clear()
         self._recompute()
         stalled = [fid for fid, f in self.flows.items() if f.rate <= 0]
         for fid in stalled:

@@ -180,3 +180,20 @@ async def test_a_flow_beside_one_in_flight_or_within_one_just_answered_is_run() 
         assert after == pytest.approx(first + 64 / GB)  # from the first's end on: alone again
     finally:
         flows.close("stopping")
+
+
+async def test_a_flow_alone_after_the_capacities_change_runs_at_the_new_ones() -> None:
+    """A flow alone's rate is remembered per route until the capacities change: a link halved
+    by a fault halves the next one's rate (not the rate remembered from before)."""
+    flows = _clock()
+    try:
+        link = ((0, 1.0),)  # one route's resources, as a cached route gives them each time
+        start = flows.now_s() - 0.001
+        before = _first_step(flows.run_flow(link, 2 * GB, 0.0, 1000, start))
+        assert before == pytest.approx(start + 1000 / GB)  # the link's 1 GB/s, under its 2
+        flows.set_capacities(np.array([GB / 2]))
+        later = start + 1e-4
+        after = _first_step(flows.run_flow(link, 2 * GB, 0.0, 1000, later))
+        assert after == pytest.approx(later + 1000 / (GB / 2))
+    finally:
+        flows.close("stopping")

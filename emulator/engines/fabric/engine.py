@@ -23,6 +23,7 @@ from cmemu.emulator.engines.clock import Timeline
 from cmemu.emulator.engines.events import EventSink
 from cmemu.emulator.engines.fabric.lazygraph import LazyGraph
 from cmemu.emulator.engines.fabric.outage import fabric_outage
+from cmemu.emulator.engines.fabric.plans import Plans
 from cmemu.emulator.engines.fabric.types import LinkStats
 from cmemu.emulator.engines.peers import CollectiveOutcome, DevicePeer, Directory, FlowTime
 from cmemu.emulator.model.arrivals import ArrivalBatch, ArrivalLog
@@ -39,15 +40,14 @@ from cmemu.emulator.model.errors import (
 from cmemu.emulator.model.hardware import HardwareProfile
 from cmemu.emulator.model.instruments import Family
 from cmemu.emulator.model.linkfaults import FaultSpec, RankState
-from cmemu.emulator.model.route import Route, address_die, check_reachable, priced
-from cmemu.emulator.model.topology import Device, DeviceKind, Topology
-from cmemu.emulator.model.ub import PRICED, Completion, Op, Transaction, normalize
+from cmemu.emulator.model.route import Route
+from cmemu.emulator.model.topology import Topology
+from cmemu.emulator.model.ub import Completion, Op, Transaction, normalize
 
 if TYPE_CHECKING:  # the numpy side (the graph, its collectives and metrics): made at first use
     from cmemu.emulator.engines.fabric.metrics import LinkGroups
     from cmemu.emulator.model.collectives import CollectiveTiming
     from cmemu.emulator.model.endpoints import Endpoint
-    from cmemu.emulator.model.linkgraph import LinkGraph
 
 # The ops whose applying at the target checks first exactly what Deliver's check_only checks,
 # on the same state (engines/device/ub.py `_check` and `_apply`: memory.read, write and
@@ -81,49 +81,6 @@ def _flow_times(ranks: Sequence[Endpoint], timing: CollectiveTiming) -> tuple[Fl
             strict=True,
         )
     )
-
-
-def _source(graph: LinkGraph, device: Device, die: int) -> Endpoint:
-    """Where a transfer a device issues starts: the NPU's die it names, or the device."""
-    if device.kind is DeviceKind.NPU:
-        return graph.npu_die(device, die)
-    if die:
-        raise InvalidArgumentError(
-            f"src_die applies to NPUs; {device.id} is a {device.kind.value}",
-            field="src_die",
-            subject=device.id,
-        )
-    return graph.endpoint(device.id)
-
-
-def _target(graph: LinkGraph, device: Device, offset: int) -> Endpoint:
-    """An NPU's UB address space is its dies' HBM one after the other."""
-    if device.kind is DeviceKind.NPU:
-        return graph.npu_die(device, address_die(graph.profile, offset))
-    return graph.endpoint(device.id)
-
-
-def _ends(
-    topology: Topology, graph: LinkGraph, tx: Transaction
-) -> tuple[Device, Device, Endpoint, Endpoint]:
-    """A transfer's issuing and target devices and the endpoints its data leaves and reaches.
-    try/except where `with blame(...)` stood: the same annotations, nothing per call."""
-    try:
-        src = topology.by_eid(tx.src_eid)
-    except NotFoundError as exc:
-        exc.annotate(field="src_eid", subject=str(tx.src_eid), reason="DEVICE_NOT_FOUND")
-        raise
-    try:
-        dst = topology.by_eid(tx.dst_eid)
-    except NotFoundError as exc:
-        exc.annotate(field="dst.eid", subject=str(tx.dst_eid), reason="DEVICE_NOT_FOUND")
-        raise
-    try:
-        issuer = _source(graph, src, tx.src_die)
-    except EmulatorError as exc:
-        exc.annotate(field="src_die", subject=src.id)
-        raise
-    return src, dst, issuer, _target(graph, dst, tx.dst_offset)
 
 
 async def _delivered(
@@ -180,6 +137,7 @@ class FabricEngine(LazyGraph):
         self.peers = peers
         self.events = events
         super().__init__()  # the link graph: made at its first use (lazygraph.py)
+        self.plans = Plans(topology, profile)  # each transfer's route and ends, per live state
         self.outage = fabric_outage()  # its service down, as its callers in this process meet it
         self.arrivals = ArrivalLog(profile.limits.collective_arrivals_kept)
         # link-stats tables computed (GetLinkStats, each WatchLinkStats table): what watching
@@ -218,30 +176,7 @@ class FabricEngine(LazyGraph):
             raise InvalidArgumentError(
                 "src_eid is required: a transfer is issued by a device", field="src_eid"
             )
-        src, dst, issuer, target = _ends(self.topology, self.graph, tx)
-        # the flow is the data: a READ's bytes travel from the target back to the issuer
-        data_from, data_to = (target, issuer) if tx.op is Op.READ else (issuer, target)
-        graph = self.graph
-        try:
-            route = graph.route(data_from, data_to)
-            check_reachable(graph, route)
-        except UnavailableError as exc:  # route_cut's annotations
-            exc.annotate(
-                subject=f"{src.id}>{dst.id}", reason="ROUTE_CUT", retry_after_s=RETRY_AFTER_S
-            )
-            raise
-        # The other way (a READ's request, a write's acknowledgement) can be cut alone, by a
-        # one-way partition: a request that never arrives changes nothing; an acknowledgement
-        # that never returns leaves the data delivered and the issuer told it failed.
-        other_way_cut = graph.partitioned(data_to.device.id, data_from.device.id)
-        if other_way_cut and tx.op is Op.READ:
-            raise UnavailableError(
-                f"{src.id}'s request never reaches {dst.id}: a one-way partition",
-                subject=f"{src.id}>{dst.id}",
-                reason="ROUTE_CUT",
-                retry_after_s=RETRY_AFTER_S,
-            )
-        route = priced(route, PRICED[tx.op], dst.kind, graph.profile)  # the op, the target's memory
+        src, dst, route, other_way_cut = self.plans.plan(self.graph, tx)
         seconds = route.latency_s + tx.size / route.cap if route.cap > 0 else float("inf")
         try:
             check_duration(seconds, "the transfer", self.profile)
