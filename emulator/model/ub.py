@@ -80,6 +80,12 @@ class Op(StrEnum):
 ATOMIC_OPS = frozenset({Op.CAS, Op.FETCH_ADD})  # 8 bytes at dst, no payload
 READS_STORED = frozenset({Op.READ, Op.CAS, Op.FETCH_ADD})  # Op.reads_stored
 PAYLOAD_OPS = frozenset({Op.WRITE, Op.SEND})  # carry data (or size_only)
+# The ops whose applying at the target checks first exactly what Deliver's check_only checks,
+# on the same state (engines/device/ub.py `_check` and `_apply`: memory.read, write and
+# write_virtual open with the check's own calls): one that need not wait between the two is
+# delivered once (the fabric's flow alone; a device's copy of its own memory, which the device
+# times itself). An atomic's applying also checks room for a new page, which its check does not.
+CHECKED_BY_APPLYING = frozenset({Op.READ, Op.WRITE})
 
 
 PRICED = {

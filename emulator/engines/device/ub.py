@@ -35,6 +35,7 @@ from cmemu.emulator.model.route import (
 )
 from cmemu.emulator.model.topology import DeviceKind
 from cmemu.emulator.model.ub import (
+    CHECKED_BY_APPLYING,
     PRICED,
     READS_STORED,
     Completion,
@@ -49,9 +50,6 @@ from cmemu.emulator.model.ub import (
 if TYPE_CHECKING:
     from cmemu.emulator.engines.device.engine import DeviceEngine
 
-# what a device times within itself (Bus._within): a copy of its own memory, checked by its
-# applying (an atomic or a SEND is the fabric's to deliver, as from any issuer)
-WITHIN = frozenset({Op.READ, Op.WRITE})
 MAX_WAIT_MS = 60_000  # emulated milliseconds a Receive may wait for a first message
 
 # A transaction without an id gets this process's random half and a count: 32 hex digits, as a
@@ -99,7 +97,9 @@ class Bus:
             issue_ns=e.clock.now_ns(),
             id=request.id or _new_id(),
         )
-        if tx.dst_eid == e.device.eid and tx.op in WITHIN and tx.src_die == self._die(tx):
+        # a copy of its own memory (an atomic or a SEND is the fabric's, as from any issuer)
+        own = tx.dst_eid == e.device.eid and tx.op in CHECKED_BY_APPLYING
+        if own and tx.src_die == self._die(tx):
             completion = await self._within(tx)
         else:
             completion = await e.peers.fabric().transfer(tx, deadline_s=deadline_s)
@@ -156,8 +156,8 @@ class Bus:
         """Apply a transaction that arrives at this device. The fabric then replaces the timing
         with its own (`timed`: it says so, and nothing is priced here; its own check bounded the
         duration; a SEND's message is stamped with the arrival it gives); a direct caller of
-        Deliver gets the uncontended cost model's timing. With
-        `check_only` the transaction is checked as it would be applied, and nothing changes.
+        Deliver gets the uncontended cost model's timing. With `check_only` the transaction is
+        checked as it would be applied, and nothing changes.
         A plain call: nothing in it waits, and the fabric of this process delivers every
         transaction once or twice (no coroutine made and stepped for each)."""
         e = self.engine

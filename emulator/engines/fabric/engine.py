@@ -42,18 +42,12 @@ from cmemu.emulator.model.instruments import Family
 from cmemu.emulator.model.linkfaults import FaultSpec, RankState
 from cmemu.emulator.model.route import Route
 from cmemu.emulator.model.topology import Topology
-from cmemu.emulator.model.ub import Completion, Op, Transaction, normalize
+from cmemu.emulator.model.ub import CHECKED_BY_APPLYING, Completion, Op, Transaction, normalize
 
 if TYPE_CHECKING:  # the numpy side (the graph, its collectives and metrics): made at first use
     from cmemu.emulator.engines.fabric.metrics import LinkGroups
     from cmemu.emulator.model.collectives import CollectiveTiming
     from cmemu.emulator.model.endpoints import Endpoint
-
-# The ops whose applying at the target checks first exactly what Deliver's check_only checks,
-# on the same state (engines/device/ub.py `_check` and `_apply`: memory.read, write and
-# write_virtual open with the check's own calls): a flow that need not wait between the two is
-# delivered once. An atomic's applying also checks room for a new page, which its check does not.
-CHECKED_BY_APPLYING = frozenset({Op.READ, Op.WRITE})
 
 
 def route_cut(subject: str | None) -> contextlib.AbstractContextManager[None]:
